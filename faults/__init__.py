@@ -1,0 +1,51 @@
+"""Named fault points: inert in production, armed by tests through the environment.
+
+A fault point marks a place where a crash is interesting ("the decision is
+committed but no tool has started"). Tests arm points to make each crash
+deterministic, or arm all of them at random for chaos runs:
+
+    AGENTRUN_FAULTS="executor.decision.after_commit=kill"      # first hit
+    AGENTRUN_FAULTS="executor.tool.after_response=kill@3"      # third hit
+    AGENTRUN_FAULTS_RANDOM="0.02" AGENTRUN_FAULTS_SEED="7"     # any point, p=0.02
+
+The only action is SIGKILL of the current process: a real crash, with no
+cleanup, no flushed buffers and no goodbye to the control plane.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+from collections import Counter
+
+_hits: Counter[str] = Counter()
+
+
+def _parse(spec: str) -> dict[str, int]:
+    armed: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, action = item.partition("=")
+        action = action or "kill"
+        verb, _, nth = action.partition("@")
+        if verb != "kill":
+            raise ValueError(f"AGENTRUN_FAULTS: unknown action {verb!r} for {name!r}")
+        armed[name.strip()] = int(nth) if nth else 1
+    return armed
+
+
+_armed = _parse(os.environ.get("AGENTRUN_FAULTS", ""))
+_random_p = float(os.environ.get("AGENTRUN_FAULTS_RANDOM", "0") or 0)
+_rng = random.Random(os.environ.get("AGENTRUN_FAULTS_SEED"))
+
+
+def point(name: str) -> None:
+    """Crash here if a test armed this point (or random faults are on)."""
+    if not _armed and not _random_p:
+        return
+    _hits[name] += 1
+    if _armed.get(name) == _hits[name] or (_random_p and _rng.random() < _random_p):
+        sys.stderr.write(f"fault point {name}: killing pid {os.getpid()}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
