@@ -1,0 +1,98 @@
+"""AgentService: parse, call the store, convert."""
+
+from __future__ import annotations
+
+import re
+
+import asyncpg
+import grpc
+
+from agentrun.v1 import agent_pb2, agent_pb2_grpc
+from control_plane.api import convert, validate
+from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
+from control_plane.store import agents as store
+
+_TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+MAX_TOOLS = 64
+MAX_DEADLINE_SECONDS = 30 * 24 * 3600
+
+
+def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
+    """Validated limits of a spec (0 = the server default at admission)."""
+    lim = spec.limits
+    deadline = lim.deadline.ToTimedelta().total_seconds() if lim.HasField("deadline") else 0
+    return {
+        "max_steps": validate.in_range("spec.limits.max_steps", lim.max_steps, 0, 10_000),
+        "deadline_seconds": validate.in_range(
+            "spec.limits.deadline", int(deadline), 0, MAX_DEADLINE_SECONDS
+        ),
+        "max_tokens": validate.in_range("spec.limits.max_tokens", lim.max_tokens, 0, 10**10),
+        "max_tool_calls": validate.in_range(
+            "spec.limits.max_tool_calls", lim.max_tool_calls, 0, 100_000
+        ),
+    }
+
+
+def validate_spec(spec: agent_pb2.AgentSpec) -> None:
+    validate.text("spec.model", spec.model, max_bytes=200, required=True)
+    validate.text("spec.instructions", spec.instructions, max_bytes=64 * 1024)
+    if len(spec.tools) > MAX_TOOLS:
+        raise InvalidArgument(
+            "spec.tools", f"has {len(spec.tools)} tools; the limit is {MAX_TOOLS}"
+        )
+    for i, name in enumerate(spec.tools):
+        if not _TOOL.match(name):
+            raise InvalidArgument(f"spec.tools[{i}]", f"is not a tool name: {name[:64]!r}")
+    if len(set(spec.tools)) != len(spec.tools):
+        raise InvalidArgument("spec.tools", "names a tool twice")
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+        self._pool = pool
+
+    async def CreateAgent(
+        self, request: agent_pb2.CreateAgentRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.CreateAgentResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        agent_id = validate.slug("agent_id", request.agent_id)
+        name = validate.text("display_name", request.display_name, max_bytes=200)
+        row = await store.create_agent(self._pool, ws, agent_id, name)
+        if row is None:
+            raise AlreadyExists(f"agent {agent_id!r} already exists in workspace {ws!r}")
+        return agent_pb2.CreateAgentResponse(agent=convert.agent(row))
+
+    async def GetAgent(
+        self, request: agent_pb2.GetAgentRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.GetAgentResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        agent_id = validate.slug("agent_id", request.agent_id)
+        row = await store.get_agent(self._pool, ws, agent_id)
+        if row is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        return agent_pb2.GetAgentResponse(agent=convert.agent(row))
+
+    async def PublishAgentVersion(
+        self, request: agent_pb2.PublishAgentVersionRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.PublishAgentVersionResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        agent_id = validate.slug("agent_id", request.agent_id)
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        validate_spec(request.spec)
+        stored = convert.spec_to_json(request.spec, spec_limits(request.spec))
+        row = await store.publish_version(self._pool, ws, agent_id, stored)
+        if row is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        return agent_pb2.PublishAgentVersionResponse(version=convert.agent_version(row))
+
+    async def GetAgentVersion(
+        self, request: agent_pb2.GetAgentVersionRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.GetAgentVersionResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        agent_id = validate.slug("agent_id", request.agent_id)
+        version = validate.non_negative("version", request.version)
+        row = await store.get_version(self._pool, ws, agent_id, version)
+        if row is None:
+            raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
+        return agent_pb2.GetAgentVersionResponse(version=convert.agent_version(row))

@@ -1,0 +1,148 @@
+"""Database rows to proto messages, in one place."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agentrun.v1 import agent_pb2, run_pb2
+
+STATUS_TO_PROTO = {
+    "queued": run_pb2.RUN_STATUS_QUEUED,
+    "running": run_pb2.RUN_STATUS_RUNNING,
+    "waiting": run_pb2.RUN_STATUS_WAITING,
+    "completed": run_pb2.RUN_STATUS_COMPLETED,
+    "failed": run_pb2.RUN_STATUS_FAILED,
+    "cancelled": run_pb2.RUN_STATUS_CANCELLED,
+}
+STATUS_FROM_PROTO = {v: k for k, v in STATUS_TO_PROTO.items()}
+
+KIND_TO_PROTO = {
+    "input": run_pb2.STEP_KIND_INPUT,
+    "model_decision": run_pb2.STEP_KIND_MODEL_DECISION,
+    "tool_started": run_pb2.STEP_KIND_TOOL_STARTED,
+    "tool_result": run_pb2.STEP_KIND_TOOL_RESULT,
+    "park": run_pb2.STEP_KIND_PARK,
+    "finish": run_pb2.STEP_KIND_FINISH,
+}
+KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
+
+
+def timestamp(value: datetime | None) -> Timestamp | None:
+    if value is None or value in (datetime.min, datetime.max):
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def run(row: Any) -> run_pb2.Run:
+    """A runs row as the public Run message."""
+    msg = run_pb2.Run(
+        workspace_id=row["workspace_id"],
+        run_id=str(row["run_id"]),
+        agent_id=row["agent_id"],
+        agent_version=row["agent_version"],
+        status=STATUS_TO_PROTO[row["status"]],
+        wait_reason=row["wait_reason"] or "",
+        lease_owner=row["lease_owner"] or "",
+        lease_epoch=row["lease_epoch"],
+        attempt=row["attempt"],
+        limits=agent_pb2.RunLimits(
+            max_steps=row["max_steps"],
+            deadline=duration(row["deadline_seconds"]),
+            max_tokens=row["max_tokens"],
+            max_tool_calls=row["max_tool_calls"],
+        ),
+        counters=run_pb2.RunCounters(
+            steps=row["step_count"],
+            model_calls=row["model_calls"],
+            tool_calls=row["tool_calls"],
+            tokens=row["tokens_used"],
+        ),
+        input=row["input"],
+        output=row["output"] or "",
+        error=row["error"] or "",
+    )
+    for name, column in (
+        ("wake_time", "wake_at"),
+        ("deadline_time", "deadline_at"),
+        ("create_time", "created_at"),
+        ("update_time", "updated_at"),
+        ("finish_time", "finished_at"),
+    ):
+        ts = timestamp(row[column])
+        if ts is not None:
+            getattr(msg, name).CopyFrom(ts)
+    return msg
+
+
+def step(row: Any) -> run_pb2.Step:
+    msg = run_pb2.Step(
+        run_id=str(row["run_id"]),
+        seq=row["seq"],
+        kind=KIND_TO_PROTO[row["kind"]],
+        epoch=row["epoch"],
+        ref_seq=row["ref_seq"] or 0,
+        payload_json=row["payload"],
+    )
+    msg.create_time.CopyFrom(timestamp(row["created_at"]))
+    return msg
+
+
+def agent(row: Any) -> agent_pb2.Agent:
+    msg = agent_pb2.Agent(
+        workspace_id=row["workspace_id"],
+        agent_id=row["agent_id"],
+        display_name=row["display_name"],
+        latest_version=row["latest_version"],
+    )
+    msg.create_time.CopyFrom(timestamp(row["created_at"]))
+    return msg
+
+
+def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str, Any]:
+    """The stored form of a spec, with limits already resolved."""
+    return {
+        "instructions": spec.instructions,
+        "model": spec.model,
+        "tools": list(spec.tools),
+        "limits": limits,
+    }
+
+
+def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
+    lim = data.get("limits", {})
+    return agent_pb2.AgentSpec(
+        instructions=data.get("instructions", ""),
+        model=data.get("model", ""),
+        tools=data.get("tools", []),
+        limits=agent_pb2.RunLimits(
+            max_steps=lim.get("max_steps", 0),
+            deadline=duration(lim.get("deadline_seconds", 0)),
+            max_tokens=lim.get("max_tokens", 0),
+            max_tool_calls=lim.get("max_tool_calls", 0),
+        ),
+    )
+
+
+def agent_version(row: Any) -> agent_pb2.AgentVersion:
+    spec = row["spec"]
+    msg = agent_pb2.AgentVersion(
+        workspace_id=row["workspace_id"],
+        agent_id=row["agent_id"],
+        version=row["version"],
+        spec=spec_from_json(json.loads(spec) if isinstance(spec, str) else spec),
+    )
+    msg.create_time.CopyFrom(timestamp(row["created_at"]))
+    return msg

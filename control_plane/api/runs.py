@@ -1,0 +1,185 @@
+"""RunService: admission, reads, cancellation and the WatchRun stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+
+import asyncpg
+import grpc
+
+from agentrun.v1 import run_pb2, run_pb2_grpc
+from control_plane.api import convert, validate
+from control_plane.config import RunDefaults
+from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.store import agents as agent_store
+from control_plane.store import runs as store
+from control_plane.store import steps as step_store
+
+MAX_INPUT_BYTES = 256 * 1024
+TERMINAL = {"completed", "failed", "cancelled"}
+WATCH_POLL_SECONDS = 0.2
+
+
+def encode_page_token(created: datetime, run_id: uuid.UUID) -> str:
+    raw = json.dumps({"t": created.isoformat(), "id": str(run_id)}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
+    if not token:
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(data["t"]), uuid.UUID(data["id"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgument("page_token", "is not a token this service issued") from None
+
+
+def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
+    """The version's limits with the server defaults filled in for unset ones."""
+    lim = spec.get("limits", {})
+    return {
+        "max_steps": lim.get("max_steps") or defaults.max_steps,
+        "max_tokens": lim.get("max_tokens") or defaults.max_tokens,
+        "max_tool_calls": lim.get("max_tool_calls") or defaults.max_tool_calls,
+        "deadline_seconds": lim.get("deadline_seconds") or defaults.deadline_seconds,
+    }
+
+
+class RunServicer(run_pb2_grpc.RunServiceServicer):
+    def __init__(
+        self, pool: asyncpg.pool.Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
+        on_cancel: Callable[[str, uuid.UUID], None],
+    ) -> None:  # fmt: skip
+        self._pool = pool
+        self._defaults = defaults
+        self._on_runnable = on_runnable
+        self._on_cancel = on_cancel
+
+    async def _get(self, workspace_id: str, run_id: uuid.UUID) -> asyncpg.Record:
+        row = await store.get_run(self._pool, workspace_id, run_id)
+        if row is None:
+            raise NotFound(f"run {run_id} not found")
+        return row
+
+    async def StartRun(
+        self, request: run_pb2.StartRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.StartRunResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        agent_id = validate.slug("agent_id", request.agent_id)
+        version = validate.non_negative("agent_version", request.agent_version)
+        text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
+        request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
+        ver = await agent_store.get_version(self._pool, ws, agent_id, version)
+        if ver is None:
+            raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
+        spec = json.loads(ver["spec"])
+        adm = store.Admission(
+            workspace_id=ws, agent_id=agent_id, agent_version=ver["version"], input=text,
+            request_id=request_id, **admission_limits(spec, self._defaults),
+        )  # fmt: skip
+        row = await store.insert_run(self._pool, adm)
+        if row is None:
+            assert request_id is not None
+            row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)
+            return run_pb2.StartRunResponse(run=convert.run(row), created=False)
+        self._on_runnable()
+        return run_pb2.StartRunResponse(run=convert.run(row), created=True)
+
+    async def GetRun(
+        self, request: run_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.GetRunResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        row = await self._get(ws, validate.run_id("run_id", request.run_id))
+        return run_pb2.GetRunResponse(run=convert.run(row))
+
+    async def ListRuns(
+        self, request: run_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ListRunsResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        size = validate.in_range("page_size", request.page_size or 50, 1, 500)
+        agent_id = validate.slug("agent_id", request.agent_id) if request.agent_id else None
+        status = None
+        if request.status:
+            if request.status not in convert.STATUS_FROM_PROTO:
+                raise InvalidArgument("status", f"unknown status {request.status}")
+            status = convert.STATUS_FROM_PROTO[request.status]
+        page = await store.list_runs(
+            self._pool, ws, after=decode_page_token(request.page_token),
+            agent_id=agent_id, status=status, limit=size,
+        )  # fmt: skip
+        last = page.runs[-1] if page.runs and page.has_more else None
+        token = encode_page_token(last["created_at"], last["run_id"]) if last else ""
+        return run_pb2.ListRunsResponse(
+            runs=[convert.run(r) for r in page.runs], next_page_token=token
+        )
+
+    async def ListRunSteps(
+        self, request: run_pb2.ListRunStepsRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ListRunStepsResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        run_id = validate.run_id("run_id", request.run_id)
+        from_seq = validate.non_negative("from_seq", request.from_seq)
+        size = validate.in_range("page_size", request.page_size or 200, 1, 1000)
+        await self._get(ws, run_id)
+        rows = await step_store.list_steps(self._pool, ws, run_id, from_seq, size)
+        next_seq = rows[-1]["seq"] + 1 if len(rows) == size else 0
+        return run_pb2.ListRunStepsResponse(
+            steps=[convert.step(r) for r in rows], next_seq=next_seq
+        )
+
+    async def CancelRun(
+        self, request: run_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.CancelRunResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        run_id = validate.run_id("run_id", request.run_id)
+        reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled"
+        row = await store.cancel_run(self._pool, ws, run_id, reason)
+        if row is None:
+            current = await self._get(ws, run_id)
+            raise FailedPrecondition(f"run {run_id} already ended: {current['status']}")
+        self._on_cancel(ws, run_id)
+        return run_pb2.CancelRunResponse(run=convert.run(row))
+
+    async def WatchRun(
+        self, request: run_pb2.WatchRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[run_pb2.WatchRunResponse]:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        run_id = validate.run_id("run_id", request.run_id)
+        next_seq = validate.non_negative("from_seq", request.from_seq)
+        row = await self._get(ws, run_id)
+        yield run_pb2.WatchRunResponse(run=convert.run(row))
+        seen = (
+            row["status"],
+            row["wait_reason"],
+            row["wake_at"] if row["status"] != "running" else None,
+        )
+        while True:
+            steps = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
+            for s in steps:
+                yield run_pb2.WatchRunResponse(step=convert.step(s))
+                next_seq = s["seq"] + 1
+            if steps:
+                continue
+            row = await self._get(ws, run_id)
+            state = (
+                row["status"],
+                row["wait_reason"],
+                row["wake_at"] if row["status"] != "running" else None,
+            )
+            if state != seen:
+                seen = state
+                yield run_pb2.WatchRunResponse(run=convert.run(row))
+            if row["status"] in TERMINAL:
+                # Terminal rows get no more steps, but one may have landed
+                # between the steps read and the row read: read once more.
+                tail = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
+                for s in tail:
+                    yield run_pb2.WatchRunResponse(step=convert.step(s))
+                return
+            await asyncio.sleep(WATCH_POLL_SECONDS)

@@ -1,0 +1,53 @@
+"""Control-plane settings, read once from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """Limits given to runs whose agent version leaves them unset."""
+
+    max_steps: int = 50
+    deadline_seconds: int = 1800
+    max_tokens: int = 1_000_000
+    max_tool_calls: int = 300
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    database_url: str
+    listen: str = "127.0.0.1:50051"
+    port_file: str | None = None
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    claim_poll_seconds: float = 0.5
+    claim_batch: int = 64
+    release: str = "dev"
+    max_message_bytes: int = 4 * 1024 * 1024
+    defaults: RunDefaults = RunDefaults()
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        url = os.environ.get("DATABASE_URL")
+        if not url:
+            raise SystemExit("DATABASE_URL is not set (agentrun dev starts an embedded one)")
+        return cls(
+            database_url=url,
+            listen=os.environ.get("AGENTRUN_LISTEN", cls.listen),
+            port_file=os.environ.get("AGENTRUN_PORT_FILE") or None,
+            lease_seconds=_float("AGENTRUN_LEASE_SECONDS", cls.lease_seconds),
+            heartbeat_seconds=_float("AGENTRUN_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
+            claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
+            release=os.environ.get("AGENTRUN_RELEASE", cls.release),
+        )

@@ -1,0 +1,122 @@
+"""The replica's dispatcher: one claim statement per batch for all its sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from agentrun.v1 import agent_pb2
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.api import convert
+from control_plane.config import ServerConfig
+from control_plane.store import agents as agent_store
+from control_plane.store import lease as lease_store
+from control_plane.store import steps as step_store
+
+if TYPE_CHECKING:
+    from control_plane.dispatch.session import ExecutorSession
+
+log = logging.getLogger(__name__)
+
+
+def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
+    """Round-robin one owner entry per wanted slot, at most `batch` in all."""
+    owners: list[str] = []
+    wanted = {s.executor_id: s.credits for s in sessions if s.credits > 0}
+    while wanted and len(owners) < batch:
+        for executor_id in list(wanted):
+            owners.append(executor_id)
+            wanted[executor_id] -= 1
+            if not wanted[executor_id]:
+                del wanted[executor_id]
+            if len(owners) == batch:
+                break
+    return owners
+
+
+class Dispatcher:
+    """Turns executor credits into claimed runs and delivers the assignments."""
+
+    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self._sessions: dict[str, ExecutorSession] = {}
+        self._wake = asyncio.Event()
+        self._versions: dict[tuple[str, str, int], agent_pb2.AgentVersion] = {}
+
+    def register(self, session: ExecutorSession) -> None:
+        # A reconnecting executor replaces its old session (same executor id).
+        self._sessions[session.executor_id] = session
+        self.poke()
+
+    def unregister(self, session: ExecutorSession) -> None:
+        if self._sessions.get(session.executor_id) is session:
+            del self._sessions[session.executor_id]
+
+    def poke(self) -> None:
+        """Claim soon: new credits, a new run, or a finished wait on this replica."""
+        self._wake.set()
+
+    def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str = "cancelled") -> None:
+        for session in self._sessions.values():
+            session.cancel(workspace_id, run_id, reason)
+
+    async def run(self) -> None:
+        """Claim loop: wake on a poke or every poll interval."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.claim_poll_seconds)
+            self._wake.clear()
+            try:
+                while await self._claim_once() == self.config.claim_batch:
+                    pass  # a full batch: there may be more due right now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+                log.warning("claim failed, retrying: %s", exc)
+                await asyncio.sleep(self.config.claim_poll_seconds)
+
+    async def _claim_once(self) -> int:
+        owners = owner_slots(list(self._sessions.values()), self.config.claim_batch)
+        if not owners:
+            return 0
+        rows = await lease_store.claim_due(self.pool, owners, self.config.lease_seconds)
+        if not rows:
+            return 0
+        logs = await step_store.steps_for_runs(
+            self.pool, [(r["workspace_id"], r["run_id"]) for r in rows]
+        )
+        for row in rows:
+            await self._deliver(row, logs[row["run_id"]])
+        return len(rows)
+
+    async def _deliver(self, row: Any, steps: list[Any]) -> None:
+        session = self._sessions.get(row["lease_owner"])
+        key = lease_store.LeaseKey(row["workspace_id"], row["run_id"], row["lease_epoch"])
+        if session is None or session.credits <= 0:
+            await lease_store.release_unassigned(self.pool, key)
+            return
+        version = await self._version(row["workspace_id"], row["agent_id"], row["agent_version"])
+        session.credits -= 1
+        session.held[row["run_id"]] = row["lease_epoch"]
+        session.send(pb.ConnectResponse(assignment=pb.Assignment(
+            run=convert.run(row), agent_version=version,
+            steps=[convert.step(s) for s in steps],
+        )))  # fmt: skip
+
+    async def _version(self, ws: str, agent_id: str, version: int) -> agent_pb2.AgentVersion:
+        """Agent versions are immutable, so a replica may cache them forever."""
+        key = (ws, agent_id, version)
+        if key not in self._versions:
+            row = await agent_store.get_version(self.pool, ws, agent_id, version)
+            assert row is not None, f"run references missing agent version {key}"
+            self._versions[key] = convert.agent_version(row)
+        return self._versions[key]
+
+
+__all__ = ["Dispatcher", "owner_slots"]

@@ -1,0 +1,207 @@
+"""One executor's bidi stream: Hello, credits, fenced commits, heartbeats, cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+import faults
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.api import convert
+from control_plane.errors import status_for
+from control_plane.store import lease as lease_store
+from control_plane.store import steps as step_store
+from control_plane.store.errors import Fenced
+
+if TYPE_CHECKING:
+    from control_plane.dispatch.dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+_CLOSE = object()
+
+
+def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
+    return lease_store.LeaseKey(lease.workspace_id, uuid.UUID(lease.run_id), lease.epoch)
+
+
+def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
+    """The store's view of a Commit message (raises ValueError on bad fields)."""
+    steps = [
+        step_store.NewStep(
+            seq=s.seq,
+            kind=convert.KIND_FROM_PROTO[s.kind],
+            ref_seq=s.ref_seq if s.ref_seq else None,
+            payload_json=s.payload_json or "{}",
+        )  # fmt: skip
+        for s in msg.steps
+    ]
+    return step_store.CommitRequest(
+        workspace_id=msg.lease.workspace_id, run_id=uuid.UUID(msg.lease.run_id),
+        epoch=msg.lease.epoch, steps=steps, transition=transition(msg),
+        model_calls=msg.model_calls, tool_calls=msg.tool_calls, tokens=msg.tokens,
+    )  # fmt: skip
+
+
+def transition(msg: pb.Commit) -> step_store.Transition:
+    which = msg.WhichOneof("transition")
+    if which == "complete":
+        return step_store.Transition(status="completed", text=msg.complete.output)
+    if which == "fail":
+        return step_store.Transition(status="failed", text=msg.fail.error)
+    if which == "park":
+        park = msg.park
+        if not park.wait_reason:
+            raise ValueError("park.wait_reason is required")
+        wake = park.WhichOneof("wake")
+        return step_store.Transition(
+            status="waiting", wait_reason=park.wait_reason,
+            wake_at=park.wake_time.ToDatetime(tzinfo=UTC) if wake == "wake_time" else None,
+            wake_after_seconds=park.wake_after.ToTimedelta().total_seconds()
+            if wake == "wake_after" else None,
+        )  # fmt: skip
+    return step_store.Transition()
+
+
+class ExecutorSession:
+    """Server side of one Connect stream."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.executor_id = ""
+        self.credits = 0
+        self.held: dict[uuid.UUID, int] = {}
+        self._dispatcher = dispatcher
+        self._pool: asyncpg.pool.Pool = dispatcher.pool
+        self._out: asyncio.Queue[object] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, msg: pb.ConnectResponse) -> None:
+        self._out.put_nowait(msg)
+
+    async def serve(
+        self, requests: AsyncIterator[pb.ConnectRequest]
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                item = await self._out.get()
+                if item is _CLOSE:
+                    break
+                yield item  # type: ignore[misc]
+        finally:
+            reader.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            self._dispatcher.unregister(self)
+
+    async def _read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
+        try:
+            async for req in requests:
+                self._handle(req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken stream just ends the session
+            log.info("session %s (%s) stream ended: %s", self.id, self.executor_id, exc)
+        finally:
+            self._out.put_nowait(_CLOSE)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _handle(self, req: pb.ConnectRequest) -> None:
+        which = req.WhichOneof("msg")
+        if which == "hello":
+            self._hello(req.hello)
+        elif which == "ready":
+            self.credits = max(0, self.credits + req.ready.slots)
+            self._dispatcher.poke()
+        elif which == "commit":
+            self._spawn(self._commit(req.commit))
+        elif which == "heartbeat":
+            self._spawn(self._heartbeat(req.heartbeat))
+
+    def _hello(self, hello: pb.Hello) -> None:
+        self.executor_id = hello.executor_id or f"anonymous-{self.id}"
+        for lease in hello.held:
+            self.held[uuid.UUID(lease.run_id)] = lease.epoch
+        cfg = self._dispatcher.config
+        self.send(pb.ConnectResponse(welcome=pb.Welcome(
+            session_id=self.id,
+            lease_duration=convert.duration(cfg.lease_seconds),
+            heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
+            server_release=cfg.release,
+        )))  # fmt: skip
+        self._dispatcher.register(self)
+        log.info("executor %s connected (session %s, release %s, capacity %d)",
+                 self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip
+
+    async def _commit(self, msg: pb.Commit) -> None:
+        result = pb.CommitResult(request_id=msg.request_id)
+        try:
+            req = commit_request(msg)
+        except (ValueError, KeyError) as exc:
+            result.outcome = pb.COMMIT_OUTCOME_INVALID
+            result.message = f"malformed commit: {exc}"
+            self.send(pb.ConnectResponse(commit_result=result))
+            return
+        try:
+            done = await step_store.commit(self._pool, req, self._dispatcher.config.lease_seconds)
+            faults.point("control_plane.commit.before_reply")
+            result.outcome = pb.COMMIT_OUTCOME_OK
+            if done.status == "running" and done.wake_at is not None:
+                result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
+            else:
+                self.held.pop(req.run_id, None)
+        except Fenced as exc:
+            self.held.pop(req.run_id, None)
+            result.outcome = pb.COMMIT_OUTCOME_FENCED
+            result.message = str(exc)
+        except asyncpg.DataError as exc:
+            result.outcome = pb.COMMIT_OUTCOME_INVALID
+            result.message = f"rejected by the database: {exc}"
+        except Exception as exc:  # noqa: BLE001 - per-run failure is a message
+            code, message = status_for(exc)
+            result.outcome = pb.COMMIT_OUTCOME_UNAVAILABLE
+            result.message = message
+        self.send(pb.ConnectResponse(commit_result=result))
+
+    async def _heartbeat(self, msg: pb.Heartbeat) -> None:
+        try:
+            keys = [lease_key(lease) for lease in msg.leases]
+        except ValueError:
+            log.warning("executor %s sent a heartbeat with a malformed lease", self.executor_id)
+            return
+        result = pb.HeartbeatResult(request_id=msg.request_id, checked=True)
+        try:
+            outcome = await lease_store.heartbeat(
+                self._pool, self.executor_id, keys, self._dispatcher.config.lease_seconds
+            )
+        except Exception as exc:  # noqa: BLE001 - unknown: renew nothing, refuse nothing
+            status_for(exc)
+            result.checked = False
+            self.send(pb.ConnectResponse(heartbeat_result=result))
+            return
+        for lease, key in zip(msg.leases, keys, strict=True):
+            renewed = key in outcome.renewed
+            reason = "" if renewed else ("deadline" if key in outcome.past_deadline else "lost")
+            if renewed:
+                self.held[key.run_id] = key.epoch
+            else:
+                self.held.pop(key.run_id, None)
+            result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
+        self.send(pb.ConnectResponse(heartbeat_result=result))
+
+    def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str) -> None:
+        epoch = self.held.pop(run_id, None)
+        if epoch is not None:
+            lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
+            self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))

@@ -1,0 +1,133 @@
+"""Assembles the grpc.aio server: servicers, interceptors, health, reflection, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from agentrun.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    executor_pb2,
+    executor_pb2_grpc,
+    run_pb2,
+    run_pb2_grpc,
+)
+from control_plane.api.agents import AgentServicer
+from control_plane.api.runs import RunServicer
+from control_plane.config import ServerConfig
+from control_plane.dispatch.dispatcher import Dispatcher
+from control_plane.dispatch.session import ExecutorSession
+from control_plane.errors import ErrorInterceptor
+from control_plane.store.db import create_pool
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+    run_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
+    executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name,
+)
+
+
+class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[executor_pb2.ConnectRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[executor_pb2.ConnectResponse]:
+        session = ExecutorSession(self._dispatcher)
+        async for msg in session.serve(request_iterator):
+            yield msg
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    pool: asyncpg.pool.Pool
+    dispatcher_task: asyncio.Task[None]
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.server.stop(grace)
+        self.dispatcher_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.dispatcher_task
+        await self.pool.close()
+
+
+async def start(config: ServerConfig) -> RunningServer:
+    """Start serving; returns once the port is bound."""
+    pool = await create_pool(config.database_url)
+    dispatcher = Dispatcher(pool, config)
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
+    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(pool), server)
+    run_pb2_grpc.add_RunServiceServicer_to_server(
+        RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
+    )
+    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {config.listen}")
+    await server.start()
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    task = asyncio.create_task(dispatcher.run(), name="dispatcher")
+    return RunningServer(server, port, pool, task)
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(port))
+    os.replace(tmp, path)
+
+
+async def serve(config: ServerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then stop gracefully."""
+    running = await start(config)
+    log.info("control plane serving on %s (port %d)", config.listen, running.port)
+    if config.port_file:
+        _write_port_file(config.port_file, running.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("control plane stopping")
+    await running.stop()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(ServerConfig.from_env()))

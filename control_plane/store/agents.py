@@ -1,0 +1,41 @@
+"""Agents and their immutable versions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from control_plane.store.queries import run
+
+
+async def ensure_workspace(conn: asyncpg.pool.Pool, workspace_id: str) -> None:
+    await run(conn, "workspace_ensure", workspace_id)
+
+
+async def create_agent(
+    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, display_name: str
+) -> asyncpg.Record | None:
+    """The new agent, or None when the id is taken."""
+    async with pool.acquire() as conn, conn.transaction():
+        await ensure_workspace(conn, workspace_id)
+        return await run(conn, "agent_insert", workspace_id, agent_id, display_name)
+
+
+async def get_agent(pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str) -> Any:
+    return await run(pool, "agent_get", workspace_id, agent_id)
+
+
+async def publish_version(
+    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, spec: dict[str, Any]
+) -> asyncpg.Record | None:
+    """The published version, or None when the agent does not exist."""
+    return await run(pool, "agent_version_publish", workspace_id, agent_id, json.dumps(spec))
+
+
+async def get_version(
+    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, version: int
+) -> asyncpg.Record | None:
+    """One version (0 = latest), or None."""
+    return await run(pool, "agent_version_get", workspace_id, agent_id, version)

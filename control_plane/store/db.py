@@ -1,0 +1,18 @@
+"""The asyncpg pool: jsonb as text (payloads pass through untouched), UUIDs native."""
+
+from __future__ import annotations
+
+import asyncpg
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.pool.Pool:
+    """A pool whose connections survive a Postgres restart by reconnecting lazily."""
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        max_inactive_connection_lifetime=60,
+        command_timeout=30,
+    )
+    assert pool is not None
+    return pool

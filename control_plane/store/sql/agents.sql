@@ -1,0 +1,34 @@
+-- name: workspace_ensure :exec
+-- Create the workspace on first use (plans and caps are managed elsewhere).
+INSERT INTO workspaces (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING;
+
+-- name: agent_insert :one
+-- Register an agent; returns nothing when the id is taken.
+INSERT INTO agents (workspace_id, agent_id, display_name)
+VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING
+RETURNING workspace_id, agent_id, display_name, latest_version, created_at;
+
+-- name: agent_get :one
+-- One agent of a workspace.
+SELECT workspace_id, agent_id, display_name, latest_version, created_at
+FROM agents WHERE workspace_id = $1 AND agent_id = $2;
+
+-- name: agent_version_publish :one
+-- Freeze a spec as the agent's next version (the agent row lock orders
+-- concurrent publishes).
+WITH bumped AS (
+    UPDATE agents SET latest_version = latest_version + 1
+    WHERE workspace_id = $1 AND agent_id = $2
+    RETURNING workspace_id, agent_id, latest_version
+)
+INSERT INTO agent_versions (workspace_id, agent_id, version, spec)
+SELECT workspace_id, agent_id, latest_version, $3::jsonb FROM bumped
+RETURNING workspace_id, agent_id, version, spec, created_at;
+
+-- name: agent_version_get :one
+-- One published version; version 0 means the latest.
+SELECT v.workspace_id, v.agent_id, v.version, v.spec, v.created_at
+FROM agent_versions v JOIN agents a USING (workspace_id, agent_id)
+WHERE v.workspace_id = $1 AND v.agent_id = $2
+  AND v.version = CASE WHEN $3::int = 0 THEN a.latest_version ELSE $3::int END;

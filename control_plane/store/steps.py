@@ -1,0 +1,107 @@
+"""The step log: fenced, idempotent commits and reads."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import asyncpg
+
+from control_plane.store.errors import CommitConflict, Fenced
+from control_plane.store.queries import run
+
+
+@dataclass(frozen=True)
+class NewStep:
+    seq: int
+    kind: str
+    ref_seq: int | None
+    payload_json: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """None status renews the lease; 'waiting', 'completed', 'failed' release it."""
+
+    status: str | None = None
+    wait_reason: str | None = None
+    wake_at: datetime | None = None
+    wake_after_seconds: float | None = None
+    text: str | None = None  # output (completed) or error (failed)
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    workspace_id: str
+    run_id: uuid.UUID
+    epoch: int
+    steps: list[NewStep]
+    transition: Transition = field(default_factory=Transition)
+    model_calls: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    status: str
+    wake_at: datetime | None
+    duplicate: bool = False
+
+
+async def commit(pool: asyncpg.pool.Pool, req: CommitRequest, lease_seconds: float) -> CommitResult:
+    """Append steps and apply the transition if the run is still held at req.epoch.
+
+    Raises Fenced when it is not. A retry of a commit that already landed
+    (same epoch, same seqs and kinds) is acknowledged as a duplicate.
+    """
+    t = req.transition
+    try:
+        row = await run(
+            pool, "run_commit", req.workspace_id, req.run_id, req.epoch,
+            [s.seq for s in req.steps], [s.kind for s in req.steps],
+            [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
+            req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
+            t.wake_after_seconds, lease_seconds, req.tokens, t.text,
+        )  # fmt: skip
+    except asyncpg.UniqueViolationError:
+        row = None
+    if row is not None:
+        return CommitResult(row["status"], row["wake_at"])
+    if req.steps and await _already_committed(pool, req):
+        return CommitResult(t.status or "running", None, duplicate=True)
+    raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
+
+
+async def _already_committed(pool: asyncpg.pool.Pool, req: CommitRequest) -> bool:
+    rows = await run(
+        pool, "steps_by_seqs", req.workspace_id, req.run_id, [s.seq for s in req.steps]
+    )
+    found = {r["seq"]: (r["epoch"], r["kind"]) for r in rows}
+    wanted = {s.seq: (req.epoch, s.kind) for s in req.steps}
+    if found == wanted:
+        return True
+    if found:
+        # Some seqs are taken by another epoch's steps: this writer lost the run.
+        raise CommitConflict(f"seqs {sorted(found)} of run {req.run_id} are taken")
+    return False
+
+
+async def list_steps(
+    pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, from_seq: int, limit: int
+) -> list[asyncpg.Record]:
+    return await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
+
+
+async def steps_for_runs(
+    pool: asyncpg.pool.Pool, keys: list[tuple[str, uuid.UUID]]
+) -> dict[uuid.UUID, list[asyncpg.Record]]:
+    """Whole step logs of several runs, grouped by run id."""
+    if not keys:
+        return {}
+    rows = await run(pool, "steps_for_runs", [k[0] for k in keys], [k[1] for k in keys])
+    grouped: dict[uuid.UUID, list[asyncpg.Record]] = {k[1]: [] for k in keys}
+    for row in rows:
+        grouped[row["run_id"]].append(row)
+    return grouped

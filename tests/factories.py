@@ -1,0 +1,43 @@
+"""Builders for test data, written through the store (never raw table inserts)."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from control_plane.store import agents, runs
+
+DEFAULT_SPEC = {
+    "instructions": "test agent",
+    "model": "writer",
+    "tools": ["crm_lookup", "send_email", "echo", "sleep"],
+    "limits": {},
+}
+
+
+async def agent_version(
+    pool: asyncpg.pool.Pool,
+    workspace_id: str = "ws",
+    agent_id: str = "agent",
+    spec: dict | None = None,
+) -> int:
+    """Create (if needed) an agent and publish a version; returns the version number."""
+    await agents.create_agent(pool, workspace_id, agent_id, agent_id)
+    row = await agents.publish_version(pool, workspace_id, agent_id, spec or DEFAULT_SPEC)
+    return row["version"]
+
+
+async def queued_runs(
+    pool: asyncpg.pool.Pool, n: int, workspace_id: str = "ws", agent_id: str = "agent",
+    deadline_seconds: int = 3600,
+) -> list[asyncpg.Record]:  # fmt: skip
+    """Admit n runs of a fresh agent version."""
+    version = await agent_version(pool, workspace_id, agent_id)
+    out = []
+    for i in range(n):
+        adm = runs.Admission(
+            workspace_id=workspace_id, agent_id=agent_id, agent_version=version,
+            input=f"input {i}", request_id=None, max_steps=50, max_tokens=100_000,
+            max_tool_calls=100, deadline_seconds=deadline_seconds,
+        )  # fmt: skip
+        out.append(await runs.insert_run(pool, adm))
+    return out

@@ -1,0 +1,297 @@
+"""The public gRPC API against a real control plane and Postgres: happy paths and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from control_plane.config import ServerConfig
+from control_plane.server import start
+
+GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+
+
+@pytest.fixture
+async def server(db_url):
+    running = await start(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
+    yield running
+    await running.stop(grace=0)
+
+
+@pytest.fixture
+async def channel(server):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        yield ch
+
+
+@pytest.fixture
+def agents(channel):
+    return agent_pb2_grpc.AgentServiceStub(channel)
+
+
+@pytest.fixture
+def runs(channel):
+    return run_pb2_grpc.RunServiceStub(channel)
+
+
+async def publish(agents, ws="acme", agent_id="triage", **limits):
+    await agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=ws, agent_id=agent_id))
+    spec = agent_pb2.AgentSpec(
+        model="writer",
+        instructions="be brief",
+        tools=["echo"],
+        limits=agent_pb2.RunLimits(**limits),
+    )
+    resp = await agents.PublishAgentVersion(
+        agent_pb2.PublishAgentVersionRequest(workspace_id=ws, agent_id=agent_id, spec=spec)
+    )
+    return resp.version
+
+
+async def expect_error(call, code: grpc.StatusCode, *words: str) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details()
+    return info.value.details()
+
+
+async def test_agent_versions_are_numbered_and_limits_copied_at_admission(agents, runs):
+    v1 = await publish(agents, max_steps=7)
+    assert v1.version == 1 and v1.spec.limits.max_steps == 7
+    started = await runs.StartRun(
+        run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="hello")
+    )
+    run = started.run
+    assert started.created and run.status == run_pb2.RUN_STATUS_QUEUED
+    assert (run.agent_version, run.limits.max_steps) == (1, 7)
+    # A new version changes nothing for the admitted run.
+    spec = agent_pb2.AgentSpec(model="writer", limits=agent_pb2.RunLimits(max_steps=99))
+    v2 = await agents.PublishAgentVersion(
+        agent_pb2.PublishAgentVersionRequest(workspace_id="acme", agent_id="triage", spec=spec)
+    )
+    assert v2.version.version == 2
+    again = await runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run.run_id))
+    assert (again.run.agent_version, again.run.limits.max_steps) == (1, 7)
+    steps = await runs.ListRunSteps(
+        run_pb2.ListRunStepsRequest(workspace_id="acme", run_id=run.run_id)
+    )
+    assert [(s.seq, s.kind) for s in steps.steps] == [(0, run_pb2.STEP_KIND_INPUT)]
+    assert json.loads(steps.steps[0].payload_json) == {"text": "hello"}
+
+
+async def test_start_run_with_request_id_is_idempotent(agents, runs):
+    await publish(agents)
+    req = run_pb2.StartRunRequest(
+        workspace_id="acme", agent_id="triage", input="x", request_id="k1"
+    )
+    first = await runs.StartRun(req)
+    second = await runs.StartRun(req)
+    assert first.created and not second.created
+    assert first.run.run_id == second.run.run_id
+    listed = await runs.ListRuns(run_pb2.ListRunsRequest(workspace_id="acme"))
+    assert len(listed.runs) == 1
+
+
+async def test_list_runs_pages_through_everything_once(agents, runs):
+    await publish(agents)
+    ids = set()
+    for i in range(7):
+        r = await runs.StartRun(
+            run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input=str(i))
+        )
+        ids.add(r.run.run_id)
+    seen, token, pages = [], "", 0
+    while True:
+        page = await runs.ListRuns(
+            run_pb2.ListRunsRequest(workspace_id="acme", page_size=3, page_token=token)
+        )
+        seen += [r.run_id for r in page.runs]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert pages == 3 and len(seen) == 7 and set(seen) == ids
+
+
+async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(agents, runs):
+    await publish(agents)
+    run = (
+        await runs.StartRun(
+            run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x")
+        )
+    ).run
+    resp = await runs.CancelRun(
+        run_pb2.CancelRunRequest(workspace_id="acme", run_id=run.run_id, reason="no longer needed")
+    )
+    assert resp.run.status == run_pb2.RUN_STATUS_CANCELLED
+    assert resp.run.error == "no longer needed"
+    await expect_error(
+        runs.CancelRun(run_pb2.CancelRunRequest(workspace_id="acme", run_id=run.run_id)),
+        grpc.StatusCode.FAILED_PRECONDITION, "already ended",
+    )  # fmt: skip
+
+
+async def test_watch_run_streams_from_an_offset_and_ends_when_terminal(agents, runs):
+    await publish(agents)
+    run = (
+        await runs.StartRun(
+            run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x")
+        )
+    ).run
+    await runs.CancelRun(run_pb2.CancelRunRequest(workspace_id="acme", run_id=run.run_id))
+    events = [
+        e
+        async for e in runs.WatchRun(
+            run_pb2.WatchRunRequest(workspace_id="acme", run_id=run.run_id, from_seq=1)
+        )
+    ]
+    assert events[0].WhichOneof("event") == "run"
+    assert events[0].run.status == run_pb2.RUN_STATUS_CANCELLED
+    assert [e.step.seq for e in events[1:]] == [1]
+    assert events[1].step.kind == run_pb2.STEP_KIND_FINISH
+
+
+async def test_other_workspaces_runs_are_not_found(agents, runs):
+    await publish(agents)
+    run = (
+        await runs.StartRun(
+            run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x")
+        )
+    ).run
+    await expect_error(
+        runs.GetRun(run_pb2.GetRunRequest(workspace_id="other", run_id=run.run_id)),
+        grpc.StatusCode.NOT_FOUND, run.run_id,
+    )  # fmt: skip
+
+
+BAD_REQUESTS = [
+    ("GetRun", run_pb2.GetRunRequest(run_id="00000000-0000-0000-0000-000000000000"),
+     grpc.StatusCode.INVALID_ARGUMENT, "workspace_id"),
+    ("GetRun", run_pb2.GetRunRequest(workspace_id="acme", run_id="not-a-uuid"),
+     grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+    ("GetRun", run_pb2.GetRunRequest(workspace_id="Acme!", run_id="x"),
+     grpc.StatusCode.INVALID_ARGUMENT, "workspace_id"),
+    ("GetRun", run_pb2.GetRunRequest(workspace_id="acme",
+                                     run_id="00000000-0000-0000-0000-000000000000"),
+     grpc.StatusCode.NOT_FOUND, "not found"),
+    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage"),
+     grpc.StatusCode.INVALID_ARGUMENT, "input"),
+    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="ghost", input="x"),
+     grpc.StatusCode.NOT_FOUND, "ghost"),
+    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage",
+                                         input="x" * (300 * 1024)),
+     grpc.StatusCode.INVALID_ARGUMENT, "input"),
+    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x",
+                                         agent_version=-1),
+     grpc.StatusCode.INVALID_ARGUMENT, "agent_version"),
+    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x",
+                                         agent_version=42),
+     grpc.StatusCode.NOT_FOUND, "42"),
+    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", page_size=10_000),
+     grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
+    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", page_token="garbage"),
+     grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
+    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", status=99),
+     grpc.StatusCode.INVALID_ARGUMENT, "status"),
+    ("ListRunSteps", run_pb2.ListRunStepsRequest(workspace_id="acme", run_id="x", from_seq=0),
+     grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+    ("CancelRun", run_pb2.CancelRunRequest(workspace_id="acme",
+                                           run_id="00000000-0000-0000-0000-000000000000"),
+     grpc.StatusCode.NOT_FOUND, "not found"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "request_msg", "code", "word"), BAD_REQUESTS)
+async def test_bad_requests_are_refused_naming_the_field_and_write_nothing(
+    agents, runs, db, method, request_msg, code, word
+):
+    await publish(agents)
+    before = await db.fetchval("SELECT count(*) FROM runs")
+    await expect_error(getattr(runs, method)(request_msg), code, word)
+    assert await db.fetchval("SELECT count(*) FROM runs") == before
+
+
+BAD_SPECS = [
+    (agent_pb2.AgentSpec(), "spec.model"),
+    (agent_pb2.AgentSpec(model="m", tools=["Bad Tool"]), "spec.tools[0]"),
+    (agent_pb2.AgentSpec(model="m", tools=["echo", "echo"]), "spec.tools"),
+    (agent_pb2.AgentSpec(model="m", limits=agent_pb2.RunLimits(max_steps=-1)),
+     "spec.limits.max_steps"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "field"), BAD_SPECS)
+async def test_bad_agent_specs_name_the_field(agents, db, spec, field):
+    await agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id="acme", agent_id="a"))
+    await expect_error(
+        agents.PublishAgentVersion(
+            agent_pb2.PublishAgentVersionRequest(workspace_id="acme", agent_id="a", spec=spec)
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT, field,
+    )  # fmt: skip
+    assert await db.fetchval("SELECT count(*) FROM agent_versions") == 0
+
+
+async def test_duplicate_agent_is_already_exists(agents):
+    req = agent_pb2.CreateAgentRequest(workspace_id="acme", agent_id="a")
+    await agents.CreateAgent(req)
+    await expect_error(agents.CreateAgent(req), grpc.StatusCode.ALREADY_EXISTS, "'a'")
+
+
+async def test_oversized_message_is_refused_and_the_server_keeps_serving(agents, runs, db):
+    await publish(agents)
+    huge = run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x" * (5 << 20))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await runs.StartRun(huge)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "4194304" in info.value.details()  # names the limit
+    assert await db.fetchval("SELECT count(*) FROM runs") == 0
+    ok = await runs.StartRun(
+        run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="small")
+    )
+    assert ok.created
+
+
+async def grpcurl(*args: str) -> str:
+    """Run grpcurl without blocking the event loop the in-process server shares."""
+    proc = await asyncio.create_subprocess_exec(
+        GRPCURL, "-plaintext", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(server, agents, runs):
+    await publish(agents)
+    run = (
+        await runs.StartRun(
+            run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="via grpcurl")
+        )
+    ).run
+    addr = f"127.0.0.1:{server.port}"
+    listed = (await grpcurl(addr, "list")).split()
+    for service in ("agentrun.v1.RunService", "agentrun.v1.AgentService",
+                    "agentrun.v1.ExecutorService", "grpc.health.v1.Health"):  # fmt: skip
+        assert service in listed
+    got = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps({"workspace_id": "acme", "run_id": run.run_id}),
+            addr,
+            "agentrun.v1.RunService/GetRun",
+        )  # fmt: skip
+    )
+    assert got["run"]["run_id"] == run.run_id and got["run"]["input"] == "via grpcurl"
+    health = json.loads(await grpcurl(addr, "grpc.health.v1.Health/Check"))
+    assert health["status"] == "SERVING"

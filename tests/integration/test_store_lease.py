@@ -1,0 +1,172 @@
+"""The run row as a lease: claims, fenced commits, heartbeats, parks, cancels (real Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from control_plane.store import lease, runs, steps
+from control_plane.store.errors import Fenced
+from control_plane.store.queries import QUERIES
+from tests import factories
+
+
+@pytest.fixture
+async def pool(db_url):
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=12)
+    yield p
+    await p.close()
+
+
+def step(seq: int, kind: str = "model_decision", ref: int | None = None) -> steps.NewStep:
+    return steps.NewStep(seq, kind, ref, json.dumps({"content": f"s{seq}", "tool_calls": []}))
+
+
+def key(row) -> lease.LeaseKey:
+    return lease.LeaseKey(row["workspace_id"], row["run_id"], row["lease_epoch"])
+
+
+async def test_every_named_query_prepares(db):
+    for query in QUERIES.values():
+        await db.prepare(query.sql)
+
+
+async def test_claim_sets_lease_and_bumps_epoch(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (claimed,) = await lease.claim_due(pool, ["ex-a"], 30)
+    assert claimed["run_id"] == run["run_id"]
+    assert claimed["status"] == "running"
+    assert claimed["lease_owner"] == "ex-a"
+    assert claimed["lease_epoch"] == run["lease_epoch"] + 1
+    assert claimed["attempt"] == 0
+    # Held: nobody else can claim it while the lease runs.
+    assert await lease.claim_due(pool, ["ex-b"], 30) == []
+
+
+async def test_lapsed_lease_is_claimable_again_and_fences_the_old_holder(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (a,) = await lease.claim_due(pool, ["ex-a"], 30)
+    later = a["wake_at"] + timedelta(seconds=1)
+    (b,) = await lease.claim_due(pool, ["ex-b"], 30, now=later)
+    assert (b["lease_owner"], b["lease_epoch"], b["attempt"]) == ("ex-b", a["lease_epoch"] + 1, 1)
+
+    stale = steps.CommitRequest(run["workspace_id"], run["run_id"], a["lease_epoch"], [step(1)])
+    with pytest.raises(Fenced):
+        await steps.commit(pool, stale, 30)
+    beat = await lease.heartbeat(pool, "ex-a", [key(a)], 30)
+    assert beat.renewed == {}
+
+    fresh = steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)])
+    assert (await steps.commit(pool, fresh, 30)).status == "running"
+    log = await steps.list_steps(pool, run["workspace_id"], run["run_id"], 0, 100)
+    assert [(s["seq"], s["epoch"]) for s in log] == [(0, 0), (1, b["lease_epoch"])]
+
+
+async def test_retried_commit_is_acknowledged_once(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (held,) = await lease.claim_due(pool, ["ex-a"], 30)
+    req = steps.CommitRequest(
+        run["workspace_id"], run["run_id"], held["lease_epoch"], [step(1)],
+        steps.Transition(status="completed", text="done"), model_calls=1, tokens=10,
+    )  # fmt: skip
+    first = await steps.commit(pool, req, 30)
+    again = await steps.commit(pool, req, 30)
+    assert (first.duplicate, again.duplicate) == (False, True)
+    row = await runs.get_run(pool, run["workspace_id"], run["run_id"])
+    assert (row["status"], row["output"], row["model_calls"], row["tokens_used"]) == (
+        "completed", "done", 1, 10,
+    )  # fmt: skip
+
+
+async def test_commit_with_a_taken_seq_from_another_epoch_is_fenced(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (a,) = await lease.claim_due(pool, ["ex-a"], 30)
+    (b,) = await lease.claim_due(pool, ["ex-b"], 30, now=a["wake_at"] + timedelta(seconds=1))
+    await steps.commit(
+        pool,
+        steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)]),
+        30,
+    )
+    with pytest.raises(Fenced):
+        await steps.commit(
+            pool,
+            steps.CommitRequest(run["workspace_id"], run["run_id"], a["lease_epoch"], [step(1)]),
+            30,
+        )
+
+
+async def test_park_releases_the_lease_until_wake_time(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (held,) = await lease.claim_due(pool, ["ex-a"], 30)
+    park = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=3600)
+    done = await steps.commit(
+        pool,
+        steps.CommitRequest(
+            run["workspace_id"], run["run_id"], held["lease_epoch"], [step(1)], park
+        ),
+        30,
+    )
+    row = await runs.get_run(pool, run["workspace_id"], run["run_id"])
+    assert (row["status"], row["wait_reason"], row["lease_owner"]) == ("waiting", "sleep", None)
+    assert done.wake_at == row["wake_at"]
+    assert await lease.claim_due(pool, ["ex-b"], 30) == []
+    (woken,) = await lease.claim_due(pool, ["ex-b"], 30, now=row["wake_at"])
+    assert woken["attempt"] == 0  # a finished wait is not a takeover
+
+
+async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(pool):
+    r1, r2 = await factories.queued_runs(pool, 2, deadline_seconds=1)
+    held = await lease.claim_due(pool, ["ex-a", "ex-a"], 30)
+    assert len(held) == 2
+    ok = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30)
+    assert set(ok.renewed) == {key(h) for h in held}
+    assert await lease.heartbeat(pool, "ex-b", [key(held[0])], 30) == lease.HeartbeatOutcome(
+        {}, set()
+    )
+    # Past the deadline the heartbeat is refused and the run fails with a finish step.
+    await pool.execute("UPDATE runs SET deadline_at = now() - interval '1 s'")
+    out = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30)
+    assert out.renewed == {} and out.past_deadline == {key(h) for h in held}
+    row = await runs.get_run(pool, r1["workspace_id"], r1["run_id"])
+    assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
+    log = await steps.list_steps(pool, r2["workspace_id"], r2["run_id"], 0, 10)
+    assert json.loads(log[-1]["payload"])["status"] == "failed"
+
+
+async def test_cancel_fences_the_holder(pool):
+    (run,) = await factories.queued_runs(pool, 1)
+    (held,) = await lease.claim_due(pool, ["ex-a"], 30)
+    cancelled = await runs.cancel_run(pool, run["workspace_id"], run["run_id"], "user asked")
+    assert cancelled["status"] == "cancelled"
+    with pytest.raises(Fenced):
+        await steps.commit(
+            pool,
+            steps.CommitRequest(run["workspace_id"], run["run_id"], held["lease_epoch"], [step(2)]),
+            30,
+        )
+    assert (await lease.heartbeat(pool, "ex-a", [key(held)], 30)).renewed == {}
+    assert await runs.cancel_run(pool, run["workspace_id"], run["run_id"], "again") is None
+
+
+async def test_concurrent_claimers_claim_each_run_exactly_once(pool):
+    await factories.queued_runs(pool, 400)
+    claimed: Counter = Counter()
+
+    async def claimer(name: str) -> None:
+        while True:
+            rows = await lease.claim_due(pool, [name] * 7, 30)
+            if not rows:
+                return
+            for r in rows:
+                claimed[(r["run_id"], r["lease_epoch"])] += 1
+
+    await asyncio.gather(*(claimer(f"ex-{i}") for i in range(8)))
+    assert len(claimed) == 400
+    assert set(claimed.values()) == {1}
+    owners = await pool.fetchval("SELECT count(DISTINCT lease_owner) FROM runs")
+    assert owners > 1  # the claimers really ran side by side

@@ -1,0 +1,35 @@
+"""Fault-point arming syntax."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import faults
+
+
+def test_parse_first_and_nth_hit():
+    assert faults._parse("a.b=kill, c.d=kill@3") == {"a.b": 1, "c.d": 3}
+
+
+def test_unknown_action_is_refused():
+    with pytest.raises(ValueError, match="unknown action"):
+        faults._parse("a=explode")
+
+
+def test_an_armed_point_kills_the_process_at_its_nth_hit():
+    code = "import faults\nfor i in range(5):\n    print(i, flush=True)\n    faults.point('p')\n"
+    env = {**os.environ, "AGENTRUN_FAULTS": "p=kill@3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == -9
+    assert out.stdout.split() == ["0", "1", "2"]
+
+
+def test_unarmed_points_are_inert():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_FAULTS")}
+    code = "import faults\nfor _ in range(100):\n    faults.point('p')\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (out.returncode, out.stdout.strip()) == (0, "ok")
