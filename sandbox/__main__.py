@@ -1,0 +1,39 @@
+"""Command line: `python -m sandbox model|providers` runs one sandbox server until SIGTERM."""
+
+import argparse
+from pathlib import Path
+
+from sandbox import model_server, providers, serve
+from sandbox.scenario import DEFAULT_DIR
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sandbox", description=__doc__)
+    servers = parser.add_subparsers(dest="server", required=True)
+    model = servers.add_parser("model", help="OpenAI-compatible model server playing scenarios")
+    _add_listen_args(model)
+    model.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    model.add_argument("--scenarios", type=Path, default=DEFAULT_DIR, help="scenario directory")
+    _add_listen_args(servers.add_parser("providers", help="fake tool providers (CRM, echo, mail)"))
+    return parser.parse_args(argv)
+
+
+def _add_listen_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--port-file", type=Path, help="write the port here once the server accepts connections"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.server == "model":
+        app = model_server.create_app(scenarios_dir=args.scenarios, api_key=args.api_key)
+    else:
+        app = providers.create_app()
+    serve.run(app, args.host, args.port, args.port_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""An OpenAI-compatible chat-completions server that plays scenario files."""
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandbox.faults import FaultSpecError, ModelFaults, retry_after_headers
+from sandbox.request_log import RequestLog
+from sandbox.scenario import (
+    DEFAULT_DIR,
+    Reply,
+    Scenario,
+    ScenarioError,
+    ScenarioStore,
+    UnknownScenario,
+    render_turn,
+)
+
+RUN_ID_HEADER = "x-agentrun-run-id"
+SEQ_HEADER = "x-agentrun-seq"
+
+
+class _Refused(Exception):
+    """A request answered with an OpenAI-style error instead of a completion."""
+
+    def __init__(
+        self, status: int, message: str, kind: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+class ModelSandbox:
+    """State of one model server: scenarios, request log, armed faults, optional API key."""
+
+    def __init__(
+        self,
+        scenarios_dir: Path = DEFAULT_DIR,
+        api_key: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.scenarios = ScenarioStore(scenarios_dir)
+        self.api_key = api_key
+        self.rng = rng or random.Random()
+        self.log = RequestLog()
+        self.faults = ModelFaults()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/_sandbox/requests", self.requests, methods=["GET", "DELETE"]),
+            Route("/_sandbox/faults", self.faults_endpoint, methods=["GET", "POST", "DELETE"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+
+    async def chat_completions(self, request: Request) -> Response:
+        # Filled in as the request is understood, so refused requests are logged too.
+        entry: dict[str, Any] = {
+            "model": None,
+            "run_id": request.headers.get(RUN_ID_HEADER),
+            "seq": _int_or_none(request.headers.get(SEQ_HEADER)),
+            "n_messages": None,
+            "turn": None,
+            "response_id": None,
+        }
+        try:
+            response: Response = JSONResponse(await self._complete(request, entry))
+        except _Refused as refused:
+            response = refused.response()
+        self.log.record(**entry, status=response.status_code)
+        return response
+
+    async def _complete(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
+        self._check_api_key(request)
+        model, messages = _parse_chat_request(await _read_json(request))
+        entry.update(model=model, n_messages=len(messages))
+        await self._apply_faults()
+        scenario = self._scenario(model)
+        entry["turn"] = turn = scenario.turn_index(messages)
+        if latency := scenario.latency_seconds(self.rng):
+            await asyncio.sleep(latency)
+        try:
+            reply = render_turn(scenario.turns[turn], messages, self.rng)
+        except ScenarioError as exc:
+            raise _Refused(500, str(exc), "server_error") from None
+        completion = chat_completion(model, reply, messages)
+        entry["response_id"] = completion["id"]
+        return completion
+
+    def _check_api_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        if request.headers.get("authorization") != f"Bearer {self.api_key}":
+            raise _Refused(401, "Incorrect or missing API key.", "invalid_request_error")
+
+    async def _apply_faults(self) -> None:
+        faults = self.faults
+        if faults.delay_ms:
+            await asyncio.sleep(faults.delay_ms / 1000.0)
+        status, retry_after = faults.status, faults.retry_after
+        if faults.take_down():
+            kind = "rate_limit_error" if status == 429 else "server_error"
+            message = f"sandbox fault: model server is down ({status})"
+            raise _Refused(status, message, kind, retry_after_headers(retry_after))
+
+    def _scenario(self, model: str) -> Scenario:
+        try:
+            return self.scenarios.get(model)
+        except UnknownScenario:
+            message = f"The model `{model}` does not exist (no scenario file {model}.json)."
+            raise _Refused(404, message, "invalid_request_error") from None
+        except ScenarioError as exc:
+            raise _Refused(500, str(exc), "server_error") from None
+
+    async def list_models(self, request: Request) -> Response:
+        models = [
+            {"id": name, "object": "model", "owned_by": "sandbox"}
+            for name in self.scenarios.names()
+        ]
+        return JSONResponse({"object": "list", "data": models})
+
+    async def requests(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            self.log.clear()
+        return JSONResponse({"requests": self.log.entries()})
+
+    async def faults_endpoint(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                self.faults = ModelFaults.from_json(await _read_json(request))
+            except FaultSpecError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+        elif request.method == "DELETE":
+            self.faults = ModelFaults()
+        return JSONResponse(self.faults.to_json())
+
+
+def create_app(
+    scenarios_dir: Path | str | None = None,
+    api_key: str | None = None,
+    rng: random.Random | None = None,
+) -> Starlette:
+    """The model sandbox app; its state is reachable as `app.state.sandbox`."""
+    sandbox = ModelSandbox(Path(scenarios_dir or DEFAULT_DIR), api_key=api_key, rng=rng)
+    app = Starlette(routes=sandbox.routes())
+    app.state.sandbox = sandbox
+    return app
+
+
+def chat_completion(model: str, reply: Reply, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A reply in the OpenAI `chat.completion` wire format."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in reply.tool_calls
+        ]
+    prompt_tokens = _estimate_tokens(json.dumps(messages))
+    completion_tokens = _estimate_tokens(json.dumps(message))
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                "message": message,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _parse_chat_request(body: Any) -> tuple[str, list[dict[str, Any]]]:
+    if not isinstance(body, dict):
+        raise _Refused(400, "The request body must be a JSON object.", "invalid_request_error")
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        raise _Refused(400, "'model' is a required string.", "invalid_request_error")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _Refused(400, "'messages' must be a list of objects.", "invalid_request_error")
+    return model, messages
+
+
+async def _read_json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+
+
+def _estimate_tokens(text: str) -> int:
+    # Roughly four characters per token: enough for budgets and benchmarks.
+    return max(1, len(text) // 4)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})

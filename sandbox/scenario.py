@@ -1,0 +1,188 @@
+"""Scenario files for the model sandbox: loading, turn selection and templating.
+
+A scenario is a scripted model. The request's ``model`` names a file
+``<scenarios dir>/<model>.json``::
+
+    {"description": "...", "latency_ms": [min, max],
+     "turns": [{"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]},
+               {"content": "done"}]}
+
+The turn played is the number of assistant messages already in the request
+(past the last turn, the last one is played again). Inside a turn:
+
+* ``"{{input}}"`` in any string becomes the text of the first user message and
+  ``"{{last_tool_result}}"`` the content of the last tool message;
+* ``{"$choice": [a, b]}`` becomes one of its elements (also usable for a whole
+  tool call inside ``tool_calls``) and ``{"$nonce": true}`` a fresh 8-hex
+  string; ``"{{nonce}}"`` puts a fresh one inside a string.
+
+``$choice`` and ``$nonce`` are random on purpose: asking the same question twice
+may get a different answer, so an executor that re-asks a committed decision
+shows up as a different decision instead of hiding behind a deterministic mock.
+A tool call may give ``"arguments_raw": "<text>"`` to send arguments that are not
+valid JSON.
+"""
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path(__file__).parent / "scenarios"
+NONCE = "{{nonce}}"
+
+# Scenario names become file names: no separators, no leading dot.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class UnknownScenario(LookupError):
+    """No scenario file with that name."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be played."""
+
+
+@dataclass(frozen=True)
+class RenderedCall:
+    name: str
+    arguments: str  # the JSON text, as the OpenAI API sends it
+
+
+@dataclass(frozen=True)
+class Reply:
+    content: str | None
+    tool_calls: tuple[RenderedCall, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    latency_ms: tuple[float, float]
+    turns: tuple[dict[str, Any], ...]
+
+    def turn_index(self, messages: list[dict[str, Any]]) -> int:
+        assistant_messages = sum(1 for m in messages if m.get("role") == "assistant")
+        return min(assistant_messages, len(self.turns) - 1)
+
+    def latency_seconds(self, rng: random.Random) -> float:
+        low, high = self.latency_ms
+        return rng.uniform(low, high) / 1000.0
+
+
+def parse_scenario(name: str, data: Any) -> Scenario:
+    """Check the shape of a scenario document; raise ScenarioError naming the problem."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario {name!r}: expected a JSON object")
+    turns = data.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise ScenarioError(f"scenario {name!r}: 'turns' must be a non-empty list")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or not ("content" in turn or turn.get("tool_calls")):
+            raise ScenarioError(f"scenario {name!r}: turn {i} needs 'content' or 'tool_calls'")
+    latency = data.get("latency_ms", [0, 0])
+    if not (isinstance(latency, list) and len(latency) == 2 and 0 <= latency[0] <= latency[1]):
+        raise ScenarioError(f"scenario {name!r}: 'latency_ms' must be [min, max]")
+    return Scenario(
+        name=name,
+        description=str(data.get("description", "")),
+        latency_ms=(float(latency[0]), float(latency[1])),
+        turns=tuple(turns),
+    )
+
+
+class ScenarioStore:
+    """Scenario files of one directory, parsed once and reloaded when a file changes."""
+
+    def __init__(self, directory: Path = DEFAULT_DIR) -> None:
+        self.directory = Path(directory)
+        self._cache: dict[str, tuple[int, Scenario]] = {}
+
+    def get(self, name: str) -> Scenario:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise UnknownScenario(name)
+        path = self.directory / f"{name}.json"
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            raise UnknownScenario(name) from None
+        cached = self._cache.get(name)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"scenario {name!r}: invalid JSON: {exc}") from None
+        scenario = parse_scenario(name, data)
+        self._cache[name] = (mtime, scenario)
+        return scenario
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.directory.glob("*.json") if _NAME.match(p.stem))
+
+
+def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: random.Random) -> Reply:
+    """Resolve templates, choices and nonces of one turn against the conversation."""
+    fills = {
+        "{{input}}": _first_text(messages, "user"),
+        "{{last_tool_result}}": _last_text(messages, "tool"),
+    }
+    rendered = _render(turn, fills, rng)
+    content = rendered.get("content")
+    if content is not None and not isinstance(content, str):
+        content = json.dumps(content)
+    calls = tuple(_rendered_call(call) for call in rendered.get("tool_calls") or [])
+    return Reply(content=content, tool_calls=calls)
+
+
+def _render(value: Any, fills: dict[str, str], rng: random.Random) -> Any:
+    if isinstance(value, str):
+        for placeholder, text in fills.items():
+            value = value.replace(placeholder, text)
+        while NONCE in value:  # a fresh nonce for each occurrence
+            value = value.replace(NONCE, _nonce(rng), 1)
+        return value
+    if isinstance(value, list):
+        return [_render(item, fills, rng) for item in value]
+    if isinstance(value, dict):
+        if set(value) == {"$choice"}:
+            options = value["$choice"]
+            if not isinstance(options, list) or not options:
+                raise ScenarioError("'$choice' needs a non-empty list")
+            return _render(rng.choice(options), fills, rng)
+        if value == {"$nonce": True}:
+            return _nonce(rng)
+        return {key: _render(item, fills, rng) for key, item in value.items()}
+    return value
+
+
+def _nonce(rng: random.Random) -> str:
+    return f"{rng.getrandbits(32):08x}"
+
+
+def _rendered_call(call: Any) -> RenderedCall:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise ScenarioError(f"a tool call needs a 'name': {call!r}")
+    if "arguments_raw" in call:
+        return RenderedCall(name=call["name"], arguments=str(call["arguments_raw"]))
+    return RenderedCall(name=call["name"], arguments=json.dumps(call.get("arguments", {})))
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _first_text(messages: list[dict[str, Any]], role: str) -> str:
+    return next((_message_text(m) for m in messages if m.get("role") == role), "")
+
+
+def _last_text(messages: list[dict[str, Any]], role: str) -> str:
+    return next((_message_text(m) for m in reversed(messages) if m.get("role") == role), "")
