@@ -1,0 +1,137 @@
+"""Forward-only SQL migrations: apply every migrations/NNNN_name.sql not yet recorded.
+
+Each file runs in its own transaction together with the row that records it in
+`schema_migrations`, so a migration is either fully applied and recorded or not at all. A
+session-level advisory lock serialises concurrent callers (two replicas starting at once): the
+second waits, then finds nothing left to do. A file whose content changed after it was applied
+is refused; fixes go in a new file. Files run as one multi-statement script, so a migration
+cannot use statements that refuse a transaction block (CREATE INDEX CONCURRENTLY).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+# Advisory locks are per database; any fixed key works. This one spells "agentrun".
+MIGRATION_LOCK_KEY = int.from_bytes(b"agentrun", "big")
+_FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     text PRIMARY KEY,
+    name        text NOT NULL,
+    checksum    text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+_SELECT_APPLIED = "SELECT version, name, checksum FROM schema_migrations"
+_RECORD = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+
+
+class MigrationError(RuntimeError):
+    """The migrations cannot be applied as they are."""
+
+
+class MigrationChecksumError(MigrationError):
+    """A migration that was already applied has been edited since."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file."""
+
+    version: str
+    name: str
+    sql: str
+    checksum: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.version}_{self.name}"
+
+    @classmethod
+    def load(cls, path: Path) -> Migration:
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise MigrationError(f"{path.name}: migration files are named NNNN_name.sql")
+        data = path.read_bytes()
+        return cls(
+            version=match["version"],
+            name=match["name"],
+            sql=data.decode("utf-8"),
+            checksum=hashlib.sha256(data).hexdigest(),
+        )
+
+
+def migrations_dir() -> Path:
+    """The repository's migrations/ directory."""
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    """Every migration in `directory` (default: migrations_dir()), in version order."""
+    paths = sorted((directory or migrations_dir()).glob("*.sql"))
+    migrations = [Migration.load(path) for path in paths]
+    versions = [m.version for m in migrations]
+    duplicates = sorted({v for v in versions if versions.count(v) > 1})
+    if duplicates:
+        raise MigrationError(f"several migration files share version(s) {', '.join(duplicates)}")
+    return migrations
+
+
+async def migrate(
+    conn_or_dsn: asyncpg.Connection | str, directory: Path | None = None
+) -> list[str]:
+    """Apply the pending migrations; return their labels ("0001_core"), in order applied."""
+    if isinstance(conn_or_dsn, str):
+        return await migrate_url(conn_or_dsn, directory)
+    conn = conn_or_dsn
+    migrations = load_migrations(directory)
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    try:
+        await conn.execute(_CREATE_TABLE)
+        pending = _pending(migrations, await conn.fetch(_SELECT_APPLIED))
+        for migration in pending:
+            await _apply(conn, migration)
+        return [m.label for m in pending]
+    finally:
+        if not conn.is_closed():
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+
+
+async def migrate_url(dsn: str, directory: Path | None = None) -> list[str]:
+    """Connect to `dsn`, apply the pending migrations, close; return what was applied."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await migrate(conn, directory)
+    finally:
+        await conn.close()
+
+
+def _pending(migrations: list[Migration], applied_rows: list[asyncpg.Record]) -> list[Migration]:
+    """The migrations not applied yet, after checking the applied ones are unchanged."""
+    applied = {row["version"]: row for row in applied_rows}
+    for migration in migrations:
+        row = applied.get(migration.version)
+        if row is not None and row["checksum"] != migration.checksum:
+            raise MigrationChecksumError(
+                f"migration {migration.label} was applied as {row['version']}_{row['name']} "
+                f"and its file has changed since (checksum {row['checksum'][:12]} in the "
+                f"database, {migration.checksum[:12]} on disk); add a new migration instead"
+            )
+    # Versions recorded but absent here come from a newer release (a rolling deploy): fine.
+    return [m for m in migrations if m.version not in applied]
+
+
+async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
+    try:
+        async with conn.transaction():
+            await conn.execute(migration.sql)
+            await conn.execute(_RECORD, migration.version, migration.name, migration.checksum)
+    except asyncpg.PostgresError as exc:
+        raise MigrationError(f"migration {migration.label} failed: {exc}") from exc

@@ -1,0 +1,201 @@
+"""Fixtures: real PostgreSQL and Redis, a database per test, and the project's processes.
+
+Session scope: `pg`, `template_db`, `redis_server`, `sandbox_model`, `sandbox_providers`.
+Per test: `db_url` / `db` (a fresh copy of the migrated template), `embedded_pg` (the session
+server to kill and restart), `control_plane` and `executor_factory` (process factories whose
+processes are killed at teardown and whose log tails join the report of a failed test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import asyncpg
+import pytest
+
+from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
+from tests.harness.databases import (
+    TEMPLATE_DB,
+    create_database,
+    create_template,
+    drop_database,
+    new_database_name,
+)
+from tests.harness.processes import (
+    ControlPlane,
+    ManagedProcess,
+    ProcessGroup,
+    SandboxServer,
+    start_control_plane,
+    start_executor,
+    start_sandbox,
+)
+from tests.harness.servers import (
+    EXTERNAL_REASON,
+    ExternalPostgres,
+    ExternalRedis,
+    session_postgres,
+    session_redis,
+)
+
+_PROCESSES = pytest.StashKey[ProcessGroup]()
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[EmbeddedPostgres | ExternalPostgres]:
+    """The session's PostgreSQL server (embedded and fast, or DATABASE_URL's)."""
+    with session_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def embedded_pg(pg: EmbeddedPostgres | ExternalPostgres) -> Iterator[EmbeddedPostgres]:
+    """The session server, for tests that kill or restart it (running again at teardown)."""
+    if not isinstance(pg, EmbeddedPostgres):
+        pytest.skip(EXTERNAL_REASON.format(var="DATABASE_URL"))
+    yield pg
+    pg.start()
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg: EmbeddedPostgres | ExternalPostgres) -> AsyncIterator[str]:
+    """The name of a database migrated once per session, copied by every `db_url`."""
+    await create_template(pg.url, pg.url_for(TEMPLATE_DB))
+    yield TEMPLATE_DB
+    _ensure_running(pg)
+    await drop_database(pg.url, TEMPLATE_DB)
+
+
+@pytest.fixture
+async def db_url(pg: EmbeddedPostgres | ExternalPostgres, template_db: str) -> AsyncIterator[str]:
+    """The DSN of a fresh, migrated database of this test's own (dropped afterwards)."""
+    name = new_database_name()
+    await create_database(pg.url, name, template=template_db)
+    yield pg.url_for(name)
+    _ensure_running(pg)  # a test may have killed the server and left it down
+    await drop_database(pg.url, name)
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """An asyncpg connection to this test's database."""
+    conn = await asyncpg.connect(db_url)
+    yield conn
+    # The test may have killed the server under it: a connection that cannot say goodbye.
+    with contextlib.suppress(OSError, asyncpg.InterfaceError):
+        await conn.close()
+
+
+def _ensure_running(pg: EmbeddedPostgres | ExternalPostgres) -> None:
+    if isinstance(pg, EmbeddedPostgres):
+        pg.start()
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis | ExternalRedis]:
+    """The session's Redis server (embedded, or REDIS_URL's); `.url` is its URL."""
+    with session_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def embedded_redis(redis_server: EmbeddedRedis | ExternalRedis) -> Iterator[EmbeddedRedis]:
+    """The session Redis, for tests that kill or restart it (running again at teardown)."""
+    if not isinstance(redis_server, EmbeddedRedis):
+        pytest.skip(EXTERNAL_REASON.format(var="REDIS_URL"))
+    yield redis_server
+    redis_server.start()
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def session_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:
+    """Processes that live for the whole session (the sandboxes)."""
+    group = ProcessGroup(tmp_path_factory.mktemp("session-logs"))
+    yield group
+    group.kill_all()
+
+
+@pytest.fixture(scope="session")
+def sandbox_model(session_processes: ProcessGroup) -> SandboxServer:
+    """The local model server; executors reach it at `<url>/v1`."""
+    return start_sandbox(session_processes, "model")
+
+
+@pytest.fixture(scope="session")
+def sandbox_providers(session_processes: ProcessGroup) -> SandboxServer:
+    """The local tool providers' server."""
+    return start_sandbox(session_processes, "providers")
+
+
+@pytest.fixture
+def processes(request: pytest.FixtureRequest, tmp_path) -> Iterator[ProcessGroup]:
+    """This test's processes: killed at teardown, their log tails reported if it fails."""
+    group = ProcessGroup(tmp_path / "logs")
+    request.node.stash[_PROCESSES] = group
+    yield group
+    group.kill_all()
+
+
+@pytest.fixture
+def control_plane(processes: ProcessGroup) -> Callable[..., ControlPlane]:
+    """Factory: `control_plane(db_url, **env) -> ControlPlane` (a replica, ready to serve)."""
+
+    def start(database_url: str, **env: object) -> ControlPlane:
+        return start_control_plane(processes, database_url, **env)
+
+    return start
+
+
+@pytest.fixture
+def executor_factory(
+    processes: ProcessGroup,
+    sandbox_model: SandboxServer,
+    sandbox_providers: SandboxServer,
+    redis_server: EmbeddedRedis | ExternalRedis,
+) -> Callable[..., list[ManagedProcess]]:
+    """Factory: `executor_factory(control_plane, count=1, **env) -> [executor process, …]`.
+
+    `control_plane` is a ControlPlane or a "host:port" address. Executors are named
+    executor-1, executor-2, … (their AGENTRUN_EXECUTOR_ID) in the order this test starts them.
+    """
+    serial = itertools.count(1)
+    sandboxes = {
+        "AGENTRUN_MODEL_BASE_URL": f"{sandbox_model.url}/v1",
+        "AGENTRUN_PROVIDERS_URL": sandbox_providers.url,
+        "REDIS_URL": redis_server.url,
+    }
+
+    def start(
+        control_plane: ControlPlane | str, count: int = 1, **env: object
+    ) -> list[ManagedProcess]:
+        address = (
+            control_plane.address if isinstance(control_plane, ControlPlane) else control_plane
+        )
+        settings = {**sandboxes, **env}
+        return [
+            start_executor(processes, address, f"executor-{next(serial)}", **settings)
+            for _ in range(count)
+        ]
+
+    return start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Attach the log tails of the test's processes to the report when the test fails."""
+    report = yield
+    group = item.stash.get(_PROCESSES, None)
+    if report.failed and report.when in ("setup", "call") and group and group.processes:
+        report.sections.append(("process logs", group.log_tails()))
+    return report
