@@ -1,0 +1,1 @@
+"""The `agentrun` command: API client commands, server entry points and the local dev stack."""

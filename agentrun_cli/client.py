@@ -1,0 +1,212 @@
+"""The CLI's gRPC calls: one method per RPC, pages followed, WatchRun resumed after UNAVAILABLE."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+import grpc
+
+from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+
+UNARY_TIMEOUT = 30.0
+RetryHook = Callable[[grpc.RpcError, float], None]
+
+
+class Client:
+    """A workspace-scoped client of AgentService and RunService over one channel."""
+
+    def __init__(self, address: str, workspace: str, timeout: float = UNARY_TIMEOUT) -> None:
+        self.address = address
+        self.workspace = workspace
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self.runs = run_pb2_grpc.RunServiceStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # --- agents ------------------------------------------------------------
+
+    def create_agent(self, agent_id: str, display_name: str = "") -> agent_pb2.Agent:
+        req = agent_pb2.CreateAgentRequest(
+            workspace_id=self.workspace, agent_id=agent_id, display_name=display_name
+        )
+        return self.agents.CreateAgent(req, timeout=self.timeout).agent
+
+    def get_agent(self, agent_id: str) -> agent_pb2.Agent:
+        req = agent_pb2.GetAgentRequest(workspace_id=self.workspace, agent_id=agent_id)
+        return self.agents.GetAgent(req, timeout=self.timeout).agent
+
+    def publish(self, agent_id: str, spec: agent_pb2.AgentSpec) -> agent_pb2.AgentVersion:
+        req = agent_pb2.PublishAgentVersionRequest(
+            workspace_id=self.workspace, agent_id=agent_id, spec=spec
+        )
+        return self.agents.PublishAgentVersion(req, timeout=self.timeout).version
+
+    def get_version(self, agent_id: str, version: int = 0) -> agent_pb2.AgentVersion:
+        req = agent_pb2.GetAgentVersionRequest(
+            workspace_id=self.workspace, agent_id=agent_id, version=version
+        )
+        return self.agents.GetAgentVersion(req, timeout=self.timeout).version
+
+    # --- runs --------------------------------------------------------------
+
+    def start_run(
+        self, agent_id: str, text: str, version: int = 0, request_id: str = ""
+    ) -> run_pb2.StartRunResponse:
+        req = run_pb2.StartRunRequest(
+            workspace_id=self.workspace,
+            agent_id=agent_id,
+            agent_version=version,
+            input=text,
+            request_id=request_id,
+        )
+        return self.runs.StartRun(req, timeout=self.timeout)
+
+    def get_run(self, run_id: str) -> run_pb2.Run:
+        req = run_pb2.GetRunRequest(workspace_id=self.workspace, run_id=run_id)
+        return self.runs.GetRun(req, timeout=self.timeout).run
+
+    def cancel_run(self, run_id: str, reason: str = "") -> run_pb2.Run:
+        req = run_pb2.CancelRunRequest(workspace_id=self.workspace, run_id=run_id, reason=reason)
+        return self.runs.CancelRun(req, timeout=self.timeout).run
+
+    def list_runs(
+        self, agent_id: str = "", status: int = 0, limit: int | None = None
+    ) -> Iterator[run_pb2.Run]:
+        """Runs newest first, following page tokens until the last page or `limit`."""
+        left = limit
+        req = run_pb2.ListRunsRequest(workspace_id=self.workspace, agent_id=agent_id, status=status)
+        while left is None or left > 0:
+            req.page_size = min(left or 500, 500)
+            resp = self.runs.ListRuns(req, timeout=self.timeout)
+            yield from resp.runs[:left]
+            left = None if left is None else left - len(resp.runs)
+            if not resp.next_page_token:
+                return
+            req.page_token = resp.next_page_token
+
+    def list_steps(self, run_id: str, from_seq: int = 0) -> Iterator[run_pb2.Step]:
+        """The step log from `from_seq` to the last committed step."""
+        req = run_pb2.ListRunStepsRequest(
+            workspace_id=self.workspace, run_id=run_id, from_seq=from_seq
+        )
+        while True:
+            resp = self.runs.ListRunSteps(req, timeout=self.timeout)
+            yield from resp.steps
+            # next_seq 0 means nothing more now; a non-advancing seq would loop forever.
+            if not resp.steps or resp.next_seq <= req.from_seq:
+                return
+            req.from_seq = resp.next_seq
+
+    def watch(
+        self,
+        run_id: str,
+        from_seq: int = 0,
+        timeout: float | None = None,
+        on_retry: RetryHook | None = None,
+    ) -> RunWatch:
+        return RunWatch(self.runs, self.workspace, run_id, from_seq, timeout, on_retry)
+
+
+class RunWatch:
+    """Iterates WatchRun events; after UNAVAILABLE it reconnects from the last seq + 1.
+
+    `cancel()` (from any thread) ends the iteration quietly. `timeout` bounds the
+    whole watch (DEADLINE_EXCEEDED). Only a stream that delivered events is
+    resumed (a wrong address fails at once), and only for `retry_for` seconds
+    of unreachability before the UNAVAILABLE error is raised.
+    """
+
+    def __init__(
+        self,
+        stub: run_pb2_grpc.RunServiceStub,
+        workspace: str,
+        run_id: str,
+        from_seq: int = 0,
+        timeout: float | None = None,
+        on_retry: RetryHook | None = None,
+        retry_for: float = 60.0,
+    ) -> None:
+        self._stub = stub
+        self._request = run_pb2.WatchRunRequest(
+            workspace_id=workspace, run_id=run_id, from_seq=from_seq
+        )
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._on_retry = on_retry
+        self._retry_for = retry_for
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._call: grpc.Call | None = None
+        self._delivered = False
+        self.run: run_pb2.Run | None = None
+        """The last run state the stream sent."""
+
+    @property
+    def next_seq(self) -> int:
+        """The first seq not seen yet (the resume offset)."""
+        return self._request.from_seq
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def __iter__(self) -> Iterator[run_pb2.WatchRunResponse]:
+        delay, down_since = 0.2, None
+        while not self._cancelled.is_set():
+            try:
+                for event in self._open():
+                    down_since, delay = None, 0.2
+                    self._note(event)
+                    yield event
+                return
+            except grpc.RpcError as err:
+                if self._cancelled.is_set():
+                    return
+                down_since = down_since or time.monotonic()
+                self._check_retry(err, down_since, delay)
+                if self._on_retry is not None:
+                    self._on_retry(err, delay)
+                self._cancelled.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _open(self) -> Iterator[run_pb2.WatchRunResponse]:
+        remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 0)
+        call = self._stub.WatchRun(self._request, timeout=remaining)
+        with self._lock:
+            self._call = call
+        if self._cancelled.is_set():
+            call.cancel()
+        return call
+
+    def _check_retry(self, err: grpc.RpcError, down_since: float, delay: float) -> None:
+        """Re-raise unless the error is UNAVAILABLE and there is time left to retry."""
+        if err.code() != grpc.StatusCode.UNAVAILABLE or not self._delivered:
+            raise err
+        now = time.monotonic()
+        if now + delay - down_since > self._retry_for:
+            raise err
+        if self._deadline is not None and now + delay >= self._deadline:
+            raise err
+
+    def _note(self, event: run_pb2.WatchRunResponse) -> None:
+        self._delivered = True
+        if event.HasField("step"):
+            self._request.from_seq = max(self._request.from_seq, event.step.seq + 1)
+        elif event.HasField("run"):
+            self.run = event.run

@@ -1,0 +1,110 @@
+"""The `agentrun dev --demo` scenario: publish a follow-up agent, run it to the end, show its log."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+import grpc
+
+from agentrun.v1 import agent_pb2, run_pb2
+from agentrun_cli import render
+from agentrun_cli.client import Client
+from agentrun_cli.supervisor import StackError, Supervisor
+
+AGENT_ID = "demo-followup"
+SPEC = agent_pb2.AgentSpec(
+    model="demo",
+    tools=["crm_lookup", "send_email", "echo", "sleep"],
+    instructions="You follow up with leads.",
+)
+INPUT = "Follow up with ada@example.com"
+TIMEOUT = 60.0
+
+
+class DemoError(RuntimeError):
+    """The demo run did not reach a terminal state."""
+
+
+class Demo:
+    """One demo run against a started stack, printed as it happens."""
+
+    def __init__(self, client: Client, supervisor: Supervisor, out: TextIO = sys.stdout) -> None:
+        self.client = client
+        self.supervisor = supervisor
+        self.out = out
+
+    def run(self) -> int:
+        """0 when the run completed, 1 otherwise."""
+        version = self._publish()
+        started = self.client.start_run(AGENT_ID, INPUT, version=version.version).run
+        self._say(f"started run {started.run_id} ({AGENT_ID} v{version.version}): {INPUT!r}")
+        final = self._follow(started.run_id)
+        self._report(final)
+        return 0 if final.status == run_pb2.RUN_STATUS_COMPLETED else 1
+
+    def _publish(self) -> agent_pb2.AgentVersion:
+        try:
+            self.client.create_agent(AGENT_ID, "Demo: follow up with a lead")
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        version = self.client.publish(AGENT_ID, SPEC)
+        self._say(f"published {AGENT_ID} v{version.version} (tools: {', '.join(SPEC.tools)})")
+        return version
+
+    def _follow(self, run_id: str) -> run_pb2.Run:
+        """Print the run's steps and state changes until it is terminal (or TIMEOUT passes)."""
+        watch = self.client.watch(run_id, timeout=TIMEOUT, on_retry=self._on_retry)
+        # A child dying mid-run (executor crash) ends the watch at once instead of at TIMEOUT.
+        self.supervisor.on_exit(lambda child: watch.cancel())
+        try:
+            for line in render.event_lines(self._states(watch)):
+                self._say("  " + line)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._report(self.client.get_run(run_id))  # how far it got
+                raise DemoError(f"run {run_id} not finished after {TIMEOUT:g}s") from None
+            raise
+        if self.supervisor.failure is not None:
+            raise StackError(self.supervisor.failure.describe_exit())
+        return self.client.get_run(run_id)
+
+    def _states(
+        self, events: Iterable[run_pb2.WatchRunResponse]
+    ) -> Iterator[run_pb2.WatchRunResponse]:
+        """Pass events through; on_state sees each state change once it is printed."""
+        for event in events:
+            yield event  # printed first, then acted on
+            if event.HasField("run"):
+                self.on_state(event.run)
+
+    def on_state(self, run: run_pb2.Run) -> None:
+        """Act on a state change the demo must answer (the seam for decisions it makes)."""
+        if run.status == run_pb2.RUN_STATUS_WAITING and run.wait_reason == "approval":
+            self.decide_approval(run)
+
+    def decide_approval(self, run: run_pb2.Run) -> None:
+        """Seam: approve the pending action once ApprovalService exists (list, then decide)."""
+        self._say(f"  (run {run.run_id} waits for an approval; the demo does not decide them yet)")
+
+    def _report(self, run: run_pb2.Run) -> None:
+        self._say("")
+        for line in render.run_summary(run):
+            self._say(line)
+        self._say("")
+        for line in render.step_table(self.client.list_steps(run.run_id)):
+            self._say(line)
+
+    def _on_retry(self, err: grpc.RpcError, delay: float) -> None:
+        self._say(f"  (watch: {err.code().name}; reconnecting in {delay:.1f}s)")
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+
+def run_demo(address: str, workspace: str, supervisor: Supervisor) -> int:
+    """Run the demo against the control plane at `address`; the exit status of `dev --demo`."""
+    with Client(address, workspace) as client:
+        return Demo(client, supervisor).run()

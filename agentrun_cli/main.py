@@ -1,0 +1,32 @@
+"""Entry point of the `agentrun` command: parse, dispatch, turn errors into one line and exit 1."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import grpc
+
+from agentrun_cli.demo import DemoError
+from agentrun_cli.parser import parse
+from agentrun_cli.supervisor import StackError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        return args.handler(args) or 0
+    except grpc.RpcError as err:
+        print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
+    except (StackError, DemoError) as err:  # already readable: what failed and its log tail
+        print(f"error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `agentrun runs list | head`: the reader left; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The `agentrun` command line: argparse subcommands, each bound to its handler."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from agentrun_cli import commands, launch
+
+# Commands whose further arguments belong to the process they run.
+PASSTHROUGH = frozenset({"server", "executor"})
+STATUSES = ["queued", "running", "waiting", "completed", "failed", "cancelled"]
+
+
+def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Options accepted before or after the subcommand (`agentrun --json runs list` or after)."""
+
+    def default(value: object) -> object:
+        # On subcommands the defaults are suppressed so they do not overwrite a
+        # value given before the subcommand.
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--address",
+        default=default(os.environ.get("AGENTRUN_ADDRESS", "127.0.0.1:50051")),
+        help="control plane gRPC address (env AGENTRUN_ADDRESS; default 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--workspace",
+        default=default(os.environ.get("AGENTRUN_WORKSPACE", "default")),
+        help="workspace id (env AGENTRUN_WORKSPACE; default 'default')",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON instead of text"
+    )
+
+
+def _common() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    _global_options(parent, defaults=False)
+    return parent
+
+
+def _data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        help="where embedded Postgres/Redis, logs and port files live "
+        "(env AGENTRUN_DATA_DIR; default <repo>/.data)",
+    )
+
+
+def _add_processes(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("server", help="run the control plane (args after it are passed on)")
+    p.set_defaults(handler=launch.server)
+    p = sub.add_parser("executor", help="run an executor (args after it are passed on)")
+    p.set_defaults(handler=launch.executor)
+    p = sub.add_parser("migrate", help="apply database migrations", parents=[common])
+    _data_dir(p)
+    p.set_defaults(handler=launch.migrate)
+    p = sub.add_parser(
+        "dev", help="the whole local stack as processes, until Ctrl-C", parents=[common]
+    )
+    _data_dir(p)
+    p.add_argument("--demo", action="store_true", help="run the demo agent once, then stop")
+    p.set_defaults(handler=launch.dev)
+
+
+def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    agents = sub.add_parser("agents", help="create, publish and show agents").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    p = agents.add_parser("create", help="register an agent", parents=[common])
+    p.add_argument("agent_id", metavar="ID")
+    p.add_argument("--name", default="", help="display name")
+    p.set_defaults(handler=commands.agents_create)
+    p = agents.add_parser("publish", help="publish the agent's next version", parents=[common])
+    p.add_argument("agent_id", metavar="ID")
+    p.add_argument("--model", required=True)
+    p.add_argument("--instructions", required=True, metavar="TEXT")
+    p.add_argument(
+        "--tool",
+        dest="tools",
+        action="append",
+        required=True,
+        metavar="T",
+        help="a tool the agent may call (repeat for more)",
+    )
+    p.add_argument("--max-steps", type=int, default=0, metavar="N")
+    p.add_argument("--deadline", type=float, metavar="SECONDS", help="wall-clock budget")
+    p.set_defaults(handler=commands.agents_publish)
+    p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
+    p.add_argument("agent_id", metavar="ID")
+    p.set_defaults(handler=commands.agents_show)
+
+
+def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    runs = sub.add_parser("runs", help="start, inspect, watch and cancel runs").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    p = runs.add_parser("start", help="start a run", parents=[common])
+    p.add_argument("agent_id", metavar="AGENT")
+    p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
+    p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
+    p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
+    p.add_argument("--watch", action="store_true", help="then watch it to the end")
+    p.set_defaults(handler=commands.runs_start)
+    p = runs.add_parser("show", help="a run's state and step log", parents=[common])
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.set_defaults(handler=commands.runs_show)
+    p = runs.add_parser("list", help="runs, newest first", parents=[common])
+    p.add_argument("--agent", default="", metavar="A")
+    p.add_argument("--status", choices=STATUSES)
+    p.add_argument("--limit", type=int, metavar="N", help="default: all")
+    p.set_defaults(handler=commands.runs_list)
+    p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--from-seq", type=int, default=0, metavar="N")
+    p.set_defaults(handler=commands.runs_watch)
+    p = runs.add_parser("cancel", help="cancel a run", parents=[common])
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--reason", default="")
+    p.set_defaults(handler=commands.runs_cancel)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrun", description="agentrun: durable execution for AI agent runs"
+    )
+    _global_options(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common()
+    _add_processes(sub, common)
+    _add_agents(sub, common)
+    _add_runs(sub, common)
+    return parser
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`; arguments after `server` / `executor` are kept in `args.args` for them."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command in PASSTHROUGH:
+        args.args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args

@@ -1,0 +1,283 @@
+"""Turn runs, steps and agents (proto messages) into readable lines or JSON; pure functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
+
+from agentrun.v1 import agent_pb2, run_pb2
+
+SHORT = 80
+
+
+def status_name(status: int) -> str:
+    """`RUN_STATUS_WAITING` -> `waiting`."""
+    return _enum_name(run_pb2.RunStatus, status, "RUN_STATUS_")
+
+
+def kind_name(kind: int) -> str:
+    """`STEP_KIND_TOOL_STARTED` -> `tool_started`."""
+    return _enum_name(run_pb2.StepKind, kind, "STEP_KIND_")
+
+
+def status_value(name: str) -> int:
+    """`waiting` -> `RUN_STATUS_WAITING` (the inverse of status_name)."""
+    return run_pb2.RunStatus.Value("RUN_STATUS_" + name.upper())
+
+
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return enum.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
+
+
+def timestamp(ts: timestamp_pb2.Timestamp) -> str:
+    """A set timestamp as `2025-01-02T03:04:05Z`; an unset one as `-`."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return ts.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def short(value: Any, limit: int = SHORT) -> str:
+    """Compact JSON (or the string itself, quoted) cut to `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def payload(step: run_pb2.Step) -> dict[str, Any] | None:
+    """The step's payload as a dict, or None when it is not a JSON object."""
+    try:
+        value = json.loads(step.payload_json or "{}")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# --- steps -----------------------------------------------------------------
+
+
+def _input(p: dict[str, Any]) -> str:
+    return short(p.get("text", ""))
+
+
+def _call(call: dict[str, Any]) -> str:
+    args = call["arguments"] if "arguments" in call else call.get("arguments_raw")
+    return f"{call.get('name', '?')}({short(args, 40)})"
+
+
+def _decision(p: dict[str, Any]) -> str:
+    parts = []
+    if p.get("content"):
+        parts.append("says " + short(p["content"], 60))
+    calls = p.get("tool_calls") or []
+    if calls:
+        parts.append("calls " + ", ".join(_call(c) for c in calls))
+    usage = p.get("usage") or {}
+    tokens = f"[{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens]"
+    return "; ".join(parts or ["(empty)"]) + " " + tokens
+
+
+def _tool_started(p: dict[str, Any]) -> str:
+    line = f"{p.get('tool', '?')} {short(p.get('arguments'), 60)} key={p.get('idempotency_key')}"
+    return line + (f" class={p['class']}" if p.get("class") else "")
+
+
+def _tool_result(p: dict[str, Any]) -> str:
+    status = p.get("status", "?")
+    line = f"{p.get('tool', '?')} {status}"
+    if status == "error":
+        line += f": {p.get('error', '')}"
+    elif "output" in p:
+        line += " " + short(p["output"], 60)
+    if p.get("resolution"):
+        line += f" (resolved: {p['resolution']})"
+    return line
+
+
+def _park(p: dict[str, Any]) -> str:
+    line = p.get("wait_reason", "?")
+    if p.get("wake_after_seconds") is not None:
+        line += f" for {p['wake_after_seconds']:g}s"
+    return line + (f": {p['note']}" if p.get("note") else "")
+
+
+def _finish(p: dict[str, Any]) -> str:
+    if p.get("error"):
+        return f"{p.get('status', '?')}: {p['error']}"
+    return f"{p.get('status', '?')} {short(p.get('output', ''))}"
+
+
+_SUMMARIES: dict[int, Callable[[dict[str, Any]], str]] = {
+    run_pb2.STEP_KIND_INPUT: _input,
+    run_pb2.STEP_KIND_MODEL_DECISION: _decision,
+    run_pb2.STEP_KIND_TOOL_STARTED: _tool_started,
+    run_pb2.STEP_KIND_TOOL_RESULT: _tool_result,
+    run_pb2.STEP_KIND_PARK: _park,
+    run_pb2.STEP_KIND_FINISH: _finish,
+}
+
+
+def step_summary(step: run_pb2.Step) -> str:
+    """What a step says, in a few words; the raw payload when its shape is unexpected."""
+    p = payload(step)
+    summarize = _SUMMARIES.get(step.kind)
+    if p is None or summarize is None:
+        return short(step.payload_json)
+    try:
+        return summarize(p)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return short(step.payload_json)
+
+
+def step_line(step: run_pb2.Step) -> str:
+    """`seq kind summary`, the form `runs watch` prints."""
+    return f"{step.seq} {kind_name(step.kind)} {step_summary(step)}"
+
+
+def step_row(step: run_pb2.Step) -> str:
+    """One row of a step table: seq, kind, epoch, short payload."""
+    return f"{step.seq:>4}  {kind_name(step.kind):<15} e{step.epoch:<3} {step_summary(step)}"
+
+
+def step_table(steps: Iterable[run_pb2.Step]) -> list[str]:
+    """The whole step log as a header and one row per step."""
+    return [f"{'seq':>4}  {'kind':<15} {'epoch':<4} summary"] + [step_row(s) for s in steps]
+
+
+# --- runs ------------------------------------------------------------------
+
+
+def state_line(run: run_pb2.Run) -> str:
+    """`status: waiting (sleep) until …`, the form `runs watch` prints for state changes."""
+    line = f"status: {status_name(run.status)}"
+    if run.status == run_pb2.RUN_STATUS_WAITING:
+        line += f" ({run.wait_reason or '?'})"
+        line += f" until {timestamp(run.wake_time)}" if run.HasField("wake_time") else " on event"
+    elif run.status == run_pb2.RUN_STATUS_RUNNING:
+        line += f" on {run.lease_owner or '?'} epoch {run.lease_epoch}"
+        line += f" attempt {run.attempt}" if run.attempt else ""
+    elif run.error:
+        line += f": {run.error}"
+    return line
+
+
+def run_summary(run: run_pb2.Run) -> list[str]:
+    """A run's state as aligned `field  value` lines."""
+    c = run.counters
+    rows = [
+        ("run", run.run_id),
+        ("agent", f"{run.agent_id} v{run.agent_version}"),
+        ("state", state_line(run).removeprefix("status: ")),
+        ("input", short(run.input)),
+        ("output", short(run.output) if run.output else "-"),
+        ("error", run.error or "-"),
+        (
+            "counters",
+            f"{c.steps} steps, {c.model_calls} model calls, "
+            f"{c.tool_calls} tool calls, {c.tokens} tokens",
+        ),
+        ("lease", f"epoch {run.lease_epoch}, attempt {run.attempt}"),
+        ("created", timestamp(run.create_time)),
+        ("finished", timestamp(run.finish_time)),
+    ]
+    return [f"{name:<9} {value}" for name, value in rows]
+
+
+def run_row(run: run_pb2.Run) -> str:
+    """One line of `runs list`: id, agent@version, status, created, counters."""
+    return (
+        f"{run.run_id:<36} {run.agent_id + '@' + str(run.agent_version):<24} "
+        f"{status_name(run.status):<10} {timestamp(run.create_time)}  "
+        f"{run.counters.steps} steps"
+    )
+
+
+def event_lines(events: Iterable[run_pb2.WatchRunResponse]) -> Iterator[str]:
+    """Lines for a WatchRun stream; a state line repeated (e.g. after a reconnect) is dropped."""
+    last_state = None
+    for event in events:
+        if event.HasField("step"):
+            yield step_line(event.step)
+        elif event.HasField("run"):
+            line = state_line(event.run)
+            if line != last_state:
+                yield line
+            last_state = line
+
+
+# --- agents ----------------------------------------------------------------
+
+
+def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) -> list[str]:
+    """An agent and (when one is published) its latest version's spec."""
+    lines = [
+        f"agent     {agent.agent_id} ({agent.display_name or 'no name'})",
+        f"latest    v{agent.latest_version}" if agent.latest_version else "latest    -",
+        f"created   {timestamp(agent.create_time)}",
+    ]
+    if version is not None:
+        spec = version.spec
+        lines += [
+            f"model     {spec.model}",
+            f"tools     {', '.join(spec.tools) or '-'}",
+            f"limits    max_steps={spec.limits.max_steps or 'default'} "
+            f"deadline={_seconds(spec.limits) or 'default'}",
+            f"instructions {short(spec.instructions)}",
+        ]
+    return lines
+
+
+def _seconds(limits: agent_pb2.RunLimits) -> str:
+    if not limits.HasField("deadline"):
+        return ""
+    return f"{limits.deadline.ToTimedelta().total_seconds():g}s"
+
+
+# --- JSON ------------------------------------------------------------------
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    """A message as a JSON-ready dict; step payloads are decoded into `payload`."""
+    value = json_format.MessageToDict(
+        message,
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+        unquote_int64_if_possible=True,
+    )
+    _decode_payloads(value)
+    return value
+
+
+def _decode_payloads(value: Any) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _decode_payloads(item)
+    elif isinstance(value, dict):
+        if isinstance(value.get("payload_json"), str):
+            try:
+                value["payload"] = json.loads(value.pop("payload_json"))
+            except ValueError:
+                value["payload"] = None
+        for item in value.values():
+            _decode_payloads(item)
+
+
+def to_json(value: Message | dict[str, Any] | list[Any], indent: int | None = None) -> str:
+    """JSON text for a message, or for a dict/list that may contain messages."""
+    return json.dumps(_jsonable(value), ensure_ascii=False, indent=indent)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Message):
+        return as_dict(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value

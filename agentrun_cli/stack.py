@@ -1,0 +1,215 @@
+"""The local stack of `agentrun dev`: stores, sandboxes, control plane and an executor as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+
+from agentrun_cli.supervisor import Child, StackError, Supervisor
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PORT = 50051
+STARTUP_TIMEOUT = 60.0
+
+
+def default_data_dir() -> Path:
+    """`$AGENTRUN_DATA_DIR`, else `<repo>/.data`."""
+    return Path(os.environ.get("AGENTRUN_DATA_DIR") or REPO / ".data")
+
+
+def database_url(data_dir: Path) -> str:
+    """DATABASE_URL, else an embedded Postgres under `data_dir` (started or reused)."""
+    return _store_url("database", data_dir)
+
+
+def redis_url(data_dir: Path) -> str:
+    """REDIS_URL, else an embedded Redis under `data_dir` (started or reused)."""
+    return _store_url("redis", data_dir)
+
+
+def _store_url(kind: str, data_dir: Path) -> str:
+    # Imported here: only the commands that run a local stack need it.
+    from agentrun_cli import devstack
+
+    try:
+        return getattr(devstack, f"{kind}_url")(data_dir)
+    except (devstack.ServerStartError, TimeoutError) as err:
+        raise StackError(f"embedded {kind} did not start: {err}") from err
+
+
+def migrate(url: str) -> None:
+    """Apply every pending migration to the database at `url`."""
+    from control_plane.store import migrate as migrations
+
+    asyncio.run(migrations.migrate_url(url))
+
+
+def redact(url: str) -> str:
+    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db` (for printing)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass
+class Endpoints:
+    """Where the pieces of a running stack listen."""
+
+    database_url: str
+    redis_url: str
+    model_url: str
+    providers_url: str
+    control_plane: str
+    executor_pid: int
+    log_dir: Path
+
+    def lines(self) -> list[str]:
+        return [
+            f"  postgres       {redact(self.database_url)}",
+            f"  redis          {redact(self.redis_url)}",
+            f"  model sandbox  {self.model_url}",
+            f"  providers      {self.providers_url}",
+            f"  control plane  {self.control_plane} (gRPC)",
+            f"  executor       pid {self.executor_pid}",
+            f"  logs           {self.log_dir}/",
+        ]
+
+
+class DevStack:
+    """Brings the stack up in dependency order; the supervisor owns (and stops) the children."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        supervisor: Supervisor,
+        port: int = DEFAULT_PORT,
+        timeout: float = STARTUP_TIMEOUT,
+    ) -> None:
+        self.data_dir = data_dir
+        self.supervisor = supervisor
+        self.port = port
+        self.timeout = timeout
+        self.run_dir = data_dir / "run"
+        self.embedded: list[str] = []
+        """Embedded stores (`postgres`, `redis`) this stack started or adopted; stop() ends them."""
+
+    def stop(self) -> None:
+        """Stop the children (newest first), then the embedded stores, so nothing is left behind."""
+        self.supervisor.stop_all()
+        while self.embedded:
+            name = self.embedded.pop()
+            try:
+                _stop_embedded(self.data_dir, name)
+            except (RuntimeError, TimeoutError, OSError) as err:  # report, go on stopping
+                print(f"warning: embedded {name} did not stop: {err}", file=sys.stderr)
+
+    def _note_embedded(self, name: str, env_var: str) -> None:
+        if not os.environ.get(env_var):
+            self.embedded.append(name)
+
+    def start(self, say: Callable[[str], None] = print) -> Endpoints:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        say(f"data dir {self.data_dir}; starting Postgres and Redis (embedded unless set in env)")
+        db = database_url(self.data_dir)
+        self._note_embedded("postgres", "DATABASE_URL")
+        redis = redis_url(self.data_dir)
+        self._note_embedded("redis", "REDIS_URL")
+        migrate(db)
+        say("database migrated; starting sandboxes, control plane and executor")
+        model, providers = self._sandboxes()
+        control_plane = self._control_plane(db)
+        executor = self._executor(control_plane, model, providers, redis)
+        return Endpoints(
+            db, redis, model, providers, control_plane, executor.proc.pid, self.supervisor.log_dir
+        )
+
+    def _sandboxes(self) -> tuple[str, str]:
+        # Both start at once; then wait for each (they do not depend on each other).
+        model = self._sandbox("model")
+        providers = self._sandbox("providers")
+        model_port = self.supervisor.wait_port(model, self.timeout)
+        providers_port = self.supervisor.wait_port(providers, self.timeout)
+        return f"http://127.0.0.1:{model_port}/v1", f"http://127.0.0.1:{providers_port}"
+
+    def _control_plane(self, db: str) -> str:
+        port = self.port if _port_free(self.port) else 0  # busy: let the server pick one
+        port_file = self._port_file("control-plane")
+        env = {
+            "DATABASE_URL": db,
+            "AGENTRUN_LISTEN": f"127.0.0.1:{port}",
+            "AGENTRUN_PORT_FILE": str(port_file),
+        }
+        child = self._python("control-plane", ["-m", "control_plane"], env, port_file)
+        address = f"127.0.0.1:{self.supervisor.wait_port(child, self.timeout)}"
+        self._wait_serving(child, address)
+        return address
+
+    def _executor(self, control_plane: str, model: str, providers: str, redis: str) -> Child:
+        env = {
+            "AGENTRUN_CONTROL_PLANE": control_plane,
+            "AGENTRUN_MODEL_BASE_URL": model,
+            "AGENTRUN_PROVIDERS_URL": providers,
+            "REDIS_URL": redis,
+        }
+        return self._python("executor", ["-m", "executor"], env=env)
+
+    def _sandbox(self, which: str) -> Child:
+        port_file = self._port_file(which)
+        argv = ["-m", "sandbox", which, "--port", "0", "--port-file", str(port_file)]
+        return self._python(which, argv, port_file=port_file)
+
+    def _python(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        port_file: Path | None = None,
+    ) -> Child:
+        env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+        return self.supervisor.start(name, [sys.executable, *args], env, port_file)
+
+    def _port_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.port"
+
+    def _wait_serving(self, child: Child, address: str) -> None:
+        """The port file says bound; a connected channel says the gRPC server answers."""
+        with grpc.insecure_channel(address) as channel:
+            ready = grpc.channel_ready_future(channel)
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                try:
+                    ready.result(timeout=0.2)
+                    return
+                except grpc.FutureTimeoutError:
+                    if child.proc.poll() is not None:
+                        raise StackError(child.describe_exit()) from None
+        raise StackError(f"control plane at {address} is not serving:\n{child.tail()}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_embedded(data_dir: Path, name: str) -> None:
+    """Stop the server database_url()/redis_url() runs in `data_dir/<name>`."""
+    from agentrun_cli import devstack
+
+    server = devstack.EmbeddedPostgres if name == "postgres" else devstack.EmbeddedRedis
+    # start() adopts the server already running on that directory; stop() then ends it.
+    server(data_dir / name).start().stop()
