@@ -1,0 +1,1 @@
+"""Tools: the integration catalogue, the HTTP sender and the idempotency rules."""

@@ -199,7 +199,11 @@ Global___Hello: _TypeAlias = Hello  # noqa: Y015
 
 @_typing.final
 class Ready(_message.Message):
-    """Ready asks for up to `slots` more assignments (credit-based flow control)."""
+    """Ready adjusts how many more assignments the executor wants (credit-based
+    flow control): a positive `slots` asks for that many more; a negative one
+    withdraws unused credits (a draining executor sends -unused so nothing new
+    is assigned to it). Credits never go below zero.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

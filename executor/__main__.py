@@ -1,0 +1,47 @@
+"""`python -m executor`: run one executor until SIGTERM or SIGINT, then drain and exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from executor.config import ExecutorConfig
+from executor.worker import Worker
+
+log = logging.getLogger("executor")
+
+
+def main() -> None:
+    """Entry point for `python -m executor` and `agentrun executor`."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get("AGENTRUN_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # httpx logs every request with its URL at INFO: noise here, and a URL may carry secrets.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = ExecutorConfig.from_env()
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: ExecutorConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info(
+        "executor %s (release %s, capacity %d) serving control plane %s",
+        config.executor_id,
+        config.release,
+        config.capacity,
+        config.control_plane,
+    )
+    await Worker(config).run(stop)
+    log.info("executor %s stopped", config.executor_id)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The executor's end of `ExecutorService.Connect`: one bidi stream, kept alive across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from agentrun.v1 import executor_pb2, executor_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+OK = executor_pb2.COMMIT_OUTCOME_OK
+UNAVAILABLE = executor_pb2.COMMIT_OUTCOME_UNAVAILABLE
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Notice a dead control plane (half-open TCP) within ~30 s even when idle.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # The channel's own reconnect backoff defaults to 1 s .. 120 s; keep it in
+    # step with ours so a restarted control plane is found again quickly.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+BACKOFF_START = 0.1
+BACKOFF_CAP = 2.0
+
+
+class StreamHandler(Protocol):
+    """What the stream hands to the worker."""
+
+    def on_welcome(self, welcome: executor_pb2.Welcome) -> None: ...
+    def on_assignment(self, assignment: executor_pb2.Assignment) -> None: ...
+    def on_cancel(self, cancel: executor_pb2.Cancel) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    result: executor_pb2.CommitResult
+    # When the commit first left: a lease renewed by it counts from here.
+    sent_at: float
+
+
+@dataclass
+class _PendingCommit:
+    message: executor_pb2.Commit
+    future: asyncio.Future[executor_pb2.CommitResult]
+    first_sent_at: float | None = None
+
+
+def backoff(failures: int) -> float:
+    """Capped exponential backoff with jitter: 0.1 s, 0.2 s … 2 s."""
+    delay = min(BACKOFF_CAP, BACKOFF_START * 2**failures)
+    return random.uniform(delay / 2, delay)
+
+
+class ControlPlaneStream:
+    """Sends Hello/Ready/Commit/Heartbeat, correlates replies, reconnects when the stream breaks.
+
+    Commits survive a broken stream: every commit without a reply is sent again
+    on the next session (the control plane recognises a repeated (run, epoch,
+    seq) and acknowledges it), so a caller awaiting `commit()` just waits.
+    Heartbeats do not survive: one without a reply renews nothing.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        hello: Callable[[], executor_pb2.Hello],
+        handler: StreamHandler,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
+    ) -> None:
+        self._target = target
+        self._hello = hello
+        self._handler = handler
+        self._clock = clock
+        self._options = list(options)
+        self._ids = itertools.count(1)
+        self._commits: dict[int, _PendingCommit] = {}
+        self._heartbeats: dict[int, asyncio.Future[executor_pb2.HeartbeatResult]] = {}
+        self._queue: asyncio.Queue[executor_pb2.ConnectRequest | None] | None = None
+        self._welcomed = False
+        self._had_welcome = False
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        """True between the Welcome and the end of a session."""
+        return self._welcomed
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="control-plane-stream")
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Half-close the stream, give the control plane `grace` seconds to end it, then cut it."""
+        self._closing = True
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+        if self._task is None:
+            return
+        done, _ = await asyncio.wait({self._task}, timeout=grace)
+        if not done:
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def ready(self, slots: int) -> bool:
+        """Ask for up to `slots` more assignments; False if there is no session to ask."""
+        if slots <= 0:
+            return False
+        return self._send(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=slots)))
+
+    def withdraw(self, slots: int) -> bool:
+        """Take back credits not used yet (draining): `Ready` with a negative count.
+
+        The control plane adds `slots` to the session's credits and clamps at
+        zero, so this stops assignments for credits granted earlier.
+        """
+        if slots <= 0:
+            return False
+        return self._send(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=-slots)))
+
+    async def commit(
+        self, commit: executor_pb2.Commit, reply_within: float | None = None
+    ) -> CommitReply:
+        """Send a commit (again after reconnects) and wait for its result.
+
+        After `reply_within` seconds without a reply the result is UNAVAILABLE: the commit
+        may or may not have landed, and sending the same steps again is safe.
+        """
+        message = executor_pb2.Commit()
+        message.CopyFrom(commit)
+        message.request_id = next(self._ids)
+        pending = _PendingCommit(message, asyncio.get_running_loop().create_future())
+        self._commits[message.request_id] = pending
+        if self._send(executor_pb2.ConnectRequest(commit=message)):
+            pending.first_sent_at = self._clock()
+        try:
+            result = await asyncio.wait_for(pending.future, reply_within)
+        except TimeoutError:
+            result = executor_pb2.CommitResult(
+                request_id=message.request_id,
+                outcome=UNAVAILABLE,
+                message="no reply from the control plane in time",
+            )
+        finally:
+            # Also on cancellation (a fenced run): it must not be sent again.
+            self._commits.pop(message.request_id, None)
+        return CommitReply(result, pending.first_sent_at or self._clock())
+
+    async def heartbeat(
+        self, leases: Sequence[executor_pb2.Lease], reply_within: float
+    ) -> executor_pb2.HeartbeatResult | None:
+        """One heartbeat for all leases; None when there was no session or no reply in time."""
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        beat = executor_pb2.Heartbeat(request_id=request_id, leases=list(leases))
+        if not self._send(executor_pb2.ConnectRequest(heartbeat=beat)):
+            return None
+        self._heartbeats[request_id] = future
+        try:
+            return await asyncio.wait_for(future, reply_within)
+        except TimeoutError:
+            return None
+        finally:
+            self._heartbeats.pop(request_id, None)
+
+    def _send(self, request: executor_pb2.ConnectRequest) -> bool:
+        if not self._welcomed or self._queue is None or self._closing:
+            return False
+        self._queue.put_nowait(request)
+        return True
+
+    async def _run(self) -> None:
+        channel = grpc.aio.insecure_channel(self._target, options=self._options)
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        failures = 0
+        try:
+            while not self._closing:
+                try:
+                    await self._session(stub)
+                except Exception:
+                    log.exception("control plane stream failed")
+                if self._closing:
+                    break
+                failures = 0 if self._had_welcome else failures + 1
+                await asyncio.sleep(backoff(failures))
+        finally:
+            self._end_session()
+            await channel.close(grace=None)
+
+    async def _session(self, stub: executor_pb2_grpc.ExecutorServiceStub) -> None:
+        queue: asyncio.Queue[executor_pb2.ConnectRequest | None] = asyncio.Queue()
+        queue.put_nowait(executor_pb2.ConnectRequest(hello=self._hello()))
+        self._queue = queue
+        self._had_welcome = False
+        try:
+            call = stub.Connect(_drain(queue))
+            async for response in call:
+                self._dispatch(response)
+            if not self._closing:
+                log.warning("control plane ended the stream")
+        except grpc.aio.AioRpcError as exc:
+            # Loud once when a working stream breaks; quiet while still unreachable.
+            level = logging.WARNING if self._had_welcome else logging.DEBUG
+            details = f"{exc.code().name}: {exc.details()}"
+            log.log(level, "control plane stream lost (%s); reconnecting", details)
+        finally:
+            self._end_session()
+
+    def _end_session(self) -> None:
+        self._queue = None
+        self._welcomed = False
+        for future in self._heartbeats.values():
+            if not future.done():
+                future.set_result(None)  # type: ignore[arg-type]
+        self._heartbeats.clear()
+
+    def _dispatch(self, response: executor_pb2.ConnectResponse) -> None:
+        kind = response.WhichOneof("msg")
+        try:
+            if kind == "welcome":
+                self._on_welcome(response.welcome)
+            elif kind == "assignment":
+                self._handler.on_assignment(response.assignment)
+            elif kind == "commit_result":
+                self._resolve(self._commits.get(response.commit_result.request_id), response)
+            elif kind == "heartbeat_result":
+                future = self._heartbeats.get(response.heartbeat_result.request_id)
+                if future is not None and not future.done():
+                    future.set_result(response.heartbeat_result)
+            elif kind == "cancel":
+                self._handler.on_cancel(response.cancel)
+        except Exception:
+            log.exception("handling %s from the control plane failed", kind)
+
+    def _resolve(
+        self, pending: _PendingCommit | None, response: executor_pb2.ConnectResponse
+    ) -> None:
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(response.commit_result)
+
+    def _on_welcome(self, welcome: executor_pb2.Welcome) -> None:
+        self._welcomed = True
+        self._had_welcome = True
+        log.info(
+            "connected to control plane %s (session %s, release %s)",
+            self._target,
+            welcome.session_id,
+            welcome.server_release,
+        )
+        # Commits whose reply was lost with the previous session go again, first.
+        now = self._clock()
+        for pending in list(self._commits.values()):
+            if self._queue is not None:
+                self._queue.put_nowait(executor_pb2.ConnectRequest(commit=pending.message))
+            if pending.first_sent_at is None:
+                pending.first_sent_at = now
+        self._handler.on_welcome(welcome)
+
+
+async def _drain(
+    queue: asyncio.Queue[executor_pb2.ConnectRequest | None],
+) -> AsyncIterator[executor_pb2.ConnectRequest]:
+    """The request side of one session: whatever is queued, until None half-closes it."""
+    while True:
+        request = await queue.get()
+        if request is None:
+            return
+        yield request

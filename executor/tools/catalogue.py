@@ -1,0 +1,168 @@
+"""The integration catalogue: which tools exist, how to call them, how to retry them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+DEFAULT_PATH = Path(__file__).with_name("catalogue.json")
+
+# The shape of one catalogue entry; a bad catalogue fails at load, not mid-run.
+_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "name",
+        "description",
+        "provider",
+        "method",
+        "path",
+        "kind",
+        "idempotency",
+        "parameters",
+        "scopes",
+        "moves_money",
+        "needs_approval",
+        "rate_bucket",
+    ],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+        "description": {"type": "string"},
+        "provider": {"type": "string"},
+        "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE", None]},
+        "path": {"type": ["string", "null"]},
+        "kind": {"enum": ["read", "write", "internal"]},
+        "idempotency": {"enum": ["provider_key", "lookup", "none", None]},
+        "parameters": {"type": "object"},
+        "scopes": {"type": "array", "items": {"type": "string"}},
+        "moves_money": {"type": "boolean"},
+        "needs_approval": {"type": "boolean"},
+        "rate_bucket": {"type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+
+class ToolCallRejected(Exception):
+    """A tool call that must not be sent; the message is shown to the model."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One catalogue entry."""
+
+    name: str
+    description: str
+    provider: str
+    method: str | None
+    path: str | None
+    kind: str
+    idempotency: str | None
+    parameters: Mapping[str, Any]
+    scopes: tuple[str, ...]
+    moves_money: bool
+    needs_approval: bool
+    rate_bucket: str | None
+
+    @property
+    def call_class(self) -> str:
+        """How an unknown outcome resolves: read, provider_key, lookup, none or internal."""
+        if self.kind == "write":
+            return self.idempotency or "none"
+        return self.kind
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI `tools` entry."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """Every tool the platform knows, and each provider's idempotency-key retention."""
+
+    tools: Mapping[str, Tool]
+    key_retention_hours: Mapping[str, float | None]
+
+    @classmethod
+    def load(cls, path: Path | str = DEFAULT_PATH) -> Catalogue:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Catalogue:
+        providers = {
+            name: entry.get("key_retention_hours") for name, entry in data["providers"].items()
+        }
+        tools: dict[str, Tool] = {}
+        for entry in data["tools"]:
+            tool = _parse_tool(entry, providers)
+            if tool.name in tools:
+                raise ValueError(f"catalogue: tool {tool.name!r} is defined twice")
+            tools[tool.name] = tool
+        return cls(tools=tools, key_retention_hours=providers)
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools.get(name)
+
+    def openai_tools(self, names: Iterable[str]) -> list[dict[str, Any]]:
+        """OpenAI tool definitions for the allowed names that exist, in the given order."""
+        return [self.tools[n].openai_schema() for n in names if n in self.tools]
+
+    def check_call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        allowed: Iterable[str],
+        arguments_raw: str | None = None,
+    ) -> Tool:
+        """Return the tool if this call may be sent, else raise ToolCallRejected saying why."""
+        tool = self.tools.get(name)
+        if tool is None:
+            raise ToolCallRejected(f"unknown tool: {name!r}")
+        if name not in set(allowed):
+            raise ToolCallRejected(f"tool {name!r} is not allowed for this agent")
+        if arguments is None:
+            raw = (arguments_raw or "")[:200]
+            raise ToolCallRejected(f"arguments for {name} are not valid JSON: {raw!r}")
+        errors = sorted(
+            Draft202012Validator(tool.parameters).iter_errors(dict(arguments)),
+            key=lambda e: list(e.absolute_path),
+        )
+        if errors:
+            details = "; ".join(_describe(e) for e in errors[:3])
+            raise ToolCallRejected(f"invalid arguments for {name}: {details}")
+        return tool
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+def _parse_tool(entry: Mapping[str, Any], providers: Mapping[str, Any]) -> Tool:
+    name = entry.get("name", "?")
+    try:
+        jsonschema.validate(entry, _TOOL_SCHEMA)
+        Draft202012Validator.check_schema(entry["parameters"])
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"catalogue: tool {name!r}: bad parameters schema: {exc.message}") from exc
+    except jsonschema.ValidationError as exc:
+        raise ValueError(f"catalogue: tool {name!r}: {exc.message}") from exc
+    if entry["provider"] not in providers:
+        raise ValueError(f"catalogue: tool {name!r}: unknown provider {entry['provider']!r}")
+    if entry["kind"] == "write" and entry["idempotency"] is None:
+        raise ValueError(f"catalogue: write tool {name!r} needs an idempotency class")
+    if entry["kind"] != "internal" and not (entry["method"] and entry["path"]):
+        raise ValueError(f"catalogue: tool {name!r} needs a method and a path")
+    return Tool(**{**entry, "scopes": tuple(entry["scopes"])})

@@ -1,0 +1,190 @@
+"""The executor process: slots, assignments, one task per held run, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from agentrun.v1 import executor_pb2
+from executor.config import ExecutorConfig
+from executor.lease import LeaseKeeper
+from executor.models.base import ModelClient
+from executor.models.openai import OpenAIChatModel
+from executor.run_loop import RunDeps, RunLoop
+from executor.stream import ControlPlaneStream
+from executor.tools.catalogue import Catalogue
+from executor.tools.delivery import ToolDelivery
+from executor.tools.http_tool import HttpToolClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    loop: RunLoop
+    task: asyncio.Task[str]
+
+
+class Worker:
+    """Holds up to `capacity` runs, asks for more as slots free, hands them back on drain."""
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        *,
+        model: ModelClient | None = None,
+        catalogue: Catalogue | None = None,
+    ) -> None:
+        self._config = config
+        self._tools = HttpToolClient(config)
+        self._own_model = model is None
+        self._model: ModelClient = model or OpenAIChatModel(
+            config.model_base_url, config.model_api_key, config.model_timeout_seconds
+        )
+        self._stream = ControlPlaneStream(config.control_plane, self._hello, self)
+        self._leases = LeaseKeeper(self._stream.heartbeat, self._fence)
+        self._deps = RunDeps(
+            committer=self._stream,
+            leases=self._leases,
+            model=self._model,
+            delivery=ToolDelivery(self._tools),
+            catalogue=catalogue or Catalogue.load(),
+        )
+        self._runs: dict[str, _Held] = {}
+        # Assignments asked for (Ready) and not received yet, this session.
+        self._credits = 0
+        self._draining = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set, then drain and disconnect."""
+        self._stream.start()
+        keeper = asyncio.create_task(self._leases.run(), name="heartbeat")
+        try:
+            await stop.wait()
+            await self.drain()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await self._stream.close(grace=1.0)
+            await self._tools.aclose()
+            if self._own_model and isinstance(self._model, OpenAIChatModel):
+                await self._model.aclose()
+
+    async def drain(self) -> None:
+        """Stop asking for work; runs park (handoff) at their next step boundary or finish."""
+        self._draining = True
+        # Credits granted earlier would bring handed-back runs straight back here.
+        if self._stream.withdraw(self._credits):
+            self._credits = 0
+        clock = asyncio.get_running_loop().time
+        start, budget = clock(), self._config.drain_seconds
+        log.info("draining: %d runs held", len(self._runs))
+        for held in self._runs.values():
+            held.loop.request_handoff()
+        if await self._wait_runs(start + budget * 0.6):
+            return
+        # Still in a model call: abandon it (nothing of it is committed) and hand back.
+        for held in self._runs.values():
+            held.loop.interrupt()
+        if await self._wait_runs(start + budget * 0.9):
+            return
+        for run_id, held in list(self._runs.items()):
+            log.warning("run %s abandoned mid-step; its lease will lapse", run_id)
+            held.task.cancel()
+        await self._wait_runs(clock() + 0.5)
+
+    async def _wait_runs(self, deadline: float) -> bool:
+        """Wait until every held run ended (or the loop time `deadline`); True if none is left."""
+        clock = asyncio.get_running_loop().time
+        while self._runs and clock() < deadline:
+            # Re-read the runs each time: an assignment may arrive while draining.
+            tasks = [held.task for held in self._runs.values()]
+            await asyncio.wait(tasks, timeout=deadline - clock())
+        return not self._runs
+
+    # -- StreamHandler ------------------------------------------------------
+
+    def on_welcome(self, welcome: executor_pb2.Welcome) -> None:
+        self._leases.configure(
+            welcome.lease_duration.ToNanoseconds() / 1e9,
+            welcome.heartbeat_interval.ToNanoseconds() / 1e9,
+        )
+        self._credits = 0  # a new session starts with no credit
+        self._top_up()
+
+    def on_assignment(self, assignment: executor_pb2.Assignment) -> None:
+        run = assignment.run
+        self._credits = max(0, self._credits - 1)
+        current = self._runs.get(run.run_id)
+        if current is not None:
+            if current.loop.lease.epoch >= run.lease_epoch:
+                log.warning("ignoring stale assignment of run %s", run.run_id)
+                return
+            self._stop(run.run_id, "reassigned at a newer epoch")
+        loop = RunLoop(assignment, self._deps)
+        self._leases.hold(loop.lease)
+        if self._draining or len(self._runs) >= self._config.capacity:
+            loop.request_handoff()  # more than we asked for: give it straight back
+        task = asyncio.create_task(loop.run(), name=f"run-{run.run_id}")
+        self._runs[run.run_id] = _Held(loop, task)
+        task.add_done_callback(lambda t: self._finished(run.run_id, t))
+        log.info(
+            "claimed run %s (epoch %d, attempt %d, %d steps)",
+            run.run_id,
+            run.lease_epoch,
+            run.attempt,
+            len(assignment.steps),
+        )
+
+    def on_cancel(self, cancel: executor_pb2.Cancel) -> None:
+        held = self._runs.get(cancel.lease.run_id)
+        if held is None:
+            return
+        if cancel.lease.epoch and cancel.lease.epoch < held.loop.lease.epoch:
+            return  # about an earlier claim
+        self._leases.drop(cancel.lease.run_id)
+        self._stop(cancel.lease.run_id, f"cancelled by the control plane: {cancel.reason}")
+
+    # -- internals ----------------------------------------------------------
+
+    def _hello(self) -> executor_pb2.Hello:
+        return executor_pb2.Hello(
+            executor_id=self._config.executor_id,
+            release=self._config.release,
+            capacity=self._config.capacity,
+            held=self._leases.held(),
+        )
+
+    def _fence(self, run_id: str, reason: str) -> None:
+        """The lease keeper lost this run's lease: stop it before it writes anything more."""
+        self._stop(run_id, f"lease lost: {reason}")
+
+    def _stop(self, run_id: str, reason: str) -> None:
+        held = self._runs.get(run_id)
+        if held is not None and not held.task.done():
+            log.warning("run %s fenced: %s", run_id, reason)
+            held.task.cancel()
+
+    def _finished(self, run_id: str, task: asyncio.Task[str]) -> None:
+        held = self._runs.get(run_id)
+        if held is not None and held.task is task:
+            del self._runs[run_id]
+            self._leases.drop(run_id)
+        if task.cancelled():
+            how = "fenced"
+        elif task.exception() is not None:
+            how = "crashed"
+            log.error("run %s crashed", run_id, exc_info=task.exception())
+        else:
+            how = task.result()
+        log.info("run %s released: %s", run_id, how)
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Ask for as many runs as there are free slots not already asked for."""
+        if self._draining:
+            return
+        wanted = self._config.capacity - len(self._runs) - self._credits
+        if wanted > 0 and self._stream.ready(wanted):
+            self._credits += wanted

@@ -1,0 +1,281 @@
+"""Rebuilding a run from its step log: next action, next seq and the model's messages."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from agentrun.v1 import agent_pb2, run_pb2
+from executor import limits, replay, steps
+from executor.models.base import ModelReply, ToolCall, Usage
+from executor.replay import CallModel, Done, FinishCompleted, ResolveUnknown, StartTool
+from executor.run_loop import model_backoff
+
+RUN = "run-1"
+
+
+def step(seq: int, kind: int, payload: dict, ref_seq: int = 0) -> run_pb2.Step:
+    return run_pb2.Step(
+        run_id=RUN, seq=seq, kind=kind, ref_seq=ref_seq, payload_json=json.dumps(payload)
+    )
+
+
+def input_step(text: str = "find bob") -> run_pb2.Step:
+    return step(0, replay.INPUT, {"text": text})
+
+
+def decision(seq: int, calls: list[dict], content: str | None = None) -> run_pb2.Step:
+    payload = {
+        "content": content,
+        "tool_calls": calls,
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+        "model": "m",
+        "response_id": f"r{seq}",
+    }
+    return step(seq, replay.DECISION, payload)
+
+
+def started(seq: int, decision_seq: int, call_id: str, tool: str, cls: str, **args) -> run_pb2.Step:
+    payload = {
+        "call_id": call_id,
+        "tool": tool,
+        "arguments": args,
+        "idempotency_key": f"{RUN}:{seq}",
+        "class": cls,
+    }
+    return step(seq, replay.STARTED, payload, ref_seq=decision_seq)
+
+
+def result(seq: int, ref: int, call_id: str, tool: str, status: str, **extra) -> run_pb2.Step:
+    payload = {"call_id": call_id, "tool": tool, "status": status, "output": None, **extra}
+    return step(seq, replay.RESULT, payload, ref_seq=ref)
+
+
+CRM = {"id": "c1", "name": "crm_lookup", "arguments": {"email": "bob@example.com"}}
+MAIL = {"id": "c2", "name": "send_email", "arguments": {"to": "bob@example.com"}}
+
+
+def test_fresh_run_calls_the_model_next_at_seq_1():
+    entries = replay.decode([input_step()])
+    assert replay.next_action(entries) == CallModel()
+    assert replay.next_seq(entries) == 1
+    assert replay.next_seq([]) == 0
+
+
+def test_decision_with_two_calls_first_answered_starts_the_second():
+    log = [
+        input_step(),
+        decision(1, [CRM, MAIL]),
+        started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+        result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"}),
+    ]
+    action = replay.next_action(replay.decode(log))
+    assert isinstance(action, StartTool)
+    assert action.decision_seq == 1
+    assert action.call == ToolCall("c2", "send_email", {"to": "bob@example.com"})
+
+
+def test_first_call_of_a_decision_starts_first():
+    action = replay.next_action(replay.decode([input_step(), decision(1, [CRM, MAIL])]))
+    assert isinstance(action, StartTool) and action.call.id == "c1"
+
+
+def test_started_without_result_is_an_unknown_outcome():
+    log = [input_step(), decision(1, [MAIL]), started(2, 1, "c2", "send_email", "none")]
+    action = replay.next_action(replay.decode(log))
+    assert isinstance(action, ResolveUnknown)
+    assert action.started.seq == 2
+    assert action.call_class == "none"
+    assert action.started.payload["idempotency_key"] == f"{RUN}:2"
+
+
+def test_decision_without_tool_calls_finishes_with_its_content():
+    log = [input_step(), decision(1, [], content="Bob is a customer.")]
+    assert replay.next_action(replay.decode(log)) == FinishCompleted("Bob is a customer.")
+
+
+def test_finished_log_is_done():
+    log = [
+        input_step(),
+        decision(1, [], content="hi"),
+        step(2, replay.FINISH, {"status": "completed", "output": "hi"}),
+    ]
+    assert replay.next_action(replay.decode(log)) == Done("completed")
+
+
+def test_every_call_answered_calls_the_model_again():
+    log = [
+        input_step(),
+        decision(1, [CRM]),
+        started(2, 1, "c1", "crm_lookup", "read"),
+        result(3, 2, "c1", "crm_lookup", "ok", output={}),
+    ]
+    assert replay.next_action(replay.decode(log)) == CallModel()
+
+
+def test_rejected_call_answered_from_the_decision_counts_as_answered():
+    unknown_tool = {"id": "c9", "name": "wire_money", "arguments": {}}
+    log = [
+        input_step(),
+        decision(1, [unknown_tool]),
+        result(2, 1, "c9", "wire_money", "error", error="unknown tool"),
+    ]
+    assert replay.next_action(replay.decode(log)) == CallModel()
+
+
+def test_sleep_started_without_result_is_resolved_when_the_run_wakes():
+    sleep = {"id": "s1", "name": "sleep", "arguments": {"seconds": 5}}
+    log = [
+        input_step(),
+        decision(1, [sleep]),
+        started(2, 1, "s1", "sleep", "internal", seconds=5),
+        step(3, replay.PARK, {"wait_reason": "sleep", "wake_after_seconds": 5, "note": ""}),
+    ]
+    entries = replay.decode(log)
+    action = replay.next_action(entries)
+    assert isinstance(action, ResolveUnknown) and action.call_class == "internal"
+    assert replay.next_seq(entries) == 4
+    entries.append(
+        steps.as_entry(steps.tool_result(4, 2, "s1", "sleep", "ok", output={"slept_seconds": 5}))
+    )
+    assert replay.next_action(entries) == CallModel()
+
+
+def test_next_seq_follows_the_highest_seq_whatever_the_order_received():
+    log = [decision(1, [CRM]), input_step(), started(2, 1, "c1", "crm_lookup", "read")]
+    entries = replay.decode(log)
+    assert [e.seq for e in entries] == [0, 1, 2]
+    assert replay.next_seq(entries) == 3
+
+
+def test_messages_rebuild_the_conversation_from_recorded_outputs():
+    bad_args = {"id": "c3", "name": "echo", "arguments_raw": "{oops"}
+    log = [
+        input_step("email bob"),
+        decision(1, [CRM, MAIL, bad_args], content="Looking up."),
+        started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+        result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"}),
+        started(4, 1, "c2", "send_email", "none", to="bob@example.com"),
+        result(5, 4, "c2", "send_email", "unknown", resolution="not retried: no key"),
+        result(6, 1, "c3", "echo", "error", error="arguments are not valid JSON"),
+        decision(7, [], content="Done."),
+    ]
+    messages = replay.build_messages(replay.decode(log), "You are helpful.")
+    assert [m["role"] for m in messages] == [
+        "system", "user", "assistant", "tool", "tool", "tool", "assistant",
+    ]  # fmt: skip
+    assert messages[0]["content"] == "You are helpful."
+    assert messages[1]["content"] == "email bob"
+    assistant = messages[2]
+    assert assistant["content"] == "Looking up."
+    assert [c["id"] for c in assistant["tool_calls"]] == ["c1", "c2", "c3"]
+    first = assistant["tool_calls"][0]
+    assert first["type"] == "function"
+    assert first["function"]["name"] == "crm_lookup"
+    assert json.loads(first["function"]["arguments"]) == {"email": "bob@example.com"}
+    assert assistant["tool_calls"][2]["function"]["arguments"] == "{oops"
+    assert [m["tool_call_id"] for m in messages[3:6]] == ["c1", "c2", "c3"]
+    assert json.loads(messages[3]["content"]) == {"name": "Bob"}
+    assert messages[4]["content"].startswith("unknown outcome:")
+    assert "may or may not have reached send_email" in messages[4]["content"]
+    assert "not retried" in messages[4]["content"]
+    assert messages[5]["content"] == "error: arguments are not valid JSON"
+    assert messages[6] == {"role": "assistant", "content": "Done."}
+
+
+def test_a_call_never_answered_still_gets_one_tool_message():
+    log = [
+        input_step(),
+        decision(1, [CRM]),
+        started(2, 1, "c1", "crm_lookup", "read"),
+        decision(3, [], content="moving on"),
+    ]
+    messages = replay.build_messages(replay.decode(log), "")
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[2]["tool_call_id"] == "c1"
+    assert "no result recorded" in messages[2]["content"]
+
+
+def test_unknown_outcome_text_without_resolution_says_it_was_not_retried():
+    text = replay.result_text({"status": "unknown", "tool": "send_email"})
+    assert text == (
+        "unknown outcome: the request may or may not have reached send_email; it was not retried"
+    )
+
+
+def test_counters_and_trailing_model_parks():
+    park = {"wait_reason": "model", "wake_after_seconds": 1, "note": "503"}
+    log = [
+        input_step(),
+        decision(1, [CRM]),
+        started(2, 1, "c1", "crm_lookup", "read"),
+        result(3, 2, "c1", "crm_lookup", "ok"),
+        step(4, replay.PARK, park),
+        step(5, replay.PARK, park),
+    ]
+    entries = replay.decode(log)
+    assert replay.counters(entries) == replay.Counters(model_calls=1, tool_calls=1, tokens=15)
+    assert replay.trailing_parks(entries, "model") == 2
+    assert replay.trailing_parks(entries[:4], "model") == 0
+
+
+def test_model_backoff_grows_caps_and_honours_retry_after():
+    rng = random.Random(1)
+    assert 0.5 <= model_backoff(0, None, rng) <= 1.0
+    assert 4.0 <= model_backoff(3, None, rng) <= 8.0
+    assert model_backoff(20, None, rng) <= 60.0
+    assert model_backoff(0, 30.0, rng) == 30.0
+
+
+def _run(**limit_fields) -> run_pb2.Run:
+    return run_pb2.Run(run_id=RUN, limits=agent_pb2.RunLimits(**limit_fields))
+
+
+def test_limits_fail_the_run_before_the_action_that_would_exceed_them():
+    used = replay.Counters(model_calls=3, tool_calls=2, tokens=100)
+    call = StartTool(1, ToolCall("c", "echo", {}))
+    assert limits.exceeded(_run(max_steps=3), used, CallModel(), 0) == "max_steps exceeded (3)"
+    assert limits.exceeded(_run(max_steps=4), used, CallModel(), 0) is None
+    assert limits.exceeded(_run(max_steps=3), used, call, 0) is None
+    assert limits.exceeded(_run(max_tool_calls=2), used, call, 0) == "max_tool_calls exceeded (2)"
+    assert limits.exceeded(_run(max_tokens=100), used, CallModel(), 0) == (
+        "max_tokens exceeded (100)"
+    )
+    assert limits.exceeded(_run(), used, CallModel(), 0) is None
+
+
+def test_deadline_is_compared_with_the_wall_clock():
+    run = _run()
+    run.deadline_time.FromSeconds(1_000)
+    assert limits.exceeded(run, replay.Counters(), CallModel(), 999.0) is None
+    assert limits.exceeded(run, replay.Counters(), CallModel(), 1_000.0).startswith("deadline")
+    unknown = ResolveUnknown(replay.Entry(2, replay.STARTED, 1, {}))
+    assert limits.exceeded(run, replay.Counters(), unknown, 2_000.0) is None
+
+
+def test_decision_step_payload_and_unique_call_ids():
+    calls = (
+        ToolCall("", "echo", {"text": "a"}),
+        ToolCall("x", "echo", None, "{bad"),
+        ToolCall("x", "echo", {"text": "b"}),
+    )
+    fixed = steps.unique_call_ids(calls, 7)
+    assert [c.id for c in fixed] == ["call_7_0", "x", "call_7_2"]
+    reply = ModelReply("hi", fixed, Usage(3, 4), "resp-1", "")
+    payload = json.loads(steps.decision(7, reply, "llama").payload_json)
+    assert payload["model"] == "llama"
+    assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert payload["tool_calls"][1] == {"id": "x", "name": "echo", "arguments_raw": "{bad"}
+    assert payload["tool_calls"][0]["arguments"] == {"text": "a"}
+
+
+def test_tool_started_carries_the_key_of_its_own_seq():
+    step_ = steps.tool_started(5, 4, "c1", "send_email", {"to": "a"}, RUN, "none")
+    assert step_.ref_seq == 4
+    assert json.loads(step_.payload_json)["idempotency_key"] == f"{RUN}:5"
+
+
+def test_park_transition_carries_wake_after():
+    park = steps.park_transition("sleep", 1.5)
+    assert park.wait_reason == "sleep"
+    assert park.wake_after.ToMilliseconds() == 1500
