@@ -12,7 +12,8 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' >$(VENV)/pip.log 2>&1 \
+	  || { cat $(VENV)/pip.log; exit 1; }
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install pinned dependencies
