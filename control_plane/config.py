@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _float(name: str, default: float) -> float:
@@ -12,6 +12,11 @@ def _float(name: str, default: float) -> float:
         return float(raw) if raw else default
     except ValueError:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def _secret(name: str) -> bytes | None:
+    raw = os.environ.get(name)
+    return raw.encode() if raw else None
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,12 @@ class ServerConfig:
     release: str = "dev"
     max_message_bytes: int = 4 * 1024 * 1024
     defaults: RunDefaults = RunDefaults()
+    # Approvals: where links point, where notifications go, who signs approver tokens.
+    public_url: str = "http://127.0.0.1:8080"
+    notify_url: str = "http://127.0.0.1:8020"
+    approver_signing_key: bytes | None = field(default=None, repr=False)
+    slack_signing_secret: bytes | None = field(default=None, repr=False)
+    approval_poll_seconds: float = 0.5
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -50,4 +61,9 @@ class ServerConfig:
             heartbeat_seconds=_float("AGENTRUN_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
             claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
+            public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
+            notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
+            approver_signing_key=_secret("AGENTRUN_APPROVER_SIGNING_KEY"),
+            slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
+            approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
         )

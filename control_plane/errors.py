@@ -45,6 +45,10 @@ class Aborted(DomainError):
     code = grpc.StatusCode.ABORTED
 
 
+class PermissionDenied(DomainError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class FailedPrecondition(DomainError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -18,13 +18,18 @@ from grpc_reflection.v1alpha import reflection
 from agentrun.v1 import (
     agent_pb2,
     agent_pb2_grpc,
+    approval_pb2,
+    approval_pb2_grpc,
     executor_pb2,
     executor_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
 )
 from control_plane.api.agents import AgentServicer
+from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer
+from control_plane.approvals import expiry, relay
+from control_plane.approvals.relay import RelayConfig
 from control_plane.config import ServerConfig
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
@@ -37,6 +42,7 @@ SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
     run_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
     executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name,
+    approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
 )
 
 
@@ -59,13 +65,16 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     pool: asyncpg.pool.Pool
-    dispatcher_task: asyncio.Task[None]
+    # Background loops of this replica: dispatcher, approval expiry, outbox relay.
+    tasks: list[asyncio.Task[None]]
 
     async def stop(self, grace: float = 5.0) -> None:
         await self.server.stop(grace)
-        self.dispatcher_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.dispatcher_task
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.pool.close()
 
 
@@ -88,6 +97,9 @@ async def start(config: ServerConfig) -> RunningServer:
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), server)
+    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
+        ApprovalServicer(pool, config.approver_signing_key), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -99,8 +111,16 @@ async def start(config: ServerConfig) -> RunningServer:
     await server.start()
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    task = asyncio.create_task(dispatcher.run(), name="dispatcher")
-    return RunningServer(server, port, pool, task)
+    relay_cfg = RelayConfig(config.notify_url, config.public_url)
+    tasks = [
+        asyncio.create_task(dispatcher.run(), name="dispatcher"),
+        asyncio.create_task(
+            expiry.run_forever(pool, config.approval_poll_seconds, dispatcher.poke),
+            name="approval-expiry",
+        ),
+        asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
+    ]
+    return RunningServer(server, port, pool, tasks)
 
 
 def _write_port_file(path: str, port: int) -> None:

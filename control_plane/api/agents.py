@@ -45,6 +45,24 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
             raise InvalidArgument(f"spec.tools[{i}]", f"is not a tool name: {name[:64]!r}")
     if len(set(spec.tools)) != len(spec.tools):
         raise InvalidArgument("spec.tools", "names a tool twice")
+    validate_approval_policy(spec)
+
+
+def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:
+    pol = spec.approval
+    for field in ("tools", "high_risk_tools"):
+        for i, name in enumerate(getattr(pol, field)):
+            if name not in spec.tools:
+                raise InvalidArgument(
+                    f"spec.approval.{field}[{i}]", f"names {name[:64]!r}, not one of spec.tools"
+                )
+    for field in ("approvers", "slack_approvers", "escalate_to"):
+        for i, who in enumerate(getattr(pol, field)):
+            validate.text(f"spec.approval.{field}[{i}]", who, max_bytes=200, required=True)
+    validate.in_range("spec.approval.expiry_seconds", pol.expiry_seconds, 0, 30 * 24 * 3600)
+    validate.in_range("spec.approval.max_reminders", pol.max_reminders, 0, 20)
+    if pol.on_expiry == 2 and not pol.escalate_to:
+        raise InvalidArgument("spec.approval.escalate_to", "is required when on_expiry is ESCALATE")
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):

@@ -9,7 +9,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
 
 STATUS_TO_PROTO = {
     "queued": run_pb2.RUN_STATUS_QUEUED,
@@ -118,7 +118,38 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         "model": spec.model,
         "tools": list(spec.tools),
         "limits": limits,
+        "approval": approval_policy_to_json(spec.approval),
     }
+
+
+EXPIRY_ACTIONS = {1: "reject", 2: "escalate", 3: "remind"}
+
+
+def approval_policy_to_json(pol: approval_pb2.ApprovalPolicy) -> dict[str, Any]:
+    return {
+        "tools": list(pol.tools),
+        "approvers": list(pol.approvers),
+        "slack_approvers": list(pol.slack_approvers),
+        "expiry_seconds": pol.expiry_seconds,
+        "on_expiry": EXPIRY_ACTIONS.get(pol.on_expiry, "reject"),
+        "escalate_to": list(pol.escalate_to),
+        "max_reminders": pol.max_reminders,
+        "high_risk_tools": list(pol.high_risk_tools),
+    }
+
+
+def approval_policy_from_json(data: dict[str, Any]) -> approval_pb2.ApprovalPolicy:
+    actions = {v: k for k, v in EXPIRY_ACTIONS.items()}
+    return approval_pb2.ApprovalPolicy(
+        tools=data.get("tools", []),
+        approvers=data.get("approvers", []),
+        slack_approvers=data.get("slack_approvers", []),
+        expiry_seconds=data.get("expiry_seconds", 0),
+        on_expiry=actions.get(data.get("on_expiry", "reject"), 1),
+        escalate_to=data.get("escalate_to", []),
+        max_reminders=data.get("max_reminders", 0),
+        high_risk_tools=data.get("high_risk_tools", []),
+    )
 
 
 def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
@@ -133,6 +164,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             max_tokens=lim.get("max_tokens", 0),
             max_tool_calls=lim.get("max_tool_calls", 0),
         ),
+        approval=approval_policy_from_json(data.get("approval") or {}),
     )
 
 

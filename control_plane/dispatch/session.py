@@ -14,6 +14,8 @@ import asyncpg
 import faults
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.api import convert
+from control_plane.approvals.commit import approval_commit
+from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.errors import status_for
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
@@ -154,7 +156,13 @@ class ExecutorSession:
             self.send(pb.ConnectResponse(commit_result=result))
             return
         try:
-            done = await step_store.commit(self._pool, req, self._dispatcher.config.lease_seconds)
+            if msg.HasField("approval_request"):
+                done = await approval_commit(self._pool, req, msg.approval_request,
+                                             self._dispatcher.config.lease_seconds)  # fmt: skip
+            else:
+                done = await step_store.commit(
+                    self._pool, req, self._dispatcher.config.lease_seconds
+                )
             faults.point("control_plane.commit.before_reply")
             result.outcome = pb.COMMIT_OUTCOME_OK
             if done.status == "running" and done.wake_at is not None:
@@ -165,7 +173,7 @@ class ExecutorSession:
             self.held.pop(req.run_id, None)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = str(exc)
-        except asyncpg.DataError as exc:
+        except (asyncpg.DataError, BadApprovalRequest) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"rejected by the database: {exc}"
         except Exception as exc:  # noqa: BLE001 - per-run failure is a message

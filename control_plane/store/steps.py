@@ -50,7 +50,9 @@ class CommitResult:
     duplicate: bool = False
 
 
-async def commit(pool: asyncpg.pool.Pool, req: CommitRequest, lease_seconds: float) -> CommitResult:
+async def commit(
+    pool: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, lease_seconds: float
+) -> CommitResult:
     """Append steps and apply the transition if the run is still held at req.epoch.
 
     Raises Fenced when it is not. A retry of a commit that already landed
@@ -58,13 +60,12 @@ async def commit(pool: asyncpg.pool.Pool, req: CommitRequest, lease_seconds: flo
     """
     t = req.transition
     try:
-        row = await run(
-            pool, "run_commit", req.workspace_id, req.run_id, req.epoch,
-            [s.seq for s in req.steps], [s.kind for s in req.steps],
-            [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
-            req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
-            t.wake_after_seconds, lease_seconds, req.tokens, t.text,
-        )  # fmt: skip
+        if isinstance(pool, asyncpg.Connection) and pool.is_in_transaction():
+            # A savepoint: a unique violation must not doom the caller's transaction.
+            async with pool.transaction():
+                row = await _apply(pool, req, lease_seconds)
+        else:
+            row = await _apply(pool, req, lease_seconds)
     except asyncpg.UniqueViolationError:
         row = None
     if row is not None:
@@ -74,7 +75,22 @@ async def commit(pool: asyncpg.pool.Pool, req: CommitRequest, lease_seconds: flo
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
 
 
-async def _already_committed(pool: asyncpg.pool.Pool, req: CommitRequest) -> bool:
+async def _apply(
+    db: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, lease_seconds: float
+) -> asyncpg.Record | None:
+    t = req.transition
+    return await run(
+        db, "run_commit", req.workspace_id, req.run_id, req.epoch,
+        [s.seq for s in req.steps], [s.kind for s in req.steps],
+        [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
+        req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
+        t.wake_after_seconds, lease_seconds, req.tokens, t.text,
+    )  # fmt: skip
+
+
+async def _already_committed(
+    pool: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest
+) -> bool:
     rows = await run(
         pool, "steps_by_seqs", req.workspace_id, req.run_id, [s.seq for s in req.steps]
     )

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agentrun.v1 import approval_pb2 as _approval_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -68,6 +69,7 @@ class AgentSpec(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    APPROVAL_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -82,6 +84,10 @@ class AgentSpec(_message.Message):
     def limits(self) -> Global___RunLimits:
         """Limits copied onto every run of this version."""
 
+    @_builtins.property
+    def approval(self) -> _approval_pb2.ApprovalPolicy:
+        """Which tool calls wait for a human, who decides, and what expiry does."""
+
     def __init__(
         self,
         *,
@@ -89,10 +95,11 @@ class AgentSpec(_message.Message):
         model: _builtins.str = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
         limits: Global___RunLimits | None = ...,
+        approval: _approval_pb2.ApprovalPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instructions", b"instructions", "limits", b"limits", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "instructions", b"instructions", "limits", b"limits", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

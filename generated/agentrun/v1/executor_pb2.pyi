@@ -346,6 +346,7 @@ class Commit(_message.Message):
     MODEL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUEST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     model_calls: _builtins.int
     """Counter increments carried by these steps."""
@@ -361,6 +362,12 @@ class Commit(_message.Message):
     def complete(self) -> Global___Complete: ...
     @_builtins.property
     def fail(self) -> Global___Fail: ...
+    @_builtins.property
+    def approval_request(self) -> Global___ApprovalRequest:
+        """With a Park{wait_reason: "approval"}: the approval to create in the same
+        transaction (with its notification in the outbox).
+        """
+
     def __init__(
         self,
         *,
@@ -373,16 +380,63 @@ class Commit(_message.Message):
         model_calls: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
         tokens: _builtins.int = ...,
+        approval_request: Global___ApprovalRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "fail", b"fail", "lease", b"lease", "park", b"park", "transition", b"transition"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "complete", b"complete", "fail", b"fail", "lease", b"lease", "park", b"park", "transition", b"transition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "fail", b"fail", "lease", b"lease", "model_calls", b"model_calls", "park", b"park", "request_id", b"request_id", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls", "transition", b"transition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "complete", b"complete", "fail", b"fail", "lease", b"lease", "model_calls", b"model_calls", "park", b"park", "request_id", b"request_id", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls", "transition", b"transition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_transition: _TypeAlias = _typing.Literal["park", "complete", "fail"]  # noqa: Y015
     _WhichOneofArgType_transition: _TypeAlias = _typing.Literal["transition", b"transition"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_transition) -> _WhichOneofReturnType_transition | None: ...
 
 Global___Commit: _TypeAlias = Commit  # noqa: Y015
+
+@_typing.final
+class ApprovalRequest(_message.Message):
+    """ApprovalRequest asks the control plane to hold a tool call for a human.
+    The policy (approvers, expiry) comes from the run's agent version.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    DECISION_SEQ_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_SHA256_FIELD_NUMBER: _builtins.int
+    MOVES_MONEY_FIELD_NUMBER: _builtins.int
+    HIGH_RISK_FIELD_NUMBER: _builtins.int
+    approval_id: _builtins.str
+    decision_seq: _builtins.int
+    """The model decision step and the call within it."""
+    call_id: _builtins.str
+    tool: _builtins.str
+    arguments_json: _builtins.str
+    """Canonical JSON of the exact arguments and its SHA-256 (hex)."""
+    arguments_sha256: _builtins.str
+    moves_money: _builtins.bool
+    high_risk: _builtins.bool
+    def __init__(
+        self,
+        *,
+        approval_id: _builtins.str = ...,
+        decision_seq: _builtins.int = ...,
+        call_id: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        arguments_sha256: _builtins.str = ...,
+        moves_money: _builtins.bool = ...,
+        high_risk: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "decision_seq", b"decision_seq", "high_risk", b"high_risk", "moves_money", b"moves_money", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalRequest: _TypeAlias = ApprovalRequest  # noqa: Y015
 
 @_typing.final
 class Heartbeat(_message.Message):

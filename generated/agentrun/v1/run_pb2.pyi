@@ -78,6 +78,14 @@ class _StepKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StepKind.Val
     """The run parked: why, and until when."""
     STEP_KIND_FINISH: _StepKind.ValueType  # 6
     """The run finished: completed (with output), failed or cancelled (with reason)."""
+    STEP_KIND_APPROVAL_REQUESTED: _StepKind.ValueType  # 7
+    """A tool call waits for a human: the approval id and the arguments' hash.
+    Committed with the approval, its notification and the park, atomically.
+    """
+    STEP_KIND_APPROVAL_DECIDED: _StepKind.ValueType  # 8
+    """The human's decision (approved, rejected, edited, expired), written by
+    the control plane in the same transaction as the compare-and-set.
+    """
 
 class StepKind(_StepKind, metaclass=_StepKindEnumTypeWrapper):
     """StepKind says what a step records. Steps are append-only."""
@@ -101,6 +109,14 @@ STEP_KIND_PARK: StepKind.ValueType  # 5
 """The run parked: why, and until when."""
 STEP_KIND_FINISH: StepKind.ValueType  # 6
 """The run finished: completed (with output), failed or cancelled (with reason)."""
+STEP_KIND_APPROVAL_REQUESTED: StepKind.ValueType  # 7
+"""A tool call waits for a human: the approval id and the arguments' hash.
+Committed with the approval, its notification and the park, atomically.
+"""
+STEP_KIND_APPROVAL_DECIDED: StepKind.ValueType  # 8
+"""The human's decision (approved, rejected, edited, expired), written by
+the control plane in the same transaction as the compare-and-set.
+"""
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
 @_typing.final

@@ -1,0 +1,85 @@
+"""Approval expiry: reject, escalate or remind at the expiry time, with no executor involved."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from control_plane.approvals.policy import notifications
+from control_plane.store import approvals as store
+from control_plane.store import outbox
+
+log = logging.getLogger(__name__)
+BATCH = 50
+EXPIRED_BY = "system:expiry"
+
+
+def next_action(row: Any) -> str:
+    """What this expiry does: the policy's action while it has rounds left, else reject."""
+    if row["on_expiry"] == "escalate" and row["escalation_level"] == 0 and row["escalate_to"]:
+        return "escalate"
+    if row["on_expiry"] == "remind" and row["reminders_sent"] < row["max_reminders"]:
+        return "remind"
+    return "reject"
+
+
+async def _reject(conn: asyncpg.Connection, row: Any, now: datetime | None) -> None:
+    arguments = json.loads(row["arguments"])
+    payload = {
+        "approval_id": str(row["approval_id"]), "call_id": row["call_id"], "tool": row["tool"],
+        "decision": "expired", "decided_by": EXPIRED_BY, "reason": "approval expired",
+        "arguments": arguments, "arguments_sha256": row["arguments_sha256"],
+        "approved_sha256": row["arguments_sha256"],
+    }  # fmt: skip
+    decision = store.Decision("expired", EXPIRED_BY, "approval expired")
+    try:
+        async with conn.transaction():
+            await store.decide(
+                conn, row["workspace_id"], row["approval_id"], decision, payload, now
+            )
+    except store.RunNotWaiting:
+        # The run was cancelled meanwhile: close the approval without a step.
+        await store.close_without_step(conn, row["workspace_id"], row["approval_id"], decision, now)
+
+
+async def _apply(conn: asyncpg.Connection, row: Any, now: datetime | None) -> str:
+    action = next_action(row)
+    ws, approval_id = row["workspace_id"], row["approval_id"]
+    if action == "reject":
+        await _reject(conn, row, now)
+        return action
+    escalate = action == "escalate"
+    new = await store.extend(
+        conn, ws, approval_id, approvers=list(row["escalate_to"]) if escalate else None,
+        escalate=escalate, remind=not escalate, now=now,
+    )  # fmt: skip
+    kind = "approval_escalation" if escalate else "approval_reminder"
+    for note in notifications(new, kind, list(new["approvers"])):
+        await outbox.insert(conn, note)
+    return action
+
+
+async def expire_once(pool: asyncpg.pool.Pool, now: datetime | None = None) -> list[str]:
+    """Apply the policy to every pending approval whose expiry passed; returns the actions."""
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await store.lock_expired(conn, BATCH, now)
+        return [await _apply(conn, row, now) for row in rows]
+
+
+async def run_forever(pool: asyncpg.pool.Pool, interval: float, poke: Any) -> None:
+    """The expiry loop of one replica (replicas skip each other's locked rows)."""
+    while True:
+        try:
+            actions = await expire_once(pool)
+            if any(a == "reject" for a in actions):
+                poke()  # a run became runnable
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the database may be restarting
+            log.warning("approval expiry failed, retrying: %s", exc)
+        await asyncio.sleep(interval)

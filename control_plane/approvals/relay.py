@@ -1,0 +1,110 @@
+"""The outbox relay: delivers approval notifications after their transaction committed.
+
+At least once: a row is claimed with its next attempt already pushed out, so a
+relay that dies between the post and the `delivered` mark leaves it to be
+posted again. Every post carries the notification's stable id (header and
+body), so the receiving side can recognise a redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+
+import faults
+from control_plane.approvals import tokens
+from control_plane.store import approvals as approval_store
+from control_plane.store import outbox
+
+log = logging.getLogger(__name__)
+BATCH = 20
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    notify_url: str  # base URL of the mail and chat providers
+    public_url: str  # where approval links point (the control plane's HTTP ingress)
+    backoff_seconds: float = 1.0
+    interval_seconds: float = 0.5
+
+
+async def _link(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any, approval: Any) -> str:
+    """A fresh single-use link for this recipient; only the token's hash is stored."""
+    token = tokens.mint()
+    await approval_store.insert_token(
+        pool, row["workspace_id"], tokens.digest(token), approval["approval_id"],
+        row["recipient"], approval["expire_at"],
+    )  # fmt: skip
+    return f"{cfg.public_url}/approvals/{row['workspace_id']}/{token}"
+
+
+def _text(approval: Any, kind: str) -> str:
+    verb = {"approval_reminder": "Reminder: ", "approval_escalation": "Escalated: "}.get(kind, "")
+    return (
+        f"{verb}agent run {approval['run_id']} wants to call {approval['tool']} with "
+        f"{json.dumps(json.loads(approval['arguments']), sort_keys=True)}"
+    )
+
+
+async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
+    payload = json.loads(row["payload"])
+    approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
+    text = _text(approval, row["kind"])
+    nid = str(row["notification_id"])
+    if row["channel"] == "mail":
+        link = await _link(pool, cfg, row, approval)
+        body = f"{text}\n\nReview and decide: {link}\n\nnotification {nid}"
+        return "/mail/send", {"to": row["recipient"], "subject": f"Approval needed: "
+                              f"{approval['tool']}", "body": body}  # fmt: skip
+    value = f"{row['workspace_id']}:{approval['approval_id']}"
+    return "/chat/post", {
+        "channel": row["recipient"], "text": text, "notification_id": nid,
+        "actions": [{"action_id": "approve", "value": value},
+                    {"action_id": "reject", "value": value}],
+    }  # fmt: skip
+
+
+async def deliver(
+    pool: asyncpg.pool.Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any
+) -> bool:
+    ws, nid = row["workspace_id"], row["notification_id"]
+    try:
+        path, body = await _request(pool, cfg, row)
+        resp = await client.post(
+            f"{cfg.notify_url}{path}", json=body,
+            headers={"Idempotency-Key": f"notification:{nid}", "X-Agentrun-Notification": str(nid)},
+        )  # fmt: skip
+        faults.point("control_plane.relay.after_send")
+        resp.raise_for_status()
+    except (httpx.HTTPError, asyncpg.PostgresError, OSError) as exc:
+        log.warning("notification %s attempt %d failed: %s", nid, row["attempts"], exc)
+        await outbox.failed(pool, ws, nid, f"{type(exc).__name__}: {exc}")
+        return False
+    await outbox.delivered(pool, ws, nid)
+    return True
+
+
+async def relay_once(pool: asyncpg.pool.Pool, client: httpx.AsyncClient, cfg: RelayConfig) -> int:
+    rows = await outbox.claim(pool, BATCH, cfg.backoff_seconds)
+    results = await asyncio.gather(*(deliver(pool, client, cfg, r) for r in rows))
+    return sum(results)
+
+
+async def run_forever(pool: asyncpg.pool.Pool, cfg: RelayConfig) -> None:
+    async with httpx.AsyncClient(timeout=10) as client:
+        while True:
+            try:
+                delivered = await relay_once(pool, client, cfg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+                log.warning("outbox relay failed, retrying: %s", exc)
+                delivered = 0
+            if not delivered:
+                await asyncio.sleep(cfg.interval_seconds)

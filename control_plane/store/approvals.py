@@ -1,0 +1,169 @@
+"""Approvals: held tool calls, the decision compare-and-set, expiry, tokens."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from control_plane.store import outbox, steps
+from control_plane.store.errors import StoreError
+from control_plane.store.queries import run
+
+
+class DecisionLost(StoreError):
+    """Another decision won the compare-and-set; carries the winning row."""
+
+    def __init__(self, winner: asyncpg.Record) -> None:
+        super().__init__(f"approval already {winner['decision']} by {winner['decided_by']}")
+        self.winner = winner
+
+
+class RunNotWaiting(StoreError):
+    """The approval's run no longer waits for it (cancelled or finished)."""
+
+
+@dataclass(frozen=True)
+class NewApproval:
+    workspace_id: str
+    approval_id: uuid.UUID
+    run_id: uuid.UUID
+    decision_seq: int
+    call_id: str
+    tool: str
+    arguments_json: str
+    arguments_sha256: str
+    approvers: list[str]
+    slack_approvers: list[str]
+    high_risk: bool
+    moves_money: bool
+    expiry_seconds: int
+    on_expiry: str
+    escalate_to: list[str]
+    max_reminders: int
+
+
+async def run_spec(db: Any, workspace_id: str, run_id: uuid.UUID) -> dict[str, Any] | None:
+    row = await run(db, "run_agent_spec", workspace_id, run_id)
+    return json.loads(row["spec"]) if row else None
+
+
+async def commit_with_approval(
+    pool: asyncpg.pool.Pool,
+    req: steps.CommitRequest,
+    lease_seconds: float,
+    approval: NewApproval,
+    notify: list[outbox.Notification],
+) -> steps.CommitResult:
+    """One transaction: the fenced commit (steps + park), the approval, its notifications."""
+    async with pool.acquire() as conn, conn.transaction():
+        result = await steps.commit(conn, req, lease_seconds)
+        if result.duplicate:
+            return result
+        a = approval
+        await run(
+            conn, "approval_insert", a.workspace_id, a.approval_id, a.run_id, a.decision_seq,
+            a.call_id, a.tool, a.arguments_json, a.arguments_sha256, a.approvers,
+            a.slack_approvers, a.high_risk, a.moves_money, a.expiry_seconds, a.on_expiry,
+            a.escalate_to, None, a.max_reminders,
+        )  # fmt: skip
+        for note in notify:
+            await outbox.insert(conn, note)
+        return result
+
+
+async def get(db: Any, workspace_id: str, approval_id: uuid.UUID) -> asyncpg.Record | None:
+    return await run(db, "approval_get", workspace_id, approval_id)
+
+
+async def list_page(
+    pool: asyncpg.pool.Pool, workspace_id: str, *, approver: str | None, state: str | None,
+    after: tuple[datetime, uuid.UUID] | None, limit: int,
+) -> tuple[list[asyncpg.Record], bool]:  # fmt: skip
+    created, last_id = after if after else (None, None)
+    rows = await run(
+        pool, "approval_list", workspace_id, approver, state, created, last_id, limit + 1
+    )
+    return rows[:limit], len(rows) > limit
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str  # approved | rejected | edited | expired
+    decided_by: str
+    reason: str | None = None
+    edited_arguments_json: str | None = None
+
+
+async def decide(
+    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
+    step_payload: dict[str, Any], now: datetime | None = None,
+) -> asyncpg.Record:  # fmt: skip
+    """The compare-and-set plus its step and the run's wake, inside the caller's transaction.
+
+    Raises DecisionLost when another decision won, RunNotWaiting when the run
+    no longer waits for this approval.
+    """
+    current = await run(conn, "approval_lock", workspace_id, approval_id)
+    if current is None:
+        raise LookupError(approval_id)
+    lock = await run(conn, "approval_run_lock", workspace_id, current["run_id"])
+    row = await run(
+        conn, "approval_decide", workspace_id, approval_id, d.decision, d.decided_by,
+        d.reason, d.edited_arguments_json, now,
+    )  # fmt: skip
+    if row is None:
+        raise DecisionLost(await get(conn, workspace_id, approval_id))
+    if lock["status"] != "waiting" or lock["wait_reason"] != "approval":
+        raise RunNotWaiting(f"run {current['run_id']} is {lock['status']}")
+    payload = {**step_payload, "decided_at": row["decided_at"].isoformat()}
+    await run(
+        conn, "approval_decision_step", workspace_id, row["run_id"], lock["next_seq"],
+        lock["lease_epoch"], row["decision_seq"], json.dumps(payload),
+    )  # fmt: skip
+    return row
+
+
+async def lock_expired(
+    conn: asyncpg.Connection, limit: int, now: datetime | None = None
+) -> list[asyncpg.Record]:
+    return await run(conn, "approvals_expired", limit, now)
+
+
+async def extend(
+    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, *,
+    approvers: list[str] | None, escalate: bool, remind: bool, now: datetime | None = None,
+) -> asyncpg.Record | None:  # fmt: skip
+    return await run(
+        conn, "approval_extend", workspace_id, approval_id, approvers, int(escalate),
+        int(remind), now,
+    )  # fmt: skip
+
+
+async def insert_token(
+    db: Any, workspace_id: str, token_sha256: bytes, approval_id: uuid.UUID, approver: str,
+    expires_at: datetime,
+) -> None:  # fmt: skip
+    await run(db, "approval_token_insert", workspace_id, token_sha256, approval_id, approver,
+              expires_at)  # fmt: skip
+
+
+async def peek_token(db: Any, workspace_id: str, token_sha256: bytes) -> asyncpg.Record | None:
+    return await run(db, "approval_token_peek", workspace_id, token_sha256)
+
+
+async def use_token(db: Any, workspace_id: str, token_sha256: bytes) -> asyncpg.Record | None:
+    return await run(db, "approval_token_use", workspace_id, token_sha256)
+
+
+async def close_without_step(
+    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
+    now: datetime | None = None,
+) -> asyncpg.Record | None:  # fmt: skip
+    return await run(
+        conn, "approval_close", workspace_id, approval_id, d.decision, d.decided_by, d.reason, now
+    )

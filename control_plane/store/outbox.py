@@ -1,0 +1,47 @@
+"""The transactional outbox: notifications written with what they announce."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from control_plane.store.queries import run
+
+
+@dataclass(frozen=True)
+class Notification:
+    workspace_id: str
+    kind: str
+    channel: str  # mail | chat
+    recipient: str
+    payload: dict[str, Any]
+    notification_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+async def insert(db: Any, note: Notification) -> None:
+    await run(
+        db, "outbox_insert", note.workspace_id, note.notification_id, note.kind, note.channel,
+        note.recipient, json.dumps(note.payload),
+    )  # fmt: skip
+
+
+async def claim(
+    pool: asyncpg.pool.Pool, limit: int, backoff_seconds: float, now: datetime | None = None
+) -> list[asyncpg.Record]:
+    """Due notifications, each with its next attempt already pushed out."""
+    return await run(pool, "outbox_claim", limit, backoff_seconds, now)
+
+
+async def delivered(pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID) -> None:
+    await run(pool, "outbox_delivered", workspace_id, notification_id)
+
+
+async def failed(
+    pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID, error: str
+) -> None:
+    await run(pool, "outbox_failed", workspace_id, notification_id, error[:500])

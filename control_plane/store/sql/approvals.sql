@@ -1,0 +1,102 @@
+-- name: approval_insert :one
+-- Hold a tool call for a human (inside the commit's transaction); the
+-- policy was resolved from the run's agent version.
+INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool, arguments,
+                       arguments_sha256, approvers, slack_approvers, high_risk, moves_money,
+                       expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12,
+        coalesce($16::timestamptz, now()) + make_interval(secs => $13), $13, $14, $15, $17)
+ON CONFLICT (workspace_id, run_id, call_id) DO NOTHING
+RETURNING *;
+
+-- name: approval_get :one
+-- One approval of a workspace.
+SELECT * FROM approvals WHERE workspace_id = $1 AND approval_id = $2;
+
+-- name: approval_list :many
+-- A page of approvals, newest first, optionally for one approver or state.
+SELECT * FROM approvals
+WHERE workspace_id = $1
+  AND ($2::text IS NULL OR $2 = ANY(approvers) OR $2 = ANY(slack_approvers))
+  AND ($3::text IS NULL OR ($3 = 'pending' AND decision IS NULL) OR decision = $3)
+  AND ($4::timestamptz IS NULL OR (created_at, approval_id) < ($4, $5::uuid))
+ORDER BY created_at DESC, approval_id DESC
+LIMIT $6;
+
+-- name: approval_run_lock :one
+-- Lock the run an approval belongs to, so the decision and the run's wake
+-- are one step; reports whether it still waits for this approval.
+SELECT status, wait_reason, lease_epoch,
+       (SELECT coalesce(max(seq), -1) + 1 FROM steps s
+        WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS next_seq
+FROM runs r WHERE workspace_id = $1 AND run_id = $2
+FOR UPDATE;
+
+-- name: approval_decide :one
+-- The compare-and-set: exactly one decision wins.
+UPDATE approvals SET decision = $3, decided_by = $4, decided_at = coalesce($7::timestamptz, now()),
+                     reason = $5, edited_arguments = $6::jsonb
+WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
+RETURNING *;
+
+-- name: approval_decision_step :exec
+-- Record the decision in the run's log and make the run runnable now.
+WITH step AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    VALUES ($1, $2, $3, 'approval_decided', $4, $5, $6::jsonb)
+)
+UPDATE runs SET wake_at = now(), updated_at = now()
+WHERE workspace_id = $1 AND run_id = $2;
+
+-- name: approvals_expired :many
+-- Lock up to $1 pending approvals whose expiry passed (skipping ones another
+-- replica is handling). Database clock unless $2 fixes it.
+SELECT * FROM approvals
+WHERE decision IS NULL AND expire_at <= coalesce($2::timestamptz, now())
+ORDER BY expire_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: approval_extend :one
+-- Escalate (new approvers, next level) or remind (one more reminder): a fresh expiry.
+UPDATE approvals SET
+    approvers = coalesce($3::text[], approvers),
+    escalation_level = escalation_level + $4,
+    reminders_sent = reminders_sent + $5,
+    expire_at = coalesce($6::timestamptz, now()) + make_interval(secs => expiry_seconds)
+WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
+RETURNING *;
+
+-- name: approval_token_insert :exec
+-- Keep only the hash of a capability token.
+INSERT INTO approval_tokens (workspace_id, token_sha256, approval_id, approver, expires_at)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: approval_token_peek :one
+-- A token's approval and state, without using it (GET must never decide).
+SELECT t.approval_id, t.approver, t.used_at, t.expires_at, t.expires_at <= now() AS expired
+FROM approval_tokens t WHERE t.workspace_id = $1 AND t.token_sha256 = $2;
+
+-- name: approval_token_use :one
+-- Use a token once: it must be unused and unexpired.
+UPDATE approval_tokens SET used_at = now()
+WHERE workspace_id = $1 AND token_sha256 = $2 AND used_at IS NULL AND expires_at > now()
+RETURNING approval_id, approver;
+
+-- name: run_agent_spec :one
+-- The agent version spec a run was admitted with (its approval policy).
+SELECT v.spec FROM runs r
+JOIN agent_versions v USING (workspace_id, agent_id)
+WHERE r.workspace_id = $1 AND r.run_id = $2 AND v.version = r.agent_version;
+
+-- name: approval_lock :one
+-- Lock one approval row first (the expiry loop locks in the same order:
+-- approval, then run), so a decision and an expiry never deadlock.
+SELECT * FROM approvals WHERE workspace_id = $1 AND approval_id = $2 FOR UPDATE;
+
+-- name: approval_close :one
+-- Close an approval whose run no longer waits (no step, no wake).
+UPDATE approvals SET decision = $3, decided_by = $4, decided_at = coalesce($6::timestamptz, now()),
+                     reason = $5
+WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
+RETURNING *;

@@ -1,0 +1,30 @@
+-- name: outbox_insert :exec
+-- Queue a notification in the same transaction as what it announces.
+INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb);
+
+-- name: outbox_claim :many
+-- Take up to $1 due notifications and push their next attempt out, so a
+-- relay that dies mid-delivery leaves them to be retried, not lost.
+WITH due AS (
+    SELECT workspace_id, notification_id FROM outbox
+    WHERE delivered_at IS NULL AND next_attempt_at <= coalesce($3::timestamptz, now())
+    ORDER BY next_attempt_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o SET attempts = o.attempts + 1,
+    next_attempt_at = coalesce($3::timestamptz, now())
+                      + make_interval(secs => least($2 * power(2, o.attempts), 300))
+FROM due
+WHERE o.workspace_id = due.workspace_id AND o.notification_id = due.notification_id
+RETURNING o.*;
+
+-- name: outbox_delivered :exec
+-- Mark a notification delivered.
+UPDATE outbox SET delivered_at = now(), last_error = NULL
+WHERE workspace_id = $1 AND notification_id = $2;
+
+-- name: outbox_failed :exec
+-- Record why an attempt failed (the next attempt time was set by the claim).
+UPDATE outbox SET last_error = $3 WHERE workspace_id = $1 AND notification_id = $2;
