@@ -1,0 +1,176 @@
+"""Approval links, signed-in decisions and Slack buttons over HTTP.
+
+A GET never decides anything (mail scanners and chat previews fetch links):
+it shows the exact arguments and a form; only the form's POST decides. Pages
+send `Referrer-Policy: no-referrer` and load nothing from third parties.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import uuid
+from typing import Any
+from urllib.parse import parse_qs
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from control_plane.approvals import decisions, slack, tokens
+from control_plane.config import ServerConfig
+from control_plane.errors import DomainError
+from control_plane.store import approvals as store
+
+PAGE_HEADERS = {
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
+    "FAILED_PRECONDITION": 409, "ALREADY_EXISTS": 409,
+}  # fmt: skip
+
+
+def page(status: int, title: str, body: str) -> HTMLResponse:
+    doc = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>"
+        f"{html.escape(title)}</title></head><body style='font-family:sans-serif;max-width:44em'>"
+        f"<h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
+    return HTMLResponse(doc, status_code=status, headers=PAGE_HEADERS)
+
+
+def error_status(exc: DomainError) -> int:
+    return HTTP_STATUS.get(exc.code.name, 500)
+
+
+class ApprovalRoutes:
+    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+        self.pool = pool
+        self.config = config
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/approvals/{ws}/{token}", self.show, methods=["GET"]),
+            Route("/approvals/{ws}/{token}", self.decide_by_link, methods=["POST"]),
+            Route(
+                "/approvals/{ws}/id/{approval_id}/decision", self.decide_signed_in, methods=["POST"]
+            ),  # fmt: skip
+            Route("/slack/interactions", self.slack_interaction, methods=["POST"]),
+        ]
+
+    async def _token(self, ws: str, token: str) -> tuple[Any, Response | None]:
+        """The token's approval, or the refusal page for an unknown/used/expired token."""
+        found = await store.peek_token(self.pool, ws, tokens.digest(token))
+        if found is None:
+            return None, page(404, "Unknown link", "<p>This approval link is not valid.</p>")
+        if found["used_at"] is not None:
+            return None, page(410, "Link already used", "<p>Each link decides once.</p>")
+        if found["expired"]:
+            return None, page(410, "Link expired", "<p>This approval link has expired.</p>")
+        return found, None
+
+    async def show(self, request: Request) -> Response:
+        ws, token = request.path_params["ws"], request.path_params["token"]
+        found, refusal = await self._token(ws, token)
+        if refusal:
+            return refusal
+        a = await store.get(self.pool, ws, found["approval_id"])
+        args = html.escape(json.dumps(json.loads(a["arguments"]), indent=2, sort_keys=True))
+        info = (
+            f"<p>Run <code>{a['run_id']}</code> wants to call <b>{html.escape(a['tool'])}</b>"
+            f" with exactly these arguments:</p><pre>{args}</pre>"
+            f"<p>SHA-256 <code>{a['arguments_sha256']}</code></p>"
+        )
+        if a["decision"] is not None:
+            return page(410, "Already decided", info + f"<p>{html.escape(a['decision'])} by "
+                        f"{html.escape(a['decided_by'])}.</p>")  # fmt: skip
+        if a["high_risk"]:
+            return page(403, "Sign-in required", info + "<p>This tool is high-risk: decide it "
+                        "as a signed-in approver, not through a link.</p>")  # fmt: skip
+        form = (
+            "<form method='post'><input type='hidden' name='decision' value='approve'>"
+            "<button>Approve</button></form><form method='post'>"
+            "<input type='hidden' name='decision' value='reject'>"
+            "<input name='reason' placeholder='reason'><button>Reject</button></form>"
+        )
+        return page(200, f"Approve {a['tool']}?", info + form)
+
+    async def decide_by_link(self, request: Request) -> Response:
+        ws, token = request.path_params["ws"], request.path_params["token"]
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        action = (form.get("decision") or [""])[0]
+        if action not in ("approve", "reject"):
+            return page(400, "Bad request", "<p>decision must be approve or reject.</p>")
+        found, refusal = await self._token(ws, token)
+        if refusal:
+            return refusal
+        a = await store.get(self.pool, ws, found["approval_id"])
+        if a["high_risk"]:
+            return page(403, "Sign-in required", "<p>A link cannot decide a high-risk tool.</p>")
+        used = await store.use_token(self.pool, ws, tokens.digest(token))
+        if used is None:  # another click used it a moment ago
+            return page(410, "Link already used", "<p>Each link decides once.</p>")
+        req = decisions.Request(ws, found["approval_id"], used["approver"], action, "link",
+                                reason=(form.get("reason") or [""])[0][:1000])  # fmt: skip
+        try:
+            row = await decisions.decide(self.pool, req)
+        except DomainError as exc:
+            return page(error_status(exc), "Not decided", f"<p>{html.escape(str(exc))}</p>")
+        return page(200, "Decided", f"<p>{html.escape(row['tool'])}: {row['decision']}.</p>")
+
+    async def decide_signed_in(self, request: Request) -> Response:
+        ws = request.path_params["ws"]
+        auth = request.headers.get("authorization", "")
+        if not auth.lower().startswith("bearer "):
+            return JSONResponse({"error": "a bearer token is required"}, status_code=401)
+        try:
+            who = tokens.verify_bearer(self.config.approver_signing_key, auth[7:])
+            approval_id = uuid.UUID(request.path_params["approval_id"])
+            body = await request.json()
+        except tokens.BadBearer as exc:
+            return JSONResponse({"error": str(exc)}, status_code=401)
+        except ValueError:
+            return JSONResponse({"error": "malformed approval id or JSON body"}, status_code=400)
+        if who.workspace_id != ws:
+            return JSONResponse({"error": "token is for another workspace"}, status_code=403)
+        edited = body.get("arguments")
+        req = decisions.Request(
+            ws, approval_id, who.user, str(body.get("decision", "")), "signed_in",
+            reason=str(body.get("reason", ""))[:1000],
+            edited_arguments_json=json.dumps(edited) if edited is not None else "",
+        )  # fmt: skip
+        return await self._json_decision(req)
+
+    async def _json_decision(self, req: decisions.Request) -> Response:
+        try:
+            row = await decisions.decide(self.pool, req)
+        except DomainError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
+        return JSONResponse({"approval_id": str(row["approval_id"]), "decision": row["decision"],
+                             "decided_by": row["decided_by"]})  # fmt: skip
+
+    async def slack_interaction(self, request: Request) -> Response:
+        body = await request.body()
+        try:
+            slack.verify(
+                self.config.slack_signing_secret, request.headers.get("x-slack-request-timestamp"),
+                request.headers.get("x-slack-signature"), body,
+            )  # fmt: skip
+        except slack.BadSignature as exc:
+            return JSONResponse({"error": str(exc)}, status_code=401)
+        try:
+            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            action = payload["actions"][0]
+            ws, approval_id = action["value"].split(":", 1)
+            req = decisions.Request(ws, uuid.UUID(approval_id), payload["user"]["id"],
+                                    action["action_id"], "slack")  # fmt: skip
+        except (KeyError, IndexError, ValueError, TypeError):
+            return JSONResponse({"error": "malformed interaction payload"}, status_code=400)
+        return await self._json_decision(req)
