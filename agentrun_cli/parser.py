@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from agentrun_cli import commands, launch
+from agentrun_cli import approvals, commands, launch
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_processes(sub, common)
     _add_agents(sub, common)
     _add_runs(sub, common)
+    approvals.add_commands(sub, common)
     return parser
 
 

@@ -1,0 +1,132 @@
+"""`agentrun approvals list|show|approve|reject|edit`: deciding held tool calls from a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import grpc
+
+from agentrun.v1 import approval_pb2, approval_pb2_grpc
+from agentrun_cli import render
+
+STATES = {
+    "pending": approval_pb2.APPROVAL_STATE_PENDING,
+    "approved": approval_pb2.APPROVAL_STATE_APPROVED,
+    "rejected": approval_pb2.APPROVAL_STATE_REJECTED,
+    "edited": approval_pb2.APPROVAL_STATE_EDITED,
+    "expired": approval_pb2.APPROVAL_STATE_EXPIRED,
+}
+TIMEOUT = 30.0
+
+
+def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, approval_pb2_grpc.ApprovalServiceStub]:
+    channel = grpc.insecure_channel(args.address)
+    return channel, approval_pb2_grpc.ApprovalServiceStub(channel)
+
+
+def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+    token = getattr(args, "token", None)
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
+def line(a: approval_pb2.Approval) -> str:
+    state = approval_pb2.ApprovalState.Name(a.state).removeprefix("APPROVAL_STATE_").lower()
+    who = f" by {a.decided_by}" if a.decided_by else f" (approvers: {', '.join(a.approvers)})"
+    risk = " HIGH-RISK" if a.high_risk else ""
+    return f"{a.approval_id}  {state:<8} {a.tool}{risk} run {a.run_id}{who}"
+
+
+def details(a: approval_pb2.Approval) -> list[str]:
+    out = [line(a), f"  arguments  {a.arguments_json}", f"  sha256     {a.arguments_sha256}"]
+    if a.edited_arguments_json:
+        out.append(f"  edited to  {a.edited_arguments_json}")
+    if a.reason:
+        out.append(f"  reason     {a.reason}")
+    return out
+
+
+def approvals_list(args: argparse.Namespace) -> int:
+    channel, stub = _stub(args)
+    with channel:
+        req = approval_pb2.ListApprovalsRequest(
+            workspace_id=args.workspace, approver=args.approver or "",
+            state=STATES.get(args.state, 0), page_size=100,
+        )  # fmt: skip
+        resp = stub.ListApprovals(req, timeout=TIMEOUT)
+    if args.json:
+        print(render.to_json(list(resp.approvals), indent=2))
+    for a in [] if args.json else resp.approvals:
+        print(line(a))
+    return 0
+
+
+def approvals_show(args: argparse.Namespace) -> int:
+    channel, stub = _stub(args)
+    with channel:
+        resp = stub.GetApproval(
+            approval_pb2.GetApprovalRequest(workspace_id=args.workspace, approval_id=args.id),
+            timeout=TIMEOUT,
+        )
+    print(
+        render.to_json(resp.approval, indent=2) if args.json else "\n".join(details(resp.approval))
+    )
+    return 0
+
+
+def _decide(args: argparse.Namespace, **decision: object) -> int:
+    channel, stub = _stub(args)
+    req = approval_pb2.DecideApprovalRequest(
+        workspace_id=args.workspace, approval_id=args.id, approver=args.approver, **decision
+    )
+    with channel:
+        resp = stub.DecideApproval(req, timeout=TIMEOUT, metadata=_metadata(args))
+    print("\n".join(details(resp.approval)))
+    return 0
+
+
+def approvals_approve(args: argparse.Namespace) -> int:
+    return _decide(args, approve=approval_pb2.Approve())
+
+
+def approvals_reject(args: argparse.Namespace) -> int:
+    return _decide(args, reject=approval_pb2.Reject(reason=args.reason))
+
+
+def approvals_edit(args: argparse.Namespace) -> int:
+    try:
+        json.loads(args.arguments)
+    except ValueError as exc:
+        raise SystemExit(f"error: --arguments is not JSON: {exc}") from None
+    return _decide(args, edit=approval_pb2.Edit(arguments_json=args.arguments, note=args.note))
+
+
+def _decision_parser(
+    actions, name: str, help_text: str, common, handler
+) -> argparse.ArgumentParser:
+    p = actions.add_parser(name, help=help_text, parents=[common])
+    p.add_argument("id", metavar="APPROVAL_ID")
+    p.add_argument("--approver", required=True, help="who decides (must be an approver)")
+    p.add_argument("--token", default=None, help="bearer token (required for high-risk tools)")
+    p.set_defaults(handler=handler)
+    return p
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    actions = sub.add_parser("approvals", help="list and decide approvals").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    p = actions.add_parser("list", help="approvals, newest first", parents=[common])
+    p.add_argument("--approver", default="")
+    p.add_argument("--state", choices=sorted(STATES), default="pending")
+    p.set_defaults(handler=approvals_list)
+    p = actions.add_parser("show", help="one approval with its exact arguments", parents=[common])
+    p.add_argument("id", metavar="APPROVAL_ID")
+    p.set_defaults(handler=approvals_show)
+    _decision_parser(actions, "approve", "run the call as proposed", common, approvals_approve)
+    p = _decision_parser(actions, "reject", "refuse it (the model sees why)", common,
+                         approvals_reject)  # fmt: skip
+    p.add_argument("--reason", default="rejected")
+    p = _decision_parser(actions, "edit", "run it with other arguments", common, approvals_edit)
+    p.add_argument("--arguments", required=True, help="the arguments to run, a JSON object")
+    p.add_argument("--note", default="")
