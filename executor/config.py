@@ -7,6 +7,9 @@ import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from executor.ratelimit.rates import RateTable
 
 
 def _default_executor_id() -> str:
@@ -18,7 +21,9 @@ class ExecutorConfig:
     """Where the executor connects and how it calls models and tools.
 
     `model_api_key` is a credential: it is excluded from `repr` so it never
-    reaches a log line by accident, and nothing copies it into a step.
+    reaches a log line by accident, and nothing copies it into a step (nor is
+    `redis_url`, which may carry a password). Without `redis_url` tool calls
+    are not rate limited (a provider's 429 still parks the run).
     """
 
     control_plane: str = "127.0.0.1:50051"
@@ -32,6 +37,12 @@ class ExecutorConfig:
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
     drain_seconds: float = 10.0
+    redis_url: str | None = field(default=None, repr=False)
+    rate_limits: RateTable = field(default_factory=RateTable)
+    rate_cooldown_seconds: float = 60.0
+    rate_penalty_factor: float = 0.5
+    redis_backoff_cap_seconds: float = 30.0
+    model_backoff_cap_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -59,11 +70,37 @@ class ExecutorConfig:
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            **_limits_from_env(env, defaults),
         )
 
     def provider_url(self, provider: str) -> str:
         """Base URL of one provider: its own override, else the shared providers URL."""
         return self.provider_urls.get(provider.lower(), self.providers_url).rstrip("/")
+
+
+def _limits_from_env(env: Mapping[str, str], defaults: ExecutorConfig) -> dict[str, Any]:
+    """Rate limits (`AGENTRUN_RATE_LIMITS`, see executor/ratelimit/rates.py) and backoffs."""
+    try:
+        rates = RateTable.parse(env.get("AGENTRUN_RATE_LIMITS", ""))
+    except ValueError as exc:
+        raise ValueError(f"AGENTRUN_RATE_LIMITS: {exc}") from None
+    factor = _positive_float(env, "AGENTRUN_RATE_PENALTY_FACTOR", defaults.rate_penalty_factor)
+    if factor > 1:
+        raise ValueError(f"AGENTRUN_RATE_PENALTY_FACTOR must be at most 1, got {factor}")
+    return {
+        "redis_url": env.get("REDIS_URL") or None,
+        "rate_limits": rates,
+        "rate_cooldown_seconds": _positive_float(
+            env, "AGENTRUN_RATE_COOLDOWN_SECONDS", defaults.rate_cooldown_seconds
+        ),
+        "rate_penalty_factor": factor,
+        "redis_backoff_cap_seconds": _positive_float(
+            env, "AGENTRUN_REDIS_BACKOFF_CAP_SECONDS", defaults.redis_backoff_cap_seconds
+        ),
+        "model_backoff_cap_seconds": _positive_float(
+            env, "AGENTRUN_MODEL_BACKOFF_CAP_SECONDS", defaults.model_backoff_cap_seconds
+        ),
+    }
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -11,11 +11,13 @@ from executor.config import ExecutorConfig
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
 from executor.models.openai import OpenAIChatModel
+from executor.models.retry import ModelRetry
+from executor.ratelimit.limiter import RateLimiter
+from executor.ratelimit.tool_client import RateLimitedToolClient
 from executor.run_loop import RunDeps, RunLoop
 from executor.stream import ControlPlaneStream
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import ToolDelivery
-from executor.tools.http_tool import HttpToolClient
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ class Worker:
         catalogue: Catalogue | None = None,
     ) -> None:
         self._config = config
-        self._tools = HttpToolClient(config)
+        # Every provider request takes a token first; a 429 parks the run.
+        self._limiter = RateLimiter.from_config(config)
+        self._tools = RateLimitedToolClient(config, self._limiter)
         self._own_model = model is None
         self._model: ModelClient = model or OpenAIChatModel(
             config.model_base_url, config.model_api_key, config.model_timeout_seconds
@@ -50,6 +54,7 @@ class Worker:
             model=self._model,
             delivery=ToolDelivery(self._tools),
             catalogue=catalogue or Catalogue.load(),
+            model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
@@ -68,6 +73,8 @@ class Worker:
             await asyncio.gather(keeper, return_exceptions=True)
             await self._stream.close(grace=1.0)
             await self._tools.aclose()
+            await self._limiter.aclose()
+            log.info("rate limits: %s", self._limiter.metrics.summary())
             if self._own_model and isinstance(self._model, OpenAIChatModel):
                 await self._model.aclose()
 

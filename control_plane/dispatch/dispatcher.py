@@ -1,4 +1,4 @@
-"""The replica's dispatcher: one claim statement per batch for all its sessions."""
+"""The replica's dispatcher: one fair claim (a short transaction) per batch for all its sessions."""
 
 from __future__ import annotations
 

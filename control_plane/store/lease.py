@@ -1,8 +1,15 @@
-"""Claims, heartbeats and lease hand-back: the run row as a lease."""
+"""Claims, heartbeats and lease hand-back: the run row as a lease.
+
+The claim is fair across workspaces and holds every concurrency cap with any
+number of claimers: sql/lease.sql explains the four statements and why.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,12 +26,83 @@ class LeaseKey:
 
 
 async def claim_due(
-    pool: asyncpg.pool.Pool, owners: list[str], lease_seconds: float, now: datetime | None = None
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+    owners: list[str],
+    lease_seconds: float,
+    now: datetime | None = None,
 ) -> list[asyncpg.Record]:
-    """Claim up to len(owners) due runs; run i is leased to owners[i]."""
+    """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
+
+    Lapsed leases first, then the oldest due runs of the workspaces served
+    least recently, round robin, never over a workspace's or an agent's cap.
+    """
     if not owners:
         return []
-    return await run(pool, "run_claim_due", owners, lease_seconds, now)
+    async with _transaction(pool) as conn:
+        await run(conn, "claim_plan_generic")
+        turns = await run(conn, "workspace_take_turns", len(owners), now)
+        ids = [t["workspace_id"] for t in turns]
+        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids)
+        await _raise_next_wake(conn, turns, rows)
+    return rows
+
+
+async def _raise_next_wake(
+    conn: asyncpg.Connection, turns: Sequence[asyncpg.Record], claimed: Sequence[asyncpg.Record]
+) -> None:
+    """Recompute next_wake_at of the workspaces this claim may have emptied.
+
+    A workspace that got fewer runs than it had room for may have no due run
+    left; left as it is, it would only be looked at again for nothing.
+    """
+    got = Counter(r["workspace_id"] for r in claimed)
+    maybe_empty = [t["workspace_id"] for t in turns if got[t["workspace_id"]] < t["room"]]
+    if not maybe_empty:
+        return
+    locked = await run(conn, "workspace_lock_for_raise", maybe_empty)
+    if locked:
+        await run(conn, "workspace_raise_next_wake", [r["workspace_id"] for r in locked])
+
+
+@asynccontextmanager
+async def _transaction(
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+) -> AsyncIterator[asyncpg.Connection]:
+    if isinstance(pool, asyncpg.Connection):
+        async with pool.transaction():
+            yield pool
+        return
+    async with pool.acquire() as conn, conn.transaction():
+        yield conn
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    """Where a run waiting for its turn stands, and what it waits for."""
+
+    due: bool
+    runs_ahead: int
+    workspace_running: int
+    workspace_max_concurrency: int
+    agent_running: int
+    agent_max_concurrency: int | None
+
+    @property
+    def workspace_full(self) -> bool:
+        return self.workspace_running >= self.workspace_max_concurrency
+
+    @property
+    def agent_full(self) -> bool:
+        cap = self.agent_max_concurrency
+        return cap is not None and self.agent_running >= cap
+
+
+async def queue_position(
+    pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, now: datetime | None = None
+) -> QueuePosition | None:
+    """The run's place in its workspace's queue; None unless it is queued or waiting on a time."""
+    row = await run(pool, "run_queue_position", workspace_id, run_id, now)
+    return QueuePosition(**dict(row)) if row is not None else None
 
 
 def _columns(leases: list[LeaseKey]) -> tuple[list[str], list[uuid.UUID], list[int]]:

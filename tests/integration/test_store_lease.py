@@ -10,7 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from control_plane.store import lease, runs, steps
+from control_plane.store import lease, runs, steps, workspaces
 from control_plane.store.errors import Fenced
 from control_plane.store.queries import QUERIES
 from tests import factories
@@ -154,15 +154,17 @@ async def test_cancel_fences_the_holder(pool):
 
 
 async def test_concurrent_claimers_claim_each_run_exactly_once(pool):
-    await factories.queued_runs(pool, 400)
+    # Spread over workspaces with room for all: a workspace is claimed by one
+    # claimer at a time, and caps are not what this test is about.
+    for w in range(8):
+        await workspaces.set_plan(pool, f"ws{w}", "enterprise", 1000)
+        await factories.queued_runs(pool, 50, workspace_id=f"ws{w}")
     claimed: Counter = Counter()
 
     async def claimer(name: str) -> None:
-        while True:
-            rows = await lease.claim_due(pool, [name] * 7, 30)
-            if not rows:
-                return
-            for r in rows:
+        # An empty claim may only mean the other claimers hold every due workspace.
+        while await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'"):
+            for r in await lease.claim_due(pool, [name] * 7, 30):
                 claimed[(r["run_id"], r["lease_epoch"])] += 1
 
     await asyncio.gather(*(claimer(f"ex-{i}") for i in range(8)))

@@ -1,31 +1,177 @@
+-- The fair claim is one short transaction of up to four statements, in this
+-- order, after claim_plan_generic (control_plane/store/lease.py runs it):
+--
+--   1. workspace_take_turns: lock the workspaces whose turn it is (least
+--      recently served first, with due runs and room under their cap);
+--   2. run_claim_due: lease lapsed runs, then those workspaces' oldest due
+--      runs, round robin, within each workspace's and agent's room;
+--   3. workspace_lock_for_raise + 4. workspace_raise_next_wake: for the
+--      workspaces the claim may have emptied, recompute next_wake_at.
+--
+-- Why caps hold with any number of claimers. A workspace's running count
+-- only grows in step 2, under the row lock taken in step 1 and kept until
+-- commit; step 2 is a new statement, so its snapshot sees every claim that
+-- held that lock before. Other claimers skip the locked rows (SKIP LOCKED)
+-- and never wait. Counts only shrink elsewhere (commits, cancels), which can
+-- only make a claim more careful than it needs to be, never less.
+--
+-- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
+-- SHARE on the workspace row until they commit (0004_fairness.sql), which
+-- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
+-- holds claims up. Raising it is only safe with no such writer in flight, so
+-- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
+-- raise waits for a later claim), and step 4, a new statement, then sees
+-- every run those writers added; writers that come later wait for the claim
+-- to commit and lower the raised value again.
+
+-- name: claim_plan_generic :exec
+-- Plan the claim's statements once per connection: their plans do not
+-- depend on the arrays they are given (every step is an index probe), and
+-- planning them afresh each time costs more than running them.
+SET LOCAL plan_cache_mode = force_generic_plan;
+
+-- name: workspace_take_turns :many
+-- Lock up to $1 workspaces whose turn it is, least recently served first,
+-- with their room under the cap. Database clock unless $2 fixes it.
+SELECT workspace_id, max_concurrency - running AS room
+FROM workspaces
+WHERE next_wake_at <= coalesce($2::timestamptz, now())
+  AND running < max_concurrency
+ORDER BY last_served_at, workspace_id
+LIMIT $1
+FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: run_claim_due :many
--- Lock up to cardinality($1) due runs (a queued run, a finished wait, or a
--- lapsed lease), skipping rows other claimers hold, and lease each to the
--- owner at the same position of $1. Database clock unless $3 fixes it.
-WITH due AS (
-    SELECT workspace_id, run_id, status,
-           row_number() OVER () AS slot
-    FROM (
-        SELECT workspace_id, run_id, status FROM runs
-        WHERE status IN ('queued', 'running', 'waiting')
-          AND wake_at <= coalesce($3::timestamptz, now())
-        ORDER BY wake_at
-        LIMIT cardinality($1::text[])
+-- Lease up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
+-- first (they hold their slot already), then the oldest due runs of the
+-- workspaces in $4 (locked by workspace_take_turns, in turn order), one per
+-- workspace per round, within the room of the workspace and of each agent.
+-- Marks the workspaces served. Database clock unless $3 fixes it.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($3::timestamptz, now()) AS now
+), lapsed AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
+    ORDER BY r.wake_at
+    LIMIT cardinality($1::text[])
+    FOR UPDATE SKIP LOCKED
+), turns AS (
+    SELECT w.workspace_id, l.ord, w.max_concurrency - w.running AS room
+    FROM unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord)
+    JOIN workspaces w USING (workspace_id)
+    WHERE w.running < w.max_concurrency
+), candidates AS (
+    SELECT t.workspace_id, t.ord, t.room, c.run_id, c.wake_at
+    FROM turns t
+    JOIN agents a ON a.workspace_id = t.workspace_id
+                 AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
+    CROSS JOIN LATERAL (
+        SELECT r.run_id, r.wake_at FROM runs r
+        WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+          AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+        ORDER BY r.wake_at, r.run_id
+        LIMIT least(t.room, a.max_concurrency - a.running)
+    ) c
+), picked AS (
+    SELECT workspace_id, run_id FROM (
+        SELECT workspace_id, run_id, ord, room,
+               row_number() OVER (PARTITION BY workspace_id ORDER BY wake_at, run_id) AS turn
+        FROM candidates
+    ) ranked
+    WHERE turn <= room
+    ORDER BY turn, ord
+    LIMIT cardinality($1::text[]) - (SELECT count(*) FROM lapsed)
+), fresh AS (
+    -- One primary-key probe per picked run, whatever the statistics say:
+    -- joined any other way, the planner may walk every due run instead.
+    SELECT r.workspace_id, r.run_id
+    FROM picked p
+    CROSS JOIN LATERAL (
+        SELECT r.workspace_id, r.run_id FROM runs r
+        WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+          AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
         FOR UPDATE SKIP LOCKED
-    ) picked
+    ) r
+), due AS (
+    SELECT workspace_id, run_id, row_number() OVER () AS slot
+    FROM (SELECT * FROM lapsed UNION ALL SELECT * FROM fresh) d
+), served AS (
+    -- A workspace that got a run, or had none it could take (all its agents
+    -- at their caps), goes to the back of the line; one that lost out only
+    -- to a full batch keeps its place.
+    UPDATE workspaces w SET last_served_at = (SELECT now FROM clock)
+    WHERE w.workspace_id = ANY($4::text[])
+      AND (w.workspace_id IN (SELECT workspace_id FROM fresh)
+           OR w.workspace_id NOT IN (SELECT workspace_id FROM candidates))
 )
 UPDATE runs r SET
     status = 'running',
     wait_reason = NULL,
     lease_owner = ($1::text[])[due.slot],
     lease_epoch = r.lease_epoch + 1,
-    attempt = r.attempt + (due.status = 'running')::int,
-    wake_at = coalesce($3::timestamptz, now()) + make_interval(secs => $2),
+    attempt = r.attempt + (r.status = 'running')::int,
+    wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
     started_at = coalesce(r.started_at, now()),
     updated_at = now()
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
 RETURNING r.*;
+
+-- name: workspace_lock_for_raise :many
+-- Upgrade the claim's locks on these workspaces to FOR UPDATE, skipping any
+-- that an admission or wake-up still holds KEY SHARE on.
+SELECT workspace_id FROM workspaces
+WHERE workspace_id = ANY($1::text[])
+ORDER BY workspace_id
+FOR UPDATE SKIP LOCKED;
+
+-- name: workspace_raise_next_wake :exec
+-- Set next_wake_at to the earliest wake_at of each workspace's queued or
+-- waiting runs (NULL: none), one index probe per agent.
+UPDATE workspaces w SET next_wake_at = (
+    SELECT min(first.wake_at)
+    FROM agents a
+    CROSS JOIN LATERAL (
+        SELECT r.wake_at FROM runs r
+        WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+          AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+        ORDER BY r.wake_at
+        LIMIT 1
+    ) first
+    WHERE a.workspace_id = w.workspace_id
+)
+WHERE w.workspace_id = ANY($1::text[]);
+
+-- name: run_queue_position :one
+-- Where a queued or waiting run stands: its workspace's and agent's running
+-- counts and caps, and how many runs of the workspace the claim takes before
+-- it (earlier wake time; runs of another agent at its cap are passed over,
+-- so they are not counted). No row for a run that is not waiting its turn.
+WITH me AS (
+    SELECT r.workspace_id, r.run_id, r.agent_id, r.wake_at,
+           r.wake_at <= coalesce($3::timestamptz, now()) AS due
+    FROM runs r
+    WHERE r.workspace_id = $1 AND r.run_id = $2
+      AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+)
+SELECT me.due,
+       w.running AS workspace_running, w.max_concurrency AS workspace_max_concurrency,
+       a.running AS agent_running, a.max_concurrency AS agent_max_concurrency,
+       (SELECT coalesce(sum(ahead.n), 0)
+        FROM agents o
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM runs x
+            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+              AND x.status IN ('queued', 'waiting')
+              AND x.wake_at <= me.wake_at
+              AND (x.wake_at < me.wake_at OR x.run_id < me.run_id)
+        ) ahead
+        WHERE o.workspace_id = me.workspace_id
+          AND (o.agent_id = me.agent_id OR o.max_concurrency IS NULL
+               OR o.running < o.max_concurrency))::bigint AS runs_ahead
+FROM me
+JOIN workspaces w ON w.workspace_id = me.workspace_id
+JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
 
 -- name: run_heartbeat :many
 -- Renew every lease an executor holds, in one statement. A lease missing

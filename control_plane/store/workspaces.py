@@ -1,0 +1,35 @@
+"""Workspaces' plans and concurrency caps (the fair claim in lease.py enforces them)."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from control_plane.store.queries import run
+
+
+class UnknownPlan(ValueError):
+    """The plan does not exist, or it has no cap of its own and none was given."""
+
+
+async def set_plan(
+    pool: asyncpg.pool.Pool, workspace_id: str, plan: str, max_concurrency: int | None = None
+) -> asyncpg.Record:
+    """Put the workspace on `plan` (free 2, team 20, enterprise: `max_concurrency`)."""
+    try:
+        row = await run(pool, "workspace_set_plan", workspace_id, plan, max_concurrency)
+    except asyncpg.NotNullViolationError:
+        raise UnknownPlan(f"plan {plan!r} has no default cap: give max_concurrency") from None
+    if row is None:
+        raise UnknownPlan(f"no plan {plan!r}")
+    return row
+
+
+async def get(pool: asyncpg.pool.Pool, workspace_id: str) -> asyncpg.Record | None:
+    return await run(pool, "workspace_get", workspace_id)
+
+
+async def set_agent_cap(
+    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, max_concurrency: int | None
+) -> asyncpg.Record | None:
+    """Cap one agent's concurrent runs (None: only the workspace's cap applies)."""
+    return await run(pool, "agent_set_max_concurrency", workspace_id, agent_id, max_concurrency)
