@@ -14,7 +14,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_listen_args(model)
     model.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     model.add_argument("--scenarios", type=Path, default=DEFAULT_DIR, help="scenario directory")
-    _add_listen_args(servers.add_parser("providers", help="fake tool providers (CRM, echo, mail)"))
+    _add_listen_args(
+        servers.add_parser(
+            "providers", help="fake tool providers (payments, mail, chat, CRM, echo)"
+        )
+    )
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,22 @@
-"""Faults tests arm on the sandbox servers: outages, rate limits, delays, lost responses."""
+"""Faults tests arm on the sandbox servers: outages, rate limits, delays, lost responses.
 
-from dataclasses import asdict, dataclass
+Provider faults (`POST /_sandbox/faults` on the providers server), one JSON object each:
+
+    {"provider": "chat", "mode": "drop_response", "path": "/chat/messages",
+     "key_prefix": "<run_id>:", "after": 1, "count": 2, "probability": 0.2, "seed": 7,
+     "delay_ms": 0, "status": 503, "retry_after": 2}
+
+Only `provider` and `mode` are required; the rest narrow it down to an
+endpoint, one run's calls (by key prefix), the calls after the first
+`after`, a random fraction, or the next `count` hits. Modes: `error` (5xx,
+no side effect), `rate_limit` (429 with Retry-After, no side effect),
+`delay` (slow processing, then a normal answer), `drop_response` (the side
+effect happens, then the connection breaks after `delay_ms`: the client sees
+a reset, or a timeout if `delay_ms` outlasts its patience), `off`.
+"""
+
+import random
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from starlette.responses import Response
@@ -87,26 +103,60 @@ class ModelFaults:
 
 @dataclass
 class ProviderFault:
+    """One armed fault: which calls it hits (`path`, `key_prefix`, `after`,
+    `probability`) and how often it fires (`count`, None for ever)."""
+
     mode: str
     delay_ms: int
     status: int
     retry_after: float
-    count: int | None  # None: every upcoming call
+    count: int | None  # None: every upcoming matching call
+    path: str | None = None  # only this endpoint
+    key_prefix: str | None = None  # only calls whose Idempotency-Key starts so (one run)
+    after: int = 0  # let this many matching calls through first
+    probability: float = 1.0  # fire on this fraction of the matching calls
+    seed: int | None = None
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     @property
     def delay_seconds(self) -> float:
         return self.delay_ms / 1000.0
 
+    def matches(self, path: str, key: str | None) -> bool:
+        if self.path is not None and path != self.path:
+            return False
+        return self.key_prefix is None or (key or "").startswith(self.key_prefix)
+
+    def fire(self) -> bool:
+        """Whether this matching call is hit; consumes `after` and `count`."""
+        if self.after > 0:
+            self.after -= 1
+            return False
+        if self.probability < 1.0 and self._rng.random() >= self.probability:
+            return False
+        if self.count is not None:
+            self.count -= 1
+        return True
+
+    @property
+    def used_up(self) -> bool:
+        return self.count is not None and self.count <= 0
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_rng"}
 
 
 class FaultTable:
-    """At most one armed fault per provider, consumed call by call."""
+    """Faults armed per provider, and within one per endpoint or per run's key prefix.
+
+    Arming a fault for the same (provider, mode, path, key_prefix) replaces
+    it; `mode: "off"` disarms the provider's faults (only `path`'s, if given).
+    The first armed fault that matches a call and fires applies to it.
+    """
 
     def __init__(self, providers: list[str]) -> None:
         self._providers = set(providers)
-        self._armed: dict[str, ProviderFault] = {}
+        self._armed: dict[str, list[ProviderFault]] = {}
 
     def arm(self, spec: Any) -> None:
         if not isinstance(spec, dict):
@@ -114,33 +164,78 @@ class FaultTable:
         provider, mode = spec.get("provider"), spec.get("mode")
         if provider not in self._providers:
             raise FaultSpecError(f"provider must be one of {sorted(self._providers)}")
+        path = _optional_string(spec, "path")
         if mode == "off":
-            self._armed.pop(provider, None)
+            self._disarm(provider, path)
             return
         if mode not in PROVIDER_MODES:
             raise FaultSpecError(f"mode must be one of {[*PROVIDER_MODES, 'off']}")
-        retry_after = _optional_number(spec, "retry_after")
-        self._armed[provider] = ProviderFault(
-            mode=mode,
-            delay_ms=_delay_ms(spec, default=DEFAULT_DELAY_MS[mode]),
-            status=_status(spec, default=429 if mode == "rate_limit" else 503),
-            retry_after=1 if retry_after is None else retry_after,
-            count=_count(spec),
-        )
+        fault = _provider_fault(spec, mode, path)
+        rules = [
+            armed
+            for armed in self._armed.get(provider, [])
+            if (armed.mode, armed.path, armed.key_prefix)
+            != (fault.mode, fault.path, fault.key_prefix)
+        ]
+        self._armed[provider] = [*rules, fault]
 
-    def take(self, provider: str) -> ProviderFault | None:
-        fault = self._armed.get(provider)
-        if fault is not None and fault.count is not None:
-            fault.count -= 1
-            if fault.count <= 0:
-                del self._armed[provider]
-        return fault
+    def take(self, provider: str, path: str = "", key: str | None = None) -> ProviderFault | None:
+        """The fault that hits this call, if any (consumed if counted)."""
+        rules = self._armed.get(provider, [])
+        for fault in rules:
+            if fault.matches(path, key) and fault.fire():
+                if fault.used_up:
+                    rules.remove(fault)
+                    if not rules:
+                        del self._armed[provider]
+                return fault
+        return None
 
     def to_json(self) -> dict[str, Any]:
-        return {name: fault.to_json() for name, fault in self._armed.items()}
+        return {name: [f.to_json() for f in rules] for name, rules in self._armed.items()}
 
     def clear(self) -> None:
         self._armed.clear()
+
+    def _disarm(self, provider: str, path: str | None) -> None:
+        kept = [f for f in self._armed.get(provider, []) if path is not None and f.path != path]
+        if kept:
+            self._armed[provider] = kept
+        else:
+            self._armed.pop(provider, None)
+
+
+def _provider_fault(spec: dict[str, Any], mode: str, path: str | None) -> ProviderFault:
+    retry_after = _optional_number(spec, "retry_after")
+    probability = _optional_number(spec, "probability")
+    if probability is not None and not 0 < probability <= 1:
+        raise FaultSpecError("probability must be in (0, 1]")
+    seed = spec.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise FaultSpecError("seed must be an integer")
+    after = spec.get("after", 0)
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise FaultSpecError("after must be a non-negative integer")
+    return ProviderFault(
+        mode=mode,
+        delay_ms=_delay_ms(spec, default=DEFAULT_DELAY_MS[mode]),
+        status=_status(spec, default=429 if mode == "rate_limit" else 503),
+        retry_after=1 if retry_after is None else retry_after,
+        count=_count(spec),
+        path=path,
+        key_prefix=_optional_string(spec, "key_prefix"),
+        after=after,
+        probability=1.0 if probability is None else float(probability),
+        seed=seed,
+        _rng=random.Random(seed),
+    )
+
+
+def _optional_string(spec: dict[str, Any], name: str) -> str | None:
+    value = spec.get(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise FaultSpecError(f"{name} must be a non-empty string")
+    return value
 
 
 def _status(spec: dict[str, Any], default: int) -> int:

@@ -1,8 +1,23 @@
-"""The integration catalogue: which tools exist, how to call them, how to retry them."""
+"""The integration catalogue: which tools exist, how to call them, how to retry them.
+
+Every tool declares its argument schema (checked before anything is
+committed), whether it reads or writes, and for writes its idempotency class:
+
+* ``provider_key`` — the provider deduplicates by our ``Idempotency-Key``
+  (or, like a CRM upsert, by the record's own identity): send again, same key;
+* ``lookup`` — no dedupe, but the provider can say whether the action with
+  our key happened (the key is stamped into the request, e.g. a mail header);
+* ``none`` — neither: an unknown outcome is never retried, a person decides.
+
+Each provider records how long it keeps keys (``key_retention_hours``, null
+for never-expiring); a key older than that is resolved as class ``none``.
+The file is ``catalogue.json`` beside this module, or ``AGENTRUN_CATALOGUE``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +27,27 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 DEFAULT_PATH = Path(__file__).with_name("catalogue.json")
+PATH_VARIABLE = "AGENTRUN_CATALOGUE"
 
 # The shape of one catalogue entry; a bad catalogue fails at load, not mid-run.
+_LOOKUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["stamp", "method", "path", "query", "matches"],
+    "properties": {
+        "stamp": {
+            "type": "object",
+            "required": ["body_field", "name"],
+            "properties": {"body_field": {"type": "string"}, "name": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        "method": {"const": "GET"},
+        "path": {"type": "string"},
+        "query": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matches": {"type": "string"},
+        "settle_seconds": {"type": "number", "minimum": 0, "maximum": 60},
+    },
+    "additionalProperties": False,
+}
 _TOOL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
@@ -38,6 +72,7 @@ _TOOL_SCHEMA: dict[str, Any] = {
         "path": {"type": ["string", "null"]},
         "kind": {"enum": ["read", "write", "internal"]},
         "idempotency": {"enum": ["provider_key", "lookup", "none", None]},
+        "lookup": {"oneOf": [{"type": "null"}, _LOOKUP_SCHEMA]},
         "parameters": {"type": "object"},
         "scopes": {"type": "array", "items": {"type": "string"}},
         "moves_money": {"type": "boolean"},
@@ -53,8 +88,40 @@ class ToolCallRejected(Exception):
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """How to ask a `lookup`-class provider whether the action with our key happened.
+
+    The key is stamped into the request body (`body_field[name] = key`), and a
+    GET of `path` with `query` (`{key}` replaced) answers with a list under
+    `matches`: empty means it did not happen. `settle_seconds` is how long to
+    let a request that timed out finish at the provider before asking.
+    """
+
+    body_field: str
+    header_name: str
+    path: str
+    query: Mapping[str, str]
+    matches: str
+    settle_seconds: float = 1.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Lookup:
+        return cls(
+            body_field=data["stamp"]["body_field"],
+            header_name=data["stamp"]["name"],
+            path=data["path"],
+            query=dict(data["query"]),
+            matches=data["matches"],
+            settle_seconds=float(data.get("settle_seconds", 1.0)),
+        )
+
+    def query_for(self, key: str) -> dict[str, str]:
+        return {name: value.replace("{key}", key) for name, value in self.query.items()}
+
+
+@dataclass(frozen=True)
 class Tool:
-    """One catalogue entry."""
+    """One catalogue entry (with its provider's key retention copied in)."""
 
     name: str
     description: str
@@ -68,6 +135,8 @@ class Tool:
     moves_money: bool
     needs_approval: bool
     rate_bucket: str | None
+    lookup: Lookup | None = None
+    key_retention_hours: float | None = None
 
     @property
     def call_class(self) -> str:
@@ -96,8 +165,10 @@ class Catalogue:
     key_retention_hours: Mapping[str, float | None]
 
     @classmethod
-    def load(cls, path: Path | str = DEFAULT_PATH) -> Catalogue:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def load(cls, path: Path | str | None = None) -> Catalogue:
+        """The catalogue at `path`, else `$AGENTRUN_CATALOGUE`, else the shipped one."""
+        chosen = path or os.environ.get(PATH_VARIABLE) or DEFAULT_PATH
+        return cls.from_dict(json.loads(Path(chosen).read_text()))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Catalogue:
@@ -159,10 +230,26 @@ def _parse_tool(entry: Mapping[str, Any], providers: Mapping[str, Any]) -> Tool:
         raise ValueError(f"catalogue: tool {name!r}: bad parameters schema: {exc.message}") from exc
     except jsonschema.ValidationError as exc:
         raise ValueError(f"catalogue: tool {name!r}: {exc.message}") from exc
+    _check_consistency(entry, providers)
+    fields = {
+        **entry,
+        "scopes": tuple(entry["scopes"]),
+        "lookup": Lookup.from_dict(entry["lookup"]) if entry.get("lookup") else None,
+        "key_retention_hours": providers[entry["provider"]],
+    }
+    return Tool(**fields)
+
+
+def _check_consistency(entry: Mapping[str, Any], providers: Mapping[str, Any]) -> None:
+    """What the JSON schema cannot say: fields that depend on each other."""
+    name = entry["name"]
     if entry["provider"] not in providers:
         raise ValueError(f"catalogue: tool {name!r}: unknown provider {entry['provider']!r}")
     if entry["kind"] == "write" and entry["idempotency"] is None:
         raise ValueError(f"catalogue: write tool {name!r} needs an idempotency class")
+    if entry["kind"] != "write" and entry["idempotency"] is not None:
+        raise ValueError(f"catalogue: tool {name!r}: only writes have an idempotency class")
+    if (entry["idempotency"] == "lookup") != bool(entry.get("lookup")):
+        raise ValueError(f"catalogue: tool {name!r}: class lookup and a lookup spec go together")
     if entry["kind"] != "internal" and not (entry["method"] and entry["path"]):
         raise ValueError(f"catalogue: tool {name!r} needs a method and a path")
-    return Tool(**{**entry, "scopes": tuple(entry["scopes"])})

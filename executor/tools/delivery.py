@@ -1,8 +1,26 @@
-"""Sends a tool call under its idempotency class and turns what happened into a tool result."""
+"""Sends a tool call under its idempotency class and says what the run must record.
+
+`send()` is a call's first request; `resolve_unknown()` settles a call found
+started without a result when a run resumes. Both end in an `Outcome`:
+
+* ``ok`` / ``error`` — a `tool_result` the model reads;
+* ``unknown`` — the request may or may not have been applied and nothing may
+  settle it (class ``none``, or a key its provider has forgotten): the result
+  is recorded as unknown and the run waits for a person's decision;
+* ``pending`` — not settled yet but settleable (a provider_key write nobody
+  answered, a key still in use, a lookup that could not be asked): nothing is
+  recorded, the run parks and resolves it again, with the same key, when it
+  wakes. After `MAX_PENDING_PARKS` the outcome's `fallback` is recorded.
+
+Every request is preceded by the lease guard, so nothing is sent under a
+lease that may have lapsed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,56 +32,115 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from executor.tools import keys
 from executor.tools.catalogue import Tool
-from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent, ProviderError
+from executor.tools.failures import Failure, classify, may_resend
+from executor.tools.http_tool import HttpToolClient, ProviderError, ToolSendError
 
 NOT_RETRIED = "not retried: tool has no idempotency key or lookup"
-# Longest Retry-After honoured inline; longer waits are a rate-limit park (later).
+ASK_A_PERSON = "waiting for a person to decide whether it happened"
+# Longest Retry-After honoured inline; longer waits park the run.
 MAX_INLINE_RETRY_AFTER = 5.0
+# Parking to settle a pending outcome: backoff, and how often before giving up.
+PENDING_BACKOFF_START = 1.0
+PENDING_BACKOFF_CAP = 300.0
+MAX_PENDING_PARKS = 8
 
 Guard = Callable[[], None]
+Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A tool_result's status and content."""
+    """What a send or a resolution came to (see the module docstring)."""
 
-    status: str  # ok, error or unknown
+    status: str  # ok, error, unknown or pending
     output: Any = None
     error: str | None = None
     resolution: str | None = None
+    retry_after: float | None = None  # pending: the provider asked for this much patience
+    fallback: Outcome | None = None  # pending: recorded once the run stops retrying
+
+    @classmethod
+    def unknown(cls, why: str) -> Outcome:
+        return cls("unknown", resolution=f"{why}; {ASK_A_PERSON}")
+
+    @classmethod
+    def pending(cls, why: str, fallback: Outcome, retry_after: float | None = None) -> Outcome:
+        return cls("pending", resolution=why, retry_after=retry_after, fallback=fallback)
 
 
-def may_resend(call_class: str, exc: BaseException) -> bool:
-    """Whether sending the same request again is safe after `exc`, for this class."""
-    if isinstance(exc, NotSent):
-        return True  # nothing left the executor
-    if isinstance(exc, ProviderError) and exc.status == 429:
-        return True  # refused before it was applied
-    if call_class in ("read", "provider_key"):
-        # Reads change nothing; provider_key writes are deduplicated by the key.
-        return isinstance(exc, MaybeSent) or (isinstance(exc, ProviderError) and exc.retryable)
-    return False
+def after_parks(outcome: Outcome, parks: int) -> Outcome:
+    """A pending outcome that has parked `parks` times already gives way to its fallback."""
+    if outcome.status == "pending" and parks >= MAX_PENDING_PARKS and outcome.fallback:
+        return outcome.fallback
+    return outcome
 
 
-def classify(call_class: str, exc: BaseException, attempts: int) -> Outcome:
-    """The result of a send that ended with `exc` after `attempts` tries."""
-    tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
-    if isinstance(exc, NotSent):
-        return Outcome("error", error=f"{exc} ({tries}; the request was never sent)")
-    if isinstance(exc, ProviderError):
-        if exc.status < 500:  # 4xx, incl. 429: the provider refused; nothing happened
-            return Outcome("error", error=f"provider returned {exc.status}: {exc.message}")
-        if call_class == "read":
-            return Outcome("error", error=f"provider returned {exc.status} {tries}: {exc.message}")
-    elif call_class == "read":
-        return Outcome("error", error=f"{exc} ({tries})")
-    # A write that may have been applied: the outcome is unknown, and says why.
+def pending_backoff(parks: int, retry_after: float | None, rng: random.Random) -> float:
+    """Seconds to park before resolving a pending outcome again."""
+    delay = min(PENDING_BACKOFF_CAP, PENDING_BACKOFF_START * 2**parks)
+    delay = rng.uniform(delay / 2, delay)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, PENDING_BACKOFF_CAP))
+    return round(delay, 3)
+
+
+@dataclass(frozen=True)
+class _Answered:
+    output: Any
+
+
+@dataclass(frozen=True)
+class _Failed:
+    failure: Failure
+    error: ToolSendError
+    attempts: int
+
+    @property
+    def tries(self) -> str:
+        return f"after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.error.retry_after if isinstance(self.error, ProviderError) else None
+
+
+_NOT_FOUND = object()
+
+
+def settle(call_class: str, sent: _Answered | _Failed) -> Outcome:
+    """The outcome of a send (with its inline retries done) for a call of this class."""
+    if isinstance(sent, _Answered):
+        return Outcome("ok", output=sent.output)
+    if sent.failure is Failure.NOT_SENT:
+        return Outcome("error", error=f"{sent.error} ({sent.tries}; the request was never sent)")
+    if sent.failure in (Failure.REFUSED, Failure.RATE_LIMITED):
+        error = sent.error
+        assert isinstance(error, ProviderError)
+        return Outcome("error", error=f"provider returned {error.status}: {error.message}")
+    if sent.failure is Failure.KEY_IN_USE:
+        return Outcome.pending(
+            f"the key is still in use at the provider ({sent.tries}); retrying it later",
+            Outcome.unknown(f"the key stayed in use at the provider ({sent.error})"),
+            sent.retry_after,
+        )
+    return _maybe_applied(call_class, sent)
+
+
+def _maybe_applied(call_class: str, sent: _Failed) -> Outcome:
+    """A request that may have been applied, and got no usable answer."""
+    if call_class == "read":
+        error = Outcome("error", error=f"{sent.error} ({sent.tries})")
+        return Outcome.pending(f"no answer ({sent.error}, {sent.tries})", error, sent.retry_after)
     if call_class == "provider_key":
-        resolution = f"sent {attempts} times with the same idempotency key, no clear answer ({exc})"
-    else:
-        resolution = f"{NOT_RETRIED} ({exc})"
-    return Outcome("unknown", resolution=resolution)
+        why = f"sent {sent.attempts} times with the same idempotency key, no clear answer"
+        return Outcome.pending(
+            f"{why} ({sent.error}); sending the same key again later",
+            Outcome.unknown(f"{why} ({sent.error})"),
+            sent.retry_after,
+        )
+    return Outcome.unknown(f"{NOT_RETRIED} ({sent.error})")
 
 
 class ToolDelivery:
@@ -75,9 +152,11 @@ class ToolDelivery:
         attempts: int = 4,
         initial_wait: float = 0.2,
         max_wait: float = 2.0,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._client = client
         self._attempts = attempts
+        self._sleep = sleep
         self._backoff = wait_exponential_jitter(
             multiplier=initial_wait, max=max_wait, jitter=initial_wait
         )
@@ -85,12 +164,88 @@ class ToolDelivery:
     async def send(
         self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard
     ) -> Outcome:
-        """Send the call (first time, or again on resume for read/provider_key)."""
+        """Send a call for the first time (or again, where its class allows)."""
         call_class = tool.call_class
+        if call_class == "lookup":
+            return await self._send_and_look_up(tool, arguments, key, guard)
+        sent = await self._attempt(
+            call_class, lambda: self._client.send(tool, arguments, key), guard
+        )
+        return settle(call_class, sent)
+
+    async def resolve_unknown(
+        self,
+        tool: Tool | None,
+        recorded_class: str,
+        arguments: Mapping[str, Any],
+        key: str,
+        guard: Guard,
+        key_age: float = 0.0,
+    ) -> Outcome:
+        """A started call without a result, found on resume: resolve it by class.
+
+        `recorded_class` is the class written in `tool_started`; it counts only
+        while today's catalogue agrees and the provider still remembers the key
+        (`keys.resolution_class`), else the call is resolved as `none`.
+        """
+        resolved = keys.resolution_class(tool, recorded_class, key_age)
+        if resolved.downgraded_because or tool is None:
+            return Outcome.unknown(f"not retried: {resolved.downgraded_because}")
+        if resolved.name in ("read", "provider_key"):
+            return await self.send(tool, arguments, key, guard)
+        if resolved.name == "lookup":
+            found = await self._look_up(tool, key, guard)
+            if found is not _NOT_FOUND:
+                return found
+            return await self._send_and_look_up(tool, arguments, key, guard)
+        return Outcome.unknown(NOT_RETRIED)
+
+    async def _send_and_look_up(
+        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard
+    ) -> Outcome:
+        """Lookup class: a send that may have been applied is followed by a lookup,
+        and sent again (same key) only when the provider says it has not got it."""
+        assert tool.lookup is not None
+        for _ in range(self._attempts):
+            sent = await self._attempt(
+                "lookup", lambda: self._client.send(tool, arguments, key), guard
+            )
+            if not (isinstance(sent, _Failed) and sent.failure is Failure.MAYBE_APPLIED):
+                return settle("lookup", sent)
+            # Let a request that timed out finish at the provider before asking.
+            await self._sleep(tool.lookup.settle_seconds)
+            found = await self._look_up(tool, key, guard)
+            if found is not _NOT_FOUND:
+                return found
+        why = f"sent {self._attempts} times, never answered, and each lookup found nothing"
+        return Outcome.pending(f"{why}; asking again later", Outcome.unknown(why))
+
+    async def _look_up(self, tool: Tool, key: str, guard: Guard) -> Any:
+        """The outcome if the provider has the action with this key, else _NOT_FOUND."""
+        looked = await self._attempt("read", lambda: self._client.look_up(tool, key), guard)
+        if isinstance(looked, _Failed):
+            why = f"could not ask {tool.provider} whether it happened ({looked.error})"
+            return Outcome.pending(why, Outcome.unknown(why), looked.retry_after)
+        if looked.output is None:
+            return _NOT_FOUND
+        resolution = f"the response was lost; a lookup by key found it at {tool.provider}"
+        return Outcome("ok", output=looked.output, resolution=resolution)
+
+    async def _attempt(
+        self, call_class: str, request: Callable[[], Awaitable[Any]], guard: Guard
+    ) -> _Answered | _Failed:
+        """One request, repeated (same key) while its failures allow it, up to `attempts`."""
+
+        def resend(exc: BaseException) -> bool:
+            return isinstance(exc, ToolSendError) and may_resend(
+                call_class, classify(exc, call_class)
+            )
+
         retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: may_resend(call_class, exc)),
+            retry=retry_if_exception(resend),
             stop=stop_after_attempt(self._attempts),
             wait=self._wait,
+            sleep=self._sleep,
             reraise=True,
         )
         attempts = 0
@@ -99,30 +254,10 @@ class ToolDelivery:
                 with attempt:
                     attempts += 1
                     guard()  # never send under a lease that may have lapsed
-                    output = await self._client.send(tool, arguments, key)
-        except (NotSent, MaybeSent, ProviderError) as exc:
-            return classify(call_class, exc, attempts)
-        return Outcome("ok", output=output)
-
-    async def resolve_unknown(
-        self,
-        tool: Tool,
-        recorded_class: str,
-        arguments: Mapping[str, Any],
-        key: str,
-        guard: Guard,
-    ) -> Outcome:
-        """A started call without a result, found on resume: resolve it by class.
-
-        `recorded_class` is the class written in `tool_started`; the request is
-        sent again only if that class and today's catalogue both allow it.
-        """
-        if recorded_class in ("read", "provider_key") and tool.call_class == recorded_class:
-            return await self.send(tool, arguments, key, guard)
-        # `lookup` should ask the provider whether the action with this key
-        # happened; the lookup endpoint arrives with a later issue, so until
-        # then a lookup tool is resolved like `none`: not sent, marked unknown.
-        return Outcome("unknown", resolution=NOT_RETRIED)
+                    output = await request()
+        except ToolSendError as exc:
+            return _Failed(classify(exc, call_class), exc, attempts)
+        return _Answered(output)
 
     def _wait(self, state: RetryCallState) -> float:
         delay = self._backoff(state)

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from executor.config import ExecutorConfig
-from executor.tools.catalogue import Tool
+from executor.tools.catalogue import Lookup, Tool
 
 
 class ToolSendError(Exception):
@@ -64,10 +64,38 @@ class HttpToolClient:
         await self._http.aclose()
 
     async def send(self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str) -> Any:
-        """Send the call; return the provider's JSON (or text) or raise a ToolSendError."""
-        url = self._config.provider_url(tool.provider) + (tool.path or "")
+        """Send the call; return the provider's JSON (or text) or raise a ToolSendError.
+
+        Every request carries `Idempotency-Key`; a `lookup`-class tool also gets
+        the key stamped into its body, where the provider keeps it searchable.
+        """
         method = tool.method or "POST"
-        headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
+        body = dict(arguments)
+        if tool.lookup is not None:
+            body = stamp(body, tool.lookup, idempotency_key)
+        return await self._request(tool.provider, method, tool.path or "", body, idempotency_key)
+
+    async def look_up(self, tool: Tool, idempotency_key: str) -> Any | None:
+        """Ask a `lookup`-class provider for the action stamped with this key.
+
+        Returns the provider's record of it, or None when it has none (the
+        action did not happen). Failures raise like `send` (a lookup is a read).
+        """
+        if tool.lookup is None:
+            raise ValueError(f"tool {tool.name!r} has no lookup")
+        spec = tool.lookup
+        query = spec.query_for(idempotency_key)
+        body = await self._request(tool.provider, "GET", spec.path, query, idempotency_key)
+        found = body.get(spec.matches) if isinstance(body, dict) else None
+        if not isinstance(found, list):
+            raise ProviderError(502, f"lookup answer has no list {spec.matches!r}")
+        return found[0] if found else None
+
+    async def _request(
+        self, provider: str, method: str, path: str, arguments: Mapping[str, Any], key: str
+    ) -> Any:
+        url = self._config.provider_url(provider) + path
+        headers = {"Idempotency-Key": key, "Accept": "application/json"}
         if method == "GET":
             request = self._http.build_request(
                 method, url, params=_query(arguments), headers=headers
@@ -77,12 +105,20 @@ class HttpToolClient:
         try:
             response = await self._http.send(request)
         except _NOT_SENT as exc:
-            raise NotSent(f"could not connect to {tool.provider}: {type(exc).__name__}") from exc
+            raise NotSent(f"could not connect to {provider}: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             # Timeouts and resets after the request was (partly) written: the
             # provider may have acted on it.
-            raise MaybeSent(f"no response from {tool.provider}: {type(exc).__name__}") from exc
+            raise MaybeSent(f"no response from {provider}: {type(exc).__name__}") from exc
         return _parse(response)
+
+
+def stamp(body: Mapping[str, Any], lookup: Lookup, key: str) -> dict[str, Any]:
+    """The body with the key written where the provider keeps it (`body_field[name]`)."""
+    field = body.get(lookup.body_field)
+    stamped = dict(field) if isinstance(field, Mapping) else {}
+    stamped[lookup.header_name] = key
+    return {**body, lookup.body_field: stamped}
 
 
 def _query(arguments: Mapping[str, Any]) -> dict[str, str]:

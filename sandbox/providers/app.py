@@ -17,13 +17,21 @@ from sandbox.faults import (
     retry_after_headers,
 )
 from sandbox.providers.base import Endpoint, Provider, ProviderRequest, error
+from sandbox.providers.chat import ChatProvider
 from sandbox.providers.crm import CrmProvider
 from sandbox.providers.echo import EchoProvider
 from sandbox.providers.mail import MailProvider
+from sandbox.providers.payments import PaymentsProvider
 from sandbox.request_log import RequestLog
 
 # The registry: a new provider is a new module plus one line here.
-PROVIDERS: tuple[Callable[[], Provider], ...] = (CrmProvider, EchoProvider, MailProvider)
+PROVIDERS: tuple[Callable[[], Provider], ...] = (
+    ChatProvider,
+    CrmProvider,
+    EchoProvider,
+    MailProvider,
+    PaymentsProvider,
+)
 
 
 class ProviderSandbox:
@@ -38,6 +46,7 @@ class ProviderSandbox:
         routes = [
             Route("/_sandbox/requests", self.requests, methods=["GET", "DELETE"]),
             Route("/_sandbox/faults", self.faults_endpoint, methods=["GET", "POST", "DELETE"]),
+            Route("/_sandbox/effects", self.effects, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ]
         for provider in self.providers.values():
@@ -59,10 +68,12 @@ class ProviderSandbox:
         return route
 
     async def _serve(self, provider: str, endpoint: Endpoint, call: ProviderRequest) -> Response:
-        fault = self.faults.take(provider)
+        fault = self.faults.take(provider, call.path, call.idempotency_key)
         mode = fault.mode if fault else None
-        if fault and mode != "drop_response":
+        if fault and mode in ("error", "rate_limit"):
             await asyncio.sleep(fault.delay_seconds)
+        elif fault and mode == "delay":
+            call.processing.delay = fault.delay_seconds  # spent inside the provider's work
         response = _refusal(fault) or await _invoke(endpoint, call)
         # Recorded before a dropped response hangs, so a test sees the side effect
         # while the client is still waiting for an answer that will never come.
@@ -87,6 +98,17 @@ class ProviderSandbox:
             for provider in self.providers.values():
                 provider.reset()
         return JSONResponse({"requests": self.log.entries()})
+
+    async def effects(self, request: Request) -> Response:
+        """Every side effect of every provider (or of `?provider=`), each with its key."""
+        wanted = request.query_params.get("provider")
+        found = [
+            effect
+            for provider in self.providers.values()
+            if wanted in (None, provider.name)
+            for effect in getattr(provider, "effects", list)()
+        ]
+        return JSONResponse({"effects": found})
 
     async def faults_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
@@ -124,6 +146,7 @@ async def _invoke(endpoint: Endpoint, call: ProviderRequest) -> Response:
     response = endpoint.handler(call)
     if inspect.isawaitable(response):
         response = await response
+    await call.work()  # whatever processing time the handler did not spend
     return response
 
 

@@ -20,8 +20,13 @@ def catalogue() -> Catalogue:
 def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
     assert {name: t.call_class for name, t in catalogue.tools.items()} == {
         "crm_lookup": "read",
+        "crm_upsert": "provider_key",
         "echo": "read",
-        "send_email": "none",
+        "send_email": "lookup",
+        "search_email": "read",
+        "read_thread": "read",
+        "chat_post": "none",
+        "create_charge": "provider_key",
         "sleep": "internal",
     }
     crm = catalogue.get("crm_lookup")

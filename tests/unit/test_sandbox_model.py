@@ -13,6 +13,7 @@ import httpx
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
+from executor.tools.catalogue import Catalogue
 from sandbox.model_server import create_app
 from sandbox.scenario import DEFAULT_DIR, ScenarioError, ScenarioStore, parse_scenario, render_turn
 
@@ -22,7 +23,7 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 REPO = Path(__file__).resolve().parents[2]
-CATALOGUE = {"crm_lookup", "send_email", "sleep", "echo"}
+CATALOGUE = set(Catalogue.load().tools)
 
 
 def ask(client: TestClient, model: str, messages: list[dict[str, Any]], **headers: str):

@@ -1,0 +1,30 @@
+-- name: unknown_claim_decision :one
+-- The compare-and-set of a person's decision on an unknown tool outcome: a
+-- run parked for a person (wake_at NULL) becomes runnable now. Only one
+-- decision can move wake_at off NULL; a concurrent one waits on the row lock,
+-- re-checks, and finds nothing to update.
+UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
+WHERE workspace_id = $1 AND run_id = $2
+  AND status = 'waiting' AND wait_reason = 'human' AND wake_at IS NULL
+RETURNING *;
+
+-- name: unknown_step_get :one
+-- The step a decision names (it must be an unknown tool_result awaiting a person).
+SELECT seq, kind, payload FROM steps
+WHERE workspace_id = $1 AND run_id = $2 AND seq = $3;
+
+-- name: unknown_decision_get :one
+-- The decision already recorded on an unknown outcome, if any: the
+-- tool_result that answers the unknown tool_result at $3.
+SELECT seq, payload, created_at FROM steps
+WHERE workspace_id = $1 AND run_id = $2 AND kind = 'tool_result' AND ref_seq = $3
+ORDER BY seq
+LIMIT 1;
+
+-- name: unknown_decision_insert :one
+-- Append the decision under the run's current epoch, at the next seq (the
+-- caller holds the run row's lock, so no other step can take that seq).
+INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+SELECT $1::text, $2::uuid, coalesce(max(seq), -1) + 1, 'tool_result', $4::bigint, $3::int, $5::jsonb
+FROM steps WHERE workspace_id = $1 AND run_id = $2
+RETURNING *;

@@ -1,0 +1,50 @@
+"""Chat provider (write, class `none`): posts messages, like Slack's chat.postMessage.
+
+It has neither an idempotency key nor a way to ask whether a post was made:
+the same request sent twice posts twice. The request's Idempotency-Key is
+kept with each post only so tests can count duplicates; the API ignores it.
+"""
+
+import re
+import time
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
+
+CHANNEL = re.compile(r"^#[a-z0-9_-]{1,80}$")
+
+
+class ChatProvider:
+    name = "chat"
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint("POST", "/chat/messages", self.post)]
+
+    def reset(self) -> None:
+        self.posts.clear()
+
+    def effects(self) -> list[dict[str, Any]]:
+        return [
+            {"provider": self.name, "effect": "post", "key": p["idempotency_key"], **p}
+            for p in self.posts
+        ]
+
+    async def post(self, request: ProviderRequest) -> Response:
+        if problem := missing_string_field(request.body, ("channel", "text")):
+            return error(400, problem)
+        channel, text = request.body["channel"], request.body["text"]
+        if not CHANNEL.match(channel):
+            return error(404, "channel_not_found")
+        if not text:
+            return error(400, "no_text")
+        await request.work()
+        ts = f"{time.time():.6f}"
+        self.posts.append(
+            {"ts": ts, "channel": channel, "text": text, "idempotency_key": request.idempotency_key}
+        )
+        return JSONResponse({"ok": True, "channel": channel, "ts": ts})

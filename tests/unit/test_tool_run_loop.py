@@ -1,0 +1,182 @@
+"""The run loop's side of the classes: what it commits for ok, unknown and pending outcomes.
+
+The loop runs against fakes: a committer that acknowledges and records every
+commit, always-safe leases, and a delivery that answers as scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
+from executor import replay
+from executor.models.base import ModelReply
+from executor.run_loop import RunDeps, RunLoop
+from executor.stream import CommitReply
+from executor.tools.catalogue import Catalogue
+from executor.tools.delivery import MAX_PENDING_PARKS, Outcome
+
+RUN = "00000000-0000-4000-8000-000000000001"
+POST = {"id": "c1", "name": "chat_post", "arguments": {"channel": "#sales", "text": "hi"}}
+
+
+class Committer:
+    def __init__(self) -> None:
+        self.commits: list[executor_pb2.Commit] = []
+
+    async def commit(self, commit: executor_pb2.Commit, reply_within: float | None = None):
+        self.commits.append(commit)
+        result = executor_pb2.CommitResult(outcome=executor_pb2.COMMIT_OUTCOME_OK)
+        return CommitReply(result=result, sent_at=0.0)
+
+
+class Leases:
+    lease_duration = 30.0
+
+    def is_safe(self, run_id: str) -> bool:
+        return True
+
+    def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
+        pass
+
+
+class Model:
+    """Answers every call with a final text, and remembers what it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[dict]] = []
+
+    async def complete(self, model, messages, tools, run_id, seq) -> ModelReply:
+        self.seen.append(list(messages))
+        return ModelReply(content="done")
+
+
+class Delivery:
+    """Answers `send` and `resolve_unknown` with the next scripted outcome."""
+
+    def __init__(self, *outcomes: Outcome) -> None:
+        self.outcomes = list(outcomes)
+        self.calls: list[tuple[str, Any]] = []
+
+    async def send(self, tool, arguments, key, guard) -> Outcome:
+        self.calls.append(("send", key))
+        return self.outcomes.pop(0)
+
+    async def resolve_unknown(self, tool, recorded_class, arguments, key, guard, key_age=0.0):
+        self.calls.append(("resolve", key, round(key_age)))
+        return self.outcomes.pop(0)
+
+
+def step(seq: int, kind: int, payload: dict, ref_seq: int = 0, created: int = 0) -> run_pb2.Step:
+    msg = run_pb2.Step(
+        run_id=RUN, seq=seq, kind=kind, ref_seq=ref_seq, payload_json=json.dumps(payload)
+    )
+    if created:
+        msg.create_time.seconds = created
+    return msg
+
+
+def decided_to_post() -> list[run_pb2.Step]:
+    decision = {"content": None, "tool_calls": [POST], "usage": {}, "response_id": "r1"}
+    return [step(0, replay.INPUT, {"text": "go"}), step(1, replay.DECISION, decision)]
+
+
+async def run_once(
+    log: list[run_pb2.Step], delivery: Delivery, model: Model | None = None
+) -> tuple[str, Committer]:
+    committer = Committer()
+    assignment = executor_pb2.Assignment(
+        run=run_pb2.Run(workspace_id="ws", run_id=RUN, lease_epoch=3),
+        agent_version=agent_pb2.AgentVersion(spec=agent_pb2.AgentSpec(tools=["chat_post"])),
+        steps=log,
+    )
+    deps = RunDeps(
+        committer=committer, leases=Leases(), model=model or Model(), delivery=delivery,  # type: ignore[arg-type]
+        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
+    )  # fmt: skip
+    return await RunLoop(assignment, deps).run(), committer
+
+
+def payloads(commit: executor_pb2.Commit) -> list[tuple[str, dict]]:
+    return [(replay.kind_name(s.kind), json.loads(s.payload_json)) for s in commit.steps]
+
+
+async def test_an_unknown_outcome_is_committed_with_a_park_for_a_person_in_one_commit():
+    ended, committer = await run_once(decided_to_post(), Delivery(Outcome.unknown("lost")))
+    assert ended == "parked"
+    started, settled = committer.commits
+    assert [kind for kind, _ in payloads(started)] == ["tool_started"]
+    (result_kind, result), (park_kind, park) = payloads(settled)
+    assert (result_kind, result["status"], result["awaiting"]) == (
+        "tool_result",
+        "unknown",
+        "human",
+    )
+    assert (park_kind, park["wait_reason"]) == ("park", "human")
+    assert settled.park.wait_reason == "human" and settled.park.WhichOneof("wake") is None
+
+
+async def test_a_pending_outcome_parks_to_retry_without_recording_a_result():
+    pending = Outcome.pending("key in use", Outcome.unknown("stayed in use"), retry_after=9.0)
+    ended, committer = await run_once(decided_to_post(), Delivery(pending))
+    assert ended == "parked"
+    kinds = [kind for commit in committer.commits for kind, _ in payloads(commit)]
+    assert kinds == ["tool_started", "park"]
+    park = committer.commits[-1].park
+    assert park.wait_reason == "retry" and park.wake_after.ToTimedelta().total_seconds() == 9.0
+
+
+async def test_on_waking_the_started_call_is_resolved_with_its_key_and_age():
+    log = decided_to_post()
+    started = {"call_id": "c1", "tool": "chat_post", "arguments": {}, "class": "none"}
+    log.append(step(2, replay.STARTED, {**started, "idempotency_key": f"{RUN}:2"}, 1, 999_000))
+    delivery, model = Delivery(Outcome("ok", output={"ts": "1"})), Model()
+    ended, committer = await run_once(log, delivery, model)
+    assert delivery.calls[0] == ("resolve", f"{RUN}:2", 1000)  # 1_000_000 - 999_000 s old
+    assert payloads(committer.commits[0])[0][1]["status"] == "ok"
+    assert ended == "completed" and model.seen[0][-1]["content"] == '{"ts": "1"}'
+
+
+async def test_a_pending_outcome_that_parked_too_often_records_its_fallback():
+    log = decided_to_post()
+    started = {"call_id": "c1", "tool": "chat_post", "arguments": {}, "class": "none"}
+    log.append(step(2, replay.STARTED, {**started, "idempotency_key": f"{RUN}:2"}, 1))
+    for i in range(MAX_PENDING_PARKS):
+        log.append(step(3 + i, replay.PARK, {"wait_reason": "retry", "note": "again"}))
+    pending = Outcome.pending("still nothing", Outcome.unknown("gave up"))
+    ended, committer = await run_once(log, Delivery(pending))
+    assert ended == "parked"
+    (result_kind, result), (_, park) = payloads(committer.commits[0])
+    assert result["status"] == "unknown" and result["resolution"].startswith("gave up")
+    assert park["wait_reason"] == "human"
+
+
+async def test_a_run_assigned_while_a_person_has_not_decided_parks_again():
+    log = decided_to_post()
+    started = {"call_id": "c1", "tool": "chat_post", "arguments": {}, "class": "none"}
+    log.append(step(2, replay.STARTED, {**started, "idempotency_key": f"{RUN}:2"}, 1))
+    unknown = {"call_id": "c1", "tool": "chat_post", "status": "unknown", "awaiting": "human"}
+    log.append(step(3, replay.RESULT, unknown, 2))
+    delivery = Delivery()
+    ended, committer = await run_once(log, delivery)
+    assert ended == "parked" and delivery.calls == []
+    assert committer.commits[0].park.wait_reason == "human"
+
+
+async def test_a_decision_to_fail_the_run_fails_it():
+    log = decided_to_post()
+    started = {"call_id": "c1", "tool": "chat_post", "arguments": {}, "class": "none"}
+    log.append(step(2, replay.STARTED, {**started, "idempotency_key": f"{RUN}:2"}, 1))
+    unknown = {"call_id": "c1", "tool": "chat_post", "status": "unknown", "awaiting": "human"}
+    log.append(step(3, replay.RESULT, unknown, 2))
+    log.append(step(4, replay.PARK, {"wait_reason": "human"}))
+    decision = {"call_id": "c1", "status": "error", "decision": "fail_run", "decided_by": "bo"}
+    log.append(step(5, replay.RESULT, decision, 3))
+    ended, committer = await run_once(log, Delivery())
+    assert ended == "failed"
+    assert (
+        committer.commits[0].fail.error
+        == "the outcome of chat_post was unknown and bo failed the run"
+    )
