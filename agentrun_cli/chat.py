@@ -1,0 +1,107 @@
+"""`agentrun chat AGENT`: a conversation in the terminal, one turn at a time.
+
+Each line you type is sent to the session (SessionService.SendMessage); the
+server starts the turn's run and the chat streams its steps (WatchRun) until
+the run ends, then prints the answer and asks for the next line. The server
+refuses a message while a turn is still running (ABORTED), which a second
+terminal on the same session (`--session ID`) would see. Ctrl-D ends the chat;
+the session stays and can be resumed with `--session`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import grpc
+
+from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
+from agentrun_cli import render
+from agentrun_cli.client import Client
+
+TIMEOUT = 30.0
+PROMPT = "you> "
+
+
+class Chat:
+    """One terminal conversation: send a line, stream the turn, print the answer."""
+
+    def __init__(self, client: Client, out: TextIO = sys.stdout) -> None:
+        self.client = client
+        self.sessions = session_pb2_grpc.SessionServiceStub(client.channel)
+        self.out = out
+
+    def open(self, agent_id: str, session_id: str, title: str) -> str:
+        ws = self.client.workspace
+        if session_id:
+            req = session_pb2.GetSessionRequest(workspace_id=ws, session_id=session_id)
+            session = self.sessions.GetSession(req, timeout=TIMEOUT).session
+            self._say(f"(resuming session {session.session_id}, {session.turn_count} turns so far)")
+            return session.session_id
+        req = session_pb2.CreateSessionRequest(workspace_id=ws, agent_id=agent_id, title=title)
+        session = self.sessions.CreateSession(req, timeout=TIMEOUT).session
+        self._say(f"(session {session.session_id} with {agent_id}; Ctrl-D to leave)")
+        return session.session_id
+
+    def turn(self, session_id: str, text: str) -> run_pb2.Run | None:
+        """Send one message and follow its run to the end; None when the server refused it."""
+        req = session_pb2.SendMessageRequest(
+            workspace_id=self.client.workspace, session_id=session_id, text=text
+        )
+        try:
+            turn = self.sessions.SendMessage(req, timeout=TIMEOUT).turn
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT):
+                self._say(f"(not sent: {err.details()})")
+                return None
+            raise
+        watch = self.client.watch(turn.run_id)
+        for event in watch:
+            if event.HasField("step") and event.step.kind != run_pb2.STEP_KIND_INPUT:
+                self._say(f"  · {render.step_summary(event.step)}")
+        run = watch.run
+        if run is not None and run.status == run_pb2.RUN_STATUS_COMPLETED:
+            self._say(f"agent> {run.output}")
+        elif run is not None:
+            self._say(f"(turn {render.status_name(run.status)}: {run.error})")
+        return run
+
+    def loop(self, session_id: str, read: Callable[[str], str]) -> None:
+        while True:
+            try:
+                line = read(PROMPT).strip()
+            except EOFError:
+                self._say("")
+                return
+            if line:
+                self.turn(session_id, line)
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def _read_line(prompt: str) -> str:
+    if sys.stdin.isatty():
+        return input(prompt)
+    line = sys.stdin.readline()  # piped: no prompt echo, EOF at the end
+    if not line:
+        raise EOFError
+    return line
+
+
+def chat(args: argparse.Namespace) -> int:
+    with Client(args.address, args.workspace) as client:
+        conversation = Chat(client)
+        session_id = conversation.open(args.agent_id, args.session, args.title)
+        conversation.loop(session_id, _read_line)
+    return 0
+
+
+def add_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("chat", help="talk to an agent, turn by turn", parents=[common])
+    p.add_argument("agent_id", metavar="AGENT")
+    p.add_argument("--session", default="", metavar="ID", help="resume a session")
+    p.add_argument("--title", default="", help="a title for a new session")
+    p.set_defaults(handler=chat)

@@ -1,0 +1,276 @@
+"""`agentrun triggers create|list|show|events|rotate-secret|enable|disable`.
+
+    agentrun triggers create stripe-paid --agent billing --webhook stripe --secret whsec_…
+    agentrun triggers create digest --agent digest --cron "0 9 * * 1-5" --time-zone Europe/Paris --jitter 300
+    agentrun triggers create leads --agent triage --mail leads@acme.test \\
+        --filter "from_address not_in ada@example.com,grace@example.com"
+    agentrun triggers events stripe-paid
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from agentrun.v1 import trigger_pb2 as pb
+from agentrun.v1 import trigger_pb2_grpc
+from agentrun_cli import render
+
+TIMEOUT = 30.0
+SCHEMES = {
+    "hmac": pb.SIGNATURE_SCHEME_HMAC_SHA256,
+    "stripe": pb.SIGNATURE_SCHEME_STRIPE,
+    "slack": pb.SIGNATURE_SCHEME_SLACK,
+    "github": pb.SIGNATURE_SCHEME_GITHUB,
+    "standard-webhooks": pb.SIGNATURE_SCHEME_STANDARD_WEBHOOKS,
+}
+OPS = {pb.FilterOp.Name(v).removeprefix("FILTER_OP_").lower(): v for v in pb.FilterOp.values() if v}
+
+
+def _seconds(value: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(round(value * 1e9))
+    return d
+
+
+def parse_filter(text: str) -> pb.FilterRule:
+    """'FIELD OP [VALUE]' — for in/not_in the value is a comma-separated list."""
+    parts = text.split(None, 2)
+    if len(parts) < 2 or parts[1] not in OPS:
+        raise argparse.ArgumentTypeError(
+            f"filter {text!r}: expected 'FIELD OP [VALUE]' with OP one of {', '.join(OPS)}"
+        )
+    field, op, value = parts[0], parts[1], parts[2] if len(parts) > 2 else ""
+    if op in ("in", "not_in"):
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        return pb.FilterRule(field=field, op=OPS[op], values=values)
+    return pb.FilterRule(field=field, op=OPS[op], value=value)
+
+
+def _source(args: argparse.Namespace) -> dict[str, Any]:
+    if args.webhook:
+        hook = pb.WebhookSource(scheme=SCHEMES[args.webhook], untimed=args.untimed)
+        if args.tolerance is not None:
+            hook.tolerance.CopyFrom(_seconds(args.tolerance))
+        return {"webhook": hook}
+    if args.cron or args.every:
+        sched = pb.ScheduleSource(cron=args.cron or "", time_zone=args.time_zone, input=args.input)
+        if args.every:
+            sched.interval.CopyFrom(_seconds(args.every))
+        sched.jitter.CopyFrom(_seconds(args.jitter))
+        return {"schedule": sched}
+    if args.mail is not None:
+        return {"mail": pb.MailSource(address=args.mail, max_chain_depth=args.max_chain_depth)}
+    return {"mail_push": pb.MailPushSource(
+        history_url=args.mail_push, start_history_id=args.start_history_id,
+        max_chain_depth=args.max_chain_depth,
+    )}  # fmt: skip
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def source_line(t: pb.Trigger) -> str:
+    kind = t.WhichOneof("source")
+    if kind == "webhook":
+        return f"webhook ({pb.SignatureScheme.Name(t.webhook.scheme).removeprefix('SIGNATURE_SCHEME_').lower()})"
+    if kind == "schedule":
+        s = t.schedule
+        when = f"cron '{s.cron}' {s.time_zone or 'UTC'}" if s.cron else (
+            f"every {s.interval.ToTimedelta().total_seconds():g}s")  # fmt: skip
+        jitter = s.jitter.ToTimedelta().total_seconds()
+        return f"schedule {when}" + (f", jitter {jitter:g}s" if jitter else "")
+    if kind == "mail":
+        return f"mail {t.mail.address or ''} (max chain depth {t.mail.max_chain_depth})".replace(
+            "  ", " "
+        )
+    return f"mail push from {t.mail_push.history_url} (at history id {t.mail_push.last_history_id})"
+
+
+def trigger_lines(t: pb.Trigger) -> list[str]:
+    lines = [
+        f"trigger   {t.trigger_id} -> agent {t.agent_id} ({'enabled' if t.enabled else 'disabled'})",
+        f"source    {source_line(t)}",
+    ]
+    if t.url:
+        lines.append(f"url       POST {t.url}")
+    if t.HasField("schedule"):
+        lines.append(f"next      {render.timestamp(t.schedule.next_fire_time)} "
+                     f"(slot {render.timestamp(t.schedule.next_slot_time)})")  # fmt: skip
+    for rule in t.filters:
+        operand = rule.value or ",".join(rule.values)
+        lines.append(
+            f"filter    {rule.field} {pb.FilterOp.Name(rule.op).removeprefix('FILTER_OP_').lower()} {operand}".rstrip()
+        )
+    for s in t.secrets:
+        until = (
+            f", retired at {render.timestamp(s.expire_time)}" if s.HasField("expire_time") else ""
+        )
+        lines.append(f"secret    #{s.secret_id} since {render.timestamp(s.create_time)}{until}")
+    return lines
+
+
+def event_line(e: pb.TriggerEvent) -> str:
+    status = pb.TriggerEventStatus.Name(e.status).removeprefix("TRIGGER_EVENT_STATUS_").lower()
+    outcome = f"run {e.run_id}" if e.run_id else e.reason
+    return f"{render.timestamp(e.receive_time)}  {status:<8}  {e.dedupe_key}  {outcome}"
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+
+class _Stub:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.channel = grpc.insecure_channel(args.address)
+        self.stub = trigger_pb2_grpc.TriggerServiceStub(self.channel)
+        self.ws = args.workspace
+
+    def __enter__(self) -> trigger_pb2_grpc.TriggerServiceStub:
+        return self.stub
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
+
+
+def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
+    print(render.to_json(value, indent=2) if args.json else "\n".join(lines))
+
+
+def create(args: argparse.Namespace) -> int:
+    req = pb.CreateTriggerRequest(
+        workspace_id=args.workspace, trigger_id=args.trigger_id, agent_id=args.agent,
+        filters=args.filters or [], secret=args.secret, **_source(args),
+    )  # fmt: skip
+    with _Stub(args) as stub:
+        resp = stub.CreateTrigger(req, timeout=TIMEOUT)
+    lines = trigger_lines(resp.trigger)
+    if resp.secret:
+        lines.append(f"signing secret (shown once): {resp.secret}")
+    _print(args, resp, lines)
+    return 0
+
+
+def _all(
+    stub: trigger_pb2_grpc.TriggerServiceStub, args: argparse.Namespace
+) -> Iterator[pb.Trigger]:
+    req = pb.ListTriggersRequest(workspace_id=args.workspace, agent_id=args.agent or "")
+    while True:
+        resp = stub.ListTriggers(req, timeout=TIMEOUT)
+        yield from resp.triggers
+        if not resp.next_page_token:
+            return
+        req.page_token = resp.next_page_token
+
+
+def list_triggers(args: argparse.Namespace) -> int:
+    with _Stub(args) as stub:
+        for t in _all(stub, args):
+            print(
+                render.to_json(t)
+                if args.json
+                else f"{t.trigger_id:<24} {t.agent_id:<20} {source_line(t)}"
+            )
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    with _Stub(args) as stub:
+        t = stub.GetTrigger(pb.GetTriggerRequest(workspace_id=args.workspace,
+                                                 trigger_id=args.trigger_id), timeout=TIMEOUT).trigger  # fmt: skip
+    _print(args, t, trigger_lines(t))
+    return 0
+
+
+def events(args: argparse.Namespace) -> int:
+    req = pb.ListTriggerEventsRequest(
+        workspace_id=args.workspace, trigger_id=args.trigger_id, page_size=min(args.limit, 500)
+    )
+    with _Stub(args) as stub:
+        found = list(stub.ListTriggerEvents(req, timeout=TIMEOUT).events)[: args.limit]
+    for e in found:
+        print(render.to_json(e) if args.json else event_line(e))
+    return 0
+
+
+def rotate(args: argparse.Namespace) -> int:
+    req = pb.RotateTriggerSecretRequest(
+        workspace_id=args.workspace, trigger_id=args.trigger_id, secret=args.secret
+    )
+    if args.grace is not None:
+        req.grace.CopyFrom(_seconds(args.grace))
+    with _Stub(args) as stub:
+        resp = stub.RotateTriggerSecret(req, timeout=TIMEOUT)
+    _print(
+        args,
+        resp,
+        [*trigger_lines(resp.trigger), f"new signing secret (shown once): {resp.secret}"],
+    )
+    return 0
+
+
+def set_enabled(args: argparse.Namespace) -> int:
+    req = pb.SetTriggerEnabledRequest(
+        workspace_id=args.workspace, trigger_id=args.trigger_id, enabled=args.enabled
+    )
+    with _Stub(args) as stub:
+        t = stub.SetTriggerEnabled(req, timeout=TIMEOUT).trigger
+    _print(args, t, trigger_lines(t))
+    return 0
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+
+def _create_parser(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = actions.add_parser("create", help="create a trigger for an agent", parents=[common])
+    p.add_argument("trigger_id", metavar="ID")
+    p.add_argument("--agent", required=True, metavar="A")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--webhook", choices=SCHEMES, help="signed HTTP deliveries with this scheme"
+    )
+    source.add_argument("--cron", metavar="EXPR", help="five-field cron expression")
+    source.add_argument("--every", type=float, metavar="SECONDS", help="interval schedule")
+    source.add_argument("--mail", nargs="?", const="", metavar="ADDRESS", help="inbound mail")
+    source.add_argument("--mail-push", metavar="HISTORY_URL", help="push notifications + fetch")
+    p.add_argument("--time-zone", default="", metavar="TZ", help="IANA zone of --cron")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="SECONDS", help="spread window")
+    p.add_argument("--input", default="", metavar="TEXT", help="schedules: the run's input")
+    p.add_argument("--secret", default="", help="the sender's signing secret (default: generate)")
+    p.add_argument("--tolerance", type=float, metavar="SECONDS", help="replay window")
+    p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
+    p.add_argument("--max-chain-depth", type=int, default=0, metavar="N")
+    p.add_argument("--start-history-id", type=int, default=0, metavar="N")
+    p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
+                   metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
+    p.set_defaults(handler=create)
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    actions = sub.add_parser(
+        "triggers", help="webhooks, schedules, inbound mail and push sources"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    _create_parser(actions, common)
+    p = actions.add_parser("list", help="the workspace's triggers", parents=[common])
+    p.add_argument("--agent", default="", metavar="A")
+    p.set_defaults(handler=list_triggers)
+    p = actions.add_parser("show", help="one trigger", parents=[common])
+    p.add_argument("trigger_id", metavar="ID")
+    p.set_defaults(handler=show)
+    p = actions.add_parser("events", help="a trigger's events, newest first", parents=[common])
+    p.add_argument("trigger_id", metavar="ID")
+    p.add_argument("--limit", type=int, default=50, metavar="N")
+    p.set_defaults(handler=events)
+    p = actions.add_parser("rotate-secret", help="add a new signing secret", parents=[common])
+    p.add_argument("trigger_id", metavar="ID")
+    p.add_argument("--secret", default="", help="the new secret (default: generate)")
+    p.add_argument("--grace", type=float, metavar="SECONDS", help="old secret valid (default 24h)")
+    p.set_defaults(handler=rotate)
+    for name, enabled in (("enable", True), ("disable", False)):
+        p = actions.add_parser(name, help=f"{name} a trigger", parents=[common])
+        p.add_argument("trigger_id", metavar="ID")
+        p.set_defaults(handler=set_enabled, enabled=enabled)

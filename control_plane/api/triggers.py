@@ -1,0 +1,362 @@
+"""TriggerService: parse and validate, call the store, convert. Nothing else."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from agentrun.v1 import trigger_pb2 as pb
+from agentrun.v1 import trigger_pb2_grpc
+from control_plane.api import convert, validate
+from control_plane.api.runs import MAX_INPUT_BYTES, decode_page_token, encode_page_token
+from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.store import agents as agent_store
+from control_plane.store import triggers as store
+from control_plane.triggers import filters, mail, schedule, signatures
+
+SCHEME_NAMES = {
+    pb.SIGNATURE_SCHEME_HMAC_SHA256: "hmac_sha256",
+    pb.SIGNATURE_SCHEME_STRIPE: "stripe",
+    pb.SIGNATURE_SCHEME_SLACK: "slack",
+    pb.SIGNATURE_SCHEME_GITHUB: "github",
+    pb.SIGNATURE_SCHEME_STANDARD_WEBHOOKS: "standard_webhooks",
+}
+SCHEME_VALUES = {name: value for value, name in SCHEME_NAMES.items()}
+OP_NAMES = {
+    value: pb.FilterOp.Name(value).removeprefix("FILTER_OP_").lower()
+    for value in pb.FilterOp.values()
+    if value
+}
+OP_VALUES = {name: value for value, name in OP_NAMES.items()}
+HTTP_KINDS = ("webhook", "mail", "mail_push")
+DEFAULT_GRACE_SECONDS = 24 * 3600
+MAX_GRACE_SECONDS = 30 * 24 * 3600
+MAX_TOLERANCE_SECONDS = 24 * 3600
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,100}$")
+
+
+def _seconds(duration: Any) -> float:
+    return duration.ToTimedelta().total_seconds()
+
+
+def _scheme(field: str, value: int, *, default: str | None = None) -> str:
+    if value == pb.SIGNATURE_SCHEME_UNSPECIFIED and default:
+        return default
+    if value not in SCHEME_NAMES:
+        raise InvalidArgument(field, f"must be one of {', '.join(SCHEME_VALUES)}")
+    return SCHEME_NAMES[value]
+
+
+def parse_filters(rules: Any) -> list[dict[str, Any]]:
+    if len(rules) > filters.MAX_RULES:
+        raise InvalidArgument(
+            "filters", f"has {len(rules)} rules; the limit is {filters.MAX_RULES}"
+        )
+    out = []
+    for i, r in enumerate(rules):
+        rule = filters.Rule(
+            r.field, OP_NAMES.get(r.op, "?"), r.value, tuple(r.values), r.ignore_case
+        )
+        if problem := filters.check(rule):
+            raise InvalidArgument(f"filters[{i}]", problem)
+        out.append(rule.to_json())
+    return out
+
+
+def _webhook(src: pb.WebhookSource) -> tuple[str, dict[str, Any]]:
+    scheme = _scheme("webhook.scheme", src.scheme)
+    config: dict[str, Any] = {}
+    if src.HasField("tolerance"):
+        seconds = _seconds(src.tolerance)
+        if not 1 <= seconds <= MAX_TOLERANCE_SECONDS or seconds != int(seconds):
+            raise InvalidArgument(
+                "webhook.tolerance", f"must be whole seconds from 1 to {MAX_TOLERANCE_SECONDS}"
+            )
+        config["tolerance_seconds"] = int(seconds)
+    if src.untimed:
+        if scheme != "hmac_sha256":
+            raise InvalidArgument("webhook.untimed", "only hmac_sha256 deliveries can be untimed")
+        config["untimed"] = True
+    if src.dedupe_header:
+        if not _HEADER_NAME.match(src.dedupe_header):
+            raise InvalidArgument("webhook.dedupe_header", "is not a header name")
+        config["dedupe_header"] = src.dedupe_header
+    if src.dedupe_field:
+        validate.text("webhook.dedupe_field", src.dedupe_field, max_bytes=200)
+        config["dedupe_field"] = src.dedupe_field
+    return scheme, config
+
+
+def _chain_depth(field: str, value: int) -> int:
+    return validate.in_range(field, value or mail.DEFAULT_MAX_CHAIN_DEPTH, 1, mail.MAX_CHAIN_DEPTH)
+
+
+def _mail(src: pb.MailSource) -> tuple[str, dict[str, Any]]:
+    return _scheme("mail.scheme", src.scheme, default="hmac_sha256"), {
+        "address": validate.text("mail.address", src.address, max_bytes=320),
+        "max_chain_depth": _chain_depth("mail.max_chain_depth", src.max_chain_depth),
+    }
+
+
+def _mail_push(src: pb.MailPushSource) -> tuple[str, dict[str, Any]]:
+    url = validate.text("mail_push.history_url", src.history_url, max_bytes=2000, required=True)
+    if not re.match(r"^https?://[^\s/]+(/\S*)?$", url):
+        raise InvalidArgument("mail_push.history_url", "must be an http(s) URL")
+    validate.non_negative("mail_push.start_history_id", src.start_history_id)
+    return _scheme("mail_push.scheme", src.scheme, default="hmac_sha256"), {
+        "history_url": url,
+        "max_chain_depth": _chain_depth("mail_push.max_chain_depth", src.max_chain_depth),
+    }
+
+
+def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
+    """The validated trigger a CreateTrigger request describes."""
+    ws = validate.slug("workspace_id", request.workspace_id)
+    trigger_id = validate.slug("trigger_id", request.trigger_id)
+    agent_id = validate.slug("agent_id", request.agent_id)
+    rules = parse_filters(request.filters)
+    kind = request.WhichOneof("source")
+    base = {"workspace_id": ws, "trigger_id": trigger_id, "agent_id": agent_id, "filters": rules}
+    if kind == "schedule":
+        return _schedule_trigger(request.schedule, base, now)
+    if kind == "webhook":
+        scheme, config = _webhook(request.webhook)
+    elif kind == "mail":
+        scheme, config = _mail(request.mail)
+    elif kind == "mail_push":
+        scheme, config = _mail_push(request.mail_push)
+        start = request.mail_push.start_history_id
+        return store.NewTrigger(
+            **base, kind=kind, scheme=scheme, config=config, last_history_id=start
+        )
+    else:
+        raise InvalidArgument("source", "set one of webhook, schedule, mail, mail_push")
+    return store.NewTrigger(**base, kind=kind, scheme=scheme, config=config)
+
+
+def _schedule_trigger(
+    src: pb.ScheduleSource, base: dict[str, Any], now: datetime
+) -> store.NewTrigger:
+    if base["filters"]:
+        raise InvalidArgument("filters", "schedules have no event to filter")
+    try:
+        sched = schedule.build(
+            src.cron, src.time_zone, _seconds(src.interval), _seconds(src.jitter), now
+        )
+    except schedule.ScheduleError as exc:
+        raise InvalidArgument(exc.field, str(exc)) from None
+    text = validate.text("schedule.input", src.input, max_bytes=MAX_INPUT_BYTES) or "Scheduled run"
+    slot = sched.next_slot_after(now)
+    return store.NewTrigger(
+        **base, kind="schedule", scheme=None, config={**sched.to_json(), "input": text},
+        next_slot_at=slot, next_fire_at=sched.fire_time(slot, base["workspace_id"], base["trigger_id"]),
+    )  # fmt: skip
+
+
+def _secret(field: str, scheme: str, given: str) -> str:
+    if not given:
+        return signatures.generate_secret(scheme)
+    try:
+        signatures.check_secret(scheme, given)
+    except ValueError as exc:
+        raise InvalidArgument(field, str(exc)) from None
+    return given
+
+
+# --- rows to messages -------------------------------------------------------------------------
+
+
+def _rule_message(data: dict[str, Any]) -> pb.FilterRule:
+    rule = filters.Rule.from_json(data)
+    return pb.FilterRule(
+        field=rule.field, op=OP_VALUES[rule.op], value=rule.value,
+        values=list(rule.values), ignore_case=rule.ignore_case,
+    )  # fmt: skip
+
+
+def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
+    kind, scheme = row["kind"], SCHEME_VALUES.get(row["scheme"] or "", 0)
+    if kind == "webhook":
+        msg.webhook.scheme = scheme
+        msg.webhook.untimed = bool(config.get("untimed"))
+        msg.webhook.dedupe_header = config.get("dedupe_header", "")
+        msg.webhook.dedupe_field = config.get("dedupe_field", "")
+        if "tolerance_seconds" in config:
+            msg.webhook.tolerance.CopyFrom(convert.duration(config["tolerance_seconds"]))
+    elif kind == "mail":
+        msg.mail.CopyFrom(pb.MailSource(
+            address=config.get("address", ""), max_chain_depth=config["max_chain_depth"], scheme=scheme,
+        ))  # fmt: skip
+    elif kind == "mail_push":
+        msg.mail_push.CopyFrom(pb.MailPushSource(
+            history_url=config["history_url"], max_chain_depth=config["max_chain_depth"],
+            scheme=scheme, last_history_id=row["last_history_id"] or 0,
+            announced_history_id=row["announced_history_id"] or 0,
+        ))  # fmt: skip
+    else:
+        _schedule_source(msg.schedule, row, config)
+
+
+def _schedule_source(msg: pb.ScheduleSource, row: Any, config: dict[str, Any]) -> None:
+    sched = schedule.Schedule.from_json(config)
+    msg.cron = sched.cron or ""
+    msg.time_zone = sched.time_zone if sched.cron else ""
+    if sched.interval_seconds:
+        msg.interval.CopyFrom(convert.duration(sched.interval_seconds))
+    msg.jitter.CopyFrom(convert.duration(sched.jitter_seconds))
+    msg.input = config.get("input", "")
+    msg.next_slot_time.CopyFrom(convert.timestamp(row["next_slot_at"]))
+    msg.next_fire_time.CopyFrom(convert.timestamp(row["next_fire_at"]))
+
+
+def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger:
+    config = json.loads(row["config"])
+    msg = pb.Trigger(
+        workspace_id=row["workspace_id"], trigger_id=row["trigger_id"], agent_id=row["agent_id"],
+        enabled=row["enabled"], filters=[_rule_message(r) for r in json.loads(row["filters"])],
+    )  # fmt: skip
+    _source(msg, row, config)
+    if row["kind"] in HTTP_KINDS:
+        msg.url = f"{public_url}/hooks/{row['workspace_id']}/{row['trigger_id']}"
+    for s in secrets:
+        info = pb.TriggerSecret(secret_id=s["secret_id"])
+        info.create_time.CopyFrom(convert.timestamp(s["created_at"]))
+        if s["expires_at"] is not None:
+            info.expire_time.CopyFrom(convert.timestamp(s["expires_at"]))
+        msg.secrets.append(info)
+    msg.create_time.CopyFrom(convert.timestamp(row["created_at"]))
+    msg.update_time.CopyFrom(convert.timestamp(row["updated_at"]))
+    return msg
+
+
+def event_message(row: Any) -> pb.TriggerEvent:
+    msg = pb.TriggerEvent(
+        event_id=str(row["event_id"]), trigger_id=row["trigger_id"], dedupe_key=row["dedupe_key"],
+        status=pb.TRIGGER_EVENT_STATUS_ACCEPTED if row["status"] == "accepted"
+        else pb.TRIGGER_EVENT_STATUS_FILTERED,
+        reason=row["reason"] or "", run_id=str(row["run_id"] or ""),
+        chain_depth=row["chain_depth"], payload_json=row["payload"],
+    )  # fmt: skip
+    if row["scheduled_for"] is not None:
+        msg.scheduled_time.CopyFrom(convert.timestamp(row["scheduled_for"]))
+    msg.receive_time.CopyFrom(convert.timestamp(row["received_at"]))
+    return msg
+
+
+def _id_token(trigger_id: str) -> str:
+    return base64.urlsafe_b64encode(trigger_id.encode()).decode()
+
+
+def _id_from_token(token: str) -> str | None:
+    if not token:
+        return None
+    try:
+        return validate.slug("page_token", base64.urlsafe_b64decode(token.encode()).decode())
+    except (ValueError, InvalidArgument):
+        raise InvalidArgument("page_token", "is not a token this service issued") from None
+
+
+class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
+    def __init__(self, pool: store.Pool, public_url: str) -> None:
+        self._pool = pool
+        self._public_url = public_url
+
+    async def _message(self, row: Any) -> pb.Trigger:
+        secrets = await store.active_secrets(self._pool, row["workspace_id"], row["trigger_id"])
+        return trigger_message(row, secrets, self._public_url)
+
+    async def _get(self, ws: str, trigger_id: str) -> Any:
+        row = await store.get_trigger(self._pool, ws, trigger_id)
+        if row is None:
+            raise NotFound(f"trigger {trigger_id!r} not found")
+        return row
+
+    async def _check_agent(self, ws: str, agent_id: str) -> None:
+        if await agent_store.get_agent(self._pool, ws, agent_id) is None:
+            raise NotFound(f"agent {agent_id!r} not found")
+        if await agent_store.get_version(self._pool, ws, agent_id, 0) is None:
+            raise FailedPrecondition(f"agent {agent_id!r} has no published version yet")
+
+    async def CreateTrigger(
+        self, request: pb.CreateTriggerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTriggerResponse:
+        new = new_trigger(request, datetime.now(UTC))
+        secret = (
+            None if new.kind == "schedule" else _secret("secret", new.scheme or "", request.secret)
+        )
+        if new.kind == "schedule" and request.secret:
+            raise InvalidArgument(
+                "secret", "schedules are not called by anyone; they have no secret"
+            )
+        await self._check_agent(new.workspace_id, new.agent_id)
+        row = await store.create_trigger(self._pool, new, secret)
+        if row is None:
+            raise AlreadyExists(
+                f"trigger {new.trigger_id!r} already exists in workspace {new.workspace_id!r}"
+            )
+        return pb.CreateTriggerResponse(trigger=await self._message(row), secret=secret or "")
+
+    async def GetTrigger(
+        self, request: pb.GetTriggerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTriggerResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
+        return pb.GetTriggerResponse(trigger=await self._message(row))
+
+    async def ListTriggers(
+        self, request: pb.ListTriggersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTriggersResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        size = validate.in_range("page_size", request.page_size or 100, 1, 500)
+        agent_id = validate.slug("agent_id", request.agent_id) if request.agent_id else None
+        rows = await store.list_triggers(
+            self._pool, ws, _id_from_token(request.page_token), agent_id, size + 1
+        )
+        token = _id_token(rows[size - 1]["trigger_id"]) if len(rows) > size else ""
+        return pb.ListTriggersResponse(
+            triggers=[await self._message(r) for r in rows[:size]], next_page_token=token
+        )
+
+    async def SetTriggerEnabled(
+        self, request: pb.SetTriggerEnabledRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetTriggerEnabledResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        trigger_id = validate.slug("trigger_id", request.trigger_id)
+        row = await store.set_enabled(self._pool, ws, trigger_id, request.enabled)
+        if row is None:
+            raise NotFound(f"trigger {trigger_id!r} not found")
+        return pb.SetTriggerEnabledResponse(trigger=await self._message(row))
+
+    async def RotateTriggerSecret(
+        self, request: pb.RotateTriggerSecretRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RotateTriggerSecretResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
+        if row["kind"] == "schedule":
+            raise FailedPrecondition("schedules have no signing secret")
+        grace = _seconds(request.grace) if request.HasField("grace") else DEFAULT_GRACE_SECONDS
+        if not 0 <= grace <= MAX_GRACE_SECONDS:
+            raise InvalidArgument("grace", f"must be between 0 and {MAX_GRACE_SECONDS} s")
+        secret = _secret("secret", row["scheme"], request.secret)
+        await store.rotate_secret(self._pool, ws, row["trigger_id"], secret, grace)
+        row = await self._get(ws, row["trigger_id"])
+        return pb.RotateTriggerSecretResponse(trigger=await self._message(row), secret=secret)
+
+    async def ListTriggerEvents(
+        self, request: pb.ListTriggerEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTriggerEventsResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
+        size = validate.in_range("page_size", request.page_size or 100, 1, 500)
+        after = decode_page_token(request.page_token)
+        rows = await store.list_events(self._pool, ws, row["trigger_id"], after, size + 1)
+        last = rows[size - 1] if len(rows) > size else None
+        token = encode_page_token(last["received_at"], last["event_id"]) if last else ""
+        return pb.ListTriggerEventsResponse(
+            events=[event_message(r) for r in rows[:size]], next_page_token=token
+        )

@@ -1,0 +1,23 @@
+"""What HTTP route modules are given: the pool, the settings and the wake-up hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from control_plane.config import ServerConfig
+from control_plane.store.triggers import Pool
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class HttpContext:
+    pool: Pool
+    config: ServerConfig
+    # A run became runnable: claim soon (the dispatcher's poke).
+    on_runnable: Callable[[], None] = _nothing
+    # A push source has a fetch queued: fetch soon.
+    on_fetch_queued: Callable[[], None] = _nothing

@@ -1,0 +1,71 @@
+"""POST /v1/workspaces/{workspace_id}/sessions/{session_id}/messages: the next turn, or 409.
+
+The HTTP door to `Conversations.send` (the gRPC one is SessionService.SendMessage).
+Body `{"text": "...", "request_id": "..."}` (request_id optional). 202 with the
+turn and its run; 409 while the previous turn is still in progress; 400 naming
+the field for bad input; 404 for an unknown session.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from control_plane.api import validate
+from control_plane.api.runs import MAX_INPUT_BYTES
+from control_plane.api.sessions import Conversations
+from control_plane.errors import InvalidArgument
+from control_plane.http.context import HttpContext
+from control_plane.http.errors import json_errors
+from control_plane.http.webhooks import TooLarge, read_body
+
+PATH = "/v1/workspaces/{workspace_id}/sessions/{session_id}/messages"
+
+
+def _turn_json(row: Any, created: bool) -> dict[str, Any]:
+    return {
+        "turn": row["turn"],
+        "run_id": str(row["run_id"]),
+        "status": row["status"],
+        "created": created,
+    }
+
+
+def _field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str):
+        raise InvalidArgument(name, "must be a string")
+    return value
+
+
+async def _message(request: Request) -> tuple[str, str | None]:
+    try:
+        raw = await read_body(request, MAX_INPUT_BYTES + 4096)
+    except TooLarge:
+        raise InvalidArgument("text", f"is larger than {MAX_INPUT_BYTES} bytes") from None
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        raise InvalidArgument("body", "is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("body", "must be a JSON object")
+    text = validate.text("text", _field(body, "text"), max_bytes=MAX_INPUT_BYTES, required=True)
+    request_id = validate.text("request_id", _field(body, "request_id"), max_bytes=200)
+    return text, request_id or None
+
+
+def routes(ctx: HttpContext) -> list[Route]:
+    conversations = Conversations(ctx.pool, ctx.config.defaults, ctx.on_runnable)
+
+    async def send(request: Request) -> Response:
+        ws = validate.slug("workspace_id", request.path_params["workspace_id"])
+        session_id = validate.run_id("session_id", request.path_params["session_id"])
+        text, request_id = await _message(request)
+        row, created = await conversations.send(ws, session_id, text, request_id)
+        return JSONResponse(_turn_json(row, created), status_code=202)
+
+    return [Route(PATH, json_errors(send), methods=["POST"])]

@@ -1,0 +1,125 @@
+"""POST /hooks/{workspace_id}/{trigger_id}: signed deliveries from webhook senders and mail providers.
+
+Synchronously and nothing more: look the trigger up, read the body (bounded),
+verify the signature against the trigger's active secrets, parse, apply the
+cheap filters, and record the event with its run in one statement under
+unique (trigger_id, dedupe_key). The answer is 202 with the event id, its
+status and its run id, the same for every redelivery. Nothing waits for the
+model. Refusals store nothing: unknown or disabled trigger 404, body over the
+limit 413, bad signature or stale timestamp 401, malformed body 400.
+
+A push source ("something changed", with only a history id) records the id
+and queues a fetch; the fetcher turns the fetched messages into events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from control_plane.api import validate
+from control_plane.errors import InvalidArgument
+from control_plane.http.context import HttpContext
+from control_plane.http.errors import error, json_errors
+from control_plane.store import triggers as store
+from control_plane.triggers import admission, deliveries, signatures
+from control_plane.triggers.deliveries import BadDelivery, Settings
+
+log = logging.getLogger(__name__)
+
+PATH = "/hooks/{workspace_id}/{trigger_id}"
+
+
+class TooLarge(Exception):
+    """The body is over the ingress limit."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing (TooLarge) as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class WebhookIngress:
+    def __init__(self, ctx: HttpContext) -> None:
+        self._ctx = ctx
+
+    async def receive(self, request: Request) -> Response:
+        limit = self._ctx.config.webhook_max_body_bytes
+        found = await self._trigger(request)
+        if found is None:
+            return error(404, "no such trigger")
+        row, settings = found
+        try:
+            raw = await read_body(request, limit)
+        except TooLarge:
+            return error(413, f"body is larger than {limit} bytes")
+        try:
+            signatures.verify(
+                settings.scheme or "", signatures.Delivery.of(raw, request.headers),
+                row["secrets"], now=time.time(), tolerance=settings.tolerance,
+            )  # fmt: skip
+        except signatures.SignatureError as exc:
+            log.info(
+                "refused a delivery to %s/%s: %s", settings.workspace_id, settings.trigger_id, exc
+            )
+            return error(401, str(exc))
+        try:
+            doc = deliveries.parse_body(raw, request.headers.get("content-type", ""))
+            return await self._accept(settings, request.headers, doc)
+        except BadDelivery as exc:
+            return error(400, str(exc))
+
+    async def _trigger(self, request: Request) -> tuple[Any, Settings] | None:
+        try:
+            ws = validate.slug("workspace_id", request.path_params["workspace_id"])
+            trigger_id = validate.slug("trigger_id", request.path_params["trigger_id"])
+        except InvalidArgument:
+            return None
+        row = await store.for_delivery(self._ctx.pool, ws, trigger_id)
+        return None if row is None else (row, Settings.of(row))
+
+    async def _accept(self, settings: Settings, headers: Mapping[str, str], doc: Any) -> Response:
+        if settings.kind == "mail_push":
+            return await self._queue_fetch(settings, deliveries.push_history_id(doc))
+        if settings.kind == "mail":
+            message = deliveries.parse_mail(doc)
+            depth = await admission.mail_chain_depth(self._ctx.pool, message)
+            event = deliveries.mail_event(settings, message, depth)
+        elif (
+            settings.scheme == "slack"
+            and isinstance(doc, dict)
+            and doc.get("type") == "url_verification"
+        ):
+            # Slack checks a new Events API URL with a signed challenge: echo it, store nothing.
+            return JSONResponse({"challenge": str(doc.get("challenge", ""))})
+        else:
+            event = deliveries.webhook_event(settings, headers, doc)
+        outcome = await admission.admit(self._ctx.pool, event, self._ctx.config.defaults)
+        if outcome.created and outcome.run_id:
+            self._ctx.on_runnable()
+        return JSONResponse(outcome.reply(), status_code=202)
+
+    async def _queue_fetch(self, settings: Settings, history_id: int) -> Response:
+        await store.announce(self._ctx.pool, settings.workspace_id, settings.trigger_id, history_id)
+        self._ctx.on_fetch_queued()
+        return JSONResponse({"status": "fetch_queued", "history_id": history_id}, status_code=202)
+
+
+def routes(ctx: HttpContext) -> list[Route]:
+    ingress = WebhookIngress(ctx)
+    return [Route(PATH, json_errors(ingress.receive), methods=["POST"])]

@@ -1,0 +1,68 @@
+"""Sessions and their turns: each turn is a run the server admits under the session's lock."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from control_plane.store.queries import run
+from control_plane.store.triggers import Connection, Pool, Record
+
+
+async def create_session(
+    pool: Pool, workspace_id: str, agent_id: str, title: str, now: datetime | None = None
+) -> Record:
+    return await run(pool, "session_insert", workspace_id, uuid.uuid4(), agent_id, title, now)
+
+
+async def get_session(pool: Pool | Connection, workspace_id: str, session_id: uuid.UUID) -> Any:
+    return await run(pool, "session_get", workspace_id, session_id)
+
+
+async def lock_session(conn: Connection, workspace_id: str, session_id: uuid.UUID) -> Any:
+    """The session row, locked until the transaction ends (None if there is none)."""
+    return await run(conn, "session_lock", workspace_id, session_id)
+
+
+async def list_turns(
+    conn: Pool | Connection, workspace_id: str, session_id: uuid.UUID, from_turn: int, limit: int
+) -> list[Record]:
+    return await run(conn, "session_turns", workspace_id, session_id, from_turn, limit)
+
+
+async def recent_turns(
+    conn: Pool | Connection, workspace_id: str, session_id: uuid.UUID, limit: int
+) -> list[Record]:
+    """The last `limit` turns, oldest first."""
+    rows = await run(conn, "session_turns_recent", workspace_id, session_id, limit)
+    return list(reversed(rows))
+
+
+async def turn_by_request(
+    conn: Connection, workspace_id: str, session_id: uuid.UUID, request_id: str
+) -> Record | None:
+    return await run(conn, "session_turn_by_request", workspace_id, session_id, request_id)
+
+
+@dataclass(frozen=True)
+class TurnAdmission:
+    workspace_id: str
+    session_id: uuid.UUID
+    turn: int
+    request_id: str | None
+    agent_version: int
+    limits: dict[str, int]
+    input_payload: dict[str, Any]
+
+
+async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None = None) -> Record:
+    """Insert the turn's run, input step and turn row; the caller holds the session lock."""
+    lim = adm.limits
+    return await run(
+        conn, "session_turn_admit", adm.workspace_id, adm.session_id, adm.request_id, adm.turn,
+        uuid.uuid4(), adm.agent_version, lim["max_steps"], lim["max_tokens"],
+        lim["max_tool_calls"], lim["deadline_seconds"], json.dumps(adm.input_payload), now,
+    )  # fmt: skip

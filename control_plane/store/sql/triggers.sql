@@ -1,0 +1,175 @@
+-- name: trigger_insert :one
+-- Register a trigger; returns nothing when the id is taken. Database clock unless $11.
+INSERT INTO triggers (workspace_id, trigger_id, agent_id, kind, scheme, config, filters,
+                      next_slot_at, next_fire_at, last_history_id, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10,
+        coalesce($11::timestamptz, now()), coalesce($11::timestamptz, now()))
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: trigger_get :one
+-- One trigger of a workspace.
+SELECT * FROM triggers WHERE workspace_id = $1 AND trigger_id = $2;
+
+-- name: trigger_lock :one
+-- One trigger, locked until the caller's transaction ends (orders secret rotations).
+SELECT * FROM triggers WHERE workspace_id = $1 AND trigger_id = $2 FOR UPDATE;
+
+-- name: trigger_list :many
+-- A page of a workspace's triggers by id, after a keyset cursor.
+SELECT * FROM triggers
+WHERE workspace_id = $1
+  AND ($2::text IS NULL OR trigger_id > $2)
+  AND ($3::text IS NULL OR agent_id = $3)
+ORDER BY trigger_id
+LIMIT $4;
+
+-- name: trigger_set_enabled :one
+-- Pause or resume a trigger.
+UPDATE triggers SET enabled = $3, updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2
+RETURNING *;
+
+-- name: trigger_for_delivery :one
+-- An enabled HTTP trigger with the secret values that verify deliveries now, newest first.
+-- Database clock unless $3.
+SELECT t.*,
+       array(SELECT s.secret FROM trigger_secrets s
+             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+               AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
+             ORDER BY s.secret_id DESC) AS secrets
+FROM triggers t
+WHERE t.workspace_id = $1 AND t.trigger_id = $2 AND t.enabled AND t.kind <> 'schedule';
+
+-- name: trigger_secret_insert :one
+-- Add a signing secret as the trigger's newest (ids count up). Database clock unless $4.
+INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, secret, created_at)
+SELECT $1, $2, coalesce(max(secret_id), 0) + 1, $3, coalesce($4::timestamptz, now())
+FROM trigger_secrets WHERE workspace_id = $1 AND trigger_id = $2
+RETURNING secret_id, created_at, expires_at;
+
+-- name: trigger_secrets_retire :exec
+-- Rotation: the newest active secret keeps verifying for $3 more seconds, any older one
+-- stops now, so at most two are active once the new one is added. Database clock unless $4.
+UPDATE trigger_secrets s SET expires_at = least(
+    coalesce(s.expires_at, 'infinity'),
+    coalesce($4::timestamptz, now()) + CASE
+        WHEN s.secret_id = (SELECT max(m.secret_id) FROM trigger_secrets m
+                            WHERE m.workspace_id = $1 AND m.trigger_id = $2)
+        THEN make_interval(secs => $3) ELSE interval '0' END)
+WHERE s.workspace_id = $1 AND s.trigger_id = $2
+  AND (s.expires_at IS NULL OR s.expires_at > coalesce($4::timestamptz, now()));
+
+-- name: trigger_secrets_active :many
+-- The secrets that verify deliveries now, described (never their values), oldest first.
+-- Database clock unless $3.
+SELECT secret_id, created_at, expires_at FROM trigger_secrets
+WHERE workspace_id = $1 AND trigger_id = $2
+  AND (expires_at IS NULL OR expires_at > coalesce($3::timestamptz, now()))
+ORDER BY secret_id;
+
+-- name: trigger_event_admit :one
+-- Record an event and, unless a filter stopped it ($6 is the reason), admit its run with
+-- the limits copied ($11-$16) and its input step ($17), in one statement: no event without
+-- its run, no run without its event. A redelivery (same dedupe key) inserts nothing and
+-- returns nothing. Database clock unless $18.
+WITH event AS (
+    INSERT INTO trigger_events (workspace_id, event_id, trigger_id, dedupe_key, status, reason,
+                                run_id, scheduled_for, chain_depth, payload, received_at)
+    VALUES ($1, $2, $3, $4, CASE WHEN $6::text IS NULL THEN 'accepted' ELSE 'filtered' END,
+            $6::text, CASE WHEN $6::text IS NULL THEN $7::uuid END, $8, $9, $10::jsonb,
+            coalesce($18::timestamptz, now()))
+    ON CONFLICT (workspace_id, trigger_id, dedupe_key) DO NOTHING
+    RETURNING *
+), run AS (
+    INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
+                      max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at,
+                      created_at, updated_at)
+    SELECT e.workspace_id, e.run_id, $5, $11, 'queued', coalesce($18::timestamptz, now()), $12,
+           $13, $14, $15, $16::int,
+           coalesce($18::timestamptz, now()) + make_interval(secs => $16::int),
+           coalesce($18::timestamptz, now()), coalesce($18::timestamptz, now())
+    FROM event e WHERE e.run_id IS NOT NULL
+    RETURNING workspace_id, run_id
+), input_step AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
+    SELECT workspace_id, run_id, 0, 'input', 0, $17::jsonb FROM run
+)
+SELECT * FROM event;
+
+-- name: trigger_event_by_key :one
+-- The event a dedupe key recorded first.
+SELECT * FROM trigger_events WHERE workspace_id = $1 AND trigger_id = $2 AND dedupe_key = $3;
+
+-- name: trigger_event_run_depth :one
+-- The chain depth of the event that started a run, in any workspace (mail between two
+-- workspaces' agents is still a loop); nothing when no event started it.
+SELECT chain_depth FROM trigger_events WHERE run_id = $1 LIMIT 1;
+
+-- name: trigger_event_list :many
+-- A page of a trigger's events, newest first, after a keyset cursor.
+SELECT * FROM trigger_events
+WHERE workspace_id = $1 AND trigger_id = $2
+  AND ($3::timestamptz IS NULL OR (received_at, event_id) < ($3, $4::uuid))
+ORDER BY received_at DESC, event_id DESC
+LIMIT $5;
+
+-- name: schedule_claim_due :many
+-- Lock up to $2 enabled schedules whose fire time has come, skipping those another replica
+-- holds, until the caller's transaction commits the slots it fired. Database clock unless $1.
+SELECT t.*, coalesce($1::timestamptz, now()) AS db_now
+FROM triggers t
+WHERE t.kind = 'schedule' AND t.enabled AND t.next_fire_at <= coalesce($1::timestamptz, now())
+ORDER BY t.next_fire_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_advance :exec
+-- Move a schedule past the slot it just fired, guarded by that slot ($3).
+UPDATE triggers SET next_slot_at = $4, next_fire_at = $5, updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2 AND next_slot_at = $3;
+
+-- name: push_announce :one
+-- A notification announced changes up to history id $3: remember the newest one and queue a
+-- fetch if it is past the last processed id (a fetch in progress keeps its lease and queues
+-- itself again if it missed this one). Database clock unless $4.
+UPDATE triggers SET
+    announced_history_id = greatest(announced_history_id, $3),
+    fetch_due_at = CASE WHEN $3 > coalesce(last_history_id, -1)
+                        THEN coalesce(fetch_due_at, coalesce($4::timestamptz, now()))
+                        ELSE fetch_due_at END,
+    updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2 AND kind = 'mail_push'
+RETURNING announced_history_id, last_history_id, fetch_due_at;
+
+-- name: push_claim_due :many
+-- Take up to $2 push sources with a fetch due, each leased for $3 seconds: a fetcher that
+-- dies leaves the fetch due again when its lease lapses. Database clock unless $1.
+UPDATE triggers t SET
+    fetch_due_at = coalesce($1::timestamptz, now()) + make_interval(secs => $3),
+    updated_at = now()
+FROM (
+    SELECT workspace_id, trigger_id FROM triggers
+    WHERE fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
+    ORDER BY fetch_due_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE t.workspace_id = due.workspace_id AND t.trigger_id = due.trigger_id
+RETURNING t.*;
+
+-- name: push_advance :one
+-- Every event up to history id $3 has committed: move the cursor there (never backwards) and
+-- clear the fetch, unless a newer id was announced meanwhile. Database clock unless $4.
+UPDATE triggers SET
+    last_history_id = greatest(last_history_id, $3),
+    fetch_due_at = CASE WHEN announced_history_id > greatest(last_history_id, $3)
+                        THEN coalesce($4::timestamptz, now()) END,
+    updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2
+RETURNING last_history_id, announced_history_id, fetch_due_at;
+
+-- name: schedule_postpone :exec
+-- A slot that could not be fired is tried again at $4 (the slot stays the same).
+UPDATE triggers SET next_fire_at = greatest($4, next_slot_at), updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2 AND next_slot_at = $3;

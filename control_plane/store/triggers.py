@@ -1,0 +1,220 @@
+"""Triggers, their signing secrets, their events, schedules' slots and push cursors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from control_plane.store.queries import run
+
+# What callers outside the store name a pool or a connection by (they never import asyncpg).
+Pool = asyncpg.pool.Pool
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+
+
+@asynccontextmanager
+async def transaction(pool: Pool) -> AsyncIterator[Connection]:
+    """A connection inside a transaction: committed on exit, rolled back on an exception."""
+    async with pool.acquire() as conn, conn.transaction():
+        yield conn
+
+
+@dataclass(frozen=True)
+class NewTrigger:
+    workspace_id: str
+    trigger_id: str
+    agent_id: str
+    kind: str
+    scheme: str | None
+    config: dict[str, Any]
+    filters: list[dict[str, Any]]
+    next_slot_at: datetime | None = None
+    next_fire_at: datetime | None = None
+    last_history_id: int | None = None
+
+
+async def create_trigger(
+    pool: Pool, new: NewTrigger, secret: str | None, now: datetime | None = None
+) -> Record | None:
+    """The new trigger (with its first secret), or None when the id is taken."""
+    async with transaction(pool) as conn:
+        row = await run(
+            conn, "trigger_insert", new.workspace_id, new.trigger_id, new.agent_id, new.kind,
+            new.scheme, json.dumps(new.config), json.dumps(new.filters), new.next_slot_at,
+            new.next_fire_at, new.last_history_id, now,
+        )  # fmt: skip
+        if row is not None and secret is not None:
+            await run(conn, "trigger_secret_insert", new.workspace_id, new.trigger_id, secret, now)
+        return row
+
+
+async def get_trigger(pool: Pool, workspace_id: str, trigger_id: str) -> Record | None:
+    return await run(pool, "trigger_get", workspace_id, trigger_id)
+
+
+async def list_triggers(
+    pool: Pool, workspace_id: str, after: str | None, agent_id: str | None, limit: int
+) -> list[Record]:
+    return await run(pool, "trigger_list", workspace_id, after, agent_id, limit)
+
+
+async def set_enabled(
+    pool: Pool, workspace_id: str, trigger_id: str, enabled: bool
+) -> Record | None:
+    return await run(pool, "trigger_set_enabled", workspace_id, trigger_id, enabled)
+
+
+async def for_delivery(
+    pool: Pool, workspace_id: str, trigger_id: str, now: datetime | None = None
+) -> Record | None:
+    """An enabled HTTP trigger and its active secret values (newest first), or None."""
+    return await run(pool, "trigger_for_delivery", workspace_id, trigger_id, now)
+
+
+async def active_secrets(
+    pool: Pool, workspace_id: str, trigger_id: str, now: datetime | None = None
+) -> list[Record]:
+    """Descriptions (id, created, expires) of the secrets that verify now; never values."""
+    return await run(pool, "trigger_secrets_active", workspace_id, trigger_id, now)
+
+
+async def rotate_secret(
+    pool: Pool,
+    workspace_id: str,
+    trigger_id: str,
+    secret: str,
+    grace_seconds: float,
+    now: datetime | None = None,
+) -> Record | None:
+    """Retire the current secret after `grace_seconds` and add `secret`; None if no trigger."""
+    async with transaction(pool) as conn:
+        row = await run(conn, "trigger_lock", workspace_id, trigger_id)
+        if row is None:
+            return None
+        await run(conn, "trigger_secrets_retire", workspace_id, trigger_id, grace_seconds, now)
+        await run(conn, "trigger_secret_insert", workspace_id, trigger_id, secret, now)
+        return row
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventAdmission:
+    """An event to record and, unless `reason` says it was filtered, the run it starts."""
+
+    workspace_id: str
+    trigger_id: str
+    agent_id: str
+    dedupe_key: str
+    payload: Any
+    reason: str | None
+    agent_version: int
+    input_text: str
+    input_payload: dict[str, Any]
+    limits: dict[str, int]
+    scheduled_for: datetime | None = None
+    chain_depth: int = 0
+
+
+async def admit_event(
+    conn: Pool | Connection, adm: EventAdmission, now: datetime | None = None
+) -> Record | None:
+    """The new event (its run and input step written with it), or None on a redelivery."""
+    lim = adm.limits
+    return await run(
+        conn, "trigger_event_admit", adm.workspace_id, uuid.uuid4(), adm.trigger_id,
+        adm.dedupe_key, adm.agent_id, adm.reason, uuid.uuid4(), adm.scheduled_for,
+        adm.chain_depth, json.dumps(adm.payload), adm.agent_version, adm.input_text,
+        lim["max_steps"], lim["max_tokens"], lim["max_tool_calls"], lim["deadline_seconds"],
+        json.dumps(adm.input_payload), now,
+    )  # fmt: skip
+
+
+async def event_by_key(
+    conn: Pool | Connection, workspace_id: str, trigger_id: str, dedupe_key: str
+) -> Record | None:
+    return await run(conn, "trigger_event_by_key", workspace_id, trigger_id, dedupe_key)
+
+
+async def run_chain_depth(conn: Pool | Connection, run_id: uuid.UUID) -> int | None:
+    """The chain depth a run was started with by a trigger event, or None (no such event)."""
+    row = await run(conn, "trigger_event_run_depth", run_id)
+    return None if row is None else row["chain_depth"]
+
+
+async def list_events(
+    pool: Pool,
+    workspace_id: str,
+    trigger_id: str,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[Record]:
+    """A page of a trigger's events, newest first, after the keyset cursor."""
+    received, event_id = after if after else (None, None)
+    return await run(
+        pool, "trigger_event_list", workspace_id, trigger_id, received, event_id, limit
+    )
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+async def claim_due_schedules(
+    conn: Connection, limit: int, now: datetime | None = None
+) -> list[Record]:
+    """Lock due schedules for the caller's transaction; each row carries `db_now`."""
+    return await run(conn, "schedule_claim_due", now, limit)
+
+
+async def advance_schedule(
+    conn: Connection,
+    workspace_id: str,
+    trigger_id: str,
+    fired_slot: datetime,
+    next_slot: datetime,
+    next_fire: datetime,
+) -> bool:
+    """Move the schedule past `fired_slot`; False when someone already had."""
+    status = await run(
+        conn, "schedule_advance", workspace_id, trigger_id, fired_slot, next_slot, next_fire
+    )
+    return status.endswith(" 1")
+
+
+async def postpone_schedule(
+    conn: Connection, workspace_id: str, trigger_id: str, slot: datetime, retry_at: datetime
+) -> None:
+    """Try a slot that failed to fire again at `retry_at` (other schedules go on meanwhile)."""
+    await run(conn, "schedule_postpone", workspace_id, trigger_id, slot, retry_at)
+
+
+# --- push sources -----------------------------------------------------------------------------
+
+
+async def announce(
+    pool: Pool, workspace_id: str, trigger_id: str, history_id: int, now: datetime | None = None
+) -> Record | None:
+    """Record a notification's history id and queue a fetch if it is new; None if no source."""
+    return await run(pool, "push_announce", workspace_id, trigger_id, history_id, now)
+
+
+async def claim_due_fetches(
+    pool: Pool, limit: int, lease_seconds: float, now: datetime | None = None
+) -> list[Record]:
+    return await run(pool, "push_claim_due", now, limit, lease_seconds)
+
+
+async def advance_push(
+    pool: Pool, workspace_id: str, trigger_id: str, history_id: int, now: datetime | None = None
+) -> Record | None:
+    """Move the cursor to `history_id` once its events committed (never backwards)."""
+    return await run(pool, "push_advance", workspace_id, trigger_id, history_id, now)
