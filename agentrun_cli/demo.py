@@ -8,16 +8,19 @@ from typing import TextIO
 
 import grpc
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2
 from agentrun_cli import render
 from agentrun_cli.client import Client
 from agentrun_cli.supervisor import StackError, Supervisor
 
 AGENT_ID = "demo-followup"
+APPROVER = "manager@example.com"
 SPEC = agent_pb2.AgentSpec(
     model="demo",
     tools=["crm_lookup", "send_email", "echo", "sleep"],
     instructions="You follow up with leads.",
+    # Outbound mail is irreversible: a manager approves the exact message first.
+    approval=approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER]),
 )
 INPUT = "Follow up with ada@example.com"
 TIMEOUT = 60.0
@@ -86,8 +89,22 @@ class Demo:
             self.decide_approval(run)
 
     def decide_approval(self, run: run_pb2.Run) -> None:
-        """Seam: approve the pending action once ApprovalService exists (list, then decide)."""
-        self._say(f"  (run {run.run_id} waits for an approval; the demo does not decide them yet)")
+        """Act as the manager: read the exact arguments, then approve through ApprovalService."""
+        with grpc.insecure_channel(self.client.address) as channel:
+            stub = approval_pb2_grpc.ApprovalServiceStub(channel)
+            pending = stub.ListApprovals(approval_pb2.ListApprovalsRequest(
+                workspace_id=self.client.workspace, approver=APPROVER,
+                state=approval_pb2.APPROVAL_STATE_PENDING,
+            ), timeout=TIMEOUT).approvals  # fmt: skip
+            for approval in (a for a in pending if a.run_id == run.run_id):
+                self._say(f"  approval {approval.approval_id}: {approval.tool} "
+                          f"{approval.arguments_json}")  # fmt: skip
+                self._say(f"  $ agentrun approvals approve {approval.approval_id} "
+                          f"--approver {APPROVER}")  # fmt: skip
+                stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                    workspace_id=self.client.workspace, approval_id=approval.approval_id,
+                    approver=APPROVER, approve=approval_pb2.Approve(),
+                ), timeout=TIMEOUT)  # fmt: skip
 
     def _report(self, run: run_pb2.Run) -> None:
         self._say("")

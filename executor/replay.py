@@ -1,4 +1,13 @@
-"""Rebuild a run from its step log: the conversation so far and the next thing to do."""
+"""Rebuild a run from its step log: the conversation so far and the next thing to do.
+
+Each tool call of the last model decision is settled by the latest of its
+steps: none yet → start it; a `tool_started` alone → an unknown outcome to
+resolve by class; a `tool_result` → answered, unless it is an unknown that
+waits for a person (then the run waits) or a person's decision on one, which
+says: it happened / it did not (answered), retry (start the call again, under
+a new key), or fail the run. A person's decision is a `tool_result` written by
+the control plane whose `ref_seq` is the unknown result it settles.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.v1 import run_pb2
+from executor.approval import Verdict, check
 from executor.models.base import ToolCall
 
 INPUT = run_pb2.STEP_KIND_INPUT
@@ -16,16 +26,31 @@ STARTED = run_pb2.STEP_KIND_TOOL_STARTED
 RESULT = run_pb2.STEP_KIND_TOOL_RESULT
 PARK = run_pb2.STEP_KIND_PARK
 FINISH = run_pb2.STEP_KIND_FINISH
+APPROVAL_REQUESTED = run_pb2.STEP_KIND_APPROVAL_REQUESTED
+APPROVAL_DECIDED = run_pb2.STEP_KIND_APPROVAL_DECIDED
+CALL_STEPS = (STARTED, RESULT, APPROVAL_REQUESTED, APPROVAL_DECIDED)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One decoded step."""
+    """One decoded step; `created_at` is its database time (None: just committed here)."""
 
     seq: int
     kind: int
     ref_seq: int
     payload: Mapping[str, Any]
+    created_at: float | None = None
+
+    @property
+    def awaits_person(self) -> bool:
+        """An unknown tool result that waits for a person's decision."""
+        return self.kind == RESULT and self.payload.get("awaiting") == "human"
+
+    @property
+    def decision(self) -> str | None:
+        """For a person's decision on an unknown outcome: happened, not_happened, retry, fail_run."""
+        value = self.payload.get("decision") if self.kind == RESULT else None
+        return str(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -35,10 +60,32 @@ class CallModel:
 
 @dataclass(frozen=True)
 class StartTool:
-    """A call of the last decision was never started: validate it, commit started, send."""
+    """A call of the last decision was never started: validate it, commit started, send.
+
+    `approval` is the checked human decision when the call was held for one
+    (its arguments are what will be sent); None when it was never held.
+    """
 
     decision_seq: int
     call: ToolCall
+    approval: Verdict | None = None
+
+
+@dataclass(frozen=True)
+class AwaitApproval:
+    """A held call has no decision yet: the run keeps waiting (nothing new is asked)."""
+
+    requested: Entry
+
+
+@dataclass(frozen=True)
+class RefuseCall:
+    """A human rejected the call, or its approval does not match: answer it, send nothing."""
+
+    decision_seq: int
+    call: ToolCall
+    text: str
+    tampered: bool
 
 
 @dataclass(frozen=True)
@@ -50,6 +97,20 @@ class ResolveUnknown:
     @property
     def call_class(self) -> str:
         return str(self.started.payload.get("class", "none"))
+
+
+@dataclass(frozen=True)
+class AwaitPerson:
+    """An unknown outcome waits for a person's decision: the run must stay parked."""
+
+    result: Entry
+
+
+@dataclass(frozen=True)
+class FailRun:
+    """A person decided that an unknown outcome fails the run."""
+
+    error: str
 
 
 @dataclass(frozen=True)
@@ -66,7 +127,17 @@ class Done:
     status: str
 
 
-Action = CallModel | StartTool | ResolveUnknown | FinishCompleted | Done
+Action = (
+    CallModel
+    | StartTool
+    | ResolveUnknown
+    | AwaitPerson
+    | AwaitApproval
+    | RefuseCall
+    | FailRun
+    | FinishCompleted
+    | Done
+)
 
 
 @dataclass(frozen=True)
@@ -80,18 +151,33 @@ class Counters:
 
 @dataclass
 class _Turn:
-    """One model decision with the tool steps that answer it."""
+    """One model decision with the tool steps that answer it, per call id in seq order."""
 
     decision: Entry
     calls: list[ToolCall]
-    started: dict[str, Entry] = field(default_factory=dict)
-    results: dict[str, Entry] = field(default_factory=dict)
+    steps: dict[str, list[Entry]] = field(default_factory=dict)
+
+    def latest(self, call_id: str) -> Entry | None:
+        """The call's latest tool_started or tool_result, which says where it stands."""
+        found = self.steps.get(call_id)
+        return found[-1] if found else None
+
+    def result(self, call_id: str) -> Entry | None:
+        """The call's latest tool_result (what the model reads for it)."""
+        found = [e for e in self.steps.get(call_id, []) if e.kind == RESULT]
+        return found[-1] if found else None
 
 
 def decode(steps: Iterable[run_pb2.Step]) -> list[Entry]:
     """Decode the steps' JSON payloads, in seq order."""
     entries = [
-        Entry(s.seq, s.kind, s.ref_seq, json.loads(s.payload_json) if s.payload_json else {})
+        Entry(
+            s.seq,
+            s.kind,
+            s.ref_seq,
+            json.loads(s.payload_json) if s.payload_json else {},
+            s.create_time.ToNanoseconds() / 1e9 if s.HasField("create_time") else None,
+        )
         for s in steps
     ]
     return sorted(entries, key=lambda e: e.seq)
@@ -127,9 +213,9 @@ def _turns(entries: list[Entry]) -> list[_Turn]:
     for entry in entries:
         if entry.kind == DECISION:
             turns.append(_Turn(entry, decision_calls(entry.payload)))
-        elif entry.kind in (STARTED, RESULT) and turns:
-            slot = turns[-1].started if entry.kind == STARTED else turns[-1].results
-            slot.setdefault(str(entry.payload.get("call_id", "")), entry)
+        elif entry.kind in CALL_STEPS and turns:
+            call_id = str(entry.payload.get("call_id", ""))
+            turns[-1].steps.setdefault(call_id, []).append(entry)
     return turns
 
 
@@ -143,15 +229,47 @@ def next_action(entries: list[Entry]) -> Action:
         return CallModel()
     turn = turns[-1]
     for call in turn.calls:
-        if call.id in turn.results:
-            continue
-        started = turn.started.get(call.id)
-        if started is not None:
-            return ResolveUnknown(started)
-        return StartTool(turn.decision.seq, call)
+        action = _call_action(turn.decision.seq, call, turn.steps.get(call.id, []))
+        if action is not None:
+            return action
     if not turn.calls:
         return FinishCompleted(str(turn.decision.payload.get("content") or ""))
     return CallModel()
+
+
+def _approval(decision_seq: int, call: ToolCall, history: list[Entry]) -> Action:
+    """A held call whose decision arrived: run what was approved, or refuse."""
+    requested = next(e for e in history if e.kind == APPROVAL_REQUESTED)
+    decided = [e for e in history if e.kind == APPROVAL_DECIDED]
+    if not decided:
+        return AwaitApproval(requested)
+    verdict = check(requested.payload, decided[-1].payload)
+    if verdict.arguments is None:
+        return RefuseCall(decision_seq, call, verdict.refusal or "refused", verdict.tampered)
+    approved = ToolCall(call.id, call.name, dict(verdict.arguments))
+    return StartTool(decision_seq, approved, verdict)
+
+
+def _call_action(decision_seq: int, call: ToolCall, history: list[Entry]) -> Action | None:
+    """What one call of the last decision needs next; None when it is answered."""
+    latest = history[-1] if history else None
+    if latest is None:
+        return StartTool(decision_seq, call)
+    if latest.kind in (APPROVAL_REQUESTED, APPROVAL_DECIDED):
+        return _approval(decision_seq, call, history)
+    if latest.kind == STARTED:
+        return ResolveUnknown(latest)
+    if latest.awaits_person:
+        return AwaitPerson(latest)
+    if latest.decision == "retry":
+        held = any(e.kind == APPROVAL_REQUESTED for e in history)
+        return _approval(decision_seq, call, history) if held else StartTool(decision_seq, call)
+    if latest.decision == "fail_run":
+        who = latest.payload.get("decided_by") or "a person"
+        note = latest.payload.get("note")
+        reason = f"the outcome of {call.name} was unknown and {who} failed the run"
+        return FailRun(f"{reason}: {note}" if note else reason)
+    return None
 
 
 def counters(entries: list[Entry]) -> Counters:
@@ -185,10 +303,21 @@ def build_messages(entries: list[Entry], instructions: str) -> list[dict[str, An
     turns = {turn.decision.seq: turn for turn in _turns(entries)}
     for entry in entries:
         if entry.kind == INPUT:
+            # A session turn's input carries the earlier turns' transcript: it goes first.
+            messages.extend(history_messages(entry.payload))
             messages.append({"role": "user", "content": str(entry.payload.get("text", ""))})
         elif entry.kind == DECISION:
             messages.extend(_turn_messages(turns[entry.seq]))
     return messages
+
+
+def history_messages(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The `history` of an input payload as chat messages (user and assistant text only)."""
+    out = []
+    for item in payload.get("history") or []:
+        if isinstance(item, Mapping) and item.get("role") in ("user", "assistant"):
+            out.append({"role": item["role"], "content": str(item.get("content") or "")})
+    return out
 
 
 def _turn_messages(turn: _Turn) -> list[dict[str, Any]]:
@@ -220,19 +349,58 @@ def _arguments_text(call: ToolCall) -> str:
 
 
 def _tool_content(turn: _Turn, call: ToolCall) -> str:
-    result = turn.results.get(call.id)
+    result = turn.result(call.id)
     if result is None:
         return f"no result recorded: the call to {call.name} did not complete"
-    return result_text(result.payload)
+    return _edit_note(turn.steps.get(call.id, [])) + result_text(result.payload)
+
+
+def _edit_note(history: list[Entry]) -> str:
+    """If a human edited the call before it ran, say so (and how) before its result."""
+    decided = [e.payload for e in history if e.kind == APPROVAL_DECIDED]
+    if not decided or decided[-1].get("decision") != "edited":
+        return ""
+    d = decided[-1]
+    before = json.dumps(d.get("edited_from"), ensure_ascii=False, sort_keys=True)
+    after = json.dumps(d.get("arguments"), ensure_ascii=False, sort_keys=True)
+    note = f" ({d['note']})" if d.get("note") else ""
+    return (
+        f"note: {d.get('decided_by', 'a human')} edited the arguments before it ran{note}, "
+        f"from {before} to {after}. result: "
+    )
 
 
 def result_text(payload: Mapping[str, Any]) -> str:
     """What the model sees for one tool_result payload."""
     status = payload.get("status")
     tool = payload.get("tool", "the tool")
+    if payload.get("decision"):
+        return _decision_text(payload)
+    if status == "rejected":
+        return str(payload.get("output") or "rejected")
     if status == "ok":
         return json.dumps(payload.get("output"), ensure_ascii=False)
     if status == "unknown":
         resolution = payload.get("resolution") or "it was not retried"
         return f"unknown outcome: the request may or may not have reached {tool}; {resolution}"
     return f"error: {payload.get('error') or 'the tool call failed'}"
+
+
+_DECISIONS = {
+    "happened": "it happened",
+    "not_happened": "it did not happen, and it was not sent again",
+    "retry": "it did not happen; it is sent again",
+    "fail_run": "the run is stopped",
+}
+
+
+def _decision_text(payload: Mapping[str, Any]) -> str:
+    """A person's decision on an unknown outcome, as the model reads it."""
+    who = payload.get("decided_by") or "a person"
+    said = _DECISIONS.get(str(payload.get("decision")), str(payload.get("decision")))
+    text = (
+        f"the outcome of the call to {payload.get('tool', 'the tool')} was unknown; "
+        f"{who} checked and decided: {said}"
+    )
+    note = payload.get("note")
+    return f"{text} (note: {note})" if note else text

@@ -12,13 +12,27 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import limits, replay, steps
+from executor import approval, limits, replay, steps
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
-from executor.replay import CallModel, Done, FinishCompleted, ResolveUnknown, StartTool
+from executor.models.retry import ModelRetry
+from executor.ratelimit import parks as rate_parks
+from executor.ratelimit.limiter import RateLimited
+from executor.replay import (
+    AwaitApproval,
+    AwaitPerson,
+    CallModel,
+    Done,
+    FailRun,
+    FinishCompleted,
+    RefuseCall,
+    ResolveUnknown,
+    StartTool,
+)
 from executor.stream import CommitReply
-from executor.tools.catalogue import Catalogue, ToolCallRejected
-from executor.tools.delivery import Outcome, ToolDelivery
+from executor.tools import keys
+from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
+from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +77,7 @@ class RunDeps:
     catalogue: Catalogue
     wall_clock: Callable[[], float] = time.time
     rng: random.Random = dataclasses.field(default_factory=random.Random)
+    model_retry: ModelRetry = dataclasses.field(default_factory=ModelRetry)
 
 
 class RunLoop:
@@ -129,6 +144,16 @@ class RunLoop:
             return await self._start_tool(action)
         if isinstance(action, ResolveUnknown):
             return await self._resolve_unknown(action)
+        if isinstance(action, AwaitApproval):
+            note = f"tool call {action.requested.payload.get('call_id')} still waits for approval"
+            return await self._park("approval", None, note)
+        if isinstance(action, RefuseCall):
+            return await self._refuse(action)
+        if isinstance(action, AwaitPerson):
+            note = f"the outcome of step {action.result.seq} still waits for a person's decision"
+            return await self._park("human", None, note)
+        if isinstance(action, FailRun):
+            return await self._fail(action.error)
         if isinstance(action, FinishCompleted):
             return await self._complete(action.output)
         raise AssertionError(f"unexpected action {action!r}")
@@ -140,10 +165,7 @@ class RunLoop:
         try:
             reply = await self._ask_model(seq)
         except ModelUnavailable as exc:
-            parks = replay.trailing_parks(self.entries, "model")
-            delay = model_backoff(parks, exc.retry_after, self._deps.rng)
-            log.warning("run %s: model unavailable (%s); parking %.1fs", self.run_id, exc, delay)
-            return await self._park("model", delay, exc.reason)
+            return await self._model_unavailable(exc)
         except ModelRejected as exc:
             return await self._fail(exc.reason)
         if reply is None:  # interrupted by the drain deadline
@@ -165,6 +187,17 @@ class RunLoop:
         faults.point("executor.decision.after_commit")
         log.info("run %s completed", self.run_id)
         return "completed"
+
+    async def _model_unavailable(self, exc: ModelUnavailable) -> str:
+        """Park with backoff while the provider is down; fail once the run's budget is spent."""
+        retry = self._deps.model_retry
+        parks = replay.trailing_parks(self.entries, "model")
+        budget = retry.budget(self._run.limits.model_retry_budget)
+        if parks >= budget:
+            return await self._fail(retry.give_up(budget, exc.reason))
+        delay = retry.delay(parks, exc.retry_after, self._deps.rng)
+        log.warning("run %s: model unavailable (%s); parking %.1fs", self.run_id, exc, delay)
+        return await self._park("model", delay, exc.reason)
 
     async def _ask_model(self, seq: int) -> ModelReply | None:
         """The model's reply, or None if the drain deadline interrupted the call."""
@@ -198,6 +231,8 @@ class RunLoop:
             await self._commit_result(seq, action.decision_seq, call.id, call.name, outcome)
             return None
         arguments: Mapping[str, Any] = call.arguments or {}
+        if action.approval is None and approval.needs_approval(tool, self.spec):
+            return await self._hold(action, tool)
         started = steps.tool_started(
             seq, action.decision_seq, call.id, tool.name, arguments, self.run_id, tool.call_class
         )
@@ -205,13 +240,38 @@ class RunLoop:
             return await self._start_internal(started, call.id, tool.name, arguments)
         await self._commit([started], tool_calls=1)
         faults.point("executor.tool.after_started_commit")
-        outcome = await self._deps.delivery.send(
-            tool, arguments, f"{self.run_id}:{seq}", self._guard
-        )
+        try:
+            outcome = await self._deps.delivery.send(
+                tool, arguments, keys.derive(self.run_id, seq), self._guard
+            )
+        except RateLimited as exc:
+            return await self._park_rate(exc, seq)
         faults.point("executor.tool.after_response")
-        await self._commit_result(seq + 1, seq, call.id, tool.name, outcome)
-        faults.point("executor.tool.after_result_commit")
-        return None
+        return await self._record(seq + 1, seq, call.id, tool.name, outcome)
+
+    async def _hold(self, action: StartTool, tool: Tool) -> str:
+        """Hold the call for a human: step, approval and park in one commit; then let go."""
+        seq = replay.next_seq(self.entries)
+        held = approval.hold(seq, action.decision_seq, action.call, tool, self.spec)
+        await self._commit([held.step], park=held.park, approval_request=held.request)
+        log.info("run %s: %s waits for approval %s", self.run_id, tool.name,
+                 held.request.approval_id)  # fmt: skip
+        return "parked"
+
+    async def _refuse(self, action: RefuseCall) -> None:
+        """A rejected (or tampered) approval: the model reads why; nothing is sent."""
+        seq = replay.next_seq(self.entries)
+        if action.tampered:
+            log.error("run %s: approval of %s refused: %s", self.run_id, action.call.id,
+                      action.text)  # fmt: skip
+        outcome = (
+            Outcome("error", error=action.text)
+            if action.tampered
+            else Outcome("rejected", output=action.text)
+        )
+        await self._commit_result(
+            seq, action.decision_seq, action.call.id, action.call.name, outcome
+        )
 
     async def _start_internal(
         self, started: executor_pb2.NewStep, call_id: str, name: str, arguments: Mapping[str, Any]
@@ -240,7 +300,12 @@ class RunLoop:
             # The sleep's wake time has passed: that is its result.
             outcome = Outcome("ok", output={"slept_seconds": arguments.get("seconds")})
         else:
-            outcome = await self._resend(action, name, arguments)
+            unsent = rate_parks.unsent(self.entries, started.seq, self.lease.epoch)
+            try:
+                outcome = await self._resend(action, name, arguments, unsent)
+            except RateLimited as exc:
+                # Still known unsent only if it was so before this attempt.
+                return await self._park_rate(exc, started.seq if unsent else None)
         log.info(
             "run %s: unknown outcome of %s (%s) resolved: %s %s",
             self.run_id,
@@ -249,26 +314,53 @@ class RunLoop:
             outcome.status,
             outcome.resolution or "",
         )
-        await self._commit_result(seq, started.seq, call_id, name, outcome)
-        faults.point("executor.tool.after_result_commit")
-        return None
+        return await self._record(seq, started.seq, call_id, name, outcome)
 
-    async def _resend(self, action: ResolveUnknown, name: str, arguments: Any) -> Outcome:
+    async def _resend(
+        self, action: ResolveUnknown, name: str, arguments: Any, unsent: bool = False
+    ) -> Outcome:
+        started = action.started
+        key = str(started.payload.get("idempotency_key") or keys.derive(self.run_id, started.seq))
+        # The key's age decides whether the provider still remembers it.
+        age = self._deps.wall_clock() - started.created_at if started.created_at else 0.0
         tool = self._deps.catalogue.get(name)
-        if tool is None:
-            return Outcome(
-                "unknown", resolution="not retried: the tool is no longer in the catalogue"
+        if tool is not None and unsent:
+            # Held back by a rate limit: it never left, so it goes out now, under its key.
+            outcome = await self._deps.delivery.send(tool, arguments, key, self._guard)
+        else:
+            outcome = await self._deps.delivery.resolve_unknown(
+                tool, action.call_class, arguments, key, self._guard, age
             )
-        key = str(
-            action.started.payload.get("idempotency_key") or f"{self.run_id}:{action.started.seq}"
-        )
-        recorded_class = action.call_class
-        outcome = await self._deps.delivery.resolve_unknown(
-            tool, recorded_class, arguments, key, self._guard
-        )
-        if outcome.resolution is None:  # it was sent again and answered
+        if outcome.status in ("ok", "error"):  # the provider answered
             faults.point("executor.tool.after_response")
         return outcome
+
+    async def _record(
+        self, seq: int, ref_seq: int, call_id: str, tool: str, outcome: Outcome
+    ) -> str | None:
+        """Commit what a send or a resolution came to; park when it is not settled."""
+        parks = replay.trailing_parks(self.entries, "retry")
+        outcome = after_parks(outcome, parks)
+        if outcome.status == "pending":
+            # Nothing recorded: the call stays started, resolved again on waking.
+            delay = pending_backoff(parks, outcome.retry_after, self._deps.rng)
+            return await self._park("retry", delay, outcome.resolution or "tool call not settled")
+        result = steps.tool_result(
+            seq, ref_seq, call_id, tool, outcome.status,
+            output=outcome.output, error=outcome.error, resolution=outcome.resolution,
+        )  # fmt: skip
+        if outcome.status != "unknown":
+            await self._commit([result])
+            faults.point("executor.tool.after_result_commit")
+            return None
+        # Nothing may settle it: recorded as unknown, and a person decides
+        # (RunService.ResolveUnknownOutcome wakes the run).
+        note = f"the outcome of {tool} (step {seq}) is unknown: waiting for a person's decision"
+        park = steps.park(seq + 1, "human", None, note)
+        await self._commit([result, park], park=steps.park_transition("human", None))
+        faults.point("executor.tool.after_result_commit")
+        log.warning("run %s: outcome of %s unknown; parked for a person", self.run_id, tool)
+        return "parked"
 
     def _guard(self) -> None:
         """Self-fencing: never send a request under a lease that may lapse meanwhile."""
@@ -305,10 +397,22 @@ class RunLoop:
         log.info("run %s failed: %s", self.run_id, error)
         return "failed"
 
-    async def _park(self, reason: str, wake_after: float, note: str) -> str:
+    async def _park_rate(self, limited: RateLimited, call_seq: int | None) -> str:
+        """Park until a token is due; `call_seq`: the call held back, if known never sent."""
+        park = rate_parks.park_step(
+            replay.next_seq(self.entries), limited, call_seq, self.lease.epoch
+        )
+        wake = limited.wake_after
+        await self._commit([park], park=steps.park_transition(rate_parks.WAIT_REASON, wake))
+        log.info("run %s parked (rate, %s, wake after %.2fs)", self.run_id, limited.cause, wake)
+        return "parked"
+
+    async def _park(self, reason: str, wake_after: float | None, note: str) -> str:
+        """Park until `wake_after` seconds pass, or (None) until an event wakes the run."""
         park = steps.park(replay.next_seq(self.entries), reason, wake_after, note)
         await self._commit([park], park=steps.park_transition(reason, wake_after))
-        log.info("run %s parked (%s, wake after %.1fs)", self.run_id, reason, wake_after)
+        wake = "on an event" if wake_after is None else f"after {wake_after:.1f}s"
+        log.info("run %s parked (%s, wake %s)", self.run_id, reason, wake)
         return "parked"
 
     async def _commit(
@@ -318,6 +422,7 @@ class RunLoop:
         park: executor_pb2.Park | None = None,
         complete: executor_pb2.Complete | None = None,
         fail: executor_pb2.Fail | None = None,
+        approval_request: executor_pb2.ApprovalRequest | None = None,
         model_calls: int = 0,
         tool_calls: int = 0,
         tokens: int = 0,
@@ -329,6 +434,7 @@ class RunLoop:
             park=park,
             complete=complete,
             fail=fail,
+            approval_request=approval_request,
             model_calls=model_calls,
             tool_calls=tool_calls,
             tokens=tokens,

@@ -11,6 +11,7 @@ from google.protobuf import duration_pb2
 from agentrun.v1 import executor_pb2
 from executor.models.base import ModelReply, ToolCall
 from executor.replay import DECISION, FINISH, PARK, RESULT, STARTED, Entry
+from executor.tools import keys
 
 
 def new_step(
@@ -69,7 +70,7 @@ def tool_started(
         "call_id": call_id,
         "tool": tool,
         "arguments": dict(arguments),
-        "idempotency_key": f"{run_id}:{seq}",
+        "idempotency_key": keys.derive(run_id, seq),
         "class": call_class,
     }
     return new_step(seq, STARTED, payload, ref_seq=decision_seq)
@@ -86,20 +87,29 @@ def tool_result(
     error: str | None = None,
     resolution: str | None = None,
 ) -> executor_pb2.NewStep:
+    """A tool's result; an `unknown` one waits for a person (`"awaiting": "human"`)."""
     payload: dict[str, Any] = {"call_id": call_id, "tool": tool, "status": status, "output": output}
     if error is not None:
         payload["error"] = error
     if resolution is not None:
         payload["resolution"] = resolution
+    if status == "unknown":
+        payload["awaiting"] = "human"
     return new_step(seq, RESULT, payload, ref_seq=ref_seq)
 
 
-def park(seq: int, wait_reason: str, wake_after: float, note: str) -> executor_pb2.NewStep:
-    payload = {"wait_reason": wait_reason, "wake_after_seconds": wake_after, "note": note}
+def park(seq: int, wait_reason: str, wake_after: float | None, note: str) -> executor_pb2.NewStep:
+    """A park step; `wake_after` None for a wait that an event ends (a person's decision)."""
+    payload: dict[str, Any] = {"wait_reason": wait_reason, "note": note}
+    if wake_after is not None:
+        payload["wake_after_seconds"] = wake_after
     return new_step(seq, PARK, payload)
 
 
-def park_transition(wait_reason: str, wake_after: float) -> executor_pb2.Park:
+def park_transition(wait_reason: str, wake_after: float | None) -> executor_pb2.Park:
+    """Park until `wake_after` seconds from now (database clock), or until an event."""
+    if wake_after is None:
+        return executor_pb2.Park(wait_reason=wait_reason)
     delay = duration_pb2.Duration()
     delay.FromNanoseconds(int(wake_after * 1_000_000_000))
     return executor_pb2.Park(wait_reason=wait_reason, wake_after=delay)

@@ -71,5 +71,5 @@ def notifications(row: Any, kind: str, approvers: list[str] | None = None) -> li
         for approver in (approvers if approvers is not None else row["approvers"])
     ]
     if row["slack_approvers"] and approvers is None:
-        notes.append(Notification(ws, kind, "chat", "approvals", summary))
+        notes.append(Notification(ws, kind, "chat", "#approvals", summary))
     return notes

@@ -63,7 +63,7 @@ async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple
         return "/mail/send", {"to": row["recipient"], "subject": f"Approval needed: "
                               f"{approval['tool']}", "body": body}  # fmt: skip
     value = f"{row['workspace_id']}:{approval['approval_id']}"
-    return "/chat/post", {
+    return "/chat/messages", {
         "channel": row["recipient"], "text": text, "notification_id": nid,
         "actions": [{"action_id": "approve", "value": value},
                     {"action_id": "reject", "value": value}],

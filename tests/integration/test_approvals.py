@@ -91,7 +91,7 @@ async def test_the_hold_is_one_transaction_and_a_fenced_hold_writes_nothing(pool
     assert approval["arguments_sha256"] == arguments_sha256(json.loads(approval["arguments"]))
     outbox = await pool.fetch("SELECT channel, recipient FROM outbox")
     assert {tuple(r) for r in outbox} == {
-        ("chat", "approvals"), ("mail", "alice@example.com"), ("mail", "bob@example.com"),
+        ("chat", "#approvals"), ("mail", "alice@example.com"), ("mail", "bob@example.com"),
     }  # fmt: skip
     # A stale epoch commits nothing: no step, no approval, no notification.
     ask = executor_pb2.ApprovalRequest(approval_id=str(uuid.uuid4()), decision_seq=1,

@@ -27,3 +27,11 @@ def test_regenerating_changes_nothing(tmp_path):
                            and p.name != "__pycache__")  # fmt: skip
     _, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
     assert (mismatch, errors) == ([], []), "run `make gen` and commit generated/"
+
+
+def test_every_step_kind_has_a_stored_name():
+    from agentrun.v1 import run_pb2
+    from control_plane.api import convert
+
+    kinds = {v.number for v in run_pb2.StepKind.DESCRIPTOR.values if v.number}
+    assert set(convert.KIND_TO_PROTO.values()) == kinds

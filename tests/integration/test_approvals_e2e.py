@@ -1,0 +1,138 @@
+"""Approvals end to end: real executors hold the call, a human decides, the model sees it."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2
+from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.waiting import eventually
+
+APPROVER = "manager@example.com"
+
+
+@pytest.fixture
+async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
+    cp = control_plane(db_url)
+    api = Api(cp.address)
+    policy = agent_pb2.AgentSpec(
+        model="approval", instructions="test agent", tools=["send_email"],
+        approval=approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER]),
+    )  # fmt: skip
+    await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id="ws", agent_id="mailer"))
+    await api.agents.PublishAgentVersion(
+        agent_pb2.PublishAgentVersionRequest(workspace_id="ws", agent_id="mailer", spec=policy)
+    )
+    approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    yield cp, api, approvals
+    await api.close()
+
+
+async def pending(api: Api, approvals, run_id: str) -> approval_pb2.Approval:
+    async def one():
+        run = await api.get(run_id)
+        if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "approval":
+            return None
+        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
+            workspace_id="ws", approver=APPROVER, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+        mine = [a for a in resp.approvals if a.run_id == run_id]
+        return mine[0] if mine else None
+
+    return await eventually(one, timeout=30, message="the run never waited for an approval")
+
+
+def sent_mail(providers_url: str, run_id: str) -> list[dict]:
+    return [r for r in sandbox_requests(providers_url)
+            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+
+
+async def decide(approvals, approval_id: str, **decision):
+    return await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
+        workspace_id="ws", approval_id=approval_id, approver=APPROVER, **decision))  # fmt: skip
+
+
+async def test_the_call_waits_with_no_executor_and_runs_exactly_as_approved(
+    stack, executor_factory, sandbox_providers
+):
+    cp, api, approvals = stack
+    run_id = await api.start("mailer", "email ada")
+    executor_factory(cp)
+    approval = await pending(api, approvals, run_id)
+    run = await api.get(run_id)
+    assert run.lease_owner == "" and not run.HasField("wake_time")  # held by nobody
+    args = json.loads(approval.arguments_json)
+    assert args["to"] == "ada@example.com" and sent_mail(sandbox_providers.url, run_id) == []
+
+    await decide(approvals, approval.approval_id, approve=approval_pb2.Approve())
+    (run,) = await api.wait_terminal([run_id])
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    (mail,) = sent_mail(sandbox_providers.url, run_id)
+    assert {k: mail["body"][k] for k in args} == args
+
+
+async def test_a_rejection_reaches_the_model_as_a_result(
+    stack, executor_factory, sandbox_providers
+):
+    cp, api, approvals = stack
+    run_id = await api.start("mailer", "email ada")
+    executor_factory(cp)
+    approval = await pending(api, approvals, run_id)
+    await decide(approvals, approval.approval_id,
+                 reject=approval_pb2.Reject(reason="wrong price, use the 2026 list"))  # fmt: skip
+    (run,) = await api.wait_terminal([run_id])
+    assert run.output == "The email tool said: rejected: wrong price, use the 2026 list"
+    assert sent_mail(sandbox_providers.url, run_id) == []
+
+
+async def test_an_edit_runs_the_humans_arguments_and_the_model_sees_it(
+    stack, executor_factory, sandbox_providers
+):
+    cp, api, approvals = stack
+    run_id = await api.start("mailer", "email ada")
+    executor_factory(cp)
+    approval = await pending(api, approvals, run_id)
+    edited = {**json.loads(approval.arguments_json), "body": "Hi Ada, the 2026 price is 90."}
+    await decide(approvals, approval.approval_id, edit=approval_pb2.Edit(
+        arguments_json=json.dumps(edited), note="fix the price"))  # fmt: skip
+    (run,) = await api.wait_terminal([run_id])
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    (mail,) = sent_mail(sandbox_providers.url, run_id)
+    assert mail["body"]["body"] == "Hi Ada, the 2026 price is 90."
+    assert "edited the arguments before it ran (fix the price)" in run.output
+    assert "the 2026 price is 90" in run.output
+
+
+async def test_tampered_arguments_are_refused_before_the_tool_is_called(
+    stack, executor_factory, sandbox_providers, db
+):
+    cp, api, approvals = stack
+    run_id = await api.start("mailer", "email ada")
+    (first,) = executor_factory(cp)
+    approval = await pending(api, approvals, run_id)
+    first.kill()  # nobody may pick the run up until the log is tampered with
+    await decide(approvals, approval.approval_id, approve=approval_pb2.Approve())
+    # An attacker with database access rewrites the approved recipient.
+    await db.execute(
+        """UPDATE steps SET payload = jsonb_set(payload, '{arguments,to}', '"evil@example.com"')
+           WHERE run_id = $1 AND kind = 'approval_decided'""",
+        run_id,
+    )
+    executor_factory(cp)
+    (run,) = await api.wait_terminal([run_id])
+    assert "hash mismatch" in run.output
+    assert sent_mail(sandbox_providers.url, run_id) == []
+
+
+async def test_a_second_decision_is_aborted_naming_the_winner(stack, executor_factory):
+    cp, api, approvals = stack
+    run_id = await api.start("mailer", "email ada")
+    executor_factory(cp)
+    approval = await pending(api, approvals, run_id)
+    await decide(approvals, approval.approval_id, approve=approval_pb2.Approve())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await decide(approvals, approval.approval_id, reject=approval_pb2.Reject(reason="late"))
+    assert info.value.code() == grpc.StatusCode.ABORTED
+    assert f"approved by {APPROVER}" in info.value.details()
