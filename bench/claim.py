@@ -1,0 +1,220 @@
+"""Claim throughput with concurrent claimers, and single-claim latency at 10k vs 1M parked runs.
+
+Workspaces, agents and versions are made through the store; runs are bulk-loaded with
+generate_series (a claim reads nothing else). Every bench workspace is on the enterprise plan
+with a cap above the number of runs, so that caps never decide a figure. Throughput: 10k
+(quick: 2k) queued runs, in 1 workspace and then spread over 100; 8 claimers, each on its own
+connection, call `claim_due` until every run is claimed, for batch sizes 1 and 16. The fair
+claim locks the workspaces it serves, so a claimer can come back empty while others hold
+them: it asks again 2 ms later, and those empty calls are counted. Depth: two databases on the
+same server, one with 10k parked runs (waiting, wake_at in the future) and one with 1M;
+measurement rounds alternate between them: insert one due run, time one single-run claim.
+VACUUM ANALYZE follows each bulk load, so the measurement neither runs on stale statistics
+nor meets autovacuum catching up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from bench import report
+from bench.postgres import BenchPostgres, bench_postgres, durability
+from bench.stats import Summary, ratio
+from control_plane.store import agents, workspaces
+from control_plane.store.db import create_pool
+from control_plane.store.lease import claim_due
+
+CLAIMERS = 8
+QUEUED = 10_000
+LAYOUTS = (1, 100)  # workspaces the queued runs are spread over
+BATCHES = (1, 16)
+SHALLOW = 10_000
+LOAD_CHUNK = 250_000
+WARMUP = 20
+TARGET = 1.5
+CAP = 10_000_000
+AGENT = "claim"
+CLAIM_DEADLINE = 600.0
+# Longer than any measurement: a lease lapsing mid-way would be claimed again, counted twice.
+LEASE_SECONDS = 3600
+# After an empty claim. A dispatcher would wait for a poke or its poll interval; spinning
+# would only take the 2 cores from the claimer that holds the workspace.
+EMPTY_BACKOFF = 0.002
+
+# Run g goes to workspace bench<g mod $6>; wake_at spread over [now + $4, now + $4 + $5) s.
+INSERT_RUNS = """
+INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
+                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at)
+SELECT 'bench' || (g % $6::int), gen_random_uuid(), 'claim', 1, $2::text, $3::text,
+       now() + make_interval(secs => $4 + random() * $5),
+       'bench', 50, 1000000, 300, 86400, now() + interval '1 day'
+FROM generate_series(1, $1::int) AS g
+"""
+
+
+async def seed(dsn: str, n_workspaces: int) -> None:
+    """Workspaces bench0..benchN-1, each with room for every run and the agent version."""
+    pool = await create_pool(dsn, min_size=1, max_size=2)
+    try:
+        for i in range(n_workspaces):
+            await workspaces.set_plan(pool, f"bench{i}", "enterprise", CAP)
+            await agents.create_agent(pool, f"bench{i}", AGENT, AGENT)
+            await agents.publish_version(pool, f"bench{i}", AGENT, {"model": "steps10"})
+    finally:
+        await pool.close()
+
+
+async def insert_queued(conn: asyncpg.Connection, n: int, n_workspaces: int = 1) -> None:
+    """n runs due now (admitted within the last minute)."""
+    await conn.execute(INSERT_RUNS, n, "queued", None, -60.0, 60.0, n_workspaces)
+
+
+async def insert_parked(conn: asyncpg.Connection, n: int) -> None:
+    """n runs sleeping until some time between an hour and a day from now."""
+    await conn.execute(INSERT_RUNS, n, "waiting", "sleep", 3600.0, 86400.0, 1)
+
+
+@dataclass
+class Tally:
+    """What the claimers of one measurement did together."""
+
+    target: int
+    claimed: int = 0
+    empty: int = 0
+    calls: list[float] = field(default_factory=list)  # of the calls that got runs
+
+
+async def _claimer(pool: asyncpg.pool.Pool, owner: str, batch: int, tally: Tally) -> None:
+    give_up = time.monotonic() + CLAIM_DEADLINE
+    while tally.claimed < tally.target:
+        start = time.perf_counter()
+        rows = await claim_due(pool, [owner] * batch, LEASE_SECONDS)
+        elapsed = time.perf_counter() - start
+        tally.claimed += len(rows)
+        if rows:
+            tally.calls.append(elapsed)
+        else:
+            tally.empty += 1
+            await asyncio.sleep(EMPTY_BACKOFF)
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"{tally.claimed} of {tally.target} runs claimed")
+
+
+async def _throughput(
+    conn: asyncpg.Connection, dsn: str, n_workspaces: int, batch: int, queued: int
+) -> list[str]:
+    await conn.execute("TRUNCATE runs CASCADE")
+    await insert_queued(conn, queued, n_workspaces)
+    await conn.execute("VACUUM ANALYZE runs")
+    pools = [await create_pool(dsn, min_size=1, max_size=1) for _ in range(CLAIMERS)]
+    tally = Tally(queued)
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(_claimer(p, f"claimer-{i}", batch, tally) for i, p in enumerate(pools))
+        )
+        elapsed = time.perf_counter() - start
+    finally:
+        await asyncio.gather(*(p.close() for p in pools))
+    s = Summary.of(tally.calls)
+    where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}"
+    return [f"{where}, batch {batch}", str(tally.claimed), f"{elapsed:.2f}",
+            f"{tally.claimed / elapsed:,.0f}", str(tally.empty),
+            report.ms(s.p50), report.ms(s.p99)]  # fmt: skip
+
+
+async def throughput(pg: BenchPostgres, quick: bool) -> None:
+    queued = 2_000 if quick else QUEUED
+    report.heading(f"claim: throughput, {queued:,} queued runs, {CLAIMERS} concurrent claimers")
+    rows = []
+    for n_workspaces in LAYOUTS:
+        dsn = await pg.create_database(f"claim_throughput_{n_workspaces}")
+        conn = await asyncpg.connect(dsn)
+        try:
+            if not rows:
+                report.note(await durability(dsn))
+            await seed(dsn, n_workspaces)
+            rows += [await _throughput(conn, dsn, n_workspaces, b, queued) for b in BATCHES]
+        finally:
+            await conn.close()
+    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms")
+    report.table(headers, rows)
+    report.note("p50/p99: latency of the claim calls that got runs")
+
+
+class DepthDatabase:
+    """A database with `parked` sleeping runs, and one claimer connection to it."""
+
+    def __init__(self, parked: int) -> None:
+        self.parked = parked
+        self.samples: list[float] = []
+        self._conn: asyncpg.Connection | None = None
+        self._pool: asyncpg.pool.Pool | None = None
+
+    async def load(self, pg: BenchPostgres) -> None:
+        dsn = await pg.create_database(f"claim_parked_{self.parked}")
+        self._conn = await asyncpg.connect(dsn)
+        self._pool = await create_pool(dsn, min_size=1, max_size=1)
+        await seed(dsn, 1)
+        start = time.perf_counter()
+        for done in range(0, self.parked, LOAD_CHUNK):
+            await insert_parked(self._conn, min(LOAD_CHUNK, self.parked - done))
+        await self._conn.execute("VACUUM ANALYZE runs")
+        report.note(f"loaded {self.parked:,} parked runs in {time.perf_counter() - start:.1f}s")
+
+    async def claim_one(self, record: bool = True) -> None:
+        """Make one run due, then time a single claim (which must take it)."""
+        assert self._conn is not None and self._pool is not None
+        await insert_queued(self._conn, 1)
+        start = time.perf_counter()
+        rows = await claim_due(self._pool, ["bench-claimer"], 3600)
+        elapsed = time.perf_counter() - start
+        if len(rows) != 1:
+            raise RuntimeError(f"a single claim with {self.parked:,} parked took {len(rows)} runs")
+        if record:
+            self.samples.append(elapsed)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+        if self._conn is not None:
+            await self._conn.close()
+
+
+async def depth(pg: BenchPostgres, quick: bool) -> None:
+    deep_n = 100_000 if quick else 1_000_000
+    rounds = 300 if quick else 1000
+    report.heading(f"claim: single-claim latency, {SHALLOW:,} vs {deep_n:,} parked runs")
+    shallow, deep = DepthDatabase(SHALLOW), DepthDatabase(deep_n)
+    try:
+        for db in (shallow, deep):
+            await db.load(pg)
+        for i in range(WARMUP + rounds):
+            # Alternate which goes first so neither always follows the other's write.
+            pair = (shallow, deep) if i % 2 else (deep, shallow)
+            for db in pair:
+                await db.claim_one(record=i >= WARMUP)
+    finally:
+        await shallow.close()
+        await deep.close()
+    a, b = Summary.of(shallow.samples), Summary.of(deep.samples)
+    report.table(
+        report.LATENCY_HEADERS,
+        [report.latency_row(f"{SHALLOW:,} parked", a), report.latency_row(f"{deep_n:,} parked", b)],
+    )
+    r = ratio(b.p99, a.p99)
+    report.target(f"claim p99 {deep_n:,}/{SHALLOW:,} parked", r, f"<= {TARGET:g}x", r <= TARGET)
+
+
+async def main(quick: bool = False) -> None:
+    async with bench_postgres() as pg:
+        await throughput(pg, quick)
+        await depth(pg, quick)
+
+
+def run(quick: bool = False) -> None:
+    asyncio.run(main(quick))

@@ -1,0 +1,244 @@
+"""Per-step commit round trip over the executor stream, against a raw single-row INSERT.
+
+The control plane runs as its own process (client and server do not share an event loop).
+This process plays a minimal executor: Hello, Ready{1}, take the assignment, then commit one
+model_decision step at a time and time each from send to CommitResult. The raw baseline is
+an autocommit single-row INSERT of the same payload into a jsonb table of the same database,
+over one reused connection. Two informational series show where the time goes: the store's
+commit (the same fenced statement, through the same kind of pool) called in this process on
+a second run, and a gRPC health check (the transport with no database). The series run in
+alternating blocks so that noise from other tenants of the machine falls on all alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agentrun.v1 import executor_pb2 as pb
+from agentrun.v1 import executor_pb2_grpc, run_pb2
+from bench import api, report
+from bench.postgres import bench_postgres, durability
+from bench.procs import Procs, workdir
+from bench.services import start_control_plane
+from bench.stats import Summary, ratio
+from control_plane.store import lease as lease_store
+from control_plane.store import steps as step_store
+from control_plane.store.db import create_pool
+
+WARMUP = 50
+BLOCK = 100
+TARGET = 2.0
+OURS = "agentrun Commit (1 step, gRPC stream)"
+RAW = "raw asyncpg INSERT (1 row, autocommit)"
+DIRECT = "  info: store.commit() in-process"
+PING = "  info: gRPC Health.Check (transport floor)"
+
+RAW_TABLE = """
+CREATE TABLE bench_raw_insert (
+    id          bigserial PRIMARY KEY,
+    run_id      uuid NOT NULL,
+    seq         integer NOT NULL,
+    payload     jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+RAW_INSERT = "INSERT INTO bench_raw_insert (run_id, seq, payload) VALUES ($1, $2, $3)"
+
+
+def decision_payload(seq: int) -> str:
+    """A small model_decision payload, as an executor would commit it."""
+    return json.dumps({
+        "content": f"thinking about step {seq}",
+        "tool_calls": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+        "model": "bench",
+        "response_id": f"resp-{seq}",
+    })  # fmt: skip
+
+
+class StreamExecutor:
+    """Just enough of an executor to hold one run and commit steps to it."""
+
+    def __init__(self, chan: grpc.aio.Channel) -> None:
+        self._call = executor_pb2_grpc.ExecutorServiceStub(chan).Connect()
+        self._request_ids = itertools.count(1)
+        self.lease = pb.Lease()
+        self.next_seq = 0
+
+    async def _receive(self, kind: str) -> pb.ConnectResponse:
+        while True:
+            msg = await self._call.read()
+            if msg is grpc.aio.EOF:
+                raise RuntimeError("the control plane closed the stream")
+            if msg.WhichOneof("msg") == kind:
+                return msg
+
+    async def take_run(self) -> None:
+        hello = pb.Hello(executor_id="bench-commit", release="bench", capacity=1)
+        await self._call.write(pb.ConnectRequest(hello=hello))
+        await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=1)))
+        assignment = (await self._receive("assignment")).assignment
+        run = assignment.run
+        self.lease = pb.Lease(
+            workspace_id=run.workspace_id, run_id=run.run_id, epoch=run.lease_epoch
+        )
+        self.next_seq = max(s.seq for s in assignment.steps) + 1
+
+    async def commit_one(self) -> float:
+        """Commit the next step; the seconds from send to an OK CommitResult."""
+        step = pb.NewStep(
+            seq=self.next_seq,
+            kind=run_pb2.STEP_KIND_MODEL_DECISION,
+            payload_json=decision_payload(self.next_seq),
+        )
+        msg = pb.Commit(request_id=next(self._request_ids), lease=self.lease, steps=[step])
+        start = time.perf_counter()
+        await self._call.write(pb.ConnectRequest(commit=msg))
+        result = (await self._receive("commit_result")).commit_result
+        elapsed = time.perf_counter() - start
+        if result.outcome != pb.COMMIT_OUTCOME_OK:
+            raise RuntimeError(f"commit of seq {self.next_seq} refused: {result}")
+        self.next_seq += 1
+        return elapsed
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
+class RawInserter:
+    """The baseline: one row, one statement, autocommit, on one reused connection."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+        self._run_id = uuid.uuid4()
+        self._seq = 0
+
+    async def insert_one(self) -> float:
+        self._seq += 1
+        payload = decision_payload(self._seq)
+        start = time.perf_counter()
+        await self._conn.execute(RAW_INSERT, self._run_id, self._seq, payload)
+        return time.perf_counter() - start
+
+
+class StoreCommitter:
+    """The store's fenced commit called directly: the SQL without the stream around it."""
+
+    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+        self._pool = pool
+        self._held: asyncpg.Record | None = None
+        self._seq = 1
+
+    async def claim(self) -> None:
+        rows = await lease_store.claim_due(self._pool, ["bench-commit-direct"], 3600)
+        if not rows:
+            raise RuntimeError("no queued run for the direct store series")
+        self._held = rows[0]
+
+    async def commit_one(self) -> float:
+        assert self._held is not None
+        step = step_store.NewStep(self._seq, "model_decision", None, decision_payload(self._seq))
+        held = self._held
+        req = step_store.CommitRequest(
+            held["workspace_id"], held["run_id"], held["lease_epoch"], [step]
+        )
+        start = time.perf_counter()
+        await step_store.commit(self._pool, req, 3600)
+        self._seq += 1
+        return time.perf_counter() - start
+
+
+def health_probe(chan: grpc.aio.Channel) -> Callable[[], Awaitable[float]]:
+    """A unary gRPC round trip that touches no database: what the transport alone costs."""
+    stub = health_pb2_grpc.HealthStub(chan)
+
+    async def check() -> float:
+        start = time.perf_counter()
+        await stub.Check(health_pb2.HealthCheckRequest())
+        return time.perf_counter() - start
+
+    return check
+
+
+Series = dict[str, Callable[[], Awaitable[float]]]
+
+
+async def _alternate(series: Series, n: int) -> dict[str, Summary]:
+    """Warm each series up, then run them in turns of BLOCK samples until each has n."""
+    for measure in series.values():
+        for _ in range(WARMUP):
+            await measure()
+    samples: dict[str, list[float]] = {name: [] for name in series}
+    done = 0
+    while done < n:
+        block = min(BLOCK, n - done)
+        for name, measure in series.items():
+            samples[name] += [await measure() for _ in range(block)]
+        done += block
+    return {name: Summary.of(values) for name, values in samples.items()}
+
+
+async def _measure(dsn: str, cp_port: int, n: int) -> dict[str, Summary]:
+    conn = await asyncpg.connect(dsn)
+    pool = await create_pool(dsn)
+    try:
+        await conn.execute(RAW_TABLE)
+        async with api.channel(cp_port) as chan:
+            return await _measure_with(chan, conn, pool, n)
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+async def _measure_with(
+    chan: grpc.aio.Channel, conn: asyncpg.Connection, pool: asyncpg.pool.Pool, n: int
+) -> dict[str, Summary]:
+    await api.publish_agent(chan, "commit", model="steps10", tools=[])
+    await api.start_run(chan, "commit", "commit benchmark")
+    ours = StreamExecutor(chan)
+    try:
+        await ours.take_run()
+        # Started only now: the stream executor has no credit left, so the dispatcher
+        # leaves this run queued for the direct series to claim.
+        await api.start_run(chan, "commit", "direct store series")
+        direct = StoreCommitter(pool)
+        await direct.claim()
+        series = {OURS: ours.commit_one, RAW: RawInserter(conn).insert_one}
+        info = {DIRECT: direct.commit_one, PING: health_probe(chan)}
+        return await _alternate({**series, **info}, n)
+    finally:
+        ours.close()
+
+
+def _print(results: dict[str, Summary]) -> None:
+    report.table(report.LATENCY_HEADERS, [report.latency_row(k, v) for k, v in results.items()])
+    ours, raw = results[OURS], results[RAW]
+    for label, ours_v, raw_v in (("p50", ours.p50, raw.p50), ("p99", ours.p99, raw.p99)):
+        r = ratio(ours_v, raw_v)
+        report.target(f"commit {label} ours/raw", r, f"<= {TARGET:g}x", r <= TARGET)
+
+
+async def main(quick: bool = False) -> None:
+    n = 300 if quick else 2000
+    report.heading(f"commit: per-step commit round trip, {n} sequential commits")
+    with workdir("commit") as tmp:
+        async with bench_postgres() as pg:
+            dsn = await pg.create_database("commit")
+            report.note(await durability(dsn))
+            with Procs(tmp) as procs:
+                _, port = await start_control_plane(procs, dsn)
+                results = await _measure(dsn, port, n)
+    _print(results)
+
+
+def run(quick: bool = False) -> None:
+    asyncio.run(main(quick))
