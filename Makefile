@@ -21,8 +21,8 @@ venv: $(STAMP) ## create .venv and install pinned dependencies
 run: $(STAMP) ## the demo: embedded Postgres/Redis, control plane, executor, sandboxes, one agent run
 	$(VENV)/bin/agentrun dev --demo
 
-test: $(STAMP) ## the whole suite against real Postgres, Redis and sandbox servers
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+test: $(STAMP) ## the whole suite against real Postgres, Redis and sandbox servers (not chaos)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" $(PYTEST_ARGS)
 
 test-unit: $(STAMP) ## pure-logic tests only
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
@@ -43,11 +43,13 @@ fmt: $(STAMP) ## apply ruff format and fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP) ## benchmarks: printed figures and ratios
-	$(PY) -m bench
+bench: $(STAMP) ## benchmarks: printed figures and ratios (BENCH_ARGS="--quick" or "commit claim")
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]' >$(VENV)/pip-bench.log 2>&1 \
+	  || { cat $(VENV)/pip-bench.log; exit 1; }
+	$(PY) -m bench $(BENCH_ARGS)
 
-chaos: $(STAMP) ## long randomized crash tests
-	$(PY) -m pytest -q -p no:cacheprovider -m chaos tests
+chaos: $(STAMP) ## the chaos test: 200 runs, 4 providers, kill -9 and dropped responses
+	$(PY) -m pytest -q -s -p no:cacheprovider -m chaos tests
 
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .data

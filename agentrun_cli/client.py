@@ -37,6 +37,11 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel, for stubs of other services (sessions, triggers)."""
+        return self._channel
+
     # --- agents ------------------------------------------------------------
 
     def create_agent(self, agent_id: str, display_name: str = "") -> agent_pb2.Agent:
@@ -82,6 +87,16 @@ class Client:
     def cancel_run(self, run_id: str, reason: str = "") -> run_pb2.Run:
         req = run_pb2.CancelRunRequest(workspace_id=self.workspace, run_id=run_id, reason=reason)
         return self.runs.CancelRun(req, timeout=self.timeout).run
+
+    def resolve_unknown(
+        self, run_id: str, seq: int, decision: str, decided_by: str, note: str = ""
+    ) -> run_pb2.ResolveUnknownOutcomeResponse:
+        """Decide an unknown tool outcome: happened, not_happened, retry or fail_run."""
+        req = run_pb2.ResolveUnknownOutcomeRequest(
+            workspace_id=self.workspace, run_id=run_id, seq=seq, decided_by=decided_by, note=note,
+            decision=run_pb2.OutcomeDecision.Value(f"OUTCOME_DECISION_{decision.upper()}"),
+        )  # fmt: skip
+        return self.runs.ResolveUnknownOutcome(req, timeout=self.timeout)
 
     def list_runs(
         self, agent_id: str = "", status: int = 0, limit: int | None = None

@@ -110,6 +110,14 @@ def runs_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_resolve(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.resolve_unknown(args.run_id, args.seq, args.decision, args.by, args.note)
+    lines = [render.step_line(resp.step), f"run {resp.run.run_id} {render.state_line(resp.run)}"]
+    _emit(args, resp, lines)
+    return 0
+
+
 def _follow(client: Client, args: argparse.Namespace, run_id: str, from_seq: int) -> None:
     """Print a run's steps and state changes until the stream ends (one JSON event a line)."""
     watch = client.watch(run_id, from_seq, on_retry=_retry_notice)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from agentrun_cli import approvals, commands, launch
+from agentrun_cli import approvals, chat, commands, launch, triggers
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -120,6 +120,15 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--reason", default="")
     p.set_defaults(handler=commands.runs_cancel)
+    p = runs.add_parser(
+        "resolve", help="decide an unknown tool outcome a run waits on", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("seq", type=int, metavar="SEQ", help="the unknown tool_result step")
+    p.add_argument("decision", choices=["happened", "not_happened", "retry", "fail_run"])
+    p.add_argument("--by", default=os.environ.get("USER") or "cli", help="who decides")
+    p.add_argument("--note", default="", help="what you checked")
+    p.set_defaults(handler=commands.runs_resolve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agents(sub, common)
     _add_runs(sub, common)
     approvals.add_commands(sub, common)
+    triggers.add_commands(sub, common)
+    chat.add_command(sub, common)
     return parser
 
 

@@ -18,6 +18,8 @@ from agentrun_cli.supervisor import Child, StackError, Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 50051
+# The HTTP ingress (webhooks, sessions, approval links); a free port when it is taken.
+DEFAULT_HTTP_PORT = 8080
 STARTUP_TIMEOUT = 60.0
 
 
@@ -144,11 +146,14 @@ class DevStack:
 
     def _control_plane(self, db: str) -> str:
         port = self.port if _port_free(self.port) else 0  # busy: let the server pick one
+        http_port = DEFAULT_HTTP_PORT if _port_free(DEFAULT_HTTP_PORT) else 0
         port_file = self._port_file("control-plane")
         env = {
             "DATABASE_URL": db,
             "AGENTRUN_LISTEN": f"127.0.0.1:{port}",
             "AGENTRUN_PORT_FILE": str(port_file),
+            "AGENTRUN_HTTP_LISTEN": f"127.0.0.1:{http_port}",
+            "AGENTRUN_HTTP_PORT_FILE": str(self._port_file("control-plane-http")),
         }
         child = self._python("control-plane", ["-m", "control_plane"], env, port_file)
         address = f"127.0.0.1:{self.supervisor.wait_port(child, self.timeout)}"

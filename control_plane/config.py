@@ -27,6 +27,7 @@ class RunDefaults:
     deadline_seconds: int = 1800
     max_tokens: int = 1_000_000
     max_tool_calls: int = 300
+    model_retry_budget: int = 30
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,16 @@ class ServerConfig:
     approver_signing_key: bytes | None = field(default=None, repr=False)
     slack_signing_secret: bytes | None = field(default=None, repr=False)
     approval_poll_seconds: float = 0.5
+    # HTTP ingress (webhooks, sessions). In-process servers take a free port by
+    # default; the environment's default is 127.0.0.1:8080.
+    http_listen: str = "127.0.0.1:0"
+    http_port_file: str | None = None
+    webhook_max_body_bytes: int = 256 * 1024
+    # Triggers: how often the scheduler and the push fetcher look for due work,
+    # and how far back a schedule catches up on slots missed while no replica ran.
+    scheduler_poll_seconds: float = 1.0
+    schedule_catchup_seconds: float = 600.0
+    push_poll_seconds: float = 1.0
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -66,4 +77,16 @@ class ServerConfig:
             approver_signing_key=_secret("AGENTRUN_APPROVER_SIGNING_KEY"),
             slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
+            http_listen=os.environ.get("AGENTRUN_HTTP_LISTEN", "127.0.0.1:8080"),
+            http_port_file=os.environ.get("AGENTRUN_HTTP_PORT_FILE") or None,
+            webhook_max_body_bytes=int(
+                _float("AGENTRUN_WEBHOOK_MAX_BYTES", cls.webhook_max_body_bytes)
+            ),
+            scheduler_poll_seconds=_float(
+                "AGENTRUN_SCHEDULER_POLL_SECONDS", cls.scheduler_poll_seconds
+            ),
+            schedule_catchup_seconds=_float(
+                "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
+            ),
+            push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
         )

@@ -24,17 +24,28 @@ from agentrun.v1 import (
     executor_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+    trigger_pb2,
+    trigger_pb2_grpc,
 )
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer
+from control_plane.api.sessions import Conversations, SessionServicer
+from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
 from control_plane.config import ServerConfig
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.errors import ErrorInterceptor
+from control_plane.http.app import build_app
+from control_plane.http.context import HttpContext
+from control_plane.http.server import HttpIngress
+from control_plane.scheduler import Scheduler
 from control_plane.store.db import create_pool
+from control_plane.triggers.push import PushFetcher
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,8 @@ SERVICE_NAMES = (
     run_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
     executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name,
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
+    trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
+    session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
 )
 
 
@@ -65,11 +78,20 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     pool: asyncpg.pool.Pool
-    # Background loops of this replica: dispatcher, approval expiry, outbox relay.
+    # Background loops of this replica: dispatcher, approval expiry, outbox relay,
+    # scheduler, push fetcher.
     tasks: list[asyncio.Task[None]]
+    # The HTTP ingress (webhooks, sessions) on its own port.
+    http: HttpIngress | None = None
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port if self.http is not None else 0
 
     async def stop(self, grace: float = 5.0) -> None:
         await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
@@ -100,6 +122,12 @@ async def start(config: ServerConfig) -> RunningServer:
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
         ApprovalServicer(pool, config.approver_signing_key), server
     )
+    trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
+        TriggerServicer(pool, config.public_url), server
+    )
+    session_pb2_grpc.add_SessionServiceServicer_to_server(
+        SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -120,7 +148,28 @@ async def start(config: ServerConfig) -> RunningServer:
         ),
         asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
     ]
-    return RunningServer(server, port, pool, tasks)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher)
+    return RunningServer(server, port, pool, tasks + trigger_tasks, http)
+
+
+async def _start_triggers(
+    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher
+) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
+    """The HTTP ingress, the scheduler and the push fetcher of this replica."""
+    scheduler = Scheduler(
+        pool, config.defaults, dispatcher.poke,
+        poll_seconds=config.scheduler_poll_seconds, catchup_seconds=config.schedule_catchup_seconds,
+    )  # fmt: skip
+    fetcher = PushFetcher(
+        pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
+    )
+    ctx = HttpContext(pool, config, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke)
+    http = HttpIngress(build_app(ctx), config.http_listen)
+    await http.start()
+    return http, [
+        asyncio.create_task(scheduler.run(), name="scheduler"),
+        asyncio.create_task(fetcher.run(), name="push-fetcher"),
+    ]
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -134,6 +183,10 @@ async def serve(config: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
     running = await start(config)
     log.info("control plane serving on %s (port %d)", config.listen, running.port)
+    log.info("HTTP ingress on port %d", running.http_port)
+    # The HTTP port file first: whoever waits for the gRPC one may then read both.
+    if config.http_port_file:
+        _write_port_file(config.http_port_file, running.http_port)
     if config.port_file:
         _write_port_file(config.port_file, running.port)
     stop = asyncio.Event()

@@ -148,11 +148,17 @@ def processes(request: pytest.FixtureRequest, tmp_path) -> Iterator[ProcessGroup
 
 
 @pytest.fixture
-def control_plane(processes: ProcessGroup) -> Callable[..., ControlPlane]:
-    """Factory: `control_plane(db_url, **env) -> ControlPlane` (a replica, ready to serve)."""
+def control_plane(
+    processes: ProcessGroup, sandbox_providers: SandboxServer
+) -> Callable[..., ControlPlane]:
+    """Factory: `control_plane(db_url, **env) -> ControlPlane` (a replica, ready to serve).
+
+    Its approval notifications go to the sandbox mail and chat providers.
+    """
 
     def start(database_url: str, **env: object) -> ControlPlane:
-        return start_control_plane(processes, database_url, **env)
+        settings = {"AGENTRUN_NOTIFY_URL": sandbox_providers.url, **env}
+        return start_control_plane(processes, database_url, **settings)
 
     return start
 

@@ -30,12 +30,16 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
         "max_tool_calls": validate.in_range(
             "spec.limits.max_tool_calls", lim.max_tool_calls, 0, 100_000
         ),
+        "model_retry_budget": validate.in_range(
+            "spec.limits.model_retry_budget", lim.model_retry_budget, 0, 1000
+        ),
     }
 
 
 def validate_spec(spec: agent_pb2.AgentSpec) -> None:
     validate.text("spec.model", spec.model, max_bytes=200, required=True)
     validate.text("spec.instructions", spec.instructions, max_bytes=64 * 1024)
+    validate.in_range("spec.max_concurrency", spec.max_concurrency, 0, 100_000)
     if len(spec.tools) > MAX_TOOLS:
         raise InvalidArgument(
             "spec.tools", f"has {len(spec.tools)} tools; the limit is {MAX_TOOLS}"

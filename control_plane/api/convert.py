@@ -28,6 +28,8 @@ KIND_TO_PROTO = {
     "tool_result": run_pb2.STEP_KIND_TOOL_RESULT,
     "park": run_pb2.STEP_KIND_PARK,
     "finish": run_pb2.STEP_KIND_FINISH,
+    "approval_requested": run_pb2.STEP_KIND_APPROVAL_REQUESTED,
+    "approval_decided": run_pb2.STEP_KIND_APPROVAL_DECIDED,
 }
 KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
 
@@ -63,6 +65,7 @@ def run(row: Any) -> run_pb2.Run:
             deadline=duration(row["deadline_seconds"]),
             max_tokens=row["max_tokens"],
             max_tool_calls=row["max_tool_calls"],
+            model_retry_budget=row["model_retry_budget"],
         ),
         counters=run_pb2.RunCounters(
             steps=row["step_count"],
@@ -85,6 +88,35 @@ def run(row: Any) -> run_pb2.Run:
         if ts is not None:
             getattr(msg, name).CopyFrom(ts)
     return msg
+
+
+# A run parked on one of these waits in a queue, even before its wake time.
+QUEUED_WAITS = {
+    "rate": run_pb2.QUEUE_WAIT_CAUSE_RATE_LIMIT,
+    "model": run_pb2.QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE,
+}
+
+
+def queue_position(pos: Any, wait_reason: str | None) -> run_pb2.QueuePosition | None:
+    """A store QueuePosition as the public message; None for a wait that is no queue (a sleep)."""
+    if pos.due:
+        cause = (
+            run_pb2.QUEUE_WAIT_CAUSE_WORKSPACE_CAP if pos.workspace_full
+            else run_pb2.QUEUE_WAIT_CAUSE_AGENT_CAP if pos.agent_full
+            else run_pb2.QUEUE_WAIT_CAUSE_TURN
+        )  # fmt: skip
+    elif wait_reason in QUEUED_WAITS:
+        cause = QUEUED_WAITS[wait_reason]
+    else:
+        return None
+    return run_pb2.QueuePosition(
+        runs_ahead=pos.runs_ahead,
+        cause=cause,  # type: ignore[arg-type]
+        workspace_running=pos.workspace_running,
+        workspace_max_concurrency=pos.workspace_max_concurrency,
+        agent_running=pos.agent_running,
+        agent_max_concurrency=pos.agent_max_concurrency or 0,
+    )
 
 
 def step(row: Any) -> run_pb2.Step:
@@ -119,6 +151,7 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         "tools": list(spec.tools),
         "limits": limits,
         "approval": approval_policy_to_json(spec.approval),
+        "max_concurrency": spec.max_concurrency,
     }
 
 
@@ -163,8 +196,10 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             deadline=duration(lim.get("deadline_seconds", 0)),
             max_tokens=lim.get("max_tokens", 0),
             max_tool_calls=lim.get("max_tool_calls", 0),
+            model_retry_budget=lim.get("model_retry_budget", 0),
         ),
         approval=approval_policy_from_json(data.get("approval") or {}),
+        max_concurrency=data.get("max_concurrency", 0),
     )
 
 

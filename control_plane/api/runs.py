@@ -1,4 +1,4 @@
-"""RunService: admission, reads, cancellation and the WatchRun stream."""
+"""RunService: admission, reads, cancellation, the WatchRun stream, unknown-outcome decisions."""
 
 from __future__ import annotations
 
@@ -15,14 +15,23 @@ import grpc
 from agentrun.v1 import run_pb2, run_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.config import RunDefaults
-from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.errors import Aborted, DomainError, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
+from control_plane.store import lease as lease_store
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
+from control_plane.store import unknowns
 
 MAX_INPUT_BYTES = 256 * 1024
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_POLL_SECONDS = 0.2
+MAX_NOTE_BYTES = 4096
+OUTCOME_DECISIONS = {
+    run_pb2.OUTCOME_DECISION_HAPPENED: "happened",
+    run_pb2.OUTCOME_DECISION_NOT_HAPPENED: "not_happened",
+    run_pb2.OUTCOME_DECISION_RETRY: "retry",
+    run_pb2.OUTCOME_DECISION_FAIL_RUN: "fail_run",
+}
 
 
 def encode_page_token(created: datetime, run_id: uuid.UUID) -> str:
@@ -40,6 +49,15 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
         raise InvalidArgument("page_token", "is not a token this service issued") from None
 
 
+def undecidable(exc: unknowns.UndecidableError) -> DomainError:
+    """The status of a decision that was not recorded."""
+    if isinstance(exc, unknowns.RunNotFound | unknowns.StepNotFound):
+        return NotFound(str(exc))
+    if isinstance(exc, unknowns.AlreadyDecided):
+        return Aborted(f"the unknown outcome was {exc}")
+    return FailedPrecondition(str(exc))
+
+
 def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
     """The version's limits with the server defaults filled in for unset ones."""
     lim = spec.get("limits", {})
@@ -48,6 +66,7 @@ def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
         "max_tokens": lim.get("max_tokens") or defaults.max_tokens,
         "max_tool_calls": lim.get("max_tool_calls") or defaults.max_tool_calls,
         "deadline_seconds": lim.get("deadline_seconds") or defaults.deadline_seconds,
+        "model_retry_budget": lim.get("model_retry_budget") or defaults.model_retry_budget,
     }
 
 
@@ -96,7 +115,13 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     ) -> run_pb2.GetRunResponse:
         ws = validate.slug("workspace_id", request.workspace_id)
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
-        return run_pb2.GetRunResponse(run=convert.run(row))
+        msg = convert.run(row)
+        if row["status"] in ("queued", "waiting"):
+            pos = await lease_store.queue_position(self._pool, ws, row["run_id"])
+            queue = convert.queue_position(pos, row["wait_reason"]) if pos else None
+            if queue is not None:
+                msg.queue.CopyFrom(queue)
+        return run_pb2.GetRunResponse(run=msg)
 
     async def ListRuns(
         self, request: run_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
@@ -183,3 +208,25 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                     yield run_pb2.WatchRunResponse(step=convert.step(s))
                 return
             await asyncio.sleep(WATCH_POLL_SECONDS)
+
+    async def ResolveUnknownOutcome(
+        self, request: run_pb2.ResolveUnknownOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ResolveUnknownOutcomeResponse:
+        ws = validate.slug("workspace_id", request.workspace_id)
+        run_id = validate.run_id("run_id", request.run_id)
+        if request.seq <= 0:
+            raise InvalidArgument("seq", "must name the unknown tool_result step (seq > 0)")
+        decision = OUTCOME_DECISIONS.get(request.decision)
+        if decision is None:
+            raise InvalidArgument("decision", "must be HAPPENED, NOT_HAPPENED, RETRY or FAIL_RUN")
+        decided_by = validate.text("decided_by", request.decided_by, max_bytes=200, required=True)
+        note = validate.text("note", request.note, max_bytes=MAX_NOTE_BYTES)
+        wanted = unknowns.Decision(ws, run_id, request.seq, decision, decided_by, note)
+        try:
+            run_row, step = await unknowns.decide(self._pool, wanted)
+        except unknowns.UndecidableError as exc:
+            raise undecidable(exc) from None
+        self._on_runnable()
+        return run_pb2.ResolveUnknownOutcomeResponse(
+            run=convert.run(run_row), step=convert.step(step)
+        )

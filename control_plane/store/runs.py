@@ -24,6 +24,7 @@ class Admission:
     max_tokens: int
     max_tool_calls: int
     deadline_seconds: int
+    model_retry_budget: int = 30
 
 
 async def insert_run(
@@ -33,7 +34,7 @@ async def insert_run(
     return await run(
         pool, "run_insert", adm.workspace_id, uuid.uuid4(), adm.agent_id, adm.agent_version,
         adm.request_id, adm.input, adm.max_steps, adm.max_tokens, adm.max_tool_calls,
-        adm.deadline_seconds, now,
+        adm.deadline_seconds, now, adm.model_retry_budget,
     )  # fmt: skip
 
 

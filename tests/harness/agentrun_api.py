@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -9,7 +11,14 @@ from typing import Any
 import grpc
 import httpx
 
-from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from agentrun.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    approval_pb2,
+    approval_pb2_grpc,
+    run_pb2,
+    run_pb2_grpc,
+)
 from tests.harness.waiting import eventually
 
 TERMINAL = {run_pb2.RUN_STATUS_COMPLETED, run_pb2.RUN_STATUS_FAILED, run_pb2.RUN_STATUS_CANCELLED}
@@ -92,11 +101,45 @@ class Api:
         return await eventually(all_done, timeout=within, interval=0.2,
                                 message=f"runs did not finish in {within}s")  # fmt: skip
 
+    async def resolve_unknown(
+        self, run_id: str, seq: int, decision: str, decided_by: str = "tester", note: str = ""
+    ) -> run_pb2.ResolveUnknownOutcomeResponse:
+        """Decide an unknown outcome; `decision` is happened, not_happened, retry or fail_run."""
+        value = run_pb2.OutcomeDecision.Value(f"OUTCOME_DECISION_{decision.upper()}")
+        return await self.runs.ResolveUnknownOutcome(
+            run_pb2.ResolveUnknownOutcomeRequest(
+                workspace_id=self.ws, run_id=run_id, seq=seq, decision=value,
+                decided_by=decided_by, note=note,
+            )
+        )  # fmt: skip
+
+    async def awaiting_person(self, run_id: str) -> LoggedStep | None:
+        """The unknown outcome a run waits on a person for, found through the API, if any."""
+        run = await self.get(run_id)
+        if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "human":
+            return None
+        steps = await self.steps(run_id)
+        decided = {s.ref_seq for s in steps if s.kind == "tool_result" and "decision" in s.payload}
+        pending = [
+            s for s in steps
+            if s.kind == "tool_result" and s.payload.get("awaiting") == "human"
+            and s.seq not in decided
+        ]  # fmt: skip
+        return pending[-1] if pending else None
+
 
 def sandbox_requests(url: str) -> list[dict[str, Any]]:
     resp = httpx.get(f"{url}/_sandbox/requests", timeout=10)
     resp.raise_for_status()
     return resp.json()["requests"]
+
+
+def sandbox_effects(url: str, provider: str | None = None) -> list[dict[str, Any]]:
+    """Side effects the provider sandbox performed (each with its request's key)."""
+    params = {"provider": provider} if provider else {}
+    resp = httpx.get(f"{url}/_sandbox/effects", params=params, timeout=10)
+    resp.raise_for_status()
+    return resp.json()["effects"]
 
 
 def set_fault(url: str, **fault: Any) -> None:
@@ -106,3 +149,45 @@ def set_fault(url: str, **fault: Any) -> None:
 def clear_faults(url: str) -> None:
     """Disarm a sandbox's faults, keeping its request log."""
     httpx.delete(f"{url}/_sandbox/faults", timeout=10).raise_for_status()
+
+
+class AutoApprover:
+    """A person who approves every pending approval of the workspace as soon as it appears.
+
+    For tests whose subject is not approvals but whose tools need one (money-moving
+    tools always do): `async with AutoApprover(api): ...`.
+    """
+
+    def __init__(self, api: Api, approver: str = "admin", interval: float = 0.1) -> None:
+        self.api = api
+        self.approver = approver
+        self.interval = interval
+        self.stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+        self.approved = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AutoApprover:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):  # a control plane restarting
+                pending = await self.stub.ListApprovals(approval_pb2.ListApprovalsRequest(
+                    workspace_id=self.api.ws, approver=self.approver,
+                    state=approval_pb2.APPROVAL_STATE_PENDING, page_size=500,
+                ))  # fmt: skip
+                for a in pending.approvals:
+                    with contextlib.suppress(grpc.aio.AioRpcError):  # lost a race: fine
+                        await self.stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                            workspace_id=self.api.ws, approval_id=a.approval_id,
+                            approver=self.approver, approve=approval_pb2.Approve(),
+                        ))  # fmt: skip
+                        self.approved += 1
+            await asyncio.sleep(self.interval)  # a person's polling interval

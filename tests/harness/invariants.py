@@ -36,3 +36,12 @@ def assert_log_well_formed(steps: list[LoggedStep]) -> None:
     answered = Counter(s.ref_seq for s in steps if s.kind == "tool_result" and s.ref_seq in started)
     assert set(answered) == started and set(answered.values()) <= {1}
     assert steps[-1].kind == "finish"
+
+
+def assert_effects_at_most_once(effects: list[dict[str, Any]], provider: str) -> Counter:
+    """Each idempotency key caused at most one side effect at `provider`; returns the counts."""
+    keys = Counter(e["key"] for e in effects if e["provider"] == provider)
+    assert None not in keys, f"a {provider} side effect without a key: tests cannot count it"
+    repeated = {k: n for k, n in keys.items() if n > 1}
+    assert repeated == {}, f"{provider} side effects repeated: {repeated}"
+    return keys

@@ -254,11 +254,13 @@ class ProcessGroup:
 
 
 class ControlPlane:
-    """A running control plane replica; restart() comes back on the same port."""
+    """A running control plane replica; restart() comes back on the same ports."""
 
-    def __init__(self, process: ManagedProcess) -> None:
+    def __init__(self, process: ManagedProcess, http_port_file: Path | None = None) -> None:
         self.process = process
         self.port = process.port
+        # Written before the gRPC port file, so it is there once the process is ready.
+        self.http_port = int(http_port_file.read_text().strip()) if http_port_file else 0
 
     def __repr__(self) -> str:
         return f"ControlPlane({self.address}, pid={self.process.pid})"
@@ -266,6 +268,11 @@ class ControlPlane:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the HTTP ingress (webhooks, sessions)."""
+        return f"http://{HOST}:{self.http_port}"
 
     def kill(self) -> None:
         self.process.kill()
@@ -275,7 +282,9 @@ class ControlPlane:
 
     def restart(self, timeout: float = READY_TIMEOUT) -> ControlPlane:
         """Start again on the same port (executors reconnect to the address they know)."""
-        self.process.restart(timeout, AGENTRUN_LISTEN=self.address)
+        self.process.restart(
+            timeout, AGENTRUN_LISTEN=self.address, AGENTRUN_HTTP_LISTEN=f"{HOST}:{self.http_port}"
+        )
         return self
 
 
@@ -287,9 +296,13 @@ def start_control_plane(group: ProcessGroup, database_url: str, **env: object) -
         "AGENTRUN_LISTEN": f"{HOST}:0",
         **env,
     }
+    settings.setdefault("AGENTRUN_HTTP_LISTEN", f"{HOST}:0")
     process = group.new("control-plane", python_module("control_plane"), settings, port_file=True)
+    assert process.port_file is not None
+    http_port_file = process.port_file.with_suffix(".http-port")
     process.env["AGENTRUN_PORT_FILE"] = str(process.port_file)
-    return ControlPlane(process.start().wait_ready())
+    process.env["AGENTRUN_HTTP_PORT_FILE"] = str(http_port_file)
+    return ControlPlane(process.start().wait_ready(), http_port_file)
 
 
 def start_executor(

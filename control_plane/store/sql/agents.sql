@@ -16,9 +16,11 @@ FROM agents WHERE workspace_id = $1 AND agent_id = $2;
 
 -- name: agent_version_publish :one
 -- Freeze a spec as the agent's next version (the agent row lock orders
--- concurrent publishes).
+-- concurrent publishes). The spec's max_concurrency (0 or absent: none)
+-- becomes the agent's cap, for the runs of every version.
 WITH bumped AS (
-    UPDATE agents SET latest_version = latest_version + 1
+    UPDATE agents SET latest_version = latest_version + 1,
+                      max_concurrency = nullif(($3::jsonb ->> 'max_concurrency')::int, 0)
     WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id, latest_version
 )

@@ -33,12 +33,18 @@ class RunLimits(_message.Message):
     DEADLINE_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    MODEL_RETRY_BUDGET_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Maximum number of model calls (decisions) in the run. 0 = server default."""
     max_tokens: _builtins.int
     """Maximum tokens (prompt + completion) over the run. 0 = server default."""
     max_tool_calls: _builtins.int
     """Maximum tool calls over the run. 0 = server default."""
+    model_retry_budget: _builtins.int
+    """How many times in a row the model provider may fail (down, 5xx, 429)
+    before the run fails; each failure parks the run (wait_reason "model")
+    with exponential backoff. 0 = server default.
+    """
     @_builtins.property
     def deadline(self) -> _duration_pb2.Duration:
         """Wall-clock budget from the run's start. Unset = server default."""
@@ -50,10 +56,11 @@ class RunLimits(_message.Message):
         deadline: _duration_pb2.Duration | None = ...,
         max_tokens: _builtins.int = ...,
         max_tool_calls: _builtins.int = ...,
+        model_retry_budget: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -70,10 +77,16 @@ class AgentSpec(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
     """Model name as the model provider knows it."""
+    max_concurrency: _builtins.int
+    """At most this many runs of the agent execute at once, whatever their
+    version, within the workspace's own cap; the rest wait as queued.
+    0 = no cap of its own. The latest published version's value applies.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tool names from the integration catalogue this agent may use
@@ -96,10 +109,11 @@ class AgentSpec(_message.Message):
         tools: _abc.Iterable[_builtins.str] | None = ...,
         limits: Global___RunLimits | None = ...,
         approval: _approval_pb2.ApprovalPolicy | None = ...,
+        max_concurrency: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "instructions", b"instructions", "limits", b"limits", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -119,6 +119,78 @@ the control plane in the same transaction as the compare-and-set.
 """
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
+class _QueueWaitCause:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QueueWaitCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueWaitCause.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUEUE_WAIT_CAUSE_UNSPECIFIED: _QueueWaitCause.ValueType  # 0
+    QUEUE_WAIT_CAUSE_TURN: _QueueWaitCause.ValueType  # 1
+    """Due and under every cap: it starts at the next claim with a free
+    executor slot (its workspace's runs ahead of it go first).
+    """
+    QUEUE_WAIT_CAUSE_WORKSPACE_CAP: _QueueWaitCause.ValueType  # 2
+    """Its workspace already runs as many runs as its plan allows."""
+    QUEUE_WAIT_CAUSE_AGENT_CAP: _QueueWaitCause.ValueType  # 3
+    """Its agent already runs as many runs as the agent's cap allows."""
+    QUEUE_WAIT_CAUSE_RATE_LIMIT: _QueueWaitCause.ValueType  # 4
+    """A tool's rate limit: parked until a token is there (wake_time)."""
+    QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE: _QueueWaitCause.ValueType  # 5
+    """The model provider is unavailable: parked with backoff (wake_time)."""
+
+class QueueWaitCause(_QueueWaitCause, metaclass=_QueueWaitCauseEnumTypeWrapper):
+    """QueueWaitCause says what keeps a run from running now."""
+
+QUEUE_WAIT_CAUSE_UNSPECIFIED: QueueWaitCause.ValueType  # 0
+QUEUE_WAIT_CAUSE_TURN: QueueWaitCause.ValueType  # 1
+"""Due and under every cap: it starts at the next claim with a free
+executor slot (its workspace's runs ahead of it go first).
+"""
+QUEUE_WAIT_CAUSE_WORKSPACE_CAP: QueueWaitCause.ValueType  # 2
+"""Its workspace already runs as many runs as its plan allows."""
+QUEUE_WAIT_CAUSE_AGENT_CAP: QueueWaitCause.ValueType  # 3
+"""Its agent already runs as many runs as the agent's cap allows."""
+QUEUE_WAIT_CAUSE_RATE_LIMIT: QueueWaitCause.ValueType  # 4
+"""A tool's rate limit: parked until a token is there (wake_time)."""
+QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE: QueueWaitCause.ValueType  # 5
+"""The model provider is unavailable: parked with backoff (wake_time)."""
+Global___QueueWaitCause: _TypeAlias = QueueWaitCause  # noqa: Y015
+
+class _OutcomeDecision:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OutcomeDecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OutcomeDecision.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OUTCOME_DECISION_UNSPECIFIED: _OutcomeDecision.ValueType  # 0
+    OUTCOME_DECISION_HAPPENED: _OutcomeDecision.ValueType  # 1
+    """The action took place: the run goes on as if the call had succeeded."""
+    OUTCOME_DECISION_NOT_HAPPENED: _OutcomeDecision.ValueType  # 2
+    """It did not take place, and is not sent again: the model is told."""
+    OUTCOME_DECISION_RETRY: _OutcomeDecision.ValueType  # 3
+    """It did not take place: send the call again, under a new idempotency key
+    (the seq of its new tool_started step).
+    """
+    OUTCOME_DECISION_FAIL_RUN: _OutcomeDecision.ValueType  # 4
+    """Stop here: the run fails, with the note in its error."""
+
+class OutcomeDecision(_OutcomeDecision, metaclass=_OutcomeDecisionEnumTypeWrapper):
+    """OutcomeDecision is what a person says about an unknown tool outcome."""
+
+OUTCOME_DECISION_UNSPECIFIED: OutcomeDecision.ValueType  # 0
+OUTCOME_DECISION_HAPPENED: OutcomeDecision.ValueType  # 1
+"""The action took place: the run goes on as if the call had succeeded."""
+OUTCOME_DECISION_NOT_HAPPENED: OutcomeDecision.ValueType  # 2
+"""It did not take place, and is not sent again: the model is told."""
+OUTCOME_DECISION_RETRY: OutcomeDecision.ValueType  # 3
+"""It did not take place: send the call again, under a new idempotency key
+(the seq of its new tool_started step).
+"""
+OUTCOME_DECISION_FAIL_RUN: OutcomeDecision.ValueType  # 4
+"""Stop here: the run fails, with the note in its error."""
+Global___OutcomeDecision: _TypeAlias = OutcomeDecision  # noqa: Y015
+
 @_typing.final
 class RunCounters(_message.Message):
     """Usage counts what a run has consumed so far."""
@@ -174,6 +246,7 @@ class Run(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     FINISH_TIME_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -181,7 +254,8 @@ class Run(_message.Message):
     status: Global___RunStatus.ValueType
     wait_reason: _builtins.str
     """Why a waiting run waits: sleep, rate, model, approval, connection, child,
-    human. Empty otherwise.
+    human (an unknown tool outcome awaits ResolveUnknownOutcome), retry (a
+    tool call to settle again later). Empty otherwise.
     """
     lease_owner: _builtins.str
     """The executor holding the lease (running runs only)."""
@@ -214,6 +288,13 @@ class Run(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finish_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def queue(self) -> Global___QueuePosition:
+        """Where the run stands in its workspace's queue and what it waits for
+        (GetRun only). Set for a queued run, a waiting run that is due, and a
+        run parked on a rate limit or a model outage; unset otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -236,14 +317,55 @@ class Run(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         finish_time: _timestamp_pb2.Timestamp | None = ...,
+        queue: Global___QueuePosition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "finish_time", b"finish_time", "limits", b"limits", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "error", b"error", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "error", b"error", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class QueuePosition(_message.Message):
+    """QueuePosition is the honest answer to "when does my run start?"."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_AHEAD_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    WORKSPACE_RUNNING_FIELD_NUMBER: _builtins.int
+    WORKSPACE_MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    AGENT_RUNNING_FIELD_NUMBER: _builtins.int
+    AGENT_MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    runs_ahead: _builtins.int
+    """Runs of the same workspace that the claim takes before this one: those
+    with an earlier wake time, except runs of another agent at its cap.
+    """
+    cause: Global___QueueWaitCause.ValueType
+    workspace_running: _builtins.int
+    workspace_max_concurrency: _builtins.int
+    agent_running: _builtins.int
+    agent_max_concurrency: _builtins.int
+    """0 = the agent has no cap of its own."""
+    def __init__(
+        self,
+        *,
+        runs_ahead: _builtins.int = ...,
+        cause: Global___QueueWaitCause.ValueType = ...,
+        workspace_running: _builtins.int = ...,
+        workspace_max_concurrency: _builtins.int = ...,
+        agent_running: _builtins.int = ...,
+        agent_max_concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_max_concurrency", b"agent_max_concurrency", "agent_running", b"agent_running", "cause", b"cause", "runs_ahead", b"runs_ahead", "workspace_max_concurrency", b"workspace_max_concurrency", "workspace_running", b"workspace_running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuePosition: _TypeAlias = QueuePosition  # noqa: Y015
 
 @_typing.final
 class Step(_message.Message):
@@ -603,3 +725,72 @@ class WatchRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
+
+@_typing.final
+class ResolveUnknownOutcomeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    seq: _builtins.int
+    """The seq of the tool_result step whose status is "unknown" (and whose
+    payload says "awaiting": "human").
+    """
+    decision: Global___OutcomeDecision.ValueType
+    decided_by: _builtins.str
+    """Who decides; recorded in the step and named to anyone who decides later."""
+    note: _builtins.str
+    """Optional: what the person checked ("the post is in #sales"). Shown to
+    the model with the decision. At most 4 KiB.
+    """
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        decision: Global___OutcomeDecision.ValueType = ...,
+        decided_by: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_by", b"decided_by", "decision", b"decision", "note", b"note", "run_id", b"run_id", "seq", b"seq", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveUnknownOutcomeRequest: _TypeAlias = ResolveUnknownOutcomeRequest  # noqa: Y015
+
+@_typing.final
+class ResolveUnknownOutcomeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run:
+        """The run after the decision (runnable now, or already moving on)."""
+
+    @_builtins.property
+    def step(self) -> Global___Step:
+        """The decision step."""
+
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+        step: Global___Step | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run", "step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveUnknownOutcomeResponse: _TypeAlias = ResolveUnknownOutcomeResponse  # noqa: Y015

@@ -66,6 +66,11 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
+        self.ResolveUnknownOutcome = channel.unary_unary(
+                '/agentrun.v1.RunService/ResolveUnknownOutcome',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -120,6 +125,18 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveUnknownOutcome(self, request, context):
+        """ResolveUnknownOutcome records a person's decision on a tool call whose
+        outcome is unknown and that nothing else may settle (a write with neither
+        idempotency key nor lookup, or a key its provider has forgotten). The run
+        waits (wait_reason "human") until then. The decision is appended as a
+        tool_result step answering the unknown one, and the run becomes runnable.
+        Exactly one decision wins: a second one gets ABORTED naming the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +169,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.WatchRunRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.WatchRunResponse.SerializeToString,
+            ),
+            'ResolveUnknownOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveUnknownOutcome,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +340,33 @@ class RunService:
             '/agentrun.v1.RunService/WatchRun',
             agentrun_dot_v1_dot_run__pb2.WatchRunRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.WatchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveUnknownOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/ResolveUnknownOutcome',
+            agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,

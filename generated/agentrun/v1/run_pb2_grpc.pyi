@@ -55,6 +55,14 @@ class RunServiceStub:
     state change, and ends when the run is terminal and every step was sent.
     Reconnect with from_seq = last seen seq + 1 to resume.
     """
+    ResolveUnknownOutcome: _grpc.UnaryUnaryMultiCallable[_run_pb2.ResolveUnknownOutcomeRequest, _run_pb2.ResolveUnknownOutcomeResponse]
+    """ResolveUnknownOutcome records a person's decision on a tool call whose
+    outcome is unknown and that nothing else may settle (a write with neither
+    idempotency key nor lookup, or a key its provider has forgotten). The run
+    waits (wait_reason "human") until then. The decision is appended as a
+    tool_result step answering the unknown one, and the run becomes runnable.
+    Exactly one decision wins: a second one gets ABORTED naming the first.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -82,6 +90,14 @@ class RunServiceAsyncStub(RunServiceStub):
     """WatchRun streams a run's steps from an offset, then each new step and
     state change, and ends when the run is terminal and every step was sent.
     Reconnect with from_seq = last seen seq + 1 to resume.
+    """
+    ResolveUnknownOutcome: _aio.UnaryUnaryMultiCallable[_run_pb2.ResolveUnknownOutcomeRequest, _run_pb2.ResolveUnknownOutcomeResponse]  # type: ignore[assignment]
+    """ResolveUnknownOutcome records a person's decision on a tool call whose
+    outcome is unknown and that nothing else may settle (a write with neither
+    idempotency key nor lookup, or a key its provider has forgotten). The run
+    waits (wait_reason "human") until then. The decision is appended as a
+    tool_result step answering the unknown one, and the run becomes runnable.
+    Exactly one decision wins: a second one gets ABORTED naming the first.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -143,6 +159,20 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         """WatchRun streams a run's steps from an offset, then each new step and
         state change, and ends when the run is terminal and every step was sent.
         Reconnect with from_seq = last seen seq + 1 to resume.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveUnknownOutcome(
+        self,
+        request: _run_pb2.ResolveUnknownOutcomeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.ResolveUnknownOutcomeResponse, _abc.Awaitable[_run_pb2.ResolveUnknownOutcomeResponse]]:
+        """ResolveUnknownOutcome records a person's decision on a tool call whose
+        outcome is unknown and that nothing else may settle (a write with neither
+        idempotency key nor lookup, or a key its provider has forgotten). The run
+        waits (wait_reason "human") until then. The decision is appended as a
+        tool_result step answering the unknown one, and the run becomes runnable.
+        Exactly one decision wins: a second one gets ABORTED naming the first.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
