@@ -1,8 +1,8 @@
 """Tools: what exists, how to send it, and how an unknown outcome is settled.
 
-    catalogue   the integration catalogue (catalogue.json): schemas, classes, providers
-    keys        idempotency keys (run_id:seq) and their expiry per provider
-    http_tool   the HTTP requests: a call, its key stamp, a lookup
-    failures    whether a failed request may have reached the provider
-    delivery    retries and resolution by class: ok, error, unknown (a person decides), pending
+catalogue   the integration catalogue (catalogue.json): schemas, classes, providers
+keys        idempotency keys (run_id:seq) and their expiry per provider
+http_tool   the HTTP requests: a call, its key stamp, a lookup
+failures    whether a failed request may have reached the provider
+delivery    retries and resolution by class: ok, error, unknown (a person decides), pending
 """
