@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+import faults
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.errors import (
     Aborted,
@@ -90,10 +91,12 @@ async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
     d = store.Decision(decision, req.approver, req.reason or None, edited_json)
     async with pool.acquire() as conn, conn.transaction():
         try:
-            return await store.decide(
+            decided = await store.decide(
                 conn, req.workspace_id, req.approval_id, d,
                 step_payload(req, row, arguments, decision),
             )  # fmt: skip
+            faults.point("control_plane.approval.before_commit")
+            return decided
         except store.DecisionLost as lost:
             w = lost.winner
             raise Aborted(

@@ -280,11 +280,12 @@ class ControlPlane:
     def terminate(self) -> int | None:
         return self.process.terminate()
 
-    def restart(self, timeout: float = READY_TIMEOUT) -> ControlPlane:
+    def restart(self, timeout: float = READY_TIMEOUT, **env: object) -> ControlPlane:
         """Start again on the same port (executors reconnect to the address they know)."""
         self.process.restart(
-            timeout, AGENTRUN_LISTEN=self.address, AGENTRUN_HTTP_LISTEN=f"{HOST}:{self.http_port}"
-        )
+            timeout, AGENTRUN_LISTEN=self.address,
+            AGENTRUN_HTTP_LISTEN=f"{HOST}:{self.http_port}", **env,
+        )  # fmt: skip
         return self
 
 
