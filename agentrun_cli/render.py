@@ -113,6 +113,22 @@ def _finish(p: dict[str, Any]) -> str:
     return f"{p.get('status', '?')} {short(p.get('output', ''))}"
 
 
+def _approval_requested(p: dict[str, Any]) -> str:
+    return (
+        f"{p.get('tool', '?')} {short(p.get('arguments'), 60)} "
+        f"sha256={str(p.get('arguments_sha256', ''))[:12]}… approval={p.get('approval_id')}"
+    )
+
+
+def _approval_decided(p: dict[str, Any]) -> str:
+    line = f"{p.get('decision', '?')} by {p.get('decided_by', '?')} via {p.get('via', '?')}"
+    if p.get("reason"):
+        line += f": {p['reason']}"
+    if p.get("decision") == "edited":
+        line += f"; runs {short(p.get('arguments'), 60)}"
+    return line
+
+
 _SUMMARIES: dict[int, Callable[[dict[str, Any]], str]] = {
     run_pb2.STEP_KIND_INPUT: _input,
     run_pb2.STEP_KIND_MODEL_DECISION: _decision,
@@ -120,6 +136,8 @@ _SUMMARIES: dict[int, Callable[[dict[str, Any]], str]] = {
     run_pb2.STEP_KIND_TOOL_RESULT: _tool_result,
     run_pb2.STEP_KIND_PARK: _park,
     run_pb2.STEP_KIND_FINISH: _finish,
+    run_pb2.STEP_KIND_APPROVAL_REQUESTED: _approval_requested,
+    run_pb2.STEP_KIND_APPROVAL_DECIDED: _approval_decided,
 }
 
 
@@ -142,12 +160,12 @@ def step_line(step: run_pb2.Step) -> str:
 
 def step_row(step: run_pb2.Step) -> str:
     """One row of a step table: seq, kind, epoch, short payload."""
-    return f"{step.seq:>4}  {kind_name(step.kind):<15} e{step.epoch:<3} {step_summary(step)}"
+    return f"{step.seq:>4}  {kind_name(step.kind):<18} e{step.epoch:<3} {step_summary(step)}"
 
 
 def step_table(steps: Iterable[run_pb2.Step]) -> list[str]:
     """The whole step log as a header and one row per step."""
-    return [f"{'seq':>4}  {'kind':<15} {'epoch':<4} summary"] + [step_row(s) for s in steps]
+    return [f"{'seq':>4}  {'kind':<18} {'epoch':<4} summary"] + [step_row(s) for s in steps]
 
 
 # --- runs ------------------------------------------------------------------

@@ -288,3 +288,20 @@ def test_dev_listen_port_and_redacted_urls() -> None:
     assert launch._port("nonsense") == stack.DEFAULT_PORT
     assert stack.redact("postgresql://u:s3cret@h:5/db") == "postgresql://u:***@h:5/db"
     assert stack.redact("redis://h:6/0") == "redis://h:6/0"
+
+
+def test_approval_steps_say_what_was_asked_and_who_decided():
+    import json as _json
+
+    from agentrun.v1 import run_pb2 as _run_pb2
+    from agentrun_cli import render as _render
+
+    asked = _run_pb2.Step(seq=5, kind=_run_pb2.STEP_KIND_APPROVAL_REQUESTED, payload_json=_json.dumps(
+        {"tool": "send_email", "arguments": {"to": "ada@example.com"}, "approval_id": "a1",
+         "arguments_sha256": "ab" * 32}))  # fmt: skip
+    decided = _run_pb2.Step(seq=6, kind=_run_pb2.STEP_KIND_APPROVAL_DECIDED, payload_json=_json.dumps(
+        {"decision": "rejected", "decided_by": "bob", "via": "link", "reason": "wrong price"}))  # fmt: skip
+    assert _render.step_summary(asked).startswith(
+        'send_email {"to": "ada@example.com"} sha256=abab'
+    )
+    assert _render.step_summary(decided) == "rejected by bob via link: wrong price"
