@@ -70,7 +70,9 @@ WITH clock AS MATERIALIZED (
         WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
         ORDER BY r.wake_at, r.run_id
-        LIMIT least(t.room, a.max_concurrency - a.running)
+        -- Never more than the batch: a workspace with vast room must not make a
+        -- one-run claim read its whole backlog.
+        LIMIT least(t.room, a.max_concurrency - a.running, cardinality($1::text[]))
     ) c
 ), picked AS (
     SELECT workspace_id, run_id FROM (
