@@ -130,7 +130,7 @@ class DevStack:
         migrate(db)
         say("database migrated; starting sandboxes, control plane and executor")
         model, providers = self._sandboxes()
-        control_plane = self._control_plane(db)
+        control_plane = self._control_plane(db, providers)
         executor = self._executor(control_plane, model, providers, redis)
         return Endpoints(
             db, redis, model, providers, control_plane, executor.proc.pid, self.supervisor.log_dir
@@ -144,7 +144,7 @@ class DevStack:
         providers_port = self.supervisor.wait_port(providers, self.timeout)
         return f"http://127.0.0.1:{model_port}/v1", f"http://127.0.0.1:{providers_port}"
 
-    def _control_plane(self, db: str) -> str:
+    def _control_plane(self, db: str, providers: str) -> str:
         port = self.port if _port_free(self.port) else 0  # busy: let the server pick one
         http_port = DEFAULT_HTTP_PORT if _port_free(DEFAULT_HTTP_PORT) else 0
         port_file = self._port_file("control-plane")
@@ -154,7 +154,11 @@ class DevStack:
             "AGENTRUN_PORT_FILE": str(port_file),
             "AGENTRUN_HTTP_LISTEN": f"127.0.0.1:{http_port}",
             "AGENTRUN_HTTP_PORT_FILE": str(self._port_file("control-plane-http")),
+            # Approval notifications go to the sandbox mail and chat providers.
+            "AGENTRUN_NOTIFY_URL": providers,
         }
+        if http_port:
+            env["AGENTRUN_PUBLIC_URL"] = f"http://127.0.0.1:{http_port}"
         child = self._python("control-plane", ["-m", "control_plane"], env, port_file)
         address = f"127.0.0.1:{self.supervisor.wait_port(child, self.timeout)}"
         self._wait_serving(child, address)
