@@ -135,7 +135,7 @@ async def admit_event(
         adm.dedupe_key, adm.agent_id, adm.reason, uuid.uuid4(), adm.scheduled_for,
         adm.chain_depth, json.dumps(adm.payload), adm.agent_version, adm.input_text,
         lim["max_steps"], lim["max_tokens"], lim["max_tool_calls"], lim["deadline_seconds"],
-        json.dumps(adm.input_payload), now,
+        json.dumps(adm.input_payload), now, lim["model_retry_budget"],
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import run_pb2, session_pb2
+from agentrun.v1 import agent_pb2, run_pb2, session_pb2
 from control_plane.api.sessions import transcript
 from control_plane.config import ServerConfig
 from control_plane.server import start
@@ -239,3 +239,20 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     # Each turn's steps were streamed (its decision and its finish) before its answer.
     assert text.count("  · ") == 4 and '  · says "turn 2' in text
     await api.close()
+
+
+async def test_a_turn_copies_every_limit_of_the_agent_version_at_admission(db_url, control_plane):
+    cp = control_plane(db_url)
+    api, runs = TriggerApi(cp.address, WS), Api(cp.address, WS)
+    await api.publish("chatter", model="chat")
+    limits = agent_pb2.RunLimits(max_steps=7, max_tool_calls=9, model_retry_budget=4)
+    spec = agent_pb2.AgentSpec(model="chat", instructions="test agent", limits=limits)
+    await api.agents.PublishAgentVersion(
+        agent_pb2.PublishAgentVersionRequest(workspace_id=WS, agent_id="chatter", spec=spec)
+    )
+    turn = (await send(api, await new_session(api), "hello")).turn
+    run = await runs.get(turn.run_id)
+    assert (run.limits.max_steps, run.limits.max_tool_calls, run.limits.model_retry_budget) == (
+        7, 9, 4,
+    )  # fmt: skip
+    await runs.close()
