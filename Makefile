@@ -34,9 +34,10 @@ gen: $(STAMP) ## regenerate generated/ from proto/ (committed)
 	  --mypy_out=generated --mypy_grpc_out=generated $(PROTOS)
 	touch generated/agentrun/__init__.py generated/agentrun/v1/__init__.py
 
-lint: $(STAMP) ## ruff (lint + format check) and buf lint
+lint: $(STAMP) ## ruff (lint + format check), mypy and buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy control_plane executor faults sandbox agentrun_cli
 	$(VENV)/bin/buf lint
 
 fmt: $(STAMP) ## apply ruff format and fixes

@@ -148,7 +148,8 @@ class RunLoop:
             note = f"tool call {action.requested.payload.get('call_id')} still waits for approval"
             return await self._park("approval", None, note)
         if isinstance(action, RefuseCall):
-            return await self._refuse(action)
+            await self._refuse(action)
+            return None
         if isinstance(action, AwaitPerson):
             note = f"the outcome of step {action.result.seq} still waits for a person's decision"
             return await self._park("human", None, note)

@@ -74,7 +74,7 @@ def _server(app: ASGIApp, on_started: Callable[[], None]) -> _Server:
         log_level="warning",
         access_log=False,  # benchmarks send thousands of requests
         lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_SECONDS),
     )
     logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)
     return _Server(config, on_started)

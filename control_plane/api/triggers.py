@@ -121,7 +121,12 @@ def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTri
     agent_id = validate.slug("agent_id", request.agent_id)
     rules = parse_filters(request.filters)
     kind = request.WhichOneof("source")
-    base = {"workspace_id": ws, "trigger_id": trigger_id, "agent_id": agent_id, "filters": rules}
+    base: dict[str, Any] = {
+        "workspace_id": ws,
+        "trigger_id": trigger_id,
+        "agent_id": agent_id,
+        "filters": rules,
+    }
     if kind == "schedule":
         return _schedule_trigger(request.schedule, base, now)
     if kind == "webhook":

@@ -58,6 +58,7 @@ async def _apply(conn: asyncpg.Connection, row: Any, now: datetime | None) -> st
         conn, ws, approval_id, approvers=list(row["escalate_to"]) if escalate else None,
         escalate=escalate, remind=not escalate, now=now,
     )  # fmt: skip
+    assert new is not None  # the row is locked and still pending
     kind = "approval_escalation" if escalate else "approval_reminder"
     for note in notifications(new, kind, list(new["approvers"])):
         await outbox.insert(conn, note)

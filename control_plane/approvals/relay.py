@@ -55,6 +55,8 @@ def _text(approval: Any, kind: str) -> str:
 async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     payload = json.loads(row["payload"])
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
+    if approval is None:  # rows are never deleted; this would be a broken invariant
+        raise LookupError(f"notification {row['notification_id']} names no approval")
     text = _text(approval, row["kind"])
     nid = str(row["notification_id"])
     if row["channel"] == "mail":

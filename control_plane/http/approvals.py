@@ -82,6 +82,7 @@ class ApprovalRoutes:
         if refusal:
             return refusal
         a = await store.get(self.pool, ws, found["approval_id"])
+        assert a is not None  # a token references its approval (foreign key)
         args = html.escape(json.dumps(json.loads(a["arguments"]), indent=2, sort_keys=True))
         info = (
             f"<p>Run <code>{a['run_id']}</code> wants to call <b>{html.escape(a['tool'])}</b>"
@@ -112,6 +113,7 @@ class ApprovalRoutes:
         if refusal:
             return refusal
         a = await store.get(self.pool, ws, found["approval_id"])
+        assert a is not None  # a token references its approval (foreign key)
         if a["high_risk"]:
             return page(403, "Sign-in required", "<p>A link cannot decide a high-risk tool.</p>")
         used = await store.use_token(self.pool, ws, tokens.digest(token))

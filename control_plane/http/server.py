@@ -65,7 +65,7 @@ class HttpIngress:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_SECONDS),
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

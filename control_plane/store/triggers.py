@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
 from control_plane.store.queries import run
 
 # What callers outside the store name a pool or a connection by (they never import asyncpg).
-Pool = asyncpg.pool.Pool
-Connection = asyncpg.Connection
-Record = asyncpg.Record
+Pool: TypeAlias = asyncpg.pool.Pool
+Connection: TypeAlias = asyncpg.Connection
+Record: TypeAlias = asyncpg.Record
 
 
 @asynccontextmanager

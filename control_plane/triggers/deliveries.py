@@ -103,6 +103,8 @@ def dedupe_key(settings: Settings, headers: Mapping[str, str], doc: Any) -> str:
     scheme = SCHEMES[settings.scheme]
     header = settings.config.get("dedupe_header")
     field = settings.config.get("dedupe_field")
+    header_names: tuple[str, ...]
+    field_names: tuple[str, ...]
     if header or field:
         header_names = (header.lower(),) if header else ()
         field_names = (field,) if field else ()

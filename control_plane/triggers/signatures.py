@@ -263,9 +263,9 @@ def sign(
         return {"X-Slack-Signature": f"v0={digest}", "X-Slack-Request-Timestamp": ts.decode()}
     if scheme == "github":
         return {"X-Hub-Signature-256": "sha256=" + _hmac(key, body).hex()}
-    digest = _hmac(key, delivery_id.encode(), b".", ts, b".", body)
+    mac = _hmac(key, delivery_id.encode(), b".", ts, b".", body)
     return {
         "webhook-id": delivery_id,
         "webhook-timestamp": ts.decode(),
-        "webhook-signature": "v1," + base64.b64encode(digest).decode(),
+        "webhook-signature": "v1," + base64.b64encode(mac).decode(),
     }

@@ -60,8 +60,8 @@ class RateLimitedToolClient(HttpToolClient):
             result = await request()
         except ProviderError as exc:
             if exc.status == 429:  # refused before it was applied: the provider did nothing
-                limited = await self._limiter.throttled(tool, exc.retry_after)
-                raise limited.after_send_if(key in self._went_out) from exc
+                throttled = await self._limiter.throttled(tool, exc.retry_after)
+                raise throttled.after_send_if(key in self._went_out) from exc
             self._remember(key, write)
             raise
         except NotSent:
