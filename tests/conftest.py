@@ -16,6 +16,9 @@ import asyncpg
 import pytest
 
 from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
+from control_plane.config import ServerConfig
+from control_plane.server import RunningServer
+from control_plane.server import start as start_server
 from tests.harness.databases import (
     TEMPLATE_DB,
     create_database,
@@ -79,6 +82,14 @@ async def db_url(pg: EmbeddedPostgres | ExternalPostgres, template_db: str) -> A
     yield pg.url_for(name)
     _ensure_running(pg)  # a test may have killed the server and left it down
     await drop_database(pg.url, name)
+
+
+@pytest.fixture
+async def server(db_url: str) -> AsyncIterator[RunningServer]:
+    """A control plane in this test's event loop (gRPC on a free port, HTTP ingress too)."""
+    running = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
+    yield running
+    await running.stop(grace=0)
 
 
 @pytest.fixture

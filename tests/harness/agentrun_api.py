@@ -45,7 +45,10 @@ class Api:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def publish(self, agent_id: str, model: str, tools: list[str], **limits: Any) -> int:
+    async def publish(
+        self, agent_id: str, model: str, tools: list[str],
+        approval: approval_pb2.ApprovalPolicy | None = None, **limits: Any,
+    ) -> int:  # fmt: skip
         try:
             await self.agents.CreateAgent(
                 agent_pb2.CreateAgentRequest(workspace_id=self.ws, agent_id=agent_id)
@@ -55,7 +58,7 @@ class Api:
                 raise
         spec = agent_pb2.AgentSpec(
             model=model, instructions="test agent", tools=tools,
-            limits=agent_pb2.RunLimits(**limits),
+            limits=agent_pb2.RunLimits(**limits), approval=approval,
         )  # fmt: skip
         resp = await self.agents.PublishAgentVersion(
             agent_pb2.PublishAgentVersionRequest(workspace_id=self.ws, agent_id=agent_id, spec=spec)

@@ -13,17 +13,8 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
-from control_plane.config import ServerConfig
-from control_plane.server import start
 
 GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
-
-
-@pytest.fixture
-async def server(db_url):
-    running = await start(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
-    yield running
-    await running.stop(grace=0)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 import grpc
 import pytest
 
-from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2
+from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
 from tests.harness.waiting import eventually
 
@@ -18,14 +18,8 @@ APPROVER = "manager@example.com"
 async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
     api = Api(cp.address)
-    policy = agent_pb2.AgentSpec(
-        model="approval", instructions="test agent", tools=["send_email"],
-        approval=approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER]),
-    )  # fmt: skip
-    await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id="ws", agent_id="mailer"))
-    await api.agents.PublishAgentVersion(
-        agent_pb2.PublishAgentVersionRequest(workspace_id="ws", agent_id="mailer", spec=policy)
-    )
+    policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
+    await api.publish("mailer", "approval", ["send_email"], approval=policy)
     approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
     yield cp, api, approvals
     await api.close()

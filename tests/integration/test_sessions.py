@@ -12,8 +12,6 @@ import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2, session_pb2
 from control_plane.api.sessions import transcript
-from control_plane.config import ServerConfig
-from control_plane.server import start
 from executor import replay
 from tests.harness.agentrun_api import Api, clear_faults, sandbox_requests, set_fault
 from tests.harness.triggers import TriggerApi
@@ -108,13 +106,6 @@ async def _status_is(runs: Api, run_id: str, status: int) -> bool:
 
 
 # --- in-process server: races and refusals ----------------------------------------------------
-
-
-@pytest.fixture
-async def server(db_url):
-    running = await start(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
-    yield running
-    await running.stop(grace=0)
 
 
 @pytest.fixture

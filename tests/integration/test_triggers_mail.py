@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2
-from control_plane.config import RunDefaults, ServerConfig
-from control_plane.server import start
+from control_plane.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, mail, push
 from sandbox.providers import create_app
@@ -23,13 +22,6 @@ from tests.harness.waiting import eventually
 
 WS = "ws"
 INBOX = "inbox@acme.test"
-
-
-@pytest.fixture
-async def server(db_url):
-    running = await start(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
-    yield running
-    await running.stop(grace=0)
 
 
 @pytest.fixture
