@@ -118,6 +118,15 @@ class RunLoop:
             return "fenced"
         except RunInvalid as exc:
             log.error("run %s: commit refused as invalid: %s", self.run_id, exc)
+            return await self._fail_invalid(str(exc))
+
+    async def _fail_invalid(self, reason: str) -> str:
+        """A refused commit would be refused again after every takeover: fail the run
+        (visibly, with the reason) instead of leaving it to be reclaimed forever."""
+        try:
+            return await self._fail(f"internal error: a commit was refused as invalid: {reason}")
+        except (RunInvalid, RunFenced) as exc:
+            log.error("run %s: could not fail it either: %s", self.run_id, exc)
             return "invalid"
 
     async def _loop(self) -> str:

@@ -180,3 +180,33 @@ async def test_a_decision_to_fail_the_run_fails_it():
         committer.commits[0].fail.error
         == "the outcome of chat_post was unknown and bo failed the run"
     )
+
+
+class RefusingCommitter(Committer):
+    """Refuses as INVALID any commit that starts a tool (a stand-in for a bug)."""
+
+    async def commit(self, commit: executor_pb2.Commit, reply_within: float | None = None):
+        if any(s.kind == replay.STARTED for s in commit.steps):
+            self.commits.append(commit)
+            result = executor_pb2.CommitResult(
+                outcome=executor_pb2.COMMIT_OUTCOME_INVALID, message="malformed commit: 7"
+            )
+            return CommitReply(result=result, sent_at=0.0)
+        return await super().commit(commit, reply_within)
+
+
+async def test_a_commit_refused_as_invalid_fails_the_run_instead_of_looping_forever():
+    committer = RefusingCommitter()
+    assignment = executor_pb2.Assignment(
+        run=run_pb2.Run(workspace_id="ws", run_id=RUN, lease_epoch=3),
+        agent_version=agent_pb2.AgentVersion(spec=agent_pb2.AgentSpec(tools=["chat_post"])),
+        steps=decided_to_post(),
+    )
+    deps = RunDeps(
+        committer=committer, leases=Leases(), model=Model(), delivery=Delivery(),  # type: ignore[arg-type]
+        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
+    )  # fmt: skip
+    assert await RunLoop(assignment, deps).run() == "failed"
+    last = committer.commits[-1]
+    assert last.WhichOneof("transition") == "fail"
+    assert "refused as invalid: malformed commit: 7" in last.fail.error
