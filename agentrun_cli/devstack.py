@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 HOST = "127.0.0.1"
 POSTGRES_ACCOUNT = "embedded_postgres"
@@ -258,23 +258,76 @@ class PostmasterStatus:
         return cls(pid=pid, port=port, ready=ready)
 
 
-class EmbeddedPostgres:
-    """A PostgreSQL server on a local data directory, listening on 127.0.0.1 only."""
+class _EmbeddedServer:
+    """What both embedded servers share: a child process on a local data directory and a port."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, fast: bool = False) -> None:
+    # How a clean stop asks the server to exit.
+    STOP_SIGNAL = signal.SIGTERM
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = Path(data_dir).absolute()
-        self.fast = fast
         self._port = port
         self._child: _Child | None = None
 
     def __repr__(self) -> str:
-        return f"EmbeddedPostgres({str(self.data_dir)!r}, port={self._port}, pid={self.pid})"
+        name = type(self).__name__
+        return f"{name}({str(self.data_dir)!r}, port={self._port}, pid={self.pid})"
 
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RuntimeError("EmbeddedPostgres has no port before start()")
+            raise RuntimeError(f"{type(self).__name__} has no port before start()")
         return self._port
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid while it runs."""
+        return self._child.pid if self._child is not None and self._child.alive() else None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """A clean shutdown (STOP_SIGNAL), waiting for the exit."""
+        if self._child is not None and self._child.alive():
+            self._child.end(self.STOP_SIGNAL, STOP_TIMEOUT)
+        self._child = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (and its children): a crash."""
+        if self._child is not None and self._child.alive():
+            self._child.crash(STOP_TIMEOUT)
+        self._child = None
+
+    def restart(self) -> Self:
+        """Stop (if running) and start again on the same port."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class EmbeddedPostgres(_EmbeddedServer):
+    """A PostgreSQL server on a local data directory, listening on 127.0.0.1 only.
+
+    Its clean stop is SIGINT, what `pg_ctl stop -m fast` sends: roll back
+    sessions, checkpoint, exit. A kill also takes the backends down; the next
+    start runs crash recovery.
+    """
+
+    STOP_SIGNAL = signal.SIGINT
+
+    def __init__(self, data_dir: Path, port: int | None = None, fast: bool = False) -> None:
+        super().__init__(data_dir, port)
+        self.fast = fast
 
     @property
     def url(self) -> str:
@@ -283,15 +336,6 @@ class EmbeddedPostgres:
     def url_for(self, dbname: str) -> str:
         """The DSN of database `dbname` on this server."""
         return f"postgresql://postgres@{HOST}:{self.port}/{dbname}"
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster's pid while the server runs."""
-        return self._child.pid if self._child is not None and self._child.alive() else None
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None
 
     def start(self) -> EmbeddedPostgres:
         """Start the server (initdb on first use), or adopt one already running on data_dir."""
@@ -304,29 +348,6 @@ class EmbeddedPostgres:
         self._remove_stale_lock()
         self._launch()
         return self
-
-    def stop(self) -> None:
-        """Fast shutdown (what `pg_ctl stop -m fast` does): roll back sessions, checkpoint, exit."""
-        if self._child is not None and self._child.alive():
-            self._child.end(signal.SIGINT, STOP_TIMEOUT)
-        self._child = None
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster and its backends: a crash; the next start runs recovery."""
-        if self._child is not None and self._child.alive():
-            self._child.crash(STOP_TIMEOUT)
-        self._child = None
-
-    def restart(self) -> EmbeddedPostgres:
-        """Stop (if running) and start again on the same port."""
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> EmbeddedPostgres:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _adopt(self) -> bool:
         """Take over a server a previous process left running on this data directory."""
@@ -437,34 +458,15 @@ def redis_answers_ping(port: int, host: str = HOST, timeout: float = 0.5) -> boo
         return False
 
 
-class EmbeddedRedis:
-    """A Redis server without persistence, listening on 127.0.0.1 only."""
+class EmbeddedRedis(_EmbeddedServer):
+    """A Redis server without persistence, listening on 127.0.0.1 only.
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = Path(data_dir).absolute()
-        self._port = port
-        self._child: _Child | None = None
-
-    def __repr__(self) -> str:
-        return f"EmbeddedRedis({str(self.data_dir)!r}, port={self._port}, pid={self.pid})"
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("EmbeddedRedis has no port before start()")
-        return self._port
+    A kill loses everything in it, which is only ever rate-limit buckets.
+    """
 
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return self._child.pid if self._child is not None and self._child.alive() else None
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None
 
     def start(self) -> EmbeddedRedis:
         """Start the server, or adopt one a previous process left running on data_dir."""
@@ -482,29 +484,6 @@ class EmbeddedRedis:
                 if not chosen_here or attempt == _LAUNCH_ATTEMPTS:
                     raise
         return self
-
-    def stop(self) -> None:
-        """SIGTERM (a clean shutdown) and wait for the exit."""
-        if self._child is not None and self._child.alive():
-            self._child.end(signal.SIGTERM, STOP_TIMEOUT)
-        self._child = None
-
-    def kill(self) -> None:
-        """SIGKILL the server: everything in it is gone (it only ever holds rate-limit buckets)."""
-        if self._child is not None and self._child.alive():
-            self._child.crash(STOP_TIMEOUT)
-        self._child = None
-
-    def restart(self) -> EmbeddedRedis:
-        """Stop (if running) and start again on the same port."""
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> EmbeddedRedis:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     @property
     def _pid_file(self) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import time
 import uuid
 from typing import Any
 from urllib.parse import parse_qs
@@ -18,10 +19,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from control_plane.approvals import decisions, slack, tokens
+from control_plane.approvals import decisions, tokens
 from control_plane.config import ServerConfig
 from control_plane.errors import DomainError
 from control_plane.store import approvals as store
+from control_plane.triggers import signatures
 
 PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
@@ -160,12 +162,18 @@ class ApprovalRoutes:
 
     async def slack_interaction(self, request: Request) -> Response:
         body = await request.body()
+        secret = self.config.slack_signing_secret
+        if not secret:
+            return JSONResponse(
+                {"error": "Slack signing secret is not configured"}, status_code=401
+            )
+        # The same v0 scheme (timestamped HMAC, constant time, 5-minute window) as Slack triggers.
         try:
-            slack.verify(
-                self.config.slack_signing_secret, request.headers.get("x-slack-request-timestamp"),
-                request.headers.get("x-slack-signature"), body,
+            signatures.verify(
+                "slack", signatures.Delivery.of(body, request.headers), [secret.decode()],
+                now=time.time(), tolerance=signatures.SCHEMES["slack"].default_tolerance,
             )  # fmt: skip
-        except slack.BadSignature as exc:
+        except signatures.SignatureError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
         try:
             payload = json.loads(parse_qs(body.decode())["payload"][0])

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from executor.models.base import ModelRejected, ModelReply, ModelUnavailable, ToolCall, Usage
+from executor.retry_after import retry_after
 
 
 class OpenAIChatModel:
@@ -50,7 +51,7 @@ class OpenAIChatModel:
             raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
         if response.status_code == 429 or response.status_code >= 500:
             raise ModelUnavailable(
-                f"model provider returned {response.status_code}", _retry_after(response)
+                f"model provider returned {response.status_code}", retry_after(response)
             )
         if response.status_code >= 400:
             raise ModelRejected(
@@ -117,11 +118,3 @@ def _error_text(response: httpx.Response) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or "")[:300]
     return str(error or body)[:300]
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    raw = response.headers.get("retry-after")
-    try:
-        return max(0.0, float(raw)) if raw else None
-    except ValueError:
-        return None

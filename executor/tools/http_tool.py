@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from executor.config import ExecutorConfig
+from executor.retry_after import retry_after
 from executor.tools.catalogue import Lookup, Tool
 
 
@@ -131,7 +132,7 @@ def _query(arguments: Mapping[str, Any]) -> dict[str, str]:
 
 def _parse(response: httpx.Response) -> Any:
     if response.status_code >= 400:
-        raise ProviderError(response.status_code, _error_message(response), _retry_after(response))
+        raise ProviderError(response.status_code, _error_message(response), retry_after(response))
     if not response.content:
         return None
     try:
@@ -152,11 +153,3 @@ def _error_message(response: httpx.Response) -> str:
         if error:
             return str(error)[:500]
     return json.dumps(body)[:500]
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    raw = response.headers.get("retry-after")
-    try:
-        return max(0.0, float(raw)) if raw else None
-    except ValueError:
-        return None

@@ -16,7 +16,7 @@ import pytest
 from starlette.applications import Starlette
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
-from control_plane.approvals import decisions, expiry, relay, slack, tokens
+from control_plane.approvals import decisions, expiry, relay, tokens
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.config import ServerConfig
@@ -25,6 +25,7 @@ from control_plane.http.approvals import ApprovalRoutes
 from control_plane.server import start
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
+from control_plane.triggers import signatures
 from tests import factories
 from tests.harness.agentrun_api import sandbox_requests
 
@@ -222,9 +223,9 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
 
 
 def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> dict:
-    ts = str(int(time.time() - age))
-    return {"x-slack-request-timestamp": ts, "x-slack-signature": slack.sign(secret, ts, body),
-            "content-type": "application/x-www-form-urlencoded"}  # fmt: skip
+    """Headers as Slack signs a click (v0 over v0:timestamp:body), made `age` seconds ago."""
+    signed = signatures.sign("slack", secret.decode(), body, timestamp=int(time.time() - age))
+    return {**signed, "content-type": "application/x-www-form-urlencoded"}
 
 
 def slack_body(user: str, approval_id, action="approve") -> bytes:
