@@ -231,7 +231,7 @@ async def test_postgres_restart_mid_run(
         executor_factory(cp, count=2)
         await eventually(lambda: _some_progress(api, run_ids), timeout=30)
         embedded_pg.kill()
-        time.sleep(0.5)  # noqa: ASYNC251 - Postgres is down on purpose for a moment
+        await asyncio.sleep(0.5)  # Postgres stays down for a moment (not a synchronisation)
         embedded_pg.restart()
         runs = await api.wait_terminal(run_ids, within=90)
     finally:

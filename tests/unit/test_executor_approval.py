@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from executor.approval import arguments_sha256, check
+from control_plane.approvals import hashing
+from executor.approval import arguments_sha256, canonical_json, check
 
 ARGS = {"to": "ada@example.com", "amount": 100}
 REQUESTED = {"arguments": ARGS, "arguments_sha256": arguments_sha256(ARGS)}
@@ -46,3 +47,14 @@ def test_rejections_and_expiry_are_results_not_errors():
     assert check(REQUESTED, decided("expired", reason="approval expired")).refusal == (
         "rejected: approval expired"
     )
+
+
+def test_executor_and_control_plane_hash_arguments_identically():
+    """The two sides may not share code (gRPC is their only link), so they must agree here."""
+    cases = [
+        {}, {"b": 1, "a": [1, 2.5, None, True]}, {"to": "zoë@example.com", "body": "naïve ✓"},
+        {"nested": {"z": {"y": "x"}, "a": []}}, {"amount": 10**20, "ratio": 0.1},
+    ]  # fmt: skip
+    for args in cases:
+        assert hashing.canonical_json(args) == canonical_json(args)
+        assert hashing.arguments_sha256(args) == arguments_sha256(args)
