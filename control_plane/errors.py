@@ -49,6 +49,12 @@ class PermissionDenied(DomainError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class Unauthenticated(DomainError):
+    """No credential, or one that is malformed, unknown, revoked or expired."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class FailedPrecondition(DomainError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
