@@ -58,10 +58,11 @@ async def commit_with_approval(
     lease_seconds: float,
     approval: NewApproval,
     notify: list[outbox.Notification],
+    now: datetime | None = None,
 ) -> steps.CommitResult:
     """One transaction: the fenced commit (steps + park), the approval, its notifications."""
     async with pool.acquire() as conn, conn.transaction():
-        result = await steps.commit(conn, req, lease_seconds)
+        result = await steps.commit(conn, req, lease_seconds, now)
         if result.duplicate:
             return result
         a = approval
@@ -69,7 +70,7 @@ async def commit_with_approval(
             conn, "approval_insert", a.workspace_id, a.approval_id, a.run_id, a.decision_seq,
             a.call_id, a.tool, a.arguments_json, a.arguments_sha256, a.approvers,
             a.slack_approvers, a.high_risk, a.moves_money, a.expiry_seconds, a.on_expiry,
-            a.escalate_to, None, a.max_reminders,
+            a.escalate_to, now, a.max_reminders,
         )  # fmt: skip
         for note in notify:
             await outbox.insert(conn, note)
@@ -123,7 +124,7 @@ async def decide(
     payload = {**step_payload, "decided_at": row["decided_at"].isoformat()}
     await run(
         conn, "approval_decision_step", workspace_id, row["run_id"], lock["next_seq"],
-        lock["lease_epoch"], row["decision_seq"], json.dumps(payload),
+        lock["lease_epoch"], row["decision_seq"], json.dumps(payload), now,
     )  # fmt: skip
     return row
 
@@ -152,12 +153,16 @@ async def insert_token(
               expires_at)  # fmt: skip
 
 
-async def peek_token(db: Any, workspace_id: str, token_sha256: bytes) -> asyncpg.Record | None:
-    return await run(db, "approval_token_peek", workspace_id, token_sha256)
+async def peek_token(
+    db: Any, workspace_id: str, token_sha256: bytes, now: datetime | None = None
+) -> asyncpg.Record | None:
+    return await run(db, "approval_token_peek", workspace_id, token_sha256, now)
 
 
-async def use_token(db: Any, workspace_id: str, token_sha256: bytes) -> asyncpg.Record | None:
-    return await run(db, "approval_token_use", workspace_id, token_sha256)
+async def use_token(
+    db: Any, workspace_id: str, token_sha256: bytes, now: datetime | None = None
+) -> asyncpg.Record | None:
+    return await run(db, "approval_token_use", workspace_id, token_sha256, now)
 
 
 async def close_without_step(

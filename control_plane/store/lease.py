@@ -120,13 +120,17 @@ class HeartbeatOutcome:
 
 
 async def heartbeat(
-    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], lease_seconds: float
+    pool: asyncpg.pool.Pool,
+    owner: str,
+    leases: list[LeaseKey],
+    lease_seconds: float,
+    now: datetime | None = None,
 ) -> HeartbeatOutcome:
     """Renew the leases still held; fail those whose deadline passed."""
     if not leases:
         return HeartbeatOutcome({}, set())
     cols = _columns(leases)
-    rows = await run(pool, "run_heartbeat", owner, *cols, lease_seconds)
+    rows = await run(pool, "run_heartbeat", owner, *cols, lease_seconds, now)
     renewed = {
         LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["wake_at"] for r in rows
     }
@@ -135,7 +139,7 @@ async def heartbeat(
     if refused:
         for _ in range(5):
             try:
-                failed = await run(pool, "run_fail_past_deadline", *_columns(refused))
+                failed = await run(pool, "run_fail_past_deadline", *_columns(refused), now)
                 break
             except asyncpg.UniqueViolationError:
                 continue
@@ -145,6 +149,8 @@ async def heartbeat(
     return HeartbeatOutcome(renewed, past)
 
 
-async def release_unassigned(pool: asyncpg.pool.Pool, lease: LeaseKey) -> None:
+async def release_unassigned(
+    pool: asyncpg.pool.Pool, lease: LeaseKey, now: datetime | None = None
+) -> None:
     """Make a claimed-but-undelivered run runnable again now."""
-    await run(pool, "run_release_unassigned", lease.workspace_id, lease.run_id, lease.epoch)
+    await run(pool, "run_release_unassigned", lease.workspace_id, lease.run_id, lease.epoch, now)

@@ -72,7 +72,11 @@ async def list_runs(
 
 
 async def cancel_run(
-    pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, reason: str
+    pool: asyncpg.pool.Pool,
+    workspace_id: str,
+    run_id: uuid.UUID,
+    reason: str,
+    now: datetime | None = None,
 ) -> asyncpg.Record | None:
     """The cancelled run, or None when it does not exist or already ended.
 
@@ -81,7 +85,7 @@ async def cancel_run(
     """
     for _ in range(5):
         try:
-            return await run(pool, "run_cancel", workspace_id, run_id, reason)
+            return await run(pool, "run_cancel", workspace_id, run_id, reason, now)
         except asyncpg.UniqueViolationError:
             continue
     raise RuntimeError("cancel kept colliding with concurrent commits")

@@ -51,7 +51,10 @@ class CommitResult:
 
 
 async def commit(
-    pool: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, lease_seconds: float
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+    req: CommitRequest,
+    lease_seconds: float,
+    now: datetime | None = None,
 ) -> CommitResult:
     """Append steps and apply the transition if the run is still held at req.epoch.
 
@@ -63,9 +66,9 @@ async def commit(
         if isinstance(pool, asyncpg.Connection) and pool.is_in_transaction():
             # A savepoint: a unique violation must not doom the caller's transaction.
             async with pool.transaction():
-                row = await _apply(pool, req, lease_seconds)
+                row = await _apply(pool, req, lease_seconds, now)
         else:
-            row = await _apply(pool, req, lease_seconds)
+            row = await _apply(pool, req, lease_seconds, now)
     except asyncpg.UniqueViolationError:
         row = None
     if row is not None:
@@ -76,7 +79,10 @@ async def commit(
 
 
 async def _apply(
-    db: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, lease_seconds: float
+    db: asyncpg.pool.Pool | asyncpg.Connection,
+    req: CommitRequest,
+    lease_seconds: float,
+    now: datetime | None,
 ) -> asyncpg.Record | None:
     t = req.transition
     return await run(
@@ -84,7 +90,7 @@ async def _apply(
         [s.seq for s in req.steps], [s.kind for s in req.steps],
         [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
         req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
-        t.wake_after_seconds, lease_seconds, req.tokens, t.text,
+        t.wake_after_seconds, lease_seconds, req.tokens, t.text, now,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -106,19 +107,23 @@ class _NotDecided(Exception):
     """Rolls the attempt back; the reason is worked out afterwards."""
 
 
-async def decide(pool: asyncpg.pool.Pool, d: Decision) -> tuple[asyncpg.Record, asyncpg.Record]:
+async def decide(
+    pool: asyncpg.pool.Pool, d: Decision, now: datetime | None = None
+) -> tuple[asyncpg.Record, asyncpg.Record]:
     """Record the decision exactly once: (the run, the decision step), or raise why not."""
     try:
         async with pool.acquire() as conn, conn.transaction():
-            return await _decide(conn, d)
+            return await _decide(conn, d, now)
     except _NotDecided:
         pass
     raise await _why_not(pool, d)
 
 
-async def _decide(conn: asyncpg.Connection, d: Decision) -> tuple[asyncpg.Record, asyncpg.Record]:
+async def _decide(
+    conn: asyncpg.Connection, d: Decision, now: datetime | None
+) -> tuple[asyncpg.Record, asyncpg.Record]:
     ws, run_id = d.workspace_id, d.run_id
-    run_row = await run(conn, "unknown_claim_decision", ws, run_id)
+    run_row = await run(conn, "unknown_claim_decision", ws, run_id, now)
     if run_row is None:
         raise _NotDecided
     # The run row is locked now: what follows reads the latest committed state.

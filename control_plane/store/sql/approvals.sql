@@ -40,12 +40,13 @@ WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
 RETURNING *;
 
 -- name: approval_decision_step :exec
--- Record the decision in the run's log and make the run runnable now.
+-- Record the decision in the run's log and make the run runnable now
+-- (database clock unless $7 fixes it).
 WITH step AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
     VALUES ($1, $2, $3, 'approval_decided', $4, $5, $6::jsonb)
 )
-UPDATE runs SET wake_at = now(), updated_at = now()
+UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;
 
 -- name: approvals_expired :many
@@ -74,13 +75,16 @@ VALUES ($1, $2, $3, $4, $5);
 
 -- name: approval_token_peek :one
 -- A token's approval and state, without using it (GET must never decide).
-SELECT t.approval_id, t.approver, t.used_at, t.expires_at, t.expires_at <= now() AS expired
+-- Database clock unless $3 fixes it.
+SELECT t.approval_id, t.approver, t.used_at, t.expires_at,
+       t.expires_at <= coalesce($3::timestamptz, now()) AS expired
 FROM approval_tokens t WHERE t.workspace_id = $1 AND t.token_sha256 = $2;
 
 -- name: approval_token_use :one
--- Use a token once: it must be unused and unexpired.
-UPDATE approval_tokens SET used_at = now()
-WHERE workspace_id = $1 AND token_sha256 = $2 AND used_at IS NULL AND expires_at > now()
+-- Use a token once: it must be unused and unexpired (database clock unless $3 fixes it).
+UPDATE approval_tokens SET used_at = coalesce($3::timestamptz, now())
+WHERE workspace_id = $1 AND token_sha256 = $2 AND used_at IS NULL
+  AND expires_at > coalesce($3::timestamptz, now())
 RETURNING approval_id, approver;
 
 -- name: run_agent_spec :one

@@ -113,7 +113,7 @@ UPDATE runs r SET
     lease_epoch = r.lease_epoch + 1,
     attempt = r.attempt + (r.status = 'running')::int,
     wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
-    started_at = coalesce(r.started_at, now()),
+    started_at = coalesce(r.started_at, (SELECT now FROM clock)),
     updated_at = now()
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
@@ -178,21 +178,26 @@ JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
 -- name: run_heartbeat :many
 -- Renew every lease an executor holds, in one statement. A lease missing
 -- from the result was lost (taken, cancelled, finished or past deadline).
-UPDATE runs r SET wake_at = now() + make_interval(secs => $5), updated_at = now()
+-- Database clock unless $6 fixes it.
+UPDATE runs r SET wake_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5),
+                  updated_at = now()
 FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
 WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
   AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
-  AND r.deadline_at > now()
+  AND r.deadline_at > coalesce($6::timestamptz, now())
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;
 
 -- name: run_fail_past_deadline :many
 -- Fail held runs whose deadline passed (the heartbeat refused them).
+-- Database clock unless $4 fixes it.
 WITH failed AS (
     UPDATE runs r SET status = 'failed', error = 'deadline exceeded', wake_at = NULL,
-                      lease_owner = NULL, finished_at = now(), updated_at = now()
+                      lease_owner = NULL, finished_at = coalesce($4::timestamptz, now()),
+                      updated_at = now()
     FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h(workspace_id, run_id, epoch)
     WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-      AND r.lease_epoch = h.epoch AND r.status = 'running' AND r.deadline_at <= now()
+      AND r.lease_epoch = h.epoch AND r.status = 'running'
+      AND r.deadline_at <= coalesce($4::timestamptz, now())
     RETURNING r.workspace_id, r.run_id, r.lease_epoch
 ), finish_step AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
@@ -208,6 +213,7 @@ SELECT * FROM failed;
 -- name: run_release_unassigned :exec
 -- Give back a just-claimed run that could not be delivered (its executor
 -- went away): runnable again now, under a new epoch at the next claim.
+-- Database clock unless $4 fixes it.
 UPDATE runs SET status = 'waiting', wait_reason = 'handoff', lease_owner = NULL,
-                wake_at = now(), updated_at = now()
+                wake_at = coalesce($4::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running';

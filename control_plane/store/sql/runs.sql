@@ -36,9 +36,11 @@ LIMIT $6;
 -- name: run_cancel :one
 -- Cancel a non-terminal run at once. Its holder is fenced: the epoch check
 -- of its next commit or heartbeat fails because status is no longer running.
+-- Database clock unless $4 fixes it.
 WITH cancelled AS (
     UPDATE runs SET status = 'cancelled', wait_reason = NULL, wake_at = NULL,
-                    lease_owner = NULL, error = $3, finished_at = now(), updated_at = now()
+                    lease_owner = NULL, error = $3,
+                    finished_at = coalesce($4::timestamptz, now()), updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2
       AND status IN ('queued', 'running', 'waiting')
     RETURNING *

@@ -3,7 +3,8 @@
 -- running under this epoch, append the steps, bump counters, and either
 -- renew the lease ($10 NULL) or apply the transition ($10 = 'waiting',
 -- 'completed', 'failed'; parking and finishing release the lease). Zero rows
--- means fenced; unique (run_id, seq) is the backstop.
+-- means fenced; unique (run_id, seq) is the backstop. Database clock unless
+-- $17 fixes it.
 WITH locked AS (
     SELECT workspace_id, run_id FROM runs
     WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
@@ -23,13 +24,14 @@ UPDATE runs r SET
     status = coalesce($10, r.status),
     wait_reason = CASE WHEN $10 = 'waiting' THEN $11 END,
     wake_at = CASE
-        WHEN $10 IS NULL THEN now() + make_interval(secs => $14)
-        WHEN $10 = 'waiting' THEN coalesce($12::timestamptz, now() + make_interval(secs => $13))
+        WHEN $10 IS NULL THEN coalesce($17::timestamptz, now()) + make_interval(secs => $14)
+        WHEN $10 = 'waiting' THEN coalesce(
+            $12::timestamptz, coalesce($17::timestamptz, now()) + make_interval(secs => $13))
     END,
     lease_owner = CASE WHEN $10 IS NULL THEN r.lease_owner END,
     output = CASE WHEN $10 = 'completed' THEN $16 END,
     error = CASE WHEN $10 = 'failed' THEN $16 END,
-    finished_at = CASE WHEN $10 IN ('completed', 'failed') THEN now() END,
+    finished_at = CASE WHEN $10 IN ('completed', 'failed') THEN coalesce($17::timestamptz, now()) END,
     updated_at = now()
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
