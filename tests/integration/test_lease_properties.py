@@ -170,7 +170,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.example = next(self.env.examples)
+        next(self.env.examples)  # counts the sequences
         self.call(self._reset())
         self.clock = BASE
         self.runs: dict[uuid.UUID, Run] = {}
