@@ -16,7 +16,7 @@
 -- only make a claim more careful than it needs to be, never less.
 --
 -- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
--- SHARE on the workspace row until they commit (0004_fairness.sql), which
+-- SHARE on the workspace row until they commit (0003_fairness.sql), which
 -- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
 -- holds claims up. Raising it is only safe with no such writer in flight, so
 -- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
