@@ -368,3 +368,25 @@ async def test_an_executor_with_only_a_client_certificate_runs_a_run(
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
     finally:
         await api.close()
+
+
+async def test_the_control_plane_process_reads_its_transport_from_the_environment(
+    db_url, pki, control_plane, tmp_path
+):
+    port_file = tmp_path / "executor.port"
+    cp = control_plane(
+        db_url,
+        AGENTRUN_TLS_CERT=pki.server.cert,
+        AGENTRUN_TLS_KEY=pki.server.key,
+        AGENTRUN_TLS_CLIENT_CA=pki.ca,
+        AGENTRUN_EXECUTOR_LISTEN=f"{HOST}:0",
+        AGENTRUN_EXECUTOR_PORT_FILE=port_file,
+    )
+    executors = f"{HOST}:{int(port_file.read_text())}"
+    cert = credentials(pki, pki.client("exec-1", executor_pool="pool-a"))
+    async with grpc.aio.secure_channel(executors, cert) as channel:
+        assert await connect_code(channel) == grpc.StatusCode.OK
+    async with grpc.aio.secure_channel(cp.address, credentials(pki)) as channel:
+        assert await connect_code(channel) == grpc.StatusCode.UNIMPLEMENTED
+    async with grpc.aio.insecure_channel(cp.address) as channel:
+        assert await health_code(channel) == grpc.StatusCode.UNAVAILABLE
