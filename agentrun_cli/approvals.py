@@ -9,6 +9,7 @@ import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from agentrun_cli import render
+from agentrun_cli.client import open_channel
 
 STATES = {
     "pending": approval_pb2.APPROVAL_STATE_PENDING,
@@ -21,7 +22,7 @@ TIMEOUT = 30.0
 
 
 def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, approval_pb2_grpc.ApprovalServiceStub]:
-    channel = grpc.insecure_channel(args.address)
+    channel = open_channel(args.address)
     return channel, approval_pb2_grpc.ApprovalServiceStub(channel)
 
 

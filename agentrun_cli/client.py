@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,27 @@ import grpc
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
 
 UNARY_TIMEOUT = 30.0
+
+
+def open_channel(address: str) -> grpc.Channel:
+    """A channel to the control plane: TLS when `AGENTRUN_TLS_CA` names its trust roots.
+
+    `AGENTRUN_TLS_SERVER_NAME` is the name its certificate must carry when that differs
+    from the address's host.
+    """
+    ca = os.environ.get("AGENTRUN_TLS_CA")
+    if not ca:
+        return grpc.insecure_channel(address)
+    try:
+        with open(ca, "rb") as f:
+            roots = f.read()
+    except OSError as exc:
+        raise SystemExit(f"AGENTRUN_TLS_CA: cannot read {ca}: {exc.strerror}") from None
+    name = os.environ.get("AGENTRUN_TLS_SERVER_NAME")
+    options = [("grpc.ssl_target_name_override", name)] if name else []
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
+
+
 RetryHook = Callable[[grpc.RpcError, float], None]
 
 
@@ -22,7 +44,7 @@ class Client:
         self.address = address
         self.workspace = workspace
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address)
         self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
         self.runs = run_pb2_grpc.RunServiceStub(self._channel)
 

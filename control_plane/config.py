@@ -58,6 +58,15 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
+    # Transport security (control_plane/tls.py): PEM files. With a certificate and key,
+    # gRPC and HTTP serve TLS only; with a client CA, the executor listener requires
+    # client certificates it signed. An executor listener serves ExecutorService apart
+    # from the public API (which then refuses it).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    executor_listen: str | None = None
+    executor_port_file: str | None = None
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -89,4 +98,9 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            tls_cert=os.environ.get("AGENTRUN_TLS_CERT") or None,
+            tls_key=os.environ.get("AGENTRUN_TLS_KEY") or None,
+            tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
+            executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
+            executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
         )

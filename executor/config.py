@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.ratelimit.rates import RateTable
+from executor.transport import ChannelSecurity
 
 
 def _default_executor_id() -> str:
@@ -43,6 +44,8 @@ class ExecutorConfig:
     rate_penalty_factor: float = 0.5
     redis_backoff_cap_seconds: float = 30.0
     model_backoff_cap_seconds: float = 60.0
+    # TLS to the control plane (executor/transport.py); plaintext by default.
+    tls: ChannelSecurity = field(default_factory=ChannelSecurity)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -71,6 +74,7 @@ class ExecutorConfig:
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
             **_limits_from_env(env, defaults),
+            tls=ChannelSecurity.from_env(env),
         )
 
     def provider_url(self, provider: str) -> str:

@@ -36,8 +36,12 @@ class LoggedStep:
 class Api:
     """RunService and AgentService stubs over one channel."""
 
-    def __init__(self, address: str, workspace: str = "ws") -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(
+        self, address: str, workspace: str = "ws", tls: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self.channel = (
+            grpc.aio.secure_channel(address, tls) if tls else grpc.aio.insecure_channel(address)
+        )
         self.runs = run_pb2_grpc.RunServiceStub(self.channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.ws = workspace
