@@ -120,6 +120,5 @@ def json_value(
     checked = json_text(field, text, max_bytes=max_bytes, max_depth=max_depth)
     try:
         return json.loads(checked, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        problem = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise InvalidArgument(field, f"is not valid JSON ({problem[:80]})") from None
+    except (ValueError, RecursionError):
+        raise InvalidArgument(field, "is not valid JSON") from None
