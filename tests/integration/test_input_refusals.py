@@ -304,3 +304,15 @@ async def test_webhook_nested_40000_objects_deep_is_400_and_stores_nothing(
             assert reply.json()["error"] == problem
     assert await table_counts(db) == before
     assert not _tracebacks(caplog)
+
+
+async def test_approval_links_with_a_nul_in_the_path_are_unknown_links(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.1:{server.http_port}/approvals/ws%00x/some-token"
+    async with httpx.AsyncClient(timeout=10) as http:
+        shown = await http.get(url)
+        decided = await http.post(url, content=b"decision=approve&reason=ok")
+        reason = await http.post(url.replace("%00x", ""), content=b"decision=reject&reason=a%00b")
+    assert (shown.status_code, decided.status_code, reason.status_code) == (404, 404, 400)
+    assert not _tracebacks(caplog)
