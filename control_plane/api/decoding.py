@@ -107,6 +107,14 @@ def nul_path(message: Message, prefix: str = "", skip: Collection[str] = ()) -> 
     return None
 
 
+def nul_path_of_decoded(message: Message, prefix: str = "") -> str | None:
+    """`nul_path` for a message already decoded (its wire bytes gone): serialized once in C,
+    walked in Python only when a 0x00 byte shows up (the hot commit path stays cheap)."""
+    if b"\x00" not in message.SerializeToString():
+        return None
+    return nul_path(message, prefix)
+
+
 def guard_decoder(
     deserialize: Callable[[bytes], Any] | None, skip: Collection[str] = ()
 ) -> Callable[[bytes], Any] | None:

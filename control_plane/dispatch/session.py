@@ -49,7 +49,7 @@ def _payload(i: int, text: str) -> str:
 def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
     """The store's view of a Commit message (raises ValueError on bad fields)."""
     # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
-    if path := decoding.nul_path(msg, "commit."):
+    if path := decoding.nul_path_of_decoded(msg, "commit."):
         raise ValueError(f"{path}: contains a NUL character")
     steps = [
         step_store.NewStep(
