@@ -43,9 +43,9 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
     if not token:
         return None
     try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        data = validate.json_value("page_token", base64.urlsafe_b64decode(token.encode()))
         return datetime.fromisoformat(data["t"]), uuid.UUID(data["id"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, InvalidArgument):
         raise InvalidArgument("page_token", "is not a token this service issued") from None
 
 

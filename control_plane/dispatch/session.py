@@ -13,10 +13,10 @@ import asyncpg
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane.api import convert
+from control_plane.api import convert, decoding, validate
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
-from control_plane.errors import status_for
+from control_plane.errors import InvalidArgument, status_for
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.errors import Fenced
@@ -27,22 +27,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CLOSE = object()
+# Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
+# may be, but bounded before Postgres's recursive jsonb parser sees them.
+_MAX_PAYLOAD_DEPTH = 512
+_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
     return lease_store.LeaseKey(lease.workspace_id, uuid.UUID(lease.run_id), lease.epoch)
 
 
+def _payload(i: int, text: str) -> str:
+    """A step's payload, checked before Postgres parses it (size and depth bounded, no NUL)."""
+    try:
+        return validate.json_text(f"commit.steps[{i}].payload_json", text or "{}",
+                                  max_bytes=_MAX_PAYLOAD_BYTES, max_depth=_MAX_PAYLOAD_DEPTH)  # fmt: skip
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+
+
 def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
     """The store's view of a Commit message (raises ValueError on bad fields)."""
+    # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
+    if path := decoding.nul_path_of_decoded(msg, "commit."):
+        raise ValueError(f"{path}: contains a NUL character")
     steps = [
         step_store.NewStep(
             seq=s.seq,
             kind=convert.KIND_FROM_PROTO[s.kind],
             ref_seq=s.ref_seq if s.ref_seq else None,
-            payload_json=s.payload_json or "{}",
+            payload_json=_payload(i, s.payload_json),
         )  # fmt: skip
-        for s in msg.steps
+        for i, s in enumerate(msg.steps)
     ]
     return step_store.CommitRequest(
         workspace_id=msg.lease.workspace_id, run_id=uuid.UUID(msg.lease.run_id),

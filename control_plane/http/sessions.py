@@ -8,7 +8,6 @@ the field for bad input; 404 for an unknown session.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -47,10 +46,7 @@ async def _message(request: Request) -> tuple[str, str | None]:
         raw = await read_body(request, MAX_INPUT_BYTES + 4096)
     except TooLarge:
         raise InvalidArgument("text", f"is larger than {MAX_INPUT_BYTES} bytes") from None
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidArgument("body", "is not valid JSON") from None
+    body = validate.json_value("body", raw or b"{}", max_bytes=len(raw))
     if not isinstance(body, dict):
         raise InvalidArgument("body", "must be a JSON object")
     text = validate.text("text", _field(body, "text"), max_bytes=MAX_INPUT_BYTES, required=True)
