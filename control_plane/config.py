@@ -58,6 +58,10 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
+    # Envelope encryption (control_plane/crypto): which KMS wraps the workspaces' data keys
+    # and, for the local one, its key file (None: the dev default, made on first use).
+    kms: str = "local"
+    kms_key_file: str | None = None
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -89,4 +93,6 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            kms=os.environ.get("AGENTRUN_KMS", cls.kms),
+            kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
         )
