@@ -28,6 +28,7 @@ import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from cryptography.exceptions import InvalidTag
@@ -47,6 +48,8 @@ FORMAT = 1
 _HEADER = struct.Struct(">BI")
 _TAG_BYTES = 16
 _AAD_LABEL = b"agentrun-seal\0"
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class CannotOpen(DomainError):
@@ -99,7 +102,8 @@ class _KeyCache:
         self._current.clear()
 
 
-def _fresh(cache: OrderedDict, name: object):  # type: ignore[no-untyped-def, type-arg]
+def _fresh(cache: OrderedDict[K, tuple[float, V]], name: K) -> V | None:
+    """The entry's value if present and not expired (then also most recently used)."""
     entry = cache.get(name)
     if entry is None:
         return None
@@ -110,7 +114,9 @@ def _fresh(cache: OrderedDict, name: object):  # type: ignore[no-untyped-def, ty
     return entry[1]
 
 
-def _put(cache: OrderedDict, name: object, entry: tuple, size: int) -> None:  # type: ignore[type-arg]
+def _put(
+    cache: OrderedDict[K, tuple[float, V]], name: K, entry: tuple[float, V], size: int
+) -> None:
     cache[name] = entry
     cache.move_to_end(name)
     while len(cache) > size:

@@ -24,7 +24,9 @@ the process environment, never in the database.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import fcntl
 import json
 import os
 import secrets
@@ -155,11 +157,9 @@ class LocalKms:
             ) from None
 
     async def rotate(self) -> str:
-        """Add a version to the key file (atomically) and make it current."""
-        doc = _read(self.path)
-        newest = max(entry["version"] for entry in doc["keys"])
-        doc["keys"].append(_new_entry(newest + 1))
-        _replace(self.path, doc)
+        """Add a version to the key file (atomically, one rotating process at a time) and
+        make it current."""
+        await asyncio.to_thread(_add_version, self.path)
         self._reload()
         return self._current
 
@@ -224,8 +224,14 @@ def _write_new(path: Path, doc: dict) -> None:
         os.unlink(tmp)
 
 
-def _replace(path: Path, doc: dict) -> None:
-    os.replace(_temp_file(path, doc), path)
+def _add_version(path: Path) -> None:
+    """Append a new newest version to the key file, under a lock file beside it."""
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = _read(path)
+        newest = max(entry["version"] for entry in doc["keys"])
+        doc["keys"].append(_new_entry(newest + 1))
+        os.replace(_temp_file(path, doc), path)
 
 
 def default_key_file() -> Path:
