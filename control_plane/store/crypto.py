@@ -52,10 +52,9 @@ async def add_next_version(
     """Store a new version (wrapped by `wrap(version)`) for new seals and retire the older
     ones, one rotation per workspace at a time; the new version, or None (no workspace)."""
     async with transaction(pool) as conn:
-        row = await run(conn, "data_key_lock_workspace", workspace_id)
-        if row is None:
+        if await run(conn, "data_key_rotation_lock", workspace_id) is None:
             return None
-        version = row["next_version"]
+        version = (await run(conn, "data_key_next_version", workspace_id))["next_version"]
         kms_key_version, wrapped = await wrap(version)
         await run(conn, "data_key_insert", workspace_id, version, kms_key_version, wrapped)
         await run(conn, "data_key_retire_older", workspace_id, version, now)

@@ -219,3 +219,29 @@ def test_only_a_dev_release_without_a_named_file_creates_one(tmp_path, monkeypat
     monkeypatch.setenv("AGENTRUN_DATA_DIR", str(tmp_path / "data"))
     made = kms.configured("local", None, release="dev")
     assert made.current_version == "local:1" and (tmp_path / "data" / "kms.json").exists()
+
+
+async def test_concurrent_data_key_rotations_each_get_their_own_version(pool, key_file, db):
+    envelope = Envelope(pool, LocalKms(key_file))
+    await envelope.seal("ws-a", TRIGGER_SECRET, "hook/1", SECRET)
+    versions = await asyncio.gather(*(envelope.rotate_data_key("ws-a") for _ in range(3)))
+    assert sorted(versions) == [2, 3, 4]
+    unretired = await db.fetch(
+        "SELECT version FROM workspace_data_keys WHERE workspace_id = 'ws-a' AND retired_at IS NULL"
+    )
+    assert [r["version"] for r in unretired] == [4]
+
+
+async def test_data_keys_are_served_from_memory_until_their_ttl(pool, key_file, db):
+    cached = Envelope(pool, LocalKms(key_file), cache_seconds=600)
+    uncached = Envelope(pool, LocalKms(key_file), cache_seconds=0)
+    sealed = await cached.seal("ws-a", TRIGGER_SECRET, "hook/1", SECRET)
+    assert await uncached.open("ws-a", TRIGGER_SECRET, "hook/1", sealed) == SECRET
+    # The stored wrapping is ruined: only a replica that does not go back to it still opens.
+    await db.execute("UPDATE workspace_data_keys SET wrapped = $1", bytes(60))
+    assert await cached.open("ws-a", TRIGGER_SECRET, "hook/1", sealed) == SECRET
+    with pytest.raises(CannotOpen, match="does not unwrap"):
+        await uncached.open("ws-a", TRIGGER_SECRET, "hook/1", sealed)
+    cached.forget()
+    with pytest.raises(CannotOpen, match="does not unwrap"):
+        await cached.open("ws-a", TRIGGER_SECRET, "hook/1", sealed)

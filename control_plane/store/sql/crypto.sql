@@ -16,13 +16,17 @@ INSERT INTO workspace_data_keys (workspace_id, version, kms_key_version, wrapped
 VALUES ($1, 1, $2, $3)
 ON CONFLICT DO NOTHING;
 
--- name: data_key_lock_workspace :one
--- Serialise data key rotations of one workspace until the caller's transaction ends;
--- returns the next version number.
-SELECT coalesce(max(k.version), 0) + 1 AS next_version
-FROM (SELECT workspace_id FROM workspaces WHERE workspace_id = $1 FOR UPDATE) w
-LEFT JOIN workspace_data_keys k ON k.workspace_id = w.workspace_id
-GROUP BY w.workspace_id;
+-- name: data_key_rotation_lock :one
+-- Serialise data key rotations of one workspace until the caller's transaction ends (an
+-- advisory lock: the workspace row stays free for the claim path); nothing if no workspace.
+SELECT pg_advisory_xact_lock(hashtextextended('workspace_data_keys:' || $1, 0)) IS NULL AS locked
+FROM workspaces WHERE workspace_id = $1;
+
+-- name: data_key_next_version :one
+-- The version a workspace's next data key takes (run after the rotation lock: its snapshot
+-- then sees every rotation committed before).
+SELECT coalesce(max(version), 0) + 1 AS next_version
+FROM workspace_data_keys WHERE workspace_id = $1;
 
 -- name: data_key_insert :exec
 -- A new data key version for new seals.
