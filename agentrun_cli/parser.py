@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from agentrun_cli import approvals, chat, commands, launch, triggers
+from agentrun_cli import approvals, chat, commands, crypto_keys, launch, triggers
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_commands(sub, common)
     triggers.add_commands(sub, common)
     chat.add_command(sub, common)
+    crypto_keys.add_commands(sub, common)
     return parser
 
 

@@ -67,6 +67,10 @@ class ServerConfig:
     tls_client_ca: str | None = None
     executor_listen: str | None = None
     executor_port_file: str | None = None
+    # Envelope encryption (control_plane/crypto): which KMS wraps the workspaces' data keys
+    # and, for the local one, its key file (None: the dev default, made on first use).
+    kms: str = "local"
+    kms_key_file: str | None = None
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -103,4 +107,6 @@ class ServerConfig:
             tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
             executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
             executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
+            kms=os.environ.get("AGENTRUN_KMS", cls.kms),
+            kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
         )

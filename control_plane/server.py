@@ -37,6 +37,8 @@ from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
 from control_plane.config import ServerConfig
+from control_plane.crypto import kms
+from control_plane.crypto.envelope import Envelope
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.errors import ErrorInterceptor
@@ -46,6 +48,7 @@ from control_plane.http.server import HttpIngress
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
+from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,11 @@ class RunningServer:
 async def start(config: ServerConfig) -> RunningServer:
     """Start serving; returns once the port is bound."""
     check_transport(config)
+    key_service = kms.configured(config.kms, config.kms_key_file, release=config.release)
     pool = await create_pool(config.database_url)
+    envelope = Envelope(pool, key_service)
+    # Secrets stored in plain text before envelope encryption: sealed before anything serves.
+    await sealed_secrets.backfill(pool, envelope)
     dispatcher = Dispatcher(pool, config)
     # Both gRPC servers (public, executor) run the same interceptors.
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
@@ -127,7 +134,7 @@ async def start(config: ServerConfig) -> RunningServer:
         ApprovalServicer(pool, config.approver_signing_key), server
     )
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
-        TriggerServicer(pool, config.public_url), server
+        TriggerServicer(pool, config.public_url, envelope), server
     )
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
@@ -142,7 +149,7 @@ async def start(config: ServerConfig) -> RunningServer:
         ),
         asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
     ]
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope)
     return RunningServer(
         server, port, pool, tasks + trigger_tasks, http,
         executor_server=executors if executors is not server else None,
@@ -202,7 +209,7 @@ async def _serve(
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher
+    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher, envelope: Envelope
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -212,7 +219,9 @@ async def _start_triggers(
     fetcher = PushFetcher(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
     )
-    ctx = HttpContext(pool, config, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke)
+    ctx = HttpContext(
+        pool, config, envelope, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke
+    )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()
     return http, [

@@ -14,10 +14,11 @@ from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import MAX_INPUT_BYTES, decode_page_token, encode_page_token
+from control_plane.crypto.envelope import Envelope
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
-from control_plane.triggers import filters, mail, schedule, signatures
+from control_plane.triggers import filters, mail, schedule, sealed_secrets, signatures
 
 SCHEME_NAMES = {
     pb.SIGNATURE_SCHEME_HMAC_SHA256: "hmac_sha256",
@@ -267,9 +268,10 @@ def _id_from_token(token: str) -> str | None:
 
 
 class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
-    def __init__(self, pool: store.Pool, public_url: str) -> None:
+    def __init__(self, pool: store.Pool, public_url: str, envelope: Envelope) -> None:
         self._pool = pool
         self._public_url = public_url
+        self._envelope = envelope  # seals signing secrets before they are stored
 
     async def _message(self, row: Any) -> pb.Trigger:
         secrets = await store.active_secrets(self._pool, row["workspace_id"], row["trigger_id"])
@@ -299,7 +301,7 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
                 "secret", "schedules are not called by anyone; they have no secret"
             )
         await self._check_agent(new.workspace_id, new.agent_id)
-        row = await store.create_trigger(self._pool, new, secret)
+        row = await sealed_secrets.create(self._pool, self._envelope, new, secret)
         if row is None:
             raise AlreadyExists(
                 f"trigger {new.trigger_id!r} already exists in workspace {new.workspace_id!r}"
@@ -348,7 +350,9 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
         if not 0 <= grace <= MAX_GRACE_SECONDS:
             raise InvalidArgument("grace", f"must be between 0 and {MAX_GRACE_SECONDS} s")
         secret = _secret("secret", row["scheme"], request.secret)
-        await store.rotate_secret(self._pool, ws, row["trigger_id"], secret, grace)
+        await sealed_secrets.rotate(
+            self._pool, self._envelope, ws, row["trigger_id"], secret, grace
+        )
         row = await self._get(ws, row["trigger_id"])
         return pb.RotateTriggerSecretResponse(trigger=await self._message(row), secret=secret)
 

@@ -1,4 +1,4 @@
-"""What HTTP route modules are given: the pool, the settings and the wake-up hooks."""
+"""What HTTP route modules are given: the pool, the settings, the envelope, the wake-up hooks."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from control_plane.config import ServerConfig
+from control_plane.crypto.envelope import Envelope
 from control_plane.store.triggers import Pool
 
 
@@ -17,6 +18,8 @@ def _nothing() -> None:
 class HttpContext:
     pool: Pool
     config: ServerConfig
+    # Opens the triggers' sealed signing secrets.
+    envelope: Envelope
     # A run became runnable: claim soon (the dispatcher's poke).
     on_runnable: Callable[[], None] = _nothing
     # A push source has a fetch queued: fetch soon.

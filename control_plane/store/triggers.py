@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +18,9 @@ from control_plane.store.queries import run
 Pool: TypeAlias = asyncpg.pool.Pool
 Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
+# (secret id) -> the secret sealed for that id: how a rotation seals the secret it adds.
+SealFor: TypeAlias = Callable[[int], Awaitable[bytes]]
+FIRST_SECRET_ID = 1
 
 
 @asynccontextmanager
@@ -42,17 +45,21 @@ class NewTrigger:
 
 
 async def create_trigger(
-    pool: Pool, new: NewTrigger, secret: str | None, now: datetime | None = None
+    pool: Pool, new: NewTrigger, sealed_secret: bytes | None, now: datetime | None = None
 ) -> Record | None:
-    """The new trigger (with its first secret), or None when the id is taken."""
+    """The new trigger (with its first secret, id FIRST_SECRET_ID, already sealed for that id),
+    or None when the id is taken."""
     async with transaction(pool) as conn:
         row = await run(
             conn, "trigger_insert", new.workspace_id, new.trigger_id, new.agent_id, new.kind,
             new.scheme, json.dumps(new.config), json.dumps(new.filters), new.next_slot_at,
             new.next_fire_at, new.last_history_id, now,
         )  # fmt: skip
-        if row is not None and secret is not None:
-            await run(conn, "trigger_secret_insert", new.workspace_id, new.trigger_id, secret, now)
+        if row is not None and sealed_secret is not None:
+            await run(
+                conn, "trigger_secret_insert", new.workspace_id, new.trigger_id,
+                FIRST_SECRET_ID, sealed_secret, now,
+            )  # fmt: skip
         return row
 
 
@@ -75,7 +82,8 @@ async def set_enabled(
 async def for_delivery(
     pool: Pool, workspace_id: str, trigger_id: str, now: datetime | None = None
 ) -> Record | None:
-    """An enabled HTTP trigger and its active secret values (newest first), or None."""
+    """An enabled HTTP trigger and its active secrets (newest first: `secret_ids`,
+    `sealed_secrets`, `plain_secrets` for rows not sealed yet), or None."""
     return await run(pool, "trigger_for_delivery", workspace_id, trigger_id, now)
 
 
@@ -90,18 +98,35 @@ async def rotate_secret(
     pool: Pool,
     workspace_id: str,
     trigger_id: str,
-    secret: str,
+    seal: SealFor,
     grace_seconds: float,
     now: datetime | None = None,
 ) -> Record | None:
-    """Retire the current secret after `grace_seconds` and add `secret`; None if no trigger."""
+    """Retire the current secret after `grace_seconds` and add the secret `seal(new id)`
+    returns sealed; None if no trigger."""
     async with transaction(pool) as conn:
         row = await run(conn, "trigger_lock", workspace_id, trigger_id)
         if row is None:
             return None
+        secret_id = (await run(conn, "trigger_secret_next_id", workspace_id, trigger_id))[
+            "secret_id"
+        ]
+        sealed = await seal(secret_id)
         await run(conn, "trigger_secrets_retire", workspace_id, trigger_id, grace_seconds, now)
-        await run(conn, "trigger_secret_insert", workspace_id, trigger_id, secret, now)
+        await run(conn, "trigger_secret_insert", workspace_id, trigger_id, secret_id, sealed, now)
         return row
+
+
+async def plaintext_secrets(conn: Connection, limit: int) -> list[Record]:
+    """Up to `limit` secrets still in plain text, locked for the caller's transaction."""
+    return await run(conn, "trigger_secrets_plaintext", limit)
+
+
+async def replace_plaintext(
+    conn: Connection, workspace_id: str, trigger_id: str, secret_id: int, sealed: bytes
+) -> None:
+    """Store a plain secret's sealed form and clear the plain value."""
+    await run(conn, "trigger_secret_seal", workspace_id, trigger_id, secret_id, sealed)
 
 
 # --- events -----------------------------------------------------------------------------------
