@@ -86,7 +86,12 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         help="a tool the agent may call (repeat for more)",
     )
     p.add_argument("--max-steps", type=int, default=0, metavar="N")
-    p.add_argument("--deadline", type=float, metavar="SECONDS", help="wall-clock budget")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="active-time budget (time held by executors; parked time does not count)",
+    )
     p.set_defaults(handler=commands.agents_publish)
     p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
     p.add_argument("agent_id", metavar="ID")

@@ -74,6 +74,21 @@ _UNAVAILABLE = (
 )
 
 
+_TRANSIENT = (
+    *_UNAVAILABLE,
+    asyncpg.exceptions.PostgresConnectionError,  # class 08: the connection broke
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: shutting down, restarting
+    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
+    TimeoutError,
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """The database could not be reached (or is restarting): the same write may be retried
+    later and nothing is known to have been written. Anything else is a bug or a refusal."""
+    return isinstance(exc, _TRANSIENT)
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and client-safe message for an exception."""
     if isinstance(exc, DomainError):

@@ -39,6 +39,7 @@ from control_plane.approvals.relay import RelayConfig
 from control_plane.config import ServerConfig
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
+from control_plane.dispatch import max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.errors import ErrorInterceptor
@@ -86,7 +87,7 @@ class RunningServer:
     port: int
     pool: asyncpg.pool.Pool
     # Background loops of this replica: dispatcher, approval expiry, outbox relay,
-    # scheduler, push fetcher.
+    # max-age sweep, scheduler, push fetcher.
     tasks: list[asyncio.Task[None]]
     # The HTTP ingress (webhooks, sessions) on its own port.
     http: HttpIngress | None = None
@@ -148,6 +149,10 @@ async def start(config: ServerConfig) -> RunningServer:
             name="approval-expiry",
         ),
         asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
+        asyncio.create_task(
+            max_age.run_forever(pool, config.approval_poll_seconds, dispatcher.poke),
+            name="max-age-sweep",
+        ),
     ]
     http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope)
     return RunningServer(

@@ -15,12 +15,14 @@ from control_plane.store import agents as store
 _TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
+MAX_AGE_SECONDS = 366 * 24 * 3600
 
 
 def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
     """Validated limits of a spec (0 = the server default at admission)."""
     lim = spec.limits
     deadline = lim.deadline.ToTimedelta().total_seconds() if lim.HasField("deadline") else 0
+    max_age = lim.max_age.ToTimedelta().total_seconds() if lim.HasField("max_age") else 0
     return {
         "max_steps": validate.in_range("spec.limits.max_steps", lim.max_steps, 0, 10_000),
         "deadline_seconds": validate.in_range(
@@ -32,6 +34,9 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
         ),
         "model_retry_budget": validate.in_range(
             "spec.limits.model_retry_budget", lim.model_retry_budget, 0, 1000
+        ),
+        "max_age_seconds": validate.in_range(
+            "spec.limits.max_age", int(max_age), 0, MAX_AGE_SECONDS
         ),
     }
 

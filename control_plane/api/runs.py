@@ -67,6 +67,7 @@ def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
         "max_tool_calls": lim.get("max_tool_calls") or defaults.max_tool_calls,
         "deadline_seconds": lim.get("deadline_seconds") or defaults.deadline_seconds,
         "model_retry_budget": lim.get("model_retry_budget") or defaults.model_retry_budget,
+        "max_age_seconds": lim.get("max_age_seconds") or 0,  # 0: no max age
     }
 
 

@@ -23,8 +23,9 @@ class Admission:
     max_steps: int
     max_tokens: int
     max_tool_calls: int
-    deadline_seconds: int
+    deadline_seconds: int  # of active time (held by executors)
     model_retry_budget: int = 30
+    max_age_seconds: int = 0  # of the run as a whole; 0 = none
 
 
 async def insert_run(
@@ -34,7 +35,7 @@ async def insert_run(
     return await run(
         pool, "run_insert", adm.workspace_id, uuid.uuid4(), adm.agent_id, adm.agent_version,
         adm.request_id, adm.input, adm.max_steps, adm.max_tokens, adm.max_tool_calls,
-        adm.deadline_seconds, now, adm.model_retry_budget,
+        adm.deadline_seconds, now, adm.model_retry_budget, adm.max_age_seconds,
     )  # fmt: skip
 
 

@@ -161,6 +161,7 @@ async def admit_event(
         adm.chain_depth, json.dumps(adm.payload), adm.agent_version, adm.input_text,
         lim["max_steps"], lim["max_tokens"], lim["max_tool_calls"], lim["deadline_seconds"],
         json.dumps(adm.input_payload), now, lim["model_retry_budget"],
+        lim.get("max_age_seconds", 0),
     )  # fmt: skip
 
 

@@ -97,7 +97,7 @@ ORDER BY secret_id;
 
 -- name: trigger_event_admit :one
 -- Record an event and, unless a filter stopped it ($6 is the reason), admit its run with
--- the limits copied ($11-$16, $19) and its input step ($17), in one statement: no event without
+-- the limits copied ($11-$16, $19, $20) and its input step ($17), in one statement: no event without
 -- its run, no run without its event. A redelivery (same dedupe key) inserts nothing and
 -- returns nothing. Database clock unless $18.
 WITH event AS (
@@ -110,11 +110,13 @@ WITH event AS (
     RETURNING *
 ), run AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
-                      max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at,
-                      model_retry_budget, created_at, updated_at)
+                      max_steps, max_tokens, max_tool_calls, deadline_seconds, max_age_seconds,
+                      expires_at, model_retry_budget, created_at, updated_at)
     SELECT e.workspace_id, e.run_id, $5, $11, 'queued', coalesce($18::timestamptz, now()), $12,
-           $13, $14, $15, $16::int,
-           coalesce($18::timestamptz, now()) + make_interval(secs => $16::int), $19::int,
+           $13, $14, $15, $16::int, $20::int,
+           CASE WHEN $20::int > 0
+               THEN coalesce($18::timestamptz, now()) + make_interval(secs => $20::int) END,
+           $19::int,
            coalesce($18::timestamptz, now()), coalesce($18::timestamptz, now())
     FROM event e WHERE e.run_id IS NOT NULL
     RETURNING workspace_id, run_id
