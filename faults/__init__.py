@@ -54,6 +54,11 @@ _random_p = float(os.environ.get("AGENTRUN_FAULTS_RANDOM", "0") or 0)
 _rng = random.Random(os.environ.get("AGENTRUN_FAULTS_SEED"))
 
 
+def active() -> bool:
+    """Whether any point can fire in this process (a test armed one, or random faults)."""
+    return bool(_armed or _random_p)
+
+
 def point(name: str) -> None:
     """Crash (or raise) here if a test armed this point (or random faults are on)."""
     if not _armed and not _random_p:

@@ -63,9 +63,15 @@ async def commit(
     """
     t = req.transition
     try:
-        async with _transaction(pool) as conn:
-            row = await _apply(conn, req, lease_seconds)
-            faults.point("control_plane.commit.in_transaction")
+        if isinstance(pool, asyncpg.Connection) or faults.active():
+            async with _transaction(pool) as conn:
+                row = await _apply(conn, req, lease_seconds)
+                faults.point("control_plane.commit.in_transaction")
+        else:
+            # One statement is its own transaction: no BEGIN/COMMIT round trips on
+            # the hottest path. The explicit one above exists for the caller's
+            # savepoint and for the fault point that fails inside the transaction.
+            row = await _apply(pool, req, lease_seconds)
     except asyncpg.UniqueViolationError:
         row = None
     if row is not None:
