@@ -58,6 +58,12 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
+    # Identity: how long a replica trusts a verified key before asking the
+    # database again (a revocation reaches every replica within this + one
+    # lookup), and the OpenID Connect issuer people sign in with ("" = none).
+    key_cache_seconds: float = 2.0
+    oidc_issuer: str = ""
+    oidc_audience: str = "agentrun"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -89,4 +95,7 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER", "").rstrip("/"),
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE", cls.oidc_audience),
         )

@@ -36,6 +36,11 @@ from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
+from control_plane.auth import context as auth_context
+from control_plane.auth.interceptor import IdentityInterceptor
+from control_plane.auth.oidc import OidcVerifier
+from control_plane.auth.principal import Principal
+from control_plane.auth.resolver import REFUSED, Resolver
 from control_plane.config import ServerConfig
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
@@ -60,17 +65,48 @@ SERVICE_NAMES = (
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    """Connect: the interceptor authenticated the stream once, as an executor credential."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, resolver: Resolver, recheck_seconds: float = 2.0
+    ) -> None:
         self._dispatcher = dispatcher
+        self._resolver = resolver
+        self._recheck = recheck_seconds
 
     async def Connect(
         self,
         request_iterator: AsyncIterator[executor_pb2.ConnectRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.ConnectResponse]:
-        session = ExecutorSession(self._dispatcher)
-        async for msg in session.serve(request_iterator):
-            yield msg
+        who = auth_context.current()
+        session = ExecutorSession(self._dispatcher, scope=who.scope)
+        watch = asyncio.create_task(self._watch(session, who))
+        try:
+            async for msg in session.serve(request_iterator):
+                yield msg
+        finally:
+            watch.cancel()
+        if watch.done() and not watch.cancelled() and watch.result():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
+
+    async def _watch(self, session: ExecutorSession, who: Principal) -> bool:
+        """End the stream once its credential is revoked or expires; True when it did."""
+        while True:
+            await asyncio.sleep(self._recheck)
+            with contextlib.suppress(Exception):  # a database blip is not a revocation
+                if not await self._resolver.still_valid(who):
+                    log.info("executor credential %s revoked: ending its stream", who.name)
+                    session.close()
+                    return True
+
+
+def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
+    """The replica's credential resolver (OIDC sign-in when an issuer is configured)."""
+    verifier = (
+        OidcVerifier(config.oidc_issuer, config.oidc_audience) if config.oidc_issuer else None
+    )
+    return Resolver(pool, verifier, ttl=config.key_cache_seconds)
 
 
 @dataclass
@@ -104,8 +140,10 @@ async def start(config: ServerConfig) -> RunningServer:
     """Start serving; returns once the port is bound."""
     pool = await create_pool(config.database_url)
     dispatcher = Dispatcher(pool, config)
+    resolver = resolver_for(pool, config)
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        # The error interceptor outside: it maps what the identity one raises.
+        interceptors=[ErrorInterceptor(), IdentityInterceptor(resolver)],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -118,7 +156,9 @@ async def start(config: ServerConfig) -> RunningServer:
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
-    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), server)
+    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorServicer(dispatcher, resolver), server
+    )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
         ApprovalServicer(pool, config.approver_signing_key), server
     )

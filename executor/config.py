@@ -43,6 +43,8 @@ class ExecutorConfig:
     rate_penalty_factor: float = 0.5
     redis_backoff_cap_seconds: float = 30.0
     model_backoff_cap_seconds: float = 60.0
+    # The executor credential the control plane knows this pool by (AGENTRUN_EXECUTOR_KEY).
+    executor_key: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -70,6 +72,7 @@ class ExecutorConfig:
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             **_limits_from_env(env, defaults),
         )
 

@@ -83,8 +83,11 @@ class ControlPlaneStream:
         *,
         clock: Callable[[], float] = time.monotonic,
         options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
+        credential: str = "",
     ) -> None:
         self._target = target
+        # The executor credential (AGENTRUN_EXECUTOR_KEY), sent once per stream.
+        self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
         self._hello = hello
         self._handler = handler
         self._clock = clock
@@ -209,7 +212,7 @@ class ControlPlaneStream:
         self._queue = queue
         self._had_welcome = False
         try:
-            call = stub.Connect(_drain(queue))
+            call = stub.Connect(_drain(queue), metadata=self._metadata)
             async for response in call:
                 self._dispatch(response)
             if not self._closing:

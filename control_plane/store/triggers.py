@@ -21,8 +21,15 @@ Record: TypeAlias = asyncpg.Record
 
 
 @asynccontextmanager
-async def transaction(pool: Pool) -> AsyncIterator[Connection]:
-    """A connection inside a transaction: committed on exit, rolled back on an exception."""
+async def transaction(pool: Pool | Connection) -> AsyncIterator[Connection]:
+    """A connection inside a transaction: committed on exit, rolled back on an exception.
+
+    Given a connection (the caller's transaction), a savepoint inside it.
+    """
+    if isinstance(pool, asyncpg.Connection):
+        async with pool.transaction():
+            yield pool
+        return
     async with pool.acquire() as conn, conn.transaction():
         yield conn
 
@@ -42,7 +49,7 @@ class NewTrigger:
 
 
 async def create_trigger(
-    pool: Pool, new: NewTrigger, secret: str | None, now: datetime | None = None
+    pool: Pool | Connection, new: NewTrigger, secret: str | None, now: datetime | None = None
 ) -> Record | None:
     """The new trigger (with its first secret), or None when the id is taken."""
     async with transaction(pool) as conn:
@@ -67,7 +74,7 @@ async def list_triggers(
 
 
 async def set_enabled(
-    pool: Pool, workspace_id: str, trigger_id: str, enabled: bool
+    pool: Pool | Connection, workspace_id: str, trigger_id: str, enabled: bool
 ) -> Record | None:
     return await run(pool, "trigger_set_enabled", workspace_id, trigger_id, enabled)
 
@@ -87,7 +94,7 @@ async def active_secrets(
 
 
 async def rotate_secret(
-    pool: Pool,
+    pool: Pool | Connection,
     workspace_id: str,
     trigger_id: str,
     secret: str,

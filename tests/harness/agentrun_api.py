@@ -19,6 +19,7 @@ from agentrun.v1 import (
     run_pb2,
     run_pb2_grpc,
 )
+from tests.harness import auth
 from tests.harness.waiting import eventually
 
 TERMINAL = {run_pb2.RUN_STATUS_COMPLETED, run_pb2.RUN_STATUS_FAILED, run_pb2.RUN_STATUS_CANCELLED}
@@ -34,10 +35,14 @@ class LoggedStep:
 
 
 class Api:
-    """RunService and AgentService stubs over one channel."""
+    """RunService and AgentService stubs over one channel, calling with `key`.
 
-    def __init__(self, address: str, workspace: str = "ws") -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    Mint the key with tests.harness.auth: `Api(addr, "ws", await workspace_key(db_url, "ws"))`.
+    """
+
+    def __init__(self, address: str, workspace: str = "ws", key: str | None = None) -> None:
+        self.channel_target = address
+        self.channel = auth.channel(address, key)
         self.runs = run_pb2_grpc.RunServiceStub(self.channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.ws = workspace
@@ -161,11 +166,15 @@ class AutoApprover:
     tools always do): `async with AutoApprover(api): ...`.
     """
 
-    def __init__(self, api: Api, approver: str = "admin", interval: float = 0.1) -> None:
+    def __init__(
+        self, api: Api, approver: str = "admin", interval: float = 0.1, *, key: str | None = None
+    ) -> None:
+        """`key`: an approver key of the workspace (the approver's own channel); else api's."""
         self.api = api
         self.approver = approver
         self.interval = interval
-        self.stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+        self._own = auth.channel(api.channel_target, key) if key is not None else None
+        self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own or api.channel)
         self.approved = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -178,6 +187,8 @@ class AutoApprover:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._own is not None:
+            await self._own.close()
 
     async def _loop(self) -> None:
         while True:

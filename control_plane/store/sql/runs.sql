@@ -1,12 +1,14 @@
 -- name: run_insert :one
 -- Admit a run with its limits copied from the agent version, and its input
 -- as step 0, in one statement. Returns nothing when request_id was used.
+-- $13 is the label of the principal who started it (four eyes reads it).
 WITH run AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
-                      deadline_seconds, deadline_at, model_retry_budget)
+                      deadline_seconds, deadline_at, model_retry_budget, started_by)
     VALUES ($1, $2, $3, $4, 'queued', coalesce($11::timestamptz, now()), $5, $6, $7, $8, $9,
-            $10::int, coalesce($11::timestamptz, now()) + make_interval(secs => $10::int), $12)
+            $10::int, coalesce($11::timestamptz, now()) + make_interval(secs => $10::int), $12,
+            $13)
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *
 ), input_step AS (
