@@ -16,6 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from agentrun.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     agent_pb2,
     agent_pb2_grpc,
     approval_pb2,
@@ -29,6 +31,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer
@@ -61,6 +64,7 @@ SERVICE_NAMES = (
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
     trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
 )
 
 
@@ -168,6 +172,7 @@ async def start(config: ServerConfig) -> RunningServer:
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
     )
+    admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -188,12 +193,12 @@ async def start(config: ServerConfig) -> RunningServer:
         ),
         asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
     ]
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, resolver)
     return RunningServer(server, port, pool, tasks + trigger_tasks, http)
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher
+    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher, resolver: Resolver
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -203,7 +208,9 @@ async def _start_triggers(
     fetcher = PushFetcher(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
     )
-    ctx = HttpContext(pool, config, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke)
+    ctx = HttpContext(
+        pool, config, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke, resolver=resolver
+    )
     http = HttpIngress(build_app(ctx), config.http_listen)
     await http.start()
     return http, [
