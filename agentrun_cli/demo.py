@@ -9,7 +9,7 @@ from typing import TextIO
 import grpc
 
 from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2
-from agentrun_cli import render
+from agentrun_cli import credentials, render
 from agentrun_cli.client import Client
 from agentrun_cli.supervisor import StackError, Supervisor
 
@@ -90,7 +90,8 @@ class Demo:
 
     def decide_approval(self, run: run_pb2.Run) -> None:
         """Act as the manager: read the exact arguments, then approve through ApprovalService."""
-        with grpc.insecure_channel(self.client.address) as channel:
+        key = credentials.api_key("approver")  # the manager's own key, not the admin's
+        with credentials.channel(self.client.address, key) as channel:
             stub = approval_pb2_grpc.ApprovalServiceStub(channel)
             pending = stub.ListApprovals(approval_pb2.ListApprovalsRequest(
                 workspace_id=self.client.workspace, approver=APPROVER,
