@@ -40,12 +40,23 @@ class Api:
     Mint the key with tests.harness.auth: `Api(addr, "ws", await workspace_key(db_url, "ws"))`.
     """
 
-    def __init__(self, address: str, workspace: str = "ws", key: str | None = None) -> None:
+    def __init__(
+        self, address: str, workspace: str = "ws", key: str | None = None, db_url: str = ""
+    ) -> None:
         self.channel_target = address
         self.channel = auth.channel(address, key)
         self.runs = run_pb2_grpc.RunServiceStub(self.channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.ws = workspace
+        self.db_url = db_url  # where AutoApprover mints its approver's key
+
+    @classmethod
+    async def connect(
+        cls, address: str, db_url: str, workspace: str = "ws", role: str = "admin"
+    ) -> Api:
+        """An Api calling with a new `role` key of `workspace` (created if new)."""
+        key = await auth.workspace_key(db_url, workspace, role=role)
+        return cls(address, workspace, key, db_url)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -179,6 +190,12 @@ class AutoApprover:
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AutoApprover:
+        if self._own is None and self.api.db_url:  # the approver's own approver key
+            key = await auth.workspace_key(
+                self.api.db_url, self.api.ws, role="approver", principal=self.approver
+            )
+            self._own = auth.channel(self.api.channel_target, key)
+            self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own)
         self._task = asyncio.create_task(self._loop())
         return self
 

@@ -71,7 +71,7 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
     db_url, db, control_plane, executor_factory, sandbox_providers, where, fault
 ):
     cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
     try:
         await publish(api)

@@ -17,7 +17,7 @@ APPROVER = "manager@example.com"
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy)
     approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)

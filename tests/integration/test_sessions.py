@@ -53,7 +53,10 @@ async def test_a_second_message_waits_for_the_turn_and_the_next_turn_sees_the_fi
     db_url, control_plane, executor_factory, sandbox_model
 ):
     cp = control_plane(db_url)
-    api, runs = TriggerApi(cp.address, WS), Api(cp.address, WS)
+    api, runs = (
+        await TriggerApi.connect(cp.address, db_url, WS),
+        await Api.connect(cp.address, db_url, WS),
+    )
     await api.publish("chatter", model="chat")
     session_id = await new_session(api)
     first = (await send(api, session_id, "My name is Ada.")).turn
@@ -109,8 +112,8 @@ async def _status_is(runs: Api, run_id: str, status: int) -> bool:
 
 
 @pytest.fixture
-async def api(server):
-    client = TriggerApi(f"127.0.0.1:{server.port}", WS)
+async def api(server, db_url):
+    client = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     await client.publish("chatter", model="chat")
     yield client
     await client.close()
@@ -213,7 +216,7 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     db_url, control_plane, executor_factory
 ):
     cp = control_plane(db_url)
-    api = TriggerApi(cp.address, WS)
+    api = await TriggerApi.connect(cp.address, db_url, WS)
     await api.publish("chatter", model="chat")
     executor_factory(cp)
     proc = await asyncio.create_subprocess_exec(
@@ -234,7 +237,10 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
 
 async def test_a_turn_copies_every_limit_of_the_agent_version_at_admission(db_url, control_plane):
     cp = control_plane(db_url)
-    api, runs = TriggerApi(cp.address, WS), Api(cp.address, WS)
+    api, runs = (
+        await TriggerApi.connect(cp.address, db_url, WS),
+        await Api.connect(cp.address, db_url, WS),
+    )
     await api.publish("chatter", model="chat")
     limits = agent_pb2.RunLimits(max_steps=7, max_tool_calls=9, model_retry_budget=4)
     spec = agent_pb2.AgentSpec(model="chat", instructions="test agent", limits=limits)

@@ -33,8 +33,8 @@ async def server(db_url):
 
 
 @pytest.fixture
-async def api(server):
-    client = TriggerApi(f"127.0.0.1:{server.port}", WS)
+async def api(server, db_url):
+    client = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     await client.publish("triage")
     yield client
     await client.close()
