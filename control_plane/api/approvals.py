@@ -52,7 +52,8 @@ def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization" and value.lower().startswith("bearer "):
-            return value[7:]
+            # An agentrun API key authenticated the call (the interceptor); not a token here.
+            return None if value[7:].startswith("agr_") else value[7:]
     return None
 
 
