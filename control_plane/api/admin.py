@@ -109,7 +109,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         async with self._pool.acquire() as conn, conn.transaction():
             try:
                 row = await store.create_workspace(conn, ws, plan, cap)
-            except asyncpg.NotNullViolationError:
+            except store.PlanNeedsCap:
                 raise InvalidArgument("max_concurrency", f"plan {plan!r} needs one") from None
             if row is None:
                 if await workspaces.get(conn, ws) is not None:

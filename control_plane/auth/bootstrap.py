@@ -18,6 +18,7 @@ import asyncpg
 
 from control_plane.auth import keys
 from control_plane.auth.credentials import KeyRequest, issue
+from control_plane.store import db
 from control_plane.store import identity as store
 
 BOOTSTRAP = "bootstrap"
@@ -91,7 +92,7 @@ async def ensure_dev_credentials(
     approver: str = "manager@example.com",
 ) -> DevCredentials:  # fmt: skip
     """The dev stack's credentials: those in `path` if the database still knows them, else new."""
-    conn = await asyncpg.connect(database_url)
+    conn = await db.connect(database_url)
     try:
         known = _read(path)
         if (
@@ -108,7 +109,7 @@ async def ensure_dev_credentials(
 
 async def first_platform_key(database_url: str, principal: str = "platform-admin") -> str:
     """Mint a platform admin key straight into the database (`agentrun admin bootstrap`)."""
-    conn = await asyncpg.connect(database_url)
+    conn = await db.connect(database_url)
     try:
         return (await issue(conn, KeyRequest("platform", principal, BOOTSTRAP))).text
     finally:

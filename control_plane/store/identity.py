@@ -198,8 +198,15 @@ async def list_audit(
     return [_entry(r) for r in await run(conn, "audit_list", workspace_id, before, limit)]
 
 
+class PlanNeedsCap(ValueError):
+    """The plan has no cap of its own (enterprise) and none was given."""
+
+
 async def create_workspace(
     conn: Conn, workspace_id: str, plan: str, max_concurrency: int | None
 ) -> asyncpg.Record | None:
     """The new workspace, or None when it exists already or the plan does not."""
-    return await run(conn, "workspace_create", workspace_id, plan, max_concurrency)
+    try:
+        return await run(conn, "workspace_create", workspace_id, plan, max_concurrency)
+    except asyncpg.NotNullViolationError:
+        raise PlanNeedsCap(f"plan {plan!r} has no default cap: give max_concurrency") from None
