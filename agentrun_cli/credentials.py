@@ -30,11 +30,11 @@ def dev_credentials(data_dir: Path | None = None) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def api_key(role: str = "admin") -> str | None:
+def api_key(role: str = "admin", data_dir: Path | None = None) -> str | None:
     """AGENTRUN_API_KEY, else the dev credentials' `role` key, else None."""
     if key := os.environ.get("AGENTRUN_API_KEY"):
         return key
-    value = dev_credentials().get(f"{role}_key")
+    value = dev_credentials(data_dir).get(f"{role}_key")
     return value if isinstance(value, str) and value else None
 
 

@@ -83,7 +83,9 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
     if args.demo:
         from agentrun_cli import demo
 
-        return demo.run_demo(endpoints.control_plane, args.workspace, supervisor)
+        return demo.run_demo(
+            endpoints.control_plane, args.workspace, supervisor, dev_stack.data_dir
+        )
     print(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
     sys.stdout.flush()
     supervisor.failed.wait()
