@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,27 +10,9 @@ from types import TracebackType
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from agentrun_cli import credentials
 
 UNARY_TIMEOUT = 30.0
-
-
-def open_channel(address: str) -> grpc.Channel:
-    """A channel to the control plane: TLS when `AGENTRUN_TLS_CA` names its trust roots.
-
-    `AGENTRUN_TLS_SERVER_NAME` is the name its certificate must carry when that differs
-    from the address's host.
-    """
-    ca = os.environ.get("AGENTRUN_TLS_CA")
-    if not ca:
-        return grpc.insecure_channel(address)
-    try:
-        with open(ca, "rb") as f:
-            roots = f.read()
-    except OSError as exc:
-        raise SystemExit(f"AGENTRUN_TLS_CA: cannot read {ca}: {exc.strerror}") from None
-    name = os.environ.get("AGENTRUN_TLS_SERVER_NAME")
-    options = [("grpc.ssl_target_name_override", name)] if name else []
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
 
 
 RetryHook = Callable[[grpc.RpcError, float], None]
@@ -40,11 +21,14 @@ RetryHook = Callable[[grpc.RpcError, float], None]
 class Client:
     """A workspace-scoped client of AgentService and RunService over one channel."""
 
-    def __init__(self, address: str, workspace: str, timeout: float = UNARY_TIMEOUT) -> None:
+    def __init__(
+        self, address: str, workspace: str, timeout: float = UNARY_TIMEOUT, key: str | None = None
+    ) -> None:
+        """`key`: the API key to send; by default AGENTRUN_API_KEY or the dev stack's admin key."""
         self.address = address
         self.workspace = workspace
         self.timeout = timeout
-        self._channel = open_channel(address)
+        self._channel = credentials.channel(address, key or credentials.api_key())
         self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
         self.runs = run_pb2_grpc.RunServiceStub(self._channel)
 

@@ -63,6 +63,17 @@ def _add_processes(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     _data_dir(p)
     p.add_argument("--demo", action="store_true", help="run the demo agent once, then stop")
     p.set_defaults(handler=launch.dev)
+    admin = sub.add_parser("admin", help="deployment administration").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    p = admin.add_parser(
+        "bootstrap",
+        help="mint the first platform admin key against DATABASE_URL (printed once)",
+        parents=[common],
+    )
+    _data_dir(p)
+    p.add_argument("--principal", default="platform-admin", help="who the key acts as")
+    p.set_defaults(handler=launch.admin_bootstrap)
 
 
 def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

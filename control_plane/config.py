@@ -71,6 +71,12 @@ class ServerConfig:
     # and, for the local one, its key file (None: the dev default, made on first use).
     kms: str = "local"
     kms_key_file: str | None = None
+    # Identity: how long a replica trusts a verified key before asking the
+    # database again (a revocation reaches every replica within this + one
+    # lookup), and the OpenID Connect issuer people sign in with ("" = none).
+    key_cache_seconds: float = 2.0
+    oidc_issuer: str = ""
+    oidc_audience: str = "agentrun"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -109,4 +115,7 @@ class ServerConfig:
             executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
+            key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER", "").rstrip("/"),
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE", cls.oidc_audience),
         )

@@ -16,6 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from agentrun.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     agent_pb2,
     agent_pb2_grpc,
     approval_pb2,
@@ -29,6 +31,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer
@@ -36,6 +39,11 @@ from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
+from control_plane.auth import context as auth_context
+from control_plane.auth.interceptor import IdentityInterceptor
+from control_plane.auth.oidc import OidcVerifier
+from control_plane.auth.principal import Principal
+from control_plane.auth.resolver import REFUSED, Resolver
 from control_plane.config import ServerConfig
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
@@ -61,6 +69,7 @@ SERVICE_NAMES = (
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
     trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -68,17 +77,48 @@ PUBLIC_SERVICE_NAMES = tuple(name for name in SERVICE_NAMES if name != EXECUTOR_
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    """Connect: the interceptor authenticated the stream once, as an executor credential."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, resolver: Resolver, recheck_seconds: float = 2.0
+    ) -> None:
         self._dispatcher = dispatcher
+        self._resolver = resolver
+        self._recheck = recheck_seconds
 
     async def Connect(
         self,
         request_iterator: AsyncIterator[executor_pb2.ConnectRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.ConnectResponse]:
-        session = ExecutorSession(self._dispatcher)
-        async for msg in session.serve(request_iterator):
-            yield msg
+        who = auth_context.current()
+        session = ExecutorSession(self._dispatcher, scope=who.scope)
+        watch = asyncio.create_task(self._watch(session, who))
+        try:
+            async for msg in session.serve(request_iterator):
+                yield msg
+        finally:
+            watch.cancel()
+        if watch.done() and not watch.cancelled() and watch.result():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
+
+    async def _watch(self, session: ExecutorSession, who: Principal) -> bool:
+        """End the stream once its credential is revoked or expires; True when it did."""
+        while True:
+            await asyncio.sleep(self._recheck)
+            with contextlib.suppress(Exception):  # a database blip is not a revocation
+                if not await self._resolver.still_valid(who):
+                    log.info("executor credential %s revoked: ending its stream", who.name)
+                    session.close()
+                    return True
+
+
+def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
+    """The replica's credential resolver (OIDC sign-in when an issuer is configured)."""
+    verifier = (
+        OidcVerifier(config.oidc_issuer, config.oidc_audience) if config.oidc_issuer else None
+    )
+    return Resolver(pool, verifier, ttl=config.key_cache_seconds)
 
 
 @dataclass
@@ -122,15 +162,22 @@ async def start(config: ServerConfig) -> RunningServer:
     # Secrets stored in plain text before envelope encryption: sealed before anything serves.
     await sealed_secrets.backfill(pool, envelope)
     dispatcher = Dispatcher(pool, config)
-    # Both gRPC servers (public, executor) run the same interceptors.
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+    resolver = resolver_for(pool, config)
+    # Both gRPC servers (public, executor) run the same interceptors; the error
+    # interceptor outside, so it maps what the identity one raises.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ErrorInterceptor(),
+        IdentityInterceptor(resolver),
+    ]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(pool), server)
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
-    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), executors)
+    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorServicer(dispatcher, resolver), executors
+    )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
         ApprovalServicer(pool, config.approver_signing_key), server
     )
@@ -140,6 +187,7 @@ async def start(config: ServerConfig) -> RunningServer:
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
     )
+    admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     port, executor_port = await _listen(config, server, executors)
     relay_cfg = RelayConfig(config.notify_url, config.public_url)
     tasks = [
@@ -154,7 +202,7 @@ async def start(config: ServerConfig) -> RunningServer:
             name="max-age-sweep",
         ),
     ]
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope, resolver)
     return RunningServer(
         server, port, pool, tasks + trigger_tasks, http,
         executor_server=executors if executors is not server else None,
@@ -214,7 +262,11 @@ async def _serve(
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher, envelope: Envelope
+    pool: asyncpg.pool.Pool,
+    config: ServerConfig,
+    dispatcher: Dispatcher,
+    envelope: Envelope,
+    resolver: Resolver,
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -225,7 +277,12 @@ async def _start_triggers(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
     )
     ctx = HttpContext(
-        pool, config, envelope, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke
+        pool,
+        config,
+        envelope,
+        on_runnable=dispatcher.poke,
+        on_fetch_queued=fetcher.poke,
+        resolver=resolver,
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

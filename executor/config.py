@@ -46,6 +46,8 @@ class ExecutorConfig:
     model_backoff_cap_seconds: float = 60.0
     # TLS to the control plane (executor/transport.py); plaintext by default.
     tls: ChannelSecurity = field(default_factory=ChannelSecurity)
+    # The executor credential the control plane knows this pool by (AGENTRUN_EXECUTOR_KEY).
+    executor_key: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -73,6 +75,7 @@ class ExecutorConfig:
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             **_limits_from_env(env, defaults),
             tls=ChannelSecurity.from_env(env),
         )

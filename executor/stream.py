@@ -85,10 +85,13 @@ class ControlPlaneStream:
         clock: Callable[[], float] = time.monotonic,
         options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
         security: ChannelSecurity | None = None,
+        credential: str = "",
     ) -> None:
         self._target = target
         # TLS files are read here, so a missing one stops the executor as it starts.
         self._credentials = security.credentials() if security else None
+        # The executor credential (AGENTRUN_EXECUTOR_KEY), sent once per stream.
+        self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
         self._hello = hello
         self._handler = handler
         self._clock = clock
@@ -216,7 +219,7 @@ class ControlPlaneStream:
         self._queue = queue
         self._had_welcome = False
         try:
-            call = stub.Connect(_drain(queue))
+            call = stub.Connect(_drain(queue), metadata=self._metadata)
             async for response in call:
                 self._dispatch(response)
             if not self._closing:

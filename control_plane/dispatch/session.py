@@ -95,9 +95,11 @@ def transition(msg: pb.Commit) -> step_store.Transition:
 class ExecutorSession:
     """Server side of one Connect stream."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, scope: frozenset[str] | None = None) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
+        # The workspaces this stream's executor credential serves (None: all).
+        self.scope = scope
         self.credits = 0
         self.held: dict[uuid.UUID, int] = {}
         self._dispatcher = dispatcher
@@ -107,6 +109,10 @@ class ExecutorSession:
 
     def send(self, msg: pb.ConnectResponse) -> None:
         self._out.put_nowait(msg)
+
+    def close(self) -> None:
+        """End the stream (its credential was revoked)."""
+        self._out.put_nowait(_CLOSE)
 
     async def serve(
         self, requests: AsyncIterator[pb.ConnectRequest]
@@ -171,6 +177,8 @@ class ExecutorSession:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
             req = commit_request(msg)
+            if self.scope is not None and req.workspace_id not in self.scope:
+                raise ValueError("the lease's workspace is outside this credential's scope")
         except (ValueError, KeyError) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"malformed commit: {exc}"

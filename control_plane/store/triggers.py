@@ -24,8 +24,15 @@ FIRST_SECRET_ID = 1
 
 
 @asynccontextmanager
-async def transaction(pool: Pool) -> AsyncIterator[Connection]:
-    """A connection inside a transaction: committed on exit, rolled back on an exception."""
+async def transaction(pool: Pool | Connection) -> AsyncIterator[Connection]:
+    """A connection inside a transaction: committed on exit, rolled back on an exception.
+
+    Given a connection (the caller's transaction), a savepoint inside it.
+    """
+    if isinstance(pool, asyncpg.Connection):
+        async with pool.transaction():
+            yield pool
+        return
     async with pool.acquire() as conn, conn.transaction():
         yield conn
 
@@ -45,7 +52,10 @@ class NewTrigger:
 
 
 async def create_trigger(
-    pool: Pool, new: NewTrigger, sealed_secret: bytes | None, now: datetime | None = None
+    pool: Pool | Connection,
+    new: NewTrigger,
+    sealed_secret: bytes | None,
+    now: datetime | None = None,
 ) -> Record | None:
     """The new trigger (with its first secret, id FIRST_SECRET_ID, already sealed for that id),
     or None when the id is taken."""
@@ -74,7 +84,7 @@ async def list_triggers(
 
 
 async def set_enabled(
-    pool: Pool, workspace_id: str, trigger_id: str, enabled: bool
+    pool: Pool | Connection, workspace_id: str, trigger_id: str, enabled: bool
 ) -> Record | None:
     return await run(pool, "trigger_set_enabled", workspace_id, trigger_id, enabled)
 
@@ -95,7 +105,7 @@ async def active_secrets(
 
 
 async def rotate_secret(
-    pool: Pool,
+    pool: Pool | Connection,
     workspace_id: str,
     trigger_id: str,
     seal: SealFor,

@@ -32,11 +32,13 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 
 -- name: workspace_take_turns :many
 -- Lock up to $1 workspaces whose turn it is, least recently served first,
--- with their room under the cap. Database clock unless $2 fixes it.
+-- with their room under the cap, among those the claiming executors' scope
+-- $3 allows (NULL: every workspace). Database clock unless $2 fixes it.
 SELECT workspace_id, max_concurrency - running AS room
 FROM workspaces
 WHERE next_wake_at <= coalesce($2::timestamptz, now())
   AND running < max_concurrency
+  AND ($3::text[] IS NULL OR workspace_id = ANY($3::text[]))
 ORDER BY last_served_at, workspace_id
 LIMIT $1
 FOR NO KEY UPDATE SKIP LOCKED;
@@ -46,12 +48,15 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- first (they hold their slot already), then the oldest due runs of the
 -- workspaces in $4 (locked by workspace_take_turns, in turn order), one per
 -- workspace per round, within the room of the workspace and of each agent.
--- Marks the workspaces served. Database clock unless $3 fixes it.
+-- Marks the workspaces served. Database clock unless $3 fixes it. Lapsed
+-- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
+-- a scoped pool never leases another tenant's run.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, now()) AS now
 ), lapsed AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
+      AND ($5::text[] IS NULL OR r.workspace_id = ANY($5::text[]))
     ORDER BY r.wake_at
     LIMIT cardinality($1::text[])
     FOR UPDATE SKIP LOCKED
@@ -114,7 +119,7 @@ UPDATE runs r SET
     attempt = r.attempt + (r.status = 'running')::int,
     wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
     -- A new hold begins; a takeover first counts the lapsed hold up to its
-    -- lease expiry (0007_run_limits.sql).
+    -- lease expiry (0006_run_limits.sql).
     active_seconds = r.active_seconds + CASE WHEN r.status = 'running'
         THEN run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) ELSE 0 END,
     held_since = (SELECT now FROM clock),
