@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from control_plane.auth import access, audit, context
+from control_plane.auth.mtls import executor_from_peer
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import Resolver
 from control_plane.errors import DomainError, PermissionDenied, status_for
@@ -52,6 +53,17 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         if not access.allows(need, who):
             raise PermissionDenied(f"a {who.kind.value} credential may not call {method}")
         return who
+
+    async def _stream_caller(
+        self, method: str, need: access.Need | None, ctx: grpc.aio.ServicerContext
+    ) -> Principal:
+        """A bidi stream's caller: its bearer key, else a verified executor client certificate
+        (mutual TLS on the executor listener); a key, when given, decides."""
+        if _metadata(ctx, "authorization") is None:
+            peer = executor_from_peer(ctx.auth_context())
+            if peer is not None and need is not None and access.allows(need, peer):
+                return peer
+        return await self.authorize(method, need, ctx, None)
 
     async def intercept_service(
         self, continuation: Continuation, details: grpc.HandlerCallDetails
@@ -109,7 +121,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(requests: Any, ctx: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                who = await self.authorize(method, need, ctx, None)
+                who = await self._stream_caller(method, need, ctx)
             except DomainError as exc:
                 await ctx.abort(*status_for(exc))
             with context.acting_as(who):

@@ -83,6 +83,8 @@ class Resolver:
         """Whether the key behind `principal` is still live (cached for at most `ttl`)."""
         if principal.kind is Kind.PERSON or not principal.credential_id:
             return True
+        if principal.credential_id.startswith("cert:"):
+            return True  # the TLS handshake verified it; certificates expire on their own
         return await self._key(principal.credential_id) is not None
 
     async def _key(self, key_id: str) -> store.StoredKey | None:

@@ -19,13 +19,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, executor_pb2, executor_pb2_grpc, run_pb2
-from agentrun_cli.client import open_channel as cli_channel
+from agentrun_cli.credentials import open_channel as cli_channel
 from control_plane.auth.mtls import executor_from_peer
 from control_plane.auth.principal import Kind
 from control_plane.config import ServerConfig
 from control_plane.server import RunningServer, start
 from executor.transport import ChannelSecurity, open_channel
 from tests.harness.agentrun_api import Api
+from tests.harness.auth import executor_key, workspace_key
 from tests.harness.tls import Pem, Pki
 
 HOST = "127.0.0.1"
@@ -81,14 +82,16 @@ async def listed_services(channel: grpc.aio.Channel) -> set[str]:
     raise AssertionError("no reflection reply")
 
 
-async def connect_code(channel: grpc.aio.Channel) -> grpc.StatusCode:
-    """The status `ExecutorService.Connect` ends with when the executor only says Hello."""
+async def connect_code(channel: grpc.aio.Channel, key: str | None = None) -> grpc.StatusCode:
+    """The status `ExecutorService.Connect` ends with when the executor only says Hello
+    (sending `key` as its bearer credential, when given)."""
     stub = executor_pb2_grpc.ExecutorServiceStub(channel)
 
     async def hello() -> AsyncIterator[executor_pb2.ConnectRequest]:
         yield executor_pb2.ConnectRequest(hello=executor_pb2.Hello(executor_id="probe"))
 
-    call = stub.Connect(hello(), timeout=5)
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
+    call = stub.Connect(hello(), timeout=5, metadata=metadata)
     try:
         async for reply in call:
             if reply.WhichOneof("msg") == "welcome":
@@ -163,8 +166,10 @@ async def test_executor_service_is_served_on_its_own_listener_only(db_url, runni
     running.append(server)
     assert server.executor_port not in (0, server.port)
 
+    key = await executor_key(db_url)
     async with grpc.aio.insecure_channel(f"{HOST}:{server.executor_port}") as channel:
-        assert await connect_code(channel) == grpc.StatusCode.OK
+        assert await connect_code(channel) == grpc.StatusCode.UNAUTHENTICATED
+        assert await connect_code(channel, key) == grpc.StatusCode.OK
         assert await health(channel, EXECUTOR_SERVICE) == health_pb2.HealthCheckResponse.SERVING
         assert await listed_services(channel) == {
             EXECUTOR_SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
@@ -186,7 +191,7 @@ async def test_without_its_own_listener_executors_connect_to_the_public_one(db_u
     running.append(server)
     assert server.executor_port == server.port
     async with grpc.aio.insecure_channel(f"{HOST}:{server.port}") as channel:
-        assert await connect_code(channel) == grpc.StatusCode.OK
+        assert await connect_code(channel, await executor_key(db_url)) == grpc.StatusCode.OK
 
 
 async def test_the_executor_listener_requires_a_certificate_from_the_client_ca(
@@ -338,12 +343,8 @@ async def test_the_cli_speaks_tls_when_given_the_ca(db_url, pki, running, monkey
 
 # --- End to end: an executor process whose only credential is its certificate ----------------
 #
-# NEEDS THE IDENTITY INTERCEPTOR WIRING at merge: today nothing authenticates Connect, so this
-# proves the TLS path (a real executor over mutual TLS on its own listener, the API over TLS)
-# but not yet that the certificate is what admits it. Once the interceptor authenticates
-# Connect it must fall back to `executor_from_peer(context.auth_context())` when no bearer key
-# is sent, and this test (the executor sends no AGENTRUN_EXECUTOR_KEY) must still pass; the
-# Api below then needs an operator key for the workspace.
+# Connect is authenticated: with no bearer key, the interceptor admits the stream only on a
+# verified executor certificate (executor_from_peer), scoped by the certificate's SANs.
 
 
 async def test_an_executor_with_only_a_client_certificate_runs_a_run(
@@ -352,7 +353,8 @@ async def test_an_executor_with_only_a_client_certificate_runs_a_run(
     config = tls_config(db_url, pki, executor_listen=f"{HOST}:0", tls_client_ca=str(pki.ca))
     server = await start(config)
     running.append(server)
-    api = Api(f"{HOST}:{server.port}", workspace="tls-ws", tls=credentials(pki))
+    key = await workspace_key(db_url, "tls-ws", role="admin")
+    api = Api(f"{HOST}:{server.port}", workspace="tls-ws", key=key, tls=credentials(pki))
     try:
         await api.publish("echoer", "echo_input", ["echo"])
         run_id = await api.start("echoer", "hello over TLS")
