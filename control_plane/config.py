@@ -58,6 +58,25 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
+    # Transport security (control_plane/tls.py): PEM files. With a certificate and key,
+    # gRPC and HTTP serve TLS only; with a client CA, the executor listener requires
+    # client certificates it signed. An executor listener serves ExecutorService apart
+    # from the public API (which then refuses it).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    executor_listen: str | None = None
+    executor_port_file: str | None = None
+    # Envelope encryption (control_plane/crypto): which KMS wraps the workspaces' data keys
+    # and, for the local one, its key file (None: the dev default, made on first use).
+    kms: str = "local"
+    kms_key_file: str | None = None
+    # Identity: how long a replica trusts a verified key before asking the
+    # database again (a revocation reaches every replica within this + one
+    # lookup), and the OpenID Connect issuer people sign in with ("" = none).
+    key_cache_seconds: float = 2.0
+    oidc_issuer: str = ""
+    oidc_audience: str = "agentrun"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -89,4 +108,14 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            tls_cert=os.environ.get("AGENTRUN_TLS_CERT") or None,
+            tls_key=os.environ.get("AGENTRUN_TLS_KEY") or None,
+            tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
+            executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
+            executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
+            kms=os.environ.get("AGENTRUN_KMS", cls.kms),
+            kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
+            key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER", "").rstrip("/"),
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE", cls.oidc_audience),
         )

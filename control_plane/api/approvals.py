@@ -9,6 +9,7 @@ from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import decode_page_token, encode_page_token
 from control_plane.approvals import decisions, tokens
+from control_plane.auth import context as auth_context
 from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
 
@@ -51,7 +52,8 @@ def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization" and value.lower().startswith("bearer "):
-            return value[7:]
+            # An agentrun API key authenticated the call (the interceptor); not a token here.
+            return None if value[7:].startswith("agr_") else value[7:]
     return None
 
 
@@ -63,7 +65,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.ListApprovalsResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         size = validate.in_range("page_size", request.page_size or 50, 1, 500)
         if request.state and request.state not in STATE_FROM_PROTO:
             raise InvalidArgument("state", f"unknown state {request.state}")
@@ -80,7 +82,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     async def GetApproval(
         self, request: approval_pb2.GetApprovalRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.GetApprovalResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         approval_id = validate.run_id("approval_id", request.approval_id)
         row = await store.get(self._pool, ws, approval_id)
         if row is None:
@@ -90,7 +92,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     async def DecideApproval(
         self, request: approval_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> approval_pb2.DecideApprovalResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         approval_id = validate.run_id("approval_id", request.approval_id)
         approver = validate.text("approver", request.approver, max_bytes=200, required=True)
         action = request.WhichOneof("decision")

@@ -10,6 +10,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from control_plane.api import validate
+from control_plane.errors import InvalidArgument
+
 TOKEN_BYTES = 32  # 256 random bits
 
 
@@ -54,13 +57,13 @@ def verify_bearer(key: bytes | None, token: str, now: float | None = None) -> Ap
         raise BadBearer("signed-in approvals are not configured")
     try:
         header, body, sig = token.split(".")
-        if json.loads(_unb64(header)).get("alg") != "HS256":
+        if validate.json_value("token", _unb64(header)).get("alg") != "HS256":
             raise BadBearer("unsupported token algorithm")
         expected = hmac.new(key, f"{header}.{body}".encode(), hashlib.sha256).digest()
         if not hmac.compare_digest(expected, _unb64(sig)):
             raise BadBearer("bad token signature")
-        claims = json.loads(_unb64(body))
-    except (ValueError, TypeError, AttributeError) as exc:
+        claims = validate.json_value("token", _unb64(body))
+    except (ValueError, TypeError, AttributeError, InvalidArgument) as exc:
         raise BadBearer("malformed bearer token") from exc
     if claims.get("exp", 0) <= (now if now is not None else time.time()):
         raise BadBearer("bearer token expired")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -108,12 +109,20 @@ class _NotDecided(Exception):
 
 
 async def decide(
-    pool: asyncpg.pool.Pool, d: Decision, now: datetime | None = None
-) -> tuple[asyncpg.Record, asyncpg.Record]:
-    """Record the decision exactly once: (the run, the decision step), or raise why not."""
+    pool: asyncpg.pool.Pool, d: Decision,
+    also: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
+    now: datetime | None = None,
+) -> tuple[asyncpg.Record, asyncpg.Record]:  # fmt: skip
+    """Record the decision exactly once: (the run, the decision step), or raise why not.
+
+    `also` runs in the decision's transaction once it is recorded (the audit row).
+    """
     try:
         async with pool.acquire() as conn, conn.transaction():
-            return await _decide(conn, d, now)
+            decided = await _decide(conn, d, now)
+            if also is not None:
+                await also(conn)
+            return decided
     except _NotDecided:
         pass
     raise await _why_not(pool, d)

@@ -27,6 +27,7 @@ from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
 from control_plane.triggers import signatures
 from tests import factories
+from tests.harness import auth
 from tests.harness.agentrun_api import sandbox_requests
 
 SIGNING_KEY = b"approver-signing-key-for-tests"
@@ -131,28 +132,39 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     assert woken == 500
 
 
-async def test_grpc_decision_race_tells_the_loser_who_won(pool, config):
+async def test_grpc_decision_race_tells_the_loser_who_won(pool, config, db_url):
     _, approval_id = await hold(pool)
     server = await start(config)
+
+    async def as_approver(who: str) -> approval_pb2_grpc.ApprovalServiceStub:
+        key = await auth.workspace_key(db_url, "ws", role="approver", principal=who)
+        channel = auth.channel(f"127.0.0.1:{server.port}", key)
+        channels.append(channel)
+        return approval_pb2_grpc.ApprovalServiceStub(channel)
+
+    channels: list[grpc.aio.Channel] = []
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = approval_pb2_grpc.ApprovalServiceStub(ch)
-            first = await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                workspace_id="ws", approval_id=str(approval_id), approver="alice@example.com",
+        stub = await as_approver("alice@example.com")
+        first = await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+            workspace_id="ws", approval_id=str(approval_id), approver="alice@example.com",
+            approve=approval_pb2.Approve()))  # fmt: skip
+        assert first.approval.state == approval_pb2.APPROVAL_STATE_APPROVED
+        stub = await as_approver("bob@example.com")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                workspace_id="ws", approval_id=str(approval_id), approver="bob@example.com",
+                reject=approval_pb2.Reject(reason="no")))  # fmt: skip
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert "approved by alice@example.com" in info.value.details()
+        stub = await as_approver("mallory")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                workspace_id="ws", approval_id=str(approval_id), approver="mallory",
                 approve=approval_pb2.Approve()))  # fmt: skip
-            assert first.approval.state == approval_pb2.APPROVAL_STATE_APPROVED
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                    workspace_id="ws", approval_id=str(approval_id), approver="bob@example.com",
-                    reject=approval_pb2.Reject(reason="no")))  # fmt: skip
-            assert info.value.code() == grpc.StatusCode.ABORTED
-            assert "approved by alice@example.com" in info.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                    workspace_id="ws", approval_id=str(approval_id), approver="mallory",
-                    approve=approval_pb2.Approve()))  # fmt: skip
-            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
+        for channel in channels:
+            await channel.close()
         await server.stop(grace=0)
 
 

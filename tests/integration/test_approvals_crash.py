@@ -7,6 +7,7 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.auth import workspace_key
 from tests.harness.waiting import eventually
 
 APPROVER = "manager@example.com"
@@ -71,8 +72,10 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
     db_url, db, control_plane, executor_factory, sandbox_providers, where, fault
 ):
     cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
-    api = Api(cp.address)
-    stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    api = await Api.connect(cp.address, db_url)
+    key = await workspace_key(db_url, "ws", role="approver", principal=APPROVER)
+    approver = Api(cp.address, "ws", key)  # the approver's own key decides
+    stub = approval_pb2_grpc.ApprovalServiceStub(approver.channel)
     try:
         await publish(api)
         run_id = await api.start("mailer", "email ada")

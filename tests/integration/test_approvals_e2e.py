@@ -8,7 +8,9 @@ import grpc
 import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.auth import workspace_key
 from tests.harness.waiting import eventually
 
 APPROVER = "manager@example.com"
@@ -17,11 +19,15 @@ APPROVER = "manager@example.com"
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy)
-    approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    # The approver calls with their own approver key (an admin key may not decide).
+    key = await workspace_key(db_url, api.ws, role="approver", principal=APPROVER)
+    channel = auth.channel(cp.address, key)
+    approvals = approval_pb2_grpc.ApprovalServiceStub(channel)
     yield cp, api, approvals
+    await channel.close()
     await api.close()
 
 
