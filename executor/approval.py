@@ -45,13 +45,17 @@ class Hold:
 
 
 def hold(
-    seq: int, decision_seq: int, call: ToolCall, tool: Tool, spec: agent_pb2.AgentSpec
-) -> Hold:
+    seq: int, decision_seq: int, call: ToolCall, tool: Tool, spec: agent_pb2.AgentSpec,
+    reason: str | None = None,
+) -> Hold:  # fmt: skip
+    """`reason`: why a rule (not the tool or the policy) asks for approval, for the step."""
     arguments = dict(call.arguments or {})
     digest = arguments_sha256(arguments)
     approval_id = str(uuid.uuid4())
     payload = {"approval_id": approval_id, "call_id": call.id, "tool": call.name,
                "arguments": arguments, "arguments_sha256": digest}  # fmt: skip
+    if reason:
+        payload["reason"] = reason
     step = executor_pb2.NewStep(
         seq=seq, kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED, ref_seq=decision_seq,
         payload_json=json.dumps(payload),

@@ -7,17 +7,26 @@ waits for a person (then the run waits) or a person's decision on one, which
 says: it happened / it did not (answered), retry (start the call again, under
 a new key), or fail the run. A person's decision is a `tool_result` written by
 the control plane whose `ref_seq` is the unknown result it settles.
+
+Repetition guard: a call that repeats an earlier one (same tool, same
+arguments hash) for the run's `repeat_limit`-th time is never started. The
+executor records it as a `tool_result` with status `repeated` and
+`"awaiting": "human"` (`"held": "repeat"`) and parks the run (`repeat`); the
+person's decision on it is read like one on an unknown outcome: retry = let
+it run, not_happened = refused, fail_run. A go-ahead restarts the count.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.v1 import run_pb2
-from executor.approval import Verdict, check
+from executor import untrusted
+from executor.approval import Verdict, canonical_json, check
 from executor.models.base import ToolCall
 
 INPUT = run_pb2.STEP_KIND_INPUT
@@ -69,6 +78,21 @@ class StartTool:
     decision_seq: int
     call: ToolCall
     approval: Verdict | None = None
+
+
+@dataclass(frozen=True)
+class HoldRepeat:
+    """The call repeats earlier identical calls (`earlier`: their decision seqs): not
+    started; recorded as held and the run waits for a person."""
+
+    decision_seq: int
+    call: ToolCall
+    earlier: tuple[int, ...]
+    limit: int
+
+    @property
+    def count(self) -> int:
+        return len(self.earlier) + 1
 
 
 @dataclass(frozen=True)
@@ -130,6 +154,7 @@ class Done:
 Action = (
     CallModel
     | StartTool
+    | HoldRepeat
     | ResolveUnknown
     | AwaitPerson
     | AwaitApproval
@@ -219,8 +244,12 @@ def _turns(entries: list[Entry]) -> list[_Turn]:
     return turns
 
 
-def next_action(entries: list[Entry]) -> Action:
-    """What to do next, from the log alone (protocol.md, "Resume")."""
+def next_action(entries: list[Entry], repeat_limit: int = 0) -> Action:
+    """What to do next, from the log alone (protocol.md, "Resume").
+
+    `repeat_limit` (the run's; 0 = no guard): a call never acted on that would
+    be the limit-th identical one is held instead of started.
+    """
     for entry in entries:
         if entry.kind == FINISH:
             return Done(str(entry.payload.get("status", "")))
@@ -229,12 +258,46 @@ def next_action(entries: list[Entry]) -> Action:
         return CallModel()
     turn = turns[-1]
     for call in turn.calls:
-        action = _call_action(turn.decision.seq, call, turn.steps.get(call.id, []))
+        history = turn.steps.get(call.id, [])
+        action = _call_action(turn.decision.seq, call, history)
+        if action is not None and not history and repeat_limit > 0:
+            earlier = repeats(turns, turn.decision.seq, call)
+            if len(earlier) + 1 >= repeat_limit:
+                return HoldRepeat(turn.decision.seq, call, earlier, repeat_limit)
         if action is not None:
             return action
     if not turn.calls:
         return FinishCompleted(str(turn.decision.payload.get("content") or ""))
     return CallModel()
+
+
+def call_signature(call: ToolCall) -> tuple[str, str]:
+    """What makes two calls the same: the tool and the hash of its canonical arguments."""
+    text = canonical_json(call.arguments) if call.arguments is not None else call.arguments_raw
+    return call.name, hashlib.sha256((text or "").encode()).hexdigest()
+
+
+def _allowed_repeat(history: list[Entry]) -> bool:
+    """A person let this held repeat run (which restarts the count)."""
+    held = any(e.kind == RESULT and e.payload.get("held") == "repeat" for e in history)
+    return held and any(e.decision == "retry" for e in history)
+
+
+def repeats(turns: list[_Turn], decision_seq: int, call: ToolCall) -> tuple[int, ...]:
+    """Decision seqs of the calls before `call` identical to it, since a person's go-ahead."""
+    wanted = call_signature(call)
+    found: list[int] = []
+    for turn in turns:
+        for other in turn.calls:
+            if turn.decision.seq == decision_seq and other.id == call.id:
+                return tuple(found)
+            if call_signature(other) != wanted:
+                continue
+            if _allowed_repeat(turn.steps.get(other.id, [])):
+                found = []
+            else:
+                found.append(turn.decision.seq)
+    return tuple(found)
 
 
 def _approval(decision_seq: int, call: ToolCall, history: list[Entry]) -> Action:
@@ -305,10 +368,17 @@ def build_messages(entries: list[Entry], instructions: str) -> list[dict[str, An
         if entry.kind == INPUT:
             # A session turn's input carries the earlier turns' transcript: it goes first.
             messages.extend(history_messages(entry.payload))
-            messages.append({"role": "user", "content": str(entry.payload.get("text", ""))})
+            messages.append({"role": "user", "content": input_text(entry.payload)})
         elif entry.kind == DECISION:
             messages.extend(_turn_messages(turns[entry.seq]))
     return messages
+
+
+def input_text(payload: Mapping[str, Any]) -> str:
+    """The input as the model reads it: outside text (a mail, a webhook) as marked data."""
+    text = str(payload.get("text", ""))
+    source = untrusted.input_source(payload)
+    return untrusted.wrap(text, source) if source else text
 
 
 def history_messages(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -379,7 +449,11 @@ def result_text(payload: Mapping[str, Any]) -> str:
     if status == "rejected":
         return str(payload.get("output") or "rejected")
     if status == "ok":
-        return json.dumps(payload.get("output"), ensure_ascii=False)
+        text = json.dumps(payload.get("output"), ensure_ascii=False)
+        origin = payload.get("untrusted")
+        return untrusted.wrap(text, str(origin)) if origin else text
+    if status == "repeated":
+        return f"not run: {payload.get('error') or 'a repeated call waits for a person'}"
     if status == "unknown":
         resolution = payload.get("resolution") or "it was not retried"
         return f"unknown outcome: the request may or may not have reached {tool}; {resolution}"
@@ -394,9 +468,23 @@ _DECISIONS = {
 }
 
 
+_REPEAT_DECISIONS = {
+    "retry": "let it run",
+    "not_happened": "refused it: it was not run; do not repeat it",
+    "fail_run": "stopped the run",
+}
+
+
 def _decision_text(payload: Mapping[str, Any]) -> str:
-    """A person's decision on an unknown outcome, as the model reads it."""
+    """A person's decision on an unknown outcome (or a held repeat), as the model reads it."""
     who = payload.get("decided_by") or "a person"
+    if payload.get("held") == "repeat":
+        said = _REPEAT_DECISIONS.get(str(payload.get("decision")), str(payload.get("decision")))
+        text = (
+            f"the call to {payload.get('tool', 'the tool')} repeated earlier identical calls "
+            f"and was held; {who} {said}"
+        )
+        return f"{text} (note: {payload['note']})" if payload.get("note") else text
     said = _DECISIONS.get(str(payload.get("decision")), str(payload.get("decision")))
     text = (
         f"the outcome of the call to {payload.get('tool', 'the tool')} was unknown; "

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, limits, replay, steps
+from executor import approval, constraints, limits, replay, steps, untrusted
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
@@ -25,6 +25,7 @@ from executor.replay import (
     Done,
     FailRun,
     FinishCompleted,
+    HoldRepeat,
     RefuseCall,
     ResolveUnknown,
     StartTool,
@@ -132,7 +133,7 @@ class RunLoop:
 
     async def _loop(self) -> str:
         while True:
-            action = replay.next_action(self.entries)
+            action = replay.next_action(self.entries, self._run.limits.repeat_limit)
             if isinstance(action, Done):
                 log.warning("run %s was assigned but its log is finished", self.run_id)
                 return "done"
@@ -153,6 +154,8 @@ class RunLoop:
             return await self._call_model()
         if isinstance(action, StartTool):
             return await self._start_tool(action)
+        if isinstance(action, HoldRepeat):
+            return await self._hold_repeat(action)
         if isinstance(action, ResolveUnknown):
             return await self._resolve_unknown(action)
         if isinstance(action, AwaitApproval):
@@ -162,13 +165,32 @@ class RunLoop:
             await self._refuse(action)
             return None
         if isinstance(action, AwaitPerson):
-            note = f"the outcome of step {action.result.seq} still waits for a person's decision"
-            return await self._park("human", None, note)
+            return await self._await_person(action)
         if isinstance(action, FailRun):
             return await self._fail(action.error)
+        return await self._finish(action)
+
+    async def _finish(self, action: replay.Action) -> str:
         if isinstance(action, FinishCompleted):
             return await self._complete(action.output)
         raise AssertionError(f"unexpected action {action!r}")
+
+    async def _await_person(self, action: AwaitPerson) -> str:
+        """Still no decision (the run was woken or reassigned): park for it again."""
+        if action.result.payload.get("held") == "repeat":
+            note = f"the repeated call at step {action.result.seq} still waits for a person"
+            return await self._park(steps.REPEAT_WAIT, None, note)
+        note = f"the outcome of step {action.result.seq} still waits for a person's decision"
+        return await self._park("human", None, note)
+
+    async def _hold_repeat(self, action: HoldRepeat) -> str:
+        """Not started: the repeat is recorded as held and the run waits for a person
+        (the control plane notifies them through the outbox)."""
+        held = steps.repeat_hold(replay.next_seq(self.entries), action)
+        await self._commit(held, park=steps.park_transition(steps.REPEAT_WAIT, None))
+        log.warning("run %s: %s repeated %d times; parked for a person", self.run_id,
+                    action.call.name, action.count)  # fmt: skip
+        return "parked"
 
     # -- the model ----------------------------------------------------------
 
@@ -229,7 +251,9 @@ class RunLoop:
 
     # -- tools --------------------------------------------------------------
 
-    async def _start_tool(self, action: StartTool) -> str | None:
+    async def _vet(self, action: StartTool) -> tuple[Tool, constraints.Verdict] | None:
+        """The tool and what the constraints say, or None: the call was refused (and its
+        error result committed; nothing is sent, the model reads why on its next turn)."""
         call = action.call
         seq = replay.next_seq(self.entries)
         try:
@@ -237,14 +261,36 @@ class RunLoop:
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
             )
         except ToolCallRejected as exc:
-            # Nothing is sent; the model reads why on its next turn.
             log.info("run %s: tool call %s rejected: %s", self.run_id, call.id, exc)
             outcome = Outcome("error", error=str(exc))
             await self._commit_result(seq, action.decision_seq, call.id, call.name, outcome)
             return None
+        verdict = constraints.check(
+            self.spec.constraints, tool.name, call.arguments or {},
+            constraints.trigger_mail(self.entries),
+        )  # fmt: skip
+        if verdict.refusal is not None:
+            log.warning("run %s: tool call %s %s", self.run_id, call.id, verdict.refusal)
+            step = steps.tool_result(
+                seq, action.decision_seq, call.id, call.name, "error", error=verdict.refusal,
+                extra={"refused_by": verdict.rule},
+            )  # fmt: skip
+            await self._commit([step])
+            return None
+        return tool, verdict
+
+    async def _start_tool(self, action: StartTool) -> str | None:
+        call = action.call
+        vetted = await self._vet(action)
+        if vetted is None:
+            return None
+        tool, verdict = vetted
+        seq = replay.next_seq(self.entries)
         arguments: Mapping[str, Any] = call.arguments or {}
-        if action.approval is None and approval.needs_approval(tool, self.spec):
-            return await self._hold(action, tool)
+        if action.approval is None and (
+            verdict.approval is not None or approval.needs_approval(tool, self.spec)
+        ):
+            return await self._hold(action, tool, verdict.approval)
         started = steps.tool_started(
             seq, action.decision_seq, call.id, tool.name, arguments, self.run_id, tool.call_class
         )
@@ -261,10 +307,10 @@ class RunLoop:
         faults.point("executor.tool.after_response")
         return await self._record(seq + 1, seq, call.id, tool.name, outcome)
 
-    async def _hold(self, action: StartTool, tool: Tool) -> str:
+    async def _hold(self, action: StartTool, tool: Tool, reason: str | None = None) -> str:
         """Hold the call for a human: step, approval and park in one commit; then let go."""
         seq = replay.next_seq(self.entries)
-        held = approval.hold(seq, action.decision_seq, action.call, tool, self.spec)
+        held = approval.hold(seq, action.decision_seq, action.call, tool, self.spec, reason)
         await self._commit([held.step], park=held.park, approval_request=held.request)
         log.info("run %s: %s waits for approval %s", self.run_id, tool.name,
                  held.request.approval_id)  # fmt: skip
@@ -360,6 +406,8 @@ class RunLoop:
         result = steps.tool_result(
             seq, ref_seq, call_id, tool, outcome.status,
             output=outcome.output, error=outcome.error, resolution=outcome.resolution,
+            untrusted=f"tool:{tool}" if untrusted.reads_untrusted(self._deps.catalogue.get(tool))
+            else None,
         )  # fmt: skip
         if outcome.status != "unknown":
             await self._commit([result])

@@ -10,8 +10,20 @@ from google.protobuf import duration_pb2
 
 from agentrun.v1 import executor_pb2
 from executor.models.base import ModelReply, ToolCall
-from executor.replay import DECISION, FINISH, PARK, RESULT, STARTED, Entry
+from executor.replay import (
+    DECISION,
+    FINISH,
+    PARK,
+    RESULT,
+    STARTED,
+    Entry,
+    HoldRepeat,
+    call_signature,
+)
 from executor.tools import keys
+
+# The wait of a run whose repeated call is held for a person.
+REPEAT_WAIT = "repeat"
 
 
 def new_step(
@@ -86,8 +98,14 @@ def tool_result(
     output: Any = None,
     error: str | None = None,
     resolution: str | None = None,
+    untrusted: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> executor_pb2.NewStep:
-    """A tool's result; an `unknown` one waits for a person (`"awaiting": "human"`)."""
+    """A tool's result; an `unknown` one waits for a person (`"awaiting": "human"`).
+
+    `untrusted`: the origin of outside text in the output (the model reads it
+    delimited as data); `extra`: more fields (e.g. the constraint that refused it).
+    """
     payload: dict[str, Any] = {"call_id": call_id, "tool": tool, "status": status, "output": output}
     if error is not None:
         payload["error"] = error
@@ -95,7 +113,43 @@ def tool_result(
         payload["resolution"] = resolution
     if status == "unknown":
         payload["awaiting"] = "human"
+    if untrusted is not None and status == "ok":
+        payload["untrusted"] = untrusted
+    payload.update(extra or {})
     return new_step(seq, RESULT, payload, ref_seq=ref_seq)
+
+
+def repeat_hold(seq: int, action: HoldRepeat) -> list[executor_pb2.NewStep]:
+    """A repeated call held for a person: its `repeated` result and the park, at seq, seq+1."""
+    call = action.call
+    shown = _arguments_shown(call)
+    why = (
+        f"{call.name}({shown}) was called {action.count} times with the same arguments "
+        f"(limit {action.limit}; earlier in the decisions at steps "
+        f"{', '.join(map(str, action.earlier))}); it was not run"
+    )
+    _, digest = call_signature(call)
+    detail = {"count": action.count, "limit": action.limit, "earlier": list(action.earlier),
+              "arguments_sha256": digest}  # fmt: skip
+    result = tool_result(
+        seq, action.decision_seq, call.id, call.name, "repeated", error=why,
+        extra={"awaiting": "human", "held": "repeat", "repeat": detail},
+    )  # fmt: skip
+    note = (
+        f"repeated call held: {why}. A person decides on step {seq} "
+        "(ResolveUnknownOutcome: RETRY lets it run, NOT_HAPPENED refuses it, FAIL_RUN stops "
+        "the run) or cancels the run"
+    )
+    return [result, park(seq + 1, REPEAT_WAIT, None, note)]
+
+
+def _arguments_shown(call: ToolCall, limit: int = 500) -> str:
+    text = (
+        json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
+        if call.arguments is not None
+        else repr(call.arguments_raw or "")
+    )
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def park(seq: int, wait_reason: str, wake_after: float | None, note: str) -> executor_pb2.NewStep:

@@ -8,7 +8,7 @@ import asyncpg
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
-from control_plane.api import convert, validate
+from control_plane.api import constraints, convert, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
@@ -40,6 +40,7 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
         "max_age_seconds": validate.in_range(
             "spec.limits.max_age", int(max_age), 0, MAX_AGE_SECONDS
         ),
+        "repeat_limit": validate.in_range("spec.limits.repeat_limit", lim.repeat_limit, 0, 1000),
     }
 
 
@@ -57,6 +58,7 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
     if len(set(spec.tools)) != len(spec.tools):
         raise InvalidArgument("spec.tools", "names a tool twice")
     validate_approval_policy(spec)
+    constraints.validate_constraints(spec)
 
 
 def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:

@@ -10,6 +10,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
+from control_plane.api import constraints
 
 STATUS_TO_PROTO = {
     "queued": run_pb2.RUN_STATUS_QUEUED,
@@ -74,6 +75,7 @@ def run(row: Any) -> run_pb2.Run:
             max_tool_calls=row["max_tool_calls"],
             model_retry_budget=row["model_retry_budget"],
             max_age=duration(row["max_age_seconds"]) if row["max_age_seconds"] else None,
+            repeat_limit=row["repeat_limit"],
         ),
         counters=run_pb2.RunCounters(
             steps=row["step_count"],
@@ -161,6 +163,7 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         "limits": limits,
         "approval": approval_policy_to_json(spec.approval),
         "max_concurrency": spec.max_concurrency,
+        "constraints": constraints.to_json(spec.constraints),
     }
 
 
@@ -207,9 +210,11 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             max_tool_calls=lim.get("max_tool_calls", 0),
             model_retry_budget=lim.get("model_retry_budget", 0),
             max_age=duration(lim.get("max_age_seconds", 0)) if lim.get("max_age_seconds") else None,
+            repeat_limit=lim.get("repeat_limit", 0),
         ),
         approval=approval_policy_from_json(data.get("approval") or {}),
         max_concurrency=data.get("max_concurrency", 0),
+        constraints=constraints.from_json(data.get("constraints") or []),
     )
 
 

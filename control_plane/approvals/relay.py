@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 
 import faults
-from control_plane.approvals import tokens
+from control_plane.approvals import needs_help, tokens
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
 
@@ -53,6 +53,8 @@ def _text(approval: Any, kind: str) -> str:
 
 
 async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
+    if row["kind"] == needs_help.KIND:
+        return needs_help.mail_request(row)
     payload = json.loads(row["payload"])
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
     if approval is None:  # rows are never deleted; this would be a broken invariant

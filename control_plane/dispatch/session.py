@@ -14,6 +14,7 @@ import asyncpg
 import faults
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.api import convert, decoding, validate
+from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.errors import InvalidArgument, status_for, transient
@@ -213,6 +214,8 @@ class ExecutorSession:
                 if msg.HasField("approval_request"):
                     return await approval_commit(self._pool, req, msg.approval_request,
                                                  lease_seconds)  # fmt: skip
+                if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
+                    return helped
                 return await step_store.commit(self._pool, req, lease_seconds)
             except (Fenced, asyncpg.DataError, BadApprovalRequest):
                 raise

@@ -7,6 +7,11 @@ wait_reason `human` and no wake time. The decision is appended as another
 `tool_result` whose `ref_seq` is that unknown result, and the same transaction
 sets the run's `wake_at = now()` so that an executor picks it up. Setting
 `wake_at` off NULL is the compare-and-set: exactly one decision wins.
+
+A call the repetition guard held (status `repeated`, `"held": "repeat"`, the
+run parked with wait_reason `repeat`) is decided the same way: retry lets it
+run, not_happened refuses it, fail_run stops the run; happened does not apply
+(it was never sent).
 """
 
 from __future__ import annotations
@@ -53,6 +58,17 @@ class RunNotWaiting(UndecidableError):
     """The run does not wait for this decision (cancelled, finished, ...)."""
 
 
+class NotForRepeat(UndecidableError):
+    """`happened` on a held repeat, which was never sent."""
+
+
+_REPEAT_MEANING = {
+    "not_happened": "a person refused the repeated call; it is not run",
+    "retry": "a person let the repeated call run",
+    "fail_run": "a person stopped the run",
+}
+
+
 class AlreadyDecided(UndecidableError):
     """Another decision won; carries the winning step."""
 
@@ -77,7 +93,8 @@ class Decision:
 
 def step_payload(unknown: dict[str, Any], d: Decision) -> dict[str, Any]:
     """The decision step's payload: a tool_result the model and the executor read."""
-    meaning = f"{_MEANING[d.decision]} ({d.decided_by})"
+    repeat = unknown.get("held") == "repeat"
+    meaning = f"{(_REPEAT_MEANING if repeat else _MEANING)[d.decision]} ({d.decided_by})"
     payload: dict[str, Any] = {
         "call_id": unknown.get("call_id"),
         "tool": unknown.get("tool"),
@@ -87,6 +104,8 @@ def step_payload(unknown: dict[str, Any], d: Decision) -> dict[str, Any]:
         "decision": d.decision,
         "decided_by": d.decided_by,
     }
+    if repeat:
+        payload["held"] = "repeat"
     if payload["status"] == "error":
         payload["error"] = meaning
     if d.note:
@@ -99,7 +118,7 @@ def _awaits_person(step: asyncpg.Record | None) -> dict[str, Any] | None:
     if step is None or step["kind"] != "tool_result":
         return None
     payload = json.loads(step["payload"])
-    if payload.get("status") != "unknown" or payload.get("awaiting") != "human":
+    if payload.get("status") not in ("unknown", "repeated") or payload.get("awaiting") != "human":
         return None
     return payload
 
@@ -139,6 +158,11 @@ async def _decide(
     unknown = _awaits_person(await run(conn, "unknown_step_get", ws, run_id, d.seq))
     if unknown is None or await run(conn, "unknown_decision_get", ws, run_id, d.seq):
         raise _NotDecided
+    if unknown.get("held") == "repeat" and d.decision == "happened":
+        raise NotForRepeat(
+            f"step {d.seq} is a repeated call the guard held, never sent: decide RETRY to let "
+            "it run, NOT_HAPPENED to refuse it, or FAIL_RUN"
+        )
     payload = json.dumps(step_payload(unknown, d), ensure_ascii=False)
     step = await run(
         conn, "unknown_decision_insert", ws, run_id, d.seq, run_row["lease_epoch"], payload

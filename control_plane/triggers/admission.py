@@ -90,6 +90,8 @@ def input_payload(event: Event) -> dict[str, Any]:
     }
     if event.scheduled_for is not None:
         origin["scheduled_for"] = event.scheduled_for.isoformat()
+    if event.kind in ("mail", "mail_push") and isinstance(event.payload, dict):
+        origin["mail"] = mail.trigger_fields(event.payload)
     return {"text": clip(event.input_text), "trigger": origin}
 
 

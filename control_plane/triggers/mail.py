@@ -56,6 +56,10 @@ class MailMessage:
     text: str
     cc: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
+    # The provider's thread id ("" = the message starts its own thread) and the ids
+    # of its attachments: argument constraints read them from the run's input step.
+    thread_id: str = ""
+    attachments: tuple[str, ...] = ()
 
     @property
     def sender_address(self) -> str:
@@ -94,6 +98,8 @@ class MailMessage:
             "subject": self.subject,
             "text": self.text,
             "headers": dict(self.headers),
+            "thread_id": self.thread_id or self.message_id,
+            "attachments": list(self.attachments),
         }
 
     def render_input(self) -> str:
@@ -158,4 +164,32 @@ def parse_message(doc: Any) -> MailMessage:
         subject=_text(doc, "subject"),
         text=_text(doc, "text"),
         headers=_headers(doc),
+        thread_id=_text(doc, "thread_id").strip(),
+        attachments=_attachments(doc),
     )
+
+
+def _attachments(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """Attachment ids: a list of ids, or of objects with an `id`."""
+    value = doc.get("attachments", [])
+    ids = (
+        [a.get("id") if isinstance(a, Mapping) else a for a in value]
+        if isinstance(value, list)
+        else None
+    )
+    if ids is None or not all(isinstance(i, str) and i for i in ids):
+        raise BadMessage("attachments: must be a list of ids (or of objects with an id)")
+    return tuple(ids)  # type: ignore[arg-type]
+
+
+def trigger_fields(document: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's input step records of the mail that started it (docs/protocol.md)."""
+    return {
+        "message_id": document.get("message_id", ""),
+        "thread_id": document.get("thread_id") or document.get("message_id", ""),
+        "from": document.get("from_address") or document.get("from", ""),
+        "to": list(document.get("to") or []),
+        "cc": list(document.get("cc") or []),
+        "subject": document.get("subject", ""),
+        "attachments": list(document.get("attachments") or []),
+    }

@@ -78,6 +78,9 @@ _TOOL_SCHEMA: dict[str, Any] = {
         "moves_money": {"type": "boolean"},
         "needs_approval": {"type": "boolean"},
         "rate_bucket": {"type": ["string", "null"]},
+        # What the tool can do, for least privilege: e.g. reads_untrusted (its
+        # results carry outside text: mail bodies, fetched pages).
+        "capabilities": {"type": "array", "items": {"type": "string"}},
     },
     "additionalProperties": False,
 }
@@ -137,6 +140,7 @@ class Tool:
     rate_bucket: str | None
     lookup: Lookup | None = None
     key_retention_hours: float | None = None
+    capabilities: tuple[str, ...] = ()
 
     @property
     def call_class(self) -> str:
@@ -234,6 +238,7 @@ def _parse_tool(entry: Mapping[str, Any], providers: Mapping[str, Any]) -> Tool:
     fields = {
         **entry,
         "scopes": tuple(entry["scopes"]),
+        "capabilities": tuple(entry.get("capabilities", ())),
         "lookup": Lookup.from_dict(entry["lookup"]) if entry.get("lookup") else None,
         "key_retention_hours": providers[entry["provider"]],
     }

@@ -3,9 +3,10 @@
 -- run parked for a person (wake_at NULL) becomes runnable now. Only one
 -- decision can move wake_at off NULL; a concurrent one waits on the row lock,
 -- re-checks, and finds nothing to update. Database clock unless $3 fixes it.
+-- A repeated call held by the repetition guard waits the same way ('repeat').
 UPDATE runs SET wake_at = coalesce($3::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2
-  AND status = 'waiting' AND wait_reason = 'human' AND wake_at IS NULL
+  AND status = 'waiting' AND wait_reason IN ('human', 'repeat') AND wake_at IS NULL
 RETURNING *;
 
 -- name: unknown_step_get :one

@@ -10,6 +10,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -20,6 +21,48 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConstraintRule:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConstraintRuleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConstraintRule.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONSTRAINT_RULE_UNSPECIFIED: _ConstraintRule.ValueType  # 0
+    CONSTRAINT_RULE_REPLY_TO_TRIGGER_THREAD: _ConstraintRule.ValueType  # 1
+    """Every recipient (to, cc, bcc) is a participant of the mail that
+    triggered the run, and a thread_id, if given, is that mail's thread.
+    A run no mail started may not send at all under this rule.
+    """
+    CONSTRAINT_RULE_ATTACHMENTS_FROM_TRIGGER_THREAD: _ConstraintRule.ValueType  # 2
+    """Every attachment named in the call is one of the triggering mail's."""
+    CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL: _ConstraintRule.ValueType  # 3
+    """A recipient who is neither on the triggering thread nor in
+    known_recipients holds the call for a human's approval.
+    """
+    CONSTRAINT_RULE_AMOUNT_AT_MOST: _ConstraintRule.ValueType  # 4
+    """The numeric argument is at most max_amount."""
+
+class ConstraintRule(_ConstraintRule, metaclass=_ConstraintRuleEnumTypeWrapper):
+    """ConstraintRule names a check the executor makes, in code, on a tool call's
+    arguments before the call is committed as started.
+    """
+
+CONSTRAINT_RULE_UNSPECIFIED: ConstraintRule.ValueType  # 0
+CONSTRAINT_RULE_REPLY_TO_TRIGGER_THREAD: ConstraintRule.ValueType  # 1
+"""Every recipient (to, cc, bcc) is a participant of the mail that
+triggered the run, and a thread_id, if given, is that mail's thread.
+A run no mail started may not send at all under this rule.
+"""
+CONSTRAINT_RULE_ATTACHMENTS_FROM_TRIGGER_THREAD: ConstraintRule.ValueType  # 2
+"""Every attachment named in the call is one of the triggering mail's."""
+CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL: ConstraintRule.ValueType  # 3
+"""A recipient who is neither on the triggering thread nor in
+known_recipients holds the call for a human's approval.
+"""
+CONSTRAINT_RULE_AMOUNT_AT_MOST: ConstraintRule.ValueType  # 4
+"""The numeric argument is at most max_amount."""
+Global___ConstraintRule: _TypeAlias = ConstraintRule  # noqa: Y015
 
 @_typing.final
 class RunLimits(_message.Message):
@@ -35,6 +78,7 @@ class RunLimits(_message.Message):
     MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     MODEL_RETRY_BUDGET_FIELD_NUMBER: _builtins.int
     MAX_AGE_FIELD_NUMBER: _builtins.int
+    REPEAT_LIMIT_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Maximum number of model calls (decisions) in the run. 0 = server default."""
     max_tokens: _builtins.int
@@ -45,6 +89,13 @@ class RunLimits(_message.Message):
     """How many times in a row the model provider may fail (down, 5xx, 429)
     before the run fails; each failure parks the run (wait_reason "model")
     with exponential backoff. 0 = server default.
+    """
+    repeat_limit: _builtins.int
+    """Repetition guard: the Nth call of the same tool with the same arguments
+    (canonical JSON, hashed) in one run is not started; the run parks with
+    wait_reason "repeat" until a person lets it run (ResolveUnknownOutcome
+    RETRY), refuses it (NOT_HAPPENED), fails the run (FAIL_RUN) or cancels
+    it. A person's go-ahead restarts the count. 0 = server default (3).
     """
     @_builtins.property
     def deadline(self) -> _duration_pb2.Duration:
@@ -71,14 +122,59 @@ class RunLimits(_message.Message):
         max_tool_calls: _builtins.int = ...,
         model_retry_budget: _builtins.int = ...,
         max_age: _duration_pb2.Duration | None = ...,
+        repeat_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget", "repeat_limit", b"repeat_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunLimits: _TypeAlias = RunLimits  # noqa: Y015
+
+@_typing.final
+class ToolConstraint(_message.Message):
+    """ToolConstraint is one rule on one tool's arguments. A violation is an
+    error result the model reads, naming the rule, and nothing is sent (or,
+    for RECIPIENT_KNOWN_OR_APPROVAL, an approval request).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    ARGUMENT_FIELD_NUMBER: _builtins.int
+    MAX_AMOUNT_FIELD_NUMBER: _builtins.int
+    KNOWN_RECIPIENTS_FIELD_NUMBER: _builtins.int
+    tool: _builtins.str
+    """One of spec.tools."""
+    rule: Global___ConstraintRule.ValueType
+    argument: _builtins.str
+    """The argument the rule reads; empty = the rule's default ("to", "cc" and
+    "bcc" for recipients, "attachments", "amount").
+    """
+    max_amount: _builtins.int
+    """AMOUNT_AT_MOST: the ceiling, inclusive (in the argument's unit)."""
+    @_builtins.property
+    def known_recipients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """RECIPIENT_KNOWN_OR_APPROVAL: known addresses, or "@domain" for a domain."""
+
+    def __init__(
+        self,
+        *,
+        tool: _builtins.str = ...,
+        rule: Global___ConstraintRule.ValueType = ...,
+        argument: _builtins.str = ...,
+        max_amount: _builtins.int = ...,
+        known_recipients: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "rule", b"rule", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolConstraint: _TypeAlias = ToolConstraint  # noqa: Y015
 
 @_typing.final
 class AgentSpec(_message.Message):
@@ -92,6 +188,7 @@ class AgentSpec(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    CONSTRAINTS_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -115,6 +212,12 @@ class AgentSpec(_message.Message):
     def approval(self) -> _approval_pb2.ApprovalPolicy:
         """Which tool calls wait for a human, who decides, and what expiry does."""
 
+    @_builtins.property
+    def constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolConstraint]:
+        """Argument rules the executor enforces before a call is started
+        (versioned with the spec, like everything in it).
+        """
+
     def __init__(
         self,
         *,
@@ -124,10 +227,11 @@ class AgentSpec(_message.Message):
         limits: Global___RunLimits | None = ...,
         approval: _approval_pb2.ApprovalPolicy | None = ...,
         max_concurrency: _builtins.int = ...,
+        constraints: _abc.Iterable[Global___ToolConstraint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
