@@ -228,3 +228,47 @@ async def test_a_person_can_refuse_the_repeat_and_happened_does_not_apply(stack)
     await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=WS, run_id=run_id))
     assert (await api.get(run_id)).status == run_pb2.RUN_STATUS_CANCELLED
     assert_log_well_formed(await api.steps(run_id))
+
+
+async def test_constraints_are_versioned_with_the_spec_and_checked_at_publish(server, db_url):
+    api = await Api.connect(f"127.0.0.1:{server.port}", db_url, WS)
+    await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="a"))
+
+    async def publish_spec(**spec) -> agent_pb2.AgentVersion:
+        req = agent_pb2.PublishAgentVersionRequest(
+            workspace_id=WS, agent_id="a", spec=agent_pb2.AgentSpec(model="m", **spec)
+        )
+        return (await api.agents.PublishAgentVersion(req)).version
+
+    bad = [
+        ({"tools": ["chat_post"], "constraints": [THREAD_RULE]}, "spec.constraints[0].tool"),
+        ({"tools": ["send_email"], "constraints": [agent_pb2.ToolConstraint(tool="send_email")]},
+         "spec.constraints[0].rule"),
+        ({"tools": ["create_charge"], "constraints": [agent_pb2.ToolConstraint(
+            tool="create_charge", rule=agent_pb2.CONSTRAINT_RULE_AMOUNT_AT_MOST)]},
+         "spec.constraints[0].max_amount"),
+        ({"limits": agent_pb2.RunLimits(repeat_limit=-1)}, "spec.limits.repeat_limit"),
+    ]  # fmt: skip
+    for spec, field in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await publish_spec(**spec)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in (err.value.details() or "")
+    known = agent_pb2.ToolConstraint(
+        tool="send_email", rule=agent_pb2.CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL,
+        known_recipients=["Ops@Acme.test"],
+    )  # fmt: skip
+    version = await publish_spec(tools=["send_email"], constraints=[THREAD_RULE, known],
+                                 limits=agent_pb2.RunLimits(repeat_limit=5))  # fmt: skip
+    assert version.version == 1
+    assert list(version.spec.constraints) == [
+        THREAD_RULE, agent_pb2.ToolConstraint(
+            tool="send_email", rule=agent_pb2.CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL,
+            known_recipients=["ops@acme.test"],
+        ),
+    ]  # fmt: skip
+    run_id = await api.start("a", "hello")
+    assert (await api.get(run_id)).limits.repeat_limit == 5  # copied at admission
+    await publish_spec(tools=["send_email"])
+    assert (await api.get(await api.start("a", "hi"))).limits.repeat_limit == 3  # the default
+    await api.close()
