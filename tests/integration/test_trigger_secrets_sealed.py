@@ -124,7 +124,7 @@ async def test_a_sealed_secret_copied_to_another_workspace_does_not_verify(
 
 async def run_cli(db_url: str, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "keys", *args,
+        sys.executable, "-m", "agentrun_cli", "kms", *args,
         env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
