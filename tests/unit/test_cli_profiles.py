@@ -64,7 +64,9 @@ def test_environment_beats_profile(isolated: Path, monkeypatch: pytest.MonkeyPat
     assert credentials.api_key() == ENV_KEY
 
 
-def test_flags_beat_environment_and_profile(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flags_beat_environment_and_profile(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_profile(isolated, address="cp.acme:443", workspace="acme")
     monkeypatch.setenv("AGENTRUN_WORKSPACE", "from-env")
     args = parse(["--profile", "prod", "runs", "list", "--address", "flag:2", "--workspace", "w"])
