@@ -42,9 +42,13 @@ class ServerConfig:
     release: str = "dev"
     max_message_bytes: int = 4 * 1024 * 1024
     defaults: RunDefaults = RunDefaults()
-    # Approvals: where links point, where notifications go, who signs approver tokens.
+    # Approvals: where links point, where notifications go.
     public_url: str = "http://127.0.0.1:8080"
     notify_url: str = "http://127.0.0.1:8020"
+    # Sign-in (OpenID Connect): the issuer whose ID tokens identify people, and the
+    # audience (client id) they must be issued for. No issuer: nobody can sign in.
+    oidc_issuer: str | None = None
+    oidc_audience: str = "agentrun"
     approver_signing_key: bytes | None = field(default=None, repr=False)
     slack_signing_secret: bytes | None = field(default=None, repr=False)
     approval_poll_seconds: float = 0.5
@@ -74,6 +78,8 @@ class ServerConfig:
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER") or None,
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE") or cls.oidc_audience,
             approver_signing_key=_secret("AGENTRUN_APPROVER_SIGNING_KEY"),
             slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),

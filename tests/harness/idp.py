@@ -1,0 +1,31 @@
+"""Talking to the sandbox identity provider (`python -m sandbox idp`) from tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+async def id_token(idp_url: str, email: str, **claims: Any) -> str:
+    """An ID token for `email` from the sandbox IdP's token endpoint (see sandbox/idp.py)."""
+    async with httpx.AsyncClient(base_url=idp_url, timeout=10.0) as client:
+        resp = await client.post("/token", json={"email": email, **claims})
+        resp.raise_for_status()
+        return str(resp.json()["id_token"])
+
+
+async def rotate(idp_url: str, alg: str = "RS256", grace_seconds: float = 60.0) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=idp_url, timeout=10.0) as client:
+        resp = await client.post(
+            "/_sandbox/rotate", json={"alg": alg, "grace_seconds": grace_seconds}
+        )
+        resp.raise_for_status()
+        return dict(resp.json())
+
+
+async def stats(idp_url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=idp_url, timeout=10.0) as client:
+        resp = await client.get("/_sandbox/stats")
+        resp.raise_for_status()
+        return dict(resp.json())
