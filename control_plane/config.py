@@ -49,7 +49,6 @@ class ServerConfig:
     # audience (client id) they must be issued for. No issuer: nobody can sign in.
     oidc_issuer: str | None = None
     oidc_audience: str = "agentrun"
-    approver_signing_key: bytes | None = field(default=None, repr=False)
     slack_signing_secret: bytes | None = field(default=None, repr=False)
     approval_poll_seconds: float = 0.5
     # HTTP ingress (webhooks, sessions). In-process servers take a free port by
@@ -80,7 +79,6 @@ class ServerConfig:
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
             oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER") or None,
             oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE") or cls.oidc_audience,
-            approver_signing_key=_secret("AGENTRUN_APPROVER_SIGNING_KEY"),
             slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
             http_listen=os.environ.get("AGENTRUN_HTTP_LISTEN", "127.0.0.1:8080"),

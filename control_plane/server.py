@@ -119,9 +119,7 @@ async def start(config: ServerConfig) -> RunningServer:
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), server)
-    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
-        ApprovalServicer(pool, config.approver_signing_key), server
-    )
+    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
         TriggerServicer(pool, config.public_url), server
     )

@@ -1,5 +1,11 @@
 """Approval links, signed-in decisions and Slack buttons over HTTP.
 
+A signed-in decision (`POST /approvals/{ws}/id/{approval_id}/decision`) is
+the caller's: a person with an OpenID Connect ID token (`Authorization:
+Bearer`, verified against the configured issuer) or whoever the HTTP guard
+authenticated. Links are capabilities for one approver and one decision; they
+never decide a tool that moves money or is high-risk.
+
 A GET never decides anything (mail scanners and chat previews fetch links):
 it shows the exact arguments and a form; only the form's POST decides. Pages
 send `Referrer-Policy: no-referrer` and load nothing from third parties.
@@ -20,8 +26,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from control_plane.approvals import decisions, tokens
+from control_plane.auth import context as auth_context
+from control_plane.auth import oidc
+from control_plane.auth.oidc import OidcVerifier
+from control_plane.auth.principal import Kind, Principal
 from control_plane.config import ServerConfig
-from control_plane.errors import DomainError
+from control_plane.errors import DomainError, PermissionDenied, Unauthenticated
 from control_plane.store import approvals as store
 from control_plane.triggers import signatures
 
@@ -34,7 +44,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
+    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
     "FAILED_PRECONDITION": 409, "ALREADY_EXISTS": 409,
 }  # fmt: skip
 
@@ -53,9 +63,13 @@ def error_status(exc: DomainError) -> int:
 
 
 class ApprovalRoutes:
-    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+    def __init__(
+        self, pool: asyncpg.pool.Pool, config: ServerConfig, verifier: OidcVerifier | None = None
+    ) -> None:
         self.pool = pool
         self.config = config
+        # Signed-in decisions: ID tokens of the configured issuer (none configured: refused).
+        self.verifier = verifier or oidc.from_settings(config.oidc_issuer, config.oidc_audience)
 
     def routes(self) -> list[Route]:
         return [
@@ -94,9 +108,10 @@ class ApprovalRoutes:
         if a["decision"] is not None:
             return page(410, "Already decided", info + f"<p>{html.escape(a['decision'])} by "
                         f"{html.escape(a['decided_by'])}.</p>")  # fmt: skip
-        if a["high_risk"]:
-            return page(403, "Sign-in required", info + "<p>This tool is high-risk: decide it "
-                        "as a signed-in approver, not through a link.</p>")  # fmt: skip
+        why = decisions.needs_sign_in(a)
+        if why:
+            return page(403, "Sign-in required", info + f"<p>{html.escape(why)}: decide it as a "
+                        "signed-in approver, not through a link.</p>")  # fmt: skip
         form = (
             "<form method='post'><input type='hidden' name='decision' value='approve'>"
             "<button>Approve</button></form><form method='post'>"
@@ -116,12 +131,15 @@ class ApprovalRoutes:
             return refusal
         a = await store.get(self.pool, ws, found["approval_id"])
         assert a is not None  # a token references its approval (foreign key)
-        if a["high_risk"]:
-            return page(403, "Sign-in required", "<p>A link cannot decide a high-risk tool.</p>")
+        why = decisions.needs_sign_in(a)
+        if why:
+            return page(403, "Sign-in required", f"<p>{html.escape(why)}: a link cannot decide "
+                        "it; sign in.</p>")  # fmt: skip
         used = await store.use_token(self.pool, ws, tokens.digest(token))
         if used is None:  # another click used it a moment ago
             return page(410, "Link already used", "<p>Each link decides once.</p>")
-        req = decisions.Request(ws, found["approval_id"], used["approver"], action, "link",
+        decider = decisions.Decider(used["approver"], decisions.LINK)
+        req = decisions.Request(ws, found["approval_id"], decider, action,
                                 reason=(form.get("reason") or [""])[0][:1000])  # fmt: skip
         try:
             row = await decisions.decide(self.pool, req)
@@ -130,27 +148,44 @@ class ApprovalRoutes:
         return page(200, "Decided", f"<p>{html.escape(row['tool'])}: {row['decision']}.</p>")
 
     async def decide_signed_in(self, request: Request) -> Response:
+        """A decision by the caller of `Authorization: Bearer <ID token>` (or the HTTP guard's)."""
         ws = request.path_params["ws"]
-        auth = request.headers.get("authorization", "")
-        if not auth.lower().startswith("bearer "):
-            return JSONResponse({"error": "a bearer token is required"}, status_code=401)
         try:
-            who = tokens.verify_bearer(self.config.approver_signing_key, auth[7:])
+            decider = await self._signed_in(ws, request.headers.get("authorization", ""))
+        except DomainError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
+        try:
             approval_id = uuid.UUID(request.path_params["approval_id"])
             body = await request.json()
-        except tokens.BadBearer as exc:
-            return JSONResponse({"error": str(exc)}, status_code=401)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
         except ValueError:
             return JSONResponse({"error": "malformed approval id or JSON body"}, status_code=400)
-        if who.workspace_id != ws:
-            return JSONResponse({"error": "token is for another workspace"}, status_code=403)
         edited = body.get("arguments")
         req = decisions.Request(
-            ws, approval_id, who.user, str(body.get("decision", "")), "signed_in",
+            ws, approval_id, decider, str(body.get("decision", "")),
             reason=str(body.get("reason", ""))[:1000],
             edited_arguments_json=json.dumps(edited) if edited is not None else "",
         )  # fmt: skip
         return await self._json_decision(req)
+
+    async def _signed_in(self, ws: str, authorization: str) -> decisions.Decider:
+        """The decider: the principal an HTTP guard set, else the verified ID token's person."""
+        try:
+            who: Principal | None = auth_context.current()
+        except Unauthenticated:
+            who = None
+        if who is None:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                raise Unauthenticated("sign in: send Authorization: Bearer <ID token>")
+            if self.verifier is None:
+                raise Unauthenticated("sign-in is not configured (AGENTRUN_OIDC_ISSUER)")
+            person = await self.verifier.verify(token.strip())
+            who = Principal(Kind.PERSON, person.name, workspace_id=ws)
+        elif who.workspace_id != ws:
+            raise PermissionDenied("this credential is for another workspace")
+        return decisions.Decider.of(who)
 
     async def _json_decision(self, req: decisions.Request) -> Response:
         try:
@@ -179,8 +214,8 @@ class ApprovalRoutes:
             payload = json.loads(parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
             ws, approval_id = action["value"].split(":", 1)
-            req = decisions.Request(ws, uuid.UUID(approval_id), payload["user"]["id"],
-                                    action["action_id"], "slack")  # fmt: skip
+            decider = decisions.Decider(str(payload["user"]["id"]), decisions.SLACK)
+            req = decisions.Request(ws, uuid.UUID(approval_id), decider, action["action_id"])
         except (KeyError, IndexError, ValueError, TypeError):
             return JSONResponse({"error": "malformed interaction payload"}, status_code=400)
         return await self._json_decision(req)

@@ -1,4 +1,8 @@
-"""Approvals against real Postgres: the one-transaction hold, CAS races, links, Slack, expiry."""
+"""Approvals against real Postgres: the one-transaction hold, CAS races, links, Slack, expiry.
+
+Who may decide (signed-in people, keys, money-moving tools, four eyes) is in
+test_approvals_identity.py.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +14,24 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
-import grpc
 import httpx
 import pytest
 from starlette.applications import Starlette
 
-from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
-from control_plane.approvals import decisions, expiry, relay, tokens
+from agentrun.v1 import executor_pb2
+from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.config import ServerConfig
 from control_plane.errors import Aborted
 from control_plane.http.approvals import ApprovalRoutes
-from control_plane.server import start
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
 from control_plane.triggers import signatures
 from tests import factories
 from tests.harness.agentrun_api import sandbox_requests
+from tests.harness.idp import id_token
 
-SIGNING_KEY = b"approver-signing-key-for-tests"
 SLACK_SECRET = b"slack-signing-secret-for-tests"
 POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],
           "on_expiry": "reject", "expiry_seconds": 3600}  # fmt: skip
@@ -43,19 +45,22 @@ async def pool(db_url):
 
 
 @pytest.fixture
-def config(db_url, sandbox_providers):
+def config(db_url, sandbox_providers, sandbox_idp):
     return ServerConfig(
         database_url=db_url, listen="127.0.0.1:0", notify_url=sandbox_providers.url,
-        public_url="http://approvals.test", approver_signing_key=SIGNING_KEY,
+        public_url="http://approvals.test", oidc_issuer=sandbox_idp.url,
         slack_signing_secret=SLACK_SECRET,
     )  # fmt: skip
 
 
 @pytest.fixture
 async def http(pool, config):
-    app = Starlette(routes=ApprovalRoutes(pool, config).routes())
+    routes = ApprovalRoutes(pool, config)
+    app = Starlette(routes=routes.routes())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         yield c
+    assert routes.verifier is not None
+    await routes.verifier.close()
 
 
 async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mailer", **flags):
@@ -110,9 +115,10 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     held = [await hold(pool, agent=f"a{i}") for i in range(500)]
 
     async def race(approval_id):
-        reqs = [decisions.Request("ws", approval_id, "alice@example.com", "approve", "operator"),
-                decisions.Request("ws", approval_id, "bob@example.com", "reject", "operator",
-                                  reason="wrong price")]  # fmt: skip
+        alice = decisions.Decider("alice@example.com", decisions.SIGNED_IN)
+        bob = decisions.Decider("bob@example.com", decisions.KEY)
+        reqs = [decisions.Request("ws", approval_id, alice, "approve"),
+                decisions.Request("ws", approval_id, bob, "reject", reason="wrong price")]  # fmt: skip
         return await asyncio.gather(*(decisions.decide(pool, r) for r in reqs),
                                     return_exceptions=True)  # fmt: skip
 
@@ -129,31 +135,6 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     assert len(counts) == 500 and {c["count"] for c in counts} == {1}
     woken = await pool.fetchval("SELECT count(*) FROM runs WHERE wake_at IS NOT NULL")
     assert woken == 500
-
-
-async def test_grpc_decision_race_tells_the_loser_who_won(pool, config):
-    _, approval_id = await hold(pool)
-    server = await start(config)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = approval_pb2_grpc.ApprovalServiceStub(ch)
-            first = await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                workspace_id="ws", approval_id=str(approval_id), approver="alice@example.com",
-                approve=approval_pb2.Approve()))  # fmt: skip
-            assert first.approval.state == approval_pb2.APPROVAL_STATE_APPROVED
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                    workspace_id="ws", approval_id=str(approval_id), approver="bob@example.com",
-                    reject=approval_pb2.Reject(reason="no")))  # fmt: skip
-            assert info.value.code() == grpc.StatusCode.ABORTED
-            assert "approved by alice@example.com" in info.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                    workspace_id="ws", approval_id=str(approval_id), approver="mallory",
-                    approve=approval_pb2.Approve()))  # fmt: skip
-            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    finally:
-        await server.stop(grace=0)
 
 
 async def delivered_link(pool, config, approver="alice@example.com") -> str:
@@ -209,8 +190,8 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
         await pool.fetchval("SELECT count(*) FROM approval_tokens WHERE used_at IS NOT NULL") == 0
     )
 
-    bearer = tokens.sign_bearer(SIGNING_KEY, "bob@example.com", "ws")
-    forged = tokens.sign_bearer(b"wrong key", "bob@example.com", "ws")
+    bearer = await id_token(config.oidc_issuer, "bob@example.com")
+    forged = await id_token(config.oidc_issuer, "bob@example.com", forge="wrong_key")
     url = f"/approvals/ws/id/{risky_id}/decision"
     bad = await http.post(
         url, json={"decision": "approve"}, headers={"authorization": f"Bearer {forged}"}
@@ -220,6 +201,8 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
         url, json={"decision": "approve"}, headers={"authorization": f"Bearer {bearer}"}
     )
     assert ok.status_code == 200 and ok.json()["decided_by"] == "bob@example.com"
+    step = await pool.fetchval("SELECT payload FROM steps WHERE kind = 'approval_decided'")
+    assert json.loads(step)["via"] == "signed_in"
 
 
 def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> dict:
@@ -265,7 +248,10 @@ async def test_expiry_reject_decides_at_the_expiry_time_with_no_executor(pool):
     run = await runs.get_run(pool, "ws", run_id)
     assert (run["status"], run["lease_owner"]) == ("waiting", None) and run["wake_at"] is not None
     step = await pool.fetchrow("SELECT payload FROM steps WHERE kind = 'approval_decided'")
-    assert json.loads(step["payload"])["reason"] == "approval expired"
+    payload = json.loads(step["payload"])
+    assert (payload["reason"], payload["via"], payload["decided_by"]) == (
+        "approval expired", "expiry", "system:expiry",
+    )  # fmt: skip
 
 
 async def test_expiry_escalates_once_then_rejects(pool):
