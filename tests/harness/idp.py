@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import httpx
+import pytest
 
 
 async def id_token(idp_url: str, email: str, **claims: Any) -> str:
@@ -29,3 +31,23 @@ async def stats(idp_url: str) -> dict[str, Any]:
         resp = await client.get("/_sandbox/stats")
         resp.raise_for_status()
         return dict(resp.json())
+
+
+# Tests of RPCs that need a caller: they run once the identity interceptor (issue 9) is on main.
+requires_interceptor = pytest.mark.skipif(
+    importlib.util.find_spec("control_plane.auth.interceptor") is None,
+    reason="needs the identity interceptor (issue 9: credentials on every RPC)",
+)
+
+
+async def signed_in(idp_url: str, email: str) -> list[tuple[str, str]]:
+    """gRPC metadata of a person signed in at the sandbox IdP."""
+    return [("authorization", f"Bearer {await id_token(idp_url, email)}")]
+
+
+async def add_member(db: Any, workspace_id: str, person: str, role: str) -> None:
+    """Make `person` (a verified email) a member of the workspace with `role`."""
+    await db.execute(
+        "INSERT INTO workspace_members (workspace_id, person, role) VALUES ($1, $2, $3)",
+        workspace_id, person, role,
+    )  # fmt: skip

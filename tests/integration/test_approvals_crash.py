@@ -7,8 +7,10 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.idp import add_member, requires_interceptor, signed_in
 from tests.harness.waiting import eventually
 
+pytestmark = requires_interceptor
 APPROVER = "manager@example.com"
 
 
@@ -42,20 +44,21 @@ async def check_consistent(db, run_id: str) -> None:
     await eventually(delivered, timeout=30, message="a notification was never delivered")
 
 
-async def wait_pending(api: Api, stub, run_id: str) -> approval_pb2.Approval:
+async def wait_pending(api: Api, stub, run_id: str, metadata) -> approval_pb2.Approval:
     async def one():
         resp = await stub.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+            workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING), metadata=metadata)  # fmt: skip
         mine = [a for a in resp.approvals if a.run_id == run_id]
         return mine[0] if mine else None
 
     return await eventually(one, timeout=30, message="no pending approval")
 
 
-async def approve(stub, approval_id: str):
+async def approve(stub, approval_id: str, metadata):
+    """Approve as the signed-in approver (the request names nobody)."""
     return await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approver=APPROVER,
-        approve=approval_pb2.Approve()))  # fmt: skip
+        workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()),
+        metadata=metadata)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -68,13 +71,16 @@ async def approve(stub, approval_id: str):
     ],
 )
 async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
-    db_url, db, control_plane, executor_factory, sandbox_providers, where, fault
+    db_url, db, control_plane, executor_factory, sandbox_providers, sandbox_idp, where, fault
 ):
-    cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
+    faults = {"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url, **faults)
     api = Api(cp.address)
     stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    md = await signed_in(sandbox_idp.url, APPROVER)
     try:
         await publish(api)
+        await add_member(db, "ws", APPROVER, "approver")
         run_id = await api.start("mailer", "email ada")
         doomed_env = {"AGENTRUN_FAULTS": fault} if where == "executor" else {}
         (first,) = executor_factory(cp, **doomed_env)
@@ -85,13 +91,13 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
         if where == "control_plane" and not deciding:
             await eventually(lambda: not cp.process.alive, timeout=30, message="fault never fired")
             cp.restart(AGENTRUN_FAULTS="")
-        pending = await wait_pending(api, stub, run_id)
+        pending = await wait_pending(api, stub, run_id, md)
         if deciding:
             with pytest.raises(grpc.aio.AioRpcError):  # the replica died inside the decision
-                await approve(stub, pending.approval_id)
+                await approve(stub, pending.approval_id, md)
             assert await db.fetchval("SELECT count(*) FROM approvals WHERE decision IS NULL") == 1
             cp.restart(AGENTRUN_FAULTS="")
-        await approve(stub, pending.approval_id)
+        await approve(stub, pending.approval_id, md)
         (run,) = await api.wait_terminal([run_id])
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
         assert len(await approvals_of(db, run_id)) == 1

@@ -1,4 +1,8 @@
-"""Approvals end to end: real executors hold the call, a human decides, the model sees it."""
+"""Approvals end to end: real executors hold the call, a human decides, the model sees it.
+
+The approver is a person signed in at the sandbox IdP and a member of the
+workspace; the decision is theirs (the request names nobody).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +13,35 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.idp import add_member, requires_interceptor, signed_in
 from tests.harness.waiting import eventually
 
+pytestmark = requires_interceptor
 APPROVER = "manager@example.com"
 
 
+class Approvals:
+    """The approval service as the signed-in approver calls it."""
+
+    def __init__(self, stub: approval_pb2_grpc.ApprovalServiceStub, metadata) -> None:
+        self.stub, self.metadata = stub, metadata
+
+    async def ListApprovals(self, req):
+        return await self.stub.ListApprovals(req, metadata=self.metadata)
+
+    async def DecideApproval(self, req):
+        return await self.stub.DecideApproval(req, metadata=self.metadata)
+
+
 @pytest.fixture
-async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
-    cp = control_plane(db_url)
+async def stack(db_url, db, control_plane, sandbox_model, sandbox_providers, sandbox_idp):
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
     api = Api(cp.address)
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy)
-    approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    await add_member(db, "ws", APPROVER, "approver")
+    stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    approvals = Approvals(stub, await signed_in(sandbox_idp.url, APPROVER))
     yield cp, api, approvals
     await api.close()
 
@@ -45,7 +66,7 @@ def sent_mail(providers_url: str, run_id: str) -> list[dict]:
 
 async def decide(approvals, approval_id: str, **decision):
     return await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approver=APPROVER, **decision))  # fmt: skip
+        workspace_id="ws", approval_id=approval_id, **decision))  # fmt: skip
 
 
 async def test_the_call_waits_with_no_executor_and_runs_exactly_as_approved(

@@ -11,7 +11,6 @@ the gRPC ones go through the identity interceptor, see the last tests).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import asyncpg
@@ -28,7 +27,7 @@ from control_plane.config import ServerConfig
 from control_plane.errors import PermissionDenied
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.server import start
-from tests.harness.idp import id_token
+from tests.harness.idp import add_member, id_token, requires_interceptor
 from tests.integration.test_approvals import (
     POLICY,
     SLACK_SECRET,
@@ -226,24 +225,12 @@ async def test_without_four_eyes_the_starter_may_approve(pool):
 
 # --- over gRPC, once the identity interceptor is on main -------------------------------------
 
-requires_interceptor = pytest.mark.skipif(
-    importlib.util.find_spec("control_plane.auth.interceptor") is None,
-    reason="needs the identity interceptor (issue 9: credentials on every RPC)",
-)
-
-
-async def _member(pool, name: str, role: str) -> None:
-    await pool.execute(
-        "INSERT INTO workspace_members (workspace_id, person, role) VALUES ('ws', $1, $2)",
-        name, role,
-    )  # fmt: skip
-
 
 @requires_interceptor
 async def test_grpc_decisions_are_the_signed_in_callers(pool, config):
     _, approval_id = await hold_charge(pool)
     for who in (ALICE, BOB, "mallory@example.com"):
-        await _member(pool, who, "approver")
+        await add_member(pool, "ws", who, "approver")
     server = await start(config)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
