@@ -8,7 +8,8 @@ The decider is always established by the door, never typed by the caller:
 * ``slack`` — a Slack user whose click carried a valid Slack signature.
 
 Rules, for every door: the decider must be named on the approval's list (the
-Slack list for Slack clicks); a tool that moves money or is high-risk needs a
+Slack list for Slack clicks; where the policy named nobody, the list is the
+fallback `admin`, which a signed-in member with the admin role matches); a tool that moves money or is high-risk needs a
 signed-in person (not a link, a key or a Slack click); an executor or platform
 credential never decides; when the agent version asks for four eyes, the
 principal who started the run cannot approve (or edit) its calls.
@@ -25,6 +26,7 @@ import asyncpg
 
 import faults
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
+from control_plane.approvals.policy import FALLBACK_APPROVER
 from control_plane.auth.principal import Capability, Kind, Principal
 from control_plane.errors import (
     Aborted,
@@ -47,14 +49,15 @@ class Decider:
 
     name: str
     via: str  # signed_in | key | link | slack
+    role: str | None = None  # the principal's role in the workspace, when known
 
     @classmethod
     def of(cls, principal: Principal) -> Decider:
         """The decider an authenticated principal is; refuses credentials that never decide."""
         if principal.kind is Kind.PERSON:
-            return cls(principal.name, SIGNED_IN)
+            return cls(principal.name, SIGNED_IN, principal.role)
         if principal.kind is Kind.KEY and principal.may(Capability.DECIDE):
-            return cls(principal.name, KEY)
+            return cls(principal.name, KEY, principal.role)
         if principal.kind is Kind.KEY:
             raise PermissionDenied(
                 f"a key with role {principal.role or 'none'!r} cannot decide approvals "
@@ -85,11 +88,16 @@ def needs_sign_in(row: Any) -> str | None:
     return None
 
 
+def on_list(d: Decider, allowed: list[str]) -> bool:
+    """Named on the list, or a workspace admin where the policy named nobody (the fallback)."""
+    return d.name in allowed or (FALLBACK_APPROVER in allowed and d.role == FALLBACK_APPROVER)
+
+
 def check_decider(req: Request, row: Any, guard: store.RunGuard) -> None:
     """Refuse (PERMISSION_DENIED) a decider the approval's rules do not admit."""
     d = req.decider
     allowed = row["slack_approvers"] if d.via == SLACK else row["approvers"]
-    if d.name not in allowed:
+    if not on_list(d, list(allowed)):
         raise PermissionDenied(f"{d.name!r} is not an approver of approval {req.approval_id}")
     why = needs_sign_in(row)
     if why and d.via != SIGNED_IN:

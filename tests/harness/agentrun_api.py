@@ -161,9 +161,15 @@ class AutoApprover:
     tools always do): `async with AutoApprover(api): ...`.
     """
 
-    def __init__(self, api: Api, approver: str = "admin", interval: float = 0.1) -> None:
+    def __init__(
+        self, api: Api, approver: str = "admin", interval: float = 0.1,
+        metadata: list[tuple[str, str]] | None = None,
+    ) -> None:  # fmt: skip
         self.api = api
         self.approver = approver
+        # The approver's credential (money-moving tools need a signed-in person:
+        # `tests.harness.idp.signed_in`); the decision is the credential's.
+        self.metadata = metadata
         self.interval = interval
         self.stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
         self.approved = 0
@@ -185,12 +191,12 @@ class AutoApprover:
                 pending = await self.stub.ListApprovals(approval_pb2.ListApprovalsRequest(
                     workspace_id=self.api.ws, approver=self.approver,
                     state=approval_pb2.APPROVAL_STATE_PENDING, page_size=500,
-                ))  # fmt: skip
+                ), metadata=self.metadata)  # fmt: skip
                 for a in pending.approvals:
                     with contextlib.suppress(grpc.aio.AioRpcError):  # lost a race: fine
                         await self.stub.DecideApproval(approval_pb2.DecideApprovalRequest(
                             workspace_id=self.api.ws, approval_id=a.approval_id,
-                            approver=self.approver, approve=approval_pb2.Approve(),
-                        ))  # fmt: skip
+                            approve=approval_pb2.Approve(),
+                        ), metadata=self.metadata)  # fmt: skip
                         self.approved += 1
             await asyncio.sleep(self.interval)  # a person's polling interval

@@ -265,3 +265,13 @@ async def test_grpc_decisions_are_the_signed_in_callers(pool, config):
             assert f"approved by {ALICE}" in info.value.details()
     finally:
         await server.stop(grace=0)
+
+
+async def test_where_the_policy_names_nobody_a_signed_in_admin_decides(pool):
+    _, approval_id = await hold_charge(pool, policy={"on_expiry": "reject"})
+    assert await pool.fetchval("SELECT approvers FROM approvals") == ["admin"]
+    for who in (person(ALICE, "approver"), person(ALICE), key("admin", "approver")):
+        with pytest.raises(PermissionDenied):
+            await decide_as(pool, approval_id, who)
+    row = await decide_as(pool, approval_id, person(ALICE, "admin"))
+    assert (row["decision"], row["decided_by"]) == ("approved", ALICE)
