@@ -8,7 +8,7 @@ import json
 import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
-from agentrun_cli import render
+from agentrun_cli import credentials, render
 
 STATES = {
     "pending": approval_pb2.APPROVAL_STATE_PENDING,
@@ -21,7 +21,10 @@ TIMEOUT = 30.0
 
 
 def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, approval_pb2_grpc.ApprovalServiceStub]:
-    channel = grpc.insecure_channel(args.address)
+    # --token (a signed-in person's ID token) is sent per call; else the API key
+    # (AGENTRUN_API_KEY, or the dev stack's approver key).
+    key = None if getattr(args, "token", None) else credentials.api_key("approver")
+    channel = credentials.channel(args.address, key)
     return channel, approval_pb2_grpc.ApprovalServiceStub(channel)
 
 

@@ -10,19 +10,25 @@ from types import TracebackType
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from agentrun_cli import credentials
 
 UNARY_TIMEOUT = 30.0
+
+
 RetryHook = Callable[[grpc.RpcError, float], None]
 
 
 class Client:
     """A workspace-scoped client of AgentService and RunService over one channel."""
 
-    def __init__(self, address: str, workspace: str, timeout: float = UNARY_TIMEOUT) -> None:
+    def __init__(
+        self, address: str, workspace: str, timeout: float = UNARY_TIMEOUT, key: str | None = None
+    ) -> None:
+        """`key`: the API key to send; by default AGENTRUN_API_KEY or the dev stack's admin key."""
         self.address = address
         self.workspace = workspace
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = credentials.channel(address, key or credentials.api_key())
         self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
         self.runs = run_pb2_grpc.RunServiceStub(self._channel)
 

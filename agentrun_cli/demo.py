@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TextIO
 
 import grpc
 
 from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2
-from agentrun_cli import render
+from agentrun_cli import credentials, render
 from agentrun_cli.client import Client
 from agentrun_cli.supervisor import StackError, Supervisor
 
@@ -33,10 +34,14 @@ class DemoError(RuntimeError):
 class Demo:
     """One demo run against a started stack, printed as it happens."""
 
-    def __init__(self, client: Client, supervisor: Supervisor, out: TextIO = sys.stdout) -> None:
+    def __init__(
+        self, client: Client, supervisor: Supervisor, out: TextIO = sys.stdout,
+        approver_key: str | None = None,
+    ) -> None:  # fmt: skip
         self.client = client
         self.supervisor = supervisor
         self.out = out
+        self.approver_key = approver_key
 
     def run(self) -> int:
         """0 when the run completed, 1 otherwise."""
@@ -90,7 +95,9 @@ class Demo:
 
     def decide_approval(self, run: run_pb2.Run) -> None:
         """Act as the manager: read the exact arguments, then approve through ApprovalService."""
-        with grpc.insecure_channel(self.client.address) as channel:
+        # The manager's own approver key, not the admin's.
+        key = self.approver_key or credentials.api_key("approver")
+        with credentials.channel(self.client.address, key) as channel:
             stub = approval_pb2_grpc.ApprovalServiceStub(channel)
             pending = stub.ListApprovals(approval_pb2.ListApprovalsRequest(
                 workspace_id=self.client.workspace, approver=APPROVER,
@@ -121,7 +128,10 @@ class Demo:
         print(line, file=self.out, flush=True)
 
 
-def run_demo(address: str, workspace: str, supervisor: Supervisor) -> int:
+def run_demo(
+    address: str, workspace: str, supervisor: Supervisor, data_dir: Path | None = None
+) -> int:
     """Run the demo against the control plane at `address`; the exit status of `dev --demo`."""
-    with Client(address, workspace) as client:
-        return Demo(client, supervisor).run()
+    admin, approver = (credentials.api_key(r, data_dir) for r in ("admin", "approver"))
+    with Client(address, workspace, key=admin) as client:
+        return Demo(client, supervisor, approver_key=approver).run()

@@ -47,6 +47,19 @@ def migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def admin_bootstrap(args: argparse.Namespace) -> int:
+    """Mint a platform admin key straight into the database; the only time it is shown."""
+    from control_plane.auth.bootstrap import first_platform_key
+
+    url = stack.database_url(_data_dir(args))
+    stack.migrate(url)
+    key = asyncio.run(first_platform_key(url, args.principal))
+    print(key)
+    print("platform admin key created; it is not shown again (export AGENTRUN_API_KEY=...)",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def dev(args: argparse.Namespace) -> int:
     """Bring the stack up; then the demo (--demo) or wait for Ctrl-C; always stop it all."""
     data_dir = _data_dir(args)
@@ -70,7 +83,9 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
     if args.demo:
         from agentrun_cli import demo
 
-        return demo.run_demo(endpoints.control_plane, args.workspace, supervisor)
+        return demo.run_demo(
+            endpoints.control_plane, args.workspace, supervisor, dev_stack.data_dir
+        )
     print(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
     sys.stdout.flush()
     supervisor.failed.wait()

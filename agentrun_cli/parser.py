@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from agentrun_cli import approvals, chat, commands, launch, triggers
+from agentrun_cli import approvals, chat, commands, crypto_keys, launch, triggers
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -63,6 +63,17 @@ def _add_processes(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     _data_dir(p)
     p.add_argument("--demo", action="store_true", help="run the demo agent once, then stop")
     p.set_defaults(handler=launch.dev)
+    admin = sub.add_parser("admin", help="deployment administration").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    p = admin.add_parser(
+        "bootstrap",
+        help="mint the first platform admin key against DATABASE_URL (printed once)",
+        parents=[common],
+    )
+    _data_dir(p)
+    p.add_argument("--principal", default="platform-admin", help="who the key acts as")
+    p.set_defaults(handler=launch.admin_bootstrap)
 
 
 def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -86,7 +97,12 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         help="a tool the agent may call (repeat for more)",
     )
     p.add_argument("--max-steps", type=int, default=0, metavar="N")
-    p.add_argument("--deadline", type=float, metavar="SECONDS", help="wall-clock budget")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="active-time budget (time held by executors; parked time does not count)",
+    )
     p.set_defaults(handler=commands.agents_publish)
     p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
     p.add_argument("agent_id", metavar="ID")
@@ -144,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_commands(sub, common)
     triggers.add_commands(sub, common)
     chat.add_command(sub, common)
+    crypto_keys.add_commands(sub, common)
     return parser
 
 

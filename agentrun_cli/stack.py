@@ -55,6 +55,18 @@ def migrate(url: str) -> None:
     asyncio.run(migrations.migrate_url(url))
 
 
+CREDENTIALS = "credentials.json"
+
+
+def dev_credentials(url: str, data_dir: Path) -> str:
+    """Bootstrap (or reuse) the dev workspace's keys in `data_dir`; the executor's key."""
+    from control_plane.auth.bootstrap import ensure_dev_credentials
+
+    workspace = os.environ.get("AGENTRUN_WORKSPACE") or "default"
+    creds = asyncio.run(ensure_dev_credentials(url, data_dir / CREDENTIALS, workspace))
+    return creds.executor_key
+
+
 def redact(url: str) -> str:
     """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db` (for printing)."""
     parts = urlsplit(url)
@@ -128,10 +140,12 @@ class DevStack:
         redis = redis_url(self.data_dir)
         self._note_embedded("redis", "REDIS_URL")
         migrate(db)
-        say("database migrated; starting sandboxes, control plane and executor")
+        executor_key = dev_credentials(db, self.data_dir)
+        say(f"database migrated; credentials in {self.data_dir / CREDENTIALS}")
+        say("starting sandboxes, control plane and executor")
         model, providers = self._sandboxes()
         control_plane = self._control_plane(db, providers)
-        executor = self._executor(control_plane, model, providers, redis)
+        executor = self._executor(control_plane, model, providers, redis, executor_key)
         return Endpoints(
             db, redis, model, providers, control_plane, executor.proc.pid, self.supervisor.log_dir
         )
@@ -164,8 +178,11 @@ class DevStack:
         self._wait_serving(child, address)
         return address
 
-    def _executor(self, control_plane: str, model: str, providers: str, redis: str) -> Child:
+    def _executor(
+        self, control_plane: str, model: str, providers: str, redis: str, key: str
+    ) -> Child:
         env = {
+            "AGENTRUN_EXECUTOR_KEY": key,
             "AGENTRUN_CONTROL_PLANE": control_plane,
             "AGENTRUN_MODEL_BASE_URL": model,
             "AGENTRUN_PROVIDERS_URL": providers,

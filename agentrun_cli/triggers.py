@@ -13,12 +13,11 @@ import argparse
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import render
+from agentrun_cli import credentials, render
 
 TIMEOUT = 30.0
 SCHEMES = {
@@ -125,7 +124,7 @@ def event_line(e: pb.TriggerEvent) -> str:
 
 class _Stub:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.channel = grpc.insecure_channel(args.address)
+        self.channel = credentials.channel(args.address, credentials.api_key())
         self.stub = trigger_pb2_grpc.TriggerServiceStub(self.channel)
         self.ws = args.workspace
 

@@ -57,12 +57,12 @@ SEED = (
 INSERT_RUNS = """
 INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
                   lease_owner, input, max_steps, max_tokens, max_tool_calls, deadline_seconds,
-                  deadline_at)
+                  held_since)
 SELECT $2, gen_random_uuid(), 'agent', 1, $3::text,
        CASE WHEN $3::text = 'waiting' THEN 'sleep' END,
        now() + make_interval(secs => $4 + random() * $5),
        CASE WHEN $3::text = 'running' THEN 'another-executor' END,
-       'imported lead', 50, 1000000, 300, 86400, now() + interval '1 day'
+       'imported lead', 50, 1000000, 300, 86400, CASE WHEN $3::text = 'running' THEN now() END
 FROM generate_series(1, $1::int)
 """
 # The claim before fairness (0001's runs_due order), verbatim: oldest due run of anyone.
@@ -143,7 +143,7 @@ class SimExecutor:
 
     async def _hold(self, row: asyncpg.Record) -> None:
         await asyncio.sleep(HOLD)
-        finish = steps.NewStep(row["step_count"] + 1, "finish", None,
+        finish = steps.NewStep(row["step_count"], "finish", None,
                                json.dumps({"status": "completed", "output": "ok"}))  # fmt: skip
         done = steps.Transition(status="completed", text="ok")
         req = steps.CommitRequest(
@@ -343,10 +343,10 @@ class ScaleDatabase:
 # $1 parked runs over workspaces w0 .. w($2 - 1), waking an hour to a day from now.
 PARK_SPREAD = """
 INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
-                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at)
+                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds)
 SELECT 'w' || (i % $2), gen_random_uuid(), 'agent', 1, 'waiting', 'sleep',
        now() + make_interval(secs => 3600 + random() * 82800),
-       'parked', 50, 1000000, 300, 86400, now() + interval '2 days'
+       'parked', 50, 1000000, 300, 86400
 FROM generate_series(1, $1::int) AS i
 """
 

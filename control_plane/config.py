@@ -46,7 +46,8 @@ class ServerConfig:
     public_url: str = "http://127.0.0.1:8080"
     notify_url: str = "http://127.0.0.1:8020"
     # Sign-in (OpenID Connect): the issuer whose ID tokens identify people, and the
-    # audience (client id) they must be issued for. No issuer: nobody can sign in.
+    # audience (client id) they must be issued for. No issuer: nobody can sign in. The
+    # issuer is compared with the tokens' `iss` exactly (a trailing slash included).
     oidc_issuer: str | None = None
     oidc_audience: str = "agentrun"
     slack_signing_secret: bytes | None = field(default=None, repr=False)
@@ -61,6 +62,23 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
+    # Transport security (control_plane/tls.py): PEM files. With a certificate and key,
+    # gRPC and HTTP serve TLS only; with a client CA, the executor listener requires
+    # client certificates it signed. An executor listener serves ExecutorService apart
+    # from the public API (which then refuses it).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    executor_listen: str | None = None
+    executor_port_file: str | None = None
+    # Envelope encryption (control_plane/crypto): which KMS wraps the workspaces' data keys
+    # and, for the local one, its key file (None: the dev default, made on first use).
+    kms: str = "local"
+    kms_key_file: str | None = None
+    # Identity: how long a replica trusts a verified key before asking the
+    # database again (a revocation reaches every replica within this + one
+    # lookup). (Who signs in: oidc_issuer and oidc_audience above.)
+    key_cache_seconds: float = 2.0
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -93,4 +111,12 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            tls_cert=os.environ.get("AGENTRUN_TLS_CERT") or None,
+            tls_key=os.environ.get("AGENTRUN_TLS_KEY") or None,
+            tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
+            executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
+            executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
+            kms=os.environ.get("AGENTRUN_KMS", cls.kms),
+            kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
+            key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
         )

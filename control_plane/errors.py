@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import grpc
 
+from control_plane.api.decoding import Refused, guard_decoder
 from control_plane.store.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,21 @@ _UNAVAILABLE = (
 )
 
 
+_TRANSIENT = (
+    *_UNAVAILABLE,
+    asyncpg.exceptions.PostgresConnectionError,  # class 08: the connection broke
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: shutting down, restarting
+    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
+    TimeoutError,
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """The database could not be reached (or is restarting): the same write may be retried
+    later and nothing is known to have been written. Anything else is a bug or a refusal."""
+    return isinstance(exc, _TRANSIENT)
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and client-safe message for an exception."""
     if isinstance(exc, DomainError):
@@ -84,8 +100,18 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (request {request_id})"
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _refuse(method: str, refused: Refused) -> tuple[grpc.StatusCode, str]:
+    """One log line, no traceback: a refused request is the caller's problem, not ours."""
+    log.info("refused %s: %s", method, refused.problem)
+    return grpc.StatusCode.INVALID_ARGUMENT, refused.problem
+
+
+def _wrap_unary(
+    behavior: Callable[..., Awaitable[Any]], method: str
+) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Refused):
+            await context.abort(*_refuse(method, request))
         try:
             return await behavior(request, context)
         except grpc.aio.AbortError:
@@ -97,8 +123,12 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
     return wrapper
 
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(
+    behavior: Callable[..., AsyncIterator[Any]], method: str
+) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Refused):
+            await context.abort(*_refuse(method, request))
         try:
             async for item in behavior(request, context):
                 yield item
@@ -111,8 +141,39 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., A
     return wrapper
 
 
+def _wrap_bidi(
+    behavior: Callable[..., AsyncIterator[Any]], method: str
+) -> Callable[..., AsyncIterator[Any]]:
+    """A refused item ends the request stream; the handler winds down, then the call ends
+    INVALID_ARGUMENT naming the message (other calls are not affected)."""
+
+    async def wrapper(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        refused: list[Refused] = []
+
+        async def checked() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Refused):
+                    refused.append(request)
+                    return
+                yield request
+
+        async for item in _wrap_stream(behavior, method)(checked(), context):
+            yield item
+        if refused:
+            await context.abort(*_refuse(method, refused[0]))
+
+    return wrapper
+
+
+# Stream items the handler answers one by one check their own NULs: a Commit holding one
+# is that run's COMMIT_OUTCOME_INVALID (dispatch/session.py), not the end of the stream.
+_PER_ITEM_FIELDS = frozenset({"commit"})
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions raised by unary and server-streaming handlers to statuses."""
+    """Decodes every request without raising (control_plane.api.decoding), refuses the
+    undecodable and NUL-bearing ones with INVALID_ARGUMENT, and maps exceptions raised by
+    handlers to statuses: unary, server-streaming and bidi alike."""
 
     async def intercept_service(
         self,
@@ -120,18 +181,26 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+        if handler is None:
             return handler
+        method = handler_call_details.method
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_bidi(handler.stream_stream, method),
+                request_deserializer=guard_decoder(handler.request_deserializer, _PER_ITEM_FIELDS),
+                response_serializer=handler.response_serializer,
+            )
+        decoder = guard_decoder(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                _wrap_unary(handler.unary_unary, method),
+                request_deserializer=decoder,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                _wrap_stream(handler.unary_stream, method),
+                request_deserializer=decoder,
                 response_serializer=handler.response_serializer,
             )
         return handler

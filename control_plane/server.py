@@ -16,6 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from agentrun.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     agent_pb2,
     agent_pb2_grpc,
     approval_pb2,
@@ -29,6 +31,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer
@@ -36,7 +39,15 @@ from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
+from control_plane.auth import context as auth_context
+from control_plane.auth.interceptor import IdentityInterceptor
+from control_plane.auth.oidc import OidcVerifier
+from control_plane.auth.principal import Principal
+from control_plane.auth.resolver import REFUSED, Resolver
 from control_plane.config import ServerConfig
+from control_plane.crypto import kms
+from control_plane.crypto.envelope import Envelope
+from control_plane.dispatch import max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.errors import ErrorInterceptor
@@ -45,6 +56,8 @@ from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import create_pool
+from control_plane.tls import add_port, check_transport, http_files, server_credentials
+from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
 
 log = logging.getLogger(__name__)
@@ -56,21 +69,56 @@ SERVICE_NAMES = (
     approval_pb2.DESCRIPTOR.services_by_name["ApprovalService"].full_name,
     trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
 )
+EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
+# What the public listener serves when executors have a listener of their own.
+PUBLIC_SERVICE_NAMES = tuple(name for name in SERVICE_NAMES if name != EXECUTOR_SERVICE)
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    """Connect: the interceptor authenticated the stream once, as an executor credential."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, resolver: Resolver, recheck_seconds: float = 2.0
+    ) -> None:
         self._dispatcher = dispatcher
+        self._resolver = resolver
+        self._recheck = recheck_seconds
 
     async def Connect(
         self,
         request_iterator: AsyncIterator[executor_pb2.ConnectRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.ConnectResponse]:
-        session = ExecutorSession(self._dispatcher)
-        async for msg in session.serve(request_iterator):
-            yield msg
+        who = auth_context.current()
+        session = ExecutorSession(self._dispatcher, scope=who.scope)
+        watch = asyncio.create_task(self._watch(session, who))
+        try:
+            async for msg in session.serve(request_iterator):
+                yield msg
+        finally:
+            watch.cancel()
+        if watch.done() and not watch.cancelled() and watch.result():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
+
+    async def _watch(self, session: ExecutorSession, who: Principal) -> bool:
+        """End the stream once its credential is revoked or expires; True when it did."""
+        while True:
+            await asyncio.sleep(self._recheck)
+            with contextlib.suppress(Exception):  # a database blip is not a revocation
+                if not await self._resolver.still_valid(who):
+                    log.info("executor credential %s revoked: ending its stream", who.name)
+                    session.close()
+                    return True
+
+
+def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
+    """The replica's credential resolver (OIDC sign-in when an issuer is configured)."""
+    verifier = (
+        OidcVerifier(config.oidc_issuer, config.oidc_audience) if config.oidc_issuer else None
+    )
+    return Resolver(pool, verifier, ttl=config.key_cache_seconds)
 
 
 @dataclass
@@ -79,16 +127,21 @@ class RunningServer:
     port: int
     pool: asyncpg.pool.Pool
     # Background loops of this replica: dispatcher, approval expiry, outbox relay,
-    # scheduler, push fetcher.
+    # max-age sweep, scheduler, push fetcher.
     tasks: list[asyncio.Task[None]]
     # The HTTP ingress (webhooks, sessions) on its own port.
     http: HttpIngress | None = None
+    # ExecutorService's own server (AGENTRUN_EXECUTOR_LISTEN); None when `server` serves it.
+    executor_server: grpc.aio.Server | None = None
+    executor_port: int = 0
 
     @property
     def http_port(self) -> int:
         return self.http.port if self.http is not None else 0
 
     async def stop(self, grace: float = 5.0) -> None:
+        if self.executor_server is not None:
+            await self.executor_server.stop(grace)
         await self.server.stop(grace)
         if self.http is not None:
             await self.http.stop()
@@ -102,41 +155,38 @@ class RunningServer:
 
 async def start(config: ServerConfig) -> RunningServer:
     """Start serving; returns once the port is bound."""
+    check_transport(config)
+    key_service = kms.configured(config.kms, config.kms_key_file, release=config.release)
     pool = await create_pool(config.database_url)
+    envelope = Envelope(pool, key_service)
+    # Secrets stored in plain text before envelope encryption: sealed before anything serves.
+    await sealed_secrets.backfill(pool, envelope)
     dispatcher = Dispatcher(pool, config)
-    server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ],
-    )
+    resolver = resolver_for(pool, config)
+    # Both gRPC servers (public, executor) run the same interceptors; the error
+    # interceptor outside, so it maps what the identity one raises.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ErrorInterceptor(),
+        IdentityInterceptor(resolver),
+    ]
+    server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
+    executors = _executor_server(config, interceptors) or server
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(pool), server)
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
-    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(ExecutorServicer(dispatcher), server)
+    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorServicer(dispatcher, resolver), executors
+    )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
-        TriggerServicer(pool, config.public_url), server
+        TriggerServicer(pool, config.public_url, envelope), server
     )
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
     )
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = server.add_insecure_port(config.listen)
-    if port == 0:
-        raise SystemExit(f"cannot listen on {config.listen}")
-    await server.start()
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
+    port, executor_port = await _listen(config, server, executors)
     relay_cfg = RelayConfig(config.notify_url, config.public_url)
     tasks = [
         asyncio.create_task(dispatcher.run(), name="dispatcher"),
@@ -145,13 +195,76 @@ async def start(config: ServerConfig) -> RunningServer:
             name="approval-expiry",
         ),
         asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
+        asyncio.create_task(
+            max_age.run_forever(pool, config.approval_poll_seconds, dispatcher.poke),
+            name="max-age-sweep",
+        ),
     ]
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher)
-    return RunningServer(server, port, pool, tasks + trigger_tasks, http)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope, resolver)
+    return RunningServer(
+        server, port, pool, tasks + trigger_tasks, http,
+        executor_server=executors if executors is not server else None,
+        executor_port=executor_port,
+    )  # fmt: skip
+
+
+def _grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def _executor_server(
+    config: ServerConfig, interceptors: list[grpc.aio.ServerInterceptor]
+) -> grpc.aio.Server | None:
+    """ExecutorService's own server when it listens apart from the public API, else None."""
+    if not config.executor_listen:
+        return None
+    return grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
+
+
+async def _listen(
+    config: ServerConfig, server: grpc.aio.Server, executors: grpc.aio.Server
+) -> tuple[int, int]:
+    """Start the public server and, when it has its own, the executor one: their ports."""
+    public = server_credentials(config, executor=False)
+    if executors is server or not config.executor_listen:
+        port = await _serve(server, config.listen, public)
+        return port, port
+    own = server_credentials(config, executor=True)
+    executor_port = await _serve(executors, config.executor_listen, own, (EXECUTOR_SERVICE,))
+    return await _serve(server, config.listen, public, PUBLIC_SERVICE_NAMES), executor_port
+
+
+async def _serve(
+    server: grpc.aio.Server,
+    listen: str,
+    credentials: grpc.ServerCredentials | None,
+    services: tuple[str, ...] = SERVICE_NAMES,
+) -> int:
+    """Add health and reflection for `services`, bind `listen`, start; returns the port."""
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = add_port(server, listen, credentials)
+    await server.start()
+    for name in ("", *services):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return port
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool, config: ServerConfig, dispatcher: Dispatcher
+    pool: asyncpg.pool.Pool,
+    config: ServerConfig,
+    dispatcher: Dispatcher,
+    envelope: Envelope,
+    resolver: Resolver,
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -161,8 +274,15 @@ async def _start_triggers(
     fetcher = PushFetcher(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
     )
-    ctx = HttpContext(pool, config, on_runnable=dispatcher.poke, on_fetch_queued=fetcher.poke)
-    http = HttpIngress(build_app(ctx), config.http_listen)
+    ctx = HttpContext(
+        pool,
+        config,
+        envelope,
+        on_runnable=dispatcher.poke,
+        on_fetch_queued=fetcher.poke,
+        resolver=resolver,
+    )
+    http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()
     return http, [
         asyncio.create_task(scheduler.run(), name="scheduler"),
@@ -182,9 +302,13 @@ async def serve(config: ServerConfig) -> None:
     running = await start(config)
     log.info("control plane serving on %s (port %d)", config.listen, running.port)
     log.info("HTTP ingress on port %d", running.http_port)
+    if running.executor_server is not None:
+        log.info("executor service on %s (port %d)", config.executor_listen, running.executor_port)
     # The HTTP port file first: whoever waits for the gRPC one may then read both.
     if config.http_port_file:
         _write_port_file(config.http_port_file, running.http_port)
+    if config.executor_port_file:
+        _write_port_file(config.executor_port_file, running.executor_port)
     if config.port_file:
         _write_port_file(config.port_file, running.port)
     stop = asyncio.Event()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.ratelimit.rates import RateTable
+from executor.transport import ChannelSecurity
 
 
 def _default_executor_id() -> str:
@@ -43,6 +44,10 @@ class ExecutorConfig:
     rate_penalty_factor: float = 0.5
     redis_backoff_cap_seconds: float = 30.0
     model_backoff_cap_seconds: float = 60.0
+    # TLS to the control plane (executor/transport.py); plaintext by default.
+    tls: ChannelSecurity = field(default_factory=ChannelSecurity)
+    # The executor credential the control plane knows this pool by (AGENTRUN_EXECUTOR_KEY).
+    executor_key: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -70,7 +75,9 @@ class ExecutorConfig:
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             **_limits_from_env(env, defaults),
+            tls=ChannelSecurity.from_env(env),
         )
 
     def provider_url(self, provider: str) -> str:

@@ -6,16 +6,25 @@ from agentrun.v1 import run_pb2
 from executor.replay import Action, CallModel, Counters, StartTool
 
 
-def exceeded(run: run_pb2.Run, used: Counters, action: Action, now: float) -> str | None:
+def exceeded(
+    run: run_pb2.Run, used: Counters, action: Action, now: float, held_for: float = 0.0
+) -> str | None:
     """The failure message if doing `action` now would break a limit, else None.
 
-    `now` is wall-clock seconds; a zero limit means none was set.
+    `now` is wall-clock seconds (for the max age); `held_for` is how long this
+    executor has held the run, added to the active time of its earlier holds
+    (`run.active_duration` at the claim) for the deadline. A zero limit means
+    none was set.
     """
     if not isinstance(action, CallModel | StartTool):
         return None
-    if run.HasField("deadline_time") and now >= run.deadline_time.ToNanoseconds() / 1e9:
-        return f"deadline exceeded ({run.deadline_time.ToJsonString()})"
     limits = run.limits
+    deadline = limits.deadline.ToTimedelta().total_seconds()
+    active = run.active_duration.ToTimedelta().total_seconds() + held_for
+    if deadline and active >= deadline:
+        return f"deadline exceeded ({active:.1f}s of active time; the limit is {deadline:g}s)"
+    if run.HasField("expire_time") and now >= run.expire_time.ToNanoseconds() / 1e9:
+        return f"max age exceeded ({run.expire_time.ToJsonString()})"
     if limits.max_tokens and used.tokens >= limits.max_tokens:
         return f"max_tokens exceeded ({limits.max_tokens})"
     if isinstance(action, CallModel) and limits.max_steps and used.model_calls >= limits.max_steps:

@@ -98,6 +98,7 @@ class RunLoop:
         )
         self.entries = replay.decode(assignment.steps)
         self._deps = deps
+        self._held_from = deps.wall_clock()  # this hold's start, for the active-time limit
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
 
@@ -137,8 +138,9 @@ class RunLoop:
                 return "done"
             if self._handoff.is_set() and not isinstance(action, FinishCompleted):
                 return await self._park("handoff", 0.0, "executor draining: handed back")
+            now = self._deps.wall_clock()
             error = limits.exceeded(
-                self._run, replay.counters(self.entries), action, self._deps.wall_clock()
+                self._run, replay.counters(self.entries), action, now, now - self._held_from
             )
             if error:
                 return await self._fail(error)

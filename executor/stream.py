@@ -14,6 +14,7 @@ from typing import Protocol
 import grpc
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc
+from executor.transport import ChannelSecurity, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,21 @@ class ControlPlaneStream:
         *,
         clock: Callable[[], float] = time.monotonic,
         options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
+        security: ChannelSecurity | None = None,
+        credential: str = "",
     ) -> None:
         self._target = target
+        # TLS files are read here, so a missing one stops the executor as it starts.
+        self._credentials = security.credentials() if security else None
+        # The executor credential (AGENTRUN_EXECUTOR_KEY), sent once per stream.
+        self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
         self._hello = hello
         self._handler = handler
         self._clock = clock
-        self._options = list(options)
+        self._options: list[tuple[str, int | str]] = [
+            *options,
+            *(security.options() if security else []),
+        ]
         self._ids = itertools.count(1)
         self._commits: dict[int, _PendingCommit] = {}
         self._heartbeats: dict[int, asyncio.Future[executor_pb2.HeartbeatResult]] = {}
@@ -186,7 +196,7 @@ class ControlPlaneStream:
         return True
 
     async def _run(self) -> None:
-        channel = grpc.aio.insecure_channel(self._target, options=self._options)
+        channel = open_channel(self._target, self._options, self._credentials)
         stub = executor_pb2_grpc.ExecutorServiceStub(channel)
         failures = 0
         try:
@@ -209,7 +219,7 @@ class ControlPlaneStream:
         self._queue = queue
         self._had_welcome = False
         try:
-            call = stub.Connect(_drain(queue))
+            call = stub.Connect(_drain(queue), metadata=self._metadata)
             async for response in call:
                 self._dispatch(response)
             if not self._closing:

@@ -46,7 +46,13 @@ class Worker:
         self._model: ModelClient = model or OpenAIChatModel(
             config.model_base_url, config.model_api_key, config.model_timeout_seconds
         )
-        self._stream = ControlPlaneStream(config.control_plane, self._hello, self)
+        self._stream = ControlPlaneStream(
+            config.control_plane,
+            self._hello,
+            self,
+            security=config.tls,
+            credential=config.executor_key,
+        )
         self._leases = LeaseKeeper(self._stream.heartbeat, self._fence)
         self._deps = RunDeps(
             committer=self._stream,

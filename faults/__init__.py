@@ -8,8 +8,12 @@ deterministic, or arm all of them at random for chaos runs:
     AGENTRUN_FAULTS="executor.tool.after_response=kill@3"      # third hit
     AGENTRUN_FAULTS_RANDOM="0.02" AGENTRUN_FAULTS_SEED="7"     # any point, p=0.02
 
-The only action is SIGKILL of the current process: a real crash, with no
-cleanup, no flushed buffers and no goodbye to the control plane.
+Two actions. `kill` (the default) is SIGKILL of the current process: a real
+crash, with no cleanup, no flushed buffers and no goodbye to the control
+plane; `@n` picks the nth hit. `raise` raises `InjectedFault` (a bug, as far
+as the caller can tell) at every hit from the nth on:
+
+    AGENTRUN_FAULTS="control_plane.commit.in_transaction=raise"     # every hit
 """
 
 from __future__ import annotations
@@ -23,29 +27,49 @@ from collections import Counter
 _hits: Counter[str] = Counter()
 
 
-def _parse(spec: str) -> dict[str, int]:
-    armed: dict[str, int] = {}
+class InjectedFault(RuntimeError):
+    """Raised by a point armed with `raise`: an unexpected error, not a transient one."""
+
+
+def _parse_actions(spec: str) -> dict[str, tuple[str, int]]:
+    armed: dict[str, tuple[str, int]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, action = item.partition("=")
         action = action or "kill"
         verb, _, nth = action.partition("@")
-        if verb != "kill":
+        if verb not in ("kill", "raise"):
             raise ValueError(f"AGENTRUN_FAULTS: unknown action {verb!r} for {name!r}")
-        armed[name.strip()] = int(nth) if nth else 1
+        armed[name.strip()] = (verb, int(nth) if nth else 1)
     return armed
 
 
+def _parse(spec: str) -> dict[str, int]:
+    """Which hit of each armed point fires first."""
+    return {name: nth for name, (_, nth) in _parse_actions(spec).items()}
+
+
+_actions = _parse_actions(os.environ.get("AGENTRUN_FAULTS", ""))
 _armed = _parse(os.environ.get("AGENTRUN_FAULTS", ""))
 _random_p = float(os.environ.get("AGENTRUN_FAULTS_RANDOM", "0") or 0)
 _rng = random.Random(os.environ.get("AGENTRUN_FAULTS_SEED"))
 
 
+def active() -> bool:
+    """Whether any point can fire in this process (a test armed one, or random faults)."""
+    return bool(_armed or _random_p)
+
+
 def point(name: str) -> None:
-    """Crash here if a test armed this point (or random faults are on)."""
+    """Crash (or raise) here if a test armed this point (or random faults are on)."""
     if not _armed and not _random_p:
         return
     _hits[name] += 1
-    if _armed.get(name) == _hits[name] or (_random_p and _rng.random() < _random_p):
+    verb, nth = _actions.get(name, ("kill", 0))
+    if verb == "raise" and _hits[name] >= nth:
+        sys.stderr.write(f"fault point {name}: raising (hit {_hits[name]})\n")
+        raise InjectedFault(f"fault point {name}")
+    fires = verb == "kill" and nth == _hits[name]
+    if fires or (_random_p and _rng.random() < _random_p):
         sys.stderr.write(f"fault point {name}: killing pid {os.getpid()}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)

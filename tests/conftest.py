@@ -9,6 +9,8 @@ processes are killed at teardown and whose log tails join the report of a failed
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,6 +22,7 @@ from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
 from control_plane.config import ServerConfig
 from control_plane.server import RunningServer
 from control_plane.server import start as start_server
+from tests.harness.auth import executor_key
 from tests.harness.databases import (
     TEMPLATE_DB,
     create_database,
@@ -192,8 +195,21 @@ def executor_factory(
 
     `control_plane` is a ControlPlane or a "host:port" address. Executors are named
     executor-1, executor-2, … (their AGENTRUN_EXECUTOR_ID) in the order this test starts them.
+    Unless env gives AGENTRUN_EXECUTOR_KEY, they get an all-workspaces executor credential
+    minted in the ControlPlane's database (a bare address needs the key in env).
     """
     serial = itertools.count(1)
+    minted: dict[str, str] = {}
+
+    def credential(control_plane: ControlPlane | str) -> dict[str, str]:
+        if not isinstance(control_plane, ControlPlane) or not control_plane.database_url:
+            return {}
+        url = control_plane.database_url
+        if url not in minted:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                minted[url] = pool.submit(asyncio.run, executor_key(url)).result()
+        return {"AGENTRUN_EXECUTOR_KEY": minted[url]}
+
     sandboxes = {
         "AGENTRUN_MODEL_BASE_URL": f"{sandbox_model.url}/v1",
         "AGENTRUN_PROVIDERS_URL": sandbox_providers.url,
@@ -207,6 +223,8 @@ def executor_factory(
             control_plane.address if isinstance(control_plane, ControlPlane) else control_plane
         )
         settings = {**sandboxes, **env}
+        if "AGENTRUN_EXECUTOR_KEY" not in env:
+            settings.update(credential(control_plane))
         return [
             start_executor(processes, address, f"executor-{next(serial)}", **settings)
             for _ in range(count)

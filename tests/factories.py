@@ -20,7 +20,8 @@ async def agent_version(
     agent_id: str = "agent",
     spec: dict | None = None,
 ) -> int:
-    """Create (if needed) an agent and publish a version; returns the version number."""
+    """Create (if needed) the workspace and agent and publish a version; returns the version."""
+    await agents.ensure_workspace(pool, workspace_id)
     await agents.create_agent(pool, workspace_id, agent_id, agent_id)
     row = await agents.publish_version(pool, workspace_id, agent_id, spec or DEFAULT_SPEC)
     return row["version"]

@@ -9,18 +9,22 @@ import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
 from control_plane.api import convert, validate
+from control_plane.auth import audit
+from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
 
 _TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
+MAX_AGE_SECONDS = 366 * 24 * 3600
 
 
 def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
     """Validated limits of a spec (0 = the server default at admission)."""
     lim = spec.limits
     deadline = lim.deadline.ToTimedelta().total_seconds() if lim.HasField("deadline") else 0
+    max_age = lim.max_age.ToTimedelta().total_seconds() if lim.HasField("max_age") else 0
     return {
         "max_steps": validate.in_range("spec.limits.max_steps", lim.max_steps, 0, 10_000),
         "deadline_seconds": validate.in_range(
@@ -32,6 +36,9 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
         ),
         "model_retry_budget": validate.in_range(
             "spec.limits.model_retry_budget", lim.model_retry_budget, 0, 1000
+        ),
+        "max_age_seconds": validate.in_range(
+            "spec.limits.max_age", int(max_age), 0, MAX_AGE_SECONDS
         ),
     }
 
@@ -76,10 +83,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def CreateAgent(
         self, request: agent_pb2.CreateAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.CreateAgentResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         name = validate.text("display_name", request.display_name, max_bytes=200)
-        row = await store.create_agent(self._pool, ws, agent_id, name)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await store.create_agent(conn, ws, agent_id, name)
+            if row is not None:
+                await audit.record(conn, "agent.created", "agent", agent_id)
         if row is None:
             raise AlreadyExists(f"agent {agent_id!r} already exists in workspace {ws!r}")
         return agent_pb2.CreateAgentResponse(agent=convert.agent(row))
@@ -87,7 +97,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def GetAgent(
         self, request: agent_pb2.GetAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.GetAgentResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         row = await store.get_agent(self._pool, ws, agent_id)
         if row is None:
@@ -97,13 +107,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def PublishAgentVersion(
         self, request: agent_pb2.PublishAgentVersionRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.PublishAgentVersionResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         validate_spec(request.spec)
         stored = convert.spec_to_json(request.spec, spec_limits(request.spec))
-        row = await store.publish_version(self._pool, ws, agent_id, stored)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await store.publish_version(conn, ws, agent_id, stored)
+            if row is not None:
+                await audit.record(conn, "agent.published", "agent", agent_id,
+                                   {"version": row["version"]})  # fmt: skip
         if row is None:
             raise NotFound(f"agent {agent_id!r} not found")
         return agent_pb2.PublishAgentVersionResponse(version=convert.agent_version(row))
@@ -111,7 +125,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def GetAgentVersion(
         self, request: agent_pb2.GetAgentVersionRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.GetAgentVersionResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         version = validate.non_negative("version", request.version)
         row = await store.get_version(self._pool, ws, agent_id, version)

@@ -48,6 +48,13 @@ def duration(seconds: float) -> Duration:
     return d
 
 
+def active_seconds(row: Any) -> float:
+    """Active time used: the run's ended holds, plus the current hold so far when the row
+    was read with it (held_seconds, computed on the database clock by run_get/run_list)."""
+    current = row.get("held_seconds") if hasattr(row, "get") else None
+    return float(row["active_seconds"]) + float(current or 0.0)
+
+
 def run(row: Any) -> run_pb2.Run:
     """A runs row as the public Run message."""
     msg = run_pb2.Run(
@@ -66,6 +73,7 @@ def run(row: Any) -> run_pb2.Run:
             max_tokens=row["max_tokens"],
             max_tool_calls=row["max_tool_calls"],
             model_retry_budget=row["model_retry_budget"],
+            max_age=duration(row["max_age_seconds"]) if row["max_age_seconds"] else None,
         ),
         counters=run_pb2.RunCounters(
             steps=row["step_count"],
@@ -76,10 +84,11 @@ def run(row: Any) -> run_pb2.Run:
         input=row["input"],
         output=row["output"] or "",
         error=row["error"] or "",
+        active_duration=duration(active_seconds(row)),
     )
     for name, column in (
         ("wake_time", "wake_at"),
-        ("deadline_time", "deadline_at"),
+        ("expire_time", "expires_at"),
         ("create_time", "created_at"),
         ("update_time", "updated_at"),
         ("finish_time", "finished_at"),
@@ -199,6 +208,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             max_tokens=lim.get("max_tokens", 0),
             max_tool_calls=lim.get("max_tool_calls", 0),
             model_retry_budget=lim.get("model_retry_budget", 0),
+            max_age=duration(lim.get("max_age_seconds", 0)) if lim.get("max_age_seconds") else None,
         ),
         approval=approval_policy_from_json(data.get("approval") or {}),
         max_concurrency=data.get("max_concurrency", 0),

@@ -8,14 +8,24 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
 from control_plane.api import convert, validate
+from control_plane.auth import audit
+from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
-from control_plane.errors import Aborted, DomainError, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.errors import (
+    Aborted,
+    DomainError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from control_plane.store import agents as agent_store
 from control_plane.store import lease as lease_store
 from control_plane.store import runs as store
@@ -43,9 +53,9 @@ def decode_page_token(token: str) -> tuple[datetime, uuid.UUID] | None:
     if not token:
         return None
     try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        data = validate.json_value("page_token", base64.urlsafe_b64decode(token.encode()))
         return datetime.fromisoformat(data["t"]), uuid.UUID(data["id"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, InvalidArgument):
         raise InvalidArgument("page_token", "is not a token this service issued") from None
 
 
@@ -58,6 +68,15 @@ def undecidable(exc: unknowns.UndecidableError) -> DomainError:
     return FailedPrecondition(str(exc))
 
 
+def decider(typed: str) -> str:
+    """Who decides: the authenticated principal. A typed `decided_by` must be its name or empty."""
+    who = auth_context.current()
+    validate.text("decided_by", typed, max_bytes=200)
+    if typed and typed not in (who.name, who.label):
+        raise PermissionDenied(f"decided_by: you are {who.label}; a decision records its caller")
+    return who.label
+
+
 def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
     """The version's limits with the server defaults filled in for unset ones."""
     lim = spec.get("limits", {})
@@ -67,6 +86,7 @@ def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
         "max_tool_calls": lim.get("max_tool_calls") or defaults.max_tool_calls,
         "deadline_seconds": lim.get("deadline_seconds") or defaults.deadline_seconds,
         "model_retry_budget": lim.get("model_retry_budget") or defaults.model_retry_budget,
+        "max_age_seconds": lim.get("max_age_seconds") or 0,  # 0: no max age
     }
 
 
@@ -89,7 +109,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def StartRun(
         self, request: run_pb2.StartRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.StartRunResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         version = validate.non_negative("agent_version", request.agent_version)
         text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
@@ -100,7 +120,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         spec = json.loads(ver["spec"])
         adm = store.Admission(
             workspace_id=ws, agent_id=agent_id, agent_version=ver["version"], input=text,
-            request_id=request_id, **admission_limits(spec, self._defaults),
+            request_id=request_id, started_by=auth_context.current().label,
+            **admission_limits(spec, self._defaults),
         )  # fmt: skip
         row = await store.insert_run(self._pool, adm)
         if row is None:
@@ -113,7 +134,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def GetRun(
         self, request: run_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.GetRunResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
         msg = convert.run(row)
         if row["status"] in ("queued", "waiting"):
@@ -126,7 +147,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def ListRuns(
         self, request: run_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.ListRunsResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         size = validate.in_range("page_size", request.page_size or 50, 1, 500)
         agent_id = validate.slug("agent_id", request.agent_id) if request.agent_id else None
         status = None
@@ -147,7 +168,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def ListRunSteps(
         self, request: run_pb2.ListRunStepsRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.ListRunStepsResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         from_seq = validate.non_negative("from_seq", request.from_seq)
         size = validate.in_range("page_size", request.page_size or 200, 1, 1000)
@@ -161,10 +182,13 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def CancelRun(
         self, request: run_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.CancelRunResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled"
-        row = await store.cancel_run(self._pool, ws, run_id, reason)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await store.cancel_run(conn, ws, run_id, reason)
+            if row is not None:
+                await audit.record(conn, "run.cancelled", "run", str(run_id), {"reason": reason})
         if row is None:
             current = await self._get(ws, run_id)
             raise FailedPrecondition(f"run {run_id} already ended: {current['status']}")
@@ -174,7 +198,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def WatchRun(
         self, request: run_pb2.WatchRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[run_pb2.WatchRunResponse]:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         next_seq = validate.non_negative("from_seq", request.from_seq)
         row = await self._get(ws, run_id)
@@ -212,18 +236,23 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def ResolveUnknownOutcome(
         self, request: run_pb2.ResolveUnknownOutcomeRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.ResolveUnknownOutcomeResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         if request.seq <= 0:
             raise InvalidArgument("seq", "must name the unknown tool_result step (seq > 0)")
         decision = OUTCOME_DECISIONS.get(request.decision)
         if decision is None:
             raise InvalidArgument("decision", "must be HAPPENED, NOT_HAPPENED, RETRY or FAIL_RUN")
-        decided_by = validate.text("decided_by", request.decided_by, max_bytes=200, required=True)
+        decided_by = decider(request.decided_by)
         note = validate.text("note", request.note, max_bytes=MAX_NOTE_BYTES)
         wanted = unknowns.Decision(ws, run_id, request.seq, decision, decided_by, note)
+
+        async def audited(conn: Any) -> None:
+            detail = {"seq": request.seq, "decision": decision}
+            await audit.record(conn, "unknown_outcome.resolved", "run", str(run_id), detail)
+
         try:
-            run_row, step = await unknowns.decide(self._pool, wanted)
+            run_row, step = await unknowns.decide(self._pool, wanted, audited)
         except unknowns.UndecidableError as exc:
             raise undecidable(exc) from None
         self._on_runnable()

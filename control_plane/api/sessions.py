@@ -22,6 +22,7 @@ import grpc
 from agentrun.v1 import session_pb2, session_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import MAX_INPUT_BYTES, TERMINAL, admission_limits
+from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
 from control_plane.errors import Aborted, FailedPrecondition, NotFound
 from control_plane.store import agents as agent_store
@@ -162,7 +163,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.CreateSessionResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         title = validate.text("title", request.title, max_bytes=200)
         row = await self._conversations.create(ws, agent_id, title)
@@ -171,7 +172,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.GetSessionResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         session_id = validate.run_id("session_id", request.session_id)
         row, last = await self._conversations.get(ws, session_id)
         return session_pb2.GetSessionResponse(session=session_message(row, last))
@@ -179,7 +180,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def SendMessage(
         self, request: session_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.SendMessageResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         session_id = validate.run_id("session_id", request.session_id)
         text = validate.text("text", request.text, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
@@ -189,7 +190,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def ListTurns(
         self, request: session_pb2.ListTurnsRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.ListTurnsResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         session_id = validate.run_id("session_id", request.session_id)
         from_turn = max(validate.non_negative("from_turn", request.from_turn), 1)
         size = validate.in_range("page_size", request.page_size or 100, 1, 500)

@@ -14,10 +14,13 @@ from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import MAX_INPUT_BYTES, decode_page_token, encode_page_token
+from control_plane.auth import audit
+from control_plane.auth import context as auth_context
+from control_plane.crypto.envelope import Envelope
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
-from control_plane.triggers import filters, mail, schedule, signatures
+from control_plane.triggers import filters, mail, schedule, sealed_secrets, signatures
 
 SCHEME_NAMES = {
     pb.SIGNATURE_SCHEME_HMAC_SHA256: "hmac_sha256",
@@ -116,7 +119,7 @@ def _mail_push(src: pb.MailPushSource) -> tuple[str, dict[str, Any]]:
 
 def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
     """The validated trigger a CreateTrigger request describes."""
-    ws = validate.slug("workspace_id", request.workspace_id)
+    ws = auth_context.workspace(request.workspace_id)
     trigger_id = validate.slug("trigger_id", request.trigger_id)
     agent_id = validate.slug("agent_id", request.agent_id)
     rules = parse_filters(request.filters)
@@ -267,9 +270,10 @@ def _id_from_token(token: str) -> str | None:
 
 
 class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
-    def __init__(self, pool: store.Pool, public_url: str) -> None:
+    def __init__(self, pool: store.Pool, public_url: str, envelope: Envelope) -> None:
         self._pool = pool
         self._public_url = public_url
+        self._envelope = envelope  # seals signing secrets before they are stored
 
     async def _message(self, row: Any) -> pb.Trigger:
         secrets = await store.active_secrets(self._pool, row["workspace_id"], row["trigger_id"])
@@ -299,7 +303,11 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
                 "secret", "schedules are not called by anyone; they have no secret"
             )
         await self._check_agent(new.workspace_id, new.agent_id)
-        row = await store.create_trigger(self._pool, new, secret)
+        async with store.transaction(self._pool) as conn:
+            row = await sealed_secrets.create(conn, self._envelope, new, secret)
+            if row is not None:
+                await audit.record(conn, "trigger.created", "trigger", new.trigger_id,
+                                   {"kind": new.kind, "agent_id": new.agent_id})  # fmt: skip
         if row is None:
             raise AlreadyExists(
                 f"trigger {new.trigger_id!r} already exists in workspace {new.workspace_id!r}"
@@ -309,14 +317,14 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
     async def GetTrigger(
         self, request: pb.GetTriggerRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetTriggerResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
         return pb.GetTriggerResponse(trigger=await self._message(row))
 
     async def ListTriggers(
         self, request: pb.ListTriggersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTriggersResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         size = validate.in_range("page_size", request.page_size or 100, 1, 500)
         agent_id = validate.slug("agent_id", request.agent_id) if request.agent_id else None
         rows = await store.list_triggers(
@@ -330,9 +338,13 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
     async def SetTriggerEnabled(
         self, request: pb.SetTriggerEnabledRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetTriggerEnabledResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         trigger_id = validate.slug("trigger_id", request.trigger_id)
-        row = await store.set_enabled(self._pool, ws, trigger_id, request.enabled)
+        async with store.transaction(self._pool) as conn:
+            row = await store.set_enabled(conn, ws, trigger_id, request.enabled)
+            if row is not None:
+                action = "trigger.enabled" if request.enabled else "trigger.disabled"
+                await audit.record(conn, action, "trigger", trigger_id)
         if row is None:
             raise NotFound(f"trigger {trigger_id!r} not found")
         return pb.SetTriggerEnabledResponse(trigger=await self._message(row))
@@ -340,7 +352,7 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
     async def RotateTriggerSecret(
         self, request: pb.RotateTriggerSecretRequest, context: grpc.aio.ServicerContext
     ) -> pb.RotateTriggerSecretResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
         if row["kind"] == "schedule":
             raise FailedPrecondition("schedules have no signing secret")
@@ -348,14 +360,17 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
         if not 0 <= grace <= MAX_GRACE_SECONDS:
             raise InvalidArgument("grace", f"must be between 0 and {MAX_GRACE_SECONDS} s")
         secret = _secret("secret", row["scheme"], request.secret)
-        await store.rotate_secret(self._pool, ws, row["trigger_id"], secret, grace)
+        async with store.transaction(self._pool) as conn:
+            await sealed_secrets.rotate(conn, self._envelope, ws, row["trigger_id"], secret, grace)
+            await audit.record(conn, "trigger.secret_rotated", "trigger", row["trigger_id"],
+                               {"grace_seconds": grace})  # fmt: skip
         row = await self._get(ws, row["trigger_id"])
         return pb.RotateTriggerSecretResponse(trigger=await self._message(row), secret=secret)
 
     async def ListTriggerEvents(
         self, request: pb.ListTriggerEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTriggerEventsResponse:
-        ws = validate.slug("workspace_id", request.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.slug("trigger_id", request.trigger_id))
         size = validate.in_range("page_size", request.page_size or 100, 1, 500)
         after = decode_page_token(request.page_token)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 import uuid
+from typing import Any
 
 from control_plane.errors import InvalidArgument
 
@@ -49,3 +52,73 @@ def non_negative(field: str, value: int) -> int:
     if value < 0:
         raise InvalidArgument(field, f"must not be negative, got {value}")
     return value
+
+
+# --- JSON from callers ------------------------------------------------------------------------
+#
+# Every JSON document a caller sends (a gRPC `*_json` field, an HTTP body, a form's `payload`)
+# is read by `json_value` and nothing else. Python's parser recurses once per nesting level, so
+# 5,000 nested arrays end in RecursionError; the depth is measured first by a scan that runs in
+# C (regular expressions and `accumulate`), never by a Python loop over characters. Postgres
+# refuses NUL in text and `\u0000` in jsonb, and NaN/Infinity are not JSON at all: all refused
+# here, before anything is written.
+
+MAX_JSON_DEPTH = 64
+MAX_JSON_BYTES = 1024 * 1024
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nesting(text: str) -> int:
+    """How deeply the arrays and objects of a JSON text nest (brackets in strings ignored)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_text(
+    field: str,
+    text: str | bytes,
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> str:
+    """Check a caller's JSON text without parsing it (for text the database parses): its size,
+    nesting depth and NUL escapes. Returns it as str; raises InvalidArgument naming `field`."""
+    if len(text) > max_bytes:
+        raise InvalidArgument(field, f"is {len(text)} bytes; the limit is {max_bytes}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgument(field, "is not UTF-8") from None
+    if "\x00" in text or ("\\u" in text and _NUL_ESCAPE.search(text)):
+        raise InvalidArgument(field, "contains a NUL character")
+    # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
+    if text.count("[") + text.count("{") > max_depth and _nesting(text) > max_depth:
+        raise InvalidArgument(field, f"is nested deeper than {max_depth} levels")
+    return text
+
+
+def json_value(
+    field: str,
+    text: str | bytes,
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """Parse a caller's JSON text: bounded in size and depth, no NUL, no NaN or Infinity.
+
+    The one parser for JSON that comes from outside; raises InvalidArgument naming `field`.
+    """
+    checked = json_text(field, text, max_bytes=max_bytes, max_depth=max_depth)
+    try:
+        return json.loads(checked, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise InvalidArgument(field, "is not valid JSON") from None

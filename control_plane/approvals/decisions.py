@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 
 import faults
+from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.approvals.policy import FALLBACK_APPROVER
 from control_plane.auth.principal import Capability, Kind, Principal
@@ -115,10 +116,7 @@ def _effective_arguments(req: Request, row: Any) -> tuple[Any, str | None]:
     original = json.loads(row["arguments"])
     if req.action != "edit":
         return original, None
-    try:
-        edited = json.loads(req.edited_arguments_json)
-    except ValueError:
-        raise InvalidArgument("edit.arguments_json", "is not valid JSON") from None
+    edited = validate.json_value("edit.arguments_json", req.edited_arguments_json)
     if not isinstance(edited, dict):
         raise InvalidArgument("edit.arguments_json", "must be a JSON object")
     return edited, canonical_json(edited)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from agentrun.v1 import executor_pb2
+from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256
+from control_plane.errors import InvalidArgument
 from control_plane.store.approvals import NewApproval
 from control_plane.store.outbox import Notification
 
@@ -50,9 +51,9 @@ def resolve(
 
 def _parse(text: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise BadApprovalRequest(f"arguments_json is not JSON: {exc}") from exc
+        return validate.json_value("approval_request.arguments_json", text)
+    except InvalidArgument as exc:
+        raise BadApprovalRequest(str(exc)) from None
 
 
 def notifications(row: Any, kind: str, approvers: list[str] | None = None) -> list[Notification]:

@@ -82,10 +82,25 @@ class Dispatcher:
                 await asyncio.sleep(self.config.claim_poll_seconds)
 
     async def _claim_once(self) -> int:
-        owners = owner_slots(list(self._sessions.values()), self.config.claim_batch)
+        """One claim per executor scope; the largest batch any of them got."""
+        groups: dict[tuple[str, ...] | None, list[ExecutorSession]] = {}
+        for session in self._sessions.values():
+            scope = tuple(sorted(session.scope)) if session.scope is not None else None
+            groups.setdefault(scope, []).append(session)
+        claimed = 0
+        for scope, sessions in groups.items():
+            claimed = max(claimed, await self._claim_for(sessions, scope))
+        return claimed
+
+    async def _claim_for(
+        self, sessions: list[ExecutorSession], scope: tuple[str, ...] | None
+    ) -> int:
+        owners = owner_slots(sessions, self.config.claim_batch)
         if not owners:
             return 0
-        rows = await lease_store.claim_due(self.pool, owners, self.config.lease_seconds)
+        rows = await lease_store.claim_due(
+            self.pool, owners, self.config.lease_seconds, scope=scope
+        )
         if not rows:
             return 0
         logs = await step_store.steps_for_runs(

@@ -13,10 +13,10 @@ import asyncpg
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane.api import convert
+from control_plane.api import convert, decoding, validate
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
-from control_plane.errors import status_for
+from control_plane.errors import InvalidArgument, status_for, transient
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.errors import Fenced
@@ -27,22 +27,43 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CLOSE = object()
+# Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
+# may be, but bounded before Postgres's recursive jsonb parser sees them.
+_MAX_PAYLOAD_DEPTH = 512
+_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+
+# An unexpected (not transient) error in the commit transaction is tried this
+# many times in all; then the run fails with the error's request id.
+COMMIT_TRIES = 3
+COMMIT_RETRY_PAUSE = 0.05
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
     return lease_store.LeaseKey(lease.workspace_id, uuid.UUID(lease.run_id), lease.epoch)
 
 
+def _payload(i: int, text: str) -> str:
+    """A step's payload, checked before Postgres parses it (size and depth bounded, no NUL)."""
+    try:
+        return validate.json_text(f"commit.steps[{i}].payload_json", text or "{}",
+                                  max_bytes=_MAX_PAYLOAD_BYTES, max_depth=_MAX_PAYLOAD_DEPTH)  # fmt: skip
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+
+
 def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
     """The store's view of a Commit message (raises ValueError on bad fields)."""
+    # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
+    if path := decoding.nul_path_of_decoded(msg, "commit."):
+        raise ValueError(f"{path}: contains a NUL character")
     steps = [
         step_store.NewStep(
             seq=s.seq,
             kind=convert.KIND_FROM_PROTO[s.kind],
             ref_seq=s.ref_seq if s.ref_seq else None,
-            payload_json=s.payload_json or "{}",
+            payload_json=_payload(i, s.payload_json),
         )  # fmt: skip
-        for s in msg.steps
+        for i, s in enumerate(msg.steps)
     ]
     return step_store.CommitRequest(
         workspace_id=msg.lease.workspace_id, run_id=uuid.UUID(msg.lease.run_id),
@@ -74,9 +95,11 @@ def transition(msg: pb.Commit) -> step_store.Transition:
 class ExecutorSession:
     """Server side of one Connect stream."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, scope: frozenset[str] | None = None) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
+        # The workspaces this stream's executor credential serves (None: all).
+        self.scope = scope
         self.credits = 0
         self.held: dict[uuid.UUID, int] = {}
         self._dispatcher = dispatcher
@@ -86,6 +109,10 @@ class ExecutorSession:
 
     def send(self, msg: pb.ConnectResponse) -> None:
         self._out.put_nowait(msg)
+
+    def close(self) -> None:
+        """End the stream (its credential was revoked)."""
+        self._out.put_nowait(_CLOSE)
 
     async def serve(
         self, requests: AsyncIterator[pb.ConnectRequest]
@@ -150,19 +177,15 @@ class ExecutorSession:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
             req = commit_request(msg)
+            if self.scope is not None and req.workspace_id not in self.scope:
+                raise ValueError("the lease's workspace is outside this credential's scope")
         except (ValueError, KeyError) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"malformed commit: {exc}"
             self.send(pb.ConnectResponse(commit_result=result))
             return
         try:
-            if msg.HasField("approval_request"):
-                done = await approval_commit(self._pool, req, msg.approval_request,
-                                             self._dispatcher.config.lease_seconds)  # fmt: skip
-            else:
-                done = await step_store.commit(
-                    self._pool, req, self._dispatcher.config.lease_seconds
-                )
+            done = await self._commit_with_retries(req, msg)
             faults.point("control_plane.commit.before_reply")
             result.outcome = pb.COMMIT_OUTCOME_OK
             if done.status == "running" and done.wake_at is not None:
@@ -177,10 +200,55 @@ class ExecutorSession:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"rejected by the database: {exc}"
         except Exception as exc:  # noqa: BLE001 - per-run failure is a message
-            code, message = status_for(exc)
+            await self._commit_failed(req, exc, result)
+        self.send(pb.ConnectResponse(commit_result=result))
+
+    async def _commit_with_retries(
+        self, req: step_store.CommitRequest, msg: pb.Commit
+    ) -> step_store.CommitResult:
+        """The commit transaction, tried again (a few times) after an unexpected error."""
+        lease_seconds = self._dispatcher.config.lease_seconds
+        for attempt in range(1, COMMIT_TRIES + 1):
+            try:
+                if msg.HasField("approval_request"):
+                    return await approval_commit(self._pool, req, msg.approval_request,
+                                                 lease_seconds)  # fmt: skip
+                return await step_store.commit(self._pool, req, lease_seconds)
+            except (Fenced, asyncpg.DataError, BadApprovalRequest):
+                raise
+            except Exception as exc:
+                if transient(exc) or attempt == COMMIT_TRIES:
+                    raise
+                log.warning("commit of run %s failed (try %d of %d), trying again: %s",
+                            req.run_id, attempt, COMMIT_TRIES, type(exc).__name__)  # fmt: skip
+                await asyncio.sleep(COMMIT_RETRY_PAUSE * attempt)
+        raise AssertionError("unreachable")
+
+    async def _commit_failed(
+        self, req: step_store.CommitRequest, exc: Exception, result: pb.CommitResult
+    ) -> None:
+        """Transient: UNAVAILABLE (the executor sends the same commit again). Anything else
+        would fail again after every takeover: fail the run (fenced by the epoch, in a
+        transaction of its own) and tell the executor it no longer holds the run."""
+        if transient(exc):
+            result.outcome = pb.COMMIT_OUTCOME_UNAVAILABLE
+            result.message = "database unavailable, retry later"
+            return
+        request_id = uuid.uuid4().hex[:12]
+        log.error("commit of run %s failed %d times; failing the run (request %s)",
+                  req.run_id, COMMIT_TRIES, request_id, exc_info=exc)  # fmt: skip
+        reason = f"internal error while committing a step (request {request_id})"
+        key = lease_store.LeaseKey(req.workspace_id, req.run_id, req.epoch)
+        try:
+            failed = await lease_store.fail_held(self._pool, key, reason)
+        except Exception as fail_exc:  # noqa: BLE001 - the executor tries again later
+            code, message = status_for(fail_exc)
             result.outcome = pb.COMMIT_OUTCOME_UNAVAILABLE
             result.message = message
-        self.send(pb.ConnectResponse(commit_result=result))
+            return
+        self.held.pop(req.run_id, None)
+        result.outcome = pb.COMMIT_OUTCOME_FENCED
+        result.message = f"the run failed: {reason}" if failed else "the run is no longer held"
 
     async def _heartbeat(self, msg: pb.Heartbeat) -> None:
         try:
@@ -200,7 +268,10 @@ class ExecutorSession:
             return
         for lease, key in zip(msg.leases, keys, strict=True):
             renewed = key in outcome.renewed
-            reason = "" if renewed else ("deadline" if key in outcome.past_deadline else "lost")
+            reason = (
+                "" if renewed else "deadline" if key in outcome.past_deadline
+                else "max_age" if key in outcome.past_max_age else "lost"
+            )  # fmt: skip
             if renewed:
                 self.held[key.run_id] = key.epoch
             else:

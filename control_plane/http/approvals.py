@@ -25,13 +25,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from control_plane.api import validate
 from control_plane.approvals import decisions, tokens
 from control_plane.auth import context as auth_context
 from control_plane.auth import oidc
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Kind, Principal
 from control_plane.config import ServerConfig
-from control_plane.errors import DomainError, PermissionDenied, Unauthenticated
+from control_plane.errors import DomainError, InvalidArgument, PermissionDenied, Unauthenticated
 from control_plane.store import approvals as store
 from control_plane.triggers import signatures
 
@@ -83,6 +84,8 @@ class ApprovalRoutes:
 
     async def _token(self, ws: str, token: str) -> tuple[Any, Response | None]:
         """The token's approval, or the refusal page for an unknown/used/expired token."""
+        if "\x00" in ws:  # no workspace is called that, and Postgres refuses to look
+            return None, page(404, "Unknown link", "<p>This approval link is not valid.</p>")
         found = await store.peek_token(self.pool, ws, tokens.digest(token))
         if found is None:
             return None, page(404, "Unknown link", "<p>This approval link is not valid.</p>")
@@ -126,6 +129,9 @@ class ApprovalRoutes:
         action = (form.get("decision") or [""])[0]
         if action not in ("approve", "reject"):
             return page(400, "Bad request", "<p>decision must be approve or reject.</p>")
+        reason = (form.get("reason") or [""])[0][:1000]
+        if "\x00" in reason:  # Postgres refuses it: say so before the link is used up
+            return page(400, "Bad request", "<p>reason must not contain a NUL character.</p>")
         found, refusal = await self._token(ws, token)
         if refusal:
             return refusal
@@ -139,8 +145,7 @@ class ApprovalRoutes:
         if used is None:  # another click used it a moment ago
             return page(410, "Link already used", "<p>Each link decides once.</p>")
         decider = decisions.Decider(used["approver"], decisions.LINK)
-        req = decisions.Request(ws, found["approval_id"], decider, action,
-                                reason=(form.get("reason") or [""])[0][:1000])  # fmt: skip
+        req = decisions.Request(ws, found["approval_id"], decider, action, reason=reason)
         try:
             row = await decisions.decide(self.pool, req)
         except DomainError as exc:
@@ -156,11 +161,11 @@ class ApprovalRoutes:
             return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
         try:
             approval_id = uuid.UUID(request.path_params["approval_id"])
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except ValueError:
+            body = validate.json_value("body", await request.body())
+        except (ValueError, InvalidArgument):
             return JSONResponse({"error": "malformed approval id or JSON body"}, status_code=400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
         edited = body.get("arguments")
         req = decisions.Request(
             ws, approval_id, decider, str(body.get("decision", "")),
@@ -211,11 +216,11 @@ class ApprovalRoutes:
         except signatures.SignatureError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
         try:
-            payload = json.loads(parse_qs(body.decode())["payload"][0])
+            payload = validate.json_value("payload", parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
             ws, approval_id = action["value"].split(":", 1)
             decider = decisions.Decider(str(payload["user"]["id"]), decisions.SLACK)
             req = decisions.Request(ws, uuid.UUID(approval_id), decider, action["action_id"])
-        except (KeyError, IndexError, ValueError, TypeError):
+        except (KeyError, IndexError, ValueError, TypeError, InvalidArgument):
             return JSONResponse({"error": "malformed interaction payload"}, status_code=400)
         return await self._json_decision(req)

@@ -1,11 +1,13 @@
-"""What HTTP route modules are given: the pool, the settings and the wake-up hooks."""
+"""What HTTP route modules are given: the pool, the settings, the envelope, the wake-up hooks."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
+from control_plane.crypto.envelope import Envelope
 from control_plane.store.triggers import Pool
 
 
@@ -17,7 +19,15 @@ def _nothing() -> None:
 class HttpContext:
     pool: Pool
     config: ServerConfig
+    # Opens the triggers' sealed signing secrets.
+    envelope: Envelope
     # A run became runnable: claim soon (the dispatcher's poke).
     on_runnable: Callable[[], None] = _nothing
     # A push source has a fetch queued: fetch soon.
     on_fetch_queued: Callable[[], None] = _nothing
+    # Bearer credentials of guarded routes (control_plane/http/auth.py); None: one of
+    # this pool's own, without sign-in.
+    resolver: Resolver | None = None
+
+    def credentials(self) -> Resolver:
+        return self.resolver if self.resolver is not None else Resolver(self.pool)

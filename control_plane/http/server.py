@@ -57,15 +57,19 @@ def _bind(listen: str) -> socket.socket:
 class HttpIngress:
     """The running HTTP server: `await start()`, `port`, `await stop()`."""
 
-    def __init__(self, app: ASGIApp, listen: str) -> None:
+    def __init__(self, app: ASGIApp, listen: str, tls: tuple[str, str] | None = None) -> None:
+        """`tls` is (certificate, key) PEM files: then the port speaks HTTPS only."""
         self._sock = _bind(listen)
         self.port: int = self._sock.getsockname()[1]
+        cert, key = tls if tls is not None else (None, None)
         config = uvicorn.Config(
             app,
             log_level="warning",
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_SECONDS),
+            ssl_certfile=cert,
+            ssl_keyfile=key,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

@@ -3,12 +3,12 @@
 The HTTP door to `Conversations.send` (the gRPC one is SessionService.SendMessage).
 Body `{"text": "...", "request_id": "..."}` (request_id optional). 202 with the
 turn and its run; 409 while the previous turn is still in progress; 400 naming
-the field for bad input; 404 for an unknown session.
+the field for bad input; 404 for an unknown session. It needs a key with
+OPERATE in the path's workspace (`Authorization: Bearer`): 401 without one.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -18,7 +18,10 @@ from starlette.routing import Route
 from control_plane.api import validate
 from control_plane.api.runs import MAX_INPUT_BYTES
 from control_plane.api.sessions import Conversations
+from control_plane.auth import context as auth_context
+from control_plane.auth.access import Need
 from control_plane.errors import InvalidArgument
+from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import json_errors
 from control_plane.http.webhooks import TooLarge, read_body
@@ -47,10 +50,7 @@ async def _message(request: Request) -> tuple[str, str | None]:
         raw = await read_body(request, MAX_INPUT_BYTES + 4096)
     except TooLarge:
         raise InvalidArgument("text", f"is larger than {MAX_INPUT_BYTES} bytes") from None
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidArgument("body", "is not valid JSON") from None
+    body = validate.json_value("body", raw or b"{}", max_bytes=len(raw))
     if not isinstance(body, dict):
         raise InvalidArgument("body", "must be a JSON object")
     text = validate.text("text", _field(body, "text"), max_bytes=MAX_INPUT_BYTES, required=True)
@@ -62,10 +62,11 @@ def routes(ctx: HttpContext) -> list[Route]:
     conversations = Conversations(ctx.pool, ctx.config.defaults, ctx.on_runnable)
 
     async def send(request: Request) -> Response:
-        ws = validate.slug("workspace_id", request.path_params["workspace_id"])
+        ws = auth_context.workspace(request.path_params["workspace_id"])
         session_id = validate.run_id("session_id", request.path_params["session_id"])
         text, request_id = await _message(request)
         row, created = await conversations.send(ws, session_id, text, request_id)
         return JSONResponse(_turn_json(row, created), status_code=202)
 
-    return [Route(PATH, json_errors(send), methods=["POST"])]
+    guarded_send = guarded(ctx.credentials(), Need.OPERATE, send)
+    return [Route(PATH, json_errors(guarded_send), methods=["POST"])]

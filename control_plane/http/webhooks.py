@@ -24,11 +24,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_plane.api import validate
+from control_plane.crypto.envelope import CannotOpen
 from control_plane.errors import InvalidArgument
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import error, json_errors
 from control_plane.store import triggers as store
-from control_plane.triggers import admission, deliveries, signatures
+from control_plane.triggers import admission, deliveries, sealed_secrets, signatures
 from control_plane.triggers.deliveries import BadDelivery, Settings
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,15 @@ class WebhookIngress:
 
     async def receive(self, request: Request) -> Response:
         limit = self._ctx.config.webhook_max_body_bytes
-        found = await self._trigger(request)
+        try:
+            found = await self._trigger(request)
+        except CannotOpen as exc:
+            # Misconfigured keys, not the sender's fault: 503 so it retries later.
+            log.error("cannot verify deliveries: %s", exc)
+            return error(503, "this trigger's signing secrets are unavailable")
         if found is None:
             return error(404, "no such trigger")
-        row, settings = found
+        settings, secrets = found
         try:
             raw = await read_body(request, limit)
         except TooLarge:
@@ -71,7 +77,7 @@ class WebhookIngress:
         try:
             signatures.verify(
                 settings.scheme or "", signatures.Delivery.of(raw, request.headers),
-                row["secrets"], now=time.time(), tolerance=settings.tolerance,
+                secrets, now=time.time(), tolerance=settings.tolerance,
             )  # fmt: skip
         except signatures.SignatureError as exc:
             log.info(
@@ -84,14 +90,17 @@ class WebhookIngress:
         except BadDelivery as exc:
             return error(400, str(exc))
 
-    async def _trigger(self, request: Request) -> tuple[Any, Settings] | None:
+    async def _trigger(self, request: Request) -> tuple[Settings, list[str]] | None:
+        """The trigger's settings and its active secrets, opened; None if no such trigger."""
         try:
             ws = validate.slug("workspace_id", request.path_params["workspace_id"])
             trigger_id = validate.slug("trigger_id", request.path_params["trigger_id"])
         except InvalidArgument:
             return None
-        row = await store.for_delivery(self._ctx.pool, ws, trigger_id)
-        return None if row is None else (row, Settings.of(row))
+        found = await sealed_secrets.for_delivery(
+            self._ctx.pool, self._ctx.envelope, ws, trigger_id
+        )
+        return None if found is None else (Settings.of(found[0]), found[1])
 
     async def _accept(self, settings: Settings, headers: Mapping[str, str], doc: Any) -> Response:
         if settings.kind == "mail_push":

@@ -15,12 +15,17 @@ async def ensure_workspace(conn: asyncpg.pool.Pool, workspace_id: str) -> None:
 
 
 async def create_agent(
-    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, display_name: str
+    conn: asyncpg.pool.Pool | asyncpg.Connection,
+    workspace_id: str,
+    agent_id: str,
+    display_name: str,
 ) -> asyncpg.Record | None:
-    """The new agent, or None when the id is taken."""
-    async with pool.acquire() as conn, conn.transaction():
-        await ensure_workspace(conn, workspace_id)
-        return await run(conn, "agent_insert", workspace_id, agent_id, display_name)
+    """The new agent, or None when the id is taken.
+
+    The workspace exists already: a platform admin created it, and the
+    caller's credential belongs to it (nothing creates one implicitly).
+    """
+    return await run(conn, "agent_insert", workspace_id, agent_id, display_name)
 
 
 async def get_agent(pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str) -> Any:
@@ -28,7 +33,10 @@ async def get_agent(pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str) -
 
 
 async def publish_version(
-    pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, spec: dict[str, Any]
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+    workspace_id: str,
+    agent_id: str,
+    spec: dict[str, Any],
 ) -> asyncpg.Record | None:
     """The published version, or None when the agent does not exist."""
     return await run(pool, "agent_version_publish", workspace_id, agent_id, json.dumps(spec))

@@ -9,6 +9,11 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     return None
 
 
+async def connect(dsn: str) -> asyncpg.Connection:
+    """One connection, for short administrative jobs (bootstrap, key minting)."""
+    return await asyncpg.connect(dsn)
+
+
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.pool.Pool:
     """A pool whose connections survive a Postgres restart by reconnecting lazily."""
     pool = await asyncpg.create_pool(

@@ -10,8 +10,9 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -30,19 +31,23 @@ async def claim_due(
     owners: list[str],
     lease_seconds: float,
     now: datetime | None = None,
+    scope: Sequence[str] | None = None,
 ) -> list[asyncpg.Record]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
     Lapsed leases first, then the oldest due runs of the workspaces served
     least recently, round robin, never over a workspace's or an agent's cap.
+    Only runs of the workspaces in `scope` (None: all) are claimed: the owners'
+    executor credentials serve no others.
     """
     if not owners:
         return []
+    allowed = list(scope) if scope is not None else None
     async with _transaction(pool) as conn:
         await run(conn, "claim_plan_generic")
-        turns = await run(conn, "workspace_take_turns", len(owners), now)
+        turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
-        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids)
+        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed)
         await _raise_next_wake(conn, turns, rows)
     return rows
 
@@ -116,33 +121,62 @@ def _columns(leases: list[LeaseKey]) -> tuple[list[str], list[uuid.UUID], list[i
 @dataclass(frozen=True)
 class HeartbeatOutcome:
     renewed: dict[LeaseKey, datetime]
+    # Refused and failed: active time reached the deadline, or max age passed.
     past_deadline: set[LeaseKey]
+    past_max_age: set[LeaseKey] = field(default_factory=set)
 
 
 async def heartbeat(
-    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], lease_seconds: float
-) -> HeartbeatOutcome:
-    """Renew the leases still held; fail those whose deadline passed."""
+    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], lease_seconds: float,
+    now: datetime | None = None,
+) -> HeartbeatOutcome:  # fmt: skip
+    """Renew the leases still held within the run's limits; fail those past a limit."""
     if not leases:
         return HeartbeatOutcome({}, set())
     cols = _columns(leases)
-    rows = await run(pool, "run_heartbeat", owner, *cols, lease_seconds)
+    rows = await run(pool, "run_heartbeat", owner, *cols, lease_seconds, now)
     renewed = {
         LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["wake_at"] for r in rows
     }
     refused = [lease for lease in leases if lease not in renewed]
-    past: set[LeaseKey] = set()
-    if refused:
-        for _ in range(5):
-            try:
-                failed = await run(pool, "run_fail_past_deadline", *_columns(refused))
-                break
-            except asyncpg.UniqueViolationError:
-                continue
-        else:
-            failed = []
-        past = {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in failed}
-    return HeartbeatOutcome(renewed, past)
+    failed = (
+        await _retry_seq_race(pool, "run_fail_past_deadline", *_columns(refused), now)
+        if refused else []
+    )  # fmt: skip
+    past = {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["error"] for r in failed}
+    return HeartbeatOutcome(
+        renewed,
+        {k for k, error in past.items() if error == "deadline exceeded"},
+        {k for k, error in past.items() if error == "max age exceeded"},
+    )
+
+
+async def _retry_seq_race(pool: asyncpg.pool.Pool, query: str, *args: object) -> Any:
+    """Run a statement that appends a finish step at the next seq, again if a concurrent
+    writer took that seq first (its snapshot did not see the other step)."""
+    for _ in range(5):
+        try:
+            return await run(pool, query, *args)
+        except asyncpg.UniqueViolationError:
+            continue
+    return []
+
+
+async def fail_held(pool: asyncpg.pool.Pool, lease: LeaseKey, reason: str) -> bool:
+    """Fail a run still held at lease.epoch with `reason` (and its finish step); False if
+    it is not held at that epoch."""
+    rows = await _retry_seq_race(
+        pool, "run_fail_held", lease.workspace_id, lease.run_id, lease.epoch, reason
+    )
+    return rows is not None and rows != []
+
+
+async def fail_past_max_age(
+    pool: asyncpg.pool.Pool, batch: int, now: datetime | None = None
+) -> list[asyncpg.Record]:
+    """Fail up to `batch` runs past their max age that no executor holds (workspace_id,
+    run_id of each)."""
+    return await _retry_seq_race(pool, "run_fail_past_max_age", batch, now)
 
 
 async def release_unassigned(pool: asyncpg.pool.Pool, lease: LeaseKey) -> None:

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 _SELECT_APPLIED = "SELECT version, name, checksum FROM schema_migrations"
 _RECORD = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+_RENUMBER = "UPDATE schema_migrations SET version = $1 WHERE version = $2 AND checksum = $3"
 
 
 class MigrationError(RuntimeError):
@@ -39,6 +40,10 @@ class MigrationError(RuntimeError):
 
 class MigrationChecksumError(MigrationError):
     """A migration that was already applied has been edited since."""
+
+
+class MigrationOrderError(MigrationError):
+    """A pending migration is numbered below one already applied: history would fork."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,9 @@ async def migrate(
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:
         await conn.execute(_CREATE_TABLE)
+        applied = await conn.fetch(_SELECT_APPLIED)
+        for old_version, migration in _renumbered(migrations, applied):
+            await conn.execute(_RENUMBER, migration.version, old_version, migration.checksum)
         pending = _pending(migrations, await conn.fetch(_SELECT_APPLIED))
         for migration in pending:
             await _apply(conn, migration)
@@ -125,7 +133,37 @@ def _pending(migrations: list[Migration], applied_rows: list[asyncpg.Record]) ->
                 f"database, {migration.checksum[:12]} on disk); add a new migration instead"
             )
     # Versions recorded but absent here come from a newer release (a rolling deploy): fine.
-    return [m for m in migrations if m.version not in applied]
+    pending = [m for m in migrations if m.version not in applied]
+    newest = max(applied, default="")
+    early = [m.label for m in pending if m.version < newest]
+    if early:
+        raise MigrationOrderError(
+            f"migration(s) {', '.join(early)} are numbered below {newest}, which is already "
+            "applied; a new migration takes the next number after every applied one"
+        )
+    return pending
+
+
+def _renumbered(
+    migrations: list[Migration], applied_rows: list[asyncpg.Record]
+) -> list[tuple[str, Migration]]:
+    """(recorded version, file) for applied migrations whose file now has another number.
+
+    The same name and the same bytes under a new number is the same migration
+    (the files were renumbered to read in order): its record follows the file
+    instead of the file being applied twice. In ascending order of the new
+    number, so each record moves into a number already vacated.
+    """
+    recorded = {(row["name"], row["checksum"]): row["version"] for row in applied_rows}
+    versions = {row["version"] for row in applied_rows}
+    moves = []
+    for migration in migrations:
+        old = recorded.get((migration.name, migration.checksum))
+        if old is not None and old != migration.version and migration.version not in versions:
+            moves.append((old, migration))
+            versions.discard(old)
+            versions.add(migration.version)
+    return sorted(moves, key=lambda move: move[1].version)
 
 
 async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:

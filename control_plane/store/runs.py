@@ -23,8 +23,11 @@ class Admission:
     max_steps: int
     max_tokens: int
     max_tool_calls: int
-    deadline_seconds: int
+    deadline_seconds: int  # of active time (held by executors)
     model_retry_budget: int = 30
+    max_age_seconds: int = 0  # of the run as a whole; 0 = none
+    # The label of the principal who started the run (`key:ci-bot`, `person:ada@…`).
+    started_by: str | None = None
 
 
 async def insert_run(
@@ -34,7 +37,7 @@ async def insert_run(
     return await run(
         pool, "run_insert", adm.workspace_id, uuid.uuid4(), adm.agent_id, adm.agent_version,
         adm.request_id, adm.input, adm.max_steps, adm.max_tokens, adm.max_tool_calls,
-        adm.deadline_seconds, now, adm.model_retry_budget,
+        adm.deadline_seconds, now, adm.model_retry_budget, adm.max_age_seconds, adm.started_by,
     )  # fmt: skip
 
 
@@ -72,7 +75,10 @@ async def list_runs(
 
 
 async def cancel_run(
-    pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, reason: str
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+    workspace_id: str,
+    run_id: uuid.UUID,
+    reason: str,
 ) -> asyncpg.Record | None:
     """The cancelled run, or None when it does not exist or already ended.
 
@@ -81,6 +87,9 @@ async def cancel_run(
     """
     for _ in range(5):
         try:
+            if isinstance(pool, asyncpg.Connection):  # the caller's transaction: a savepoint
+                async with pool.transaction():
+                    return await run(pool, "run_cancel", workspace_id, run_id, reason)
             return await run(pool, "run_cancel", workspace_id, run_id, reason)
         except asyncpg.UniqueViolationError:
             continue

@@ -65,5 +65,5 @@ async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None 
         conn, "session_turn_admit", adm.workspace_id, adm.session_id, adm.request_id, adm.turn,
         uuid.uuid4(), adm.agent_version, lim["max_steps"], lim["max_tokens"],
         lim["max_tool_calls"], lim["deadline_seconds"], json.dumps(adm.input_payload), now,
-        lim["model_retry_budget"],
+        lim["model_retry_budget"], lim.get("max_age_seconds", 0),
     )  # fmt: skip

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
 
+import faults
 from control_plane.store.errors import CommitConflict, Fenced
 from control_plane.store.queries import run
 
@@ -60,11 +63,14 @@ async def commit(
     """
     t = req.transition
     try:
-        if isinstance(pool, asyncpg.Connection) and pool.is_in_transaction():
-            # A savepoint: a unique violation must not doom the caller's transaction.
-            async with pool.transaction():
-                row = await _apply(pool, req, lease_seconds)
+        if isinstance(pool, asyncpg.Connection) or faults.active():
+            async with _transaction(pool) as conn:
+                row = await _apply(conn, req, lease_seconds)
+                faults.point("control_plane.commit.in_transaction")
         else:
+            # One statement is its own transaction: no BEGIN/COMMIT round trips on
+            # the hottest path. The explicit one above exists for the caller's
+            # savepoint and for the fault point that fails inside the transaction.
             row = await _apply(pool, req, lease_seconds)
     except asyncpg.UniqueViolationError:
         row = None
@@ -73,6 +79,20 @@ async def commit(
     if req.steps and await _already_committed(pool, req):
         return CommitResult(t.status or "running", None, duplicate=True)
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
+
+
+@asynccontextmanager
+async def _transaction(
+    db: asyncpg.pool.Pool | asyncpg.Connection,
+) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction of its own, or a savepoint inside the caller's (a unique violation
+    must not doom the caller's transaction)."""
+    if isinstance(db, asyncpg.Connection):
+        async with db.transaction():
+            yield db
+        return
+    async with db.acquire() as conn, conn.transaction():
+        yield conn
 
 
 async def _apply(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,11 +18,21 @@ from control_plane.store.queries import run
 Pool: TypeAlias = asyncpg.pool.Pool
 Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
+# (secret id) -> the secret sealed for that id: how a rotation seals the secret it adds.
+SealFor: TypeAlias = Callable[[int], Awaitable[bytes]]
+FIRST_SECRET_ID = 1
 
 
 @asynccontextmanager
-async def transaction(pool: Pool) -> AsyncIterator[Connection]:
-    """A connection inside a transaction: committed on exit, rolled back on an exception."""
+async def transaction(pool: Pool | Connection) -> AsyncIterator[Connection]:
+    """A connection inside a transaction: committed on exit, rolled back on an exception.
+
+    Given a connection (the caller's transaction), a savepoint inside it.
+    """
+    if isinstance(pool, asyncpg.Connection):
+        async with pool.transaction():
+            yield pool
+        return
     async with pool.acquire() as conn, conn.transaction():
         yield conn
 
@@ -42,17 +52,24 @@ class NewTrigger:
 
 
 async def create_trigger(
-    pool: Pool, new: NewTrigger, secret: str | None, now: datetime | None = None
+    pool: Pool | Connection,
+    new: NewTrigger,
+    sealed_secret: bytes | None,
+    now: datetime | None = None,
 ) -> Record | None:
-    """The new trigger (with its first secret), or None when the id is taken."""
+    """The new trigger (with its first secret, id FIRST_SECRET_ID, already sealed for that id),
+    or None when the id is taken."""
     async with transaction(pool) as conn:
         row = await run(
             conn, "trigger_insert", new.workspace_id, new.trigger_id, new.agent_id, new.kind,
             new.scheme, json.dumps(new.config), json.dumps(new.filters), new.next_slot_at,
             new.next_fire_at, new.last_history_id, now,
         )  # fmt: skip
-        if row is not None and secret is not None:
-            await run(conn, "trigger_secret_insert", new.workspace_id, new.trigger_id, secret, now)
+        if row is not None and sealed_secret is not None:
+            await run(
+                conn, "trigger_secret_insert", new.workspace_id, new.trigger_id,
+                FIRST_SECRET_ID, sealed_secret, now,
+            )  # fmt: skip
         return row
 
 
@@ -67,7 +84,7 @@ async def list_triggers(
 
 
 async def set_enabled(
-    pool: Pool, workspace_id: str, trigger_id: str, enabled: bool
+    pool: Pool | Connection, workspace_id: str, trigger_id: str, enabled: bool
 ) -> Record | None:
     return await run(pool, "trigger_set_enabled", workspace_id, trigger_id, enabled)
 
@@ -75,7 +92,8 @@ async def set_enabled(
 async def for_delivery(
     pool: Pool, workspace_id: str, trigger_id: str, now: datetime | None = None
 ) -> Record | None:
-    """An enabled HTTP trigger and its active secret values (newest first), or None."""
+    """An enabled HTTP trigger and its active secrets (newest first: `secret_ids`,
+    `sealed_secrets`, `plain_secrets` for rows not sealed yet), or None."""
     return await run(pool, "trigger_for_delivery", workspace_id, trigger_id, now)
 
 
@@ -87,21 +105,38 @@ async def active_secrets(
 
 
 async def rotate_secret(
-    pool: Pool,
+    pool: Pool | Connection,
     workspace_id: str,
     trigger_id: str,
-    secret: str,
+    seal: SealFor,
     grace_seconds: float,
     now: datetime | None = None,
 ) -> Record | None:
-    """Retire the current secret after `grace_seconds` and add `secret`; None if no trigger."""
+    """Retire the current secret after `grace_seconds` and add the secret `seal(new id)`
+    returns sealed; None if no trigger."""
     async with transaction(pool) as conn:
         row = await run(conn, "trigger_lock", workspace_id, trigger_id)
         if row is None:
             return None
+        secret_id = (await run(conn, "trigger_secret_next_id", workspace_id, trigger_id))[
+            "secret_id"
+        ]
+        sealed = await seal(secret_id)
         await run(conn, "trigger_secrets_retire", workspace_id, trigger_id, grace_seconds, now)
-        await run(conn, "trigger_secret_insert", workspace_id, trigger_id, secret, now)
+        await run(conn, "trigger_secret_insert", workspace_id, trigger_id, secret_id, sealed, now)
         return row
+
+
+async def plaintext_secrets(conn: Connection, limit: int) -> list[Record]:
+    """Up to `limit` secrets still in plain text, locked for the caller's transaction."""
+    return await run(conn, "trigger_secrets_plaintext", limit)
+
+
+async def replace_plaintext(
+    conn: Connection, workspace_id: str, trigger_id: str, secret_id: int, sealed: bytes
+) -> None:
+    """Store a plain secret's sealed form and clear the plain value."""
+    await run(conn, "trigger_secret_seal", workspace_id, trigger_id, secret_id, sealed)
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -136,6 +171,7 @@ async def admit_event(
         adm.chain_depth, json.dumps(adm.payload), adm.agent_version, adm.input_text,
         lim["max_steps"], lim["max_tokens"], lim["max_tool_calls"], lim["deadline_seconds"],
         json.dumps(adm.input_payload), now, lim["model_retry_budget"],
+        lim.get("max_age_seconds", 0),
     )  # fmt: skip
 
 

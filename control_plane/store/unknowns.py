@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +107,20 @@ class _NotDecided(Exception):
     """Rolls the attempt back; the reason is worked out afterwards."""
 
 
-async def decide(pool: asyncpg.pool.Pool, d: Decision) -> tuple[asyncpg.Record, asyncpg.Record]:
-    """Record the decision exactly once: (the run, the decision step), or raise why not."""
+async def decide(
+    pool: asyncpg.pool.Pool, d: Decision,
+    also: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
+) -> tuple[asyncpg.Record, asyncpg.Record]:  # fmt: skip
+    """Record the decision exactly once: (the run, the decision step), or raise why not.
+
+    `also` runs in the decision's transaction once it is recorded (the audit row).
+    """
     try:
         async with pool.acquire() as conn, conn.transaction():
-            return await _decide(conn, d)
+            decided = await _decide(conn, d)
+            if also is not None:
+                await also(conn)
+            return decided
     except _NotDecided:
         pass
     raise await _why_not(pool, d)

@@ -12,7 +12,10 @@ class UnknownPlan(ValueError):
 
 
 async def set_plan(
-    pool: asyncpg.pool.Pool, workspace_id: str, plan: str, max_concurrency: int | None = None
+    pool: asyncpg.pool.Pool | asyncpg.Connection,
+    workspace_id: str,
+    plan: str,
+    max_concurrency: int | None = None,
 ) -> asyncpg.Record:
     """Put the workspace on `plan` (free 2, team 20, enterprise: `max_concurrency`)."""
     try:
@@ -24,7 +27,9 @@ async def set_plan(
     return row
 
 
-async def get(pool: asyncpg.pool.Pool, workspace_id: str) -> asyncpg.Record | None:
+async def get(
+    pool: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str
+) -> asyncpg.Record | None:
     return await run(pool, "workspace_get", workspace_id)
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
+from control_plane.api import validate
+from control_plane.errors import InvalidArgument
 from control_plane.triggers import filters, mail
 from control_plane.triggers.admission import Event
 from control_plane.triggers.signatures import SCHEMES
@@ -84,6 +86,8 @@ def parse_body(raw: bytes, content_type: str) -> Any:
         raise BadDelivery("body: is not UTF-8") from None
     if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
         doc: dict[str, Any] = dict(parse_qsl(text, keep_blank_values=True))
+        if any("\x00" in k or "\x00" in v for k, v in doc.items()):
+            raise BadDelivery("body: contains a NUL character")
         if "payload" in doc:  # Slack interactivity posts its JSON as a form field
             doc["payload"] = _json(doc["payload"], "body.payload")
         return doc
@@ -92,9 +96,9 @@ def parse_body(raw: bytes, content_type: str) -> Any:
 
 def _json(text: str, name: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError:
-        raise BadDelivery(f"{name}: is not valid JSON") from None
+        return validate.json_value(name, text, max_bytes=len(text))
+    except InvalidArgument as exc:
+        raise BadDelivery(str(exc)) from None
 
 
 def dedupe_key(settings: Settings, headers: Mapping[str, str], doc: Any) -> str:
@@ -174,8 +178,8 @@ def push_history_id(doc: Any) -> int:
         if not isinstance(data, str):
             raise BadDelivery("message.data: must be base64 JSON")
         try:
-            doc = json.loads(base64.b64decode(data, validate=True))
-        except (binascii.Error, ValueError):
+            doc = validate.json_value("message.data", base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError, InvalidArgument):
             raise BadDelivery("message.data: must be base64 JSON") from None
     history = doc.get("historyId") if isinstance(doc, Mapping) else None
     if isinstance(history, str) and history.isdigit():

@@ -19,6 +19,7 @@ from agentrun.v1 import (
     run_pb2,
     run_pb2_grpc,
 )
+from tests.harness import auth
 from tests.harness.waiting import eventually
 
 TERMINAL = {run_pb2.RUN_STATUS_COMPLETED, run_pb2.RUN_STATUS_FAILED, run_pb2.RUN_STATUS_CANCELLED}
@@ -34,13 +35,33 @@ class LoggedStep:
 
 
 class Api:
-    """RunService and AgentService stubs over one channel."""
+    """RunService and AgentService stubs over one channel, calling with `key`.
 
-    def __init__(self, address: str, workspace: str = "ws") -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    Mint the key with tests.harness.auth: `Api(addr, "ws", await workspace_key(db_url, "ws"))`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        workspace: str = "ws",
+        key: str | None = None,
+        db_url: str = "",
+        tls: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.channel_target = address
+        self.channel = auth.channel(address, key, tls)
         self.runs = run_pb2_grpc.RunServiceStub(self.channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.ws = workspace
+        self.db_url = db_url  # where AutoApprover mints its approver's key
+
+    @classmethod
+    async def connect(
+        cls, address: str, db_url: str, workspace: str = "ws", role: str = "admin"
+    ) -> Api:
+        """An Api calling with a new `role` key of `workspace` (created if new)."""
+        key = await auth.workspace_key(db_url, workspace, role=role)
+        return cls(address, workspace, key, db_url)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -163,19 +184,28 @@ class AutoApprover:
 
     def __init__(
         self, api: Api, approver: str = "admin", interval: float = 0.1,
-        metadata: list[tuple[str, str]] | None = None,
+        metadata: list[tuple[str, str]] | None = None, *, key: str | None = None,
     ) -> None:  # fmt: skip
+        """`metadata`: a signed-in person's credential (money-moving tools need one);
+        `key`: an approver key of the workspace; neither: the approver's own approver key."""
         self.api = api
         self.approver = approver
         # The approver's credential (money-moving tools need a signed-in person:
         # `tests.harness.idp.signed_in`); the decision is the credential's.
         self.metadata = metadata
         self.interval = interval
-        self.stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+        self._own = auth.channel(api.channel_target, key) if key is not None else None
+        self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own or api.channel)
         self.approved = 0
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AutoApprover:
+        if self._own is None and self.metadata is None and self.api.db_url:
+            key = await auth.workspace_key(
+                self.api.db_url, self.api.ws, role="approver", principal=self.approver
+            )
+            self._own = auth.channel(self.api.channel_target, key)
+            self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own)
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -184,6 +214,8 @@ class AutoApprover:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._own is not None:
+            await self._own.close()
 
     async def _loop(self) -> None:
         while True:

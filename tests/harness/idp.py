@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import httpx
-import pytest
 
 
 async def id_token(idp_url: str, email: str, **claims: Any) -> str:
@@ -33,13 +31,6 @@ async def stats(idp_url: str) -> dict[str, Any]:
         return dict(resp.json())
 
 
-# Tests of RPCs that need a caller: they run once the identity interceptor (issue 9) is on main.
-requires_interceptor = pytest.mark.skipif(
-    importlib.util.find_spec("control_plane.auth.interceptor") is None,
-    reason="needs the identity interceptor (issue 9: credentials on every RPC)",
-)
-
-
 async def signed_in(idp_url: str, email: str) -> list[tuple[str, str]]:
     """gRPC metadata of a person signed in at the sandbox IdP."""
     return [("authorization", f"Bearer {await id_token(idp_url, email)}")]
@@ -48,6 +39,7 @@ async def signed_in(idp_url: str, email: str) -> list[tuple[str, str]]:
 async def add_member(db: Any, workspace_id: str, person: str, role: str) -> None:
     """Make `person` (a verified email) a member of the workspace with `role`."""
     await db.execute(
-        "INSERT INTO workspace_members (workspace_id, person, role) VALUES ($1, $2, $3)",
+        "INSERT INTO workspace_members (workspace_id, person, role, added_by)"
+        " VALUES ($1, $2, $3, 'test-harness')",
         workspace_id, person, role,
     )  # fmt: skip

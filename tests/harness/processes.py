@@ -256,8 +256,11 @@ class ProcessGroup:
 class ControlPlane:
     """A running control plane replica; restart() comes back on the same ports."""
 
-    def __init__(self, process: ManagedProcess, http_port_file: Path | None = None) -> None:
+    def __init__(
+        self, process: ManagedProcess, http_port_file: Path | None = None, database_url: str = ""
+    ) -> None:
         self.process = process
+        self.database_url = database_url
         self.port = process.port
         # Written before the gRPC port file, so it is there once the process is ready.
         self.http_port = int(http_port_file.read_text().strip()) if http_port_file else 0
@@ -303,7 +306,7 @@ def start_control_plane(group: ProcessGroup, database_url: str, **env: object) -
     http_port_file = process.port_file.with_suffix(".http-port")
     process.env["AGENTRUN_PORT_FILE"] = str(process.port_file)
     process.env["AGENTRUN_HTTP_PORT_FILE"] = str(http_port_file)
-    return ControlPlane(process.start().wait_ready(), http_port_file)
+    return ControlPlane(process.start().wait_ready(), http_port_file, database_url)
 
 
 def start_executor(

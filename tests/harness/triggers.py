@@ -19,6 +19,7 @@ from agentrun.v1 import (
     trigger_pb2_grpc,
 )
 from control_plane.triggers.signatures import sign
+from tests.harness import auth
 
 SCHEME = {
     "hmac_sha256": trigger_pb2.SIGNATURE_SCHEME_HMAC_SHA256,
@@ -38,12 +39,18 @@ def seconds(value: float) -> Duration:
 class TriggerApi:
     """AgentService, TriggerService and SessionService stubs over one channel, for one workspace."""
 
-    def __init__(self, address: str, workspace: str = "ws") -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, workspace: str = "ws", key: str | None = None) -> None:
+        self.key = key
+        self.channel = auth.channel(address, key)
         self.agents = agent_pb2_grpc.AgentServiceStub(self.channel)
         self.triggers = trigger_pb2_grpc.TriggerServiceStub(self.channel)
         self.sessions = session_pb2_grpc.SessionServiceStub(self.channel)
         self.ws = workspace
+
+    @classmethod
+    async def connect(cls, address: str, db_url: str, workspace: str = "ws") -> TriggerApi:
+        """A TriggerApi calling with a new admin key of `workspace` (created if new)."""
+        return cls(address, workspace, await auth.workspace_key(db_url, workspace))
 
     async def close(self) -> None:
         await self.channel.close()

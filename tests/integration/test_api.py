@@ -13,13 +13,20 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from tests.harness import auth
+from tests.harness.auth import workspace_key
 
 GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
 
 
 @pytest.fixture
-async def channel(server):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+async def acme_key(db_url):
+    return await workspace_key(db_url, "acme")
+
+
+@pytest.fixture
+async def channel(server, acme_key):
+    async with auth.channel(f"127.0.0.1:{server.port}", acme_key) as ch:
         yield ch
 
 
@@ -152,25 +159,38 @@ async def test_watch_run_streams_from_an_offset_and_ends_when_terminal(agents, r
     assert events[1].step.kind == run_pb2.STEP_KIND_FINISH
 
 
-async def test_other_workspaces_runs_are_not_found(agents, runs):
+async def test_other_workspaces_runs_are_not_found(agents, runs, server, db_url):
     await publish(agents)
     run = (
         await runs.StartRun(
             run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x")
         )
     ).run
-    await expect_error(
-        runs.GetRun(run_pb2.GetRunRequest(workspace_id="other", run_id=run.run_id)),
-        grpc.StatusCode.NOT_FOUND, run.run_id,
-    )  # fmt: skip
+    other_key = await workspace_key(db_url, "other")
+    async with auth.channel(f"127.0.0.1:{server.port}", other_key) as other:
+        other_runs = run_pb2_grpc.RunServiceStub(other)
+        for ws in ("other", ""):  # the credential's workspace, typed or not
+            details = await expect_error(
+                other_runs.GetRun(run_pb2.GetRunRequest(workspace_id=ws, run_id=run.run_id)),
+                grpc.StatusCode.NOT_FOUND, run.run_id,
+            )  # fmt: skip
+            assert "acme" not in details
+        # Typing the other workspace's id does not make the key act there.
+        await expect_error(
+            other_runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run.run_id)),
+            grpc.StatusCode.PERMISSION_DENIED, "workspace_id",
+        )  # fmt: skip
 
 
 BAD_REQUESTS = [
+    # An empty workspace_id means the credential's own workspace.
     ("GetRun", run_pb2.GetRunRequest(run_id="00000000-0000-0000-0000-000000000000"),
-     grpc.StatusCode.INVALID_ARGUMENT, "workspace_id"),
+     grpc.StatusCode.NOT_FOUND, "not found"),
     ("GetRun", run_pb2.GetRunRequest(workspace_id="acme", run_id="not-a-uuid"),
      grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
     ("GetRun", run_pb2.GetRunRequest(workspace_id="Acme!", run_id="x"),
+     grpc.StatusCode.PERMISSION_DENIED, "workspace_id"),
+    ("GetRun", run_pb2.GetRunRequest(workspace_id="a" * 64, run_id="x"),
      grpc.StatusCode.INVALID_ARGUMENT, "workspace_id"),
     ("GetRun", run_pb2.GetRunRequest(workspace_id="acme",
                                      run_id="00000000-0000-0000-0000-000000000000"),
@@ -263,7 +283,9 @@ async def grpcurl(*args: str) -> str:
     return out.decode()
 
 
-async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(server, agents, runs):
+async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(
+    server, agents, runs, acme_key
+):
     await publish(agents)
     run = (
         await runs.StartRun(
@@ -279,6 +301,8 @@ async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(server
         await grpcurl(
             "-d",
             json.dumps({"workspace_id": "acme", "run_id": run.run_id}),
+            "-H",
+            f"authorization: Bearer {acme_key}",
             addr,
             "agentrun.v1.RunService/GetRun",
         )  # fmt: skip

@@ -14,21 +14,24 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
+import grpc
 import httpx
 import pytest
 from starlette.applications import Starlette
 
-from agentrun.v1 import executor_pb2
+from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
 from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.config import ServerConfig
 from control_plane.errors import Aborted
 from control_plane.http.approvals import ApprovalRoutes
+from control_plane.server import start
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
 from control_plane.triggers import signatures
 from tests import factories
+from tests.harness import auth
 from tests.harness.agentrun_api import sandbox_requests
 from tests.harness.idp import id_token
 
@@ -135,6 +138,42 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     assert len(counts) == 500 and {c["count"] for c in counts} == {1}
     woken = await pool.fetchval("SELECT count(*) FROM runs WHERE wake_at IS NOT NULL")
     assert woken == 500
+
+
+async def test_grpc_decision_race_tells_the_loser_who_won(pool, config, db_url):
+    _, approval_id = await hold(pool)
+    server = await start(config)
+
+    async def as_approver(who: str) -> approval_pb2_grpc.ApprovalServiceStub:
+        key = await auth.workspace_key(db_url, "ws", role="approver", principal=who)
+        channel = auth.channel(f"127.0.0.1:{server.port}", key)
+        channels.append(channel)
+        return approval_pb2_grpc.ApprovalServiceStub(channel)
+
+    channels: list[grpc.aio.Channel] = []
+    try:
+        stub = await as_approver("alice@example.com")
+        first = await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+            workspace_id="ws", approval_id=str(approval_id), approver="alice@example.com",
+            approve=approval_pb2.Approve()))  # fmt: skip
+        assert first.approval.state == approval_pb2.APPROVAL_STATE_APPROVED
+        stub = await as_approver("bob@example.com")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                workspace_id="ws", approval_id=str(approval_id), approver="bob@example.com",
+                reject=approval_pb2.Reject(reason="no")))  # fmt: skip
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert "approved by alice@example.com" in info.value.details()
+        stub = await as_approver("mallory")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
+                workspace_id="ws", approval_id=str(approval_id), approver="mallory",
+                approve=approval_pb2.Approve()))  # fmt: skip
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        for channel in channels:
+            await channel.close()
+        await server.stop(grace=0)
 
 
 async def delivered_link(pool, config, approver="alice@example.com") -> str:

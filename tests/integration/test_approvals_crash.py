@@ -7,10 +7,9 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
-from tests.harness.idp import add_member, requires_interceptor, signed_in
+from tests.harness.auth import workspace_key
 from tests.harness.waiting import eventually
 
-pytestmark = requires_interceptor
 APPROVER = "manager@example.com"
 
 
@@ -44,21 +43,20 @@ async def check_consistent(db, run_id: str) -> None:
     await eventually(delivered, timeout=30, message="a notification was never delivered")
 
 
-async def wait_pending(api: Api, stub, run_id: str, metadata) -> approval_pb2.Approval:
+async def wait_pending(stub, run_id: str) -> approval_pb2.Approval:
     async def one():
         resp = await stub.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING), metadata=metadata)  # fmt: skip
+            workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
         mine = [a for a in resp.approvals if a.run_id == run_id]
         return mine[0] if mine else None
 
     return await eventually(one, timeout=30, message="no pending approval")
 
 
-async def approve(stub, approval_id: str, metadata):
-    """Approve as the signed-in approver (the request names nobody)."""
+async def approve(stub, approval_id: str):
+    """Approve as the approver whose key `stub` calls with (the request names nobody)."""
     return await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()),
-        metadata=metadata)  # fmt: skip
+        workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -71,16 +69,15 @@ async def approve(stub, approval_id: str, metadata):
     ],
 )
 async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
-    db_url, db, control_plane, executor_factory, sandbox_providers, sandbox_idp, where, fault
+    db_url, db, control_plane, executor_factory, sandbox_providers, where, fault
 ):
-    faults = {"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}
-    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url, **faults)
-    api = Api(cp.address)
-    stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
-    md = await signed_in(sandbox_idp.url, APPROVER)
+    cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
+    api = await Api.connect(cp.address, db_url)
+    key = await workspace_key(db_url, "ws", role="approver", principal=APPROVER)
+    approver = Api(cp.address, "ws", key)  # the approver's own key decides (an ordinary tool)
+    stub = approval_pb2_grpc.ApprovalServiceStub(approver.channel)
     try:
         await publish(api)
-        await add_member(db, "ws", APPROVER, "approver")
         run_id = await api.start("mailer", "email ada")
         doomed_env = {"AGENTRUN_FAULTS": fault} if where == "executor" else {}
         (first,) = executor_factory(cp, **doomed_env)
@@ -91,13 +88,13 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
         if where == "control_plane" and not deciding:
             await eventually(lambda: not cp.process.alive, timeout=30, message="fault never fired")
             cp.restart(AGENTRUN_FAULTS="")
-        pending = await wait_pending(api, stub, run_id, md)
+        pending = await wait_pending(stub, run_id)
         if deciding:
             with pytest.raises(grpc.aio.AioRpcError):  # the replica died inside the decision
-                await approve(stub, pending.approval_id, md)
+                await approve(stub, pending.approval_id)
             assert await db.fetchval("SELECT count(*) FROM approvals WHERE decision IS NULL") == 1
             cp.restart(AGENTRUN_FAULTS="")
-        await approve(stub, pending.approval_id, md)
+        await approve(stub, pending.approval_id)
         (run,) = await api.wait_terminal([run_id])
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
         assert len(await approvals_of(db, run_id)) == 1
@@ -110,4 +107,5 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
                     if (r["idempotency_key"] or "").startswith("notification:")]  # fmt: skip
             assert len(keys) > len(set(keys))
     finally:
+        await approver.close()
         await api.close()

@@ -1,7 +1,8 @@
 """Approvals end to end: real executors hold the call, a human decides, the model sees it.
 
-The approver is a person signed in at the sandbox IdP and a member of the
-workspace; the decision is theirs (the request names nobody).
+The admin's key publishes and starts; the approver decides as themselves (the
+request names nobody): with their own approver key, or signed in at the sandbox
+IdP as a member of the workspace.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ import grpc
 import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_requests
-from tests.harness.idp import add_member, requires_interceptor, signed_in
+from tests.harness.idp import add_member, signed_in
 from tests.harness.waiting import eventually
 
-pytestmark = requires_interceptor
 APPROVER = "manager@example.com"
 
 
 class Approvals:
-    """The approval service as the signed-in approver calls it."""
+    """The approval service as the approver calls it (their key, or signed-in metadata)."""
 
     def __init__(self, stub: approval_pb2_grpc.ApprovalServiceStub, metadata) -> None:
         self.stub, self.metadata = stub, metadata
@@ -34,15 +35,24 @@ class Approvals:
 
 
 @pytest.fixture
-async def stack(db_url, db, control_plane, sandbox_model, sandbox_providers, sandbox_idp):
+async def stack(request, db_url, db, control_plane, sandbox_model, sandbox_providers, sandbox_idp):
+    """The control plane, an admin's Api, and the approval service as the approver calls it:
+    with their own approver key (send_email is an ordinary tool), or signed in at the IdP
+    as a member of the workspace (`indirect` param "signed_in")."""
     cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy)
-    await add_member(db, "ws", APPROVER, "approver")
-    stub = approval_pb2_grpc.ApprovalServiceStub(api.channel)
-    approvals = Approvals(stub, await signed_in(sandbox_idp.url, APPROVER))
+    if getattr(request, "param", "key") == "signed_in":
+        await add_member(db, "ws", APPROVER, "approver")
+        channel = auth.channel(cp.address, None)
+        metadata = await signed_in(sandbox_idp.url, APPROVER)
+    else:  # an admin key may not decide: the approver's own key does
+        key = await auth.workspace_key(db_url, api.ws, role="approver", principal=APPROVER)
+        channel, metadata = auth.channel(cp.address, key), None
+    approvals = Approvals(approval_pb2_grpc.ApprovalServiceStub(channel), metadata)
     yield cp, api, approvals
+    await channel.close()
     await api.close()
 
 
@@ -69,6 +79,7 @@ async def decide(approvals, approval_id: str, **decision):
         workspace_id="ws", approval_id=approval_id, **decision))  # fmt: skip
 
 
+@pytest.mark.parametrize("stack", ["key", "signed_in"], indirect=True)
 async def test_the_call_waits_with_no_executor_and_runs_exactly_as_approved(
     stack, executor_factory, sandbox_providers
 ):

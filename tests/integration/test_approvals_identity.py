@@ -27,7 +27,7 @@ from control_plane.config import ServerConfig
 from control_plane.errors import PermissionDenied
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.server import start
-from tests.harness.idp import add_member, id_token, requires_interceptor
+from tests.harness.idp import add_member, id_token
 from tests.integration.test_approvals import (
     POLICY,
     SLACK_SECRET,
@@ -184,9 +184,6 @@ async def test_a_slack_click_cannot_decide_a_money_moving_call(pool, http):
 
 
 async def _four_eyes_run(pool, started_by: str):
-    # Until migration 0006 (identity) lands, runs has no started_by: add it for this database.
-    # With 0006 applied this is a no-op. (The guard reads the column defensively.)
-    await pool.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_by text")
     run_id, approval_id = await hold_charge(pool, policy={**POLICY, "four_eyes": True})
     await pool.execute("UPDATE runs SET started_by = $1 WHERE run_id = $2", started_by, run_id)
     return run_id, approval_id
@@ -215,7 +212,6 @@ async def test_four_eyes_knows_the_starter_by_any_credential_and_lets_them_rejec
 
 
 async def test_without_four_eyes_the_starter_may_approve(pool):
-    await pool.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_by text")
     run_id, approval_id = await hold_charge(pool)
     await pool.execute(
         "UPDATE runs SET started_by = $1 WHERE run_id = $2", f"person:{ALICE}", run_id
@@ -223,10 +219,9 @@ async def test_without_four_eyes_the_starter_may_approve(pool):
     assert (await decide_as(pool, approval_id, person(ALICE)))["decided_by"] == ALICE
 
 
-# --- over gRPC, once the identity interceptor is on main -------------------------------------
+# --- over gRPC, through the identity interceptor ---------------------------------------------
 
 
-@requires_interceptor
 async def test_grpc_decisions_are_the_signed_in_callers(pool, config):
     _, approval_id = await hold_charge(pool)
     for who in (ALICE, BOB, "mallory@example.com"):
@@ -237,11 +232,14 @@ async def test_grpc_decisions_are_the_signed_in_callers(pool, config):
             stub = approval_pb2_grpc.ApprovalServiceStub(ch)
 
             async def call(email: str | None, **fields):
-                md = [("authorization", f"Bearer {await id_token(config.oidc_issuer, email)}")]
+                md = None
+                if email is not None:
+                    token = await id_token(config.oidc_issuer, email)
+                    md = [("authorization", f"Bearer {token}")]
                 req = approval_pb2.DecideApprovalRequest(
                     workspace_id="ws", approval_id=str(approval_id), **fields
                 )
-                return await stub.DecideApproval(req, metadata=md if email else None)
+                return await stub.DecideApproval(req, metadata=md)
 
             codes = {}
             for label, email, fields in (

@@ -89,7 +89,7 @@ class Chaos:
 async def stack(db_url, control_plane, processes):
     providers = start_sandbox(processes, "providers")
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     await api.publish("chaos", "chaos", TOOLS)
     for seed, (provider, mode, probability, extra) in enumerate(FAULTS):
         set_fault(

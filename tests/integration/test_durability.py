@@ -35,7 +35,7 @@ WRITER_TOOLS = ["crm_lookup", "send_email", "echo", "sleep"]
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     await api.publish("writer", "writer", WRITER_TOOLS)
     async with AutoApprover(api):  # money-moving tools wait for a person's approval
         yield cp, api

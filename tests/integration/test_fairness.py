@@ -133,7 +133,7 @@ async def test_counters_follow_every_way_in_and_out_of_running(pool):
     await lease.release_unassigned(
         pool, lease.LeaseKey("ws", held[3]["run_id"], held[3]["lease_epoch"])
     )
-    await pool.execute("UPDATE runs SET deadline_at = now() - interval '1 s' WHERE run_id = $1",
+    await pool.execute("UPDATE runs SET active_seconds = deadline_seconds WHERE run_id = $1",
                        held[4]["run_id"])  # fmt: skip
     await lease.heartbeat(
         pool, "ex", [lease.LeaseKey("ws", held[4]["run_id"], held[4]["lease_epoch"])], 30

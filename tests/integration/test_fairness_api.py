@@ -15,7 +15,7 @@ from tests.harness.agentrun_api import Api
 @pytest.fixture
 async def stack(db_url, control_plane):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
     yield api, pool
     await pool.close()

@@ -92,7 +92,7 @@ class Race:
         roll = self.rng.random()
         if roll < 0.05:
             return  # forgotten: the lease lapses and another claimer takes it over
-        seq = row["step_count"] + 1
+        seq = row["step_count"]
         if roll < 0.3:
             wake = self.rng.uniform(0, 0.03)
             transition = steps.Transition("waiting", wait_reason="sleep", wake_after_seconds=wake)

@@ -14,6 +14,7 @@ from control_plane.store.migrate import (
     MIGRATION_LOCK_KEY,
     MigrationChecksumError,
     MigrationError,
+    MigrationOrderError,
     load_migrations,
     migrate,
     migrations_dir,
@@ -134,6 +135,45 @@ async def test_a_failing_migration_leaves_no_trace(empty_db_url: str, own_migrat
 
     broken.write_text("-- For this test, fixed.\nCREATE TABLE half (id int);\n")
     assert await migrate(empty_db_url, own_migrations) == ["9999_broken"]
+
+
+async def test_a_migration_numbered_below_an_applied_one_is_refused(
+    empty_db_url: str, own_migrations: Path
+) -> None:
+    await migrate(empty_db_url, own_migrations)
+    (own_migrations / "0000_forgotten.sql").write_text(
+        "-- For this test.\nCREATE TABLE f (id int);\n"
+    )
+
+    with pytest.raises(MigrationOrderError, match="0000_forgotten"):
+        await migrate(empty_db_url, own_migrations)
+    assert "f" not in await _tables(empty_db_url)
+
+
+async def test_renumbered_files_are_recognised_not_applied_again(
+    empty_db_url: str, own_migrations: Path
+) -> None:
+    await migrate(empty_db_url, own_migrations)
+    before = {(r["name"], r["checksum"]) for r in await _recorded(empty_db_url)}
+    labels = _renumber(own_migrations, by=100)
+
+    assert await migrate(empty_db_url, own_migrations) == []
+    after = await _recorded(empty_db_url)
+    assert {(r["name"], r["checksum"]) for r in after} == before
+    assert [f"{r['version']}_{r['name']}" for r in after] == labels
+
+
+def _renumber(directory: Path, by: int) -> list[str]:
+    """Move every file's number up by `by`, keeping names and bytes; the new labels."""
+    for path in sorted(directory.glob("*.sql"), reverse=True):
+        version, rest = path.name.split("_", 1)
+        path.rename(directory / f"{int(version) + by:04d}_{rest}")
+    return sorted(p.stem for p in directory.glob("*.sql"))
+
+
+def test_migration_numbers_follow_each_other_from_0001() -> None:
+    versions = [int(m.version) for m in load_migrations()]
+    assert versions == list(range(1, len(versions) + 1))
 
 
 def test_badly_named_files_are_refused(own_migrations: Path) -> None:

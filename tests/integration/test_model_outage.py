@@ -30,7 +30,7 @@ WHERE run_id = ANY($1::uuid[]) AND kind = 'model_decision'
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     yield cp, api
     await api.close()
     clear_faults(sandbox_model.url)

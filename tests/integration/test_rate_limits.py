@@ -107,7 +107,7 @@ async def test_a_429_blocks_the_bucket_and_halves_its_rate_for_the_cool_down(buc
 @pytest.fixture
 async def stack(db_url, control_plane, redis_client):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     yield cp, api
     await api.close()
 

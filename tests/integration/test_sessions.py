@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import grpc
@@ -13,6 +14,7 @@ import pytest
 from agentrun.v1 import agent_pb2, run_pb2, session_pb2
 from control_plane.api.sessions import transcript
 from executor import replay
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, clear_faults, sandbox_requests, set_fault
 from tests.harness.triggers import TriggerApi
 from tests.harness.waiting import eventually
@@ -41,9 +43,12 @@ async def refused(call) -> grpc.aio.AioRpcError:
     return info.value
 
 
-async def http_send(base: str, session_id: str, body: dict | bytes) -> httpx.Response:
+async def http_send(
+    base: str, session_id: str, body: dict | bytes, key: str | None
+) -> httpx.Response:
     url = f"{base}/v1/workspaces/{WS}/sessions/{session_id}/messages"
-    async with httpx.AsyncClient(timeout=10) as client:
+    headers = auth.bearer(key) if key else {}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         if isinstance(body, bytes):
             return await client.post(url, content=body)
         return await client.post(url, json=body)
@@ -53,7 +58,10 @@ async def test_a_second_message_waits_for_the_turn_and_the_next_turn_sees_the_fi
     db_url, control_plane, executor_factory, sandbox_model
 ):
     cp = control_plane(db_url)
-    api, runs = TriggerApi(cp.address, WS), Api(cp.address, WS)
+    api, runs = (
+        await TriggerApi.connect(cp.address, db_url, WS),
+        await Api.connect(cp.address, db_url, WS),
+    )
     await api.publish("chatter", model="chat")
     session_id = await new_session(api)
     first = (await send(api, session_id, "My name is Ada.")).turn
@@ -63,7 +71,7 @@ async def test_a_second_message_waits_for_the_turn_and_the_next_turn_sees_the_fi
     err = await refused(send(api, session_id, "What is my name?"))
     assert err.code() == grpc.StatusCode.ABORTED
     assert f"turn 1 (run {first.run_id}) is still queued" in err.details()
-    conflict = await http_send(cp.http_url, session_id, {"text": "What is my name?"})
+    conflict = await http_send(cp.http_url, session_id, {"text": "What is my name?"}, api.key)
     assert conflict.status_code == 409 and conflict.json()["code"] == "ABORTED"
 
     # Running (the model is slow): refused as well.
@@ -109,8 +117,8 @@ async def _status_is(runs: Api, run_id: str, status: int) -> bool:
 
 
 @pytest.fixture
-async def api(server):
-    client = TriggerApi(f"127.0.0.1:{server.port}", WS)
+async def api(server, db_url):
+    client = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     await client.publish("chatter", model="chat")
     yield client
     await client.close()
@@ -137,7 +145,7 @@ async def test_a_retried_send_with_its_request_id_returns_the_same_turn(api, ser
     assert (first.created, again.created) == (True, False)
     assert first.turn.run_id == again.turn.run_id
     base = f"http://127.0.0.1:{server.http_port}"
-    over_http = await http_send(base, session_id, {"text": "hello", "request_id": "r-1"})
+    over_http = await http_send(base, session_id, {"text": "hello", "request_id": "r-1"}, api.key)
     assert over_http.status_code == 202
     assert over_http.json() == {"turn": 1, "run_id": first.turn.run_id, "status": "queued",
                                 "created": False}  # fmt: skip
@@ -156,11 +164,11 @@ async def test_bad_messages_are_refused_naming_the_field_and_store_nothing(api, 
     missing = await refused(send(api, "00000000-0000-0000-0000-000000000000", "hi"))
     assert missing.code() == grpc.StatusCode.NOT_FOUND
     answers = [
-        await http_send(base, session_id, {"text": ""}),
-        await http_send(base, session_id, {"text": 5}),
-        await http_send(base, "not-a-uuid", {"text": "hi"}),
-        await http_send(base, "00000000-0000-0000-0000-000000000000", {"text": "hi"}),
-        await http_send(base, session_id, b"{"),
+        await http_send(base, session_id, {"text": ""}, api.key),
+        await http_send(base, session_id, {"text": 5}, api.key),
+        await http_send(base, "not-a-uuid", {"text": "hi"}, api.key),
+        await http_send(base, "00000000-0000-0000-0000-000000000000", {"text": "hi"}, api.key),
+        await http_send(base, session_id, b"{", api.key),
     ]
     assert [a.status_code for a in answers] == [400, 400, 400, 404, 400]
     assert [a.json()["error"].split(":")[0] for a in answers] == [
@@ -213,13 +221,13 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     db_url, control_plane, executor_factory
 ):
     cp = control_plane(db_url)
-    api = TriggerApi(cp.address, WS)
+    api = await TriggerApi.connect(cp.address, db_url, WS)
     await api.publish("chatter", model="chat")
     executor_factory(cp)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentrun_cli", "--address", cp.address, "--workspace", WS,
         "chat", "chatter", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "AGENTRUN_API_KEY": api.key},
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(b"I am Grace.\nWho am I?\n"), timeout=120)
     text = out.decode()
@@ -234,7 +242,10 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
 
 async def test_a_turn_copies_every_limit_of_the_agent_version_at_admission(db_url, control_plane):
     cp = control_plane(db_url)
-    api, runs = TriggerApi(cp.address, WS), Api(cp.address, WS)
+    api, runs = (
+        await TriggerApi.connect(cp.address, db_url, WS),
+        await Api.connect(cp.address, db_url, WS),
+    )
     await api.publish("chatter", model="chat")
     limits = agent_pb2.RunLimits(max_steps=7, max_tool_calls=9, model_retry_budget=4)
     spec = agent_pb2.AgentSpec(model="chat", instructions="test agent", limits=limits)
@@ -247,3 +258,25 @@ async def test_a_turn_copies_every_limit_of_the_agent_version_at_admission(db_ur
         7, 9, 4,
     )  # fmt: skip
     await runs.close()
+
+
+async def test_the_http_session_route_needs_an_operating_key_and_stores_nothing_without(
+    api, server, db, db_url
+):
+    session_id = await new_session(api)
+    base = f"http://127.0.0.1:{server.http_port}"
+    before = [await db.fetchval(f"SELECT count(*) FROM {t}") for t in ("runs", "session_turns")]
+    reader = await auth.workspace_key(db_url, WS, role="reader")
+    other = await auth.workspace_key(db_url, "another-ws", role="operator")
+    answers = {
+        "none": await http_send(base, session_id, {"text": "hi"}, None),
+        "garbage": await http_send(base, session_id, {"text": "hi"}, "agr_ws_nope"),
+        "reader": await http_send(base, session_id, {"text": "hi"}, reader),
+        "other workspace": await http_send(base, session_id, {"text": "hi"}, other),
+    }
+    assert {k: a.status_code for k, a in answers.items()} == {
+        "none": 401, "garbage": 401, "reader": 403, "other workspace": 403,
+    }  # fmt: skip
+    after = [await db.fetchval(f"SELECT count(*) FROM {t}") for t in ("runs", "session_turns")]
+    assert after == before
+    assert (await http_send(base, session_id, {"text": "hi"}, api.key)).status_code == 202

@@ -120,7 +120,7 @@ async def test_park_releases_the_lease_until_wake_time(pool):
 
 
 async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(pool):
-    r1, r2 = await factories.queued_runs(pool, 2, deadline_seconds=1)
+    r1, r2 = await factories.queued_runs(pool, 2, deadline_seconds=60)
     held = await lease.claim_due(pool, ["ex-a", "ex-a"], 30)
     assert len(held) == 2
     ok = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30)
@@ -129,13 +129,17 @@ async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(poo
         {}, set()
     )
     # Past the deadline the heartbeat is refused and the run fails with a finish step.
-    await pool.execute("UPDATE runs SET deadline_at = now() - interval '1 s'")
-    out = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30)
+    # Active time: 59.5 s of earlier holds, then the current hold passes 60 s.
+    await pool.execute("UPDATE runs SET active_seconds = 59.5")
+    later = held[0]["held_since"] + timedelta(seconds=1)
+    out = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30, now=later)
     assert out.renewed == {} and out.past_deadline == {key(h) for h in held}
     row = await runs.get_run(pool, r1["workspace_id"], r1["run_id"])
     assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
     log = await steps.list_steps(pool, r2["workspace_id"], r2["run_id"], 0, 10)
-    assert json.loads(log[-1]["payload"])["status"] == "failed"
+    assert json.loads(log[-1]["payload"]) == {"status": "failed", "error": "deadline exceeded"}
+    row = await runs.get_run(pool, r2["workspace_id"], r2["run_id"])
+    assert row["step_count"] == len(log) and row["held_since"] is None
 
 
 async def test_cancel_fences_the_holder(pool):

@@ -26,7 +26,7 @@ from tests.harness.waiting import eventually
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     await api.publish("charger", "charger", ["create_charge"])
     await api.publish("writer", "writer", ["crm_lookup", "send_email", "echo"])
     async with AutoApprover(api):  # create_charge moves money: a person approves each

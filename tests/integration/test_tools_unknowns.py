@@ -7,6 +7,7 @@ armed for one run's calls only (by its key prefix), before any executor runs.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 
 from agentrun.v1 import run_pb2
 from tests.harness.agentrun_api import Api, clear_faults, sandbox_effects, set_fault
+from tests.harness.auth import workspace_key
 from tests.harness.invariants import assert_log_well_formed
 from tests.harness.waiting import eventually
 
@@ -24,7 +26,7 @@ CODE = grpc.StatusCode
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     await api.publish("poster", "poster", ["chat_post"])
     yield cp, api
     await api.close()
@@ -52,6 +54,11 @@ LOST = {"mode": "drop_response", "delay_ms": 0}  # the post happens, the answer 
 FAILED = {"mode": "error", "status": 500}  # a 5xx: the client cannot tell either
 
 
+async def as_operator(cp, db_url, ws: str, name: str) -> Api:
+    """An Api calling with `name`'s own operator key (a decision records its caller)."""
+    return Api(cp.address, ws, await workspace_key(db_url, ws, "operator", name))
+
+
 @pytest.mark.parametrize(
     ("fault", "decision", "status", "sent"),
     [
@@ -62,7 +69,7 @@ FAILED = {"mode": "error", "status": 500}  # a 5xx: the client cannot tell eithe
     ],
 )
 async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
-    stack, executor_factory, sandbox_providers, fault, decision, status, sent
+    stack, executor_factory, sandbox_providers, fault, decision, status, sent, db_url
 ):
     cp, api = stack
     url = sandbox_providers.url
@@ -77,7 +84,9 @@ async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
     assert unknown.payload["status"] == "unknown" and unknown.payload["tool"] == "chat_post"
     assert len(posts(url, run_id)) == (1 if fault is LOST else 0)  # never sent twice by itself
 
-    decided = await api.resolve_unknown(run_id, unknown.seq, decision, "ops-alice", "checked")
+    alice = await as_operator(cp, db_url, api.ws, "ops-alice")
+    decided = await alice.resolve_unknown(run_id, unknown.seq, decision, "ops-alice", "checked")
+    await alice.close()
     assert (
         decided.step.ref_seq == unknown.seq and decided.step.kind == run_pb2.STEP_KIND_TOOL_RESULT
     )
@@ -90,7 +99,7 @@ async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
     assert decision_step.payload | {"resolution": None} == {
         "call_id": unknown.payload["call_id"], "tool": "chat_post",
         "status": "ok" if decision == "happened" else "error", "output": None,
-        "resolution": None, "decision": decision, "decided_by": "ops-alice", "note": "checked",
+        "resolution": None, "decision": decision, "decided_by": "key:ops-alice", "note": "checked",
         **({} if decision == "happened" else {"error": decision_step.payload["error"]}),
     }  # fmt: skip
     started = [s for s in steps if s.kind == "tool_started"]
@@ -99,65 +108,72 @@ async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
         assert started[1].payload["idempotency_key"] == f"{run_id}:{started[1].seq}"
         assert posts(url, run_id)[0]["key"] == started[1].payload["idempotency_key"]
     if decision == "happened":  # the model read the decision as the call's result
-        assert "ops-alice checked and decided: it happened (note: checked)" in run.output
+        assert "key:ops-alice checked and decided: it happened (note: checked)" in run.output
     if decision == "fail_run":
-        assert "ops-alice failed the run: checked" in run.error
+        assert "key:ops-alice failed the run: checked" in run.error
 
 
 async def test_two_people_deciding_at_once_resolve_it_exactly_once(
-    stack, executor_factory, sandbox_providers
+    stack, executor_factory, sandbox_providers, db_url
 ):
     cp, api = stack
     run_id = await start_with_fault(api, sandbox_providers.url, "poster", "chat", **LOST)
     executor_factory(cp)
     unknown = await parked_unknown(api, run_id)
     people = [f"person-{i}" for i in range(6)]
+    callers = [await as_operator(cp, db_url, api.ws, who) for who in people]
     outcomes = await asyncio.gather(
-        *(api.resolve_unknown(run_id, unknown.seq, "happened", who) for who in people),
+        *(c.resolve_unknown(run_id, unknown.seq, "happened", who)
+          for c, who in zip(callers, people, strict=True)),
         return_exceptions=True,
-    )
+    )  # fmt: skip
     won = [o for o in outcomes if isinstance(o, run_pb2.ResolveUnknownOutcomeResponse)]
     lost = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     assert len(won) == 1 and len(lost) == len(people) - 1, outcomes
     winner = won[0].step
     assert {e.code() for e in lost} == {CODE.ABORTED}
-    who = [w for w in people if f"by {w}" in lost[0].details()]
+    who = [w for w in people if f"by key:{w}" in lost[0].details()]
     assert len(who) == 1 and f"step {winner.seq}" in lost[0].details()
     (run,) = await api.wait_terminal([run_id], within=30)
     assert run.status == run_pb2.RUN_STATUS_COMPLETED
     steps = await api.steps(run_id)
     assert [s.seq for s in steps if s.ref_seq == unknown.seq] == [winner.seq]
     # A late decision, after the run moved on, still names the winner.
+    latecomer = await as_operator(cp, db_url, api.ws, "latecomer")
     with pytest.raises(grpc.aio.AioRpcError) as late:
-        await api.resolve_unknown(run_id, unknown.seq, "retry", "latecomer")
+        await latecomer.resolve_unknown(run_id, unknown.seq, "retry", "latecomer")
     assert late.value.code() == CODE.ABORTED and who[0] in late.value.details()
 
 
 async def test_bad_decisions_are_refused_naming_the_problem(
-    stack, executor_factory, sandbox_providers
+    stack, executor_factory, sandbox_providers, db_url
 ):
     cp, api = stack
     run_id = await start_with_fault(api, sandbox_providers.url, "poster", "chat", **LOST)
     executor_factory(cp)
     unknown = await parked_unknown(api, run_id)
 
-    async def refused(code, *words, **fields):
+    async def refused(code, *words, caller=api, **fields):
         request = {
-            "workspace_id": api.ws, "run_id": run_id, "seq": unknown.seq, "decided_by": "me",
-            "decision": run_pb2.OUTCOME_DECISION_HAPPENED, **fields,
+            "workspace_id": caller.ws, "run_id": run_id, "seq": unknown.seq,
+            "decided_by": "tester", "decision": run_pb2.OUTCOME_DECISION_HAPPENED, **fields,
         }  # fmt: skip
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await api.runs.ResolveUnknownOutcome(run_pb2.ResolveUnknownOutcomeRequest(**request))
+            await caller.runs.ResolveUnknownOutcome(run_pb2.ResolveUnknownOutcomeRequest(**request))
         assert err.value.code() == code, err.value.details()
         assert all(word in err.value.details() for word in words), err.value.details()
 
     await refused(CODE.INVALID_ARGUMENT, "run_id", run_id="not-a-uuid")
     await refused(CODE.INVALID_ARGUMENT, "seq", seq=0)
     await refused(CODE.INVALID_ARGUMENT, "decision", decision=0)
-    await refused(CODE.INVALID_ARGUMENT, "decided_by", decided_by="")
+    # Who decides is the caller's credential: naming someone else is refused.
+    await refused(CODE.PERMISSION_DENIED, "decided_by", decided_by="someone-else")
+    await refused(CODE.INVALID_ARGUMENT, "decided_by", decided_by="x" * 300)
     await refused(CODE.INVALID_ARGUMENT, "note", note="x" * 5000)
     await refused(CODE.NOT_FOUND, "not found", run_id="00000000-0000-4000-8000-000000000000")
-    await refused(CODE.NOT_FOUND, "not found", workspace_id="someone-else")
+    await refused(CODE.PERMISSION_DENIED, "workspace_id", workspace_id="someone-else")
+    stranger = await as_operator(cp, db_url, "someone-else", "tester")
+    await refused(CODE.NOT_FOUND, "not found", caller=stranger)
     await refused(CODE.NOT_FOUND, "no step 99", seq=99)
     await refused(CODE.FAILED_PRECONDITION, "model_decision", seq=1)
     await refused(CODE.FAILED_PRECONDITION, "tool_started", seq=unknown.seq - 1)
@@ -189,7 +205,9 @@ async def test_a_call_the_model_may_not_make_is_an_error_it_recovers_from_and_no
     assert not [e for e in sandbox_effects(sandbox_providers.url) if run_id in (e["key"] or "")]
 
 
-async def test_the_cli_decides_an_unknown_outcome(stack, executor_factory, sandbox_providers):
+async def test_the_cli_decides_an_unknown_outcome(
+    stack, executor_factory, sandbox_providers, db_url
+):
     cp, api = stack
     run_id = await start_with_fault(api, sandbox_providers.url, "poster", "chat", **LOST)
     executor_factory(cp)
@@ -199,12 +217,16 @@ async def test_the_cli_decides_an_unknown_outcome(stack, executor_factory, sandb
         "runs", "resolve", run_id, str(unknown.seq), "happened", "--by", "cli-user",
         "--note", "saw it",
     ]  # fmt: skip
-    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+    key = await workspace_key(db_url, api.ws, "operator", "cli-user")
+    env = {**os.environ, "AGENTRUN_API_KEY": key}
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert "chat_post ok" in done.stdout and "cli-user" in done.stdout
     (run,) = await api.wait_terminal([run_id], within=30)
     assert run.status == run_pb2.RUN_STATUS_COMPLETED
     again = await asyncio.to_thread(
-        subprocess.run, argv, capture_output=True, text=True, timeout=60
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
     )
     assert again.returncode != 0 and "ABORTED" in again.stderr + again.stdout

@@ -25,8 +25,8 @@ INBOX = "inbox@acme.test"
 
 
 @pytest.fixture
-async def api(server):
-    client = TriggerApi(f"127.0.0.1:{server.port}", WS)
+async def api(server, db_url):
+    client = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     for agent in ("triage", "alice", "bob"):
         await client.publish(agent)
     yield client
@@ -240,7 +240,7 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
     every send marks the mail as ours, and the chain stops at max_chain_depth."""
     sandbox_providers.reset()
     cp = control_plane(db_url)
-    api = TriggerApi(cp.address, WS)
+    api = await TriggerApi.connect(cp.address, db_url, WS)
     secrets = {}
     for agent in ("alice", "bob"):
         await api.publish(agent, model="mail_reply", tools=("send_email",))

@@ -133,7 +133,7 @@ async def test_two_control_plane_replicas_fire_an_interval_schedule_once_per_slo
 ):
     fast = {"AGENTRUN_SCHEDULER_POLL_SECONDS": "0.05"}
     replicas = [control_plane(db_url, **fast) for _ in range(2)]
-    api = TriggerApi(replicas[0].address, WS)
+    api = await TriggerApi.connect(replicas[0].address, db_url, WS)
     await api.publish("ticker")
     await api.create(
         "every-second", "ticker",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -33,8 +34,8 @@ async def server(db_url):
 
 
 @pytest.fixture
-async def api(server):
-    client = TriggerApi(f"127.0.0.1:{server.port}", WS)
+async def api(server, db_url):
+    client = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     await client.publish("triage")
     yield client
     await client.close()
@@ -241,11 +242,12 @@ async def test_triggers_need_a_published_agent_and_a_free_id(api):
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def cli(server, *argv: str) -> str:
+async def cli(server, key: str, *argv: str) -> str:
     """Run `agentrun …` against the in-process server (asynchronously: it serves this loop)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
         "--workspace", WS, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "AGENTRUN_API_KEY": key},
     )  # fmt: skip
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
@@ -253,8 +255,7 @@ async def cli(server, *argv: str) -> str:
 
 
 async def test_the_triggers_cli_creates_lists_and_shows_events(api, http, server):
-    created = await cli(
-        server, "triggers", "create", "gh", "--agent", "triage", "--webhook", "github",
+    created = await cli(server, api.key, "triggers", "create", "gh", "--agent", "triage", "--webhook", "github",
         "--filter", "action equals opened",
     )  # fmt: skip
     secret = re.search(r"signing secret \(shown once\): (\S+)", created).group(1)
@@ -262,12 +263,12 @@ async def test_the_triggers_cli_creates_lists_and_shows_events(api, http, server
     for n, action in enumerate(["opened", "closed"]):
         body, headers = signed("github", secret, {"action": action}, f"d-{n}")
         assert (await post(http, WS, "gh", body, headers)).status_code == 202
-    events = await cli(server, "triggers", "events", "gh")
+    events = await cli(server, api.key, "triggers", "events", "gh")
     assert re.search(r"accepted\s+d-0\s+run [0-9a-f-]{36}", events)
     assert re.search(r"filtered\s+d-1\s+filters\[0\]: action equals opened", events)
-    shown = await cli(server, "triggers", "show", "gh")
+    shown = await cli(server, api.key, "triggers", "show", "gh")
     assert "secret    #1" in shown and secret not in shown
-    listed = await cli(server, "triggers", "list")
+    listed = await cli(server, api.key, "triggers", "list")
     assert listed.startswith("gh") and "webhook (github)" in listed
-    rotated = await cli(server, "triggers", "rotate-secret", "gh", "--grace", "0")
+    rotated = await cli(server, api.key, "triggers", "rotate-secret", "gh", "--grace", "0")
     assert "new signing secret (shown once)" in rotated and "secret    #2" in rotated

@@ -244,13 +244,26 @@ def test_limits_fail_the_run_before_the_action_that_would_exceed_them():
     assert limits.exceeded(_run(), used, CallModel(), 0) is None
 
 
-def test_deadline_is_compared_with_the_wall_clock():
+def test_deadline_counts_active_time_not_the_wall_clock():
     run = _run()
-    run.deadline_time.FromSeconds(1_000)
-    assert limits.exceeded(run, replay.Counters(), CallModel(), 999.0) is None
-    assert limits.exceeded(run, replay.Counters(), CallModel(), 1_000.0).startswith("deadline")
+    run.limits.deadline.FromSeconds(60)
+    run.active_duration.FromSeconds(50)  # earlier holds
+    used = replay.Counters()
+    assert limits.exceeded(run, used, CallModel(), 10**9, held_for=9.9) is None  # days later
+    assert limits.exceeded(run, used, CallModel(), 0, held_for=10.0).startswith(
+        "deadline exceeded (60.0s of active time"
+    )
     unknown = ResolveUnknown(replay.Entry(2, replay.STARTED, 1, {}))
-    assert limits.exceeded(run, replay.Counters(), unknown, 2_000.0) is None
+    assert limits.exceeded(run, used, unknown, 0, held_for=100.0) is None
+
+
+def test_max_age_is_compared_with_the_wall_clock():
+    run = _run()
+    run.expire_time.FromSeconds(1_000)
+    assert limits.exceeded(run, replay.Counters(), CallModel(), 999.0) is None
+    assert limits.exceeded(run, replay.Counters(), CallModel(), 1_000.0).startswith(
+        "max age exceeded"
+    )
 
 
 def test_decision_step_payload_and_unique_call_ids():

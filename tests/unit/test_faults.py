@@ -33,3 +33,25 @@ def test_unarmed_points_are_inert():
     code = "import faults\nfor _ in range(100):\n    faults.point('p')\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert (out.returncode, out.stdout.strip()) == (0, "ok")
+
+
+def test_parse_raise_actions():
+    assert faults._parse_actions("a=raise, b=raise@2, c") == {
+        "a": ("raise", 1), "b": ("raise", 2), "c": ("kill", 1)
+    }  # fmt: skip
+
+
+def test_a_point_armed_to_raise_raises_at_every_hit_from_the_nth():
+    code = (
+        "import faults\n"
+        "for i in range(4):\n"
+        "    try:\n"
+        "        faults.point('p')\n"
+        "        print(i, 'ok', flush=True)\n"
+        "    except faults.InjectedFault:\n"
+        "        print(i, 'raised', flush=True)\n"
+    )
+    env = {**os.environ, "AGENTRUN_FAULTS": "p=raise@2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["0 ok", "1 raised", "2 raised", "3 raised"]

@@ -210,3 +210,30 @@ async def test_a_commit_refused_as_invalid_fails_the_run_instead_of_looping_fore
     last = committer.commits[-1]
     assert last.WhichOneof("transition") == "fail"
     assert "refused as invalid: malformed commit: 7" in last.fail.error
+
+
+class FailingControlPlane(Committer):
+    """Answers as a control plane whose commit transaction keeps failing: it failed the run."""
+
+    async def commit(self, commit: executor_pb2.Commit, reply_within: float | None = None):
+        self.commits.append(commit)
+        result = executor_pb2.CommitResult(
+            outcome=executor_pb2.COMMIT_OUTCOME_FENCED,
+            message="the run failed: internal error while committing a step (request 0123)",
+        )
+        return CommitReply(result=result, sent_at=0.0)
+
+
+async def test_a_run_the_control_plane_failed_on_a_commit_error_stops_at_once():
+    committer, model = FailingControlPlane(), Model()
+    assignment = executor_pb2.Assignment(
+        run=run_pb2.Run(workspace_id="ws", run_id=RUN, lease_epoch=3),
+        agent_version=agent_pb2.AgentVersion(spec=agent_pb2.AgentSpec(tools=["chat_post"])),
+        steps=[step(0, replay.INPUT, {"text": "go"})],
+    )
+    deps = RunDeps(
+        committer=committer, leases=Leases(), model=model, delivery=Delivery(),  # type: ignore[arg-type]
+        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
+    )  # fmt: skip
+    assert await RunLoop(assignment, deps).run() == "fenced"
+    assert len(committer.commits) == 1 and len(model.seen) == 1  # sent once, asked once

@@ -104,9 +104,9 @@ RETURNING *;
 -- name: approval_run_guard :one
 -- What a decision on a run's approval must respect: whether its agent
 -- version requires four eyes, and who started the run (a principal label
--- `kind:name`; read through to_jsonb so a schema without the column works).
+-- `kind:name`, set by StartRun; migration 0005).
 SELECT coalesce((v.spec -> 'approval' ->> 'four_eyes')::boolean, false) AS four_eyes,
-       to_jsonb(r) ->> 'started_by' AS started_by
+       r.started_by
 FROM runs r
 JOIN agent_versions v USING (workspace_id, agent_id)
 WHERE r.workspace_id = $1 AND r.run_id = $2 AND v.version = r.agent_version;

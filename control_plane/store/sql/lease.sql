@@ -16,7 +16,7 @@
 -- only make a claim more careful than it needs to be, never less.
 --
 -- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
--- SHARE on the workspace row until they commit (0004_fairness.sql), which
+-- SHARE on the workspace row until they commit (0003_fairness.sql), which
 -- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
 -- holds claims up. Raising it is only safe with no such writer in flight, so
 -- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
@@ -32,11 +32,13 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 
 -- name: workspace_take_turns :many
 -- Lock up to $1 workspaces whose turn it is, least recently served first,
--- with their room under the cap. Database clock unless $2 fixes it.
+-- with their room under the cap, among those the claiming executors' scope
+-- $3 allows (NULL: every workspace). Database clock unless $2 fixes it.
 SELECT workspace_id, max_concurrency - running AS room
 FROM workspaces
 WHERE next_wake_at <= coalesce($2::timestamptz, now())
   AND running < max_concurrency
+  AND ($3::text[] IS NULL OR workspace_id = ANY($3::text[]))
 ORDER BY last_served_at, workspace_id
 LIMIT $1
 FOR NO KEY UPDATE SKIP LOCKED;
@@ -46,12 +48,15 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- first (they hold their slot already), then the oldest due runs of the
 -- workspaces in $4 (locked by workspace_take_turns, in turn order), one per
 -- workspace per round, within the room of the workspace and of each agent.
--- Marks the workspaces served. Database clock unless $3 fixes it.
+-- Marks the workspaces served. Database clock unless $3 fixes it. Lapsed
+-- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
+-- a scoped pool never leases another tenant's run.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, now()) AS now
 ), lapsed AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
+      AND ($5::text[] IS NULL OR r.workspace_id = ANY($5::text[]))
     ORDER BY r.wake_at
     LIMIT cardinality($1::text[])
     FOR UPDATE SKIP LOCKED
@@ -113,6 +118,11 @@ UPDATE runs r SET
     lease_epoch = r.lease_epoch + 1,
     attempt = r.attempt + (r.status = 'running')::int,
     wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
+    -- A new hold begins; a takeover first counts the lapsed hold up to its
+    -- lease expiry (0006_run_limits.sql).
+    active_seconds = r.active_seconds + CASE WHEN r.status = 'running'
+        THEN run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) ELSE 0 END,
+    held_since = (SELECT now FROM clock),
     started_at = coalesce(r.started_at, now()),
     updated_at = now()
 FROM due
@@ -176,23 +186,95 @@ JOIN workspaces w ON w.workspace_id = me.workspace_id
 JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
 
 -- name: run_heartbeat :many
--- Renew every lease an executor holds, in one statement. A lease missing
--- from the result was lost (taken, cancelled, finished or past deadline).
-UPDATE runs r SET wake_at = now() + make_interval(secs => $5), updated_at = now()
+-- Renew every lease an executor holds, in one statement, while the run is
+-- within its limits: active time (the holds so far, this one included) under
+-- its deadline, and its max age not passed. A lease missing from the result
+-- was lost (taken, cancelled, finished) or is past a limit. Database clock
+-- unless $6 fixes it.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($6::timestamptz, now()) AS now
+)
+UPDATE runs r SET wake_at = (SELECT now FROM clock) + make_interval(secs => $5), updated_at = now()
 FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
 WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
   AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
-  AND r.deadline_at > now()
+  AND r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
+      < r.deadline_seconds
+  AND (r.expires_at IS NULL OR r.expires_at > (SELECT now FROM clock))
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;
 
 -- name: run_fail_past_deadline :many
--- Fail held runs whose deadline passed (the heartbeat refused them).
-WITH failed AS (
-    UPDATE runs r SET status = 'failed', error = 'deadline exceeded', wake_at = NULL,
+-- Fail held runs past a limit (the heartbeat refused them): "deadline
+-- exceeded" once their active time reached the deadline, "max age exceeded"
+-- once their max age passed. Database clock unless $4 fixes it.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($4::timestamptz, now()) AS now
+), past AS (
+    SELECT r.workspace_id, r.run_id,
+           CASE WHEN r.expires_at <= (SELECT now FROM clock) THEN 'max age exceeded'
+                ELSE 'deadline exceeded' END AS error
+    FROM runs r
+    JOIN unnest($1::text[], $2::uuid[], $3::bigint[]) AS h(workspace_id, run_id, epoch)
+      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id AND r.lease_epoch = h.epoch
+    WHERE r.status = 'running'
+      AND (r.expires_at <= (SELECT now FROM clock)
+           OR r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
+              >= r.deadline_seconds)
+    FOR NO KEY UPDATE OF r
+), failed AS (
+    UPDATE runs r SET status = 'failed', error = p.error, wake_at = NULL,
                       lease_owner = NULL, finished_at = now(), updated_at = now()
-    FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h(workspace_id, run_id, epoch)
-    WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-      AND r.lease_epoch = h.epoch AND r.status = 'running' AND r.deadline_at <= now()
+    FROM past p
+    WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+    RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
+), finish_step AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
+    SELECT f.workspace_id, f.run_id,
+           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
+           'finish', f.lease_epoch, jsonb_build_object('status', 'failed', 'error', f.error)
+    FROM failed f
+)
+SELECT * FROM failed;
+
+-- name: run_fail_held :one
+-- Fail a run still held at this epoch with a reason ($4), its finish step
+-- saying why: the control plane could not commit the holder's step. Nothing
+-- when the run is not held at that epoch.
+WITH failed AS (
+    UPDATE runs SET status = 'failed', error = $4, wake_at = NULL, lease_owner = NULL,
+                    finished_at = now(), updated_at = now()
+    WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
+    RETURNING workspace_id, run_id, lease_epoch
+), finish_step AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
+    SELECT f.workspace_id, f.run_id,
+           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
+           'finish', f.lease_epoch, jsonb_build_object('status', 'failed', 'error', $4::text)
+    FROM failed f
+)
+SELECT * FROM failed;
+
+-- name: run_fail_past_max_age :many
+-- Fail up to $1 runs past their max age that nobody holds: queued, parked
+-- (on a time or on an event that may never come), or with a lapsed lease.
+-- Held runs are the heartbeat's (it refuses them). Database clock unless $2.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($2::timestamptz, now()) AS now
+), expired AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    WHERE r.expires_at IS NOT NULL AND r.expires_at <= (SELECT now FROM clock)
+      AND (r.status IN ('queued', 'waiting')
+           OR (r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)))
+    ORDER BY r.expires_at
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE runs r SET status = 'failed', error = 'max age exceeded', wait_reason = NULL,
+                      wake_at = NULL, lease_owner = NULL, finished_at = now(), updated_at = now()
+    FROM expired e
+    WHERE r.workspace_id = e.workspace_id AND r.run_id = e.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch
 ), finish_step AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
@@ -200,10 +282,10 @@ WITH failed AS (
            (SELECT coalesce(max(seq), -1) + 1 FROM steps s
             WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
            'finish', f.lease_epoch,
-           jsonb_build_object('status', 'failed', 'error', 'deadline exceeded')
+           jsonb_build_object('status', 'failed', 'error', 'max age exceeded')
     FROM failed f
 )
-SELECT * FROM failed;
+SELECT workspace_id, run_id FROM failed;
 
 -- name: run_release_unassigned :exec
 -- Give back a just-claimed run that could not be delivered (its executor

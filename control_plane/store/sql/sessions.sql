@@ -39,16 +39,18 @@ JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
 WHERE t.workspace_id = $1 AND t.session_id = $2 AND t.request_id = $3;
 
 -- name: session_turn_admit :one
--- Admit turn $4 of a session: its run with the limits copied ($7-$10, $13), its input step
+-- Admit turn $4 of a session: its run with the limits copied ($7-$10, $13, $14), its input step
 -- carrying the transcript so far ($11), the turn row and the session's count, in one
 -- statement. The caller holds the session row lock. Database clock unless $12.
 WITH run AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
-                      max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at,
-                      model_retry_budget, created_at, updated_at)
+                      max_steps, max_tokens, max_tool_calls, deadline_seconds, max_age_seconds,
+                      expires_at, model_retry_budget, created_at, updated_at)
     SELECT s.workspace_id, $5, s.agent_id, $6, 'queued', coalesce($12::timestamptz, now()),
-           $11::jsonb ->> 'text', $7, $8, $9, $10::int,
-           coalesce($12::timestamptz, now()) + make_interval(secs => $10::int), $13::int,
+           $11::jsonb ->> 'text', $7, $8, $9, $10::int, $14::int,
+           CASE WHEN $14::int > 0
+               THEN coalesce($12::timestamptz, now()) + make_interval(secs => $14::int) END,
+           $13::int,
            coalesce($12::timestamptz, now()), coalesce($12::timestamptz, now())
     FROM sessions s WHERE s.workspace_id = $1 AND s.session_id = $2
     RETURNING *

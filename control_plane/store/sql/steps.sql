@@ -1,9 +1,10 @@
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
--- running under this epoch, append the steps, bump counters, and either
--- renew the lease ($10 NULL) or apply the transition ($10 = 'waiting',
--- 'completed', 'failed'; parking and finishing release the lease). Zero rows
--- means fenced; unique (run_id, seq) is the backstop.
+-- running under this epoch, append the steps (the steps_count trigger counts
+-- them), bump the other counters, and either renew the lease ($10 NULL) or
+-- apply the transition ($10 = 'waiting', 'completed', 'failed'; parking and
+-- finishing release the lease, and the runs_active_time trigger adds the
+-- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop.
 WITH locked AS (
     SELECT workspace_id, run_id FROM runs
     WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
@@ -16,7 +17,6 @@ WITH locked AS (
     RETURNING seq
 )
 UPDATE runs r SET
-    step_count = r.step_count + (SELECT count(*) FROM appended),
     model_calls = r.model_calls + $8,
     tool_calls = r.tool_calls + $9,
     tokens_used = r.tokens_used + $15,

@@ -31,22 +31,49 @@ WHERE workspace_id = $1 AND trigger_id = $2
 RETURNING *;
 
 -- name: trigger_for_delivery :one
--- An enabled HTTP trigger with the secret values that verify deliveries now, newest first.
--- Database clock unless $3.
+-- An enabled HTTP trigger with the secrets that verify deliveries now, newest first: their
+-- ids, sealed values and (rows the startup backfill has not sealed yet) plain values, index
+-- for index. Database clock unless $3.
 SELECT t.*,
+       array(SELECT s.secret_id FROM trigger_secrets s
+             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+               AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
+             ORDER BY s.secret_id DESC) AS secret_ids,
+       array(SELECT s.sealed FROM trigger_secrets s
+             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+               AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
+             ORDER BY s.secret_id DESC) AS sealed_secrets,
        array(SELECT s.secret FROM trigger_secrets s
              WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
-             ORDER BY s.secret_id DESC) AS secrets
+             ORDER BY s.secret_id DESC) AS plain_secrets
 FROM triggers t
 WHERE t.workspace_id = $1 AND t.trigger_id = $2 AND t.enabled AND t.kind <> 'schedule';
 
+-- name: trigger_secret_next_id :one
+-- The id the trigger's next secret takes (ids count up from 1); lock the trigger first.
+SELECT coalesce(max(secret_id), 0) + 1 AS secret_id
+FROM trigger_secrets WHERE workspace_id = $1 AND trigger_id = $2;
+
 -- name: trigger_secret_insert :one
--- Add a signing secret as the trigger's newest (ids count up). Database clock unless $4.
-INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, secret, created_at)
-SELECT $1, $2, coalesce(max(secret_id), 0) + 1, $3, coalesce($4::timestamptz, now())
-FROM trigger_secrets WHERE workspace_id = $1 AND trigger_id = $2
+-- Add a sealed signing secret as the trigger's newest. Database clock unless $5.
+INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, sealed, created_at)
+VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
 RETURNING secret_id, created_at, expires_at;
+
+-- name: trigger_secrets_plaintext :many
+-- Up to $1 secrets still in plain text (written before sealing existed), locked for the
+-- caller's transaction, skipping those another replica is sealing.
+SELECT workspace_id, trigger_id, secret_id, secret FROM trigger_secrets
+WHERE secret IS NOT NULL
+ORDER BY workspace_id, trigger_id, secret_id
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: trigger_secret_seal :exec
+-- Replace a plain secret by its sealed form, guarded by the plain value still being there.
+UPDATE trigger_secrets SET sealed = $4, secret = NULL
+WHERE workspace_id = $1 AND trigger_id = $2 AND secret_id = $3 AND secret IS NOT NULL;
 
 -- name: trigger_secrets_retire :exec
 -- Rotation: the newest active secret keeps verifying for $3 more seconds, any older one
@@ -70,7 +97,7 @@ ORDER BY secret_id;
 
 -- name: trigger_event_admit :one
 -- Record an event and, unless a filter stopped it ($6 is the reason), admit its run with
--- the limits copied ($11-$16, $19) and its input step ($17), in one statement: no event without
+-- the limits copied ($11-$16, $19, $20) and its input step ($17), in one statement: no event without
 -- its run, no run without its event. A redelivery (same dedupe key) inserts nothing and
 -- returns nothing. Database clock unless $18.
 WITH event AS (
@@ -83,11 +110,13 @@ WITH event AS (
     RETURNING *
 ), run AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
-                      max_steps, max_tokens, max_tool_calls, deadline_seconds, deadline_at,
-                      model_retry_budget, created_at, updated_at)
+                      max_steps, max_tokens, max_tool_calls, deadline_seconds, max_age_seconds,
+                      expires_at, model_retry_budget, created_at, updated_at)
     SELECT e.workspace_id, e.run_id, $5, $11, 'queued', coalesce($18::timestamptz, now()), $12,
-           $13, $14, $15, $16::int,
-           coalesce($18::timestamptz, now()) + make_interval(secs => $16::int), $19::int,
+           $13, $14, $15, $16::int, $20::int,
+           CASE WHEN $20::int > 0
+               THEN coalesce($18::timestamptz, now()) + make_interval(secs => $20::int) END,
+           $19::int,
            coalesce($18::timestamptz, now()), coalesce($18::timestamptz, now())
     FROM event e WHERE e.run_id IS NOT NULL
     RETURNING workspace_id, run_id

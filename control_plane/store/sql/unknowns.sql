@@ -3,7 +3,7 @@
 -- run parked for a person (wake_at NULL) becomes runnable now. Only one
 -- decision can move wake_at off NULL; a concurrent one waits on the row lock,
 -- re-checks, and finds nothing to update.
-UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
+UPDATE runs SET wake_at = now(), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2
   AND status = 'waiting' AND wait_reason = 'human' AND wake_at IS NULL
 RETURNING *;

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61gentrun/v1/agent.proto\x12\x0b\x61gentrun.v1\x1a\x1a\x61gentrun/v1/approval.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n\tRunLimits\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x04 \x01(\x05\x12\x1a\n\x12model_retry_budget\x18\x05 \x01(\x05\"\xaf\x01\n\tAgentSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12-\n\x08\x61pproval\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ApprovalPolicy\x12\x17\n\x0fmax_concurrency\x18\x06 \x01(\x05\"\x8e\x01\n\x05\x41gent\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\x12\x16\n\x0elatest_version\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x01\n\x0c\x41gentVersion\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12$\n\x04spec\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"R\n\x12\x43reateAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\"8\n\x13\x43reateAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"9\n\x0fGetAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\"5\n\x10GetAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"j\n\x1aPublishAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\"I\n\x1bPublishAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\"Q\n\x16GetAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\"E\n\x17GetAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion2\xf1\x02\n\x0c\x41gentService\x12P\n\x0b\x43reateAgent\x12\x1f.agentrun.v1.CreateAgentRequest\x1a .agentrun.v1.CreateAgentResponse\x12G\n\x08GetAgent\x12\x1c.agentrun.v1.GetAgentRequest\x1a\x1d.agentrun.v1.GetAgentResponse\x12h\n\x13PublishAgentVersion\x12\'.agentrun.v1.PublishAgentVersionRequest\x1a(.agentrun.v1.PublishAgentVersionResponse\x12\\\n\x0fGetAgentVersion\x12#.agentrun.v1.GetAgentVersionRequest\x1a$.agentrun.v1.GetAgentVersionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61gentrun/v1/agent.proto\x12\x0b\x61gentrun.v1\x1a\x1a\x61gentrun/v1/approval.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbf\x01\n\tRunLimits\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x04 \x01(\x05\x12\x1a\n\x12model_retry_budget\x18\x05 \x01(\x05\x12*\n\x07max_age\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xaf\x01\n\tAgentSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12-\n\x08\x61pproval\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ApprovalPolicy\x12\x17\n\x0fmax_concurrency\x18\x06 \x01(\x05\"\x8e\x01\n\x05\x41gent\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\x12\x16\n\x0elatest_version\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x01\n\x0c\x41gentVersion\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12$\n\x04spec\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"R\n\x12\x43reateAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\"8\n\x13\x43reateAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"9\n\x0fGetAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\"5\n\x10GetAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"j\n\x1aPublishAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\"I\n\x1bPublishAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\"Q\n\x16GetAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\"E\n\x17GetAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion2\xf1\x02\n\x0c\x41gentService\x12P\n\x0b\x43reateAgent\x12\x1f.agentrun.v1.CreateAgentRequest\x1a .agentrun.v1.CreateAgentResponse\x12G\n\x08GetAgent\x12\x1c.agentrun.v1.GetAgentRequest\x1a\x1d.agentrun.v1.GetAgentResponse\x12h\n\x13PublishAgentVersion\x12\'.agentrun.v1.PublishAgentVersionRequest\x1a(.agentrun.v1.PublishAgentVersionResponse\x12\\\n\x0fGetAgentVersion\x12#.agentrun.v1.GetAgentVersionRequest\x1a$.agentrun.v1.GetAgentVersionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,29 +35,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.agent_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNLIMITS']._serialized_start=134
-  _globals['_RUNLIMITS']._serialized_end=281
-  _globals['_AGENTSPEC']._serialized_start=284
-  _globals['_AGENTSPEC']._serialized_end=459
-  _globals['_AGENT']._serialized_start=462
-  _globals['_AGENT']._serialized_end=604
-  _globals['_AGENTVERSION']._serialized_start=607
-  _globals['_AGENTVERSION']._serialized_end=765
-  _globals['_CREATEAGENTREQUEST']._serialized_start=767
-  _globals['_CREATEAGENTREQUEST']._serialized_end=849
-  _globals['_CREATEAGENTRESPONSE']._serialized_start=851
-  _globals['_CREATEAGENTRESPONSE']._serialized_end=907
-  _globals['_GETAGENTREQUEST']._serialized_start=909
-  _globals['_GETAGENTREQUEST']._serialized_end=966
-  _globals['_GETAGENTRESPONSE']._serialized_start=968
-  _globals['_GETAGENTRESPONSE']._serialized_end=1021
-  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_start=1023
-  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_end=1129
-  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_start=1131
-  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_end=1204
-  _globals['_GETAGENTVERSIONREQUEST']._serialized_start=1206
-  _globals['_GETAGENTVERSIONREQUEST']._serialized_end=1287
-  _globals['_GETAGENTVERSIONRESPONSE']._serialized_start=1289
-  _globals['_GETAGENTVERSIONRESPONSE']._serialized_end=1358
-  _globals['_AGENTSERVICE']._serialized_start=1361
-  _globals['_AGENTSERVICE']._serialized_end=1730
+  _globals['_RUNLIMITS']._serialized_end=325
+  _globals['_AGENTSPEC']._serialized_start=328
+  _globals['_AGENTSPEC']._serialized_end=503
+  _globals['_AGENT']._serialized_start=506
+  _globals['_AGENT']._serialized_end=648
+  _globals['_AGENTVERSION']._serialized_start=651
+  _globals['_AGENTVERSION']._serialized_end=809
+  _globals['_CREATEAGENTREQUEST']._serialized_start=811
+  _globals['_CREATEAGENTREQUEST']._serialized_end=893
+  _globals['_CREATEAGENTRESPONSE']._serialized_start=895
+  _globals['_CREATEAGENTRESPONSE']._serialized_end=951
+  _globals['_GETAGENTREQUEST']._serialized_start=953
+  _globals['_GETAGENTREQUEST']._serialized_end=1010
+  _globals['_GETAGENTRESPONSE']._serialized_start=1012
+  _globals['_GETAGENTRESPONSE']._serialized_end=1065
+  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_start=1067
+  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_end=1173
+  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_start=1175
+  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_end=1248
+  _globals['_GETAGENTVERSIONREQUEST']._serialized_start=1250
+  _globals['_GETAGENTVERSIONREQUEST']._serialized_end=1331
+  _globals['_GETAGENTVERSIONRESPONSE']._serialized_start=1333
+  _globals['_GETAGENTVERSIONRESPONSE']._serialized_end=1402
+  _globals['_AGENTSERVICE']._serialized_start=1405
+  _globals['_AGENTSERVICE']._serialized_end=1774
 # @@protoc_insertion_point(module_scope)

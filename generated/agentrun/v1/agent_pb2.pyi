@@ -34,6 +34,7 @@ class RunLimits(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     MODEL_RETRY_BUDGET_FIELD_NUMBER: _builtins.int
+    MAX_AGE_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Maximum number of model calls (decisions) in the run. 0 = server default."""
     max_tokens: _builtins.int
@@ -47,7 +48,19 @@ class RunLimits(_message.Message):
     """
     @_builtins.property
     def deadline(self) -> _duration_pb2.Duration:
-        """Wall-clock budget from the run's start. Unset = server default."""
+        """Active-time budget: the time executors hold the run (calling the model,
+        running tools), summed over its holds. Time spent parked (waiting for an
+        approval or a person, sleeping, backing off, queued) does not count: a
+        loop guard for a working run, not a timer on waiting. Unset = server
+        default.
+        """
+
+    @_builtins.property
+    def max_age(self) -> _duration_pb2.Duration:
+        """Maximum age of the run as a whole, from admission, parked or not: past
+        it the run fails ("max age exceeded"), even while it waits for an event.
+        Unset or 0 = none.
+        """
 
     def __init__(
         self,
@@ -57,10 +70,11 @@ class RunLimits(_message.Message):
         max_tokens: _builtins.int = ...,
         max_tool_calls: _builtins.int = ...,
         model_retry_budget: _builtins.int = ...,
+        max_age: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

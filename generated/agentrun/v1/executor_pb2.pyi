@@ -565,7 +565,9 @@ class LeaseStatus(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     renewed: _builtins.bool
     reason: _builtins.str
-    """Why a lease was not renewed: lost, cancelled, deadline, finished."""
+    """Why a lease was not renewed: lost, cancelled, deadline (active time),
+    max_age, finished.
+    """
     @_builtins.property
     def lease(self) -> Global___Lease: ...
     def __init__(

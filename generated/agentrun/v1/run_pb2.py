@@ -23,60 +23,61 @@ _sym_db = _symbol_database.Default()
 
 
 from agentrun.v1 import agent_pb2 as agentrun_dot_v1_dot_agent__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61gentrun/v1/run.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x0bRunCounters\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"\xee\x04\n\x03Run\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\x05\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\x13\n\x0bwait_reason\x18\x06 \x01(\t\x12-\n\twake_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_owner\x18\x08 \x01(\t\x12\x13\n\x0blease_epoch\x18\t \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12&\n\x06limits\x18\x0b \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12\x31\n\rdeadline_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x08\x63ounters\x18\r \x01(\x0b\x32\x18.agentrun.v1.RunCounters\x12\r\n\x05input\x18\x0e \x01(\t\x12\x0e\n\x06output\x18\x0f \x01(\t\x12\r\n\x05\x65rror\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05queue\x18\x14 \x01(\x0b\x32\x1a.agentrun.v1.QueuePosition\"\xc3\x01\n\rQueuePosition\x12\x12\n\nruns_ahead\x18\x01 \x01(\x03\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.QueueWaitCause\x12\x19\n\x11workspace_running\x18\x03 \x01(\x05\x12!\n\x19workspace_max_concurrency\x18\x04 \x01(\x05\x12\x15\n\ragent_running\x18\x05 \x01(\x05\x12\x1d\n\x15\x61gent_max_concurrency\x18\x06 \x01(\x05\"\xaf\x01\n\x04Step\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x0f\n\x07ref_seq\x18\x05 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\x0fStartRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\x05\x12\r\n\x05input\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"B\n\x10StartRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"5\n\rGetRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"/\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"\x88\x01\n\x0fListRunsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.agentrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"`\n\x13ListRunStepsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"J\n\x14ListRunStepsResponse\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Step\x12\x10\n\x08next_seq\x18\x02 \x01(\x05\"H\n\x10\x43\x61ncelRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"I\n\x0fWatchRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\"_\n\x10WatchRunResponse\x12!\n\x04step\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.StepH\x00\x12\x1f\n\x03run\x18\x02 \x01(\x0b\x32\x10.agentrun.v1.RunH\x00\x42\x07\n\x05\x65vent\"\xa3\x01\n\x1cResolveUnknownOutcomeRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12.\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.OutcomeDecision\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x0c\n\x04note\x18\x06 \x01(\t\"_\n\x1dResolveUnknownOutcomeResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x11.agentrun.v1.Step*\xb9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x16\n\x12RUN_STATUS_WAITING\x10\x03\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x04\x12\x15\n\x11RUN_STATUS_FAILED\x10\x05\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x06*\xfb\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTEP_KIND_INPUT\x10\x01\x12\x1c\n\x18STEP_KIND_MODEL_DECISION\x10\x02\x12\x1a\n\x16STEP_KIND_TOOL_STARTED\x10\x03\x12\x19\n\x15STEP_KIND_TOOL_RESULT\x10\x04\x12\x12\n\x0eSTEP_KIND_PARK\x10\x05\x12\x14\n\x10STEP_KIND_FINISH\x10\x06\x12 \n\x1cSTEP_KIND_APPROVAL_REQUESTED\x10\x07\x12\x1e\n\x1aSTEP_KIND_APPROVAL_DECIDED\x10\x08*\xda\x01\n\x0eQueueWaitCause\x12 \n\x1cQUEUE_WAIT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUEUE_WAIT_CAUSE_TURN\x10\x01\x12\"\n\x1eQUEUE_WAIT_CAUSE_WORKSPACE_CAP\x10\x02\x12\x1e\n\x1aQUEUE_WAIT_CAUSE_AGENT_CAP\x10\x03\x12\x1f\n\x1bQUEUE_WAIT_CAUSE_RATE_LIMIT\x10\x04\x12&\n\"QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE\x10\x05*\xb0\x01\n\x0fOutcomeDecision\x12 \n\x1cOUTCOME_DECISION_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_DECISION_HAPPENED\x10\x01\x12!\n\x1dOUTCOME_DECISION_NOT_HAPPENED\x10\x02\x12\x1a\n\x16OUTCOME_DECISION_RETRY\x10\x03\x12\x1d\n\x19OUTCOME_DECISION_FAIL_RUN\x10\x04\x32\xbd\x04\n\nRunService\x12G\n\x08StartRun\x12\x1c.agentrun.v1.StartRunRequest\x1a\x1d.agentrun.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.agentrun.v1.GetRunRequest\x1a\x1b.agentrun.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.agentrun.v1.ListRunsRequest\x1a\x1d.agentrun.v1.ListRunsResponse\x12S\n\x0cListRunSteps\x12 .agentrun.v1.ListRunStepsRequest\x1a!.agentrun.v1.ListRunStepsResponse\x12J\n\tCancelRun\x12\x1d.agentrun.v1.CancelRunRequest\x1a\x1e.agentrun.v1.CancelRunResponse\x12I\n\x08WatchRun\x12\x1c.agentrun.v1.WatchRunRequest\x1a\x1d.agentrun.v1.WatchRunResponse0\x01\x12n\n\x15ResolveUnknownOutcome\x12).agentrun.v1.ResolveUnknownOutcomeRequest\x1a*.agentrun.v1.ResolveUnknownOutcomeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61gentrun/v1/run.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x0bRunCounters\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"\xb5\x05\n\x03Run\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\x05\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\x13\n\x0bwait_reason\x18\x06 \x01(\t\x12-\n\twake_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_owner\x18\x08 \x01(\t\x12\x13\n\x0blease_epoch\x18\t \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12&\n\x06limits\x18\x0b \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12*\n\x08\x63ounters\x18\r \x01(\x0b\x32\x18.agentrun.v1.RunCounters\x12\r\n\x05input\x18\x0e \x01(\t\x12\x0e\n\x06output\x18\x0f \x01(\t\x12\r\n\x05\x65rror\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05queue\x18\x14 \x01(\x0b\x32\x1a.agentrun.v1.QueuePosition\x12\x32\n\x0f\x61\x63tive_duration\x18\x15 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0b\x65xpire_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.TimestampJ\x04\x08\x0c\x10\rR\rdeadline_time\"\xc3\x01\n\rQueuePosition\x12\x12\n\nruns_ahead\x18\x01 \x01(\x03\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.QueueWaitCause\x12\x19\n\x11workspace_running\x18\x03 \x01(\x05\x12!\n\x19workspace_max_concurrency\x18\x04 \x01(\x05\x12\x15\n\ragent_running\x18\x05 \x01(\x05\x12\x1d\n\x15\x61gent_max_concurrency\x18\x06 \x01(\x05\"\xaf\x01\n\x04Step\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x0f\n\x07ref_seq\x18\x05 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\x0fStartRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\x05\x12\r\n\x05input\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"B\n\x10StartRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"5\n\rGetRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"/\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"\x88\x01\n\x0fListRunsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.agentrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"`\n\x13ListRunStepsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"J\n\x14ListRunStepsResponse\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Step\x12\x10\n\x08next_seq\x18\x02 \x01(\x05\"H\n\x10\x43\x61ncelRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"I\n\x0fWatchRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\"_\n\x10WatchRunResponse\x12!\n\x04step\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.StepH\x00\x12\x1f\n\x03run\x18\x02 \x01(\x0b\x32\x10.agentrun.v1.RunH\x00\x42\x07\n\x05\x65vent\"\xa3\x01\n\x1cResolveUnknownOutcomeRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12.\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.OutcomeDecision\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x0c\n\x04note\x18\x06 \x01(\t\"_\n\x1dResolveUnknownOutcomeResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x11.agentrun.v1.Step*\xb9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x16\n\x12RUN_STATUS_WAITING\x10\x03\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x04\x12\x15\n\x11RUN_STATUS_FAILED\x10\x05\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x06*\xfb\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTEP_KIND_INPUT\x10\x01\x12\x1c\n\x18STEP_KIND_MODEL_DECISION\x10\x02\x12\x1a\n\x16STEP_KIND_TOOL_STARTED\x10\x03\x12\x19\n\x15STEP_KIND_TOOL_RESULT\x10\x04\x12\x12\n\x0eSTEP_KIND_PARK\x10\x05\x12\x14\n\x10STEP_KIND_FINISH\x10\x06\x12 \n\x1cSTEP_KIND_APPROVAL_REQUESTED\x10\x07\x12\x1e\n\x1aSTEP_KIND_APPROVAL_DECIDED\x10\x08*\xda\x01\n\x0eQueueWaitCause\x12 \n\x1cQUEUE_WAIT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUEUE_WAIT_CAUSE_TURN\x10\x01\x12\"\n\x1eQUEUE_WAIT_CAUSE_WORKSPACE_CAP\x10\x02\x12\x1e\n\x1aQUEUE_WAIT_CAUSE_AGENT_CAP\x10\x03\x12\x1f\n\x1bQUEUE_WAIT_CAUSE_RATE_LIMIT\x10\x04\x12&\n\"QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE\x10\x05*\xb0\x01\n\x0fOutcomeDecision\x12 \n\x1cOUTCOME_DECISION_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_DECISION_HAPPENED\x10\x01\x12!\n\x1dOUTCOME_DECISION_NOT_HAPPENED\x10\x02\x12\x1a\n\x16OUTCOME_DECISION_RETRY\x10\x03\x12\x1d\n\x19OUTCOME_DECISION_FAIL_RUN\x10\x04\x32\xbd\x04\n\nRunService\x12G\n\x08StartRun\x12\x1c.agentrun.v1.StartRunRequest\x1a\x1d.agentrun.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.agentrun.v1.GetRunRequest\x1a\x1b.agentrun.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.agentrun.v1.ListRunsRequest\x1a\x1d.agentrun.v1.ListRunsResponse\x12S\n\x0cListRunSteps\x12 .agentrun.v1.ListRunStepsRequest\x1a!.agentrun.v1.ListRunStepsResponse\x12J\n\tCancelRun\x12\x1d.agentrun.v1.CancelRunRequest\x1a\x1e.agentrun.v1.CancelRunResponse\x12I\n\x08WatchRun\x12\x1c.agentrun.v1.WatchRunRequest\x1a\x1d.agentrun.v1.WatchRunResponse0\x01\x12n\n\x15ResolveUnknownOutcome\x12).agentrun.v1.ResolveUnknownOutcomeRequest\x1a*.agentrun.v1.ResolveUnknownOutcomeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.run_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATUS']._serialized_start=2425
-  _globals['_RUNSTATUS']._serialized_end=2610
-  _globals['_STEPKIND']._serialized_start=2613
-  _globals['_STEPKIND']._serialized_end=2864
-  _globals['_QUEUEWAITCAUSE']._serialized_start=2867
-  _globals['_QUEUEWAITCAUSE']._serialized_end=3085
-  _globals['_OUTCOMEDECISION']._serialized_start=3088
-  _globals['_OUTCOMEDECISION']._serialized_end=3264
-  _globals['_RUNCOUNTERS']._serialized_start=96
-  _globals['_RUNCOUNTERS']._serialized_end=181
-  _globals['_RUN']._serialized_start=184
-  _globals['_RUN']._serialized_end=806
-  _globals['_QUEUEPOSITION']._serialized_start=809
-  _globals['_QUEUEPOSITION']._serialized_end=1004
-  _globals['_STEP']._serialized_start=1007
-  _globals['_STEP']._serialized_end=1182
-  _globals['_STARTRUNREQUEST']._serialized_start=1184
-  _globals['_STARTRUNREQUEST']._serialized_end=1299
-  _globals['_STARTRUNRESPONSE']._serialized_start=1301
-  _globals['_STARTRUNRESPONSE']._serialized_end=1367
-  _globals['_GETRUNREQUEST']._serialized_start=1369
-  _globals['_GETRUNREQUEST']._serialized_end=1422
-  _globals['_GETRUNRESPONSE']._serialized_start=1424
-  _globals['_GETRUNRESPONSE']._serialized_end=1471
-  _globals['_LISTRUNSREQUEST']._serialized_start=1474
-  _globals['_LISTRUNSREQUEST']._serialized_end=1610
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1612
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1687
-  _globals['_LISTRUNSTEPSREQUEST']._serialized_start=1689
-  _globals['_LISTRUNSTEPSREQUEST']._serialized_end=1785
-  _globals['_LISTRUNSTEPSRESPONSE']._serialized_start=1787
-  _globals['_LISTRUNSTEPSRESPONSE']._serialized_end=1861
-  _globals['_CANCELRUNREQUEST']._serialized_start=1863
-  _globals['_CANCELRUNREQUEST']._serialized_end=1935
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1937
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1987
-  _globals['_WATCHRUNREQUEST']._serialized_start=1989
-  _globals['_WATCHRUNREQUEST']._serialized_end=2062
-  _globals['_WATCHRUNRESPONSE']._serialized_start=2064
-  _globals['_WATCHRUNRESPONSE']._serialized_end=2159
-  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_start=2162
-  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_end=2325
-  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_start=2327
-  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_end=2422
-  _globals['_RUNSERVICE']._serialized_start=3267
-  _globals['_RUNSERVICE']._serialized_end=3840
+  _globals['_RUNSTATUS']._serialized_start=2528
+  _globals['_RUNSTATUS']._serialized_end=2713
+  _globals['_STEPKIND']._serialized_start=2716
+  _globals['_STEPKIND']._serialized_end=2967
+  _globals['_QUEUEWAITCAUSE']._serialized_start=2970
+  _globals['_QUEUEWAITCAUSE']._serialized_end=3188
+  _globals['_OUTCOMEDECISION']._serialized_start=3191
+  _globals['_OUTCOMEDECISION']._serialized_end=3367
+  _globals['_RUNCOUNTERS']._serialized_start=128
+  _globals['_RUNCOUNTERS']._serialized_end=213
+  _globals['_RUN']._serialized_start=216
+  _globals['_RUN']._serialized_end=909
+  _globals['_QUEUEPOSITION']._serialized_start=912
+  _globals['_QUEUEPOSITION']._serialized_end=1107
+  _globals['_STEP']._serialized_start=1110
+  _globals['_STEP']._serialized_end=1285
+  _globals['_STARTRUNREQUEST']._serialized_start=1287
+  _globals['_STARTRUNREQUEST']._serialized_end=1402
+  _globals['_STARTRUNRESPONSE']._serialized_start=1404
+  _globals['_STARTRUNRESPONSE']._serialized_end=1470
+  _globals['_GETRUNREQUEST']._serialized_start=1472
+  _globals['_GETRUNREQUEST']._serialized_end=1525
+  _globals['_GETRUNRESPONSE']._serialized_start=1527
+  _globals['_GETRUNRESPONSE']._serialized_end=1574
+  _globals['_LISTRUNSREQUEST']._serialized_start=1577
+  _globals['_LISTRUNSREQUEST']._serialized_end=1713
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1715
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1790
+  _globals['_LISTRUNSTEPSREQUEST']._serialized_start=1792
+  _globals['_LISTRUNSTEPSREQUEST']._serialized_end=1888
+  _globals['_LISTRUNSTEPSRESPONSE']._serialized_start=1890
+  _globals['_LISTRUNSTEPSRESPONSE']._serialized_end=1964
+  _globals['_CANCELRUNREQUEST']._serialized_start=1966
+  _globals['_CANCELRUNREQUEST']._serialized_end=2038
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2040
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2090
+  _globals['_WATCHRUNREQUEST']._serialized_start=2092
+  _globals['_WATCHRUNREQUEST']._serialized_end=2165
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2167
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2262
+  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_start=2265
+  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_end=2428
+  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_start=2430
+  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_end=2525
+  _globals['_RUNSERVICE']._serialized_start=3370
+  _globals['_RUNSERVICE']._serialized_end=3943
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,7 @@ isort:skip_file
 from agentrun.v1 import agent_pb2 as _agent_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -202,6 +203,7 @@ class RunCounters(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
+    """Steps in the run's log, whoever wrote them (ListRunSteps returns as many)."""
     model_calls: _builtins.int
     tool_calls: _builtins.int
     tokens: _builtins.int
@@ -238,7 +240,6 @@ class Run(_message.Message):
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
-    DEADLINE_TIME_FIELD_NUMBER: _builtins.int
     COUNTERS_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
@@ -247,6 +248,8 @@ class Run(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     FINISH_TIME_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    ACTIVE_DURATION_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -279,8 +282,6 @@ class Run(_message.Message):
         """Limits as copied at admission."""
 
     @_builtins.property
-    def deadline_time(self) -> _timestamp_pb2.Timestamp: ...
-    @_builtins.property
     def counters(self) -> Global___RunCounters: ...
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
@@ -293,6 +294,19 @@ class Run(_message.Message):
         """Where the run stands in its workspace's queue and what it waits for
         (GetRun only). Set for a queued run, a waiting run that is due, and a
         run parked on a rate limit or a model outage; unset otherwise.
+        """
+
+    @_builtins.property
+    def active_duration(self) -> _duration_pb2.Duration:
+        """Active time used: the time executors held the run, summed over its
+        holds, up to this read (limits.deadline bounds it). Parked time is not
+        in it.
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the run fails for its max age (limits.max_age after admission);
+        unset when it has none.
         """
 
     def __init__(
@@ -309,7 +323,6 @@ class Run(_message.Message):
         lease_epoch: _builtins.int = ...,
         attempt: _builtins.int = ...,
         limits: _agent_pb2.RunLimits | None = ...,
-        deadline_time: _timestamp_pb2.Timestamp | None = ...,
         counters: Global___RunCounters | None = ...,
         input: _builtins.str = ...,
         output: _builtins.str = ...,
@@ -318,10 +331,12 @@ class Run(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         finish_time: _timestamp_pb2.Timestamp | None = ...,
         queue: Global___QueuePosition | None = ...,
+        active_duration: _duration_pb2.Duration | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "deadline_time", b"deadline_time", "error", b"error", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

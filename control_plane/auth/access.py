@@ -1,0 +1,88 @@
+"""Who may call what: the one table of every RPC's required capability.
+
+Every method of every agentrun service is listed here; the interceptor
+refuses a method that is not (tests/integration/test_access_matrix.py walks
+the service descriptors so none can be forgotten). Health and reflection
+stay open: load balancers and grpcurl need them without a credential.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from control_plane.auth.principal import Capability, Kind, Principal
+
+
+class Need(StrEnum):
+    READ = "read"
+    OPERATE = "operate"
+    ADMIN = "admin"
+    DECIDE = "decide"
+    EXECUTOR = "executor"  # an executor credential only
+    PLATFORM = "platform"  # a platform admin key only
+    # A workspace admin acting in its workspace, or a platform admin; the
+    # servicer decides what each may do (e.g. who may mint which kind of key).
+    ADMIN_OR_PLATFORM = "admin_or_platform"
+
+
+OPEN_SERVICES = frozenset({
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+})  # fmt: skip
+
+_V1 = "/agentrun.v1."
+
+ACCESS: dict[str, Need] = {
+    f"{_V1}AgentService/CreateAgent": Need.ADMIN,
+    f"{_V1}AgentService/GetAgent": Need.READ,
+    f"{_V1}AgentService/PublishAgentVersion": Need.ADMIN,
+    f"{_V1}AgentService/GetAgentVersion": Need.READ,
+    f"{_V1}RunService/StartRun": Need.OPERATE,
+    f"{_V1}RunService/GetRun": Need.READ,
+    f"{_V1}RunService/ListRuns": Need.READ,
+    f"{_V1}RunService/ListRunSteps": Need.READ,
+    f"{_V1}RunService/CancelRun": Need.OPERATE,
+    f"{_V1}RunService/WatchRun": Need.READ,
+    f"{_V1}RunService/ResolveUnknownOutcome": Need.OPERATE,
+    f"{_V1}ExecutorService/Connect": Need.EXECUTOR,
+    f"{_V1}ApprovalService/ListApprovals": Need.READ,
+    f"{_V1}ApprovalService/GetApproval": Need.READ,
+    f"{_V1}ApprovalService/DecideApproval": Need.DECIDE,
+    f"{_V1}TriggerService/CreateTrigger": Need.ADMIN,
+    f"{_V1}TriggerService/GetTrigger": Need.READ,
+    f"{_V1}TriggerService/ListTriggers": Need.READ,
+    f"{_V1}TriggerService/SetTriggerEnabled": Need.ADMIN,
+    f"{_V1}TriggerService/RotateTriggerSecret": Need.ADMIN,
+    f"{_V1}TriggerService/ListTriggerEvents": Need.READ,
+    f"{_V1}SessionService/CreateSession": Need.OPERATE,
+    f"{_V1}SessionService/GetSession": Need.READ,
+    f"{_V1}SessionService/SendMessage": Need.OPERATE,
+    f"{_V1}SessionService/ListTurns": Need.READ,
+    f"{_V1}WorkspaceAdminService/CreateWorkspace": Need.PLATFORM,
+    f"{_V1}WorkspaceAdminService/GetWorkspace": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}WorkspaceAdminService/SetWorkspacePlan": Need.PLATFORM,
+    f"{_V1}WorkspaceAdminService/CreateApiKey": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}WorkspaceAdminService/ListApiKeys": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}WorkspaceAdminService/RevokeApiKey": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}WorkspaceAdminService/AddMember": Need.ADMIN,
+    f"{_V1}WorkspaceAdminService/RemoveMember": Need.ADMIN,
+    f"{_V1}WorkspaceAdminService/ListMembers": Need.ADMIN,
+    f"{_V1}WorkspaceAdminService/ListAuditLog": Need.ADMIN_OR_PLATFORM,
+}
+
+
+def is_open(method: str) -> bool:
+    """Health and reflection: served to anyone."""
+    return method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES
+
+
+def allows(need: Need, who: Principal) -> bool:
+    """Whether `who` holds what `need` asks for (workspace checks come later, per request)."""
+    if need is Need.EXECUTOR:
+        return who.kind is Kind.EXECUTOR
+    if need is Need.PLATFORM:
+        return who.kind is Kind.PLATFORM
+    if need is Need.ADMIN_OR_PLATFORM:
+        return who.kind is Kind.PLATFORM or who.may(Capability.ADMIN)
+    return who.may(Capability(need.value))
