@@ -2,7 +2,8 @@
 
 A signed-in decision (`POST /approvals/{ws}/id/{approval_id}/decision`) is
 the caller's: a person with an OpenID Connect ID token (`Authorization:
-Bearer`, verified against the configured issuer) or whoever the HTTP guard
+Bearer`, verified against the configured issuer) who is a member of the
+workspace, an approver key of the workspace, or whoever the HTTP guard
 authenticated. Links are capabilities for one approver and one decision; they
 never decide a tool that moves money or is high-risk.
 
@@ -28,9 +29,8 @@ from starlette.routing import Route
 from control_plane.api import validate
 from control_plane.approvals import decisions, tokens
 from control_plane.auth import context as auth_context
-from control_plane.auth import oidc
 from control_plane.auth.oidc import OidcVerifier
-from control_plane.auth.principal import Kind, Principal
+from control_plane.auth.resolver import Resolver, bearer
 from control_plane.config import ServerConfig
 from control_plane.errors import DomainError, InvalidArgument, PermissionDenied, Unauthenticated
 from control_plane.store import approvals as store
@@ -65,12 +65,17 @@ def error_status(exc: DomainError) -> int:
 
 class ApprovalRoutes:
     def __init__(
-        self, pool: asyncpg.pool.Pool, config: ServerConfig, verifier: OidcVerifier | None = None
-    ) -> None:
+        self, pool: asyncpg.pool.Pool, config: ServerConfig, verifier: OidcVerifier | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:  # fmt: skip
+        """`verifier`: the replica's one OIDC verifier (None: nobody signs in); `resolver`:
+        the replica's credential resolver, holding that verifier (default: one of `pool`'s)."""
         self.pool = pool
         self.config = config
-        # Signed-in decisions: ID tokens of the configured issuer (none configured: refused).
-        self.verifier = verifier or oidc.from_settings(config.oidc_issuer, config.oidc_audience)
+        self.verifier = verifier
+        # Turns the bearer token into a person (verified, and a member of the workspace,
+        # with their role) or an API key's principal, exactly as gRPC calls are resolved.
+        self.resolver = resolver or Resolver(pool, verifier)
 
     def routes(self) -> list[Route]:
         return [
@@ -175,20 +180,15 @@ class ApprovalRoutes:
         return await self._json_decision(req)
 
     async def _signed_in(self, ws: str, authorization: str) -> decisions.Decider:
-        """The decider: the principal an HTTP guard set, else the verified ID token's person."""
+        """The decider: the principal an HTTP guard set, else the bearer token's (a signed-in
+        person who is a member of `ws`, or an approver key of `ws`)."""
         try:
-            who: Principal | None = auth_context.current()
+            who = auth_context.current()
         except Unauthenticated:
-            who = None
-        if who is None:
-            scheme, _, token = authorization.partition(" ")
-            if scheme.lower() != "bearer" or not token:
-                raise Unauthenticated("sign in: send Authorization: Bearer <ID token>")
-            if self.verifier is None:
-                raise Unauthenticated("sign-in is not configured (AGENTRUN_OIDC_ISSUER)")
-            person = await self.verifier.verify(token.strip())
-            who = Principal(Kind.PERSON, person.name, workspace_id=ws)
-        elif who.workspace_id != ws:
+            if bearer(authorization) is None:
+                raise Unauthenticated("sign in: send Authorization: Bearer <ID token>") from None
+            who = await self.resolver.resolve(authorization, ws)
+        if who.workspace_id != ws:
             raise PermissionDenied("this credential is for another workspace")
         return decisions.Decider.of(who)
 

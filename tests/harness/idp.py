@@ -37,9 +37,10 @@ async def signed_in(idp_url: str, email: str) -> list[tuple[str, str]]:
 
 
 async def add_member(db: Any, workspace_id: str, person: str, role: str) -> None:
-    """Make `person` (a verified email) a member of the workspace with `role`."""
+    """Make `person` (a verified email, stored lower-cased as sign-in compares it) a member
+    of the workspace with `role`."""
     await db.execute(
         "INSERT INTO workspace_members (workspace_id, person, role, added_by)"
         " VALUES ($1, $2, $3, 'test-harness')",
-        workspace_id, person, role,
+        workspace_id, person.strip().lower(), role,
     )  # fmt: skip

@@ -23,6 +23,7 @@ from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
 from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
+from control_plane.auth import oidc
 from control_plane.config import ServerConfig
 from control_plane.errors import Aborted
 from control_plane.http.approvals import ApprovalRoutes
@@ -33,7 +34,7 @@ from control_plane.triggers import signatures
 from tests import factories
 from tests.harness import auth
 from tests.harness.agentrun_api import sandbox_requests
-from tests.harness.idp import id_token
+from tests.harness.idp import add_member, id_token
 
 SLACK_SECRET = b"slack-signing-secret-for-tests"
 POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],
@@ -58,12 +59,13 @@ def config(db_url, sandbox_providers, sandbox_idp):
 
 @pytest.fixture
 async def http(pool, config):
-    routes = ApprovalRoutes(pool, config)
+    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
+    routes = ApprovalRoutes(pool, config, verifier)
     app = Starlette(routes=routes.routes())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         yield c
-    assert routes.verifier is not None
-    await routes.verifier.close()
+    assert verifier is not None
+    await verifier.close()
 
 
 async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mailer", **flags):
@@ -229,6 +231,7 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
         await pool.fetchval("SELECT count(*) FROM approval_tokens WHERE used_at IS NOT NULL") == 0
     )
 
+    await add_member(pool, "ws", "bob@example.com", "approver")
     bearer = await id_token(config.oidc_issuer, "bob@example.com")
     forged = await id_token(config.oidc_issuer, "bob@example.com", forge="wrong_key")
     url = f"/approvals/ws/id/{risky_id}/decision"

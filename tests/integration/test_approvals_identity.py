@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api.approvals import decider_of
 from control_plane.approvals import decisions
+from control_plane.auth import oidc
 from control_plane.auth.principal import Kind, Principal
 from control_plane.config import ServerConfig
 from control_plane.errors import PermissionDenied
@@ -78,12 +79,13 @@ def config(db_url, sandbox_providers, sandbox_idp):
 
 @pytest.fixture
 async def http(pool, config):
-    routes = ApprovalRoutes(pool, config)
+    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
+    routes = ApprovalRoutes(pool, config, verifier)
     app = Starlette(routes=routes.routes())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         yield c
-    assert routes.verifier is not None
-    await routes.verifier.close()
+    assert verifier is not None
+    await verifier.close()
 
 
 async def hold_charge(pool, **kw):
@@ -147,8 +149,10 @@ async def test_the_signed_in_route_takes_the_person_from_the_id_token(pool, conf
         headers = {"authorization": f"Bearer {token}"} if token else {}
         return await http.post(url, json=body or {"decision": "approve"}, headers=headers)
 
+    await add_member(pool, "ws", "mallory@example.com", "approver")  # a member, not on the list
     refusals = {
         "no token": (await post(None)).status_code,
+        "on the list, not a member": (await post(await id_token(iss, BOB))).status_code,
         "forged": (await post(await id_token(iss, BOB, forge="wrong_key"))).status_code,
         "alg none": (await post(await id_token(iss, BOB, forge="none"))).status_code,
         "expired": (await post(await id_token(iss, BOB, expires_in=-600))).status_code,
@@ -164,10 +168,11 @@ async def test_the_signed_in_route_takes_the_person_from_the_id_token(pool, conf
         ).status_code,  # fmt: skip
     }
     assert refusals == {
-        "no token": 401, "forged": 401, "alg none": 401, "expired": 401, "other audience": 401,
+        "no token": 401, "on the list, not a member": 403, "forged": 401, "alg none": 401, "expired": 401, "other audience": 401,
         "unverified email": 401, "not on the list": 403, "typed name ignored": 403,
     }  # fmt: skip
     await nothing_decided(pool)
+    await add_member(pool, "ws", "Bob@Example.com", "approver")  # stored as sign-in names him
     token = await id_token(iss, "Bob@Example.com", alg="ES256")
     ok = await post(token)
     assert ok.status_code == 200 and ok.json()["decided_by"] == BOB
