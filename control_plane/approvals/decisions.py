@@ -13,6 +13,9 @@ fallback `admin`, which a signed-in member with the admin role matches); a tool 
 signed-in person (not a link, a key or a Slack click); an executor or platform
 credential never decides; when the agent version asks for four eyes, the
 principal who started the run cannot approve (or edit) its calls.
+
+Every decision appends an `approval.decided` audit row in its own transaction,
+naming the principal (or, for links and Slack, `link:<approver>`/`slack:<user>`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import faults
 from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.approvals.policy import FALLBACK_APPROVER
+from control_plane.auth import audit
 from control_plane.auth.principal import Capability, Kind, Principal
 from control_plane.errors import (
     Aborted,
@@ -51,14 +55,20 @@ class Decider:
     name: str
     via: str  # signed_in | key | link | slack
     role: str | None = None  # the principal's role in the workspace, when known
+    principal: str = ""  # the authenticated principal's label, `kind:name` (none: link, Slack)
+
+    @property
+    def actor(self) -> str:
+        """Who the audit log says acted: the principal, else the door and its person."""
+        return self.principal or f"{self.via}:{self.name}"
 
     @classmethod
     def of(cls, principal: Principal) -> Decider:
         """The decider an authenticated principal is; refuses credentials that never decide."""
         if principal.kind is Kind.PERSON:
-            return cls(principal.name, SIGNED_IN, principal.role)
+            return cls(principal.name, SIGNED_IN, principal.role, principal.label)
         if principal.kind is Kind.KEY and principal.may(Capability.DECIDE):
-            return cls(principal.name, KEY, principal.role)
+            return cls(principal.name, KEY, principal.role, principal.label)
         if principal.kind is Kind.KEY:
             raise PermissionDenied(
                 f"a key with role {principal.role or 'none'!r} cannot decide approvals "
@@ -141,6 +151,18 @@ def decided_payload(
     return payload
 
 
+async def _audit(conn: asyncpg.Connection, req: Request, row: Any, decision: str) -> None:
+    """The decision's audit row, in its transaction (never the arguments: they may be private)."""
+    detail = {
+        "run_id": str(row["run_id"]), "tool": row["tool"], "decision": decision,
+        "decided_by": req.decider.name, "via": req.decider.via,
+    }  # fmt: skip
+    await audit.record(
+        conn, "approval.decided", "approval", str(req.approval_id), detail,
+        workspace_id=req.workspace_id, actor=req.decider.actor,
+    )  # fmt: skip
+
+
 async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
     """Apply a human decision exactly once; the loser learns who won."""
     if req.action not in ACTIONS:
@@ -159,6 +181,7 @@ async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
     async with pool.acquire() as conn, conn.transaction():
         try:
             decided = await store.decide(conn, req.workspace_id, req.approval_id, d, payload)
+            await _audit(conn, req, row, decision)
             faults.point("control_plane.approval.before_commit")
             return decided
         except store.DecisionLost as lost:

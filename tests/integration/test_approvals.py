@@ -206,6 +206,7 @@ async def test_links_are_single_use_capabilities_and_get_never_decides(pool, con
     decided = await http.post(path, data={"decision": "approve"})
     assert decided.status_code == 200
     assert await pool.fetchval("SELECT decided_by FROM approvals") == "alice@example.com"
+    assert await audited(pool) == [("link:alice@example.com", "approved", "link")]
     reused = await http.post(path, data={"decision": "reject"})
     assert reused.status_code == 410
     assert (
@@ -245,6 +246,16 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
     assert ok.status_code == 200 and ok.json()["decided_by"] == "bob@example.com"
     step = await pool.fetchval("SELECT payload FROM steps WHERE kind = 'approval_decided'")
     assert json.loads(step)["via"] == "signed_in"
+    assert await audited(pool) == [("person:bob@example.com", "approved", "signed_in")]
+
+
+async def audited(pool) -> list[tuple[str, str, str]]:
+    """The approval decisions in the audit log: (actor, decision, via)."""
+    rows = await pool.fetch(
+        "SELECT actor, detail FROM audit_log WHERE action = 'approval.decided' ORDER BY audit_id"
+    )
+    return [(r["actor"], json.loads(r["detail"])["decision"], json.loads(r["detail"])["via"])
+            for r in rows]  # fmt: skip
 
 
 def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> dict:
@@ -274,6 +285,7 @@ async def test_slack_buttons_check_the_signature_the_window_and_the_user(pool, h
     assert await pool.fetchval("SELECT decision FROM approvals") is None
     ok = await http.post("/slack/interactions", content=body, headers=slack_request(body))
     assert ok.status_code == 200 and ok.json()["decided_by"] == "U_ALICE"
+    assert await audited(pool) == [("slack:U_ALICE", "approved", "slack")]
 
 
 async def expire_at_expiry(pool, approval_id):

@@ -59,6 +59,7 @@ async def decide_as(pool, approval_id, principal: Principal, action="approve", t
 async def nothing_decided(pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM approvals WHERE decision IS NOT NULL") == 0
     assert await pool.fetchval("SELECT count(*) FROM steps WHERE kind = 'approval_decided'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM audit_log") == 0
 
 
 @pytest.fixture
@@ -178,6 +179,8 @@ async def test_the_signed_in_route_takes_the_person_from_the_id_token(pool, conf
     assert ok.status_code == 200 and ok.json()["decided_by"] == BOB
     assert token not in ok.text
     assert await pool.fetchval("SELECT decided_by FROM approvals") == BOB
+    audited = await pool.fetchrow("SELECT actor, action, object_id FROM audit_log")
+    assert tuple(audited) == (f"person:{BOB}", "approval.decided", str(approval_id))
 
 
 async def test_a_slack_click_cannot_decide_a_money_moving_call(pool, http):
