@@ -179,7 +179,9 @@ class AutoApprover:
     """A person who approves every pending approval of the workspace as soon as it appears.
 
     For tests whose subject is not approvals but whose tools need one (money-moving
-    tools always do): `async with AutoApprover(api): ...`.
+    tools always do, and only a signed-in person decides those):
+    `async with AutoApprover(api, metadata=await member_signed_in(...)): ...`
+    (tests.harness.idp; the control plane started with AGENTRUN_OIDC_ISSUER).
     """
 
     def __init__(
@@ -194,7 +196,10 @@ class AutoApprover:
         # `tests.harness.idp.signed_in`); the decision is the credential's.
         self.metadata = metadata
         self.interval = interval
-        self._own = auth.channel(api.channel_target, key) if key is not None else None
+        # A credential of its own: never the admin key of `api.channel` as well (two
+        # authorization headers); signed-in metadata goes over a channel without a key.
+        own = key is not None or metadata is not None
+        self._own = auth.channel(api.channel_target, key) if own else None
         self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own or api.channel)
         self.approved = 0
         self._task: asyncio.Task[None] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import httpx
 
 
@@ -44,3 +45,17 @@ async def add_member(db: Any, workspace_id: str, person: str, role: str) -> None
         " VALUES ($1, $2, $3, 'test-harness')",
         workspace_id, person.strip().lower(), role,
     )  # fmt: skip
+
+
+async def member_signed_in(
+    db_url: str, idp_url: str, workspace_id: str = "ws", email: str = "approver@example.com",
+    role: str = "admin",
+) -> list[tuple[str, str]]:  # fmt: skip
+    """gRPC metadata of `email` signed in at the sandbox IdP, made a `role` member of the
+    (existing) workspace first. An admin member matches a policy that names nobody."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await add_member(conn, workspace_id, email, role)
+    finally:
+        await conn.close()
+    return await signed_in(idp_url, email)
