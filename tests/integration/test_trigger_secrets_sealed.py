@@ -35,10 +35,12 @@ class Replica:
             database_url=db_url, listen="127.0.0.1:0", kms_key_file=str(key_file)
         )
         self.workspace = workspace
+        self.db_url = db_url
 
     async def __aenter__(self) -> Replica:
         self.server = await start(self.config)
-        self.api = TriggerApi(f"127.0.0.1:{self.server.port}", self.workspace)
+        address = f"127.0.0.1:{self.server.port}"
+        self.api = await TriggerApi.connect(address, self.db_url, self.workspace)
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.server.http_port}")
         return self
 
@@ -162,7 +164,7 @@ async def test_the_control_plane_log_holds_no_secret_or_data_key(
     db_url, db, key_file, control_plane
 ):
     cp = control_plane(db_url, AGENTRUN_KMS_KEY_FILE=key_file, AGENTRUN_LOG_LEVEL="DEBUG")
-    api = TriggerApi(cp.address, WS)
+    api = await TriggerApi.connect(cp.address, db_url, WS)
     try:
         await api.publish("triage")
         secrets = [await api.webhook("hook", "triage", "hmac_sha256", secret=LEGACY)]
