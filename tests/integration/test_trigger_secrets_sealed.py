@@ -36,6 +36,7 @@ class Replica:
             database_url=db_url, listen="127.0.0.1:0", kms_key_file=str(key_file)
         )
         self.workspace = workspace
+        self.db_url = db_url
 
     async def __aenter__(self) -> Replica:
         self.server = await start(self.config)
