@@ -109,8 +109,13 @@ def _decision_parser(
 ) -> argparse.ArgumentParser:
     p = actions.add_parser(name, help=help_text, parents=[common])
     p.add_argument("id", metavar="APPROVAL_ID")
-    p.add_argument("--approver", required=True, help="who decides (must be an approver)")
-    p.add_argument("--token", default=None, help="bearer token (required for high-risk tools)")
+    p.add_argument(
+        "--approver", default="", help="deprecated: you decide as your credential's principal"
+    )
+    p.add_argument(
+        "--token", default=None,
+        help="a sign-in ID token (money-moving and high-risk tools need a signed-in approver)",
+    )  # fmt: skip
     p.set_defaults(handler=handler)
     return p
 

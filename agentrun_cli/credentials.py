@@ -1,8 +1,10 @@
-"""Which key the CLI sends: AGENTRUN_API_KEY, else the dev stack's, else none.
+"""Which key the CLI sends: AGENTRUN_API_KEY, else the profile's, else the dev stack's.
 
 `agentrun dev` writes its credentials to `<data dir>/credentials.json`
 (mode 0600); the CLI picks the admin key (the demo's approvals use the
-approver key) from there, so the README's commands work as written.
+approver key) from there, so the README's commands work as written. A profile
+(`--profile`, AGENTRUN_PROFILE; agentrun_cli/profiles.py) comes between the two:
+`activate` makes it this process's, once the arguments are parsed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,20 @@ from typing import Any
 
 import grpc
 
+from agentrun_cli.profiles import Profile
+
 FILE_NAME = "credentials.json"
+_active: Profile | None = None
+
+
+def activate(profile: Profile | None) -> None:
+    """Use `profile` (below the environment, above the dev credentials) from now on."""
+    global _active
+    _active = profile
+
+
+def active() -> Profile | None:
+    return _active
 
 
 def dev_credentials(data_dir: Path | None = None) -> dict[str, Any]:
@@ -31,8 +46,14 @@ def dev_credentials(data_dir: Path | None = None) -> dict[str, Any]:
 
 
 def api_key(role: str = "admin", data_dir: Path | None = None) -> str | None:
-    """AGENTRUN_API_KEY, else the dev credentials' `role` key, else None."""
+    """AGENTRUN_API_KEY, else the profile's key, else the dev credentials' `role` key, else None.
+
+    A profile's key is the caller's one identity, whatever `role` the command would pick
+    from the dev credentials.
+    """
     if key := os.environ.get("AGENTRUN_API_KEY"):
+        return key
+    if _active is not None and (key := _active.key()):
         return key
     value = dev_credentials(data_dir).get(f"{role}_key")
     return value if isinstance(value, str) and value else None
@@ -76,12 +97,13 @@ def channel(address: str, key: str | None) -> grpc.Channel:
 
 
 def open_channel(address: str) -> grpc.Channel:
-    """A channel to the control plane: TLS when `AGENTRUN_TLS_CA` names its trust roots.
+    """A channel to the control plane: TLS when `AGENTRUN_TLS_CA` (or the profile's `tls_ca`)
+    names its trust roots.
 
     `AGENTRUN_TLS_SERVER_NAME` is the name its certificate must carry when that differs
-    from the address's host.
+    from the address's host (or the profile's `tls_server_name`).
     """
-    ca = os.environ.get("AGENTRUN_TLS_CA")
+    ca = os.environ.get("AGENTRUN_TLS_CA") or (_active.tls_ca if _active else None)
     if not ca:
         return grpc.insecure_channel(address)
     try:
@@ -89,6 +111,8 @@ def open_channel(address: str) -> grpc.Channel:
             roots = f.read()
     except OSError as exc:
         raise SystemExit(f"AGENTRUN_TLS_CA: cannot read {ca}: {exc.strerror}") from None
-    name = os.environ.get("AGENTRUN_TLS_SERVER_NAME")
+    name = os.environ.get("AGENTRUN_TLS_SERVER_NAME") or (
+        _active.tls_server_name if _active else None
+    )
     options = [("grpc.ssl_target_name_override", name)] if name else []
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)

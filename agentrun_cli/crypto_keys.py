@@ -1,9 +1,9 @@
-"""`agentrun keys init|status|rotate-kek|rotate-data-key`: the envelope encryption keys.
+"""`agentrun kms init|status|rotate-kek|rewrap|rotate-data-key`: the envelope encryption keys.
 
-    agentrun keys init --key-file /etc/agentrun/kms.json   # a new local KMS key file (0600)
-    agentrun keys rotate-kek                               # new KMS key version; re-wrap data keys
-    agentrun keys rotate-data-key --workspace acme         # new data key for acme's new seals
-    agentrun keys status
+    agentrun kms init --key-file /etc/agentrun/kms.json   # a new local KMS key file (0600)
+    agentrun kms rotate-kek                               # new KMS key version; re-wrap data keys
+    agentrun kms rotate-data-key --workspace acme         # new data key for acme's new seals
+    agentrun kms status
 
 They act on the database directly (DATABASE_URL) with the KMS the server uses
 (AGENTRUN_KMS, AGENTRUN_KMS_KEY_FILE; a dev release with neither uses <data dir>/kms.json). A
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agentrun_cli.stack import redact
 
-# The control plane's modules load only when a `keys` command runs (as `migrate` does), so
+# The control plane's modules load only when a `kms` command runs (as `migrate` does), so
 # every other command starts without asyncpg and the crypto stack.
 
 
@@ -89,7 +89,7 @@ def _init(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     actions = sub.add_parser(
-        "keys", help="envelope encryption keys: KMS key file, rotation"
+        "kms", help="envelope encryption keys: KMS key file, rotation"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     helps = {
         "init": "create a local KMS key file (refuses to overwrite one)",

@@ -9,6 +9,7 @@ import grpc
 
 from agentrun_cli.demo import DemoError
 from agentrun_cli.parser import parse
+from agentrun_cli.profiles import ProfileError
 from agentrun_cli.supervisor import StackError
 
 
@@ -18,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args) or 0
     except grpc.RpcError as err:
         print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
-    except (StackError, DemoError) as err:  # already readable: what failed and its log tail
+    except (
+        StackError,
+        DemoError,
+        ProfileError,
+    ) as err:  # already readable: what failed and its log tail
         print(f"error: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         return 130

@@ -5,11 +5,24 @@ from __future__ import annotations
 import argparse
 import os
 
-from agentrun_cli import approvals, chat, commands, crypto_keys, launch, triggers
+from agentrun_cli import (
+    admin_commands,
+    approvals,
+    chat,
+    commands,
+    credentials,
+    crypto_keys,
+    launch,
+    profile_commands,
+    profiles,
+    triggers,
+)
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
 STATUSES = ["queued", "running", "waiting", "completed", "failed", "cancelled"]
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_WORKSPACE = "default"
 
 
 def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -20,15 +33,22 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         # value given before the subcommand.
         return value if defaults else argparse.SUPPRESS
 
+    # Unset here: `resolve` fills them from the environment, then the profile, then defaults.
     parser.add_argument(
         "--address",
-        default=default(os.environ.get("AGENTRUN_ADDRESS", "127.0.0.1:50051")),
-        help="control plane gRPC address (env AGENTRUN_ADDRESS; default 127.0.0.1:50051)",
+        default=default(None),
+        help=f"control plane gRPC address (env AGENTRUN_ADDRESS; default {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
         "--workspace",
-        default=default(os.environ.get("AGENTRUN_WORKSPACE", "default")),
-        help="workspace id (env AGENTRUN_WORKSPACE; default 'default')",
+        default=default(None),
+        help=f"workspace id (env AGENTRUN_WORKSPACE; default {DEFAULT_WORKSPACE!r})",
+    )
+    parser.add_argument(
+        "--profile",
+        default=default(None),
+        metavar="NAME",
+        help="a named profile of the config file (env AGENTRUN_PROFILE, AGENTRUN_CONFIG)",
     )
     parser.add_argument(
         "--json", action="store_true", default=default(False), help="print JSON instead of text"
@@ -161,7 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
     triggers.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
+    admin_commands.add_commands(sub, common)
+    profile_commands.add_commands(sub, common)
     return parser
+
+
+def resolve(args: argparse.Namespace) -> None:
+    """Address, workspace and key: flag > environment > profile > dev credentials/defaults.
+
+    `profile ...` commands edit the file, so they do not select a profile.
+    """
+    if args.command == "profile":
+        credentials.activate(None)
+        return
+    profile = profiles.select(getattr(args, "profile", None))
+    credentials.activate(profile)
+    for name, env, default in (
+        ("address", "AGENTRUN_ADDRESS", DEFAULT_ADDRESS),
+        ("workspace", "AGENTRUN_WORKSPACE", DEFAULT_WORKSPACE),
+    ):
+        if getattr(args, name, None) is None:
+            setattr(args, name, os.environ.get(env) or getattr(profile, name, None) or default)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,4 +212,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        resolve(args)
+    except profiles.ProfileError as exc:
+        parser.error(str(exc))
     return args

@@ -68,8 +68,14 @@ def decision_payload(seq: int) -> str:
 class StreamExecutor:
     """Just enough of an executor to hold one run and commit steps to it."""
 
-    def __init__(self, chan: grpc.aio.Channel) -> None:
-        self._call = executor_pb2_grpc.ExecutorServiceStub(chan).Connect()
+    def __init__(
+        self, chan: grpc.aio.Channel, executor_id: str = "bench-commit", key: str | None = None
+    ) -> None:
+        # The credential goes in the call's metadata, as the executor sends it (a client
+        # interceptor would add its own per-message cost to a stream).
+        metadata = (("authorization", f"Bearer {key}"),) if key else None
+        self._call = executor_pb2_grpc.ExecutorServiceStub(chan).Connect(metadata=metadata)
+        self._executor_id = executor_id
         self._request_ids = itertools.count(1)
         self.lease = pb.Lease()
         self.next_seq = 0
@@ -83,7 +89,7 @@ class StreamExecutor:
                 return msg
 
     async def take_run(self) -> None:
-        hello = pb.Hello(executor_id="bench-commit", release="bench", capacity=1)
+        hello = pb.Hello(executor_id=self._executor_id, release="bench", capacity=1)
         await self._call.write(pb.ConnectRequest(hello=hello))
         await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=1)))
         assignment = (await self._receive("assignment")).assignment
@@ -172,18 +178,20 @@ def health_probe(chan: grpc.aio.Channel) -> Callable[[], Awaitable[float]]:
 Series = dict[str, Callable[[], Awaitable[float]]]
 
 
-async def _alternate(series: Series, n: int) -> dict[str, Summary]:
-    """Warm each series up, then run them in turns of BLOCK samples until each has n."""
+async def alternate(series: Series, n: int, block_size: int = BLOCK) -> dict[str, Summary]:
+    """Warm each series up, then run them in turns of `block_size` samples until each has n;
+    every other round in reverse order, so no series always follows the same one."""
     for measure in series.values():
         for _ in range(WARMUP):
             await measure()
     samples: dict[str, list[float]] = {name: [] for name in series}
-    done = 0
+    done, turns = 0, list(series.items())
     while done < n:
-        block = min(BLOCK, n - done)
-        for name, measure in series.items():
+        block = min(block_size, n - done)
+        for name, measure in turns:
             samples[name] += [await measure() for _ in range(block)]
         done += block
+        turns.reverse()
     return {name: Summary.of(values) for name, values in samples.items()}
 
 
@@ -192,19 +200,30 @@ async def _measure(dsn: str, cp_port: int, n: int) -> dict[str, Summary]:
     pool = await create_pool(dsn)
     try:
         await conn.execute(RAW_TABLE)
-        async with api.channel(cp_port) as chan:
-            return await _measure_with(chan, conn, pool, n)
+        keys = await api.mint_keys(dsn)
+        # Connect authenticates once, when the stream opens: with the executor credential.
+        async with (
+            api.channel(cp_port, keys.admin) as chan,
+            api.channel(cp_port, keys.executor) as executor_chan,
+        ):
+            return await _measure_with(chan, executor_chan, keys.executor, conn, pool, n)
     finally:
         await conn.close()
         await pool.close()
 
 
 async def _measure_with(
-    chan: grpc.aio.Channel, conn: asyncpg.Connection, pool: asyncpg.pool.Pool, n: int
+    chan: grpc.aio.Channel,
+    executor_chan: grpc.aio.Channel,
+    executor_key: str,
+    conn: asyncpg.Connection,
+    pool: asyncpg.pool.Pool,
+    n: int,
 ) -> dict[str, Summary]:
     await api.publish_agent(chan, "commit", model="steps10", tools=[])
     await api.start_run(chan, "commit", "commit benchmark")
-    ours = StreamExecutor(chan)
+    # Connect authenticates once, when the stream opens: with the executor credential.
+    ours = StreamExecutor(executor_chan, key=executor_key)
     try:
         await ours.take_run()
         # Started only now: the stream executor has no credit left, so the dispatcher
@@ -213,8 +232,8 @@ async def _measure_with(
         direct = StoreCommitter(pool)
         await direct.claim()
         series = {OURS: ours.commit_one, RAW: RawInserter(conn).insert_one}
-        info = {DIRECT: direct.commit_one, PING: health_probe(chan)}
-        return await _alternate({**series, **info}, n)
+        info = {DIRECT: direct.commit_one, PING: health_probe(executor_chan)}
+        return await alternate({**series, **info}, n)
     finally:
         ours.close()
 

@@ -207,11 +207,14 @@ async def agentrun_half(pg: BenchPostgres, runs: int, deadline: float) -> list[T
         providers, providers_port = await start_sandbox(procs, "providers")
         cp, cp_port = await start_control_plane(procs, dsn)
         conn = await asyncpg.connect(dsn)
+        keys = await api.mint_keys(dsn)
         await set_workspace_cap(dsn)
-        links = ExecutorLinks(cp_port, model_port, providers_port, redis, ECHO_UNLIMITED)
+        links = ExecutorLinks(
+            cp_port, model_port, providers_port, redis, ECHO_UNLIMITED, keys.executor
+        )
         stack = Stack(procs, cp, links, (model.pid, providers.pid), conn)
         try:
-            async with api.channel(cp_port) as chan:
+            async with api.channel(cp_port, keys.admin) as chan:
                 return [await _phase(stack, chan, n, runs, deadline) for n in EXECUTOR_COUNTS]
         finally:
             await conn.close()

@@ -47,6 +47,7 @@ async def start_control_plane(procs: Procs, dsn: str) -> tuple[Proc, int]:
         _env(
             DATABASE_URL=dsn,
             AGENTRUN_LISTEN="127.0.0.1:0",
+            AGENTRUN_HTTP_LISTEN="127.0.0.1:0",  # 8080 may be a dev stack's
             AGENTRUN_PORT_FILE=str(procs.workdir / f"{name}.port"),
             AGENTRUN_LOG_LEVEL="INFO",  # e2e waits for its "executor X connected" lines
         ),
@@ -72,6 +73,10 @@ class ExecutorLinks:
     providers_port: int
     redis_url: str
     rate_limits: str = ""  # AGENTRUN_RATE_LIMITS
+    executor_key: str = ""  # AGENTRUN_EXECUTOR_KEY (api.mint_keys)
+
+    def __repr__(self) -> str:  # never print the key
+        return f"ExecutorLinks(control_plane_port={self.control_plane_port})"
 
 
 def start_executor(
@@ -90,5 +95,6 @@ def start_executor(
         AGENTRUN_PROVIDERS_URL=f"http://127.0.0.1:{links.providers_port}",
         AGENTRUN_CAPACITY=str(capacity),
         AGENTRUN_EXECUTOR_ID=executor_id,
+        AGENTRUN_EXECUTOR_KEY=links.executor_key,
     )
     return _start(procs, executor_id, _python("executor"), env)

@@ -42,10 +42,14 @@ class ServerConfig:
     release: str = "dev"
     max_message_bytes: int = 4 * 1024 * 1024
     defaults: RunDefaults = RunDefaults()
-    # Approvals: where links point, where notifications go, who signs approver tokens.
+    # Approvals: where links point, where notifications go.
     public_url: str = "http://127.0.0.1:8080"
     notify_url: str = "http://127.0.0.1:8020"
-    approver_signing_key: bytes | None = field(default=None, repr=False)
+    # Sign-in (OpenID Connect): the issuer whose ID tokens identify people, and the
+    # audience (client id) they must be issued for. No issuer: nobody can sign in. The
+    # issuer is compared with the tokens' `iss` exactly (a trailing slash included).
+    oidc_issuer: str | None = None
+    oidc_audience: str = "agentrun"
     slack_signing_secret: bytes | None = field(default=None, repr=False)
     approval_poll_seconds: float = 0.5
     # HTTP ingress (webhooks, sessions). In-process servers take a free port by
@@ -73,10 +77,8 @@ class ServerConfig:
     kms_key_file: str | None = None
     # Identity: how long a replica trusts a verified key before asking the
     # database again (a revocation reaches every replica within this + one
-    # lookup), and the OpenID Connect issuer people sign in with ("" = none).
+    # lookup). (Who signs in: oidc_issuer and oidc_audience above.)
     key_cache_seconds: float = 2.0
-    oidc_issuer: str = ""
-    oidc_audience: str = "agentrun"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -93,7 +95,8 @@ class ServerConfig:
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
-            approver_signing_key=_secret("AGENTRUN_APPROVER_SIGNING_KEY"),
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER") or None,
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE") or cls.oidc_audience,
             slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
             http_listen=os.environ.get("AGENTRUN_HTTP_LISTEN", "127.0.0.1:8080"),
@@ -116,6 +119,4 @@ class ServerConfig:
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
-            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER", "").rstrip("/"),
-            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE", cls.oidc_audience),
         )

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -40,6 +40,7 @@ from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
 from control_plane.auth import context as auth_context
+from control_plane.auth import oidc
 from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
@@ -113,14 +114,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                     return True
 
 
-def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
-    """The replica's credential resolver (OIDC sign-in when an issuer is configured)."""
-    verifier = (
-        OidcVerifier(config.oidc_issuer, config.oidc_audience) if config.oidc_issuer else None
-    )
-    return Resolver(pool, verifier, ttl=config.key_cache_seconds)
-
-
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
@@ -134,6 +127,8 @@ class RunningServer:
     # ExecutorService's own server (AGENTRUN_EXECUTOR_LISTEN); None when `server` serves it.
     executor_server: grpc.aio.Server | None = None
     executor_port: int = 0
+    # The replica's one OIDC verifier (the resolver's and the approval routes'); None: no sign-in.
+    verifier: OidcVerifier | None = None
 
     @property
     def http_port(self) -> int:
@@ -150,11 +145,20 @@ class RunningServer:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.verifier is not None:
+            await self.verifier.close()
         await self.pool.close()
 
 
-async def start(config: ServerConfig) -> RunningServer:
-    """Start serving; returns once the port is bound."""
+async def start(
+    config: ServerConfig,
+    identity: Callable[[Resolver], grpc.aio.ServerInterceptor] = IdentityInterceptor,
+) -> RunningServer:
+    """Start serving; returns once the port is bound.
+
+    `identity` builds the authenticating interceptor; only bench/auth.py's labelled,
+    unauthenticated baseline passes another (never a shipped mode).
+    """
     check_transport(config)
     key_service = kms.configured(config.kms, config.kms_key_file, release=config.release)
     pool = await create_pool(config.database_url)
@@ -162,12 +166,14 @@ async def start(config: ServerConfig) -> RunningServer:
     # Secrets stored in plain text before envelope encryption: sealed before anything serves.
     await sealed_secrets.backfill(pool, envelope)
     dispatcher = Dispatcher(pool, config)
-    resolver = resolver_for(pool, config)
+    # One verifier per replica: gRPC, the HTTP guard and signed-in decisions share its JWKS cache.
+    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
+    resolver = Resolver(pool, verifier, ttl=config.key_cache_seconds)
     # Both gRPC servers (public, executor) run the same interceptors; the error
     # interceptor outside, so it maps what the identity one raises.
     interceptors: list[grpc.aio.ServerInterceptor] = [
         ErrorInterceptor(),
-        IdentityInterceptor(resolver),
+        identity(resolver),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
@@ -178,9 +184,7 @@ async def start(config: ServerConfig) -> RunningServer:
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorServicer(dispatcher, resolver), executors
     )
-    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
-        ApprovalServicer(pool, config.approver_signing_key), server
-    )
+    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
         TriggerServicer(pool, config.public_url, envelope), server
     )
@@ -206,7 +210,7 @@ async def start(config: ServerConfig) -> RunningServer:
     return RunningServer(
         server, port, pool, tasks + trigger_tasks, http,
         executor_server=executors if executors is not server else None,
-        executor_port=executor_port,
+        executor_port=executor_port, verifier=verifier,
     )  # fmt: skip
 
 
@@ -283,6 +287,7 @@ async def _start_triggers(
         on_runnable=dispatcher.poke,
         on_fetch_queued=fetcher.poke,
         resolver=resolver,
+        verifier=resolver.verifier,
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

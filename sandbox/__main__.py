@@ -1,9 +1,9 @@
-"""Command line: `python -m sandbox model|providers` runs one sandbox server until SIGTERM."""
+"""Command line: `python -m sandbox model|providers|idp` runs one sandbox server until SIGTERM."""
 
 import argparse
 from pathlib import Path
 
-from sandbox import model_server, providers, serve
+from sandbox import idp, model_server, providers, serve
 from sandbox.scenario import DEFAULT_DIR
 
 
@@ -19,6 +19,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "providers", help="fake tool providers (payments, mail, chat, CRM, echo)"
         )
     )
+    oidc = servers.add_parser("idp", help="OpenID Connect provider: discovery, JWKS, ID tokens")
+    _add_listen_args(oidc)
+    oidc.add_argument("--issuer", help="the iss claim and discovery issuer (default: the URL used)")
     return parser.parse_args(argv)
 
 
@@ -34,6 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.server == "model":
         app = model_server.create_app(scenarios_dir=args.scenarios, api_key=args.api_key)
+    elif args.server == "idp":
+        app = idp.create_app(issuer=args.issuer)
     else:
         app = providers.create_app()
     serve.run(app, args.host, args.port, args.port_file)

@@ -1,6 +1,7 @@
 """Fixtures: real PostgreSQL and Redis, a database per test, and the project's processes.
 
-Session scope: `pg`, `template_db`, `redis_server`, `sandbox_model`, `sandbox_providers`.
+Session scope: `pg`, `template_db`, `redis_server`, `sandbox_model`, `sandbox_providers`,
+`sandbox_idp`.
 Per test: `db_url` / `db` (a fresh copy of the migrated template), `embedded_pg` (the session
 server to kill and restart), `control_plane` and `executor_factory` (process factories whose
 processes are killed at teardown and whose log tails join the report of a failed test).
@@ -150,6 +151,12 @@ def sandbox_model(session_processes: ProcessGroup) -> SandboxServer:
 def sandbox_providers(session_processes: ProcessGroup) -> SandboxServer:
     """The local tool providers' server."""
     return start_sandbox(session_processes, "providers")
+
+
+@pytest.fixture(scope="session")
+def sandbox_idp(session_processes: ProcessGroup) -> SandboxServer:
+    """The local OpenID Connect provider; its issuer is its URL (`http://127.0.0.1:<port>`)."""
+    return start_sandbox(session_processes, "idp")
 
 
 @pytest.fixture

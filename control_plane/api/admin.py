@@ -260,9 +260,12 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         size = page_size(request.page_size)
         before = None
         if request.page_token:
-            if not request.page_token.isdigit():
+            # An audit id: ASCII digits that fit a bigint ("²" is a digit to isdigit, and
+            # a 40-digit number overflowed the query into an INTERNAL).
+            raw = request.page_token
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
                 raise InvalidArgument("page_token", "is not a token this service issued")
-            before = int(request.page_token)
+            before = int(raw)
         rows = await store.list_audit(self._pool, ws, before, size + 1)
         token = str(rows[size - 1].audit_id) if len(rows) > size else ""
         return pb.ListAuditLogResponse(

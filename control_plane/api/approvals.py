@@ -8,8 +8,9 @@ import grpc
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import decode_page_token, encode_page_token
-from control_plane.approvals import decisions, tokens
+from control_plane.approvals import decisions
 from control_plane.auth import context as auth_context
+from control_plane.auth.principal import Principal
 from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
 
@@ -49,18 +50,11 @@ def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
     return msg
 
 
-def _bearer(context: grpc.aio.ServicerContext) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and value.lower().startswith("bearer "):
-            # An agentrun API key authenticated the call (the interceptor); not a token here.
-            return None if value[7:].startswith("agr_") else value[7:]
-    return None
-
-
 class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool, signing_key: bytes | None) -> None:
+    """Every RPC acts in the caller's workspace; a decision is the caller's own."""
+
+    def __init__(self, pool: asyncpg.pool.Pool) -> None:
         self._pool = pool
-        self._key = signing_key
 
     async def ListApprovals(
         self, request: approval_pb2.ListApprovalsRequest, context: grpc.aio.ServicerContext
@@ -94,31 +88,26 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     ) -> approval_pb2.DecideApprovalResponse:
         ws = auth_context.workspace(request.workspace_id)
         approval_id = validate.run_id("approval_id", request.approval_id)
-        approver = validate.text("approver", request.approver, max_bytes=200, required=True)
         action = request.WhichOneof("decision")
         if action is None:
             raise InvalidArgument("decision", "one of approve, reject or edit is required")
-        via = "operator"
-        bearer = _bearer(context)
-        if bearer is not None:
-            try:
-                who = tokens.verify_bearer(self._key, bearer)
-            except tokens.BadBearer as exc:
-                raise PermissionDenied(str(exc)) from None
-            if (who.user, who.workspace_id) != (approver, ws):
-                raise PermissionDenied("the bearer token is not this approver's")
-            via = "signed_in"
-        row = await store.get(self._pool, ws, approval_id)
-        if row is not None and row["high_risk"] and via != "signed_in":
-            raise PermissionDenied(
-                f"tool {row['tool']!r} is high-risk: send the approver's bearer token"
-            )
+        decider = decider_of(auth_context.current(), request.approver)
         decided = await decisions.decide(self._pool, decisions.Request(
-            workspace_id=ws, approval_id=approval_id, approver=approver, action=action, via=via,
+            workspace_id=ws, approval_id=approval_id, decider=decider, action=action,
             reason=request.reject.reason, edited_arguments_json=request.edit.arguments_json,
             note=request.edit.note,
         ))  # fmt: skip
         return approval_pb2.DecideApprovalResponse(approval=to_proto(decided))
 
 
-__all__ = ["ApprovalServicer", "to_proto"]
+def decider_of(principal: Principal, typed_approver: str) -> decisions.Decider:
+    """The caller decides as itself; the deprecated `approver` field may only repeat its name."""
+    validate.text("approver", typed_approver, max_bytes=320)
+    if typed_approver and typed_approver != principal.name:
+        raise PermissionDenied(
+            "approver: a decision is recorded as the authenticated caller; leave the field empty"
+        )
+    return decisions.Decider.of(principal)
+
+
+__all__ = ["ApprovalServicer", "decider_of", "to_proto"]

@@ -180,6 +180,7 @@ def approval_policy_to_json(pol: approval_pb2.ApprovalPolicy) -> dict[str, Any]:
         "escalate_to": list(pol.escalate_to),
         "max_reminders": pol.max_reminders,
         "high_risk_tools": list(pol.high_risk_tools),
+        "four_eyes": pol.four_eyes,
     }
 
 
@@ -194,6 +195,7 @@ def approval_policy_from_json(data: dict[str, Any]) -> approval_pb2.ApprovalPoli
         escalate_to=data.get("escalate_to", []),
         max_reminders=data.get("max_reminders", 0),
         high_risk_tools=data.get("high_risk_tools", []),
+        four_eyes=data.get("four_eyes", False),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from control_plane.approvals.decisions import EXPIRY, decided_payload
 from control_plane.approvals.policy import notifications
 from control_plane.store import approvals as store
 from control_plane.store import outbox
@@ -30,12 +31,9 @@ def next_action(row: Any) -> str:
 
 async def _reject(conn: asyncpg.Connection, row: Any, now: datetime | None) -> None:
     arguments = json.loads(row["arguments"])
-    payload = {
-        "approval_id": str(row["approval_id"]), "call_id": row["call_id"], "tool": row["tool"],
-        "decision": "expired", "decided_by": EXPIRED_BY, "reason": "approval expired",
-        "arguments": arguments, "arguments_sha256": row["arguments_sha256"],
-        "approved_sha256": row["arguments_sha256"],
-    }  # fmt: skip
+    payload = decided_payload(
+        row, "expired", EXPIRED_BY, EXPIRY, arguments, reason="approval expired"
+    )
     decision = store.Decision("expired", EXPIRED_BY, "approval expired")
     try:
         async with conn.transaction():

@@ -14,7 +14,8 @@ from control_plane.store.outbox import Notification
 
 DEFAULT_EXPIRY_SECONDS = 24 * 3600
 DEFAULT_MAX_REMINDERS = 2
-# Who decides when a policy names nobody: the workspace's administrator.
+# Who decides when a policy names nobody: the workspace's administrators (a signed-in
+# member with the admin role matches this entry; see decisions.on_list).
 FALLBACK_APPROVER = "admin"
 EXPIRY_ACTIONS = {0: "reject", 1: "reject", 2: "escalate", 3: "remind"}
 

@@ -52,13 +52,18 @@ def request_id() -> str:
 async def record(
     conn: asyncpg.Connection, action: str, object_kind: str, object_id: str,
     detail: dict[str, Any] | None = None, *, workspace_id: str | None = None,
+    actor: str | None = None,
 ) -> store.AuditEntry:  # fmt: skip
     """Append an audit row for the current principal, in `conn`'s transaction.
 
     The workspace is the principal's unless given (platform writes name the
     workspace they touch, or store.PLATFORM_AUDIT for platform-level keys).
+    `actor` names who acted where no principal is in context (a capability
+    link's approver, a Slack user: `link:alice@example.com`, `slack:U123`).
     """
-    who = context.current()
-    ws = workspace_id or who.workspace_id or store.PLATFORM_AUDIT
-    event = store.AuditEvent(ws, who.label, action, object_kind, object_id, request_id(), detail)
+    if actor is None:
+        who = context.current()
+        actor, workspace_id = who.label, workspace_id or who.workspace_id
+    ws = workspace_id or store.PLATFORM_AUDIT
+    event = store.AuditEvent(ws, actor, action, object_kind, object_id, request_id(), detail)
     return await store.audit(conn, event)

@@ -26,6 +26,12 @@ ROLES: dict[str, frozenset[Capability]] = {
     "admin": frozenset({Capability.READ, Capability.OPERATE, Capability.ADMIN}),
     "approver": frozenset({Capability.READ, Capability.DECIDE}),
 }
+# A signed-in workspace admin also decides: where a policy names no approver, its list is
+# the workspace's admins (control_plane/approvals/policy.py). An admin key never decides.
+SIGNED_IN_ROLES: dict[str, frozenset[Capability]] = {
+    **ROLES,
+    "admin": ROLES["admin"] | {Capability.DECIDE},
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,9 @@ class Principal:
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        if self.kind in (Kind.KEY, Kind.PERSON) and self.role:
+        if self.kind is Kind.PERSON and self.role:
+            return SIGNED_IN_ROLES.get(self.role, frozenset())
+        if self.kind is Kind.KEY and self.role:
             return ROLES.get(self.role, frozenset())
         return frozenset()
 

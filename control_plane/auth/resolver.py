@@ -62,7 +62,12 @@ class Resolver:
         self._ttl = ttl
         self._max = max_entries
         self._keys: OrderedDict[str, _Cached] = OrderedDict()
-        self._roles: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
+        self._roles: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+
+    @property
+    def verifier(self) -> OidcVerifier | None:
+        """The OIDC verifier people's ID tokens go to (None: sign-in is off)."""
+        return self._verifier
 
     async def resolve(self, authorization: str | None, workspace_id: str = "") -> Principal:
         """The principal of an `authorization` header value; UNAUTHENTICATED when there is none."""
@@ -119,6 +124,9 @@ class Resolver:
         if hit is not None and hit[1] > now:
             return hit[0]
         role = await store.member_role(self._pool, workspace_id, person)
+        if role is None:  # not cached, as unknown keys are not: a new member signs in at once
+            self._roles.pop((workspace_id, person), None)
+            return None
         self._roles[(workspace_id, person)] = (role, now + self._ttl)
         while len(self._roles) > self._max:
             self._roles.popitem(last=False)

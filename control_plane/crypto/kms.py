@@ -88,7 +88,7 @@ class LocalKms:
 
     The file holds every version ever made; the newest is current. Wrapping is AES-256-GCM
     under the current version: nonce (12 bytes) || ciphertext+tag, the context as associated
-    data. A file written by another process (`agentrun keys rotate-kek`) is read again when it
+    data. A file written by another process (`agentrun kms rotate-kek`) is read again when it
     changes on disk, so a running server learns the new version without a restart.
     """
 
@@ -123,7 +123,7 @@ class LocalKms:
                 pass  # another process created it meanwhile: use theirs
         if not path.exists():
             raise KmsError(
-                f"KMS key file {path} does not exist; create it with `agentrun keys init` "
+                f"KMS key file {path} does not exist; create it with `agentrun kms init` "
                 "(without it nothing sealed can be opened)"
             )
         return cls(path)
@@ -243,7 +243,7 @@ def default_key_file() -> Path:
 def configured(kind: str, key_file: str | None, *, release: str) -> Kms:
     """The KMS a server or the CLI is configured with (`AGENTRUN_KMS`, `AGENTRUN_KMS_KEY_FILE`).
 
-    A key file named explicitly must exist (`agentrun keys init` makes one): a production
+    A key file named explicitly must exist (`agentrun kms init` makes one): a production
     server that silently made itself a new key would seal with a key nobody backed up. Only
     a dev release with no file named creates the default one on first use.
     """
@@ -254,6 +254,6 @@ def configured(kind: str, key_file: str | None, *, release: str) -> Kms:
     if release != "dev":
         raise KmsError(
             "AGENTRUN_KMS_KEY_FILE is not set; outside a dev release the KMS key file must be "
-            "named (create one with `agentrun keys init --key-file PATH`)"
+            "named (create one with `agentrun kms init --key-file PATH`)"
         )
     return LocalKms.open(default_key_file(), create_missing=True)

@@ -21,7 +21,7 @@ from control_plane.http.context import HttpContext
 
 def _approval_routes(ctx: HttpContext) -> list[Route]:
     """Approval links, signed-in decisions and Slack buttons (control_plane/http/approvals.py)."""
-    return ApprovalRoutes(ctx.pool, ctx.config).routes()
+    return ApprovalRoutes(ctx.pool, ctx.config, ctx.verifier, ctx.credentials()).routes()
 
 
 ROUTE_MODULES: tuple[Callable[[HttpContext], list[Route]], ...] = (

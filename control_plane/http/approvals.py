@@ -1,5 +1,12 @@
 """Approval links, signed-in decisions and Slack buttons over HTTP.
 
+A signed-in decision (`POST /approvals/{ws}/id/{approval_id}/decision`) is
+the caller's: a person with an OpenID Connect ID token (`Authorization:
+Bearer`, verified against the configured issuer) who is a member of the
+workspace, an approver key of the workspace, or whoever the HTTP guard
+authenticated. Links are capabilities for one approver and one decision; they
+never decide a tool that moves money or is high-risk.
+
 A GET never decides anything (mail scanners and chat previews fetch links):
 it shows the exact arguments and a form; only the form's POST decides. Pages
 send `Referrer-Policy: no-referrer` and load nothing from third parties.
@@ -21,8 +28,11 @@ from starlette.routing import Route
 
 from control_plane.api import validate
 from control_plane.approvals import decisions, tokens
+from control_plane.auth import context as auth_context
+from control_plane.auth.oidc import OidcVerifier
+from control_plane.auth.resolver import Resolver, bearer
 from control_plane.config import ServerConfig
-from control_plane.errors import DomainError, InvalidArgument
+from control_plane.errors import DomainError, InvalidArgument, PermissionDenied, Unauthenticated
 from control_plane.store import approvals as store
 from control_plane.triggers import signatures
 
@@ -35,7 +45,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
+    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
     "FAILED_PRECONDITION": 409, "ALREADY_EXISTS": 409,
 }  # fmt: skip
 
@@ -54,9 +64,18 @@ def error_status(exc: DomainError) -> int:
 
 
 class ApprovalRoutes:
-    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+    def __init__(
+        self, pool: asyncpg.pool.Pool, config: ServerConfig, verifier: OidcVerifier | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:  # fmt: skip
+        """`verifier`: the replica's one OIDC verifier (None: nobody signs in); `resolver`:
+        the replica's credential resolver, holding that verifier (default: one of `pool`'s)."""
         self.pool = pool
         self.config = config
+        self.verifier = verifier
+        # Turns the bearer token into a person (verified, and a member of the workspace,
+        # with their role) or an API key's principal, exactly as gRPC calls are resolved.
+        self.resolver = resolver or Resolver(pool, verifier)
 
     def routes(self) -> list[Route]:
         return [
@@ -97,9 +116,10 @@ class ApprovalRoutes:
         if a["decision"] is not None:
             return page(410, "Already decided", info + f"<p>{html.escape(a['decision'])} by "
                         f"{html.escape(a['decided_by'])}.</p>")  # fmt: skip
-        if a["high_risk"]:
-            return page(403, "Sign-in required", info + "<p>This tool is high-risk: decide it "
-                        "as a signed-in approver, not through a link.</p>")  # fmt: skip
+        why = decisions.needs_sign_in(a)
+        if why:
+            return page(403, "Sign-in required", info + f"<p>{html.escape(why)}: decide it as a "
+                        "signed-in approver, not through a link.</p>")  # fmt: skip
         form = (
             "<form method='post'><input type='hidden' name='decision' value='approve'>"
             "<button>Approve</button></form><form method='post'>"
@@ -122,13 +142,15 @@ class ApprovalRoutes:
             return refusal
         a = await store.get(self.pool, ws, found["approval_id"])
         assert a is not None  # a token references its approval (foreign key)
-        if a["high_risk"]:
-            return page(403, "Sign-in required", "<p>A link cannot decide a high-risk tool.</p>")
+        why = decisions.needs_sign_in(a)
+        if why:
+            return page(403, "Sign-in required", f"<p>{html.escape(why)}: a link cannot decide "
+                        "it; sign in.</p>")  # fmt: skip
         used = await store.use_token(self.pool, ws, tokens.digest(token))
         if used is None:  # another click used it a moment ago
             return page(410, "Link already used", "<p>Each link decides once.</p>")
-        req = decisions.Request(ws, found["approval_id"], used["approver"], action, "link",
-                                reason=reason)  # fmt: skip
+        decider = decisions.Decider(used["approver"], decisions.LINK)
+        req = decisions.Request(ws, found["approval_id"], decider, action, reason=reason)
         try:
             row = await decisions.decide(self.pool, req)
         except DomainError as exc:
@@ -136,29 +158,39 @@ class ApprovalRoutes:
         return page(200, "Decided", f"<p>{html.escape(row['tool'])}: {row['decision']}.</p>")
 
     async def decide_signed_in(self, request: Request) -> Response:
+        """A decision by the caller of `Authorization: Bearer <ID token>` (or the HTTP guard's)."""
         ws = request.path_params["ws"]
-        auth = request.headers.get("authorization", "")
-        if not auth.lower().startswith("bearer "):
-            return JSONResponse({"error": "a bearer token is required"}, status_code=401)
         try:
-            who = tokens.verify_bearer(self.config.approver_signing_key, auth[7:])
+            decider = await self._signed_in(ws, request.headers.get("authorization", ""))
+        except DomainError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
+        try:
             approval_id = uuid.UUID(request.path_params["approval_id"])
             body = validate.json_value("body", await request.body())
-        except tokens.BadBearer as exc:
-            return JSONResponse({"error": str(exc)}, status_code=401)
         except (ValueError, InvalidArgument):
             return JSONResponse({"error": "malformed approval id or JSON body"}, status_code=400)
         if not isinstance(body, dict):
             return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
-        if who.workspace_id != ws:
-            return JSONResponse({"error": "token is for another workspace"}, status_code=403)
         edited = body.get("arguments")
         req = decisions.Request(
-            ws, approval_id, who.user, str(body.get("decision", "")), "signed_in",
+            ws, approval_id, decider, str(body.get("decision", "")),
             reason=str(body.get("reason", ""))[:1000],
             edited_arguments_json=json.dumps(edited) if edited is not None else "",
         )  # fmt: skip
         return await self._json_decision(req)
+
+    async def _signed_in(self, ws: str, authorization: str) -> decisions.Decider:
+        """The decider: the principal an HTTP guard set, else the bearer token's (a signed-in
+        person who is a member of `ws`, or an approver key of `ws`)."""
+        try:
+            who = auth_context.current()
+        except Unauthenticated:
+            if bearer(authorization) is None:
+                raise Unauthenticated("sign in: send Authorization: Bearer <ID token>") from None
+            who = await self.resolver.resolve(authorization, ws)
+        if who.workspace_id != ws:
+            raise PermissionDenied("this credential is for another workspace")
+        return decisions.Decider.of(who)
 
     async def _json_decision(self, req: decisions.Request) -> Response:
         try:
@@ -187,8 +219,8 @@ class ApprovalRoutes:
             payload = validate.json_value("payload", parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
             ws, approval_id = action["value"].split(":", 1)
-            req = decisions.Request(ws, uuid.UUID(approval_id), payload["user"]["id"],
-                                    action["action_id"], "slack")  # fmt: skip
+            decider = decisions.Decider(str(payload["user"]["id"]), decisions.SLACK)
+            req = decisions.Request(ws, uuid.UUID(approval_id), decider, action["action_id"])
         except (KeyError, IndexError, ValueError, TypeError, InvalidArgument):
             return JSONResponse({"error": "malformed interaction payload"}, status_code=400)
         return await self._json_decision(req)

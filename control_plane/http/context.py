@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
 from control_plane.crypto.envelope import Envelope
@@ -28,6 +29,10 @@ class HttpContext:
     # Bearer credentials of guarded routes (control_plane/http/auth.py); None: one of
     # this pool's own, without sign-in.
     resolver: Resolver | None = None
+    # The replica's OIDC verifier (the one inside `resolver`); None: nobody signs in.
+    verifier: OidcVerifier | None = None
 
     def credentials(self) -> Resolver:
-        return self.resolver if self.resolver is not None else Resolver(self.pool)
+        if self.resolver is not None:
+            return self.resolver
+        return Resolver(self.pool, self.verifier)

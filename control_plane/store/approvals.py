@@ -77,6 +77,23 @@ async def commit_with_approval(
         return result
 
 
+@dataclass(frozen=True)
+class RunGuard:
+    """The run-level rules of a decision: four eyes, and who started the run."""
+
+    four_eyes: bool
+    started_by: str | None  # a principal label, `kind:name`
+
+    @property
+    def starter_name(self) -> str | None:
+        return self.started_by.split(":", 1)[-1] if self.started_by else None
+
+
+async def run_guard(db: Any, workspace_id: str, run_id: uuid.UUID) -> RunGuard:
+    row = await run(db, "approval_run_guard", workspace_id, run_id)
+    return RunGuard(bool(row and row["four_eyes"]), row["started_by"] if row else None)
+
+
 async def get(db: Any, workspace_id: str, approval_id: uuid.UUID) -> asyncpg.Record | None:
     return await run(db, "approval_get", workspace_id, approval_id)
 

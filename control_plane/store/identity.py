@@ -152,14 +152,21 @@ async def revoke_key(
     return _key_info(row) if row is not None else None
 
 
+def email(person: str) -> str:
+    """How members are stored and compared: the verified email, lower-cased (as sign-in
+    names a person: control_plane/auth/oidc.py)."""
+    return person.strip().lower()
+
+
 async def add_member(
     conn: Conn, workspace_id: str, person: str, role: str, added_by: str
 ) -> Member:
-    return Member(**dict(await run(conn, "member_upsert", workspace_id, person, role, added_by)))
+    row = await run(conn, "member_upsert", workspace_id, email(person), role, added_by)
+    return Member(**dict(row))
 
 
 async def remove_member(conn: Conn, workspace_id: str, person: str) -> Member | None:
-    row = await run(conn, "member_delete", workspace_id, person)
+    row = await run(conn, "member_delete", workspace_id, email(person))
     return Member(**dict(row)) if row is not None else None
 
 
@@ -170,7 +177,7 @@ async def list_members(
 
 
 async def member_role(conn: Conn, workspace_id: str, person: str) -> str | None:
-    row = await run(conn, "member_role", workspace_id, person)
+    row = await run(conn, "member_role", workspace_id, email(person))
     return row["role"] if row is not None else None
 
 

@@ -179,23 +179,33 @@ class AutoApprover:
     """A person who approves every pending approval of the workspace as soon as it appears.
 
     For tests whose subject is not approvals but whose tools need one (money-moving
-    tools always do): `async with AutoApprover(api): ...`.
+    tools always do, and only a signed-in person decides those):
+    `async with AutoApprover(api, metadata=await member_signed_in(...)): ...`
+    (tests.harness.idp; the control plane started with AGENTRUN_OIDC_ISSUER).
     """
 
     def __init__(
-        self, api: Api, approver: str = "admin", interval: float = 0.1, *, key: str | None = None
-    ) -> None:
-        """`key`: an approver key of the workspace (the approver's own channel); else api's."""
+        self, api: Api, approver: str = "admin", interval: float = 0.1,
+        metadata: list[tuple[str, str]] | None = None, *, key: str | None = None,
+    ) -> None:  # fmt: skip
+        """`metadata`: a signed-in person's credential (money-moving tools need one);
+        `key`: an approver key of the workspace; neither: the approver's own approver key."""
         self.api = api
         self.approver = approver
+        # The approver's credential (money-moving tools need a signed-in person:
+        # `tests.harness.idp.signed_in`); the decision is the credential's.
+        self.metadata = metadata
         self.interval = interval
-        self._own = auth.channel(api.channel_target, key) if key is not None else None
+        # A credential of its own: never the admin key of `api.channel` as well (two
+        # authorization headers); signed-in metadata goes over a channel without a key.
+        own = key is not None or metadata is not None
+        self._own = auth.channel(api.channel_target, key) if own else None
         self.stub = approval_pb2_grpc.ApprovalServiceStub(self._own or api.channel)
         self.approved = 0
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AutoApprover:
-        if self._own is None and self.api.db_url:  # the approver's own approver key
+        if self._own is None and self.metadata is None and self.api.db_url:
             key = await auth.workspace_key(
                 self.api.db_url, self.api.ws, role="approver", principal=self.approver
             )
@@ -218,12 +228,12 @@ class AutoApprover:
                 pending = await self.stub.ListApprovals(approval_pb2.ListApprovalsRequest(
                     workspace_id=self.api.ws, approver=self.approver,
                     state=approval_pb2.APPROVAL_STATE_PENDING, page_size=500,
-                ))  # fmt: skip
+                ), metadata=self.metadata)  # fmt: skip
                 for a in pending.approvals:
                     with contextlib.suppress(grpc.aio.AioRpcError):  # lost a race: fine
                         await self.stub.DecideApproval(approval_pb2.DecideApprovalRequest(
                             workspace_id=self.api.ws, approval_id=a.approval_id,
-                            approver=self.approver, approve=approval_pb2.Approve(),
-                        ))  # fmt: skip
+                            approve=approval_pb2.Approve(),
+                        ), metadata=self.metadata)  # fmt: skip
                         self.approved += 1
             await asyncio.sleep(self.interval)  # a person's polling interval

@@ -7,7 +7,11 @@ huge and negative numbers, enum values out of range, oversized strings and deepl
 JSON in JSON-bearing fields. `undecodable(descriptor, rng)` gives wire bytes no valid
 message has (random bytes, truncated fields, invalid UTF-8 in a string field).
 
-Every call passes `auth_metadata()`: the one place a test credential goes.
+`Callers.mint(db_url)` holds one credential of every kind (each role of workspace ws, an
+executor, a platform admin); `callers.metadata(path, rng)` is one whose kind the method's
+entry in `access.ACCESS` allows, so a new RPC is called with the right credential without
+touching the test. `garbage_metadata(rng)` is a missing, malformed, unknown, forged or
+revoked credential, which no method may serve.
 """
 
 from __future__ import annotations
@@ -19,25 +23,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from google.protobuf import message_factory
+from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
-from agentrun.v1 import (
-    agent_pb2,
-    approval_pb2,
-    executor_pb2,
-    run_pb2,
-    session_pb2,
-    trigger_pb2,
-)
+from control_plane.auth import access, keys
+from control_plane.auth.principal import ROLES, Principal
+from control_plane.auth.resolver import Resolver
+from control_plane.server import SERVICE_NAMES
+from control_plane.store import identity as store
+from tests.harness import auth
 
-MODULES = (agent_pb2, run_pb2, executor_pb2, approval_pb2, trigger_pb2, session_pb2)
-
-
-def auth_metadata() -> tuple[tuple[str, str], ...]:
-    """The metadata every fuzzed call carries (a bearer key once every RPC requires one)."""
-    return ()
+Metadata = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -67,13 +64,72 @@ def _rpc(method: MethodDescriptor) -> Rpc:
 
 
 def methods() -> list[Rpc]:
-    """Every RPC of every service in the agentrun protos."""
+    """Every RPC of every agentrun service the control plane registers."""
+    pool = descriptor_pool.Default()  # control_plane.server imported every *_pb2
     return [
-        _rpc(method)
-        for module in MODULES
-        for service in module.DESCRIPTOR.services_by_name.values()
-        for method in service.methods
+        _rpc(method) for name in SERVICE_NAMES for method in pool.FindServiceByName(name).methods
     ]
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+def _bearer(text: str) -> Metadata:
+    return (("authorization", f"Bearer {text}"),)
+
+
+class Callers:
+    """One credential of every kind a caller can hold, each with the Principal it resolves to."""
+
+    def __init__(self, texts: dict[str, str], principals: dict[str, Principal]) -> None:
+        self.texts = texts
+        self.principals = principals
+        self.revoked = texts.pop("revoked")
+
+    @classmethod
+    async def mint(cls, db_url: str, workspace: str = "ws") -> Callers:
+        texts = {
+            role: await auth.workspace_key(db_url, workspace, role, principal=f"fuzz-{role}")
+            for role in ROLES
+        }
+        texts["executor"] = await auth.executor_key(db_url)
+        texts["platform"] = await auth.platform_key(db_url)
+        revoked = await auth.workspace_key(db_url, workspace, principal="fuzz-revoked")
+        conn = await asyncpg.connect(db_url)
+        try:  # what the server's own resolver makes of each key
+            resolver = Resolver(conn)
+            principals = {n: await resolver.resolve(f"Bearer {t}") for n, t in texts.items()}
+            parsed = keys.parse(revoked)
+            assert parsed is not None
+            await store.revoke_key(conn, parsed.key_id, workspace)
+        finally:
+            await conn.close()
+        texts["revoked"] = revoked
+        return cls(texts, principals)
+
+    def allowed(self, path: str) -> list[str]:
+        """The credentials whose kind the method's access-table entry admits."""
+        need = access.ACCESS[path]
+        return [name for name, who in self.principals.items() if access.allows(need, who)]
+
+    def metadata(self, path: str, rng: random.Random | None = None) -> Metadata:
+        """A credential the method admits (the first of them without `rng`)."""
+        allowed = self.allowed(path)
+        return _bearer(self.texts[rng.choice(allowed) if rng else allowed[0]])
+
+    def garbage(self, rng: random.Random) -> Metadata:
+        """A credential no method may serve: missing, malformed, unknown, forged, revoked."""
+        real = rng.choice(list(self.texts.values()))
+        forged = real[:-1] + ("A" if real[-1] != "A" else "B")
+        unknown = keys.generate(rng.choice(("workspace", "executor", "platform"))).text
+        choices: list[Metadata] = [
+            (), (("authorization", ""),), (("authorization", "Bearer "),),
+            (("authorization", f"Basic {real}"),), (("authorization", real),),
+            _bearer("not-a-key"), _bearer("agr_ws_0123456789abcdef_short"),
+            _bearer("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"),
+            _bearer(unknown), _bearer(forged), _bearer(self.revoked),
+        ]  # fmt: skip
+        return rng.choice(choices)
 
 
 # --- hostile values ---------------------------------------------------------------------------

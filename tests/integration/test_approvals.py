@@ -1,4 +1,8 @@
-"""Approvals against real Postgres: the one-transaction hold, CAS races, links, Slack, expiry."""
+"""Approvals against real Postgres: the one-transaction hold, CAS races, links, Slack, expiry.
+
+Who may decide (signed-in people, keys, money-moving tools, four eyes) is in
+test_approvals_identity.py.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ import pytest
 from starlette.applications import Starlette
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
-from control_plane.approvals import decisions, expiry, relay, tokens
+from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
+from control_plane.auth import oidc
 from control_plane.config import ServerConfig
 from control_plane.errors import Aborted
 from control_plane.http.approvals import ApprovalRoutes
@@ -29,8 +34,8 @@ from control_plane.triggers import signatures
 from tests import factories
 from tests.harness import auth
 from tests.harness.agentrun_api import sandbox_requests
+from tests.harness.idp import add_member, id_token
 
-SIGNING_KEY = b"approver-signing-key-for-tests"
 SLACK_SECRET = b"slack-signing-secret-for-tests"
 POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],
           "on_expiry": "reject", "expiry_seconds": 3600}  # fmt: skip
@@ -44,19 +49,23 @@ async def pool(db_url):
 
 
 @pytest.fixture
-def config(db_url, sandbox_providers):
+def config(db_url, sandbox_providers, sandbox_idp):
     return ServerConfig(
         database_url=db_url, listen="127.0.0.1:0", notify_url=sandbox_providers.url,
-        public_url="http://approvals.test", approver_signing_key=SIGNING_KEY,
+        public_url="http://approvals.test", oidc_issuer=sandbox_idp.url,
         slack_signing_secret=SLACK_SECRET,
     )  # fmt: skip
 
 
 @pytest.fixture
 async def http(pool, config):
-    app = Starlette(routes=ApprovalRoutes(pool, config).routes())
+    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
+    routes = ApprovalRoutes(pool, config, verifier)
+    app = Starlette(routes=routes.routes())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         yield c
+    assert verifier is not None
+    await verifier.close()
 
 
 async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mailer", **flags):
@@ -111,9 +120,10 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     held = [await hold(pool, agent=f"a{i}") for i in range(500)]
 
     async def race(approval_id):
-        reqs = [decisions.Request("ws", approval_id, "alice@example.com", "approve", "operator"),
-                decisions.Request("ws", approval_id, "bob@example.com", "reject", "operator",
-                                  reason="wrong price")]  # fmt: skip
+        alice = decisions.Decider("alice@example.com", decisions.SIGNED_IN)
+        bob = decisions.Decider("bob@example.com", decisions.KEY)
+        reqs = [decisions.Request("ws", approval_id, alice, "approve"),
+                decisions.Request("ws", approval_id, bob, "reject", reason="wrong price")]  # fmt: skip
         return await asyncio.gather(*(decisions.decide(pool, r) for r in reqs),
                                     return_exceptions=True)  # fmt: skip
 
@@ -196,6 +206,7 @@ async def test_links_are_single_use_capabilities_and_get_never_decides(pool, con
     decided = await http.post(path, data={"decision": "approve"})
     assert decided.status_code == 200
     assert await pool.fetchval("SELECT decided_by FROM approvals") == "alice@example.com"
+    assert await audited(pool) == [("link:alice@example.com", "approved", "link")]
     reused = await http.post(path, data={"decision": "reject"})
     assert reused.status_code == 410
     assert (
@@ -221,8 +232,9 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
         await pool.fetchval("SELECT count(*) FROM approval_tokens WHERE used_at IS NOT NULL") == 0
     )
 
-    bearer = tokens.sign_bearer(SIGNING_KEY, "bob@example.com", "ws")
-    forged = tokens.sign_bearer(b"wrong key", "bob@example.com", "ws")
+    await add_member(pool, "ws", "bob@example.com", "approver")
+    bearer = await id_token(config.oidc_issuer, "bob@example.com")
+    forged = await id_token(config.oidc_issuer, "bob@example.com", forge="wrong_key")
     url = f"/approvals/ws/id/{risky_id}/decision"
     bad = await http.post(
         url, json={"decision": "approve"}, headers={"authorization": f"Bearer {forged}"}
@@ -232,6 +244,18 @@ async def test_expired_link_and_high_risk_link_are_refused_and_change_nothing(po
         url, json={"decision": "approve"}, headers={"authorization": f"Bearer {bearer}"}
     )
     assert ok.status_code == 200 and ok.json()["decided_by"] == "bob@example.com"
+    step = await pool.fetchval("SELECT payload FROM steps WHERE kind = 'approval_decided'")
+    assert json.loads(step)["via"] == "signed_in"
+    assert await audited(pool) == [("person:bob@example.com", "approved", "signed_in")]
+
+
+async def audited(pool) -> list[tuple[str, str, str]]:
+    """The approval decisions in the audit log: (actor, decision, via)."""
+    rows = await pool.fetch(
+        "SELECT actor, detail FROM audit_log WHERE action = 'approval.decided' ORDER BY audit_id"
+    )
+    return [(r["actor"], json.loads(r["detail"])["decision"], json.loads(r["detail"])["via"])
+            for r in rows]  # fmt: skip
 
 
 def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> dict:
@@ -261,6 +285,7 @@ async def test_slack_buttons_check_the_signature_the_window_and_the_user(pool, h
     assert await pool.fetchval("SELECT decision FROM approvals") is None
     ok = await http.post("/slack/interactions", content=body, headers=slack_request(body))
     assert ok.status_code == 200 and ok.json()["decided_by"] == "U_ALICE"
+    assert await audited(pool) == [("slack:U_ALICE", "approved", "slack")]
 
 
 async def expire_at_expiry(pool, approval_id):
@@ -277,7 +302,10 @@ async def test_expiry_reject_decides_at_the_expiry_time_with_no_executor(pool):
     run = await runs.get_run(pool, "ws", run_id)
     assert (run["status"], run["lease_owner"]) == ("waiting", None) and run["wake_at"] is not None
     step = await pool.fetchrow("SELECT payload FROM steps WHERE kind = 'approval_decided'")
-    assert json.loads(step["payload"])["reason"] == "approval expired"
+    payload = json.loads(step["payload"])
+    assert (payload["reason"], payload["via"], payload["decided_by"]) == (
+        "approval expired", "expiry", "system:expiry",
+    )  # fmt: skip
 
 
 async def test_expiry_escalates_once_then_rejects(pool):

@@ -43,7 +43,7 @@ async def check_consistent(db, run_id: str) -> None:
     await eventually(delivered, timeout=30, message="a notification was never delivered")
 
 
-async def wait_pending(api: Api, stub, run_id: str) -> approval_pb2.Approval:
+async def wait_pending(stub, run_id: str) -> approval_pb2.Approval:
     async def one():
         resp = await stub.ListApprovals(approval_pb2.ListApprovalsRequest(
             workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
@@ -54,9 +54,9 @@ async def wait_pending(api: Api, stub, run_id: str) -> approval_pb2.Approval:
 
 
 async def approve(stub, approval_id: str):
+    """Approve as the approver whose key `stub` calls with (the request names nobody)."""
     return await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approver=APPROVER,
-        approve=approval_pb2.Approve()))  # fmt: skip
+        workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
     cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
     api = await Api.connect(cp.address, db_url)
     key = await workspace_key(db_url, "ws", role="approver", principal=APPROVER)
-    approver = Api(cp.address, "ws", key)  # the approver's own key decides
+    approver = Api(cp.address, "ws", key)  # the approver's own key decides (an ordinary tool)
     stub = approval_pb2_grpc.ApprovalServiceStub(approver.channel)
     try:
         await publish(api)
@@ -88,7 +88,7 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
         if where == "control_plane" and not deciding:
             await eventually(lambda: not cp.process.alive, timeout=30, message="fault never fired")
             cp.restart(AGENTRUN_FAULTS="")
-        pending = await wait_pending(api, stub, run_id)
+        pending = await wait_pending(stub, run_id)
         if deciding:
             with pytest.raises(grpc.aio.AioRpcError):  # the replica died inside the decision
                 await approve(stub, pending.approval_id)
@@ -107,4 +107,5 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
                     if (r["idempotency_key"] or "").startswith("notification:")]  # fmt: skip
             assert len(keys) > len(set(keys))
     finally:
+        await approver.close()
         await api.close()

@@ -1,4 +1,9 @@
-"""Approvals end to end: real executors hold the call, a human decides, the model sees it."""
+"""Approvals end to end: real executors hold the call, a human decides, the model sees it.
+
+The admin's key publishes and starts; the approver decides as themselves (the
+request names nobody): with their own approver key, or signed in at the sandbox
+IdP as a member of the workspace.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +15,42 @@ import pytest
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_requests
-from tests.harness.auth import workspace_key
+from tests.harness.idp import add_member, signed_in
 from tests.harness.waiting import eventually
 
 APPROVER = "manager@example.com"
 
 
+class Approvals:
+    """The approval service as the approver calls it (their key, or signed-in metadata)."""
+
+    def __init__(self, stub: approval_pb2_grpc.ApprovalServiceStub, metadata) -> None:
+        self.stub, self.metadata = stub, metadata
+
+    async def ListApprovals(self, req):
+        return await self.stub.ListApprovals(req, metadata=self.metadata)
+
+    async def DecideApproval(self, req):
+        return await self.stub.DecideApproval(req, metadata=self.metadata)
+
+
 @pytest.fixture
-async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
-    cp = control_plane(db_url)
+async def stack(request, db_url, db, control_plane, sandbox_model, sandbox_providers, sandbox_idp):
+    """The control plane, an admin's Api, and the approval service as the approver calls it:
+    with their own approver key (send_email is an ordinary tool), or signed in at the IdP
+    as a member of the workspace (`indirect` param "signed_in")."""
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
     api = await Api.connect(cp.address, db_url)
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy)
-    # The approver calls with their own approver key (an admin key may not decide).
-    key = await workspace_key(db_url, api.ws, role="approver", principal=APPROVER)
-    channel = auth.channel(cp.address, key)
-    approvals = approval_pb2_grpc.ApprovalServiceStub(channel)
+    if getattr(request, "param", "key") == "signed_in":
+        await add_member(db, "ws", APPROVER, "approver")
+        channel = auth.channel(cp.address, None)
+        metadata = await signed_in(sandbox_idp.url, APPROVER)
+    else:  # an admin key may not decide: the approver's own key does
+        key = await auth.workspace_key(db_url, api.ws, role="approver", principal=APPROVER)
+        channel, metadata = auth.channel(cp.address, key), None
+    approvals = Approvals(approval_pb2_grpc.ApprovalServiceStub(channel), metadata)
     yield cp, api, approvals
     await channel.close()
     await api.close()
@@ -51,9 +76,10 @@ def sent_mail(providers_url: str, run_id: str) -> list[dict]:
 
 async def decide(approvals, approval_id: str, **decision):
     return await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approver=APPROVER, **decision))  # fmt: skip
+        workspace_id="ws", approval_id=approval_id, **decision))  # fmt: skip
 
 
+@pytest.mark.parametrize("stack", ["key", "signed_in"], indirect=True)
 async def test_the_call_waits_with_no_executor_and_runs_exactly_as_approved(
     stack, executor_factory, sandbox_providers
 ):

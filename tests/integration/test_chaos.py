@@ -33,6 +33,7 @@ from tests.harness.agentrun_api import (
     sandbox_requests,
     set_fault,
 )
+from tests.harness.idp import member_signed_in
 from tests.harness.invariants import (
     assert_effects_at_most_once,
     assert_log_well_formed,
@@ -86,9 +87,9 @@ class Chaos:
 
 
 @pytest.fixture
-async def stack(db_url, control_plane, processes):
+async def stack(db_url, control_plane, processes, sandbox_idp):
     providers = start_sandbox(processes, "providers")
-    cp = control_plane(db_url)
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
     api = await Api.connect(cp.address, db_url)
     await api.publish("chaos", "chaos", TOOLS)
     for seed, (provider, mode, probability, extra) in enumerate(FAULTS):
@@ -96,7 +97,8 @@ async def stack(db_url, control_plane, processes):
             providers.url, provider=provider, mode=mode, path=WRITES[provider],
             probability=probability, seed=seed, **extra,
         )  # fmt: skip
-    async with AutoApprover(api):  # create_charge moves money: a person approves each
+    md = await member_signed_in(db_url, sandbox_idp.url)
+    async with AutoApprover(api, metadata=md):  # create_charge moves money: a person approves each
         yield cp, api, providers
     await api.close()
 

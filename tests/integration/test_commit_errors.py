@@ -22,7 +22,7 @@ FAULT = "control_plane.commit.in_transaction=raise"
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
     cp = control_plane(db_url, AGENTRUN_FAULTS=FAULT)
-    api = Api(cp.address)
+    api = await Api.connect(cp.address, db_url)
     await api.publish("echoer", "echo_input", ["echo"])
     yield cp, api
     await api.close()

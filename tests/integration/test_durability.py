@@ -21,6 +21,7 @@ from tests.harness.agentrun_api import (
     sandbox_requests,
     set_fault,
 )
+from tests.harness.idp import member_signed_in
 from tests.harness.invariants import (
     assert_effects_at_most_once,
     assert_log_well_formed,
@@ -33,11 +34,12 @@ WRITER_TOOLS = ["crm_lookup", "send_email", "echo", "sleep"]
 
 
 @pytest.fixture
-async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
-    cp = control_plane(db_url)
+async def stack(db_url, control_plane, sandbox_model, sandbox_providers, sandbox_idp):
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
     api = await Api.connect(cp.address, db_url)
     await api.publish("writer", "writer", WRITER_TOOLS)
-    async with AutoApprover(api):  # money-moving tools wait for a person's approval
+    md = await member_signed_in(db_url, sandbox_idp.url)
+    async with AutoApprover(api, metadata=md):  # money-moving tools wait for a person's approval
         yield cp, api
     await api.close()
 

@@ -4,6 +4,12 @@ The methods come from the service descriptors (a new RPC is fuzzed without touch
 this file). Each gets >= 300 generated messages (NUL characters, invalid UUIDs, huge and
 negative numbers, enum values out of range, oversized strings, deep JSON in JSON fields)
 and undecodable bytes (random bytes, invalid UTF-8 in a string field, truncated fields).
+Each call carries a credential its access-table entry admits (tests/harness/fuzzing.py
+`Callers`), so the messages reach the handlers; a share of the calls instead carry a
+missing, malformed, unknown, forged or revoked credential and must be UNAUTHENTICATED
+(undecodable or NUL-bearing requests excepted: decoding refuses them before
+authentication, INVALID_ARGUMENT; a stream authenticates when it opens, so the executor
+stream is UNAUTHENTICATED whatever its frames hold).
 Promised: no INTERNAL or UNKNOWN, no hang (every call has a deadline), no row written by
 a refused request, no traceback in the log, and the server still serving at the end.
 """
@@ -23,12 +29,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
+from control_plane.api.decoding import Refused, guard_decoder
 from control_plane.config import ServerConfig
 from control_plane.server import RunningServer, start
 from tests.harness.fuzzing import (
+    Callers,
     Fuzzer,
+    Metadata,
     Rpc,
-    auth_metadata,
     invalid_variants,
     methods,
     table_counts,
@@ -37,10 +45,12 @@ from tests.harness.fuzzing import (
 
 MESSAGES_PER_METHOD = 300
 UNDECODABLE_PER_METHOD = 40
+GARBAGE_SHARE = 0.12  # of the calls, sent with a credential that is no credential
 DEADLINE = 5.0
 # A server-streaming call may be a watch that outlives its deadline; that is not a hang.
 WATCH_DEADLINE = 1.0
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+LOCAL_ERROR = "Internal error from Core"  # grpc.aio's own status for a failed write
 RPCS = methods()
 
 
@@ -61,6 +71,11 @@ async def quiet_server(db_url: str) -> AsyncIterator[RunningServer]:
 
 
 @pytest.fixture
+async def callers(db_url: str) -> Callers:
+    return await Callers.mint(db_url)
+
+
+@pytest.fixture
 async def channel(quiet_server: RunningServer) -> AsyncIterator[grpc.aio.Channel]:
     options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{quiet_server.port}", options) as ch:
@@ -74,6 +89,8 @@ class Ledger:
         self.codes: Counter[tuple[str, str]] = Counter()
         self.bad: list[str] = []
         self.writes: list[str] = []
+        self.reached: Counter[str] = Counter()  # calls past authentication, by method
+        self.shut_out: Counter[str] = Counter()  # garbage credentials refused, by method
 
     def record(self, rpc: Rpc, code: grpc.StatusCode, details: str, what: str) -> None:
         self.codes[(rpc.name, code.name)] += 1
@@ -81,47 +98,87 @@ class Ledger:
         if code in BAD or hang:
             self.bad.append(f"{rpc.path} {code.name} {details[:120]!r} for {what}")
 
+    def admitted(self, rpc: Rpc, code: grpc.StatusCode, details: str, what: str) -> None:
+        """A call with a credential the method admits: never refused as unauthenticated."""
+        if code == grpc.StatusCode.UNAUTHENTICATED or "credential may not call" in details:
+            self.bad.append(f"{rpc.path} refused its credential: {details[:120]!r} for {what}")
+        else:
+            self.reached[rpc.name] += 1
 
-async def _unary(ch: grpc.aio.Channel, rpc: Rpc, data: bytes) -> tuple[grpc.StatusCode, str]:
+    def garbage(
+        self, rpc: Rpc, code: grpc.StatusCode, expected: grpc.StatusCode, what: str
+    ) -> None:
+        if code != expected:
+            self.bad.append(f"{rpc.path} {code.name} (not {expected.name}) for garbage {what}")
+        elif code == grpc.StatusCode.UNAUTHENTICATED:
+            self.shut_out[rpc.name] += 1
+
+
+Result = tuple[grpc.StatusCode, str]
+
+
+async def _unary(ch: grpc.aio.Channel, rpc: Rpc, data: bytes, metadata: Metadata) -> Result:
     deadline = WATCH_DEADLINE if rpc.server_streaming else DEADLINE
     try:
         if rpc.server_streaming:
             call = ch.unary_stream(rpc.path, _identity, _identity)(
-                data, timeout=deadline, metadata=auth_metadata()
+                data, timeout=deadline, metadata=metadata
             )
             async for _ in call:
                 pass
         else:
             await ch.unary_unary(rpc.path, _identity, _identity)(
-                data, timeout=deadline, metadata=auth_metadata()
+                data, timeout=deadline, metadata=metadata
             )
     except grpc.aio.AioRpcError as err:
         return err.code(), err.details() or ""
     return grpc.StatusCode.OK, ""
 
 
-async def _bidi(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes]) -> tuple[grpc.StatusCode, str]:
-    """One bidi stream (the executor's Connect): send the frames, half-close, read to the end."""
-    call = ch.stream_stream(rpc.path, _identity, _identity)(
-        timeout=DEADLINE, metadata=auth_metadata()
-    )
+async def _bidi(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes], metadata: Metadata) -> Result:
+    """One bidi stream (the executor's Connect): send the frames, half-close, read to the end.
+
+    A write racing the server's end of the call (a refused credential, a refused first
+    frame) fails on the client side, which then reports an INTERNAL of its own in place
+    of the server's status (grpc/grpc#36066). The server read only the frames written
+    before it, so the stream is opened again with just those, to hear its real answer.
+    """
+    call = ch.stream_stream(rpc.path, _identity, _identity)(timeout=DEADLINE, metadata=metadata)
+    written = 0
     try:
         for frame in frames:
             await call.write(frame)
+            written += 1
         await call.done_writing()
         async for _ in call:
             pass
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        # A write racing the server's end of the call fails on the client side with an
-        # INTERNAL of its own (grpc/grpc#36066); the server's status is the call's code.
-        pass
-    return await call.code(), await call.details() or ""
+        pass  # the call's status says what happened
+    code, details = await call.code(), await call.details() or ""
+    if written < len(frames) and (code, details) == (grpc.StatusCode.INTERNAL, LOCAL_ERROR):
+        return await _bidi(ch, rpc, frames[:written], metadata)
+    return code, details
 
 
-async def _call(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes]) -> tuple[grpc.StatusCode, str]:
+async def _call(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes], metadata: Metadata) -> Result:
     if rpc.client_streaming:
-        return await _bidi(ch, rpc, frames)
-    return await _unary(ch, rpc, frames[0])
+        return await _bidi(ch, rpc, frames, metadata)
+    return await _unary(ch, rpc, frames[0], metadata)
+
+
+def _before_authentication(rpc: Rpc, frames: list[bytes]) -> grpc.StatusCode:
+    """What a call with a garbage credential gets: unary and server-streaming requests are
+    decoded (and refused when undecodable or NUL-bearing) before authentication; a stream
+    is authenticated when it opens, before any frame is read."""
+    if rpc.client_streaming:
+        return grpc.StatusCode.UNAUTHENTICATED
+    if len(frames[0]) > ServerConfig.max_message_bytes:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    decode = guard_decoder(rpc.request_class().FromString)
+    assert decode is not None
+    if isinstance(decode(frames[0]), Refused):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.UNAUTHENTICATED
 
 
 def _inputs(rpc: Rpc, seed: int) -> list[tuple[str, list[bytes]]]:
@@ -140,16 +197,17 @@ def _inputs(rpc: Rpc, seed: int) -> list[tuple[str, list[bytes]]]:
     return out
 
 
-async def _seed_agent(ch: grpc.aio.Channel) -> None:
+async def _seed_agent(ch: grpc.aio.Channel, callers: Callers) -> None:
     """An agent that generated requests can name (ws/agent), so some get past lookup."""
     agents = agent_pb2_grpc.AgentServiceStub(ch)
     await agents.CreateAgent(
-        agent_pb2.CreateAgentRequest(workspace_id="ws", agent_id="agent"), metadata=auth_metadata()
+        agent_pb2.CreateAgentRequest(workspace_id="ws", agent_id="agent"),
+        metadata=callers.metadata("/agentrun.v1.AgentService/CreateAgent"),
     )
     spec = agent_pb2.AgentSpec(model="writer", instructions="fuzz", tools=["echo"])
     await agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(workspace_id="ws", agent_id="agent", spec=spec),
-        metadata=auth_metadata(),
+        metadata=callers.metadata("/agentrun.v1.AgentService/PublishAgentVersion"),
     )
 
 
@@ -162,23 +220,39 @@ def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
 
 
 def _order(rpcs: list[Rpc]) -> list[Rpc]:
-    # The executor stream first, while no run exists that the dispatcher could hand it.
-    return sorted(rpcs, key=lambda r: not r.client_streaming)
+    # The executor stream first, while no run exists that the dispatcher could hand it;
+    # the workspace admin service last, so a fuzzed plan change comes after the rest.
+    return sorted(rpcs, key=lambda r: (not r.client_streaming, "Admin" in r.service))
+
+
+async def _fuzz(
+    channel: grpc.aio.Channel, callers: Callers, rpc: Rpc, seed: int, ledger: Ledger
+) -> AsyncIterator[tuple[grpc.StatusCode, str]]:
+    """Call `rpc` with each input, a share of them with a garbage credential."""
+    rng = random.Random(seed)
+    for what, frames in _inputs(rpc, seed):
+        garbage = rng.random() < GARBAGE_SHARE
+        metadata = callers.garbage(rng) if garbage else callers.metadata(rpc.path, rng)
+        code, details = await _call(channel, rpc, frames, metadata)
+        ledger.record(rpc, code, details, what)
+        if garbage:
+            ledger.garbage(rpc, code, _before_authentication(rpc, frames), f"{metadata} {what}")
+        elif not what.startswith("undecodable"):
+            ledger.admitted(rpc, code, details, what)
+        yield code, what
 
 
 async def test_every_rpc_survives_generated_and_undecodable_requests(
-    quiet_server: RunningServer, channel: grpc.aio.Channel, db: Any,
+    quiet_server: RunningServer, channel: grpc.aio.Channel, callers: Callers, db: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.INFO)
-    await _seed_agent(channel)
-    assert len(RPCS) >= 25, [r.path for r in RPCS]
+    await _seed_agent(channel, callers)
+    assert len(RPCS) >= 35, [r.path for r in RPCS]
     ledger, started = Ledger(), time.monotonic()
     before = await table_counts(db)
     for n, rpc in enumerate(_order(RPCS)):
-        for what, frames in _inputs(rpc, seed=1000 + n):
-            code, details = await _call(channel, rpc, frames)
-            ledger.record(rpc, code, details, what)
+        async for code, what in _fuzz(channel, callers, rpc, 1000 + n, ledger):
             after = await table_counts(db)
             if code != grpc.StatusCode.OK and after != before:
                 changed = {t: (before[t], after[t]) for t in after if after[t] != before[t]}
@@ -191,17 +265,20 @@ async def test_every_rpc_survives_generated_and_undecodable_requests(
     # Every method was reached and refused undecodable input as the message it is not.
     for rpc in RPCS:
         assert ledger.codes[(rpc.name, "INVALID_ARGUMENT")] >= UNDECODABLE_PER_METHOD, rpc.path
-    await _still_serving(channel)
+        # Its generated messages reached the handler; garbage credentials never did.
+        assert ledger.reached[rpc.name] >= MESSAGES_PER_METHOD // 2, rpc.path
+        assert ledger.shut_out[rpc.name] >= 5, rpc.path
+    await _still_serving(channel, callers)
     print(f"fuzzed {len(RPCS)} RPCs in {elapsed:.1f}s: {sorted(ledger.codes.items())}")
 
 
-async def _still_serving(channel: grpc.aio.Channel) -> None:
+async def _still_serving(channel: grpc.aio.Channel, callers: Callers) -> None:
     health = health_pb2_grpc.HealthStub(channel)
     reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     agents = agent_pb2_grpc.AgentServiceStub(channel)
     got = await agents.GetAgent(
         agent_pb2.GetAgentRequest(workspace_id="ws", agent_id="agent"),
-        timeout=DEADLINE, metadata=auth_metadata(),
+        timeout=DEADLINE, metadata=callers.metadata("/agentrun.v1.AgentService/GetAgent"),
     )  # fmt: skip
     assert got.agent.agent_id == "agent"

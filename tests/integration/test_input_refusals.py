@@ -35,11 +35,25 @@ from control_plane.server import RunningServer
 from control_plane.store import lease, runs, steps
 from control_plane.triggers.signatures import sign
 from tests import factories
-from tests.harness.fuzzing import auth_metadata, table_counts
+from tests.harness import auth
+from tests.harness.fuzzing import Callers, table_counts
 from tests.harness.triggers import TriggerApi
 
 WS = "ws"
 CONNECT = "/agentrun.v1.ExecutorService/Connect"
+
+
+@pytest.fixture
+async def callers(db_url: str) -> Callers:
+    """A key of each role of ws (the approver's named alice), an executor and a platform key."""
+    found = await Callers.mint(db_url, WS)
+    key = await auth.workspace_key(db_url, WS, role="approver", principal="alice@example.com")
+    found.texts["approver"] = key
+    return found
+
+
+def _as(callers: Callers, method: str) -> tuple[tuple[str, str], ...]:
+    return callers.metadata(f"/agentrun.v1.{method}")
 
 
 @pytest.fixture
@@ -74,18 +88,20 @@ async def pending_approval(server: RunningServer) -> uuid.UUID:
 
 
 @pytest.fixture
-async def world(server: RunningServer, channel: grpc.aio.Channel) -> dict[str, Any]:
+async def world(
+    server: RunningServer, channel: grpc.aio.Channel, callers: Callers
+) -> dict[str, Any]:
     """A published agent, a session, a queued run and a pending approval to aim requests at."""
     approval_id = await pending_approval(server)  # first: its run is the only one to claim
     await factories.agent_version(server.pool, WS, "agent")
     sessions = session_pb2_grpc.SessionServiceStub(channel)
     session = await sessions.CreateSession(
         session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="agent"),
-        metadata=auth_metadata(),
+        metadata=_as(callers, "SessionService/CreateSession"),
     )
     run = await run_pb2_grpc.RunServiceStub(channel).StartRun(
         run_pb2.StartRunRequest(workspace_id=WS, agent_id="agent", input="hi"),
-        metadata=auth_metadata(),
+        metadata=_as(callers, "RunService/StartRun"),
     )
     return {
         "session_id": session.session.session_id,
@@ -122,10 +138,12 @@ def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage()[:200] for r in caplog.records if r.exc_info]
 
 
-async def _unary(channel: grpc.aio.Channel, method: str, request: Any) -> grpc.aio.AioRpcError:
+async def _unary(
+    channel: grpc.aio.Channel, callers: Callers, method: str, request: Any
+) -> grpc.aio.AioRpcError:
     call = channel.unary_unary(f"/agentrun.v1.{method}", lambda m: m.SerializeToString(), bytes)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call(request, timeout=10, metadata=auth_metadata())
+        await call(request, timeout=10, metadata=_as(callers, method))
     return info.value
 
 
@@ -144,11 +162,11 @@ async def _unary(channel: grpc.aio.Channel, method: str, request: Any) -> grpc.a
 )
 async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
     server: RunningServer, channel: grpc.aio.Channel, world: dict[str, Any], db: Any,
-    caplog: pytest.LogCaptureFixture, field: str,
+    caplog: pytest.LogCaptureFixture, field: str, callers: Callers,
 ) -> None:  # fmt: skip
     method, request = _requests(world)[field]
     before = await table_counts(db)
-    err = await _unary(channel, method, request)
+    err = await _unary(channel, callers, method, request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert err.details() == f"{field}: contains a NUL character"
     assert await table_counts(db) == before
@@ -159,7 +177,7 @@ async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
 
 async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
     server: RunningServer, channel: grpc.aio.Channel, world: dict[str, Any], db: Any,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, callers: Callers,
 ) -> None:  # fmt: skip
     deep = '{"to": ' + "[" * 5000 + "]" * 5000 + "}"
     request = approval_pb2.DecideApprovalRequest(
@@ -169,7 +187,9 @@ async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
     before = await table_counts(db)
     stub = approval_pb2_grpc.ApprovalServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.DecideApproval(request, timeout=10, metadata=auth_metadata())
+        await stub.DecideApproval(
+            request, timeout=10, metadata=_as(callers, "ApprovalService/DecideApproval")
+        )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == "edit.arguments_json: is nested deeper than 64 levels"
     assert await table_counts(db) == before
@@ -187,7 +207,7 @@ async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
 )
 async def test_undecodable_bytes_are_invalid_argument_with_one_log_line_and_no_traceback(
     server: RunningServer, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture,
-    data: bytes, problem: str,
+    data: bytes, problem: str, callers: Callers,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.INFO)
     for method, name in (("AgentService/CreateAgent", "CreateAgentRequest"),
@@ -196,18 +216,21 @@ async def test_undecodable_bytes_are_invalid_argument_with_one_log_line_and_no_t
         if method.endswith("WatchRun"):
             call: Any = channel.unary_stream(f"/agentrun.v1.{method}", None, bytes)
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in call(data, timeout=10, metadata=auth_metadata()):
+                async for _ in call(data, timeout=10, metadata=_as(callers, method)):
                     pass
             err = info.value
         else:
-            err = await _unary(channel, method, _Raw(data))
+            err = await _unary(channel, callers, method, _Raw(data))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (problem, err.details())
         assert err.details() == f"request is not a valid {name}"
         lines = [r for r in caplog.records if name in r.getMessage()]
         assert len(lines) == 1 and not lines[0].exc_info, [r.getMessage() for r in lines]
         assert not _tracebacks(caplog)
     agents = agent_pb2_grpc.AgentServiceStub(channel)
-    await agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="still-ok"))
+    await agents.CreateAgent(
+        agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="still-ok"),
+        metadata=_as(callers, "AgentService/CreateAgent"),
+    )
 
 
 class _Raw:
@@ -220,9 +243,9 @@ class _Raw:
         return self.data
 
 
-def _connect(channel: grpc.aio.Channel) -> Any:
+def _connect(channel: grpc.aio.Channel, callers: Callers) -> Any:
     return channel.stream_stream(CONNECT, None, executor_pb2.ConnectResponse.FromString)(
-        timeout=20, metadata=auth_metadata()
+        timeout=20, metadata=callers.metadata(CONNECT)
     )
 
 
@@ -231,9 +254,10 @@ def _frame(**msg: Any) -> bytes:
 
 
 async def test_a_garbage_frame_ends_that_executor_stream_only(
-    server: RunningServer, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
-) -> None:
-    good, bad = _connect(channel), _connect(channel)
+    server: RunningServer, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture,
+    callers: Callers,
+) -> None:  # fmt: skip
+    good, bad = _connect(channel, callers), _connect(channel, callers)
     for stream, name in ((good, "ex-good"), (bad, "ex-bad")):
         await stream.write(_frame(hello=executor_pb2.Hello(executor_id=name, capacity=1)))
         assert (await stream.read()).HasField("welcome")
@@ -265,12 +289,14 @@ async def test_a_garbage_frame_ends_that_executor_stream_only(
 
 
 async def test_session_message_nested_100000_deep_is_400_and_stores_nothing(
-    server: RunningServer, world: dict[str, Any], db: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+    server: RunningServer, world: dict[str, Any], db: Any, caplog: pytest.LogCaptureFixture,
+    callers: Callers,
+) -> None:  # fmt: skip
     body = ("[" * 100_000 + "]" * 100_000).encode()  # 200 KB, under the body limit
     url = f"http://127.0.0.1:{server.http_port}/v1/workspaces/{WS}/sessions/{world['session_id']}/messages"
     before = await table_counts(db)
-    async with httpx.AsyncClient(timeout=10) as http:
+    operator = auth.bearer(callers.texts["operator"])
+    async with httpx.AsyncClient(timeout=10, headers=operator) as http:
         reply = await http.post(url, content=body, headers={"content-type": "application/json"})
         nul = await http.post(url, content=b'{"text": "hi\\u0000"}')
     assert reply.status_code == 400, reply.text
@@ -281,9 +307,10 @@ async def test_session_message_nested_100000_deep_is_400_and_stores_nothing(
 
 
 async def test_webhook_nested_40000_objects_deep_is_400_and_stores_nothing(
-    server: RunningServer, db: Any, caplog: pytest.LogCaptureFixture
+    server: RunningServer, db_url: str, db: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    api = TriggerApi(f"127.0.0.1:{server.port}", WS)
+    # Setting the trigger up takes an admin key; the deliveries carry only their signature.
+    api = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
     try:
         await api.publish("triage")
         secret = await api.webhook("hook", "triage", "hmac_sha256")

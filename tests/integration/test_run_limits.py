@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_requests
 from tests.harness.waiting import eventually
 
@@ -28,9 +29,13 @@ DEADLINE = duration_pb2.Duration(seconds=3)
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
-    api = Api(cp.address)
-    approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
+    api = await Api.connect(cp.address, db_url)
+    # The approver decides with their own key (decided_by names them).
+    key = await auth.workspace_key(db_url, "ws", role="approver", principal=APPROVER)
+    approver = auth.channel(cp.address, key)
+    approvals = approval_pb2_grpc.ApprovalServiceStub(approver)
     yield cp, api, approvals
+    await approver.close()
     await api.close()
 
 

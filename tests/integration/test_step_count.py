@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, clear_faults, set_fault
 from tests.harness.waiting import eventually
 
@@ -18,7 +19,7 @@ APPROVER = "manager@example.com"
 @pytest.fixture
 async def api(db_url, control_plane, sandbox_model, sandbox_providers):
     cp = control_plane(db_url)
-    client = Api(cp.address)
+    client = await Api.connect(cp.address, db_url)
     client.cp = cp  # type: ignore[attr-defined]
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await client.publish("mailer", "approval", ["send_email"], approval=policy)
@@ -53,10 +54,13 @@ async def test_a_run_through_an_approval_counts_every_step(api, executor_factory
     executor_factory(api.cp)
     approval = await pending_approval(api, run_id)
     await assert_counted(api, run_id)  # parked: the request and the park are counted
-    approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
-    await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval.approval_id, approver=APPROVER,
-        approve=approval_pb2.Approve()))  # fmt: skip
+    # The approver decides with their own key.
+    key = await auth.workspace_key(api.db_url, "ws", role="approver", principal=APPROVER)
+    async with auth.channel(api.channel_target, key) as own:
+        await approval_pb2_grpc.ApprovalServiceStub(own).DecideApproval(
+            approval_pb2.DecideApprovalRequest(
+                workspace_id="ws", approval_id=approval.approval_id, approver=APPROVER,
+                approve=approval_pb2.Approve()))  # fmt: skip
     (run,) = await api.wait_terminal([run_id])
     assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
     kinds = [s.kind for s in await api.steps(run_id)]

@@ -20,16 +20,18 @@ from tests.harness.agentrun_api import (
     sandbox_requests,
     set_fault,
 )
+from tests.harness.idp import member_signed_in
 from tests.harness.waiting import eventually
 
 
 @pytest.fixture
-async def stack(db_url, control_plane, sandbox_providers):
-    cp = control_plane(db_url)
+async def stack(db_url, control_plane, sandbox_providers, sandbox_idp):
+    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
     api = await Api.connect(cp.address, db_url)
     await api.publish("charger", "charger", ["create_charge"])
     await api.publish("writer", "writer", ["crm_lookup", "send_email", "echo"])
-    async with AutoApprover(api):  # create_charge moves money: a person approves each
+    md = await member_signed_in(db_url, sandbox_idp.url)
+    async with AutoApprover(api, metadata=md):  # create_charge moves money: a person approves each
         yield cp, api
     await api.close()
     clear_faults(sandbox_providers.url)

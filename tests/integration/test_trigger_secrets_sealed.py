@@ -16,6 +16,7 @@ from agentrun.v1 import trigger_pb2
 from control_plane.config import ServerConfig
 from control_plane.crypto.kms import LocalKms, WrappedKey
 from control_plane.server import start
+from tests.harness.auth import workspace_key
 from tests.harness.triggers import TriggerApi, post, signed
 
 WS = "ws"
@@ -35,10 +36,12 @@ class Replica:
             database_url=db_url, listen="127.0.0.1:0", kms_key_file=str(key_file)
         )
         self.workspace = workspace
+        self.db_url = db_url
 
     async def __aenter__(self) -> Replica:
         self.server = await start(self.config)
-        self.api = TriggerApi(f"127.0.0.1:{self.server.port}", self.workspace)
+        key = await workspace_key(self.config.database_url, self.workspace)
+        self.api = TriggerApi(f"127.0.0.1:{self.server.port}", self.workspace, key=key)
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.server.http_port}")
         return self
 
@@ -124,7 +127,7 @@ async def test_a_sealed_secret_copied_to_another_workspace_does_not_verify(
 
 async def run_cli(db_url: str, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "keys", *args,
+        sys.executable, "-m", "agentrun_cli", "kms", *args,
         env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -162,7 +165,7 @@ async def test_the_control_plane_log_holds_no_secret_or_data_key(
     db_url, db, key_file, control_plane
 ):
     cp = control_plane(db_url, AGENTRUN_KMS_KEY_FILE=key_file, AGENTRUN_LOG_LEVEL="DEBUG")
-    api = TriggerApi(cp.address, WS)
+    api = TriggerApi(cp.address, WS, key=await workspace_key(db_url, WS))
     try:
         await api.publish("triage")
         secrets = [await api.webhook("hook", "triage", "hmac_sha256", secret=LEGACY)]

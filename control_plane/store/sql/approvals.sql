@@ -104,3 +104,13 @@ UPDATE approvals SET decision = $3, decided_by = $4, decided_at = coalesce($6::t
                      reason = $5
 WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
 RETURNING *;
+
+-- name: approval_run_guard :one
+-- What a decision on a run's approval must respect: whether its agent
+-- version requires four eyes, and who started the run (a principal label
+-- `kind:name`, set by StartRun; migration 0005).
+SELECT coalesce((v.spec -> 'approval' ->> 'four_eyes')::boolean, false) AS four_eyes,
+       r.started_by
+FROM runs r
+JOIN agent_versions v USING (workspace_id, agent_id)
+WHERE r.workspace_id = $1 AND r.run_id = $2 AND v.version = r.agent_version;

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _ApprovalState:
@@ -87,11 +92,16 @@ class ApprovalPolicy(_message.Message):
     ESCALATE_TO_FIELD_NUMBER: _builtins.int
     MAX_REMINDERS_FIELD_NUMBER: _builtins.int
     HIGH_RISK_TOOLS_FIELD_NUMBER: _builtins.int
+    FOUR_EYES_FIELD_NUMBER: _builtins.int
     expiry_seconds: _builtins.int
     """How long an approval waits before the expiry action. 0 = 24 hours."""
     on_expiry: Global___ExpiryAction.ValueType
     max_reminders: _builtins.int
     """How many reminders before the action turns into REJECT. 0 = 2."""
+    four_eyes: _builtins.bool
+    """Four eyes: the principal who started a run cannot approve (or edit) its
+    calls; someone else on the list must. Rejecting stays open to them.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools that need approval in addition to the catalogue's defaults
@@ -100,7 +110,10 @@ class ApprovalPolicy(_message.Message):
 
     @_builtins.property
     def approvers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Who may decide: user ids (signed-in approvers and link recipients)."""
+        """Who may decide: principal names of the workspace (a signed-in person's
+        verified email, or the person an approver key is bound to); links are
+        mailed to them.
+        """
 
     @_builtins.property
     def slack_approvers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -112,7 +125,9 @@ class ApprovalPolicy(_message.Message):
 
     @_builtins.property
     def high_risk_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Tools that need a signed-in approver (a bearer token), not a link."""
+        """Tools that need a signed-in approver (an OpenID Connect sign-in), not a
+        link, an API key or a Slack button. Money-moving tools always do.
+        """
 
     def __init__(
         self,
@@ -125,10 +140,11 @@ class ApprovalPolicy(_message.Message):
         escalate_to: _abc.Iterable[_builtins.str] | None = ...,
         max_reminders: _builtins.int = ...,
         high_risk_tools: _abc.Iterable[_builtins.str] | None = ...,
+        four_eyes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvers", b"approvers", "escalate_to", b"escalate_to", "expiry_seconds", b"expiry_seconds", "high_risk_tools", b"high_risk_tools", "max_reminders", b"max_reminders", "on_expiry", b"on_expiry", "slack_approvers", b"slack_approvers", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvers", b"approvers", "escalate_to", b"escalate_to", "expiry_seconds", b"expiry_seconds", "four_eyes", b"four_eyes", "high_risk_tools", b"high_risk_tools", "max_reminders", b"max_reminders", "on_expiry", b"on_expiry", "slack_approvers", b"slack_approvers", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -178,7 +194,10 @@ class Approval(_message.Message):
     """0 for the first round, +1 per escalation."""
     reminders_sent: _builtins.int
     decided_by: _builtins.str
-    """Who decided, how, and when (decided approvals)."""
+    """Who decided (the authenticated principal's name) and when (decided
+    approvals); how (signed_in, key, link, slack, expiry) is in the run's
+    approval_decided step.
+    """
     reason: _builtins.str
     edited_arguments_json: _builtins.str
     """The arguments a human put in place of the model's (state EDITED)."""
@@ -337,8 +356,22 @@ class DecideApprovalRequest(_message.Message):
     EDIT_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     approval_id: _builtins.str
-    approver: _builtins.str
-    """Who decides; must be one of the approval's approvers."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def approver(self) -> _builtins.str:
+        """Deprecated: the decider is the authenticated caller (a signed-in person or
+        an approver key), never this field. Leave it empty; if set, it must equal
+        the caller's name, else PERMISSION_DENIED.
+        """
+
+    @approver.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def approver(self, value: _builtins.str) -> None:
+        """Deprecated: the decider is the authenticated caller (a signed-in person or
+        an approver key), never this field. Leave it empty; if set, it must equal
+        the caller's name, else PERMISSION_DENIED.
+        """
+
     @_builtins.property
     def approve(self) -> Global___Approve: ...
     @_builtins.property

@@ -84,7 +84,10 @@ class ApprovalServiceServicer:
 
     def DecideApproval(self, request, context):
         """DecideApproval approves, rejects (with a reason) or edits (replaces the
-        arguments) a pending approval, once.
+        arguments) a pending approval, once, as the authenticated caller: a
+        signed-in person or an approver key named on the approval's list. Tools
+        that move money or are high-risk need a signed-in person; executor
+        credentials never decide.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -46,7 +46,10 @@ class ApprovalServiceStub:
     """GetApproval returns one approval with the exact arguments it covers."""
     DecideApproval: _grpc.UnaryUnaryMultiCallable[_approval_pb2.DecideApprovalRequest, _approval_pb2.DecideApprovalResponse]
     """DecideApproval approves, rejects (with a reason) or edits (replaces the
-    arguments) a pending approval, once.
+    arguments) a pending approval, once, as the authenticated caller: a
+    signed-in person or an approver key named on the approval's list. Tools
+    that move money or are high-risk need a signed-in person; executor
+    credentials never decide.
     """
 
 @_typing.type_check_only
@@ -67,7 +70,10 @@ class ApprovalServiceAsyncStub(ApprovalServiceStub):
     """GetApproval returns one approval with the exact arguments it covers."""
     DecideApproval: _aio.UnaryUnaryMultiCallable[_approval_pb2.DecideApprovalRequest, _approval_pb2.DecideApprovalResponse]  # type: ignore[assignment]
     """DecideApproval approves, rejects (with a reason) or edits (replaces the
-    arguments) a pending approval, once.
+    arguments) a pending approval, once, as the authenticated caller: a
+    signed-in person or an approver key named on the approval's list. Tools
+    that move money or are high-risk need a signed-in person; executor
+    credentials never decide.
     """
 
 class ApprovalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -103,7 +109,10 @@ class ApprovalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_approval_pb2.DecideApprovalResponse, _abc.Awaitable[_approval_pb2.DecideApprovalResponse]]:
         """DecideApproval approves, rejects (with a reason) or edits (replaces the
-        arguments) a pending approval, once.
+        arguments) a pending approval, once, as the authenticated caller: a
+        signed-in person or an approver key named on the approval's list. Tools
+        that move money or are high-risk need a signed-in person; executor
+        credentials never decide.
         """
 
 def add_ApprovalServiceServicer_to_server(servicer: ApprovalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,246 @@
+"""A local OpenID Connect provider: discovery, a JWKS (RS256 and ES256 keys) and ID tokens.
+
+Endpoints:
+
+* ``GET /.well-known/openid-configuration`` — the discovery document; ``issuer``
+  is ``--issuer`` or, by default, the URL the client used (``http://host:port``).
+* ``GET /jwks.json`` — the published public keys (one RS256 and one ES256 at
+  start, plus any retired key still inside its grace period).
+* ``POST /token`` — an ID token for the demo and the tests, from a JSON body:
+  ``email`` (required), ``audience`` (default ``agentrun``), ``expires_in``
+  (seconds, default 3600; negative gives an expired token), ``alg`` (``RS256``
+  or ``ES256``), ``email_verified`` (default true), ``issuer`` (override the
+  ``iss`` claim), ``not_before`` (seconds from now), ``subject``, ``name`` and
+  ``forge``, one of: ``unknown_key`` (signed with a key that is not in the
+  JWKS, under a kid nobody published), ``wrong_key`` (a key that is not in the
+  JWKS, under the published kid), ``none`` (``alg: none``, no signature) or
+  ``hs256`` (HS256 with the published public key's PEM as the secret: the
+  algorithm-confusion attack). Answers ``{"id_token": ..., "kid": ...}``.
+* ``POST /_sandbox/rotate`` — ``{"alg": "RS256", "grace_seconds": 60}``: a new
+  signing key for ``alg``; the previous ones stay published for the grace
+  period (0 drops them at once), then disappear from the JWKS.
+* ``GET /_sandbox/stats`` — how often discovery and the JWKS were fetched
+  (tests use it to show the verifier does not refetch on every bad token);
+  ``DELETE /_sandbox/requests`` resets the counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+ALGORITHMS = ("RS256", "ES256")
+DEFAULT_AUDIENCE = "agentrun"
+DEFAULT_GRACE_SECONDS = 60.0
+FORGERIES = ("unknown_key", "wrong_key", "none", "hs256")
+
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+
+
+def new_private_key(alg: str) -> PrivateKey:
+    if alg == "RS256":
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+@dataclass
+class SigningKey:
+    alg: str
+    kid: str
+    private: PrivateKey
+    retire_at: float | None = None  # published until then; None while it is current
+
+    @classmethod
+    def new(cls, alg: str) -> SigningKey:
+        return cls(alg, f"{alg.lower()}-{secrets.token_hex(6)}", new_private_key(alg))
+
+    def public_jwk(self) -> dict[str, Any]:
+        public = self.private.public_key()
+        if isinstance(public, rsa.RSAPublicKey):
+            text = jwt.algorithms.RSAAlgorithm.to_jwk(public)
+        else:
+            text = jwt.algorithms.ECAlgorithm.to_jwk(public)
+        jwk = {k: v for k, v in json.loads(text).items() if k != "key_ops"}
+        return {**jwk, "kid": self.kid, "alg": self.alg, "use": "sig"}
+
+    def public_pem(self) -> bytes:
+        return self.private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+
+@dataclass
+class IdentityProvider:
+    """Keys and counters of one sandbox IdP."""
+
+    issuer: str | None = None
+    keys: list[SigningKey] = field(default_factory=lambda: [SigningKey.new(a) for a in ALGORITHMS])
+    stats: dict[str, int] = field(default_factory=lambda: {"discovery": 0, "jwks": 0, "tokens": 0})
+
+    def published(self, now: float | None = None) -> list[SigningKey]:
+        """Current keys and retired ones still in their grace period (expired ones dropped)."""
+        now = time.time() if now is None else now
+        self.keys = [k for k in self.keys if k.retire_at is None or k.retire_at > now]
+        return list(self.keys)
+
+    def current(self, alg: str) -> SigningKey:
+        return next(k for k in self.published() if k.alg == alg and k.retire_at is None)
+
+    def rotate(self, alg: str, grace_seconds: float) -> tuple[SigningKey, list[str]]:
+        retire_at = time.time() + max(grace_seconds, 0.0)
+        retired = []
+        for key in self.published():
+            if key.alg == alg and key.retire_at is None:
+                key.retire_at = retire_at
+                retired.append(key.kid)
+        new = SigningKey.new(alg)
+        self.keys.append(new)
+        self.published()  # a zero grace drops the old keys now
+        return new, retired
+
+
+class BadTokenRequest(ValueError):
+    """The /token body asks for something this IdP does not issue."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _hs256_with_public_key(claims: dict[str, Any], key: SigningKey) -> str:
+    """HS256 keyed with the public PEM (pyjwt refuses to build this, as it should)."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": key.kid}).encode())
+    body = _b64(json.dumps(claims).encode())
+    sig = hmac.new(key.public_pem(), f"{header}.{body}".encode(), hashlib.sha256).digest()
+    return f"{header}.{body}.{_b64(sig)}"
+
+
+def _unsigned(claims: dict[str, Any], key: SigningKey) -> str:
+    header = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": key.kid}).encode())
+    return f"{header}.{_b64(json.dumps(claims).encode())}."
+
+
+def claims_for(body: dict[str, Any], issuer: str, now: float) -> dict[str, Any]:
+    email = body.get("email")
+    if not isinstance(email, str) or "@" not in email:
+        raise BadTokenRequest("email is required (an address)")
+    expires_in = int(body.get("expires_in", 3600))
+    claims = {
+        "iss": str(body.get("issuer") or issuer),
+        "sub": str(body.get("subject") or uuid.uuid5(uuid.NAMESPACE_URL, email.lower())),
+        "aud": body.get("audience", DEFAULT_AUDIENCE),
+        "iat": int(now),
+        "exp": int(now) + expires_in,
+        "email": email,
+        "email_verified": body.get("email_verified", True),
+    }
+    if "not_before" in body:
+        claims["nbf"] = int(now) + int(body["not_before"])
+    if body.get("name"):
+        claims["name"] = str(body["name"])
+    return claims
+
+
+def issue(idp: IdentityProvider, body: dict[str, Any], issuer: str) -> tuple[str, str]:
+    """An ID token as `body` asks (see the module docstring) and the kid it names."""
+    alg = body.get("alg", "RS256")
+    forge = body.get("forge")
+    if alg not in ALGORITHMS:
+        raise BadTokenRequest(f"alg must be one of {', '.join(ALGORITHMS)}")
+    if forge is not None and forge not in FORGERIES:
+        raise BadTokenRequest(f"forge must be one of {', '.join(FORGERIES)}")
+    claims = claims_for(body, issuer, time.time())
+    key = idp.current(alg)
+    if forge == "none":
+        return _unsigned(claims, key), key.kid
+    if forge == "hs256":
+        return _hs256_with_public_key(claims, key), key.kid
+    signer, kid = key.private, key.kid
+    if forge == "unknown_key":
+        rogue = SigningKey.new(alg)
+        signer, kid = rogue.private, rogue.kid
+    elif forge == "wrong_key":
+        signer = new_private_key(alg)
+    return jwt.encode(claims, signer, algorithm=alg, headers={"kid": kid}), kid
+
+
+class _Routes:
+    """The HTTP face of one IdentityProvider."""
+
+    def __init__(self, state: IdentityProvider) -> None:
+        self.state = state
+
+    def issuer_of(self, request: Request) -> str:
+        return self.state.issuer or str(request.base_url).rstrip("/")
+
+    async def discovery(self, request: Request) -> Response:
+        self.state.stats["discovery"] += 1
+        iss = self.issuer_of(request)
+        return JSONResponse({
+            "issuer": iss, "jwks_uri": f"{iss}/jwks.json", "token_endpoint": f"{iss}/token",
+            "authorization_endpoint": f"{iss}/authorize", "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": list(ALGORITHMS),
+            "claims_supported": ["iss", "sub", "aud", "exp", "iat", "email", "email_verified"],
+        })  # fmt: skip
+
+    async def jwks(self, request: Request) -> Response:
+        self.state.stats["jwks"] += 1
+        keys = [k.public_jwk() for k in self.state.published()]
+        return JSONResponse({"keys": keys}, headers={"Cache-Control": "max-age=300"})
+
+    async def token(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadTokenRequest("the body must be a JSON object")
+            id_token, kid = issue(self.state, body, self.issuer_of(request))
+        except (BadTokenRequest, ValueError, TypeError) as exc:
+            return JSONResponse({"error": "invalid_request", "detail": str(exc)}, 400)
+        self.state.stats["tokens"] += 1
+        return JSONResponse({"id_token": id_token, "token_type": "Bearer", "kid": kid})
+
+    async def rotate(self, request: Request) -> Response:
+        body = await request.json() if await request.body() else {}
+        alg = body.get("alg", "RS256")
+        if alg not in ALGORITHMS:
+            return JSONResponse({"error": f"alg must be one of {', '.join(ALGORITHMS)}"}, 400)
+        grace = float(body.get("grace_seconds", DEFAULT_GRACE_SECONDS))
+        new, retired = self.state.rotate(alg, grace)
+        return JSONResponse({"kid": new.kid, "retired": retired})
+
+    async def stats(self, request: Request) -> Response:
+        published = [k.kid for k in self.state.published()]
+        return JSONResponse({**self.state.stats, "published": published})
+
+    async def reset(self, request: Request) -> Response:
+        self.state.stats.update(discovery=0, jwks=0, tokens=0)
+        return Response(status_code=204)
+
+
+def create_app(issuer: str | None = None, idp: IdentityProvider | None = None) -> Starlette:
+    r = _Routes(idp or IdentityProvider(issuer))
+    return Starlette(routes=[
+        Route("/.well-known/openid-configuration", r.discovery, methods=["GET"]),
+        Route("/jwks.json", r.jwks, methods=["GET"]),
+        Route("/token", r.token, methods=["POST"]),
+        Route("/_sandbox/rotate", r.rotate, methods=["POST"]),
+        Route("/_sandbox/stats", r.stats, methods=["GET"]),
+        Route("/_sandbox/requests", r.reset, methods=["DELETE"]),
+        Route("/_sandbox/faults", r.reset, methods=["DELETE"]),
+    ])  # fmt: skip

@@ -1,0 +1,149 @@
+"""CLI profiles: flag > environment > profile > dev credentials; keys never printed."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrun_cli import credentials, profiles
+from agentrun_cli.main import main
+from agentrun_cli.parser import parse
+
+WS_KEY = "agr_ws_0123456789abcdef_" + "A" * 43
+PROFILE_KEY = "agr_ws_fedcba9876543210_" + "B" * 43
+ENV_KEY = "agr_ws_1111111111111111_" + "C" * 43
+DEV_KEY = "agr_ws_2222222222222222_" + "D" * 43
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A config file and dev data dir of the test's own; no AGENTRUN_* from outside."""
+    for name in ("AGENTRUN_API_KEY", "AGENTRUN_ADDRESS", "AGENTRUN_WORKSPACE", "AGENTRUN_PROFILE",
+                 "AGENTRUN_TLS_CA", "AGENTRUN_TLS_SERVER_NAME"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("AGENTRUN_CONFIG", str(config))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "credentials.json").write_text(json.dumps({"admin_key": DEV_KEY}))
+    monkeypatch.setenv("AGENTRUN_DATA_DIR", str(data))
+    yield config
+    credentials.activate(None)
+
+
+def write_profile(config: Path, name: str = "prod", **settings: str) -> None:
+    profiles.save(profiles.Profile(name=name, **settings), config)
+
+
+def test_without_profile_the_dev_credentials_and_defaults_apply() -> None:
+    args = parse(["runs", "list"])
+    assert (args.address, args.workspace) == ("127.0.0.1:50051", "default")
+    assert credentials.api_key() == DEV_KEY
+
+
+def test_profile_fills_address_workspace_and_key(isolated: Path) -> None:
+    write_profile(isolated, address="cp.acme:443", workspace="acme", api_key=PROFILE_KEY)
+    args = parse(["--profile", "prod", "runs", "list"])
+    assert (args.address, args.workspace) == ("cp.acme:443", "acme")
+    assert credentials.api_key() == PROFILE_KEY
+    # The profile's key is the caller's identity whatever role a command would pick.
+    assert credentials.api_key("approver") == PROFILE_KEY
+
+
+def test_environment_beats_profile(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_profile(isolated, address="cp.acme:443", workspace="acme", api_key=PROFILE_KEY)
+    monkeypatch.setenv("AGENTRUN_PROFILE", "prod")
+    monkeypatch.setenv("AGENTRUN_ADDRESS", "env:1")
+    monkeypatch.setenv("AGENTRUN_API_KEY", ENV_KEY)
+    args = parse(["runs", "list"])
+    assert (args.address, args.workspace) == ("env:1", "acme")
+    assert credentials.api_key() == ENV_KEY
+
+
+def test_flags_beat_environment_and_profile(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_profile(isolated, address="cp.acme:443", workspace="acme")
+    monkeypatch.setenv("AGENTRUN_WORKSPACE", "from-env")
+    args = parse(["--profile", "prod", "runs", "list", "--address", "flag:2", "--workspace", "w"])
+    assert (args.address, args.workspace) == ("flag:2", "w")
+
+
+def test_a_profile_without_a_key_falls_back_to_the_dev_credentials(isolated: Path) -> None:
+    write_profile(isolated, workspace="acme")
+    parse(["--profile", "prod", "runs", "list"])
+    assert credentials.api_key() == DEV_KEY
+
+
+def test_default_profile_applies_when_none_is_named(isolated: Path) -> None:
+    write_profile(isolated, name="default", address="cp.default:443")
+    assert parse(["runs", "list"]).address == "cp.default:443"
+
+
+def test_key_from_file_and_from_variable(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(PROFILE_KEY + "\n")
+    write_profile(isolated, name="file", api_key_file=str(key_file))
+    write_profile(isolated, name="var", api_key_env="MY_AGENTRUN_KEY")
+    monkeypatch.setenv("MY_AGENTRUN_KEY", ENV_KEY)
+    parse(["--profile", "file", "runs", "list"])
+    assert credentials.api_key() == PROFILE_KEY
+    parse(["--profile", "var", "runs", "list"])
+    assert credentials.api_key() == ENV_KEY
+
+
+def test_unknown_profile_is_an_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--profile", "nope", "runs", "list"])
+    assert "no profile 'nope'" in capsys.readouterr().err
+
+
+def test_bad_setting_in_the_file_is_refused(isolated: Path) -> None:
+    isolated.write_text('[profile.x]\naddress = "a"\npassword = "p"\n')
+    with pytest.raises(profiles.ProfileError, match="unknown setting"):
+        profiles.load(isolated)
+
+
+def test_redact_keeps_only_the_key_id() -> None:
+    assert profiles.redact(WS_KEY) == "agr_ws_0123456789abcdef_…"
+    assert "A" * 10 not in profiles.redact(WS_KEY)
+    assert profiles.redact("eyJhbGciOi.not.akey") == "… (19 characters, not an agentrun key)"
+    assert profiles.redact(None) == "-"
+    assert repr(profiles.Profile("p", api_key=WS_KEY)).count("A" * 10) == 0
+
+
+def test_profile_set_writes_0600_and_show_list_redact(
+    isolated: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Lines(WS_KEY + "\n"))
+    assert main(["profile", "set", "ci", "--address", "cp:1", "--api-key-stdin"]) == 0
+    assert stat.S_IMODE(isolated.stat().st_mode) == 0o600
+    assert profiles.load(isolated)["ci"].key() == WS_KEY
+    assert main(["profile", "show", "ci"]) == 0
+    assert main(["profile", "list"]) == 0
+    assert main(["--json", "profile", "show", "ci"]) == 0
+    out = capsys.readouterr().out
+    assert WS_KEY not in out and "A" * 10 not in out
+    assert out.count("agr_ws_0123456789abcdef_…") == 3
+
+
+def test_profile_set_changes_only_what_is_given(isolated: Path) -> None:
+    assert main(["profile", "set", "p", "--address", "a:1", "--workspace", "w"]) == 0
+    assert main(["profile", "set", "p", "--api-key-env", "K"]) == 0
+    assert profiles.load(isolated)["p"].settings() == {
+        "address": "a:1", "workspace": "w", "api_key_env": "K",
+    }  # fmt: skip
+
+
+class _Lines:
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def readline(self) -> str:
+        return self._text
