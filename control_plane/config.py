@@ -14,6 +14,14 @@ def _float(name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset)."""
+    raw = os.environ.get(name) or choices[0]
+    if raw not in choices:
+        raise SystemExit(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
 def _secret(name: str) -> bytes | None:
     raw = os.environ.get(name)
     return raw.encode() if raw else None
@@ -77,6 +85,9 @@ class ServerConfig:
     key_cache_seconds: float = 2.0
     oidc_issuer: str = ""
     oidc_audience: str = "agentrun"
+    # Publishing a tool set with the lethal trifecta: "warn" (published, with a
+    # warning) or "acknowledge" (refused unless the request acknowledges it).
+    trifecta_policy: str = "warn"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -118,4 +129,5 @@ class ServerConfig:
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
             oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER", "").rstrip("/"),
             oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE", cls.oidc_audience),
+            trifecta_policy=_choice("AGENTRUN_TRIFECTA_POLICY", ("warn", "acknowledge")),
         )
