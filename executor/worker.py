@@ -74,6 +74,7 @@ class Worker:
             delivery=ToolDelivery(self._tools),
             catalogue=catalogue or Catalogue.load(),
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
+            installation=config.installation,
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
