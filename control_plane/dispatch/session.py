@@ -37,6 +37,8 @@ _MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 # many times in all; then the run fails with the error's request id.
 COMMIT_TRIES = 3
 COMMIT_RETRY_PAUSE = 0.05
+# How long a Hello waits for its tools to be recorded before the Welcome goes anyway.
+RECORD_TIMEOUT = 2.0
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
@@ -176,8 +178,10 @@ class ExecutorSession:
             for t in hello.tools
         ]  # fmt: skip
         try:
-            await executor_tools.record(self._pool, self.executor_id, self.id, hello.release,
-                                        self.scope, declared)  # fmt: skip
+            # Bounded: a database that is down must not keep the executor from its Welcome.
+            await asyncio.wait_for(executor_tools.record(
+                self._pool, self.executor_id, self.id, hello.release, self.scope, declared
+            ), RECORD_TIMEOUT)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
         cfg = self._dispatcher.config
