@@ -61,10 +61,17 @@ class Client:
         return self.agents.GetAgent(req, timeout=self.timeout).agent
 
     def publish(self, agent_id: str, spec: agent_pb2.AgentSpec) -> agent_pb2.AgentVersion:
+        return self.publish_version(agent_id, spec).version
+
+    def publish_version(
+        self, agent_id: str, spec: agent_pb2.AgentSpec, acknowledge_trifecta: bool = False
+    ) -> agent_pb2.PublishAgentVersionResponse:
+        """The published version and the warnings about it."""
         req = agent_pb2.PublishAgentVersionRequest(
-            workspace_id=self.workspace, agent_id=agent_id, spec=spec
-        )
-        return self.agents.PublishAgentVersion(req, timeout=self.timeout).version
+            workspace_id=self.workspace, agent_id=agent_id, spec=spec,
+            acknowledge_trifecta=acknowledge_trifecta,
+        )  # fmt: skip
+        return self.agents.PublishAgentVersion(req, timeout=self.timeout)
 
     def get_version(self, agent_id: str, version: int = 0) -> agent_pb2.AgentVersion:
         req = agent_pb2.GetAgentVersionRequest(

@@ -51,8 +51,11 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
 
 def agents_publish(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        version = client.publish(args.agent_id, _spec(args))
+        resp = client.publish_version(args.agent_id, _spec(args), args.acknowledge_trifecta)
+    version = resp.version
     _emit(args, version, [f"published {version.agent_id} v{version.version}"])
+    for warning in resp.warnings:  # on stderr, so --json output stays one value
+        print(render.publish_warning(warning), file=sys.stderr)
     return 0
 
 

@@ -123,6 +123,12 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         metavar="SECONDS",
         help="active-time budget (time held by executors; parked time does not count)",
     )
+    p.add_argument(
+        "--acknowledge-trifecta",
+        action="store_true",
+        help="publish even though the tools read private data, read untrusted content "
+        "and communicate externally (required where the server asks for it)",
+    )
     p.set_defaults(handler=commands.agents_publish)
     p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
     p.add_argument("agent_id", metavar="ID")

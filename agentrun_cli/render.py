@@ -251,6 +251,11 @@ def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) 
     return lines
 
 
+def publish_warning(warning: agent_pb2.PublishWarning) -> str:
+    """One warning about a published version, for stderr."""
+    return f"warning [{warning.code}]: {warning.message}"
+
+
 def _seconds(limits: agent_pb2.RunLimits) -> str:
     if not limits.HasField("deadline"):
         return ""

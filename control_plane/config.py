@@ -14,6 +14,14 @@ def _float(name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset)."""
+    raw = os.environ.get(name) or choices[0]
+    if raw not in choices:
+        raise SystemExit(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
 def _secret(name: str) -> bytes | None:
     raw = os.environ.get(name)
     return raw.encode() if raw else None
@@ -79,6 +87,9 @@ class ServerConfig:
     # database again (a revocation reaches every replica within this + one
     # lookup). (Who signs in: oidc_issuer and oidc_audience above.)
     key_cache_seconds: float = 2.0
+    # Publishing a tool set with the lethal trifecta: "warn" (published, with a
+    # warning) or "acknowledge" (refused unless the request acknowledges it).
+    trifecta_policy: str = "warn"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -119,4 +130,5 @@ class ServerConfig:
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
+            trifecta_policy=_choice("AGENTRUN_TRIFECTA_POLICY", ("warn", "acknowledge")),
         )

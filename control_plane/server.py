@@ -58,6 +58,8 @@ from control_plane.http.server import HttpIngress
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
+from control_plane.tools import registry
+from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
 
@@ -112,6 +114,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                     log.info("executor credential %s revoked: ending its stream", who.name)
                     session.close()
                     return True
+
+
+def publish_guard(config: ServerConfig) -> PublishGuard:
+    """Publish-time tool checks: executors count as connected for a few leases."""
+    return PublishGuard(
+        live_seconds=registry.LIVE_LEASES * config.lease_seconds,
+        catalogue=registry.load_catalogue(),
+        trifecta_policy=config.trifecta_policy,
+    )
 
 
 @dataclass
@@ -177,7 +188,9 @@ async def start(
     ]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(pool), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(pool, publish_guard(config)), server
+    )
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )

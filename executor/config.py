@@ -48,6 +48,8 @@ class ExecutorConfig:
     tls: ChannelSecurity = field(default_factory=ChannelSecurity)
     # The executor credential the control plane knows this pool by (AGENTRUN_EXECUTOR_KEY).
     executor_key: str = field(default="", repr=False)
+    # This installation's name in the chain marker of mail runs send (AGENTRUN_INSTALLATION_ID).
+    installation: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -76,6 +78,7 @@ class ExecutorConfig:
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
             executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
+            installation=env.get("AGENTRUN_INSTALLATION_ID", ""),
             **_limits_from_env(env, defaults),
             tls=ChannelSecurity.from_env(env),
         )

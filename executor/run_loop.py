@@ -31,7 +31,7 @@ from executor.replay import (
     StartTool,
 )
 from executor.stream import CommitReply
-from executor.tools import keys
+from executor.tools import chain, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
 
@@ -79,6 +79,8 @@ class RunDeps:
     wall_clock: Callable[[], float] = time.time
     rng: random.Random = dataclasses.field(default_factory=random.Random)
     model_retry: ModelRetry = dataclasses.field(default_factory=ModelRetry)
+    # Named in the chain marker of the mail runs send (executor/tools/chain.py); "" = unnamed.
+    installation: str = ""
 
 
 class RunLoop:
@@ -98,6 +100,7 @@ class RunLoop:
             workspace_id=run.workspace_id, run_id=run.run_id, epoch=run.lease_epoch
         )
         self.entries = replay.decode(assignment.steps)
+        self._chain_depth = chain.run_depth(assignment.steps)
         self._deps = deps
         self._held_from = deps.wall_clock()  # this hold's start, for the active-time limit
         self._handoff = asyncio.Event()
@@ -300,7 +303,7 @@ class RunLoop:
         faults.point("executor.tool.after_started_commit")
         try:
             outcome = await self._deps.delivery.send(
-                tool, arguments, keys.derive(self.run_id, seq), self._guard
+                tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq), self._guard
             )
         except RateLimited as exc:
             return await self._park_rate(exc, seq)
@@ -382,6 +385,8 @@ class RunLoop:
         # The key's age decides whether the provider still remembers it.
         age = self._deps.wall_clock() - started.created_at if started.created_at else 0.0
         tool = self._deps.catalogue.get(name)
+        if tool is not None:
+            arguments = self._outbound(tool, arguments)
         if tool is not None and unsent:
             # Held back by a rate limit: it never left, so it goes out now, under its key.
             outcome = await self._deps.delivery.send(tool, arguments, key, self._guard)
@@ -392,6 +397,10 @@ class RunLoop:
         if outcome.status in ("ok", "error"):  # the provider answered
             faults.point("executor.tool.after_response")
         return outcome
+
+    def _outbound(self, tool: Tool, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What is sent: the recorded arguments, and the chain marker on mail."""
+        return chain.stamp(tool, arguments, self._chain_depth, self._deps.installation)
 
     async def _record(
         self, seq: int, ref_seq: int, call_id: str, tool: str, outcome: Outcome

@@ -28,6 +28,19 @@ class _Held:
     task: asyncio.Task[str]
 
 
+def declarations(catalogue: Catalogue) -> list[executor_pb2.ToolDeclaration]:
+    """The tools this executor carries, as Hello declares them."""
+    return [
+        executor_pb2.ToolDeclaration(
+            name=tool.name,
+            version=tool.version,
+            schema_sha256=tool.schema_sha256,
+            capabilities=list(tool.capabilities),
+        )  # fmt: skip
+        for tool in catalogue.tools.values()
+    ]
+
+
 class Worker:
     """Holds up to `capacity` runs, asks for more as slots free, hands them back on drain."""
 
@@ -61,6 +74,7 @@ class Worker:
             delivery=ToolDelivery(self._tools),
             catalogue=catalogue or Catalogue.load(),
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
+            installation=config.installation,
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
@@ -167,6 +181,7 @@ class Worker:
             release=self._config.release,
             capacity=self._config.capacity,
             held=self._leases.held(),
+            tools=declarations(self._deps.catalogue),
         )
 
     def _fence(self, run_id: str, reason: str) -> None:

@@ -13,6 +13,8 @@ from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
+from control_plane.tools import guard
+from control_plane.tools.guard import PublishGuard
 
 _TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
@@ -79,8 +81,9 @@ def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+    def __init__(self, pool: asyncpg.pool.Pool, guard: PublishGuard) -> None:
         self._pool = pool
+        self._guard = guard
 
     async def CreateAgent(
         self, request: agent_pb2.CreateAgentRequest, context: grpc.aio.ServicerContext
@@ -115,14 +118,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument("spec", "is required")
         validate_spec(request.spec)
         stored = convert.spec_to_json(request.spec, spec_limits(request.spec))
+        warnings = await self._guard.check(self._pool, ws, request)
+        details: dict[str, object] = {"warnings": [w.code for w in warnings]} if warnings else {}
+        if request.acknowledge_trifecta:
+            details["acknowledged_trifecta"] = True
         async with self._pool.acquire() as conn, conn.transaction():
             row = await store.publish_version(conn, ws, agent_id, stored)
             if row is not None:
                 await audit.record(conn, "agent.published", "agent", agent_id,
-                                   {"version": row["version"]})  # fmt: skip
+                                   {"version": row["version"], **details})  # fmt: skip
         if row is None:
             raise NotFound(f"agent {agent_id!r} not found")
-        return agent_pb2.PublishAgentVersionResponse(version=convert.agent_version(row))
+        return agent_pb2.PublishAgentVersionResponse(
+            version=convert.agent_version(row), warnings=guard.to_proto(warnings)
+        )
 
     async def GetAgentVersion(
         self, request: agent_pb2.GetAgentVersionRequest, context: grpc.aio.ServicerContext

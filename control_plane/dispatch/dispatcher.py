@@ -15,6 +15,7 @@ from agentrun.v1 import executor_pb2 as pb
 from control_plane.api import convert
 from control_plane.config import ServerConfig
 from control_plane.store import agents as agent_store
+from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 
@@ -48,6 +49,8 @@ class Dispatcher:
         self._sessions: dict[str, ExecutorSession] = {}
         self._wake = asyncio.Event()
         self._versions: dict[tuple[str, str, int], agent_pb2.AgentVersion] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._touched_at = 0.0
 
     def register(self, session: ExecutorSession) -> None:
         # A reconnecting executor replaces its old session (same executor id).
@@ -57,6 +60,24 @@ class Dispatcher:
     def unregister(self, session: ExecutorSession) -> None:
         if self._sessions.get(session.executor_id) is session:
             del self._sessions[session.executor_id]
+        # Its tools no longer count for publishing (a kill -9 elsewhere lets the row go stale).
+        task = asyncio.create_task(self._forget(session.executor_id, session.id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _forget(self, executor_id: str, session_id: str) -> None:
+        try:
+            await executor_tools.forget(self.pool, executor_id, session_id)
+        except Exception as exc:  # noqa: BLE001 - the row goes stale on its own
+            log.info("could not forget executor %s's tools: %s", executor_id, exc)
+
+    async def _touch(self) -> None:
+        """Every heartbeat interval: the executors of this replica's streams are connected."""
+        now = asyncio.get_running_loop().time()
+        if now - self._touched_at < self.config.heartbeat_seconds:
+            return
+        self._touched_at = now
+        await executor_tools.touch(self.pool, [s.id for s in self._sessions.values()])
 
     def poke(self) -> None:
         """Claim soon: new credits, a new run, or a finished wait on this replica."""
@@ -73,6 +94,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._wake.wait(), self.config.claim_poll_seconds)
             self._wake.clear()
             try:
+                await self._touch()
                 while await self._claim_once() == self.config.claim_batch:
                     pass  # a full batch: there may be more due right now
             except asyncio.CancelledError:
@@ -82,24 +104,30 @@ class Dispatcher:
                 await asyncio.sleep(self.config.claim_poll_seconds)
 
     async def _claim_once(self) -> int:
-        """One claim per executor scope; the largest batch any of them got."""
-        groups: dict[tuple[str, ...] | None, list[ExecutorSession]] = {}
+        """One claim per executor scope and tool set; the largest batch any of them got.
+
+        Executors carrying different tools claim apart, each only the runs whose
+        agent version needs no tool it lacks."""
+        groups: dict[tuple[tuple[str, ...] | None, frozenset[str]], list[ExecutorSession]] = {}
         for session in self._sessions.values():
             scope = tuple(sorted(session.scope)) if session.scope is not None else None
-            groups.setdefault(scope, []).append(session)
+            groups.setdefault((scope, session.tools), []).append(session)
         claimed = 0
-        for scope, sessions in groups.items():
-            claimed = max(claimed, await self._claim_for(sessions, scope))
+        for (scope, tools), sessions in groups.items():
+            claimed = max(claimed, await self._claim_for(sessions, scope, tools))
         return claimed
 
     async def _claim_for(
-        self, sessions: list[ExecutorSession], scope: tuple[str, ...] | None
+        self,
+        sessions: list[ExecutorSession],
+        scope: tuple[str, ...] | None,
+        tools: frozenset[str],
     ) -> int:
         owners = owner_slots(sessions, self.config.claim_batch)
         if not owners:
             return 0
         rows = await lease_store.claim_due(
-            self.pool, owners, self.config.lease_seconds, scope=scope
+            self.pool, owners, self.config.lease_seconds, scope=scope, carried=sorted(tools)
         )
         if not rows:
             return 0

@@ -18,6 +18,7 @@ from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.errors import InvalidArgument, status_for, transient
+from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.errors import Fenced
@@ -37,6 +38,8 @@ _MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 # many times in all; then the run fails with the error's request id.
 COMMIT_TRIES = 3
 COMMIT_RETRY_PAUSE = 0.05
+# How long a Hello waits for its tools to be recorded before the Welcome goes anyway.
+RECORD_TIMEOUT = 2.0
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
@@ -103,6 +106,8 @@ class ExecutorSession:
         self.scope = scope
         self.credits = 0
         self.held: dict[uuid.UUID, int] = {}
+        # The tools the executor declared in its Hello: it is assigned only runs needing no others.
+        self.tools: frozenset[str] = frozenset()
         self._dispatcher = dispatcher
         self._pool: asyncpg.pool.Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
@@ -163,6 +168,23 @@ class ExecutorSession:
         self.executor_id = hello.executor_id or f"anonymous-{self.id}"
         for lease in hello.held:
             self.held[uuid.UUID(lease.run_id)] = lease.epoch
+        self.tools = frozenset(t.name for t in hello.tools)
+        self._spawn(self._open(hello))
+
+    async def _open(self, hello: pb.Hello) -> None:
+        """Record the executor's tools for every replica, then welcome it and start assigning."""
+        declared = [
+            {"name": t.name, "version": t.version, "schema_sha256": t.schema_sha256,
+             "capabilities": sorted(t.capabilities)}
+            for t in hello.tools
+        ]  # fmt: skip
+        try:
+            # Bounded: a database that is down must not keep the executor from its Welcome.
+            await asyncio.wait_for(executor_tools.record(
+                self._pool, self.executor_id, self.id, hello.release, self.scope, declared
+            ), RECORD_TIMEOUT)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
+            log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
         cfg = self._dispatcher.config
         self.send(pb.ConnectResponse(welcome=pb.Welcome(
             session_id=self.id,

@@ -6,6 +6,7 @@ number of claimers: sql/lease.sql explains the four statements and why.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -32,22 +33,25 @@ async def claim_due(
     lease_seconds: float,
     now: datetime | None = None,
     scope: Sequence[str] | None = None,
+    carried: Sequence[str] | None = None,
 ) -> list[asyncpg.Record]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
     Lapsed leases first, then the oldest due runs of the workspaces served
     least recently, round robin, never over a workspace's or an agent's cap.
     Only runs of the workspaces in `scope` (None: all) are claimed: the owners'
-    executor credentials serve no others.
+    executor credentials serve no others. With `carried` (the tools the owners
+    carry; None: any), only runs whose agent version needs no other tool.
     """
     if not owners:
         return []
     allowed = list(scope) if scope is not None else None
+    tools = json.dumps(list(carried)) if carried is not None else None
     async with _transaction(pool) as conn:
         await run(conn, "claim_plan_generic")
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
-        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed)
+        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools)
         await _raise_next_wake(conn, turns, rows)
     return rows
 

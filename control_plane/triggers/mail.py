@@ -10,8 +10,11 @@ The Message-ID is the dedupe key: the same message delivered twice, or
 fetched by two overlapping fetches, starts one run.
 
 Agent-to-agent loops: mail our agents send carries a marker header and a
-chain depth (`outbound_headers`): one more than the depth of the run that
-sent it, which the run's input step records as `trigger.chain_depth`. The
+chain depth (`outbound_headers`; the executor stamps them on every send,
+executor/tools/chain.py): one more than the depth of the run that sent it,
+which the run's input step records as `trigger.chain_depth`. The marker is
+read from the message alone, so mail from another installation (or from a
+run this database no longer has) stops just the same. The
 executor's mail tool also stamps every send with `X-Agentrun-Key:
 <run_id>:<seq>` (its lookup key, executor/tools/catalogue.json), which marks
 the mail as ours on its own: its depth is one more than the sending run's,

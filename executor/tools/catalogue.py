@@ -16,6 +16,7 @@ The file is ``catalogue.json`` beside this module, or ``AGENTRUN_CATALOGUE``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,10 @@ from jsonschema import Draft202012Validator
 
 DEFAULT_PATH = Path(__file__).with_name("catalogue.json")
 PATH_VARIABLE = "AGENTRUN_CATALOGUE"
+
+# What a tool can do, for least privilege: with all of the first three an agent can be
+# talked into exfiltrating (the lethal trifecta), checked when a version is published.
+CAPABILITIES = ("reads_private", "reads_untrusted", "communicates_externally", "moves_money")
 
 # The shape of one catalogue entry; a bad catalogue fails at load, not mid-run.
 _LOOKUP_SCHEMA: dict[str, Any] = {
@@ -78,9 +83,9 @@ _TOOL_SCHEMA: dict[str, Any] = {
         "moves_money": {"type": "boolean"},
         "needs_approval": {"type": "boolean"},
         "rate_bucket": {"type": ["string", "null"]},
-        # What the tool can do, for least privilege: e.g. reads_untrusted (its
-        # results carry outside text: mail bodies, fetched pages).
-        "capabilities": {"type": "array", "items": {"type": "string"}},
+        "version": {"type": "string", "minLength": 1, "maxLength": 40},
+        "capabilities": {"type": "array", "items": {"enum": list(CAPABILITIES)}},
+        "chain_marker": {"type": ["string", "null"]},
     },
     "additionalProperties": False,
 }
@@ -140,7 +145,16 @@ class Tool:
     rate_bucket: str | None
     lookup: Lookup | None = None
     key_retention_hours: float | None = None
+    version: str = "1"
     capabilities: tuple[str, ...] = ()
+    # The body field where outbound mail keeps its headers: sends carry our chain marker there.
+    chain_marker: str | None = None
+
+    @property
+    def schema_sha256(self) -> str:
+        """SHA-256 (hex) of the canonical JSON of the argument schema."""
+        canonical = json.dumps(self.parameters, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
     def call_class(self) -> str:

@@ -119,7 +119,9 @@ async def test_an_email_in_doubt_is_looked_up_and_sent_again_only_if_it_did_not_
     key = started.payload["idempotency_key"]
     sends = mine(sandbox_requests(url), run_id, "/mail/send")
     assert [r["idempotency_key"] for r in sends] == [key] * sent
-    assert all(r["body"]["headers"] == {"X-Agentrun-Key": key} for r in sends)
+    # The lookup key and the chain marker (a run no mail started: the mail is hop 1).
+    marked = {"X-Agentrun-Key": key, "X-Agentrun-Origin": "agentrun", "X-Agentrun-Chain-Depth": "1"}
+    assert all(r["body"]["headers"] == marked for r in sends)
     assert len(mine(sandbox_requests(url), run_id, "/mail/search")) == 1
     (message,) = mine(sandbox_effects(url, "mail"), run_id)
     assert message["stamp"] == key

@@ -232,12 +232,15 @@ async def test_the_cursor_moves_only_after_the_fetched_events_commit(
 # --- the loop end to end: real executors send the replies --------------------------------------
 
 
+@pytest.mark.parametrize("network", ["headers untouched", "as from another installation"])
 async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
-    db_url, control_plane, executor_factory, sandbox_providers, db
+    db_url, control_plane, executor_factory, sandbox_providers, db, network
 ):
     """Two agents answer every email with an email; a test 'mail network' delivers each sent
-    message, headers untouched, to the other agent's inbox. The key our mail tool stamps on
-    every send marks the mail as ours, and the chain stops at max_chain_depth."""
+    message to the other agent's inbox. Every send carries our chain marker and depth
+    (executor/tools/chain.py), and the chain stops at max_chain_depth. Delivered "as from
+    another installation", the mail loses the key stamp that names its sending run in this
+    database: the marker, read from the message alone, stops the loop just the same."""
     sandbox_providers.reset()
     cp = control_plane(db_url)
     api = await TriggerApi.connect(cp.address, db_url, WS)
@@ -262,9 +265,13 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
                 sender = await db.fetchval(
                     "SELECT agent_id FROM runs WHERE run_id = $1::uuid", sender_run
                 )
+                headers = dict(sent["headers"])
+                assert headers["X-Agentrun-Origin"] == "agentrun"
+                if network != "headers untouched":
+                    del headers["X-Agentrun-Key"]
                 inbound = {
                     "message_id": sent["message_id"], "from": sent["from"], "to": [sent["to"]],
-                    "subject": sent["subject"], "text": sent["body"], "headers": sent["headers"],
+                    "subject": sent["subject"], "text": sent["body"], "headers": headers,
                 }  # fmt: skip
                 to = peer[sender]
                 assert (await deliver(http, f"{to}-inbox", secrets[to], inbound)).status_code == 202

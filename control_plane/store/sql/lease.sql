@@ -50,13 +50,24 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- workspace per round, within the room of the workspace and of each agent.
 -- Marks the workspaces served. Database clock unless $3 fixes it. Lapsed
 -- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
--- a scoped pool never leases another tenant's run.
+-- a scoped pool never leases another tenant's run. Only runs whose agent
+-- version's tools are all among $6 (a JSON array of the tools the owners
+-- carry; NULL: any) are taken, lapsed or fresh: an executor is never handed
+-- a run it could not finish. A workspace with due runs none of which these
+-- owners can run goes to the back of the line like one at its caps (it had
+-- nothing this claim could take); that costs it its place only against the
+-- other workspaces, and keeps it from blocking a turn slot of every claim.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, now()) AS now
 ), lapsed AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
       AND ($5::text[] IS NULL OR r.workspace_id = ANY($5::text[]))
+      AND ($6::jsonb IS NULL OR EXISTS (
+          SELECT 1 FROM agent_versions v
+          WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+            AND v.version = r.agent_version
+            AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
     ORDER BY r.wake_at
     LIMIT cardinality($1::text[])
     FOR UPDATE SKIP LOCKED
@@ -74,6 +85,11 @@ WITH clock AS MATERIALIZED (
         SELECT r.run_id, r.wake_at FROM runs r
         WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+          AND ($6::jsonb IS NULL OR EXISTS (
+              SELECT 1 FROM agent_versions v
+              WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                AND v.version = r.agent_version
+                AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
         ORDER BY r.wake_at, r.run_id
         -- Never more than the batch: a workspace with vast room must not make a
         -- one-run claim read its whole backlog.

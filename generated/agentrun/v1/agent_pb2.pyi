@@ -402,8 +402,14 @@ class PublishAgentVersionRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGE_TRIFECTA_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
+    acknowledge_trifecta: _builtins.bool
+    """The publisher has seen that the tools hold the lethal trifecta (private
+    data, untrusted content, a way out) and publishes anyway. Required when
+    the control plane runs with AGENTRUN_TRIFECTA_POLICY=acknowledge.
+    """
     @_builtins.property
     def spec(self) -> Global___AgentSpec: ...
     def __init__(
@@ -412,10 +418,11 @@ class PublishAgentVersionRequest(_message.Message):
         workspace_id: _builtins.str = ...,
         agent_id: _builtins.str = ...,
         spec: Global___AgentSpec | None = ...,
+        acknowledge_trifecta: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "spec", b"spec", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledge_trifecta", b"acknowledge_trifecta", "agent_id", b"agent_id", "spec", b"spec", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -426,20 +433,64 @@ class PublishAgentVersionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def version(self) -> Global___AgentVersion: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublishWarning]:
+        """What the publisher should know: the version was published regardless."""
+
     def __init__(
         self,
         *,
         version: Global___AgentVersion | None = ...,
+        warnings: _abc.Iterable[Global___PublishWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PublishAgentVersionResponse: _TypeAlias = PublishAgentVersionResponse  # noqa: Y015
+
+@_typing.final
+class PublishWarning(_message.Message):
+    """PublishWarning is one concern about a published version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """"lethal_trifecta": the tools together read private data, read untrusted
+      content and communicate externally;
+    "no_executor": no executor serving the workspace is connected, so the
+      tools were checked against the platform catalogue only.
+    """
+    message: _builtins.str
+    """A sentence for people."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tools concerned (for lethal_trifecta: the suggested ones to gate
+        behind approval or drop, the external senders first).
+        """
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishWarning: _TypeAlias = PublishWarning  # noqa: Y015
 
 @_typing.final
 class GetAgentVersionRequest(_message.Message):

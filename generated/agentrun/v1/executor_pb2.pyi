@@ -169,6 +169,7 @@ class Hello(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
@@ -181,6 +182,14 @@ class Hello(_message.Message):
         own while their epochs match.
         """
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDeclaration]:
+        """The tools this executor carries (its catalogue). It is assigned only
+        runs whose agent version's tools are all among them, and the control
+        plane refuses to publish an agent version no connected pool can run.
+        An executor that declares none is assigned only runs of tool-less agents.
+        """
+
     def __init__(
         self,
         *,
@@ -188,14 +197,54 @@ class Hello(_message.Message):
         release: _builtins.str = ...,
         capacity: _builtins.int = ...,
         held: _abc.Iterable[Global___Lease] | None = ...,
+        tools: _abc.Iterable[Global___ToolDeclaration] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "executor_id", b"executor_id", "held", b"held", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "executor_id", b"executor_id", "held", b"held", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
+
+@_typing.final
+class ToolDeclaration(_message.Message):
+    """ToolDeclaration is one tool an executor can run, as its catalogue says."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SCHEMA_SHA256_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.str
+    """The catalogue entry's version (bumped when the tool's behaviour changes)."""
+    schema_sha256: _builtins.str
+    """SHA-256 (hex) of the canonical JSON of the tool's argument schema, so
+    pools that disagree about a tool's arguments are visible.
+    """
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the tool can do, for least-privilege checks at publish time:
+        reads_private, reads_untrusted, communicates_externally, moves_money.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        schema_sha256: _builtins.str = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "name", b"name", "schema_sha256", b"schema_sha256", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolDeclaration: _TypeAlias = ToolDeclaration  # noqa: Y015
 
 @_typing.final
 class Ready(_message.Message):
