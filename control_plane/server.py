@@ -10,7 +10,6 @@ import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -55,7 +54,7 @@ from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
 from control_plane.scheduler import Scheduler
-from control_plane.store.db import create_pool
+from control_plane.store.db import Pool, create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
@@ -113,7 +112,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                     return True
 
 
-def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
+def resolver_for(pool: Pool, config: ServerConfig) -> Resolver:
     """The replica's credential resolver (OIDC sign-in when an issuer is configured)."""
     verifier = (
         OidcVerifier(config.oidc_issuer, config.oidc_audience) if config.oidc_issuer else None
@@ -125,7 +124,7 @@ def resolver_for(pool: asyncpg.pool.Pool, config: ServerConfig) -> Resolver:
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    pool: asyncpg.pool.Pool
+    pool: Pool
     # Background loops of this replica: dispatcher, approval expiry, outbox relay,
     # max-age sweep, scheduler, push fetcher.
     tasks: list[asyncio.Task[None]]
@@ -262,7 +261,7 @@ async def _serve(
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool,
+    pool: Pool,
     config: ServerConfig,
     dispatcher: Dispatcher,
     envelope: Envelope,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
@@ -13,6 +12,7 @@ from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
+from control_plane.store.db import Pool, transaction
 
 _TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
@@ -77,7 +77,7 @@ def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
     async def CreateAgent(
@@ -86,7 +86,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         name = validate.text("display_name", request.display_name, max_bytes=200)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             row = await store.create_agent(conn, ws, agent_id, name)
             if row is not None:
                 await audit.record(conn, "agent.created", "agent", agent_id)
@@ -113,7 +113,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument("spec", "is required")
         validate_spec(request.spec)
         stored = convert.spec_to_json(request.spec, spec_limits(request.spec))
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             row = await store.publish_version(conn, ws, agent_id, stored)
             if row is not None:
                 await audit.record(conn, "agent.published", "agent", agent_id,

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from control_plane.store.db import transaction
 from control_plane.store.queries import run
 
 
@@ -43,7 +43,7 @@ async def claim_due(
     if not owners:
         return []
     allowed = list(scope) if scope is not None else None
-    async with _transaction(pool) as conn:
+    async with transaction(pool) as conn:
         await run(conn, "claim_plan_generic")
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
@@ -67,18 +67,6 @@ async def _raise_next_wake(
     locked = await run(conn, "workspace_lock_for_raise", maybe_empty)
     if locked:
         await run(conn, "workspace_raise_next_wake", [r["workspace_id"] for r in locked])
-
-
-@asynccontextmanager
-async def _transaction(
-    pool: asyncpg.pool.Pool | asyncpg.Connection,
-) -> AsyncIterator[asyncpg.Connection]:
-    if isinstance(pool, asyncpg.Connection):
-        async with pool.transaction():
-            yield pool
-        return
-    async with pool.acquire() as conn, conn.transaction():
-        yield conn
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
 
 import faults
+from control_plane.store.db import in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced
 from control_plane.store.queries import run
 
@@ -66,8 +65,8 @@ async def commit(
     """
     t = req.transition
     try:
-        if isinstance(pool, asyncpg.Connection) or faults.active():
-            async with _transaction(pool) as conn:
+        if in_transaction(pool) or faults.active():
+            async with transaction(pool) as conn:
                 row = await _apply(conn, req, lease_seconds, now)
                 faults.point("control_plane.commit.in_transaction")
         else:
@@ -82,20 +81,6 @@ async def commit(
     if req.steps and await _already_committed(pool, req):
         return CommitResult(t.status or "running", None, duplicate=True)
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
-
-
-@asynccontextmanager
-async def _transaction(
-    db: asyncpg.pool.Pool | asyncpg.Connection,
-) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction of its own, or a savepoint inside the caller's (a unique violation
-    must not doom the caller's transaction)."""
-    if isinstance(db, asyncpg.Connection):
-        async with db.transaction():
-            yield db
-        return
-    async with db.acquire() as conn, conn.transaction():
-        yield conn
 
 
 async def _apply(
