@@ -91,11 +91,13 @@ async def _apply(
 ) -> asyncpg.Record | None:
     t = req.transition
     return await run(
-        db, "run_commit", req.workspace_id, req.run_id, req.epoch,
-        [s.seq for s in req.steps], [s.kind for s in req.steps],
-        [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
-        req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
-        t.wake_after_seconds, lease_seconds, req.tokens, t.text, now,
+        db, "run_commit", workspace_id=req.workspace_id, run_id=req.run_id, epoch=req.epoch,
+        seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
+        ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
+        model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
+        status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
+        wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
+        now=now,
     )  # fmt: skip
 
 
