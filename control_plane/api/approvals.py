@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
@@ -12,6 +11,7 @@ from control_plane.approvals import decisions, tokens
 from control_plane.auth import context as auth_context
 from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
+from control_plane.store.db import Pool, Record
 
 STATE_FROM_PROTO = {
     approval_pb2.APPROVAL_STATE_PENDING: "pending",
@@ -28,7 +28,7 @@ EXPIRY_TO_PROTO = {
 }
 
 
-def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
+def to_proto(row: Record) -> approval_pb2.Approval:
     msg = approval_pb2.Approval(
         workspace_id=row["workspace_id"], approval_id=str(row["approval_id"]),
         run_id=str(row["run_id"]), decision_seq=row["decision_seq"], call_id=row["call_id"],
@@ -58,7 +58,7 @@ def _bearer(context: grpc.aio.ServicerContext) -> str | None:
 
 
 class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool, signing_key: bytes | None) -> None:
+    def __init__(self, pool: Pool, signing_key: bytes | None) -> None:
         self._pool = pool
         self._key = signing_key
 

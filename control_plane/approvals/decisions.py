@@ -7,8 +7,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 import faults
 from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
@@ -20,6 +18,7 @@ from control_plane.errors import (
     PermissionDenied,
 )
 from control_plane.store import approvals as store
+from control_plane.store.db import Pool, Record, transaction
 
 ACTIONS = {"approve": "approved", "reject": "rejected", "edit": "edited"}
 
@@ -76,7 +75,7 @@ def step_payload(req: Request, row: Any, arguments: Any, decision: str) -> dict[
     return payload
 
 
-async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
+async def decide(pool: Pool, req: Request) -> Record:
     """Apply a human decision exactly once; the loser learns who won."""
     if req.action not in ACTIONS:
         raise InvalidArgument("decision", "must be approve, reject or edit")
@@ -87,7 +86,7 @@ async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
     arguments, edited_json = _effective_arguments(req, row)
     decision = ACTIONS[req.action]
     d = store.Decision(decision, req.approver, req.reason or None, edited_json)
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(pool) as conn:
         try:
             decided = await store.decide(
                 conn, req.workspace_id, req.approval_id, d,

@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
-import asyncpg
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -24,6 +23,7 @@ from control_plane.approvals import decisions, tokens
 from control_plane.config import ServerConfig
 from control_plane.errors import DomainError, InvalidArgument
 from control_plane.store import approvals as store
+from control_plane.store.db import Pool
 from control_plane.triggers import signatures
 
 PAGE_HEADERS = {
@@ -54,7 +54,7 @@ def error_status(exc: DomainError) -> int:
 
 
 class ApprovalRoutes:
-    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+    def __init__(self, pool: Pool, config: ServerConfig) -> None:
         self.pool = pool
         self.config = config
 
