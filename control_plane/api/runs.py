@@ -159,7 +159,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         size = validate.in_range("page_size", request.page_size or 200, 1, 1000)
         await self._get(ws, run_id)
         rows = await step_store.list_steps(self._pool, ws, run_id, from_seq, size)
-        next_seq = rows[-1]["seq"] + 1 if len(rows) == size else 0
+        next_seq = rows[-1].seq + 1 if len(rows) == size else 0
         return run_pb2.ListRunStepsResponse(
             steps=[convert.step(r) for r in rows], next_seq=next_seq
         )
@@ -197,7 +197,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             steps = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
             for s in steps:
                 yield run_pb2.WatchRunResponse(step=convert.step(s))
-                next_seq = s["seq"] + 1
+                next_seq = s.seq + 1
             if steps:
                 continue
             row = await self._get(ws, run_id)

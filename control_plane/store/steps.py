@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 import asyncpg
@@ -12,6 +12,24 @@ import faults
 from control_plane.store.db import in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced
 from control_plane.store.queries import run
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a run's log, as stored."""
+
+    workspace_id: str
+    run_id: uuid.UUID
+    seq: int
+    kind: str
+    epoch: int  # the lease epoch it was written under (0: the input step)
+    ref_seq: int | None
+    payload: str  # JSON text, as the executor wrote it
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> Step:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -119,18 +137,19 @@ async def _already_committed(
 
 async def list_steps(
     pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, from_seq: int, limit: int
-) -> list[asyncpg.Record]:
-    return await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
+) -> list[Step]:
+    rows = await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
+    return [Step.of(r) for r in rows]
 
 
 async def steps_for_runs(
     pool: asyncpg.pool.Pool, keys: list[tuple[str, uuid.UUID]]
-) -> dict[uuid.UUID, list[asyncpg.Record]]:
+) -> dict[uuid.UUID, list[Step]]:
     """Whole step logs of several runs, grouped by run id."""
     if not keys:
         return {}
     rows = await run(pool, "steps_for_runs", [k[0] for k in keys], [k[1] for k in keys])
-    grouped: dict[uuid.UUID, list[asyncpg.Record]] = {k[1]: [] for k in keys}
+    grouped: dict[uuid.UUID, list[Step]] = {k[1]: [] for k in keys}
     for row in rows:
-        grouped[row["run_id"]].append(row)
+        grouped[row["run_id"]].append(Step.of(row))
     return grouped

@@ -64,7 +64,7 @@ async def test_lapsed_lease_is_claimable_again_and_fences_the_old_holder(pool):
     fresh = steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)])
     assert (await steps.commit(pool, fresh, 30)).status == "running"
     log = await steps.list_steps(pool, run["workspace_id"], run["run_id"], 0, 100)
-    assert [(s["seq"], s["epoch"]) for s in log] == [(0, 0), (1, b["lease_epoch"])]
+    assert [(s.seq, s.epoch) for s in log] == [(0, 0), (1, b["lease_epoch"])]
 
 
 async def test_retried_commit_is_acknowledged_once(pool):
@@ -137,7 +137,7 @@ async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(poo
     row = await runs.get_run(pool, r1["workspace_id"], r1["run_id"])
     assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
     log = await steps.list_steps(pool, r2["workspace_id"], r2["run_id"], 0, 10)
-    assert json.loads(log[-1]["payload"]) == {"status": "failed", "error": "deadline exceeded"}
+    assert json.loads(log[-1].payload) == {"status": "failed", "error": "deadline exceeded"}
     row = await runs.get_run(pool, r2["workspace_id"], r2["run_id"])
     assert row["step_count"] == len(log) and row["held_since"] is None
 
@@ -202,7 +202,7 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
     }  # fmt: skip
     assert row["expires_at"] - row["created_at"] == timedelta(seconds=12)
     (first,) = await steps.list_steps(pool, "ws", row["run_id"], 0, 10)
-    assert (first["seq"], first["kind"], json.loads(first["payload"])) == (
+    assert (first.seq, first.kind, json.loads(first.payload)) == (
         0,
         "input",
         {"text": "hello"},
