@@ -11,11 +11,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import grpc
 
 from control_plane.api.decoding import Refused, guard_decoder
-from control_plane.store.errors import DatabaseUnavailable
+from control_plane.store.errors import unavailable
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +63,11 @@ class ResourceExhausted(DomainError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-_UNAVAILABLE = (
-    DatabaseUnavailable,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.InterfaceError,
-    ConnectionError,
-    OSError,
-)
-
-
-_TRANSIENT = (
-    *_UNAVAILABLE,
-    asyncpg.exceptions.PostgresConnectionError,  # class 08: the connection broke
-    asyncpg.exceptions.OperatorInterventionError,  # class 57: shutting down, restarting
-    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
-    TimeoutError,
-)
-
-
-def transient(exc: BaseException) -> bool:
-    """The database could not be reached (or is restarting): the same write may be retried
-    later and nothing is known to have been written. Anything else is a bug or a refusal."""
-    return isinstance(exc, _TRANSIENT)
-
-
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and client-safe message for an exception."""
     if isinstance(exc, DomainError):
         return exc.code, str(exc)
-    if isinstance(exc, _UNAVAILABLE):
+    if unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable, retry later"
     request_id = uuid.uuid4().hex[:12]
     log.exception("internal error (request %s)", request_id)

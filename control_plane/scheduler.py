@@ -86,7 +86,7 @@ class Scheduler:
     async def _fire_isolated(self, conn: store.Connection, row: Any, now: datetime | None) -> int:
         """Fire one slot inside a savepoint, so one bad trigger cannot stop the others."""
         try:
-            async with conn.transaction():
+            async with store.transaction(conn):
                 return await self._fire(conn, row, now)
         except Exception as exc:  # noqa: BLE001 - logged, retried later
             log.error("schedule %s/%s could not fire slot %s: %s", row["workspace_id"],

@@ -10,7 +10,6 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -56,7 +55,7 @@ from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
 from control_plane.scheduler import Scheduler
-from control_plane.store.db import create_pool
+from control_plane.store.db import Pool, create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
 from control_plane.tools import registry
 from control_plane.tools.guard import PublishGuard
@@ -129,7 +128,7 @@ def publish_guard(config: ServerConfig) -> PublishGuard:
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    pool: asyncpg.pool.Pool
+    pool: Pool
     # Background loops of this replica: dispatcher, approval expiry, outbox relay,
     # max-age sweep, scheduler, push fetcher.
     tasks: list[asyncio.Task[None]]
@@ -279,7 +278,7 @@ async def _serve(
 
 
 async def _start_triggers(
-    pool: asyncpg.pool.Pool,
+    pool: Pool,
     config: ServerConfig,
     dispatcher: Dispatcher,
     envelope: Envelope,

@@ -11,7 +11,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import admin_pb2 as pb
@@ -23,6 +22,7 @@ from control_plane.auth.principal import ROLES, Kind
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import identity as store
 from control_plane.store import workspaces
+from control_plane.store.db import Pool, transaction
 
 KINDS = {
     pb.API_KEY_KIND_UNSPECIFIED: "workspace",
@@ -97,7 +97,7 @@ def page_size(value: int) -> int:
 
 
 class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
     async def CreateWorkspace(
@@ -106,7 +106,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         ws = validate.slug("workspace_id", request.workspace_id)
         plan = request.plan or "team"
         cap = validate.in_range("max_concurrency", request.max_concurrency, 0, 1_000_000) or None
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             try:
                 row = await store.create_workspace(conn, ws, plan, cap)
             except store.PlanNeedsCap:
@@ -136,7 +136,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         ws = validate.slug("workspace_id", request.workspace_id)
         plan = validate.slug("plan", request.plan)
         cap = validate.in_range("max_concurrency", request.max_concurrency, 0, 1_000_000) or None
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             if await workspaces.get(conn, ws) is None:
                 raise NotFound(f"workspace {ws!r} not found")
             try:
@@ -152,7 +152,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         self, request: pb.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateApiKeyResponse:
         req = self._key_request(request)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             if req.workspace_id and await workspaces.get(conn, req.workspace_id) is None:
                 raise NotFound(f"workspace {req.workspace_id!r} not found")
             try:
@@ -210,7 +210,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
     ) -> pb.RevokeApiKeyResponse:
         ws = target_workspace(request.workspace_id)
         key_id = validate.text("key_id", request.key_id, max_bytes=64, required=True)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             info = await store.revoke_key(conn, key_id, ws)
             if info is None:
                 raise NotFound(f"no live key {key_id!r} here")
@@ -223,7 +223,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
     ) -> pb.AddMemberResponse:
         ws = auth_context.workspace(request.workspace_id)
         who, what = person(request.person), role("role", request.role)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             member = await store.add_member(conn, ws, who, what, auth_context.current().label)
             await audit.record(conn, "member.added", "member", who, {"role": what})
         return pb.AddMemberResponse(member=member_message(member))
@@ -233,7 +233,7 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
     ) -> pb.RemoveMemberResponse:
         ws = auth_context.workspace(request.workspace_id)
         who = person(request.person)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             member = await store.remove_member(conn, ws, who)
             if member is None:
                 raise NotFound(f"{who} is not a member")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
@@ -13,6 +12,7 @@ from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
+from control_plane.store.db import Pool, transaction
 from control_plane.tools import guard
 from control_plane.tools.guard import PublishGuard
 
@@ -81,7 +81,7 @@ def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, pool: asyncpg.pool.Pool, guard: PublishGuard) -> None:
+    def __init__(self, pool: Pool, guard: PublishGuard) -> None:
         self._pool = pool
         self._guard = guard
 
@@ -91,7 +91,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         name = validate.text("display_name", request.display_name, max_bytes=200)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             row = await store.create_agent(conn, ws, agent_id, name)
             if row is not None:
                 await audit.record(conn, "agent.created", "agent", agent_id)
@@ -122,7 +122,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         details: dict[str, object] = {"warnings": [w.code for w in warnings]} if warnings else {}
         if request.acknowledge_trifecta:
             details["acknowledged_trifecta"] = True
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             row = await store.publish_version(conn, ws, agent_id, stored)
             if row is not None:
                 await audit.record(conn, "agent.published", "agent", agent_id,

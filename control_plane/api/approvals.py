@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
@@ -13,6 +12,7 @@ from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
+from control_plane.store.db import Pool, Record
 
 STATE_FROM_PROTO = {
     approval_pb2.APPROVAL_STATE_PENDING: "pending",
@@ -29,7 +29,7 @@ EXPIRY_TO_PROTO = {
 }
 
 
-def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
+def to_proto(row: Record) -> approval_pb2.Approval:
     msg = approval_pb2.Approval(
         workspace_id=row["workspace_id"], approval_id=str(row["approval_id"]),
         run_id=str(row["run_id"]), decision_seq=row["decision_seq"], call_id=row["call_id"],
@@ -53,7 +53,7 @@ def to_proto(row: asyncpg.Record) -> approval_pb2.Approval:
 class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     """Every RPC acts in the caller's workspace; a decision is the caller's own."""
 
-    def __init__(self, pool: asyncpg.pool.Pool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
     async def ListApprovals(

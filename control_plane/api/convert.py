@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
 from control_plane.api import constraints
+from control_plane.store.steps import Step
 
 STATUS_TO_PROTO = {
     "queued": run_pb2.RUN_STATUS_QUEUED,
@@ -130,16 +131,16 @@ def queue_position(pos: Any, wait_reason: str | None) -> run_pb2.QueuePosition |
     )
 
 
-def step(row: Any) -> run_pb2.Step:
+def step(row: Step) -> run_pb2.Step:
     msg = run_pb2.Step(
-        run_id=str(row["run_id"]),
-        seq=row["seq"],
-        kind=KIND_TO_PROTO[row["kind"]],
-        epoch=row["epoch"],
-        ref_seq=row["ref_seq"] or 0,
-        payload_json=row["payload"],
+        run_id=str(row.run_id),
+        seq=row.seq,
+        kind=KIND_TO_PROTO[row.kind],
+        epoch=row.epoch,
+        ref_seq=row.ref_seq or 0,
+        payload_json=row.payload,
     )
-    msg.create_time.CopyFrom(timestamp(row["created_at"]))
+    msg.create_time.CopyFrom(timestamp(row.created_at))
     return msg
 
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
@@ -31,8 +30,9 @@ from control_plane.store import lease as lease_store
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
 from control_plane.store import unknowns
+from control_plane.store.admission import MAX_INPUT_BYTES, admission
+from control_plane.store.db import Pool, Record, transaction
 
-MAX_INPUT_BYTES = 256 * 1024
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_POLL_SECONDS = 0.2
 MAX_NOTE_BYTES = 4096
@@ -77,22 +77,9 @@ def decider(typed: str) -> str:
     return who.label
 
 
-def admission_limits(spec: dict, defaults: RunDefaults) -> dict[str, int]:
-    """The version's limits with the server defaults filled in for unset ones."""
-    lim = spec.get("limits", {})
-    return {
-        "max_steps": lim.get("max_steps") or defaults.max_steps,
-        "max_tokens": lim.get("max_tokens") or defaults.max_tokens,
-        "max_tool_calls": lim.get("max_tool_calls") or defaults.max_tool_calls,
-        "deadline_seconds": lim.get("deadline_seconds") or defaults.deadline_seconds,
-        "model_retry_budget": lim.get("model_retry_budget") or defaults.model_retry_budget,
-        "max_age_seconds": lim.get("max_age_seconds") or 0,  # 0: no max age
-    }
-
-
 class RunServicer(run_pb2_grpc.RunServiceServicer):
     def __init__(
-        self, pool: asyncpg.pool.Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
+        self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None],
     ) -> None:  # fmt: skip
         self._pool = pool
@@ -100,7 +87,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
 
-    async def _get(self, workspace_id: str, run_id: uuid.UUID) -> asyncpg.Record:
+    async def _get(self, workspace_id: str, run_id: uuid.UUID) -> Record:
         row = await store.get_run(self._pool, workspace_id, run_id)
         if row is None:
             raise NotFound(f"run {run_id} not found")
@@ -117,11 +104,9 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ver = await agent_store.get_version(self._pool, ws, agent_id, version)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
-        spec = json.loads(ver["spec"])
-        adm = store.Admission(
-            workspace_id=ws, agent_id=agent_id, agent_version=ver["version"], input=text,
-            request_id=request_id, started_by=auth_context.current().label,
-            **admission_limits(spec, self._defaults),
+        adm = admission(
+            ver, self._defaults, text, started_by=auth_context.current().label,
+            request_id=request_id,
         )  # fmt: skip
         row = await store.insert_run(self._pool, adm)
         if row is None:
@@ -174,7 +159,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         size = validate.in_range("page_size", request.page_size or 200, 1, 1000)
         await self._get(ws, run_id)
         rows = await step_store.list_steps(self._pool, ws, run_id, from_seq, size)
-        next_seq = rows[-1]["seq"] + 1 if len(rows) == size else 0
+        next_seq = rows[-1].seq + 1 if len(rows) == size else 0
         return run_pb2.ListRunStepsResponse(
             steps=[convert.step(r) for r in rows], next_seq=next_seq
         )
@@ -185,7 +170,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled"
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with transaction(self._pool) as conn:
             row = await store.cancel_run(conn, ws, run_id, reason)
             if row is not None:
                 await audit.record(conn, "run.cancelled", "run", str(run_id), {"reason": reason})
@@ -212,7 +197,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             steps = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
             for s in steps:
                 yield run_pb2.WatchRunResponse(step=convert.step(s))
-                next_seq = s["seq"] + 1
+                next_seq = s.seq + 1
             if steps:
                 continue
             row = await self._get(ws, run_id)

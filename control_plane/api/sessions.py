@@ -21,12 +21,13 @@ import grpc
 
 from agentrun.v1 import session_pb2, session_pb2_grpc
 from control_plane.api import convert, validate
-from control_plane.api.runs import MAX_INPUT_BYTES, TERMINAL, admission_limits
+from control_plane.api.runs import TERMINAL
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
 from control_plane.errors import Aborted, FailedPrecondition, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import sessions as store
+from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.store.triggers import Pool, transaction
 
 # The transcript a turn carries: at most this many earlier turns and bytes (oldest dropped).
@@ -110,9 +111,8 @@ class Conversations:
             "session": {"session_id": str(session_id), "turn": turn},
         }
         return store.TurnAdmission(
-            workspace_id=ws, session_id=session_id, turn=turn, request_id=request_id,
-            agent_version=version["version"], input_payload=payload,
-            limits=admission_limits(json.loads(version["spec"]), self._defaults),
+            session_id=session_id, turn=turn, request_id=request_id,
+            run=admission(version, self._defaults, text, input_payload=payload),
         )  # fmt: skip
 
 

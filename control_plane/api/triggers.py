@@ -13,13 +13,14 @@ import grpc
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
 from control_plane.api import convert, validate
-from control_plane.api.runs import MAX_INPUT_BYTES, decode_page_token, encode_page_token
+from control_plane.api.runs import decode_page_token, encode_page_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.crypto.envelope import Envelope
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
+from control_plane.store.admission import MAX_INPUT_BYTES
 from control_plane.triggers import filters, mail, schedule, sealed_secrets, signatures
 
 SCHEME_NAMES = {

@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-import asyncpg
-
 from agentrun.v1 import executor_pb2
 from control_plane.approvals import policy
 from control_plane.store import approvals as store
 from control_plane.store import steps
+from control_plane.store.db import Pool
 
 
 async def approval_commit(
-    pool: asyncpg.pool.Pool,
+    pool: Pool,
     req: steps.CommitRequest,
     ask: executor_pb2.ApprovalRequest,
     lease_seconds: float,

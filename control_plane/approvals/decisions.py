@@ -25,8 +25,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 import faults
 from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
@@ -41,6 +39,7 @@ from control_plane.errors import (
     PermissionDenied,
 )
 from control_plane.store import approvals as store
+from control_plane.store.db import Connection, Pool, Record, transaction
 
 ACTIONS = {"approve": "approved", "reject": "rejected", "edit": "edited"}
 SIGNED_IN, KEY, LINK, SLACK = "signed_in", "key", "link", "slack"
@@ -151,7 +150,7 @@ def decided_payload(
     return payload
 
 
-async def _audit(conn: asyncpg.Connection, req: Request, row: Any, decision: str) -> None:
+async def _audit(conn: Connection, req: Request, row: Any, decision: str) -> None:
     """The decision's audit row, in its transaction (never the arguments: they may be private)."""
     detail = {
         "run_id": str(row["run_id"]), "tool": row["tool"], "decision": decision,
@@ -163,7 +162,7 @@ async def _audit(conn: asyncpg.Connection, req: Request, row: Any, decision: str
     )  # fmt: skip
 
 
-async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
+async def decide(pool: Pool, req: Request) -> Record:
     """Apply a human decision exactly once; the loser learns who won."""
     if req.action not in ACTIONS:
         raise InvalidArgument("decision", "must be approve, reject or edit")
@@ -178,7 +177,7 @@ async def decide(pool: asyncpg.pool.Pool, req: Request) -> asyncpg.Record:
     payload = decided_payload(
         row, decision, who, req.decider.via, arguments, reason=req.reason, note=req.note
     )
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(pool) as conn:
         try:
             decided = await store.decide(conn, req.workspace_id, req.approval_id, d, payload)
             await _audit(conn, req, row, decision)

@@ -8,12 +8,11 @@ import logging
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from control_plane.approvals.decisions import EXPIRY, decided_payload
 from control_plane.approvals.policy import notifications
 from control_plane.store import approvals as store
 from control_plane.store import outbox
+from control_plane.store.db import Connection, Pool, transaction
 
 log = logging.getLogger(__name__)
 BATCH = 50
@@ -29,14 +28,14 @@ def next_action(row: Any) -> str:
     return "reject"
 
 
-async def _reject(conn: asyncpg.Connection, row: Any, now: datetime | None) -> None:
+async def _reject(conn: Connection, row: Any, now: datetime | None) -> None:
     arguments = json.loads(row["arguments"])
     payload = decided_payload(
         row, "expired", EXPIRED_BY, EXPIRY, arguments, reason="approval expired"
     )
     decision = store.Decision("expired", EXPIRED_BY, "approval expired")
     try:
-        async with conn.transaction():
+        async with transaction(conn):
             await store.decide(
                 conn, row["workspace_id"], row["approval_id"], decision, payload, now
             )
@@ -45,7 +44,7 @@ async def _reject(conn: asyncpg.Connection, row: Any, now: datetime | None) -> N
         await store.close_without_step(conn, row["workspace_id"], row["approval_id"], decision, now)
 
 
-async def _apply(conn: asyncpg.Connection, row: Any, now: datetime | None) -> str:
+async def _apply(conn: Connection, row: Any, now: datetime | None) -> str:
     action = next_action(row)
     ws, approval_id = row["workspace_id"], row["approval_id"]
     if action == "reject":
@@ -63,14 +62,14 @@ async def _apply(conn: asyncpg.Connection, row: Any, now: datetime | None) -> st
     return action
 
 
-async def expire_once(pool: asyncpg.pool.Pool, now: datetime | None = None) -> list[str]:
+async def expire_once(pool: Pool, now: datetime | None = None) -> list[str]:
     """Apply the policy to every pending approval whose expiry passed; returns the actions."""
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(pool) as conn:
         rows = await store.lock_expired(conn, BATCH, now)
         return [await _apply(conn, row, now) for row in rows]
 
 
-async def run_forever(pool: asyncpg.pool.Pool, interval: float, poke: Any) -> None:
+async def run_forever(pool: Pool, interval: float, poke: Any) -> None:
     """The expiry loop of one replica (replicas skip each other's locked rows)."""
     while True:
         try:

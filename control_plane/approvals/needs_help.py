@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
-
 from control_plane.approvals.policy import FALLBACK_APPROVER
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
 from control_plane.store import steps as step_store
+from control_plane.store.db import Pool
 
 KIND = "run_needs_help"
 REPEAT_WAIT = "repeat"
@@ -52,7 +51,7 @@ def notifications(
 
 
 async def help_commit(
-    pool: asyncpg.pool.Pool, req: step_store.CommitRequest, lease_seconds: float
+    pool: Pool, req: step_store.CommitRequest, lease_seconds: float
 ) -> step_store.CommitResult | None:
     """Commit a held repeat with its notifications; None if `req` holds no repeat."""
     found = held_repeat(req)

@@ -14,16 +14,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import httpx
 
 import faults
 from control_plane.approvals import needs_help, tokens
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
+from control_plane.store.db import Pool
+from control_plane.store.errors import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 BATCH = 20
+# What a failed delivery attempt raises: logged, counted, tried again after a backoff.
+_UNDELIVERED: tuple[type[Exception], ...] = (httpx.HTTPError, OSError, *DATABASE_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class RelayConfig:
     interval_seconds: float = 0.5
 
 
-async def _link(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any, approval: Any) -> str:
+async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: Any) -> str:
     """A fresh single-use link for this recipient; only the token's hash is stored."""
     token = tokens.mint()
     await approval_store.insert_token(
@@ -52,7 +55,7 @@ def _text(approval: Any, kind: str) -> str:
     )
 
 
-async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
+async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["kind"] == needs_help.KIND:
         return needs_help.mail_request(row)
     payload = json.loads(row["payload"])
@@ -74,9 +77,7 @@ async def _request(pool: asyncpg.pool.Pool, cfg: RelayConfig, row: Any) -> tuple
     }  # fmt: skip
 
 
-async def deliver(
-    pool: asyncpg.pool.Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any
-) -> bool:
+async def deliver(pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any) -> bool:
     ws, nid = row["workspace_id"], row["notification_id"]
     try:
         path, body = await _request(pool, cfg, row)
@@ -86,7 +87,7 @@ async def deliver(
         )  # fmt: skip
         faults.point("control_plane.relay.after_send")
         resp.raise_for_status()
-    except (httpx.HTTPError, asyncpg.PostgresError, OSError) as exc:
+    except _UNDELIVERED as exc:
         log.warning("notification %s attempt %d failed: %s", nid, row["attempts"], exc)
         await outbox.failed(pool, ws, nid, f"{type(exc).__name__}: {exc}")
         return False
@@ -94,13 +95,13 @@ async def deliver(
     return True
 
 
-async def relay_once(pool: asyncpg.pool.Pool, client: httpx.AsyncClient, cfg: RelayConfig) -> int:
+async def relay_once(pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig) -> int:
     rows = await outbox.claim(pool, BATCH, cfg.backoff_seconds)
     results = await asyncio.gather(*(deliver(pool, client, cfg, r) for r in rows))
     return sum(results)
 
 
-async def run_forever(pool: asyncpg.pool.Pool, cfg: RelayConfig) -> None:
+async def run_forever(pool: Pool, cfg: RelayConfig) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
             try:

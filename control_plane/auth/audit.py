@@ -3,7 +3,7 @@
 Every privileged write calls `record(conn, ...)` with the connection of its
 own transaction, so the audit row commits or rolls back with the write:
 
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(pool) as conn:
         row = await ... the write ...
         await audit.record(conn, "agent.published", "agent", agent_id, {"version": 3})
 
@@ -20,10 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import asyncpg
-
 from control_plane.auth import context
 from control_plane.store import identity as store
+from control_plane.store.db import Connection
 
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("agentrun_request_id", default="")
 _SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -50,7 +49,7 @@ def request_id() -> str:
 
 
 async def record(
-    conn: asyncpg.Connection, action: str, object_kind: str, object_id: str,
+    conn: Connection, action: str, object_kind: str, object_id: str,
     detail: dict[str, Any] | None = None, *, workspace_id: str | None = None,
     actor: str | None = None,
 ) -> store.AuditEntry:  # fmt: skip

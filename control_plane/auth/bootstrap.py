@@ -14,12 +14,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import asyncpg
-
 from control_plane.auth import keys
 from control_plane.auth.credentials import KeyRequest, issue
 from control_plane.store import db
 from control_plane.store import identity as store
+from control_plane.store.db import Connection, transaction
 
 BOOTSTRAP = "bootstrap"
 
@@ -43,7 +42,7 @@ class DevCredentials:
                 self.executor_key]  # fmt: skip
 
 
-async def _still_valid(conn: asyncpg.Connection, creds: DevCredentials) -> bool:
+async def _still_valid(conn: Connection, creds: DevCredentials) -> bool:
     for text in creds.all_keys:
         parsed = keys.parse(text)
         row = await store.lookup_key(conn, parsed.key_id) if parsed else None
@@ -69,12 +68,12 @@ def _write(path: Path, creds: DevCredentials) -> None:
     os.replace(tmp, path)
 
 
-async def _mint(conn: asyncpg.Connection, workspace_id: str, approver: str) -> DevCredentials:
+async def _mint(conn: Connection, workspace_id: str, approver: str) -> DevCredentials:
     async def key(kind: str, principal: str, role: str | None = None) -> str:
         ws = workspace_id if kind == "workspace" else None
         return (await issue(conn, KeyRequest(kind, principal, BOOTSTRAP, ws, role))).text
 
-    async with conn.transaction():
+    async with transaction(conn):
         await store.create_workspace(conn, workspace_id, "team", None)
         return DevCredentials(
             workspace_id=workspace_id,

@@ -8,8 +8,6 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
 from agentrun.v1 import agent_pb2
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.api import convert
@@ -18,6 +16,7 @@ from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
+from control_plane.store.db import Pool
 
 if TYPE_CHECKING:
     from control_plane.dispatch.session import ExecutorSession
@@ -43,7 +42,7 @@ def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
 class Dispatcher:
     """Turns executor credits into claimed runs and delivers the assignments."""
 
-    def __init__(self, pool: asyncpg.pool.Pool, config: ServerConfig) -> None:
+    def __init__(self, pool: Pool, config: ServerConfig) -> None:
         self.pool = pool
         self.config = config
         self._sessions: dict[str, ExecutorSession] = {}

@@ -13,15 +13,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import asyncpg
-
 from control_plane.store import lease as store
+from control_plane.store.db import Pool
 
 log = logging.getLogger(__name__)
 BATCH = 100
 
 
-async def sweep(pool: asyncpg.pool.Pool, on_freed: Callable[[], None]) -> int:
+async def sweep(pool: Pool, on_freed: Callable[[], None]) -> int:
     """Fail every run past its max age that nobody holds; how many it failed."""
     failed = 0
     while rows := await store.fail_past_max_age(pool, BATCH):
@@ -35,9 +34,7 @@ async def sweep(pool: asyncpg.pool.Pool, on_freed: Callable[[], None]) -> int:
     return failed
 
 
-async def run_forever(
-    pool: asyncpg.pool.Pool, poll_seconds: float, on_freed: Callable[[], None]
-) -> None:
+async def run_forever(pool: Pool, poll_seconds: float, on_freed: Callable[[], None]) -> None:
     while True:
         try:
             await sweep(pool, on_freed)

@@ -9,19 +9,18 @@ from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
 import faults
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
-from control_plane.errors import InvalidArgument, status_for, transient
+from control_plane.errors import InvalidArgument, status_for
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
-from control_plane.store.errors import Fenced
+from control_plane.store.db import Pool
+from control_plane.store.errors import DataRefused, Fenced, transient
 
 if TYPE_CHECKING:
     from control_plane.dispatch.dispatcher import Dispatcher
@@ -109,7 +108,7 @@ class ExecutorSession:
         # The tools the executor declared in its Hello: it is assigned only runs needing no others.
         self.tools: frozenset[str] = frozenset()
         self._dispatcher = dispatcher
-        self._pool: asyncpg.pool.Pool = dispatcher.pool
+        self._pool: Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -219,7 +218,7 @@ class ExecutorSession:
             self.held.pop(req.run_id, None)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = str(exc)
-        except (asyncpg.DataError, BadApprovalRequest) as exc:
+        except (DataRefused, BadApprovalRequest) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"rejected by the database: {exc}"
         except Exception as exc:  # noqa: BLE001 - per-run failure is a message
@@ -239,7 +238,7 @@ class ExecutorSession:
                 if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
                     return helped
                 return await step_store.commit(self._pool, req, lease_seconds)
-            except (Fenced, asyncpg.DataError, BadApprovalRequest):
+            except (Fenced, DataRefused, BadApprovalRequest):
                 raise
             except Exception as exc:
                 if transient(exc) or attempt == COMMIT_TRIES:

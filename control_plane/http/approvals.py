@@ -21,7 +21,6 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
-import asyncpg
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -34,6 +33,7 @@ from control_plane.auth.resolver import Resolver, bearer
 from control_plane.config import ServerConfig
 from control_plane.errors import DomainError, InvalidArgument, PermissionDenied, Unauthenticated
 from control_plane.store import approvals as store
+from control_plane.store.db import Pool
 from control_plane.triggers import signatures
 
 PAGE_HEADERS = {
@@ -65,7 +65,7 @@ def error_status(exc: DomainError) -> int:
 
 class ApprovalRoutes:
     def __init__(
-        self, pool: asyncpg.pool.Pool, config: ServerConfig, verifier: OidcVerifier | None = None,
+        self, pool: Pool, config: ServerConfig, verifier: OidcVerifier | None = None,
         resolver: Resolver | None = None,
     ) -> None:  # fmt: skip
         """`verifier`: the replica's one OIDC verifier (None: nobody signs in); `resolver`:

@@ -16,7 +16,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_plane.api import validate
-from control_plane.api.runs import MAX_INPUT_BYTES
 from control_plane.api.sessions import Conversations
 from control_plane.auth import context as auth_context
 from control_plane.auth.access import Need
@@ -25,6 +24,7 @@ from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import json_errors
 from control_plane.http.webhooks import TooLarge, read_body
+from control_plane.store.admission import MAX_INPUT_BYTES
 
 PATH = "/v1/workspaces/{workspace_id}/sessions/{session_id}/messages"
 

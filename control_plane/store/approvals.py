@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -65,13 +65,8 @@ async def commit_with_approval(
         result = await steps.commit(conn, req, lease_seconds, now)
         if result.duplicate:
             return result
-        a = approval
-        await run(
-            conn, "approval_insert", a.workspace_id, a.approval_id, a.run_id, a.decision_seq,
-            a.call_id, a.tool, a.arguments_json, a.arguments_sha256, a.approvers,
-            a.slack_approvers, a.high_risk, a.moves_money, a.expiry_seconds, a.on_expiry,
-            a.escalate_to, now, a.max_reminders,
-        )  # fmt: skip
+        # NewApproval's fields are the statement's parameter names.
+        await run(conn, "approval_insert", **asdict(approval), now=now)
         for note in notify:
             await outbox.insert(conn, note)
         return result

@@ -1,20 +1,30 @@
-"""The asyncpg pool: jsonb as text (payloads pass through untouched), UUIDs native."""
+"""The asyncpg pool (jsonb as text: payloads pass through untouched; UUIDs native), and the
+names the rest of the control plane uses for it: only the store imports asyncpg."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeAlias
+
 import asyncpg
 
+# What callers outside the store name a pool, a connection (inside a transaction) or a row by.
+Pool: TypeAlias = asyncpg.pool.Pool
+Connection: TypeAlias = asyncpg.Connection
+Record: TypeAlias = asyncpg.Record
 
-async def _no_reset(conn: asyncpg.Connection) -> None:
+
+async def _no_reset(conn: Connection) -> None:
     return None
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
+async def connect(dsn: str) -> Connection:
     """One connection, for short administrative jobs (bootstrap, key minting)."""
     return await asyncpg.connect(dsn)
 
 
-async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asyncpg.pool.Pool:
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> Pool:
     """A pool whose connections survive a Postgres restart by reconnecting lazily."""
     pool = await asyncpg.create_pool(
         dsn,
@@ -29,3 +39,23 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> asy
     )
     assert pool is not None
     return pool
+
+
+@asynccontextmanager
+async def transaction(db: Pool | Connection) -> AsyncIterator[Connection]:
+    """A connection inside a transaction: committed on exit, rolled back on an exception.
+
+    Given a connection (the caller's transaction), a savepoint inside it: an error here
+    (a unique violation the caller handles) does not doom the caller's transaction.
+    """
+    if isinstance(db, asyncpg.Connection):
+        async with db.transaction():
+            yield db
+        return
+    async with db.acquire() as conn, conn.transaction():
+        yield conn
+
+
+def in_transaction(db: Pool | Connection) -> bool:
+    """Whether `db` is a caller's connection (its transaction) rather than the pool."""
+    return isinstance(db, asyncpg.Connection)

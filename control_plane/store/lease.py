@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from control_plane.store.db import transaction
 from control_plane.store.queries import run
 
 
@@ -47,7 +47,7 @@ async def claim_due(
         return []
     allowed = list(scope) if scope is not None else None
     tools = json.dumps(list(carried)) if carried is not None else None
-    async with _transaction(pool) as conn:
+    async with transaction(pool) as conn:
         await run(conn, "claim_plan_generic")
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
@@ -71,18 +71,6 @@ async def _raise_next_wake(
     locked = await run(conn, "workspace_lock_for_raise", maybe_empty)
     if locked:
         await run(conn, "workspace_raise_next_wake", [r["workspace_id"] for r in locked])
-
-
-@asynccontextmanager
-async def _transaction(
-    pool: asyncpg.pool.Pool | asyncpg.Connection,
-) -> AsyncIterator[asyncpg.Connection]:
-    if isinstance(pool, asyncpg.Connection):
-        async with pool.transaction():
-            yield pool
-        return
-    async with pool.acquire() as conn, conn.transaction():
-        yield conn
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,12 @@
 Each query opens with `-- name: <name> :one|:many|:exec` and a description
 line (River and procrastinate keep their SQL the same way). `:one` maps to
 fetchrow, `:many` to fetch, `:exec` to execute.
+
+A query takes positional parameters ($1, $2 …) or named ones (`:run_id`), never
+both. Named ones are numbered in order of first use when the file is loaded, and
+a call must pass exactly those names as keywords: a swapped pair is a wrong name,
+not a silently wrong value. A `:fragment` is SQL that several queries share: it
+is never run by itself, and a query includes it with `{{name}}`.
 """
 
 from __future__ import annotations
@@ -14,8 +20,14 @@ from typing import Any
 
 import asyncpg
 
+from control_plane.store.errors import DataRefused
+
 SQL_DIR = Path(__file__).parent / "sql"
-_HEADER = re.compile(r"^-- name: (\w+) :(one|many|exec)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- name: (\w+) :(one|many|exec|fragment)\s*$", re.MULTILINE)
+# `:name` but not the `::type` of a cast (nor a `:` inside a word, such as a time literal).
+_NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+_POSITIONAL = re.compile(r"\$\d")
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 @dataclass(frozen=True)
@@ -24,10 +36,35 @@ class Query:
     mode: str
     sql: str
     source: str
+    # The parameter names, $1 first; empty for a query with positional parameters.
+    params: tuple[str, ...] = ()
+
+
+def _code(line: str) -> str:
+    """A line without its `--` comment (descriptions may mention parameters)."""
+    return line.split("--", 1)[0]
+
+
+def bind_names(name: str, sql: str) -> tuple[str, tuple[str, ...]]:
+    """The SQL with each `:name` replaced by its $n, and the names in $n order."""
+    params: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in params:
+            params.append(match.group(1))
+        return f"${params.index(match.group(1)) + 1}"
+
+    lines = []
+    for line in sql.splitlines():
+        code = _code(line)
+        lines.append(_NAMED.sub(number, code) + line[len(code) :])
+    if params and any(_POSITIONAL.search(_code(line)) for line in sql.splitlines()):
+        raise ValueError(f"query {name} mixes $n and :name parameters")
+    return "\n".join(lines), tuple(params)
 
 
 def parse(text: str, source: str) -> dict[str, Query]:
-    """Split one .sql file into its named queries."""
+    """Split one .sql file into its named queries (fragments still unexpanded)."""
     headers = list(_HEADER.finditer(text))
     if not headers and text.strip():
         raise ValueError(f"{source}: no '-- name:' headers")
@@ -39,25 +76,68 @@ def parse(text: str, source: str) -> dict[str, Query]:
     return queries
 
 
+def _without_description(sql: str) -> str:
+    lines = sql.splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
+
+
+def _expand(query: Query, fragments: dict[str, str]) -> Query:
+    def include(match: re.Match[str]) -> str:
+        if match.group(1) not in fragments:
+            raise ValueError(f"query {query.name} includes unknown fragment {match.group(1)}")
+        return fragments[match.group(1)]
+
+    sql, params = bind_names(query.name, _INCLUDE.sub(include, query.sql))
+    return Query(query.name, query.mode, sql, query.source, params)
+
+
 def load_all(directory: Path = SQL_DIR) -> dict[str, Query]:
-    """Every named query of every .sql file in the directory; names are unique."""
+    """Every named query of every .sql file in the directory, fragments included and
+    names bound; names are unique."""
     found: dict[str, Query] = {}
     for path in sorted(directory.glob("*.sql")):
         for name, query in parse(path.read_text(), path.name).items():
             if name in found:
                 raise ValueError(f"query {name} defined in {found[name].source} and {path.name}")
             found[name] = query
-    return found
+    fragments = {n: _without_description(q.sql) for n, q in found.items() if q.mode == "fragment"}
+    return {n: _expand(q, fragments) for n, q in found.items() if q.mode != "fragment"}
 
 
 QUERIES = load_all()
 
 
-async def run(conn: asyncpg.pool.Pool | asyncpg.Connection, name: str, *args: Any) -> Any:
-    """Run a named query with the asyncpg call its mode asks for."""
+def arguments(query: Query, args: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
+    """The positional arguments of a call: as given, or the named ones in $n order."""
+    if not query.params:
+        if named:
+            raise TypeError(f"query {query.name} takes positional parameters")
+        return args
+    if args or set(named) != set(query.params):
+        missing, extra = set(query.params) - set(named), set(named) - set(query.params)
+        raise TypeError(
+            f"query {query.name} takes {query.params} by name"
+            f" (missing {sorted(missing)}, unknown {sorted(extra)})"
+        )
+    return tuple(named[p] for p in query.params)
+
+
+async def run(
+    conn: asyncpg.pool.Pool | asyncpg.Connection, name: str, *args: Any, **named: Any
+) -> Any:
+    """Run a named query with the asyncpg call its mode asks for.
+
+    Values Postgres refuses (a NUL in text, an out-of-range number) raise DataRefused.
+    """
     query = QUERIES[name]
-    if query.mode == "one":
-        return await conn.fetchrow(query.sql, *args)
-    if query.mode == "many":
-        return await conn.fetch(query.sql, *args)
-    return await conn.execute(query.sql, *args)
+    values = arguments(query, args, named)
+    try:
+        if query.mode == "one":
+            return await conn.fetchrow(query.sql, *values)
+        if query.mode == "many":
+            return await conn.fetch(query.sql, *values)
+        return await conn.execute(query.sql, *values)
+    except asyncpg.DataError as exc:
+        raise DataRefused(f"{name}: {exc}") from exc

@@ -8,37 +8,16 @@ from datetime import datetime
 
 import asyncpg
 
+from control_plane.store.admission import Admission
+from control_plane.store.db import transaction
 from control_plane.store.queries import run
-
-
-@dataclass(frozen=True)
-class Admission:
-    """Everything copied onto a run when it is admitted."""
-
-    workspace_id: str
-    agent_id: str
-    agent_version: int
-    input: str
-    request_id: str | None
-    max_steps: int
-    max_tokens: int
-    max_tool_calls: int
-    deadline_seconds: int  # of active time (held by executors)
-    model_retry_budget: int = 30
-    max_age_seconds: int = 0  # of the run as a whole; 0 = none
-    # The label of the principal who started the run (`key:ci-bot`, `person:ada@…`).
-    started_by: str | None = None
 
 
 async def insert_run(
     pool: asyncpg.pool.Pool, adm: Admission, now: datetime | None = None
 ) -> asyncpg.Record | None:
     """The new run (with its input step), or None when request_id was used."""
-    return await run(
-        pool, "run_insert", adm.workspace_id, uuid.uuid4(), adm.agent_id, adm.agent_version,
-        adm.request_id, adm.input, adm.max_steps, adm.max_tokens, adm.max_tool_calls,
-        adm.deadline_seconds, now, adm.model_retry_budget, adm.max_age_seconds, adm.started_by,
-    )  # fmt: skip
+    return await run(pool, "run_insert", **adm.params(now))
 
 
 async def get_run(
@@ -88,10 +67,8 @@ async def cancel_run(
     """
     for _ in range(5):
         try:
-            if isinstance(pool, asyncpg.Connection):  # the caller's transaction: a savepoint
-                async with pool.transaction():
-                    return await run(pool, "run_cancel", workspace_id, run_id, reason, now)
-            return await run(pool, "run_cancel", workspace_id, run_id, reason, now)
+            async with transaction(pool) as conn:  # in the caller's transaction: a savepoint
+                return await run(conn, "run_cancel", workspace_id, run_id, reason, now)
         except asyncpg.UniqueViolationError:
             continue
     raise RuntimeError("cancel kept colliding with concurrent commits")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from control_plane.store.admission import Admission
 from control_plane.store.queries import run
 from control_plane.store.triggers import Connection, Pool, Record
 
@@ -49,21 +49,15 @@ async def turn_by_request(
 
 @dataclass(frozen=True)
 class TurnAdmission:
-    workspace_id: str
     session_id: uuid.UUID
     turn: int
-    request_id: str | None
-    agent_version: int
-    limits: dict[str, int]
-    input_payload: dict[str, Any]
+    request_id: str | None  # the turn's (SendMessage) dedupe key
+    run: Admission
 
 
 async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None = None) -> Record:
     """Insert the turn's run, input step and turn row; the caller holds the session lock."""
-    lim = adm.limits
     return await run(
-        conn, "session_turn_admit", adm.workspace_id, adm.session_id, adm.request_id, adm.turn,
-        uuid.uuid4(), adm.agent_version, lim["max_steps"], lim["max_tokens"],
-        lim["max_tool_calls"], lim["deadline_seconds"], json.dumps(adm.input_payload), now,
-        lim["model_retry_budget"], lim.get("max_age_seconds", 0),
+        conn, "session_turn_admit", session_id=adm.session_id, turn=adm.turn,
+        turn_request_id=adm.request_id, **adm.run.params(now),
     )  # fmt: skip

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 import asyncpg
 
 import faults
+from control_plane.store.db import in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced
 from control_plane.store.queries import run
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a run's log, as stored."""
+
+    workspace_id: str
+    run_id: uuid.UUID
+    seq: int
+    kind: str
+    epoch: int  # the lease epoch it was written under (0: the input step)
+    ref_seq: int | None
+    payload: str  # JSON text, as the executor wrote it
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> Step:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -66,8 +83,8 @@ async def commit(
     """
     t = req.transition
     try:
-        if isinstance(pool, asyncpg.Connection) or faults.active():
-            async with _transaction(pool) as conn:
+        if in_transaction(pool) or faults.active():
+            async with transaction(pool) as conn:
                 row = await _apply(conn, req, lease_seconds, now)
                 faults.point("control_plane.commit.in_transaction")
         else:
@@ -84,20 +101,6 @@ async def commit(
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
 
 
-@asynccontextmanager
-async def _transaction(
-    db: asyncpg.pool.Pool | asyncpg.Connection,
-) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction of its own, or a savepoint inside the caller's (a unique violation
-    must not doom the caller's transaction)."""
-    if isinstance(db, asyncpg.Connection):
-        async with db.transaction():
-            yield db
-        return
-    async with db.acquire() as conn, conn.transaction():
-        yield conn
-
-
 async def _apply(
     db: asyncpg.pool.Pool | asyncpg.Connection,
     req: CommitRequest,
@@ -106,11 +109,13 @@ async def _apply(
 ) -> asyncpg.Record | None:
     t = req.transition
     return await run(
-        db, "run_commit", req.workspace_id, req.run_id, req.epoch,
-        [s.seq for s in req.steps], [s.kind for s in req.steps],
-        [s.ref_seq for s in req.steps], [s.payload_json for s in req.steps],
-        req.model_calls, req.tool_calls, t.status, t.wait_reason, t.wake_at,
-        t.wake_after_seconds, lease_seconds, req.tokens, t.text, now,
+        db, "run_commit", workspace_id=req.workspace_id, run_id=req.run_id, epoch=req.epoch,
+        seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
+        ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
+        model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
+        status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
+        wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
+        now=now,
     )  # fmt: skip
 
 
@@ -132,18 +137,19 @@ async def _already_committed(
 
 async def list_steps(
     pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, from_seq: int, limit: int
-) -> list[asyncpg.Record]:
-    return await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
+) -> list[Step]:
+    rows = await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
+    return [Step.of(r) for r in rows]
 
 
 async def steps_for_runs(
     pool: asyncpg.pool.Pool, keys: list[tuple[str, uuid.UUID]]
-) -> dict[uuid.UUID, list[asyncpg.Record]]:
+) -> dict[uuid.UUID, list[Step]]:
     """Whole step logs of several runs, grouped by run id."""
     if not keys:
         return {}
     rows = await run(pool, "steps_for_runs", [k[0] for k in keys], [k[1] for k in keys])
-    grouped: dict[uuid.UUID, list[asyncpg.Record]] = {k[1]: [] for k in keys}
+    grouped: dict[uuid.UUID, list[Step]] = {k[1]: [] for k in keys}
     for row in rows:
-        grouped[row["run_id"]].append(row)
+        grouped[row["run_id"]].append(Step.of(row))
     return grouped

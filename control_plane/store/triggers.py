@@ -4,37 +4,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeAlias
 
-import asyncpg
-
+from control_plane.store.admission import Admission
+from control_plane.store.db import Connection, Pool, Record, transaction
 from control_plane.store.queries import run
 
-# What callers outside the store name a pool or a connection by (they never import asyncpg).
-Pool: TypeAlias = asyncpg.pool.Pool
-Connection: TypeAlias = asyncpg.Connection
-Record: TypeAlias = asyncpg.Record
 # (secret id) -> the secret sealed for that id: how a rotation seals the secret it adds.
 SealFor: TypeAlias = Callable[[int], Awaitable[bytes]]
 FIRST_SECRET_ID = 1
-
-
-@asynccontextmanager
-async def transaction(pool: Pool | Connection) -> AsyncIterator[Connection]:
-    """A connection inside a transaction: committed on exit, rolled back on an exception.
-
-    Given a connection (the caller's transaction), a savepoint inside it.
-    """
-    if isinstance(pool, asyncpg.Connection):
-        async with pool.transaction():
-            yield pool
-        return
-    async with pool.acquire() as conn, conn.transaction():
-        yield conn
 
 
 @dataclass(frozen=True)
@@ -144,18 +125,15 @@ async def replace_plaintext(
 
 @dataclass(frozen=True)
 class EventAdmission:
-    """An event to record and, unless `reason` says it was filtered, the run it starts."""
+    """An event to record and the run it starts, unless `reason` says a filter stopped it
+    (then `run` is bound but nothing admitted)."""
 
     workspace_id: str
     trigger_id: str
-    agent_id: str
     dedupe_key: str
     payload: Any
     reason: str | None
-    agent_version: int
-    input_text: str
-    input_payload: dict[str, Any]
-    limits: dict[str, int]
+    run: Admission
     scheduled_for: datetime | None = None
     chain_depth: int = 0
 
@@ -164,14 +142,12 @@ async def admit_event(
     conn: Pool | Connection, adm: EventAdmission, now: datetime | None = None
 ) -> Record | None:
     """The new event (its run and input step written with it), or None on a redelivery."""
-    lim = adm.limits
+    assert adm.run.workspace_id == adm.workspace_id
     return await run(
-        conn, "trigger_event_admit", adm.workspace_id, uuid.uuid4(), adm.trigger_id,
-        adm.dedupe_key, adm.agent_id, adm.reason, uuid.uuid4(), adm.scheduled_for,
-        adm.chain_depth, json.dumps(adm.payload), adm.agent_version, adm.input_text,
-        lim["max_steps"], lim["max_tokens"], lim["max_tool_calls"], lim["deadline_seconds"],
-        json.dumps(adm.input_payload), now, lim["model_retry_budget"],
-        lim.get("max_age_seconds", 0),
+        conn, "trigger_event_admit", event_id=uuid.uuid4(), trigger_id=adm.trigger_id,
+        dedupe_key=adm.dedupe_key, reason=adm.reason, scheduled_for=adm.scheduled_for,
+        chain_depth=adm.chain_depth, event_payload=json.dumps(adm.payload),
+        **adm.run.params(now),
     )  # fmt: skip
 
 

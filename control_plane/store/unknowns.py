@@ -27,6 +27,7 @@ import asyncpg
 
 from control_plane.store.errors import StoreError
 from control_plane.store.queries import run
+from control_plane.store.steps import Step
 
 DECISIONS = ("happened", "not_happened", "retry", "fail_run")
 _STATUS = {"happened": "ok", "not_happened": "error", "retry": "error", "fail_run": "error"}
@@ -131,7 +132,7 @@ async def decide(
     pool: asyncpg.pool.Pool, d: Decision,
     also: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
     now: datetime | None = None,
-) -> tuple[asyncpg.Record, asyncpg.Record]:  # fmt: skip
+) -> tuple[asyncpg.Record, Step]:  # fmt: skip
     """Record the decision exactly once: (the run, the decision step), or raise why not.
 
     `also` runs in the decision's transaction once it is recorded (the audit row).
@@ -149,7 +150,7 @@ async def decide(
 
 async def _decide(
     conn: asyncpg.Connection, d: Decision, now: datetime | None
-) -> tuple[asyncpg.Record, asyncpg.Record]:
+) -> tuple[asyncpg.Record, Step]:
     ws, run_id = d.workspace_id, d.run_id
     run_row = await run(conn, "unknown_claim_decision", ws, run_id, now)
     if run_row is None:
@@ -167,7 +168,7 @@ async def _decide(
     step = await run(
         conn, "unknown_decision_insert", ws, run_id, d.seq, run_row["lease_epoch"], payload
     )
-    return run_row, step
+    return run_row, Step.of(step)
 
 
 async def _why_not(pool: asyncpg.pool.Pool, d: Decision) -> UndecidableError:

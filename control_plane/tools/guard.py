@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import asyncpg
-
 from agentrun.v1 import agent_pb2
 from control_plane.errors import InvalidArgument
 from control_plane.store import executor_tools
+from control_plane.store.db import Connection, Pool
 from control_plane.tools import registry, trifecta
 from control_plane.tools.registry import PublishWarning
 
@@ -26,7 +25,7 @@ class PublishGuard:
     trifecta_policy: str = "warn"
 
     async def check(
-        self, conn: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str,
+        self, conn: Pool | Connection, workspace_id: str,
         request: agent_pb2.PublishAgentVersionRequest,
     ) -> list[PublishWarning]:  # fmt: skip
         """The warnings to return, or InvalidArgument when the version must not be published."""

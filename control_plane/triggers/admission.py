@@ -8,16 +8,15 @@ that row is the same every time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from control_plane.api.runs import MAX_INPUT_BYTES, admission_limits
 from control_plane.config import RunDefaults
 from control_plane.errors import FailedPrecondition
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
+from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.triggers import mail
 
 
@@ -115,12 +114,11 @@ async def admit(
     version = await agent_store.get_version(conn, event.workspace_id, event.agent_id, 0)
     if version is None:
         raise FailedPrecondition(f"agent {event.agent_id!r} has no published version")
-    spec = json.loads(version["spec"])
+    payload = input_payload(event)
     adm = store.EventAdmission(
-        workspace_id=event.workspace_id, trigger_id=event.trigger_id, agent_id=event.agent_id,
+        workspace_id=event.workspace_id, trigger_id=event.trigger_id,
         dedupe_key=event.dedupe_key, payload=event.payload, reason=event.filtered,
-        agent_version=version["version"], input_text=clip(event.input_text),
-        input_payload=input_payload(event), limits=admission_limits(spec, defaults),
+        run=admission(version, defaults, payload["text"], input_payload=payload),
         scheduled_for=event.scheduled_for, chain_depth=event.chain_depth,
     )  # fmt: skip
     row = await store.admit_event(conn, adm, now)

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from control_plane.store import lease, runs, steps, workspaces
-from control_plane.store.errors import Fenced
+from control_plane.store.errors import DataRefused, Fenced
 from control_plane.store.queries import QUERIES
 from tests import factories
 
@@ -64,7 +64,7 @@ async def test_lapsed_lease_is_claimable_again_and_fences_the_old_holder(pool):
     fresh = steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)])
     assert (await steps.commit(pool, fresh, 30)).status == "running"
     log = await steps.list_steps(pool, run["workspace_id"], run["run_id"], 0, 100)
-    assert [(s["seq"], s["epoch"]) for s in log] == [(0, 0), (1, b["lease_epoch"])]
+    assert [(s.seq, s.epoch) for s in log] == [(0, 0), (1, b["lease_epoch"])]
 
 
 async def test_retried_commit_is_acknowledged_once(pool):
@@ -137,7 +137,7 @@ async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(poo
     row = await runs.get_run(pool, r1["workspace_id"], r1["run_id"])
     assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
     log = await steps.list_steps(pool, r2["workspace_id"], r2["run_id"], 0, 10)
-    assert json.loads(log[-1]["payload"]) == {"status": "failed", "error": "deadline exceeded"}
+    assert json.loads(log[-1].payload) == {"status": "failed", "error": "deadline exceeded"}
     row = await runs.get_run(pool, r2["workspace_id"], r2["run_id"])
     assert row["step_count"] == len(log) and row["held_since"] is None
 
@@ -176,3 +176,37 @@ async def test_concurrent_claimers_claim_each_run_exactly_once(pool):
     assert set(claimed.values()) == {1}
     owners = await pool.fetchval("SELECT count(DISTINCT lease_owner) FROM runs")
     assert owners > 1  # the claimers really ran side by side
+
+
+async def test_a_value_postgres_refuses_is_a_store_error_and_nothing_is_written(pool):
+    version = await factories.agent_version(pool, "ws", "nul")
+    adm = runs.Admission("ws", "nul", version, "a\x00b", None, 50, 1000, 10, 60)
+    with pytest.raises(DataRefused, match="run_insert"):
+        await runs.insert_run(pool, adm)
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE agent_id = 'nul'") == 0
+
+
+async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(pool):
+    version = await factories.agent_version(pool, "ws", "adm")
+    adm = runs.Admission(
+        "ws", "adm", version, "hello", "req-1", 7, 8, 9, 10, model_retry_budget=11,
+        max_age_seconds=12, started_by="key:ci",
+    )  # fmt: skip
+    row = await runs.insert_run(pool, adm)
+    assert row["run_id"] == adm.run_id
+    got = {k: row[k] for k in ("max_steps", "max_tokens", "max_tool_calls", "deadline_seconds",
+                               "model_retry_budget", "max_age_seconds", "started_by", "input")}  # fmt: skip
+    assert got == {
+        "max_steps": 7, "max_tokens": 8, "max_tool_calls": 9, "deadline_seconds": 10,
+        "model_retry_budget": 11, "max_age_seconds": 12, "started_by": "key:ci", "input": "hello",
+    }  # fmt: skip
+    assert row["expires_at"] - row["created_at"] == timedelta(seconds=12)
+    (first,) = await steps.list_steps(pool, "ws", row["run_id"], 0, 10)
+    assert (first.seq, first.kind, json.loads(first.payload)) == (
+        0,
+        "input",
+        {"text": "hello"},
+    )
+    # The same request_id admits nothing.
+    again = runs.Admission("ws", "adm", version, "hello", "req-1", 7, 8, 9, 10)
+    assert await runs.insert_run(pool, again) is None

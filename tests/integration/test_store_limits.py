@@ -113,7 +113,7 @@ async def test_the_sweep_fails_parked_runs_past_max_age_and_only_those(pool):
     row = await get(pool, old)
     assert (row["status"], row["error"], row["wait_reason"]) == ("failed", "max age exceeded", None)
     log = await steps.list_steps(pool, "ws", old["run_id"], 0, 10)
-    assert [s["kind"] for s in log] == ["input", "finish"] and row["step_count"] == 2
+    assert [s.kind for s in log] == ["input", "finish"] and row["step_count"] == 2
     assert (await get(pool, young))["status"] == "queued"
     assert (await get(pool, ageless))["status"] == "queued"
     assert await max_age.sweep(pool, lambda: None) == 0

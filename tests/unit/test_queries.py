@@ -30,3 +30,55 @@ def test_every_shipped_query_has_a_description_line():
     for q in queries.QUERIES.values():
         first = q.sql.splitlines()[0]
         assert first.startswith("-- "), f"{q.name} lacks a description line"
+
+
+def load(tmp_path, text: str) -> dict[str, queries.Query]:
+    (tmp_path / "q.sql").write_text(text)
+    return queries.load_all(tmp_path)
+
+
+def test_named_parameters_are_numbered_in_order_of_first_use(tmp_path):
+    q = load(tmp_path, "-- name: q :one\n-- uses :b in a comment\nSELECT :a::int, :b, :a;\n")["q"]
+    assert q.params == ("a", "b")
+    assert q.sql.splitlines()[1] == "SELECT $1::int, $2, $1"
+    # The comment keeps its words: a parameter named there is no parameter.
+    assert q.sql.splitlines()[0] == "-- uses :b in a comment"
+
+
+def test_a_call_must_name_exactly_the_parameters(tmp_path):
+    q = load(tmp_path, "-- name: q :one\n-- d\nSELECT :run_id, :epoch;\n")["q"]
+    assert queries.arguments(q, (), {"epoch": 3, "run_id": "r"}) == ("r", 3)
+    with pytest.raises(TypeError, match=r"missing \['epoch'\], unknown \['epoc'\]"):
+        queries.arguments(q, (), {"run_id": "r", "epoc": 3})
+    with pytest.raises(TypeError, match="by name"):
+        queries.arguments(q, ("r", 3), {})
+
+
+def test_positional_queries_refuse_names_and_mixing_is_refused(tmp_path):
+    q = load(tmp_path, "-- name: q :one\n-- d\nSELECT $1;\n")["q"]
+    with pytest.raises(TypeError, match="positional"):
+        queries.arguments(q, (), {"a": 1})
+    with pytest.raises(ValueError, match=r"mixes \$n and :name"):
+        load(tmp_path, "-- name: q :one\n-- d\nSELECT $1, :a;\n")
+
+
+def test_fragments_are_included_and_never_run_alone(tmp_path):
+    found = load(
+        tmp_path,
+        "-- name: shared :fragment\n-- what it does\nx AS (SELECT :a AS v)\n\n"
+        "-- name: q :one\n-- d\nWITH {{shared}}\nSELECT v, :b FROM x;\n",
+    )
+    assert set(found) == {"q"}
+    assert found["q"].params == ("a", "b")
+    assert "WITH x AS (SELECT $1 AS v)" in found["q"].sql
+    with pytest.raises(ValueError, match="unknown fragment nope"):
+        load(tmp_path, "-- name: q :one\n-- d\nWITH {{nope}} SELECT 1;\n")
+
+
+def test_every_admission_includes_the_one_run_admit_shape():
+    """StartRun, trigger events and session turns insert runs by one SQL shape."""
+    inserting = {n for n, q in queries.QUERIES.items() if "INSERT INTO runs" in q.sql}
+    assert inserting == {"run_insert", "trigger_event_admit", "session_turn_admit"}
+    for name in inserting:
+        assert queries.QUERIES[name].sql.count("INSERT INTO runs") == 1
+        assert "admitted_input AS" in queries.QUERIES[name].sql

@@ -1,11 +1,13 @@
 -- name: approval_insert :one
 -- Hold a tool call for a human (inside the commit's transaction); the
--- policy was resolved from the run's agent version.
+-- policy was resolved from the run's agent version. Database clock unless :now.
 INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool, arguments,
                        arguments_sha256, approvers, slack_approvers, high_risk, moves_money,
                        expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12,
-        coalesce($16::timestamptz, now()) + make_interval(secs => $13), $13, $14, $15, $17)
+VALUES (:workspace_id, :approval_id, :run_id, :decision_seq, :call_id, :tool,
+        :arguments_json::jsonb, :arguments_sha256, :approvers, :slack_approvers, :high_risk,
+        :moves_money, coalesce(:now::timestamptz, now()) + make_interval(secs => :expiry_seconds),
+        :expiry_seconds, :on_expiry, :escalate_to, :max_reminders)
 ON CONFLICT (workspace_id, run_id, call_id) DO NOTHING
 RETURNING *;
 

@@ -1,24 +1,36 @@
--- name: run_insert :one
--- Admit a run with its limits copied from the agent version (deadline $10 of
--- active time, max age $13, 0 = none), and its input as step 0, in one
--- statement. Returns nothing when request_id was used. $14 is the label of
--- the principal who started it (four eyes reads it).
-WITH run AS (
+-- name: run_admit :fragment
+-- The one shape of every admission (StartRun, trigger event, session turn; store/admission.py
+-- decides the values): for each row of the including query's `admit_if` CTE (one, or none to
+-- admit nothing), a queued run with its limits copied (deadline_seconds of active time,
+-- max_age_seconds fixed as expires_at, 0 = none) and input_payload as its input step (seq 0;
+-- its `text` is the run's input). A used request_id admits nothing. Database clock unless :now.
+admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
-                      started_by)
-    VALUES ($1, $2, $3, $4, 'queued', coalesce($11::timestamptz, now()), $5, $6, $7, $8, $9,
-            $10::int, $13::int, CASE WHEN $13::int > 0
-                THEN coalesce($11::timestamptz, now()) + make_interval(secs => $13::int) END, $12,
-            $14)
+                      started_by, created_at, updated_at)
+    SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
+           coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
+           :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
+           :max_age_seconds::int,
+           CASE WHEN :max_age_seconds::int > 0
+               THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :max_age_seconds::int)
+           END,
+           :model_retry_budget::int, :started_by,
+           coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+    FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *
-), input_step AS (
+), admitted_input AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT workspace_id, run_id, 0, 'input', 0, jsonb_build_object('text', input) FROM run
+    SELECT workspace_id, run_id, 0, 'input', 0, :input_payload::jsonb FROM admitted
 )
-SELECT * FROM run;
+
+-- name: run_insert :one
+-- StartRun: admit a run and its input step in one statement (run_admit); returns nothing
+-- when the request_id was used.
+WITH admit_if AS (SELECT), {{run_admit}}
+SELECT * FROM admitted;
 
 -- name: run_get :one
 -- One run of a workspace, with its current hold's seconds so far (held_seconds).

@@ -39,31 +39,18 @@ JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
 WHERE t.workspace_id = $1 AND t.session_id = $2 AND t.request_id = $3;
 
 -- name: session_turn_admit :one
--- Admit turn $4 of a session: its run with the limits copied ($7-$10, $13, $14), its input step
--- carrying the transcript so far ($11), the turn row and the session's count, in one
--- statement. The caller holds the session row lock. Database clock unless $12.
-WITH run AS (
-    INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
-                      max_steps, max_tokens, max_tool_calls, deadline_seconds, max_age_seconds,
-                      expires_at, model_retry_budget, created_at, updated_at)
-    SELECT s.workspace_id, $5, s.agent_id, $6, 'queued', coalesce($12::timestamptz, now()),
-           $11::jsonb ->> 'text', $7, $8, $9, $10::int, $14::int,
-           CASE WHEN $14::int > 0
-               THEN coalesce($12::timestamptz, now()) + make_interval(secs => $14::int) END,
-           $13::int,
-           coalesce($12::timestamptz, now()), coalesce($12::timestamptz, now())
-    FROM sessions s WHERE s.workspace_id = $1 AND s.session_id = $2
-    RETURNING *
-), input_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT workspace_id, run_id, 0, 'input', 0, $11::jsonb FROM run
-), turn AS (
+-- Admit turn :turn of a session: its run and input step (run_admit; the input carries the
+-- transcript so far), the turn row and the session's count, in one statement. The caller
+-- holds the session row lock. Database clock unless :now.
+WITH admit_if AS (
+    SELECT FROM sessions WHERE workspace_id = :workspace_id AND session_id = :session_id
+), {{run_admit}}, turn AS (
     INSERT INTO session_turns (workspace_id, session_id, turn, run_id, request_id, created_at)
-    SELECT workspace_id, $2, $4, run_id, $3, created_at FROM run
+    SELECT workspace_id, :session_id, :turn, run_id, :turn_request_id, created_at FROM admitted
 ), bumped AS (
-    UPDATE sessions SET turn_count = $4, updated_at = coalesce($12::timestamptz, now())
-    WHERE workspace_id = $1 AND session_id = $2
+    UPDATE sessions SET turn_count = :turn, updated_at = coalesce(:now::timestamptz, now())
+    WHERE workspace_id = :workspace_id AND session_id = :session_id
 )
-SELECT $4::int AS turn, run.run_id, $3::text AS request_id, run.created_at, run.status,
-       run.input, run.output, run.error
-FROM run;
+SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created_at, status,
+       input, output, error
+FROM admitted;

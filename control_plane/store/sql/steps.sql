@@ -1,37 +1,41 @@
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
 -- running under this epoch, append the steps (the steps_count trigger counts
--- them), bump the other counters, and either renew the lease ($10 NULL) or
--- apply the transition ($10 = 'waiting', 'completed', 'failed'; parking and
+-- them), bump the other counters, and either renew the lease (:status NULL) or
+-- apply the transition (:status = 'waiting', 'completed', 'failed'; parking and
 -- finishing release the lease, and the runs_active_time trigger adds the
--- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop. Database clock unless
--- $17 fixes it.
+-- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop.
+-- Database clock unless :now fixes it.
 WITH locked AS (
     SELECT workspace_id, run_id FROM runs
-    WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
+    WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
+      AND status = 'running'
     FOR NO KEY UPDATE
 ), appended AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    SELECT l.workspace_id, l.run_id, s.seq, s.kind, $3, s.ref_seq, s.payload
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch, s.ref_seq, s.payload
     FROM locked l,
-         unnest($4::int[], $5::text[], $6::int[], $7::jsonb[]) AS s(seq, kind, ref_seq, payload)
+         unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
+             AS s(seq, kind, ref_seq, payload)
     RETURNING seq
 )
 UPDATE runs r SET
-    model_calls = r.model_calls + $8,
-    tool_calls = r.tool_calls + $9,
-    tokens_used = r.tokens_used + $15,
-    status = coalesce($10, r.status),
-    wait_reason = CASE WHEN $10 = 'waiting' THEN $11 END,
+    model_calls = r.model_calls + :model_calls,
+    tool_calls = r.tool_calls + :tool_calls,
+    tokens_used = r.tokens_used + :tokens,
+    status = coalesce(:status, r.status),
+    wait_reason = CASE WHEN :status = 'waiting' THEN :wait_reason END,
     wake_at = CASE
-        WHEN $10 IS NULL THEN coalesce($17::timestamptz, now()) + make_interval(secs => $14)
-        WHEN $10 = 'waiting' THEN coalesce(
-            $12::timestamptz, coalesce($17::timestamptz, now()) + make_interval(secs => $13))
+        WHEN :status IS NULL
+            THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
+        WHEN :status = 'waiting' THEN coalesce(:wake_at::timestamptz,
+            coalesce(:now::timestamptz, now()) + make_interval(secs => :wake_after_seconds))
     END,
-    lease_owner = CASE WHEN $10 IS NULL THEN r.lease_owner END,
-    output = CASE WHEN $10 = 'completed' THEN $16 END,
-    error = CASE WHEN $10 = 'failed' THEN $16 END,
-    finished_at = CASE WHEN $10 IN ('completed', 'failed') THEN coalesce($17::timestamptz, now()) END,
+    lease_owner = CASE WHEN :status IS NULL THEN r.lease_owner END,
+    output = CASE WHEN :status = 'completed' THEN :text END,
+    error = CASE WHEN :status = 'failed' THEN :text END,
+    finished_at = CASE WHEN :status IN ('completed', 'failed')
+                       THEN coalesce(:now::timestamptz, now()) END,
     updated_at = now()
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id

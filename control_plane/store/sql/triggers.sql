@@ -96,34 +96,21 @@ WHERE workspace_id = $1 AND trigger_id = $2
 ORDER BY secret_id;
 
 -- name: trigger_event_admit :one
--- Record an event and, unless a filter stopped it ($6 is the reason), admit its run with
--- the limits copied ($11-$16, $19, $20) and its input step ($17), in one statement: no event without
--- its run, no run without its event. A redelivery (same dedupe key) inserts nothing and
--- returns nothing. Database clock unless $18.
+-- Record an event and, unless a filter stopped it (:reason says why), admit its run and input
+-- step (run_admit), in one statement: no event without its run, no run without its event. A
+-- redelivery (same dedupe key) inserts nothing and returns nothing. Database clock unless :now.
 WITH event AS (
     INSERT INTO trigger_events (workspace_id, event_id, trigger_id, dedupe_key, status, reason,
                                 run_id, scheduled_for, chain_depth, payload, received_at)
-    VALUES ($1, $2, $3, $4, CASE WHEN $6::text IS NULL THEN 'accepted' ELSE 'filtered' END,
-            $6::text, CASE WHEN $6::text IS NULL THEN $7::uuid END, $8, $9, $10::jsonb,
-            coalesce($18::timestamptz, now()))
+    VALUES (:workspace_id, :event_id, :trigger_id, :dedupe_key,
+            CASE WHEN :reason::text IS NULL THEN 'accepted' ELSE 'filtered' END, :reason::text,
+            CASE WHEN :reason::text IS NULL THEN :run_id::uuid END, :scheduled_for,
+            :chain_depth, :event_payload::jsonb, coalesce(:now::timestamptz, now()))
     ON CONFLICT (workspace_id, trigger_id, dedupe_key) DO NOTHING
     RETURNING *
-), run AS (
-    INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at, input,
-                      max_steps, max_tokens, max_tool_calls, deadline_seconds, max_age_seconds,
-                      expires_at, model_retry_budget, created_at, updated_at)
-    SELECT e.workspace_id, e.run_id, $5, $11, 'queued', coalesce($18::timestamptz, now()), $12,
-           $13, $14, $15, $16::int, $20::int,
-           CASE WHEN $20::int > 0
-               THEN coalesce($18::timestamptz, now()) + make_interval(secs => $20::int) END,
-           $19::int,
-           coalesce($18::timestamptz, now()), coalesce($18::timestamptz, now())
-    FROM event e WHERE e.run_id IS NOT NULL
-    RETURNING workspace_id, run_id
-), input_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT workspace_id, run_id, 0, 'input', 0, $17::jsonb FROM run
-)
+), admit_if AS (
+    SELECT FROM event WHERE run_id IS NOT NULL
+), {{run_admit}}
 SELECT * FROM event;
 
 -- name: trigger_event_by_key :one

@@ -1,0 +1,83 @@
+"""What a run copies when it is admitted, decided in one place for every door.
+
+StartRun, a trigger event and a session turn each admit a run; all three build
+an `Admission` here (from the agent version, the server's defaults and who
+started it) and insert it with the one SQL shape `run_admit` (sql/runs.sql),
+which the statements of the three doors include. What a run is held to —
+steps, tokens, tool calls, active-time deadline, model retries, maximum age — is
+fixed at admission: publishing a new version never changes a run under way.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from control_plane.config import RunDefaults
+
+# A run's input text, at most (trigger sources clip to it, StartRun refuses more).
+MAX_INPUT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Everything copied onto a run when it is admitted."""
+
+    workspace_id: str
+    agent_id: str
+    agent_version: int
+    input: str
+    request_id: str | None  # StartRun's dedupe key (a turn's is on the turn)
+    max_steps: int
+    max_tokens: int
+    max_tool_calls: int
+    deadline_seconds: int  # of active time (held by executors)
+    model_retry_budget: int = 30
+    max_age_seconds: int = 0  # of the run as a whole; 0 = none
+    # The label of the principal who started the run (`key:ci-bot`, `person:ada@…`).
+    started_by: str | None = None
+    # The input step (seq 0); None: just {"text": input}. Its `text` is the run's input.
+    input_payload: dict[str, Any] | None = None
+    run_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    def params(self, now: datetime | None) -> dict[str, Any]:
+        """The named parameters of the `run_admit` fragment."""
+        payload = self.input_payload if self.input_payload is not None else {"text": self.input}
+        assert payload.get("text") == self.input, "the input step carries the run's input"
+        return {
+            "workspace_id": self.workspace_id, "run_id": self.run_id, "agent_id": self.agent_id,
+            "agent_version": self.agent_version, "request_id": self.request_id,
+            "input_payload": json.dumps(payload), "max_steps": self.max_steps,
+            "max_tokens": self.max_tokens, "max_tool_calls": self.max_tool_calls,
+            "deadline_seconds": self.deadline_seconds, "max_age_seconds": self.max_age_seconds,
+            "model_retry_budget": self.model_retry_budget, "started_by": self.started_by,
+            "now": now,
+        }  # fmt: skip
+
+
+def admission(
+    version: Any,
+    defaults: RunDefaults,
+    input: str,
+    *,
+    started_by: str | None = None,
+    request_id: str | None = None,
+    input_payload: dict[str, Any] | None = None,
+) -> Admission:
+    """The admission of a run of `version` (an agent version row): its limits, with the
+    server's defaults for those it leaves unset (max age: none)."""
+    limits = json.loads(version["spec"]).get("limits", {})
+    return Admission(
+        workspace_id=version["workspace_id"], agent_id=version["agent_id"],
+        agent_version=version["version"], input=input, request_id=request_id,
+        max_steps=limits.get("max_steps") or defaults.max_steps,
+        max_tokens=limits.get("max_tokens") or defaults.max_tokens,
+        max_tool_calls=limits.get("max_tool_calls") or defaults.max_tool_calls,
+        deadline_seconds=limits.get("deadline_seconds") or defaults.deadline_seconds,
+        model_retry_budget=limits.get("model_retry_budget") or defaults.model_retry_budget,
+        max_age_seconds=limits.get("max_age_seconds") or 0,
+        started_by=started_by, input_payload=input_payload,
+    )  # fmt: skip
