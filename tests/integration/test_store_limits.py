@@ -134,7 +134,7 @@ async def test_fail_held_is_fenced_by_the_epoch(pool):
 
 async def test_the_step_counter_counts_every_step_of_the_log(pool):
     run = await admit(pool)
-    assert run["step_count"] == 0  # RETURNING runs before the statement's triggers
+    assert run["step_count"] == 1  # the input step, counted by the admission itself
     assert (await get(pool, run))["step_count"] == 1  # the input step
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
     await steps.commit(pool, steps.CommitRequest(

@@ -82,3 +82,12 @@ def test_every_admission_includes_the_one_run_admit_shape():
     for name in inserting:
         assert queries.QUERIES[name].sql.count("INSERT INTO runs") == 1
         assert "admitted_input AS" in queries.QUERIES[name].sql
+
+
+def test_every_statement_that_writes_steps_counts_them():
+    """runs.step_count counts what the log holds: whoever inserts a step bumps it in the
+    same statement (no trigger re-updates the run row on the commit path)."""
+    writers = {q.name: q.sql for q in queries.QUERIES.values() if "INSERT INTO steps" in q.sql}
+    assert {"run_commit", "run_cancel", "approval_decision_step"} <= set(writers)
+    uncounted = sorted(name for name, sql in writers.items() if "step_count" not in sql)
+    assert uncounted == []

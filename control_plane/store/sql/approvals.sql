@@ -48,7 +48,8 @@ WITH step AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
     VALUES ($1, $2, $3, 'approval_decided', $4, $5, $6::jsonb)
 )
-UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), updated_at = now()
+UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_count + 1,
+                updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;
 
 -- name: approvals_expired :many

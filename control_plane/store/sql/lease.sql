@@ -239,7 +239,7 @@ WITH clock AS MATERIALIZED (
     FOR NO KEY UPDATE OF r
 ), failed AS (
     UPDATE runs r SET status = 'failed', error = p.error, wake_at = NULL,
-                      lease_owner = NULL, finished_at = (SELECT now FROM clock), updated_at = now()
+                      lease_owner = NULL, step_count = r.step_count + 1, finished_at = (SELECT now FROM clock), updated_at = now()
     FROM past p
     WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
@@ -259,7 +259,7 @@ SELECT * FROM failed;
 -- when the run is not held at that epoch.
 WITH failed AS (
     UPDATE runs SET status = 'failed', error = $4, wake_at = NULL, lease_owner = NULL,
-                    finished_at = now(), updated_at = now()
+                    step_count = step_count + 1, finished_at = now(), updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
     RETURNING workspace_id, run_id, lease_epoch
 ), finish_step AS (
@@ -288,7 +288,7 @@ WITH clock AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ), failed AS (
     UPDATE runs r SET status = 'failed', error = 'max age exceeded', wait_reason = NULL,
-                      wake_at = NULL, lease_owner = NULL, finished_at = (SELECT now FROM clock),
+                      step_count = r.step_count + 1, wake_at = NULL, lease_owner = NULL, finished_at = (SELECT now FROM clock),
                       updated_at = now()
     FROM expired e
     WHERE r.workspace_id = e.workspace_id AND r.run_id = e.run_id

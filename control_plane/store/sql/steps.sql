@@ -1,7 +1,7 @@
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
--- running under this epoch, append the steps (the steps_count trigger counts
--- them), bump the other counters, and either renew the lease (:status NULL) or
+-- running under this epoch, append the steps, count them and bump the other
+-- counters, and either renew the lease (:status NULL) or
 -- apply the transition (:status = 'waiting', 'completed', 'failed'; parking and
 -- finishing release the lease, and the runs_active_time trigger adds the
 -- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop.
@@ -20,6 +20,7 @@ WITH locked AS (
     RETURNING seq
 )
 UPDATE runs r SET
+    step_count = r.step_count + (SELECT count(*) FROM appended),
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
     tokens_used = r.tokens_used + :tokens,

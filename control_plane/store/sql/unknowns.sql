@@ -25,7 +25,14 @@ LIMIT 1;
 -- name: unknown_decision_insert :one
 -- Append the decision under the run's current epoch, at the next seq (the
 -- caller holds the run row's lock, so no other step can take that seq).
-INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-SELECT $1::text, $2::uuid, coalesce(max(seq), -1) + 1, 'tool_result', $4::bigint, $3::int, $5::jsonb
-FROM steps WHERE workspace_id = $1 AND run_id = $2
-RETURNING *;
+WITH inserted AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    SELECT $1::text, $2::uuid, coalesce(max(seq), -1) + 1, 'tool_result', $4::bigint, $3::int,
+           $5::jsonb
+    FROM steps WHERE workspace_id = $1 AND run_id = $2
+    RETURNING *
+), counted AS (
+    UPDATE runs r SET step_count = r.step_count + 1
+    FROM inserted i WHERE r.workspace_id = i.workspace_id AND r.run_id = i.run_id
+)
+SELECT * FROM inserted;
