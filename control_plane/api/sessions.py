@@ -112,7 +112,9 @@ class Conversations:
         }
         return store.TurnAdmission(
             session_id=session_id, turn=turn, request_id=request_id,
-            run=admission(version, self._defaults, text, input_payload=payload),
+            # Whoever sent the message started the turn (four eyes reads it).
+            run=admission(version, self._defaults, text, input_payload=payload,
+                          started_by=auth_context.label_or_none()),
         )  # fmt: skip
 
 

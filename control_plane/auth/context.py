@@ -22,6 +22,12 @@ def current() -> Principal:
     return who
 
 
+def label_or_none() -> str | None:
+    """The caller's label (`kind:name`) when a request is being served, else None."""
+    who = _CURRENT.get()
+    return who.label if who is not None else None
+
+
 @contextmanager
 def acting_as(principal: Principal) -> Iterator[Principal]:
     """Serve the enclosed code as `principal` (the interceptor and HTTP guard use this)."""

@@ -118,7 +118,9 @@ async def admit(
     adm = store.EventAdmission(
         workspace_id=event.workspace_id, trigger_id=event.trigger_id,
         dedupe_key=event.dedupe_key, payload=event.payload, reason=event.filtered,
-        run=admission(version, defaults, payload["text"], input_payload=payload),
+        # Started by the trigger, not a person: four eyes excludes nobody for it.
+        run=admission(version, defaults, payload["text"], input_payload=payload,
+                      started_by=f"trigger:{event.trigger_id}"),
         scheduled_for=event.scheduled_for, chain_depth=event.chain_depth,
     )  # fmt: skip
     row = await store.admit_event(conn, adm, now)

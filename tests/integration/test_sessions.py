@@ -280,3 +280,17 @@ async def test_the_http_session_route_needs_an_operating_key_and_stores_nothing_
     after = [await db.fetchval(f"SELECT count(*) FROM {t}") for t in ("runs", "session_turns")]
     assert after == before
     assert (await http_send(base, session_id, {"text": "hi"}, api.key)).status_code == 202
+
+
+async def test_a_turn_records_who_sent_its_message(api, server, db, db_url):
+    """Four eyes reads runs.started_by: a session turn is started by the message's sender."""
+    over_grpc = await send(api, await new_session(api), "first")
+    operator = await auth.workspace_key(db_url, WS, role="operator", principal="ops-olga")
+    base = f"http://127.0.0.1:{server.http_port}"
+    over_http = await http_send(base, await new_session(api), {"text": "second"}, operator)
+    assert over_http.status_code == 202, over_http.text
+    started = dict(await db.fetch("SELECT run_id::text, started_by FROM runs"))
+    assert started == {
+        over_grpc.turn.run_id: "key:tester",
+        over_http.json()["run_id"]: "key:ops-olga",
+    }

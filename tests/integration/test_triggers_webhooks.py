@@ -84,12 +84,12 @@ async def test_the_run_gets_the_event_as_input_and_its_origin(api, http, db):
     body, headers = signed("github", secret, {"action": "opened"}, "72d3162e-cc78")
     reply = (await post(http, WS, "gh", body, headers)).json()
     row = await db.fetchrow(
-        "SELECT r.status, s.payload FROM runs r JOIN steps s USING (workspace_id, run_id) "
-        "WHERE r.run_id = $1 AND s.seq = 0",
+        "SELECT r.status, r.started_by, s.payload FROM runs r "
+        "JOIN steps s USING (workspace_id, run_id) WHERE r.run_id = $1 AND s.seq = 0",
         uuid.UUID(reply["run_id"]),
     )
     payload = json.loads(row["payload"])
-    assert row["status"] == "queued"
+    assert (row["status"], row["started_by"]) == ("queued", "trigger:gh")
     assert payload["trigger"] == {
         "trigger_id": "gh", "kind": "webhook", "dedupe_key": "72d3162e-cc78", "chain_depth": 0,
     }  # fmt: skip
