@@ -22,6 +22,7 @@ from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
 from control_plane.config import ServerConfig
 from control_plane.server import RunningServer
 from control_plane.server import start as start_server
+from tests.harness import secrets_seen
 from tests.harness.auth import executor_key
 from tests.harness.databases import (
     TEMPLATE_DB,
@@ -231,6 +232,22 @@ def executor_factory(
         ]
 
     return start
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any process log holds a credential the harness handed out."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or secrets_seen.count() == 0:
+        return
+    leaked = secrets_seen.leaks(factory.getbasetemp())
+    if leaked:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line("credentials found in process logs:", red=True)
+            for line in leaked:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True)

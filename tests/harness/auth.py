@@ -18,6 +18,7 @@ import grpc
 
 from control_plane.auth.credentials import KeyRequest, issue
 from control_plane.store import identity as store
+from tests.harness.secrets_seen import remember
 
 
 async def _issue(db_url: str, req: KeyRequest, workspace: str | None = None) -> str:
@@ -25,7 +26,7 @@ async def _issue(db_url: str, req: KeyRequest, workspace: str | None = None) -> 
     try:
         if workspace is not None:
             await store.create_workspace(conn, workspace, "team", None)
-        return (await issue(conn, req)).text
+        return remember((await issue(conn, req)).text)
     finally:
         await conn.close()
 

@@ -7,13 +7,15 @@ from typing import Any
 import asyncpg
 import httpx
 
+from tests.harness.secrets_seen import remember
+
 
 async def id_token(idp_url: str, email: str, **claims: Any) -> str:
     """An ID token for `email` from the sandbox IdP's token endpoint (see sandbox/idp.py)."""
     async with httpx.AsyncClient(base_url=idp_url, timeout=10.0) as client:
         resp = await client.post("/token", json={"email": email, **claims})
         resp.raise_for_status()
-        return str(resp.json()["id_token"])
+        return remember(str(resp.json()["id_token"]))
 
 
 async def rotate(idp_url: str, alg: str = "RS256", grace_seconds: float = 60.0) -> dict[str, Any]:
