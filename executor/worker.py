@@ -157,8 +157,9 @@ class Worker:
         self._runs[run.run_id] = _Held(loop, task)
         task.add_done_callback(lambda t: self._finished(run.run_id, t))
         log.info(
-            "claimed run %s (epoch %d, attempt %d, %d steps)",
+            "claimed run %s of workspace %s (epoch %d, attempt %d, %d steps)",
             run.run_id,
+            run.workspace_id,
             run.lease_epoch,
             run.attempt,
             len(assignment.steps),

@@ -8,8 +8,9 @@ only workspace keys; a platform admin names the workspace it acts on.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -23,6 +24,9 @@ from control_plane.errors import AlreadyExists, InvalidArgument, NotFound, Permi
 from control_plane.store import identity as store
 from control_plane.store import workspaces
 from control_plane.store.db import Pool, transaction
+
+T = TypeVar("T")
+C = TypeVar("C")
 
 KINDS = {
     pb.API_KEY_KIND_UNSPECIFIED: "workspace",
@@ -94,6 +98,34 @@ def person(value: str) -> str:
 
 def page_size(value: int) -> int:
     return validate.in_range("page_size", value or 100, 1, 500)
+
+
+def text_token(max_bytes: int) -> Callable[[str], str | None]:
+    """A page token that is the last row's text key (a key id, a person)."""
+    return lambda raw: validate.text("page_token", raw, max_bytes=max_bytes) or None
+
+
+def audit_token(raw: str) -> int | None:
+    """A page token that is an audit id: ASCII digits that fit a bigint ("²" is a digit to
+    isdigit, and a 40-digit number overflowed the query into an INTERNAL)."""
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidArgument("page_token", "is not a token this service issued")
+    return int(raw)
+
+
+async def keyset_page(
+    request: Any,
+    token: Callable[[str], C],
+    fetch: Callable[[C, int], Awaitable[list[T]]],
+    cursor: Callable[[T], object],
+) -> tuple[list[T], str]:
+    """One page of `fetch(after, limit)` and the next page's token ("" on the last page):
+    a row more than the page is fetched to tell whether another page follows."""
+    size = page_size(request.page_size)
+    rows = await fetch(token(request.page_token), size + 1)
+    return rows[:size], (str(cursor(rows[size - 1])) if len(rows) > size else "")
 
 
 class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
@@ -197,13 +229,11 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         self, request: pb.ListApiKeysRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListApiKeysResponse:
         ws = target_workspace(request.workspace_id)
-        size = page_size(request.page_size)
-        after = validate.text("page_token", request.page_token, max_bytes=64) or None
-        rows = await store.list_keys(self._pool, ws, after, size + 1)
-        token = rows[size - 1].key_id if len(rows) > size else ""
-        return pb.ListApiKeysResponse(
-            keys=[key_message(k) for k in rows[:size]], next_page_token=token
-        )
+        keys, token = await keyset_page(
+            request, text_token(64),
+            lambda after, n: store.list_keys(self._pool, ws, after, n), lambda k: k.key_id,
+        )  # fmt: skip
+        return pb.ListApiKeysResponse(keys=[key_message(k) for k in keys], next_page_token=token)
 
     async def RevokeApiKey(
         self, request: pb.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
@@ -244,12 +274,12 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         self, request: pb.ListMembersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMembersResponse:
         ws = auth_context.workspace(request.workspace_id)
-        size = page_size(request.page_size)
-        after = validate.text("page_token", request.page_token, max_bytes=320) or None
-        rows = await store.list_members(self._pool, ws, after, size + 1)
-        token = rows[size - 1].person if len(rows) > size else ""
+        members, token = await keyset_page(
+            request, text_token(320),
+            lambda after, n: store.list_members(self._pool, ws, after, n), lambda m: m.person,
+        )  # fmt: skip
         return pb.ListMembersResponse(
-            members=[member_message(m) for m in rows[:size]], next_page_token=token
+            members=[member_message(m) for m in members], next_page_token=token
         )
 
     async def ListAuditLog(
@@ -257,17 +287,10 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
     ) -> pb.ListAuditLogResponse:
         ws = target_workspace(request.workspace_id, platform_default=store.PLATFORM_AUDIT)
         assert ws is not None
-        size = page_size(request.page_size)
-        before = None
-        if request.page_token:
-            # An audit id: ASCII digits that fit a bigint ("²" is a digit to isdigit, and
-            # a 40-digit number overflowed the query into an INTERNAL).
-            raw = request.page_token
-            if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-                raise InvalidArgument("page_token", "is not a token this service issued")
-            before = int(raw)
-        rows = await store.list_audit(self._pool, ws, before, size + 1)
-        token = str(rows[size - 1].audit_id) if len(rows) > size else ""
+        entries, token = await keyset_page(
+            request, audit_token,
+            lambda before, n: store.list_audit(self._pool, ws, before, n), lambda e: e.audit_id,
+        )  # fmt: skip
         return pb.ListAuditLogResponse(
-            entries=[audit_message(e) for e in rows[:size]], next_page_token=token
+            entries=[audit_message(e) for e in entries], next_page_token=token
         )

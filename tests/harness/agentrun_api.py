@@ -158,6 +158,30 @@ def sandbox_requests(url: str) -> list[dict[str, Any]]:
     return resp.json()["requests"]
 
 
+async def pending_approval(
+    api: Api, approvals: Any, run_id: str, approver: str
+) -> approval_pb2.Approval:
+    """The pending approval `run_id` waits on, once the run waits for one. `approvals` is
+    anything with ApprovalService's ListApprovals (called as the approver would)."""
+
+    async def one() -> approval_pb2.Approval | None:
+        run = await api.get(run_id)
+        if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "approval":
+            return None
+        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
+            workspace_id=api.ws, approver=approver, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+        mine = [a for a in resp.approvals if a.run_id == run_id]
+        return mine[0] if mine else None
+
+    return await eventually(one, timeout=30, message="the run never waited for an approval")
+
+
+def sent_mail(providers_url: str, run_id: str) -> list[dict[str, Any]]:
+    """The mail the provider sandbox was asked to send for `run_id` (by its idempotency key)."""
+    return [r for r in sandbox_requests(providers_url)
+            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+
+
 def sandbox_effects(url: str, provider: str | None = None) -> list[dict[str, Any]]:
     """Side effects the provider sandbox performed (each with its request's key)."""
     params = {"provider": provider} if provider else {}

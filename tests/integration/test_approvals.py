@@ -13,20 +13,15 @@ import time
 import uuid
 from datetime import timedelta
 
-import asyncpg
 import grpc
 import httpx
 import pytest
-from starlette.applications import Starlette
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
 from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
-from control_plane.auth import oidc
-from control_plane.config import ServerConfig
 from control_plane.errors import Aborted
-from control_plane.http.approvals import ApprovalRoutes
 from control_plane.server import start
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
@@ -34,38 +29,16 @@ from control_plane.triggers import signatures
 from tests import factories
 from tests.harness import auth
 from tests.harness.agentrun_api import sandbox_requests
+from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
+    SLACK_SECRET,
+    config_fixture,
+    http_fixture,
+    pool_fixture,
+)
 from tests.harness.idp import add_member, id_token
 
-SLACK_SECRET = b"slack-signing-secret-for-tests"
 POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],
           "on_expiry": "reject", "expiry_seconds": 3600}  # fmt: skip
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=2, max_size=16)
-    yield p
-    await p.close()
-
-
-@pytest.fixture
-def config(db_url, sandbox_providers, sandbox_idp):
-    return ServerConfig(
-        database_url=db_url, listen="127.0.0.1:0", notify_url=sandbox_providers.url,
-        public_url="http://approvals.test", oidc_issuer=sandbox_idp.url,
-        slack_signing_secret=SLACK_SECRET,
-    )  # fmt: skip
-
-
-@pytest.fixture
-async def http(pool, config):
-    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
-    routes = ApprovalRoutes(pool, config, verifier)
-    app = Starlette(routes=routes.routes())
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        yield c
-    assert verifier is not None
-    await verifier.close()
 
 
 async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mailer", **flags):

@@ -14,9 +14,8 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness import auth
-from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.agentrun_api import Api, pending_approval, sent_mail
 from tests.harness.idp import add_member, signed_in
-from tests.harness.waiting import eventually
 
 APPROVER = "manager@example.com"
 
@@ -56,24 +55,6 @@ async def stack(request, db_url, db, control_plane, sandbox_model, sandbox_provi
     await api.close()
 
 
-async def pending(api: Api, approvals, run_id: str) -> approval_pb2.Approval:
-    async def one():
-        run = await api.get(run_id)
-        if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "approval":
-            return None
-        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", approver=APPROVER, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
-        mine = [a for a in resp.approvals if a.run_id == run_id]
-        return mine[0] if mine else None
-
-    return await eventually(one, timeout=30, message="the run never waited for an approval")
-
-
-def sent_mail(providers_url: str, run_id: str) -> list[dict]:
-    return [r for r in sandbox_requests(providers_url)
-            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
-
-
 async def decide(approvals, approval_id: str, **decision):
     return await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
         workspace_id="ws", approval_id=approval_id, **decision))  # fmt: skip
@@ -86,7 +67,7 @@ async def test_the_call_waits_with_no_executor_and_runs_exactly_as_approved(
     cp, api, approvals = stack
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    approval = await pending(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     run = await api.get(run_id)
     assert run.lease_owner == "" and not run.HasField("wake_time")  # held by nobody
     args = json.loads(approval.arguments_json)
@@ -105,7 +86,7 @@ async def test_a_rejection_reaches_the_model_as_a_result(
     cp, api, approvals = stack
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    approval = await pending(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     await decide(approvals, approval.approval_id,
                  reject=approval_pb2.Reject(reason="wrong price, use the 2026 list"))  # fmt: skip
     (run,) = await api.wait_terminal([run_id])
@@ -119,7 +100,7 @@ async def test_an_edit_runs_the_humans_arguments_and_the_model_sees_it(
     cp, api, approvals = stack
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    approval = await pending(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     edited = {**json.loads(approval.arguments_json), "body": "Hi Ada, the 2026 price is 90."}
     await decide(approvals, approval.approval_id, edit=approval_pb2.Edit(
         arguments_json=json.dumps(edited), note="fix the price"))  # fmt: skip
@@ -137,7 +118,7 @@ async def test_tampered_arguments_are_refused_before_the_tool_is_called(
     cp, api, approvals = stack
     run_id = await api.start("mailer", "email ada")
     (first,) = executor_factory(cp)
-    approval = await pending(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     first.kill()  # nobody may pick the run up until the log is tampered with
     await decide(approvals, approval.approval_id, approve=approval_pb2.Approve())
     # An attacker with database access rewrites the approved recipient.
@@ -156,7 +137,7 @@ async def test_a_second_decision_is_aborted_naming_the_winner(stack, executor_fa
     cp, api, approvals = stack
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    approval = await pending(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     await decide(approvals, approval.approval_id, approve=approval_pb2.Approve())
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await decide(approvals, approval.approval_id, reject=approval_pb2.Reject(reason="late"))

@@ -13,25 +13,19 @@ from __future__ import annotations
 
 import json
 
-import asyncpg
 import grpc
-import httpx
 import pytest
-from starlette.applications import Starlette
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api.approvals import decider_of
 from control_plane.approvals import decisions
-from control_plane.auth import oidc
 from control_plane.auth.principal import Kind, Principal
-from control_plane.config import ServerConfig
 from control_plane.errors import PermissionDenied
-from control_plane.http.approvals import ApprovalRoutes
 from control_plane.server import start
+from tests.harness.approval_routes import config_fixture, http_fixture, pool_fixture  # noqa: F401
 from tests.harness.idp import add_member, id_token
 from tests.integration.test_approvals import (
     POLICY,
-    SLACK_SECRET,
     delivered_link,
     hold,
     slack_body,
@@ -60,33 +54,6 @@ async def nothing_decided(pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM approvals WHERE decision IS NOT NULL") == 0
     assert await pool.fetchval("SELECT count(*) FROM steps WHERE kind = 'approval_decided'") == 0
     assert await pool.fetchval("SELECT count(*) FROM audit_log") == 0
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=2, max_size=8)
-    yield p
-    await p.close()
-
-
-@pytest.fixture
-def config(db_url, sandbox_providers, sandbox_idp):
-    return ServerConfig(
-        database_url=db_url, listen="127.0.0.1:0", notify_url=sandbox_providers.url,
-        public_url="http://approvals.test", oidc_issuer=sandbox_idp.url,
-        slack_signing_secret=SLACK_SECRET,
-    )  # fmt: skip
-
-
-@pytest.fixture
-async def http(pool, config):
-    verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
-    routes = ApprovalRoutes(pool, config, verifier)
-    app = Starlette(routes=routes.routes())
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        yield c
-    assert verifier is not None
-    await verifier.close()
 
 
 async def hold_charge(pool, **kw):

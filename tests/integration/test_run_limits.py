@@ -19,8 +19,7 @@ from google.protobuf import duration_pb2
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2
 from tests.harness import auth
-from tests.harness.agentrun_api import Api, sandbox_requests
-from tests.harness.waiting import eventually
+from tests.harness.agentrun_api import Api, pending_approval, sandbox_requests, sent_mail
 
 APPROVER = "manager@example.com"
 DEADLINE = duration_pb2.Duration(seconds=3)
@@ -39,24 +38,6 @@ async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
     await api.close()
 
 
-async def pending_approval(api: Api, approvals, run_id: str) -> approval_pb2.Approval:
-    async def one():
-        run = await api.get(run_id)
-        if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "approval":
-            return None
-        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", approver=APPROVER, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
-        mine = [a for a in resp.approvals if a.run_id == run_id]
-        return mine[0] if mine else None
-
-    return await eventually(one, timeout=30, message="the run never waited for an approval")
-
-
-def sent_mail(providers_url: str, run_id: str) -> list[dict]:
-    return [r for r in sandbox_requests(providers_url)
-            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
-
-
 async def publish_mailer(api: Api, **limits) -> None:
     policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
     await api.publish("mailer", "approval", ["send_email"], approval=policy, **limits)
@@ -69,7 +50,7 @@ async def test_an_approval_decided_after_the_deadline_still_runs_the_call(
     await publish_mailer(api, deadline=DEADLINE)
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    approval = await pending_approval(api, approvals, run_id)
+    approval = await pending_approval(api, approvals, run_id, APPROVER)
     await asyncio.sleep(6)  # parked for twice the deadline: time passing is the subject
     await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
         workspace_id="ws", approval_id=approval.approval_id, approver=APPROVER,
@@ -113,7 +94,7 @@ async def test_max_age_fails_a_run_that_waits_too_long(stack, executor_factory):
     await publish_mailer(api, deadline=DEADLINE, max_age=duration_pb2.Duration(seconds=4))
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
-    await pending_approval(api, approvals, run_id)
+    await pending_approval(api, approvals, run_id, APPROVER)
     (run,) = await api.wait_terminal([run_id], within=30)
     assert run.status == run_pb2.RUN_STATUS_FAILED
     assert run.error.startswith("max age exceeded"), run.error
