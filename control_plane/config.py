@@ -133,9 +133,9 @@ class ServerConfig:
             tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
             executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
             executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
-            executor_max_message_bytes=int(_float(
-                "AGENTRUN_EXECUTOR_MAX_MESSAGE_BYTES", cls.executor_max_message_bytes
-            )),
+            executor_max_message_bytes=int(
+                _float("AGENTRUN_EXECUTOR_MAX_MESSAGE_BYTES", cls.executor_max_message_bytes)
+            ),
             max_payload_bytes=int(_float("AGENTRUN_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,

@@ -30,8 +30,8 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from control_plane.api.admin import AdminServicer
 from control_plane.api import payloads
+from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.runs import RunServicer

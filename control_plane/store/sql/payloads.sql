@@ -39,5 +39,6 @@ ON CONFLICT (workspace_id, sha256) DO NOTHING;
 -- name: payload_chunks_between :many
 -- The chunks of payload $2 overlapping bytes [$3, $3 + $4).
 SELECT "offset", data FROM payload_chunks
-WHERE workspace_id = $1 AND sha256 = $2 AND "offset" < $3 + $4 AND "offset" + length(data) > $3
+WHERE workspace_id = $1 AND sha256 = $2
+  AND "offset" < $3::bigint + $4::bigint AND "offset" + length(data) > $3::bigint
 ORDER BY "offset";
