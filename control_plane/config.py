@@ -49,6 +49,12 @@ class ServerConfig:
     claim_batch: int = 64
     release: str = "dev"
     max_message_bytes: int = 4 * 1024 * 1024
+    # The executor service's own listener (AGENTRUN_EXECUTOR_LISTEN) receives messages up to
+    # this size, so a Commit over `max_message_bytes` reaches the commit handler and is refused
+    # for its run alone (COMMIT_OUTCOME_INVALID) instead of grpc ending the whole stream.
+    executor_max_message_bytes: int = 64 * 1024 * 1024
+    # The largest payload (a large tool result, uploaded in chunks) an executor may store.
+    max_payload_bytes: int = 64 * 1024 * 1024
     defaults: RunDefaults = RunDefaults()
     # Approvals: where links point, where notifications go.
     public_url: str = "http://127.0.0.1:8080"
@@ -127,6 +133,10 @@ class ServerConfig:
             tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
             executor_listen=os.environ.get("AGENTRUN_EXECUTOR_LISTEN") or None,
             executor_port_file=os.environ.get("AGENTRUN_EXECUTOR_PORT_FILE") or None,
+            executor_max_message_bytes=int(
+                _float("AGENTRUN_EXECUTOR_MAX_MESSAGE_BYTES", cls.executor_max_message_bytes)
+            ),
+            max_payload_bytes=int(_float("AGENTRUN_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),

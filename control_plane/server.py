@@ -30,6 +30,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
@@ -87,6 +88,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         self._dispatcher = dispatcher
         self._resolver = resolver
         self._recheck = recheck_seconds
+        self._max_payload = dispatcher.config.max_payload_bytes
+
+    async def PutPayloadChunk(
+        self, request: executor_pb2.PutPayloadChunkRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.PutPayloadChunkResponse:
+        return await payloads.put_chunk(self._dispatcher.pool, request, self._max_payload)
+
+    async def GetPayloadSlice(
+        self, request: executor_pb2.GetPayloadSliceRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.GetPayloadSliceResponse:
+        return await payloads.get_slice(self._dispatcher.pool, request, self._max_payload)
 
     async def Connect(
         self,
@@ -226,9 +238,9 @@ async def start(
     )  # fmt: skip
 
 
-def _grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
+def _grpc_options(config: ServerConfig, receive_bytes: int | None = None) -> list[tuple[str, int]]:
     return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", receive_bytes or config.max_message_bytes),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -242,7 +254,9 @@ def _executor_server(
     """ExecutorService's own server when it listens apart from the public API, else None."""
     if not config.executor_listen:
         return None
-    return grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
+    # Above the commit limit (max_message_bytes), which the commit handler enforces per run.
+    receive = max(config.executor_max_message_bytes, config.max_message_bytes)
+    return grpc.aio.server(interceptors=interceptors, options=_grpc_options(config, receive))
 
 
 async def _listen(

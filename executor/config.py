@@ -50,6 +50,11 @@ class ExecutorConfig:
     executor_key: str = field(default="", repr=False)
     # This installation's name in the chain marker of mail runs send (AGENTRUN_INSTALLATION_ID).
     installation: str = ""
+    # Large results (executor/payloads.py): outputs over the threshold are stored as payloads
+    # and the prompt shows the first view bytes; read_result returns at most read max bytes.
+    payload_threshold_bytes: int = 64 * 1024
+    payload_view_bytes: int = 8 * 1024
+    read_result_max_bytes: int = 64 * 1024
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorConfig:
@@ -79,6 +84,15 @@ class ExecutorConfig:
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
             executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             installation=env.get("AGENTRUN_INSTALLATION_ID", ""),
+            payload_threshold_bytes=_positive_int(
+                env, "AGENTRUN_PAYLOAD_THRESHOLD_BYTES", defaults.payload_threshold_bytes
+            ),
+            payload_view_bytes=_positive_int(
+                env, "AGENTRUN_PAYLOAD_VIEW_BYTES", defaults.payload_view_bytes
+            ),
+            read_result_max_bytes=_positive_int(
+                env, "AGENTRUN_READ_RESULT_MAX_BYTES", defaults.read_result_max_bytes
+            ),
             **_limits_from_env(env, defaults),
             tls=ChannelSecurity.from_env(env),
         )

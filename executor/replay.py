@@ -449,7 +449,10 @@ def result_text(payload: Mapping[str, Any]) -> str:
     if status == "rejected":
         return str(payload.get("output") or "rejected")
     if status == "ok":
-        text = json.dumps(payload.get("output"), ensure_ascii=False)
+        output = payload.get("output")
+        # A result stored as a payload records the very text the model reads (its view).
+        stored = "payload" in payload and isinstance(output, str)
+        text = str(output) if stored else json.dumps(output, ensure_ascii=False)
         origin = payload.get("untrusted")
         return untrusted.wrap(text, str(origin)) if origin else text
     if status == "repeated":

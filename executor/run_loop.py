@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, constraints, limits, replay, steps, untrusted
+from executor import approval, constraints, limits, payloads, replay, steps, untrusted
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
@@ -81,6 +81,10 @@ class RunDeps:
     model_retry: ModelRetry = dataclasses.field(default_factory=ModelRetry)
     # Named in the chain marker of the mail runs send (executor/tools/chain.py); "" = unnamed.
     installation: str = ""
+    # Large tool results go here as payloads (executor/payloads.py); None: kept inline.
+    large_results: payloads.LargeResults | None = None
+    # The most a Commit may weigh; a heavier one fails its run rather than reach the stream.
+    max_commit_bytes: int = 4 * 1024 * 1024 - 1024
 
 
 class RunLoop:
@@ -118,10 +122,10 @@ class RunLoop:
     async def run(self) -> str:
         try:
             return await self._loop()
-        except RunFenced as exc:
+        except (RunFenced, payloads.PayloadFenced) as exc:
             log.warning("run %s fenced at epoch %d: %s", self.run_id, self.lease.epoch, exc)
             return "fenced"
-        except RunInvalid as exc:
+        except (RunInvalid, payloads.PayloadRefused) as exc:
             log.error("run %s: commit refused as invalid: %s", self.run_id, exc)
             return await self._fail_invalid(str(exc))
 
@@ -297,7 +301,7 @@ class RunLoop:
         started = steps.tool_started(
             seq, action.decision_seq, call.id, tool.name, arguments, self.run_id, tool.call_class
         )
-        if tool.kind == "internal":
+        if tool.provider == "internal":
             return await self._start_internal(started, call.id, tool.name, arguments)
         await self._commit([started], tool_calls=1)
         faults.point("executor.tool.after_started_commit")
@@ -337,6 +341,10 @@ class RunLoop:
     async def _start_internal(
         self, started: executor_pb2.NewStep, call_id: str, name: str, arguments: Mapping[str, Any]
     ) -> str | None:
+        if name == payloads.READ_RESULT:
+            await self._commit([started], tool_calls=1)
+            faults.point("executor.tool.after_started_commit")
+            return await self._read_result(started.seq + 1, started.seq, call_id, arguments)
         if name != "sleep":
             outcome = Outcome("error", error=f"internal tool {name!r} is not supported")
             await self._commit_result(started.seq, started.ref_seq, call_id, name, outcome)
@@ -357,6 +365,8 @@ class RunLoop:
         call_id, name = str(payload.get("call_id", "")), str(payload.get("tool", ""))
         arguments = payload.get("arguments") or {}
         seq = replay.next_seq(self.entries)
+        if name == payloads.READ_RESULT:  # a read: read again
+            return await self._read_result(seq, started.seq, call_id, arguments)
         if action.call_class == "internal":
             # The sleep's wake time has passed: that is its result.
             outcome = Outcome("ok", output={"slept_seconds": arguments.get("seconds")})
@@ -402,9 +412,32 @@ class RunLoop:
         """What is sent: the recorded arguments, and the chain marker on mail."""
         return chain.stamp(tool, arguments, self._chain_depth, self._deps.installation)
 
-    async def _record(
-        self, seq: int, ref_seq: int, call_id: str, tool: str, outcome: Outcome
+    async def _read_result(
+        self, seq: int, ref_seq: int, call_id: str, arguments: Mapping[str, Any]
     ) -> str | None:
+        """Answer a read_result call from the run's payloads (a read: no side effect)."""
+        if self._deps.large_results is None:
+            outcome = Outcome("error", error="this executor stores no payloads")
+            return await self._record(seq, ref_seq, call_id, payloads.READ_RESULT, outcome)
+        outcome, origin = await self._deps.large_results.read(
+            self.lease, self.entries, arguments, self._lease_safe
+        )
+        return await self._record(seq, ref_seq, call_id, payloads.READ_RESULT, outcome, origin)
+
+    def _lease_safe(self) -> bool:
+        return self._deps.leases.is_safe(self.run_id)
+
+    async def _large(self, tool: str, outcome: Outcome) -> tuple[Any, dict[str, Any] | None]:
+        """The output to record and, when it was stored as a payload, the reference."""
+        store = self._deps.large_results
+        if store is None or outcome.status != "ok" or tool == payloads.READ_RESULT:
+            return outcome.output, None
+        return await store.store(self.lease, outcome.output, self._lease_safe)
+
+    async def _record(
+        self, seq: int, ref_seq: int, call_id: str, tool: str, outcome: Outcome,
+        origin: str | None = None,
+    ) -> str | None:  # fmt: skip
         """Commit what a send or a resolution came to; park when it is not settled."""
         parks = replay.trailing_parks(self.entries, "retry")
         outcome = after_parks(outcome, parks)
@@ -412,11 +445,13 @@ class RunLoop:
             # Nothing recorded: the call stays started, resolved again on waking.
             delay = pending_backoff(parks, outcome.retry_after, self._deps.rng)
             return await self._park("retry", delay, outcome.resolution or "tool call not settled")
+        if origin is None and untrusted.reads_untrusted(self._deps.catalogue.get(tool)):
+            origin = f"tool:{tool}"
+        output, stored = await self._large(tool, outcome)
         result = steps.tool_result(
             seq, ref_seq, call_id, tool, outcome.status,
-            output=outcome.output, error=outcome.error, resolution=outcome.resolution,
-            untrusted=f"tool:{tool}" if untrusted.reads_untrusted(self._deps.catalogue.get(tool))
-            else None,
+            output=output, error=outcome.error, resolution=outcome.resolution,
+            untrusted=origin, extra=stored,
         )  # fmt: skip
         if outcome.status != "unknown":
             await self._commit([result])
@@ -508,6 +543,9 @@ class RunLoop:
             tool_calls=tool_calls,
             tokens=tokens,
         )
+        if (size := message.ByteSize()) > self._deps.max_commit_bytes:
+            raise RunInvalid(f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}"
+                             "-byte limit")  # fmt: skip
         delay = COMMIT_BACKOFF_START
         while True:
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)

@@ -12,10 +12,11 @@ from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
 from executor.models.openai import OpenAIChatModel
 from executor.models.retry import ModelRetry
+from executor.payloads import LargeResults, Limits, PayloadClient
 from executor.ratelimit.limiter import RateLimiter
 from executor.ratelimit.tool_client import RateLimitedToolClient
 from executor.run_loop import RunDeps, RunLoop
-from executor.stream import ControlPlaneStream
+from executor.stream import CHANNEL_OPTIONS, ControlPlaneStream
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import ToolDelivery
 
@@ -67,6 +68,12 @@ class Worker:
             credential=config.executor_key,
         )
         self._leases = LeaseKeeper(self._stream.heartbeat, self._fence)
+        # Large results travel apart from the stream, on a channel of their own.
+        self._payloads = PayloadClient(
+            config.control_plane, CHANNEL_OPTIONS, config.tls, config.executor_key
+        )
+        limits = Limits(config.payload_threshold_bytes, config.payload_view_bytes,
+                        config.read_result_max_bytes)  # fmt: skip
         self._deps = RunDeps(
             committer=self._stream,
             leases=self._leases,
@@ -75,6 +82,7 @@ class Worker:
             catalogue=catalogue or Catalogue.load(),
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
             installation=config.installation,
+            large_results=LargeResults(self._payloads, limits),
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
@@ -92,6 +100,7 @@ class Worker:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             await self._stream.close(grace=1.0)
+            await self._payloads.aclose()
             await self._tools.aclose()
             await self._limiter.aclose()
             log.info("rate limits: %s", self._limiter.metrics.summary())

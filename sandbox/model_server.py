@@ -1,6 +1,7 @@
 """An OpenAI-compatible chat-completions server that plays scenario files."""
 
 import asyncio
+import hashlib
 import json
 import random
 import time
@@ -88,7 +89,7 @@ class ModelSandbox:
     async def _complete(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
         self._check_api_key(request)
         model, messages = _parse_chat_request(await _read_json(request))
-        entry.update(model=model, n_messages=len(messages))
+        entry.update(model=model, n_messages=len(messages), **last_tool_seen(messages))
         await self._apply_faults()
         scenario = self._scenario(model)
         entry["turn"] = turn = scenario.turn_index(messages)
@@ -194,6 +195,17 @@ def chat_completion(model: str, reply: Reply, messages: list[dict[str, Any]]) ->
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def last_tool_seen(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the model was shown as the last tool result: its size and SHA-256 (the text
+    itself would make the log grow with every large result)."""
+    tools = [m for m in messages if m.get("role") == "tool"]
+    if not tools:
+        return {"last_tool_bytes": None, "last_tool_sha256": None}
+    text = tools[-1].get("content")
+    data = (text if isinstance(text, str) else json.dumps(text)).encode()
+    return {"last_tool_bytes": len(data), "last_tool_sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _parse_chat_request(body: Any) -> tuple[str, list[dict[str, Any]]]:

@@ -11,7 +11,8 @@ The turn played is the number of assistant messages already in the request
 (past the last turn, the last one is played again). Inside a turn:
 
 * ``"{{input}}"`` in any string becomes the text of the first user message and
-  ``"{{last_tool_result}}"`` the content of the last tool message;
+  ``"{{last_tool_result}}"`` the content of the last tool message (and
+  ``"{{last_payload_ref}}"`` the payload its truncated view names);
 * ``{"$choice": [a, b]}`` becomes one of its elements (also usable for a whole
   tool call inside ``tool_calls``) and ``{"$nonce": true}`` a fresh 8-hex
   string; ``"{{nonce}}"`` puts a fresh one inside a string.
@@ -35,6 +36,7 @@ NONCE = "{{nonce}}"
 
 # Scenario names become file names: no separators, no leading dot.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_PAYLOAD_REF = re.compile(r'read_result\(ref="([0-9a-f]{64})"')
 
 
 class UnknownScenario(LookupError):
@@ -129,6 +131,7 @@ def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: rando
     fills = {
         "{{input}}": _first_text(messages, "user"),
         "{{last_tool_result}}": _last_text(messages, "tool"),
+        "{{last_payload_ref}}": payload_ref(_last_text(messages, "tool")),
     }
     rendered = _render(turn, fills, rng)
     content = rendered.get("content")
@@ -136,6 +139,12 @@ def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: rando
         content = json.dumps(content)
     calls = tuple(_rendered_call(call) for call in rendered.get("tool_calls") or [])
     return Reply(content=content, tool_calls=calls)
+
+
+def payload_ref(text: str) -> str:
+    """The payload a truncated tool result names (``read_result(ref="<sha256>"``), or ""."""
+    found = _PAYLOAD_REF.search(text)
+    return found.group(1) if found else ""
 
 
 def _render(value: Any, fills: dict[str, str], rng: random.Random) -> Any:

@@ -46,6 +46,8 @@ ACCESS: dict[str, Need] = {
     f"{_V1}RunService/WatchRun": Need.READ,
     f"{_V1}RunService/ResolveUnknownOutcome": Need.OPERATE,
     f"{_V1}ExecutorService/Connect": Need.EXECUTOR,
+    f"{_V1}ExecutorService/PutPayloadChunk": Need.EXECUTOR,
+    f"{_V1}ExecutorService/GetPayloadSlice": Need.EXECUTOR,
     f"{_V1}ApprovalService/ListApprovals": Need.READ,
     f"{_V1}ApprovalService/GetApproval": Need.READ,
     f"{_V1}ApprovalService/DecideApproval": Need.DECIDE,

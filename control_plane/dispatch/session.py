@@ -54,6 +54,13 @@ def _payload(i: int, text: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+def _check_size(msg: pb.Commit, limit: int) -> None:
+    """A commit over the limit is refused for its run alone (large tool results go as
+    payloads: PutPayloadChunk); the stream and its other runs carry on."""
+    if (size := msg.ByteSize()) > limit:
+        raise ValueError(f"commit is {size} bytes, over the {limit}-byte limit")
+
+
 def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
     """The store's view of a Commit message (raises ValueError on bad fields)."""
     # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
@@ -198,6 +205,7 @@ class ExecutorSession:
     async def _commit(self, msg: pb.Commit) -> None:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
+            _check_size(msg, self._dispatcher.config.max_message_bytes)
             req = commit_request(msg)
             if self.scope is not None and req.workspace_id not in self.scope:
                 raise ValueError("the lease's workspace is outside this credential's scope")

@@ -270,5 +270,6 @@ def _check_consistency(entry: Mapping[str, Any], providers: Mapping[str, Any]) -
         raise ValueError(f"catalogue: tool {name!r}: only writes have an idempotency class")
     if (entry["idempotency"] == "lookup") != bool(entry.get("lookup")):
         raise ValueError(f"catalogue: tool {name!r}: class lookup and a lookup spec go together")
-    if entry["kind"] != "internal" and not (entry["method"] and entry["path"]):
+    # The executor answers its own tools (provider "internal"): no HTTP endpoint.
+    if entry["provider"] != "internal" and not (entry["method"] and entry["path"]):
         raise ValueError(f"catalogue: tool {name!r} needs a method and a path")

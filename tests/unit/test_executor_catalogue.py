@@ -28,6 +28,8 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "chat_post": "none",
         "create_charge": "provider_key",
         "sleep": "internal",
+        "blob": "read",
+        "read_result": "read",
     }
     crm = catalogue.get("crm_lookup")
     assert (crm.method, crm.path, crm.provider) == ("GET", "/crm/contacts", "crm")

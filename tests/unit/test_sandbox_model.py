@@ -1,5 +1,6 @@
 """The model sandbox: scenario turns, templating, randomness, auth, request log, faults."""
 
+import hashlib
 import json
 import random
 import subprocess
@@ -162,6 +163,9 @@ def test_request_log_records_run_id_seq_turn_and_status(client: TestClient) -> N
         "turn": 1,
         "response_id": first.json()["id"],
         "status": 200,
+        # What the model was shown last as a tool result ("{}"), by size and hash.
+        "last_tool_bytes": 2,
+        "last_tool_sha256": hashlib.sha256(b"{}").hexdigest(),
     }
     assert entries[1]["run_id"] is None and entries[1]["seq"] is None
     assert entries[1]["status"] == 404 and entries[1]["response_id"] is None

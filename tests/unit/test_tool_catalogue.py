@@ -22,7 +22,7 @@ def test_every_tool_declares_its_provider_bucket_scopes_money_and_approval():
         assert tool.kind in ("read", "write", "internal")
         assert isinstance(tool.scopes, tuple) and isinstance(tool.moves_money, bool)
         assert isinstance(tool.needs_approval, bool)
-        if tool.kind != "internal":
+        if tool.provider != "internal":  # the executor's own tools call no provider
             assert tool.rate_bucket, tool.name
         if tool.kind == "write":
             assert tool.scopes, f"{tool.name}: a write names the OAuth scopes it needs"

@@ -61,6 +61,123 @@ COMMIT_OUTCOME_UNAVAILABLE: CommitOutcome.ValueType  # 4
 Global___CommitOutcome: _TypeAlias = CommitOutcome  # noqa: Y015
 
 @_typing.final
+class PutPayloadChunkRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 (hex, lower case) of the whole payload: its name."""
+    size: _builtins.int
+    """The whole payload's size in bytes."""
+    media_type: _builtins.str
+    offset: _builtins.int
+    """Where this chunk starts in the payload."""
+    data: _builtins.bytes
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+        media_type: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "lease", b"lease", "media_type", b"media_type", "offset", b"offset", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutPayloadChunkRequest: _TypeAlias = PutPayloadChunkRequest  # noqa: Y015
+
+@_typing.final
+class PutPayloadChunkResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    received: _builtins.int
+    """Bytes stored so far (from offset 0, contiguous)."""
+    complete: _builtins.bool
+    """True once the payload is whole and its hash checked."""
+    def __init__(
+        self,
+        *,
+        received: _builtins.int = ...,
+        complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "received", b"received"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutPayloadChunkResponse: _TypeAlias = PutPayloadChunkResponse  # noqa: Y015
+
+@_typing.final
+class GetPayloadSliceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    offset: _builtins.int
+    length: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        sha256: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "length", b"length", "offset", b"offset", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPayloadSliceRequest: _TypeAlias = GetPayloadSliceRequest  # noqa: Y015
+
+@_typing.final
+class GetPayloadSliceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    size: _builtins.int
+    """The whole payload's size."""
+    media_type: _builtins.str
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        size: _builtins.int = ...,
+        media_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "media_type", b"media_type", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPayloadSliceResponse: _TypeAlias = GetPayloadSliceResponse  # noqa: Y015
+
+@_typing.final
 class ConnectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

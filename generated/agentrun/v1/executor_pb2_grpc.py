@@ -40,6 +40,13 @@ class ExecutorServiceStub:
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+    executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+    whose tool_result references the payload by sha256
+    executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     def __init__(self, channel):
@@ -52,6 +59,16 @@ class ExecutorServiceStub:
                 '/agentrun.v1.ExecutorService/Connect',
                 request_serializer=agentrun_dot_v1_dot_executor__pb2.ConnectRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_executor__pb2.ConnectResponse.FromString,
+                _registered_method=True)
+        self.PutPayloadChunk = channel.unary_unary(
+                '/agentrun.v1.ExecutorService/PutPayloadChunk',
+                request_serializer=agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkResponse.FromString,
+                _registered_method=True)
+        self.GetPayloadSlice = channel.unary_unary(
+                '/agentrun.v1.ExecutorService/GetPayloadSlice',
+                request_serializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.FromString,
                 _registered_method=True)
 
 
@@ -70,10 +87,35 @@ class ExecutorServiceServicer:
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+    executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+    whose tool_result references the payload by sha256
+    executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     def Connect(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutPayloadChunk(self, request, context):
+        """Uploads one chunk of a payload (a large tool result). Chunks go in order
+        from offset 0; the chunk that completes `size` bytes makes the payload
+        whole once its SHA-256 matches. Fenced by the lease (FAILED_PRECONDITION
+        when the run is not held under it). Idempotent: a chunk sent again, or a
+        payload already stored, is acknowledged as is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPayloadSlice(self, request, context):
+        """Reads a slice of a stored payload of the lease's workspace (fenced).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,6 +127,16 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=agentrun_dot_v1_dot_executor__pb2.ConnectRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_executor__pb2.ConnectResponse.SerializeToString,
+            ),
+            'PutPayloadChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPayloadChunk,
+                    request_deserializer=agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkResponse.SerializeToString,
+            ),
+            'GetPayloadSlice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPayloadSlice,
+                    request_deserializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -109,6 +161,13 @@ class ExecutorService:
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+    executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+    whose tool_result references the payload by sha256
+    executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     @staticmethod
@@ -128,6 +187,60 @@ class ExecutorService:
             '/agentrun.v1.ExecutorService/Connect',
             agentrun_dot_v1_dot_executor__pb2.ConnectRequest.SerializeToString,
             agentrun_dot_v1_dot_executor__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPayloadChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ExecutorService/PutPayloadChunk',
+            agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkRequest.SerializeToString,
+            agentrun_dot_v1_dot_executor__pb2.PutPayloadChunkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPayloadSlice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ExecutorService/GetPayloadSlice',
+            agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.SerializeToString,
+            agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.FromString,
             options,
             channel_credentials,
             insecure,

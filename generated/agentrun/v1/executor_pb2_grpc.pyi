@@ -41,6 +41,13 @@ class ExecutorServiceStub:
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+      executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+                  whose tool_result references the payload by sha256
+      executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     @_typing.overload
@@ -48,6 +55,15 @@ class ExecutorServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ExecutorServiceAsyncStub: ...
     Connect: _grpc.StreamStreamMultiCallable[_executor_pb2.ConnectRequest, _executor_pb2.ConnectResponse]
+    PutPayloadChunk: _grpc.UnaryUnaryMultiCallable[_executor_pb2.PutPayloadChunkRequest, _executor_pb2.PutPayloadChunkResponse]
+    """Uploads one chunk of a payload (a large tool result). Chunks go in order
+    from offset 0; the chunk that completes `size` bytes makes the payload
+    whole once its SHA-256 matches. Fenced by the lease (FAILED_PRECONDITION
+    when the run is not held under it). Idempotent: a chunk sent again, or a
+    payload already stored, is acknowledged as is.
+    """
+    GetPayloadSlice: _grpc.UnaryUnaryMultiCallable[_executor_pb2.GetPayloadSliceRequest, _executor_pb2.GetPayloadSliceResponse]
+    """Reads a slice of a stored payload of the lease's workspace (fenced)."""
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -65,10 +81,26 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+      executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+                  whose tool_result references the payload by sha256
+      executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.StreamStreamMultiCallable[_executor_pb2.ConnectRequest, _executor_pb2.ConnectResponse]  # type: ignore[assignment]
+    PutPayloadChunk: _aio.UnaryUnaryMultiCallable[_executor_pb2.PutPayloadChunkRequest, _executor_pb2.PutPayloadChunkResponse]  # type: ignore[assignment]
+    """Uploads one chunk of a payload (a large tool result). Chunks go in order
+    from offset 0; the chunk that completes `size` bytes makes the payload
+    whole once its SHA-256 matches. Fenced by the lease (FAILED_PRECONDITION
+    when the run is not held under it). Idempotent: a chunk sent again, or a
+    payload already stored, is acknowledged as is.
+    """
+    GetPayloadSlice: _aio.UnaryUnaryMultiCallable[_executor_pb2.GetPayloadSliceRequest, _executor_pb2.GetPayloadSliceResponse]  # type: ignore[assignment]
+    """Reads a slice of a stored payload of the lease's workspace (fenced)."""
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
     """ExecutorService is the link between the stateless executor fleet and the
@@ -85,6 +117,13 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
     control plane checks it against the run row in the same transaction.
+
+    Large tool results take a path of their own (unary calls, on a channel of
+    their own), so no message on the stream grows with a tool's output:
+
+      executor -> PutPayloadChunk (fenced, content-addressed) ... then a Commit
+                  whose tool_result references the payload by sha256
+      executor -> GetPayloadSlice (fenced) for the read_result tool
     """
 
     @_abc_1.abstractmethod
@@ -93,5 +132,26 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_executor_pb2.ConnectRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_executor_pb2.ConnectResponse], _abc.AsyncIterator[_executor_pb2.ConnectResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PutPayloadChunk(
+        self,
+        request: _executor_pb2.PutPayloadChunkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.PutPayloadChunkResponse, _abc.Awaitable[_executor_pb2.PutPayloadChunkResponse]]:
+        """Uploads one chunk of a payload (a large tool result). Chunks go in order
+        from offset 0; the chunk that completes `size` bytes makes the payload
+        whole once its SHA-256 matches. Fenced by the lease (FAILED_PRECONDITION
+        when the run is not held under it). Idempotent: a chunk sent again, or a
+        payload already stored, is acknowledged as is.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPayloadSlice(
+        self,
+        request: _executor_pb2.GetPayloadSliceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.GetPayloadSliceResponse, _abc.Awaitable[_executor_pb2.GetPayloadSliceResponse]]:
+        """Reads a slice of a stored payload of the lease's workspace (fenced)."""
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
