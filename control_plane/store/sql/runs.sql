@@ -30,7 +30,7 @@ admitted AS (
 -- StartRun: admit a run and its input step in one statement (run_admit); returns nothing
 -- when the request_id was used.
 WITH admit_if AS (SELECT), {{run_admit}}
-SELECT * FROM admitted;
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM admitted;
 
 -- name: run_get :one
 -- One run of a workspace, with its current hold's seconds so far (held_seconds).
@@ -71,4 +71,4 @@ WITH cancelled AS (
            'finish', c.lease_epoch, jsonb_build_object('status', 'cancelled', 'error', $3::text)
     FROM cancelled c
 )
-SELECT * FROM cancelled;
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;
