@@ -106,7 +106,7 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
         lost = [r for r in result if isinstance(r, BaseException)]
         assert len(won) == 1 and len(lost) == 1, result
         assert isinstance(lost[0], Aborted)
-        assert f"by {won[0]['decided_by']}" in str(lost[0])
+        assert f"by {won[0].decided_by}" in str(lost[0])
     counts = await pool.fetch(
         "SELECT run_id, count(*) FROM steps WHERE kind = 'approval_decided' GROUP BY run_id"
     )

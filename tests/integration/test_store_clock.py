@@ -81,7 +81,7 @@ async def test_approvals_and_their_tokens_follow_the_given_clock(pool):
     )  # fmt: skip
     await approvals.commit_with_approval(pool, req, 30, approval, [], now=at(10))
     stored = await approvals.get(pool, "ws", approval.approval_id)
-    assert stored["expire_at"] == at(610)
+    assert stored.expire_at == at(610)
 
     digest = b"\x01" * 32
     await approvals.insert_token(pool, "ws", digest, approval.approval_id, "pat", at(100))
