@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from datetime import timedelta
@@ -10,7 +11,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from control_plane.store import lease, runs, steps, workspaces
+from control_plane.store import approvals, lease, runs, steps, workspaces
 from control_plane.store.errors import DataRefused, Fenced
 from control_plane.store.queries import QUERIES
 from tests import factories
@@ -34,6 +35,17 @@ def key(row) -> lease.LeaseKey:
 async def test_every_named_query_prepares(db):
     for query in QUERIES.values():
         await db.prepare(query.sql)
+
+
+async def test_the_typed_rows_name_every_column_of_their_tables(db):
+    """A column a migration adds must reach Run and Approval (from_record reads by name)."""
+    for table, row_type, computed in (("runs", runs.Run, {"held_seconds"}),
+                                      ("approvals", approvals.Approval, set())):  # fmt: skip
+        columns = await db.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        )
+        names = {f.name for f in dataclasses.fields(row_type)}
+        assert names - computed == {c["column_name"] for c in columns}, table
 
 
 async def test_claim_sets_lease_and_bumps_epoch(pool):

@@ -28,7 +28,8 @@ admitted AS (
 
 -- name: run_insert :one
 -- StartRun: admit a run and its input step in one statement (run_admit); returns nothing
--- when the request_id was used.
+-- when the request_id was used. Every query that returns a run returns the whole row and
+-- held_seconds (store/runs.py Run).
 WITH admit_if AS (SELECT), {{run_admit}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM admitted;
 
