@@ -33,6 +33,7 @@ from bench.stats import Summary, ratio
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import create_pool
+from control_plane.store.runs import Run
 
 WARMUP = 50
 BLOCK = 100
@@ -141,7 +142,7 @@ class StoreCommitter:
 
     def __init__(self, pool: asyncpg.pool.Pool) -> None:
         self._pool = pool
-        self._held: asyncpg.Record | None = None
+        self._held: Run | None = None
         self._seq = 1
 
     async def claim(self) -> None:
@@ -154,9 +155,7 @@ class StoreCommitter:
         assert self._held is not None
         step = step_store.NewStep(self._seq, "model_decision", None, decision_payload(self._seq))
         held = self._held
-        req = step_store.CommitRequest(
-            held["workspace_id"], held["run_id"], held["lease_epoch"], [step]
-        )
+        req = step_store.CommitRequest(held.workspace_id, held.run_id, held.lease_epoch, [step])
         start = time.perf_counter()
         await step_store.commit(self._pool, req, 3600)
         self._seq += 1

@@ -87,7 +87,7 @@ UPDATE runs r SET
     started_at = coalesce(r.started_at, now()), updated_at = now()
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
-RETURNING r.*
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds
 """
 SMALL_STARTS = """
 SELECT extract(epoch FROM started_at - created_at) AS waited,
@@ -95,15 +95,15 @@ SELECT extract(epoch FROM started_at - created_at) AS waited,
 FROM runs WHERE workspace_id <> $1
 """
 
-Claim = Callable[[asyncpg.pool.Pool, list[str]], Awaitable[list[asyncpg.Record]]]
+Claim = Callable[[asyncpg.pool.Pool, list[str]], Awaitable[list[runs.Run]]]
 
 
-async def fair_claim(pool: asyncpg.pool.Pool, owners: list[str]) -> list[asyncpg.Record]:
+async def fair_claim(pool: asyncpg.pool.Pool, owners: list[str]) -> list[runs.Run]:
     return await lease.claim_due(pool, owners, LEASE)
 
 
-async def fifo_claim(pool: asyncpg.pool.Pool, owners: list[str]) -> list[asyncpg.Record]:
-    return await pool.fetch(FIFO_CLAIM, owners, LEASE)
+async def fifo_claim(pool: asyncpg.pool.Pool, owners: list[str]) -> list[runs.Run]:
+    return [runs.Run.from_record(r) for r in await pool.fetch(FIFO_CLAIM, owners, LEASE)]
 
 
 class SimExecutor:
@@ -124,7 +124,7 @@ class SimExecutor:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            rows: list[asyncpg.Record] = []
+            rows: list[runs.Run] = []
             if self.free:
                 began = time.perf_counter()
                 rows = await self.claim(self.claims, [self.name] * self.free)
@@ -141,14 +141,12 @@ class SimExecutor:
         for task in list(self._tasks):
             task.cancel()
 
-    async def _hold(self, row: asyncpg.Record) -> None:
+    async def _hold(self, row: runs.Run) -> None:
         await asyncio.sleep(HOLD)
-        finish = steps.NewStep(row["step_count"], "finish", None,
+        finish = steps.NewStep(row.step_count, "finish", None,
                                json.dumps({"status": "completed", "output": "ok"}))  # fmt: skip
         done = steps.Transition(status="completed", text="ok")
-        req = steps.CommitRequest(
-            row["workspace_id"], row["run_id"], row["lease_epoch"], [finish], done
-        )
+        req = steps.CommitRequest(row.workspace_id, row.run_id, row.lease_epoch, [finish], done)
         await steps.commit(self.pool, req, LEASE)
         self.free += 1
         self._freed.set()
@@ -333,7 +331,7 @@ class ScaleDatabase:
             raise RuntimeError(f"a {n}-run claim took {len(got)} runs")
         await self._pool.execute("UPDATE runs SET status = 'completed', wake_at = NULL, "
                                  "finished_at = now() WHERE run_id = ANY($1::uuid[])",
-                                 [r["run_id"] for r in got])  # fmt: skip
+                                 [r.run_id for r in got])  # fmt: skip
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -30,7 +30,7 @@ async def agent_version(
 async def queued_runs(
     pool: asyncpg.pool.Pool, n: int, workspace_id: str = "ws", agent_id: str = "agent",
     deadline_seconds: int = 3600,
-) -> list[asyncpg.Record]:  # fmt: skip
+) -> list[runs.Run]:  # fmt: skip
     """Admit n runs of a fresh agent version."""
     version = await agent_version(pool, workspace_id, agent_id)
     out = []
@@ -40,5 +40,7 @@ async def queued_runs(
             input=f"input {i}", request_id=None, max_steps=50, max_tokens=100_000,
             max_tool_calls=100, deadline_seconds=deadline_seconds,
         )  # fmt: skip
-        out.append(await runs.insert_run(pool, adm))
+        run = await runs.insert_run(pool, adm)
+        assert run is not None
+        out.append(run)
     return out

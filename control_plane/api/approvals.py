@@ -12,7 +12,7 @@ from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
-from control_plane.store.db import Pool, Record
+from control_plane.store.db import Pool
 
 STATE_FROM_PROTO = {
     approval_pb2.APPROVAL_STATE_PENDING: "pending",
@@ -29,22 +29,22 @@ EXPIRY_TO_PROTO = {
 }
 
 
-def to_proto(row: Record) -> approval_pb2.Approval:
+def to_proto(row: store.Approval) -> approval_pb2.Approval:
     msg = approval_pb2.Approval(
-        workspace_id=row["workspace_id"], approval_id=str(row["approval_id"]),
-        run_id=str(row["run_id"]), decision_seq=row["decision_seq"], call_id=row["call_id"],
-        tool=row["tool"], arguments_json=row["arguments"],
-        arguments_sha256=row["arguments_sha256"],
-        state=STATE_TO_PROTO[row["decision"] or "pending"],
-        approvers=row["approvers"], slack_approvers=row["slack_approvers"],
-        high_risk=row["high_risk"], moves_money=row["moves_money"],
-        on_expiry=EXPIRY_TO_PROTO[row["on_expiry"]], escalation_level=row["escalation_level"],
-        reminders_sent=row["reminders_sent"], decided_by=row["decided_by"] or "",
-        reason=row["reason"] or "", edited_arguments_json=row["edited_arguments"] or "",
+        workspace_id=row.workspace_id, approval_id=str(row.approval_id),
+        run_id=str(row.run_id), decision_seq=row.decision_seq, call_id=row.call_id,
+        tool=row.tool, arguments_json=row.arguments,
+        arguments_sha256=row.arguments_sha256,
+        state=STATE_TO_PROTO[row.decision or "pending"],
+        approvers=row.approvers, slack_approvers=row.slack_approvers,
+        high_risk=row.high_risk, moves_money=row.moves_money,
+        on_expiry=EXPIRY_TO_PROTO[row.on_expiry], escalation_level=row.escalation_level,
+        reminders_sent=row.reminders_sent, decided_by=row.decided_by or "",
+        reason=row.reason or "", edited_arguments_json=row.edited_arguments or "",
     )  # fmt: skip
-    for field, column in (("expire_time", "expire_at"), ("decide_time", "decided_at"),
-                          ("create_time", "created_at")):  # fmt: skip
-        ts = convert.timestamp(row[column])
+    for field, value in (("expire_time", row.expire_at), ("decide_time", row.decided_at),
+                         ("create_time", row.created_at)):  # fmt: skip
+        ts = convert.timestamp(value)
         if ts is not None:
             getattr(msg, field).CopyFrom(ts)
     return msg
@@ -68,7 +68,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
             state=STATE_FROM_PROTO.get(request.state), after=decode_page_token(request.page_token),
             limit=size,
         )  # fmt: skip
-        token = encode_page_token(rows[-1]["created_at"], rows[-1]["approval_id"]) if more else ""
+        token = encode_page_token(rows[-1].created_at, rows[-1].approval_id) if more else ""
         return approval_pb2.ListApprovalsResponse(
             approvals=[to_proto(r) for r in rows], next_page_token=token
         )

@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
 from control_plane.api import constraints
+from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 
 STATUS_TO_PROTO = {
@@ -50,53 +51,52 @@ def duration(seconds: float) -> Duration:
     return d
 
 
-def active_seconds(row: Any) -> float:
-    """Active time used: the run's ended holds, plus the current hold so far when the row
-    was read with it (held_seconds, computed on the database clock by run_get/run_list)."""
-    current = row.get("held_seconds") if hasattr(row, "get") else None
-    return float(row["active_seconds"]) + float(current or 0.0)
+def active_seconds(run: Run) -> float:
+    """Active time used: the run's ended holds plus the current hold so far (held_seconds,
+    computed on the database clock by the query that read the run)."""
+    return run.active_seconds + run.held_seconds
 
 
-def run(row: Any) -> run_pb2.Run:
-    """A runs row as the public Run message."""
+def run(row: Run) -> run_pb2.Run:
+    """A run as the public Run message."""
     msg = run_pb2.Run(
-        workspace_id=row["workspace_id"],
-        run_id=str(row["run_id"]),
-        agent_id=row["agent_id"],
-        agent_version=row["agent_version"],
-        status=STATUS_TO_PROTO[row["status"]],
-        wait_reason=row["wait_reason"] or "",
-        lease_owner=row["lease_owner"] or "",
-        lease_epoch=row["lease_epoch"],
-        attempt=row["attempt"],
+        workspace_id=row.workspace_id,
+        run_id=str(row.run_id),
+        agent_id=row.agent_id,
+        agent_version=row.agent_version,
+        status=STATUS_TO_PROTO[row.status],
+        wait_reason=row.wait_reason or "",
+        lease_owner=row.lease_owner or "",
+        lease_epoch=row.lease_epoch,
+        attempt=row.attempt,
         limits=agent_pb2.RunLimits(
-            max_steps=row["max_steps"],
-            deadline=duration(row["deadline_seconds"]),
-            max_tokens=row["max_tokens"],
-            max_tool_calls=row["max_tool_calls"],
-            model_retry_budget=row["model_retry_budget"],
-            max_age=duration(row["max_age_seconds"]) if row["max_age_seconds"] else None,
-            repeat_limit=row["repeat_limit"],
+            max_steps=row.max_steps,
+            deadline=duration(row.deadline_seconds),
+            max_tokens=row.max_tokens,
+            max_tool_calls=row.max_tool_calls,
+            model_retry_budget=row.model_retry_budget,
+            max_age=duration(row.max_age_seconds) if row.max_age_seconds else None,
+            repeat_limit=row.repeat_limit,
         ),
         counters=run_pb2.RunCounters(
-            steps=row["step_count"],
-            model_calls=row["model_calls"],
-            tool_calls=row["tool_calls"],
-            tokens=row["tokens_used"],
+            steps=row.step_count,
+            model_calls=row.model_calls,
+            tool_calls=row.tool_calls,
+            tokens=row.tokens_used,
         ),
-        input=row["input"],
-        output=row["output"] or "",
-        error=row["error"] or "",
+        input=row.input,
+        output=row.output or "",
+        error=row.error or "",
         active_duration=duration(active_seconds(row)),
     )
-    for name, column in (
-        ("wake_time", "wake_at"),
-        ("expire_time", "expires_at"),
-        ("create_time", "created_at"),
-        ("update_time", "updated_at"),
-        ("finish_time", "finished_at"),
+    for name, value in (
+        ("wake_time", row.wake_at),
+        ("expire_time", row.expires_at),
+        ("create_time", row.created_at),
+        ("update_time", row.updated_at),
+        ("finish_time", row.finished_at),
     ):
-        ts = timestamp(row[column])
+        ts = timestamp(value)
         if ts is not None:
             getattr(msg, name).CopyFrom(ts)
     return msg

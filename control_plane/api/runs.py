@@ -31,7 +31,7 @@ from control_plane.store import runs as store
 from control_plane.store import steps as step_store
 from control_plane.store import unknowns
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
-from control_plane.store.db import Pool, Record, transaction
+from control_plane.store.db import Pool, transaction
 
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_POLL_SECONDS = 0.2
@@ -77,6 +77,11 @@ def decider(typed: str) -> str:
     return who.label
 
 
+def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
+    """What a watcher is told about when it changes (a running run's wake_at is its lease)."""
+    return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
+
+
 class RunServicer(run_pb2_grpc.RunServiceServicer):
     def __init__(
         self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
@@ -87,7 +92,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
 
-    async def _get(self, workspace_id: str, run_id: uuid.UUID) -> Record:
+    async def _get(self, workspace_id: str, run_id: uuid.UUID) -> store.Run:
         row = await store.get_run(self._pool, workspace_id, run_id)
         if row is None:
             raise NotFound(f"run {run_id} not found")
@@ -112,6 +117,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         if row is None:
             assert request_id is not None
             row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)
+            assert row is not None, "a used request_id names a run"
             return run_pb2.StartRunResponse(run=convert.run(row), created=False)
         self._on_runnable()
         return run_pb2.StartRunResponse(run=convert.run(row), created=True)
@@ -122,9 +128,9 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
         msg = convert.run(row)
-        if row["status"] in ("queued", "waiting"):
-            pos = await lease_store.queue_position(self._pool, ws, row["run_id"])
-            queue = convert.queue_position(pos, row["wait_reason"]) if pos else None
+        if row.status in ("queued", "waiting"):
+            pos = await lease_store.queue_position(self._pool, ws, row.run_id)
+            queue = convert.queue_position(pos, row.wait_reason) if pos else None
             if queue is not None:
                 msg.queue.CopyFrom(queue)
         return run_pb2.GetRunResponse(run=msg)
@@ -145,7 +151,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             agent_id=agent_id, status=status, limit=size,
         )  # fmt: skip
         last = page.runs[-1] if page.runs and page.has_more else None
-        token = encode_page_token(last["created_at"], last["run_id"]) if last else ""
+        token = encode_page_token(last.created_at, last.run_id) if last else ""
         return run_pb2.ListRunsResponse(
             runs=[convert.run(r) for r in page.runs], next_page_token=token
         )
@@ -176,7 +182,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 await audit.record(conn, "run.cancelled", "run", str(run_id), {"reason": reason})
         if row is None:
             current = await self._get(ws, run_id)
-            raise FailedPrecondition(f"run {run_id} already ended: {current['status']}")
+            raise FailedPrecondition(f"run {run_id} already ended: {current.status}")
         self._on_cancel(ws, run_id)
         return run_pb2.CancelRunResponse(run=convert.run(row))
 
@@ -188,11 +194,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         next_seq = validate.non_negative("from_seq", request.from_seq)
         row = await self._get(ws, run_id)
         yield run_pb2.WatchRunResponse(run=convert.run(row))
-        seen = (
-            row["status"],
-            row["wait_reason"],
-            row["wake_at"] if row["status"] != "running" else None,
-        )
+        seen = watched_state(row)
         while True:
             steps = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
             for s in steps:
@@ -201,15 +203,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             if steps:
                 continue
             row = await self._get(ws, run_id)
-            state = (
-                row["status"],
-                row["wait_reason"],
-                row["wake_at"] if row["status"] != "running" else None,
-            )
+            state = watched_state(row)
             if state != seen:
                 seen = state
                 yield run_pb2.WatchRunResponse(run=convert.run(row))
-            if row["status"] in TERMINAL:
+            if row.status in TERMINAL:
                 # Terminal rows get no more steps, but one may have landed
                 # between the steps read and the row read: read once more.
                 tail = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)

@@ -36,5 +36,5 @@ async def approval_commit(
     held = dataclasses.replace(
         req, transition=steps.Transition(status="waiting", wait_reason="approval")
     )
-    notes = policy.notifications(dataclasses.asdict(approval), "approval_request")
+    notes = policy.notifications(approval, "approval_request")
     return await store.commit_with_approval(pool, held, lease_seconds, approval, notes)

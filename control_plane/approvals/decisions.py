@@ -39,7 +39,7 @@ from control_plane.errors import (
     PermissionDenied,
 )
 from control_plane.store import approvals as store
-from control_plane.store.db import Connection, Pool, Record, transaction
+from control_plane.store.db import Connection, Pool, transaction
 
 ACTIONS = {"approve": "approved", "reject": "rejected", "edit": "edited"}
 SIGNED_IN, KEY, LINK, SLACK = "signed_in", "key", "link", "slack"
@@ -89,12 +89,12 @@ class Request:
     note: str = ""
 
 
-def needs_sign_in(row: Any) -> str | None:
+def needs_sign_in(row: store.Approval) -> str | None:
     """Why only a signed-in person may decide this approval, or None."""
-    if row["moves_money"]:
-        return f"tool {row['tool']!r} moves money"
-    if row["high_risk"]:
-        return f"tool {row['tool']!r} is high-risk"
+    if row.moves_money:
+        return f"tool {row.tool!r} moves money"
+    if row.high_risk:
+        return f"tool {row.tool!r} is high-risk"
     return None
 
 
@@ -103,10 +103,10 @@ def on_list(d: Decider, allowed: list[str]) -> bool:
     return d.name in allowed or (FALLBACK_APPROVER in allowed and d.role == FALLBACK_APPROVER)
 
 
-def check_decider(req: Request, row: Any, guard: store.RunGuard) -> None:
+def check_decider(req: Request, row: store.Approval, guard: store.RunGuard) -> None:
     """Refuse (PERMISSION_DENIED) a decider the approval's rules do not admit."""
     d = req.decider
-    allowed = row["slack_approvers"] if d.via == SLACK else row["approvers"]
+    allowed = row.slack_approvers if d.via == SLACK else row.approvers
     if not on_list(d, list(allowed)):
         raise PermissionDenied(f"{d.name!r} is not an approver of approval {req.approval_id}")
     why = needs_sign_in(row)
@@ -116,13 +116,13 @@ def check_decider(req: Request, row: Any, guard: store.RunGuard) -> None:
         )
     if guard.four_eyes and req.action != "reject" and d.name == guard.starter_name:
         raise PermissionDenied(
-            f"four eyes: {d.name!r} started run {row['run_id']} and cannot approve its calls"
+            f"four eyes: {d.name!r} started run {row.run_id} and cannot approve its calls"
         )
 
 
-def _effective_arguments(req: Request, row: Any) -> tuple[Any, str | None]:
+def _effective_arguments(req: Request, row: store.Approval) -> tuple[Any, str | None]:
     """The arguments that will run, and the edited JSON to store (edits only)."""
-    original = json.loads(row["arguments"])
+    original = json.loads(row.arguments)
     if req.action != "edit":
         return original, None
     edited = validate.json_value("edit.arguments_json", req.edited_arguments_json)
@@ -132,28 +132,28 @@ def _effective_arguments(req: Request, row: Any) -> tuple[Any, str | None]:
 
 
 def decided_payload(
-    row: Any, decision: str, decided_by: str, via: str, arguments: Any, *,
+    row: store.Approval, decision: str, decided_by: str, via: str, arguments: Any, *,
     reason: str = "", note: str = "",
 ) -> dict[str, Any]:  # fmt: skip
     """The `approval_decided` step's payload: the one place it is built (decisions and expiry)."""
     payload = {
-        "approval_id": str(row["approval_id"]), "call_id": row["call_id"], "tool": row["tool"],
+        "approval_id": str(row.approval_id), "call_id": row.call_id, "tool": row.tool,
         "decision": decision, "decided_by": decided_by, "via": via,
         "arguments": arguments, "arguments_sha256": arguments_sha256(arguments),
-        "approved_sha256": row["arguments_sha256"],
+        "approved_sha256": row.arguments_sha256,
     }  # fmt: skip
     if decision in ("rejected", "expired"):
         payload["reason"] = reason or decision
     if decision == "edited":
-        payload["edited_from"] = json.loads(row["arguments"])
+        payload["edited_from"] = json.loads(row.arguments)
         payload["note"] = note
     return payload
 
 
-async def _audit(conn: Connection, req: Request, row: Any, decision: str) -> None:
+async def _audit(conn: Connection, req: Request, row: store.Approval, decision: str) -> None:
     """The decision's audit row, in its transaction (never the arguments: they may be private)."""
     detail = {
-        "run_id": str(row["run_id"]), "tool": row["tool"], "decision": decision,
+        "run_id": str(row.run_id), "tool": row.tool, "decision": decision,
         "decided_by": req.decider.name, "via": req.decider.via,
     }  # fmt: skip
     await audit.record(
@@ -162,14 +162,14 @@ async def _audit(conn: Connection, req: Request, row: Any, decision: str) -> Non
     )  # fmt: skip
 
 
-async def decide(pool: Pool, req: Request) -> Record:
+async def decide(pool: Pool, req: Request) -> store.Approval:
     """Apply a human decision exactly once; the loser learns who won."""
     if req.action not in ACTIONS:
         raise InvalidArgument("decision", "must be approve, reject or edit")
     row = await store.get(pool, req.workspace_id, req.approval_id)
     if row is None:
         raise NotFound(f"approval {req.approval_id} not found")
-    check_decider(req, row, await store.run_guard(pool, req.workspace_id, row["run_id"]))
+    check_decider(req, row, await store.run_guard(pool, req.workspace_id, row.run_id))
     arguments, edited_json = _effective_arguments(req, row)
     decision = ACTIONS[req.action]
     who = req.decider.name
@@ -186,8 +186,8 @@ async def decide(pool: Pool, req: Request) -> Record:
         except store.DecisionLost as lost:
             w = lost.winner
             raise Aborted(
-                f"approval {req.approval_id} was already {w['decision']} by {w['decided_by']} "
-                f"at {w['decided_at'].isoformat()}"
+                f"approval {req.approval_id} was already {w.decision} by {w.decided_by} "
+                f"at {w.decided_at.isoformat() if w.decided_at else '?'}"
             ) from None
         except store.RunNotWaiting as exc:
             raise FailedPrecondition(str(exc)) from None

@@ -19,45 +19,43 @@ BATCH = 50
 EXPIRED_BY = "system:expiry"
 
 
-def next_action(row: Any) -> str:
+def next_action(row: store.Approval) -> str:
     """What this expiry does: the policy's action while it has rounds left, else reject."""
-    if row["on_expiry"] == "escalate" and row["escalation_level"] == 0 and row["escalate_to"]:
+    if row.on_expiry == "escalate" and row.escalation_level == 0 and row.escalate_to:
         return "escalate"
-    if row["on_expiry"] == "remind" and row["reminders_sent"] < row["max_reminders"]:
+    if row.on_expiry == "remind" and row.reminders_sent < row.max_reminders:
         return "remind"
     return "reject"
 
 
-async def _reject(conn: Connection, row: Any, now: datetime | None) -> None:
-    arguments = json.loads(row["arguments"])
+async def _reject(conn: Connection, row: store.Approval, now: datetime | None) -> None:
+    arguments = json.loads(row.arguments)
     payload = decided_payload(
         row, "expired", EXPIRED_BY, EXPIRY, arguments, reason="approval expired"
     )
     decision = store.Decision("expired", EXPIRED_BY, "approval expired")
     try:
         async with transaction(conn):
-            await store.decide(
-                conn, row["workspace_id"], row["approval_id"], decision, payload, now
-            )
+            await store.decide(conn, row.workspace_id, row.approval_id, decision, payload, now)
     except store.RunNotWaiting:
         # The run was cancelled meanwhile: close the approval without a step.
-        await store.close_without_step(conn, row["workspace_id"], row["approval_id"], decision, now)
+        await store.close_without_step(conn, row.workspace_id, row.approval_id, decision, now)
 
 
-async def _apply(conn: Connection, row: Any, now: datetime | None) -> str:
+async def _apply(conn: Connection, row: store.Approval, now: datetime | None) -> str:
     action = next_action(row)
-    ws, approval_id = row["workspace_id"], row["approval_id"]
+    ws, approval_id = row.workspace_id, row.approval_id
     if action == "reject":
         await _reject(conn, row, now)
         return action
     escalate = action == "escalate"
     new = await store.extend(
-        conn, ws, approval_id, approvers=list(row["escalate_to"]) if escalate else None,
+        conn, ws, approval_id, approvers=list(row.escalate_to) if escalate else None,
         escalate=escalate, remind=not escalate, now=now,
     )  # fmt: skip
     assert new is not None  # the row is locked and still pending
     kind = "approval_escalation" if escalate else "approval_reminder"
-    for note in notifications(new, kind, list(new["approvers"])):
+    for note in notifications(new, kind, list(new.approvers)):
         await outbox.insert(conn, note)
     return action
 

@@ -9,7 +9,7 @@ from agentrun.v1 import executor_pb2
 from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256
 from control_plane.errors import InvalidArgument
-from control_plane.store.approvals import NewApproval
+from control_plane.store.approvals import Approval, NewApproval
 from control_plane.store.outbox import Notification
 
 DEFAULT_EXPIRY_SECONDS = 24 * 3600
@@ -56,22 +56,24 @@ def _parse(text: str) -> Any:
         raise BadApprovalRequest(str(exc)) from None
 
 
-def notifications(row: Any, kind: str, approvers: list[str] | None = None) -> list[Notification]:
+def notifications(
+    row: NewApproval | Approval, kind: str, approvers: list[str] | None = None
+) -> list[Notification]:
     """One mail per approver, one chat post for the Slack approvers; no tokens yet.
 
     The relay mints each link's single-use token at delivery time, so the
     database never holds a usable token.
     """
     summary = {
-        "kind": kind, "approval_id": str(row["approval_id"]), "run_id": str(row["run_id"]),
-        "tool": row["tool"], "arguments_sha256": row["arguments_sha256"],
-        "high_risk": row["high_risk"], "moves_money": row["moves_money"],
+        "kind": kind, "approval_id": str(row.approval_id), "run_id": str(row.run_id),
+        "tool": row.tool, "arguments_sha256": row.arguments_sha256,
+        "high_risk": row.high_risk, "moves_money": row.moves_money,
     }  # fmt: skip
-    ws = row["workspace_id"]
+    ws = row.workspace_id
     notes = [
         Notification(ws, kind, "mail", approver, summary)
-        for approver in (approvers if approvers is not None else row["approvers"])
+        for approver in (approvers if approvers is not None else row.approvers)
     ]
-    if row["slack_approvers"] and approvers is None:
+    if row.slack_approvers and approvers is None:
         notes.append(Notification(ws, kind, "chat", "#approvals", summary))
     return notes

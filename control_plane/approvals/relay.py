@@ -37,21 +37,21 @@ class RelayConfig:
     interval_seconds: float = 0.5
 
 
-async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: Any) -> str:
+async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: approval_store.Approval) -> str:
     """A fresh single-use link for this recipient; only the token's hash is stored."""
     token = tokens.mint()
     await approval_store.insert_token(
-        pool, row["workspace_id"], tokens.digest(token), approval["approval_id"],
-        row["recipient"], approval["expire_at"],
+        pool, row["workspace_id"], tokens.digest(token), approval.approval_id,
+        row["recipient"], approval.expire_at,
     )  # fmt: skip
     return f"{cfg.public_url}/approvals/{row['workspace_id']}/{token}"
 
 
-def _text(approval: Any, kind: str) -> str:
+def _text(approval: approval_store.Approval, kind: str) -> str:
     verb = {"approval_reminder": "Reminder: ", "approval_escalation": "Escalated: "}.get(kind, "")
     return (
-        f"{verb}agent run {approval['run_id']} wants to call {approval['tool']} with "
-        f"{json.dumps(json.loads(approval['arguments']), sort_keys=True)}"
+        f"{verb}agent run {approval.run_id} wants to call {approval.tool} with "
+        f"{json.dumps(json.loads(approval.arguments), sort_keys=True)}"
     )
 
 
@@ -68,8 +68,8 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
         link = await _link(pool, cfg, row, approval)
         body = f"{text}\n\nReview and decide: {link}\n\nnotification {nid}"
         return "/mail/send", {"to": row["recipient"], "subject": f"Approval needed: "
-                              f"{approval['tool']}", "body": body}  # fmt: skip
-    value = f"{row['workspace_id']}:{approval['approval_id']}"
+                              f"{approval.tool}", "body": body}  # fmt: skip
+    value = f"{row['workspace_id']}:{approval.approval_id}"
     return "/chat/messages", {
         "channel": row["recipient"], "text": text, "notification_id": nid,
         "actions": [{"action_id": "approve", "value": value},

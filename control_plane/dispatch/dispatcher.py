@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentrun.v1 import agent_pb2
 from agentrun.v1 import executor_pb2 as pb
@@ -17,6 +17,8 @@ from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
+from control_plane.store.runs import Run
+from control_plane.store.steps import Step
 
 if TYPE_CHECKING:
     from control_plane.dispatch.session import ExecutorSession
@@ -131,23 +133,23 @@ class Dispatcher:
         if not rows:
             return 0
         logs = await step_store.steps_for_runs(
-            self.pool, [(r["workspace_id"], r["run_id"]) for r in rows]
+            self.pool, [(r.workspace_id, r.run_id) for r in rows]
         )
         for row in rows:
-            await self._deliver(row, logs[row["run_id"]])
+            await self._deliver(row, logs[row.run_id])
         return len(rows)
 
-    async def _deliver(self, row: Any, steps: list[Any]) -> None:
-        session = self._sessions.get(row["lease_owner"])
-        key = lease_store.LeaseKey(row["workspace_id"], row["run_id"], row["lease_epoch"])
+    async def _deliver(self, run: Run, steps: list[Step]) -> None:
+        session = self._sessions.get(run.lease_owner or "")
+        key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
         if session is None or session.credits <= 0:
             await lease_store.release_unassigned(self.pool, key)
             return
-        version = await self._version(row["workspace_id"], row["agent_id"], row["agent_version"])
+        version = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         session.credits -= 1
-        session.held[row["run_id"]] = row["lease_epoch"]
+        session.held[run.run_id] = run.lease_epoch
         session.send(pb.ConnectResponse(assignment=pb.Assignment(
-            run=convert.run(row), agent_version=version,
+            run=convert.run(run), agent_version=version,
             steps=[convert.step(s) for s in steps],
         )))  # fmt: skip
 

@@ -26,7 +26,7 @@ async def sweep(pool: Pool, on_freed: Callable[[], None]) -> int:
     while rows := await store.fail_past_max_age(pool, BATCH):
         failed += len(rows)
         for row in rows:
-            log.info("run %s/%s failed: max age exceeded", row["workspace_id"], row["run_id"])
+            log.info("run %s/%s failed: max age exceeded", row.workspace_id, row.run_id)
         if len(rows) < BATCH:
             break
     if failed:

@@ -107,15 +107,15 @@ class ApprovalRoutes:
             return refusal
         a = await store.get(self.pool, ws, found["approval_id"])
         assert a is not None  # a token references its approval (foreign key)
-        args = html.escape(json.dumps(json.loads(a["arguments"]), indent=2, sort_keys=True))
+        args = html.escape(json.dumps(json.loads(a.arguments), indent=2, sort_keys=True))
         info = (
-            f"<p>Run <code>{a['run_id']}</code> wants to call <b>{html.escape(a['tool'])}</b>"
+            f"<p>Run <code>{a.run_id}</code> wants to call <b>{html.escape(a.tool)}</b>"
             f" with exactly these arguments:</p><pre>{args}</pre>"
-            f"<p>SHA-256 <code>{a['arguments_sha256']}</code></p>"
+            f"<p>SHA-256 <code>{a.arguments_sha256}</code></p>"
         )
-        if a["decision"] is not None:
-            return page(410, "Already decided", info + f"<p>{html.escape(a['decision'])} by "
-                        f"{html.escape(a['decided_by'])}.</p>")  # fmt: skip
+        if a.decision is not None:
+            return page(410, "Already decided", info + f"<p>{html.escape(a.decision)} by "
+                        f"{html.escape(a.decided_by or '')}.</p>")  # fmt: skip
         why = decisions.needs_sign_in(a)
         if why:
             return page(403, "Sign-in required", info + f"<p>{html.escape(why)}: decide it as a "
@@ -126,7 +126,7 @@ class ApprovalRoutes:
             "<input type='hidden' name='decision' value='reject'>"
             "<input name='reason' placeholder='reason'><button>Reject</button></form>"
         )
-        return page(200, f"Approve {a['tool']}?", info + form)
+        return page(200, f"Approve {a.tool}?", info + form)
 
     async def decide_by_link(self, request: Request) -> Response:
         ws, token = request.path_params["ws"], request.path_params["token"]
@@ -155,7 +155,7 @@ class ApprovalRoutes:
             row = await decisions.decide(self.pool, req)
         except DomainError as exc:
             return page(error_status(exc), "Not decided", f"<p>{html.escape(str(exc))}</p>")
-        return page(200, "Decided", f"<p>{html.escape(row['tool'])}: {row['decision']}.</p>")
+        return page(200, "Decided", f"<p>{html.escape(row.tool)}: {row.decision}.</p>")
 
     async def decide_signed_in(self, request: Request) -> Response:
         """A decision by the caller of `Authorization: Bearer <ID token>` (or the HTTP guard's)."""
@@ -197,8 +197,8 @@ class ApprovalRoutes:
             row = await decisions.decide(self.pool, req)
         except DomainError as exc:
             return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
-        return JSONResponse({"approval_id": str(row["approval_id"]), "decision": row["decision"],
-                             "decided_by": row["decided_by"]})  # fmt: skip
+        return JSONResponse({"approval_id": str(row.approval_id), "decision": row.decision,
+                             "decided_by": row.decided_by})  # fmt: skip
 
     async def slack_interaction(self, request: Request) -> Response:
         body = await request.body()

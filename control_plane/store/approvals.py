@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -15,11 +15,51 @@ from control_plane.store.errors import StoreError
 from control_plane.store.queries import run
 
 
-class DecisionLost(StoreError):
-    """Another decision won the compare-and-set; carries the winning row."""
+@dataclass(frozen=True)
+class Approval:
+    """One held tool call and its decision, as stored (every column of `approvals`)."""
 
-    def __init__(self, winner: asyncpg.Record) -> None:
-        super().__init__(f"approval already {winner['decision']} by {winner['decided_by']}")
+    workspace_id: str
+    approval_id: uuid.UUID
+    run_id: uuid.UUID
+    decision_seq: int
+    call_id: str
+    tool: str
+    arguments: str  # JSON text, the arguments asked for
+    arguments_sha256: str
+    approvers: list[str]
+    slack_approvers: list[str]
+    high_risk: bool
+    moves_money: bool
+    expire_at: datetime
+    expiry_seconds: int
+    on_expiry: str  # reject | escalate | remind
+    escalate_to: list[str]
+    max_reminders: int
+    escalation_level: int
+    reminders_sent: int
+    decision: str | None  # None while pending: approved | rejected | edited | expired
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str | None
+    edited_arguments: str | None  # JSON text of an edit
+    created_at: datetime
+
+    @classmethod
+    def from_record(cls, record: asyncpg.Record) -> Approval:
+        """The approval of a row that has every column (a KeyError names one that is missing)."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})
+
+
+def _approval_or_none(record: asyncpg.Record | None) -> Approval | None:
+    return Approval.from_record(record) if record is not None else None
+
+
+class DecisionLost(StoreError):
+    """Another decision won the compare-and-set; carries the winning approval."""
+
+    def __init__(self, winner: Approval) -> None:
+        super().__init__(f"approval already {winner.decision} by {winner.decided_by}")
         self.winner = winner
 
 
@@ -89,19 +129,19 @@ async def run_guard(db: Any, workspace_id: str, run_id: uuid.UUID) -> RunGuard:
     return RunGuard(bool(row and row["four_eyes"]), row["started_by"] if row else None)
 
 
-async def get(db: Any, workspace_id: str, approval_id: uuid.UUID) -> asyncpg.Record | None:
-    return await run(db, "approval_get", workspace_id, approval_id)
+async def get(db: Any, workspace_id: str, approval_id: uuid.UUID) -> Approval | None:
+    return _approval_or_none(await run(db, "approval_get", workspace_id, approval_id))
 
 
 async def list_page(
     pool: asyncpg.pool.Pool, workspace_id: str, *, approver: str | None, state: str | None,
     after: tuple[datetime, uuid.UUID] | None, limit: int,
-) -> tuple[list[asyncpg.Record], bool]:  # fmt: skip
+) -> tuple[list[Approval], bool]:  # fmt: skip
     created, last_id = after if after else (None, None)
     rows = await run(
         pool, "approval_list", workspace_id, approver, state, created, last_id, limit + 1
     )
-    return rows[:limit], len(rows) > limit
+    return [Approval.from_record(r) for r in rows[:limit]], len(rows) > limit
 
 
 @dataclass(frozen=True)
@@ -115,46 +155,49 @@ class Decision:
 async def decide(
     conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
     step_payload: dict[str, Any], now: datetime | None = None,
-) -> asyncpg.Record:  # fmt: skip
+) -> Approval:  # fmt: skip
     """The compare-and-set plus its step and the run's wake, inside the caller's transaction.
 
     Raises DecisionLost when another decision won, RunNotWaiting when the run
     no longer waits for this approval.
     """
-    current = await run(conn, "approval_lock", workspace_id, approval_id)
+    current = _approval_or_none(await run(conn, "approval_lock", workspace_id, approval_id))
     if current is None:
         raise LookupError(approval_id)
-    lock = await run(conn, "approval_run_lock", workspace_id, current["run_id"])
-    row = await run(
+    lock = await run(conn, "approval_run_lock", workspace_id, current.run_id)
+    decided = _approval_or_none(await run(
         conn, "approval_decide", workspace_id, approval_id, d.decision, d.decided_by,
         d.reason, d.edited_arguments_json, now,
-    )  # fmt: skip
-    if row is None:
-        raise DecisionLost(await get(conn, workspace_id, approval_id))
+    ))  # fmt: skip
+    if decided is None:
+        winner = await get(conn, workspace_id, approval_id)
+        assert winner is not None  # locked above; approvals are never deleted
+        raise DecisionLost(winner)
     if lock["status"] != "waiting" or lock["wait_reason"] != "approval":
-        raise RunNotWaiting(f"run {current['run_id']} is {lock['status']}")
-    payload = {**step_payload, "decided_at": row["decided_at"].isoformat()}
+        raise RunNotWaiting(f"run {current.run_id} is {lock['status']}")
+    assert decided.decided_at is not None  # the compare-and-set sets it
+    payload = {**step_payload, "decided_at": decided.decided_at.isoformat()}
     await run(
-        conn, "approval_decision_step", workspace_id, row["run_id"], lock["next_seq"],
-        lock["lease_epoch"], row["decision_seq"], json.dumps(payload), now,
+        conn, "approval_decision_step", workspace_id, decided.run_id, lock["next_seq"],
+        lock["lease_epoch"], decided.decision_seq, json.dumps(payload), now,
     )  # fmt: skip
-    return row
+    return decided
 
 
 async def lock_expired(
     conn: asyncpg.Connection, limit: int, now: datetime | None = None
-) -> list[asyncpg.Record]:
-    return await run(conn, "approvals_expired", limit, now)
+) -> list[Approval]:
+    return [Approval.from_record(r) for r in await run(conn, "approvals_expired", limit, now)]
 
 
 async def extend(
     conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, *,
     approvers: list[str] | None, escalate: bool, remind: bool, now: datetime | None = None,
-) -> asyncpg.Record | None:  # fmt: skip
-    return await run(
+) -> Approval | None:  # fmt: skip
+    return _approval_or_none(await run(
         conn, "approval_extend", workspace_id, approval_id, approvers, int(escalate),
         int(remind), now,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 async def insert_token(
@@ -180,7 +223,7 @@ async def use_token(
 async def close_without_step(
     conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
     now: datetime | None = None,
-) -> asyncpg.Record | None:  # fmt: skip
-    return await run(
+) -> Approval | None:  # fmt: skip
+    return _approval_or_none(await run(
         conn, "approval_close", workspace_id, approval_id, d.decision, d.decided_by, d.reason, now
-    )
+    ))  # fmt: skip

@@ -18,6 +18,7 @@ import asyncpg
 
 from control_plane.store.db import transaction
 from control_plane.store.queries import run
+from control_plane.store.runs import Run
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ async def claim_due(
     now: datetime | None = None,
     scope: Sequence[str] | None = None,
     carried: Sequence[str] | None = None,
-) -> list[asyncpg.Record]:
+) -> list[Run]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
     Lapsed leases first, then the oldest due runs of the workspaces served
@@ -52,19 +53,20 @@ async def claim_due(
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
         rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools)
-        await _raise_next_wake(conn, turns, rows)
-    return rows
+        claimed = [Run.from_record(r) for r in rows]
+        await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
+    return claimed
 
 
 async def _raise_next_wake(
-    conn: asyncpg.Connection, turns: Sequence[asyncpg.Record], claimed: Sequence[asyncpg.Record]
+    conn: asyncpg.Connection, turns: Sequence[asyncpg.Record], claimed: Sequence[str]
 ) -> None:
     """Recompute next_wake_at of the workspaces this claim may have emptied.
 
     A workspace that got fewer runs than it had room for may have no due run
     left; left as it is, it would only be looked at again for nothing.
     """
-    got = Counter(r["workspace_id"] for r in claimed)
+    got = Counter(claimed)  # the workspace of each claimed run
     maybe_empty = [t["workspace_id"] for t in turns if got[t["workspace_id"]] < t["room"]]
     if not maybe_empty:
         return
@@ -165,10 +167,11 @@ async def fail_held(pool: asyncpg.pool.Pool, lease: LeaseKey, reason: str) -> bo
 
 async def fail_past_max_age(
     pool: asyncpg.pool.Pool, batch: int, now: datetime | None = None
-) -> list[asyncpg.Record]:
-    """Fail up to `batch` runs past their max age that no executor holds (workspace_id,
-    run_id of each)."""
-    return await _retry_seq_race(pool, "run_fail_past_max_age", batch, now)
+) -> list[LeaseKey]:
+    """Fail up to `batch` runs past their max age that no executor holds; the lease each
+    had when it failed."""
+    rows = await _retry_seq_race(pool, "run_fail_past_max_age", batch, now)
+    return [LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows]
 
 
 async def release_unassigned(

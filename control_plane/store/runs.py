@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 import asyncpg
@@ -13,28 +13,84 @@ from control_plane.store.db import transaction
 from control_plane.store.queries import run
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run, as stored (every column of `runs`), read at the store's edge.
+
+    Every query that returns a run returns the whole row and `held_seconds`: the current
+    hold's seconds so far on the database clock (0 unless running), which the API adds to
+    active_seconds.
+    """
+
+    workspace_id: str
+    run_id: uuid.UUID
+    agent_id: str
+    agent_version: int
+    status: str
+    wait_reason: str | None
+    wake_at: datetime | None  # runnable at; while running, the lease expiry
+    lease_owner: str | None
+    lease_epoch: int
+    attempt: int
+    request_id: str | None
+    input: str
+    output: str | None
+    error: str | None
+    # Limits copied at admission.
+    max_steps: int
+    max_tokens: int
+    max_tool_calls: int
+    deadline_seconds: int  # of active time
+    model_retry_budget: int
+    max_age_seconds: int  # 0: none
+    expires_at: datetime | None  # admission + max age
+    repeat_limit: int
+    # Counters.
+    step_count: int
+    model_calls: int
+    tool_calls: int
+    tokens_used: int
+    active_seconds: float  # of ended holds
+    held_since: datetime | None
+    started_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    held_seconds: float  # computed by the query, not a column
+
+    @classmethod
+    def from_record(cls, record: asyncpg.Record) -> Run:
+        """The run of a row that has every column (a KeyError names one that is missing)."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})
+
+
+def _run_or_none(record: asyncpg.Record | None) -> Run | None:
+    return Run.from_record(record) if record is not None else None
+
+
 async def insert_run(
     pool: asyncpg.pool.Pool, adm: Admission, now: datetime | None = None
-) -> asyncpg.Record | None:
+) -> Run | None:
     """The new run (with its input step), or None when request_id was used."""
-    return await run(pool, "run_insert", **adm.params(now))
+    return _run_or_none(await run(pool, "run_insert", **adm.params(now)))
 
 
 async def get_run(
-    pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID
-) -> asyncpg.Record | None:
-    return await run(pool, "run_get", workspace_id, run_id)
+    pool: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str, run_id: uuid.UUID
+) -> Run | None:
+    return _run_or_none(await run(pool, "run_get", workspace_id, run_id))
 
 
 async def get_run_by_request(
     pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, request_id: str
-) -> asyncpg.Record | None:
-    return await run(pool, "run_get_by_request", workspace_id, agent_id, request_id)
+) -> Run | None:
+    return _run_or_none(await run(pool, "run_get_by_request", workspace_id, agent_id, request_id))
 
 
 @dataclass(frozen=True)
 class RunPage:
-    runs: list[asyncpg.Record]
+    runs: list[Run]
     has_more: bool
 
 
@@ -50,7 +106,7 @@ async def list_runs(
     """A page of runs, newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
     rows = await run(pool, "run_list", workspace_id, created, run_id, agent_id, status, limit + 1)
-    return RunPage(runs=rows[:limit], has_more=len(rows) > limit)
+    return RunPage(runs=[Run.from_record(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
 
 async def cancel_run(
@@ -59,7 +115,7 @@ async def cancel_run(
     run_id: uuid.UUID,
     reason: str,
     now: datetime | None = None,
-) -> asyncpg.Record | None:
+) -> Run | None:
     """The cancelled run, or None when it does not exist or already ended.
 
     The finish step takes the next seq; a commit racing in between makes that
@@ -68,7 +124,9 @@ async def cancel_run(
     for _ in range(5):
         try:
             async with transaction(pool) as conn:  # in the caller's transaction: a savepoint
-                return await run(conn, "run_cancel", workspace_id, run_id, reason, now)
+                return _run_or_none(
+                    await run(conn, "run_cancel", workspace_id, run_id, reason, now)
+                )
         except asyncpg.UniqueViolationError:
             continue
     raise RuntimeError("cancel kept colliding with concurrent commits")

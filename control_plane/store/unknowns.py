@@ -27,6 +27,7 @@ import asyncpg
 
 from control_plane.store.errors import StoreError
 from control_plane.store.queries import run
+from control_plane.store.runs import Run, get_run
 from control_plane.store.steps import Step
 
 DECISIONS = ("happened", "not_happened", "retry", "fail_run")
@@ -132,7 +133,7 @@ async def decide(
     pool: asyncpg.pool.Pool, d: Decision,
     also: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
     now: datetime | None = None,
-) -> tuple[asyncpg.Record, Step]:  # fmt: skip
+) -> tuple[Run, Step]:  # fmt: skip
     """Record the decision exactly once: (the run, the decision step), or raise why not.
 
     `also` runs in the decision's transaction once it is recorded (the audit row).
@@ -148,13 +149,12 @@ async def decide(
     raise await _why_not(pool, d)
 
 
-async def _decide(
-    conn: asyncpg.Connection, d: Decision, now: datetime | None
-) -> tuple[asyncpg.Record, Step]:
+async def _decide(conn: asyncpg.Connection, d: Decision, now: datetime | None) -> tuple[Run, Step]:
     ws, run_id = d.workspace_id, d.run_id
-    run_row = await run(conn, "unknown_claim_decision", ws, run_id, now)
-    if run_row is None:
+    claimed = await run(conn, "unknown_claim_decision", ws, run_id, now)
+    if claimed is None:
         raise _NotDecided
+    run_row = Run.from_record(claimed)
     # The run row is locked now: what follows reads the latest committed state.
     unknown = _awaits_person(await run(conn, "unknown_step_get", ws, run_id, d.seq))
     if unknown is None or await run(conn, "unknown_decision_get", ws, run_id, d.seq):
@@ -166,7 +166,7 @@ async def _decide(
         )
     payload = json.dumps(step_payload(unknown, d), ensure_ascii=False)
     step = await run(
-        conn, "unknown_decision_insert", ws, run_id, d.seq, run_row["lease_epoch"], payload
+        conn, "unknown_decision_insert", ws, run_id, d.seq, run_row.lease_epoch, payload
     )
     return run_row, Step.of(step)
 
@@ -174,7 +174,7 @@ async def _decide(
 async def _why_not(pool: asyncpg.pool.Pool, d: Decision) -> UndecidableError:
     """Why a decision was not recorded, most specific reason first."""
     ws, run_id = d.workspace_id, d.run_id
-    run_row = await run(pool, "run_get", ws, run_id)
+    run_row = await get_run(pool, ws, run_id)
     if run_row is None:
         return RunNotFound(f"run {run_id} not found")
     step = await run(pool, "unknown_step_get", ws, run_id, d.seq)
@@ -189,7 +189,7 @@ async def _why_not(pool: asyncpg.pool.Pool, d: Decision) -> UndecidableError:
             "not an unknown tool outcome awaiting a person"
         )
     return RunNotWaiting(
-        f"run {run_id} is {run_row['status']}"
-        + (f" ({run_row['wait_reason']})" if run_row["wait_reason"] else "")
+        f"run {run_id} is {run_row.status}"
+        + (f" ({run_row.wait_reason})" if run_row.wait_reason else "")
         + ", not waiting for this decision"
     )

@@ -48,10 +48,10 @@ async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mail
     await factories.agent_version(pool, "ws", agent, spec)
     adm = runs.Admission("ws", agent, 1, "go", None, 50, 100_000, 100, 3600)
     run = await runs.insert_run(pool, adm)
-    held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r["run_id"] == run["run_id"]]
+    held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r.run_id == run.run_id]
     decision = {"content": None, "tool_calls": [{"id": "c1", "name": tool, "arguments": arguments}]}
     approval_id = uuid.uuid4()
-    req = steps.CommitRequest("ws", run["run_id"], held[0]["lease_epoch"], [
+    req = steps.CommitRequest("ws", run.run_id, held[0].lease_epoch, [
         steps.NewStep(1, "model_decision", None, json.dumps(decision)),
         steps.NewStep(2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})),
     ], steps.Transition(status="waiting", wait_reason="approval"))  # fmt: skip
@@ -61,13 +61,13 @@ async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mail
         **flags,
     )  # fmt: skip
     await approval_commit(pool, req, ask, 30)
-    return run["run_id"], approval_id
+    return run.run_id, approval_id
 
 
 async def test_the_hold_is_one_transaction_and_a_fenced_hold_writes_nothing(pool):
     run_id, approval_id = await hold(pool)
     run = await runs.get_run(pool, "ws", run_id)
-    assert (run["status"], run["wait_reason"], run["lease_owner"], run["wake_at"]) == (
+    assert (run.status, run.wait_reason, run.lease_owner, run.wake_at) == (
         "waiting", "approval", None, None,
     )  # fmt: skip
     approval = await pool.fetchrow("SELECT * FROM approvals WHERE approval_id = $1", approval_id)
@@ -106,7 +106,7 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
         lost = [r for r in result if isinstance(r, BaseException)]
         assert len(won) == 1 and len(lost) == 1, result
         assert isinstance(lost[0], Aborted)
-        assert f"by {won[0]['decided_by']}" in str(lost[0])
+        assert f"by {won[0].decided_by}" in str(lost[0])
     counts = await pool.fetch(
         "SELECT run_id, count(*) FROM steps WHERE kind = 'approval_decided' GROUP BY run_id"
     )
@@ -273,7 +273,7 @@ async def test_expiry_reject_decides_at_the_expiry_time_with_no_executor(pool):
     row = await pool.fetchrow("SELECT decision, decided_by FROM approvals")
     assert tuple(row) == ("expired", "system:expiry")
     run = await runs.get_run(pool, "ws", run_id)
-    assert (run["status"], run["lease_owner"]) == ("waiting", None) and run["wake_at"] is not None
+    assert (run.status, run.lease_owner) == ("waiting", None) and run.wake_at is not None
     step = await pool.fetchrow("SELECT payload FROM steps WHERE kind = 'approval_decided'")
     payload = json.loads(step["payload"])
     assert (payload["reason"], payload["via"], payload["decided_by"]) == (

@@ -92,7 +92,7 @@ async def test_a_money_moving_call_refuses_links_keys_and_typed_names(pool, conf
 async def test_a_signed_in_approver_on_the_list_decides_and_is_recorded(pool):
     run_id, approval_id = await hold_charge(pool)
     row = await decide_as(pool, approval_id, person(BOB), typed=BOB)  # repeating one's name is ok
-    assert (row["decision"], row["decided_by"]) == ("approved", BOB)
+    assert (row.decision, row.decided_by) == ("approved", BOB)
     step = json.loads(await pool.fetchval(
         "SELECT payload FROM steps WHERE run_id = $1 AND kind = 'approval_decided'", run_id))  # fmt: skip
     assert (step["decided_by"], step["via"], step["decision"]) == (BOB, "signed_in", "approved")
@@ -101,7 +101,7 @@ async def test_a_signed_in_approver_on_the_list_decides_and_is_recorded(pool):
 async def test_an_approver_key_decides_an_ordinary_call_as_its_person(pool):
     _, approval_id = await hold(pool)
     row = await decide_as(pool, approval_id, key(ALICE, "approver"), action="reject")
-    assert (row["decision"], row["decided_by"]) == ("rejected", ALICE)
+    assert (row.decision, row.decided_by) == ("rejected", ALICE)
     step = json.loads(
         await pool.fetchval("SELECT payload FROM steps WHERE kind = 'approval_decided'")
     )
@@ -174,7 +174,7 @@ async def test_four_eyes_refuses_the_runs_own_starter(pool):
             edited_arguments_json=json.dumps(CHARGE)))  # fmt: skip
     await nothing_decided(pool)
     row = await decide_as(pool, approval_id, person(BOB))
-    assert (row["decision"], row["decided_by"]) == ("approved", BOB)
+    assert (row.decision, row.decided_by) == ("approved", BOB)
 
 
 async def test_four_eyes_knows_the_starter_by_any_credential_and_lets_them_reject(pool):
@@ -183,7 +183,7 @@ async def test_four_eyes_knows_the_starter_by_any_credential_and_lets_them_rejec
     with pytest.raises(PermissionDenied, match="four eyes"):
         await decide_as(pool, approval_id, person(ALICE))
     row = await decide_as(pool, approval_id, person(ALICE), action="reject")
-    assert (row["decision"], row["decided_by"]) == ("rejected", ALICE)
+    assert (row.decision, row.decided_by) == ("rejected", ALICE)
 
 
 async def test_without_four_eyes_the_starter_may_approve(pool):
@@ -191,7 +191,7 @@ async def test_without_four_eyes_the_starter_may_approve(pool):
     await pool.execute(
         "UPDATE runs SET started_by = $1 WHERE run_id = $2", f"person:{ALICE}", run_id
     )
-    assert (await decide_as(pool, approval_id, person(ALICE)))["decided_by"] == ALICE
+    assert (await decide_as(pool, approval_id, person(ALICE))).decided_by == ALICE
 
 
 # --- over gRPC, through the identity interceptor ---------------------------------------------
@@ -247,4 +247,4 @@ async def test_where_the_policy_names_nobody_a_signed_in_admin_decides(pool):
         with pytest.raises(PermissionDenied):
             await decide_as(pool, approval_id, who)
     row = await decide_as(pool, approval_id, person(ALICE, "admin"))
-    assert (row["decision"], row["decided_by"]) == ("approved", ALICE)
+    assert (row.decision, row.decided_by) == ("approved", ALICE)

@@ -52,13 +52,13 @@ async def test_two_scoped_pools_never_lease_outside_their_scope(pool):
     first = await claim_all(pool)
     assert sum(len(rows) for rows in first.values()) == 1000
     for name, rows in first.items():
-        assert {r["workspace_id"] for r in rows} == set(POOLS[name])
+        assert {r.workspace_id for r in rows} == set(POOLS[name])
     # Every lease lapses: the lapsed-lease path must respect the scope too.
-    later = max(r["wake_at"] for rows in first.values() for r in rows) + timedelta(seconds=1)
+    later = max(r.wake_at for rows in first.values() for r in rows) + timedelta(seconds=1)
     again = await claim_all(pool, now=later)
     assert sum(len(rows) for rows in again.values()) == 1000
     for name, rows in again.items():
-        assert {r["workspace_id"] for r in rows} <= set(POOLS[name])
+        assert {r.workspace_id for r in rows} <= set(POOLS[name])
     owners = await pool.fetch("SELECT workspace_id, lease_owner, lease_epoch FROM runs")
     for row in owners:
         assert row["workspace_id"] in POOLS[row["lease_owner"]], dict(row)

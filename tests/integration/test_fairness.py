@@ -33,9 +33,7 @@ async def finish(pool, row, status: str = "completed", seq: int = 1) -> None:
         transition = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=0)
     payload = json.dumps({"content": "x", "tool_calls": []})
     step = steps.NewStep(seq, "model_decision", None, payload)
-    req = steps.CommitRequest(
-        row["workspace_id"], row["run_id"], row["lease_epoch"], [step], transition
-    )
+    req = steps.CommitRequest(row.workspace_id, row.run_id, row.lease_epoch, [step], transition)
     await steps.commit(pool, req, 30)
 
 
@@ -58,7 +56,7 @@ async def counters_match(pool) -> None:
 async def test_a_small_workspace_is_served_between_a_big_ones_runs(pool):
     await factories.queued_runs(pool, 10, workspace_id="big")
     await factories.queued_runs(pool, 2, workspace_id="small")  # admitted after all of big's
-    order = [(await claim(pool, 1))[0]["workspace_id"] for _ in range(5)]
+    order = [(await claim(pool, 1))[0].workspace_id for _ in range(5)]
     # FIFO would give big five times; the least recently served goes first.
     assert order == ["big", "small", "big", "small", "big"]
 
@@ -67,7 +65,7 @@ async def test_a_batch_goes_round_robin_across_workspaces(pool):
     await factories.queued_runs(pool, 5, workspace_id="a")
     await factories.queued_runs(pool, 1, workspace_id="b")
     await factories.queued_runs(pool, 2, workspace_id="c")
-    got = Counter(r["workspace_id"] for r in await claim(pool, 6))
+    got = Counter(r.workspace_id for r in await claim(pool, 6))
     assert got == {"a": 3, "b": 1, "c": 2}
 
 
@@ -76,13 +74,13 @@ async def test_oldest_due_run_of_the_workspace_first_and_parked_runs_wait(pool):
     await pool.execute(
         "UPDATE runs SET status = 'waiting', wait_reason = 'sleep', "
         "wake_at = now() + interval '1 hour' WHERE run_id = $1",
-        early["run_id"],
+        early.run_id,
     )
     (first,) = await lease.claim_due(pool, ["ex"], 4 * 3600)  # held past the wake time
-    assert first["run_id"] == late["run_id"]
+    assert first.run_id == late.run_id
     assert await claim(pool, 1) == []
-    (woken,) = await claim(pool, 1, now=first["started_at"] + timedelta(hours=2))
-    assert woken["run_id"] == early["run_id"]
+    (woken,) = await claim(pool, 1, now=first.started_at + timedelta(hours=2))
+    assert woken.run_id == early.run_id
 
 
 async def test_the_workspace_cap_holds_and_frees_on_completion(pool):
@@ -100,7 +98,7 @@ async def test_an_agent_cap_leaves_room_for_the_workspaces_other_agents(pool):
     await factories.queued_runs(pool, 5, agent_id="noisy")
     await factories.queued_runs(pool, 3, agent_id="quiet")
     await workspaces.set_agent_cap(pool, "ws", "noisy", 1)
-    got = Counter(r["agent_id"] for r in await claim(pool, 10))
+    got = Counter(r.agent_id for r in await claim(pool, 10))
     assert got == {"noisy": 1, "quiet": 3}
     await counters_match(pool)
 
@@ -116,10 +114,10 @@ async def test_lapsed_leases_are_taken_over_even_at_the_cap(pool):
     await workspaces.set_plan(pool, "ws", "free")
     await factories.queued_runs(pool, 3)
     held = await claim(pool, 5)
-    later = held[0]["wake_at"] + timedelta(seconds=1)
+    later = held[0].wake_at + timedelta(seconds=1)
     taken = await claim(pool, 5, now=later)
-    assert {r["run_id"] for r in taken} == {r["run_id"] for r in held}
-    assert {r["attempt"] for r in taken} == {1}
+    assert {r.run_id for r in taken} == {r.run_id for r in held}
+    assert {r.attempt for r in taken} == {1}
     ws = await workspaces.get(pool, "ws")
     assert ws["running"] == 2  # the takeover kept the slots it had
 
@@ -129,19 +127,17 @@ async def test_counters_follow_every_way_in_and_out_of_running(pool):
     held = await claim(pool, 6)
     await finish(pool, held[0])  # completed
     await finish(pool, held[1], status="waiting")  # parked
-    await runs.cancel_run(pool, "ws", held[2]["run_id"], "stop")
-    await lease.release_unassigned(
-        pool, lease.LeaseKey("ws", held[3]["run_id"], held[3]["lease_epoch"])
-    )
+    await runs.cancel_run(pool, "ws", held[2].run_id, "stop")
+    await lease.release_unassigned(pool, lease.LeaseKey("ws", held[3].run_id, held[3].lease_epoch))
     await pool.execute("UPDATE runs SET active_seconds = deadline_seconds WHERE run_id = $1",
-                       held[4]["run_id"])  # fmt: skip
+                       held[4].run_id)  # fmt: skip
     await lease.heartbeat(
-        pool, "ex", [lease.LeaseKey("ws", held[4]["run_id"], held[4]["lease_epoch"])], 30
+        pool, "ex", [lease.LeaseKey("ws", held[4].run_id, held[4].lease_epoch)], 30
     )
     await counters_match(pool)
     assert (await workspaces.get(pool, "ws"))["running"] == 1
-    await pool.execute("DELETE FROM steps WHERE run_id = $1", held[5]["run_id"])
-    await pool.execute("DELETE FROM runs WHERE run_id = $1", held[5]["run_id"])
+    await pool.execute("DELETE FROM steps WHERE run_id = $1", held[5].run_id)
+    await pool.execute("DELETE FROM runs WHERE run_id = $1", held[5].run_id)
     await counters_match(pool)
     await pool.execute("TRUNCATE runs CASCADE")
     assert (await workspaces.get(pool, "ws"))["next_wake_at"] is None
@@ -157,32 +153,30 @@ async def test_next_wake_at_tracks_the_earliest_waiting_run(pool):
     park = steps.Transition(status="waiting", wait_reason="approval")  # event wait: no wake time
     step = steps.NewStep(1, "park", None, json.dumps({"wait_reason": "approval"}))
     await steps.commit(
-        pool, steps.CommitRequest("ws", row["run_id"], held["lease_epoch"], [step], park), 30
+        pool, steps.CommitRequest("ws", row.run_id, held.lease_epoch, [step], park), 30
     )
     assert (await workspaces.get(pool, "ws"))["next_wake_at"] is None
     assert await claim(pool, 1) == []
     # The event sets wake_at to now: the workspace is due again.
-    await pool.execute("UPDATE runs SET wake_at = now() WHERE run_id = $1", row["run_id"])
+    await pool.execute("UPDATE runs SET wake_at = now() WHERE run_id = $1", row.run_id)
     assert (await workspaces.get(pool, "ws"))["next_wake_at"] is not None
     (again,) = await claim(pool, 1)
-    assert again["run_id"] == row["run_id"]
+    assert again.run_id == row.run_id
 
 
 async def test_queue_position_counts_runs_ahead_and_names_the_cap(pool):
     await workspaces.set_plan(pool, "ws", "free")
     queued = await factories.queued_runs(pool, 5, agent_id="noisy")
     await claim(pool, 2)
-    waiting = [
-        r for r in queued if (await runs.get_run(pool, "ws", r["run_id"]))["status"] == "queued"
-    ]
-    positions = [await lease.queue_position(pool, "ws", r["run_id"]) for r in waiting]
+    waiting = [r for r in queued if (await runs.get_run(pool, "ws", r.run_id)).status == "queued"]
+    positions = [await lease.queue_position(pool, "ws", r.run_id) for r in waiting]
     assert sorted(p.runs_ahead for p in positions) == [0, 1, 2]
     assert all(p.due and p.workspace_full and not p.agent_full for p in positions)
 
     await workspaces.set_plan(pool, "ws", "team")
     await workspaces.set_agent_cap(pool, "ws", "noisy", 2)
     await factories.queued_runs(pool, 1, agent_id="quiet")  # newest, but its agent has room
-    pos = await lease.queue_position(pool, "ws", waiting[0]["run_id"])
+    pos = await lease.queue_position(pool, "ws", waiting[0].run_id)
     assert pos.agent_full and not pos.workspace_full
     running = await pool.fetchval("SELECT run_id FROM runs WHERE status = 'running' LIMIT 1")
     assert await lease.queue_position(pool, "ws", running) is None
@@ -203,11 +197,11 @@ async def test_a_workspace_in_another_claim_is_skipped_not_shared(pool):
 async def test_a_claim_never_hides_a_run_being_admitted(pool):
     """No lost wake-up: emptying a workspace while an admission is in flight keeps it due."""
     (first,) = await factories.queued_runs(pool, 1)
-    version = first["agent_version"]
+    version = first.agent_version
     async with pool.acquire() as admitting, admitting.transaction():
         adm = runs.Admission("ws", "agent", version, "late", None, 50, 100_000, 100, 3600)
         late = await runs.insert_run(admitting, adm)
         (taken,) = await claim(pool, 5)  # the only committed run: the workspace looks empty
-        assert taken["run_id"] == first["run_id"]
+        assert taken.run_id == first.run_id
     (again,) = await claim(pool, 5)
-    assert again["run_id"] == late["run_id"]
+    assert again.run_id == late.run_id

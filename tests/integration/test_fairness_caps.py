@@ -86,22 +86,20 @@ class Race:
                 if not held:
                     await asyncio.sleep(0.005)  # polling, like the dispatcher between pokes
 
-    async def work(self, row: asyncpg.Record) -> None:
+    async def work(self, row: runs.Run) -> None:
         """Hold the run a moment, then complete it, park it, or forget it."""
         await asyncio.sleep(self.rng.uniform(0, 0.02))
         roll = self.rng.random()
         if roll < 0.05:
             return  # forgotten: the lease lapses and another claimer takes it over
-        seq = row["step_count"]
+        seq = row.step_count
         if roll < 0.3:
             wake = self.rng.uniform(0, 0.03)
             transition = steps.Transition("waiting", wait_reason="sleep", wake_after_seconds=wake)
         else:
             transition = steps.Transition("completed", text="done")
         step = steps.NewStep(seq, "model_decision", None, json.dumps({"content": "x"}))
-        req = steps.CommitRequest(
-            row["workspace_id"], row["run_id"], row["lease_epoch"], [step], transition
-        )
+        req = steps.CommitRequest(row.workspace_id, row.run_id, row.lease_epoch, [step], transition)
         with contextlib.suppress(Fenced):  # cancelled, or taken over after a slow hold
             await steps.commit(self.pool, req, LEASE_SECONDS)
 

@@ -70,12 +70,12 @@ async def pending_approval(server: RunningServer) -> uuid.UUID:
         pool, WS, "mailer", {**factories.DEFAULT_SPEC, "approval": policy}
     )
     run = await runs.insert_run(pool, runs.Admission(WS, "mailer", 1, "go", None, 50, 1000, 10, 60))
-    held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r["run_id"] == run["run_id"]]
+    held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r.run_id == run.run_id]
     arguments = {"to": "ada@example.com"}
     approval_id = uuid.uuid4()
     decision = {"content": None, "tool_calls": [{"id": "c1", "name": "send_email",
                                                  "arguments": arguments}]}  # fmt: skip
-    req = steps.CommitRequest(WS, run["run_id"], held[0]["lease_epoch"], [
+    req = steps.CommitRequest(WS, run.run_id, held[0].lease_epoch, [
         steps.NewStep(1, "model_decision", None, json.dumps(decision)),
         steps.NewStep(2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})),
     ], steps.Transition(status="waiting", wait_reason="approval"))  # fmt: skip

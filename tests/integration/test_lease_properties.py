@@ -246,7 +246,7 @@ class LeaseMachine(RuleBasedStateMachine):
             max_steps=1000, max_tokens=10**9, max_tool_calls=1000, deadline_seconds=86400,
         )  # fmt: skip
         row = self.call(runs.insert_run(self.pool, adm, now=now))
-        self.runs[row["run_id"]] = Run(ws, agent, row["run_id"], wake_at=now)
+        self.runs[row.run_id] = Run(ws, agent, row.run_id, wake_at=now)
 
     @rule(ms=st.one_of(st.integers(0, 5_000), AROUND_THE_LEASE, st.integers(60_000, 200_000)))
     def advance_clock(self, ms: int) -> None:
@@ -298,11 +298,11 @@ class LeaseMachine(RuleBasedStateMachine):
                  or self.running(r.ws, r.agent) < self.caps[(r.ws, r.agent)])
         ]  # fmt: skip
 
-    def _claimed(self, row: asyncpg.Record, owner: str, now: datetime) -> bool:
+    def _claimed(self, row: runs.Run, owner: str, now: datetime) -> bool:
         """Check one claimed run against the model and take it; True for a takeover."""
-        m = self.runs[row["run_id"]]
+        m = self.runs[row.run_id]
         assert m.status in LIVE and m.wake_at is not None and m.wake_at <= now, "not due"
-        assert (row["lease_owner"], row["lease_epoch"]) == (owner, m.epoch + 1)
+        assert (row.lease_owner, row.lease_epoch) == (owner, m.epoch + 1)
         takeover = m.status == "running"
         if not takeover:
             for key in ((m.ws, None), (m.ws, m.agent)):

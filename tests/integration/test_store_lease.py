@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from datetime import timedelta
@@ -10,7 +11,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from control_plane.store import lease, runs, steps, workspaces
+from control_plane.store import approvals, lease, runs, steps, workspaces
 from control_plane.store.errors import DataRefused, Fenced
 from control_plane.store.queries import QUERIES
 from tests import factories
@@ -28,7 +29,7 @@ def step(seq: int, kind: str = "model_decision", ref: int | None = None) -> step
 
 
 def key(row) -> lease.LeaseKey:
-    return lease.LeaseKey(row["workspace_id"], row["run_id"], row["lease_epoch"])
+    return lease.LeaseKey(row.workspace_id, row.run_id, row.lease_epoch)
 
 
 async def test_every_named_query_prepares(db):
@@ -36,14 +37,25 @@ async def test_every_named_query_prepares(db):
         await db.prepare(query.sql)
 
 
+async def test_the_typed_rows_name_every_column_of_their_tables(db):
+    """A column a migration adds must reach Run and Approval (from_record reads by name)."""
+    for table, row_type, computed in (("runs", runs.Run, {"held_seconds"}),
+                                      ("approvals", approvals.Approval, set())):  # fmt: skip
+        columns = await db.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        )
+        names = {f.name for f in dataclasses.fields(row_type)}
+        assert names - computed == {c["column_name"] for c in columns}, table
+
+
 async def test_claim_sets_lease_and_bumps_epoch(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (claimed,) = await lease.claim_due(pool, ["ex-a"], 30)
-    assert claimed["run_id"] == run["run_id"]
-    assert claimed["status"] == "running"
-    assert claimed["lease_owner"] == "ex-a"
-    assert claimed["lease_epoch"] == run["lease_epoch"] + 1
-    assert claimed["attempt"] == 0
+    assert claimed.run_id == run.run_id
+    assert claimed.status == "running"
+    assert claimed.lease_owner == "ex-a"
+    assert claimed.lease_epoch == run.lease_epoch + 1
+    assert claimed.attempt == 0
     # Held: nobody else can claim it while the lease runs.
     assert await lease.claim_due(pool, ["ex-b"], 30) == []
 
@@ -51,34 +63,34 @@ async def test_claim_sets_lease_and_bumps_epoch(pool):
 async def test_lapsed_lease_is_claimable_again_and_fences_the_old_holder(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (a,) = await lease.claim_due(pool, ["ex-a"], 30)
-    later = a["wake_at"] + timedelta(seconds=1)
+    later = a.wake_at + timedelta(seconds=1)
     (b,) = await lease.claim_due(pool, ["ex-b"], 30, now=later)
-    assert (b["lease_owner"], b["lease_epoch"], b["attempt"]) == ("ex-b", a["lease_epoch"] + 1, 1)
+    assert (b.lease_owner, b.lease_epoch, b.attempt) == ("ex-b", a.lease_epoch + 1, 1)
 
-    stale = steps.CommitRequest(run["workspace_id"], run["run_id"], a["lease_epoch"], [step(1)])
+    stale = steps.CommitRequest(run.workspace_id, run.run_id, a.lease_epoch, [step(1)])
     with pytest.raises(Fenced):
         await steps.commit(pool, stale, 30)
     beat = await lease.heartbeat(pool, "ex-a", [key(a)], 30)
     assert beat.renewed == {}
 
-    fresh = steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)])
+    fresh = steps.CommitRequest(run.workspace_id, run.run_id, b.lease_epoch, [step(1)])
     assert (await steps.commit(pool, fresh, 30)).status == "running"
-    log = await steps.list_steps(pool, run["workspace_id"], run["run_id"], 0, 100)
-    assert [(s.seq, s.epoch) for s in log] == [(0, 0), (1, b["lease_epoch"])]
+    log = await steps.list_steps(pool, run.workspace_id, run.run_id, 0, 100)
+    assert [(s.seq, s.epoch) for s in log] == [(0, 0), (1, b.lease_epoch)]
 
 
 async def test_retried_commit_is_acknowledged_once(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
     req = steps.CommitRequest(
-        run["workspace_id"], run["run_id"], held["lease_epoch"], [step(1)],
+        run.workspace_id, run.run_id, held.lease_epoch, [step(1)],
         steps.Transition(status="completed", text="done"), model_calls=1, tokens=10,
     )  # fmt: skip
     first = await steps.commit(pool, req, 30)
     again = await steps.commit(pool, req, 30)
     assert (first.duplicate, again.duplicate) == (False, True)
-    row = await runs.get_run(pool, run["workspace_id"], run["run_id"])
-    assert (row["status"], row["output"], row["model_calls"], row["tokens_used"]) == (
+    row = await runs.get_run(pool, run.workspace_id, run.run_id)
+    assert (row.status, row.output, row.model_calls, row.tokens_used) == (
         "completed", "done", 1, 10,
     )  # fmt: skip
 
@@ -86,16 +98,16 @@ async def test_retried_commit_is_acknowledged_once(pool):
 async def test_commit_with_a_taken_seq_from_another_epoch_is_fenced(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (a,) = await lease.claim_due(pool, ["ex-a"], 30)
-    (b,) = await lease.claim_due(pool, ["ex-b"], 30, now=a["wake_at"] + timedelta(seconds=1))
+    (b,) = await lease.claim_due(pool, ["ex-b"], 30, now=a.wake_at + timedelta(seconds=1))
     await steps.commit(
         pool,
-        steps.CommitRequest(run["workspace_id"], run["run_id"], b["lease_epoch"], [step(1)]),
+        steps.CommitRequest(run.workspace_id, run.run_id, b.lease_epoch, [step(1)]),
         30,
     )
     with pytest.raises(Fenced):
         await steps.commit(
             pool,
-            steps.CommitRequest(run["workspace_id"], run["run_id"], a["lease_epoch"], [step(1)]),
+            steps.CommitRequest(run.workspace_id, run.run_id, a.lease_epoch, [step(1)]),
             30,
         )
 
@@ -106,17 +118,15 @@ async def test_park_releases_the_lease_until_wake_time(pool):
     park = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=3600)
     done = await steps.commit(
         pool,
-        steps.CommitRequest(
-            run["workspace_id"], run["run_id"], held["lease_epoch"], [step(1)], park
-        ),
+        steps.CommitRequest(run.workspace_id, run.run_id, held.lease_epoch, [step(1)], park),
         30,
     )
-    row = await runs.get_run(pool, run["workspace_id"], run["run_id"])
-    assert (row["status"], row["wait_reason"], row["lease_owner"]) == ("waiting", "sleep", None)
-    assert done.wake_at == row["wake_at"]
+    row = await runs.get_run(pool, run.workspace_id, run.run_id)
+    assert (row.status, row.wait_reason, row.lease_owner) == ("waiting", "sleep", None)
+    assert done.wake_at == row.wake_at
     assert await lease.claim_due(pool, ["ex-b"], 30) == []
-    (woken,) = await lease.claim_due(pool, ["ex-b"], 30, now=row["wake_at"])
-    assert woken["attempt"] == 0  # a finished wait is not a takeover
+    (woken,) = await lease.claim_due(pool, ["ex-b"], 30, now=row.wake_at)
+    assert woken.attempt == 0  # a finished wait is not a takeover
 
 
 async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(pool):
@@ -131,30 +141,30 @@ async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(poo
     # Past the deadline the heartbeat is refused and the run fails with a finish step.
     # Active time: 59.5 s of earlier holds, then the current hold passes 60 s.
     await pool.execute("UPDATE runs SET active_seconds = 59.5")
-    later = held[0]["held_since"] + timedelta(seconds=1)
+    later = held[0].held_since + timedelta(seconds=1)
     out = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30, now=later)
     assert out.renewed == {} and out.past_deadline == {key(h) for h in held}
-    row = await runs.get_run(pool, r1["workspace_id"], r1["run_id"])
-    assert (row["status"], row["error"]) == ("failed", "deadline exceeded")
-    log = await steps.list_steps(pool, r2["workspace_id"], r2["run_id"], 0, 10)
+    row = await runs.get_run(pool, r1.workspace_id, r1.run_id)
+    assert (row.status, row.error) == ("failed", "deadline exceeded")
+    log = await steps.list_steps(pool, r2.workspace_id, r2.run_id, 0, 10)
     assert json.loads(log[-1].payload) == {"status": "failed", "error": "deadline exceeded"}
-    row = await runs.get_run(pool, r2["workspace_id"], r2["run_id"])
-    assert row["step_count"] == len(log) and row["held_since"] is None
+    row = await runs.get_run(pool, r2.workspace_id, r2.run_id)
+    assert row.step_count == len(log) and row.held_since is None
 
 
 async def test_cancel_fences_the_holder(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
-    cancelled = await runs.cancel_run(pool, run["workspace_id"], run["run_id"], "user asked")
-    assert cancelled["status"] == "cancelled"
+    cancelled = await runs.cancel_run(pool, run.workspace_id, run.run_id, "user asked")
+    assert cancelled.status == "cancelled"
     with pytest.raises(Fenced):
         await steps.commit(
             pool,
-            steps.CommitRequest(run["workspace_id"], run["run_id"], held["lease_epoch"], [step(2)]),
+            steps.CommitRequest(run.workspace_id, run.run_id, held.lease_epoch, [step(2)]),
             30,
         )
     assert (await lease.heartbeat(pool, "ex-a", [key(held)], 30)).renewed == {}
-    assert await runs.cancel_run(pool, run["workspace_id"], run["run_id"], "again") is None
+    assert await runs.cancel_run(pool, run.workspace_id, run.run_id, "again") is None
 
 
 async def test_concurrent_claimers_claim_each_run_exactly_once(pool):
@@ -169,7 +179,7 @@ async def test_concurrent_claimers_claim_each_run_exactly_once(pool):
         # An empty claim may only mean the other claimers hold every due workspace.
         while await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'"):
             for r in await lease.claim_due(pool, [name] * 7, 30):
-                claimed[(r["run_id"], r["lease_epoch"])] += 1
+                claimed[(r.run_id, r.lease_epoch)] += 1
 
     await asyncio.gather(*(claimer(f"ex-{i}") for i in range(8)))
     assert len(claimed) == 400
@@ -193,15 +203,16 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
         max_age_seconds=12, started_by="key:ci",
     )  # fmt: skip
     row = await runs.insert_run(pool, adm)
-    assert row["run_id"] == adm.run_id
-    got = {k: row[k] for k in ("max_steps", "max_tokens", "max_tool_calls", "deadline_seconds",
-                               "model_retry_budget", "max_age_seconds", "started_by", "input")}  # fmt: skip
+    assert row.run_id == adm.run_id
+    copied = ("max_steps", "max_tokens", "max_tool_calls", "deadline_seconds",
+              "model_retry_budget", "max_age_seconds", "started_by", "input")  # fmt: skip
+    got = {k: getattr(row, k) for k in copied}
     assert got == {
         "max_steps": 7, "max_tokens": 8, "max_tool_calls": 9, "deadline_seconds": 10,
         "model_retry_budget": 11, "max_age_seconds": 12, "started_by": "key:ci", "input": "hello",
     }  # fmt: skip
-    assert row["expires_at"] - row["created_at"] == timedelta(seconds=12)
-    (first,) = await steps.list_steps(pool, "ws", row["run_id"], 0, 10)
+    assert row.expires_at - row.created_at == timedelta(seconds=12)
+    (first,) = await steps.list_steps(pool, "ws", row.run_id, 0, 10)
     assert (first.seq, first.kind, json.loads(first.payload)) == (
         0,
         "input",

@@ -67,7 +67,7 @@ async def raise_for(turns, claimed, locked, monkeypatch) -> list[tuple[str, tupl
 
 async def test_only_workspaces_that_got_less_than_their_room_are_looked_at_again(monkeypatch):
     turns = [{"workspace_id": "full", "room": 2}, {"workspace_id": "short", "room": 3}]
-    claimed = [{"workspace_id": "full"}, {"workspace_id": "full"}, {"workspace_id": "short"}]
+    claimed = ["full", "full", "short"]  # the workspace of each claimed run
     calls = await raise_for(turns, claimed, ["short"], monkeypatch)
     assert calls == [
         ("workspace_lock_for_raise", (["short"],)),
@@ -76,7 +76,7 @@ async def test_only_workspaces_that_got_less_than_their_room_are_looked_at_again
 
 
 async def test_no_raise_when_every_workspace_filled_its_room_or_none_could_be_locked(monkeypatch):
-    assert await raise_for([{"workspace_id": "a", "room": 1}], [{"workspace_id": "a"}], [],
+    assert await raise_for([{"workspace_id": "a", "room": 1}], ["a"], [],
                            monkeypatch) == []  # fmt: skip
     calls = await raise_for([{"workspace_id": "a", "room": 2}], [], [], monkeypatch)
     assert [name for name, _ in calls] == ["workspace_lock_for_raise"]

@@ -143,7 +143,7 @@ UPDATE runs r SET
     updated_at = now()
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
-RETURNING r.*;
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds;
 
 -- name: workspace_lock_for_raise :many
 -- Upgrade the claim's locks on these workspaces to FOR UPDATE, skipping any
@@ -302,7 +302,7 @@ WITH clock AS MATERIALIZED (
            jsonb_build_object('status', 'failed', 'error', 'max age exceeded')
     FROM failed f
 )
-SELECT workspace_id, run_id FROM failed;
+SELECT workspace_id, run_id, lease_epoch FROM failed;
 
 -- name: run_release_unassigned :exec
 -- Give back a just-claimed run that could not be delivered (its executor

@@ -28,9 +28,10 @@ admitted AS (
 
 -- name: run_insert :one
 -- StartRun: admit a run and its input step in one statement (run_admit); returns nothing
--- when the request_id was used.
+-- when the request_id was used. Every query that returns a run returns the whole row and
+-- held_seconds (store/runs.py Run).
 WITH admit_if AS (SELECT), {{run_admit}}
-SELECT * FROM admitted;
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM admitted;
 
 -- name: run_get :one
 -- One run of a workspace, with its current hold's seconds so far (held_seconds).
@@ -71,4 +72,4 @@ WITH cancelled AS (
            'finish', c.lease_epoch, jsonb_build_object('status', 'cancelled', 'error', $3::text)
     FROM cancelled c
 )
-SELECT * FROM cancelled;
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;

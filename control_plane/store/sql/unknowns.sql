@@ -7,7 +7,7 @@
 UPDATE runs SET wake_at = coalesce($3::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2
   AND status = 'waiting' AND wait_reason IN ('human', 'repeat') AND wake_at IS NULL
-RETURNING *;
+RETURNING *, run_held_seconds(held_since, wake_at, now()) AS held_seconds;
 
 -- name: unknown_step_get :one
 -- The step a decision names (it must be an unknown tool_result awaiting a person).
