@@ -169,7 +169,9 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("seq", type=int, metavar="SEQ", help="the unknown tool_result step")
     p.add_argument("decision", choices=["happened", "not_happened", "retry", "fail_run"])
     p.add_argument(
-        "--by", default="", help="who decides: recorded from your credential; if given, must match it"
+        "--by",
+        default="",
+        help="who decides: recorded from your credential; if given, must match it",
     )
     p.add_argument("--note", default="", help="what you checked")
     p.set_defaults(handler=commands.runs_resolve)
