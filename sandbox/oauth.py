@@ -24,6 +24,9 @@ Test controls (never logged as provider calls):
 * ``GET /_sandbox/oauth/stats`` — ``token_calls`` (every token-endpoint
   request), ``refresh_calls``, ``reuse_revocations``, ``grants``.
 * ``POST /_sandbox/oauth/config`` — ``{"access_ttl_seconds": 2}``;
+  ``{"reuse_grace_seconds": 30}``: the refresh token retired by a grant's last
+  rotation answers that rotation's pair again for this long (a reuse interval,
+  as Auth0 and Okta offer) instead of counting as reuse (default 0: strict);
   ``{"require": {"chat": true}}`` makes a provider refuse calls without a token
   (by default a call without ``Authorization`` is served as before, as the
   shared ``default`` account).
@@ -86,6 +89,10 @@ class Grant:
     refresh_token: str = ""
     retired_refresh: set[str] = field(default_factory=set)
     revoked: bool = False
+    # The last rotation: the token it retired, when, and its answer (for the grace window).
+    previous_refresh: str = ""
+    rotated_at: float = 0.0
+    last_answer: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,9 @@ class OAuthServer:
     def __init__(self, providers: list[str]) -> None:
         self.provider_names = set(providers)
         self.access_ttl = DEFAULT_ACCESS_TTL
+        # Seconds during which the refresh token retired by the last rotation still answers
+        # that rotation's pair (0: strict RFC 9700 rotation, any reuse revokes the grant).
+        self.reuse_grace = 0.0
         self.require: set[str] = set()
         self.codes: dict[str, PendingCode] = {}
         self.grants: dict[str, Grant] = {}
@@ -226,6 +236,10 @@ class OAuthServer:
             raise OAuthError("invalid_grant", "unknown refresh token")
         if grant.revoked:
             raise OAuthError("invalid_grant", "the grant was revoked")
+        if presented == grant.previous_refresh and self._in_grace(grant):
+            # The answer to that rotation was lost on its way: the same pair again
+            # (a provider's reuse interval, as Auth0 and Okta offer; off by default).
+            return grant.last_answer
         if presented != grant.refresh_token:
             # RFC 9700 §4.14.2: a retired refresh token came back; the legitimate client
             # and an attacker cannot be told apart, so the whole grant goes.
@@ -233,7 +247,12 @@ class OAuthServer:
             self._revoke(grant)
             raise OAuthError("invalid_grant", "refresh token reuse: the grant is revoked")
         grant.retired_refresh.add(presented)
-        return self._issue(grant)
+        grant.previous_refresh, grant.rotated_at = presented, time.time()
+        grant.last_answer = self._issue(grant)
+        return grant.last_answer
+
+    def _in_grace(self, grant: Grant) -> bool:
+        return self.reuse_grace > 0 and time.time() - grant.rotated_at <= self.reuse_grace
 
     def _issue(self, grant: Grant) -> dict[str, Any]:
         grant.generation += 1
@@ -307,6 +326,8 @@ class OAuthServer:
         body = await _json(request)
         if "access_ttl_seconds" in body:
             self.access_ttl = float(body["access_ttl_seconds"])
+        if "reuse_grace_seconds" in body:
+            self.reuse_grace = float(body["reuse_grace_seconds"])
         for provider, required in dict(body.get("require", {})).items():
             (self.require.add if required else self.require.discard)(provider)
         return JSONResponse(

@@ -158,3 +158,15 @@ def test_a_dropped_refresh_response_still_rotated_the_pair(client: TestClient) -
     again = token(client, grant_type="refresh_token", refresh_token=pair["refresh_token"])
     assert again.status_code == 400
     assert stats(client)["reuse_revocations"] == 1
+
+
+def test_within_the_reuse_grace_a_lost_rotation_is_answered_again(client: TestClient) -> None:
+    client.post("/_sandbox/oauth/config", json={"reuse_grace_seconds": 30})
+    pair = connect(client)
+    client.post("/_sandbox/oauth/drop_refresh", json={"times": 1})
+    with pytest.raises(Exception):  # noqa: B017,PT011 - the connection breaks mid-response
+        token(client, grant_type="refresh_token", refresh_token=pair["refresh_token"])
+    again = token(client, grant_type="refresh_token", refresh_token=pair["refresh_token"])
+    assert again.status_code == 200
+    assert stats(client)["reuse_revocations"] == 0
+    assert post(client, again.json()["access_token"]).status_code == 200
