@@ -48,6 +48,14 @@ class ExecutorServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ExecutorServiceAsyncStub: ...
     Connect: _grpc.StreamStreamMultiCallable[_executor_pb2.ConnectRequest, _executor_pb2.ConnectResponse]
+    GetConnectionToken: _grpc.UnaryUnaryMultiCallable[_executor_pb2.GetConnectionTokenRequest, _executor_pb2.GetConnectionTokenResponse]
+    """GetConnectionToken answers a connection's access token for one tool call
+    about to leave, refreshed first if it is due (single-flight per
+    connection). Only for a run this executor holds under `lease` (its
+    workspace and epoch), and only for a connection its agent version names.
+    The token goes on that request's Authorization header and nowhere else:
+    not in a step, a log line or an error.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -69,6 +77,14 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.StreamStreamMultiCallable[_executor_pb2.ConnectRequest, _executor_pb2.ConnectResponse]  # type: ignore[assignment]
+    GetConnectionToken: _aio.UnaryUnaryMultiCallable[_executor_pb2.GetConnectionTokenRequest, _executor_pb2.GetConnectionTokenResponse]  # type: ignore[assignment]
+    """GetConnectionToken answers a connection's access token for one tool call
+    about to leave, refreshed first if it is due (single-flight per
+    connection). Only for a run this executor holds under `lease` (its
+    workspace and epoch), and only for a connection its agent version names.
+    The token goes on that request's Authorization header and nowhere else:
+    not in a step, a log line or an error.
+    """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
     """ExecutorService is the link between the stateless executor fleet and the
@@ -93,5 +109,19 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_executor_pb2.ConnectRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_executor_pb2.ConnectResponse], _abc.AsyncIterator[_executor_pb2.ConnectResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetConnectionToken(
+        self,
+        request: _executor_pb2.GetConnectionTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.GetConnectionTokenResponse, _abc.Awaitable[_executor_pb2.GetConnectionTokenResponse]]:
+        """GetConnectionToken answers a connection's access token for one tool call
+        about to leave, refreshed first if it is due (single-flight per
+        connection). Only for a run this executor holds under `lease` (its
+        workspace and epoch), and only for a connection its agent version names.
+        The token goes on that request's Authorization header and nowhere else:
+        not in a step, a log line or an error.
+        """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
