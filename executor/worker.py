@@ -75,6 +75,7 @@ class Worker:
             catalogue=catalogue or Catalogue.load(),
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
             installation=config.installation,
+            connection_token=self._stream.connection_token,
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.

@@ -23,6 +23,8 @@ CREATE TABLE connections (
     token_generation  bigint NOT NULL DEFAULT 1,
     -- Why the connection is not active (no token text ever: the provider's error code).
     status_reason     text NOT NULL DEFAULT '',
+    -- When its owner was asked to reconnect (once per break; a reconnect clears it).
+    notified_at       timestamptz,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (workspace_id, connection_id),

@@ -48,7 +48,10 @@ def routes(ctx: HttpContext) -> list[Route]:
         return RedirectResponse(url, status_code=302)
 
     async def callback(request: Request) -> Response:
-        return await _callback(flows, request)
+        response, woken = await _callback(flows, request)
+        if woken:
+            ctx.on_runnable()  # runs parked on the connection are due now
+        return response
 
     guarded_start = guarded(ctx.credentials(), Need.OPERATE, start)
     return [
@@ -57,7 +60,7 @@ def routes(ctx: HttpContext) -> list[Route]:
     ]
 
 
-async def _callback(flows: ConnectionFlows, request: Request) -> Response:
+async def _callback(flows: ConnectionFlows, request: Request) -> tuple[Response, bool]:
     q = request.query_params
     if q.get("error"):
         raise InvalidArgument("error", "the provider did not grant access")
@@ -76,4 +79,4 @@ async def _callback(flows: ConnectionFlows, request: Request) -> Response:
         "status": "active",
         "reconnected": done.reconnected,
         "woken_runs": len(done.woken),
-    })  # fmt: skip
+    }), bool(done.woken)  # fmt: skip

@@ -196,3 +196,13 @@ async def lease_allows(
         epoch=epoch, connection_id=connection_id,
     )  # fmt: skip
     return row is not None
+
+
+async def mark_broken(
+    conn: Connection, workspace_id: str, connection_id: str, reason: str
+) -> Record | None:
+    """A run waits on the connection; the row the first time since it last worked."""
+    return await run(
+        conn, "connection_mark_broken", workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id), reason=reason[:500],
+    )  # fmt: skip

@@ -8,7 +8,7 @@ VALUES (:workspace_id, :connection_id, :provider, :account, :owner, :scopes, 'ac
 ON CONFLICT (workspace_id, provider, account) DO UPDATE
 SET owner = EXCLUDED.owner, scopes = EXCLUDED.scopes, status = 'active', status_reason = '',
     access_sealed = EXCLUDED.access_sealed, refresh_sealed = EXCLUDED.refresh_sealed,
-    access_expires_at = EXCLUDED.access_expires_at,
+    access_expires_at = EXCLUDED.access_expires_at, notified_at = NULL,
     token_generation = connections.token_generation + 1, updated_at = now()
 -- The tokens were sealed for this id: a row of another id (a racing callback) is left alone.
 WHERE connections.connection_id = EXCLUDED.connection_id
@@ -95,3 +95,13 @@ WHERE r.workspace_id = :workspace_id AND r.run_id = :run_id AND r.status = 'runn
   AND r.lease_epoch = :epoch
   AND EXISTS (SELECT 1 FROM jsonb_each_text(coalesce(v.spec -> 'connections', '{}'::jsonb)) c
               WHERE c.value = :connection_id);
+
+-- name: connection_mark_broken :one
+-- A run parked on the connection: it needs its owner (needs_reauth unless already revoked
+-- or expired). The row only the first time since it last worked: its owner is asked once.
+UPDATE connections
+SET status = CASE WHEN status = 'active' THEN 'needs_reauth' ELSE status END,
+    status_reason = CASE WHEN status = 'active' THEN :reason ELSE status_reason END,
+    notified_at = now(), updated_at = now()
+WHERE workspace_id = :workspace_id AND connection_id = :connection_id AND notified_at IS NULL
+RETURNING connection_id, provider, account, owner, status, scopes;

@@ -28,15 +28,15 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/executor.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x15\x61gentrun/v1/run.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x19GetConnectionTokenRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x15\n\rconnection_id\x18\x02 \x01(\t\"\x84\x01\n\x1aGetConnectionTokenResponse\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb5\x01\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.HelloH\x00\x12#\n\x05ready\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.ReadyH\x00\x12%\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x13.agentrun.v1.CommitH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.HeartbeatH\x00\x42\x05\n\x03msg\"\x85\x02\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.WelcomeH\x00\x12-\n\nassignment\x18\x02 \x01(\x0b\x32\x17.agentrun.v1.AssignmentH\x00\x12\x32\n\rcommit_result\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.CommitResultH\x00\x12\x38\n\x10heartbeat_result\x18\x04 \x01(\x0b\x32\x1c.agentrun.v1.HeartbeatResultH\x00\x12%\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.CancelH\x00\x42\x05\n\x03msg\"<\n\x05Lease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x8e\x01\n\x05Hello\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12 \n\x04held\x18\x04 \x03(\x0b\x32\x12.agentrun.v1.Lease\x12+\n\x05tools\x18\x05 \x03(\x0b\x32\x1c.agentrun.v1.ToolDeclaration\"]\n\x0fToolDeclaration\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rschema_sha256\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\x16\n\x05Ready\x12\r\n\x05slots\x18\x01 \x01(\x05\"b\n\x07NewStep\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\x0f\n\x07ref_seq\x18\x03 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x04 \x01(\t\"\x85\x01\n\x04Park\x12\x13\n\x0bwait_reason\x18\x01 \x01(\t\x12/\n\nwake_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12/\n\twake_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x42\x06\n\x04wake\"\x1a\n\x08\x43omplete\x12\x0e\n\x06output\x18\x01 \x01(\t\"\x15\n\x04\x46\x61il\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xd4\x02\n\x06\x43ommit\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12#\n\x05steps\x18\x03 \x03(\x0b\x32\x14.agentrun.v1.NewStep\x12!\n\x04park\x18\x04 \x01(\x0b\x32\x11.agentrun.v1.ParkH\x00\x12)\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x15.agentrun.v1.CompleteH\x00\x12!\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.FailH\x00\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x12\n\ntool_calls\x18\x08 \x01(\x05\x12\x0e\n\x06tokens\x18\t \x01(\x03\x12\x36\n\x10\x61pproval_request\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ApprovalRequestB\x0c\n\ntransition\"\xb5\x01\n\x0f\x41pprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x06 \x01(\t\x12\x13\n\x0bmoves_money\x18\x07 \x01(\x08\x12\x11\n\thigh_risk\x18\x08 \x01(\x08\"C\n\tHeartbeat\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.agentrun.v1.Lease\"\x9f\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0eserver_release\x18\x04 \x01(\t\"\x7f\n\nAssignment\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x30\n\ragent_version\x18\x02 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12 \n\x05steps\x18\x03 \x03(\x0b\x32\x11.agentrun.v1.Step\"\x97\x01\n\x0c\x43ommitResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.agentrun.v1.CommitOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Q\n\x0bLeaseStatus\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"`\n\x0fHeartbeatResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agentrun.v1.LeaseStatus\x12\x0f\n\x07\x63hecked\x18\x03 \x01(\x08\";\n\x06\x43\x61ncel\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x9d\x01\n\rCommitOutcome\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMMIT_OUTCOME_OK\x10\x01\x12\x19\n\x15\x43OMMIT_OUTCOME_FENCED\x10\x02\x12\x1a\n\x16\x43OMMIT_OUTCOME_INVALID\x10\x03\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNAVAILABLE\x10\x04\x32\xc2\x01\n\x0f\x45xecutorService\x12H\n\x07\x43onnect\x12\x1b.agentrun.v1.ConnectRequest\x1a\x1c.agentrun.v1.ConnectResponse(\x01\x30\x01\x12\x65\n\x12GetConnectionToken\x12&.agentrun.v1.GetConnectionTokenRequest\x1a\'.agentrun.v1.GetConnectionTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/executor.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x15\x61gentrun/v1/run.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x19GetConnectionTokenRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x15\n\rconnection_id\x18\x02 \x01(\t\"\x84\x01\n\x1aGetConnectionTokenResponse\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb5\x01\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.HelloH\x00\x12#\n\x05ready\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.ReadyH\x00\x12%\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x13.agentrun.v1.CommitH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.HeartbeatH\x00\x42\x05\n\x03msg\"\x85\x02\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.WelcomeH\x00\x12-\n\nassignment\x18\x02 \x01(\x0b\x32\x17.agentrun.v1.AssignmentH\x00\x12\x32\n\rcommit_result\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.CommitResultH\x00\x12\x38\n\x10heartbeat_result\x18\x04 \x01(\x0b\x32\x1c.agentrun.v1.HeartbeatResultH\x00\x12%\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.CancelH\x00\x42\x05\n\x03msg\"<\n\x05Lease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x8e\x01\n\x05Hello\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12 \n\x04held\x18\x04 \x03(\x0b\x32\x12.agentrun.v1.Lease\x12+\n\x05tools\x18\x05 \x03(\x0b\x32\x1c.agentrun.v1.ToolDeclaration\"]\n\x0fToolDeclaration\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rschema_sha256\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\x16\n\x05Ready\x12\r\n\x05slots\x18\x01 \x01(\x05\"b\n\x07NewStep\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\x0f\n\x07ref_seq\x18\x03 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x04 \x01(\t\"\x9c\x01\n\x04Park\x12\x13\n\x0bwait_reason\x18\x01 \x01(\t\x12/\n\nwake_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12/\n\twake_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x15\n\rconnection_id\x18\x04 \x01(\tB\x06\n\x04wake\"\x1a\n\x08\x43omplete\x12\x0e\n\x06output\x18\x01 \x01(\t\"\x15\n\x04\x46\x61il\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xd4\x02\n\x06\x43ommit\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12#\n\x05steps\x18\x03 \x03(\x0b\x32\x14.agentrun.v1.NewStep\x12!\n\x04park\x18\x04 \x01(\x0b\x32\x11.agentrun.v1.ParkH\x00\x12)\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x15.agentrun.v1.CompleteH\x00\x12!\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.FailH\x00\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x12\n\ntool_calls\x18\x08 \x01(\x05\x12\x0e\n\x06tokens\x18\t \x01(\x03\x12\x36\n\x10\x61pproval_request\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ApprovalRequestB\x0c\n\ntransition\"\xb5\x01\n\x0f\x41pprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x06 \x01(\t\x12\x13\n\x0bmoves_money\x18\x07 \x01(\x08\x12\x11\n\thigh_risk\x18\x08 \x01(\x08\"C\n\tHeartbeat\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.agentrun.v1.Lease\"\x9f\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0eserver_release\x18\x04 \x01(\t\"\x7f\n\nAssignment\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x30\n\ragent_version\x18\x02 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12 \n\x05steps\x18\x03 \x03(\x0b\x32\x11.agentrun.v1.Step\"\x97\x01\n\x0c\x43ommitResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.agentrun.v1.CommitOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Q\n\x0bLeaseStatus\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"`\n\x0fHeartbeatResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agentrun.v1.LeaseStatus\x12\x0f\n\x07\x63hecked\x18\x03 \x01(\x08\";\n\x06\x43\x61ncel\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x9d\x01\n\rCommitOutcome\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMMIT_OUTCOME_OK\x10\x01\x12\x19\n\x15\x43OMMIT_OUTCOME_FENCED\x10\x02\x12\x1a\n\x16\x43OMMIT_OUTCOME_INVALID\x10\x03\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNAVAILABLE\x10\x04\x32\xc2\x01\n\x0f\x45xecutorService\x12H\n\x07\x43onnect\x12\x1b.agentrun.v1.ConnectRequest\x1a\x1c.agentrun.v1.ConnectResponse(\x01\x30\x01\x12\x65\n\x12GetConnectionToken\x12&.agentrun.v1.GetConnectionTokenRequest\x1a\'.agentrun.v1.GetConnectionTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMMITOUTCOME']._serialized_start=2723
-  _globals['_COMMITOUTCOME']._serialized_end=2880
+  _globals['_COMMITOUTCOME']._serialized_start=2746
+  _globals['_COMMITOUTCOME']._serialized_end=2903
   _globals['_GETCONNECTIONTOKENREQUEST']._serialized_start=156
   _globals['_GETCONNECTIONTOKENREQUEST']._serialized_end=241
   _globals['_GETCONNECTIONTOKENRESPONSE']._serialized_start=244
@@ -56,29 +56,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEWSTEP']._serialized_start=1152
   _globals['_NEWSTEP']._serialized_end=1250
   _globals['_PARK']._serialized_start=1253
-  _globals['_PARK']._serialized_end=1386
-  _globals['_COMPLETE']._serialized_start=1388
-  _globals['_COMPLETE']._serialized_end=1414
-  _globals['_FAIL']._serialized_start=1416
-  _globals['_FAIL']._serialized_end=1437
-  _globals['_COMMIT']._serialized_start=1440
-  _globals['_COMMIT']._serialized_end=1780
-  _globals['_APPROVALREQUEST']._serialized_start=1783
-  _globals['_APPROVALREQUEST']._serialized_end=1964
-  _globals['_HEARTBEAT']._serialized_start=1966
-  _globals['_HEARTBEAT']._serialized_end=2033
-  _globals['_WELCOME']._serialized_start=2036
-  _globals['_WELCOME']._serialized_end=2195
-  _globals['_ASSIGNMENT']._serialized_start=2197
-  _globals['_ASSIGNMENT']._serialized_end=2324
-  _globals['_COMMITRESULT']._serialized_start=2327
-  _globals['_COMMITRESULT']._serialized_end=2478
-  _globals['_LEASESTATUS']._serialized_start=2480
-  _globals['_LEASESTATUS']._serialized_end=2561
-  _globals['_HEARTBEATRESULT']._serialized_start=2563
-  _globals['_HEARTBEATRESULT']._serialized_end=2659
-  _globals['_CANCEL']._serialized_start=2661
-  _globals['_CANCEL']._serialized_end=2720
-  _globals['_EXECUTORSERVICE']._serialized_start=2883
-  _globals['_EXECUTORSERVICE']._serialized_end=3077
+  _globals['_PARK']._serialized_end=1409
+  _globals['_COMPLETE']._serialized_start=1411
+  _globals['_COMPLETE']._serialized_end=1437
+  _globals['_FAIL']._serialized_start=1439
+  _globals['_FAIL']._serialized_end=1460
+  _globals['_COMMIT']._serialized_start=1463
+  _globals['_COMMIT']._serialized_end=1803
+  _globals['_APPROVALREQUEST']._serialized_start=1806
+  _globals['_APPROVALREQUEST']._serialized_end=1987
+  _globals['_HEARTBEAT']._serialized_start=1989
+  _globals['_HEARTBEAT']._serialized_end=2056
+  _globals['_WELCOME']._serialized_start=2059
+  _globals['_WELCOME']._serialized_end=2218
+  _globals['_ASSIGNMENT']._serialized_start=2220
+  _globals['_ASSIGNMENT']._serialized_end=2347
+  _globals['_COMMITRESULT']._serialized_start=2350
+  _globals['_COMMITRESULT']._serialized_end=2501
+  _globals['_LEASESTATUS']._serialized_start=2503
+  _globals['_LEASESTATUS']._serialized_end=2584
+  _globals['_HEARTBEATRESULT']._serialized_start=2586
+  _globals['_HEARTBEATRESULT']._serialized_end=2682
+  _globals['_CANCEL']._serialized_start=2684
+  _globals['_CANCEL']._serialized_end=2743
+  _globals['_EXECUTORSERVICE']._serialized_start=2906
+  _globals['_EXECUTORSERVICE']._serialized_end=3100
 # @@protoc_insertion_point(module_scope)

@@ -367,7 +367,14 @@ class Park(_message.Message):
     WAIT_REASON_FIELD_NUMBER: _builtins.int
     WAKE_AFTER_FIELD_NUMBER: _builtins.int
     WAKE_TIME_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
     wait_reason: _builtins.str
+    connection_id: _builtins.str
+    """With wait_reason "connection": the connection the run waits for (revoked,
+    refused, or short of a scope the tool needs). It is marked needs_reauth,
+    its owner is notified once through the outbox, and reconnecting it wakes
+    every run waiting on it.
+    """
     @_builtins.property
     def wake_after(self) -> _duration_pb2.Duration:
         """Relative to the database clock (preferred: no executor clock involved)."""
@@ -380,10 +387,11 @@ class Park(_message.Message):
         wait_reason: _builtins.str = ...,
         wake_after: _duration_pb2.Duration | None = ...,
         wake_time: _timestamp_pb2.Timestamp | None = ...,
+        connection_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_wake: _TypeAlias = _typing.Literal["wake_after", "wake_time"]  # noqa: Y015
     _WhichOneofArgType_wake: _TypeAlias = _typing.Literal["wake", b"wake"]  # noqa: Y015
