@@ -33,6 +33,7 @@ from executor.replay import (
 from executor.stream import CommitReply
 from executor.tools import chain, credentials, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
+from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class RunDeps:
     installation: str = ""
     # (lease, connection id) -> the connection's access token, asked right before a tool
     # call leaves (ExecutorService.GetConnectionToken); None: connections are not used.
-    connection_token: Callable[[executor_pb2.Lease, str], Awaitable[str]] | None = None
+    connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
 
 
 class RunLoop:
@@ -421,10 +422,10 @@ class RunLoop:
             return None
         lease = self.lease
 
-        async def token(connection_id: str) -> str:
+        async def token(connection_id: str) -> credentials.Granted:
             return await fetch(lease, connection_id)
 
-        return credentials.for_provider(self.spec.connections, tool.provider, token)
+        return credentials.for_tool(self.spec.connections, tool, token)
 
     def _outbound(self, tool: Tool, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """What is sent: the recorded arguments, and the chain marker on mail."""

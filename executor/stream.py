@@ -14,7 +14,7 @@ from typing import Protocol
 import grpc
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc
-from executor.tools.credentials import ConnectionUnusable
+from executor.tools.credentials import ConnectionUnusable, Granted
 from executor.tools.http_tool import NotSent
 from executor.transport import ChannelSecurity, open_channel
 
@@ -183,7 +183,7 @@ class ControlPlaneStream:
             self._commits.pop(message.request_id, None)
         return CommitReply(result, pending.first_sent_at or self._clock())
 
-    async def connection_token(self, lease: executor_pb2.Lease, connection_id: str) -> str:
+    async def connection_token(self, lease: executor_pb2.Lease, connection_id: str) -> Granted:
         """A connection's access token for one call of the run held under `lease`.
 
         Raises ConnectionUnusable when the control plane refuses (revoked, needs reauth,
@@ -200,7 +200,7 @@ class ControlPlaneStream:
             if exc.code() in _UNUSABLE:
                 raise ConnectionUnusable(connection_id, f"is unusable: {exc.details()}") from None
             raise NotSent(f"connection token unavailable: {exc.code().name}") from None
-        return str(answer.access_token)
+        return Granted(tuple(answer.scopes), answer.access_token)
 
     async def heartbeat(
         self, leases: Sequence[executor_pb2.Lease], reply_within: float

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from agentrun.v1 import executor_pb2
 from executor import steps
 from executor.replay import PARK
+from executor.tools.catalogue import Tool
 
 WAIT_REASON = "connection"
 
@@ -32,28 +33,47 @@ class ConnectionUnusable(Exception):
         self.why = why
 
 
-# (connection id) -> the access token, from ExecutorService.GetConnectionToken; raises
+@dataclass(frozen=True)
+class Granted:
+    """What GetConnectionToken answered: the token and the scopes the grant holds."""
+
+    scopes: tuple[str, ...]
+    access_token: str = field(repr=False)
+
+
+# (connection id) -> its token and scopes, from ExecutorService.GetConnectionToken; raises
 # ConnectionUnusable when the control plane says the connection cannot be used.
-FetchToken = Callable[[str], Awaitable[str]]
+FetchToken = Callable[[str], Awaitable[Granted]]
+
+
+def required_scope(tool: Tool) -> str:
+    """The scope a tool needs of its provider's grant: `provider:read` or `provider:write`."""
+    return f"{tool.provider}:{'read' if tool.kind == 'read' else 'write'}"
 
 
 @dataclass(frozen=True)
 class Credential:
     connection_id: str
     fetch: FetchToken = field(repr=False)
+    scope: str = ""
 
     async def header(self) -> str:
-        return f"Bearer {await self.fetch(self.connection_id)}"
+        """The Authorization header; ConnectionUnusable, before anything is sent, when the
+        grant does not hold the scope the tool needs."""
+        granted = await self.fetch(self.connection_id)
+        if self.scope and self.scope not in granted.scopes:
+            raise ConnectionUnusable(self.connection_id, f"lacks the scope {self.scope}")
+        return f"Bearer {granted.access_token}"
 
 
-def for_provider(
-    connections: Mapping[str, str], provider: str, fetch: FetchToken | None
+def for_tool(
+    connections: Mapping[str, str], tool: Tool, fetch: FetchToken | None
 ) -> Credential | None:
-    """The credential for `provider`'s tools; None: the unauthenticated default account."""
-    connection_id = connections.get(provider)
+    """The credential for the tool's provider; None: the unauthenticated default account."""
+    connection_id = connections.get(tool.provider)
     if not connection_id or fetch is None:
         return None
-    return Credential(connection_id, fetch)
+    return Credential(connection_id, fetch, required_scope(tool))
 
 
 def park_step(seq: int, exc: ConnectionUnusable, call_seq: int, epoch: int) -> executor_pb2.NewStep:
