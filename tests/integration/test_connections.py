@@ -4,6 +4,7 @@ OAuth server, ConnectionService, and single-flight refresh across replicas."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from agentrun.v1 import connection_pb2 as pb
-from agentrun.v1 import connection_pb2_grpc
+from agentrun.v1 import connection_pb2_grpc, executor_pb2, executor_pb2_grpc
 from control_plane.config import ServerConfig
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.tokens import ConnectionTokens, ConnectionUnusable
@@ -26,7 +27,7 @@ from control_plane.store.db import create_pool
 from sandbox.oauth import CLIENT_SECRET
 from sandbox.providers import create_app
 from sandbox.serve import BackgroundServer
-from tests.harness.auth import bearer, channel, workspace_key
+from tests.harness.auth import bearer, channel, executor_key, workspace_key
 
 WS = "ws-conn"
 
@@ -257,3 +258,19 @@ async def test_a_refresher_that_dies_holding_the_lock_strands_nothing(
     assert token.access_token
     stats = await sandbox(oauth_sandbox, "GET", "/_sandbox/oauth/stats")
     assert stats["token_calls"] == 1 and stats["reuse_revocations"] == 0
+
+
+async def test_an_executor_gets_no_token_for_a_run_it_does_not_hold(
+    cp: RunningServer, db_url: str
+) -> None:
+    key = await workspace_key(db_url, WS, role="operator")
+    done = await connect(cp, key, "gil@acme")
+    lease = executor_pb2.Lease(workspace_id=WS, run_id=str(uuid.uuid4()), epoch=1)
+    request = executor_pb2.GetConnectionTokenRequest(
+        lease=lease, connection_id=done["connection_id"]
+    )
+    for who in (await executor_key(db_url), key, await executor_key(db_url, scope=["other"])):
+        async with channel(f"127.0.0.1:{cp.port}", who) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await executor_pb2_grpc.ExecutorServiceStub(ch).GetConnectionToken(request)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
