@@ -77,8 +77,12 @@ def tokens_for(pool: Any, oauth_sandbox: BackgroundServer) -> ConnectionTokens:
 
 
 async def test_the_pkce_flow_stores_a_sealed_connection_and_the_api_never_shows_tokens(
-    cp: RunningServer, db_url: str, oauth_sandbox: BackgroundServer
+    cp: RunningServer,
+    db_url: str,
+    oauth_sandbox: BackgroundServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level("DEBUG")
     key = await workspace_key(db_url, WS, role="operator")
     done = await connect(cp, key, "ada@acme")
     assert done["account"] == "ada@acme" and done["status"] == "active"
@@ -103,8 +107,9 @@ async def test_the_pkce_flow_stores_a_sealed_connection_and_the_api_never_shows_
     assert [c.account for c in listed.connections] == ["ada@acme"]
     assert got.connection.status == "active" and got.connection.owner.endswith(":tester")
     assert "connection_id=" in link.url
-    for shown in (str(done), str(listed), str(got), str(link), repr(token)):
+    for shown in (str(done), str(listed), str(got), str(link), repr(token), caplog.text):
         assert token.access_token not in shown
+        assert CLIENT_SECRET not in shown
     conn = await asyncpg.connect(db_url)
     try:
         raw = await conn.fetchrow("SELECT * FROM connections")
