@@ -5,6 +5,10 @@ Each test connects its own account (accounts are the sandbox's shared state)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -138,3 +142,23 @@ async def test_a_connection_without_the_tools_scope_parks_before_sending(
     assert mine(sandbox_providers.url, [run_id]) == []
     park = (await api.steps(run_id))[-1]
     assert park.kind == "park" and "chat:write" in park.payload["note"]
+
+
+async def test_the_cli_lists_shows_links_and_revokes_connections(stack, db_url) -> None:
+    cp, _ = stack
+    account = f"dee-{uuid.uuid4().hex[:6]}@acme"
+    cid = await connect(cp, db_url, account)
+    env = {**os.environ, "AGENTRUN_API_KEY": await workspace_key(db_url, WS, role="admin")}
+
+    async def cli(*args: str) -> str:
+        argv = [sys.executable, "-m", "agentrun_cli", "--address", cp.address,
+                "--workspace", WS, "connections", *args]  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert account in await cli("list") and "active" in await cli("show", cid)
+    assert f"connection_id={cid}" in await cli("link", cid)
+    assert "revoked" in await cli("revoke", cid)
