@@ -69,6 +69,14 @@ def mine(url: str, run_ids: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+def oauth_config(url: str, **settings: float) -> None:
+    httpx.post(f"{url}/_sandbox/oauth/config", json=settings).raise_for_status()
+
+
+def oauth_stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/_sandbox/oauth/stats").json()
+
+
 async def waiting_on_connection(api: Api, run_ids: list[str]) -> list[run_pb2.Run] | None:
     got = [await api.get(r) for r in run_ids]
     return got if all(r.status == run_pb2.RUN_STATUS_WAITING for r in got) else None
@@ -162,3 +170,29 @@ async def test_the_cli_lists_shows_links_and_revokes_connections(stack, db_url) 
     assert account in await cli("list") and "active" in await cli("show", cid)
     assert f"connection_id={cid}" in await cli("link", cid)
     assert "revoked" in await cli("revoke", cid)
+
+
+async def test_a_hundred_runs_on_an_expired_token_cause_one_refresh(
+    stack, db_url, executor_factory, sandbox_providers
+) -> None:
+    cp, api = stack
+    url = sandbox_providers.url
+    account = f"hal-{uuid.uuid4().hex[:6]}@acme"
+    oauth_config(url, access_ttl_seconds=1)
+    try:
+        cid = await connect(cp, db_url, account)  # its access token is due at once
+    finally:
+        oauth_config(url, access_ttl_seconds=3600)
+    await publish_poster(api, "poster-h", cid)
+    run_ids = [await api.start("poster-h", f"go {i}") for i in range(100)]
+    before = oauth_stats(url)
+    executor_factory(cp, AGENTRUN_CAPACITY="100")
+    runs = await api.wait_terminal(run_ids, within=180)
+    assert {r.status for r in runs} == {run_pb2.RUN_STATUS_COMPLETED}
+    after = oauth_stats(url)
+    assert after["token_calls"] - before["token_calls"] == 1
+    assert after["reuse_revocations"] == before["reuse_revocations"]
+    sent = mine(url, run_ids)
+    assert len(sent) == 100 and {e["status"] for e in sent} == {200}
+    (token_id,) = {e["token_id"] for e in sent}  # all carried the one new token
+    assert token_id.endswith("/2")
