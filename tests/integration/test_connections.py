@@ -279,3 +279,27 @@ async def test_an_executor_gets_no_token_for_a_run_it_does_not_hold(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await executor_pb2_grpc.ExecutorServiceStub(ch).GetConnectionToken(request)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_token_row_copied_to_another_workspace_does_not_open(
+    cp: RunningServer, db_url: str, oauth_sandbox: BackgroundServer
+) -> None:
+    from control_plane.crypto.envelope import CONNECTION_TOKEN, CannotOpen
+    from control_plane.store.identity import create_workspace
+
+    key = await workspace_key(db_url, WS, role="operator")
+    done = await connect(cp, key, "hank@acme")
+    cid = done["connection_id"]
+    conn = await asyncpg.connect(db_url)
+    try:
+        await create_workspace(conn, "ws-thief", "team", None)
+        sealed = await conn.fetchval(
+            "SELECT access_sealed FROM connections WHERE connection_id = $1", uuid.UUID(cid)
+        )
+    finally:
+        await conn.close()
+    envelope = Envelope(cp.pool, kms.configured("local", None, release="dev"))
+    assert await envelope.open(WS, CONNECTION_TOKEN, f"{cid}:access", sealed)
+    for ws, object_id in (("ws-thief", f"{cid}:access"), (WS, f"{cid}:refresh")):
+        with pytest.raises(CannotOpen):
+            await envelope.open(ws, CONNECTION_TOKEN, object_id, sealed)
