@@ -213,10 +213,7 @@ async def start(
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
-    oauth = OAuthClient(OAuthSettings(
-        config.oauth_url or config.notify_url, config.oauth_client_id, config.oauth_client_secret
-    ))  # fmt: skip
-    tokens = ConnectionTokens(pool, envelope, oauth)
+    oauth, tokens = _connections(config, pool, envelope)
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorServicer(dispatcher, resolver, tokens), executors
     )
@@ -252,6 +249,16 @@ async def start(
         executor_server=executors if executors is not server else None,
         executor_port=executor_port, verifier=verifier, oauth=oauth,
     )  # fmt: skip
+
+
+def _connections(
+    config: ServerConfig, pool: Pool, envelope: Envelope
+) -> tuple[OAuthClient, ConnectionTokens]:
+    """The OAuth client of connected accounts and the tokens it refreshes."""
+    oauth = OAuthClient(OAuthSettings(
+        config.oauth_url or config.notify_url, config.oauth_client_id, config.oauth_client_secret
+    ))  # fmt: skip
+    return oauth, ConnectionTokens(pool, envelope, oauth)
 
 
 def _grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
