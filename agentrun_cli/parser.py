@@ -10,6 +10,7 @@ from agentrun_cli import (
     approvals,
     chat,
     commands,
+    connections,
     credentials,
     crypto_keys,
     launch,
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agents(sub, common)
     _add_runs(sub, common)
     approvals.add_commands(sub, common)
+    connections.add_commands(sub, common)
     triggers.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)

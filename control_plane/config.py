@@ -96,6 +96,12 @@ class ServerConfig:
     # Publishing a tool set with the lethal trifecta: "warn" (published, with a
     # warning) or "acknowledge" (refused unless the request acknowledges it).
     trifecta_policy: str = "warn"
+    # Connected accounts: where the providers' OAuth endpoints are (`{url}/oauth/{provider}/
+    # authorize|token`; None: the notify URL, where the sandbox providers serve them), and
+    # the client credentials (the default is the sandbox's well-known dev secret).
+    oauth_url: str | None = None
+    oauth_client_id: str = "agentrun"
+    oauth_client_secret: str = field(default="sandbox-client-secret", repr=False)  # noqa: S105
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -141,4 +147,9 @@ class ServerConfig:
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),
             trifecta_policy=_choice("AGENTRUN_TRIFECTA_POLICY", ("warn", "acknowledge")),
+            oauth_url=(os.environ.get("AGENTRUN_OAUTH_URL") or "").rstrip("/") or None,
+            oauth_client_id=os.environ.get("AGENTRUN_OAUTH_CLIENT_ID", cls.oauth_client_id),
+            oauth_client_secret=os.environ.get(
+                "AGENTRUN_OAUTH_CLIENT_SECRET", cls.oauth_client_secret
+            ),
         )

@@ -21,6 +21,8 @@ from agentrun.v1 import (
     agent_pb2_grpc,
     approval_pb2,
     approval_pb2_grpc,
+    connection_pb2,
+    connection_pb2_grpc,
     executor_pb2,
     executor_pb2_grpc,
     run_pb2,
@@ -34,6 +36,7 @@ from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
+from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.triggers import TriggerServicer
@@ -46,6 +49,9 @@ from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
 from control_plane.config import ServerConfig
+from control_plane.connections.client import OAuthClient, OAuthSettings
+from control_plane.connections.flows import ConnectionFlows
+from control_plane.connections.tokens import ConnectionTokens
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.dispatch import max_age
@@ -73,6 +79,7 @@ SERVICE_NAMES = (
     trigger_pb2.DESCRIPTOR.services_by_name["TriggerService"].full_name,
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
+    connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -83,10 +90,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     """Connect: the interceptor authenticated the stream once, as an executor credential."""
 
     def __init__(
-        self, dispatcher: Dispatcher, resolver: Resolver, recheck_seconds: float = 2.0
-    ) -> None:
+        self, dispatcher: Dispatcher, resolver: Resolver, tokens: ConnectionTokens,
+        recheck_seconds: float = 2.0,
+    ) -> None:  # fmt: skip
         self._dispatcher = dispatcher
         self._resolver = resolver
+        self._tokens = tokens
         self._recheck = recheck_seconds
         self._max_payload = dispatcher.config.max_payload_bytes
 
@@ -99,6 +108,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         self, request: executor_pb2.GetPayloadSliceRequest, context: grpc.aio.ServicerContext
     ) -> executor_pb2.GetPayloadSliceResponse:
         return await payloads.get_slice(self._dispatcher.pool, request, self._max_payload)
+
+    async def GetConnectionToken(
+        self,
+        request: executor_pb2.GetConnectionTokenRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> executor_pb2.GetConnectionTokenResponse:
+        return await connection_token(self._dispatcher.pool, self._tokens, request)
 
     async def Connect(
         self,
@@ -151,6 +167,8 @@ class RunningServer:
     executor_port: int = 0
     # The replica's one OIDC verifier (the resolver's and the approval routes'); None: no sign-in.
     verifier: OidcVerifier | None = None
+    # The OAuth client of connected accounts (closed on stop).
+    oauth: OAuthClient | None = None
 
     @property
     def http_port(self) -> int:
@@ -169,6 +187,8 @@ class RunningServer:
                 await task
         if self.verifier is not None:
             await self.verifier.close()
+        if self.oauth is not None:
+            await self.oauth.close()
         await self.pool.close()
 
 
@@ -205,8 +225,12 @@ async def start(
     run_pb2_grpc.add_RunServiceServicer_to_server(
         RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
     )
+    oauth, tokens = _connections(config, pool, envelope)
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
-        ExecutorServicer(dispatcher, resolver), executors
+        ExecutorServicer(dispatcher, resolver, tokens), executors
+    )
+    connection_pb2_grpc.add_ConnectionServiceServicer_to_server(
+        ConnectionServicer(pool, config.public_url), server
     )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
@@ -230,12 +254,23 @@ async def start(
             name="max-age-sweep",
         ),
     ]
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope, resolver)
+    flows = ConnectionFlows(pool, envelope, oauth, tokens, config.public_url)
+    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope, resolver, flows)
     return RunningServer(
         server, port, pool, tasks + trigger_tasks, http,
         executor_server=executors if executors is not server else None,
-        executor_port=executor_port, verifier=verifier,
+        executor_port=executor_port, verifier=verifier, oauth=oauth,
     )  # fmt: skip
+
+
+def _connections(
+    config: ServerConfig, pool: Pool, envelope: Envelope
+) -> tuple[OAuthClient, ConnectionTokens]:
+    """The OAuth client of connected accounts and the tokens it refreshes."""
+    oauth = OAuthClient(OAuthSettings(
+        config.oauth_url or config.notify_url, config.oauth_client_id, config.oauth_client_secret
+    ))  # fmt: skip
+    return oauth, ConnectionTokens(pool, envelope, oauth)
 
 
 def _grpc_options(config: ServerConfig, receive_bytes: int | None = None) -> list[tuple[str, int]]:
@@ -297,6 +332,7 @@ async def _start_triggers(
     dispatcher: Dispatcher,
     envelope: Envelope,
     resolver: Resolver,
+    flows: ConnectionFlows | None = None,
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -314,6 +350,7 @@ async def _start_triggers(
         on_fetch_queued=fetcher.poke,
         resolver=resolver,
         verifier=resolver.verifier,
+        connections=flows,
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

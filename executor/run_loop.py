@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import faults
@@ -31,8 +31,9 @@ from executor.replay import (
     StartTool,
 )
 from executor.stream import CommitReply
-from executor.tools import chain, keys
+from executor.tools import chain, credentials, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
+from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class RunDeps:
     large_results: payloads.LargeResults | None = None
     # The most a Commit may weigh; a heavier one fails its run rather than reach the stream.
     max_commit_bytes: int = 4 * 1024 * 1024 - 1024
+    # (lease, connection id) -> the connection's access token, asked right before a tool
+    # call leaves (ExecutorService.GetConnectionToken); None: connections are not used.
+    connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
 
 
 class RunLoop:
@@ -307,10 +311,13 @@ class RunLoop:
         faults.point("executor.tool.after_started_commit")
         try:
             outcome = await self._deps.delivery.send(
-                tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq), self._guard
-            )
+                tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq), self._guard,
+                **self._as_account(tool),
+            )  # fmt: skip
         except RateLimited as exc:
             return await self._park_rate(exc, seq)
+        except credentials.ConnectionUnusable as exc:
+            return await self._park_connection(exc, seq)
         faults.point("executor.tool.after_response")
         return await self._record(seq + 1, seq, call.id, tool.name, outcome)
 
@@ -377,6 +384,8 @@ class RunLoop:
             except RateLimited as exc:
                 # Still known unsent only if it was so before this attempt.
                 return await self._park_rate(exc, started.seq if unsent else None)
+            except credentials.ConnectionUnusable as exc:
+                return await self._park_connection(exc, started.seq)
         log.info(
             "run %s: unknown outcome of %s (%s) resolved: %s %s",
             self.run_id,
@@ -399,14 +408,34 @@ class RunLoop:
             arguments = self._outbound(tool, arguments)
         if tool is not None and unsent:
             # Held back by a rate limit: it never left, so it goes out now, under its key.
-            outcome = await self._deps.delivery.send(tool, arguments, key, self._guard)
+            outcome = await self._deps.delivery.send(
+                tool, arguments, key, self._guard, **self._as_account(tool)
+            )
         else:
             outcome = await self._deps.delivery.resolve_unknown(
-                tool, action.call_class, arguments, key, self._guard, age
-            )
+                tool, action.call_class, arguments, key, self._guard, age,
+                **self._as_account(tool),
+            )  # fmt: skip
         if outcome.status in ("ok", "error"):  # the provider answered
             faults.point("executor.tool.after_response")
         return outcome
+
+    def _as_account(self, tool: Tool | None) -> dict[str, credentials.Credential]:
+        """The delivery's `credential` argument, when the tool acts as a connected account."""
+        credential = self._credential(tool)
+        return {"credential": credential} if credential is not None else {}
+
+    def _credential(self, tool: Tool | None) -> credentials.Credential | None:
+        """The connected account the agent version names for the tool's provider."""
+        fetch = self._deps.connection_token
+        if tool is None or fetch is None:
+            return None
+        lease = self.lease
+
+        async def token(connection_id: str) -> credentials.Granted:
+            return await fetch(lease, connection_id)
+
+        return credentials.for_tool(self.spec.connections, tool, token)
 
     def _outbound(self, tool: Tool, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """What is sent: the recorded arguments, and the chain marker on mail."""
@@ -509,6 +538,17 @@ class RunLoop:
         wake = limited.wake_after
         await self._commit([park], park=steps.park_transition(rate_parks.WAIT_REASON, wake))
         log.info("run %s parked (rate, %s, wake after %.2fs)", self.run_id, limited.cause, wake)
+        return "parked"
+
+    async def _park_connection(self, exc: credentials.ConnectionUnusable, call_seq: int) -> str:
+        """Park until the connection is reconnected; the call never reached its provider
+        (or was refused before it acted), so it goes out on resume under its key."""
+        park = credentials.park_step(replay.next_seq(self.entries), exc, call_seq, self.lease.epoch)
+        transition = executor_pb2.Park(
+            wait_reason=credentials.WAIT_REASON, connection_id=exc.connection_id
+        )
+        await self._commit([park], park=transition)
+        log.warning("run %s parked: %s", self.run_id, exc)
         return "parked"
 
     async def _park(self, reason: str, wake_after: float | None, note: str) -> str:

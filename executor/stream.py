@@ -14,6 +14,8 @@ from typing import Protocol
 import grpc
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc
+from executor.tools.credentials import ConnectionUnusable, Granted
+from executor.tools.http_tool import NotSent
 from executor.transport import ChannelSecurity, open_channel
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,14 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 BACKOFF_START = 0.1
 BACKOFF_CAP = 2.0
+# How long a tool call waits for its connection token (a refresh included).
+TOKEN_TIMEOUT_SECONDS = 20.0
+# What the control plane answers when a connection cannot be used for this run.
+_UNUSABLE = frozenset({
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.NOT_FOUND,
+})  # fmt: skip
 
 
 class StreamHandler(Protocol):
@@ -92,6 +102,7 @@ class ControlPlaneStream:
         self._credentials = security.credentials() if security else None
         # The executor credential (AGENTRUN_EXECUTOR_KEY), sent once per stream.
         self._metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
+        self._stub: executor_pb2_grpc.ExecutorServiceStub | None = None
         self._hello = hello
         self._handler = handler
         self._clock = clock
@@ -172,6 +183,25 @@ class ControlPlaneStream:
             self._commits.pop(message.request_id, None)
         return CommitReply(result, pending.first_sent_at or self._clock())
 
+    async def connection_token(self, lease: executor_pb2.Lease, connection_id: str) -> Granted:
+        """A connection's access token for one call of the run held under `lease`.
+
+        Raises ConnectionUnusable when the control plane refuses (revoked, needs reauth,
+        not this run's); NotSent when it cannot be asked (the call then never left).
+        """
+        if self._stub is None:
+            raise NotSent("no channel to the control plane for the connection's token")
+        request = executor_pb2.GetConnectionTokenRequest(lease=lease, connection_id=connection_id)
+        try:
+            answer = await self._stub.GetConnectionToken(
+                request, metadata=self._metadata, timeout=TOKEN_TIMEOUT_SECONDS
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _UNUSABLE:
+                raise ConnectionUnusable(connection_id, f"is unusable: {exc.details()}") from None
+            raise NotSent(f"connection token unavailable: {exc.code().name}") from None
+        return Granted(tuple(answer.scopes), answer.access_token)
+
     async def heartbeat(
         self, leases: Sequence[executor_pb2.Lease], reply_within: float
     ) -> executor_pb2.HeartbeatResult | None:
@@ -198,6 +228,7 @@ class ControlPlaneStream:
     async def _run(self) -> None:
         channel = open_channel(self._target, self._options, self._credentials)
         stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        self._stub = stub
         failures = 0
         try:
             while not self._closing:

@@ -83,6 +83,7 @@ class Worker:
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
             installation=config.installation,
             large_results=LargeResults(self._payloads, limits),
+            connection_token=self._stream.connection_token,
         )
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.

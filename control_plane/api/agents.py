@@ -61,6 +61,17 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
         raise InvalidArgument("spec.tools", "names a tool twice")
     validate_approval_policy(spec)
     constraints.validate_constraints(spec)
+    validate_connections(spec)
+
+
+def validate_connections(spec: agent_pb2.AgentSpec) -> None:
+    """provider -> connection id; whether the connection exists is checked at call time."""
+    if len(spec.connections) > MAX_TOOLS:
+        raise InvalidArgument("spec.connections", f"names more than {MAX_TOOLS} providers")
+    for provider, connection_id in spec.connections.items():
+        if not _TOOL.match(provider):
+            raise InvalidArgument("spec.connections", f"is not a provider name: {provider[:64]!r}")
+        validate.run_id(f"spec.connections[{provider}]", connection_id)
 
 
 def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:

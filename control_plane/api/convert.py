@@ -165,6 +165,8 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         "approval": approval_policy_to_json(spec.approval),
         "max_concurrency": spec.max_concurrency,
         "constraints": constraints.to_json(spec.constraints),
+        # Only when named: specs without connections keep their stored form.
+        **({"connections": dict(spec.connections)} if spec.connections else {}),
     }
 
 
@@ -218,6 +220,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         approval=approval_policy_from_json(data.get("approval") or {}),
         max_concurrency=data.get("max_concurrency", 0),
         constraints=constraints.from_json(data.get("constraints") or []),
+        connections=data.get("connections") or {},
     )
 
 

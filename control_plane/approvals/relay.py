@@ -18,6 +18,7 @@ import httpx
 
 import faults
 from control_plane.approvals import needs_help, tokens
+from control_plane.connections import parks as connection_parks
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
 from control_plane.store.db import Pool
@@ -58,6 +59,8 @@ def _text(approval: approval_store.Approval, kind: str) -> str:
 async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["kind"] == needs_help.KIND:
         return needs_help.mail_request(row)
+    if row["kind"] == connection_parks.KIND:
+        return connection_parks.mail_request(row, cfg.public_url)
     payload = json.loads(row["payload"])
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
     if approval is None:  # rows are never deleted; this would be a broken invariant

@@ -15,6 +15,7 @@ from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
+from control_plane.connections import parks as connection_parks
 from control_plane.errors import InvalidArgument, status_for
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
@@ -95,11 +96,21 @@ def transition(msg: pb.Commit) -> step_store.Transition:
         wake = park.WhichOneof("wake")
         return step_store.Transition(
             status="waiting", wait_reason=park.wait_reason,
+            waiting_connection_id=_connection_id(park.connection_id),
             wake_at=park.wake_time.ToDatetime(tzinfo=UTC) if wake == "wake_time" else None,
             wake_after_seconds=park.wake_after.ToTimedelta().total_seconds()
             if wake == "wake_after" else None,
         )  # fmt: skip
     return step_store.Transition()
+
+
+def _connection_id(value: str) -> uuid.UUID | None:
+    if not value:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError("park.connection_id: is not a UUID") from None
 
 
 class ExecutorSession:
@@ -243,6 +254,8 @@ class ExecutorSession:
                 if msg.HasField("approval_request"):
                     return await approval_commit(self._pool, req, msg.approval_request,
                                                  lease_seconds)  # fmt: skip
+                if parked := await connection_parks.park_commit(self._pool, req, lease_seconds):
+                    return parked
                 if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
                     return helped
                 return await step_store.commit(self._pool, req, lease_seconds)

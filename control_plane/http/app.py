@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from control_plane.http import sessions, webhooks
+from control_plane.http import connections, sessions, webhooks
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.http.context import HttpContext
 
@@ -28,6 +28,7 @@ ROUTE_MODULES: tuple[Callable[[HttpContext], list[Route]], ...] = (
     webhooks.routes,
     sessions.routes,
     _approval_routes,
+    connections.routes,
 )
 
 

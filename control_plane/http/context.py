@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
+from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
 from control_plane.store.triggers import Pool
 
@@ -31,6 +32,8 @@ class HttpContext:
     resolver: Resolver | None = None
     # The replica's OIDC verifier (the one inside `resolver`); None: nobody signs in.
     verifier: OidcVerifier | None = None
+    # Connecting accounts (control_plane/http/connections.py); None: no connection routes.
+    connections: ConnectionFlows | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:

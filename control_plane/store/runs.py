@@ -53,6 +53,8 @@ class Run:
     active_seconds: float  # of ended holds
     held_since: datetime | None
     started_by: str | None
+    # The connection a `connection` wait is for (reconnecting it wakes the run).
+    waiting_connection_id: uuid.UUID | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

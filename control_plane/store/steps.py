@@ -49,6 +49,8 @@ class Transition:
     wake_at: datetime | None = None
     wake_after_seconds: float | None = None
     text: str | None = None  # output (completed) or error (failed)
+    # With wait_reason "connection": the connection the run waits for.
+    waiting_connection_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ async def _apply(
         model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
         status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
         wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
-        now=now,
+        now=now, waiting_connection_id=t.waiting_connection_id,
     )  # fmt: skip
 
 

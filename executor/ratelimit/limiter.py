@@ -19,8 +19,8 @@ from executor.tools.catalogue import Tool
 
 log = logging.getLogger(__name__)
 
-# No OAuth connections yet: every provider has one, this one. The bucket key
-# already has the (provider, connection_id) shape that connections will fill.
+# A provider the agent version names no connection for is called unauthenticated, as the
+# shared default account: its bucket is this one. Named connections get their own.
 DEFAULT_CONNECTION = "default"
 # A 429 without Retry-After, and the longest Retry-After taken at its word.
 DEFAULT_RETRY_AFTER = 1.0
@@ -117,24 +117,27 @@ class RateLimiter:
         if self._buckets is not None:
             await self._buckets.aclose()
 
-    def buckets_for(self, tool: Tool) -> list[Bucket]:
+    def buckets_for(self, tool: Tool, connection_id: str | None = None) -> list[Bucket]:
         """The connection's bucket (first) and the provider's global one."""
         provider = tool.rate_bucket or tool.provider
         own = self._settings.rates.connection_rate(provider)
         shared = self._settings.rates.provider_rate(provider)
         return [
             Bucket(
-                connection_key(provider, self._settings.connection_id), own.per_second, own.burst
+                connection_key(provider, connection_id or self._settings.connection_id),
+                own.per_second,
+                own.burst,
             ),
             Bucket(global_key(provider), shared.per_second, shared.burst),
         ]
 
-    async def admit(self, tool: Tool) -> None:
-        """Take a token for one request to the tool's provider, or raise RateLimited."""
+    async def admit(self, tool: Tool, connection_id: str | None = None) -> None:
+        """Take a token for one request to the tool's provider (from `connection_id`'s
+        bucket; the default connection's without one), or raise RateLimited."""
         if self._buckets is None:
             return
         try:
-            taken = await self._buckets.take(self.buckets_for(tool))
+            taken = await self._buckets.take(self.buckets_for(tool, connection_id))
         except LimiterUnavailable as exc:
             raise self._unavailable(tool, exc) from exc
         self._failures = 0
@@ -149,12 +152,14 @@ class RateLimiter:
             f"{provider} rate limit: next token in {taken.wait_seconds:g}s",
         )
 
-    async def throttled(self, tool: Tool, retry_after: float | None) -> RateLimited:
+    async def throttled(
+        self, tool: Tool, retry_after: float | None, connection_id: str | None = None
+    ) -> RateLimited:
         """The provider answered 429: honour Retry-After, slow the connection's bucket down."""
         self.metrics.throttled += 1
         wait = min(MAX_RETRY_AFTER, DEFAULT_RETRY_AFTER if retry_after is None else retry_after)
         if self._buckets is not None:
-            own = self.buckets_for(tool)[0]
+            own = self.buckets_for(tool, connection_id)[0]
             s = self._settings
             try:
                 wait = max(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -12,6 +12,9 @@ from executor.config import ExecutorConfig
 from executor.ratelimit.limiter import RateLimited, RateLimiter
 from executor.tools.catalogue import Tool
 from executor.tools.http_tool import HttpToolClient, NotSent, ProviderError, ToolSendError
+
+if TYPE_CHECKING:
+    from executor.tools.credentials import Credential
 
 # Keys whose write request went out, kept long enough to outlive one delivery.
 REMEMBERED_KEYS = 10_000
@@ -37,30 +40,42 @@ class RateLimitedToolClient(HttpToolClient):
         self._limiter = limiter
         self._went_out: OrderedDict[str, None] = OrderedDict()
 
-    async def send(self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str) -> Any:
+    async def send(
+        self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
+        credential: Credential | None = None,
+    ) -> Any:  # fmt: skip
         def request() -> Awaitable[Any]:
-            return HttpToolClient.send(self, tool, arguments, idempotency_key)
+            return HttpToolClient.send(self, tool, arguments, idempotency_key, credential)
 
-        return await self._limited(tool, idempotency_key, request, write=True)
+        return await self._limited(
+            tool, idempotency_key, request, write=True, credential=credential
+        )
 
-    async def look_up(self, tool: Tool, idempotency_key: str) -> Any | None:
+    async def look_up(
+        self, tool: Tool, idempotency_key: str, credential: Credential | None = None
+    ) -> Any | None:
         def request() -> Awaitable[Any]:
-            return HttpToolClient.look_up(self, tool, idempotency_key)
+            return HttpToolClient.look_up(self, tool, idempotency_key, credential)
 
-        return await self._limited(tool, idempotency_key, request, write=False)
+        return await self._limited(
+            tool, idempotency_key, request, write=False, credential=credential
+        )
 
     async def _limited(
-        self, tool: Tool, key: str, request: Callable[[], Awaitable[Any]], *, write: bool
-    ) -> Any:
+        self, tool: Tool, key: str, request: Callable[[], Awaitable[Any]], *, write: bool,
+        credential: Credential | None = None,
+    ) -> Any:  # fmt: skip
+        # The bucket is the real connection's (the shared default without one).
+        connection_id = credential.connection_id if credential is not None else None
         try:
-            await self._limiter.admit(tool)
+            await self._limiter.admit(tool, connection_id)
         except RateLimited as limited:
             raise limited.after_send_if(key in self._went_out) from None
         try:
             result = await request()
         except ProviderError as exc:
             if exc.status == 429:  # refused before it was applied: the provider did nothing
-                throttled = await self._limiter.throttled(tool, exc.retry_after)
+                throttled = await self._limiter.throttled(tool, exc.retry_after, connection_id)
                 raise throttled.after_send_if(key in self._went_out) from exc
             self._remember(key, write)
             raise

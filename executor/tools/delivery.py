@@ -34,6 +34,7 @@ from tenacity import (
 
 from executor.tools import keys
 from executor.tools.catalogue import Tool
+from executor.tools.credentials import Credential
 from executor.tools.failures import Failure, classify, may_resend
 from executor.tools.http_tool import HttpToolClient, ProviderError, ToolSendError
 
@@ -162,14 +163,16 @@ class ToolDelivery:
         )
 
     async def send(
-        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard
-    ) -> Outcome:
-        """Send a call for the first time (or again, where its class allows)."""
+        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard,
+        credential: Credential | None = None,
+    ) -> Outcome:  # fmt: skip
+        """Send a call for the first time (or again, where its class allows), as the
+        connected account of `credential` (None: the provider's unauthenticated default)."""
         call_class = tool.call_class
         if call_class == "lookup":
-            return await self._send_and_look_up(tool, arguments, key, guard)
+            return await self._send_and_look_up(tool, arguments, key, guard, credential)
         sent = await self._attempt(
-            call_class, lambda: self._client.send(tool, arguments, key), guard
+            call_class, lambda: self._client.send(tool, arguments, key, credential), guard
         )
         return settle(call_class, sent)
 
@@ -181,6 +184,7 @@ class ToolDelivery:
         key: str,
         guard: Guard,
         key_age: float = 0.0,
+        credential: Credential | None = None,
     ) -> Outcome:
         """A started call without a result, found on resume: resolve it by class.
 
@@ -192,37 +196,42 @@ class ToolDelivery:
         if resolved.downgraded_because or tool is None:
             return Outcome.unknown(f"not retried: {resolved.downgraded_because}")
         if resolved.name in ("read", "provider_key"):
-            return await self.send(tool, arguments, key, guard)
+            return await self.send(tool, arguments, key, guard, credential)
         if resolved.name == "lookup":
-            found = await self._look_up(tool, key, guard)
+            found = await self._look_up(tool, key, guard, credential)
             if found is not _NOT_FOUND:
                 return found
-            return await self._send_and_look_up(tool, arguments, key, guard)
+            return await self._send_and_look_up(tool, arguments, key, guard, credential)
         return Outcome.unknown(NOT_RETRIED)
 
     async def _send_and_look_up(
-        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard
-    ) -> Outcome:
+        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard,
+        credential: Credential | None = None,
+    ) -> Outcome:  # fmt: skip
         """Lookup class: a send that may have been applied is followed by a lookup,
         and sent again (same key) only when the provider says it has not got it."""
         assert tool.lookup is not None
         for _ in range(self._attempts):
             sent = await self._attempt(
-                "lookup", lambda: self._client.send(tool, arguments, key), guard
+                "lookup", lambda: self._client.send(tool, arguments, key, credential), guard
             )
             if not (isinstance(sent, _Failed) and sent.failure is Failure.MAYBE_APPLIED):
                 return settle("lookup", sent)
             # Let a request that timed out finish at the provider before asking.
             await self._sleep(tool.lookup.settle_seconds)
-            found = await self._look_up(tool, key, guard)
+            found = await self._look_up(tool, key, guard, credential)
             if found is not _NOT_FOUND:
                 return found
         why = f"sent {self._attempts} times, never answered, and each lookup found nothing"
         return Outcome.pending(f"{why}; asking again later", Outcome.unknown(why))
 
-    async def _look_up(self, tool: Tool, key: str, guard: Guard) -> Any:
+    async def _look_up(
+        self, tool: Tool, key: str, guard: Guard, credential: Credential | None = None
+    ) -> Any:
         """The outcome if the provider has the action with this key, else _NOT_FOUND."""
-        looked = await self._attempt("read", lambda: self._client.look_up(tool, key), guard)
+        looked = await self._attempt(
+            "read", lambda: self._client.look_up(tool, key, credential), guard
+        )
         if isinstance(looked, _Failed):
             why = f"could not ask {tool.provider} whether it happened ({looked.error})"
             return Outcome.pending(why, Outcome.unknown(why), looked.retry_after)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from executor.config import ExecutorConfig
 from executor.retry_after import retry_after
 from executor.tools.catalogue import Lookup, Tool
+
+if TYPE_CHECKING:
+    from executor.tools.credentials import Credential
 
 
 class ToolSendError(Exception):
@@ -64,19 +67,27 @@ class HttpToolClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def send(self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str) -> Any:
+    async def send(
+        self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
+        credential: Credential | None = None,
+    ) -> Any:  # fmt: skip
         """Send the call; return the provider's JSON (or text) or raise a ToolSendError.
 
         Every request carries `Idempotency-Key`; a `lookup`-class tool also gets
-        the key stamped into its body, where the provider keeps it searchable.
+        the key stamped into its body, where the provider keeps it searchable. With
+        a `credential`, its token goes on the request's Authorization header.
         """
         method = tool.method or "POST"
         body = dict(arguments)
         if tool.lookup is not None:
             body = stamp(body, tool.lookup, idempotency_key)
-        return await self._request(tool.provider, method, tool.path or "", body, idempotency_key)
+        return await self._request(
+            tool.provider, method, tool.path or "", body, idempotency_key, credential
+        )
 
-    async def look_up(self, tool: Tool, idempotency_key: str) -> Any | None:
+    async def look_up(
+        self, tool: Tool, idempotency_key: str, credential: Credential | None = None
+    ) -> Any | None:
         """Ask a `lookup`-class provider for the action stamped with this key.
 
         Returns the provider's record of it, or None when it has none (the
@@ -86,17 +97,22 @@ class HttpToolClient:
             raise ValueError(f"tool {tool.name!r} has no lookup")
         spec = tool.lookup
         query = spec.query_for(idempotency_key)
-        body = await self._request(tool.provider, "GET", spec.path, query, idempotency_key)
+        body = await self._request(
+            tool.provider, "GET", spec.path, query, idempotency_key, credential
+        )
         found = body.get(spec.matches) if isinstance(body, dict) else None
         if not isinstance(found, list):
             raise ProviderError(502, f"lookup answer has no list {spec.matches!r}")
         return found[0] if found else None
 
     async def _request(
-        self, provider: str, method: str, path: str, arguments: Mapping[str, Any], key: str
-    ) -> Any:
+        self, provider: str, method: str, path: str, arguments: Mapping[str, Any], key: str,
+        credential: Credential | None = None,
+    ) -> Any:  # fmt: skip
         url = self._config.provider_url(provider) + path
         headers = {"Idempotency-Key": key, "Accept": "application/json"}
+        if credential is not None:  # fetched now: the freshest token, on this request only
+            headers["Authorization"] = await credential.header()
         if method == "GET":
             request = self._http.build_request(
                 method, url, params=_query(arguments), headers=headers
@@ -111,7 +127,23 @@ class HttpToolClient:
             # Timeouts and resets after the request was (partly) written: the
             # provider may have acted on it.
             raise MaybeSent(f"no response from {provider}: {type(exc).__name__}") from exc
+        if credential is not None and response.status_code in (401, 403):
+            raise _refused(credential, response)
         return _parse(response)
+
+
+def _refused(credential: Credential, response: httpx.Response) -> Exception:
+    """The provider refused the token before acting (RFC 6750): revoked, expired or short
+    of scope. The run waits for its connection; the header is never quoted."""
+    from executor.tools.credentials import ConnectionUnusable
+
+    challenge = response.headers.get("www-authenticate", "")
+    why = (
+        "lacks the scope this tool needs"
+        if "insufficient_scope" in challenge
+        else ("was refused by the provider")
+    )
+    return ConnectionUnusable(credential.connection_id, why)
 
 
 def stamp(body: Mapping[str, Any], lookup: Lookup, key: str) -> dict[str, Any]:

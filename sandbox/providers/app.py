@@ -16,6 +16,7 @@ from sandbox.faults import (
     ProviderFault,
     retry_after_headers,
 )
+from sandbox.oauth import Checked, OAuthServer
 from sandbox.providers.base import Endpoint, Provider, ProviderRequest, error
 from sandbox.providers.chat import ChatProvider
 from sandbox.providers.crm import CrmProvider
@@ -41,6 +42,8 @@ class ProviderSandbox:
         self.providers = {provider.name: provider for provider in providers}
         self.log = RequestLog()
         self.faults = FaultTable(list(self.providers))
+        # Issues and checks the bearer tokens of connected accounts (sandbox/oauth.py).
+        self.oauth = OAuthServer(list(self.providers))
 
     def routes(self) -> list[Route]:
         routes = [
@@ -48,6 +51,7 @@ class ProviderSandbox:
             Route("/_sandbox/faults", self.faults_endpoint, methods=["GET", "POST", "DELETE"]),
             Route("/_sandbox/effects", self.effects, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            *self.oauth.routes(),
         ]
         for provider in self.providers.values():
             for endpoint in provider.endpoints():
@@ -68,6 +72,10 @@ class ProviderSandbox:
         return route
 
     async def _serve(self, provider: str, endpoint: Endpoint, call: ProviderRequest) -> Response:
+        checked = self.oauth.check(provider, call.method, call.headers)
+        if checked.refusal is not None:  # refused before any fault or side effect
+            self._record(provider, call, checked.refusal.status_code, None, checked)
+            return checked.refusal
         fault = self.faults.take(provider, call.path, call.idempotency_key)
         mode = fault.mode if fault else None
         if fault and mode in ("error", "rate_limit"):
@@ -77,6 +85,15 @@ class ProviderSandbox:
         response = _refusal(fault) or await _invoke(endpoint, call)
         # Recorded before a dropped response hangs, so a test sees the side effect
         # while the client is still waiting for an answer that will never come.
+        self._record(provider, call, response.status_code, mode, checked)
+        if fault and mode == "drop_response":
+            await asyncio.sleep(fault.delay_seconds)
+            return DroppedResponse()
+        return response
+
+    def _record(
+        self, provider: str, call: ProviderRequest, status: int, mode: str | None, checked: Checked
+    ) -> None:
         self.log.record(
             provider=provider,
             method=call.method,
@@ -84,13 +101,13 @@ class ProviderSandbox:
             query=dict(call.query),
             idempotency_key=call.idempotency_key,
             body=call.body,
-            status=response.status_code,
+            status=status,
             fault=mode,
-        )
-        if fault and mode == "drop_response":
-            await asyncio.sleep(fault.delay_seconds)
-            return DroppedResponse()
-        return response
+            # With a bearer token: its account and which token (grant/generation), never
+            # the token itself. Calls without one keep the entry as it always was.
+            **({"account": checked.account, "token_id": checked.token_id}
+               if checked.token_id else {}),
+        )  # fmt: skip
 
     async def requests(self, request: Request) -> Response:
         if request.method == "DELETE":

@@ -213,7 +213,9 @@ class Fuzzer:
         if is_message and depth >= self.max_depth:
             return
         target = getattr(msg, field.name)
-        if field.is_repeated:
+        if is_message and field.message_type.GetOptions().map_entry:
+            self._map(target, field)
+        elif field.is_repeated:
             # Many items only at the top: 40 of 40 of 40 nested messages would be millions.
             for _ in range(self.rng.choice((1, 2, 3, 40) if depth == 0 else (1, 2))):
                 if is_message:
@@ -224,6 +226,15 @@ class Fuzzer:
             self._message_field(target, field, depth)
         else:
             setattr(msg, field.name, self.scalar(field))
+
+    def _map(self, target: Any, field: FieldDescriptor) -> None:
+        """A map<scalar, scalar> field (AgentSpec.connections): a few entries."""
+        key, value = (
+            field.message_type.fields_by_name["key"],
+            field.message_type.fields_by_name["value"],
+        )
+        for _ in range(self.rng.choice((1, 2, 3))):
+            target[self.scalar(key)] = self.scalar(value)
 
     def _message_field(self, target: Message, field: FieldDescriptor, depth: int) -> None:
         name = field.message_type.full_name

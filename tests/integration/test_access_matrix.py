@@ -60,7 +60,12 @@ def test_the_table_says_what_the_issue_asks():
     assert {"PublishAgentVersion", "CreateTrigger", "RotateTriggerSecret",
             "SetTriggerEnabled"} <= by_need[Need.ADMIN]  # fmt: skip
     assert by_need[Need.DECIDE] == {"DecideApproval"}
-    assert by_need[Need.EXECUTOR] == {"Connect", "PutPayloadChunk", "GetPayloadSlice"}
+    assert by_need[Need.EXECUTOR] == {
+        "Connect",
+        "PutPayloadChunk",
+        "GetPayloadSlice",
+        "GetConnectionToken",
+    }
     assert {"CreateWorkspace", "SetWorkspacePlan"} == by_need[Need.PLATFORM]
 
 

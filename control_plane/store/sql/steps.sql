@@ -26,6 +26,7 @@ UPDATE runs r SET
     tokens_used = r.tokens_used + :tokens,
     status = coalesce(:status, r.status),
     wait_reason = CASE WHEN :status = 'waiting' THEN :wait_reason END,
+    waiting_connection_id = CASE WHEN :status = 'waiting' THEN :waiting_connection_id::uuid END,
     wake_at = CASE
         WHEN :status IS NULL
             THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)

@@ -182,6 +182,26 @@ class AgentSpec(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ConnectionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
@@ -189,6 +209,7 @@ class AgentSpec(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     CONSTRAINTS_FIELD_NUMBER: _builtins.int
+    CONNECTIONS_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -218,6 +239,13 @@ class AgentSpec(_message.Message):
         (versioned with the spec, like everything in it).
         """
 
+    @_builtins.property
+    def connections(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Which connected account each provider's tools act as: provider name
+        (chat, mail, crm, payments) -> connection_id in this workspace. A
+        provider not named here uses the shared unauthenticated default.
+        """
+
     def __init__(
         self,
         *,
@@ -228,10 +256,11 @@ class AgentSpec(_message.Message):
         approval: _approval_pb2.ApprovalPolicy | None = ...,
         max_concurrency: _builtins.int = ...,
         constraints: _abc.Iterable[Global___ToolConstraint] | None = ...,
+        connections: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

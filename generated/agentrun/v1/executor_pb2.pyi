@@ -178,6 +178,59 @@ class GetPayloadSliceResponse(_message.Message):
 Global___GetPayloadSliceResponse: _TypeAlias = GetPayloadSliceResponse  # noqa: Y015
 
 @_typing.final
+class GetConnectionTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    connection_id: _builtins.str
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        connection_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConnectionTokenRequest: _TypeAlias = GetConnectionTokenRequest  # noqa: Y015
+
+@_typing.final
+class GetConnectionTokenResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_TOKEN_FIELD_NUMBER: _builtins.int
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    access_token: _builtins.str
+    account: _builtins.str
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        access_token: _builtins.str = ...,
+        account: _builtins.str = ...,
+        scopes: _abc.Iterable[_builtins.str] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_token", b"access_token", "account", b"account", "expire_time", b"expire_time", "scopes", b"scopes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConnectionTokenResponse: _TypeAlias = GetConnectionTokenResponse  # noqa: Y015
+
+@_typing.final
 class ConnectRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -431,7 +484,14 @@ class Park(_message.Message):
     WAIT_REASON_FIELD_NUMBER: _builtins.int
     WAKE_AFTER_FIELD_NUMBER: _builtins.int
     WAKE_TIME_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
     wait_reason: _builtins.str
+    connection_id: _builtins.str
+    """With wait_reason "connection": the connection the run waits for (revoked,
+    refused, or short of a scope the tool needs). It is marked needs_reauth,
+    its owner is notified once through the outbox, and reconnecting it wakes
+    every run waiting on it.
+    """
     @_builtins.property
     def wake_after(self) -> _duration_pb2.Duration:
         """Relative to the database clock (preferred: no executor clock involved)."""
@@ -444,10 +504,11 @@ class Park(_message.Message):
         wait_reason: _builtins.str = ...,
         wake_after: _duration_pb2.Duration | None = ...,
         wake_time: _timestamp_pb2.Timestamp | None = ...,
+        connection_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_wake: _TypeAlias = _typing.Literal["wake_after", "wake_time"]  # noqa: Y015
     _WhichOneofArgType_wake: _TypeAlias = _typing.Literal["wake", b"wake"]  # noqa: Y015

@@ -70,6 +70,11 @@ class ExecutorServiceStub:
                 request_serializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.FromString,
                 _registered_method=True)
+        self.GetConnectionToken = channel.unary_unary(
+                '/agentrun.v1.ExecutorService/GetConnectionToken',
+                request_serializer=agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -120,6 +125,18 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetConnectionToken(self, request, context):
+        """GetConnectionToken answers a connection's access token for one tool call
+        about to leave, refreshed first if it is due (single-flight per
+        connection). Only for a run this executor holds under `lease` (its
+        workspace and epoch), and only for a connection its agent version names.
+        The token goes on that request's Authorization header and nowhere else:
+        not in a step, a log line or an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +154,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.GetPayloadSlice,
                     request_deserializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.SerializeToString,
+            ),
+            'GetConnectionToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConnectionToken,
+                    request_deserializer=agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -241,6 +263,33 @@ class ExecutorService:
             '/agentrun.v1.ExecutorService/GetPayloadSlice',
             agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceRequest.SerializeToString,
             agentrun_dot_v1_dot_executor__pb2.GetPayloadSliceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConnectionToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ExecutorService/GetConnectionToken',
+            agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenRequest.SerializeToString,
+            agentrun_dot_v1_dot_executor__pb2.GetConnectionTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,14 @@ class ExecutorServiceStub:
     """
     GetPayloadSlice: _grpc.UnaryUnaryMultiCallable[_executor_pb2.GetPayloadSliceRequest, _executor_pb2.GetPayloadSliceResponse]
     """Reads a slice of a stored payload of the lease's workspace (fenced)."""
+    GetConnectionToken: _grpc.UnaryUnaryMultiCallable[_executor_pb2.GetConnectionTokenRequest, _executor_pb2.GetConnectionTokenResponse]
+    """GetConnectionToken answers a connection's access token for one tool call
+    about to leave, refreshed first if it is due (single-flight per
+    connection). Only for a run this executor holds under `lease` (its
+    workspace and epoch), and only for a connection its agent version names.
+    The token goes on that request's Authorization header and nowhere else:
+    not in a step, a log line or an error.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -101,6 +109,14 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     """
     GetPayloadSlice: _aio.UnaryUnaryMultiCallable[_executor_pb2.GetPayloadSliceRequest, _executor_pb2.GetPayloadSliceResponse]  # type: ignore[assignment]
     """Reads a slice of a stored payload of the lease's workspace (fenced)."""
+    GetConnectionToken: _aio.UnaryUnaryMultiCallable[_executor_pb2.GetConnectionTokenRequest, _executor_pb2.GetConnectionTokenResponse]  # type: ignore[assignment]
+    """GetConnectionToken answers a connection's access token for one tool call
+    about to leave, refreshed first if it is due (single-flight per
+    connection). Only for a run this executor holds under `lease` (its
+    workspace and epoch), and only for a connection its agent version names.
+    The token goes on that request's Authorization header and nowhere else:
+    not in a step, a log line or an error.
+    """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
     """ExecutorService is the link between the stateless executor fleet and the
@@ -153,5 +169,19 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_executor_pb2.GetPayloadSliceResponse, _abc.Awaitable[_executor_pb2.GetPayloadSliceResponse]]:
         """Reads a slice of a stored payload of the lease's workspace (fenced)."""
+
+    @_abc_1.abstractmethod
+    def GetConnectionToken(
+        self,
+        request: _executor_pb2.GetConnectionTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.GetConnectionTokenResponse, _abc.Awaitable[_executor_pb2.GetConnectionTokenResponse]]:
+        """GetConnectionToken answers a connection's access token for one tool call
+        about to leave, refreshed first if it is due (single-flight per
+        connection). Only for a run this executor holds under `lease` (its
+        workspace and epoch), and only for a connection its agent version names.
+        The token goes on that request's Authorization header and nowhere else:
+        not in a step, a log line or an error.
+        """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,129 @@
+"""The OAuth 2.0 client of the control plane: one authorization server per provider.
+
+The sandbox serves `{base}/oauth/{provider}/authorize|token` (sandbox/oauth.py); a real
+deployment names each provider's endpoints the same way behind `AGENTRUN_OAUTH_URL`.
+Token values appear only inside `TokenAnswer` fields that are left out of its repr; errors
+carry the provider's error code, never the request or response body.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+
+TIMEOUT_SECONDS = 10.0
+
+
+class GrantRefused(Exception):
+    """The provider refused the grant (invalid_grant, invalid_client...): reconnect needed."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(f"the provider refused the grant: {error}")
+        self.error = error
+
+
+class ProviderUnreachable(Exception):
+    """No answer (network, a dropped response, a 5xx): the outcome is unknown."""
+
+
+@dataclass(frozen=True)
+class TokenAnswer:
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+    expires_in: float
+    scopes: list[str] | None
+    account: str
+
+
+@dataclass(frozen=True)
+class OAuthSettings:
+    base_url: str
+    client_id: str
+    client_secret: str = field(repr=False)
+
+
+def new_verifier() -> str:
+    """A PKCE code verifier (RFC 7636 §4.1: 43-128 unreserved characters)."""
+    return secrets.token_urlsafe(48)
+
+
+def challenge(verifier: str) -> str:
+    digest = hashlib.sha256(verifier.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+class OAuthClient:
+    def __init__(self, settings: OAuthSettings) -> None:
+        self.settings = settings
+        self._http = httpx.AsyncClient(timeout=TIMEOUT_SECONDS)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def authorize_url(
+        self, provider: str, *, state: str, verifier: str, scopes: list[str], redirect_uri: str,
+        login_hint: str = "",
+    ) -> str:  # fmt: skip
+        query = {
+            "response_type": "code", "client_id": self.settings.client_id,
+            "redirect_uri": redirect_uri, "scope": " ".join(scopes), "state": state,
+            "code_challenge": challenge(verifier), "code_challenge_method": "S256",
+        }  # fmt: skip
+        if login_hint:
+            query["login_hint"] = login_hint
+        return f"{self.settings.base_url}/oauth/{provider}/authorize?{urlencode(query)}"
+
+    async def exchange(
+        self, provider: str, code: str, verifier: str, redirect_uri: str
+    ) -> TokenAnswer:
+        form = {"grant_type": "authorization_code", "code": code,
+                "code_verifier": verifier, "redirect_uri": redirect_uri}  # fmt: skip
+        return await self._token(provider, form)
+
+    async def refresh(self, provider: str, refresh_token: str) -> TokenAnswer:
+        form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
+        return await self._token(provider, form)
+
+    async def _token(self, provider: str, form: dict[str, str]) -> TokenAnswer:
+        form = {**form, "client_id": self.settings.client_id,
+                "client_secret": self.settings.client_secret}  # fmt: skip
+        url = f"{self.settings.base_url}/oauth/{provider}/token"
+        try:
+            answer = await self._http.post(url, data=form)
+            body = answer.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            # No token in the message: only the kind of failure.
+            raise ProviderUnreachable(
+                f"token endpoint of {provider}: {type(exc).__name__}"
+            ) from None
+        if answer.status_code >= 500:
+            raise ProviderUnreachable(f"token endpoint of {provider}: HTTP {answer.status_code}")
+        if answer.status_code != 200:
+            raise GrantRefused(_error_code(body))
+        return _answer(body)
+
+
+def _error_code(body: Any) -> str:
+    code = body.get("error") if isinstance(body, dict) else None
+    return code if isinstance(code, str) and code.isidentifier() else "refused"
+
+
+def _answer(body: Any) -> TokenAnswer:
+    if not isinstance(body, dict) or not isinstance(body.get("access_token"), str):
+        raise ProviderUnreachable("token endpoint answered without an access token")
+    scope = body.get("scope")
+    return TokenAnswer(
+        access_token=body["access_token"],
+        refresh_token=body.get("refresh_token")
+        if isinstance(body.get("refresh_token"), str)
+        else None,
+        expires_in=float(body.get("expires_in") or 3600),
+        scopes=scope.split() if isinstance(scope, str) else None,
+        account=str(body.get("account") or ""),
+    )
