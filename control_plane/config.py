@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _float(name: str, default: float) -> float:
@@ -118,9 +119,7 @@ class ServerConfig:
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
-            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER") or None,
-            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE") or cls.oidc_audience,
-            slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
+            **cls._secrets_from_env(),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
             http_listen=os.environ.get("AGENTRUN_HTTP_LISTEN", "127.0.0.1:8080"),
             http_port_file=os.environ.get("AGENTRUN_HTTP_PORT_FILE") or None,
@@ -134,6 +133,13 @@ class ServerConfig:
                 "AGENTRUN_SCHEDULE_CATCHUP_SECONDS", cls.schedule_catchup_seconds
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
+            **cls._transport_from_env(),
+        )
+
+    @classmethod
+    def _transport_from_env(cls) -> dict[str, Any]:
+        """TLS, the executor listener and message limits."""
+        return dict(
             tls_cert=os.environ.get("AGENTRUN_TLS_CERT") or None,
             tls_key=os.environ.get("AGENTRUN_TLS_KEY") or None,
             tls_client_ca=os.environ.get("AGENTRUN_TLS_CLIENT_CA") or None,
@@ -143,6 +149,15 @@ class ServerConfig:
                 _float("AGENTRUN_EXECUTOR_MAX_MESSAGE_BYTES", cls.executor_max_message_bytes)
             ),
             max_payload_bytes=int(_float("AGENTRUN_MAX_PAYLOAD_BYTES", cls.max_payload_bytes)),
+        )
+
+    @classmethod
+    def _secrets_from_env(cls) -> dict[str, Any]:
+        """Identity, sign-in, the KMS and connected accounts' OAuth client."""
+        return dict(
+            oidc_issuer=os.environ.get("AGENTRUN_OIDC_ISSUER") or None,
+            oidc_audience=os.environ.get("AGENTRUN_OIDC_AUDIENCE") or cls.oidc_audience,
+            slack_signing_secret=_secret("AGENTRUN_SLACK_SIGNING_SECRET"),
             kms=os.environ.get("AGENTRUN_KMS", cls.kms),
             kms_key_file=os.environ.get("AGENTRUN_KMS_KEY_FILE") or None,
             key_cache_seconds=_float("AGENTRUN_KEY_CACHE_SECONDS", cls.key_cache_seconds),

@@ -192,6 +192,18 @@ class RunningServer:
         await self.pool.close()
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What one replica's servicers and loops share."""
+
+    config: ServerConfig
+    pool: Pool
+    dispatcher: Dispatcher
+    envelope: Envelope
+    resolver: Resolver
+    tokens: ConnectionTokens
+
+
 async def start(
     config: ServerConfig,
     identity: Callable[[Resolver], grpc.aio.ServerInterceptor] = IdentityInterceptor,
@@ -207,60 +219,70 @@ async def start(
     envelope = Envelope(pool, key_service)
     # Secrets stored in plain text before envelope encryption: sealed before anything serves.
     await sealed_secrets.backfill(pool, envelope)
-    dispatcher = Dispatcher(pool, config)
     # One verifier per replica: gRPC, the HTTP guard and signed-in decisions share its JWKS cache.
     verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
     resolver = Resolver(pool, verifier, ttl=config.key_cache_seconds)
+    oauth, tokens = _connections(config, pool, envelope)
+    parts = _Parts(config, pool, Dispatcher(pool, config), envelope, resolver, tokens)
     # Both gRPC servers (public, executor) run the same interceptors; the error
     # interceptor outside, so it maps what the identity one raises.
-    interceptors: list[grpc.aio.ServerInterceptor] = [
-        ErrorInterceptor(),
-        identity(resolver),
-    ]
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(), identity(resolver)]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(pool, publish_guard(config)), server
-    )
-    run_pb2_grpc.add_RunServiceServicer_to_server(
-        RunServicer(pool, config.defaults, dispatcher.poke, dispatcher.cancel), server
-    )
-    oauth, tokens = _connections(config, pool, envelope)
-    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
-        ExecutorServicer(dispatcher, resolver, tokens), executors
-    )
-    connection_pb2_grpc.add_ConnectionServiceServicer_to_server(
-        ConnectionServicer(pool, config.public_url), server
-    )
-    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
-    trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
-        TriggerServicer(pool, config.public_url, envelope), server
-    )
-    session_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(Conversations(pool, config.defaults, dispatcher.poke)), server
-    )
-    admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
+    _add_servicers(parts, server, executors)
     port, executor_port = await _listen(config, server, executors)
-    relay_cfg = RelayConfig(config.notify_url, config.public_url)
-    tasks = [
-        asyncio.create_task(dispatcher.run(), name="dispatcher"),
-        asyncio.create_task(
-            expiry.run_forever(pool, config.approval_poll_seconds, dispatcher.poke),
-            name="approval-expiry",
-        ),
-        asyncio.create_task(relay.run_forever(pool, relay_cfg), name="outbox-relay"),
-        asyncio.create_task(
-            max_age.run_forever(pool, config.approval_poll_seconds, dispatcher.poke),
-            name="max-age-sweep",
-        ),
-    ]
     flows = ConnectionFlows(pool, envelope, oauth, tokens, config.public_url)
-    http, trigger_tasks = await _start_triggers(pool, config, dispatcher, envelope, resolver, flows)
+    http, trigger_tasks = await _start_triggers(
+        pool, config, parts.dispatcher, envelope, resolver, flows
+    )
     return RunningServer(
-        server, port, pool, tasks + trigger_tasks, http,
+        server, port, pool, _background_loops(parts) + trigger_tasks, http,
         executor_server=executors if executors is not server else None,
         executor_port=executor_port, verifier=verifier, oauth=oauth,
     )  # fmt: skip
+
+
+def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Server) -> None:
+    """Every public service on `server`; ExecutorService on `executors` (maybe the same)."""
+    cfg, pool, dispatcher = p.config, p.pool, p.dispatcher
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(pool, publish_guard(cfg)), server
+    )
+    run_pb2_grpc.add_RunServiceServicer_to_server(
+        RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel), server
+    )
+    executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorServicer(dispatcher, p.resolver, p.tokens), executors
+    )
+    connection_pb2_grpc.add_ConnectionServiceServicer_to_server(
+        ConnectionServicer(pool, cfg.public_url), server
+    )
+    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
+    trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
+        TriggerServicer(pool, cfg.public_url, p.envelope), server
+    )
+    session_pb2_grpc.add_SessionServiceServicer_to_server(
+        SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke)), server
+    )
+    admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
+
+
+def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
+    """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep."""
+    cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
+    return [
+        asyncio.create_task(p.dispatcher.run(), name="dispatcher"),
+        asyncio.create_task(
+            expiry.run_forever(pool, cfg.approval_poll_seconds, poke), name="approval-expiry"
+        ),
+        asyncio.create_task(
+            relay.run_forever(pool, RelayConfig(cfg.notify_url, cfg.public_url)),
+            name="outbox-relay",
+        ),
+        asyncio.create_task(
+            max_age.run_forever(pool, cfg.approval_poll_seconds, poke), name="max-age-sweep"
+        ),
+    ]
 
 
 def _connections(

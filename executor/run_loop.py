@@ -586,22 +586,26 @@ class RunLoop:
         if (size := message.ByteSize()) > self._deps.max_commit_bytes:
             raise RunInvalid(f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}"
                              "-byte limit")  # fmt: skip
+        reply = await self._send_until_accepted(message)
+        self._deps.leases.renew(self.run_id, self.lease.epoch, reply.sent_at)
+        self.entries.extend(steps.as_entry(step) for step in new_steps)
+        if log.isEnabledFor(logging.DEBUG):
+            kinds = ", ".join(replay.kind_name(step.kind) for step in new_steps)
+            log.debug("run %s committed %s", self.run_id, kinds)
+
+    async def _send_until_accepted(self, message: executor_pb2.Commit) -> CommitReply:
+        """Send the commit until it lands; raises when the lease is lost or would lapse."""
         delay = COMMIT_BACKOFF_START
         while True:
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
             if self._accepted(reply):
-                break
+                return reply
             # UNAVAILABLE: the database was unreachable; the very same commit may
             # be sent again (idempotent by run, epoch and seq) while the lease lasts.
             if not self._deps.leases.is_safe(self.run_id):
                 raise RunFenced("lease would lapse while the control plane cannot commit")
             await asyncio.sleep(self._deps.rng.uniform(delay / 2, delay))
             delay = min(COMMIT_BACKOFF_CAP, delay * 2)
-        self._deps.leases.renew(self.run_id, self.lease.epoch, reply.sent_at)
-        self.entries.extend(steps.as_entry(step) for step in new_steps)
-        if log.isEnabledFor(logging.DEBUG):
-            kinds = ", ".join(replay.kind_name(step.kind) for step in new_steps)
-            log.debug("run %s committed %s", self.run_id, kinds)
 
     def _accepted(self, reply: CommitReply) -> bool:
         outcome = reply.result.outcome

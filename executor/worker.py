@@ -72,23 +72,27 @@ class Worker:
         self._payloads = PayloadClient(
             config.control_plane, CHANNEL_OPTIONS, config.tls, config.executor_key
         )
+        self._deps = self._run_deps(config, catalogue or Catalogue.load())
+        self._runs: dict[str, _Held] = {}
+        # Assignments asked for (Ready) and not received yet, this session.
+        self._credits = 0
+        self._draining = False
+
+    def _run_deps(self, config: ExecutorConfig, catalogue: Catalogue) -> RunDeps:
+        """What every run this executor drives shares."""
         limits = Limits(config.payload_threshold_bytes, config.payload_view_bytes,
                         config.read_result_max_bytes)  # fmt: skip
-        self._deps = RunDeps(
+        return RunDeps(
             committer=self._stream,
             leases=self._leases,
             model=self._model,
             delivery=ToolDelivery(self._tools),
-            catalogue=catalogue or Catalogue.load(),
+            catalogue=catalogue,
             model_retry=ModelRetry(cap=config.model_backoff_cap_seconds),
             installation=config.installation,
             large_results=LargeResults(self._payloads, limits),
             connection_token=self._stream.connection_token,
         )
-        self._runs: dict[str, _Held] = {}
-        # Assignments asked for (Ready) and not received yet, this session.
-        self._credits = 0
-        self._draining = False
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, then drain and disconnect."""

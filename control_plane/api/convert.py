@@ -57,6 +57,19 @@ def active_seconds(run: Run) -> float:
     return run.active_seconds + run.held_seconds
 
 
+def run_limits(row: Run) -> agent_pb2.RunLimits:
+    """The limits copied onto a run at admission."""
+    return agent_pb2.RunLimits(
+        max_steps=row.max_steps,
+        deadline=duration(row.deadline_seconds),
+        max_tokens=row.max_tokens,
+        max_tool_calls=row.max_tool_calls,
+        model_retry_budget=row.model_retry_budget,
+        max_age=duration(row.max_age_seconds) if row.max_age_seconds else None,
+        repeat_limit=row.repeat_limit,
+    )
+
+
 def run(row: Run) -> run_pb2.Run:
     """A run as the public Run message."""
     msg = run_pb2.Run(
@@ -69,21 +82,13 @@ def run(row: Run) -> run_pb2.Run:
         lease_owner=row.lease_owner or "",
         lease_epoch=row.lease_epoch,
         attempt=row.attempt,
-        limits=agent_pb2.RunLimits(
-            max_steps=row.max_steps,
-            deadline=duration(row.deadline_seconds),
-            max_tokens=row.max_tokens,
-            max_tool_calls=row.max_tool_calls,
-            model_retry_budget=row.model_retry_budget,
-            max_age=duration(row.max_age_seconds) if row.max_age_seconds else None,
-            repeat_limit=row.repeat_limit,
-        ),
+        limits=run_limits(row),
         counters=run_pb2.RunCounters(
             steps=row.step_count,
             model_calls=row.model_calls,
             tool_calls=row.tool_calls,
             tokens=row.tokens_used,
-        ),
+        ),  # fmt: skip
         input=row.input,
         output=row.output or "",
         error=row.error or "",
