@@ -84,6 +84,7 @@ class Endpoints:
     redis_url: str
     model_url: str
     providers_url: str
+    idp_url: str
     control_plane: str
     executor_pid: int
     log_dir: Path
@@ -94,6 +95,7 @@ class Endpoints:
             f"  redis          {redact(self.redis_url)}",
             f"  model sandbox  {self.model_url}",
             f"  providers      {self.providers_url}",
+            f'  sign-in (OIDC) {self.idp_url}  (POST /token {{"email": ...}} for an ID token)',
             f"  control plane  {self.control_plane} (gRPC)",
             f"  executor       pid {self.executor_pid}",
             f"  logs           {self.log_dir}/",
@@ -143,22 +145,24 @@ class DevStack:
         executor_key = dev_credentials(db, self.data_dir)
         say(f"database migrated; credentials in {self.data_dir / CREDENTIALS}")
         say("starting sandboxes, control plane and executor")
-        model, providers = self._sandboxes()
-        control_plane = self._control_plane(db, providers)
+        model, providers, idp = self._sandboxes()
+        control_plane = self._control_plane(db, providers, idp)
         executor = self._executor(control_plane, model, providers, redis, executor_key)
         return Endpoints(
-            db, redis, model, providers, control_plane, executor.proc.pid, self.supervisor.log_dir
-        )
+            db, redis, model, providers, idp, control_plane, executor.proc.pid,
+            self.supervisor.log_dir,
+        )  # fmt: skip
 
-    def _sandboxes(self) -> tuple[str, str]:
-        # Both start at once; then wait for each (they do not depend on each other).
-        model = self._sandbox("model")
-        providers = self._sandbox("providers")
-        model_port = self.supervisor.wait_port(model, self.timeout)
-        providers_port = self.supervisor.wait_port(providers, self.timeout)
-        return f"http://127.0.0.1:{model_port}/v1", f"http://127.0.0.1:{providers_port}"
+    def _sandboxes(self) -> tuple[str, str, str]:
+        # All start at once; then wait for each (they do not depend on each other).
+        children = [self._sandbox(which) for which in ("model", "providers", "idp")]
+        model, providers, idp = (self.supervisor.wait_port(c, self.timeout) for c in children)
+        return (
+            f"http://127.0.0.1:{model}/v1", f"http://127.0.0.1:{providers}",
+            f"http://127.0.0.1:{idp}",
+        )  # fmt: skip
 
-    def _control_plane(self, db: str, providers: str) -> str:
+    def _control_plane(self, db: str, providers: str, idp: str) -> str:
         port = self.port if _port_free(self.port) else 0  # busy: let the server pick one
         http_port = DEFAULT_HTTP_PORT if _port_free(DEFAULT_HTTP_PORT) else 0
         port_file = self._port_file("control-plane")
@@ -170,6 +174,8 @@ class DevStack:
             "AGENTRUN_HTTP_PORT_FILE": str(self._port_file("control-plane-http")),
             # Approval notifications go to the sandbox mail and chat providers.
             "AGENTRUN_NOTIFY_URL": providers,
+            # People sign in through the sandbox identity provider.
+            "AGENTRUN_OIDC_ISSUER": idp,
         }
         if http_port:
             env["AGENTRUN_PUBLIC_URL"] = f"http://127.0.0.1:{http_port}"

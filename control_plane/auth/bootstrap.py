@@ -75,6 +75,8 @@ async def _mint(conn: Connection, workspace_id: str, approver: str) -> DevCreden
 
     async with transaction(conn):
         await store.create_workspace(conn, workspace_id, "team", None)
+        # The approver may also sign in (the dev stack's sandbox identity provider).
+        await store.add_member(conn, workspace_id, approver, "approver", BOOTSTRAP)
         return DevCredentials(
             workspace_id=workspace_id,
             platform_key=await key("platform", "dev-platform-admin"),
