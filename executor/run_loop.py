@@ -43,6 +43,9 @@ MODEL_BACKOFF_CAP = 60.0
 MAX_RETRY_AFTER = 3600.0
 COMMIT_BACKOFF_START = 0.1
 COMMIT_BACKOFF_CAP = 2.0
+# The internal tool that runs another agent, and the wait it parks the run in.
+CHILD_TOOL = "start_child"
+CHILD_WAIT = "child"
 
 
 class RunFenced(Exception):
@@ -352,6 +355,8 @@ class RunLoop:
             await self._commit([started], tool_calls=1)
             faults.point("executor.tool.after_started_commit")
             return await self._read_result(started.seq + 1, started.seq, call_id, arguments)
+        if name == CHILD_TOOL:
+            return await self._start_child(started)
         if name != "sleep":
             outcome = Outcome("error", error=f"internal tool {name!r} is not supported")
             await self._commit_result(started.seq, started.ref_seq, call_id, name, outcome)
@@ -366,6 +371,18 @@ class RunLoop:
         log.info("run %s parked: sleep %gs", self.run_id, seconds)
         return "parked"
 
+    async def _start_child(self, started: executor_pb2.NewStep) -> str:
+        """Started and parked on the child in one commit; the control plane admits the child
+        in that commit's transaction and writes its outcome as this call's result, waking
+        the run (control_plane/children.py)."""
+        park = steps.park(started.seq + 1, CHILD_WAIT, None, "waiting for a child run")
+        await self._commit(
+            [started, park], park=steps.park_transition(CHILD_WAIT, None), tool_calls=1
+        )
+        faults.point("executor.child.after_start_commit")
+        log.info("run %s parked: waiting for a child run", self.run_id)
+        return "parked"
+
     async def _resolve_unknown(self, action: ResolveUnknown) -> str | None:
         started = action.started
         payload = started.payload
@@ -374,6 +391,8 @@ class RunLoop:
         seq = replay.next_seq(self.entries)
         if name == payloads.READ_RESULT:  # a read: read again
             return await self._read_result(seq, started.seq, call_id, arguments)
+        if name == CHILD_TOOL:  # the child's end writes the result; until then, wait
+            return await self._park(CHILD_WAIT, None, "waiting for a child run")
         if action.call_class == "internal":
             # The sleep's wake time has passed: that is its result.
             outcome = Outcome("ok", output={"slept_seconds": arguments.get("seconds")})

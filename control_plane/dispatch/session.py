@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
+from control_plane import children
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
@@ -258,6 +259,11 @@ class ExecutorSession:
                     return parked
                 if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
                     return helped
+                if started := await children.child_commit(
+                    self._pool, req, lease_seconds, self._dispatcher.config.defaults,
+                    self._dispatcher.poke,
+                ):  # fmt: skip
+                    return started
                 return await step_store.commit(self._pool, req, lease_seconds)
             except (Fenced, DataRefused, BadApprovalRequest):
                 raise

@@ -28,6 +28,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "chat_post": "none",
         "create_charge": "provider_key",
         "sleep": "internal",
+        "start_child": "internal",
         "blob": "read",
         "read_result": "read",
     }

@@ -1,0 +1,91 @@
+"""Child runs: a `start_child` call admits another agent's run with the parent's park.
+
+The executor commits the call's tool_started step and a park (wait_reason "child", no wake
+time) in one commit; here, in that commit's transaction, the child run is admitted through
+the one admission path (store/admission.py, the run_admit fragment) and marked with its
+parent and the call's seq. A resent commit is a duplicate and admits nothing; the unique
+(workspace, parent_run_id, parent_seq) is the backstop. The child's end reaches the parent
+through the trigger of migrations/0013_child_runs.sql, which also says why exactly once.
+
+The parent waits per call: it starts one child, waits for its result, then goes on (three
+start_child calls run their children one after another).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from control_plane.config import RunDefaults
+from control_plane.store import agents as agent_store
+from control_plane.store import steps as step_store
+from control_plane.store.admission import MAX_INPUT_BYTES, admission
+from control_plane.store.db import Pool
+from control_plane.store.queries import run
+
+TOOL = "start_child"
+WAIT_REASON = "child"
+
+
+@dataclass(frozen=True)
+class ChildCall:
+    seq: int
+    agent_id: str
+    input: str
+
+
+def child_call(req: step_store.CommitRequest) -> ChildCall | None:
+    """The start_child call this commit parks on, if it is one."""
+    t = req.transition
+    if t.status != "waiting" or t.wait_reason != WAIT_REASON:
+        return None
+    for step in req.steps:
+        if step.kind != "tool_started":
+            continue
+        payload = json.loads(step.payload_json)
+        if payload.get("tool") == TOOL:
+            args = payload.get("arguments") or {}
+            return ChildCall(step.seq, str(args.get("agent_id", "")), str(args.get("input", "")))
+    return None
+
+
+async def child_commit(
+    pool: Pool, req: step_store.CommitRequest, lease_seconds: float, defaults: RunDefaults,
+    on_runnable: Callable[[], None],
+) -> step_store.CommitResult | None:  # fmt: skip
+    """Commit a start_child park and admit its child, atomically; None if `req` is no such
+    park. A child that cannot be admitted (no such agent, bad input) is the call's error
+    result at once, and the parent wakes."""
+    call = child_call(req)
+    if call is None:
+        return None
+    async with pool.acquire() as conn, conn.transaction():
+        result = await step_store.commit(conn, req, lease_seconds)
+        if result.duplicate:
+            return result
+        refusal = await _admit(conn, req, call, defaults)
+        if refusal is not None:
+            await run(conn, "child_refused", req.workspace_id, req.run_id, call.seq, refusal)
+    on_runnable()
+    return result
+
+
+async def _admit(
+    conn: Any, req: step_store.CommitRequest, call: ChildCall, defaults: RunDefaults
+) -> str | None:
+    """Admit the child run; the reason it cannot be, or None."""
+    if not call.input or len(call.input.encode()) > MAX_INPUT_BYTES:
+        return f"input must be 1 to {MAX_INPUT_BYTES} bytes"
+    version = await agent_store.get_version(conn, req.workspace_id, call.agent_id, 0)
+    if version is None:
+        return f"agent {call.agent_id!r} has no published version"
+    adm = admission(
+        version, defaults, call.input, started_by=f"run:{req.run_id}",
+        request_id=f"child:{req.run_id}:{call.seq}",
+    )  # fmt: skip
+    row = await run(conn, "child_admit", **adm.params(None))
+    if row is not None:
+        await run(conn, "child_mark", req.workspace_id, row["run_id"], req.run_id, call.seq)
+    return None
