@@ -55,6 +55,9 @@ class Run:
     started_by: str | None
     # The connection a `connection` wait is for (reconnecting it wakes the run).
     waiting_connection_id: uuid.UUID | None
+    # A child run's parent and the seq of the start_child call that admitted it.
+    parent_run_id: uuid.UUID | None
+    parent_seq: int | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

@@ -57,6 +57,9 @@ async def check_family(api: Api, db_url: str, parent_id: str, model_url: str) ->
         assert result.payload["status"] == "ok"
         assert result.payload["output"]["child_run_id"] == str(kid["run_id"])
         assert result.payload["output"]["output"] == kid["output"]
+        # Visible from the child too: GetRun names its parent and the call.
+        kid_run = await api.get(str(kid["run_id"]))
+        assert (kid_run.parent_run_id, kid_run.parent_seq) == (parent_id, result.ref_seq)
         kid_steps = await api.steps(str(kid["run_id"]))
         assert_log_well_formed(kid_steps)
         assert_no_reask(str(kid["run_id"]), kid_steps, model_log)
