@@ -37,6 +37,8 @@ class RunDefaults:
     max_tokens: int = 1_000_000
     max_tool_calls: int = 300
     model_retry_budget: int = 30
+    # The same tool with the same arguments this many times parks the run for a person.
+    repeat_limit: int = 3
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class Admission:
     deadline_seconds: int  # of active time (held by executors)
     model_retry_budget: int = 30
     max_age_seconds: int = 0  # of the run as a whole; 0 = none
+    repeat_limit: int = 3  # identical tool calls before the run waits for a person
     # The label of the principal who started the run (`key:ci-bot`, `person:ada@…`).
     started_by: str | None = None
     # The input step (seq 0); None: just {"text": input}. Its `text` is the run's input.
@@ -53,6 +54,7 @@ class Admission:
             "input_payload": json.dumps(payload), "max_steps": self.max_steps,
             "max_tokens": self.max_tokens, "max_tool_calls": self.max_tool_calls,
             "deadline_seconds": self.deadline_seconds, "max_age_seconds": self.max_age_seconds,
+            "repeat_limit": self.repeat_limit,
             "model_retry_budget": self.model_retry_budget, "started_by": self.started_by,
             "now": now,
         }  # fmt: skip
@@ -79,5 +81,6 @@ def admission(
         deadline_seconds=limits.get("deadline_seconds") or defaults.deadline_seconds,
         model_retry_budget=limits.get("model_retry_budget") or defaults.model_retry_budget,
         max_age_seconds=limits.get("max_age_seconds") or 0,
+        repeat_limit=limits.get("repeat_limit") or defaults.repeat_limit,
         started_by=started_by, input_payload=input_payload,
     )  # fmt: skip
