@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from agentrun_cli.profiles import Profile
+from executor.transport import ChannelSecurity
 
 FILE_NAME = "credentials.json"
 _active: Profile | None = None
@@ -103,16 +104,16 @@ def open_channel(address: str) -> grpc.Channel:
     `AGENTRUN_TLS_SERVER_NAME` is the name its certificate must carry when that differs
     from the address's host (or the profile's `tls_server_name`).
     """
-    ca = os.environ.get("AGENTRUN_TLS_CA") or (_active.tls_ca if _active else None)
-    if not ca:
-        return grpc.insecure_channel(address)
-    try:
-        with open(ca, "rb") as f:
-            roots = f.read()
-    except OSError as exc:
-        raise SystemExit(f"AGENTRUN_TLS_CA: cannot read {ca}: {exc.strerror}") from None
-    name = os.environ.get("AGENTRUN_TLS_SERVER_NAME") or (
-        _active.tls_server_name if _active else None
+    # The executor's channel settings, read from the environment, else the profile.
+    security = ChannelSecurity(
+        ca=os.environ.get("AGENTRUN_TLS_CA") or (_active.tls_ca if _active else None),
+        server_name=os.environ.get("AGENTRUN_TLS_SERVER_NAME")
+        or (_active.tls_server_name if _active else None),
     )
-    options = [("grpc.ssl_target_name_override", name)] if name else []
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
+    try:
+        credentials = security.credentials()
+    except ValueError as exc:  # an unreadable CA file: say which, and stop
+        raise SystemExit(str(exc)) from None
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials, options=security.options())

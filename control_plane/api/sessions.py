@@ -28,7 +28,7 @@ from control_plane.errors import Aborted, FailedPrecondition, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
-from control_plane.store.triggers import Pool, transaction
+from control_plane.store.db import Pool, transaction
 
 # The transcript a turn carries: at most this many earlier turns and bytes (oldest dropped).
 MAX_HISTORY_TURNS = 100

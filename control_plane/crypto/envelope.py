@@ -38,7 +38,7 @@ from control_plane.crypto.kms import KEY_BYTES, NONCE_BYTES, Kms, KmsError, Wrap
 from control_plane.errors import DomainError
 from control_plane.store import crypto as store
 from control_plane.store.crypto import StoredDataKey
-from control_plane.store.triggers import Pool
+from control_plane.store.db import Pool
 
 TRIGGER_SECRET = "trigger_secret"
 CONNECTION_TOKEN = "connection_token"

@@ -10,7 +10,7 @@ from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
-from control_plane.store.triggers import Pool
+from control_plane.store.db import Pool
 
 
 def _nothing() -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeAlias
 
+from control_plane.store.db import Connection, Pool, Record, transaction
 from control_plane.store.queries import run
-from control_plane.store.triggers import Connection, Pool, Record, transaction
 
 # (new version) -> (KMS key version, wrapped key): how a rotation wraps its new key.
 WrapFor: TypeAlias = Callable[[int], Awaitable[tuple[str, bytes]]]

@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from control_plane.store.admission import Admission
+from control_plane.store.db import Connection, Pool, Record
 from control_plane.store.queries import run
-from control_plane.store.triggers import Connection, Pool, Record
 
 
 async def create_session(
