@@ -37,6 +37,7 @@ PARK = run_pb2.STEP_KIND_PARK
 FINISH = run_pb2.STEP_KIND_FINISH
 APPROVAL_REQUESTED = run_pb2.STEP_KIND_APPROVAL_REQUESTED
 APPROVAL_DECIDED = run_pb2.STEP_KIND_APPROVAL_DECIDED
+SUMMARY = run_pb2.STEP_KIND_SUMMARY
 CALL_STEPS = (STARTED, RESULT, APPROVAL_REQUESTED, APPROVAL_DECIDED)
 
 
@@ -233,6 +234,11 @@ def decision_calls(payload: Mapping[str, Any]) -> list[ToolCall]:
     return calls
 
 
+def decision_turns(entries: list[Entry]) -> list[_Turn]:
+    """The model decisions in seq order, each with the tool steps that answer its calls."""
+    return _turns(entries)
+
+
 def _turns(entries: list[Entry]) -> list[_Turn]:
     turns: list[_Turn] = []
     for entry in entries:
@@ -336,11 +342,13 @@ def _call_action(decision_seq: int, call: ToolCall, history: list[Entry]) -> Act
 
 
 def counters(entries: list[Entry]) -> Counters:
-    """Model calls, tool calls and tokens the log records (the same the commits counted)."""
+    """Model calls, tool calls and tokens the log records (the same the commits counted).
+
+    A summary's tokens count; the summary is not a model call (those are decisions)."""
     model_calls = tool_calls = tokens = 0
     for entry in entries:
-        if entry.kind == DECISION:
-            model_calls += 1
+        if entry.kind in (DECISION, SUMMARY):
+            model_calls += entry.kind == DECISION
             usage = entry.payload.get("usage") or {}
             tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
         elif entry.kind == STARTED:
@@ -359,19 +367,46 @@ def trailing_parks(entries: list[Entry], wait_reason: str) -> int:
 
 
 def build_messages(entries: list[Entry], instructions: str) -> list[dict[str, Any]]:
-    """The OpenAI `messages` for the next model call, rebuilt from recorded outputs only."""
+    """The OpenAI `messages` for the next model call, rebuilt from recorded outputs only.
+
+    Most stable first (executor/context.py): the instructions, then the steps in seq
+    order, each rendered from its recorded payload alone, so the next call's messages
+    extend these byte for byte. The latest summary's recap stands in for the steps it
+    covers (from_seq..through_seq)."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    turns = {turn.decision.seq: turn for turn in _turns(entries)}
+    by_seq = {turn.decision.seq: turn for turn in _turns(entries)}
+    recap = latest_summary(entries)
+    start, through = (recap.payload["from_seq"], recap.payload["through_seq"]) if recap else (0, -1)
     for entry in entries:
+        if recap is not None and entry.seq >= start:
+            messages.append(recap_message(recap.payload))  # where the span began
+            recap = None
+        if start <= entry.seq <= through:
+            continue
         if entry.kind == INPUT:
             # A session turn's input carries the earlier turns' transcript: it goes first.
             messages.extend(history_messages(entry.payload))
             messages.append({"role": "user", "content": input_text(entry.payload)})
         elif entry.kind == DECISION:
-            messages.extend(_turn_messages(turns[entry.seq]))
+            messages.extend(turn_messages(by_seq[entry.seq]))
     return messages
+
+
+def latest_summary(entries: list[Entry]) -> Entry | None:
+    """The newest summary step: its recap replaces every earlier one."""
+    return next((e for e in reversed(entries) if e.kind == SUMMARY), None)
+
+
+def recap_message(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A summary's recap as the model reads it, in place of the steps it covers."""
+    head = (
+        f"[Recap of steps {payload['from_seq']}-{payload['through_seq']} of this run, "
+        "written by the model earlier to keep the prompt short; the steps after it follow "
+        "verbatim.]"
+    )
+    return {"role": "user", "content": f"{head}\n{payload.get('text') or ''}"}
 
 
 def input_text(payload: Mapping[str, Any]) -> str:
@@ -390,7 +425,8 @@ def history_messages(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _turn_messages(turn: _Turn) -> list[dict[str, Any]]:
+def turn_messages(turn: _Turn) -> list[dict[str, Any]]:
+    """One decision as an assistant message, then exactly one tool message per call."""
     assistant: dict[str, Any] = {
         "role": "assistant",
         "content": turn.decision.payload.get("content"),
@@ -415,7 +451,8 @@ def _turn_messages(turn: _Turn) -> list[dict[str, Any]]:
 def _arguments_text(call: ToolCall) -> str:
     if call.arguments is None:
         return call.arguments_raw or ""
-    return json.dumps(call.arguments, ensure_ascii=False)
+    # Sorted keys: the same text whether the step was read back from the database or not.
+    return json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
 
 
 def _tool_content(turn: _Turn, call: ToolCall) -> str:
@@ -452,7 +489,7 @@ def result_text(payload: Mapping[str, Any]) -> str:
         output = payload.get("output")
         # A result stored as a payload records the very text the model reads (its view).
         stored = "payload" in payload and isinstance(output, str)
-        text = str(output) if stored else json.dumps(output, ensure_ascii=False)
+        text = str(output) if stored else json.dumps(output, ensure_ascii=False, sort_keys=True)
         origin = payload.get("untrusted")
         return untrusted.wrap(text, str(origin)) if origin else text
     if status == "repeated":

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, constraints, limits, payloads, replay, steps, untrusted
+from executor import approval, constraints, context, limits, payloads, replay, steps, untrusted
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
@@ -209,9 +209,12 @@ class RunLoop:
     # -- the model ----------------------------------------------------------
 
     async def _call_model(self) -> str | None:
+        if ended := await self._summarise():
+            return ended
         seq = replay.next_seq(self.entries)
+        messages = replay.build_messages(self.entries, self.spec.instructions)
         try:
-            reply = await self._ask_model(seq)
+            reply = await self._ask_model(seq, messages, self._tools())
         except ModelUnavailable as exc:
             return await self._model_unavailable(exc)
         except ModelRejected as exc:
@@ -247,10 +250,43 @@ class RunLoop:
         log.warning("run %s: model unavailable (%s); parking %.1fs", self.run_id, exc, delay)
         return await self._park("model", delay, exc.reason)
 
-    async def _ask_model(self, seq: int) -> ModelReply | None:
+    async def _summarise(self) -> str | None:
+        """Past the run's context threshold, first recap the older steps as a step of its
+        own (executor/context.py); returns how the run ended if asking for it ended it."""
+        tools, instructions = self._tools(), self.spec.instructions
+        span = context.plan(self.entries, instructions, tools, self._run.limits.context_tokens)
+        if span is None:
+            return None
+        seq = replay.next_seq(self.entries)
+        try:
+            reply = await self._ask_model(
+                seq, context.request_messages(self.entries, instructions, span), tools
+            )
+        except ModelUnavailable as exc:
+            return await self._model_unavailable(exc)
+        except ModelRejected as exc:
+            return await self._fail(f"asked to summarise the run, the model refused: {exc.reason}")
+        if reply is None:  # interrupted by the drain deadline
+            return await self._park("handoff", 0.0, "executor draining: summary abandoned")
+        if not context.recap_text(reply):  # nothing to record: the prompt goes whole this time
+            log.warning("run %s: the model wrote no recap of steps %d-%d", self.run_id,
+                        span.from_seq, span.through_seq)  # fmt: skip
+            return None
+        await self._commit([steps.summary(seq, span, reply, self.spec.model)],
+                           tokens=reply.usage.total)  # fmt: skip
+        faults.point("executor.summary.after_commit")
+        log.info("run %s: steps %d-%d recapped at step %d (prompt ~%d tokens)", self.run_id,
+                 span.from_seq, span.through_seq, seq, span.prompt_tokens)  # fmt: skip
+        return None
+
+    def _tools(self) -> list[dict[str, Any]]:
+        """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
+        return context.stable_tools(self._deps.catalogue.openai_tools(self.spec.tools))
+
+    async def _ask_model(
+        self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelReply | None:
         """The model's reply, or None if the drain deadline interrupted the call."""
-        messages = replay.build_messages(self.entries, self.spec.instructions)
-        tools = self._deps.catalogue.openai_tools(self.spec.tools)
         call = asyncio.ensure_future(
             self._deps.model.complete(self.spec.model, messages, tools, self.run_id, seq)
         )

@@ -9,6 +9,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from agentrun.v1 import executor_pb2
+from executor import context
 from executor.models.base import ModelReply, ToolCall
 from executor.replay import (
     DECISION,
@@ -16,6 +17,7 @@ from executor.replay import (
     PARK,
     RESULT,
     STARTED,
+    SUMMARY,
     Entry,
     HoldRepeat,
     call_signature,
@@ -67,6 +69,11 @@ def decision(seq: int, reply: ModelReply, model: str) -> executor_pb2.NewStep:
         "response_id": reply.response_id,
     }
     return new_step(seq, DECISION, payload)
+
+
+def summary(seq: int, span: context.Span, reply: ModelReply, model: str) -> executor_pb2.NewStep:
+    """The model's recap of the span, recorded once: later prompts read it in its place."""
+    return new_step(seq, SUMMARY, context.payload(span, reply, model))
 
 
 def tool_started(

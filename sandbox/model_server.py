@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandbox import summaries
 from sandbox.faults import FaultSpecError, ModelFaults, retry_after_headers
 from sandbox.request_log import RequestLog
 from sandbox.scenario import (
@@ -88,20 +89,32 @@ class ModelSandbox:
 
     async def _complete(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
         self._check_api_key(request)
-        model, messages = _parse_chat_request(await _read_json(request))
+        body = await _read_json(request)
+        model, messages = _parse_chat_request(body)
         entry.update(model=model, n_messages=len(messages), **last_tool_seen(messages))
         await self._apply_faults()
         scenario = self._scenario(model)
-        entry["turn"] = turn = scenario.turn_index(messages)
+        entry.update(summaries.log_fields(scenario, messages, body.get("tools")))
         if latency := scenario.latency_seconds(self.rng):
             await asyncio.sleep(latency)
         try:
-            reply = render_turn(scenario.turns[turn], messages, self.rng)
+            reply = self._reply(scenario, messages, entry)
         except ScenarioError as exc:
             raise _Refused(500, str(exc), "server_error") from None
         completion = chat_completion(model, reply, messages)
         entry["response_id"] = completion["id"]
         return completion
+
+    def _reply(
+        self, scenario: Scenario, messages: list[dict[str, Any]], entry: dict[str, Any]
+    ) -> Reply:
+        """A recap for a summarisation request; else the scenario's turn (a recap in the
+        messages stands for the assistant turns it replaced)."""
+        if summaries.is_request(messages):
+            return summaries.recap(scenario, messages, self.rng)
+        recapped = summaries.turns_recapped(messages)
+        entry["turn"] = turn = scenario.turn_index(messages, recapped)
+        return render_turn(scenario.turns[turn], messages, self.rng)
 
     def _check_api_key(self, request: Request) -> None:
         if self.api_key is None:

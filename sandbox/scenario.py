@@ -21,7 +21,8 @@ The turn played is the number of assistant messages already in the request
 may get a different answer, so an executor that re-asks a committed decision
 shows up as a different decision instead of hiding behind a deterministic mock.
 A tool call may give ``"arguments_raw": "<text>"`` to send arguments that are not
-valid JSON.
+valid JSON. ``"summary"`` answers summarisation requests and ``"record_prompts"``
+keeps each request's prompt in the log (sandbox/summaries.py).
 """
 
 import json
@@ -65,10 +66,15 @@ class Scenario:
     description: str
     latency_ms: tuple[float, float]
     turns: tuple[dict[str, Any], ...]
+    # How it answers a summarisation request, and whether the log keeps prompts
+    # (sandbox/summaries.py).
+    summary: bool | dict[str, Any] = False
+    record_prompts: bool = False
 
-    def turn_index(self, messages: list[dict[str, Any]]) -> int:
+    def turn_index(self, messages: list[dict[str, Any]], recapped: int = 0) -> int:
+        """`recapped`: assistant turns a recap in the messages stands for."""
         assistant_messages = sum(1 for m in messages if m.get("role") == "assistant")
-        return min(assistant_messages, len(self.turns) - 1)
+        return min(assistant_messages + recapped, len(self.turns) - 1)
 
     def latency_seconds(self, rng: random.Random) -> float:
         low, high = self.latency_ms
@@ -88,11 +94,16 @@ def parse_scenario(name: str, data: Any) -> Scenario:
     latency = data.get("latency_ms", [0, 0])
     if not (isinstance(latency, list) and len(latency) == 2 and 0 <= latency[0] <= latency[1]):
         raise ScenarioError(f"scenario {name!r}: 'latency_ms' must be [min, max]")
+    summary = data.get("summary", False)
+    if not isinstance(summary, bool | dict):
+        raise ScenarioError(f"scenario {name!r}: 'summary' must be true or {{\"content\": ...}}")
     return Scenario(
         name=name,
         description=str(data.get("description", "")),
         latency_ms=(float(latency[0]), float(latency[1])),
         turns=tuple(turns),
+        summary=summary,
+        record_prompts=bool(data.get("record_prompts", False)),
     )
 
 

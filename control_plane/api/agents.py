@@ -20,6 +20,7 @@ _TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
 MAX_AGE_SECONDS = 366 * 24 * 3600
+MAX_CONTEXT_TOKENS = 10_000_000
 
 
 def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
@@ -43,6 +44,9 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
             "spec.limits.max_age", int(max_age), 0, MAX_AGE_SECONDS
         ),
         "repeat_limit": validate.in_range("spec.limits.repeat_limit", lim.repeat_limit, 0, 1000),
+        "context_tokens": validate.in_range(
+            "spec.limits.context_tokens", lim.context_tokens, 0, MAX_CONTEXT_TOKENS
+        ),
     }
 
 

@@ -33,6 +33,7 @@ KIND_TO_PROTO = {
     "finish": run_pb2.STEP_KIND_FINISH,
     "approval_requested": run_pb2.STEP_KIND_APPROVAL_REQUESTED,
     "approval_decided": run_pb2.STEP_KIND_APPROVAL_DECIDED,
+    "summary": run_pb2.STEP_KIND_SUMMARY,
 }
 KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
 
@@ -67,6 +68,7 @@ def run_limits(row: Run) -> agent_pb2.RunLimits:
         model_retry_budget=row.model_retry_budget,
         max_age=duration(row.max_age_seconds) if row.max_age_seconds else None,
         repeat_limit=row.repeat_limit,
+        context_tokens=row.context_tokens,
     )
 
 
@@ -223,6 +225,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             model_retry_budget=lim.get("model_retry_budget", 0),
             max_age=duration(lim.get("max_age_seconds", 0)) if lim.get("max_age_seconds") else None,
             repeat_limit=lim.get("repeat_limit", 0),
+            context_tokens=lim.get("context_tokens", 0),
         ),
         approval=approval_policy_from_json(data.get("approval") or {}),
         max_concurrency=data.get("max_concurrency", 0),

@@ -4,8 +4,9 @@ StartRun, a trigger event and a session turn each admit a run; all three build
 an `Admission` here (from the agent version, the server's defaults and who
 started it) and insert it with the one SQL shape `run_admit` (sql/runs.sql),
 which the statements of the three doors include. What a run is held to —
-steps, tokens, tool calls, active-time deadline, model retries, maximum age — is
-fixed at admission: publishing a new version never changes a run under way.
+steps, tokens, tool calls, active-time deadline, model retries, maximum age, the
+context threshold — is fixed at admission: publishing a new version never
+changes a run under way.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Admission:
     model_retry_budget: int = 30
     max_age_seconds: int = 0  # of the run as a whole; 0 = none
     repeat_limit: int = 3  # identical tool calls before the run waits for a person
+    context_tokens: int = 0  # prompt size (estimated tokens) past which steps are summarised
     # The label of the principal who started the run (`key:ci-bot`, `person:ada@…`).
     started_by: str | None = None
     # The input step (seq 0); None: just {"text": input}. Its `text` is the run's input.
@@ -54,7 +56,7 @@ class Admission:
             "input_payload": json.dumps(payload), "max_steps": self.max_steps,
             "max_tokens": self.max_tokens, "max_tool_calls": self.max_tool_calls,
             "deadline_seconds": self.deadline_seconds, "max_age_seconds": self.max_age_seconds,
-            "repeat_limit": self.repeat_limit,
+            "repeat_limit": self.repeat_limit, "context_tokens": self.context_tokens,
             "model_retry_budget": self.model_retry_budget, "started_by": self.started_by,
             "now": now,
         }  # fmt: skip
@@ -82,5 +84,6 @@ def admission(
         model_retry_budget=limits.get("model_retry_budget") or defaults.model_retry_budget,
         max_age_seconds=limits.get("max_age_seconds") or 0,
         repeat_limit=limits.get("repeat_limit") or defaults.repeat_limit,
+        context_tokens=limits.get("context_tokens") or 0,
         started_by=started_by, input_payload=input_payload,
     )  # fmt: skip

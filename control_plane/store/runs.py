@@ -45,6 +45,7 @@ class Run:
     max_age_seconds: int  # 0: none
     expires_at: datetime | None  # admission + max age
     repeat_limit: int
+    context_tokens: int  # 0: prompts are never summarised
     # Counters.
     step_count: int
     model_calls: int

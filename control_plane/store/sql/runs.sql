@@ -8,7 +8,8 @@ admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
-                      repeat_limit, started_by, step_count, created_at, updated_at)
+                      repeat_limit, context_tokens, started_by, step_count, created_at,
+                      updated_at)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -16,7 +17,7 @@ admitted AS (
            CASE WHEN :max_age_seconds::int > 0
                THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :max_age_seconds::int)
            END,
-           :model_retry_budget::int, :repeat_limit::int, :started_by, 1,
+           :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
            coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING

@@ -79,6 +79,7 @@ class RunLimits(_message.Message):
     MODEL_RETRY_BUDGET_FIELD_NUMBER: _builtins.int
     MAX_AGE_FIELD_NUMBER: _builtins.int
     REPEAT_LIMIT_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Maximum number of model calls (decisions) in the run. 0 = server default."""
     max_tokens: _builtins.int
@@ -96,6 +97,13 @@ class RunLimits(_message.Message):
     wait_reason "repeat" until a person lets it run (ResolveUnknownOutcome
     RETRY), refuses it (NOT_HAPPENED), fails the run (FAIL_RUN) or cancels
     it. A person's go-ahead restarts the count. 0 = server default (3).
+    """
+    context_tokens: _builtins.int
+    """Context threshold, in estimated prompt tokens (the prompt's characters
+    divided by 4: instructions, tool schemas and messages as JSON). Before a
+    model call whose prompt would be larger, the executor asks the model for a
+    recap of the older steps, commits it as a summary step and sends the
+    recap in their place, keeping the newest turns verbatim. 0 = off.
     """
     @_builtins.property
     def deadline(self) -> _duration_pb2.Duration:
@@ -123,10 +131,11 @@ class RunLimits(_message.Message):
         model_retry_budget: _builtins.int = ...,
         max_age: _duration_pb2.Duration | None = ...,
         repeat_limit: _builtins.int = ...,
+        context_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "max_age", b"max_age", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget", "repeat_limit", b"repeat_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_tokens", b"context_tokens", "deadline", b"deadline", "max_age", b"max_age", "max_steps", b"max_steps", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "model_retry_budget", b"model_retry_budget", "repeat_limit", b"repeat_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

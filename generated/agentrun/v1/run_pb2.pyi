@@ -87,6 +87,12 @@ class _StepKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StepKind.Val
     """The human's decision (approved, rejected, edited, expired), written by
     the control plane in the same transaction as the compare-and-set.
     """
+    STEP_KIND_SUMMARY: _StepKind.ValueType  # 9
+    """A recap of the run's earlier steps, written by the model when the prompt
+    outgrew the agent's context_tokens: later prompts read it in place of the
+    span it covers (payload: text, from_seq, through_seq, usage). Replay reads
+    the recorded recap; it is never asked for again.
+    """
 
 class StepKind(_StepKind, metaclass=_StepKindEnumTypeWrapper):
     """StepKind says what a step records. Steps are append-only."""
@@ -117,6 +123,12 @@ Committed with the approval, its notification and the park, atomically.
 STEP_KIND_APPROVAL_DECIDED: StepKind.ValueType  # 8
 """The human's decision (approved, rejected, edited, expired), written by
 the control plane in the same transaction as the compare-and-set.
+"""
+STEP_KIND_SUMMARY: StepKind.ValueType  # 9
+"""A recap of the run's earlier steps, written by the model when the prompt
+outgrew the agent's context_tokens: later prompts read it in place of the
+span it covers (payload: text, from_seq, through_seq, usage). Replay reads
+the recorded recap; it is never asked for again.
 """
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
