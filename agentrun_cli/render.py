@@ -129,6 +129,13 @@ def _approval_decided(p: dict[str, Any]) -> str:
     return line
 
 
+def _summary(p: dict[str, Any]) -> str:
+    usage = p.get("usage") or {}
+    tokens = f"[{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens]"
+    span = f"recap of steps {p.get('from_seq', '?')}-{p.get('through_seq', '?')}"
+    return f"{span}: {short(p.get('text', ''), 60)} {tokens}"
+
+
 _SUMMARIES: dict[int, Callable[[dict[str, Any]], str]] = {
     run_pb2.STEP_KIND_INPUT: _input,
     run_pb2.STEP_KIND_MODEL_DECISION: _decision,
@@ -138,6 +145,7 @@ _SUMMARIES: dict[int, Callable[[dict[str, Any]], str]] = {
     run_pb2.STEP_KIND_FINISH: _finish,
     run_pb2.STEP_KIND_APPROVAL_REQUESTED: _approval_requested,
     run_pb2.STEP_KIND_APPROVAL_DECIDED: _approval_decided,
+    run_pb2.STEP_KIND_SUMMARY: _summary,
 }
 
 

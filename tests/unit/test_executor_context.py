@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from agentrun.v1 import run_pb2
+from agentrun_cli.render import step_line
 from executor import context, replay, steps
 from executor.models.base import ModelReply, ToolCall, Usage
 from executor.replay import Entry
@@ -251,3 +253,14 @@ def test_the_summary_payload_records_the_recap_its_span_and_usage():
         "model": "agent-model",
         "response_id": "sum-1",
     }
+
+
+def test_the_cli_shows_a_summary_step_as_its_span_and_recap():
+    entries = run_with(4)
+    span = context.plan(entries, INSTRUCTIONS, TOOLS, _threshold_between(entries, 1))
+    assert span is not None
+    new = steps.summary(13, span, ModelReply("the recap", (), Usage(700, 40), "s", "m"), "m")
+    step = run_pb2.Step(seq=new.seq, kind=new.kind, payload_json=new.payload_json)
+    line = step_line(step)
+    assert line.startswith(f"13 summary recap of steps 1-{span.through_seq}: ")
+    assert "the recap" in line and "[700+40 tokens]" in line
