@@ -138,6 +138,7 @@ class RunLoop:
                       "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
         with (
             logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
+            tracing.run_trace(lease.run_id),
             _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span,
         ):
             how = await self._run_held()
@@ -641,18 +642,25 @@ class RunLoop:
             log.debug("run %s committed %s", self.run_id, kinds)
 
     async def _traced_send(self, message: executor_pb2.Commit) -> CommitReply:
-        """One span per commit, naming its steps; the control plane continues it (the
-        message carries its traceparent), so a run's trace has one span per step."""
+        """A span per commit, which the control plane continues (the message carries its
+        traceparent), and inside it one span per step the commit landed."""
         attributes = {
             "agentrun.steps.seq": [step.seq for step in message.steps],
-            "agentrun.steps.kind": [replay.kind_name(step.kind) for step in message.steps],
             "agentrun.transition": message.WhichOneof("transition") or "",
         }
         with _tracer.start_as_current_span(
             "agentrun.commit", kind=SpanKind.CLIENT, attributes=attributes
         ):
             message.traceparent = tracing.current()
-            return await self._send_until_accepted(message)
+            began = time.time_ns()
+            reply = await self._send_until_accepted(message)
+            for step in message.steps:
+                kind = replay.kind_name(step.kind)
+                _tracer.start_span(
+                    f"step {kind}", start_time=began,
+                    attributes={"agentrun.seq": step.seq, "agentrun.step.kind": kind},
+                ).end()  # fmt: skip
+            return reply
 
     async def _send_until_accepted(self, message: executor_pb2.Commit) -> CommitReply:
         """Send the commit until it lands; raises when the lease is lost or would lapse."""

@@ -100,6 +100,8 @@ def configure(
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info if fmt == "json" else _keep,
+            # "message", as log platforms (and OpenTelemetry's log model) name it.
+            structlog.processors.EventRenamer("message") if fmt == "json" else _keep,
             renderer,
         ],
     )

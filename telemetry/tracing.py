@@ -10,13 +10,20 @@ processor to the OTLP/HTTP exporter, which reads the standard `OTEL_*` variables
 Trace context crosses the executor stream per message: the stream is long-lived, so
 each Commit carries the W3C `traceparent` of the executor's commit span (`current()`),
 and the control plane continues it (`context_of()`).
+
+One run, one trace: a run is held many times (after every park, by any executor), and
+each hold's root span takes the run's id as its trace id (`run_trace()`), so all of a
+run's holds, commits and statements join one trace, found by the run id (without dashes).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -24,6 +31,22 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# The trace id a root span started here takes (a run's id), else a random one.
+_RUN_TRACE: contextvars.ContextVar[int] = contextvars.ContextVar("agentrun_run_trace", default=0)
+
+
+@contextlib.contextmanager
+def run_trace(run_id: str) -> Iterator[None]:
+    """Root spans started inside take `run_id` (a UUID) as their trace id."""
+    try:
+        trace_id = uuid.UUID(run_id).int
+    except ValueError:
+        trace_id = 0
+    token = _RUN_TRACE.set(trace_id)
+    try:
+        yield
+    finally:
+        _RUN_TRACE.reset(token)
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -44,9 +67,17 @@ def configure(service: str, env: Mapping[str, str] | None = None) -> bool:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class RunTraceIds(RandomIdGenerator):
+        def generate_trace_id(self) -> int:
+            return _RUN_TRACE.get() or super().generate_trace_id()
+
+        def is_trace_id_random(self) -> bool:
+            return False
 
     resource = Resource.create({"service.name": service})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, id_generator=RunTraceIds())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)
@@ -73,4 +104,4 @@ def context_of(traceparent: str) -> Context | None:
     return ctx if span.get_span_context().is_valid else None
 
 
-__all__ = ["configure", "context_of", "current", "enabled", "tracer"]
+__all__ = ["configure", "context_of", "current", "enabled", "run_trace", "tracer"]
