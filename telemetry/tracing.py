@@ -57,6 +57,14 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
     return any(env.get(name) for name in _ENDPOINT_VARS)
 
 
+_on = False
+
+
+def on() -> bool:
+    """Whether this process exports spans (hot paths skip even no-op spans otherwise)."""
+    return _on
+
+
 def configure(service: str, env: Mapping[str, str] | None = None) -> bool:
     """Install the SDK's tracer provider exporting to OTLP/HTTP; False (nothing done) when
     no endpoint is configured. Spans still buffered are flushed at exit."""
@@ -81,6 +89,8 @@ def configure(service: str, env: Mapping[str, str] | None = None) -> bool:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)
+    global _on
+    _on = True
     return True
 
 
@@ -104,4 +114,4 @@ def context_of(traceparent: str) -> Context | None:
     return ctx if span.get_span_context().is_valid else None
 
 
-__all__ = ["configure", "context_of", "current", "enabled", "run_trace", "tracer"]
+__all__ = ["configure", "context_of", "current", "enabled", "on", "run_trace", "tracer"]

@@ -356,7 +356,8 @@ class ExecutorSession:
                 self.held[key.run_id] = key.epoch
             else:
                 self.held.pop(key.run_id, None)
-                metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
+                if reason == "lost":  # not a run that reached a limit and failed
+                    metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 

@@ -136,16 +136,24 @@ async def run(
     """
     query = QUERIES[name]
     values = arguments(query, args, named)
+    if not tracing.on():  # the hot path: not even a no-op span
+        return await _execute(conn, query, values)
     # One client span per statement, named by the query (never its values: they may be secret).
     with _tracer.start_as_current_span(
         name, kind=SpanKind.CLIENT,
         attributes={"db.system.name": "postgresql", "db.query.summary": name},
     ):  # fmt: skip
-        try:
-            if query.mode == "one":
-                return await conn.fetchrow(query.sql, *values)
-            if query.mode == "many":
-                return await conn.fetch(query.sql, *values)
-            return await conn.execute(query.sql, *values)
-        except asyncpg.DataError as exc:
-            raise DataRefused(f"{name}: {exc}") from exc
+        return await _execute(conn, query, values)
+
+
+async def _execute(
+    conn: asyncpg.pool.Pool | asyncpg.Connection, query: Query, values: tuple[Any, ...]
+) -> Any:
+    try:
+        if query.mode == "one":
+            return await conn.fetchrow(query.sql, *values)
+        if query.mode == "many":
+            return await conn.fetch(query.sql, *values)
+        return await conn.execute(query.sql, *values)
+    except asyncpg.DataError as exc:
+        raise DataRefused(f"{query.name}: {exc}") from exc
