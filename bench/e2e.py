@@ -152,7 +152,9 @@ async def wait_done(
 
 def log_complaints(procs: list[Proc]) -> None:
     """Note the warnings and errors the processes logged (the first few, and how many)."""
-    lines = [f"{p.name}: {line}" for p in procs for line in p.log_lines(" WARNING ", " ERROR ")]
+    # The processes log JSON lines (telemetry/logs.py).
+    markers = ('"level": "warning"', '"level": "error"', '"level": "critical"')
+    lines = [f"{p.name}: {line}" for p in procs for line in p.log_lines(*markers)]
     if lines:
         report.note(f"{len(lines)} warning/error log lines, e.g.:")
         for line in lines[:3]:

@@ -57,7 +57,7 @@ class Proc:
         return "\n".join(text.splitlines()[-lines:])
 
     def log_lines(self, *markers: str) -> list[str]:
-        """The log lines that contain any of `markers` (e.g. " WARNING ", " ERROR ")."""
+        """The log lines that contain any of `markers` (e.g. '"level": "warning"')."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:

@@ -105,6 +105,8 @@ class ServerConfig:
     oauth_url: str | None = None
     oauth_client_id: str = "agentrun"
     oauth_client_secret: str = field(default="sandbox-client-secret", repr=False)  # noqa: S105
+    # The bearer token a Prometheus scraper sends for /metrics (besides a platform key).
+    metrics_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -169,4 +171,5 @@ class ServerConfig:
             oauth_client_secret=os.environ.get(
                 "AGENTRUN_OAUTH_CLIENT_SECRET", cls.oauth_client_secret
             ),
+            metrics_token=os.environ.get("AGENTRUN_METRICS_TOKEN") or None,
         )

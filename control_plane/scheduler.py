@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from control_plane import metrics
 from control_plane.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission
@@ -109,6 +110,8 @@ class Scheduler:
             log.info("schedule %s/%s skipped slot %s, older than the catch-up window",
                      settings.workspace_id, settings.trigger_id, slot.isoformat())  # fmt: skip
         else:
+            lag = (row["db_now"] - row["next_fire_at"]).total_seconds()
+            metrics.SCHEDULE_LAG.observe(max(0.0, lag))
             outcome = await admission.admit(conn, _slot_event(settings, row), self._defaults, now)
             started = int(outcome.created and outcome.run_id is not None)
         nxt = sched.following_slot(slot, row["db_now"], self._catchup)

@@ -32,6 +32,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
+from control_plane import logs
 from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
@@ -61,6 +62,7 @@ from control_plane.errors import ErrorInterceptor
 from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
+from control_plane.readiness import Readiness
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import Pool, create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
@@ -68,6 +70,7 @@ from control_plane.tools import registry
 from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
+from telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +233,17 @@ async def start(
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
     _add_servicers(parts, server, executors)
-    port, executor_port = await _listen(config, server, executors)
+    healths: list[_Health] = []
+    port, executor_port = await _listen(config, server, executors, healths)
     flows = ConnectionFlows(pool, envelope, oauth, tokens, config.public_url)
+    # One readiness per replica: /readyz and the gRPC health service say the same.
+    readiness = Readiness(pool)
     http, trigger_tasks = await _start_triggers(
-        pool, config, parts.dispatcher, envelope, resolver, flows
+        pool, config, parts.dispatcher, envelope, resolver, flows, readiness
     )
+    watch = asyncio.create_task(readiness.watch(healths), name="readiness")
     return RunningServer(
-        server, port, pool, _background_loops(parts) + trigger_tasks, http,
+        server, port, pool, [*_background_loops(parts), *trigger_tasks, watch], http,
         executor_server=executors if executors is not server else None,
         executor_port=executor_port, verifier=verifier, oauth=oauth,
     )  # fmt: skip
@@ -316,17 +323,25 @@ def _executor_server(
     return grpc.aio.server(interceptors=interceptors, options=_grpc_options(config, receive))
 
 
+# A health servicer and the services it reports on (the readiness watch sets them).
+_Health = tuple[health.aio.HealthServicer, tuple[str, ...]]
+
+
 async def _listen(
-    config: ServerConfig, server: grpc.aio.Server, executors: grpc.aio.Server
-) -> tuple[int, int]:
+    config: ServerConfig, server: grpc.aio.Server, executors: grpc.aio.Server,
+    healths: list[_Health],
+) -> tuple[int, int]:  # fmt: skip
     """Start the public server and, when it has its own, the executor one: their ports."""
     public = server_credentials(config, executor=False)
     if executors is server or not config.executor_listen:
-        port = await _serve(server, config.listen, public)
+        port = await _serve(server, config.listen, public, healths=healths)
         return port, port
     own = server_credentials(config, executor=True)
-    executor_port = await _serve(executors, config.executor_listen, own, (EXECUTOR_SERVICE,))
-    return await _serve(server, config.listen, public, PUBLIC_SERVICE_NAMES), executor_port
+    executor_port = await _serve(
+        executors, config.executor_listen, own, (EXECUTOR_SERVICE,), healths
+    )
+    port = await _serve(server, config.listen, public, PUBLIC_SERVICE_NAMES, healths)
+    return port, executor_port
 
 
 async def _serve(
@@ -334,9 +349,12 @@ async def _serve(
     listen: str,
     credentials: grpc.ServerCredentials | None,
     services: tuple[str, ...] = SERVICE_NAMES,
+    healths: list[_Health] | None = None,
 ) -> int:
     """Add health and reflection for `services`, bind `listen`, start; returns the port."""
     health_servicer = health.aio.HealthServicer()
+    if healths is not None:
+        healths.append((health_servicer, services))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -355,6 +373,7 @@ async def _start_triggers(
     envelope: Envelope,
     resolver: Resolver,
     flows: ConnectionFlows | None = None,
+    readiness: Readiness | None = None,
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -373,6 +392,7 @@ async def _start_triggers(
         resolver=resolver,
         verifier=resolver.verifier,
         connections=flows,
+        readiness=readiness,
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()
@@ -413,8 +433,6 @@ async def serve(config: ServerConfig) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure()
+    tracing.configure("agentrun-control-plane")
     asyncio.run(serve(ServerConfig.from_env()))

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import sys
 
 from executor.config import ExecutorConfig
+from executor.metrics import MetricsListener
 from executor.worker import Worker
+from telemetry import logs, tracing
 
 log = logging.getLogger("executor")
 
 
 def main() -> None:
     """Entry point for `python -m executor` and `agentrun executor`."""
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=os.environ.get("AGENTRUN_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure("executor")
+    tracing.configure("agentrun-executor")
     # httpx logs every request with its URL at INFO: noise here, and a URL may carry secrets.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = ExecutorConfig.from_env()
@@ -39,7 +36,14 @@ async def _serve(config: ExecutorConfig) -> None:
         config.capacity,
         config.control_plane,
     )
-    await Worker(config).run(stop)
+    listener = MetricsListener.from_env()
+    if listener is not None:
+        await listener.start()
+    try:
+        await Worker(config).run(stop)
+    finally:
+        if listener is not None:
+            await listener.stop()
     log.info("executor %s stopped", config.executor_id)
 
 

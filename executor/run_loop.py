@@ -10,9 +10,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from opentelemetry.trace import SpanKind
+
 import faults
 from agentrun.v1 import executor_pb2
 from executor import approval, constraints, context, limits, payloads, replay, steps, untrusted
+from executor import metrics as m
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
@@ -35,8 +38,10 @@ from executor.tools import chain, credentials, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
+from telemetry import logs, tracing
 
 log = logging.getLogger(__name__)
+_tracer = tracing.tracer(__name__)
 
 MODEL_BACKOFF_START = 1.0
 MODEL_BACKOFF_CAP = 60.0
@@ -127,6 +132,20 @@ class RunLoop:
         self._handoff_now.set()
 
     async def run(self) -> str:
+        """Drive the run; one span (and the log context) per hold, each commit a child."""
+        run, lease = self._run, self.lease
+        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
+                      "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
+        with (
+            logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
+            tracing.run_trace(lease.run_id),
+            _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span,
+        ):
+            how = await self._run_held()
+            span.set_attribute("agentrun.outcome", how)
+            return how
+
+    async def _run_held(self) -> str:
         try:
             return await self._loop()
         except (RunFenced, payloads.PayloadFenced) as exc:
@@ -214,11 +233,15 @@ class RunLoop:
         seq = replay.next_seq(self.entries)
         messages = replay.build_messages(self.entries, self.spec.instructions)
         try:
-            reply = await self._ask_model(seq, messages, self._tools())
+            with _tracer.start_as_current_span("agentrun.model", attributes={"agentrun.seq": seq}):
+                reply = await self._ask_model(seq, messages, self._tools())
         except ModelUnavailable as exc:
+            m.MODEL_CALLS.labels("unavailable").inc()
             return await self._model_unavailable(exc)
         except ModelRejected as exc:
+            m.MODEL_CALLS.labels("rejected").inc()
             return await self._fail(exc.reason)
+        m.MODEL_CALLS.labels("ok").inc()
         if reply is None:  # interrupted by the drain deadline
             return await self._park("handoff", 0.0, "executor draining: model call abandoned")
         faults.point("executor.model.after_response")
@@ -349,10 +372,14 @@ class RunLoop:
         await self._commit([started], tool_calls=1)
         faults.point("executor.tool.after_started_commit")
         try:
-            outcome = await self._deps.delivery.send(
-                tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq), self._guard,
-                **self._as_account(tool),
-            )  # fmt: skip
+            with _tracer.start_as_current_span(
+                "agentrun.tool", kind=SpanKind.CLIENT,
+                attributes={"agentrun.seq": seq, "agentrun.tool": tool.name},
+            ):  # fmt: skip
+                outcome = await self._deps.delivery.send(
+                    tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq),
+                    self._guard, **self._as_account(tool),
+                )  # fmt: skip
         except RateLimited as exc:
             return await self._park_rate(exc, seq)
         except credentials.ConnectionUnusable as exc:
@@ -641,18 +668,45 @@ class RunLoop:
         if (size := message.ByteSize()) > self._deps.max_commit_bytes:
             raise RunInvalid(f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}"
                              "-byte limit")  # fmt: skip
-        reply = await self._send_until_accepted(message)
+        reply = await self._traced_send(message)
+        if park is not None:
+            m.PARKS.labels(park.wait_reason).inc()
         self._deps.leases.renew(self.run_id, self.lease.epoch, reply.sent_at)
         self.entries.extend(steps.as_entry(step) for step in new_steps)
         if log.isEnabledFor(logging.DEBUG):
             kinds = ", ".join(replay.kind_name(step.kind) for step in new_steps)
             log.debug("run %s committed %s", self.run_id, kinds)
 
+    async def _traced_send(self, message: executor_pb2.Commit) -> CommitReply:
+        """A span per commit, which the control plane continues (the message carries its
+        traceparent), and inside it one span per step the commit landed."""
+        attributes = {
+            "agentrun.steps.seq": [step.seq for step in message.steps],
+            "agentrun.transition": message.WhichOneof("transition") or "",
+        }
+        with _tracer.start_as_current_span(
+            "agentrun.commit", kind=SpanKind.CLIENT, attributes=attributes
+        ):
+            message.traceparent = tracing.current()
+            began = time.time_ns()
+            reply = await self._send_until_accepted(message)
+            for step in message.steps:
+                kind = replay.kind_name(step.kind)
+                _tracer.start_span(
+                    f"step {kind}", start_time=began,
+                    attributes={"agentrun.seq": step.seq, "agentrun.step.kind": kind},
+                ).end()  # fmt: skip
+            return reply
+
     async def _send_until_accepted(self, message: executor_pb2.Commit) -> CommitReply:
         """Send the commit until it lands; raises when the lease is lost or would lapse."""
         delay = COMMIT_BACKOFF_START
+        clock = asyncio.get_running_loop().time
         while True:
+            sent = clock()
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
+            outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
+            m.COMMIT_SECONDS.labels(outcome).observe(clock() - sent)
             if self._accepted(reply):
                 return reply
             # UNAVAILABLE: the database was unreachable; the very same commit may

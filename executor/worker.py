@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from agentrun.v1 import executor_pb2
+from executor import metrics
 from executor.config import ExecutorConfig
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
@@ -169,6 +170,8 @@ class Worker:
             loop.request_handoff()  # more than we asked for: give it straight back
         task = asyncio.create_task(loop.run(), name=f"run-{run.run_id}")
         self._runs[run.run_id] = _Held(loop, task)
+        metrics.ASSIGNMENTS.inc()
+        metrics.RUNS_HELD.set(len(self._runs))
         task.add_done_callback(lambda t: self._finished(run.run_id, t))
         log.info(
             "claimed run %s of workspace %s (epoch %d, attempt %d, %d steps)",
@@ -221,6 +224,10 @@ class Worker:
             log.error("run %s crashed", run_id, exc_info=task.exception())
         else:
             how = task.result()
+        metrics.RELEASED.labels(how).inc()
+        if how == "fenced":
+            metrics.FENCED.inc()
+        metrics.RUNS_HELD.set(len(self._runs))
         log.info("run %s released: %s", run_id, how)
         self._top_up()
 

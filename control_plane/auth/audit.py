@@ -48,6 +48,11 @@ def request_id() -> str:
     return _REQUEST_ID.get() or new_request_id()
 
 
+def current_request_id() -> str:
+    """The request id of the request being served; "" outside one (never a new one)."""
+    return _REQUEST_ID.get()
+
+
 async def record(
     conn: Connection, action: str, object_kind: str, object_id: str,
     detail: dict[str, Any] | None = None, *, workspace_id: str | None = None,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from agentrun.v1 import agent_pb2
 from agentrun.v1 import executor_pb2 as pb
+from control_plane import metrics
 from control_plane.api import convert
 from control_plane.config import ServerConfig
 from control_plane.store import agents as agent_store
@@ -127,11 +128,15 @@ class Dispatcher:
         owners = owner_slots(sessions, self.config.claim_batch)
         if not owners:
             return 0
-        rows = await lease_store.claim_due(
-            self.pool, owners, self.config.lease_seconds, scope=scope, carried=sorted(tools)
-        )
+        with metrics.CLAIM_SECONDS.time():
+            rows = await lease_store.claim_due(
+                self.pool, owners, self.config.lease_seconds, scope=scope,
+                carried=sorted(tools), on_takeover=_taken_over,
+            )  # fmt: skip
         if not rows:
             return 0
+        for row in rows:
+            metrics.CLAIMED.labels(row.workspace_id).inc()
         logs = await step_store.steps_for_runs(
             self.pool, [(r.workspace_id, r.run_id) for r in rows]
         )
@@ -161,6 +166,12 @@ class Dispatcher:
             assert row is not None, f"run references missing agent version {key}"
             self._versions[key] = convert.agent_version(row)
         return self._versions[key]
+
+
+def _taken_over(run: Run) -> None:
+    metrics.TAKEOVERS.labels(run.workspace_id).inc()
+    log.info("run %s of workspace %s taken over at epoch %d (its lease lapsed)",
+             run.run_id, run.workspace_id, run.lease_epoch)  # fmt: skip
 
 
 __all__ = ["Dispatcher", "owner_slots"]

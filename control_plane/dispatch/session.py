@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import SpanKind
+
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import children
+from control_plane import children, metrics
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
@@ -23,13 +26,17 @@ from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
 from control_plane.store.errors import DataRefused, Fenced, transient
+from telemetry import logs, tracing
 
 if TYPE_CHECKING:
     from control_plane.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
+_tracer = tracing.tracer(__name__)
 
 _CLOSE = object()
+_OUTCOMES = {pb.COMMIT_OUTCOME_OK: "ok", pb.COMMIT_OUTCOME_FENCED: "fenced",
+             pb.COMMIT_OUTCOME_INVALID: "invalid", pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable"}  # fmt: skip
 # Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
 # may be, but bounded before Postgres's recursive jsonb parser sees them.
 _MAX_PAYLOAD_DEPTH = 512
@@ -215,6 +222,29 @@ class ExecutorSession:
                  self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip
 
     async def _commit(self, msg: pb.Commit) -> None:
+        """Commit, inside the executor's trace (the message's traceparent) and its log context."""
+        lease, started = msg.lease, time.monotonic()
+        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
+                      "agentrun.epoch": lease.epoch,
+                      "agentrun.steps.seq": [step.seq for step in msg.steps]}  # fmt: skip
+        with (
+            logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
+            _tracer.start_as_current_span(
+                "agentrun.commit.apply", context=tracing.context_of(msg.traceparent),
+                kind=SpanKind.SERVER, attributes=attributes,
+            ) as span,
+        ):  # fmt: skip
+            result = await self._commit_outcome(msg)
+            outcome = _OUTCOMES.get(result.outcome, "unspecified")
+            span.set_attribute("agentrun.outcome", outcome)
+        metrics.commit_outcome(outcome, time.monotonic() - started)
+        if result.outcome == pb.COMMIT_OUTCOME_FENCED:
+            metrics.FENCED.labels(lease.workspace_id, "commit").inc()
+        elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
+            metrics.PARKS.labels(lease.workspace_id, msg.park.wait_reason).inc()
+        self.send(pb.ConnectResponse(commit_result=result))
+
+    async def _commit_outcome(self, msg: pb.Commit) -> pb.CommitResult:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
             _check_size(msg, self._dispatcher.config.max_message_bytes)
@@ -224,8 +254,7 @@ class ExecutorSession:
         except (ValueError, KeyError) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"malformed commit: {exc}"
-            self.send(pb.ConnectResponse(commit_result=result))
-            return
+            return result
         try:
             done = await self._commit_with_retries(req, msg)
             faults.point("control_plane.commit.before_reply")
@@ -243,7 +272,7 @@ class ExecutorSession:
             result.message = f"rejected by the database: {exc}"
         except Exception as exc:  # noqa: BLE001 - per-run failure is a message
             await self._commit_failed(req, exc, result)
-        self.send(pb.ConnectResponse(commit_result=result))
+        return result
 
     async def _commit_with_retries(
         self, req: step_store.CommitRequest, msg: pb.Commit
@@ -327,6 +356,8 @@ class ExecutorSession:
                 self.held[key.run_id] = key.epoch
             else:
                 self.held.pop(key.run_id, None)
+                if reason == "lost":  # not a run that reached a limit and failed
+                    metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 

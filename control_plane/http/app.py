@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from control_plane.http import connections, sessions, webhooks
+from control_plane.http import connections, observability, sessions, webhooks
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.http.context import HttpContext
 
@@ -29,10 +29,12 @@ ROUTE_MODULES: tuple[Callable[[HttpContext], list[Route]], ...] = (
     sessions.routes,
     _approval_routes,
     connections.routes,
+    observability.routes,
 )
 
 
 async def healthz(request: Request) -> Response:
+    """Liveness: the process serves. Readiness (the database answers) is /readyz."""
     return JSONResponse({"status": "ok"})
 
 

@@ -10,6 +10,7 @@ from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
+from control_plane.readiness import Readiness
 from control_plane.store.db import Pool
 
 
@@ -34,6 +35,8 @@ class HttpContext:
     verifier: OidcVerifier | None = None
     # Connecting accounts (control_plane/http/connections.py); None: no connection routes.
     connections: ConnectionFlows | None = None
+    # Whether the database answers (/readyz); None: the routes make their own.
+    readiness: Readiness | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:

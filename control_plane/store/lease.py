@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,6 +35,7 @@ async def claim_due(
     now: datetime | None = None,
     scope: Sequence[str] | None = None,
     carried: Sequence[str] | None = None,
+    on_takeover: Callable[[Run], None] | None = None,
 ) -> list[Run]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
@@ -43,6 +44,7 @@ async def claim_due(
     Only runs of the workspaces in `scope` (None: all) are claimed: the owners'
     executor credentials serve no others. With `carried` (the tools the owners
     carry; None: any), only runs whose agent version needs no other tool.
+    `on_takeover` is told of each run claimed because its lease had lapsed.
     """
     if not owners:
         return []
@@ -55,6 +57,10 @@ async def claim_due(
         rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools)
         claimed = [Run.from_record(r) for r in rows]
         await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
+    if on_takeover is not None:
+        for row, claimed_run in zip(rows, claimed, strict=True):
+            if row["taken_over"]:
+                on_takeover(claimed_run)
     return claimed
 
 

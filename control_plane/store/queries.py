@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from opentelemetry.trace import SpanKind
 
 from control_plane.store.errors import DataRefused
+from telemetry import tracing
 
 SQL_DIR = Path(__file__).parent / "sql"
 _HEADER = re.compile(r"^-- name: (\w+) :(one|many|exec|fragment)\s*$", re.MULTILINE)
@@ -107,6 +109,7 @@ def load_all(directory: Path = SQL_DIR) -> dict[str, Query]:
 
 
 QUERIES = load_all()
+_tracer = tracing.tracer(__name__)
 
 
 def arguments(query: Query, args: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
@@ -133,6 +136,19 @@ async def run(
     """
     query = QUERIES[name]
     values = arguments(query, args, named)
+    if not tracing.on():  # the hot path: not even a no-op span
+        return await _execute(conn, query, values)
+    # One client span per statement, named by the query (never its values: they may be secret).
+    with _tracer.start_as_current_span(
+        name, kind=SpanKind.CLIENT,
+        attributes={"db.system.name": "postgresql", "db.query.summary": name},
+    ):  # fmt: skip
+        return await _execute(conn, query, values)
+
+
+async def _execute(
+    conn: asyncpg.pool.Pool | asyncpg.Connection, query: Query, values: tuple[Any, ...]
+) -> Any:
     try:
         if query.mode == "one":
             return await conn.fetchrow(query.sql, *values)
@@ -140,4 +156,4 @@ async def run(
             return await conn.fetch(query.sql, *values)
         return await conn.execute(query.sql, *values)
     except asyncpg.DataError as exc:
-        raise DataRefused(f"{name}: {exc}") from exc
+        raise DataRefused(f"{query.name}: {exc}") from exc

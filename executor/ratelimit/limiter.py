@@ -6,6 +6,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+from executor import metrics as m
 from executor.config import ExecutorConfig
 from executor.ratelimit.rates import RateTable
 from executor.ratelimit.token_bucket import (
@@ -51,7 +52,7 @@ class RateLimited(Exception):
 
 @dataclass
 class LimiterMetrics:
-    """Counters since the executor started (there is no metrics endpoint: they are logged)."""
+    """Counters since the executor started, logged at exit (and in executor/metrics.py)."""
 
     granted: int = 0
     empty: int = 0
@@ -141,11 +142,13 @@ class RateLimiter:
         except LimiterUnavailable as exc:
             raise self._unavailable(tool, exc) from exc
         self._failures = 0
+        provider = tool.rate_bucket or tool.provider
         if taken.granted:
             self.metrics.granted += 1
+            m.RATE_TOKENS.labels(provider, "granted").inc()
             return
         self.metrics.empty += 1
-        provider = tool.rate_bucket or tool.provider
+        m.RATE_TOKENS.labels(provider, "empty").inc()
         raise RateLimited(
             "empty",
             taken.wait_seconds,
@@ -157,6 +160,7 @@ class RateLimiter:
     ) -> RateLimited:
         """The provider answered 429: honour Retry-After, slow the connection's bucket down."""
         self.metrics.throttled += 1
+        m.RATE_TOKENS.labels(tool.rate_bucket or tool.provider, "429").inc()
         wait = min(MAX_RETRY_AFTER, DEFAULT_RETRY_AFTER if retry_after is None else retry_after)
         if self._buckets is not None:
             own = self.buckets_for(tool, connection_id)[0]
@@ -177,6 +181,7 @@ class RateLimiter:
     def _unavailable(self, tool: Tool, exc: LimiterUnavailable) -> RateLimited:
         """Redis is unreachable: never send without a token; park with backoff, loudly."""
         self.metrics.unavailable += 1
+        m.RATE_TOKENS.labels(tool.rate_bucket or tool.provider, "unavailable").inc()
         s = self._settings
         delay = min(s.unavailable_backoff_cap, s.unavailable_backoff_start * 2**self._failures)
         delay = self._rng.uniform(delay / 2, delay)

@@ -48,7 +48,8 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- first (they hold their slot already), then the oldest due runs of the
 -- workspaces in $4 (locked by workspace_take_turns, in turn order), one per
 -- workspace per round, within the room of the workspace and of each agent.
--- Marks the workspaces served. Database clock unless $3 fixes it. Lapsed
+-- Marks the workspaces served; says of each run whether it was taken over
+-- (its lease had lapsed). Database clock unless $3 fixes it. Lapsed
 -- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
 -- a scoped pool never leases another tenant's run. Only runs whose agent
 -- version's tools are all among $6 (a JSON array of the tools the owners
@@ -116,8 +117,10 @@ WITH clock AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) r
 ), due AS (
-    SELECT workspace_id, run_id, row_number() OVER () AS slot
-    FROM (SELECT * FROM lapsed UNION ALL SELECT * FROM fresh) d
+    -- taken_over: the run's lease had lapsed (its executor died or stalled).
+    SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot
+    FROM (SELECT *, true AS taken_over FROM lapsed
+          UNION ALL SELECT *, false FROM fresh) d
 ), served AS (
     -- A workspace that got a run, or had none it could take (all its agents
     -- at their caps), goes to the back of the line; one that lost out only
@@ -143,7 +146,8 @@ UPDATE runs r SET
     updated_at = now()
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds;
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
+    due.taken_over;
 
 -- name: workspace_lock_for_raise :many
 -- Upgrade the claim's locks on these workspaces to FOR UPDATE, skipping any

@@ -574,11 +574,18 @@ class Commit(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     APPROVAL_REQUEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     model_calls: _builtins.int
     """Counter increments carried by these steps."""
     tool_calls: _builtins.int
     tokens: _builtins.int
+    traceparent: _builtins.str
+    """The W3C trace context (`traceparent`) of the executor's span for this
+    commit, so the control plane's spans join the run's trace. The stream is
+    long-lived, so context travels per message rather than in call metadata.
+    Empty when the executor is not tracing.
+    """
     @_builtins.property
     def lease(self) -> Global___Lease: ...
     @_builtins.property
@@ -608,10 +615,11 @@ class Commit(_message.Message):
         tool_calls: _builtins.int = ...,
         tokens: _builtins.int = ...,
         approval_request: Global___ApprovalRequest | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "complete", b"complete", "fail", b"fail", "lease", b"lease", "park", b"park", "transition", b"transition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "complete", b"complete", "fail", b"fail", "lease", b"lease", "model_calls", b"model_calls", "park", b"park", "request_id", b"request_id", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls", "transition", b"transition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "complete", b"complete", "fail", b"fail", "lease", b"lease", "model_calls", b"model_calls", "park", b"park", "request_id", b"request_id", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls", "traceparent", b"traceparent", "transition", b"transition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_transition: _TypeAlias = _typing.Literal["park", "complete", "fail"]  # noqa: Y015
     _WhichOneofArgType_transition: _TypeAlias = _typing.Literal["transition", b"transition"]  # noqa: Y015

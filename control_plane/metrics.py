@@ -1,0 +1,187 @@
+"""The control plane's Prometheus metrics, served at `/metrics` on the HTTP ingress.
+
+Two kinds of figures:
+
+* **Events**, counted where they happen (counters and histograms in this module's
+  registry, labelled by workspace where the event has one): claims and their latency,
+  lease takeovers, commits and their latency, fenced commits and heartbeats, parks by
+  reason, scheduler lag when a slot fires. Summed across replicas by Prometheus.
+* **State**, counted by a query when scraped (`store/metrics.py`), cached for
+  `CACHE_SECONDS` so a scrape storm costs one query: unfinished runs by workspace,
+  status and wait reason, unknown outcomes awaiting a person, pending approvals and the
+  oldest one's age, the outbox backlog, the most overdue schedule. Every replica
+  reports the same database figures (query them with `max by`, not `sum`).
+
+The labels name workspaces and their load, so `/metrics` is not public: it needs
+`authorization: Bearer <token>` with `AGENTRUN_METRICS_TOKEN` (a scrape-only secret,
+compared in constant time), or a platform key (`agr_pa_…`). Nothing else may scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from control_plane.store import metrics as figures_store
+from control_plane.store.db import Pool
+
+log = logging.getLogger(__name__)
+
+CACHE_SECONDS = 2.0
+QUERY_TIMEOUT = 5.0
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+REGISTRY = CollectorRegistry()
+
+CLAIM_SECONDS = Histogram(
+    "agentrun_claim_seconds", "Duration of one fair claim transaction (a batch of runs)",
+    buckets=_LATENCY, registry=REGISTRY,
+)  # fmt: skip
+CLAIMED = Counter(
+    "agentrun_claimed_runs", "Runs leased to an executor by a claim (rate() = claims per second)",
+    ["workspace"], registry=REGISTRY,
+)  # fmt: skip
+TAKEOVERS = Counter(
+    "agentrun_lease_takeovers",
+    "Runs claimed after their lease lapsed: a dead, paused or partitioned executor's",
+    ["workspace"], registry=REGISTRY,
+)  # fmt: skip
+COMMIT_SECONDS = Histogram(
+    "agentrun_commit_seconds", "Duration of committing one executor Commit, by outcome",
+    ["outcome"], buckets=_LATENCY, registry=REGISTRY,
+)  # fmt: skip
+FENCED = Counter(
+    "agentrun_fenced",
+    "Writes refused because the executor no longer holds the lease (via commit or heartbeat)",
+    ["workspace", "via"], registry=REGISTRY,
+)  # fmt: skip
+PARKS = Counter(
+    "agentrun_parks", "Runs parked by a commit, by wait reason",
+    ["workspace", "reason"], registry=REGISTRY,
+)  # fmt: skip
+SCHEDULE_LAG = Histogram(
+    "agentrun_schedule_fire_lag_seconds",
+    "How late a schedule slot fired, after its fire time (database clock)",
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0), registry=REGISTRY,
+)  # fmt: skip
+
+
+def commit_outcome(name: str, seconds: float) -> None:
+    COMMIT_SECONDS.labels(name).observe(seconds)
+
+
+class DatabaseFigures(Collector):
+    """Scrape-time gauges from the database, cached; `refresh()` before collecting."""
+
+    def __init__(self, pool: Pool, ttl: float = CACHE_SECONDS) -> None:
+        self._pool = pool
+        self._ttl = ttl
+        self._figures: figures_store.Figures | None = None
+        self._read_at = float("-inf")
+        self._ok = False
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._read_at < self._ttl:
+                return
+            try:
+                self._figures = await asyncio.wait_for(
+                    figures_store.figures(self._pool), QUERY_TIMEOUT
+                )
+                self._ok = True
+            except Exception as exc:  # noqa: BLE001 - a scrape must answer while Postgres is down
+                log.warning("metrics: the database figures could not be read: %s", exc)
+                self._figures, self._ok = None, False
+            self._read_at = time.monotonic()
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("agentrun_database_up", "Whether the last figures query succeeded")
+        up.add_metric([], 1.0 if self._ok else 0.0)
+        yield up
+        if self._figures is not None:
+            yield from _gauges(self._figures)
+
+
+def _gauges(f: figures_store.Figures) -> Iterator[Metric]:
+    runs = GaugeMetricFamily(
+        "agentrun_runs", "Unfinished runs by workspace, status and wait reason",
+        labels=["workspace", "status", "wait_reason"],
+    )  # fmt: skip
+    for (ws, status, reason), count in sorted(f.runs.items()):
+        runs.add_metric([ws, status, reason], count)
+    yield runs
+    unknowns = GaugeMetricFamily(
+        "agentrun_unknown_outcomes_awaiting",
+        "Runs waiting for a person to settle an unknown outcome or a held repeat",
+        labels=["workspace"],
+    )
+    for ws, count in sorted(f.unknowns_awaiting.items()):
+        unknowns.add_metric([ws], count)
+    yield unknowns
+    yield from _approvals(f)
+    yield GaugeMetricFamily(
+        "agentrun_outbox_backlog", "Notifications not delivered yet", value=f.outbox_backlog
+    )
+    yield GaugeMetricFamily(
+        "agentrun_outbox_oldest_seconds", "Age of the oldest undelivered notification",
+        value=f.outbox_oldest_seconds,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "agentrun_scheduler_lag_seconds",
+        "Lateness of the most overdue enabled schedule (0: every due slot fired)",
+        value=f.scheduler_lag_seconds,
+    )
+
+
+def _approvals(f: figures_store.Figures) -> Iterator[Metric]:
+    pending = GaugeMetricFamily(
+        "agentrun_approvals_pending", "Undecided approvals", labels=["workspace"]
+    )
+    oldest = GaugeMetricFamily(
+        "agentrun_approvals_oldest_pending_seconds", "Age of the oldest undecided approval",
+        labels=["workspace"],
+    )  # fmt: skip
+    for ws, (count, age) in sorted(f.approvals_pending.items()):
+        pending.add_metric([ws], count)
+        oldest.add_metric([ws], age)
+    yield pending
+    yield oldest
+
+
+class Exposition:
+    """Renders this module's registry and a replica's database figures."""
+
+    def __init__(self, pool: Pool, ttl: float = CACHE_SECONDS) -> None:
+        self.figures = DatabaseFigures(pool, ttl)
+        self._scrape = CollectorRegistry(auto_describe=False)
+        self._scrape.register(self.figures)
+
+    async def render(self) -> bytes:
+        await self.figures.refresh()
+        return generate_latest(REGISTRY) + generate_latest(self._scrape)
+
+
+def token_matches(configured: str | None, offered: str) -> bool:
+    """Constant-time comparison of the scrape token (digests, so lengths leak nothing)."""
+    if not configured or not offered:
+        return False
+    want = hashlib.sha256(configured.encode()).digest()
+    return hmac.compare_digest(want, hashlib.sha256(offered.encode()).digest())
+
+
+__all__ = ["CONTENT_TYPE_LATEST", "REGISTRY", "Exposition", "token_matches"]
