@@ -103,7 +103,7 @@ def failed_reply(reply: ModelReply, settings: ModelSettings) -> str | None:
         return f"model reply stopped by the provider's content filter{said}"
     if reply.ending == REFUSED:
         why = (reply.refusal or "").strip()[:500]
-        return f"the model refused{said}" + (f": {why}" if why else "")
+        return "the model refused" + (f": {why}" if why else f"{said}")
     return None
 
 

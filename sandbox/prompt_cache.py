@@ -35,26 +35,39 @@ class PromptCache:
         self._seen: set[str] = set()
 
     def use(self, parts: Sequence[Any], breakpoints: Sequence[int]) -> CacheUse:
-        """Tokens of the prompt, read and written; `breakpoints`: prefix lengths (1-based)."""
+        """Tokens of the prompt, read and written; `breakpoints`: prefix lengths (1-based).
+
+        A read may end at any part up to the last breakpoint (Anthropic looks back
+        from a breakpoint for a shorter prefix written earlier); writes happen only
+        at breakpoints.
+        """
+        parts = [_unmarked(part) for part in parts]  # marks are no content (nor tokens)
+        longest = max(breakpoints, default=0)
         digest = hashlib.sha256()
-        prefixes: dict[int, str] = {}
-        wanted = set(breakpoints)
-        for index, part in enumerate(parts, start=1):
+        prefixes: list[str] = []
+        for part in parts[:longest]:
             digest.update(json.dumps(part, sort_keys=True).encode())
             digest.update(b"\x00")
-            if index in wanted:
-                prefixes[index] = digest.hexdigest()
+            prefixes.append(digest.hexdigest())
         total = self._count(json.dumps(list(parts)))
-        hits = [n for n, key in prefixes.items() if key in self._seen]
-        read = self._tokens(parts, max(hits)) if hits else 0
-        longest = max(prefixes, default=0)
+        hit = max((n for n, key in enumerate(prefixes, start=1) if key in self._seen), default=0)
+        read = self._tokens(parts, hit) if hit else 0
         written = 0
-        if longest and prefixes[longest] not in self._seen:
+        if longest and hit < longest:
             written = self._tokens(parts, longest) - read
         if len(self._seen) > MAX_ENTRIES:
             self._seen.clear()
-        self._seen.update(prefixes.values())
+        self._seen.update(prefixes[n - 1] for n in set(breakpoints) if 0 < n <= longest)
         return CacheUse(total=max(total, read + written), read=read, written=max(0, written))
 
     def _tokens(self, parts: Sequence[Any], length: int) -> int:
         return self._count(json.dumps(list(parts[:length])))
+
+
+def _unmarked(value: Any) -> Any:
+    """The part without its `cache_control` marks: where a breakpoint sits is no content."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value

@@ -46,10 +46,12 @@ def _error_turn(status: int, kind: str, headers: dict[str, str] | None = None) -
     return {"turns": [{"error": {**error, "headers": headers or {}}}]}
 
 
-def _scenarios(directory: Path) -> None:
+def _scenarios(directory: Path) -> float:
+    """Write the scenarios; returns the time the `busy_until` HTTP-date names."""
     for name in SHIPPED:
         shutil.copy(DEFAULT_DIR / f"{name}.json", directory / f"{name}.json")
-    when = email.utils.formatdate(time.time() + RETRY_DATE_SECONDS, usegmt=True)
+    until = float(int(time.time() + RETRY_DATE_SECONDS))  # an HTTP-date has whole seconds
+    when = email.utils.formatdate(until, usegmt=True)
     extra = {
         "timeout408": _error_turn(408, "timeout", {"retry-after": "2"}),
         "conflict409": _error_turn(409, "conflict", {"retry-after-ms": "250"}),
@@ -61,13 +63,15 @@ def _scenarios(directory: Path) -> None:
     }
     for name, data in extra.items():
         (directory / f"{name}.json").write_text(json.dumps(data))
+    return until
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
     directory = tmp_path_factory.mktemp("scenarios")
-    _scenarios(directory)
+    until = _scenarios(directory)
     with BackgroundServer(create_app(scenarios_dir=directory, api_key=KEY)) as running:
+        running.busy_until = until  # type: ignore[attr-defined]
         yield running
 
 
@@ -200,8 +204,9 @@ async def test_transient_statuses_carry_the_providers_wait(server, api, scenario
 async def test_retry_after_as_an_http_date(server, api):
     with pytest.raises(ModelUnavailable) as err:
         await ask(server, api, "busy_until")
+    expected = server.busy_until - time.time()
     assert err.value.retry_after is not None
-    assert RETRY_DATE_SECONDS - 5 <= err.value.retry_after <= RETRY_DATE_SECONDS + 1
+    assert expected - 2 <= err.value.retry_after <= expected + 1
 
 
 async def test_the_versions_timeout_bounds_the_call(server, api):
