@@ -1,7 +1,7 @@
 """Model profiles end to end: two agents on two provider APIs in one stack.
 
-Real control plane, one executor process configured with two profiles
-(AGENTRUN_MODEL_PROFILES) against the one sandbox model server, which speaks
+Real control plane, one executor process configured with the dev stack's two
+profiles (agentrun_cli/stack.py, AGENTRUN_MODEL_PROFILES) against the one sandbox model server, which speaks
 both OpenAI chat completions and the Anthropic Messages API. Each run's
 decisions record the five usage keys the control plane prices; a reply that
 is no answer, an exhausted quota and an unknown profile each end their run
@@ -10,7 +10,6 @@ with a reason instead of completing it or parking it forever.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import grpc
@@ -18,25 +17,19 @@ import pytest
 from google.protobuf import duration_pb2
 
 from agentrun.v1 import agent_pb2, run_pb2
+from agentrun_cli.stack import sandbox_profiles
 from tests.harness.agentrun_api import Api, sandbox_requests
 
 USAGE_KEYS = {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
               "cache_write_tokens"}  # fmt: skip
 
 
-def profiles(model_url: str) -> str:
-    return json.dumps({
-        "sandbox-openai": {"provider": "openai", "base_url": f"{model_url}/v1",
-                           "token_limit_field": "max_completion_tokens"},
-        "sandbox-anthropic": {"provider": "anthropic", "base_url": model_url, "max_tokens": 1024},
-    })  # fmt: skip
-
-
 @pytest.fixture
 async def stack(db_url, control_plane, executor_factory, sandbox_model):
     cp = control_plane(db_url)
     executor_factory(
-        cp, AGENTRUN_MODEL_PROFILES=profiles(sandbox_model.url),
+        # The profiles `agentrun dev` gives its executor: one per API, both on the sandbox.
+        cp, AGENTRUN_MODEL_PROFILES=sandbox_profiles(f"{sandbox_model.url}/v1"),
         AGENTRUN_MODEL_BACKOFF_CAP_SECONDS="0.5",
     )  # fmt: skip
     api = await Api.connect(cp.address, db_url)
