@@ -1,4 +1,13 @@
-"""Adapter for any OpenAI-compatible chat completions endpoint (OpenAI, Ollama, vLLM …)."""
+"""Adapter for any OpenAI-compatible chat completions endpoint (OpenAI, Ollama, vLLM …).
+
+`finish_reason` `stop` and `tool_calls` are an answer; `length` is a reply cut
+off at the output limit and `content_filter` one the provider stopped, and a
+`message.refusal` is a refusal: none of them is acted on (the run fails,
+executor/steps.py `failed_reply`). Failures are sorted by
+executor/models/provider_http.py (429 `insufficient_quota` fails the run; 408,
+409, 429 and 5xx are transient). Usage reads `prompt_tokens_details.cached_tokens`
+and `completion_tokens_details.reasoning_tokens` when the server sends them.
+"""
 
 from __future__ import annotations
 
