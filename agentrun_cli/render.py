@@ -242,7 +242,8 @@ def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) 
     if version is not None:
         spec = version.spec
         lines += [
-            f"model     {spec.model}",
+            f"model     {spec.model or '-'}"
+            + (f" (profile {spec.model_profile})" if spec.model_profile else ""),
             f"tools     {', '.join(spec.tools) or '-'}",
             f"limits    max_steps={spec.limits.max_steps or 'default'} "
             f"deadline={_seconds(spec.limits) or 'default'}",
