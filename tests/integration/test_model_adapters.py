@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from executor.models import profiles
 from executor.models.anthropic import AnthropicMessagesModel
 from executor.models.base import (
     COMPLETE,
@@ -257,3 +258,39 @@ async def test_a_wrong_key_is_rejected_and_never_echoed(server, api):
     finally:
         await model.aclose()
     assert "sk-wrong-key-42" not in err.value.reason
+
+
+async def test_the_router_calls_each_profile_on_its_api_with_its_model(server):
+    env = {"SANDBOX_KEY": KEY}
+    configured = profiles.parse_profiles(
+        json.dumps({
+            "claude": {"provider": "anthropic", "base_url": server.url, "model": "demo",
+                       "api_key_env": "SANDBOX_KEY"},
+            "gpt": {"provider": "openai", "base_url": f"{server.url}/v1",
+                    "api_key_env": "SANDBOX_KEY"},
+        }),
+        env,
+    )  # fmt: skip
+    default = OpenAIChatModel(f"{server.url}/v1", KEY, 5.0)
+    router = profiles.ModelRouter(default, configured, 5.0)
+    try:
+        for profile in ("claude", "gpt", ""):
+            reply = await router.complete(
+                "reasoner", [SYSTEM, USER], [ECHO], f"route-{profile or 'default'}", 1,
+                settings=ModelSettings(profile=profile),
+            )  # fmt: skip
+            assert reply.ending == COMPLETE
+        with pytest.raises(ModelUnavailable, match="'other' is not configured"):
+            await router.complete("demo", [USER], [], "route-x", 1,
+                                  settings=ModelSettings(profile="other"))  # fmt: skip
+    finally:
+        await router.aclose()
+    seen = {
+        run_id: [(e["api"], e["model"]) for e in requests_of(server, run_id)]
+        for run_id in ("route-claude", "route-gpt", "route-default", "route-x")
+    }
+    # The profile's model name wins over the version's; without one, the version's is sent.
+    assert seen["route-claude"] == [("anthropic", "demo")]
+    assert seen["route-gpt"] == [("openai", "reasoner")]
+    assert seen["route-default"] == [("openai", "reasoner")]
+    assert seen["route-x"] == []  # nothing sent for a profile this executor lacks
