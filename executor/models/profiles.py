@@ -83,7 +83,10 @@ def parse_profiles(raw: str, env: Mapping[str, str]) -> dict[str, ModelProfile]:
     raw = raw.strip()
     if not raw:
         return {}
-    text = raw if raw.startswith("{") else Path(raw).read_text(encoding="utf-8")
+    try:
+        text = raw if raw.startswith("{") else Path(raw).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"AGENTRUN_MODEL_PROFILES: cannot read {raw}: {exc.strerror}") from None
     try:
         data = json.loads(text)
     except ValueError as exc:

@@ -153,3 +153,8 @@ def test_retry_after_reads_milliseconds_seconds_and_http_dates():
     assert retry_after(_response(**{"retry-after": "-4"})) == 0.0
     assert retry_after(_response(**{"retry-after": "nan"})) is None
     assert retry_after(_response()) is None
+
+
+def test_a_missing_profiles_file_is_a_clear_startup_error(tmp_path):
+    with pytest.raises(ValueError, match="AGENTRUN_MODEL_PROFILES: cannot read"):
+        ExecutorConfig.from_env({"AGENTRUN_MODEL_PROFILES": str(tmp_path / "none.json")})
