@@ -29,3 +29,13 @@ def test_show_names_the_profile():
     spec = agent_pb2.AgentSpec(model="m", model_profile="claude")
     lines = render.agent_lines(agent, agent_pb2.AgentVersion(version=1, spec=spec))
     assert "model     m (profile claude)" in lines
+
+
+def test_a_decision_line_shows_cache_and_reasoning_tokens_and_a_failed_ending():
+    usage = {"prompt_tokens": 100, "completion_tokens": 20, "cached_tokens": 80,
+             "reasoning_tokens": 12, "cache_write_tokens": 0}  # fmt: skip
+    assert render._decision({"content": "hi", "usage": usage}) == (
+        'says "hi" [100+20 tokens, 80 cached, 12 reasoning]'
+    )
+    cut = {"content": "The answer", "ending": "truncated", "stop_reason": "length", "usage": {}}
+    assert render._decision(cut) == 'says "The answer"; truncated (length) [0+0 tokens]'
