@@ -225,8 +225,11 @@ class AgentSpec(_message.Message):
     """The model profile the executor calls this version's model through:
     executor configuration maps a profile name to a provider API (openai
     chat completions or anthropic messages), a base URL, a model name and a
-    credential (AGENTRUN_MODEL_PROFILES). Empty = the executor's default
-    model endpoint. Lowercase letters, digits, '-' and '_', 1-63 characters.
+    credential (AGENTRUN_MODEL_PROFILES). A profile's model name is sent
+    instead of `model`, which may then be empty. A profile the executor does
+    not know parks the run like a model outage (model_retry_budget bounds
+    it). Empty = the executor's default model endpoint. Lowercase letters,
+    digits, '-' and '_', 1-63 characters.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
