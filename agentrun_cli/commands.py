@@ -44,9 +44,14 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
         deadline = duration_pb2.Duration()
         deadline.FromNanoseconds(round(args.deadline * 1e9))
         limits.deadline.CopyFrom(deadline)
+    parameters = agent_pb2.ModelParameters(max_tokens=args.max_output_tokens)
+    if args.temperature is not None:
+        parameters.temperature = args.temperature
     return agent_pb2.AgentSpec(
-        model=args.model, instructions=args.instructions, tools=args.tools, limits=limits
-    )
+        model=args.model, instructions=args.instructions, tools=args.tools, limits=limits,
+        model_profile=args.model_profile,
+        model_parameters=parameters if parameters.ListFields() else None,
+    )  # fmt: skip
 
 
 def agents_publish(args: argparse.Namespace) -> int:

@@ -107,7 +107,12 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.set_defaults(handler=commands.agents_create)
     p = agents.add_parser("publish", help="publish the agent's next version", parents=[common])
     p.add_argument("agent_id", metavar="ID")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", default="", help="model name (optional when the profile names one)")
+    p.add_argument("--model-profile", default="", metavar="NAME",
+                   help="the executors' model profile: provider API, endpoint, key")  # fmt: skip
+    p.add_argument("--max-output-tokens", type=int, default=0, metavar="N",
+                   help="most tokens the model may generate per call")  # fmt: skip
+    p.add_argument("--temperature", type=float, metavar="T")
     p.add_argument("--instructions", required=True, metavar="TEXT")
     p.add_argument(
         "--tool",

@@ -78,8 +78,16 @@ def _decision(p: dict[str, Any]) -> str:
     calls = p.get("tool_calls") or []
     if calls:
         parts.append("calls " + ", ".join(_call(c) for c in calls))
+    if p.get("ending"):  # no answer: cut off, filtered or refused (the run failed)
+        parts.append(f"{p['ending']} ({p.get('stop_reason') or '?'})")
     usage = p.get("usage") or {}
-    tokens = f"[{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens]"
+    extra = "".join(
+        f", {usage[key]} {label}"
+        for key, label in (("cached_tokens", "cached"), ("cache_write_tokens", "cache written"),
+                           ("reasoning_tokens", "reasoning"))
+        if usage.get(key)
+    )  # fmt: skip
+    tokens = f"[{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens{extra}]"
     return "; ".join(parts or ["(empty)"]) + " " + tokens
 
 
@@ -250,7 +258,8 @@ def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) 
     if version is not None:
         spec = version.spec
         lines += [
-            f"model     {spec.model}",
+            f"model     {spec.model or '-'}"
+            + (f" (profile {spec.model_profile})" if spec.model_profile else ""),
             f"tools     {', '.join(spec.tools) or '-'}",
             f"limits    max_steps={spec.limits.max_steps or 'default'} "
             f"deadline={_seconds(spec.limits) or 'default'}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -21,6 +22,9 @@ DEFAULT_PORT = 50051
 # The HTTP ingress (webhooks, sessions, approval links); a free port when it is taken.
 DEFAULT_HTTP_PORT = 8080
 STARTUP_TIMEOUT = 60.0
+# The model profiles the dev stack's executor knows (executor/models/profiles.py).
+SANDBOX_OPENAI = "sandbox-openai"
+SANDBOX_ANTHROPIC = "sandbox-anthropic"
 
 
 def default_data_dir() -> Path:
@@ -191,6 +195,8 @@ class DevStack:
             "AGENTRUN_EXECUTOR_KEY": key,
             "AGENTRUN_CONTROL_PLANE": control_plane,
             "AGENTRUN_MODEL_BASE_URL": model,
+            # Agents may name either API: both profiles play the same sandbox scenarios.
+            "AGENTRUN_MODEL_PROFILES": sandbox_profiles(model),
             "AGENTRUN_PROVIDERS_URL": providers,
             "REDIS_URL": redis,
         }
@@ -227,6 +233,18 @@ class DevStack:
                     if child.proc.poll() is not None:
                         raise StackError(child.describe_exit()) from None
         raise StackError(f"control plane at {address} is not serving:\n{child.tail()}")
+
+
+def sandbox_profiles(model_url: str) -> str:
+    """AGENTRUN_MODEL_PROFILES for the model sandbox at `model_url` (`…/v1`): the profile
+    `sandbox-openai` (chat completions) and `sandbox-anthropic` (Messages API)."""
+    base = model_url.rstrip("/").removesuffix("/v1")
+    return json.dumps(
+        {
+            SANDBOX_OPENAI: {"provider": "openai", "base_url": f"{base}/v1"},
+            SANDBOX_ANTHROPIC: {"provider": "anthropic", "base_url": base},
+        }
+    )
 
 
 def _port_free(port: int) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor.models.profiles import ModelProfile, parse_profiles
 from executor.ratelimit.rates import RateTable
 from executor.transport import ChannelSecurity
 
@@ -34,6 +35,9 @@ class ExecutorConfig:
     model_base_url: str = "http://127.0.0.1:8010/v1"
     model_api_key: str = field(default="", repr=False)
     model_timeout_seconds: float = 60.0
+    # Named model profiles (executor/models/profiles.py, AGENTRUN_MODEL_PROFILES); their
+    # keys come from the environment and are excluded from repr like model_api_key.
+    model_profiles: Mapping[str, ModelProfile] = field(default_factory=dict)
     providers_url: str = "http://127.0.0.1:8020"
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
@@ -72,6 +76,7 @@ class ExecutorConfig:
             model_timeout_seconds=_positive_float(
                 env, "AGENTRUN_MODEL_TIMEOUT_SECONDS", defaults.model_timeout_seconds
             ),
+            model_profiles=parse_profiles(env.get("AGENTRUN_MODEL_PROFILES", ""), env),
             providers_url=env.get("AGENTRUN_PROVIDERS_URL") or defaults.providers_url,
             provider_urls={
                 name[len(prefix) :].lower(): url

@@ -124,10 +124,7 @@ def payload(span: Span, reply: ModelReply, model: str) -> dict[str, Any]:
         "through_seq": span.through_seq,
         "turns": span.turns,
         "prompt_tokens_estimated": span.prompt_tokens,
-        "usage": {
-            "prompt_tokens": reply.usage.prompt_tokens,
-            "completion_tokens": reply.usage.completion_tokens,
-        },
+        "usage": reply.usage.to_payload(),
         "model": reply.model or model,
         "response_id": reply.response_id,
     }

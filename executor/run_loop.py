@@ -17,6 +17,7 @@ from agentrun.v1 import executor_pb2
 from executor import approval, constraints, context, limits, payloads, replay, steps, untrusted
 from executor import metrics as m
 from executor.lease import LeaseKeeper
+from executor.models import profiles
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
 from executor.ratelimit import parks as rate_parks
@@ -248,6 +249,12 @@ class RunLoop:
         reply = dataclasses.replace(reply, tool_calls=steps.unique_call_ids(reply.tool_calls, seq))
         decision = steps.decision(seq, reply, self.spec.model)
         counts = {"model_calls": 1, "tokens": reply.usage.total}
+        if error := steps.failed_reply(reply, profiles.settings_of(self.spec)):
+            # No answer to act on (cut off, filtered, refused): recorded, and the run fails.
+            finish = steps.finish_failed(seq + 1, error)
+            await self._commit([decision, finish], fail=executor_pb2.Fail(error=error), **counts)
+            log.info("run %s failed: %s", self.run_id, error)
+            return "failed"
         if reply.tool_calls:
             await self._commit([decision], **counts)
             faults.point("executor.decision.after_commit")
@@ -311,7 +318,7 @@ class RunLoop:
     ) -> ModelReply | None:
         """The model's reply, or None if the drain deadline interrupted the call."""
         call = asyncio.ensure_future(
-            self._deps.model.complete(self.spec.model, messages, tools, self.run_id, seq)
+            profiles.ask(self._deps.model, self.spec, messages, tools, self.run_id, seq)
         )
         interrupted = asyncio.ensure_future(self._handoff_now.wait())
         try:

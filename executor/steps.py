@@ -10,7 +10,15 @@ from google.protobuf import duration_pb2
 
 from agentrun.v1 import executor_pb2
 from executor import context
-from executor.models.base import ModelReply, ToolCall
+from executor.models.base import (
+    COMPLETE,
+    FILTERED,
+    REFUSED,
+    TRUNCATED,
+    ModelReply,
+    ModelSettings,
+    ToolCall,
+)
 from executor.replay import (
     DECISION,
     FINISH,
@@ -58,22 +66,52 @@ def unique_call_ids(calls: tuple[ToolCall, ...], seq: int) -> tuple[ToolCall, ..
 
 
 def decision(seq: int, reply: ModelReply, model: str) -> executor_pb2.NewStep:
-    payload = {
+    """The model's reply as a `model_decision` step.
+
+    A reply that is no answer (cut off, filtered, refused: `reply.ending`) keeps
+    its text and usage but none of its tool calls: a truncated call's arguments
+    cannot be trusted, and the run fails right after (`failed_reply`).
+    """
+    complete = reply.ending == COMPLETE
+    payload: dict[str, Any] = {
         "content": reply.content,
-        "tool_calls": [call.to_payload() for call in reply.tool_calls],
-        "usage": {
-            "prompt_tokens": reply.usage.prompt_tokens,
-            "completion_tokens": reply.usage.completion_tokens,
-        },
+        "tool_calls": [call.to_payload() for call in reply.tool_calls] if complete else [],
+        "usage": reply.usage.to_payload(),
         "model": reply.model or model,
         "response_id": reply.response_id,
     }
+    if reply.stop_reason:
+        payload["stop_reason"] = reply.stop_reason
+    if not complete:
+        payload["ending"] = reply.ending
+        payload["dropped_tool_calls"] = len(reply.tool_calls)
+    if reply.refusal is not None:
+        payload["refusal"] = reply.refusal
     return new_step(seq, DECISION, payload)
 
 
 def summary(seq: int, span: context.Span, reply: ModelReply, model: str) -> executor_pb2.NewStep:
     """The model's recap of the span, recorded once: later prompts read it in its place."""
     return new_step(seq, SUMMARY, context.payload(span, reply, model))
+
+
+def failed_reply(reply: ModelReply, settings: ModelSettings) -> str | None:
+    """The run's error when the reply is no answer to act on, else None.
+
+    Such a run fails rather than retries: the same request would be cut off,
+    filtered or refused again. The fix is a new agent version (a larger
+    `model_parameters.max_tokens`, other instructions) or another model.
+    """
+    said = f" (stop reason {reply.stop_reason})" if reply.stop_reason else ""
+    if reply.ending == TRUNCATED:
+        limit = f"max_tokens {settings.max_tokens}" if settings.max_tokens else "its token limit"
+        return f"model reply cut off at {limit}{said}: not a complete answer"
+    if reply.ending == FILTERED:
+        return f"model reply stopped by the provider's content filter{said}"
+    if reply.ending == REFUSED:
+        why = (reply.refusal or "").strip()[:500]
+        return "the model refused" + (f": {why}" if why else f"{said}")
+    return None
 
 
 def tool_started(

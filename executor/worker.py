@@ -12,6 +12,7 @@ from executor.config import ExecutorConfig
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
 from executor.models.openai import OpenAIChatModel
+from executor.models.profiles import ModelRouter
 from executor.models.retry import ModelRetry
 from executor.payloads import LargeResults, Limits, PayloadClient
 from executor.ratelimit.limiter import RateLimiter
@@ -58,8 +59,12 @@ class Worker:
         self._limiter = RateLimiter.from_config(config)
         self._tools = RateLimitedToolClient(config, self._limiter)
         self._own_model = model is None
-        self._model: ModelClient = model or OpenAIChatModel(
-            config.model_base_url, config.model_api_key, config.model_timeout_seconds
+        self._model: ModelClient = model or ModelRouter(
+            OpenAIChatModel(
+                config.model_base_url, config.model_api_key, config.model_timeout_seconds
+            ),
+            config.model_profiles,
+            config.model_timeout_seconds,
         )
         self._stream = ControlPlaneStream(
             config.control_plane,
@@ -110,7 +115,7 @@ class Worker:
             await self._tools.aclose()
             await self._limiter.aclose()
             log.info("rate limits: %s", self._limiter.metrics.summary())
-            if self._own_model and isinstance(self._model, OpenAIChatModel):
+            if self._own_model and isinstance(self._model, ModelRouter):
                 await self._model.aclose()
 
     async def drain(self) -> None:

@@ -1,4 +1,7 @@
-"""An OpenAI-compatible chat-completions server that plays scenario files."""
+"""A model server that plays scenario files: OpenAI chat completions (`/v1/chat/completions`)
+and the Anthropic Messages API (`/v1/messages`, sandbox/anthropic_api.py), one scenario
+file serving both. Usage reports cached tokens from a stand-in prompt cache
+(sandbox/prompt_cache.py), or what the scenario turn says."""
 
 import asyncio
 import hashlib
@@ -14,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandbox import summaries
+from sandbox import anthropic_api, summaries
 from sandbox.faults import FaultSpecError, ModelFaults, retry_after_headers
+from sandbox.prompt_cache import CacheUse, PromptCache
 from sandbox.request_log import RequestLog
 from sandbox.scenario import (
     DEFAULT_DIR,
@@ -41,9 +45,24 @@ class _Refused(Exception):
         self.status, self.message, self.kind = status, message, kind
         self.headers = headers or {}
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": None, "code": None}}
+    def response(self, api: str = "openai") -> JSONResponse:
+        if api == "anthropic":
+            body = anthropic_api.error_body(self.status, self.message, self.kind)
+            status = anthropic_api.error_status(self.status, self.kind)
+            return JSONResponse(body, status_code=status, headers=self.headers)
+        code = self.kind if self.kind == "insufficient_quota" else None
+        body = {"error": {"message": self.message, "type": self.kind, "param": None, "code": code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+    @classmethod
+    def scripted(cls, error: dict[str, Any]) -> "_Refused":
+        """The error a scenario turn answers with."""
+        status = int(error["status"])
+        message = str(error.get("message") or f"sandbox scenario error ({status})")
+        kind = str(
+            error.get("type") or ("server_error" if status >= 500 else "invalid_request_error")
+        )
+        return cls(status, message, kind, dict(error.get("headers") or {}))
 
 
 class ModelSandbox:
@@ -60,10 +79,12 @@ class ModelSandbox:
         self.rng = rng or random.Random()
         self.log = RequestLog()
         self.faults = ModelFaults()
+        self.cache = PromptCache(_estimate_tokens)
 
     def routes(self) -> list[Route]:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/_sandbox/requests", self.requests, methods=["GET", "DELETE"]),
             Route("/_sandbox/faults", self.faults_endpoint, methods=["GET", "POST", "DELETE"]),
@@ -71,6 +92,12 @@ class ModelSandbox:
         ]
 
     async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, "openai", self._complete)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._serve(request, "anthropic", self._message)
+
+    async def _serve(self, request: Request, api: str, answer: Any) -> Response:
         # Filled in as the request is understood, so refused requests are logged too.
         entry: dict[str, Any] = {
             "model": None,
@@ -79,11 +106,12 @@ class ModelSandbox:
             "n_messages": None,
             "turn": None,
             "response_id": None,
+            "api": api,
         }
         try:
-            response: Response = JSONResponse(await self._complete(request, entry))
+            response: Response = JSONResponse(await answer(request, entry))
         except _Refused as refused:
-            response = refused.response()
+            response = refused.response(api)
         self.log.record(**entry, status=response.status_code)
         return response
 
@@ -91,19 +119,48 @@ class ModelSandbox:
         self._check_api_key(request)
         body = await _read_json(request)
         model, messages = _parse_chat_request(body)
+        entry["params"] = sent_params(body)
+        reply = await self._play(model, messages, entry, body.get("tools"))
+        use = self.cache.use(messages, range(1, len(messages) + 1))
+        completion = chat_completion(model, reply, messages, use)
+        entry["response_id"] = completion["id"]
+        return completion
+
+    async def _message(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
+        self._check_anthropic_key(request)
+        body = await _read_json(request)
+        try:
+            model, messages, parts, breakpoints = anthropic_api.parse_request(body)
+        except anthropic_api.InvalidRequest as exc:
+            raise _Refused(400, str(exc), "invalid_request_error") from None
+        entry["params"] = sent_params(body)
+        entry["cache_breakpoints"] = len(breakpoints)
+        reply = await self._play(model, messages, entry, body.get("tools"))
+        use = self.cache.use(parts, breakpoints)
+        output = _estimate_tokens(
+            json.dumps([reply.content, [c.arguments for c in reply.tool_calls]])
+        )
+        message = anthropic_api.message_response(model, reply, use, output)
+        entry["response_id"] = message["id"]
+        return message
+
+    async def _play(
+        self, model: str, messages: list[dict[str, Any]], entry: dict[str, Any], tools: Any
+    ) -> Reply:
+        """The scenario's turn for this conversation (an error turn raises it)."""
         entry.update(model=model, n_messages=len(messages), **last_tool_seen(messages))
         await self._apply_faults()
         scenario = self._scenario(model)
-        entry.update(summaries.log_fields(scenario, messages, body.get("tools")))
+        entry.update(summaries.log_fields(scenario, messages, tools))
         if latency := scenario.latency_seconds(self.rng):
             await asyncio.sleep(latency)
         try:
             reply = self._reply(scenario, messages, entry)
         except ScenarioError as exc:
             raise _Refused(500, str(exc), "server_error") from None
-        completion = chat_completion(model, reply, messages)
-        entry["response_id"] = completion["id"]
-        return completion
+        if reply.error is not None:
+            raise _Refused.scripted(reply.error)
+        return reply
 
     def _reply(
         self, scenario: Scenario, messages: list[dict[str, Any]], entry: dict[str, Any]
@@ -121,6 +178,12 @@ class ModelSandbox:
             return
         if request.headers.get("authorization") != f"Bearer {self.api_key}":
             raise _Refused(401, "Incorrect or missing API key.", "invalid_request_error")
+
+    def _check_anthropic_key(self, request: Request) -> None:
+        if not request.headers.get("anthropic-version"):
+            raise _Refused(400, "anthropic-version: header is required", "invalid_request_error")
+        if self.api_key is not None and request.headers.get("x-api-key") != self.api_key:
+            raise _Refused(401, "invalid x-api-key", "authentication_error")
 
     async def _apply_faults(self) -> None:
         faults = self.faults
@@ -176,9 +239,16 @@ def create_app(
     return app
 
 
-def chat_completion(model: str, reply: Reply, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_completion(
+    model: str, reply: Reply, messages: list[dict[str, Any]], use: CacheUse | None = None
+) -> dict[str, Any]:
     """A reply in the OpenAI `chat.completion` wire format."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    refused = reply.refusal is not None
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if refused else reply.content,
+        "refusal": reply.refusal,
+    }
     if reply.tool_calls:
         message["tool_calls"] = [
             {
@@ -188,8 +258,8 @@ def chat_completion(model: str, reply: Reply, messages: list[dict[str, Any]]) ->
             }
             for call in reply.tool_calls
         ]
-    prompt_tokens = _estimate_tokens(json.dumps(messages))
-    completion_tokens = _estimate_tokens(json.dumps(message))
+    usage = _chat_usage(reply, _estimate_tokens(json.dumps(messages)),
+                        _estimate_tokens(json.dumps(message)), use)  # fmt: skip
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -198,16 +268,49 @@ def chat_completion(model: str, reply: Reply, messages: list[dict[str, Any]]) ->
         "choices": [
             {
                 "index": 0,
-                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                "finish_reason": finish_reason(reply),
                 "message": message,
             }
         ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage,
     }
+
+
+_FINISH = {"max_tokens": "length", "model_context_window_exceeded": "length",
+           "refusal": "content_filter"}  # fmt: skip
+
+
+def finish_reason(reply: Reply) -> str:
+    if reply.finish_reason:
+        return reply.finish_reason
+    if reply.stop_reason in _FINISH:
+        return _FINISH[reply.stop_reason]
+    return "tool_calls" if reply.tool_calls else "stop"
+
+
+def _chat_usage(reply: Reply, prompt: int, completion: int, use: CacheUse | None) -> dict[str, Any]:
+    """OpenAI usage: cached tokens are part of the prompt, reasoning ones of the completion."""
+    given = reply.usage or {}
+    prompt = given.get("prompt_tokens", prompt)
+    reasoning = given.get("reasoning_tokens", 0)
+    completion = given.get("completion_tokens", completion + reasoning)
+    cached = min(prompt, given.get("cached_tokens", use.read if use else 0))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
+
+
+# The request fields a log entry keeps (`params`): what tunes the call, not the prompt.
+PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "tool_choice",
+          "parallel_tool_calls")  # fmt: skip
+
+
+def sent_params(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: body[key] for key in PARAMS if key in body}
 
 
 def last_tool_seen(messages: list[dict[str, Any]]) -> dict[str, Any]:

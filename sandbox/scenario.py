@@ -23,6 +23,21 @@ shows up as a different decision instead of hiding behind a deterministic mock.
 A tool call may give ``"arguments_raw": "<text>"`` to send arguments that are not
 valid JSON. ``"summary"`` answers summarisation requests and ``"record_prompts"``
 keeps each request's prompt in the log (sandbox/summaries.py).
+
+A turn may also answer the way real providers do when there is no plain answer
+(both APIs render it in their own words, sandbox/model_server.py and
+sandbox/anthropic_api.py):
+
+* ``"finish_reason": "length" | "content_filter"`` (OpenAI) and ``"stop_reason":
+  "max_tokens" | "refusal" | "pause_turn" | ...`` (Anthropic); one given alone
+  implies the other (length = max_tokens, content_filter = refusal);
+* ``"refusal": "<text>"``: OpenAI ``message.refusal``, Anthropic ``stop_reason
+  refusal`` with the text as content;
+* ``"usage": {"prompt_tokens", "completion_tokens", "cached_tokens",
+  "reasoning_tokens", "cache_write_tokens"}``: any of these instead of the
+  server's own count (reasoning tokens are added to the completion);
+* ``"error": {"status": 429, "type": "insufficient_quota", "message": "...",
+  "headers": {"retry-after-ms": "1500"}}``: an error answer in the API's shape.
 """
 
 import json
@@ -37,6 +52,7 @@ NONCE = "{{nonce}}"
 
 # Scenario names become file names: no separators, no leading dot.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ANSWERS = {"content", "refusal", "error"}
 _PAYLOAD_REF = re.compile(r'read_result\(ref="([0-9a-f]{64})"')
 
 
@@ -58,6 +74,11 @@ class RenderedCall:
 class Reply:
     content: str | None
     tool_calls: tuple[RenderedCall, ...]
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    refusal: str | None = None
+    usage: dict[str, int] | None = None
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +110,10 @@ def parse_scenario(name: str, data: Any) -> Scenario:
     if not isinstance(turns, list) or not turns:
         raise ScenarioError(f"scenario {name!r}: 'turns' must be a non-empty list")
     for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or not ("content" in turn or turn.get("tool_calls")):
-            raise ScenarioError(f"scenario {name!r}: turn {i} needs 'content' or 'tool_calls'")
+        if not isinstance(turn, dict) or not (_ANSWERS & set(turn) or turn.get("tool_calls")):
+            raise ScenarioError(
+                f"scenario {name!r}: turn {i} needs 'content', 'tool_calls', 'refusal' or 'error'"
+            )
     latency = data.get("latency_ms", [0, 0])
     if not (isinstance(latency, list) and len(latency) == 2 and 0 <= latency[0] <= latency[1]):
         raise ScenarioError(f"scenario {name!r}: 'latency_ms' must be [min, max]")
@@ -149,7 +172,47 @@ def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: rando
     if content is not None and not isinstance(content, str):
         content = json.dumps(content)
     calls = tuple(_rendered_call(call) for call in rendered.get("tool_calls") or [])
-    return Reply(content=content, tool_calls=calls)
+    return Reply(
+        content=content,
+        tool_calls=calls,
+        finish_reason=_optional_text(rendered, "finish_reason"),
+        stop_reason=_optional_text(rendered, "stop_reason"),
+        refusal=_optional_text(rendered, "refusal"),
+        usage=_usage(rendered.get("usage")),
+        error=_error(rendered.get("error")),
+    )
+
+
+def _optional_text(turn: dict[str, Any], key: str) -> str | None:
+    value = turn.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ScenarioError(f"'{key}' must be a string")
+    return value
+
+
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
+              "cache_write_tokens")  # fmt: skip
+
+
+def _usage(value: Any) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not set(value) <= set(USAGE_KEYS):
+        raise ScenarioError(f"'usage' takes only {', '.join(USAGE_KEYS)}")
+    if not all(isinstance(n, int) and n >= 0 for n in value.values()):
+        raise ScenarioError("'usage' counts must be non-negative integers")
+    return dict(value)
+
+
+def _error(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("status"), int):
+        raise ScenarioError("'error' needs an integer 'status'")
+    headers = value.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise ScenarioError("'error.headers' must be an object")
+    return {**value, "headers": {str(k): str(v) for k, v in headers.items()}}
 
 
 def payload_ref(text: str) -> str:

@@ -7,7 +7,7 @@ import re
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
-from control_plane.api import constraints, convert, validate
+from control_plane.api import constraints, convert, model_parameters, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
@@ -51,7 +51,7 @@ def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
 
 
 def validate_spec(spec: agent_pb2.AgentSpec) -> None:
-    validate.text("spec.model", spec.model, max_bytes=200, required=True)
+    model_parameters.validate_model(spec)
     validate.text("spec.instructions", spec.instructions, max_bytes=64 * 1024)
     validate.in_range("spec.max_concurrency", spec.max_concurrency, 0, 100_000)
     if len(spec.tools) > MAX_TOOLS:

@@ -10,7 +10,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
-from control_plane.api import constraints
+from control_plane.api import constraints, model_parameters
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 
@@ -176,6 +176,7 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         "constraints": constraints.to_json(spec.constraints),
         # Only when named: specs without connections keep their stored form.
         **({"connections": dict(spec.connections)} if spec.connections else {}),
+        **model_parameters.to_json(spec),
     }
 
 
@@ -231,6 +232,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         max_concurrency=data.get("max_concurrency", 0),
         constraints=constraints.from_json(data.get("constraints") or []),
         connections=data.get("connections") or {},
+        **model_parameters.from_json(data),
     )
 
 

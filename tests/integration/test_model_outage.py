@@ -94,6 +94,7 @@ async def test_past_its_retry_budget_a_run_fails_with_a_clear_reason(
     (run,) = await api.wait_terminal([run_id], within=20)
     assert run.status == run_pb2.RUN_STATUS_FAILED
     assert run.error == (
-        "model unavailable after 3 attempts (model_retry_budget 2): model provider returned 503"
+        "model unavailable after 3 attempts (model_retry_budget 2): model provider returned "
+        "503 server_error: sandbox fault: model server is down (503)"
     )
     assert len(await model_parks(api, run_id)) == 2

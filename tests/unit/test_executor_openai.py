@@ -7,7 +7,14 @@ import json
 import httpx
 import pytest
 
-from executor.models.base import ModelRejected, ModelUnavailable, ToolCall
+from executor.models.base import (
+    TRUNCATED,
+    ModelRejected,
+    ModelSettings,
+    ModelUnavailable,
+    ToolCall,
+    Usage,
+)
 from executor.models.openai import OpenAIChatModel
 
 KEY = "sk-test-secret-123"
@@ -156,3 +163,68 @@ async def test_timeout_is_unavailable():
 
     with pytest.raises(ModelUnavailable, match="ReadTimeout"):
         await ask(model_for(handler))
+
+
+async def test_usage_details_and_endings_are_read():
+    body = completion({"content": "cut", "refusal": None})
+    body["choices"][0]["finish_reason"] = "length"
+    body["usage"] |= {
+        "prompt_tokens_details": {"cached_tokens": 5},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=body)
+
+    reply = await ask(model_for(handler))
+    assert (reply.ending, reply.stop_reason, reply.refusal) == (TRUNCATED, "length", None)
+    assert reply.usage == Usage(12, 7, cached_tokens=5, reasoning_tokens=3)
+    assert reply.usage.to_payload() == {
+        "prompt_tokens": 12,
+        "completion_tokens": 7,
+        "cached_tokens": 5,
+        "reasoning_tokens": 3,
+        "cache_write_tokens": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "error"),
+    [
+        (429, {}, {"error": {"type": "insufficient_quota", "code": "insufficient_quota"}},
+         ModelRejected),
+        (429, {}, {"error": {"type": "requests", "code": "rate_limit_exceeded"}}, ModelUnavailable),
+        (408, {}, {"error": {}}, ModelUnavailable),
+        (409, {}, {"error": {}}, ModelUnavailable),
+        (400, {"x-should-retry": "true"}, {"error": {}}, ModelUnavailable),
+        (503, {"x-should-retry": "false"}, {"error": {}}, ModelRejected),
+    ],
+)  # fmt: skip
+async def test_which_failures_are_transient(status, headers, body, error):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers, json=body)
+
+    with pytest.raises(error):
+        await ask(model_for(handler))
+
+
+async def test_parameters_go_only_where_openai_accepts_them():
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=completion({"content": "x"}))
+
+    model = OpenAIChatModel(
+        "http://model.test/v1", KEY, transport=httpx.MockTransport(handler),
+        token_limit_field="max_completion_tokens",
+    )  # fmt: skip
+    settings = ModelSettings(max_tokens=50, tool_choice="required", parallel_tool_calls=True)
+    messages = [{"role": "user", "content": "hi"}]
+    await model.complete("m", messages, TOOLS, "r", 1, settings=settings)
+    await model.complete("m", messages, [], "r", 2, settings=settings)
+    with_tools, without = seen
+    assert with_tools["max_completion_tokens"] == 50 and "max_tokens" not in with_tools
+    assert (with_tools["tool_choice"], with_tools["parallel_tool_calls"]) == ("required", True)
+    # OpenAI refuses tool_choice and parallel_tool_calls without tools.
+    assert "tool_choice" not in without and "parallel_tool_calls" not in without

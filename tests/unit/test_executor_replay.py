@@ -277,7 +277,13 @@ def test_decision_step_payload_and_unique_call_ids():
     reply = ModelReply("hi", fixed, Usage(3, 4), "resp-1", "")
     payload = json.loads(steps.decision(7, reply, "llama").payload_json)
     assert payload["model"] == "llama"
-    assert payload["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert payload["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "cache_write_tokens": 0,
+    }
     assert payload["tool_calls"][1] == {"id": "x", "name": "echo", "arguments_raw": "{bad"}
     assert payload["tool_calls"][0]["arguments"] == {"text": "a"}
 

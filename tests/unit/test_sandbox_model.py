@@ -162,6 +162,8 @@ def test_request_log_records_run_id_seq_turn_and_status(client: TestClient) -> N
         "n_messages": 3,
         "turn": 1,
         "response_id": first.json()["id"],
+        "api": "openai",
+        "params": {},
         "status": 200,
         # What the model was shown last as a tool result ("{}"), by size and hash.
         "last_tool_bytes": 2,

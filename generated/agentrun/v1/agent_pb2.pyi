@@ -219,6 +219,8 @@ class AgentSpec(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     CONSTRAINTS_FIELD_NUMBER: _builtins.int
     CONNECTIONS_FIELD_NUMBER: _builtins.int
+    MODEL_PROFILE_FIELD_NUMBER: _builtins.int
+    MODEL_PARAMETERS_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -227,6 +229,16 @@ class AgentSpec(_message.Message):
     """At most this many runs of the agent execute at once, whatever their
     version, within the workspace's own cap; the rest wait as queued.
     0 = no cap of its own. The latest published version's value applies.
+    """
+    model_profile: _builtins.str
+    """The model profile the executor calls this version's model through:
+    executor configuration maps a profile name to a provider API (openai
+    chat completions or anthropic messages), a base URL, a model name and a
+    credential (AGENTRUN_MODEL_PROFILES). A profile's model name is sent
+    instead of `model`, which may then be empty. A profile the executor does
+    not know parks the run like a model outage (model_retry_budget bounds
+    it). Empty = the executor's default model endpoint. Lowercase letters,
+    digits, '-' and '_', 1-63 characters.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -255,6 +267,12 @@ class AgentSpec(_message.Message):
         provider not named here uses the shared unauthenticated default.
         """
 
+    @_builtins.property
+    def model_parameters(self) -> Global___ModelParameters:
+        """How each model call of this version is made; unset fields keep the
+        profile's (or the provider's) default.
+        """
+
     def __init__(
         self,
         *,
@@ -266,14 +284,75 @@ class AgentSpec(_message.Message):
         max_concurrency: _builtins.int = ...,
         constraints: _abc.Iterable[Global___ToolConstraint] | None = ...,
         connections: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        model_profile: _builtins.str = ...,
+        model_parameters: Global___ModelParameters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentSpec: _TypeAlias = AgentSpec  # noqa: Y015
+
+@_typing.final
+class ModelParameters(_message.Message):
+    """ModelParameters are sent with every model call of an agent version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    max_tokens: _builtins.int
+    """Most tokens the model may generate per call (OpenAI max_tokens or
+    max_completion_tokens as the profile says, Anthropic max_tokens).
+    0 = the profile's default. A reply cut off at this limit fails the run.
+    """
+    temperature: _builtins.float
+    """Sampling temperature, 0 to 2 (Anthropic accepts 0 to 1). Unset = the
+    provider's default.
+    """
+    tool_choice: _builtins.str
+    """"" = the provider's default; "auto", "none", "required" (call some
+    tool), or one of spec.tools: call that tool.
+    """
+    parallel_tool_calls: _builtins.bool
+    """Whether the model may ask for several tool calls in one reply. Unset =
+    the provider's default (allowed).
+    """
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long one model call may take before it counts as a provider
+        failure (the run parks and retries). Unset or 0 = the executor's
+        default; at most 1 hour.
+        """
+
+    def __init__(
+        self,
+        *,
+        max_tokens: _builtins.int = ...,
+        temperature: _builtins.float | None = ...,
+        tool_choice: _builtins.str = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "_temperature", b"_temperature", "max_tokens", b"max_tokens", "parallel_tool_calls", b"parallel_tool_calls", "temperature", b"temperature", "timeout", b"timeout", "tool_choice", b"tool_choice"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+
+Global___ModelParameters: _TypeAlias = ModelParameters  # noqa: Y015
 
 @_typing.final
 class Agent(_message.Message):

@@ -1,0 +1,113 @@
+"""The HTTP side every model adapter shares: one POST, and what a failed answer means.
+
+Transient (the run parks and asks again, `ModelUnavailable`): a connection
+failure or timeout, 408, 409, 429, any 5xx (Anthropic's 529 `overloaded_error`
+among them) and a garbled body. Everything else in 4xx is `ModelRejected`: the
+run fails with the reason. A 429 for an exhausted quota or credit balance
+(`insufficient_quota`, `billing_error`) is rejected too: it does not pass with
+time, and a run parked on it would only spend its retry budget.
+An `x-should-retry: true|false` header, which both SDKs obey, overrides the status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from executor.models.base import ModelRejected, ModelUnavailable
+from executor.retry_after import retry_after
+
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+# Error types (or codes) that say the account cannot pay for the call: never transient.
+EXHAUSTED = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
+
+
+@dataclass(frozen=True)
+class ProviderError:
+    """A failed answer's status, error type or code, and message."""
+
+    status: int
+    kind: str
+    message: str
+
+
+class ProviderHttp:
+    """An httpx client for one provider endpoint; `timeout_seconds` is its default."""
+
+    def __init__(
+        self,
+        timeout_seconds: float,
+        secret: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._secret = secret
+        self._timeout = timeout_seconds
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_seconds), transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def post(
+        self,
+        url: str,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        timeout_seconds: float | None = None,
+    ) -> httpx.Response:
+        """POST the body; raise ModelUnavailable when the provider cannot be reached."""
+        timeout = httpx.Timeout(timeout_seconds or self._timeout)
+        try:
+            return await self._http.post(url, json=body, headers=dict(headers), timeout=timeout)
+        except httpx.TransportError as exc:
+            # Only the exception's class: its text may carry the URL, never headers,
+            # but there is nothing in it worth the risk.
+            raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
+
+    def failure(self, response: httpx.Response, error: ProviderError) -> Exception:
+        """The exception a failed answer (status >= 400) stands for."""
+        message = self.redact(error.message)
+        label = f"{error.status} {error.kind}".strip()
+        if error.kind in EXHAUSTED:
+            return ModelRejected(f"model provider quota or credit exhausted ({label}): {message}")
+        if _transient(response):
+            return ModelUnavailable(
+                f"model provider returned {label}" + (f": {message}" if message else ""),
+                retry_after(response),
+            )
+        return ModelRejected(f"model provider rejected the request ({label}): {message}")
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._secret, "[redacted]") if self._secret else text
+
+
+def _transient(response: httpx.Response) -> bool:
+    hint = response.headers.get("x-should-retry", "").lower()
+    if hint in ("true", "false"):
+        return hint == "true"
+    return response.status_code in TRANSIENT_STATUSES or response.status_code >= 500
+
+
+def json_body(response: httpx.Response) -> Any:
+    """The parsed body, or None when it is not JSON."""
+    try:
+        return response.json()
+    except (ValueError, json.JSONDecodeError):
+        return None
+
+
+def error_of(response: httpx.Response) -> ProviderError:
+    """Status, type and message of an error body, OpenAI's or Anthropic's shape:
+    `{"error": {"message", "type", "code"}}` / `{"type": "error", "error": {"type", "message"}}`."""
+    body = json_body(response)
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        kind = error.get("code") if error.get("code") in EXHAUSTED else error.get("type")
+        return ProviderError(
+            response.status_code, str(kind or ""), str(error.get("message") or "")[:300]
+        )
+    text = response.text[:300] if body is None else str(error or body)[:300]
+    return ProviderError(response.status_code, "", text)
