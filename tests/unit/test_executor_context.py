@@ -249,7 +249,13 @@ def test_the_summary_payload_records_the_recap_its_span_and_usage():
         "through_seq": span.through_seq,
         "turns": span.turns,
         "prompt_tokens_estimated": span.prompt_tokens,
-        "usage": {"prompt_tokens": 700, "completion_tokens": 40},
+        "usage": {
+            "prompt_tokens": 700,
+            "completion_tokens": 40,
+            "cached_tokens": 0,
+            "reasoning_tokens": 0,
+            "cache_write_tokens": 0,
+        },
         "model": "agent-model",
         "response_id": "sum-1",
     }
