@@ -30,13 +30,17 @@ BEGIN
 END $$;
 
 -- Schedules: the overlap policy, the catch-up window, the jitter and the input live in the
--- trigger's config (control_plane/triggers/schedule.py). Two columns are state:
--- * buffered_slot_at: under the buffer_one policy, the one slot that came while the
---   schedule's run was still going; the scheduler starts it once no run of the schedule is
---   active (control_plane/scheduler.py). Only schedules with a buffered slot are in the index
---   that pass reads, so the pass costs nothing for the others.
+-- trigger's config (control_plane/triggers/schedule.py). These columns are state:
+-- * buffered_slot_at, buffered_dedupe_key: under the buffer_one policy, the one slot that
+--   came while the schedule's run was still going, and the dedupe key its event will have;
+--   the scheduler starts it once no run of the schedule is active (control_plane/scheduler.py).
+--   Only schedules with a buffered slot are in the index that pass reads, so the pass costs
+--   nothing for the others.
 -- * note: why the trigger was last paused or unpaused (SetTriggerEnabled's note).
-ALTER TABLE triggers ADD COLUMN buffered_slot_at timestamptz, ADD COLUMN note text,
-    ADD CONSTRAINT trigger_buffer_is_schedule CHECK (buffered_slot_at IS NULL OR kind = 'schedule');
+ALTER TABLE triggers ADD COLUMN buffered_slot_at timestamptz, ADD COLUMN buffered_dedupe_key text,
+    ADD COLUMN note text,
+    ADD CONSTRAINT trigger_buffer_is_schedule CHECK (
+        (buffered_slot_at IS NULL) = (buffered_dedupe_key IS NULL)
+        AND (buffered_slot_at IS NULL OR kind = 'schedule'));
 CREATE INDEX triggers_schedule_buffered ON triggers (buffered_slot_at)
     WHERE buffered_slot_at IS NOT NULL;
