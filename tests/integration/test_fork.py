@@ -152,6 +152,11 @@ async def test_fork_points_that_would_resend_a_call_are_refused_and_write_nothin
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await fork(api, str(uuid.uuid4()), 1)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    other = await Api.connect(cp.address, db_url, "other")  # another tenant's run: not found
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fork(other, source_id, 1)
+    await other.close()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
     conn = await asyncpg.connect(db_url)
     try:
         assert await conn.fetchval("SELECT count(*) FROM runs") == 2
