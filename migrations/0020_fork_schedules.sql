@@ -17,15 +17,20 @@ CREATE INDEX runs_forks_of ON runs (workspace_id, forked_from_run_id, created_at
 -- migrations add kinds too: this one rebuilds the list it finds instead of restating it).
 DO $$
 DECLARE
+    name text;
     def text;
 BEGIN
-    SELECT pg_get_constraintdef(oid) INTO def FROM pg_constraint
-    WHERE conrelid = 'steps'::regclass AND conname = 'steps_kind_check';
+    SELECT conname, pg_get_constraintdef(oid) INTO name, def FROM pg_constraint
+    WHERE conrelid = 'steps'::regclass AND contype = 'c'
+      AND pg_get_constraintdef(oid) LIKE '%kind = ANY (ARRAY[%';
+    IF name IS NULL THEN
+        RAISE EXCEPTION 'no CHECK constraint lists the step kinds: add ''forked'' by hand';
+    END IF;
     IF position('''forked''' IN def) = 0 THEN
-        ALTER TABLE steps DROP CONSTRAINT steps_kind_check;
-        EXECUTE 'ALTER TABLE steps ADD CONSTRAINT steps_kind_check '
-            || replace(def, 'ARRAY[', 'ARRAY[''forked''::text, ') || ' NOT VALID';
-        ALTER TABLE steps VALIDATE CONSTRAINT steps_kind_check;
+        EXECUTE format('ALTER TABLE steps DROP CONSTRAINT %I', name);
+        EXECUTE format('ALTER TABLE steps ADD CONSTRAINT %I %s NOT VALID', name,
+                       replace(def, 'ARRAY[', 'ARRAY[''forked''::text, '));
+        EXECUTE format('ALTER TABLE steps VALIDATE CONSTRAINT %I', name);
     END IF;
 END $$;
 
