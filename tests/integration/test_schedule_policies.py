@@ -166,19 +166,26 @@ async def test_a_paused_schedule_fires_nothing_and_unpausing_skips_what_it_misse
     assert len(await events(db, "buffered")) == 1  # still paused: its buffer stays
 
 
-async def test_a_backfill_of_100_slots_run_twice_starts_100_runs(pool, db):
+async def backfill(pool, trigger_id: str, start: datetime, end: datetime) -> tuple:
+    firing = overlap.Firing(RunDefaults())
+    async with store.transaction(pool) as conn:
+        done = await schedule_ops.backfill(conn, WS, trigger_id, start, end, None, firing)
+    return done.slots, firing.started, done.counts[overlap.Fired.ALREADY]
+
+
+async def test_a_backfill_of_100_slots_run_twice_starts_100_runs(pools, pool, db):
     await add_schedule(pool, "sched", "allow_all", slot=T + timedelta(days=1))
     start, end = T - 100 * MINUTE, T
-    results = []
-    for _ in range(2):
-        firing = overlap.Firing(RunDefaults())
-        async with store.transaction(pool) as conn:
-            done = await schedule_ops.backfill(conn, WS, "sched", start, end, None, firing)
-        results.append((done.slots, firing.started, done.counts[overlap.Fired.ALREADY]))
+    results = [await backfill(pool, "sched", start, end) for _ in range(2)]
     assert results == [(100, 100, 0), (100, 0, 100)]
     assert await db.fetchval("SELECT count(*) FROM runs") == 100
+    # Twice at once, from two replicas, over a range that overlaps it: the second waits for
+    # the first's lock, then finds every slot it shares already fired.
+    wider = await asyncio.gather(*(backfill(p, "sched", start, end + 10 * MINUTE) for p in pools))
+    assert sorted(wider) == [(110, 0, 110), (110, 10, 100)]
+    assert await db.fetchval("SELECT count(*) FROM runs") == 110
     got = await events(db)
-    assert sorted(e["scheduled_for"] for e in got) == [start + m * MINUTE for m in range(100)]
+    assert sorted(e["scheduled_for"] for e in got) == [start + m * MINUTE for m in range(110)]
     # Under skip, a backfill's slots overlap each other: the first starts, the rest skip.
     await add_schedule(pool, "skipper", "skip", slot=T + timedelta(days=1))
     firing = overlap.Firing(RunDefaults())
@@ -187,6 +194,24 @@ async def test_a_backfill_of_100_slots_run_twice_starts_100_runs(pool, db):
             conn, WS, "skipper", start, start + 5 * MINUTE, None, firing
         )
     assert (firing.started, done.counts[overlap.Fired.SKIPPED]) == (1, 4)
+
+
+async def test_the_catch_up_window_is_the_schedules_own(pool, db):
+    """After a 30-minute outage, a schedule with a 2-minute window fires only the slots
+    of the last 2 minutes; one without keeps the server's 10."""
+    await add_schedule(pool, "sched", "allow_all")
+    short = Schedule(interval_seconds=60, catchup_seconds=120)
+    new = store.NewTrigger(
+        workspace_id=WS, trigger_id="short", agent_id="agent", kind="schedule", scheme=None,
+        config={**short.to_json(), "input": "digest"}, filters=[],
+        next_slot_at=T, next_fire_at=T,
+    )  # fmt: skip
+    assert await store.create_trigger(pool, new, None) is not None
+    now = T + 30 * MINUTE
+    await scheduler(pool).tick(now)
+    fired = [e["scheduled_for"] for e in await events(db, "short")]
+    assert fired == [now - MINUTE, now]  # slots less than 120 s overdue (as for the server's)
+    assert len(await events(db, "sched")) == 10  # the server's 600 s window
 
 
 async def test_two_replicas_agree_on_every_policy(pools, db):
