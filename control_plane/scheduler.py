@@ -76,8 +76,9 @@ class Scheduler:
             await asyncio.sleep(self._poll)
 
     async def tick(self, now: datetime | None = None) -> int:
-        """Fire every slot due at `now` (database clock when None); returns how many slots
-        it handled (fired, or skipped as older than the catch-up window)."""
+        """Fire every buffered slot that may go and every slot due at `now` (database clock
+        when None); returns how many it handled (fired, recorded as skipped or buffered by
+        the overlap policy, or skipped as older than the catch-up window)."""
         fired = 0
         while count := await self.release_buffers(now):
             fired += count
