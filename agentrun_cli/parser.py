@@ -13,6 +13,7 @@ from agentrun_cli import (
     connections,
     credentials,
     crypto_keys,
+    forks,
     launch,
     profile_commands,
     profiles,
@@ -181,6 +182,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     )
     p.add_argument("--note", default="", help="what you checked")
     p.set_defaults(handler=commands.runs_resolve)
+    forks.add_commands(runs, common)
 
 
 def build_parser() -> argparse.ArgumentParser:

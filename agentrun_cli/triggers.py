@@ -1,4 +1,5 @@
-"""`agentrun triggers create|list|show|events|rotate-secret|enable|disable`.
+"""`agentrun triggers create|list|show|events|rotate-secret|enable|disable` (schedules.py:
+pause|unpause|update|backfill|trigger-now|delete).
 
     agentrun triggers create stripe-paid --agent billing --webhook stripe --secret whsec_…
     agentrun triggers create digest --agent digest --cron "0 9 * * 1-5" --time-zone Europe/Paris --jitter 300
@@ -17,7 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import credentials, render
+from agentrun_cli import credentials, render, schedules
 
 TIMEOUT = 30.0
 SCHEMES = {
@@ -61,6 +62,9 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
         if args.every:
             sched.interval.CopyFrom(_seconds(args.every))
         sched.jitter.CopyFrom(_seconds(args.jitter))
+        sched.overlap_policy = schedules.POLICIES.get(args.overlap or "", 0)  # type: ignore[assignment]
+        if args.catchup is not None:
+            sched.catchup_window.CopyFrom(_seconds(args.catchup))
         return {"schedule": sched}
     if args.mail is not None:
         return {"mail": pb.MailSource(address=args.mail, max_chain_depth=args.max_chain_depth)}
@@ -97,9 +101,14 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
     ]
     if t.url:
         lines.append(f"url       POST {t.url}")
+    if t.note:
+        lines.append(f"note      {t.note}")
     if t.HasField("schedule"):
         lines.append(f"next      {render.timestamp(t.schedule.next_fire_time)} "
                      f"(slot {render.timestamp(t.schedule.next_slot_time)})")  # fmt: skip
+        lines.append(f"overlap   {schedules.policy_name(t.schedule.overlap_policy)}")
+        if t.schedule.HasField("buffered_slot_time"):
+            lines.append(f"buffered  slot {render.timestamp(t.schedule.buffered_slot_time)}")
     for rule in t.filters:
         operand = rule.value or ",".join(rule.values)
         lines.append(
@@ -246,6 +255,7 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--start-history-id", type=int, default=0, metavar="N")
     p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
                    metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
+    schedules.add_schedule_options(p)
     p.set_defaults(handler=create)
 
 
@@ -273,3 +283,4 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         p = actions.add_parser(name, help=f"{name} a trigger", parents=[common])
         p.add_argument("trigger_id", metavar="ID")
         p.set_defaults(handler=set_enabled, enabled=enabled)
+    schedules.add_commands(actions, common)

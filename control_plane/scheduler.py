@@ -10,6 +10,15 @@ both together. A replica that dies mid-round commits nothing and the slot is
 still due; a slot that somehow fired twice would hit the dedupe constraint
 and start no second run.
 
+Each slot goes through the schedule's overlap policy
+(control_plane/triggers/overlap.py). Under buffer_one a slot may wait in the
+schedule's one-slot buffer: every round first takes, the same way (SKIP
+LOCKED), the enabled schedules with a buffered slot and no run still going,
+and fires those slots. A paused (disabled) schedule is in neither pass, so it
+fires nothing, buffered or due.
+
+The catch-up window is the schedule's own when it has one, else the server's.
+
 Runs are admitted `queued`; a workspace above its concurrency cap simply has
 them wait there.
 """
@@ -19,14 +28,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from control_plane import metrics
 from control_plane.config import RunDefaults
+from control_plane.store import schedules as schedule_store
 from control_plane.store import triggers as store
-from control_plane.triggers import admission
+from control_plane.triggers import overlap
 from control_plane.triggers import schedule as schedules
 from control_plane.triggers.deliveries import Settings
 
@@ -47,10 +58,12 @@ class Scheduler:
         poll_seconds: float = 1.0,
         batch: int = 100,
         catchup_seconds: float = 600.0,
+        on_cancel: Callable[[str, uuid.UUID], None] | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
+        self._on_cancel = on_cancel
         self._poll = poll_seconds
         self._batch = batch
         self._catchup = catchup_seconds
@@ -64,32 +77,55 @@ class Scheduler:
             await asyncio.sleep(self._poll)
 
     async def tick(self, now: datetime | None = None) -> int:
-        """Fire every slot due at `now` (database clock when None); returns how many slots
-        it handled (fired, or skipped as older than the catch-up window)."""
+        """Fire every buffered slot that may go and every slot due at `now` (database clock
+        when None); returns how many it handled (fired, recorded as skipped or buffered by
+        the overlap policy, or skipped as older than the catch-up window)."""
         fired = 0
+        while count := await self.release_buffers(now):
+            fired += count
         # A fired slot may be followed by another one already due (catching up): go on
         # until a round finds nothing (or only schedules another replica holds).
         while count := await self.fire_batch(now):
             fired += count
         return fired
 
+    async def release_buffers(self, now: datetime | None = None) -> int:
+        """One transaction: fire the buffered slots of up to `batch` schedules that no longer
+        have a run going (buffer_one)."""
+        firing = overlap.Firing(self._defaults, now)
+        released = 0
+        async with store.transaction(self._pool) as conn:
+            for row in await schedule_store.claim_buffered(conn, self._batch, now):
+                try:
+                    async with store.transaction(conn):  # a savepoint: one cannot stop the rest
+                        await overlap.release(conn, row, firing)
+                    released += 1
+                except Exception as exc:  # noqa: BLE001 - logged; the slot stays buffered
+                    log.error("schedule %s/%s could not fire its buffered slot: %s",
+                              row["workspace_id"], row["trigger_id"], exc)  # fmt: skip
+        firing.committed(self._on_runnable, self._on_cancel)
+        return released
+
     async def fire_batch(self, now: datetime | None = None) -> int:
         """One transaction: lock up to `batch` due schedules, fire each one's slot, advance."""
-        started = 0
+        firing = overlap.Firing(self._defaults, now)
         async with store.transaction(self._pool) as conn:
             rows = await store.claim_due_schedules(conn, self._batch, now)
             for row in rows:
-                started += await self._fire_isolated(conn, row, now)
-        if started:
-            self._on_runnable()
+                await self._fire_isolated(conn, row, firing)
+        firing.committed(self._on_runnable, self._on_cancel)
         return len(rows)
 
-    async def _fire_isolated(self, conn: store.Connection, row: Any, now: datetime | None) -> int:
+    async def _fire_isolated(
+        self, conn: store.Connection, row: Any, firing: overlap.Firing
+    ) -> None:
         """Fire one slot inside a savepoint, so one bad trigger cannot stop the others."""
+        started, cancelled = firing.started, len(firing.cancelled)
         try:
             async with store.transaction(conn):
-                return await self._fire(conn, row, now)
+                await self._fire(conn, row, firing)
         except Exception as exc:  # noqa: BLE001 - logged, retried later
+            firing.started, firing.cancelled[cancelled:] = started, []  # rolled back
             log.error("schedule %s/%s could not fire slot %s: %s", row["workspace_id"],
                       row["trigger_id"], row["next_slot_at"].isoformat(), exc)  # fmt: skip
             retry_at = row["db_now"] + RETRY_FAILED_SLOT
@@ -97,38 +133,26 @@ class Scheduler:
                 await store.postpone_schedule(
                     conn, row["workspace_id"], row["trigger_id"], row["next_slot_at"], retry_at
                 )
-            return 0
 
-    async def _fire(self, conn: store.Connection, row: Any, now: datetime | None) -> int:
-        """Record the due slot's event and run (unless the slot is too old), then advance."""
+    async def _fire(self, conn: store.Connection, row: Any, firing: overlap.Firing) -> None:
+        """Fire the due slot under the schedule's overlap policy (unless the slot is older than
+        its catch-up window), then advance."""
         settings = Settings.of(row)
         sched = schedules.Schedule.from_json(dict(settings.config))
         slot: datetime = row["next_slot_at"]
-        started = 0
-        if row["db_now"] - slot > timedelta(seconds=self._catchup):
-            # Missed while no replica ran (or while disabled): skipped, not burst.
+        catchup = sched.catchup(self._catchup)
+        if row["db_now"] - slot > timedelta(seconds=catchup):
+            # Missed while no replica ran: skipped, not burst.
             log.info("schedule %s/%s skipped slot %s, older than the catch-up window",
                      settings.workspace_id, settings.trigger_id, slot.isoformat())  # fmt: skip
         else:
             lag = (row["db_now"] - row["next_fire_at"]).total_seconds()
             metrics.SCHEDULE_LAG.observe(max(0.0, lag))
-            outcome = await admission.admit(conn, _slot_event(settings, row), self._defaults, now)
-            started = int(outcome.created and outcome.run_id is not None)
-        nxt = sched.following_slot(slot, row["db_now"], self._catchup)
+            key = schedules.dedupe_key(settings.agent_id, slot)
+            due = overlap.Slot(slot, key, fire_at=row["next_fire_at"])
+            await overlap.fire(conn, row, due, sched.overlap, firing)
+        nxt = sched.following_slot(slot, row["db_now"], catchup)
         fire_at = sched.fire_time(nxt, settings.workspace_id, settings.trigger_id)
         await store.advance_schedule(
             conn, settings.workspace_id, settings.trigger_id, slot, nxt, fire_at
         )
-        return started
-
-
-def _slot_event(settings: Settings, row: Any) -> admission.Event:
-    """One slot of a schedule as a trigger event, deduped on `agent_id:scheduled_for`."""
-    slot: datetime = row["next_slot_at"]
-    return settings.event(
-        dedupe_key=schedules.dedupe_key(settings.agent_id, slot),
-        payload={"scheduled_for": slot.isoformat(), "fire_at": row["next_fire_at"].isoformat()},
-        input_text=f"{settings.config.get('input') or 'Scheduled run'}\n\n"
-        f"(scheduled for {slot.isoformat()})",
-        scheduled_for=slot,
-    )

@@ -266,7 +266,10 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
-        TriggerServicer(pool, cfg.public_url, p.envelope), server
+        TriggerServicer(
+            pool, cfg.public_url, p.envelope, cfg.defaults, dispatcher.poke, dispatcher.cancel
+        ),
+        server,
     )
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke)), server
@@ -379,6 +382,7 @@ async def _start_triggers(
     scheduler = Scheduler(
         pool, config.defaults, dispatcher.poke,
         poll_seconds=config.scheduler_poll_seconds, catchup_seconds=config.schedule_catchup_seconds,
+        on_cancel=dispatcher.cancel,
     )  # fmt: skip
     fetcher = PushFetcher(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds

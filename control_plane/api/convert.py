@@ -36,6 +36,8 @@ KIND_TO_PROTO = {
     "summary": run_pb2.STEP_KIND_SUMMARY,
 }
 KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
+# Written by the control plane at a fork's admission only: no executor commits one.
+KIND_TO_PROTO["forked"] = run_pb2.STEP_KIND_FORKED
 
 
 def timestamp(value: datetime | None) -> Timestamp | None:
@@ -97,6 +99,8 @@ def run(row: Run) -> run_pb2.Run:
         active_duration=duration(active_seconds(row)),
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
         parent_seq=row.parent_seq or 0,
+        forked_from_run_id=str(row.forked_from_run_id) if row.forked_from_run_id else "",
+        forked_from_seq=row.forked_from_seq or 0,
     )
     for name, value in (
         ("wake_time", row.wake_at),

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
+from control_plane import forks
 from control_plane.api import convert, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
@@ -26,6 +27,7 @@ from control_plane.errors import (
     PermissionDenied,
 )
 from control_plane.store import agents as agent_store
+from control_plane.store import forks as fork_store
 from control_plane.store import lease as lease_store
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
@@ -146,10 +148,16 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             if request.status not in convert.STATUS_FROM_PROTO:
                 raise InvalidArgument("status", f"unknown status {request.status}")
             status = convert.STATUS_FROM_PROTO[request.status]
-        page = await store.list_runs(
-            self._pool, ws, after=decode_page_token(request.page_token),
-            agent_id=agent_id, status=status, limit=size,
-        )  # fmt: skip
+        after = decode_page_token(request.page_token)
+        if request.forked_from_run_id:
+            source = validate.run_id("forked_from_run_id", request.forked_from_run_id)
+            page = await fork_store.list_forks(
+                self._pool, ws, source, after=after, agent_id=agent_id, status=status, limit=size
+            )
+        else:
+            page = await store.list_runs(
+                self._pool, ws, after=after, agent_id=agent_id, status=status, limit=size
+            )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
         return run_pb2.ListRunsResponse(
@@ -242,3 +250,16 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         return run_pb2.ResolveUnknownOutcomeResponse(
             run=convert.run(run_row), step=convert.step(step)
         )
+
+    async def ForkRun(
+        self, request: run_pb2.ForkRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ForkRunResponse:
+        req = forks.ForkRequest(
+            workspace_id=auth_context.workspace(request.workspace_id),
+            run_id=validate.run_id("run_id", request.run_id),
+            from_seq=validate.non_negative("from_seq", request.from_seq),
+            agent_version=validate.non_negative("agent_version", request.agent_version),
+        )
+        row = await forks.fork(self._pool, self._defaults, req)
+        self._on_runnable()
+        return run_pb2.ForkRunResponse(run=convert.run(row))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,14 +16,21 @@ from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import decode_page_token, encode_page_token
+from control_plane.api.schedules import (
+    MAX_NOTE_BYTES,
+    ScheduleRpcs,
+    parse_schedule,
+    schedule_source,
+)
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
+from control_plane.config import RunDefaults
 from control_plane.crypto.envelope import Envelope
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
-from control_plane.store.admission import MAX_INPUT_BYTES
-from control_plane.triggers import filters, mail, schedule, sealed_secrets, signatures
+from control_plane.store.db import transaction
+from control_plane.triggers import filters, mail, schedule_ops, sealed_secrets, signatures
 
 SCHEME_NAMES = {
     pb.SIGNATURE_SCHEME_HMAC_SHA256: "hmac_sha256",
@@ -153,13 +162,7 @@ def _schedule_trigger(
 ) -> store.NewTrigger:
     if base["filters"]:
         raise InvalidArgument("filters", "schedules have no event to filter")
-    try:
-        sched = schedule.build(
-            src.cron, src.time_zone, _seconds(src.interval), _seconds(src.jitter), now
-        )
-    except schedule.ScheduleError as exc:
-        raise InvalidArgument(exc.field, str(exc)) from None
-    text = validate.text("schedule.input", src.input, max_bytes=MAX_INPUT_BYTES) or "Scheduled run"
+    sched, text = parse_schedule(src, now)
     slot = sched.next_slot_after(now)
     return store.NewTrigger(
         **base, kind="schedule", scheme=None, config={**sched.to_json(), "input": text},
@@ -208,19 +211,7 @@ def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
             announced_history_id=row["announced_history_id"] or 0,
         ))  # fmt: skip
     else:
-        _schedule_source(msg.schedule, row, config)
-
-
-def _schedule_source(msg: pb.ScheduleSource, row: Any, config: dict[str, Any]) -> None:
-    sched = schedule.Schedule.from_json(config)
-    msg.cron = sched.cron or ""
-    msg.time_zone = sched.time_zone if sched.cron else ""
-    if sched.interval_seconds:
-        msg.interval.CopyFrom(convert.duration(sched.interval_seconds))
-    msg.jitter.CopyFrom(convert.duration(sched.jitter_seconds))
-    msg.input = config.get("input", "")
-    msg.next_slot_time.CopyFrom(convert.timestamp(row["next_slot_at"]))
-    msg.next_fire_time.CopyFrom(convert.timestamp(row["next_fire_at"]))
+        schedule_source(msg.schedule, row, config)
 
 
 def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger:
@@ -228,6 +219,7 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
     msg = pb.Trigger(
         workspace_id=row["workspace_id"], trigger_id=row["trigger_id"], agent_id=row["agent_id"],
         enabled=row["enabled"], filters=[_rule_message(r) for r in json.loads(row["filters"])],
+        note=row["note"] or "",
     )  # fmt: skip
     _source(msg, row, config)
     if row["kind"] in HTTP_KINDS:
@@ -270,11 +262,19 @@ def _id_from_token(token: str) -> str | None:
         raise InvalidArgument("page_token", "is not a token this service issued") from None
 
 
-class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
-    def __init__(self, pool: store.Pool, public_url: str, envelope: Envelope) -> None:
+class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
+    def __init__(
+        self, pool: store.Pool, public_url: str, envelope: Envelope,
+        defaults: RunDefaults | None = None, on_runnable: Callable[[], None] = lambda: None,
+        on_cancel: Callable[[str, uuid.UUID], None] | None = None,
+    ) -> None:  # fmt: skip
         self._pool = pool
         self._public_url = public_url
         self._envelope = envelope  # seals signing secrets before they are stored
+        # Backfill and trigger-now admit runs: the server's run defaults and its hooks.
+        self._defaults = defaults or RunDefaults()
+        self._on_runnable = on_runnable
+        self._on_cancel = on_cancel
 
     async def _message(self, row: Any) -> pb.Trigger:
         secrets = await store.active_secrets(self._pool, row["workspace_id"], row["trigger_id"])
@@ -341,13 +341,13 @@ class TriggerServicer(trigger_pb2_grpc.TriggerServiceServicer):
     ) -> pb.SetTriggerEnabledResponse:
         ws = auth_context.workspace(request.workspace_id)
         trigger_id = validate.slug("trigger_id", request.trigger_id)
-        async with store.transaction(self._pool) as conn:
-            row = await store.set_enabled(conn, ws, trigger_id, request.enabled)
-            if row is not None:
-                action = "trigger.enabled" if request.enabled else "trigger.disabled"
-                await audit.record(conn, action, "trigger", trigger_id)
-        if row is None:
-            raise NotFound(f"trigger {trigger_id!r} not found")
+        note = validate.text("note", request.note, max_bytes=MAX_NOTE_BYTES) or None
+        async with transaction(self._pool) as conn:
+            row = await schedule_ops.set_paused(
+                conn, ws, trigger_id, enabled=request.enabled, note=note
+            )
+            action = "trigger.enabled" if request.enabled else "trigger.disabled"
+            await audit.record(conn, action, "trigger", trigger_id, {"note": note})
         return pb.SetTriggerEnabledResponse(trigger=await self._message(row))
 
     async def RotateTriggerSecret(

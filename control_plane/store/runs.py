@@ -59,6 +59,9 @@ class Run:
     # A child run's parent and the seq of the start_child call that admitted it.
     parent_run_id: uuid.UUID | None
     parent_seq: int | None
+    # A fork's source run and the last seq copied from its log (control_plane/forks.py).
+    forked_from_run_id: uuid.UUID | None
+    forked_from_seq: int | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

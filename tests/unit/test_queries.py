@@ -76,9 +76,12 @@ def test_fragments_are_included_and_never_run_alone(tmp_path):
 
 
 def test_every_admission_includes_the_one_run_admit_shape():
-    """StartRun, trigger events, session turns and child runs insert runs by one SQL shape."""
+    """StartRun, trigger events, session turns, child runs and forks insert runs by one SQL
+    shape."""
     inserting = {n for n, q in queries.QUERIES.items() if "INSERT INTO runs" in q.sql}
-    assert inserting == {"run_insert", "trigger_event_admit", "session_turn_admit", "child_admit"}
+    assert inserting == {
+        "run_insert", "trigger_event_admit", "session_turn_admit", "child_admit", "fork_admit"
+    }  # fmt: skip
     for name in inserting:
         assert queries.QUERIES[name].sql.count("INSERT INTO runs") == 1
         assert "admitted_input AS" in queries.QUERIES[name].sql

@@ -93,6 +93,10 @@ class _StepKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StepKind.Val
     span it covers (payload: text, from_seq, through_seq, usage). Replay reads
     the recorded recap; it is never asked for again.
     """
+    STEP_KIND_FORKED: _StepKind.ValueType  # 11
+    """A forked run's marker, right after the steps copied from its source: the
+    source run and seq, and who asked for the fork. Written at admission.
+    """
 
 class StepKind(_StepKind, metaclass=_StepKindEnumTypeWrapper):
     """StepKind says what a step records. Steps are append-only."""
@@ -129,6 +133,10 @@ STEP_KIND_SUMMARY: StepKind.ValueType  # 9
 outgrew the agent's context_tokens: later prompts read it in place of the
 span it covers (payload: text, from_seq, through_seq, usage). Replay reads
 the recorded recap; it is never asked for again.
+"""
+STEP_KIND_FORKED: StepKind.ValueType  # 11
+"""A forked run's marker, right after the steps copied from its source: the
+source run and seq, and who asked for the fork. Written at admission.
 """
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
@@ -264,6 +272,8 @@ class Run(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     PARENT_SEQ_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_SEQ_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -291,6 +301,11 @@ class Run(_message.Message):
     run id in the call's tool_result.
     """
     parent_seq: _builtins.int
+    forked_from_run_id: _builtins.str
+    """A fork (ForkRun): the run whose log it copied, up to and including
+    forked_from_seq. Empty otherwise.
+    """
+    forked_from_seq: _builtins.int
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
         """When a waiting run becomes runnable, or when a running run's lease
@@ -355,10 +370,12 @@ class Run(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         parent_run_id: _builtins.str = ...,
         parent_seq: _builtins.int = ...,
+        forked_from_run_id: _builtins.str = ...,
+        forked_from_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -560,6 +577,7 @@ class ListRunsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     page_size: _builtins.int
     """1-500; 0 = 50."""
@@ -567,6 +585,8 @@ class ListRunsRequest(_message.Message):
     agent_id: _builtins.str
     """Optional filters."""
     status: Global___RunStatus.ValueType
+    forked_from_run_id: _builtins.str
+    """Only the forks of this run."""
     def __init__(
         self,
         *,
@@ -575,10 +595,11 @@ class ListRunsRequest(_message.Message):
         page_token: _builtins.str = ...,
         agent_id: _builtins.str = ...,
         status: Global___RunStatus.ValueType = ...,
+        forked_from_run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page_size", b"page_size", "page_token", b"page_token", "status", b"status", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "status", b"status", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -831,3 +852,60 @@ class ResolveUnknownOutcomeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveUnknownOutcomeResponse: _TypeAlias = ResolveUnknownOutcomeResponse  # noqa: Y015
+
+@_typing.final
+class ForkRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    FROM_SEQ_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    """The source run (any status)."""
+    from_seq: _builtins.int
+    """The last step copied. It must be a step of the source's log before its
+    finish, and no tool call may be open there (started without a result,
+    held for an approval, awaiting a person); fork right after a tool_result
+    to have the model answer that result again.
+    """
+    agent_version: _builtins.int
+    """0 = the source run's version; else that version or a newer one."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        from_seq: _builtins.int = ...,
+        agent_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "from_seq", b"from_seq", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRunRequest: _TypeAlias = ForkRunRequest  # noqa: Y015
+
+@_typing.final
+class ForkRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run:
+        """The new run (queued), forked_from_run_id and forked_from_seq set."""
+
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRunResponse: _TypeAlias = ForkRunResponse  # noqa: Y015

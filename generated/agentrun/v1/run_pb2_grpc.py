@@ -71,6 +71,11 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.FromString,
                 _registered_method=True)
+        self.ForkRun = channel.unary_unary(
+                '/agentrun.v1.RunService/ForkRun',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.ForkRunRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.ForkRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -137,6 +142,20 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkRun(self, request, context):
+        """ForkRun starts a new run of the same agent (the source run's version or a
+        newer one) whose log is a copy of the source's log up to and including
+        from_seq, then continues live: the model is asked again from there, and
+        nothing at or before from_seq is asked or sent again. A fork point that
+        leaves a tool call without its result (started, held for an approval, or
+        awaiting a person) is refused. The fork is admitted like any run (caps,
+        limits, who started it) and names its source (forked_from_run_id); the
+        source's forks are listed by ListRuns(forked_from_run_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +193,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ResolveUnknownOutcome,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.SerializeToString,
+            ),
+            'ForkRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkRun,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.ForkRunRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.ForkRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -367,6 +391,33 @@ class RunService:
             '/agentrun.v1.RunService/ResolveUnknownOutcome',
             agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.ResolveUnknownOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/ForkRun',
+            agentrun_dot_v1_dot_run__pb2.ForkRunRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.ForkRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,16 @@ class RunServiceStub:
     tool_result step answering the unknown one, and the run becomes runnable.
     Exactly one decision wins: a second one gets ABORTED naming the first.
     """
+    ForkRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.ForkRunRequest, _run_pb2.ForkRunResponse]
+    """ForkRun starts a new run of the same agent (the source run's version or a
+    newer one) whose log is a copy of the source's log up to and including
+    from_seq, then continues live: the model is asked again from there, and
+    nothing at or before from_seq is asked or sent again. A fork point that
+    leaves a tool call without its result (started, held for an approval, or
+    awaiting a person) is refused. The fork is admitted like any run (caps,
+    limits, who started it) and names its source (forked_from_run_id); the
+    source's forks are listed by ListRuns(forked_from_run_id).
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -98,6 +108,16 @@ class RunServiceAsyncStub(RunServiceStub):
     waits (wait_reason "human") until then. The decision is appended as a
     tool_result step answering the unknown one, and the run becomes runnable.
     Exactly one decision wins: a second one gets ABORTED naming the first.
+    """
+    ForkRun: _aio.UnaryUnaryMultiCallable[_run_pb2.ForkRunRequest, _run_pb2.ForkRunResponse]  # type: ignore[assignment]
+    """ForkRun starts a new run of the same agent (the source run's version or a
+    newer one) whose log is a copy of the source's log up to and including
+    from_seq, then continues live: the model is asked again from there, and
+    nothing at or before from_seq is asked or sent again. A fork point that
+    leaves a tool call without its result (started, held for an approval, or
+    awaiting a person) is refused. The fork is admitted like any run (caps,
+    limits, who started it) and names its source (forked_from_run_id); the
+    source's forks are listed by ListRuns(forked_from_run_id).
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -173,6 +193,22 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         waits (wait_reason "human") until then. The decision is appended as a
         tool_result step answering the unknown one, and the run becomes runnable.
         Exactly one decision wins: a second one gets ABORTED naming the first.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkRun(
+        self,
+        request: _run_pb2.ForkRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.ForkRunResponse, _abc.Awaitable[_run_pb2.ForkRunResponse]]:
+        """ForkRun starts a new run of the same agent (the source run's version or a
+        newer one) whose log is a copy of the source's log up to and including
+        from_seq, then continues live: the model is asked again from there, and
+        nothing at or before from_seq is asked or sent again. A fork point that
+        leaves a tool call without its result (started, held for an approval, or
+        awaiting a person) is refused. The fork is admitted like any run (caps,
+        limits, who started it) and names its source (forked_from_run_id); the
+        source's forks are listed by ListRuns(forked_from_run_id).
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,6 +21,53 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ScheduleOverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ScheduleOverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScheduleOverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCHEDULE_OVERLAP_POLICY_UNSPECIFIED: _ScheduleOverlapPolicy.ValueType  # 0
+    """The schedule's own policy (in a request), or ALLOW_ALL (stored)."""
+    SCHEDULE_OVERLAP_POLICY_SKIP: _ScheduleOverlapPolicy.ValueType  # 1
+    """The slot starts no run; its event is recorded as filtered, naming the
+    run still going.
+    """
+    SCHEDULE_OVERLAP_POLICY_BUFFER_ONE: _ScheduleOverlapPolicy.ValueType  # 2
+    """The slot waits (buffered_slot_time) and starts once no run of the
+    schedule is going; a slot that comes while one is buffered is skipped.
+    """
+    SCHEDULE_OVERLAP_POLICY_ALLOW_ALL: _ScheduleOverlapPolicy.ValueType  # 3
+    """Every slot starts its run (what schedules did before policies)."""
+    SCHEDULE_OVERLAP_POLICY_CANCEL_OTHER: _ScheduleOverlapPolicy.ValueType  # 4
+    """The runs still going are cancelled (their reason names the schedule
+    and the slot), then the slot's run starts.
+    """
+
+class ScheduleOverlapPolicy(_ScheduleOverlapPolicy, metaclass=_ScheduleOverlapPolicyEnumTypeWrapper):
+    """ScheduleOverlapPolicy says what a slot does while runs the schedule
+    started earlier are still going (queued, running or waiting), as Temporal
+    Schedules do.
+    """
+
+SCHEDULE_OVERLAP_POLICY_UNSPECIFIED: ScheduleOverlapPolicy.ValueType  # 0
+"""The schedule's own policy (in a request), or ALLOW_ALL (stored)."""
+SCHEDULE_OVERLAP_POLICY_SKIP: ScheduleOverlapPolicy.ValueType  # 1
+"""The slot starts no run; its event is recorded as filtered, naming the
+run still going.
+"""
+SCHEDULE_OVERLAP_POLICY_BUFFER_ONE: ScheduleOverlapPolicy.ValueType  # 2
+"""The slot waits (buffered_slot_time) and starts once no run of the
+schedule is going; a slot that comes while one is buffered is skipped.
+"""
+SCHEDULE_OVERLAP_POLICY_ALLOW_ALL: ScheduleOverlapPolicy.ValueType  # 3
+"""Every slot starts its run (what schedules did before policies)."""
+SCHEDULE_OVERLAP_POLICY_CANCEL_OTHER: ScheduleOverlapPolicy.ValueType  # 4
+"""The runs still going are cancelled (their reason names the schedule
+and the slot), then the slot's run starts.
+"""
+Global___ScheduleOverlapPolicy: _TypeAlias = ScheduleOverlapPolicy  # noqa: Y015
+
 class _SignatureScheme:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -236,12 +283,17 @@ class ScheduleSource(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     NEXT_SLOT_TIME_FIELD_NUMBER: _builtins.int
     NEXT_FIRE_TIME_FIELD_NUMBER: _builtins.int
+    OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
+    CATCHUP_WINDOW_FIELD_NUMBER: _builtins.int
+    BUFFERED_SLOT_TIME_FIELD_NUMBER: _builtins.int
     cron: _builtins.str
     """Five fields (minute hour day-of-month month day-of-week)."""
     time_zone: _builtins.str
     """IANA zone the cron expression is read in. Empty = UTC."""
     input: _builtins.str
     """The run's input."""
+    overlap_policy: Global___ScheduleOverlapPolicy.ValueType
+    """Unspecified = ALLOW_ALL."""
     @_builtins.property
     def interval(self) -> _duration_pb2.Duration:
         """Instead of cron: every interval, aligned to the Unix epoch."""
@@ -259,6 +311,17 @@ class ScheduleSource(_message.Message):
 
     @_builtins.property
     def next_fire_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def catchup_window(self) -> _duration_pb2.Duration:
+        """After an outage, slots at most this old are still fired (in order);
+        older ones are skipped. Unset = the control plane's (10 minutes). Must
+        be longer than the jitter.
+        """
+
+    @_builtins.property
+    def buffered_slot_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only: the slot buffered under BUFFER_ONE, if any."""
+
     def __init__(
         self,
         *,
@@ -269,10 +332,13 @@ class ScheduleSource(_message.Message):
         input: _builtins.str = ...,
         next_slot_time: _timestamp_pb2.Timestamp | None = ...,
         next_fire_time: _timestamp_pb2.Timestamp | None = ...,
+        overlap_policy: Global___ScheduleOverlapPolicy.ValueType = ...,
+        catchup_window: _duration_pb2.Duration | None = ...,
+        buffered_slot_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["interval", b"interval", "jitter", b"jitter", "next_fire_time", b"next_fire_time", "next_slot_time", b"next_slot_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["buffered_slot_time", b"buffered_slot_time", "catchup_window", b"catchup_window", "interval", b"interval", "jitter", b"jitter", "next_fire_time", b"next_fire_time", "next_slot_time", b"next_slot_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "input", b"input", "interval", b"interval", "jitter", b"jitter", "next_fire_time", b"next_fire_time", "next_slot_time", b"next_slot_time", "time_zone", b"time_zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered_slot_time", b"buffered_slot_time", "catchup_window", b"catchup_window", "cron", b"cron", "input", b"input", "interval", b"interval", "jitter", b"jitter", "next_fire_time", b"next_fire_time", "next_slot_time", b"next_slot_time", "overlap_policy", b"overlap_policy", "time_zone", b"time_zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,12 +474,15 @@ class Trigger(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     agent_id: _builtins.str
     enabled: _builtins.bool
     url: _builtins.str
     """HTTP triggers: where senders POST (the control plane's public URL + path)."""
+    note: _builtins.str
+    """Why it was last paused or unpaused (SetTriggerEnabled's note)."""
     @_builtins.property
     def webhook(self) -> Global___WebhookSource: ...
     @_builtins.property
@@ -448,10 +517,11 @@ class Trigger(_message.Message):
         secrets: _abc.Iterable[Global___TriggerSecret] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "update_time", b"update_time", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
@@ -695,19 +765,26 @@ class SetTriggerEnabledRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     TRIGGER_ID_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     enabled: _builtins.bool
+    note: _builtins.str
+    """Why (at most 1 KiB); shown on the trigger and in the audit log. A paused
+    schedule fires nothing, and unpausing it does not fire the slots it
+    missed: its next slot is the first one after now.
+    """
     def __init__(
         self,
         *,
         workspace_id: _builtins.str = ...,
         trigger_id: _builtins.str = ...,
         enabled: _builtins.bool = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "note", b"note", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -843,3 +920,222 @@ class ListTriggerEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListTriggerEventsResponse: _TypeAlias = ListTriggerEventsResponse  # noqa: Y015
+
+@_typing.final
+class UpdateScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    trigger_id: _builtins.str
+    @_builtins.property
+    def schedule(self) -> Global___ScheduleSource:
+        """The whole new spec, validated as CreateTrigger does (output-only fields
+        ignored).
+        """
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        trigger_id: _builtins.str = ...,
+        schedule: Global___ScheduleSource | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateScheduleRequest: _TypeAlias = UpdateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class UpdateScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def trigger(self) -> Global___Trigger: ...
+    def __init__(
+        self,
+        *,
+        trigger: Global___Trigger | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trigger", b"trigger"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trigger", b"trigger"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateScheduleResponse: _TypeAlias = UpdateScheduleResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTriggerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    trigger_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        trigger_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTriggerRequest: _TypeAlias = DeleteTriggerRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTriggerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTriggerResponse: _TypeAlias = DeleteTriggerResponse  # noqa: Y015
+
+@_typing.final
+class BackfillScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_ID_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    trigger_id: _builtins.str
+    overlap_policy: Global___ScheduleOverlapPolicy.ValueType
+    """Unspecified = the schedule's policy."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """The slots at or after start_time and before end_time (at most 1,000)."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        trigger_id: _builtins.str = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        overlap_policy: Global___ScheduleOverlapPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "overlap_policy", b"overlap_policy", "start_time", b"start_time", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackfillScheduleRequest: _TypeAlias = BackfillScheduleRequest  # noqa: Y015
+
+@_typing.final
+class BackfillScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SLOTS_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    ALREADY_FIRED_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    BUFFERED_FIELD_NUMBER: _builtins.int
+    slots: _builtins.int
+    """Slots in the range."""
+    started: _builtins.int
+    """Slots that started a run now."""
+    already_fired: _builtins.int
+    """Slots already recorded (fired before, by the scheduler or a backfill)."""
+    skipped: _builtins.int
+    """Slots the overlap policy skipped or buffered."""
+    buffered: _builtins.int
+    def __init__(
+        self,
+        *,
+        slots: _builtins.int = ...,
+        started: _builtins.int = ...,
+        already_fired: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        buffered: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_fired", b"already_fired", "buffered", b"buffered", "skipped", b"skipped", "slots", b"slots", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackfillScheduleResponse: _TypeAlias = BackfillScheduleResponse  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleNowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    trigger_id: _builtins.str
+    request_id: _builtins.str
+    """Optional dedupe key: a retry with the same one starts nothing new."""
+    overlap_policy: Global___ScheduleOverlapPolicy.ValueType
+    """Unspecified = the schedule's policy."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        trigger_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        overlap_policy: Global___ScheduleOverlapPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["overlap_policy", b"overlap_policy", "request_id", b"request_id", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerScheduleNowRequest: _TypeAlias = TriggerScheduleNowRequest  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleNowResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    BUFFERED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when request_id matched an earlier event."""
+    buffered: _builtins.bool
+    @_builtins.property
+    def event(self) -> Global___TriggerEvent:
+        """The event recorded (accepted with its run, or filtered by the policy);
+        unset when the policy buffered it.
+        """
+
+    def __init__(
+        self,
+        *,
+        event: Global___TriggerEvent | None = ...,
+        created: _builtins.bool = ...,
+        buffered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered", b"buffered", "created", b"created", "event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerScheduleNowResponse: _TypeAlias = TriggerScheduleNowResponse  # noqa: Y015

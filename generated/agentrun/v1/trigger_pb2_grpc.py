@@ -72,6 +72,26 @@ class TriggerServiceStub:
                 request_serializer=agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsResponse.FromString,
                 _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/agentrun.v1.TriggerService/UpdateSchedule',
+                request_serializer=agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteTrigger = channel.unary_unary(
+                '/agentrun.v1.TriggerService/DeleteTrigger',
+                request_serializer=agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerResponse.FromString,
+                _registered_method=True)
+        self.BackfillSchedule = channel.unary_unary(
+                '/agentrun.v1.TriggerService/BackfillSchedule',
+                request_serializer=agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleResponse.FromString,
+                _registered_method=True)
+        self.TriggerScheduleNow = channel.unary_unary(
+                '/agentrun.v1.TriggerService/TriggerScheduleNow',
+                request_serializer=agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowResponse.FromString,
+                _registered_method=True)
 
 
 class TriggerServiceServicer:
@@ -133,6 +153,41 @@ class TriggerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSchedule(self, request, context):
+        """UpdateSchedule replaces a schedule's spec in place (when, jitter, input,
+        overlap policy, catch-up window), keeping its id, events and pause state.
+        The next slot is the new spec's first slot after now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTrigger(self, request, context):
+        """DeleteTrigger removes a trigger with its secrets and its event records;
+        the runs it started stay.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BackfillSchedule(self, request, context):
+        """BackfillSchedule fires every slot of a schedule in a past (or future)
+        time range, in order, each deduped on agent_id:scheduled_for like the
+        slots the scheduler fires: a backfill run twice starts nothing new.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerScheduleNow(self, request, context):
+        """TriggerScheduleNow fires a schedule once now, outside its slots, under
+        its overlap policy (or the one given). A retry with the same request_id
+        finds the first event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TriggerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +220,26 @@ def add_TriggerServiceServicer_to_server(servicer, server):
                     servicer.ListTriggerEvents,
                     request_deserializer=agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleResponse.SerializeToString,
+            ),
+            'DeleteTrigger': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTrigger,
+                    request_deserializer=agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerResponse.SerializeToString,
+            ),
+            'BackfillSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.BackfillSchedule,
+                    request_deserializer=agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleResponse.SerializeToString,
+            ),
+            'TriggerScheduleNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerScheduleNow,
+                    request_deserializer=agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -337,6 +412,114 @@ class TriggerService:
             '/agentrun.v1.TriggerService/ListTriggerEvents',
             agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsRequest.SerializeToString,
             agentrun_dot_v1_dot_trigger__pb2.ListTriggerEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.TriggerService/UpdateSchedule',
+            agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleRequest.SerializeToString,
+            agentrun_dot_v1_dot_trigger__pb2.UpdateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTrigger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.TriggerService/DeleteTrigger',
+            agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerRequest.SerializeToString,
+            agentrun_dot_v1_dot_trigger__pb2.DeleteTriggerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackfillSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.TriggerService/BackfillSchedule',
+            agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleRequest.SerializeToString,
+            agentrun_dot_v1_dot_trigger__pb2.BackfillScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerScheduleNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.TriggerService/TriggerScheduleNow',
+            agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowRequest.SerializeToString,
+            agentrun_dot_v1_dot_trigger__pb2.TriggerScheduleNowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,25 @@ class TriggerServiceStub:
     """ListTriggerEvents pages through a trigger's events, newest first:
     accepted ones with their run, filtered ones with the reason.
     """
+    UpdateSchedule: _grpc.UnaryUnaryMultiCallable[_trigger_pb2.UpdateScheduleRequest, _trigger_pb2.UpdateScheduleResponse]
+    """UpdateSchedule replaces a schedule's spec in place (when, jitter, input,
+    overlap policy, catch-up window), keeping its id, events and pause state.
+    The next slot is the new spec's first slot after now.
+    """
+    DeleteTrigger: _grpc.UnaryUnaryMultiCallable[_trigger_pb2.DeleteTriggerRequest, _trigger_pb2.DeleteTriggerResponse]
+    """DeleteTrigger removes a trigger with its secrets and its event records;
+    the runs it started stay.
+    """
+    BackfillSchedule: _grpc.UnaryUnaryMultiCallable[_trigger_pb2.BackfillScheduleRequest, _trigger_pb2.BackfillScheduleResponse]
+    """BackfillSchedule fires every slot of a schedule in a past (or future)
+    time range, in order, each deduped on agent_id:scheduled_for like the
+    slots the scheduler fires: a backfill run twice starts nothing new.
+    """
+    TriggerScheduleNow: _grpc.UnaryUnaryMultiCallable[_trigger_pb2.TriggerScheduleNowRequest, _trigger_pb2.TriggerScheduleNowResponse]
+    """TriggerScheduleNow fires a schedule once now, outside its slots, under
+    its overlap policy (or the one given). A retry with the same request_id
+    finds the first event.
+    """
 
 @_typing.type_check_only
 class TriggerServiceAsyncStub(TriggerServiceStub):
@@ -98,6 +117,25 @@ class TriggerServiceAsyncStub(TriggerServiceStub):
     ListTriggerEvents: _aio.UnaryUnaryMultiCallable[_trigger_pb2.ListTriggerEventsRequest, _trigger_pb2.ListTriggerEventsResponse]  # type: ignore[assignment]
     """ListTriggerEvents pages through a trigger's events, newest first:
     accepted ones with their run, filtered ones with the reason.
+    """
+    UpdateSchedule: _aio.UnaryUnaryMultiCallable[_trigger_pb2.UpdateScheduleRequest, _trigger_pb2.UpdateScheduleResponse]  # type: ignore[assignment]
+    """UpdateSchedule replaces a schedule's spec in place (when, jitter, input,
+    overlap policy, catch-up window), keeping its id, events and pause state.
+    The next slot is the new spec's first slot after now.
+    """
+    DeleteTrigger: _aio.UnaryUnaryMultiCallable[_trigger_pb2.DeleteTriggerRequest, _trigger_pb2.DeleteTriggerResponse]  # type: ignore[assignment]
+    """DeleteTrigger removes a trigger with its secrets and its event records;
+    the runs it started stay.
+    """
+    BackfillSchedule: _aio.UnaryUnaryMultiCallable[_trigger_pb2.BackfillScheduleRequest, _trigger_pb2.BackfillScheduleResponse]  # type: ignore[assignment]
+    """BackfillSchedule fires every slot of a schedule in a past (or future)
+    time range, in order, each deduped on agent_id:scheduled_for like the
+    slots the scheduler fires: a backfill run twice starts nothing new.
+    """
+    TriggerScheduleNow: _aio.UnaryUnaryMultiCallable[_trigger_pb2.TriggerScheduleNowRequest, _trigger_pb2.TriggerScheduleNowResponse]  # type: ignore[assignment]
+    """TriggerScheduleNow fires a schedule once now, outside its slots, under
+    its overlap policy (or the one given). A retry with the same request_id
+    finds the first event.
     """
 
 class TriggerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -167,6 +205,49 @@ class TriggerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_trigger_pb2.ListTriggerEventsResponse, _abc.Awaitable[_trigger_pb2.ListTriggerEventsResponse]]:
         """ListTriggerEvents pages through a trigger's events, newest first:
         accepted ones with their run, filtered ones with the reason.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateSchedule(
+        self,
+        request: _trigger_pb2.UpdateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trigger_pb2.UpdateScheduleResponse, _abc.Awaitable[_trigger_pb2.UpdateScheduleResponse]]:
+        """UpdateSchedule replaces a schedule's spec in place (when, jitter, input,
+        overlap policy, catch-up window), keeping its id, events and pause state.
+        The next slot is the new spec's first slot after now.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTrigger(
+        self,
+        request: _trigger_pb2.DeleteTriggerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trigger_pb2.DeleteTriggerResponse, _abc.Awaitable[_trigger_pb2.DeleteTriggerResponse]]:
+        """DeleteTrigger removes a trigger with its secrets and its event records;
+        the runs it started stay.
+        """
+
+    @_abc_1.abstractmethod
+    def BackfillSchedule(
+        self,
+        request: _trigger_pb2.BackfillScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trigger_pb2.BackfillScheduleResponse, _abc.Awaitable[_trigger_pb2.BackfillScheduleResponse]]:
+        """BackfillSchedule fires every slot of a schedule in a past (or future)
+        time range, in order, each deduped on agent_id:scheduled_for like the
+        slots the scheduler fires: a backfill run twice starts nothing new.
+        """
+
+    @_abc_1.abstractmethod
+    def TriggerScheduleNow(
+        self,
+        request: _trigger_pb2.TriggerScheduleNowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trigger_pb2.TriggerScheduleNowResponse, _abc.Awaitable[_trigger_pb2.TriggerScheduleNowResponse]]:
+        """TriggerScheduleNow fires a schedule once now, outside its slots, under
+        its overlap policy (or the one given). A retry with the same request_id
+        finds the first event.
         """
 
 def add_TriggerServiceServicer_to_server(servicer: TriggerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

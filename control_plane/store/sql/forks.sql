@@ -1,0 +1,54 @@
+-- name: fork_source_steps :many
+-- The source run's steps up to and including the fork point ($3), in order.
+SELECT * FROM steps WHERE workspace_id = $1 AND run_id = $2 AND seq <= $3 ORDER BY seq;
+
+-- name: fork_admit :one
+-- Admit a fork (run_admit, the one admission shape; its input step is the source's seq 0),
+-- copy the source's steps 1..:from_seq into its log as they are (kind, ref_seq, payload and
+-- time; epoch 0, written at admission like the input step) and append the 'forked' marker
+-- at :from_seq + 1, in one statement. fork_mark then counts them into step_count in the same
+-- transaction (this statement cannot update the run row it inserts).
+WITH admit_if AS (SELECT), {{run_admit}},
+copied AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at)
+    SELECT a.workspace_id, a.run_id, s.seq, s.kind, 0, s.ref_seq, s.payload, s.created_at
+    FROM admitted a
+    JOIN steps s ON s.workspace_id = a.workspace_id AND s.run_id = :source_run_id
+    WHERE s.seq BETWEEN 1 AND :from_seq
+    RETURNING seq
+), marker AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
+    SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, :marker::jsonb
+    FROM admitted a
+    RETURNING seq
+)
+SELECT a.run_id, (SELECT count(*) FROM copied) AS copied FROM admitted a;
+
+-- name: fork_mark :one
+-- Name the fork's source and count its log: step_count is every step it holds, and the
+-- counters are what the copied decisions and calls consumed (as the executor counts them,
+-- executor/replay.py counters), so the limits copied at admission bound the whole log.
+UPDATE runs r SET
+    forked_from_run_id = $3, forked_from_seq = $4,
+    step_count = c.steps, model_calls = c.decisions, tool_calls = c.calls, tokens_used = c.tokens
+FROM (
+    SELECT count(*) AS steps,
+           count(*) FILTER (WHERE kind = 'model_decision') AS decisions,
+           count(*) FILTER (WHERE kind = 'tool_started') AS calls,
+           coalesce(sum(coalesce((payload -> 'usage' ->> 'prompt_tokens')::bigint, 0)
+                        + coalesce((payload -> 'usage' ->> 'completion_tokens')::bigint, 0))
+                    FILTER (WHERE kind = 'model_decision'), 0) AS tokens
+    FROM steps WHERE workspace_id = $1 AND run_id = $2
+) c
+WHERE r.workspace_id = $1 AND r.run_id = $2
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds;
+
+-- name: fork_list :many
+-- A page of the forks of run $2, newest first, after a keyset cursor (as run_list).
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
+WHERE workspace_id = $1 AND forked_from_run_id = $2
+  AND ($3::timestamptz IS NULL OR (created_at, run_id) < ($3, $4::uuid))
+  AND ($5::text IS NULL OR agent_id = $5)
+  AND ($6::text IS NULL OR status = $6)
+ORDER BY created_at DESC, run_id DESC
+LIMIT $7;
