@@ -34,6 +34,12 @@ class Browser:
     base_url: str
     errors: list[str] = field(default_factory=list)
 
+    def on_console(self, message: Any) -> None:
+        url = str(message.location.get("url", ""))
+        # The browser asks every origin for /favicon.ico by itself (the sandbox IdP has none).
+        if message.type == "error" and not url.endswith("/favicon.ico"):
+            self.errors.append(f"{message.text} ({url})")
+
     async def goto(self, path: str) -> Any:
         return await self.page.goto(f"{self.base_url}{path}")
 
@@ -76,7 +82,7 @@ async def chromium(base_url: str) -> AsyncIterator[Browser]:
             page = await context.new_page()
             page.set_default_timeout(20_000)
             b = Browser(page, base_url)
-            page.on("console", lambda m: b.errors.append(m.text) if m.type == "error" else None)
+            page.on("console", b.on_console)
             page.on("pageerror", lambda exc: b.errors.append(str(exc)))
             yield b
         finally:

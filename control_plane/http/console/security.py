@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,13 +18,20 @@ SIGNIN_COOKIE = "agentrun_signin"
 FLOW_COOKIE = "agentrun_oidc_flow"
 CSRF_FIELD = "csrf"
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
-    "object-src 'none'"
-)
+
+
+def csp(form_action: str = "") -> str:
+    """The pages' policy. `form_action`: one more origin a form may lead to (the sign-in
+    form redirects to the identity provider, which form-action also governs)."""
+    return (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        f"connect-src 'self'; form-action 'self'{' ' + form_action if form_action else ''}; "
+        "frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+    )
+
+
 HEADERS = {
-    "Content-Security-Policy": CSP,
+    "Content-Security-Policy": csp(),
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -87,7 +95,15 @@ def clear_cookie(response: Response, request: Request, name: str) -> None:
     )  # fmt: skip
 
 
-def harden(response: Response) -> Response:
+def origin(url: str) -> str:
+    """scheme://host[:port] of `url`."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def harden(response: Response, form_action: str = "") -> Response:
+    if form_action:
+        response.headers["Content-Security-Policy"] = csp(form_action)
     for name, value in HEADERS.items():
         response.headers.setdefault(name, value)
     return response

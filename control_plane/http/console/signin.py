@@ -52,7 +52,8 @@ class SignInPages:
             next=safe_next(request.query_params.get("next", "")),
         )  # fmt: skip
         security.set_cookie(response, request, security.SIGNIN_COOKIE, cookie, SIGNIN_SECONDS)
-        return security.harden(response)
+        idp = security.origin(self.c.flow.verifier.issuer) if self.c.flow is not None else ""
+        return security.harden(response, form_action=idp)
 
     async def _checked(self, request: Request) -> Response | None:
         return await check_form(request, request.cookies.get(security.SIGNIN_COOKIE))
