@@ -15,9 +15,11 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from agentrun.v1 import trigger_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.idp import add_member
+from tests.harness.triggers import TriggerApi, post, signed
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -224,3 +226,53 @@ async def test_a_person_who_is_not_a_member_is_not_signed_in(stack, sandbox_idp)
         resp = await client.get(back.headers["location"])
         assert resp.status_code == 403 and "not a member" in resp.text
         assert (await client.get("/console/runs")).status_code == 303
+
+
+async def test_the_queue_page_shows_caps_running_and_queued_counts(stack, db_url):
+    cp, api = stack
+    await api.publish("poster", "poster", ["chat_post"])
+    for _ in range(2):
+        await api.start("mailer")
+    await api.start("poster")
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get("/console/queue")
+    assert page.status_code == 200
+    assert re.search(r"<b>0</b> of at most 20", page.text)  # nobody runs: no executor
+    rows = {
+        m[1]: [int(n) for n in m.groups()[1:]]
+        for m in re.finditer(
+            r"<td><a href=\"/console/runs\?agent=(\w+)\">\w+</a></td><td>(\d+)</td><td>[^<]*</td>"
+            r"<td>(\d+)</td><td>(\d+)</td>",
+            page.text,
+        )
+    }  # fmt: skip
+    assert rows == {"mailer": [0, 2, 2], "poster": [0, 1, 1]}  # running, queued, due
+
+
+async def test_the_triggers_page_shows_filtered_events_with_their_reason(stack, db_url):
+    cp, _ = stack
+    hooks = await TriggerApi.connect(cp.address, db_url)
+    await hooks.publish("triage")
+    only_paid = trigger_pb2.FilterRule(
+        field="type", op=trigger_pb2.FILTER_OP_EQUALS, value="invoice.paid"
+    )
+    secret = await hooks.webhook("stripe", "triage", "stripe", filters=[only_paid])
+    await hooks.close()
+    async with httpx.AsyncClient(base_url=cp.http_url) as http:
+        for doc in ({"id": "evt_1", "type": "invoice.paid"}, {"id": "evt_2", "type": "x.failed"}):
+            body, headers = signed("stripe", secret, doc, "")
+            assert (await post(http, "ws", "stripe", body, headers)).status_code in (200, 202)
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get("/console/triggers", params={"status": "filtered"})
+        assert page.status_code == 200
+        assert "evt_2" in page.text and "filters[0]: type equals invoice.paid" in page.text
+        assert "evt_1" not in page.text
+        everything = await client.get("/console/triggers")
+        run_id = re.search(r'href="/console/runs/([0-9a-f-]{36})"', everything.text)[1]
+        assert "evt_1" in everything.text
+        started = await client.get("/console/runs", params={"trigger": "stripe"})
+        assert run_id in started.text
+        other = await client.get("/console/runs", params={"trigger": "nightly"})
+        assert run_id not in other.text
