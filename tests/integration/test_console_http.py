@@ -1,6 +1,6 @@
 """The web console over plain HTTP: headers, sign-in, CSRF, and the access rules of gRPC.
 
-A real control plane process with its HTTP ingress and the sandbox IdP; httpx
+A real control plane (in the test's event loop) with its HTTP ingress and the sandbox IdP; httpx
 plays the browser (cookies, forms). The real-browser tests are in
 test_console_browser.py.
 """
@@ -10,27 +10,42 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2
+from control_plane.config import ServerConfig
+from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.idp import add_member
 from tests.harness.triggers import TriggerApi, post, signed
+from tests.harness.waiting import eventually
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
+@dataclass(frozen=True)
+class Replica:
+    """A control plane in the test's event loop (starts fast; nothing here needs a process)."""
+
+    address: str
+    http_url: str
+
+
 @pytest.fixture
-async def stack(db_url, control_plane, sandbox_idp):
-    cp = control_plane(db_url, AGENTRUN_OIDC_ISSUER=sandbox_idp.url)
+async def stack(db_url, sandbox_idp):
+    config = ServerConfig(database_url=db_url, listen="127.0.0.1:0", oidc_issuer=sandbox_idp.url)
+    running = await start_server(config)
+    cp = Replica(f"127.0.0.1:{running.port}", f"http://127.0.0.1:{running.http_port}")
     api = await Api.connect(cp.address, db_url)
     await api.publish("mailer", "approval", ["send_email"])
     yield cp, api
     await api.close()
+    await running.stop(grace=0)
 
 
 def csrf_of(page: httpx.Response) -> str:
@@ -49,6 +64,20 @@ async def signed_in(base_url: str, key: str) -> AsyncIterator[httpx.AsyncClient]
         )
         assert resp.status_code == 303 and resp.headers["location"] == "/console/runs", resp.text
         yield client
+
+
+FLOW_FIELDS = ("client_id", "redirect_uri", "state", "nonce", "code_challenge")
+
+
+async def sso(client: httpx.AsyncClient, idp_url: str, email: str) -> httpx.Response:
+    """Sign `client` in as `email` through the code flow, by hand; the callback's answer."""
+    form = await client.get("/console/signin")
+    go = await client.post("/console/signin/oidc", data={"csrf": csrf_of(form), "workspace": "ws"})
+    params = {k: v[0] for k, v in parse_qs(urlsplit(go.headers["location"]).query).items()}
+    async with httpx.AsyncClient(base_url=idp_url) as idp:
+        back = await idp.post("/authorize", data={**{k: params[k] for k in FLOW_FIELDS},
+                                                  "email": email})  # fmt: skip
+    return await client.get(back.headers["location"])
 
 
 async def test_pages_send_a_strict_csp_and_load_nothing_from_elsewhere(stack, db_url):
@@ -194,8 +223,7 @@ async def test_a_person_signs_in_through_the_code_flow(stack, db, sandbox_idp):
         assert f"{authorize.scheme}://{authorize.netloc}" == sandbox_idp.url
         assert params["code_challenge_method"] == "S256" and params["state"] and params["nonce"]
         assert params["redirect_uri"] == f"{cp.http_url}/console/callback"
-        fields = {k: params[k] for k in ("client_id", "redirect_uri", "state", "nonce",
-                                         "code_challenge")}  # fmt: skip
+        fields = {k: params[k] for k in FLOW_FIELDS}
         async with httpx.AsyncClient(base_url=sandbox_idp.url) as idp:
             back = await idp.post("/authorize", data={**fields, "email": "ada@example.com"})
         callback = back.headers["location"]
@@ -203,7 +231,7 @@ async def test_a_person_signs_in_through_the_code_flow(stack, db, sandbox_idp):
         wrong = callback.replace(f"state={params['state']}", "state=forged")
         refused = await client.get(wrong)
         assert refused.status_code == 401 and "agentrun_console" not in client.cookies
-        # The code was not used up by the refused attempt? It was not even exchanged.
+        # The refused attempt never exchanged the code: it still signs this browser in.
         done = await client.get(callback)
         assert done.status_code == 200, done.text
         runs = await client.get("/console/runs")
@@ -215,15 +243,7 @@ async def test_a_person_signs_in_through_the_code_flow(stack, db, sandbox_idp):
 async def test_a_person_who_is_not_a_member_is_not_signed_in(stack, sandbox_idp):
     cp, _ = stack
     async with httpx.AsyncClient(base_url=cp.http_url, timeout=10) as client:
-        form = await client.get("/console/signin")
-        go = await client.post("/console/signin/oidc",
-                               data={"csrf": csrf_of(form), "workspace": "ws"})  # fmt: skip
-        params = {k: v[0] for k, v in parse_qs(urlsplit(go.headers["location"]).query).items()}
-        fields = {k: params[k] for k in ("client_id", "redirect_uri", "state", "nonce",
-                                         "code_challenge")}  # fmt: skip
-        async with httpx.AsyncClient(base_url=sandbox_idp.url) as idp:
-            back = await idp.post("/authorize", data={**fields, "email": "eve@example.com"})
-        resp = await client.get(back.headers["location"])
+        resp = await sso(client, sandbox_idp.url, "eve@example.com")
         assert resp.status_code == 403 and "not a member" in resp.text
         assert (await client.get("/console/runs")).status_code == 303
 
@@ -276,3 +296,26 @@ async def test_the_triggers_page_shows_filtered_events_with_their_reason(stack, 
         assert run_id in started.text
         other = await client.get("/console/runs", params={"trigger": "nightly"})
         assert run_id not in other.text
+
+
+async def test_a_session_ends_with_its_key_or_its_membership(stack, db, db_url, sandbox_idp):
+    cp, _ = stack
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="leaver")
+    async with signed_in(cp.http_url, key) as client:
+        assert (await client.get("/console/runs")).status_code == 200
+        await db.execute(
+            "UPDATE api_keys SET revoked_at = now() WHERE principal = 'leaver' AND revoked_at IS NULL"
+        )
+
+        async def signed_out() -> bool:  # the resolver caches a verified key for 2 s
+            return (await client.get("/console/runs")).status_code == 303
+
+        await eventually(
+            signed_out, timeout=10, interval=0.2, message="the session outlived its key"
+        )
+    await add_member(db, "ws", "bob@example.com", "reader")
+    async with httpx.AsyncClient(base_url=cp.http_url, timeout=10) as client:
+        await sso(client, sandbox_idp.url, "bob@example.com")
+        assert (await client.get("/console/runs")).status_code == 200
+        await db.execute("DELETE FROM workspace_members WHERE person = 'bob@example.com'")
+        assert (await client.get("/console/runs")).status_code == 303

@@ -19,7 +19,6 @@ FLOW_COOKIE = "agentrun_oidc_flow"
 CSRF_FIELD = "csrf"
 
 
-
 def csp(form_action: str = "") -> str:
     """The pages' policy. `form_action`: one more origin a form may lead to (the sign-in
     form redirects to the identity provider, which form-action also governs)."""
