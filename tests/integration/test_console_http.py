@@ -16,11 +16,11 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from agentrun.v1 import trigger_pb2
+from agentrun.v1 import approval_pb2, trigger_pb2
 from control_plane.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
-from tests.harness.agentrun_api import Api
+from tests.harness.agentrun_api import Api, sent_mail
 from tests.harness.idp import add_member
 from tests.harness.triggers import TriggerApi, post, signed
 from tests.harness.waiting import eventually
@@ -319,3 +319,38 @@ async def test_a_session_ends_with_its_key_or_its_membership(stack, db, db_url, 
         assert (await client.get("/console/runs")).status_code == 200
         await db.execute("DELETE FROM workspace_members WHERE person = 'bob@example.com'")
         assert (await client.get("/console/runs")).status_code == 303
+
+
+async def test_an_approver_rejects_with_a_reason_and_the_model_reads_it(
+    stack, db_url, executor_factory, sandbox_providers
+):
+    cp, api = stack
+    approver = "manager@example.com"
+    policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[approver])
+    await api.publish("held", "approval", ["send_email"], approval=policy)
+    run_id = await api.start("held", "email ada")
+    executor_factory(cp.address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
+    key = await auth.workspace_key(db_url, "ws", role="approver", principal=approver)
+    async with signed_in(cp.http_url, key) as client:
+
+        async def pending() -> str | None:
+            page = await client.get("/console/approvals")
+            found = re.search(r'href="/console/approvals/([0-9a-f-]{36})"', page.text)
+            return found[1] if found else None
+
+        approval_id = await eventually(pending, timeout=30, message="nothing waited for approval")
+        url = f"/console/approvals/{approval_id}"
+        page = await client.get(url)
+        assert "ada@example.com" in page.text and 'id="reject"' in page.text
+        csrf = csrf_of(page)
+        blank = await client.post(url, data={"csrf": csrf, "action": "reject", "reason": " "})
+        assert blank.status_code == 400 and "reason" in blank.text
+        done = await client.post(
+            url, data={"csrf": csrf, "action": "reject", "reason": "wrong price"}
+        )
+        assert done.status_code == 303
+        again = await client.post(url, data={"csrf": csrf, "action": "approve"})
+        assert again.status_code == 409 and f"already rejected by {approver}" in again.text
+    (run,) = await api.wait_terminal([run_id])
+    assert run.output == "The email tool said: rejected: wrong price"
+    assert sent_mail(sandbox_providers.url, run_id) == []
