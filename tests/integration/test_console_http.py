@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from agentrun.v1 import approval_pb2, trigger_pb2
+from agentrun.v1 import approval_pb2, run_pb2, trigger_pb2
 from control_plane.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
@@ -354,3 +354,24 @@ async def test_an_approver_rejects_with_a_reason_and_the_model_reads_it(
     (run,) = await api.wait_terminal([run_id])
     assert run.output == "The email tool said: rejected: wrong price"
     assert sent_mail(sandbox_providers.url, run_id) == []
+
+
+async def test_the_live_feed_sends_the_run_its_steps_and_the_end_resuming_after_the_last_seen(
+    stack, db_url
+):
+    cp, api = stack
+    run_id = await api.start("mailer", "email ada")
+    await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id="ws", run_id=run_id))
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+
+        async def events(**headers: str) -> list[tuple[str, str]]:
+            url = f"/console/runs/{run_id}/events"
+            async with client.stream("GET", url, headers=headers) as resp:
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                body = (await resp.aread()).decode()
+            found = re.findall(r"event: (\w+)\n(?:id: (\d+)\n)?", body)
+            return [(name, seq) for name, seq in found]
+
+        assert await events() == [("run", ""), ("step", "0"), ("step", "1"), ("end", "")]
+        assert await events(**{"Last-Event-ID": "0"}) == [("run", ""), ("step", "1"), ("end", "")]

@@ -117,17 +117,16 @@ class RunPages:
                                                   from_seq - 1, 1)  # fmt: skip
             previous = earlier[0] if earlier else None
         values = {"csrf": csrf, "decisions": DECISIONS, "who": who, "run_id": row.run_id}
-        with auth_context.acting_as(who):
-            async for item in watch_feed(self.c.pool, row.workspace_id, row.run_id, from_seq):
-                if isinstance(item, run_store.Run):
-                    html = fragment("_timeline.html", "summary", item, **values)
-                    yield sse("run", html)
-                    continue
-                html = fragment(
-                    "_timeline.html", "step_row", timeline.entry(item, previous), **values
-                )
-                previous = item
-                yield sse("step", html, event_id=str(item.seq))
+        # The workspace was the principal's (checked in `events`); the feed needs no more of
+        # it, and a generator closed in another task could not reset acting_as's context.
+        async for item in watch_feed(self.c.pool, row.workspace_id, row.run_id, from_seq):
+            if isinstance(item, run_store.Run):
+                yield sse("run", fragment("_timeline.html", "summary", item, **values))
+                continue
+            entry = timeline.entry(item, previous)
+            previous = item
+            yield sse("step", fragment("_timeline.html", "step_row", entry, **values),
+                      event_id=str(item.seq))  # fmt: skip
         yield sse("end", "")
 
     async def resolve(self, request: Request) -> Response:
