@@ -375,3 +375,21 @@ async def test_the_live_feed_sends_the_run_its_steps_and_the_end_resuming_after_
 
         assert await events() == [("run", ""), ("step", "0"), ("step", "1"), ("end", "")]
         assert await events(**{"Last-Event-ID": "0"}) == [("run", ""), ("step", "1"), ("end", "")]
+
+
+async def test_only_a_live_workspace_key_signs_in(stack, db_url):
+    cp, _ = stack
+    refusals = [
+        (await auth.executor_key(db_url), 403, "workspace API key"),
+        (await auth.platform_key(db_url), 403, "workspace API key"),
+        ("agr_ws_0123456789abcdef_" + "x" * 43, 401, "unknown, revoked or expired"),
+        ("not a key", 401, "not an agentrun key"),
+    ]
+    async with httpx.AsyncClient(base_url=cp.http_url) as client:
+        for key, status, words in refusals:
+            form = await client.get("/console/signin")
+            resp = await client.post(
+                "/console/signin/key", data={"csrf": csrf_of(form), "key": key}
+            )
+            assert resp.status_code == status and words in resp.text, resp.text
+            assert key not in resp.text and "agentrun_console" not in client.cookies
