@@ -92,8 +92,10 @@ class Endpoints:
     control_plane: str
     executor_pid: int
     log_dir: Path
+    console_url: str = ""  # the web console on the HTTP ingress
 
     def lines(self) -> list[str]:
+        console = [f"  web console    {self.console_url}"] if self.console_url else []
         return [
             f"  postgres       {redact(self.database_url)}",
             f"  redis          {redact(self.redis_url)}",
@@ -101,6 +103,7 @@ class Endpoints:
             f"  providers      {self.providers_url}",
             f'  sign-in (OIDC) {self.idp_url}  (POST /token {{"email": ...}} for an ID token)',
             f"  control plane  {self.control_plane} (gRPC)",
+            *console,
             f"  executor       pid {self.executor_pid}",
             f"  logs           {self.log_dir}/",
         ]
@@ -152,9 +155,10 @@ class DevStack:
         model, providers, idp = self._sandboxes()
         control_plane = self._control_plane(db, providers, idp)
         executor = self._executor(control_plane, model, providers, redis, executor_key)
+        http_port = self._port_file("control-plane-http").read_text().strip()
         return Endpoints(
             db, redis, model, providers, idp, control_plane, executor.proc.pid,
-            self.supervisor.log_dir,
+            self.supervisor.log_dir, f"http://127.0.0.1:{http_port}/console/",
         )  # fmt: skip
 
     def _sandboxes(self) -> tuple[str, str, str]:

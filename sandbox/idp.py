@@ -16,6 +16,13 @@ Endpoints:
   JWKS, under the published kid), ``none`` (``alg: none``, no signature) or
   ``hs256`` (HS256 with the published public key's PEM as the secret: the
   algorithm-confusion attack). Answers ``{"id_token": ..., "kid": ...}``.
+* ``GET /authorize`` — the authorization-code flow's sign-in page: a test-user form
+  (an email) for ``response_type=code`` with ``client_id``, ``redirect_uri``, ``state``,
+  ``nonce`` and a PKCE ``code_challenge`` (S256). Its POST redirects to ``redirect_uri``
+  with a single-use ``code`` (valid 60 s) and the ``state``.
+* ``POST /token`` as a form (``grant_type=authorization_code``, ``code``,
+  ``redirect_uri``, ``client_id``, ``code_verifier``) — the code's ID token (audience the
+  client id, with the nonce), once; a reused, expired or mismatched code is ``invalid_grant``.
 * ``POST /_sandbox/rotate`` — ``{"alg": "RS256", "grace_seconds": 60}``: a new
   signing key for ``alg``; the previous ones stay published for the grace
   period (0 drops them at once), then disappear from the JWKS.
@@ -29,24 +36,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import html
 import json
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 ALGORITHMS = ("RS256", "ES256")
 DEFAULT_AUDIENCE = "agentrun"
 DEFAULT_GRACE_SECONDS = 60.0
+CODE_SECONDS = 60.0
+AUTHORIZE_FIELDS = ("client_id", "redirect_uri", "state", "nonce", "code_challenge")
 FORGERIES = ("unknown_key", "wrong_key", "none", "hs256")
 
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
@@ -84,13 +95,26 @@ class SigningKey:
         )
 
 
+@dataclass(frozen=True)
+class Grant:
+    """An authorization code's promise: who signed in, for which client, redirect and PKCE."""
+
+    email: str
+    client_id: str
+    redirect_uri: str
+    nonce: str
+    code_challenge: str
+    expires_at: float
+
+
 @dataclass
 class IdentityProvider:
-    """Keys and counters of one sandbox IdP."""
+    """Keys, outstanding authorization codes and counters of one sandbox IdP."""
 
     issuer: str | None = None
     keys: list[SigningKey] = field(default_factory=lambda: [SigningKey.new(a) for a in ALGORITHMS])
     stats: dict[str, int] = field(default_factory=lambda: {"discovery": 0, "jwks": 0, "tokens": 0})
+    codes: dict[str, Grant] = field(default_factory=dict)
 
     def published(self, now: float | None = None) -> list[SigningKey]:
         """Current keys and retired ones still in their grace period (expired ones dropped)."""
@@ -153,6 +177,8 @@ def claims_for(body: dict[str, Any], issuer: str, now: float) -> dict[str, Any]:
         claims["nbf"] = int(now) + int(body["not_before"])
     if body.get("name"):
         claims["name"] = str(body["name"])
+    if body.get("nonce"):
+        claims["nonce"] = str(body["nonce"])
     return claims
 
 
@@ -179,6 +205,60 @@ def issue(idp: IdentityProvider, body: dict[str, Any], issuer: str) -> tuple[str
     return jwt.encode(claims, signer, algorithm=alg, headers={"kid": kid}), kid
 
 
+def pkce_challenge(verifier: str) -> str:
+    """The S256 code challenge of a PKCE code verifier (RFC 7636)."""
+    return _b64(hashlib.sha256(verifier.encode()).digest())
+
+
+def _form(raw: bytes) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(raw.decode(errors="replace")).items()}
+
+
+def authorize_page(params: dict[str, str]) -> HTMLResponse:
+    """The test-user sign-in form; the flow's parameters ride along as hidden fields."""
+    hidden = "".join(
+        f"<input type='hidden' name='{k}' value='{html.escape(params.get(k, ''))}'>"
+        for k in AUTHORIZE_FIELDS
+    )
+    doc = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Sandbox IdP sign-in</title>"
+        "</head><body><h1>Sandbox identity provider</h1><p>Sign in as a test user.</p>"
+        f"<form method='post' action='/authorize'>{hidden}<label>Email "
+        "<input name='email' type='email' required autofocus></label>"
+        "<button type='submit'>Sign in</button></form></body></html>"
+    )
+    return HTMLResponse(doc, headers={"Content-Security-Policy": "default-src 'none'"})
+
+
+def grant_code(idp: IdentityProvider, form: dict[str, str]) -> str:
+    """A single-use code for the signed-in test user (raises BadTokenRequest)."""
+    if "@" not in form.get("email", ""):
+        raise BadTokenRequest("email is required (an address)")
+    if not form.get("client_id") or not form.get("redirect_uri", "").startswith("http"):
+        raise BadTokenRequest("client_id and an http(s) redirect_uri are required")
+    if not form.get("code_challenge"):
+        raise BadTokenRequest("a PKCE code_challenge (S256) is required")
+    code = secrets.token_urlsafe(32)
+    idp.codes[code] = Grant(
+        form["email"], form["client_id"], form["redirect_uri"], form.get("nonce", ""),
+        form["code_challenge"], time.time() + CODE_SECONDS,
+    )  # fmt: skip
+    return code
+
+
+def redeem_code(idp: IdentityProvider, form: dict[str, str], issuer: str) -> str:
+    """The ID token a code stands for, once (raises BadTokenRequest: invalid_grant)."""
+    grant = idp.codes.pop(form.get("code", ""), None)
+    if grant is None or grant.expires_at < time.time():
+        raise BadTokenRequest("the code is unknown, used or expired")
+    if (form.get("redirect_uri"), form.get("client_id")) != (grant.redirect_uri, grant.client_id):
+        raise BadTokenRequest("redirect_uri or client_id differ from the authorization request")
+    if not hmac.compare_digest(pkce_challenge(form.get("code_verifier", "")), grant.code_challenge):
+        raise BadTokenRequest("the code_verifier does not match the code_challenge")
+    body = {"email": grant.email, "audience": grant.client_id, "nonce": grant.nonce}
+    return issue(idp, body, issuer)[0]
+
+
 class _Routes:
     """The HTTP face of one IdentityProvider."""
 
@@ -193,7 +273,11 @@ class _Routes:
         iss = self.issuer_of(request)
         return JSONResponse({
             "issuer": iss, "jwks_uri": f"{iss}/jwks.json", "token_endpoint": f"{iss}/token",
-            "authorization_endpoint": f"{iss}/authorize", "response_types_supported": ["id_token"],
+            "authorization_endpoint": f"{iss}/authorize",
+            "response_types_supported": ["code", "id_token"],
+            "grant_types_supported": ["authorization_code"],
+            "code_challenge_methods_supported": ["S256"],
+            "token_endpoint_auth_methods_supported": ["none"],
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": list(ALGORITHMS),
             "claims_supported": ["iss", "sub", "aud", "exp", "iat", "email", "email_verified"],
@@ -204,7 +288,35 @@ class _Routes:
         keys = [k.public_jwk() for k in self.state.published()]
         return JSONResponse({"keys": keys}, headers={"Cache-Control": "max-age=300"})
 
+    async def authorize(self, request: Request) -> Response:
+        params = dict(request.query_params)
+        if params.get("response_type") != "code":
+            return JSONResponse({"error": "unsupported_response_type"}, 400)
+        return authorize_page(params)
+
+    async def sign_in(self, request: Request) -> Response:
+        form = _form(await request.body())
+        try:
+            code = grant_code(self.state, form)
+        except BadTokenRequest as exc:
+            return JSONResponse({"error": "invalid_request", "detail": str(exc)}, 400)
+        query = urlencode({"code": code, "state": form.get("state", "")})
+        return RedirectResponse(f"{form['redirect_uri']}?{query}", status_code=303)
+
+    async def code_token(self, request: Request) -> Response:
+        form = _form(await request.body())
+        if form.get("grant_type") != "authorization_code":
+            return JSONResponse({"error": "unsupported_grant_type"}, 400)
+        try:
+            id_token = redeem_code(self.state, form, self.issuer_of(request))
+        except BadTokenRequest as exc:
+            return JSONResponse({"error": "invalid_grant", "detail": str(exc)}, 400)
+        self.state.stats["tokens"] += 1
+        return JSONResponse({"id_token": id_token, "token_type": "Bearer", "expires_in": 3600})
+
     async def token(self, request: Request) -> Response:
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            return await self.code_token(request)
         try:
             body = await request.json()
             if not isinstance(body, dict):
@@ -239,6 +351,8 @@ def create_app(issuer: str | None = None, idp: IdentityProvider | None = None) -
         Route("/.well-known/openid-configuration", r.discovery, methods=["GET"]),
         Route("/jwks.json", r.jwks, methods=["GET"]),
         Route("/token", r.token, methods=["POST"]),
+        Route("/authorize", r.authorize, methods=["GET"]),
+        Route("/authorize", r.sign_in, methods=["POST"]),
         Route("/_sandbox/rotate", r.rotate, methods=["POST"]),
         Route("/_sandbox/stats", r.stats, methods=["GET"]),
         Route("/_sandbox/requests", r.reset, methods=["DELETE"]),

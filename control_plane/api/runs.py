@@ -200,29 +200,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         next_seq = validate.non_negative("from_seq", request.from_seq)
-        row = await self._get(ws, run_id)
-        yield run_pb2.WatchRunResponse(run=convert.run(row))
-        seen = watched_state(row)
-        while True:
-            steps = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
-            for s in steps:
-                yield run_pb2.WatchRunResponse(step=convert.step(s))
-                next_seq = s.seq + 1
-            if steps:
-                continue
-            row = await self._get(ws, run_id)
-            state = watched_state(row)
-            if state != seen:
-                seen = state
-                yield run_pb2.WatchRunResponse(run=convert.run(row))
-            if row.status in TERMINAL:
-                # Terminal rows get no more steps, but one may have landed
-                # between the steps read and the row read: read once more.
-                tail = await step_store.list_steps(self._pool, ws, run_id, next_seq, 500)
-                for s in tail:
-                    yield run_pb2.WatchRunResponse(step=convert.step(s))
-                return
-            await asyncio.sleep(WATCH_POLL_SECONDS)
+        async for item in watch_feed(self._pool, ws, run_id, next_seq):
+            if isinstance(item, store.Run):
+                yield run_pb2.WatchRunResponse(run=convert.run(item))
+            else:
+                yield run_pb2.WatchRunResponse(step=convert.step(item))
 
     async def ResolveUnknownOutcome(
         self, request: run_pb2.ResolveUnknownOutcomeRequest, context: grpc.aio.ServicerContext
@@ -237,15 +219,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         decided_by = decider(request.decided_by)
         note = validate.text("note", request.note, max_bytes=MAX_NOTE_BYTES)
         wanted = unknowns.Decision(ws, run_id, request.seq, decision, decided_by, note)
-
-        async def audited(conn: Any) -> None:
-            detail = {"seq": request.seq, "decision": decision}
-            await audit.record(conn, "unknown_outcome.resolved", "run", str(run_id), detail)
-
-        try:
-            run_row, step = await unknowns.decide(self._pool, wanted, audited)
-        except unknowns.UndecidableError as exc:
-            raise undecidable(exc) from None
+        run_row, step = await resolve_unknown(self._pool, wanted)
         self._on_runnable()
         return run_pb2.ResolveUnknownOutcomeResponse(
             run=convert.run(run_row), step=convert.step(step)
@@ -263,3 +237,52 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         row = await forks.fork(self._pool, self._defaults, req)
         self._on_runnable()
         return run_pb2.ForkRunResponse(run=convert.run(row))
+
+
+async def watch_feed(
+    pool: Pool, ws: str, run_id: uuid.UUID, next_seq: int = 0
+) -> AsyncIterator[store.Run | step_store.Step]:
+    """The feed of WatchRun and of the console's live timeline: the run, then every step
+    from `next_seq`, and the run again whenever its state changes, until it ends."""
+    row = await store.get_run(pool, ws, run_id)
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    yield row
+    seen = watched_state(row)
+    while True:
+        steps = await step_store.list_steps(pool, ws, run_id, next_seq, 500)
+        for s in steps:
+            yield s
+            next_seq = s.seq + 1
+        if steps:
+            continue
+        row = await store.get_run(pool, ws, run_id)
+        if row is None:
+            raise NotFound(f"run {run_id} not found")
+        state = watched_state(row)
+        if state != seen:
+            seen = state
+            yield row
+        if row.status in TERMINAL:
+            # Terminal rows get no more steps, but one may have landed
+            # between the steps read and the row read: read once more.
+            for s in await step_store.list_steps(pool, ws, run_id, next_seq, 500):
+                yield s
+            return
+        await asyncio.sleep(WATCH_POLL_SECONDS)
+
+
+async def resolve_unknown(
+    pool: Pool, wanted: unknowns.Decision
+) -> tuple[store.Run, step_store.Step]:
+    """Record a person's decision on an unknown outcome, once, with its audit row
+    (ResolveUnknownOutcome and the console). Raises the domain error of a refusal."""
+
+    async def audited(conn: Any) -> None:
+        detail = {"seq": wanted.seq, "decision": wanted.decision}
+        await audit.record(conn, "unknown_outcome.resolved", "run", str(wanted.run_id), detail)
+
+    try:
+        return await unknowns.decide(pool, wanted, audited)
+    except unknowns.UndecidableError as exc:
+        raise undecidable(exc) from None

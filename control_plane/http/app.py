@@ -7,7 +7,7 @@ add its routes to `ROUTE_MODULES`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute, Route
 
 from control_plane.http import connections, observability, sessions, webhooks
 from control_plane.http.approvals import ApprovalRoutes
+from control_plane.http.console import routes as console
 from control_plane.http.context import HttpContext
 
 
@@ -24,12 +25,13 @@ def _approval_routes(ctx: HttpContext) -> list[Route]:
     return ApprovalRoutes(ctx.pool, ctx.config, ctx.verifier, ctx.credentials()).routes()
 
 
-ROUTE_MODULES: tuple[Callable[[HttpContext], list[Route]], ...] = (
+ROUTE_MODULES: tuple[Callable[[HttpContext], Sequence[BaseRoute]], ...] = (
     webhooks.routes,
     sessions.routes,
     _approval_routes,
     connections.routes,
     observability.routes,
+    console.routes,  # the web console under /console/ (control_plane/http/console/)
 )
 
 
@@ -42,6 +44,6 @@ def build_app(ctx: HttpContext, extra: Iterable[BaseRoute] = ()) -> Starlette:
     """The ingress app with every module's routes (and `extra`, for tests)."""
     routes: list[BaseRoute] = [Route("/healthz", healthz, methods=["GET"])]
     for module_routes in ROUTE_MODULES:
-        routes += module_routes(ctx)
+        routes += list(module_routes(ctx))
     routes += list(extra)
     return Starlette(routes=routes)

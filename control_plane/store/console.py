@@ -1,0 +1,114 @@
+"""What the web console reads and keeps (sql/console.sql): sessions, run search, queue views.
+
+Every read takes the workspace of the signed-in principal; the console never names
+another. A session row keeps the SHA-256 of the cookie's token, never the token.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from control_plane.store.db import Pool
+from control_plane.store.queries import run
+from control_plane.store.runs import Run
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """Who a console session acts as (its token is not kept, only the token's hash)."""
+
+    workspace_id: str
+    kind: str  # key | person
+    principal: str
+    role: str
+    credential_id: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class NewSession:
+    session_sha256: bytes
+    workspace_id: str
+    kind: str
+    principal: str
+    role: str
+    credential_id: str
+    ttl_seconds: float
+
+
+async def insert_session(pool: Pool, s: NewSession) -> None:
+    await run(pool, "console_session_purge")
+    await run(
+        pool, "console_session_insert", session_sha256=s.session_sha256,
+        workspace_id=s.workspace_id, kind=s.kind, principal=s.principal, role=s.role,
+        credential_id=s.credential_id, ttl_seconds=s.ttl_seconds,
+    )  # fmt: skip
+
+
+async def get_session(pool: Pool, session_sha256: bytes) -> StoredSession | None:
+    row = await run(pool, "console_session_get", session_sha256)
+    return StoredSession(**dict(row)) if row is not None else None
+
+
+async def delete_session(pool: Pool, session_sha256: bytes) -> None:
+    await run(pool, "console_session_delete", session_sha256)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """The runs list's filters; None (or empty) leaves one out."""
+
+    status: str | None = None
+    agent_id: str | None = None
+    trigger_id: str | None = None
+    wait_reason: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    search: str | None = None
+
+
+@dataclass(frozen=True)
+class FoundRun:
+    run: Run
+    trigger_id: str | None  # the trigger whose event started it
+
+
+async def search_runs(pool: Pool, workspace_id: str, f: RunFilter, limit: int) -> list[FoundRun]:
+    rows = await run(
+        pool, "console_run_search", workspace_id=workspace_id, status=f.status,
+        agent_id=f.agent_id, trigger_id=f.trigger_id, wait_reason=f.wait_reason,
+        created_from=f.created_from, created_to=f.created_to, search=f.search, limit=limit,
+    )  # fmt: skip
+    return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
+
+
+async def queue_by_agent(pool: Pool, workspace_id: str) -> list[dict[str, Any]]:
+    return [dict(r) for r in await run(pool, "console_queue_by_agent", workspace_id)]
+
+
+async def waits(pool: Pool, workspace_id: str) -> list[dict[str, Any]]:
+    return [dict(r) for r in await run(pool, "console_waits", workspace_id)]
+
+
+@dataclass(frozen=True)
+class AwaitingPerson:
+    """An unknown outcome a person must decide: the run and its tool_result step."""
+
+    run_id: uuid.UUID
+    agent_id: str
+    seq: int
+    payload: dict[str, Any]
+    step_created_at: datetime
+
+
+async def awaiting_person(pool: Pool, workspace_id: str, limit: int) -> list[AwaitingPerson]:
+    rows = await run(pool, "console_awaiting_person", workspace_id, limit)
+    return [
+        AwaitingPerson(r["run_id"], r["agent_id"], r["seq"], json.loads(r["payload"]),
+                       r["step_created_at"])
+        for r in rows
+    ]  # fmt: skip

@@ -1,0 +1,81 @@
+-- name: console_session_insert :exec
+-- A signed-in browser's session: the SHA-256 of its cookie token (never the token) and the
+-- principal it acts as, for ttl_seconds from now (database clock).
+INSERT INTO console_sessions (session_sha256, workspace_id, kind, principal, role,
+                              credential_id, expires_at)
+VALUES (:session_sha256, :workspace_id, :kind, :principal, :role, :credential_id,
+        now() + make_interval(secs => :ttl_seconds::double precision));
+
+-- name: console_session_get :one
+-- The live session of a cookie token's SHA-256 (expired ones are not sessions).
+SELECT workspace_id, kind, principal, role, credential_id, expires_at
+FROM console_sessions WHERE session_sha256 = $1 AND expires_at > now();
+
+-- name: console_session_delete :exec
+-- Sign out: the session is gone (its cookie names nothing any more).
+DELETE FROM console_sessions WHERE session_sha256 = $1;
+
+-- name: console_session_purge :exec
+-- Drop sessions that expired (called at sign-in; expired rows are never read anyway).
+DELETE FROM console_sessions WHERE expires_at <= now();
+
+-- name: console_run_search :many
+-- The console's runs list: a workspace's runs, newest first, narrowed by each filter that
+-- is not NULL: status, agent, the trigger whose event started it, wait reason, created in
+-- [created_from, created_to), and search text (a run id, or a case-insensitive substring of the
+-- input, output or error; strpos, so % and _ are not wildcards).
+SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+       te.trigger_id
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE r.workspace_id = :workspace_id
+  AND (:status::text IS NULL OR r.status = :status)
+  AND (:agent_id::text IS NULL OR r.agent_id = :agent_id)
+  AND (:trigger_id::text IS NULL OR te.trigger_id = :trigger_id)
+  AND (:wait_reason::text IS NULL OR r.wait_reason = :wait_reason)
+  AND (:created_from::timestamptz IS NULL OR r.created_at >= :created_from)
+  AND (:created_to::timestamptz IS NULL OR r.created_at < :created_to)
+  AND (:search::text IS NULL OR r.run_id::text = lower(:search)
+       OR strpos(lower(r.input), lower(:search)) > 0
+       OR strpos(lower(coalesce(r.output, '')), lower(:search)) > 0
+       OR strpos(lower(coalesce(r.error, '')), lower(:search)) > 0)
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :limit;
+
+-- name: console_queue_by_agent :many
+-- A workspace's queue per agent: its cap, how many runs run, are queued (and due now), and
+-- wait (console_waits counts the waits per reason), with the oldest queued run's age.
+SELECT a.agent_id, a.max_concurrency AS agent_max_concurrency,
+       count(r.run_id) FILTER (WHERE r.status = 'running') AS running,
+       count(r.run_id) FILTER (WHERE r.status = 'queued') AS queued,
+       count(r.run_id) FILTER (WHERE r.status = 'queued' AND r.wake_at <= now()) AS due,
+       min(r.created_at) FILTER (WHERE r.status = 'queued') AS oldest_queued_at
+FROM agents a
+LEFT JOIN runs r ON r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+                AND r.status IN ('queued', 'running', 'waiting')
+WHERE a.workspace_id = $1
+GROUP BY a.agent_id, a.max_concurrency
+ORDER BY a.agent_id;
+
+-- name: console_waits :many
+-- A workspace's waiting runs counted per agent and wait reason, with the earliest wake.
+SELECT agent_id, wait_reason, count(*) AS runs, min(wake_at) AS next_wake_at
+FROM runs
+WHERE workspace_id = $1 AND status = 'waiting'
+GROUP BY agent_id, wait_reason
+ORDER BY agent_id, wait_reason;
+
+-- name: console_awaiting_person :many
+-- The unknown outcomes people must decide: for each run of the workspace waiting for a
+-- person, its latest tool_result step marked awaiting 'human' that no decision refers to.
+SELECT DISTINCT ON (r.run_id) r.run_id, r.agent_id, r.created_at, s.seq, s.payload::text
+       AS payload, s.created_at AS step_created_at
+FROM runs r
+JOIN steps s ON s.workspace_id = r.workspace_id AND s.run_id = r.run_id
+WHERE r.workspace_id = $1 AND r.status = 'waiting' AND r.wait_reason IN ('human', 'repeat')
+  AND s.kind = 'tool_result' AND s.payload ->> 'awaiting' = 'human'
+  AND NOT EXISTS (SELECT 1 FROM steps d
+                  WHERE d.workspace_id = s.workspace_id AND d.run_id = s.run_id
+                    AND d.ref_seq = s.seq AND d.payload ? 'decision')
+ORDER BY r.run_id, s.seq DESC
+LIMIT $2;
