@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane.api import convert, validate
+from control_plane.api import convert, signals, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
@@ -242,3 +242,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         return run_pb2.ResolveUnknownOutcomeResponse(
             run=convert.run(run_row), step=convert.step(step)
         )
+
+    async def SignalRun(
+        self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.SignalRunResponse:
+        return await signals.signal_run(self._pool, request, self._on_runnable)

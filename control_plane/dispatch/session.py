@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import children
+from control_plane import children, signals
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
@@ -264,6 +264,10 @@ class ExecutorSession:
                     self._dispatcher.poke,
                 ):  # fmt: skip
                     return started
+                if waits := await signals.signal_commit(
+                    self._pool, req, lease_seconds, self._dispatcher.poke
+                ):
+                    return waits
                 return await step_store.commit(self._pool, req, lease_seconds)
             except (Fenced, DataRefused, BadApprovalRequest):
                 raise

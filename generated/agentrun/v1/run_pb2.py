@@ -27,21 +27,21 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61gentrun/v1/run.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x0bRunCounters\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"\xe0\x05\n\x03Run\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\x05\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\x13\n\x0bwait_reason\x18\x06 \x01(\t\x12-\n\twake_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_owner\x18\x08 \x01(\t\x12\x13\n\x0blease_epoch\x18\t \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12&\n\x06limits\x18\x0b \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12*\n\x08\x63ounters\x18\r \x01(\x0b\x32\x18.agentrun.v1.RunCounters\x12\r\n\x05input\x18\x0e \x01(\t\x12\x0e\n\x06output\x18\x0f \x01(\t\x12\r\n\x05\x65rror\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05queue\x18\x14 \x01(\x0b\x32\x1a.agentrun.v1.QueuePosition\x12\x32\n\x0f\x61\x63tive_duration\x18\x15 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0b\x65xpire_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rparent_run_id\x18\x17 \x01(\t\x12\x12\n\nparent_seq\x18\x18 \x01(\x05J\x04\x08\x0c\x10\rR\rdeadline_time\"\xc3\x01\n\rQueuePosition\x12\x12\n\nruns_ahead\x18\x01 \x01(\x03\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.QueueWaitCause\x12\x19\n\x11workspace_running\x18\x03 \x01(\x05\x12!\n\x19workspace_max_concurrency\x18\x04 \x01(\x05\x12\x15\n\ragent_running\x18\x05 \x01(\x05\x12\x1d\n\x15\x61gent_max_concurrency\x18\x06 \x01(\x05\"\xaf\x01\n\x04Step\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x0f\n\x07ref_seq\x18\x05 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"s\n\x0fStartRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\x05\x12\r\n\x05input\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"B\n\x10StartRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"5\n\rGetRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"/\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"\x88\x01\n\x0fListRunsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.agentrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"`\n\x13ListRunStepsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"J\n\x14ListRunStepsResponse\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Step\x12\x10\n\x08next_seq\x18\x02 \x01(\x05\"H\n\x10\x43\x61ncelRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"I\n\x0fWatchRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\"_\n\x10WatchRunResponse\x12!\n\x04step\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.StepH\x00\x12\x1f\n\x03run\x18\x02 \x01(\x0b\x32\x10.agentrun.v1.RunH\x00\x42\x07\n\x05\x65vent\"\xa3\x01\n\x1cResolveUnknownOutcomeRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12.\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.OutcomeDecision\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x0c\n\x04note\x18\x06 \x01(\t\"_\n\x1dResolveUnknownOutcomeResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x11.agentrun.v1.Step*\xb9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x16\n\x12RUN_STATUS_WAITING\x10\x03\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x04\x12\x15\n\x11RUN_STATUS_FAILED\x10\x05\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x06*\xfb\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTEP_KIND_INPUT\x10\x01\x12\x1c\n\x18STEP_KIND_MODEL_DECISION\x10\x02\x12\x1a\n\x16STEP_KIND_TOOL_STARTED\x10\x03\x12\x19\n\x15STEP_KIND_TOOL_RESULT\x10\x04\x12\x12\n\x0eSTEP_KIND_PARK\x10\x05\x12\x14\n\x10STEP_KIND_FINISH\x10\x06\x12 \n\x1cSTEP_KIND_APPROVAL_REQUESTED\x10\x07\x12\x1e\n\x1aSTEP_KIND_APPROVAL_DECIDED\x10\x08*\xda\x01\n\x0eQueueWaitCause\x12 \n\x1cQUEUE_WAIT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUEUE_WAIT_CAUSE_TURN\x10\x01\x12\"\n\x1eQUEUE_WAIT_CAUSE_WORKSPACE_CAP\x10\x02\x12\x1e\n\x1aQUEUE_WAIT_CAUSE_AGENT_CAP\x10\x03\x12\x1f\n\x1bQUEUE_WAIT_CAUSE_RATE_LIMIT\x10\x04\x12&\n\"QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE\x10\x05*\xb0\x01\n\x0fOutcomeDecision\x12 \n\x1cOUTCOME_DECISION_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_DECISION_HAPPENED\x10\x01\x12!\n\x1dOUTCOME_DECISION_NOT_HAPPENED\x10\x02\x12\x1a\n\x16OUTCOME_DECISION_RETRY\x10\x03\x12\x1d\n\x19OUTCOME_DECISION_FAIL_RUN\x10\x04\x32\xbd\x04\n\nRunService\x12G\n\x08StartRun\x12\x1c.agentrun.v1.StartRunRequest\x1a\x1d.agentrun.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.agentrun.v1.GetRunRequest\x1a\x1b.agentrun.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.agentrun.v1.ListRunsRequest\x1a\x1d.agentrun.v1.ListRunsResponse\x12S\n\x0cListRunSteps\x12 .agentrun.v1.ListRunStepsRequest\x1a!.agentrun.v1.ListRunStepsResponse\x12J\n\tCancelRun\x12\x1d.agentrun.v1.CancelRunRequest\x1a\x1e.agentrun.v1.CancelRunResponse\x12I\n\x08WatchRun\x12\x1c.agentrun.v1.WatchRunRequest\x1a\x1d.agentrun.v1.WatchRunResponse0\x01\x12n\n\x15ResolveUnknownOutcome\x12).agentrun.v1.ResolveUnknownOutcomeRequest\x1a*.agentrun.v1.ResolveUnknownOutcomeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61gentrun/v1/run.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n\x0bRunCounters\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"\xe0\x05\n\x03Run\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\x05\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\x13\n\x0bwait_reason\x18\x06 \x01(\t\x12-\n\twake_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_owner\x18\x08 \x01(\t\x12\x13\n\x0blease_epoch\x18\t \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\n \x01(\x05\x12&\n\x06limits\x18\x0b \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12*\n\x08\x63ounters\x18\r \x01(\x0b\x32\x18.agentrun.v1.RunCounters\x12\r\n\x05input\x18\x0e \x01(\t\x12\x0e\n\x06output\x18\x0f \x01(\t\x12\r\n\x05\x65rror\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05queue\x18\x14 \x01(\x0b\x32\x1a.agentrun.v1.QueuePosition\x12\x32\n\x0f\x61\x63tive_duration\x18\x15 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0b\x65xpire_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rparent_run_id\x18\x17 \x01(\t\x12\x12\n\nparent_seq\x18\x18 \x01(\x05J\x04\x08\x0c\x10\rR\rdeadline_time\"\xc3\x01\n\rQueuePosition\x12\x12\n\nruns_ahead\x18\x01 \x01(\x03\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.QueueWaitCause\x12\x19\n\x11workspace_running\x18\x03 \x01(\x05\x12!\n\x19workspace_max_concurrency\x18\x04 \x01(\x05\x12\x15\n\ragent_running\x18\x05 \x01(\x05\x12\x1d\n\x15\x61gent_max_concurrency\x18\x06 \x01(\x05\"\xaf\x01\n\x04Step\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\x0f\n\x07ref_seq\x18\x05 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x92\x01\n\x0fStartRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\x05\x12\r\n\x05input\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x1d\n\x15trigger_connection_id\x18\x1e \x01(\t\"B\n\x10StartRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"5\n\rGetRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"/\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"\x88\x01\n\x0fListRunsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.agentrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"`\n\x13ListRunStepsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"J\n\x14ListRunStepsResponse\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Step\x12\x10\n\x08next_seq\x18\x02 \x01(\x05\"H\n\x10\x43\x61ncelRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\"I\n\x0fWatchRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x05\"_\n\x10WatchRunResponse\x12!\n\x04step\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.StepH\x00\x12\x1f\n\x03run\x18\x02 \x01(\x0b\x32\x10.agentrun.v1.RunH\x00\x42\x07\n\x05\x65vent\"\xa3\x01\n\x1cResolveUnknownOutcomeRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12.\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.OutcomeDecision\x12\x12\n\ndecided_by\x18\x05 \x01(\t\x12\x0c\n\x04note\x18\x06 \x01(\t\"_\n\x1dResolveUnknownOutcomeResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x11.agentrun.v1.Step\"u\n\x10SignalRunRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x13\n\x0bsignal_name\x18\x03 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x04 \x01(\t\x12\x14\n\x0cpayload_json\x18\x05 \x01(\t\"\xf3\x01\n\x06Signal\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x13\n\x0bsignal_name\x18\x03 \x01(\t\x12\x14\n\x0cpayload_json\x18\x04 \x01(\t\x12\x0f\n\x07sent_by\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63onsumed_seq\x18\x07 \x01(\x05\x12\x12\n\nresult_seq\x18\x08 \x01(\x05\x12\x30\n\x0c\x63onsume_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"h\n\x11SignalRunResponse\x12#\n\x06signal\x18\x01 \x01(\x0b\x32\x13.agentrun.v1.Signal\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x1d\n\x03run\x18\x03 \x01(\x0b\x32\x10.agentrun.v1.Run*\xb9\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x16\n\x12RUN_STATUS_WAITING\x10\x03\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x04\x12\x15\n\x11RUN_STATUS_FAILED\x10\x05\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x06*\xfb\x01\n\x08StepKind\x12\x19\n\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTEP_KIND_INPUT\x10\x01\x12\x1c\n\x18STEP_KIND_MODEL_DECISION\x10\x02\x12\x1a\n\x16STEP_KIND_TOOL_STARTED\x10\x03\x12\x19\n\x15STEP_KIND_TOOL_RESULT\x10\x04\x12\x12\n\x0eSTEP_KIND_PARK\x10\x05\x12\x14\n\x10STEP_KIND_FINISH\x10\x06\x12 \n\x1cSTEP_KIND_APPROVAL_REQUESTED\x10\x07\x12\x1e\n\x1aSTEP_KIND_APPROVAL_DECIDED\x10\x08*\xda\x01\n\x0eQueueWaitCause\x12 \n\x1cQUEUE_WAIT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUEUE_WAIT_CAUSE_TURN\x10\x01\x12\"\n\x1eQUEUE_WAIT_CAUSE_WORKSPACE_CAP\x10\x02\x12\x1e\n\x1aQUEUE_WAIT_CAUSE_AGENT_CAP\x10\x03\x12\x1f\n\x1bQUEUE_WAIT_CAUSE_RATE_LIMIT\x10\x04\x12&\n\"QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE\x10\x05*\xb0\x01\n\x0fOutcomeDecision\x12 \n\x1cOUTCOME_DECISION_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_DECISION_HAPPENED\x10\x01\x12!\n\x1dOUTCOME_DECISION_NOT_HAPPENED\x10\x02\x12\x1a\n\x16OUTCOME_DECISION_RETRY\x10\x03\x12\x1d\n\x19OUTCOME_DECISION_FAIL_RUN\x10\x04\x32\x89\x05\n\nRunService\x12G\n\x08StartRun\x12\x1c.agentrun.v1.StartRunRequest\x1a\x1d.agentrun.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.agentrun.v1.GetRunRequest\x1a\x1b.agentrun.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.agentrun.v1.ListRunsRequest\x1a\x1d.agentrun.v1.ListRunsResponse\x12S\n\x0cListRunSteps\x12 .agentrun.v1.ListRunStepsRequest\x1a!.agentrun.v1.ListRunStepsResponse\x12J\n\tCancelRun\x12\x1d.agentrun.v1.CancelRunRequest\x1a\x1e.agentrun.v1.CancelRunResponse\x12I\n\x08WatchRun\x12\x1c.agentrun.v1.WatchRunRequest\x1a\x1d.agentrun.v1.WatchRunResponse0\x01\x12n\n\x15ResolveUnknownOutcome\x12).agentrun.v1.ResolveUnknownOutcomeRequest\x1a*.agentrun.v1.ResolveUnknownOutcomeResponse\x12J\n\tSignalRun\x12\x1d.agentrun.v1.SignalRunRequest\x1a\x1e.agentrun.v1.SignalRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.run_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATUS']._serialized_start=2571
-  _globals['_RUNSTATUS']._serialized_end=2756
-  _globals['_STEPKIND']._serialized_start=2759
-  _globals['_STEPKIND']._serialized_end=3010
-  _globals['_QUEUEWAITCAUSE']._serialized_start=3013
-  _globals['_QUEUEWAITCAUSE']._serialized_end=3231
-  _globals['_OUTCOMEDECISION']._serialized_start=3234
-  _globals['_OUTCOMEDECISION']._serialized_end=3410
+  _globals['_RUNSTATUS']._serialized_start=3074
+  _globals['_RUNSTATUS']._serialized_end=3259
+  _globals['_STEPKIND']._serialized_start=3262
+  _globals['_STEPKIND']._serialized_end=3513
+  _globals['_QUEUEWAITCAUSE']._serialized_start=3516
+  _globals['_QUEUEWAITCAUSE']._serialized_end=3734
+  _globals['_OUTCOMEDECISION']._serialized_start=3737
+  _globals['_OUTCOMEDECISION']._serialized_end=3913
   _globals['_RUNCOUNTERS']._serialized_start=128
   _globals['_RUNCOUNTERS']._serialized_end=213
   _globals['_RUN']._serialized_start=216
@@ -50,34 +50,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUEUEPOSITION']._serialized_end=1150
   _globals['_STEP']._serialized_start=1153
   _globals['_STEP']._serialized_end=1328
-  _globals['_STARTRUNREQUEST']._serialized_start=1330
-  _globals['_STARTRUNREQUEST']._serialized_end=1445
-  _globals['_STARTRUNRESPONSE']._serialized_start=1447
-  _globals['_STARTRUNRESPONSE']._serialized_end=1513
-  _globals['_GETRUNREQUEST']._serialized_start=1515
-  _globals['_GETRUNREQUEST']._serialized_end=1568
-  _globals['_GETRUNRESPONSE']._serialized_start=1570
-  _globals['_GETRUNRESPONSE']._serialized_end=1617
-  _globals['_LISTRUNSREQUEST']._serialized_start=1620
-  _globals['_LISTRUNSREQUEST']._serialized_end=1756
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1758
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1833
-  _globals['_LISTRUNSTEPSREQUEST']._serialized_start=1835
-  _globals['_LISTRUNSTEPSREQUEST']._serialized_end=1931
-  _globals['_LISTRUNSTEPSRESPONSE']._serialized_start=1933
-  _globals['_LISTRUNSTEPSRESPONSE']._serialized_end=2007
-  _globals['_CANCELRUNREQUEST']._serialized_start=2009
-  _globals['_CANCELRUNREQUEST']._serialized_end=2081
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2083
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2133
-  _globals['_WATCHRUNREQUEST']._serialized_start=2135
-  _globals['_WATCHRUNREQUEST']._serialized_end=2208
-  _globals['_WATCHRUNRESPONSE']._serialized_start=2210
-  _globals['_WATCHRUNRESPONSE']._serialized_end=2305
-  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_start=2308
-  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_end=2471
-  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_start=2473
-  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_end=2568
-  _globals['_RUNSERVICE']._serialized_start=3413
-  _globals['_RUNSERVICE']._serialized_end=3986
+  _globals['_STARTRUNREQUEST']._serialized_start=1331
+  _globals['_STARTRUNREQUEST']._serialized_end=1477
+  _globals['_STARTRUNRESPONSE']._serialized_start=1479
+  _globals['_STARTRUNRESPONSE']._serialized_end=1545
+  _globals['_GETRUNREQUEST']._serialized_start=1547
+  _globals['_GETRUNREQUEST']._serialized_end=1600
+  _globals['_GETRUNRESPONSE']._serialized_start=1602
+  _globals['_GETRUNRESPONSE']._serialized_end=1649
+  _globals['_LISTRUNSREQUEST']._serialized_start=1652
+  _globals['_LISTRUNSREQUEST']._serialized_end=1788
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1790
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1865
+  _globals['_LISTRUNSTEPSREQUEST']._serialized_start=1867
+  _globals['_LISTRUNSTEPSREQUEST']._serialized_end=1963
+  _globals['_LISTRUNSTEPSRESPONSE']._serialized_start=1965
+  _globals['_LISTRUNSTEPSRESPONSE']._serialized_end=2039
+  _globals['_CANCELRUNREQUEST']._serialized_start=2041
+  _globals['_CANCELRUNREQUEST']._serialized_end=2113
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2115
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2165
+  _globals['_WATCHRUNREQUEST']._serialized_start=2167
+  _globals['_WATCHRUNREQUEST']._serialized_end=2240
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2242
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2337
+  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_start=2340
+  _globals['_RESOLVEUNKNOWNOUTCOMEREQUEST']._serialized_end=2503
+  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_start=2505
+  _globals['_RESOLVEUNKNOWNOUTCOMERESPONSE']._serialized_end=2600
+  _globals['_SIGNALRUNREQUEST']._serialized_start=2602
+  _globals['_SIGNALRUNREQUEST']._serialized_end=2719
+  _globals['_SIGNAL']._serialized_start=2722
+  _globals['_SIGNAL']._serialized_end=2965
+  _globals['_SIGNALRUNRESPONSE']._serialized_start=2967
+  _globals['_SIGNALRUNRESPONSE']._serialized_end=3071
+  _globals['_RUNSERVICE']._serialized_start=3916
+  _globals['_RUNSERVICE']._serialized_end=4565
 # @@protoc_insertion_point(module_scope)

@@ -446,6 +446,7 @@ class StartRunRequest(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_CONNECTION_ID_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     agent_version: _builtins.int
@@ -456,6 +457,13 @@ class StartRunRequest(_message.Message):
     """Optional client-chosen dedupe key: a retried StartRun with the same key
     returns the run it created the first time.
     """
+    trigger_connection_id: _builtins.str
+    """Optional: the connection (a connected account of this workspace) the
+    event that starts the run came in through. A tool whose provider the
+    agent version maps to the connection "trigger" acts as this account; a
+    run without one gets such a call's error result, and nothing is sent.
+    Recorded in the run's input step as "trigger_connection_id".
+    """
     def __init__(
         self,
         *,
@@ -464,10 +472,11 @@ class StartRunRequest(_message.Message):
         agent_version: _builtins.int = ...,
         input: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        trigger_connection_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "request_id", b"request_id", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -819,3 +828,124 @@ class ResolveUnknownOutcomeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveUnknownOutcomeResponse: _TypeAlias = ResolveUnknownOutcomeResponse  # noqa: Y015
+
+@_typing.final
+class SignalRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_NAME_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    signal_name: _builtins.str
+    """The signal's name: what a wait_for_signal call waits for. 1-128 of
+    letters, digits, '.', '_', ':' and '-', starting alphanumeric.
+    """
+    event_id: _builtins.str
+    """The sender's id for this event (1-200 bytes), unique within the run."""
+    payload_json: _builtins.str
+    """The signal's content, a JSON value (at most 256 KiB); empty = null.
+    The wait_for_signal call's result carries it as "payload".
+    """
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        signal_name: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "payload_json", b"payload_json", "run_id", b"run_id", "signal_name", b"signal_name", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalRunRequest: _TypeAlias = SignalRunRequest  # noqa: Y015
+
+@_typing.final
+class Signal(_message.Message):
+    """Signal is one event in a run's mailbox."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_NAME_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    SENT_BY_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CONSUMED_SEQ_FIELD_NUMBER: _builtins.int
+    RESULT_SEQ_FIELD_NUMBER: _builtins.int
+    CONSUME_TIME_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    event_id: _builtins.str
+    signal_name: _builtins.str
+    payload_json: _builtins.str
+    sent_by: _builtins.str
+    """The principal that sent it (kind:name)."""
+    consumed_seq: _builtins.int
+    """The wait_for_signal call (its tool_started seq) the signal answered and
+    the seq of that call's tool_result; 0 while it waits in the mailbox.
+    """
+    result_seq: _builtins.int
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def consume_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        signal_name: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+        sent_by: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        consumed_seq: _builtins.int = ...,
+        result_seq: _builtins.int = ...,
+        consume_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["consume_time", b"consume_time", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_time", b"consume_time", "consumed_seq", b"consumed_seq", "create_time", b"create_time", "event_id", b"event_id", "payload_json", b"payload_json", "result_seq", b"result_seq", "run_id", b"run_id", "sent_by", b"sent_by", "signal_name", b"signal_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Signal: _TypeAlias = Signal  # noqa: Y015
+
+@_typing.final
+class SignalRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when event_id was used already: `signal` is the first one, as it
+    stands now.
+    """
+    @_builtins.property
+    def signal(self) -> Global___Signal: ...
+    @_builtins.property
+    def run(self) -> Global___Run:
+        """The run after the signal."""
+
+    def __init__(
+        self,
+        *,
+        signal: Global___Signal | None = ...,
+        created: _builtins.bool = ...,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run", "signal", b"signal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run", b"run", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalRunResponse: _TypeAlias = SignalRunResponse  # noqa: Y015

@@ -63,6 +63,18 @@ class RunServiceStub:
     tool_result step answering the unknown one, and the run becomes runnable.
     Exactly one decision wins: a second one gets ABORTED naming the first.
     """
+    SignalRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.SignalRunRequest, _run_pb2.SignalRunResponse]
+    """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+    The run's mailbox keeps it until a wait_for_signal call of that name
+    takes it (the oldest first); a run waiting on that name gets it as the
+    call's result at once and becomes runnable. Each signal answers at most
+    one call, once, even when it arrives before the run parks. Idempotent by
+    event_id within the run: the same event_id, name and payload again is a
+    no-op that returns the first signal (created = false), even after the
+    run ended; the same event_id with another name or payload is
+    ALREADY_EXISTS and nothing is written. A run that ended:
+    FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -98,6 +110,18 @@ class RunServiceAsyncStub(RunServiceStub):
     waits (wait_reason "human") until then. The decision is appended as a
     tool_result step answering the unknown one, and the run becomes runnable.
     Exactly one decision wins: a second one gets ABORTED naming the first.
+    """
+    SignalRun: _aio.UnaryUnaryMultiCallable[_run_pb2.SignalRunRequest, _run_pb2.SignalRunResponse]  # type: ignore[assignment]
+    """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+    The run's mailbox keeps it until a wait_for_signal call of that name
+    takes it (the oldest first); a run waiting on that name gets it as the
+    call's result at once and becomes runnable. Each signal answers at most
+    one call, once, even when it arrives before the run parks. Idempotent by
+    event_id within the run: the same event_id, name and payload again is a
+    no-op that returns the first signal (created = false), even after the
+    run ended; the same event_id with another name or payload is
+    ALREADY_EXISTS and nothing is written. A run that ended:
+    FAILED_PRECONDITION.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -173,6 +197,24 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         waits (wait_reason "human") until then. The decision is appended as a
         tool_result step answering the unknown one, and the run becomes runnable.
         Exactly one decision wins: a second one gets ABORTED naming the first.
+        """
+
+    @_abc_1.abstractmethod
+    def SignalRun(
+        self,
+        request: _run_pb2.SignalRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.SignalRunResponse, _abc.Awaitable[_run_pb2.SignalRunResponse]]:
+        """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+        The run's mailbox keeps it until a wait_for_signal call of that name
+        takes it (the oldest first); a run waiting on that name gets it as the
+        call's result at once and becomes runnable. Each signal answers at most
+        one call, once, even when it arrives before the run parks. Idempotent by
+        event_id within the run: the same event_id, name and payload again is a
+        no-op that returns the first signal (created = false), even after the
+        run ended; the same event_id with another name or payload is
+        ALREADY_EXISTS and nothing is written. A run that ended:
+        FAILED_PRECONDITION.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
