@@ -111,6 +111,16 @@ class Client:
         )  # fmt: skip
         return self.runs.ResolveUnknownOutcome(req, timeout=self.timeout)
 
+    def signal_run(
+        self, run_id: str, name: str, event_id: str, payload_json: str
+    ) -> run_pb2.SignalRunResponse:
+        """Send a named event to a run (idempotent by event id)."""
+        req = run_pb2.SignalRunRequest(
+            workspace_id=self.workspace, run_id=run_id, signal_name=name, event_id=event_id,
+            payload_json=payload_json,
+        )  # fmt: skip
+        return self.runs.SignalRun(req, timeout=self.timeout)
+
     def list_runs(
         self, agent_id: str = "", status: int = 0, limit: int | None = None
     ) -> Iterator[run_pb2.Run]:

@@ -121,6 +121,19 @@ def runs_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_signal(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.signal_run(args.run_id, args.name, args.event_id, args.payload)
+    sig = resp.signal
+    state = (f"answered call {sig.consumed_seq} (step {sig.result_seq})" if sig.consumed_seq
+             else "in the run's mailbox")  # fmt: skip
+    again = "" if resp.created else " (already sent: the first signal with this event id)"
+    lines = [f"signal {sig.signal_name} {sig.event_id}: {state}{again}",
+             f"run {resp.run.run_id} {render.state_line(resp.run)}"]  # fmt: skip
+    _emit(args, resp, lines)
+    return 0
+
+
 def _follow(client: Client, args: argparse.Namespace, run_id: str, from_seq: int) -> None:
     """Print a run's steps and state changes until the stream ends (one JSON event a line)."""
     watch = client.watch(run_id, from_seq, on_retry=_retry_notice)

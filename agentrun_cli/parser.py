@@ -176,6 +176,14 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     )
     p.add_argument("--note", default="", help="what you checked")
     p.set_defaults(handler=commands.runs_resolve)
+    p = runs.add_parser(
+        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("name", metavar="NAME", help="the signal's name")
+    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
+    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
+    p.set_defaults(handler=commands.runs_signal)
 
 
 def build_parser() -> argparse.ArgumentParser:
