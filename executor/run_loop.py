@@ -274,6 +274,9 @@ class RunLoop:
             tool = self._deps.catalogue.check_call(
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
             )
+            credentials.account_of(
+                self.spec.connections, tool, credentials.triggering(self.entries)
+            )
         except ToolCallRejected as exc:
             log.info("run %s: tool call %s rejected: %s", self.run_id, call.id, exc)
             outcome = Outcome("error", error=str(exc))
@@ -481,7 +484,8 @@ class RunLoop:
         async def token(connection_id: str) -> credentials.Granted:
             return await fetch(lease, connection_id)
 
-        return credentials.for_tool(self.spec.connections, tool, token)
+        trigger = credentials.triggering(self.entries)
+        return credentials.for_tool(self.spec.connections, tool, token, trigger)
 
     def _outbound(self, tool: Tool, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """What is sent: the recorded arguments, and the chain marker on mail."""

@@ -17,6 +17,7 @@ from control_plane.api import convert, signals, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
+from control_plane.connections import triggering
 from control_plane.errors import (
     Aborted,
     DomainError,
@@ -109,9 +110,12 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ver = await agent_store.get_version(self._pool, ws, agent_id, version)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
+        came_in = await triggering.input_payload(
+            self._pool, ws, text, request.trigger_connection_id
+        )
         adm = admission(
             ver, self._defaults, text, started_by=auth_context.current().label,
-            request_id=request_id,
+            request_id=request_id, input_payload=came_in,
         )  # fmt: skip
         row = await store.insert_run(self._pool, adm)
         if row is None:
