@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
+from control_plane import children
 from control_plane.api import convert, signals, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
@@ -132,6 +133,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
         msg = convert.run(row)
+        msg.child_run_ids.extend(await children.child_ids(self._pool, ws, row.run_id))
         if row.status in ("queued", "waiting"):
             pos = await lease_store.queue_position(self._pool, ws, row.run_id)
             queue = convert.queue_position(pos, row.wait_reason) if pos else None

@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from agentrun.v1 import run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_effects, sandbox_requests
 from tests.harness.invariants import (
     assert_log_well_formed,
@@ -26,6 +27,7 @@ from tests.harness.invariants import (
     assert_writes_at_most_once,
 )
 from tests.integration.test_child_runs import children_of
+from tests.integration.test_signals import cli
 
 FAMILIES = 2
 KILLS = {"parent": 2, "child": 2}  # SIGKILLs of a holder of each kind, at least one each
@@ -87,6 +89,8 @@ async def check_family(api: Api, db_url: str, parent_id: str, model_log, provide
     kids = await children_of(db_url, parent_id)
     # One child per call, one result per call, each naming its own child.
     assert [k["input"] for k in kids] == ["one", "two", "three"]
+    # Visible both ways: GetRun lists a parent's children and names a child's parent.
+    assert list((await api.get(parent_id)).child_run_ids) == [str(k["run_id"]) for k in kids]
     assert [k["parent_seq"] for k in kids] == [s.seq for s in started]
     assert sorted(r.ref_seq for r in results) == [s.seq for s in started]
     for kid, result in zip(kids, sorted(results, key=lambda r: r.ref_seq), strict=True):
@@ -95,6 +99,9 @@ async def check_family(api: Api, db_url: str, parent_id: str, model_log, provide
         assert result.payload["status"] == "ok"
         assert result.payload["output"]["child_run_id"] == kid_id
         assert result.payload["output"]["output"] == kid["output"]
+        kid_run = await api.get(kid_id)
+        assert (kid_run.parent_run_id, kid_run.parent_seq) == (parent_id, result.ref_seq)
+        assert list(kid_run.child_run_ids) == []
         kid_steps = await api.steps(kid_id)
         assert_log_well_formed(kid_steps)
         assert_no_reask(kid_id, kid_steps, model_log)
@@ -133,3 +140,10 @@ async def test_kill_9_of_parents_and_childrens_executors_at_random_moments(
     mails = [e for e in sandbox_effects(sandbox_providers.url, "mail")
              if (e.get("key") or "").split(":")[0] in kid_ids]  # fmt: skip
     assert len(mails) == len(kid_ids) == 3 * FAMILIES
+    # And through the CLI: `runs show` names a parent's children and a child's parent.
+    key = await auth.workspace_key(db_url, "ws", role="reader")
+    a_kid = sorted(kid_ids)[0]
+    shown = await cli(cp.address, key, "runs", "show", parent_ids[0])
+    assert shown.returncode == 0 and "children" in shown.stdout, shown.stderr
+    kid_shown = await cli(cp.address, key, "runs", "show", a_kid)
+    assert "parent" in kid_shown.stdout and "start_child at step" in kid_shown.stdout

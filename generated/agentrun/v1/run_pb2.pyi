@@ -252,6 +252,7 @@ class Run(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     PARENT_SEQ_FIELD_NUMBER: _builtins.int
+    CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -317,6 +318,12 @@ class Run(_message.Message):
         unset when it has none.
         """
 
+    @_builtins.property
+    def child_run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A parent's child runs, in the order its start_child calls admitted them
+        (GetRun only; each call's tool_result names its child too).
+        """
+
     def __init__(
         self,
         *,
@@ -343,10 +350,11 @@ class Run(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         parent_run_id: _builtins.str = ...,
         parent_seq: _builtins.int = ...,
+        child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
