@@ -82,14 +82,16 @@ class Client:
     # --- runs --------------------------------------------------------------
 
     def start_run(
-        self, agent_id: str, text: str, version: int = 0, request_id: str = ""
-    ) -> run_pb2.StartRunResponse:
+        self, agent_id: str, text: str, version: int = 0, request_id: str = "",
+        trigger_connection_id: str = "",
+    ) -> run_pb2.StartRunResponse:  # fmt: skip
         req = run_pb2.StartRunRequest(
             workspace_id=self.workspace,
             agent_id=agent_id,
             agent_version=version,
             input=text,
             request_id=request_id,
+            trigger_connection_id=trigger_connection_id,
         )
         return self.runs.StartRun(req, timeout=self.timeout)
 

@@ -145,6 +145,10 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
     p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
     p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
+    p.add_argument(
+        "--trigger-connection", default="", metavar="C",
+        help="the connection the run came in through (tools mapped to `trigger` act as it)",
+    )  # fmt: skip
     p.add_argument("--watch", action="store_true", help="then watch it to the end")
     p.set_defaults(handler=commands.runs_start)
     p = runs.add_parser("show", help="a run's state and step log", parents=[common])

@@ -5,6 +5,7 @@ through none gets the call's error result with nothing sent."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import grpc
@@ -12,7 +13,9 @@ import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2
 from tests.harness.agentrun_api import Api
+from tests.harness.auth import workspace_key
 from tests.integration.test_connections_runs import WS, connect, mine
+from tests.integration.test_signals import cli
 
 AGENT = "poster-trigger"
 
@@ -45,7 +48,12 @@ async def test_each_run_acts_as_the_account_it_came_in_through(
     cp, api = stack
     accounts = [f"{who}-{uuid.uuid4().hex[:6]}@acme" for who in ("ada", "bob")]
     cids = [await connect(cp, db_url, account) for account in accounts]
-    came_in = [await start(api, cid) for cid in cids]
+    # One through the API, one through `agentrun runs start --trigger-connection`.
+    key = await workspace_key(db_url, WS, role="operator")
+    done = await cli(cp.address, key, "runs", "start", AGENT, "--input", "post the update",
+                     "--trigger-connection", cids[1], "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    came_in = [await start(api, cids[0]), json.loads(done.stdout)["run"]["run_id"]]
     through_none = await start(api)
     executor_factory(cp)
     finished = await api.wait_terminal([*came_in, through_none], within=60)
