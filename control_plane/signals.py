@@ -102,10 +102,10 @@ def check_name(field: str, value: str) -> str:
     return value
 
 
-def same_signal(stored: Signal, wanted: Outgoing) -> bool:
-    """Whether a stored signal is the one this request sends again (name and payload)."""
-    payload = json.dumps(json.loads(stored.payload), sort_keys=True, separators=(",", ":"))
-    return stored.name == wanted.name and payload == wanted.canonical
+def same_signal(stored: Any, wanted: Outgoing) -> bool:
+    """Whether a stored signal row is the one this request sends again: the same name and
+    the same payload as a JSON value (the SHA-256 of its canonical text)."""
+    return stored["name"] == wanted.name and bytes(stored["payload_sha256"]) == wanted.digest
 
 
 async def send(pool: Pool | Connection, wanted: Outgoing, on_runnable: Callable[[], None]) -> Sent:
@@ -116,7 +116,7 @@ async def send(pool: Pool | Connection, wanted: Outgoing, on_runnable: Callable[
         if locked is None:
             raise NotFound(f"run {rid} not found")
         if (first := await run(conn, "signal_get", ws, rid, wanted.event_id)) is not None:
-            return _again(Signal.of(first), wanted)
+            return _again(first, wanted)
         if locked["status"] in TERMINAL:
             raise FailedPrecondition(f"run {rid} already ended ({locked['status']})")
         await run(conn, "signal_insert", ws, rid, wanted.event_id, wanted.name,
@@ -128,13 +128,14 @@ async def send(pool: Pool | Connection, wanted: Outgoing, on_runnable: Callable[
     return Sent(Signal.of(row), created=True)
 
 
-def _again(first: Signal, wanted: Outgoing) -> Sent:
+def _again(first: Any, wanted: Outgoing) -> Sent:
     if not same_signal(first, wanted):
         raise AlreadyExists(
             f"event_id {wanted.event_id!r} was already sent to run {wanted.run_id} as another "
-            f"signal (name {first.name!r}, a different payload or name); nothing was written"
+            f"signal (name {first['name']!r}; the name or the payload differs); nothing was "
+            "written"
         )
-    return Sent(first, created=False)
+    return Sent(Signal.of(first), created=False)
 
 
 async def signal_commit(
