@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import faults
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import steps as step_store
 from control_plane.store.db import Connection, Pool, transaction
@@ -123,6 +124,8 @@ async def send(pool: Pool | Connection, wanted: Outgoing, on_runnable: Callable[
                   wanted.canonical, wanted.digest, wanted.sent_by)  # fmt: skip
         delivered = await run(conn, "signal_deliver", ws, rid)
         row = await run(conn, "signal_get", ws, rid, wanted.event_id)
+        faults.point("control_plane.signal.before_commit")
+    faults.point("control_plane.signal.after_commit")
     if delivered["result_seq"] is not None:
         on_runnable()
     return Sent(Signal.of(row), created=True)
