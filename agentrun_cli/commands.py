@@ -45,8 +45,20 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
         deadline.FromNanoseconds(round(args.deadline * 1e9))
         limits.deadline.CopyFrom(deadline)
     return agent_pb2.AgentSpec(
-        model=args.model, instructions=args.instructions, tools=args.tools, limits=limits
-    )
+        model=args.model, instructions=args.instructions, tools=args.tools, limits=limits,
+        connections=_connections(args.connections or []),
+    )  # fmt: skip
+
+
+def _connections(pairs: list[str]) -> dict[str, str]:
+    """`--connection PROVIDER=ID` (or `PROVIDER=trigger`) as AgentSpec.connections."""
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        provider, sep, connection = pair.partition("=")
+        if not sep or not provider or not connection:
+            raise SystemExit(f"--connection {pair!r}: expected PROVIDER=CONNECTION_ID or =trigger")
+        mapping[provider] = connection
+    return mapping
 
 
 def agents_publish(args: argparse.Namespace) -> int:

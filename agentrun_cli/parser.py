@@ -117,6 +117,11 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         metavar="T",
         help="a tool the agent may call (repeat for more)",
     )
+    p.add_argument(
+        "--connection", dest="connections", action="append", metavar="PROVIDER=ID",
+        help="the connection a provider's tools act as; ID `trigger`: the run's triggering "
+        "account (repeat for more providers)",
+    )  # fmt: skip
     p.add_argument("--max-steps", type=int, default=0, metavar="N")
     p.add_argument(
         "--deadline",

@@ -103,3 +103,12 @@ async def test_a_triggering_connection_must_be_one_of_the_workspace(stack, db_ur
         )
     assert spelled.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "spec.connections[chat]" in (spelled.value.details() or "")
+    # The CLI publishes the mapping: `--connection chat=trigger`.
+    admin = await workspace_key(db_url, WS, role="admin")
+    argv = ["agents", "publish", AGENT, "--model", "poster", "--instructions", "post",
+            "--tool", "chat_post"]  # fmt: skip
+    done = await cli(cp.address, admin, *argv, "--connection", "chat=trigger", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["spec"]["connections"] == {"chat": "trigger"}
+    wrong = await cli(cp.address, admin, *argv, "--connection", "chat=Trigger")
+    assert wrong.returncode != 0 and "INVALID_ARGUMENT" in wrong.stderr
