@@ -82,14 +82,16 @@ class Client:
     # --- runs --------------------------------------------------------------
 
     def start_run(
-        self, agent_id: str, text: str, version: int = 0, request_id: str = ""
-    ) -> run_pb2.StartRunResponse:
+        self, agent_id: str, text: str, version: int = 0, request_id: str = "",
+        trigger_connection_id: str = "",
+    ) -> run_pb2.StartRunResponse:  # fmt: skip
         req = run_pb2.StartRunRequest(
             workspace_id=self.workspace,
             agent_id=agent_id,
             agent_version=version,
             input=text,
             request_id=request_id,
+            trigger_connection_id=trigger_connection_id,
         )
         return self.runs.StartRun(req, timeout=self.timeout)
 
@@ -110,6 +112,16 @@ class Client:
             decision=run_pb2.OutcomeDecision.Value(f"OUTCOME_DECISION_{decision.upper()}"),
         )  # fmt: skip
         return self.runs.ResolveUnknownOutcome(req, timeout=self.timeout)
+
+    def signal_run(
+        self, run_id: str, name: str, event_id: str, payload_json: str
+    ) -> run_pb2.SignalRunResponse:
+        """Send a named event to a run (idempotent by event id)."""
+        req = run_pb2.SignalRunRequest(
+            workspace_id=self.workspace, run_id=run_id, signal_name=name, event_id=event_id,
+            payload_json=payload_json,
+        )  # fmt: skip
+        return self.runs.SignalRun(req, timeout=self.timeout)
 
     def list_runs(
         self, agent_id: str = "", status: int = 0, limit: int | None = None

@@ -51,7 +51,19 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
         model=args.model, instructions=args.instructions, tools=args.tools, limits=limits,
         model_profile=args.model_profile,
         model_parameters=parameters if parameters.ListFields() else None,
+        connections=_connections(args.connections or []),
     )  # fmt: skip
+
+
+def _connections(pairs: list[str]) -> dict[str, str]:
+    """`--connection PROVIDER=ID` (or `PROVIDER=trigger`) as AgentSpec.connections."""
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        provider, sep, connection = pair.partition("=")
+        if not sep or not provider or not connection:
+            raise SystemExit(f"--connection {pair!r}: expected PROVIDER=CONNECTION_ID or =trigger")
+        mapping[provider] = connection
+    return mapping
 
 
 def agents_publish(args: argparse.Namespace) -> int:
@@ -77,7 +89,9 @@ def agents_show(args: argparse.Namespace) -> int:
 
 def runs_start(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        resp = client.start_run(args.agent_id, args.input, args.version, args.request_id)
+        resp = client.start_run(
+            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection
+        )
         note = "started" if resp.created else "already started (same request id)"
         if args.json and args.watch:
             print(render.to_json(resp), flush=True)  # one JSON value a line, like the events
@@ -122,6 +136,19 @@ def runs_resolve(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.resolve_unknown(args.run_id, args.seq, args.decision, args.by, args.note)
     lines = [render.step_line(resp.step), f"run {resp.run.run_id} {render.state_line(resp.run)}"]
+    _emit(args, resp, lines)
+    return 0
+
+
+def runs_signal(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        resp = client.signal_run(args.run_id, args.name, args.event_id, args.payload)
+    sig = resp.signal
+    state = (f"answered call {sig.consumed_seq} (step {sig.result_seq})" if sig.consumed_seq
+             else "in the run's mailbox")  # fmt: skip
+    again = "" if resp.created else " (already sent: the first signal with this event id)"
+    lines = [f"signal {sig.signal_name} {sig.event_id}: {state}{again}",
+             f"run {resp.run.run_id} {render.state_line(resp.run)}"]  # fmt: skip
     _emit(args, resp, lines)
     return 0
 

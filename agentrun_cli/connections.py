@@ -1,4 +1,4 @@
-"""`agentrun connections list|show|revoke|link`: a workspace's connected accounts (never tokens)."""
+"""`agentrun connections list|show|revoke|link|reconnect`: a workspace's connected accounts (never tokens)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         ("show", "one connection", connections_show),
         ("revoke", "stop agents using it (runs that need it park)", connections_revoke),
         ("link", "the reconnect link for its owner", connections_link),
+        ("reconnect", "the reconnect link for its owner (as link)", connections_link),
     ):
         p = actions.add_parser(name, help=text, parents=[common])
         p.add_argument("id", metavar="CONNECTION_ID")

@@ -123,6 +123,11 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         metavar="T",
         help="a tool the agent may call (repeat for more)",
     )
+    p.add_argument(
+        "--connection", dest="connections", action="append", metavar="PROVIDER=ID",
+        help="the connection a provider's tools act as; ID `trigger`: the run's triggering "
+        "account (repeat for more providers)",
+    )  # fmt: skip
     p.add_argument("--max-steps", type=int, default=0, metavar="N")
     p.add_argument(
         "--deadline",
@@ -151,6 +156,10 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
     p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
     p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
+    p.add_argument(
+        "--trigger-connection", default="", metavar="C",
+        help="the connection the run came in through (tools mapped to `trigger` act as it)",
+    )  # fmt: skip
     p.add_argument("--watch", action="store_true", help="then watch it to the end")
     p.set_defaults(handler=commands.runs_start)
     p = runs.add_parser("show", help="a run's state and step log", parents=[common])
@@ -183,6 +192,14 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--note", default="", help="what you checked")
     p.set_defaults(handler=commands.runs_resolve)
     forks.add_commands(runs, common)
+    p = runs.add_parser(
+        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("name", metavar="NAME", help="the signal's name")
+    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
+    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
+    p.set_defaults(handler=commands.runs_signal)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -220,6 +220,10 @@ def run_summary(run: run_pb2.Run) -> list[str]:
         ("created", timestamp(run.create_time)),
         ("finished", timestamp(run.finish_time)),
     ]
+    if run.parent_run_id:
+        rows.append(("parent", f"{run.parent_run_id} (its start_child at step {run.parent_seq})"))
+    if run.child_run_ids:
+        rows.append(("children", ", ".join(run.child_run_ids)))
     return [f"{name:<9} {value}" for name, value in rows]
 
 

@@ -89,3 +89,8 @@ async def _admit(
     if row is not None:
         await run(conn, "child_mark", req.workspace_id, row["run_id"], req.run_id, call.seq)
     return None
+
+
+async def child_ids(pool: Pool, workspace_id: str, run_id: Any) -> list[str]:
+    """A run's child runs, in the order their calls were made (runs_children)."""
+    return [str(r["run_id"]) for r in await run(pool, "runs_children", workspace_id, run_id)]

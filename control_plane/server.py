@@ -52,6 +52,7 @@ from control_plane.auth.resolver import REFUSED, Resolver
 from control_plane.config import ServerConfig
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
+from control_plane.connections.revocation import Revocations
 from control_plane.connections.tokens import ConnectionTokens
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
@@ -262,7 +263,8 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         ExecutorServicer(dispatcher, p.resolver, p.tokens), executors
     )
     connection_pb2_grpc.add_ConnectionServiceServicer_to_server(
-        ConnectionServicer(pool, cfg.public_url), server
+        ConnectionServicer(pool, cfg.public_url, Revocations(pool, p.envelope, p.tokens.client)),
+        server,
     )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(

@@ -14,7 +14,17 @@ from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, constraints, context, limits, payloads, replay, steps, untrusted
+from executor import (
+    approval,
+    constraints,
+    context,
+    limits,
+    payloads,
+    replay,
+    signal_wait,
+    steps,
+    untrusted,
+)
 from executor import metrics as m
 from executor.lease import LeaseKeeper
 from executor.models import profiles
@@ -340,6 +350,9 @@ class RunLoop:
             tool = self._deps.catalogue.check_call(
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
             )
+            credentials.account_of(
+                self.spec.connections, tool, credentials.triggering(self.entries)
+            )
         except ToolCallRejected as exc:
             log.info("run %s: tool call %s rejected: %s", self.run_id, call.id, exc)
             outcome = Outcome("error", error=str(exc))
@@ -427,6 +440,8 @@ class RunLoop:
             return await self._read_result(started.seq + 1, started.seq, call_id, arguments)
         if name == CHILD_TOOL:
             return await self._start_child(started)
+        if name == signal_wait.TOOL:
+            return await self._wait_signal(started, arguments, signal_wait.timeout_of(arguments))
         if name != "sleep":
             outcome = Outcome("error", error=f"internal tool {name!r} is not supported")
             await self._commit_result(started.seq, started.ref_seq, call_id, name, outcome)
@@ -453,6 +468,29 @@ class RunLoop:
         log.info("run %s parked: waiting for a child run", self.run_id)
         return "parked"
 
+    async def _wait_signal(
+        self, started: executor_pb2.NewStep | None, arguments: Mapping[str, Any],
+        wake_after: float | None,
+    ) -> str:  # fmt: skip
+        """Park (with the call's started step, the first time) until a signal of its name is
+        the call's result, or the timeout wakes the run (executor/signal_wait.py)."""
+        new = [started] if started is not None else []
+        seq = started.seq + 1 if started is not None else replay.next_seq(self.entries)
+        step, transition = signal_wait.park(seq, arguments, wake_after)
+        await self._commit([*new, step], park=transition, tool_calls=len(new))
+        log.info("run %s parked: waiting for signal %r", self.run_id, arguments.get("name"))
+        return "parked"
+
+    async def _signal_unanswered(self, started: replay.Entry, seq: int) -> str | None:
+        """Resumed with the wait still open: its timeout passed, or it waits again."""
+        arguments = started.payload.get("arguments") or {}
+        left = signal_wait.remaining(started, self._deps.wall_clock())
+        if left is None or left > signal_wait.CLOCK_TOLERANCE:
+            return await self._wait_signal(None, arguments, left)
+        call_id = str(started.payload.get("call_id", ""))
+        outcome = signal_wait.timed_out(arguments)
+        return await self._record(seq, started.seq, call_id, signal_wait.TOOL, outcome)
+
     async def _resolve_unknown(self, action: ResolveUnknown) -> str | None:
         started = action.started
         payload = started.payload
@@ -463,6 +501,8 @@ class RunLoop:
             return await self._read_result(seq, started.seq, call_id, arguments)
         if name == CHILD_TOOL:  # the child's end writes the result; until then, wait
             return await self._park(CHILD_WAIT, None, "waiting for a child run")
+        if name == signal_wait.TOOL:  # a signal writes the result; or the timeout passed
+            return await self._signal_unanswered(started, seq)
         if action.call_class == "internal":
             # The sleep's wake time has passed: that is its result.
             outcome = Outcome("ok", output={"slept_seconds": arguments.get("seconds")})
@@ -524,7 +564,8 @@ class RunLoop:
         async def token(connection_id: str) -> credentials.Granted:
             return await fetch(lease, connection_id)
 
-        return credentials.for_tool(self.spec.connections, tool, token)
+        trigger = credentials.triggering(self.entries)
+        return credentials.for_tool(self.spec.connections, tool, token, trigger)
 
     def _outbound(self, tool: Tool, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """What is sent: the recorded arguments, and the chain marker on mail."""

@@ -17,7 +17,13 @@ issued:
   token. Presenting a retired one is reuse (RFC 9700 §4.14.2): the sandbox
   revokes the whole grant — every access and refresh token of it — and answers
   ``invalid_grant``; ``reuse_revocations`` counts these.
-* ``POST /oauth/{provider}/revoke`` — RFC 7009: revokes the grant of a token.
+* ``POST /oauth/{provider}/revoke`` — RFC 7009: form-encoded ``token`` (and an
+  optional ``token_type_hint``) with the client's credentials (§2.1: a
+  confidential client authenticates, else 401 ``invalid_client``). Revoking an
+  access or a refresh token revokes its whole grant (§2: the server may, and
+  for a refresh token should, revoke the grant's other tokens); an unknown
+  token is not an error (200, §2.2). ``revoke_calls`` and ``revocations``
+  count them.
 
 Test controls (never logged as provider calls):
 
@@ -27,6 +33,8 @@ Test controls (never logged as provider calls):
   ``{"reuse_grace_seconds": 30}``: the refresh token retired by a grant's last
   rotation answers that rotation's pair again for this long (a reuse interval,
   as Auth0 and Okta offer) instead of counting as reuse (default 0: strict);
+  ``{"fail_revocations": 1}``: the next revocation request answers 503
+  (§2.2.1: the server is temporarily unavailable) and revokes nothing;
   ``{"require": {"chat": true}}`` makes a provider refuse calls without a token
   (by default a call without ``Authorization`` is served as before, as the
   shared ``default`` account).
@@ -146,7 +154,9 @@ class OAuthServer:
         self.access: dict[str, AccessToken] = {}
         self.refresh_index: dict[str, Grant] = {}
         self.drop_refreshes = 0
-        self.stats = {"token_calls": 0, "refresh_calls": 0, "reuse_revocations": 0}
+        self.fail_revocations = 0
+        self.stats = {"token_calls": 0, "refresh_calls": 0, "reuse_revocations": 0,
+                      "revoke_calls": 0, "revocations": 0}  # fmt: skip
 
     def routes(self) -> list[Route]:
         return [
@@ -273,11 +283,22 @@ class OAuthServer:
         grant.revoked = True
 
     async def revoke_endpoint(self, request: Request) -> Response:
-        token = str((await _form(request)).get("token", ""))
+        self.stats["revoke_calls"] += 1
+        form = await _form(request)
+        try:
+            _check_client(form)
+        except OAuthError as exc:
+            body = {"error": exc.error, "error_description": exc.description}
+            return JSONResponse(body, status_code=exc.status)
+        if self.fail_revocations > 0:
+            self.fail_revocations -= 1
+            return JSONResponse({"error": "temporarily_unavailable"}, status_code=503)
+        token = str(form.get("token", ""))
         found = self.access.get(token)
         grant = found.grant if found else self.refresh_index.get(token)
-        if grant is not None:
+        if grant is not None and grant.provider == request.path_params["provider"]:
             self._revoke(grant)
+            self.stats["revocations"] += 1
         return Response(status_code=200)  # RFC 7009 §2.2: unknown tokens are not an error
 
     # -- what the providers ask ---------------------------------------------------------
@@ -328,6 +349,8 @@ class OAuthServer:
             self.access_ttl = float(body["access_ttl_seconds"])
         if "reuse_grace_seconds" in body:
             self.reuse_grace = float(body["reuse_grace_seconds"])
+        if "fail_revocations" in body:
+            self.fail_revocations = int(body["fail_revocations"])
         for provider, required in dict(body.get("require", {})).items():
             (self.require.add if required else self.require.discard)(provider)
         return JSONResponse(

@@ -10,6 +10,7 @@ from agentrun.v1 import agent_pb2, agent_pb2_grpc
 from control_plane.api import constraints, convert, model_parameters, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
+from control_plane.connections import triggering
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
 from control_plane.store.db import Pool, transaction
@@ -69,13 +70,14 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
 
 
 def validate_connections(spec: agent_pb2.AgentSpec) -> None:
-    """provider -> connection id; whether the connection exists is checked at call time."""
+    """provider -> connection id (or `trigger`: the run's triggering account); whether the
+    connection exists is checked at call time."""
     if len(spec.connections) > MAX_TOOLS:
         raise InvalidArgument("spec.connections", f"names more than {MAX_TOOLS} providers")
     for provider, connection_id in spec.connections.items():
         if not _TOOL.match(provider):
             raise InvalidArgument("spec.connections", f"is not a provider name: {provider[:64]!r}")
-        validate.run_id(f"spec.connections[{provider}]", connection_id)
+        triggering.check_mapping(f"spec.connections[{provider}]", connection_id)
 
 
 def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:

@@ -9,13 +9,13 @@ import grpc
 from agentrun.v1 import connection_pb2 as pb
 from agentrun.v1 import connection_pb2_grpc, executor_pb2
 from control_plane.api import convert, validate
-from control_plane.auth import audit
 from control_plane.auth import context as auth_context
+from control_plane.connections.revocation import Revocations
 from control_plane.connections.tokens import ConnectionTokens
 from control_plane.errors import NotFound, PermissionDenied
 from control_plane.store import connections as store
 from control_plane.store.connections import StoredConnection
-from control_plane.store.db import Pool, transaction
+from control_plane.store.db import Pool
 
 START_PATH = "/connections/{workspace_id}/{provider}/start"
 
@@ -32,9 +32,10 @@ def to_proto(row: StoredConnection) -> pb.Connection:
 
 
 class ConnectionServicer(connection_pb2_grpc.ConnectionServiceServicer):
-    def __init__(self, pool: Pool, public_url: str) -> None:
+    def __init__(self, pool: Pool, public_url: str, revocations: Revocations) -> None:
         self._pool = pool
         self._public_url = public_url
+        self._revocations = revocations
 
     async def _get(self, workspace_id: str, connection_id: str) -> StoredConnection:
         cid = str(validate.run_id("connection_id", connection_id))
@@ -63,12 +64,8 @@ class ConnectionServicer(connection_pb2_grpc.ConnectionServiceServicer):
     ) -> pb.RevokeConnectionResponse:
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, request.connection_id)
-        async with transaction(self._pool) as conn:
-            changed = await store.set_status(
-                conn, ws, row.connection_id, "revoked", "revoked by workspace"
-            )
-            if changed is not None:
-                await audit.record(conn, "connection.revoked", "connection", row.connection_id)
+        # At the provider too (RFC 7009); revoked here whatever it answers.
+        await self._revocations.revoke(row)
         return pb.RevokeConnectionResponse(
             connection=to_proto(await self._get(ws, row.connection_id))
         )

@@ -13,11 +13,12 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane import forks
-from control_plane.api import convert, validate
+from control_plane import children, forks
+from control_plane.api import convert, signals, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
+from control_plane.connections import triggering
 from control_plane.errors import (
     Aborted,
     DomainError,
@@ -111,9 +112,12 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ver = await agent_store.get_version(self._pool, ws, agent_id, version)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
+        came_in = await triggering.input_payload(
+            self._pool, ws, text, request.trigger_connection_id
+        )
         adm = admission(
             ver, self._defaults, text, started_by=auth_context.current().label,
-            request_id=request_id,
+            request_id=request_id, input_payload=came_in,
         )  # fmt: skip
         row = await store.insert_run(self._pool, adm)
         if row is None:
@@ -130,6 +134,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
         msg = convert.run(row)
+        msg.child_run_ids.extend(await children.child_ids(self._pool, ws, row.run_id))
         if row.status in ("queued", "waiting"):
             pos = await lease_store.queue_position(self._pool, ws, row.run_id)
             queue = convert.queue_position(pos, row.wait_reason) if pos else None
@@ -237,6 +242,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         row = await forks.fork(self._pool, self._defaults, req)
         self._on_runnable()
         return run_pb2.ForkRunResponse(run=convert.run(row))
+
+    async def SignalRun(
+        self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.SignalRunResponse:
+        return await signals.signal_run(self._pool, request, self._on_runnable)
 
 
 async def watch_feed(

@@ -46,6 +46,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}RunService/WatchRun": Need.READ,
     f"{_V1}RunService/ResolveUnknownOutcome": Need.OPERATE,
     f"{_V1}RunService/ForkRun": Need.OPERATE,
+    f"{_V1}RunService/SignalRun": Need.OPERATE,
     f"{_V1}ExecutorService/Connect": Need.EXECUTOR,
     f"{_V1}ExecutorService/PutPayloadChunk": Need.EXECUTOR,
     f"{_V1}ExecutorService/GetPayloadSlice": Need.EXECUTOR,

@@ -6,4 +6,5 @@
   (state hashed, verifier sealed), the code exchanged, the pair sealed and stored.
 * `tokens.py` — a connection's access token for a call about to leave, refreshed
   single-flight (an advisory lock across replicas, one task per connection in a replica).
+* `triggering.py` — the sentinel `trigger`: a tool acts as the account the run came in through.
 """

@@ -1,6 +1,6 @@
 """The OAuth 2.0 client of the control plane: one authorization server per provider.
 
-The sandbox serves `{base}/oauth/{provider}/authorize|token` (sandbox/oauth.py); a real
+The sandbox serves `{base}/oauth/{provider}/authorize|token|revoke` (sandbox/oauth.py); a real
 deployment names each provider's endpoints the same way behind `AGENTRUN_OAUTH_URL`.
 Token values appear only inside `TokenAnswer` fields that are left out of its repr; errors
 carry the provider's error code, never the request or response body.
@@ -89,6 +89,29 @@ class OAuthClient:
     async def refresh(self, provider: str, refresh_token: str) -> TokenAnswer:
         form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
         return await self._token(provider, form)
+
+    async def revoke(self, provider: str, token: str, hint: str) -> None:
+        """RFC 7009: ask the provider to revoke `token` (and so its grant). Raises
+        ProviderUnreachable (no answer, 5xx) or GrantRefused (4xx: the request was refused)."""
+        form = {"token": token, "token_type_hint": hint, "client_id": self.settings.client_id,
+                "client_secret": self.settings.client_secret}  # fmt: skip
+        url = f"{self.settings.base_url}/oauth/{provider}/revoke"
+        try:
+            answer = await self._http.post(url, data=form)
+        except httpx.HTTPError as exc:
+            raise ProviderUnreachable(
+                f"revocation endpoint of {provider}: {type(exc).__name__}"
+            ) from None
+        if answer.status_code >= 500:
+            raise ProviderUnreachable(
+                f"revocation endpoint of {provider}: HTTP {answer.status_code}"
+            )
+        if answer.status_code != 200:
+            try:
+                body = answer.json()
+            except ValueError:
+                body = None
+            raise GrantRefused(_error_code(body))
 
     async def _token(self, provider: str, form: dict[str, str]) -> TokenAnswer:
         form = {**form, "client_id": self.settings.client_id,

@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import children, metrics
+from control_plane import children, metrics, signals
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
@@ -293,6 +293,10 @@ class ExecutorSession:
                     self._dispatcher.poke,
                 ):  # fmt: skip
                     return started
+                if waits := await signals.signal_commit(
+                    self._pool, req, lease_seconds, self._dispatcher.poke
+                ):
+                    return waits
                 return await step_store.commit(self._pool, req, lease_seconds)
             except (Fenced, DataRefused, BadApprovalRequest):
                 raise

@@ -9,15 +9,19 @@ the token (single-flight) at the moment it is needed. The token lives only in th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentrun.v1 import executor_pb2
 from executor import steps
-from executor.replay import PARK
-from executor.tools.catalogue import Tool
+from executor.replay import INPUT, PARK, Entry
+from executor.tools.catalogue import Tool, ToolCallRejected
 
 WAIT_REASON = "connection"
+# `connections[provider] = "trigger"`: the tool acts as the account the run came in through,
+# which the run's input step records (control_plane/connections/triggering.py).
+TRIGGER = "trigger"
+TRIGGER_FIELD = "trigger_connection_id"
 
 
 class ConnectionUnusable(Exception):
@@ -66,11 +70,33 @@ class Credential:
         return f"Bearer {granted.access_token}"
 
 
+def triggering(entries: Sequence[Entry]) -> str:
+    """The connection the run came in through ("" : none), from its input step."""
+    first = entries[0] if entries else None
+    if first is None or first.kind != INPUT:
+        return ""
+    return str(first.payload.get(TRIGGER_FIELD) or "")
+
+
+def account_of(connections: Mapping[str, str], tool: Tool, trigger: str) -> str:
+    """The connection the tool acts as ("": the default account). ToolCallRejected (nothing is
+    sent) when it is the triggering account and the run came in through no connection."""
+    named = connections.get(tool.provider, "")
+    if named != TRIGGER:
+        return named
+    if not trigger:
+        raise ToolCallRejected(
+            f"{tool.name} acts as the run's triggering account (connections[{tool.provider}] "
+            f'is "{TRIGGER}"), but this run came in through no connection: nothing was sent'
+        )
+    return trigger
+
+
 def for_tool(
-    connections: Mapping[str, str], tool: Tool, fetch: FetchToken | None
+    connections: Mapping[str, str], tool: Tool, fetch: FetchToken | None, trigger: str = ""
 ) -> Credential | None:
     """The credential for the tool's provider; None: the unauthenticated default account."""
-    connection_id = connections.get(tool.provider)
+    connection_id = account_of(connections, tool, trigger)
     if not connection_id or fetch is None:
         return None
     return Credential(connection_id, fetch, required_scope(tool))

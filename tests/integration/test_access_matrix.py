@@ -54,9 +54,13 @@ def methods():
 def test_the_table_says_what_the_issue_asks():
     """Pinned intent, so the table cannot drift quietly."""
     by_need = {need: {n.rsplit("/", 1)[1] for n, x in ACCESS.items() if x is need} for need in Need}
-    assert {"StartRun", "CancelRun", "ResolveUnknownOutcome", "SendMessage"} <= by_need[
-        Need.OPERATE
-    ]
+    assert {
+        "StartRun",
+        "CancelRun",
+        "ResolveUnknownOutcome",
+        "SendMessage",
+        "SignalRun",
+    } <= by_need[Need.OPERATE]
     assert {"PublishAgentVersion", "CreateTrigger", "RotateTriggerSecret",
             "SetTriggerEnabled"} <= by_need[Need.ADMIN]  # fmt: skip
     assert by_need[Need.DECIDE] == {"DecideApproval"}

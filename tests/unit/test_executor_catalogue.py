@@ -29,6 +29,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "create_charge": "provider_key",
         "sleep": "internal",
         "start_child": "internal",
+        "wait_for_signal": "internal",
         "blob": "read",
         "read_result": "read",
     }

@@ -170,3 +170,35 @@ def test_within_the_reuse_grace_a_lost_rotation_is_answered_again(client: TestCl
     assert again.status_code == 200
     assert stats(client)["reuse_revocations"] == 0
     assert post(client, again.json()["access_token"]).status_code == 200
+
+
+def revoke(client: TestClient, token: str, **form: str) -> Any:
+    form = {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "token": token, **form}
+    return client.post("/oauth/chat/revoke", data=form)
+
+
+def test_rfc7009_revocation_of_a_refresh_token_revokes_the_whole_grant(client: TestClient) -> None:
+    pair = connect(client)
+    unauthenticated = client.post("/oauth/chat/revoke", data={"token": pair["refresh_token"]})
+    assert (
+        unauthenticated.status_code == 401 and unauthenticated.json()["error"] == "invalid_client"
+    )
+    assert post(client, pair["access_token"]).status_code == 200
+    assert revoke(client, pair["refresh_token"], token_type_hint="refresh_token").status_code == 200
+    assert post(client, pair["access_token"]).status_code == 401
+    again = token(client, grant_type="refresh_token", refresh_token=pair["refresh_token"])
+    assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+    # An unknown token is no error (§2.2); only the real revocation counts.
+    assert revoke(client, secrets.token_urlsafe(32)).status_code == 200
+    assert (stats(client)["revoke_calls"], stats(client)["revocations"]) == (3, 1)
+
+
+def test_a_revocation_the_provider_cannot_serve_answers_503_and_revokes_nothing(
+    client: TestClient,
+) -> None:
+    pair = connect(client)
+    client.post("/_sandbox/oauth/config", json={"fail_revocations": 1})
+    assert revoke(client, pair["refresh_token"]).status_code == 503
+    assert post(client, pair["access_token"]).status_code == 200
+    assert revoke(client, pair["refresh_token"]).status_code == 200
+    assert post(client, pair["access_token"]).status_code == 401

@@ -86,15 +86,21 @@ WHERE workspace_id = :workspace_id AND provider = :provider AND account = :accou
 SELECT set_config('lock_timeout', :timeout, true);
 
 -- name: connection_lease_allows :one
--- Whether the run is running under this epoch and its agent version names the connection:
--- the only case in which an executor is handed the connection's token.
+-- Whether the run is running under this epoch and its agent version names the connection
+-- (or `trigger`, and the run came in through it): the only case in which an executor is
+-- handed the connection's token.
 SELECT r.run_id FROM runs r
 JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
                     AND v.version = r.agent_version
 WHERE r.workspace_id = :workspace_id AND r.run_id = :run_id AND r.status = 'running'
   AND r.lease_epoch = :epoch
   AND EXISTS (SELECT 1 FROM jsonb_each_text(coalesce(v.spec -> 'connections', '{}'::jsonb)) c
-              WHERE c.value = :connection_id);
+              WHERE c.value = :connection_id
+                 -- `trigger`: the run's triggering account, recorded in its input step.
+                 OR (c.value = 'trigger' AND EXISTS (
+                     SELECT 1 FROM steps i
+                     WHERE i.workspace_id = r.workspace_id AND i.run_id = r.run_id AND i.seq = 0
+                       AND i.payload ->> 'trigger_connection_id' = :connection_id)));
 
 -- name: connection_mark_broken :one
 -- A run parked on the connection: it needs its owner (needs_reauth unless already revoked

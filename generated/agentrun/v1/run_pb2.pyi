@@ -274,6 +274,7 @@ class Run(_message.Message):
     PARENT_SEQ_FIELD_NUMBER: _builtins.int
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     FORKED_FROM_SEQ_FIELD_NUMBER: _builtins.int
+    CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -344,6 +345,12 @@ class Run(_message.Message):
         unset when it has none.
         """
 
+    @_builtins.property
+    def child_run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A parent's child runs, in the order its start_child calls admitted them
+        (GetRun only; each call's tool_result names its child too).
+        """
+
     def __init__(
         self,
         *,
@@ -372,10 +379,11 @@ class Run(_message.Message):
         parent_seq: _builtins.int = ...,
         forked_from_run_id: _builtins.str = ...,
         forked_from_seq: _builtins.int = ...,
+        child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -475,6 +483,7 @@ class StartRunRequest(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRIGGER_CONNECTION_ID_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     agent_version: _builtins.int
@@ -485,6 +494,13 @@ class StartRunRequest(_message.Message):
     """Optional client-chosen dedupe key: a retried StartRun with the same key
     returns the run it created the first time.
     """
+    trigger_connection_id: _builtins.str
+    """Optional: the connection (a connected account of this workspace) the
+    event that starts the run came in through. A tool whose provider the
+    agent version maps to the connection "trigger" acts as this account; a
+    run without one gets such a call's error result, and nothing is sent.
+    Recorded in the run's input step as "trigger_connection_id".
+    """
     def __init__(
         self,
         *,
@@ -493,10 +509,11 @@ class StartRunRequest(_message.Message):
         agent_version: _builtins.int = ...,
         input: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        trigger_connection_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "request_id", b"request_id", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -909,3 +926,124 @@ class ForkRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForkRunResponse: _TypeAlias = ForkRunResponse  # noqa: Y015
+
+@_typing.final
+class SignalRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_NAME_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    signal_name: _builtins.str
+    """The signal's name: what a wait_for_signal call waits for. 1-128 of
+    letters, digits, '.', '_', ':' and '-', starting alphanumeric.
+    """
+    event_id: _builtins.str
+    """The sender's id for this event (1-200 bytes), unique within the run."""
+    payload_json: _builtins.str
+    """The signal's content, a JSON value (at most 256 KiB); empty = null.
+    The wait_for_signal call's result carries it as "payload".
+    """
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        signal_name: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "payload_json", b"payload_json", "run_id", b"run_id", "signal_name", b"signal_name", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalRunRequest: _TypeAlias = SignalRunRequest  # noqa: Y015
+
+@_typing.final
+class Signal(_message.Message):
+    """Signal is one event in a run's mailbox."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_NAME_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    SENT_BY_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CONSUMED_SEQ_FIELD_NUMBER: _builtins.int
+    RESULT_SEQ_FIELD_NUMBER: _builtins.int
+    CONSUME_TIME_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    event_id: _builtins.str
+    signal_name: _builtins.str
+    payload_json: _builtins.str
+    sent_by: _builtins.str
+    """The principal that sent it (kind:name)."""
+    consumed_seq: _builtins.int
+    """The wait_for_signal call (its tool_started seq) the signal answered and
+    the seq of that call's tool_result; 0 while it waits in the mailbox.
+    """
+    result_seq: _builtins.int
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def consume_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        signal_name: _builtins.str = ...,
+        payload_json: _builtins.str = ...,
+        sent_by: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        consumed_seq: _builtins.int = ...,
+        result_seq: _builtins.int = ...,
+        consume_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["consume_time", b"consume_time", "create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_time", b"consume_time", "consumed_seq", b"consumed_seq", "create_time", b"create_time", "event_id", b"event_id", "payload_json", b"payload_json", "result_seq", b"result_seq", "run_id", b"run_id", "sent_by", b"sent_by", "signal_name", b"signal_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Signal: _TypeAlias = Signal  # noqa: Y015
+
+@_typing.final
+class SignalRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when event_id was used already: `signal` is the first one, as it
+    stands now.
+    """
+    @_builtins.property
+    def signal(self) -> Global___Signal: ...
+    @_builtins.property
+    def run(self) -> Global___Run:
+        """The run after the signal."""
+
+    def __init__(
+        self,
+        *,
+        signal: Global___Signal | None = ...,
+        created: _builtins.bool = ...,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run", "signal", b"signal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run", b"run", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalRunResponse: _TypeAlias = SignalRunResponse  # noqa: Y015

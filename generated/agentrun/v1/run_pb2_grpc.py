@@ -76,6 +76,11 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.ForkRunRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.ForkRunResponse.FromString,
                 _registered_method=True)
+        self.SignalRun = channel.unary_unary(
+                '/agentrun.v1.RunService/SignalRun',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -156,6 +161,22 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SignalRun(self, request, context):
+        """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+        The run's mailbox keeps it until a wait_for_signal call of that name
+        takes it (the oldest first); a run waiting on that name gets it as the
+        call's result at once and becomes runnable. Each signal answers at most
+        one call, once, even when it arrives before the run parks. Idempotent by
+        event_id within the run: the same event_id, name and payload again is a
+        no-op that returns the first signal (created = false), even after the
+        run ended; the same event_id with another name or payload is
+        ALREADY_EXISTS and nothing is written. A run that ended:
+        FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +219,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ForkRun,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.ForkRunRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.ForkRunResponse.SerializeToString,
+            ),
+            'SignalRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalRun,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -418,6 +444,33 @@ class RunService:
             '/agentrun.v1.RunService/ForkRun',
             agentrun_dot_v1_dot_run__pb2.ForkRunRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.ForkRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/SignalRun',
+            agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

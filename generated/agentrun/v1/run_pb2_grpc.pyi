@@ -73,6 +73,18 @@ class RunServiceStub:
     limits, who started it) and names its source (forked_from_run_id); the
     source's forks are listed by ListRuns(forked_from_run_id).
     """
+    SignalRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.SignalRunRequest, _run_pb2.SignalRunResponse]
+    """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+    The run's mailbox keeps it until a wait_for_signal call of that name
+    takes it (the oldest first); a run waiting on that name gets it as the
+    call's result at once and becomes runnable. Each signal answers at most
+    one call, once, even when it arrives before the run parks. Idempotent by
+    event_id within the run: the same event_id, name and payload again is a
+    no-op that returns the first signal (created = false), even after the
+    run ended; the same event_id with another name or payload is
+    ALREADY_EXISTS and nothing is written. A run that ended:
+    FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -118,6 +130,18 @@ class RunServiceAsyncStub(RunServiceStub):
     awaiting a person) is refused. The fork is admitted like any run (caps,
     limits, who started it) and names its source (forked_from_run_id); the
     source's forks are listed by ListRuns(forked_from_run_id).
+    """
+    SignalRun: _aio.UnaryUnaryMultiCallable[_run_pb2.SignalRunRequest, _run_pb2.SignalRunResponse]  # type: ignore[assignment]
+    """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+    The run's mailbox keeps it until a wait_for_signal call of that name
+    takes it (the oldest first); a run waiting on that name gets it as the
+    call's result at once and becomes runnable. Each signal answers at most
+    one call, once, even when it arrives before the run parks. Idempotent by
+    event_id within the run: the same event_id, name and payload again is a
+    no-op that returns the first signal (created = false), even after the
+    run ended; the same event_id with another name or payload is
+    ALREADY_EXISTS and nothing is written. A run that ended:
+    FAILED_PRECONDITION.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -209,6 +233,24 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         awaiting a person) is refused. The fork is admitted like any run (caps,
         limits, who started it) and names its source (forked_from_run_id); the
         source's forks are listed by ListRuns(forked_from_run_id).
+        """
+
+    @_abc_1.abstractmethod
+    def SignalRun(
+        self,
+        request: _run_pb2.SignalRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.SignalRunResponse, _abc.Awaitable[_run_pb2.SignalRunResponse]]:
+        """SignalRun sends a named event to a run (Temporal's signals, DBOS's send).
+        The run's mailbox keeps it until a wait_for_signal call of that name
+        takes it (the oldest first); a run waiting on that name gets it as the
+        call's result at once and becomes runnable. Each signal answers at most
+        one call, once, even when it arrives before the run parks. Idempotent by
+        event_id within the run: the same event_id, name and payload again is a
+        no-op that returns the first signal (created = false), even after the
+        run ended; the same event_id with another name or payload is
+        ALREADY_EXISTS and nothing is written. A run that ended:
+        FAILED_PRECONDITION.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
