@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
-from agentrun.v1 import agent_pb2
+from agentrun.v1 import agent_pb2, run_pb2
 from agentrun_cli import agent_files, output, render
 from agentrun_cli.admin_commands import duration
-from agentrun_cli.client import Client
+from agentrun_cli.client import Client, RunWatch
 from agentrun_cli.output import Column
 
 
@@ -241,13 +241,23 @@ def runs_resolve(args: argparse.Namespace) -> int:
 
 
 def _follow(client: Client, args: argparse.Namespace, run_id: str, from_seq: int) -> None:
-    """Print a run's steps and state changes until the stream ends (one JSON event a line)."""
+    """Print a run's steps and state changes until the stream ends (one JSON event a line),
+    or until the run reaches a status of --until."""
     watch = client.watch(run_id, from_seq, on_retry=_retry_notice)
+    events = _until(watch, set(getattr(args, "until", None) or ()))
     if args.json:
-        output.emit_stream(args, watch, render.to_json)
+        output.emit_stream(args, events, render.to_json)
         return
-    for line in render.event_lines(watch):
+    for line in render.event_lines(events):
         print(line, flush=True)
+
+
+def _until(watch: RunWatch, statuses: set[str]) -> Iterator[run_pb2.WatchRunResponse]:
+    for event in watch:
+        yield event
+        if event.HasField("run") and render.status_name(event.run.status) in statuses:
+            watch.cancel()
+            return
 
 
 def _retry_notice(err: grpc.RpcError, delay: float) -> None:

@@ -132,10 +132,14 @@ def _port(address: str) -> int:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop the stack the way Ctrl-C does (children are not left behind)."""
+    """SIGTERM and SIGHUP stop the stack the way Ctrl-C does (children are not left behind).
+
+    SIGINT too, explicitly: a shell without job control starts `agentrun dev &` with SIGINT
+    ignored, and Python then leaves it ignored.
+    """
     previous = {
         sig: signal.signal(sig, signal.default_int_handler)
-        for sig in (signal.SIGTERM, signal.SIGHUP)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
     try:
         yield

@@ -179,6 +179,13 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--from-seq", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--until",
+        action="append",
+        choices=STATUSES,
+        metavar="STATUS",
+        help="stop once the run is in STATUS (repeat for more), e.g. waiting",
+    )
     p.set_defaults(handler=commands.runs_watch)
     p = runs.add_parser("cancel", help="cancel a run", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
