@@ -72,6 +72,9 @@ def emit(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
     if form == "table":
         for line in lines:
             print(line)
+    elif form == "jsonl" and isinstance(value, list):
+        for item in value:
+            print(render.to_json(item), flush=True)
     else:
         print(render.to_json(value, indent=2 if form == "json" else None), flush=True)
 

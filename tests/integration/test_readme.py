@@ -35,9 +35,16 @@ _NO_TEST_COMMENT = re.compile(r"<!--\s*no-test\b[^>]*-->\s*$")
 # What some blocks must print (a block is named by its file and first line).
 EXPECTED = {
     "agents create triage": ["created agent triage", "published triage v1", "status: completed"],
-    "export AGENTRUN_API_KEY=$(.venv/bin/agentrun dev-key)": ["SERVING", "agentrun.v1.RunService", "RUN_STATUS_COMPLETED"],
+    "export AGENTRUN_API_KEY=$(.venv/bin/agentrun dev-key)": [
+        "SERVING",
+        "agentrun.v1.RunService",
+        "RUN_STATUS_COMPLETED",
+    ],
     "RUN=$(.venv/bin/agentrun runs start triage": [
-        "status: waiting (approval)", "approved by", "status: completed", "status: cancelled",
+        "status: waiting (approval)",
+        "approved by",
+        "status: completed",
+        "status: cancelled",
     ],
     "agents apply -f examples/triage.yaml": ["published triage v2", "nothing published"],
 }

@@ -72,9 +72,7 @@ def _environment(service: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_variable_set_is_read_by_the_code() -> None:
-    code = "\n".join(
-        p.read_text() for d in SOURCES for p in (REPO / d).rglob("*.py")
-    )
+    code = "\n".join(p.read_text() for d in SOURCES for p in (REPO / d).rglob("*.py"))
     named = {k for s in COMPOSE["services"].values() if _ours(s) for k in _environment(s)}
     assert {"DATABASE_URL", "REDIS_URL", "AGENTRUN_CONTROL_PLANE"} <= named
     unread = sorted(k for k in named if f'"{k}"' not in code)
