@@ -39,6 +39,8 @@ _HINTS: dict[grpc.StatusCode, str] = {
     ),
     grpc.StatusCode.INTERNAL: "the control plane failed; its log has the details (please report it)",
     grpc.StatusCode.UNKNOWN: "the control plane failed; its log has the details (please report it)",
+    grpc.StatusCode.DATA_LOSS: "the control plane failed; its log has the details (please report it)",
+    grpc.StatusCode.OUT_OF_RANGE: "a value is outside what the call accepts: check the numbers given",
 }
 
 

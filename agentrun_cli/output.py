@@ -164,7 +164,8 @@ def _rich_table(items: Sequence[Any], rows: list[list[str]], columns: Sequence[C
                 for v, s in zip(row, styles, strict=True)
             )
         )
-    Console(highlight=False).print(table)
+    # Only called when stdout is a terminal and NO_COLOR is unset (colour()).
+    Console(highlight=False, force_terminal=True).print(table)
 
 
 def _escape(text: str) -> str:
