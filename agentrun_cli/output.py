@@ -153,7 +153,7 @@ def _rich_table(items: Sequence[Any], rows: list[list[str]], columns: Sequence[C
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
     for c in columns:
         table.add_column(c.header.upper(), justify="right" if c.right else "left", no_wrap=True)
     for item, row in zip(items, rows, strict=True):

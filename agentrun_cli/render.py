@@ -293,8 +293,27 @@ def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) 
             f"tools     {', '.join(spec.tools) or '-'}",
             f"limits    max_steps={spec.limits.max_steps or 'default'} "
             f"deadline={_seconds(spec.limits) or 'default'}",
+            *_policy_lines(spec),
             f"instructions {short(spec.instructions)}",
         ]
+    return lines
+
+
+def _policy_lines(spec: agent_pb2.AgentSpec) -> list[str]:
+    """Approvals, the agent's cap, constraints and connections, when the spec has them."""
+    lines = []
+    pol = spec.approval
+    if pol.tools or pol.approvers or pol.high_risk_tools:
+        held = ", ".join([*pol.tools, *pol.high_risk_tools]) or "catalogue defaults"
+        lines.append(f"approval  {held} by {', '.join(pol.approvers) or '-'}"
+                     + (" (four eyes)" if pol.four_eyes else ""))  # fmt: skip
+    if spec.max_concurrency:
+        lines.append(f"cap       {spec.max_concurrency} runs at once")
+    for c in spec.constraints:
+        rule = agent_pb2.ConstraintRule.Name(c.rule).removeprefix("CONSTRAINT_RULE_").lower()
+        lines.append(f"constraint {c.tool}: {rule}")
+    for provider, connection in sorted(spec.connections.items()):
+        lines.append(f"connection {provider} -> {connection}")
     return lines
 
 
