@@ -8,8 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from agentrun_cli.client import Client
 from tests.harness.auth import workspace_key
 
 WS = "cli-ws"
@@ -97,6 +99,12 @@ async def test_runs_list_filters_on_the_server_and_prints_a_plain_table_when_pip
     ]  # fmt: skip
     assert len(table) == 3 and "\x1b[" not in "".join(table)
     assert all(line == line.rstrip() for line in table)
+    # The filters are the server's (ListRuns create_after and search), not the CLI's.
+    with Client(f"127.0.0.1:{server.port}", WS, key=cli.env["AGENTRUN_API_KEY"]) as client:
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        assert await asyncio.to_thread(lambda: list(client.list_runs(since=later))) == []
+        found = await asyncio.to_thread(lambda: list(client.list_runs(search="call BOB")))
+        assert [r.input for r in found] == ["Call bob"]
     none = await cli("runs", "list", "--search", "nobody")
     assert none.stdout == "" and "match --search nobody" in none.stderr
 
