@@ -29,7 +29,7 @@ from google.protobuf import timestamp_pb2
 
 from agentrun.v1 import admin_pb2 as pb
 from agentrun.v1 import admin_pb2_grpc
-from agentrun_cli import credentials, render, render_admin
+from agentrun_cli import credentials, output, render, render_admin
 
 TIMEOUT = 30.0
 ROLES = ["admin", "operator", "reader", "approver"]
@@ -61,11 +61,7 @@ def _call(args: argparse.Namespace, method: str, request: Any, role: str = "admi
 
 
 def _emit(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
-    if args.json:
-        print(render.to_json(value, indent=2))
-    else:
-        for line in lines:
-            print(line)
+    output.emit(args, value, lines)
 
 
 def _ws(args: argparse.Namespace) -> str:

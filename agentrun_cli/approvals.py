@@ -8,7 +8,8 @@ import json
 import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
-from agentrun_cli import credentials, render
+from agentrun_cli import credentials, output, render
+from agentrun_cli.output import Column
 
 STATES = {
     "pending": approval_pb2.APPROVAL_STATE_PENDING,
@@ -49,6 +50,22 @@ def details(a: approval_pb2.Approval) -> list[str]:
     return out
 
 
+def _state(a: approval_pb2.Approval) -> str:
+    return approval_pb2.ApprovalState.Name(a.state).removeprefix("APPROVAL_STATE_").lower()
+
+
+COLUMNS = [
+    Column("approval id", lambda a: a.approval_id),
+    Column("state", _state),
+    Column("tool", lambda a: a.tool + (" (high risk)" if a.high_risk else "")),
+    Column("arguments", lambda a: render.short(json.loads(a.arguments_json or "null"), 50)),
+    Column("run id", lambda a: a.run_id),
+    Column("created", lambda a: render.timestamp(a.create_time)),
+    Column("expires", lambda a: render.timestamp(a.expire_time)),
+    Column("approvers / by", lambda a: a.decided_by or ", ".join(a.approvers)),
+]
+
+
 def approvals_list(args: argparse.Namespace) -> int:
     channel, stub = _stub(args)
     with channel:
@@ -56,11 +73,17 @@ def approvals_list(args: argparse.Namespace) -> int:
             workspace_id=args.workspace, approver=args.approver or "",
             state=STATES.get(args.state, 0), page_size=100,
         )  # fmt: skip
-        resp = stub.ListApprovals(req, timeout=TIMEOUT)
-    if args.json:
-        print(render.to_json(list(resp.approvals), indent=2))
-    for a in [] if args.json else resp.approvals:
-        print(line(a))
+        approvals = list(stub.ListApprovals(req, timeout=TIMEOUT).approvals)
+    if args.quiet:
+        for a in approvals:
+            print(a.approval_id)
+        return 0
+    whose = f" for {args.approver}" if args.approver else ""
+    empty = (
+        f"no {args.state} approvals{whose} in workspace {args.workspace!r}: a run asks for one "
+        "when its agent's policy (approval.tools) or the tool's class holds a call"
+    )
+    output.emit_list(args, approvals, COLUMNS, empty)
     return 0
 
 
@@ -71,9 +94,7 @@ def approvals_show(args: argparse.Namespace) -> int:
             approval_pb2.GetApprovalRequest(workspace_id=args.workspace, approval_id=args.id),
             timeout=TIMEOUT,
         )
-    print(
-        render.to_json(resp.approval, indent=2) if args.json else "\n".join(details(resp.approval))
-    )
+    output.emit(args, resp.approval, details(resp.approval))
     return 0
 
 
@@ -84,7 +105,7 @@ def _decide(args: argparse.Namespace, **decision: object) -> int:
     )
     with channel:
         resp = stub.DecideApproval(req, timeout=TIMEOUT, metadata=_metadata(args))
-    print("\n".join(details(resp.approval)))
+    output.emit(args, resp.approval, details(resp.approval))
     return 0
 
 
@@ -127,6 +148,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = actions.add_parser("list", help="approvals, newest first", parents=[common])
     p.add_argument("--approver", default="")
     p.add_argument("--state", choices=sorted(STATES), default="pending")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the approval ids")
     p.set_defaults(handler=approvals_list)
     p = actions.add_parser("show", help="one approval with its exact arguments", parents=[common])
     p.add_argument("id", metavar="APPROVAL_ID")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from types import TracebackType
 
 import grpc
@@ -122,13 +123,35 @@ class Client:
             payload_json=payload_json,
         )  # fmt: skip
         return self.runs.SignalRun(req, timeout=self.timeout)
+    def list_agents(self) -> Iterator[agent_pb2.Agent]:
+        """Every agent of the workspace, by id, following page tokens."""
+        req = agent_pb2.ListAgentsRequest(workspace_id=self.workspace, page_size=500)
+        while True:
+            resp = self.agents.ListAgents(req, timeout=self.timeout)
+            yield from resp.agents
+            if not resp.next_page_token:
+                return
+            req.page_token = resp.next_page_token
 
     def list_runs(
-        self, agent_id: str = "", status: int = 0, limit: int | None = None
+        self,
+        agent_id: str = "",
+        status: int = 0,
+        limit: int | None = None,
+        since: datetime | None = None,
+        search: str = "",
     ) -> Iterator[run_pb2.Run]:
-        """Runs newest first, following page tokens until the last page or `limit`."""
+        """Runs newest first, following page tokens until the last page or `limit`.
+
+        `since`: created at or after it; `search`: text in the id, agent, input,
+        output or error (both filtered by the server).
+        """
         left = limit
-        req = run_pb2.ListRunsRequest(workspace_id=self.workspace, agent_id=agent_id, status=status)
+        req = run_pb2.ListRunsRequest(
+            workspace_id=self.workspace, agent_id=agent_id, status=status, search=search
+        )
+        if since is not None:
+            req.create_after.FromDatetime(since)
         while left is None or left > 0:
             req.page_size = min(left or 500, 500)
             resp = self.runs.ListRuns(req, timeout=self.timeout)

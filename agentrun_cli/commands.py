@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
-from agentrun.v1 import agent_pb2
-from agentrun_cli import render
-from agentrun_cli.client import Client
+from agentrun.v1 import agent_pb2, run_pb2
+from agentrun_cli import agent_files, output, render
+from agentrun_cli.admin_commands import duration
+from agentrun_cli.client import Client, RunWatch
+from agentrun_cli.output import Column
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -20,12 +23,8 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def _emit(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
-    """JSON of `value` with --json, else the readable `lines`."""
-    if args.json:
-        print(render.to_json(value, indent=2))
-    else:
-        for line in lines:
-            print(line)
+    """JSON of `value` with -o json/jsonl, else the readable `lines`."""
+    output.emit(args, value, lines)
 
 
 # --- agents ----------------------------------------------------------------
@@ -48,7 +47,7 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
     if args.temperature is not None:
         parameters.temperature = args.temperature
     return agent_pb2.AgentSpec(
-        model=args.model, instructions=args.instructions, tools=args.tools, limits=limits,
+        model=args.model, instructions=args.instructions, tools=args.tools or [], limits=limits,
         model_profile=args.model_profile,
         model_parameters=parameters if parameters.ListFields() else None,
         connections=_connections(args.connections or []),
@@ -71,9 +70,71 @@ def agents_publish(args: argparse.Namespace) -> int:
         resp = client.publish_version(args.agent_id, _spec(args), args.acknowledge_trifecta)
     version = resp.version
     _emit(args, version, [f"published {version.agent_id} v{version.version}"])
-    for warning in resp.warnings:  # on stderr, so --json output stays one value
-        print(render.publish_warning(warning), file=sys.stderr)
+    _warn(resp.warnings)
     return 0
+
+
+def _warn(warnings: Iterable[agent_pb2.PublishWarning]) -> None:
+    for warning in warnings:  # on stderr, so --json output stays one value
+        print(render.publish_warning(warning), file=sys.stderr)
+
+
+AGENT_COLUMNS = [
+    Column("agent", lambda a: a.agent_id),
+    Column("name", lambda a: a.display_name),
+    Column("latest", lambda a: f"v{a.latest_version}" if a.latest_version else "-", right=True),
+    Column("created", lambda a: render.timestamp(a.create_time)),
+]
+
+
+def agents_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        agents = list(client.list_agents())
+    if args.quiet:
+        for a in agents:
+            print(a.agent_id)
+        return 0
+    empty = (
+        f"no agents in workspace {args.workspace!r} at {args.address} yet: write one as a file "
+        "and `agentrun agents apply -f agent.yaml` (examples/ has some)"
+    )
+    output.emit_list(args, agents, AGENT_COLUMNS, empty)
+    return 0
+
+
+def agents_apply(args: argparse.Namespace) -> int:
+    """Create the agent if missing; publish the file's spec unless the latest version has it."""
+    file = agent_files.load(args.file)
+    with _client(args) as client:
+        created = _ensure_agent(client, file)
+        agent = client.get_agent(file.agent_id)
+        latest = client.get_version(file.agent_id) if agent.latest_version else None
+        if latest is not None and agent_files.same_spec(latest.spec, file.spec):
+            version, warnings, published = latest, [], False
+        else:
+            resp = client.publish_version(file.agent_id, file.spec, file.acknowledge_trifecta)
+            version, warnings, published = resp.version, list(resp.warnings), True
+    lines = [f"created agent {file.agent_id}"] if created else []
+    lines.append(
+        f"published {file.agent_id} v{version.version}"
+        if published
+        else f"{file.agent_id} v{version.version} already has this spec; nothing published"
+    )
+    value = {"agent": agent, "version": version, "created": created, "published": published}
+    _emit(args, value, lines)
+    _warn(warnings)
+    return 0
+
+
+def _ensure_agent(client: Client, file: agent_files.AgentFile) -> bool:
+    """Create the agent; False when it exists already."""
+    try:
+        client.create_agent(file.agent_id, file.display_name)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+        return False
+    return True
 
 
 def agents_show(args: argparse.Namespace) -> int:
@@ -102,21 +163,79 @@ def runs_start(args: argparse.Namespace) -> int:
     return 0
 
 
+STEP_COLUMNS = [
+    Column("seq", lambda s: s.seq, right=True),
+    Column("time", lambda s: render.timestamp(s.create_time)),
+    Column("kind", lambda s: render.kind_name(s.kind)),
+    Column("epoch", lambda s: s.epoch, right=True),
+    Column("summary", render.step_summary),
+]
+
+
 def runs_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
         run = client.get_run(args.run_id)
         steps = list(client.list_steps(args.run_id))
-    lines = [*render.run_summary(run), "", *render.step_table(steps)]
-    _emit(args, {"run": run, "steps": steps}, lines)
+    if output.fmt(args) != "table":
+        output.emit(args, {"run": run, "steps": steps}, [])
+        return 0
+    print("\n".join(render.run_summary(run)) + "\n", flush=True)
+    output.emit_list(args, steps, STEP_COLUMNS, empty="(no steps yet)")
     return 0
+
+
+_STATUS_STYLE = {
+    "completed": "green", "failed": "red", "cancelled": "dim", "waiting": "yellow",
+    "running": "cyan", "queued": "blue",
+}  # fmt: skip
+
+RUN_COLUMNS = [
+    Column("run id", lambda r: r.run_id),
+    Column("agent", lambda r: f"{r.agent_id} v{r.agent_version}"),
+    Column(
+        "status",
+        lambda r: render.status_name(r.status),
+        style=lambda r: _STATUS_STYLE.get(render.status_name(r.status), ""),
+    ),
+    Column("wait", lambda r: r.wait_reason),
+    Column("created", lambda r: render.timestamp(r.create_time)),
+    Column("elapsed", lambda r: render.duration(render.elapsed(r)), right=True),
+    Column("active", lambda r: render.duration(render.active(r)), right=True),
+    Column("steps", lambda r: r.counters.steps, right=True),
+    Column("tokens", lambda r: render.tokens(r.counters.tokens), right=True),
+]
 
 
 def runs_list(args: argparse.Namespace) -> int:
     status = render.status_value(args.status) if args.status else 0
+    since = datetime.now(UTC) - duration(args.since) if args.since else None
     with _client(args) as client:
-        for run in client.list_runs(args.agent, status, args.limit):
-            print(render.to_json(run) if args.json else render.run_row(run), flush=True)
+        runs = list(client.list_runs(args.agent, status, args.limit, since, args.search or ""))
+    if args.quiet:  # ids only, for scripts: RUN=$(agentrun runs list -q --limit 1)
+        for r in runs:
+            print(r.run_id)
+        return 0
+    output.emit_list(args, runs, RUN_COLUMNS, empty=_no_runs(args))
     return 0
+
+
+def _no_runs(args: argparse.Namespace) -> str:
+    """Why `runs list` printed nothing, and what to do."""
+    filters = [
+        f"{flag} {value}"
+        for flag, value in (
+            ("--agent", args.agent), ("--status", args.status),
+            ("--since", args.since), ("--search", args.search),
+        )
+        if value
+    ]  # fmt: skip
+    where = f"workspace {args.workspace!r} at {args.address}"
+    if filters:
+        return f"no runs in {where} match {' '.join(filters)}; drop a filter to see more"
+    return (
+        f"no runs in {where} yet: start one with `agentrun runs start AGENT --input TEXT` "
+        "(`agentrun agents list` shows the agents)"
+    )
 
 
 def runs_watch(args: argparse.Namespace) -> int:
@@ -154,14 +273,23 @@ def runs_signal(args: argparse.Namespace) -> int:
 
 
 def _follow(client: Client, args: argparse.Namespace, run_id: str, from_seq: int) -> None:
-    """Print a run's steps and state changes until the stream ends (one JSON event a line)."""
+    """Print a run's steps and state changes until the stream ends (one JSON event a line),
+    or until the run reaches a status of --until."""
     watch = client.watch(run_id, from_seq, on_retry=_retry_notice)
+    events = _until(watch, set(getattr(args, "until", None) or ()))
     if args.json:
-        for event in watch:
-            print(render.to_json(event), flush=True)
+        output.emit_stream(args, events, render.to_json)
         return
-    for line in render.event_lines(watch):
+    for line in render.event_lines(events):
         print(line, flush=True)
+
+
+def _until(watch: RunWatch, statuses: set[str]) -> Iterator[run_pb2.WatchRunResponse]:
+    for event in watch:
+        yield event
+        if event.HasField("run") and render.status_name(event.run.status) in statuses:
+            watch.cancel()
+            return
 
 
 def _retry_notice(err: grpc.RpcError, delay: float) -> None:

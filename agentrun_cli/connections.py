@@ -8,7 +8,7 @@ import grpc
 
 from agentrun.v1 import connection_pb2 as pb
 from agentrun.v1 import connection_pb2_grpc
-from agentrun_cli import credentials, render
+from agentrun_cli import credentials, output
 
 TIMEOUT = 30.0
 
@@ -29,7 +29,7 @@ def line(c: pb.Connection) -> str:
 
 
 def _show(args: argparse.Namespace, connection: pb.Connection) -> None:
-    print(render.to_json(connection, indent=2) if args.json else line(connection))
+    output.emit(args, connection, [line(connection)])
 
 
 def connections_list(args: argparse.Namespace) -> int:
@@ -38,10 +38,14 @@ def connections_list(args: argparse.Namespace) -> int:
         resp = stub.ListConnections(
             pb.ListConnectionsRequest(workspace_id=args.workspace), timeout=TIMEOUT
         )
-    if args.json:
-        print(render.to_json(list(resp.connections), indent=2))
-    for c in [] if args.json else resp.connections:
-        print(line(c))
+    connections = list(resp.connections)
+    empty = (
+        f"no connections in workspace {args.workspace!r}: `agentrun connections connect PROVIDER` "
+        "links an account"
+    )
+    output.emit(args, connections, map(line, connections))
+    if not connections:
+        output.note(empty)
     return 0
 
 

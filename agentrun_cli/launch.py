@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -68,17 +69,33 @@ def dev(args: argparse.Namespace) -> int:
         try:
             return _serve(args, dev_stack)
         except KeyboardInterrupt:
-            print("\ninterrupted", flush=True)
+            say("\ninterrupted")
             return 130 if args.demo else 0
+        except BrokenPipeError:  # the reader of our output left (`agentrun dev | tee`)
+            return 1
         finally:
             _shutdown(dev_stack)
 
 
+def say(text: str) -> None:
+    """Print and flush; once stdout is a closed pipe, stay silent and carry on.
+
+    Ctrl-C on `agentrun dev | tee log` ends `tee` too: a print that raised
+    BrokenPipeError on the way out would skip the shutdown and leave every
+    child running.
+    """
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
-    endpoints = dev_stack.start()
-    print("agentrun dev is up:")
+    endpoints = dev_stack.start(say=say)
+    say("agentrun dev is up:")
     for line in endpoints.lines():
-        print(line)
+        say(line)
     supervisor = dev_stack.supervisor
     if args.demo:
         from agentrun_cli import demo
@@ -86,8 +103,7 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
         return demo.run_demo(
             endpoints.control_plane, args.workspace, supervisor, dev_stack.data_dir
         )
-    print(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
-    sys.stdout.flush()
+    say(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
     supervisor.failed.wait()
     assert supervisor.failure is not None
     raise StackError(supervisor.failure.describe_exit())
@@ -97,13 +113,13 @@ def _shutdown(dev_stack: stack.DevStack) -> None:
     supervisor = dev_stack.supervisor
     if not supervisor.children and not dev_stack.embedded:
         return
-    print("stopping (Ctrl-C again to kill the processes)", flush=True)
     previous = signal.signal(signal.SIGINT, lambda *_: supervisor.kill_all())
     try:
+        say("stopping (Ctrl-C again to kill the processes)")
         dev_stack.stop()
     finally:
         signal.signal(signal.SIGINT, previous)
-    print("stopped", flush=True)
+    say("stopped")
 
 
 def _port(address: str) -> int:
@@ -116,10 +132,14 @@ def _port(address: str) -> int:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop the stack the way Ctrl-C does (children are not left behind)."""
+    """SIGTERM and SIGHUP stop the stack the way Ctrl-C does (children are not left behind).
+
+    SIGINT too, explicitly: a shell without job control starts `agentrun dev &` with SIGINT
+    ignored, and Python then leaves it ignored.
+    """
     previous = {
         sig: signal.signal(sig, signal.default_int_handler)
-        for sig in (signal.SIGTERM, signal.SIGHUP)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
     try:
         yield

@@ -7,6 +7,8 @@ import sys
 
 import grpc
 
+from agentrun_cli import errors
+from agentrun_cli.agent_files import AgentFileError
 from agentrun_cli.demo import DemoError
 from agentrun_cli.parser import parse
 from agentrun_cli.profiles import ProfileError
@@ -18,11 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args) or 0
     except grpc.RpcError as err:
-        print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
+        print("\n".join(errors.lines(err, args)), file=sys.stderr)
     except (
         StackError,
         DemoError,
         ProfileError,
+        AgentFileError,
     ) as err:  # already readable: what failed and its log tail
         print(f"error: {err}", file=sys.stderr)
     except KeyboardInterrupt:

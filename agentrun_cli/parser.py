@@ -15,6 +15,7 @@ from agentrun_cli import (
     crypto_keys,
     forks,
     launch,
+    output,
     profile_commands,
     profiles,
     triggers,
@@ -52,9 +53,7 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         metavar="NAME",
         help="a named profile of the config file (env AGENTRUN_PROFILE, AGENTRUN_CONFIG)",
     )
-    parser.add_argument(
-        "--json", action="store_true", default=default(False), help="print JSON instead of text"
-    )
+    output.add_options(parser, defaults)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -114,7 +113,7 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--max-output-tokens", type=int, default=0, metavar="N",
                    help="most tokens the model may generate per call")  # fmt: skip
     p.add_argument("--temperature", type=float, metavar="T")
-    p.add_argument("--instructions", required=True, metavar="TEXT")
+    p.add_argument("--instructions", default="", metavar="TEXT", help="system instructions")
     p.add_argument(
         "--tool",
         dest="tools",
@@ -145,6 +144,25 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
     p.add_argument("agent_id", metavar="ID")
     p.set_defaults(handler=commands.agents_show)
+    p = agents.add_parser("list", help="the workspace's agents", parents=[common])
+    _quiet(p, "agent ids")
+    p.set_defaults(handler=commands.agents_list)
+    p = agents.add_parser(
+        "apply",
+        help="create the agent of a YAML file if missing, publish its spec if changed",
+        parents=[common],
+    )
+    p.add_argument("-f", "--file", required=True, metavar="FILE", help="agent YAML (- = stdin)")
+    p.set_defaults(handler=commands.agents_apply)
+
+
+def _quiet(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help=f"print only the {what}")
+
+
+def _age(text: str) -> str:
+    admin_commands.duration(text)  # checked here, converted by the handler
+    return text
 
 
 def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -169,10 +187,20 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--agent", default="", metavar="A")
     p.add_argument("--status", choices=STATUSES)
     p.add_argument("--limit", type=int, metavar="N", help="default: all")
+    p.add_argument("--since", type=_age, metavar="AGE", help="created in the last AGE: 1h, 2d")
+    p.add_argument("--search", metavar="TEXT", help="text in the id, agent, input, output, error")
+    _quiet(p, "run ids")
     p.set_defaults(handler=commands.runs_list)
     p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--from-seq", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--until",
+        action="append",
+        choices=STATUSES,
+        metavar="STATUS",
+        help="stop once the run is in STATUS (repeat for more), e.g. waiting",
+    )
     p.set_defaults(handler=commands.runs_watch)
     p = runs.add_parser("cancel", help="cancel a run", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
@@ -207,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun", description="agentrun: durable execution for AI agent runs"
     )
     _global_options(parser, defaults=True)
+    parser.add_argument("--version", action="version", version=f"agentrun {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
     _add_processes(sub, common)
@@ -222,14 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentrun")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def resolve(args: argparse.Namespace) -> None:
     """Address, workspace and key: flag > environment > profile > dev credentials/defaults.
 
     `profile ...` commands edit the file, so they do not select a profile.
     """
     if args.command == "profile":
+        output.settle(args)
         credentials.activate(None)
         return
+    output.settle(args)
     profile = profiles.select(getattr(args, "profile", None))
     credentials.activate(profile)
     for name, env, default in (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
@@ -42,6 +42,52 @@ def timestamp(ts: timestamp_pb2.Timestamp) -> str:
     if not ts.seconds and not ts.nanos:
         return "-"
     return ts.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def duration(seconds: float | None) -> str:
+    """`850ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`; `-` for None."""
+    if seconds is None or seconds < 0:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def elapsed(run: run_pb2.Run, now: datetime | None = None) -> float | None:
+    """Wall time from admission to the end (or to `now` while the run goes on)."""
+    if not run.HasField("create_time"):
+        return None
+    start = run.create_time.ToDatetime(tzinfo=UTC)
+    if run.HasField("finish_time"):
+        end = run.finish_time.ToDatetime(tzinfo=UTC)
+    else:
+        end = now or datetime.now(UTC)
+    return (end - start).total_seconds()
+
+
+def active(run: run_pb2.Run) -> float | None:
+    """Active time: what executors held the run (None when the server did not say)."""
+    if not run.HasField("active_duration"):
+        return None
+    return run.active_duration.ToTimedelta().total_seconds()
+
+
+def tokens(count: int) -> str:
+    """`950`, `12.4k`, `3.1M`."""
+    if count < 1000:
+        return str(count)
+    if count < 1_000_000:
+        return f"{count / 1000:.1f}k"
+    return f"{count / 1_000_000:.1f}M"
 
 
 def short(value: Any, limit: int = SHORT) -> str:
@@ -216,6 +262,7 @@ def run_summary(run: run_pb2.Run) -> list[str]:
             f"{c.steps} steps, {c.model_calls} model calls, "
             f"{c.tool_calls} tool calls, {c.tokens} tokens",
         ),
+        ("time", f"{duration(elapsed(run))} elapsed, {duration(active(run))} active"),
         ("lease", f"epoch {run.lease_epoch}, attempt {run.attempt}"),
         ("created", timestamp(run.create_time)),
         ("finished", timestamp(run.finish_time)),
@@ -267,8 +314,27 @@ def agent_lines(agent: agent_pb2.Agent, version: agent_pb2.AgentVersion | None) 
             f"tools     {', '.join(spec.tools) or '-'}",
             f"limits    max_steps={spec.limits.max_steps or 'default'} "
             f"deadline={_seconds(spec.limits) or 'default'}",
+            *_policy_lines(spec),
             f"instructions {short(spec.instructions)}",
         ]
+    return lines
+
+
+def _policy_lines(spec: agent_pb2.AgentSpec) -> list[str]:
+    """Approvals, the agent's cap, constraints and connections, when the spec has them."""
+    lines = []
+    pol = spec.approval
+    if pol.tools or pol.approvers or pol.high_risk_tools:
+        held = ", ".join([*pol.tools, *pol.high_risk_tools]) or "catalogue defaults"
+        lines.append(f"approval  {held} by {', '.join(pol.approvers) or '-'}"
+                     + (" (four eyes)" if pol.four_eyes else ""))  # fmt: skip
+    if spec.max_concurrency:
+        lines.append(f"cap       {spec.max_concurrency} runs at once")
+    for c in spec.constraints:
+        rule = agent_pb2.ConstraintRule.Name(c.rule).removeprefix("CONSTRAINT_RULE_").lower()
+        lines.append(f"constraint {c.tool}: {rule}")
+    for provider, connection in sorted(spec.connections.items()):
+        lines.append(f"connection {provider} -> {connection}")
     return lines
 
 

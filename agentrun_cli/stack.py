@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -93,6 +94,8 @@ class Endpoints:
     executor_pid: int
     log_dir: Path
     console_url: str = ""  # the web console on the HTTP ingress
+    http_url: str = ""
+    """The HTTP ingress as bound (webhooks, approval links, sessions)."""
 
     def lines(self) -> list[str]:
         console = [f"  web console    {self.console_url}"] if self.console_url else []
@@ -103,6 +106,7 @@ class Endpoints:
             f"  providers      {self.providers_url}",
             f'  sign-in (OIDC) {self.idp_url}  (POST /token {{"email": ...}} for an ID token)',
             f"  control plane  {self.control_plane} (gRPC)",
+            f"  http           {self.http_url}  (webhooks {self.http_url}/hooks/..., approval links)",
             *console,
             f"  executor       pid {self.executor_pid}",
             f"  logs           {self.log_dir}/",
@@ -135,7 +139,8 @@ class DevStack:
             try:
                 _stop_embedded(self.data_dir, name)
             except (RuntimeError, TimeoutError, OSError) as err:  # report, go on stopping
-                print(f"warning: embedded {name} did not stop: {err}", file=sys.stderr)
+                with contextlib.suppress(OSError):  # stderr may be a closed pipe by now
+                    print(f"warning: embedded {name} did not stop: {err}", file=sys.stderr)
 
     def _note_embedded(self, name: str, env_var: str) -> None:
         if not os.environ.get(env_var):
@@ -153,12 +158,11 @@ class DevStack:
         say(f"database migrated; credentials in {self.data_dir / CREDENTIALS}")
         say("starting sandboxes, control plane and executor")
         model, providers, idp = self._sandboxes()
-        control_plane = self._control_plane(db, providers, idp)
+        control_plane, http_url = self._control_plane(db, providers, idp, say)
         executor = self._executor(control_plane, model, providers, redis, executor_key)
-        http_port = self._port_file("control-plane-http").read_text().strip()
         return Endpoints(
             db, redis, model, providers, idp, control_plane, executor.proc.pid,
-            self.supervisor.log_dir, f"http://127.0.0.1:{http_port}/console/",
+            self.supervisor.log_dir, http_url=http_url, console_url=f"{http_url}/console/",
         )  # fmt: skip
 
     def _sandboxes(self) -> tuple[str, str, str]:
@@ -170,27 +174,36 @@ class DevStack:
             f"http://127.0.0.1:{idp}",
         )  # fmt: skip
 
-    def _control_plane(self, db: str, providers: str, idp: str) -> str:
+    def _control_plane(
+        self, db: str, providers: str, idp: str, say: Callable[[str], None]
+    ) -> tuple[str, str]:
+        """Start it; its gRPC address and the HTTP ingress's URL, both as bound."""
         port = self.port if _port_free(self.port) else 0  # busy: let the server pick one
-        http_port = DEFAULT_HTTP_PORT if _port_free(DEFAULT_HTTP_PORT) else 0
+        http_port = _http_port(say)
         port_file = self._port_file("control-plane")
+        http_port_file = self._port_file("control-plane-http")
         env = {
             "DATABASE_URL": db,
             "AGENTRUN_LISTEN": f"127.0.0.1:{port}",
             "AGENTRUN_PORT_FILE": str(port_file),
             "AGENTRUN_HTTP_LISTEN": f"127.0.0.1:{http_port}",
-            "AGENTRUN_HTTP_PORT_FILE": str(self._port_file("control-plane-http")),
+            "AGENTRUN_HTTP_PORT_FILE": str(http_port_file),
+            # Webhook, approval and reconnect links name the port really bound
+            # (unless the environment says where the public address is).
+            "AGENTRUN_PUBLIC_URL": os.environ.get("AGENTRUN_PUBLIC_URL")
+            or f"http://127.0.0.1:{http_port}",
             # Approval notifications go to the sandbox mail and chat providers.
             "AGENTRUN_NOTIFY_URL": providers,
             # People sign in through the sandbox identity provider.
             "AGENTRUN_OIDC_ISSUER": idp,
         }
-        if http_port:
-            env["AGENTRUN_PUBLIC_URL"] = f"http://127.0.0.1:{http_port}"
         child = self._python("control-plane", ["-m", "control_plane"], env, port_file)
         address = f"127.0.0.1:{self.supervisor.wait_port(child, self.timeout)}"
         self._wait_serving(child, address)
-        return address
+        bound = _read_port_file(http_port_file)
+        if bound != http_port:
+            raise StackError(f"the HTTP ingress bound port {bound}, not {http_port}")
+        return address, f"http://127.0.0.1:{bound}"
 
     def _executor(
         self, control_plane: str, model: str, providers: str, redis: str, key: str
@@ -249,6 +262,34 @@ def sandbox_profiles(model_url: str) -> str:
             SANDBOX_ANTHROPIC: {"provider": "anthropic", "base_url": base},
         }
     )
+
+
+def _http_port(say: Callable[[str], None]) -> int:
+    """The port of AGENTRUN_HTTP_LISTEN (default 8080), or a free one when it is taken.
+
+    Chosen here rather than by the server (port 0) so that the public URL the
+    control plane puts in links can name it.
+    """
+    listen = os.environ.get("AGENTRUN_HTTP_LISTEN") or f"127.0.0.1:{DEFAULT_HTTP_PORT}"
+    try:
+        wanted = int(listen.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        raise StackError(f"AGENTRUN_HTTP_LISTEN={listen!r} is not host:port") from None
+    if wanted and _port_free(wanted):
+        return wanted
+    from agentrun_cli.devstack import free_tcp_port
+
+    port = free_tcp_port()
+    if wanted:
+        say(f"port {wanted} is taken; the HTTP ingress listens on 127.0.0.1:{port} instead")
+    return port
+
+
+def _read_port_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip().rsplit(":", 1)[-1])
+    except (OSError, ValueError):
+        return None
 
 
 def _port_free(port: int) -> bool:

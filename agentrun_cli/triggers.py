@@ -18,7 +18,8 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import credentials, render, schedules
+from agentrun_cli import credentials, output, render, schedules
+from agentrun_cli.output import Column
 
 TIMEOUT = 30.0
 SCHEMES = {
@@ -145,7 +146,7 @@ class _Stub:
 
 
 def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
-    print(render.to_json(value, indent=2) if args.json else "\n".join(lines))
+    output.emit(args, value, lines)
 
 
 def create(args: argparse.Namespace) -> int:
@@ -174,14 +175,22 @@ def _all(
         req.page_token = resp.next_page_token
 
 
+COLUMNS = [
+    Column("trigger", lambda t: t.trigger_id),
+    Column("agent", lambda t: t.agent_id),
+    Column("source", source_line),
+    Column("url", lambda t: t.url),
+]
+
+
 def list_triggers(args: argparse.Namespace) -> int:
     with _Stub(args) as stub:
-        for t in _all(stub, args):
-            print(
-                render.to_json(t)
-                if args.json
-                else f"{t.trigger_id:<24} {t.agent_id:<20} {source_line(t)}"
-            )
+        found = list(_all(stub, args))
+    empty = (
+        f"no triggers in workspace {args.workspace!r}: `agentrun triggers create ID --agent A "
+        "--webhook stripe` (or --cron, --mail) starts runs from events"
+    )
+    output.emit_list(args, found, COLUMNS, empty)
     return 0
 
 
@@ -199,8 +208,9 @@ def events(args: argparse.Namespace) -> int:
     )
     with _Stub(args) as stub:
         found = list(stub.ListTriggerEvents(req, timeout=TIMEOUT).events)[: args.limit]
-    for e in found:
-        print(render.to_json(e) if args.json else event_line(e))
+    output.emit(args, found, map(event_line, found))
+    if not found:
+        output.note(f"no events for trigger {args.trigger_id!r} yet")
     return 0
 
 

@@ -8,6 +8,7 @@ import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
 from control_plane.api import constraints, convert, model_parameters, validate
+from control_plane.api.admin import keyset_page, text_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
@@ -160,3 +161,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if row is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
         return agent_pb2.GetAgentVersionResponse(version=convert.agent_version(row))
+
+    async def ListAgents(
+        self, request: agent_pb2.ListAgentsRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.ListAgentsResponse:
+        ws = auth_context.workspace(request.workspace_id)
+
+        async def fetch(after: str | None, limit: int) -> list:
+            return await store.list_agents(self._pool, ws, after, limit)
+
+        rows, token = await keyset_page(request, text_token(64), fetch, lambda r: r["agent_id"])
+        return agent_pb2.ListAgentsResponse(
+            agents=[convert.agent(r) for r in rows], next_page_token=token
+        )

@@ -7,7 +7,7 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -85,6 +85,20 @@ def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
     return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
 
 
+def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, str | None]:
+    """ListRuns' create_after and search, validated (None when unset)."""
+    since = None
+    if request.HasField("create_after"):
+        try:
+            since = request.create_after.ToDatetime(UTC)
+        except (ValueError, OverflowError):
+            raise InvalidArgument("create_after", "is not a valid timestamp") from None
+    search = validate.text("search", request.search, max_bytes=200)
+    if "\x00" in search:
+        raise InvalidArgument("search", "contains a NUL character")
+    return since, search or None
+
+
 class RunServicer(run_pb2_grpc.RunServiceServicer):
     def __init__(
         self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
@@ -160,9 +174,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 self._pool, ws, source, after=after, agent_id=agent_id, status=status, limit=size
             )
         else:
+            since, search = _list_filters(request)
             page = await store.list_runs(
-                self._pool, ws, after=after, agent_id=agent_id, status=status, limit=size
-            )
+                self._pool, ws, after=after, agent_id=agent_id, status=status, limit=size,
+                created_since=since, search=search,
+            )  # fmt: skip
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
         return run_pb2.ListRunsResponse(

@@ -38,6 +38,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}AgentService/GetAgent": Need.READ,
     f"{_V1}AgentService/PublishAgentVersion": Need.ADMIN,
     f"{_V1}AgentService/GetAgentVersion": Need.READ,
+    f"{_V1}AgentService/ListAgents": Need.READ,
     f"{_V1}RunService/StartRun": Need.OPERATE,
     f"{_V1}RunService/GetRun": Need.READ,
     f"{_V1}RunService/ListRuns": Need.READ,

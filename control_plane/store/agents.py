@@ -47,3 +47,10 @@ async def get_version(
 ) -> asyncpg.Record | None:
     """One version (0 = latest), or None."""
     return await run(pool, "agent_version_get", workspace_id, agent_id, version)
+
+
+async def list_agents(
+    pool: asyncpg.pool.Pool, workspace_id: str, after: str | None, limit: int
+) -> list[asyncpg.Record]:
+    """Up to `limit` agents by id, after the id `after`."""
+    return list(await run(pool, "agent_list", workspace_id, after, limit))

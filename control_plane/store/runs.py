@@ -111,10 +111,15 @@ async def list_runs(
     agent_id: str | None,
     status: str | None,
     limit: int,
+    created_since: datetime | None = None,
+    search: str | None = None,
 ) -> RunPage:
     """A page of runs, newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
-    rows = await run(pool, "run_list", workspace_id, created, run_id, agent_id, status, limit + 1)
+    rows = await run(
+        pool, "run_list", workspace_id, created, run_id, agent_id, status, limit + 1,
+        created_since, search,
+    )  # fmt: skip
     return RunPage(runs=[Run.from_record(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
 

@@ -269,6 +269,6 @@ async def test_the_triggers_cli_creates_lists_and_shows_events(api, http, server
     shown = await cli(server, api.key, "triggers", "show", "gh")
     assert "secret    #1" in shown and secret not in shown
     listed = await cli(server, api.key, "triggers", "list")
-    assert listed.startswith("gh") and "webhook (github)" in listed
+    assert listed.splitlines()[1].startswith("gh") and "webhook (github)" in listed
     rotated = await cli(server, api.key, "triggers", "rotate-secret", "gh", "--grace", "0")
     assert "new signing secret (shown once)" in rotated and "secret    #2" in rotated

@@ -34,3 +34,10 @@ SELECT v.workspace_id, v.agent_id, v.version, v.spec, v.created_at
 FROM agent_versions v JOIN agents a USING (workspace_id, agent_id)
 WHERE v.workspace_id = $1 AND v.agent_id = $2
   AND v.version = CASE WHEN $3::int = 0 THEN a.latest_version ELSE $3::int END;
+
+-- name: agent_list :many
+-- A page of a workspace's agents by agent id, after the id $2 (NULL: from the start).
+SELECT workspace_id, agent_id, display_name, latest_version, created_at
+FROM agents WHERE workspace_id = $1 AND ($2::text IS NULL OR agent_id > $2)
+ORDER BY agent_id
+LIMIT $3;

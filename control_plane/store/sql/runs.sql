@@ -45,12 +45,17 @@ SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds
 FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 
 -- name: run_list :many
--- A page of a workspace's runs, newest first, after a keyset cursor.
+-- A page of a workspace's runs, newest first, after a keyset cursor; optional
+-- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8).
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
   AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($4::text IS NULL OR agent_id = $4)
   AND ($5::text IS NULL OR status = $5)
+  AND ($7::timestamptz IS NULL OR created_at >= $7)
+  AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($8)) > 0)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 

@@ -58,6 +58,11 @@ class AgentServiceStub:
                 request_serializer=agentrun_dot_v1_dot_agent__pb2.GetAgentVersionRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_agent__pb2.GetAgentVersionResponse.FromString,
                 _registered_method=True)
+        self.ListAgents = channel.unary_unary(
+                '/agentrun.v1.AgentService/ListAgents',
+                request_serializer=agentrun_dot_v1_dot_agent__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_agent__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -97,6 +102,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAgents(self, request, context):
+        """ListAgents pages through a workspace's agents, by agent id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +131,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.GetAgentVersion,
                     request_deserializer=agentrun_dot_v1_dot_agent__pb2.GetAgentVersionRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_agent__pb2.GetAgentVersionResponse.SerializeToString,
+            ),
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=agentrun_dot_v1_dot_agent__pb2.ListAgentsRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_agent__pb2.ListAgentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -233,6 +250,33 @@ class AgentService:
             '/agentrun.v1.AgentService/GetAgentVersion',
             agentrun_dot_v1_dot_agent__pb2.GetAgentVersionRequest.SerializeToString,
             agentrun_dot_v1_dot_agent__pb2.GetAgentVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.AgentService/ListAgents',
+            agentrun_dot_v1_dot_agent__pb2.ListAgentsRequest.SerializeToString,
+            agentrun_dot_v1_dot_agent__pb2.ListAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

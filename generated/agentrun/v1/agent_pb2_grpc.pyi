@@ -49,6 +49,8 @@ class AgentServiceStub:
     """
     GetAgentVersion: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetAgentVersionRequest, _agent_pb2.GetAgentVersionResponse]
     """GetAgentVersion returns one published version."""
+    ListAgents: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ListAgentsRequest, _agent_pb2.ListAgentsResponse]
+    """ListAgents pages through a workspace's agents, by agent id."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -71,6 +73,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """
     GetAgentVersion: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetAgentVersionRequest, _agent_pb2.GetAgentVersionResponse]  # type: ignore[assignment]
     """GetAgentVersion returns one published version."""
+    ListAgents: _aio.UnaryUnaryMultiCallable[_agent_pb2.ListAgentsRequest, _agent_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    """ListAgents pages through a workspace's agents, by agent id."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService manages agents and their immutable, published versions.
@@ -114,5 +118,13 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.GetAgentVersionResponse, _abc.Awaitable[_agent_pb2.GetAgentVersionResponse]]:
         """GetAgentVersion returns one published version."""
+
+    @_abc_1.abstractmethod
+    def ListAgents(
+        self,
+        request: _agent_pb2.ListAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ListAgentsResponse, _abc.Awaitable[_agent_pb2.ListAgentsResponse]]:
+        """ListAgents pages through a workspace's agents, by agent id."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -594,6 +594,8 @@ class ListRunsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    CREATE_AFTER_FIELD_NUMBER: _builtins.int
+    SEARCH_FIELD_NUMBER: _builtins.int
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     page_size: _builtins.int
@@ -602,8 +604,16 @@ class ListRunsRequest(_message.Message):
     agent_id: _builtins.str
     """Optional filters."""
     status: Global___RunStatus.ValueType
+    search: _builtins.str
+    """Only runs whose id, agent id, input, output or error contains this text
+    (case-insensitive; at most 200 bytes).
+    """
     forked_from_run_id: _builtins.str
     """Only the forks of this run."""
+    @_builtins.property
+    def create_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created at or after this time (`agentrun runs list --since 1h`)."""
+
     def __init__(
         self,
         *,
@@ -612,11 +622,13 @@ class ListRunsRequest(_message.Message):
         page_token: _builtins.str = ...,
         agent_id: _builtins.str = ...,
         status: Global___RunStatus.ValueType = ...,
+        create_after: _timestamp_pb2.Timestamp | None = ...,
+        search: _builtins.str = ...,
         forked_from_run_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_after", b"create_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "status", b"status", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "search", b"search", "status", b"status", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,188 @@
+"""Agents as files: a YAML document that says everything an AgentSpec holds.
+
+    agent: triage                 # the agent id (created if missing)
+    name: Triage desk             # display name, used when the agent is created
+    model: demo
+    instructions: |
+      Answer the customer; look them up first.
+    tools: [crm_lookup, send_email]
+    limits: {max_steps: 20, deadline: 10m, max_tokens: 200000, max_age: 7d}
+    approval: {tools: [send_email], approvers: [manager@example.com], expiry: 24h,
+               on_expiry: reject}
+    max_concurrency: 5
+    constraints:
+      - {tool: send_email, rule: recipient_known_or_approval, known_recipients: ["@example.com"]}
+    connections: {mail: 8f7c…}    # provider -> connection id
+    acknowledge_trifecta: false
+
+Field names are the proto's (agent.proto); durations take `90s`, `10m`, `12h`,
+`7d` or a number of seconds; enums take their short lower-case names
+(`reply_to_trigger_thread`, `escalate`). A key the spec does not have is an
+error naming it (and the nearest known key), so a typo never publishes a
+spec that silently lacks a limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from agentrun.v1 import agent_pb2
+from agentrun_cli.admin_commands import duration
+
+# Keys of the file that are not in AgentSpec.
+FILE_KEYS = {"agent", "name", "acknowledge_trifecta"}
+_DURATIONS = {"deadline", "max_age"}
+_ENUM_PREFIX = {"rule": "CONSTRAINT_RULE_", "on_expiry": "EXPIRY_ACTION_"}
+
+
+class AgentFileError(ValueError):
+    """The file cannot be read as an agent; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class AgentFile:
+    agent_id: str
+    display_name: str
+    spec: agent_pb2.AgentSpec
+    acknowledge_trifecta: bool
+
+
+def load(path: str) -> AgentFile:
+    """Read and check an agent file (`-` reads standard input)."""
+    try:
+        text = _read(path)
+        doc = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as err:
+        raise AgentFileError(f"{path}: cannot read it: {err}") from None
+    return parse(doc, path)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        import sys
+
+        return sys.stdin.read()
+    return Path(path).read_text()
+
+
+def parse(doc: Any, source: str = "agent file") -> AgentFile:
+    if not isinstance(doc, dict):
+        raise AgentFileError(f"{source}: expected a mapping of keys (agent, model, tools, ...)")
+    spec_doc = {k: v for k, v in doc.items() if k not in FILE_KEYS}
+    unknown = unknown_keys(spec_doc, agent_pb2.AgentSpec.DESCRIPTOR, FILE_KEYS)
+    if unknown:
+        raise AgentFileError(f"{source}: unknown keys: {'; '.join(unknown)}")
+    agent_id = doc.get("agent")
+    if not isinstance(agent_id, str) or not agent_id:
+        raise AgentFileError(f"{source}: `agent: <id>` is required (the agent's id)")
+    spec = agent_pb2.AgentSpec()
+    try:
+        json_format.ParseDict(_normalise(spec_doc), spec)
+    except (json_format.ParseError, ValueError, TypeError) as err:
+        raise AgentFileError(f"{source}: {err}") from None
+    return AgentFile(
+        agent_id=agent_id,
+        display_name=str(doc.get("name") or ""),
+        spec=spec,
+        acknowledge_trifecta=bool(doc.get("acknowledge_trifecta", False)),
+    )
+
+
+def unknown_keys(
+    value: dict[str, Any],
+    message: Descriptor,
+    extra: Collection[str] = (),
+    at: str = "",
+) -> list[str]:
+    """Every key under `value` that `message` (recursively) does not have, with a suggestion."""
+    found = []
+    for key, item in value.items():
+        name = _alias(key)
+        field = message.fields_by_name.get(name)
+        if field is None:
+            known = [*message.fields_by_name, *extra, *(_ALIASES if message is _POLICY else ())]
+            near = difflib.get_close_matches(str(key), known, n=1)
+            found.append(f"{at}{key}" + (f" (did you mean {at}{near[0]}?)" if near else ""))
+        elif _is_message(field) and not _is_map(field):
+            found += _nested(item, field, f"{at}{key}")
+    return found
+
+
+def _nested(item: Any, field: FieldDescriptor, at: str) -> list[str]:
+    items = item if isinstance(item, list) else [item]
+    found = []
+    for i, sub in enumerate(items):
+        if isinstance(sub, dict):
+            where = f"{at}[{i}]." if isinstance(item, list) else f"{at}."
+            assert field.message_type is not None
+            found += unknown_keys(sub, field.message_type, at=where)
+    return found
+
+
+def _is_message(field: FieldDescriptor) -> bool:
+    return field.type == FieldDescriptor.TYPE_MESSAGE
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+_POLICY = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["approval"].message_type
+_ALIASES = {"expiry": "expiry_seconds"}
+
+
+def _alias(key: str) -> str:
+    return _ALIASES.get(key, key)
+
+
+def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
+    """Durations to protobuf's `Ns`, short enum names to full ones, `expiry` to seconds."""
+    out = dict(doc)
+    limits = out.get("limits")
+    if isinstance(limits, dict):
+        out["limits"] = {k: _seconds(v) if k in _DURATIONS else v for k, v in limits.items()}
+    approval = out.get("approval")
+    if isinstance(approval, dict):
+        approval = dict(approval)
+        if "expiry" in approval:
+            approval["expiry_seconds"] = int(_seconds(approval.pop("expiry")).removesuffix("s"))
+        out["approval"] = _enum(approval, "on_expiry")
+    constraints = out.get("constraints")
+    if isinstance(constraints, list):
+        out["constraints"] = [_enum(c, "rule") if isinstance(c, dict) else c for c in constraints]
+    return out
+
+
+def _seconds(value: Any) -> str:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int | float):
+        return f"{int(value)}s"
+    if isinstance(value, str) and value.isdigit():
+        return f"{value}s"
+    try:
+        return f"{int(duration(str(value)).total_seconds())}s"
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(f"{value!r} is not a duration (90s, 10m, 12h, 7d)") from err
+
+
+def _enum(item: dict[str, Any], key: str) -> dict[str, Any]:
+    value = item.get(key)
+    prefix = _ENUM_PREFIX[key]
+    if isinstance(value, str) and not value.upper().startswith(prefix):
+        item = {**item, key: prefix + value.upper()}
+    return item
+
+
+def same_spec(a: agent_pb2.AgentSpec, b: agent_pb2.AgentSpec) -> bool:
+    """Whether two specs say the same (what `apply` compares before publishing)."""
+    return a == b

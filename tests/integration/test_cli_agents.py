@@ -1,0 +1,117 @@
+"""The CLI as a user meets it, against a real control plane: agents as files, lists in three
+formats, filters the server applies, empty lists and errors that say what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agentrun_cli.client import Client
+from tests.harness.auth import workspace_key
+
+WS = "cli-ws"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "triage.yaml"
+
+
+class Cli:
+    def __init__(self, address: str, key: str, tmp: Path) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
+        self.env.update(
+            AGENTRUN_CONFIG=str(tmp / "config.toml"), AGENTRUN_DATA_DIR=str(tmp),
+            AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=address, AGENTRUN_WORKSPACE=WS,
+        )  # fmt: skip
+
+    async def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "agentrun_cli", *args]
+        done = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, timeout=60, env=self.env
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        if ok:
+            assert done.returncode == 0, f"{args}: {done.stderr}"
+        return done
+
+
+async def _cli(server, db_url: str, tmp_path: Path) -> Cli:
+    key = await workspace_key(db_url, WS, role="admin")
+    return Cli(f"127.0.0.1:{server.port}", key, tmp_path)
+
+
+async def test_agents_apply_creates_publishes_only_changes_and_names_unknown_keys(
+    server, db_url, tmp_path
+):
+    cli = await _cli(server, db_url, tmp_path)
+    empty = await cli("agents", "list")
+    assert empty.stdout == "" and "no agents in workspace 'cli-ws'" in empty.stderr
+    assert "agents apply -f" in empty.stderr
+    assert json.loads((await cli("agents", "list", "-o", "json")).stdout) == []
+
+    first = await cli("agents", "apply", "-f", str(EXAMPLE))
+    assert "created agent triage" in first.stdout and "published triage v1" in first.stdout
+    again = await cli("agents", "apply", "-f", str(EXAMPLE), "-o", "json")
+    assert json.loads(again.stdout)["published"] is False
+    assert json.loads(again.stdout)["version"]["version"] == 1
+
+    shown = json.loads((await cli("agents", "show", "triage", "-o", "json")).stdout)
+    spec = shown["version"]["spec"]
+    assert spec["limits"]["deadline"] == "600s" and spec["limits"]["max_age"] == "604800s"
+    assert spec["approval"]["expiry_seconds"] == 86400
+    assert spec["approval"]["on_expiry"] == "EXPIRY_ACTION_REJECT"
+    assert spec["constraints"][0]["rule"] == "CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL"
+    assert spec["max_concurrency"] == 5
+
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(EXAMPLE.read_text().replace("max_steps: 20", "max_steps: 21"))
+    assert "published triage v2" in (await cli("agents", "apply", "-f", str(changed))).stdout
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("agent: other\nmodel: demo\ntools: [crm_lookup]\nlimits: {max_step: 3}\n")
+    refused = await cli("agents", "apply", "-f", str(typo), ok=False)
+    assert refused.returncode == 1
+    assert "unknown keys: limits.max_step (did you mean limits.max_steps?)" in refused.stderr
+    lines = (await cli("agents", "list", "-o", "jsonl")).stdout.splitlines()
+    assert [json.loads(line)["agent_id"] for line in lines] == ["triage"]  # nothing created
+    assert json.loads(lines[0])["latest_version"] == 2
+
+
+async def test_runs_list_filters_on_the_server_and_prints_a_plain_table_when_piped(
+    server, db_url, tmp_path
+):
+    cli = await _cli(server, db_url, tmp_path)
+    await cli("agents", "create", "triage")
+    await cli("agents", "publish", "triage", "--model", "demo", "--tool", "crm_lookup")
+    nothing = await cli("runs", "list")
+    assert "no runs in workspace 'cli-ws'" in nothing.stderr and "runs start" in nothing.stderr
+    for text in ("Follow up with ada@example.com", "Call bob"):
+        await cli("runs", "start", "triage", "--input", text)
+
+    ada = (await cli("runs", "list", "--search", "ADA@example", "-q")).stdout.split()
+    both = (await cli("runs", "list", "--since", "1h", "-q")).stdout.split()
+    assert len(ada) == 1 and len(both) == 2 and ada[0] in both
+    table = (await cli("runs", "list")).stdout.splitlines()
+    assert table[0].split() == [
+        "RUN", "ID", "AGENT", "STATUS", "WAIT", "CREATED", "ELAPSED", "ACTIVE", "STEPS", "TOKENS"
+    ]  # fmt: skip
+    assert len(table) == 3 and "\x1b[" not in "".join(table)
+    assert all(line == line.rstrip() for line in table)
+    # The filters are the server's (ListRuns create_after and search), not the CLI's.
+    with Client(f"127.0.0.1:{server.port}", WS, key=cli.env["AGENTRUN_API_KEY"]) as client:
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        assert await asyncio.to_thread(lambda: list(client.list_runs(since=later))) == []
+        found = await asyncio.to_thread(lambda: list(client.list_runs(search="call BOB")))
+        assert [r.input for r in found] == ["Call bob"]
+    none = await cli("runs", "list", "--search", "nobody")
+    assert none.stdout == "" and "match --search nobody" in none.stderr
+
+    missing = await cli("runs", "show", "00000000-0000-0000-0000-000000000000", ok=False)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: NOT_FOUND") and "\nhint: " in missing.stderr
+    too_long = await cli("runs", "list", "--search", "x" * 201, ok=False)
+    assert (
+        "INVALID_ARGUMENT: search" in too_long.stderr and "hint: fix the field" in too_long.stderr
+    )
