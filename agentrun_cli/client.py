@@ -123,6 +123,7 @@ class Client:
             payload_json=payload_json,
         )  # fmt: skip
         return self.runs.SignalRun(req, timeout=self.timeout)
+
     def list_agents(self) -> Iterator[agent_pb2.Agent]:
         """Every agent of the workspace, by id, following page tokens."""
         req = agent_pb2.ListAgentsRequest(workspace_id=self.workspace, page_size=500)

@@ -15,7 +15,7 @@ from agentrun_cli.parser import parse
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
-SOURCES = ("control_plane", "executor", "agentrun_cli", "sandbox")
+SOURCES = ("control_plane", "executor", "agentrun_cli", "sandbox", "telemetry")
 
 
 def _ours(service: dict[str, Any]) -> bool:
