@@ -88,6 +88,11 @@ def run(row: Run) -> run_pb2.Run:
             model_calls=row.model_calls,
             tool_calls=row.tool_calls,
             tokens=row.tokens_used,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cached_tokens=row.cached_tokens,
+            reasoning_tokens=row.reasoning_tokens,
+            cost_micros=row.cost_micros,
         ),  # fmt: skip
         input=row.input,
         output=row.output or "",
@@ -95,6 +100,8 @@ def run(row: Run) -> run_pb2.Run:
         active_duration=duration(active_seconds(row)),
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
         parent_seq=row.parent_seq or 0,
+        credits_reserved_micros=row.credits_reserved_micros,
+        credit_chunks=row.credit_chunks,
     )
     for name, value in (
         ("wake_time", row.wake_at),

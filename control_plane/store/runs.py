@@ -58,6 +58,14 @@ class Run:
     # A child run's parent and the seq of the start_child call that admitted it.
     parent_run_id: uuid.UUID | None
     parent_seq: int | None
+    # Usage and cost priced at commit (control_plane/pricing.py); credits this run reserved.
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    cost_micros: int
+    credits_reserved_micros: int
+    credit_chunks: int
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
