@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+import faults
 from control_plane.store import credits as store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
@@ -27,6 +28,9 @@ async def reserve_claimed(pool: Pool, claimed: list[Run]) -> set[uuid.UUID]:
         outcome = await store.reserve(
             pool, run.workspace_id, run.run_id, run.lease_epoch, may_stop=True
         )
+        # Reserved, not yet assigned: a crash here leaves the lease to lapse, and the next
+        # claim finds the chunk reserved (the run no longer owes).
+        faults.point("control_plane.credits.after_claim_reserve")
         if outcome is not None and outcome.status != "running":
             log.info("run %s stopped at claim: %s", run.run_id, outcome.reason)
             stopped.add(run.run_id)

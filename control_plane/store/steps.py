@@ -119,6 +119,9 @@ async def _top_up(
     step, or stops here (store/sql/credits.sql says why this is never charged twice)."""
     if result.status != "running":
         return result
+    # Committed, not topped up: a crash here is healed by the retried commit (a duplicate
+    # tops up) or by the next claim, which finds the run owing.
+    faults.point("control_plane.credits.before_top_up")
     # A call committed as started is about to be sent: stopping now would make it an
     # unknown outcome. The run goes on overdrawn and stops at its next commit.
     may_stop = not (req.steps and req.steps[-1].kind == "tool_started")
