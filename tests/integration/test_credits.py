@@ -8,11 +8,18 @@ at its next step; one without an account is unlimited.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
+from decimal import Decimal
+
 import grpc
 import pytest
 
 from agentrun.v1 import credit_pb2 as pb
 from agentrun.v1 import run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.credits import Credits, assert_balanced, step_costs
 from tests.harness.waiting import eventually
@@ -153,3 +160,37 @@ async def test_the_ledger_pages_newest_first(stack):
     assert not rest.next_page_token
     balance = await credits.balance()
     assert (balance.granted_micros, balance.balance_micros) == (6, 6)
+
+
+async def _cli(address: str, key: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
+    env["AGENTRUN_API_KEY"] = key
+    argv = [sys.executable, "-m", "agentrun_cli", "--address", address, "--workspace", "ws", *args]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, f"{args}: {done.stderr}"
+    return done.stdout
+
+
+async def test_the_cli_grants_shows_the_balance_the_ledger_and_a_runs_cost(stack, db_url):
+    api, credits = stack
+    platform = await auth.platform_key(db_url, "ops-lead")
+    reader = await auth.workspace_key(db_url, "ws", role="reader")
+    out = await _cli(api.channel_target, reader, "credits", "balance")
+    assert "unlimited" in out
+    out = await _cli(api.channel_target, platform, "credits", "grant", "2.5", "--chunk", "0.001",
+                     "--when-out", "fail", "--note", "trial")  # fmt: skip
+    assert "balance   2.5" in out and "when out: fail" in out
+    run_id = await api.start("echoer")
+    (run,) = await api.wait_terminal([run_id])
+    shown = await _cli(api.channel_target, reader, "runs", "show", run_id)
+    cost = Decimal(run.counters.cost_micros) / 1_000_000
+    assert f"cost      {cost:f} credits (reserved" in shown
+    assert f"{run.counters.input_tokens} in" in shown
+    ledger = await _cli(api.channel_target, reader, "credits", "ledger", "--run", run_id)
+    names = {"grant", "reserve", "spend", "release"}
+    kinds = [word for line in ledger.splitlines() for word in line.split() if word in names]
+    assert kinds.count("release") == kinds.count("spend") == 1 and "reserve" in kinds
+    grants = await _cli(api.channel_target, reader, "credits", "ledger")
+    assert "by platform:ops-lead (trial)" in grants

@@ -1,8 +1,8 @@
 """Credits under kill -9: the ledger balances to the micro and no chunk is reserved twice.
 
-CREDITS_RUNS runs (default 80, about a minute on 2 busy cores; the issue's 1,000 with CREDITS_RUNS=1000, a few minutes)
-of a metered workspace whose chunk is smaller than one step, so every run reserves at
-its claim and tops up at nearly every commit. Meanwhile the control plane and the
+CREDITS_RUNS runs (default 80: about a minute on 2 busy cores; the issue's 1,000 with
+CREDITS_RUNS=1000) of a metered workspace whose chunk is smaller than one step, so every
+run reserves at its claim and tops up at nearly every commit. Meanwhile the control plane and the
 executors die by SIGKILL at random named fault points (the control plane's include
 "reserved at claim, not assigned", "committed, not topped up" and "committed, reply not
 sent") and the test kills both as well; dead processes are started again. Every
