@@ -284,7 +284,8 @@ class Run(_message.Message):
     wait_reason: _builtins.str
     """Why a waiting run waits: sleep, rate, model, approval, connection, child,
     human (an unknown tool outcome awaits ResolveUnknownOutcome), retry (a
-    tool call to settle again later). Empty otherwise.
+    tool call to settle again later), credits (the workspace's credits cannot
+    cover the next step; a grant wakes it). Empty otherwise.
     """
     lease_owner: _builtins.str
     """The executor holding the lease (running runs only)."""
