@@ -12,6 +12,7 @@ from agentrun_cli import (
     commands,
     connections,
     credentials,
+    credits,
     crypto_keys,
     forks,
     launch,
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(sub, common)
     approvals.add_commands(sub, common)
     connections.add_commands(sub, common)
+    credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)

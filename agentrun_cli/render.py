@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
@@ -263,6 +264,12 @@ def run_summary(run: run_pb2.Run) -> list[str]:
             f"{c.tool_calls} tool calls, {c.tokens} tokens",
         ),
         ("time", f"{duration(elapsed(run))} elapsed, {duration(active(run))} active"),
+        (
+            "usage",
+            f"{c.input_tokens} in ({c.cached_tokens} cached), {c.output_tokens} out "
+            f"({c.reasoning_tokens} reasoning)",
+        ),
+        ("cost", cost_line(run)),
         ("lease", f"epoch {run.lease_epoch}, attempt {run.attempt}"),
         ("created", timestamp(run.create_time)),
         ("finished", timestamp(run.finish_time)),
@@ -272,6 +279,15 @@ def run_summary(run: run_pb2.Run) -> list[str]:
     if run.child_run_ids:
         rows.append(("children", ", ".join(run.child_run_ids)))
     return [f"{name:<9} {value}" for name, value in rows]
+
+
+def cost_line(run: run_pb2.Run) -> str:
+    """The run's cost in credits, and what it reserved when its workspace is metered."""
+    cost = f"{Decimal(run.counters.cost_micros) / 1_000_000:f} credits"
+    if not run.credit_chunks:
+        return cost
+    reserved = Decimal(run.credits_reserved_micros) / 1_000_000
+    return f"{cost} (reserved {reserved:f} in {run.credit_chunks} chunks)"
 
 
 def run_row(run: run_pb2.Run) -> str:

@@ -23,6 +23,8 @@ from agentrun.v1 import (
     approval_pb2_grpc,
     connection_pb2,
     connection_pb2_grpc,
+    credit_pb2,
+    credit_pb2_grpc,
     executor_pb2,
     executor_pb2_grpc,
     run_pb2,
@@ -54,6 +56,7 @@ from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.connections.revocation import Revocations
 from control_plane.connections.tokens import ConnectionTokens
+from control_plane.credits.service import CreditServicer
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.dispatch import max_age
@@ -84,6 +87,7 @@ SERVICE_NAMES = (
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
     connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
+    credit_pb2.DESCRIPTOR.services_by_name["CreditService"].full_name,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -277,6 +281,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke)), server
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
+    credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:

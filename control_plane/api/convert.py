@@ -92,6 +92,11 @@ def run(row: Run) -> run_pb2.Run:
             model_calls=row.model_calls,
             tool_calls=row.tool_calls,
             tokens=row.tokens_used,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cached_tokens=row.cached_tokens,
+            reasoning_tokens=row.reasoning_tokens,
+            cost_micros=row.cost_micros,
         ),  # fmt: skip
         input=row.input,
         output=row.output or "",
@@ -101,6 +106,8 @@ def run(row: Run) -> run_pb2.Run:
         parent_seq=row.parent_seq or 0,
         forked_from_run_id=str(row.forked_from_run_id) if row.forked_from_run_id else "",
         forked_from_seq=row.forked_from_seq or 0,
+        credits_reserved_micros=row.credits_reserved_micros,
+        credit_chunks=row.credit_chunks,
     )
     for name, value in (
         ("wake_time", row.wake_at),

@@ -83,6 +83,9 @@ ACCESS: dict[str, Need] = {
     f"{_V1}WorkspaceAdminService/RemoveMember": Need.ADMIN,
     f"{_V1}WorkspaceAdminService/ListMembers": Need.ADMIN,
     f"{_V1}WorkspaceAdminService/ListAuditLog": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}CreditService/GrantCredits": Need.PLATFORM,
+    f"{_V1}CreditService/GetCreditBalance": Need.READ,
+    f"{_V1}CreditService/ListCreditLedger": Need.READ,
 }
 
 

@@ -13,6 +13,7 @@ from agentrun.v1 import executor_pb2 as pb
 from control_plane import metrics
 from control_plane.api import convert
 from control_plane.config import ServerConfig
+from control_plane.credits.claims import reserve_claimed
 from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
@@ -137,12 +138,15 @@ class Dispatcher:
             return 0
         for row in rows:
             metrics.CLAIMED.labels(row.workspace_id).inc()
+        claimed = len(rows)
+        if stopped := await reserve_claimed(self.pool, rows):
+            rows = [r for r in rows if r.run_id not in stopped]
         logs = await step_store.steps_for_runs(
             self.pool, [(r.workspace_id, r.run_id) for r in rows]
         )
         for row in rows:
             await self._deliver(row, logs[row.run_id])
-        return len(rows)
+        return claimed
 
     async def _deliver(self, run: Run, steps: list[Step]) -> None:
         session = self._sessions.get(run.lease_owner or "")

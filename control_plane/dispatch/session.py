@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import children, metrics, signals
+from control_plane import children, metrics, pricing, signals
 from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
@@ -88,6 +88,7 @@ def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
         workspace_id=msg.lease.workspace_id, run_id=uuid.UUID(msg.lease.run_id),
         epoch=msg.lease.epoch, steps=steps, transition=transition(msg),
         model_calls=msg.model_calls, tool_calls=msg.tool_calls, tokens=msg.tokens,
+        usage=pricing.steps_usage(pricing.table(), [(s.kind, s.payload_json) for s in steps]),
     )  # fmt: skip
 
 
@@ -259,7 +260,11 @@ class ExecutorSession:
             done = await self._commit_with_retries(req, msg)
             faults.point("control_plane.commit.before_reply")
             result.outcome = pb.COMMIT_OUTCOME_OK
-            if done.status == "running" and done.wake_at is not None:
+            if done.stopped:  # landed, but the run may not go on (out of credits)
+                result.outcome = pb.COMMIT_OUTCOME_FENCED
+                result.message = done.stopped
+                self.held.pop(req.run_id, None)
+            elif done.status == "running" and done.wake_at is not None:
                 result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
             else:
                 self.held.pop(req.run_id, None)

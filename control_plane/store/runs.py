@@ -62,6 +62,14 @@ class Run:
     # A fork's source run and the last seq copied from its log (control_plane/forks.py).
     forked_from_run_id: uuid.UUID | None
     forked_from_seq: int | None
+    # Usage and cost priced at commit (control_plane/pricing.py); credits this run reserved.
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    cost_micros: int
+    credits_reserved_micros: int
+    credit_chunks: int
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

@@ -9,6 +9,8 @@ from datetime import datetime
 import asyncpg
 
 import faults
+from control_plane.pricing import Usage
+from control_plane.store import credits
 from control_plane.store.db import in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced
 from control_plane.store.queries import run
@@ -63,6 +65,8 @@ class CommitRequest:
     model_calls: int = 0
     tool_calls: int = 0
     tokens: int = 0
+    # Tokens and cost of the steps, priced from the table (control_plane/pricing.py).
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class CommitResult:
     status: str
     wake_at: datetime | None
     duplicate: bool = False
+    # Why the run stopped at this commit although it asked to go on (out of credits).
+    stopped: str | None = None
 
 
 async def commit(
@@ -97,10 +103,32 @@ async def commit(
     except asyncpg.UniqueViolationError:
         row = None
     if row is not None:
-        return CommitResult(row["status"], row["wake_at"])
+        result = CommitResult(row["status"], row["wake_at"])
+        return await _top_up(pool, req, result) if row["credits_due"] else result
     if req.steps and await _already_committed(pool, req):
-        return CommitResult(t.status or "running", None, duplicate=True)
+        duplicate = CommitResult(t.status or "running", None, duplicate=True)
+        # The first try may have landed without its top-up (a kill -9 between the two).
+        return await _top_up(pool, req, duplicate) if t.status is None else duplicate
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
+
+
+async def _top_up(
+    db: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, result: CommitResult
+) -> CommitResult:
+    """A metered run that spent its reservation reserves the next chunk before its next
+    step, or stops here (store/sql/credits.sql says why this is never charged twice)."""
+    if result.status != "running":
+        return result
+    # Committed, not topped up: a crash here is healed by the retried commit (a duplicate
+    # tops up) or by the next claim, which finds the run owing.
+    faults.point("control_plane.credits.before_top_up")
+    # A call committed as started is about to be sent: stopping now would make it an
+    # unknown outcome. The run goes on overdrawn and stops at its next commit.
+    may_stop = not (req.steps and req.steps[-1].kind == "tool_started")
+    outcome = await credits.reserve(db, req.workspace_id, req.run_id, req.epoch, may_stop=may_stop)
+    if outcome is None or outcome.status == "running":
+        return result
+    return CommitResult(outcome.status, None, result.duplicate, stopped=outcome.reason)
 
 
 async def _apply(
@@ -115,7 +143,9 @@ async def _apply(
         seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
         ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
         model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
-        status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
+        input_tokens=req.usage.input_tokens, output_tokens=req.usage.output_tokens,
+        cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
+        cost_micros=req.usage.cost_micros, status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
         wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
         now=now, waiting_connection_id=t.waiting_connection_id,
     )  # fmt: skip

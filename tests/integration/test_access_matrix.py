@@ -23,7 +23,7 @@ from tests.harness.auth import executor_key, platform_key, workspace_key
 CODE = grpc.StatusCode
 TABLES = ("workspaces", "agents", "agent_versions", "runs", "steps", "triggers",
           "trigger_secrets", "sessions", "session_turns", "approvals", "api_keys",
-          "workspace_members", "audit_log")  # fmt: skip
+          "workspace_members", "audit_log", "credit_accounts", "credit_ledger")  # fmt: skip
 # A caller that holds everything but what the method needs.
 LACKING = {
     Need.READ: "executor", Need.OPERATE: "reader", Need.ADMIN: "operator",
@@ -70,7 +70,7 @@ def test_the_table_says_what_the_issue_asks():
         "GetPayloadSlice",
         "GetConnectionToken",
     }
-    assert {"CreateWorkspace", "SetWorkspacePlan"} == by_need[Need.PLATFORM]
+    assert {"CreateWorkspace", "SetWorkspacePlan", "GrantCredits"} == by_need[Need.PLATFORM]
 
 
 def test_every_rpc_is_classified_and_nothing_else_is():

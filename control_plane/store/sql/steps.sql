@@ -24,6 +24,12 @@ UPDATE runs r SET
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
     tokens_used = r.tokens_used + :tokens,
+    -- Usage and cost priced from the steps (control_plane/pricing.py), in this statement.
+    input_tokens = r.input_tokens + :input_tokens,
+    output_tokens = r.output_tokens + :output_tokens,
+    cached_tokens = r.cached_tokens + :cached_tokens,
+    reasoning_tokens = r.reasoning_tokens + :reasoning_tokens,
+    cost_micros = r.cost_micros + :cost_micros,
     status = coalesce(:status, r.status),
     wait_reason = CASE WHEN :status = 'waiting' THEN :wait_reason END,
     waiting_connection_id = CASE WHEN :status = 'waiting' THEN :waiting_connection_id::uuid END,
@@ -41,7 +47,9 @@ UPDATE runs r SET
     updated_at = now()
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
-RETURNING r.status, r.wake_at;
+-- credits_due: a metered run that spent all it reserved tops up before its next step.
+RETURNING r.status, r.wake_at,
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
 
 -- name: steps_by_seqs :many
 -- Which of these seqs exist, under which epoch (recognises a retried commit).

@@ -222,11 +222,28 @@ class RunCounters(_message.Message):
     MODEL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_MICROS_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
     """Steps in the run's log, whoever wrote them (ListRunSteps returns as many)."""
     model_calls: _builtins.int
     tool_calls: _builtins.int
     tokens: _builtins.int
+    input_tokens: _builtins.int
+    """Tokens of the run's model calls as the providers reported them: the whole
+    prompts (cached ones included), the whole answers (reasoning included),
+    and of those the cached prompt tokens and the reasoning tokens.
+    """
+    output_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    reasoning_tokens: _builtins.int
+    cost_micros: _builtins.int
+    """What the run's model and tool calls cost, in micro-credits (1 credit =
+    1,000,000), priced from the control plane's table at each commit.
+    """
     def __init__(
         self,
         *,
@@ -234,10 +251,15 @@ class RunCounters(_message.Message):
         model_calls: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
         tokens: _builtins.int = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
+        cost_micros: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_calls", b"model_calls", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "cost_micros", b"cost_micros", "input_tokens", b"input_tokens", "model_calls", b"model_calls", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -272,6 +294,8 @@ class Run(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     PARENT_SEQ_FIELD_NUMBER: _builtins.int
+    CREDITS_RESERVED_MICROS_FIELD_NUMBER: _builtins.int
+    CREDIT_CHUNKS_FIELD_NUMBER: _builtins.int
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     FORKED_FROM_SEQ_FIELD_NUMBER: _builtins.int
     CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
@@ -283,7 +307,8 @@ class Run(_message.Message):
     wait_reason: _builtins.str
     """Why a waiting run waits: sleep, rate, model, approval, connection, child,
     human (an unknown tool outcome awaits ResolveUnknownOutcome), retry (a
-    tool call to settle again later). Empty otherwise.
+    tool call to settle again later), credits (the workspace's credits cannot
+    cover the next step; a grant wakes it). Empty otherwise.
     """
     lease_owner: _builtins.str
     """The executor holding the lease (running runs only)."""
@@ -302,6 +327,13 @@ class Run(_message.Message):
     run id in the call's tool_result.
     """
     parent_seq: _builtins.int
+    credits_reserved_micros: _builtins.int
+    """Credits this run reserved from its workspace's balance (micro-credits), in
+    credit_chunks reservations; 0 in a workspace without a credit account
+    (unlimited). Its spend is counters.cost_micros; the rest returns to the
+    balance when it ends.
+    """
+    credit_chunks: _builtins.int
     forked_from_run_id: _builtins.str
     """A fork (ForkRun): the run whose log it copied, up to and including
     forked_from_seq. Empty otherwise.
@@ -377,13 +409,15 @@ class Run(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         parent_run_id: _builtins.str = ...,
         parent_seq: _builtins.int = ...,
+        credits_reserved_micros: _builtins.int = ...,
+        credit_chunks: _builtins.int = ...,
         forked_from_run_id: _builtins.str = ...,
         forked_from_seq: _builtins.int = ...,
         child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,165 @@
+"""What a commit costs: the price table applied to the usage its steps record.
+
+The table is data (control_plane/prices.json), in integer micro-units of a credit
+(1 credit = 1,000,000 micros): per million tokens for each model, per call for tools.
+No floats enter the ledger: every component of a model call is rounded up to a whole
+micro on its own, so a price is exact and repeatable from the step log alone.
+
+Usage follows the OpenAI meaning, as the executor records it in a model_decision's
+`usage`: `prompt_tokens` is the whole prompt, of which `cached_tokens` were read from
+the provider's cache and `cache_write_tokens` written to it; `completion_tokens` is the
+whole answer, of which `reasoning_tokens` were reasoning. Missing keys are 0. Reasoning
+is priced as output and cache writes as input unless the model's entry lists them.
+
+A model the table does not name is priced as `default_model` (a deliberate, high
+price: a new model is never free by accident). A tool call is priced when it is
+committed as started (once per seq, however often its outcome is retried); a tool
+the table does not name costs `tools.default`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TABLE_PATH = Path(__file__).parent / "prices.json"
+PER_MILLION = 1_000_000
+_USAGE_KEYS = (
+    "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
+    "cache_write_tokens",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    """Micros per million tokens of each kind."""
+
+    input: int
+    output: int
+    cached_input: int
+    cache_write: int
+    reasoning: int
+
+    @classmethod
+    def of(cls, entry: Mapping[str, int]) -> ModelPrice:
+        return cls(
+            input=entry["input"], output=entry["output"],
+            cached_input=entry.get("cached_input", entry["input"]),
+            cache_write=entry.get("cache_write", entry["input"]),
+            reasoning=entry.get("reasoning", entry["output"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens and cost of one commit (or, summed, of a run)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_micros: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cost_micros + other.cost_micros,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    models: Mapping[str, ModelPrice]
+    default_model: ModelPrice
+    tools: Mapping[str, int]
+    default_tool: int
+
+    def model(self, name: str) -> ModelPrice:
+        return self.models.get(name, self.default_model)
+
+    def tool(self, name: str) -> int:
+        return self.tools.get(name, self.default_tool)
+
+
+def _micros(tokens: int, per_million: int) -> int:
+    """Rounded up: -(-a // b) is the ceiling of a / b in integers."""
+    return -(-tokens * per_million // PER_MILLION)
+
+
+def load(path: Path = TABLE_PATH) -> PriceTable:
+    data = json.loads(path.read_text())
+    tools = dict(data["tools"])
+    default_tool = tools.pop("default")
+    return PriceTable(
+        models={name: ModelPrice.of(entry) for name, entry in data["models"].items()},
+        default_model=ModelPrice.of(data["default_model"]), tools=tools,
+        default_tool=default_tool,
+    )  # fmt: skip
+
+
+@functools.cache
+def table() -> PriceTable:
+    """The server's table, read once."""
+    return load()
+
+
+def tokens_of(usage: Mapping[str, Any], where: str) -> dict[str, int]:
+    """A decision's usage counts (missing: 0); raises ValueError naming a bad one."""
+    counts = {}
+    for key in _USAGE_KEYS:
+        value = usage.get(key, 0) or 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{where}.usage.{key}: is not a non-negative integer")
+        counts[key] = value
+    return counts
+
+
+def model_call(prices: PriceTable, model: str, counts: Mapping[str, int]) -> Usage:
+    """One model call's usage and cost."""
+    price = prices.model(model)
+    prompt, completion = counts["prompt_tokens"], counts["completion_tokens"]
+    cached, written = counts["cached_tokens"], counts["cache_write_tokens"]
+    reasoning = counts["reasoning_tokens"]
+    cost = (
+        _micros(max(prompt - cached - written, 0), price.input)
+        + _micros(cached, price.cached_input)
+        + _micros(written, price.cache_write)
+        + _micros(max(completion - reasoning, 0), price.output)
+        + _micros(reasoning, price.reasoning)
+    )
+    return Usage(prompt, completion, cached, reasoning, cost)
+
+
+def step_usage(prices: PriceTable, kind: str, payload: Mapping[str, Any], where: str) -> Usage:
+    """What one committed step costs: a model decision by its usage, a started tool call
+    by its tool; every other kind nothing."""
+    if kind == "model_decision":
+        usage = payload.get("usage") or {}
+        if not isinstance(usage, Mapping):
+            raise ValueError(f"{where}.usage: is not an object")
+        return model_call(prices, str(payload.get("model") or ""), tokens_of(usage, where))
+    if kind == "tool_started":
+        return Usage(cost_micros=prices.tool(str(payload.get("tool") or "")))
+    return Usage()
+
+
+PRICED_KINDS = frozenset({"model_decision", "tool_started"})
+
+
+def steps_usage(prices: PriceTable, steps: Iterable[tuple[str, str]]) -> Usage:
+    """The usage of (kind, payload JSON) steps; only priced kinds are parsed."""
+    total = Usage()
+    for i, (kind, payload_json) in enumerate(steps):
+        if kind in PRICED_KINDS:
+            where = f"commit.steps[{i}].payload_json"
+            payload = json.loads(payload_json)
+            if not isinstance(payload, Mapping):
+                raise ValueError(f"{where}: is not an object")
+            total += step_usage(prices, kind, payload, where)
+    return total

@@ -1,0 +1,51 @@
+"""The price table applied to usage: integer micros, each component rounded up, defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from control_plane import pricing
+
+PRICES = pricing.load()
+
+
+def test_a_call_is_priced_per_kind_of_token_and_rounded_up_per_component():
+    price = PRICES.model("gpt-4o")
+    counts = {"prompt_tokens": 1000, "completion_tokens": 300, "cached_tokens": 400,
+              "reasoning_tokens": 100, "cache_write_tokens": 0}  # fmt: skip
+    usage = pricing.model_call(PRICES, "gpt-4o", counts)
+    expected = (600 * price.input + 400 * price.cached_input + 200 * price.output
+                + 100 * price.reasoning) // 1_000_000  # fmt: skip
+    assert usage.cost_micros == expected
+    assert (usage.input_tokens, usage.output_tokens) == (1000, 300)
+    assert (usage.cached_tokens, usage.reasoning_tokens) == (400, 100)
+    # One token of a 150-micro-per-million model costs a whole micro, never a fraction.
+    one = dict.fromkeys(counts, 0) | {"prompt_tokens": 1}
+    assert pricing.model_call(PRICES, "gpt-4o-mini", one).cost_micros == 1
+
+
+def test_an_unknown_model_is_priced_as_the_default_and_an_unknown_tool_as_tools_default():
+    assert PRICES.model("some-new-model") == PRICES.default_model
+    assert PRICES.tool("nobody-knows") == PRICES.default_tool
+    assert PRICES.tool("send_email") != PRICES.default_tool
+
+
+def test_commit_steps_sum_and_only_priced_kinds_count():
+    decision = json.dumps({"model": "demo", "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+    started = json.dumps({"tool": "send_email"})
+    total = pricing.steps_usage(PRICES, [("model_decision", decision), ("tool_started", started),
+                                         ("tool_result", "not even json")])  # fmt: skip
+    demo = PRICES.model("demo")
+    assert total.cost_micros == -(-10 * demo.input // 10**6) - (
+        -5 * demo.output // 10**6
+    ) + PRICES.tool("send_email")
+    assert total.input_tokens == 10 and total.output_tokens == 5
+
+
+@pytest.mark.parametrize("bad", [-1, "7", 1.5, True])
+def test_bad_usage_is_refused_naming_the_field(bad):
+    decision = json.dumps({"model": "demo", "usage": {"prompt_tokens": bad}})
+    with pytest.raises(ValueError, match=r"commit\.steps\[0\]\.payload_json\.usage\.prompt_tokens"):
+        pricing.steps_usage(PRICES, [("model_decision", decision)])
