@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import faults
 from agentrun.v1 import executor_pb2
 from executor import approval, constraints, context, limits, payloads, replay, steps, untrusted
+from executor.canary import TOOL as CANARY_TOOL
+from executor.canary import tool_output as canary_output
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
@@ -393,6 +395,10 @@ class RunLoop:
             return await self._read_result(started.seq + 1, started.seq, call_id, arguments)
         if name == CHILD_TOOL:
             return await self._start_child(started)
+        if name == CANARY_TOOL:  # started, then its result: two commits, no provider
+            await self._commit([started], tool_calls=1)
+            outcome = Outcome("ok", output=canary_output(arguments))
+            return await self._record(started.seq + 1, started.seq, call_id, name, outcome)
         if name != "sleep":
             outcome = Outcome("error", error=f"internal tool {name!r} is not supported")
             await self._commit_result(started.seq, started.ref_seq, call_id, name, outcome)

@@ -76,6 +76,13 @@ ACCESS: dict[str, Need] = {
     f"{_V1}WorkspaceAdminService/RemoveMember": Need.ADMIN,
     f"{_V1}WorkspaceAdminService/ListMembers": Need.ADMIN,
     f"{_V1}WorkspaceAdminService/ListAuditLog": Need.ADMIN_OR_PLATFORM,
+    # Deploys (control_plane/releases.py, canary.py): the platform's operators.
+    f"{_V1}ReleaseService/ListReleases": Need.PLATFORM,
+    f"{_V1}ReleaseService/GetRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/DrainRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/PromoteRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/MoveRunRelease": Need.PLATFORM,
+    f"{_V1}CanaryService/RunCanary": Need.PLATFORM,
 }
 
 

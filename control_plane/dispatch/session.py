@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine
@@ -16,9 +17,11 @@ from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
+from control_plane.canary import CANARY_WORKSPACE
 from control_plane.connections import parks as connection_parks
 from control_plane.errors import InvalidArgument, status_for
-from control_plane.store import executor_tools
+from control_plane.releases import tell_draining
+from control_plane.store import executor_tools, releases
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
@@ -121,11 +124,15 @@ class ExecutorSession:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
         # The workspaces this stream's executor credential serves (None: all).
-        self.scope = scope
+        self.scope = scope | {CANARY_WORKSPACE} if scope is not None else None
         self.credits = 0
         self.held: dict[uuid.UUID, int] = {}
         # The tools the executor declared in its Hello: it is assigned only runs needing no others.
         self.tools: frozenset[str] = frozenset()
+        # Its release and those it continues (Hello); told to drain, it is assigned nothing.
+        self.release = ""
+        self.continues: tuple[str, ...] = ()
+        self.draining = False
         self._dispatcher = dispatcher
         self._pool: Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
@@ -187,6 +194,7 @@ class ExecutorSession:
         for lease in hello.held:
             self.held[uuid.UUID(lease.run_id)] = lease.epoch
         self.tools = frozenset(t.name for t in hello.tools)
+        self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
         self._spawn(self._open(hello))
 
     async def _open(self, hello: pb.Hello) -> None:
@@ -201,6 +209,7 @@ class ExecutorSession:
             await asyncio.wait_for(executor_tools.record(
                 self._pool, self.executor_id, self.id, hello.release, self.scope, declared
             ), RECORD_TIMEOUT)  # fmt: skip
+            await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
         cfg = self._dispatcher.config
@@ -210,6 +219,9 @@ class ExecutorSession:
             heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
             server_release=cfg.release,
         )))  # fmt: skip
+        with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
+            tell_draining([self], await asyncio.wait_for(releases.draining(self._pool),
+                                                         RECORD_TIMEOUT))  # fmt: skip
         self._dispatcher.register(self)
         log.info("executor %s connected (session %s, release %s, capacity %d)",
                  self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip
@@ -250,6 +262,8 @@ class ExecutorSession:
     ) -> step_store.CommitResult:
         """The commit transaction, tried again (a few times) after an unexpected error."""
         lease_seconds = self._dispatcher.config.lease_seconds
+        if faults.refuses("control_plane.commit.fence_admission"):  # a broken fence, for tests
+            raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
         for attempt in range(1, COMMIT_TRIES + 1):
             try:
                 if msg.HasField("approval_request"):

@@ -22,6 +22,19 @@ from control_plane.store.runs import Run
 
 
 @dataclass(frozen=True)
+class Release:
+    """The release claiming owners run: their own, those it continues, and how recently
+    an executor must have been seen for its release to count as connected."""
+
+    name: str
+    continues: tuple[str, ...] = ()
+    live_seconds: float = 30.0
+
+    def params(self) -> tuple[list[str], str, float]:
+        return [self.name, *self.continues], self.name, self.live_seconds
+
+
+@dataclass(frozen=True)
 class LeaseKey:
     workspace_id: str
     run_id: uuid.UUID
@@ -35,6 +48,7 @@ async def claim_due(
     now: datetime | None = None,
     scope: Sequence[str] | None = None,
     carried: Sequence[str] | None = None,
+    release: Release | None = None,
 ) -> list[Run]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
@@ -43,6 +57,8 @@ async def claim_due(
     Only runs of the workspaces in `scope` (None: all) are claimed: the owners'
     executor credentials serve no others. With `carried` (the tools the owners
     carry; None: any), only runs whose agent version needs no other tool.
+    With `release` (None: releases ignored), only runs on the owners' releases,
+    and runs on none only if theirs is the newest (sql/lease.sql).
     """
     if not owners:
         return []
@@ -52,7 +68,8 @@ async def claim_due(
         await run(conn, "claim_plan_generic")
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
-        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools)
+        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
+                         *(release.params() if release else (None, None, 0.0)))  # fmt: skip
         claimed = [Run.from_record(r) for r in rows]
         await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
     return claimed
