@@ -16,6 +16,7 @@ from agentrun_cli import (
     launch,
     profile_commands,
     profiles,
+    releases,
     triggers,
 )
 
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_commands(sub, common)
     connections.add_commands(sub, common)
     triggers.add_commands(sub, common)
+    releases.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)

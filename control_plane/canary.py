@@ -3,9 +3,9 @@
 A liveness check is not enough: a mixed-version failure in the execution
 fence passes every health check, because an empty queue looks healthy. So a
 deploy runs `agentrun canary` (CanaryService.RunCanary): it admits a run of
-an internal agent in an internal workspace (`_agentrun_canary`, which no
-customer credential can name: workspace ids start alphanumeric), so it
-shows in no customer's lists and counts against no customer's caps or
+an internal agent in an internal workspace (`agentrun-internal-canary`,
+reserved by migrations/0021_releases.sql before any customer could take the
+name, so no customer key belongs to it), so it shows in no customer's lists and counts against no customer's caps or
 credits. The run goes the way every run goes: the claim (on the release
 asked for, or the newest), the claim-time context, the executor boundary,
 fence admission of each commit, the built-in no-op tool's start and result
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from control_plane.dispatch.dispatcher import Dispatcher
 
 # Shared with executor/canary.py by value (the executor never imports the control plane).
-CANARY_WORKSPACE = "_agentrun_canary"
+CANARY_WORKSPACE = "agentrun-internal-canary"
 CANARY_AGENT = "canary"
 CANARY_TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agentrun.v1 import executor_pb2, release_pb2, release_pb2_grpc
+from agentrun.v1 import executor_pb2, release_pb2, release_pb2_grpc, run_pb2
 from control_plane.api import convert, validate
 from control_plane.auth import context as auth_context
 from control_plane.config import ServerConfig
@@ -37,6 +37,7 @@ from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import lease as lease_store
 from control_plane.store import releases as store
 from control_plane.store.db import Pool
+from control_plane.store.runs import Run
 
 if TYPE_CHECKING:
     from control_plane.dispatch.dispatcher import Dispatcher
@@ -48,6 +49,9 @@ SERVICE_NAMES = (
 )
 DEFAULT_FINISH_WITHIN = 60.0
 MAX_FINISH_WITHIN = 24 * 3600.0
+# How recently an executor must have been seen to count, where no server config is at hand
+# (a stream that ends deletes its executor's row at once; this covers a replica that died).
+LIVE_SECONDS = 30.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
 
@@ -61,6 +65,15 @@ def claim_release(session: ExecutorSession, config: ServerConfig) -> lease_store
     if not session.release:
         return None
     return lease_store.Release(session.release, session.continues, live_seconds(config))
+
+
+async def explain_wait(pool: Pool, run: Run, queue: run_pb2.QueuePosition) -> None:
+    """A due run whose release has no executor connected says so (GetRun's queue cause)."""
+    if queue.cause != run_pb2.QUEUE_WAIT_CAUSE_TURN or not run.release:
+        return
+    if not await store.connected(pool, run.release, LIVE_SECONDS):
+        queue.cause = run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE
+        queue.release = run.release
 
 
 def drain_message(release: str, seconds_left: float) -> executor_pb2.ConnectResponse:

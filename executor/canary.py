@@ -19,7 +19,7 @@ from typing import Any
 from executor.models.base import ModelReply, ToolCall
 
 # Shared with control_plane/canary.py by value (the executor never imports the control plane).
-WORKSPACE = "_agentrun_canary"
+WORKSPACE = "agentrun-internal-canary"
 TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"
 _NONCE = re.compile(r"canary-nonce:([0-9a-f]{32})")

@@ -28,3 +28,7 @@ CREATE INDEX runs_by_release ON runs (release, status, held_since)
     WHERE release IS NOT NULL AND status IN ('queued', 'running', 'waiting');
 
 CREATE INDEX executor_tools_by_release ON executor_tools (release, last_seen);
+
+-- The contract canary's own workspace (control_plane/canary.py), reserved here so no
+-- customer is ever created under its name: canary runs count against no customer's caps.
+INSERT INTO workspaces (workspace_id) VALUES ('agentrun-internal-canary') ON CONFLICT DO NOTHING;

@@ -97,6 +97,7 @@ def run(row: Run) -> run_pb2.Run:
         active_duration=duration(active_seconds(row)),
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
         parent_seq=row.parent_seq or 0,
+        release=row.release or "",
     )
     for name, value in (
         ("wake_time", row.wake_at),
