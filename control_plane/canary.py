@@ -3,9 +3,9 @@
 A liveness check is not enough: a mixed-version failure in the execution
 fence passes every health check, because an empty queue looks healthy. So a
 deploy runs `agentrun canary` (CanaryService.RunCanary): it admits a run of
-an internal agent in an internal workspace (`agentrun-internal-canary`,
-reserved by migrations/0021_releases.sql before any customer could take the
-name, so no customer key belongs to it), so it shows in no customer's lists and counts against no customer's caps or
+an internal agent in an internal workspace (`agentrun-internal-canary`, a
+reserved name, created on the first canary; no customer key belongs to it),
+so it shows in no customer's lists and counts against no customer's caps or
 credits. The run goes the way every run goes: the claim (on the release
 asked for, or the newest), the claim-time context, the executor boundary,
 fence admission of each commit, the built-in no-op tool's start and result
@@ -116,6 +116,8 @@ async def run_canary(dispatcher: Dispatcher, release: str | None, wait_for: floa
         await asyncio.sleep(POLL_SECONDS)
     elapsed = time.monotonic() - started
     passed, line = verdict(run, nonce, elapsed, wait_for)
+    if passed and run.release:
+        await release_store.canary_passed(pool, run.release)
     return Outcome(passed, line, run, elapsed)
 
 

@@ -22,6 +22,7 @@ run silently.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from datetime import datetime
@@ -64,7 +65,9 @@ def claim_release(session: ExecutorSession, config: ServerConfig) -> lease_store
     """What a session's claims are held to; None for an executor declaring no release."""
     if not session.release:
         return None
-    return lease_store.Release(session.release, session.continues, live_seconds(config))
+    return lease_store.Release(
+        session.release, session.continues, live_seconds(config), gated=gated()
+    )
 
 
 async def explain_wait(pool: Pool, run: Run, queue: run_pb2.QueuePosition) -> None:
@@ -113,15 +116,27 @@ def to_proto(state: store.ReleaseState, newest: bool) -> release_pb2.Release:
     for name, value in (
         ("first_seen_time", state.first_seen_at), ("promote_time", state.promoted_at),
         ("drain_start_time", state.draining_since), ("drain_deadline", state.drain_deadline),
+        ("canary_pass_time", state.canary_passed_at),
     ):  # fmt: skip
         if (ts := convert.timestamp(value)) is not None:
             getattr(msg, name).CopyFrom(ts)
     return msg
 
 
+def gated() -> bool:
+    """AGENTRUN_RELEASE_GATE=canary: a release takes new runs only once promoted or past a
+    canary pinned to it (`agentrun canary --release R`); unset, once its executors connect."""
+    return os.environ.get("AGENTRUN_RELEASE_GATE", "") == "canary"
+
+
+def routable(state: store.ReleaseState) -> bool:
+    opened = state.promoted_at is not None or state.canary_passed_at is not None
+    return bool(state.executors) and state.draining_since is None and (opened or not gated())
+
+
 def newest_of(states: list[store.ReleaseState]) -> str | None:
-    """The release new runs go to: the first (newest) not draining with an executor."""
-    return next((s.release for s in states if s.executors and s.draining_since is None), None)
+    """The release new runs go to: the first (newest) that may take them (sql/lease.sql)."""
+    return next((s.release for s in states if routable(s)), None)
 
 
 class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):

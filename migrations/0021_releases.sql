@@ -19,7 +19,10 @@ CREATE TABLE releases (
     -- A drain (ReleaseService.DrainRelease): its executors claim nothing new and
     -- finish what they hold until drain_deadline, then hand back at a step boundary.
     draining_since timestamptz,
-    drain_deadline timestamptz
+    drain_deadline timestamptz,
+    -- When a canary pinned to this release last passed. With AGENTRUN_RELEASE_GATE=canary
+    -- a release takes new runs only once promoted or past a canary.
+    canary_passed_at timestamptz
 );
 
 -- The claim's release filter and a release's drain progress: the runs of a
@@ -29,6 +32,3 @@ CREATE INDEX runs_by_release ON runs (release, status, held_since)
 
 CREATE INDEX executor_tools_by_release ON executor_tools (release, last_seen);
 
--- The contract canary's own workspace (control_plane/canary.py), reserved here so no
--- customer is ever created under its name: canary runs count against no customer's caps.
-INSERT INTO workspaces (workspace_id) VALUES ('agentrun-internal-canary') ON CONFLICT DO NOTHING;

@@ -29,9 +29,11 @@ class Release:
     name: str
     continues: tuple[str, ...] = ()
     live_seconds: float = 30.0
+    # Only releases promoted or past a canary take new runs (AGENTRUN_RELEASE_GATE=canary).
+    gated: bool = False
 
-    def params(self) -> tuple[list[str], str, float]:
-        return [self.name, *self.continues], self.name, self.live_seconds
+    def params(self) -> tuple[list[str], str, float, bool]:
+        return [self.name, *self.continues], self.name, self.live_seconds, self.gated
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ async def claim_due(
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
         rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
-                         *(release.params() if release else (None, None, 0.0)))  # fmt: skip
+                         *(release.params() if release else (None, None, 0.0, False)))  # fmt: skip
         claimed = [Run.from_record(r) for r in rows]
         await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
     return claimed

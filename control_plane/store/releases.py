@@ -28,6 +28,7 @@ class ReleaseState:
     promoted_at: datetime | None
     draining_since: datetime | None
     drain_deadline: datetime | None
+    canary_passed_at: datetime | None
     executors: list[str]
     runs_held: int
     oldest_held_since: datetime | None
@@ -65,6 +66,10 @@ async def promote(pool: Pool, release: str) -> bool:
 async def draining(pool: Pool) -> dict[str, float]:
     """The releases draining now: seconds left to each one's deadline."""
     return {r["release"]: r["seconds_left"] for r in await run(pool, "releases_draining")}
+
+
+async def canary_passed(pool: Pool, release: str) -> None:
+    await run(pool, "release_canary_passed", release)
 
 
 async def connected(pool: Pool, release: str, live_seconds: float) -> bool:

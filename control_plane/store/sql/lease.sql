@@ -61,13 +61,16 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- their own $8 among them; NULL: releases ignored) a run already on a release
 -- is taken only if it is one of $7, and a run on none only if $8 is the
 -- newest release with an executor seen within $9 seconds that is not
--- draining; the claim records $8 on the runs it takes first.
+-- draining (with $10, only among releases promoted or past a canary); the
+-- claim records $8 on the runs it takes first.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, now()) AS now
 ), routing AS MATERIALIZED (
     SELECT $7::text[] IS NULL AS any_release, $8::text IS NOT DISTINCT FROM (
         SELECT rl.release FROM releases rl
-        WHERE rl.draining_since IS NULL AND EXISTS (
+        WHERE rl.draining_since IS NULL
+          AND (NOT $10::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
+          AND EXISTS (
             SELECT 1 FROM executor_tools e
             WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $9))
         ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC

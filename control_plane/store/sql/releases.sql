@@ -9,6 +9,7 @@ INSERT INTO releases (release) VALUES ($1) ON CONFLICT DO NOTHING;
 -- within $2 seconds, the runs it holds (and when the oldest hold began) and
 -- the runs on it that wait for one of its executors.
 SELECT rl.release, rl.first_seen_at, rl.promoted_at, rl.draining_since, rl.drain_deadline,
+       rl.canary_passed_at,
        coalesce((SELECT array_agg(e.executor_id ORDER BY e.executor_id) FROM executor_tools e
                  WHERE e.release = rl.release
                    AND e.last_seen > now() - make_interval(secs => $2)), '{}') AS executors,
@@ -60,3 +61,7 @@ WHERE workspace_id = $1 AND run_id = $2 AND status IN ('queued', 'waiting');
 -- name: run_pin_release :exec
 -- Put a run just admitted (in the same transaction) on release $3 before any claim sees it.
 UPDATE runs SET release = $3 WHERE workspace_id = $1 AND run_id = $2 AND status = 'queued';
+
+-- name: release_canary_passed :exec
+-- A canary passed on release $1.
+UPDATE releases SET canary_passed_at = now() WHERE release = $1;

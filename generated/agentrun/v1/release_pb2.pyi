@@ -36,6 +36,7 @@ class Release(_message.Message):
     OLDEST_HELD_FIELD_NUMBER: _builtins.int
     RUNS_WAITING_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    CANARY_PASS_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     newest: _builtins.bool
     """Whether new runs go to this release now."""
@@ -60,6 +61,13 @@ class Release(_message.Message):
 
     @_builtins.property
     def oldest_held(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def canary_pass_time(self) -> _timestamp_pb2.Timestamp:
+        """When a canary on this release last passed (with the control plane's
+        AGENTRUN_RELEASE_GATE=canary, a release takes new runs only once promoted
+        or past a canary).
+        """
+
     def __init__(
         self,
         *,
@@ -75,10 +83,11 @@ class Release(_message.Message):
         oldest_held: _duration_pb2.Duration | None = ...,
         runs_waiting: _builtins.int = ...,
         drained: _builtins.bool = ...,
+        canary_pass_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
