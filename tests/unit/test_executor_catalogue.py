@@ -29,6 +29,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "create_charge": "provider_key",
         "sleep": "internal",
         "start_child": "internal",
+        "canary_noop": "internal",  # the contract canary's no-op (executor/canary.py)
         "blob": "read",
         "read_result": "read",
     }
