@@ -99,6 +99,19 @@ def verdict(run: Run, nonce: str, elapsed: float, timeout: float) -> tuple[bool,
     )  # fmt: skip
 
 
+async def nobody_to_run_it(dispatcher: Dispatcher, release: str | None) -> str | None:
+    """Why no executor could take the canary now (None: one could): a FAIL at once."""
+    from control_plane import releases
+
+    states = await release_store.list_releases(dispatcher.pool, releases.live_seconds(
+        dispatcher.config))  # fmt: skip
+    if release is None and releases.newest_of(states) is None:
+        return "FAIL canary: no release takes new runs (no executor connected)"
+    if release is not None and not any(s.release == release and s.executors for s in states):
+        return f"FAIL canary: no executor of release {release} is connected"
+    return None
+
+
 async def run_canary(dispatcher: Dispatcher, release: str | None, wait_for: float) -> Outcome:
     pool = dispatcher.pool
     started = time.monotonic()
@@ -136,6 +149,12 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
             timeout = request.timeout.ToNanoseconds() / 1e9
             if not 0 < timeout <= MAX_TIMEOUT:
                 raise InvalidArgument("timeout", "must be more than 0 and at most 5 minutes")
+        if (why := await nobody_to_run_it(self._dispatcher, release)) is not None:
+            return release_pb2.RunCanaryResponse(passed=False, verdict=why)
+        # Answer (a FAIL) before the caller's own deadline rather than run into it.
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = max(0.1, min(timeout, remaining - 0.5))
         out = await run_canary(self._dispatcher, release, timeout)
         return release_pb2.RunCanaryResponse(
             passed=out.passed, verdict=out.verdict, run_id=str(out.run.run_id),
