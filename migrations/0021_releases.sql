@@ -25,8 +25,11 @@ CREATE TABLE releases (
     canary_passed_at timestamptz
 );
 
--- The claim's release filter and a release's drain progress: the runs of a
--- release that are not finished, by status (held ones by when their hold began).
+-- A release's drain progress (ListReleases): the runs of a release that are not
+-- finished, by status (held ones by when their hold began). The claim needs no
+-- index of its own: its release filter rides on runs_due / runs_leases, and
+-- passes over only runs left on a release with no executor (rare, and visible
+-- until an operator moves them).
 CREATE INDEX runs_by_release ON runs (release, status, held_since)
     WHERE release IS NOT NULL AND status IN ('queued', 'running', 'waiting');
 
