@@ -101,6 +101,13 @@ async def test_a_broken_fence_admission_passes_every_health_check_and_fails_the_
     for service in ("", "agentrun.v1.RunService", "agentrun.v1.ExecutorService"):
         reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    releases = release_pb2_grpc.ReleaseServiceStub(channel)
+
+    async def connected() -> bool:
+        listed = await releases.ListReleases(release_pb2.ListReleasesRequest())
+        return any(r.name == "dev" and r.executors for r in listed.releases)
+
+    await eventually(connected, timeout=30, message="the executor never connected")
     done = await asyncio.to_thread(cli, cp.address, key, "canary", "--timeout", "4")
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = done.stdout.strip().splitlines()
