@@ -81,7 +81,9 @@ class Dispatcher:
             return
         self._touched_at = now
         await executor_tools.touch(self.pool, [s.id for s in self._sessions.values()])
-        # A drain asked of another replica reaches this one's streams within a beat.
+        # Releases known (a Hello's record may have failed); a drain asked of another
+        # replica reaches this one's streams within a beat.
+        await release_store.seen(self.pool, *{s.release for s in self._sessions.values()})
         releases.tell_draining(self.sessions(), await release_store.draining(self.pool))
 
     def sessions(self) -> list[ExecutorSession]:

@@ -209,9 +209,10 @@ class ExecutorSession:
             await asyncio.wait_for(executor_tools.record(
                 self._pool, self.executor_id, self.id, hello.release, self.scope, declared
             ), RECORD_TIMEOUT)  # fmt: skip
-            await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
+        with contextlib.suppress(Exception):  # else the dispatcher's next beat records it
+            await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
         cfg = self._dispatcher.config
         self.send(pb.ConnectResponse(welcome=pb.Welcome(
             session_id=self.id,

@@ -41,10 +41,10 @@ class ReleaseState:
         return self.draining_since is not None and not self.executors and not self.runs_held
 
 
-async def seen(pool: Pool, release: str) -> None:
-    """An executor of `release` connected."""
-    if release:
-        await run(pool, "release_seen", release)
+async def seen(pool: Pool, *names: str) -> None:
+    """Executors of these releases are connected (again: nothing changes)."""
+    if any(names):
+        await run(pool, "release_seen", list(names))
 
 
 async def list_releases(

@@ -106,3 +106,12 @@ async def test_only_an_audited_move_changes_the_release_of_a_waiting_run(pool, d
     assert [(a["actor"], json.loads(a["detail"])) for a in audit] == [
         ("key:ops", {"from_release": "A", "to_release": "B"})
     ]
+
+
+async def test_a_claimer_whose_hello_was_not_recorded_still_takes_new_runs(pool):
+    """The claimers are connected themselves: a failed executor_tools record (a database
+    blip at Hello) must not keep new runs from the only release there is."""
+    await store.seen(pool, "A")
+    (run,) = await factories.queued_runs(pool, 1)
+    (claimed,) = await claim(pool, "a1", of("A"))
+    assert claimed.run_id == run.run_id and claimed.release == "A"

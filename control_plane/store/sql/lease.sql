@@ -70,9 +70,9 @@ WITH clock AS MATERIALIZED (
         SELECT rl.release FROM releases rl
         WHERE rl.draining_since IS NULL
           AND (NOT $10::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
-          AND EXISTS (
+          AND (rl.release = $8 OR EXISTS (  -- the claimers are connected themselves
             SELECT 1 FROM executor_tools e
-            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $9))
+            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $9)))
         ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
         LIMIT 1) AS takes_new
 ), lapsed AS (

@@ -1,8 +1,10 @@
 -- Releases (0021_releases.sql): which executors serve each, what they hold, drains.
 
 -- name: release_seen :exec
--- An executor of release $1 connected: the release is known from now on.
-INSERT INTO releases (release) VALUES ($1) ON CONFLICT DO NOTHING;
+-- Executors of the releases $1 are connected: each is known from now on.
+INSERT INTO releases (release)
+SELECT DISTINCT r FROM unnest($1::text[]) AS r WHERE r <> ''
+ON CONFLICT DO NOTHING;
 
 -- name: release_list :many
 -- Every known release ($1 NULL) or one, newest first, with its executors seen
