@@ -116,6 +116,9 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     a = await release(stub, "A")
     assert a.drained and not a.executors and a.runs_held == 0
     assert (await release(stub, "B")).newest
+    listed = await asyncio.to_thread(cli, cp.address, key, "releases", "list")
+    states = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
+    assert states == {"A": "drained", "B": "newest"}, listed.stdout
     await api.close()
     await channel.close()
 
