@@ -19,6 +19,7 @@ from agentrun_cli import (
     output,
     profile_commands,
     profiles,
+    releases,
     triggers,
 )
 
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     connections.add_commands(sub, common)
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
+    releases.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)

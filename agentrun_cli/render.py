@@ -248,6 +248,13 @@ def state_line(run: run_pb2.Run) -> str:
     return line
 
 
+def release_line(run: run_pb2.Run) -> str:
+    """The run's release, and that it waits for one of its executors when none is there."""
+    if run.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE:
+        return f"{run.release}: no executor of it connected (move: agentrun releases move)"
+    return run.release or "-"
+
+
 def run_summary(run: run_pb2.Run) -> list[str]:
     """A run's state as aligned `field  value` lines."""
     c = run.counters
@@ -271,6 +278,7 @@ def run_summary(run: run_pb2.Run) -> list[str]:
         ),
         ("cost", cost_line(run)),
         ("lease", f"epoch {run.lease_epoch}, attempt {run.attempt}"),
+        ("release", release_line(run)),
         ("created", timestamp(run.create_time)),
         ("finished", timestamp(run.finish_time)),
     ]

@@ -34,7 +34,7 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from control_plane import logs
+from control_plane import logs, releases
 from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
@@ -88,6 +88,7 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
     connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
     credit_pb2.DESCRIPTOR.services_by_name["CreditService"].full_name,
+    *releases.SERVICE_NAMES,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -282,6 +283,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
+    releases.add_to_server(server, dispatcher)
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:

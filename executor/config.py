@@ -32,6 +32,8 @@ class ExecutorConfig:
     executor_id: str = field(default_factory=_default_executor_id)
     capacity: int = 16
     release: str = "dev"
+    # Earlier releases whose runs this one may continue (AGENTRUN_CONTINUES, comma-separated).
+    continues: tuple[str, ...] = ()
     model_base_url: str = "http://127.0.0.1:8010/v1"
     model_api_key: str = field(default="", repr=False)
     model_timeout_seconds: float = 60.0
@@ -71,6 +73,9 @@ class ExecutorConfig:
             executor_id=env.get("AGENTRUN_EXECUTOR_ID") or defaults.executor_id,
             capacity=_positive_int(env, "AGENTRUN_CAPACITY", defaults.capacity),
             release=env.get("AGENTRUN_RELEASE") or defaults.release,
+            continues=tuple(
+                r.strip() for r in env.get("AGENTRUN_CONTINUES", "").split(",") if r.strip()
+            ),  # fmt: skip
             model_base_url=env.get("AGENTRUN_MODEL_BASE_URL") or defaults.model_base_url,
             model_api_key=env.get("AGENTRUN_MODEL_API_KEY", ""),
             model_timeout_seconds=_positive_float(

@@ -26,6 +26,8 @@ from executor import (
     untrusted,
 )
 from executor import metrics as m
+from executor.canary import TOOL as CANARY_TOOL
+from executor.canary import tool_output as canary_output
 from executor.lease import LeaseKeeper
 from executor.models import profiles
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
@@ -442,6 +444,10 @@ class RunLoop:
             return await self._start_child(started)
         if name == signal_wait.TOOL:
             return await self._wait_signal(started, arguments, signal_wait.timeout_of(arguments))
+        if name == CANARY_TOOL:  # started, then its result: two commits, no provider
+            await self._commit([started], tool_calls=1)
+            outcome = Outcome("ok", output=canary_output(arguments))
+            return await self._record(started.seq + 1, started.seq, call_id, name, outcome)
         if name != "sleep":
             outcome = Outcome("error", error=f"internal tool {name!r} is not supported")
             await self._commit_result(started.seq, started.ref_seq, call_id, name, outcome)

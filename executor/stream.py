@@ -55,6 +55,7 @@ class StreamHandler(Protocol):
     def on_welcome(self, welcome: executor_pb2.Welcome) -> None: ...
     def on_assignment(self, assignment: executor_pb2.Assignment) -> None: ...
     def on_cancel(self, cancel: executor_pb2.Cancel) -> None: ...
+    def on_drain(self, drain: executor_pb2.Drain) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,8 @@ class ControlPlaneStream:
                     future.set_result(response.heartbeat_result)
             elif kind == "cancel":
                 self._handler.on_cancel(response.cancel)
+            elif kind == "drain":
+                self._handler.on_drain(response.drain)
         except Exception:
             log.exception("handling %s from the control plane failed", kind)
 

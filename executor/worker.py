@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 from agentrun.v1 import executor_pb2
-from executor import metrics
+from executor import canary, metrics
 from executor.config import ExecutorConfig
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
@@ -79,10 +80,15 @@ class Worker:
             config.control_plane, CHANNEL_OPTIONS, config.tls, config.executor_key
         )
         self._deps = self._run_deps(config, catalogue or Catalogue.load())
+        # Canary runs answer with the protocol marker in place of a model (executor/canary.py).
+        self._canary_deps = dataclasses.replace(self._deps, model=canary.CanaryModel())
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
         self._credits = 0
         self._draining = False
+        # Set by run(); a release drain (the control plane's Drain) sets it too.
+        self._stop_event: asyncio.Event | None = None
+        self._finish_within = 0.0
 
     def _run_deps(self, config: ExecutorConfig, catalogue: Catalogue) -> RunDeps:
         """What every run this executor drives shares."""
@@ -102,6 +108,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, then drain and disconnect."""
+        self._stop_event = stop
         self._stream.start()
         keeper = asyncio.create_task(self._leases.run(), name="heartbeat")
         try:
@@ -119,14 +126,18 @@ class Worker:
                 await self._model.aclose()
 
     async def drain(self) -> None:
-        """Stop asking for work; runs park (handoff) at their next step boundary or finish."""
+        """Stop asking for work; runs finish within the release drain's deadline (none on
+        SIGTERM), then park (handoff) at their next step boundary or finish."""
         self._draining = True
         # Credits granted earlier would bring handed-back runs straight back here.
         if self._stream.withdraw(self._credits):
             self._credits = 0
         clock = asyncio.get_running_loop().time
+        log.info("draining: %d runs held, %.1fs to finish them", len(self._runs),
+                 self._finish_within)  # fmt: skip
+        if await self._wait_runs(clock() + self._finish_within):
+            return
         start, budget = clock(), self._config.drain_seconds
-        log.info("draining: %d runs held", len(self._runs))
         for held in self._runs.values():
             held.loop.request_handoff()
         if await self._wait_runs(start + budget * 0.6):
@@ -169,7 +180,8 @@ class Worker:
                 log.warning("ignoring stale assignment of run %s", run.run_id)
                 return
             self._stop(run.run_id, "reassigned at a newer epoch")
-        loop = RunLoop(assignment, self._deps)
+        deps = self._canary_deps if canary.is_canary(run.workspace_id) else self._deps
+        loop = RunLoop(assignment, deps)
         self._leases.hold(loop.lease)
         if self._draining or len(self._runs) >= self._config.capacity:
             loop.request_handoff()  # more than we asked for: give it straight back
@@ -179,13 +191,27 @@ class Worker:
         metrics.RUNS_HELD.set(len(self._runs))
         task.add_done_callback(lambda t: self._finished(run.run_id, t))
         log.info(
-            "claimed run %s of workspace %s (epoch %d, attempt %d, %d steps)",
+            "claimed run %s of workspace %s (epoch %d, attempt %d, %d steps) on release %s",
             run.run_id,
             run.workspace_id,
             run.lease_epoch,
             run.attempt,
             len(assignment.steps),
+            self._config.release,
         )
+
+    def on_drain(self, drain: executor_pb2.Drain) -> None:
+        """The release drains: claim nothing new, finish what is held, then exit."""
+        if self._draining:
+            return
+        self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
+        log.info("release %s drains: finishing held runs within %.1fs, then exiting",
+                 drain.release, self._finish_within)  # fmt: skip
+        self._draining = True
+        if self._stream.withdraw(self._credits):
+            self._credits = 0
+        if self._stop_event is not None:
+            self._stop_event.set()
 
     def on_cancel(self, cancel: executor_pb2.Cancel) -> None:
         held = self._runs.get(cancel.lease.run_id)
@@ -202,6 +228,7 @@ class Worker:
         return executor_pb2.Hello(
             executor_id=self._config.executor_id,
             release=self._config.release,
+            continues=list(self._config.continues),
             capacity=self._config.capacity,
             held=self._leases.held(),
             tools=declarations(self._deps.catalogue),

@@ -14,6 +14,13 @@ plane; `@n` picks the nth hit. `raise` raises `InjectedFault` (a bug, as far
 as the caller can tell) at every hit from the nth on:
 
     AGENTRUN_FAULTS="control_plane.commit.in_transaction=raise"     # every hit
+
+A third, `refuse`, is for checks rather than crashes: `refuses(name)` is True
+at every hit from the nth on, and the caller refuses what it would admit. The
+control plane's fence admission has one (a mixed-version fence failure that
+passes every health check, which only the contract canary notices):
+
+    AGENTRUN_FAULTS="control_plane.commit.fence_admission=refuse"
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ def _parse_actions(spec: str) -> dict[str, tuple[str, int]]:
         name, _, action = item.partition("=")
         action = action or "kill"
         verb, _, nth = action.partition("@")
-        if verb not in ("kill", "raise"):
+        if verb not in ("kill", "raise", "refuse"):
             raise ValueError(f"AGENTRUN_FAULTS: unknown action {verb!r} for {name!r}")
         armed[name.strip()] = (verb, int(nth) if nth else 1)
     return armed
@@ -73,3 +80,14 @@ def point(name: str) -> None:
         sys.stderr.write(f"fault point {name}: killing pid {os.getpid()}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def refuses(name: str) -> bool:
+    """True if a test armed this check point with `refuse` (from its nth hit on)."""
+    if not _armed:
+        return False
+    verb, nth = _actions.get(name, ("kill", 0))
+    if verb != "refuse":
+        return False
+    _hits[name] += 1
+    return _hits[name] >= nth

@@ -20,6 +20,7 @@ from control_plane.api import convert, validate
 from control_plane.auth import audit, credentials
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import ROLES, Kind
+from control_plane.canary import CANARY_WORKSPACE
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import identity as store
 from control_plane.store import workspaces
@@ -136,6 +137,8 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         self, request: pb.CreateWorkspaceRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateWorkspaceResponse:
         ws = validate.slug("workspace_id", request.workspace_id)
+        if ws == CANARY_WORKSPACE:
+            raise InvalidArgument("workspace_id", "is reserved for the contract canary")
         plan = request.plan or "team"
         cap = validate.in_range("max_concurrency", request.max_concurrency, 0, 1_000_000) or None
         async with transaction(self._pool) as conn:

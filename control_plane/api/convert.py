@@ -108,6 +108,7 @@ def run(row: Run) -> run_pb2.Run:
         forked_from_seq=row.forked_from_seq or 0,
         credits_reserved_micros=row.credits_reserved_micros,
         credit_chunks=row.credit_chunks,
+        release=row.release or "",
     )
     for name, value in (
         ("wake_time", row.wake_at),

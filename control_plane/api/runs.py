@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane import children, forks
+from control_plane import children, forks, releases
 from control_plane.api import convert, signals, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
@@ -153,6 +153,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             pos = await lease_store.queue_position(self._pool, ws, row.run_id)
             queue = convert.queue_position(pos, row.wait_reason) if pos else None
             if queue is not None:
+                await releases.explain_wait(self._pool, row, queue)
                 msg.queue.CopyFrom(queue)
         return run_pb2.GetRunResponse(run=msg)
 

@@ -86,6 +86,13 @@ ACCESS: dict[str, Need] = {
     f"{_V1}CreditService/GrantCredits": Need.PLATFORM,
     f"{_V1}CreditService/GetCreditBalance": Need.READ,
     f"{_V1}CreditService/ListCreditLedger": Need.READ,
+    # Deploys (control_plane/releases.py, canary.py): the platform's operators.
+    f"{_V1}ReleaseService/ListReleases": Need.PLATFORM,
+    f"{_V1}ReleaseService/GetRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/DrainRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/PromoteRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/MoveRunRelease": Need.PLATFORM,
+    f"{_V1}CanaryService/RunCanary": Need.PLATFORM,
 }
 
 

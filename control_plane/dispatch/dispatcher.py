@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 from agentrun.v1 import agent_pb2
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import metrics
+from control_plane import metrics, releases
 from control_plane.api import convert
 from control_plane.config import ServerConfig
 from control_plane.credits.claims import reserve_claimed
 from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
+from control_plane.store import releases as release_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
@@ -81,6 +82,13 @@ class Dispatcher:
             return
         self._touched_at = now
         await executor_tools.touch(self.pool, [s.id for s in self._sessions.values()])
+        # Releases known (a Hello's record may have failed); a drain asked of another
+        # replica reaches this one's streams within a beat.
+        await release_store.seen(self.pool, *{s.release for s in self._sessions.values()})
+        releases.tell_draining(self.sessions(), await release_store.draining(self.pool))
+
+    def sessions(self) -> list[ExecutorSession]:
+        return list(self._sessions.values())
 
     def poke(self) -> None:
         """Claim soon: new credits, a new run, or a finished wait on this replica."""
@@ -110,13 +118,18 @@ class Dispatcher:
         """One claim per executor scope and tool set; the largest batch any of them got.
 
         Executors carrying different tools claim apart, each only the runs whose
-        agent version needs no tool it lacks."""
-        groups: dict[tuple[tuple[str, ...] | None, frozenset[str]], list[ExecutorSession]] = {}
+        agent version needs no tool it lacks; so do executors of different
+        releases (control_plane/releases.py). A draining stream claims nothing."""
+        Key = tuple[tuple[str, ...] | None, frozenset[str], str, tuple[str, ...]]
+        groups: dict[Key, list[ExecutorSession]] = {}
         for session in self._sessions.values():
+            if session.draining:
+                continue
             scope = tuple(sorted(session.scope)) if session.scope is not None else None
-            groups.setdefault((scope, session.tools), []).append(session)
+            key = (scope, session.tools, session.release, session.continues)
+            groups.setdefault(key, []).append(session)
         claimed = 0
-        for (scope, tools), sessions in groups.items():
+        for (scope, tools, _, _), sessions in groups.items():
             claimed = max(claimed, await self._claim_for(sessions, scope, tools))
         return claimed
 
@@ -133,6 +146,7 @@ class Dispatcher:
             rows = await lease_store.claim_due(
                 self.pool, owners, self.config.lease_seconds, scope=scope,
                 carried=sorted(tools), on_takeover=_taken_over,
+                release=releases.claim_release(sessions[0], self.config),
             )  # fmt: skip
         if not rows:
             return 0

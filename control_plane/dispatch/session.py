@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -19,9 +20,11 @@ from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
+from control_plane.canary import CANARY_WORKSPACE
 from control_plane.connections import parks as connection_parks
 from control_plane.errors import InvalidArgument, status_for
-from control_plane.store import executor_tools
+from control_plane.releases import tell_draining
+from control_plane.store import executor_tools, releases
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
@@ -129,11 +132,15 @@ class ExecutorSession:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
         # The workspaces this stream's executor credential serves (None: all).
-        self.scope = scope
+        self.scope = scope | {CANARY_WORKSPACE} if scope is not None else None
         self.credits = 0
         self.held: dict[uuid.UUID, int] = {}
         # The tools the executor declared in its Hello: it is assigned only runs needing no others.
         self.tools: frozenset[str] = frozenset()
+        # Its release and those it continues (Hello); told to drain, it is assigned nothing.
+        self.release = ""
+        self.continues: tuple[str, ...] = ()
+        self.draining = False
         self._dispatcher = dispatcher
         self._pool: Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
@@ -195,6 +202,7 @@ class ExecutorSession:
         for lease in hello.held:
             self.held[uuid.UUID(lease.run_id)] = lease.epoch
         self.tools = frozenset(t.name for t in hello.tools)
+        self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
         self._spawn(self._open(hello))
 
     async def _open(self, hello: pb.Hello) -> None:
@@ -211,6 +219,8 @@ class ExecutorSession:
             ), RECORD_TIMEOUT)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
+        with contextlib.suppress(Exception):  # else the dispatcher's next beat records it
+            await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
         cfg = self._dispatcher.config
         self.send(pb.ConnectResponse(welcome=pb.Welcome(
             session_id=self.id,
@@ -218,6 +228,9 @@ class ExecutorSession:
             heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
             server_release=cfg.release,
         )))  # fmt: skip
+        with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
+            tell_draining([self], await asyncio.wait_for(releases.draining(self._pool),
+                                                         RECORD_TIMEOUT))  # fmt: skip
         self._dispatcher.register(self)
         log.info("executor %s connected (session %s, release %s, capacity %d)",
                  self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip
@@ -284,25 +297,11 @@ class ExecutorSession:
     ) -> step_store.CommitResult:
         """The commit transaction, tried again (a few times) after an unexpected error."""
         lease_seconds = self._dispatcher.config.lease_seconds
+        if faults.refuses("control_plane.commit.fence_admission"):  # a broken fence, for tests
+            raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
         for attempt in range(1, COMMIT_TRIES + 1):
             try:
-                if msg.HasField("approval_request"):
-                    return await approval_commit(self._pool, req, msg.approval_request,
-                                                 lease_seconds)  # fmt: skip
-                if parked := await connection_parks.park_commit(self._pool, req, lease_seconds):
-                    return parked
-                if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
-                    return helped
-                if started := await children.child_commit(
-                    self._pool, req, lease_seconds, self._dispatcher.config.defaults,
-                    self._dispatcher.poke,
-                ):  # fmt: skip
-                    return started
-                if waits := await signals.signal_commit(
-                    self._pool, req, lease_seconds, self._dispatcher.poke
-                ):
-                    return waits
-                return await step_store.commit(self._pool, req, lease_seconds)
+                return await self._commit_once(req, msg, lease_seconds)
             except (Fenced, DataRefused, BadApprovalRequest):
                 raise
             except Exception as exc:
@@ -312,6 +311,29 @@ class ExecutorSession:
                             req.run_id, attempt, COMMIT_TRIES, type(exc).__name__)  # fmt: skip
                 await asyncio.sleep(COMMIT_RETRY_PAUSE * attempt)
         raise AssertionError("unreachable")
+
+    async def _commit_once(
+        self, req: step_store.CommitRequest, msg: pb.Commit, lease_seconds: float
+    ) -> step_store.CommitResult:
+        """One try of the commit: the park, hold, child or signal path that owns it, else
+        the plain step commit."""
+        if msg.HasField("approval_request"):
+            return await approval_commit(self._pool, req, msg.approval_request,
+                                         lease_seconds)  # fmt: skip
+        if parked := await connection_parks.park_commit(self._pool, req, lease_seconds):
+            return parked
+        if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
+            return helped
+        if started := await children.child_commit(
+            self._pool, req, lease_seconds, self._dispatcher.config.defaults,
+            self._dispatcher.poke,
+        ):  # fmt: skip
+            return started
+        if waits := await signals.signal_commit(
+            self._pool, req, lease_seconds, self._dispatcher.poke
+        ):
+            return waits
+        return await step_store.commit(self._pool, req, lease_seconds)
 
     async def _commit_failed(
         self, req: step_store.CommitRequest, exc: Exception, result: pb.CommitResult

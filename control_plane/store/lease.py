@@ -22,6 +22,21 @@ from control_plane.store.runs import Run
 
 
 @dataclass(frozen=True)
+class Release:
+    """The release claiming owners run: their own, those it continues, and how recently
+    an executor must have been seen for its release to count as connected."""
+
+    name: str
+    continues: tuple[str, ...] = ()
+    live_seconds: float = 30.0
+    # Only releases promoted or past a canary take new runs (AGENTRUN_RELEASE_GATE=canary).
+    gated: bool = False
+
+    def params(self) -> tuple[list[str], str, float, bool]:
+        return [self.name, *self.continues], self.name, self.live_seconds, self.gated
+
+
+@dataclass(frozen=True)
 class LeaseKey:
     workspace_id: str
     run_id: uuid.UUID
@@ -36,6 +51,7 @@ async def claim_due(
     scope: Sequence[str] | None = None,
     carried: Sequence[str] | None = None,
     on_takeover: Callable[[Run], None] | None = None,
+    release: Release | None = None,
 ) -> list[Run]:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
@@ -45,6 +61,8 @@ async def claim_due(
     executor credentials serve no others. With `carried` (the tools the owners
     carry; None: any), only runs whose agent version needs no other tool.
     `on_takeover` is told of each run claimed because its lease had lapsed.
+    With `release` (None: releases ignored), only runs on the owners' releases,
+    and runs on none only if theirs is the newest (sql/lease.sql).
     """
     if not owners:
         return []
@@ -54,7 +72,8 @@ async def claim_due(
         await run(conn, "claim_plan_generic")
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
-        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools)
+        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
+                         *(release.params() if release else (None, None, 0.0, False)))  # fmt: skip
         claimed = [Run.from_record(r) for r in rows]
         await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
     if on_takeover is not None:

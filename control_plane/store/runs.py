@@ -75,6 +75,8 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     held_seconds: float  # computed by the query, not a column
+    # The release of the executor that first claimed it (None: not claimed yet).
+    release: str | None = None
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

@@ -30,6 +30,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "sleep": "internal",
         "start_child": "internal",
         "wait_for_signal": "internal",
+        "canary_noop": "internal",  # the contract canary's no-op (executor/canary.py)
         "blob": "read",
         "read_result": "read",
     }

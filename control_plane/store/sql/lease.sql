@@ -58,12 +58,30 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- owners can run goes to the back of the line like one at its caps (it had
 -- nothing this claim could take); that costs it its place only against the
 -- other workspaces, and keeps it from blocking a turn slot of every claim.
+-- Releases (0020_releases.sql): with $7 (the releases these owners continue,
+-- their own $8 among them; NULL: releases ignored) a run already on a release
+-- is taken only if it is one of $7, and a run on none only if $8 is the
+-- newest release with an executor seen within $9 seconds that is not
+-- draining (with $10, only among releases promoted or past a canary); the
+-- claim records $8 on the runs it takes first.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, now()) AS now
+), routing AS MATERIALIZED (
+    SELECT $7::text[] IS NULL AS any_release, $8::text IS NOT DISTINCT FROM (
+        SELECT rl.release FROM releases rl
+        WHERE rl.draining_since IS NULL
+          AND (NOT $10::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
+          AND (rl.release = $8 OR EXISTS (  -- the claimers are connected themselves
+            SELECT 1 FROM executor_tools e
+            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $9)))
+        ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
+        LIMIT 1) AS takes_new
 ), lapsed AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
       AND ($5::text[] IS NULL OR r.workspace_id = ANY($5::text[]))
+      AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
+           OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
       AND ($6::jsonb IS NULL OR EXISTS (
           SELECT 1 FROM agent_versions v
           WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -86,6 +104,8 @@ WITH clock AS MATERIALIZED (
         SELECT r.run_id, r.wake_at FROM runs r
         WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+          AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
+               OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
           AND ($6::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -133,6 +153,7 @@ WITH clock AS MATERIALIZED (
 UPDATE runs r SET
     status = 'running',
     wait_reason = NULL,
+    release = coalesce(r.release, $8::text),
     lease_owner = ($1::text[])[due.slot],
     lease_epoch = r.lease_epoch + 1,
     attempt = r.attempt + (r.status = 'running')::int,
@@ -311,7 +332,9 @@ SELECT workspace_id, run_id, lease_epoch FROM failed;
 -- name: run_release_unassigned :exec
 -- Give back a just-claimed run that could not be delivered (its executor
 -- went away): runnable again now, under a new epoch at the next claim.
--- Database clock unless $4 fixes it.
+-- Database clock unless $4 fixes it. A run that never ran a step (only its
+-- input) is on no release yet: the claim that could not deliver it set one.
 UPDATE runs SET status = 'waiting', wait_reason = 'handoff', lease_owner = NULL,
+                release = CASE WHEN step_count <= 1 THEN NULL ELSE release END,
                 wake_at = coalesce($4::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running';

@@ -273,6 +273,7 @@ class ConnectResponse(_message.Message):
     COMMIT_RESULT_FIELD_NUMBER: _builtins.int
     HEARTBEAT_RESULT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -283,6 +284,8 @@ class ConnectResponse(_message.Message):
     def heartbeat_result(self) -> Global___HeartbeatResult: ...
     @_builtins.property
     def cancel(self) -> Global___Cancel: ...
+    @_builtins.property
+    def drain(self) -> Global___Drain: ...
     def __init__(
         self,
         *,
@@ -291,12 +294,13 @@ class ConnectResponse(_message.Message):
         commit_result: Global___CommitResult | None = ...,
         heartbeat_result: Global___HeartbeatResult | None = ...,
         cancel: Global___Cancel | None = ...,
+        drain: Global___Drain | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -340,6 +344,7 @@ class Hello(_message.Message):
     CAPACITY_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    CONTINUES_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
@@ -360,6 +365,12 @@ class Hello(_message.Message):
         An executor that declares none is assigned only runs of tool-less agents.
         """
 
+    @_builtins.property
+    def continues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Earlier releases this one continues (their runs are compatible with it):
+        it may be assigned runs that started on any of them, as well as its own.
+        """
+
     def __init__(
         self,
         *,
@@ -368,10 +379,11 @@ class Hello(_message.Message):
         capacity: _builtins.int = ...,
         held: _abc.Iterable[Global___Lease] | None = ...,
         tools: _abc.Iterable[Global___ToolDeclaration] | None = ...,
+        continues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "executor_id", b"executor_id", "held", b"held", "release", b"release", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -873,3 +885,32 @@ class Cancel(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Cancel: _TypeAlias = Cancel  # noqa: Y015
+
+@_typing.final
+class Drain(_message.Message):
+    """Drain tells the executor its release is draining (ReleaseService.DrainRelease):
+    claim nothing new, finish the runs it holds within `finish_within`, then hand
+    back at a step boundary those still held (to executors of the same release),
+    and exit once it holds none.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_FIELD_NUMBER: _builtins.int
+    FINISH_WITHIN_FIELD_NUMBER: _builtins.int
+    release: _builtins.str
+    @_builtins.property
+    def finish_within(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        release: _builtins.str = ...,
+        finish_within: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "release", b"release"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Drain: _TypeAlias = Drain  # noqa: Y015

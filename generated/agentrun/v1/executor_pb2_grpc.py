@@ -36,6 +36,7 @@ class ExecutorServiceStub:
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
     control -> Cancel
+    control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
@@ -88,6 +89,7 @@ class ExecutorServiceServicer:
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
     control -> Cancel
+    control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
@@ -179,6 +181,7 @@ class ExecutorService:
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
     control -> Cancel
+    control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the

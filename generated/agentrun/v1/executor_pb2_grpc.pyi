@@ -37,6 +37,7 @@ class ExecutorServiceStub:
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
                                                 control -> Cancel
+                                                control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
@@ -85,6 +86,7 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
                                                 control -> Cancel
+                                                control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the
@@ -129,6 +131,7 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
                                                 control -> Cancel
+                                                control -> Drain (its release drains)
 
     A per-run failure is a message (CommitResult, HeartbeatResult), never a
     stream error. Every commit and heartbeat carries the lease epoch; the

@@ -159,6 +159,11 @@ class _QueueWaitCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueW
     """A tool's rate limit: parked until a token is there (wake_time)."""
     QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE: _QueueWaitCause.ValueType  # 5
     """The model provider is unavailable: parked with backoff (wake_time)."""
+    QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE: _QueueWaitCause.ValueType  # 10
+    """Due, but no executor of its release (QueuePosition.release) is
+    connected: it waits for one, or for an operator to move it
+    (ReleaseService.MoveRunRelease). Nothing moves it silently.
+    """
 
 class QueueWaitCause(_QueueWaitCause, metaclass=_QueueWaitCauseEnumTypeWrapper):
     """QueueWaitCause says what keeps a run from running now."""
@@ -176,6 +181,11 @@ QUEUE_WAIT_CAUSE_RATE_LIMIT: QueueWaitCause.ValueType  # 4
 """A tool's rate limit: parked until a token is there (wake_time)."""
 QUEUE_WAIT_CAUSE_MODEL_UNAVAILABLE: QueueWaitCause.ValueType  # 5
 """The model provider is unavailable: parked with backoff (wake_time)."""
+QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE: QueueWaitCause.ValueType  # 10
+"""Due, but no executor of its release (QueuePosition.release) is
+connected: it waits for one, or for an operator to move it
+(ReleaseService.MoveRunRelease). Nothing moves it silently.
+"""
 Global___QueueWaitCause: _TypeAlias = QueueWaitCause  # noqa: Y015
 
 class _OutcomeDecision:
@@ -299,6 +309,7 @@ class Run(_message.Message):
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     FORKED_FROM_SEQ_FIELD_NUMBER: _builtins.int
     CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -339,6 +350,10 @@ class Run(_message.Message):
     forked_from_seq. Empty otherwise.
     """
     forked_from_seq: _builtins.int
+    release: _builtins.str
+    """The release of the executor that first claimed it (empty: not claimed
+    yet); only executors of it (or continuing it) continue the run.
+    """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
         """When a waiting run becomes runnable, or when a running run's lease
@@ -414,10 +429,11 @@ class Run(_message.Message):
         forked_from_run_id: _builtins.str = ...,
         forked_from_seq: _builtins.int = ...,
         child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
+        release: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -435,6 +451,7 @@ class QueuePosition(_message.Message):
     WORKSPACE_MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     AGENT_RUNNING_FIELD_NUMBER: _builtins.int
     AGENT_MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     runs_ahead: _builtins.int
     """Runs of the same workspace that the claim takes before this one: those
     with an earlier wake time, except runs of another agent at its cap.
@@ -445,6 +462,8 @@ class QueuePosition(_message.Message):
     agent_running: _builtins.int
     agent_max_concurrency: _builtins.int
     """0 = the agent has no cap of its own."""
+    release: _builtins.str
+    """With cause RELEASE_UNAVAILABLE: the release the run waits for."""
     def __init__(
         self,
         *,
@@ -454,10 +473,11 @@ class QueuePosition(_message.Message):
         workspace_max_concurrency: _builtins.int = ...,
         agent_running: _builtins.int = ...,
         agent_max_concurrency: _builtins.int = ...,
+        release: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_max_concurrency", b"agent_max_concurrency", "agent_running", b"agent_running", "cause", b"cause", "runs_ahead", b"runs_ahead", "workspace_max_concurrency", b"workspace_max_concurrency", "workspace_running", b"workspace_running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_max_concurrency", b"agent_max_concurrency", "agent_running", b"agent_running", "cause", b"cause", "release", b"release", "runs_ahead", b"runs_ahead", "workspace_max_concurrency", b"workspace_max_concurrency", "workspace_running", b"workspace_running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

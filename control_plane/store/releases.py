@@ -1,0 +1,123 @@
+"""Releases (migrations/0020_releases.sql): known releases, drains, explicit moves.
+
+A run is on the release of the executor that first claimed it (the claim,
+sql/lease.sql, records it); these are the operator's side of it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from control_plane.store import identity
+from control_plane.store.admission import Admission
+from control_plane.store.db import Pool, transaction
+from control_plane.store.queries import run
+from control_plane.store.runs import Run
+
+
+@dataclass(frozen=True)
+class ReleaseState:
+    """One release as ListReleases reports it."""
+
+    release: str
+    first_seen_at: datetime
+    promoted_at: datetime | None
+    draining_since: datetime | None
+    drain_deadline: datetime | None
+    canary_passed_at: datetime | None
+    executors: list[str]
+    runs_held: int
+    oldest_held_since: datetime | None
+    runs_waiting: int
+    now: datetime
+
+    @property
+    def drained(self) -> bool:
+        """A drain is done when none of its executors is left and it holds no run."""
+        return self.draining_since is not None and not self.executors and not self.runs_held
+
+
+async def seen(pool: Pool, *names: str) -> None:
+    """Executors of these releases are connected (again: nothing changes)."""
+    if any(names):
+        await run(pool, "release_seen", list(names))
+
+
+async def list_releases(
+    pool: Pool, live_seconds: float, release: str | None = None
+) -> list[ReleaseState]:
+    rows = await run(pool, "release_list", release, live_seconds)
+    return [ReleaseState(**{**dict(r), "executors": list(r["executors"])}) for r in rows]
+
+
+async def drain(pool: Pool, release: str, deadline_seconds: float) -> bool:
+    """Start (or re-time) a drain; False when the release is unknown."""
+    return await run(pool, "release_drain", release, deadline_seconds) is not None
+
+
+async def promote(pool: Pool, release: str) -> bool:
+    return await run(pool, "release_promote", release) is not None
+
+
+async def draining(pool: Pool) -> dict[str, float]:
+    """The releases draining now: seconds left to each one's deadline."""
+    return {r["release"]: r["seconds_left"] for r in await run(pool, "releases_draining")}
+
+
+async def canary_passed(pool: Pool, release: str) -> None:
+    await run(pool, "release_canary_passed", release)
+
+
+async def connected(pool: Pool, release: str, live_seconds: float) -> bool:
+    row = await run(pool, "release_connected", release, live_seconds)
+    return bool(row["connected"])
+
+
+@dataclass(frozen=True)
+class Move:
+    workspace_id: str
+    run_id: uuid.UUID
+    to_release: str | None  # None: on no release (the newest takes it)
+    actor: str
+    request_id: str
+
+
+class NotMovable(Exception):
+    """The run is held or finished: only a run nobody holds moves."""
+
+
+async def move(pool: Pool, m: Move) -> str | None:
+    """Move a run nobody holds to another release, audited in the same transaction.
+
+    The release it was on, or raises LookupError (no such run) / NotMovable."""
+    async with transaction(pool) as conn:
+        row = await run(conn, "run_lock_for_move", m.workspace_id, m.run_id)
+        if row is None:
+            raise LookupError(str(m.run_id))
+        if row["status"] not in ("queued", "waiting"):
+            raise NotMovable(row["status"])
+        await run(conn, "run_move_release", m.workspace_id, m.run_id, m.to_release)
+        await _audit(conn, m, row["release"])
+    return row["release"]  # type: ignore[no-any-return]
+
+
+async def _audit(conn: asyncpg.Connection, m: Move, was: str | None) -> None:
+    event = identity.AuditEvent(
+        workspace_id=m.workspace_id, actor=m.actor, action="run.move_release",
+        object_kind="run", object_id=str(m.run_id), request_id=m.request_id,
+        detail={"from_release": was, "to_release": m.to_release},
+    )  # fmt: skip
+    await identity.audit(conn, event)
+
+
+async def admit_on(pool: Pool, adm: Admission, release: str | None) -> Run:
+    """Admit a run already on `release` (None: on none yet), in one transaction."""
+    async with transaction(pool) as conn:
+        row = await run(conn, "run_insert", **adm.params(None))
+        if release is not None:
+            await run(conn, "run_pin_release", adm.workspace_id, adm.run_id, release)
+    return Run.from_record(row)

@@ -1,0 +1,69 @@
+-- Releases (0020_releases.sql): which executors serve each, what they hold, drains.
+
+-- name: release_seen :exec
+-- Executors of the releases $1 are connected: each is known from now on.
+INSERT INTO releases (release)
+SELECT DISTINCT r FROM unnest($1::text[]) AS r WHERE r <> ''
+ON CONFLICT DO NOTHING;
+
+-- name: release_list :many
+-- Every known release ($1 NULL) or one, newest first, with its executors seen
+-- within $2 seconds, the runs it holds (and when the oldest hold began) and
+-- the runs on it that wait for one of its executors.
+SELECT rl.release, rl.first_seen_at, rl.promoted_at, rl.draining_since, rl.drain_deadline,
+       rl.canary_passed_at,
+       coalesce((SELECT array_agg(e.executor_id ORDER BY e.executor_id) FROM executor_tools e
+                 WHERE e.release = rl.release
+                   AND e.last_seen > now() - make_interval(secs => $2)), '{}') AS executors,
+       (SELECT count(*) FROM runs r
+        WHERE r.release = rl.release AND r.status = 'running') AS runs_held,
+       (SELECT min(r.held_since) FROM runs r
+        WHERE r.release = rl.release AND r.status = 'running') AS oldest_held_since,
+       (SELECT count(*) FROM runs r
+        WHERE r.release = rl.release AND r.status IN ('queued', 'waiting')) AS runs_waiting,
+       now() AS now
+FROM releases rl
+WHERE $1::text IS NULL OR rl.release = $1
+ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC;
+
+-- name: release_drain :one
+-- Start draining a release (again: a new deadline, $2 seconds from now).
+UPDATE releases SET draining_since = coalesce(draining_since, now()),
+                    drain_deadline = now() + make_interval(secs => $2)
+WHERE release = $1
+RETURNING release, draining_since, drain_deadline;
+
+-- name: release_promote :one
+-- Make a release the newest (new runs go to it while it has executors); a
+-- promote ends a drain of it.
+UPDATE releases SET promoted_at = now(), draining_since = NULL, drain_deadline = NULL
+WHERE release = $1
+RETURNING release, promoted_at;
+
+-- name: releases_draining :many
+-- The releases draining now, with the seconds left to their deadline.
+SELECT release, greatest(0, extract(epoch FROM drain_deadline - now()))::float8 AS seconds_left
+FROM releases WHERE draining_since IS NOT NULL;
+
+-- name: release_connected :one
+-- Whether an executor of release $1 was seen within $2 seconds.
+SELECT EXISTS (
+    SELECT 1 FROM executor_tools
+    WHERE release = $1 AND last_seen > now() - make_interval(secs => $2)) AS connected;
+
+-- name: run_lock_for_move :one
+-- The run to move, locked; nothing when it does not exist.
+SELECT status, release FROM runs WHERE workspace_id = $1 AND run_id = $2 FOR NO KEY UPDATE;
+
+-- name: run_move_release :exec
+-- Put a run that nobody holds on release $3 (NULL: on none, so the newest takes it).
+UPDATE runs SET release = $3, updated_at = now()
+WHERE workspace_id = $1 AND run_id = $2 AND status IN ('queued', 'waiting');
+
+-- name: run_pin_release :exec
+-- Put a run just admitted (in the same transaction) on release $3 before any claim sees it.
+UPDATE runs SET release = $3 WHERE workspace_id = $1 AND run_id = $2 AND status = 'queued';
+
+-- name: release_canary_passed :exec
+-- A canary passed on release $1.
+UPDATE releases SET canary_passed_at = now() WHERE release = $1;

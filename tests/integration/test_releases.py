@@ -1,0 +1,214 @@
+"""Blue-green releases with real processes (issue 15).
+
+Executors of release A hold runs; release B starts and takes the new runs; A is
+drained (`agentrun releases drain A`): its executors claim nothing more, finish
+what they hold and exit, and `agentrun releases wait-drained A` returns 0. Every
+run's steps were written under one release only, as the executors' own logs
+(`claimed run <id> … (epoch N …) on release R`, one line per assignment) show.
+
+A run whose release disappeared (A drained with no time to finish: handed back at
+a step boundary, A's executors gone) waits visibly — GetRun's queue cause
+RELEASE_UNAVAILABLE naming A — while B's executors serve other work, and completes
+on B only after an operator moves it (`agentrun releases move`), which the
+workspace's audit log records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+from google.protobuf.duration_pb2 import Duration
+
+from agentrun.v1 import admin_pb2, admin_pb2_grpc, release_pb2, release_pb2_grpc, run_pb2
+from tests.harness import auth
+from tests.harness.agentrun_api import Api
+from tests.harness.processes import ManagedProcess
+from tests.harness.waiting import eventually
+
+CLAIMED = re.compile(r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release (\S+)")
+WORKER = ("worker", "slow_worker", ["echo"])  # ten one-second model replies, ten echoes
+
+
+def cli(address: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AGENTRUN_API_KEY": key}
+    return subprocess.run(
+        [sys.executable, "-m", "agentrun_cli", "--address", address, *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def release_of_claims(executors: list[ManagedProcess]) -> dict[tuple[str, int], str]:
+    """(run id, epoch) -> the release of the executor each assignment was logged by."""
+    found: dict[tuple[str, int], str] = {}
+    for process in executors:
+        for run_id, epoch, release in CLAIMED.findall(process.log_path.read_text()):
+            assert found.setdefault((run_id, int(epoch)), release) == release
+    return found
+
+
+async def releases_of_steps(api: Api, run_id: str, claims: dict[tuple[str, int], str]) -> set[str]:
+    """The releases of the executors that wrote the run's steps (input excluded)."""
+    steps = [s for s in await api.steps(run_id) if s.epoch > 0]
+    assert steps, f"run {run_id} has no executor step"
+    return {claims[(run_id, s.epoch)] for s in steps}
+
+
+async def release(stub: release_pb2_grpc.ReleaseServiceStub, name: str) -> release_pb2.Release:
+    return (await stub.GetRelease(release_pb2.GetReleaseRequest(name=name))).release
+
+
+async def connected(stub: release_pb2_grpc.ReleaseServiceStub, name: str) -> bool:
+    listed = await stub.ListReleases(release_pb2.ListReleasesRequest())
+    return any(r.name == name and r.executors for r in listed.releases)
+
+
+async def held_by(api: Api, run_ids: list[str], name: str) -> bool:
+    runs = [await api.get(r) for r in run_ids]
+    return all(r.status == run_pb2.RUN_STATUS_RUNNING and r.release == name for r in runs)
+
+
+async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and_exits(
+    db_url, control_plane, executor_factory
+):
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, "acme")
+    await api.publish(*WORKER)
+    key = await auth.platform_key(db_url)
+    channel = auth.channel(cp.address, key)
+    stub = release_pb2_grpc.ReleaseServiceStub(channel)
+
+    team_a = executor_factory(cp, count=2, AGENTRUN_RELEASE="A", AGENTRUN_CAPACITY=4)
+    on_a = [await api.start("worker", f"a {n}") for n in range(4)]
+    await eventually(lambda: held_by(api, on_a, "A"), timeout=30, message="A never held its runs")
+
+    team_b = executor_factory(cp, count=1, AGENTRUN_RELEASE="B", AGENTRUN_CAPACITY=4)
+    await eventually(lambda: connected(stub, "B"), timeout=30, message="B never connected")
+    # New runs go to the newest release with executors, although A has free slots.
+    on_b = [await api.start("worker", f"b {n}") for n in range(3)]
+    await eventually(lambda: held_by(api, on_b, "B"), timeout=30, message="B never took new runs")
+
+    drain = await asyncio.to_thread(cli, cp.address, key, "releases", "drain", "A",
+                                    "--finish-within", "40")  # fmt: skip
+    assert drain.returncode == 0, drain.stderr
+    held = re.search(r"held=(\d+)", drain.stdout)
+    assert held and int(held.group(1)) > 0, drain.stdout  # A was holding runs when told
+    waited = await asyncio.to_thread(cli, cp.address, key, "releases", "wait-drained", "A",
+                                     "--timeout", "45")  # fmt: skip
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    # A's executors exited on their own after their last run.
+    for process in team_a:
+        assert await asyncio.to_thread(process.wait, 30) == 0
+    done = await api.wait_terminal(on_a + on_b, within=40)
+    assert {r.status for r in done} == {run_pb2.RUN_STATUS_COMPLETED}
+    assert {r.run_id: r.release for r in done} == {
+        **dict.fromkeys(on_a, "A"), **dict.fromkeys(on_b, "B"),
+    }  # fmt: skip
+
+    # Every run's steps carry one release only: its own.
+    claims = release_of_claims(team_a + team_b)
+    for run in done:
+        assert await releases_of_steps(api, run.run_id, claims) == {run.release}
+    a = await release(stub, "A")
+    assert a.drained and not a.executors and a.runs_held == 0
+    assert (await release(stub, "B")).newest
+    listed = await asyncio.to_thread(cli, cp.address, key, "releases", "list")
+    states = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
+    assert states == {"A": "drained", "B": "newest"}, listed.stdout
+    await api.close()
+    await channel.close()
+
+
+async def test_a_run_whose_release_disappeared_waits_visibly_until_an_operator_moves_it(
+    db_url, control_plane, executor_factory
+):
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, "acme")
+    await api.publish(*WORKER)
+    key = await auth.platform_key(db_url)
+    channel = auth.channel(cp.address, key)
+    stub = release_pb2_grpc.ReleaseServiceStub(channel)
+
+    (a,) = executor_factory(cp, AGENTRUN_RELEASE="A")
+    run_id = await api.start("worker", "left behind")
+    await eventually(lambda: held_by(api, [run_id], "A"), timeout=30, message="A never held it")
+    # No time to finish: handed back at the next step boundary, on A; then A exits.
+    await stub.DrainRelease(release_pb2.DrainReleaseRequest(name="A", finish_within=Duration()))
+    assert await asyncio.to_thread(a.wait, 30) == 0
+
+    (b,) = executor_factory(cp, AGENTRUN_RELEASE="B")
+    # B serves: the canary on B passes (so B's claims run), yet the run stays on A, waiting.
+    canary = release_pb2_grpc.CanaryServiceStub(channel)
+
+    async def b_serves() -> bool:
+        reply = await canary.RunCanary(release_pb2.RunCanaryRequest(release="B"))
+        return reply.passed
+
+    await eventually(b_serves, timeout=30, message="B never passed the canary")
+    resp = await api.runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run_id))
+    left = resp.run
+    assert left.status == run_pb2.RUN_STATUS_WAITING and left.release == "A", left
+    assert left.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE
+    assert left.queue.release == "A"
+    assert (await release(stub, "A")).runs_waiting == 1
+    epoch = left.lease_epoch
+
+    moved = await asyncio.to_thread(cli, cp.address, key, "--workspace", "acme", "releases",
+                                    "move", run_id, "--release", "B")  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    assert "A -> B" in moved.stdout
+    (done,) = await api.wait_terminal([run_id], within=40)
+    assert done.status == run_pb2.RUN_STATUS_COMPLETED and done.release == "B"
+    # The steps before the move were A's, those after it B's: the move is the only switch.
+    claims = release_of_claims([a, b])
+    by_release: dict[str, list[int]] = defaultdict(list)
+    for step in await api.steps(run_id):
+        if step.epoch:
+            by_release[claims[(run_id, step.epoch)]].append(step.epoch)
+    assert max(by_release["A"]) <= epoch < min(by_release["B"])
+    admin = admin_pb2_grpc.WorkspaceAdminServiceStub(api.channel)
+    audit = await admin.ListAuditLog(admin_pb2.ListAuditLogRequest(workspace_id="acme"))
+    (entry,) = [e for e in audit.entries if e.action == "run.move_release"]
+    assert entry.object_id == run_id and "platform-admin" in entry.actor
+    await api.close()
+    await channel.close()
+
+
+async def test_with_the_canary_gate_a_release_takes_new_runs_only_after_its_canary_passed(
+    db_url, control_plane, executor_factory
+):
+    cp = control_plane(db_url, AGENTRUN_RELEASE_GATE="canary")
+    api = await Api.connect(cp.address, db_url, "acme")
+    await api.publish("echo", "echo_input", ["echo"])
+    key = await auth.platform_key(db_url)
+    channel = auth.channel(cp.address, key)
+    stub = release_pb2_grpc.ReleaseServiceStub(channel)
+    canary = release_pb2_grpc.CanaryServiceStub(channel)
+
+    (a,) = executor_factory(cp, AGENTRUN_RELEASE="A")
+    await eventually(lambda: connected(stub, "A"), timeout=30, message="A never connected")
+    first = await api.start("echo", "before A's canary")
+    assert not (await release(stub, "A")).newest
+    reply = await canary.RunCanary(release_pb2.RunCanaryRequest(release="A"))
+    assert reply.passed, reply.verdict
+    (done,) = await api.wait_terminal([first], within=30)
+    assert done.status == run_pb2.RUN_STATUS_COMPLETED and done.release == "A"
+    # A's own log: the canary was its first assignment, the customer's run came after.
+    claimed = [run_id for run_id, _, _ in CLAIMED.findall(a.log_path.read_text())]
+    assert claimed.index(reply.run_id) < claimed.index(first)
+
+    (b,) = executor_factory(cp, AGENTRUN_RELEASE="B")
+    await eventually(lambda: connected(stub, "B"), timeout=30, message="B never connected")
+    (still_a,) = await api.wait_terminal([await api.start("echo", "B not canaried")], within=30)
+    assert still_a.release == "A"
+    reply = await canary.RunCanary(release_pb2.RunCanaryRequest(release="B"))
+    assert reply.passed, reply.verdict
+    assert (await release(stub, "B")).newest
+    (on_b,) = await api.wait_terminal([await api.start("echo", "after B's canary")], within=30)
+    assert on_b.release == "B"
+    await api.close()
+    await channel.close()
