@@ -30,7 +30,7 @@ from tests.harness.agentrun_api import Api
 from tests.harness.processes import ManagedProcess
 from tests.harness.waiting import eventually
 
-CLAIMED = re.compile(r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release (\S+)")
+CLAIMED = re.compile(r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release ([^\s\"]+)")
 WORKER = ("worker", "slow_worker", ["echo"])  # ten one-second model replies, ten echoes
 
 

@@ -47,7 +47,9 @@ def _run(**changes: object) -> Run:
         context_tokens=0, step_count=6, model_calls=2, tool_calls=1, tokens_used=0,
         active_seconds=0.1, held_since=None, started_by=None, waiting_connection_id=None,
         parent_run_id=None, parent_seq=None, created_at=now, updated_at=now, started_at=now,
-        finished_at=now, held_seconds=0.0, release="B",
+        finished_at=now, held_seconds=0.0, release="B", forked_from_run_id=None,
+        forked_from_seq=None, input_tokens=0, output_tokens=0, cached_tokens=0,
+        reasoning_tokens=0, cost_micros=0, credits_reserved_micros=0, credit_chunks=0,
     )  # fmt: skip
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
