@@ -30,7 +30,9 @@ from tests.harness.agentrun_api import Api
 from tests.harness.processes import ManagedProcess
 from tests.harness.waiting import eventually
 
-CLAIMED = re.compile(r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release ([^\s\"]+)")
+CLAIMED = re.compile(
+    r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release ([^\s\"]+)"
+)
 WORKER = ("worker", "slow_worker", ["echo"])  # ten one-second model replies, ten echoes
 
 
