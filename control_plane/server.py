@@ -279,7 +279,8 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         server,
     )
     session_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke)), server
+        SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel)),
+        server,
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)

@@ -1,9 +1,13 @@
 """Sessions: conversations with an agent, one turn (one run) at a time.
 
 Sending a message admits the session's next run on the server, under the
-session row's lock: if the previous turn's run has not ended, the send is
-refused with ABORTED (HTTP 409) naming that turn, so two turns of one
-conversation never run at once. The new run's input step carries the
+session row's lock. If the previous turn's run has not ended, the strategy
+(the message's, else the session's; migration 0021) decides: `reject` refuses
+with ABORTED (HTTP 409) naming that turn; `enqueue` admits the turn parked,
+and the end of the turn before it wakes it; `interrupt` cancels the unfinished
+turns (run_cancel: their executors are fenced at their next commit) and admits
+the new one at once; `rollback` does the same and leaves the cancelled turn
+out of every later transcript. Two turns of one conversation never run at once. The new run's input step carries the
 transcript of the earlier turns (`history`: each user message and the answer
 the agent gave), which the executor puts before the new message, so the
 model sees the conversation so far. `Conversations` is the domain; the gRPC
@@ -22,13 +26,34 @@ import grpc
 from agentrun.v1 import session_pb2, session_pb2_grpc
 from control_plane.api import convert, validate
 from control_plane.api.runs import TERMINAL
+from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
-from control_plane.errors import Aborted, FailedPrecondition, NotFound
+from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
+from control_plane.store import runs as run_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.store.db import Pool, transaction
+
+REJECT, ENQUEUE, INTERRUPT, ROLLBACK = "reject", "enqueue", "interrupt", "rollback"
+STRATEGY_FROM_PROTO = {
+    session_pb2.SESSION_STRATEGY_REJECT: REJECT,
+    session_pb2.SESSION_STRATEGY_ENQUEUE: ENQUEUE,
+    session_pb2.SESSION_STRATEGY_INTERRUPT: INTERRUPT,
+    session_pb2.SESSION_STRATEGY_ROLLBACK: ROLLBACK,
+}
+STRATEGY_TO_PROTO = {name: value for value, name in STRATEGY_FROM_PROTO.items()}
+
+
+def strategy(field: str, value: int) -> str | None:
+    """A request's strategy (None for UNSPECIFIED); INVALID_ARGUMENT naming `field` else."""
+    if value == session_pb2.SESSION_STRATEGY_UNSPECIFIED:
+        return None
+    if value not in STRATEGY_FROM_PROTO:
+        raise InvalidArgument(field, f"unknown session strategy {value}")
+    return STRATEGY_FROM_PROTO[value]
+
 
 # The transcript a turn carries: at most this many earlier turns and bytes (oldest dropped).
 MAX_HISTORY_TURNS = 100
@@ -54,15 +79,24 @@ def transcript(turns: Sequence[Any], max_bytes: int = MAX_HISTORY_BYTES) -> list
 class Conversations:
     """Create sessions, send messages (admitting turns), read them back."""
 
-    def __init__(self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        defaults: RunDefaults,
+        on_runnable: Callable[[], None],
+        on_cancel: Callable[[str, uuid.UUID], None] = lambda ws, run_id: None,
+    ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
+        self._on_cancel = on_cancel
 
-    async def create(self, workspace_id: str, agent_id: str, title: str) -> Any:
+    async def create(
+        self, workspace_id: str, agent_id: str, title: str, strategy: str = REJECT
+    ) -> Any:
         if await agent_store.get_agent(self._pool, workspace_id, agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
-        return await store.create_session(self._pool, workspace_id, agent_id, title)
+        return await store.create_session(self._pool, workspace_id, agent_id, title, strategy)
 
     async def get(self, workspace_id: str, session_id: uuid.UUID) -> tuple[Any, Any]:
         """The session and its latest turn (None before the first)."""
@@ -79,9 +113,15 @@ class Conversations:
         return await store.list_turns(self._pool, workspace_id, session_id, from_turn, limit)
 
     async def send(
-        self, workspace_id: str, session_id: uuid.UUID, text: str, request_id: str | None
+        self,
+        workspace_id: str,
+        session_id: uuid.UUID,
+        text: str,
+        request_id: str | None,
+        strategy: str | None = None,
     ) -> tuple[Any, bool]:
         """The turn this message started (and True), or the one its request_id started."""
+        cancelled: list[uuid.UUID] = []
         async with transaction(self._pool) as conn:
             session = await store.lock_session(conn, workspace_id, session_id)
             if session is None:
@@ -90,15 +130,25 @@ class Conversations:
                 existing = await store.turn_by_request(conn, workspace_id, session_id, request_id)
                 if existing is not None:
                     return existing, False
-            earlier = await store.recent_turns(conn, workspace_id, session_id, MAX_HISTORY_TURNS)
-            _check_no_turn_running(earlier)
-            adm = await self._admission(conn, session, text, request_id, earlier)
+            await store.lock_last_run(conn, workspace_id, session_id)
+            unfinished = await _unfinished(conn, workspace_id, session_id)
+            how = strategy or session["strategy"]
+            if unfinished and how == REJECT:
+                _refuse(unfinished[-1])
+            if unfinished and how in (INTERRUPT, ROLLBACK):
+                cancelled = await _cancel_turns(conn, session, unfinished, how)
+            adm = await self._admission(conn, session, text, request_id)
             row = await store.admit_turn(conn, adm)
+            if unfinished and how == ENQUEUE:
+                await store.park_turn(conn, workspace_id, row["run_id"])
+                (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
+        for run_id in cancelled:
+            self._on_cancel(workspace_id, run_id)
         self._on_runnable()
         return row, True
 
     async def _admission(
-        self, conn: Any, session: Any, text: str, request_id: str | None, earlier: list[Any]
+        self, conn: Any, session: Any, text: str, request_id: str | None
     ) -> store.TurnAdmission:
         ws, session_id = session["workspace_id"], session["session_id"]
         version = await agent_store.get_version(conn, ws, session["agent_id"], 0)
@@ -107,7 +157,7 @@ class Conversations:
         turn = session["turn_count"] + 1
         payload = {
             "text": text,
-            "history": transcript(earlier),
+            "history": await store.history(conn, ws, session_id, turn),
             "session": {"session_id": str(session_id), "turn": turn},
         }
         return store.TurnAdmission(
@@ -118,13 +168,33 @@ class Conversations:
         )  # fmt: skip
 
 
-def _check_no_turn_running(earlier: Sequence[Any]) -> None:
-    if earlier and earlier[-1]["status"] not in TERMINAL:
-        last = earlier[-1]
-        raise Aborted(
-            f"turn {last['turn']} (run {last['run_id']}) is still {last['status']}; "
-            "send the next message after it ends"
-        )
+async def _unfinished(conn: Any, workspace_id: str, session_id: uuid.UUID) -> list[Any]:
+    """The session's turns whose runs have not ended, oldest first (the running one and any
+    enqueued after it)."""
+    recent = await store.recent_turns(conn, workspace_id, session_id, MAX_HISTORY_TURNS)
+    return [t for t in recent if t["status"] not in TERMINAL]
+
+
+def _refuse(last: Any) -> None:
+    raise Aborted(
+        f"turn {last['turn']} (run {last['run_id']}) is still {last['status']}; "
+        "send the next message after it ends"
+    )
+
+
+async def _cancel_turns(conn: Any, session: Any, turns: list[Any], how: str) -> list[uuid.UUID]:
+    """Cancel the unfinished turns, newest first (so ending one wakes no parked turn), and
+    record how each ended; the runs' executors are fenced at their next commit."""
+    ws, session_id = session["workspace_id"], session["session_id"]
+    reason = "interrupted by a new message" if how == INTERRUPT else "rolled back by a new message"
+    cancelled = []
+    for turn in reversed(turns):
+        if await run_store.cancel_run(conn, ws, turn["run_id"], reason) is not None:
+            await audit.record(conn, "run.cancelled", "run", str(turn["run_id"]),
+                               {"reason": reason})  # fmt: skip
+            cancelled.append(turn["run_id"])
+        await store.mark_ended(conn, ws, session_id, turn["turn"], how)
+    return cancelled
 
 
 # --- gRPC -------------------------------------------------------------------------------------
@@ -150,6 +220,7 @@ def session_message(row: Any, last_turn: Any) -> session_pb2.Session:
         agent_id=row["agent_id"],
         title=row["title"],
         turn_count=row["turn_count"],
+        strategy=STRATEGY_TO_PROTO[row["strategy"]],
     )
     if last_turn is not None:
         msg.last_turn.CopyFrom(turn_message(last_turn))
@@ -168,7 +239,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         agent_id = validate.slug("agent_id", request.agent_id)
         title = validate.text("title", request.title, max_bytes=200)
-        row = await self._conversations.create(ws, agent_id, title)
+        how = strategy("strategy", request.strategy) or REJECT
+        row = await self._conversations.create(ws, agent_id, title, how)
         return session_pb2.CreateSessionResponse(session=session_message(row, None))
 
     async def GetSession(
@@ -186,7 +258,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         session_id = validate.run_id("session_id", request.session_id)
         text = validate.text("text", request.text, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
-        row, created = await self._conversations.send(ws, session_id, text, request_id)
+        how = strategy("strategy", request.strategy)
+        row, created = await self._conversations.send(ws, session_id, text, request_id, how)
         return session_pb2.SendMessageResponse(turn=turn_message(row), created=created)
 
     async def ListTurns(

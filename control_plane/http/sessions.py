@@ -1,7 +1,9 @@
 """POST /v1/workspaces/{workspace_id}/sessions/{session_id}/messages: the next turn, or 409.
 
 The HTTP door to `Conversations.send` (the gRPC one is SessionService.SendMessage).
-Body `{"text": "...", "request_id": "..."}` (request_id optional). 202 with the
+Body `{"text": "...", "request_id": "...", "strategy": "enqueue"}` (request_id and
+strategy optional; strategy one of reject, enqueue, interrupt, rollback, default
+the session's). 202 with the
 turn and its run; 409 while the previous turn is still in progress; 400 naming
 the field for bad input; 404 for an unknown session. It needs a key with
 OPERATE in the path's workspace (`Authorization: Bearer`): 401 without one.
@@ -16,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_plane.api import validate
-from control_plane.api.sessions import Conversations
+from control_plane.api.sessions import STRATEGY_TO_PROTO, Conversations
 from control_plane.auth import context as auth_context
 from control_plane.auth.access import Need
 from control_plane.errors import InvalidArgument
@@ -45,7 +47,7 @@ def _field(body: dict[str, Any], name: str) -> str:
     return value
 
 
-async def _message(request: Request) -> tuple[str, str | None]:
+async def _message(request: Request) -> tuple[str, str | None, str | None]:
     try:
         raw = await read_body(request, MAX_INPUT_BYTES + 4096)
     except TooLarge:
@@ -55,7 +57,10 @@ async def _message(request: Request) -> tuple[str, str | None]:
         raise InvalidArgument("body", "must be a JSON object")
     text = validate.text("text", _field(body, "text"), max_bytes=MAX_INPUT_BYTES, required=True)
     request_id = validate.text("request_id", _field(body, "request_id"), max_bytes=200)
-    return text, request_id or None
+    strategy = _field(body, "strategy") or None
+    if strategy is not None and strategy not in STRATEGY_TO_PROTO:
+        raise InvalidArgument("strategy", f"must be one of {', '.join(STRATEGY_TO_PROTO)}")
+    return text, request_id or None, strategy
 
 
 def routes(ctx: HttpContext) -> list[Route]:
@@ -64,8 +69,8 @@ def routes(ctx: HttpContext) -> list[Route]:
     async def send(request: Request) -> Response:
         ws = auth_context.workspace(request.path_params["workspace_id"])
         session_id = validate.run_id("session_id", request.path_params["session_id"])
-        text, request_id = await _message(request)
-        row, created = await conversations.send(ws, session_id, text, request_id)
+        text, request_id, strategy = await _message(request)
+        row, created = await conversations.send(ws, session_id, text, request_id, strategy)
         return JSONResponse(_turn_json(row, created), status_code=202)
 
     guarded_send = guarded(ctx.credentials(), Need.OPERATE, send)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,9 +14,16 @@ from control_plane.store.queries import run
 
 
 async def create_session(
-    pool: Pool, workspace_id: str, agent_id: str, title: str, now: datetime | None = None
+    pool: Pool,
+    workspace_id: str,
+    agent_id: str,
+    title: str,
+    strategy: str = "reject",
+    now: datetime | None = None,
 ) -> Record:
-    return await run(pool, "session_insert", workspace_id, uuid.uuid4(), agent_id, title, now)
+    return await run(
+        pool, "session_insert", workspace_id, uuid.uuid4(), agent_id, title, now, strategy
+    )
 
 
 async def get_session(pool: Pool | Connection, workspace_id: str, session_id: uuid.UUID) -> Any:
@@ -61,3 +69,28 @@ async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None 
         conn, "session_turn_admit", session_id=adm.session_id, turn=adm.turn,
         turn_request_id=adm.request_id, **adm.run.params(now),
     )  # fmt: skip
+
+
+async def lock_last_run(conn: Connection, workspace_id: str, session_id: uuid.UUID) -> None:
+    """Share-lock the latest turn's run (after the session row): see migration 0021."""
+    await run(conn, "session_last_run_lock", workspace_id, session_id)
+
+
+async def history(
+    conn: Connection, workspace_id: str, session_id: uuid.UUID, turn: int
+) -> list[dict[str, str]]:
+    """The transcript turn `turn` carries (earlier turns, rolled-back ones left out)."""
+    row = await run(conn, "session_history", workspace_id, session_id, turn)
+    value = row["history"]
+    return list(json.loads(value) if isinstance(value, str) else value)
+
+
+async def park_turn(conn: Connection, workspace_id: str, run_id: uuid.UUID) -> None:
+    """An enqueued turn's run waits until the turn before it ends (the trigger wakes it)."""
+    await run(conn, "session_turn_park", workspace_id, run_id)
+
+
+async def mark_ended(
+    conn: Connection, workspace_id: str, session_id: uuid.UUID, turn: int, how: str
+) -> None:
+    await run(conn, "session_turn_mark_ended", workspace_id, session_id, turn, how)

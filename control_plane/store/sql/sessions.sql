@@ -1,7 +1,8 @@
 -- name: session_insert :one
--- Open a conversation with an agent. Database clock unless $5.
-INSERT INTO sessions (workspace_id, session_id, agent_id, title, created_at, updated_at)
-VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()))
+-- Open a conversation with an agent, with its strategy ($6) for a message sent while a turn
+-- runs. Database clock unless $5.
+INSERT INTO sessions (workspace_id, session_id, agent_id, title, created_at, updated_at, strategy)
+VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()), $6)
 RETURNING *;
 
 -- name: session_get :one
@@ -54,3 +55,28 @@ WITH admit_if AS (
 SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created_at, status,
        input, output, error
 FROM admitted;
+
+-- name: session_last_run_lock :one
+-- A share lock on the run of the session's latest turn (the caller holds the session row):
+-- a transaction ending that run commits before this returns, or its end-of-turn trigger
+-- waits for the caller's and then sees the caller's parked turn (migration 0021).
+SELECT r.status FROM session_turns t
+JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
+WHERE t.workspace_id = $1 AND t.session_id = $2
+ORDER BY t.turn DESC
+LIMIT 1
+FOR SHARE OF r;
+
+-- name: session_history :one
+-- The transcript turn $3 of a session carries (migration 0021's session_transcript).
+SELECT session_transcript($1, $2, $3) AS history;
+
+-- name: session_turn_park :exec
+-- An enqueued turn waits (no wake_at) until the turn before it ends: the end-of-turn trigger
+-- wakes it (migration 0021).
+UPDATE runs SET status = 'waiting', wait_reason = 'session', wake_at = NULL, updated_at = now()
+WHERE workspace_id = $1 AND run_id = $2 AND status = 'queued';
+
+-- name: session_turn_mark_ended :exec
+-- Record why a turn ended early: 'interrupt' or 'rollback' ($4).
+UPDATE session_turns SET ended_by = $4 WHERE workspace_id = $1 AND session_id = $2 AND turn = $3;

@@ -9,6 +9,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,50 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _SessionStrategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionStrategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_STRATEGY_UNSPECIFIED: _SessionStrategy.ValueType  # 0
+    """The session's strategy (on a session: REJECT)."""
+    SESSION_STRATEGY_REJECT: _SessionStrategy.ValueType  # 1
+    """Refused with ABORTED (HTTP 409) naming the turn."""
+    SESSION_STRATEGY_ENQUEUE: _SessionStrategy.ValueType  # 2
+    """Stored as the next turn (its run waits): it starts when the turn before
+    it ends, in the transaction that ends that turn's run, exactly once.
+    """
+    SESSION_STRATEGY_INTERRUPT: _SessionStrategy.ValueType  # 3
+    """The running turn's run is cancelled (its executor is fenced at its next
+    step) and the new turn starts with the transcript so far, including the
+    interrupted turn's committed steps.
+    """
+    SESSION_STRATEGY_ROLLBACK: _SessionStrategy.ValueType  # 4
+    """As INTERRUPT, but the cancelled turn is left out of later transcripts."""
+
+class SessionStrategy(_SessionStrategy, metaclass=_SessionStrategyEnumTypeWrapper):
+    """SessionStrategy is what a message sent while the session's previous turn
+    is still in progress does.
+    """
+
+SESSION_STRATEGY_UNSPECIFIED: SessionStrategy.ValueType  # 0
+"""The session's strategy (on a session: REJECT)."""
+SESSION_STRATEGY_REJECT: SessionStrategy.ValueType  # 1
+"""Refused with ABORTED (HTTP 409) naming the turn."""
+SESSION_STRATEGY_ENQUEUE: SessionStrategy.ValueType  # 2
+"""Stored as the next turn (its run waits): it starts when the turn before
+it ends, in the transaction that ends that turn's run, exactly once.
+"""
+SESSION_STRATEGY_INTERRUPT: SessionStrategy.ValueType  # 3
+"""The running turn's run is cancelled (its executor is fenced at its next
+step) and the new turn starts with the transcript so far, including the
+interrupted turn's committed steps.
+"""
+SESSION_STRATEGY_ROLLBACK: SessionStrategy.ValueType  # 4
+"""As INTERRUPT, but the cancelled turn is left out of later transcripts."""
+Global___SessionStrategy: _TypeAlias = SessionStrategy  # noqa: Y015
 
 @_typing.final
 class Turn(_message.Message):
@@ -78,11 +123,14 @@ class Session(_message.Message):
     LAST_TURN_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     session_id: _builtins.str
     agent_id: _builtins.str
     title: _builtins.str
     turn_count: _builtins.int
+    strategy: Global___SessionStrategy.ValueType
+    """What a message sent while a turn runs does (unless the message says)."""
     @_builtins.property
     def last_turn(self) -> Global___Turn:
         """The most recent turn, if any."""
@@ -102,10 +150,11 @@ class Session(_message.Message):
         last_turn: Global___Turn | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        strategy: Global___SessionStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_turn", b"last_turn", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "last_turn", b"last_turn", "session_id", b"session_id", "title", b"title", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "last_turn", b"last_turn", "session_id", b"session_id", "strategy", b"strategy", "title", b"title", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -118,19 +167,23 @@ class CreateSessionRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     title: _builtins.str
+    strategy: Global___SessionStrategy.ValueType
+    """UNSPECIFIED = REJECT."""
     def __init__(
         self,
         *,
         workspace_id: _builtins.str = ...,
         agent_id: _builtins.str = ...,
         title: _builtins.str = ...,
+        strategy: Global___SessionStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "title", b"title", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "strategy", b"strategy", "title", b"title", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -206,6 +259,7 @@ class SendMessageRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     session_id: _builtins.str
     text: _builtins.str
@@ -214,6 +268,8 @@ class SendMessageRequest(_message.Message):
     """Optional client-chosen key: a retried send returns the turn it created
     the first time instead of being refused.
     """
+    strategy: Global___SessionStrategy.ValueType
+    """UNSPECIFIED = the session's strategy."""
     def __init__(
         self,
         *,
@@ -221,10 +277,11 @@ class SendMessageRequest(_message.Message):
         session_id: _builtins.str = ...,
         text: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        strategy: Global___SessionStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "session_id", b"session_id", "text", b"text", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "session_id", b"session_id", "strategy", b"strategy", "text", b"text", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,8 +30,9 @@ class SessionServiceStub:
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 
@@ -68,8 +69,9 @@ class SessionServiceServicer:
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 
@@ -88,8 +90,9 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SendMessage(self, request, context):
-        """SendMessage starts the session's next turn. ABORTED, naming the turn
-        and its run, while the previous turn has not ended.
+        """SendMessage starts the session's next turn. While the previous turn has
+        not ended: ABORTED naming the turn and its run (REJECT), or as the
+        strategy says.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,8 +141,9 @@ class SessionService:
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 

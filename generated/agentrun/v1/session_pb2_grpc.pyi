@@ -31,8 +31,9 @@ class SessionServiceStub:
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 
@@ -45,8 +46,9 @@ class SessionServiceStub:
     GetSession: _grpc.UnaryUnaryMultiCallable[_session_pb2.GetSessionRequest, _session_pb2.GetSessionResponse]
     """GetSession returns a session and its latest turn."""
     SendMessage: _grpc.UnaryUnaryMultiCallable[_session_pb2.SendMessageRequest, _session_pb2.SendMessageResponse]
-    """SendMessage starts the session's next turn. ABORTED, naming the turn
-    and its run, while the previous turn has not ended.
+    """SendMessage starts the session's next turn. While the previous turn has
+    not ended: ABORTED naming the turn and its run (REJECT), or as the
+    strategy says.
     """
     ListTurns: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListTurnsRequest, _session_pb2.ListTurnsResponse]
     """ListTurns pages through a session's turns in order."""
@@ -57,8 +59,9 @@ class SessionServiceAsyncStub(SessionServiceStub):
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 
@@ -68,8 +71,9 @@ class SessionServiceAsyncStub(SessionServiceStub):
     GetSession: _aio.UnaryUnaryMultiCallable[_session_pb2.GetSessionRequest, _session_pb2.GetSessionResponse]  # type: ignore[assignment]
     """GetSession returns a session and its latest turn."""
     SendMessage: _aio.UnaryUnaryMultiCallable[_session_pb2.SendMessageRequest, _session_pb2.SendMessageResponse]  # type: ignore[assignment]
-    """SendMessage starts the session's next turn. ABORTED, naming the turn
-    and its run, while the previous turn has not ended.
+    """SendMessage starts the session's next turn. While the previous turn has
+    not ended: ABORTED naming the turn and its run (REJECT), or as the
+    strategy says.
     """
     ListTurns: _aio.UnaryUnaryMultiCallable[_session_pb2.ListTurnsRequest, _session_pb2.ListTurnsResponse]  # type: ignore[assignment]
     """ListTurns pages through a session's turns in order."""
@@ -79,8 +83,9 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Each turn is a run that the server creates when a message is sent; clients
     never create a turn's run themselves. A message sent while the previous
-    turn is still in progress is refused with ABORTED (HTTP 409), so two turns
-    of one conversation never run at once. The next turn's model context
+    turn is still in progress is refused with ABORTED (HTTP 409), enqueued,
+    or interrupts that turn, as the session's or the message's SessionStrategy
+    says; two turns of one conversation never run at once. The next turn's model context
     includes the earlier turns' messages and answers.
     """
 
@@ -106,8 +111,9 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _session_pb2.SendMessageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.SendMessageResponse, _abc.Awaitable[_session_pb2.SendMessageResponse]]:
-        """SendMessage starts the session's next turn. ABORTED, naming the turn
-        and its run, while the previous turn has not ended.
+        """SendMessage starts the session's next turn. While the previous turn has
+        not ended: ABORTED naming the turn and its run (REJECT), or as the
+        strategy says.
         """
 
     @_abc_1.abstractmethod
