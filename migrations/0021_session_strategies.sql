@@ -49,12 +49,12 @@ LANGUAGE sql STABLE AS $$
         FROM turns tu WHERE tu.status = 'completed' AND coalesce(tu.output, '') <> ''
         UNION ALL
         SELECT tu.turn, 1 + s.seq, jsonb_build_object('role', 'assistant', 'content',
-            CASE WHEN s.kind = 'decision' THEN s.payload ->> 'content'
+            CASE WHEN s.kind = 'model_decision' THEN s.payload ->> 'content'
                  ELSE '[' || coalesce(s.payload ->> 'tool', 'tool') || ' returned] '
                       || coalesce(s.payload ->> 'output', s.payload ->> 'error', '') END)
         FROM turns tu
         JOIN steps s ON s.workspace_id = ws AND s.run_id = tu.run_id
-        WHERE tu.ended_by = 'interrupt' AND s.kind IN ('decision', 'tool_result')
+        WHERE tu.ended_by = 'interrupt' AND s.kind IN ('model_decision', 'tool_result')
           AND coalesce(s.payload ->> 'content', s.payload ->> 'output', '') <> ''
     ), sized AS (
         SELECT turn, sum(octet_length(m::text)) AS bytes FROM messages GROUP BY turn
