@@ -23,13 +23,21 @@ from agentrun_cli.client import Client
 
 TIMEOUT = 30.0
 PROMPT = "you> "
+STRATEGIES = {
+    "reject": session_pb2.SESSION_STRATEGY_REJECT,
+    "enqueue": session_pb2.SESSION_STRATEGY_ENQUEUE,
+    "interrupt": session_pb2.SESSION_STRATEGY_INTERRUPT,
+    "rollback": session_pb2.SESSION_STRATEGY_ROLLBACK,
+}
 
 
 class Chat:
     """One terminal conversation: send a line, stream the turn, print the answer."""
 
-    def __init__(self, client: Client, out: TextIO = sys.stdout) -> None:
+    def __init__(self, client: Client, out: TextIO = sys.stdout, strategy: str = "") -> None:
         self.client = client
+        # The session strategy (--strategy): the new session's, and each message's.
+        self.strategy = STRATEGIES[strategy] if strategy else 0
         self.sessions = session_pb2_grpc.SessionServiceStub(client.channel)
         self.out = out
 
@@ -40,7 +48,9 @@ class Chat:
             session = self.sessions.GetSession(req, timeout=TIMEOUT).session
             self._say(f"(resuming session {session.session_id}, {session.turn_count} turns so far)")
             return session.session_id
-        req = session_pb2.CreateSessionRequest(workspace_id=ws, agent_id=agent_id, title=title)
+        req = session_pb2.CreateSessionRequest(
+            workspace_id=ws, agent_id=agent_id, title=title, strategy=self.strategy
+        )
         session = self.sessions.CreateSession(req, timeout=TIMEOUT).session
         self._say(f"(session {session.session_id} with {agent_id}; Ctrl-D to leave)")
         return session.session_id
@@ -48,7 +58,10 @@ class Chat:
     def turn(self, session_id: str, text: str) -> run_pb2.Run | None:
         """Send one message and follow its run to the end; None when the server refused it."""
         req = session_pb2.SendMessageRequest(
-            workspace_id=self.client.workspace, session_id=session_id, text=text
+            workspace_id=self.client.workspace,
+            session_id=session_id,
+            text=text,
+            strategy=self.strategy,
         )
         try:
             turn = self.sessions.SendMessage(req, timeout=TIMEOUT).turn
@@ -93,7 +106,7 @@ def _read_line(prompt: str) -> str:
 
 def chat(args: argparse.Namespace) -> int:
     with Client(args.address, args.workspace) as client:
-        conversation = Chat(client)
+        conversation = Chat(client, strategy=args.strategy)
         session_id = conversation.open(args.agent_id, args.session, args.title)
         conversation.loop(session_id, _read_line)
     return 0
@@ -104,4 +117,10 @@ def add_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("agent_id", metavar="AGENT")
     p.add_argument("--session", default="", metavar="ID", help="resume a session")
     p.add_argument("--title", default="", help="a title for a new session")
+    p.add_argument(
+        "--strategy",
+        default="",
+        choices=sorted(STRATEGIES),
+        help="what a message sent while a turn runs does (a new session's, and each message's)",
+    )
     p.set_defaults(handler=chat)
