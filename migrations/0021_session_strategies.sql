@@ -13,10 +13,11 @@
 --
 -- Why exactly once. A run reaches a terminal status once, and the trigger fires on that one
 -- transition whatever statement makes it (commit, cancel, deadline, max age). It wakes only
--- the next turn, and only while that turn's run still waits with reason 'session'. A send
--- racing the end of the previous turn holds the session row and then a share lock on the
--- previous turn's run (session_last_run_lock): the ending transaction holds that run's row
--- until it commits, so either the send sees the turn ended (and admits its turn queued), or
+-- the session's first unfinished turn, and only while that turn's run is still parked
+-- (waiting, reason 'session', no wake_at yet). A send racing the end of a turn holds the
+-- session row and then share locks on the runs of every unfinished turn
+-- (session_unfinished_lock): the ending transaction holds its run's row until it commits, so
+-- either the send sees that turn ended (and admits its own turn queued if none is left), or
 -- the ending transaction's trigger sees the parked turn (and wakes it).
 ALTER TABLE sessions ADD COLUMN strategy text NOT NULL DEFAULT 'reject'
     CONSTRAINT session_strategy_known
@@ -67,29 +68,34 @@ LANGUAGE sql STABLE AS $$
     FROM messages WHERE turn IN (SELECT turn FROM kept)
 $$;
 
--- Wake the turn after the one run `rid` answered, if it is parked waiting for it: its input
--- step (never read yet: the run was never claimed) gets the transcript as of now.
+-- Wake the session's first unfinished turn, if it is parked waiting for the turns before it
+-- (a run of the session `rid` answered just ended): its input step (never read yet: the run
+-- was never claimed) gets the transcript as of now. The first unfinished turn, not merely the
+-- next one: a parked turn cancelled by CancelRun ends too, and must neither wake the turn
+-- after it while an earlier one still runs nor leave that turn parked for ever.
 CREATE FUNCTION session_start_next(ws text, rid uuid) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    ended record;
+    sid uuid;
     nxt record;
 BEGIN
-    SELECT session_id, turn INTO ended FROM session_turns
-    WHERE workspace_id = ws AND run_id = rid;
+    SELECT session_id INTO sid FROM session_turns WHERE workspace_id = ws AND run_id = rid;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    SELECT t.turn, t.run_id INTO nxt FROM session_turns t
+    SELECT t.turn, t.run_id, r.status, r.wait_reason, r.wake_at INTO nxt FROM session_turns t
     JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
-    WHERE t.workspace_id = ws AND t.session_id = ended.session_id AND t.turn = ended.turn + 1
-      AND r.status = 'waiting' AND r.wait_reason = 'session'
+    WHERE t.workspace_id = ws AND t.session_id = sid
+      AND r.status IN ('queued', 'running', 'waiting')
+    ORDER BY t.turn
+    LIMIT 1
     FOR NO KEY UPDATE OF r;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR nxt.status <> 'waiting' OR nxt.wait_reason <> 'session'
+       OR nxt.wake_at IS NOT NULL THEN
         RETURN false;
     END IF;
     UPDATE steps SET payload = jsonb_set(payload, '{history}',
-                                         session_transcript(ws, ended.session_id, nxt.turn))
+                                         session_transcript(ws, sid, nxt.turn))
     WHERE workspace_id = ws AND run_id = nxt.run_id AND seq = 0 AND kind = 'input';
     UPDATE runs SET wake_at = now(), updated_at = now()
     WHERE workspace_id = ws AND run_id = nxt.run_id;

@@ -130,7 +130,7 @@ class Conversations:
                 existing = await store.turn_by_request(conn, workspace_id, session_id, request_id)
                 if existing is not None:
                     return existing, False
-            await store.lock_last_run(conn, workspace_id, session_id)
+            await store.lock_unfinished(conn, workspace_id, session_id)
             unfinished = await _unfinished(conn, workspace_id, session_id)
             how = strategy or session["strategy"]
             if unfinished and how == REJECT:

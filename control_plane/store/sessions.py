@@ -71,9 +71,9 @@ async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None 
     )  # fmt: skip
 
 
-async def lock_last_run(conn: Connection, workspace_id: str, session_id: uuid.UUID) -> None:
-    """Share-lock the latest turn's run (after the session row): see migration 0021."""
-    await run(conn, "session_last_run_lock", workspace_id, session_id)
+async def lock_unfinished(conn: Connection, workspace_id: str, session_id: uuid.UUID) -> None:
+    """Share-lock the unfinished turns' runs (after the session row): see migration 0021."""
+    await run(conn, "session_unfinished_lock", workspace_id, session_id)
 
 
 async def history(

@@ -158,3 +158,25 @@ async def test_an_unknown_strategy_is_refused_naming_the_field_and_stores_nothin
         resp = await client.post(url, json={"text": "hi", "strategy": "later"})
     assert resp.status_code == 400 and "strategy" in resp.text
     assert await db.fetchval("SELECT count(*) FROM runs") == 0
+
+
+async def test_a_parked_turn_waits_for_every_turn_before_it_even_when_one_is_cancelled(
+    api, server, db_url, db
+):
+    runs = await Api.connect(f"127.0.0.1:{server.port}", db_url, WS)
+    session_id = await new_session(api, "chatter", S.SESSION_STRATEGY_ENQUEUE)
+    first = await send(api, session_id, "one")  # no executor: it stays queued
+    second, third = await send(api, session_id, "two"), await send(api, session_id, "three")
+
+    async def woken(run_id: str) -> bool:
+        return await db.fetchval("SELECT wake_at IS NOT NULL FROM runs WHERE run_id = $1", run_id)
+
+    cancel = run_pb2.CancelRunRequest(workspace_id=WS, run_id=second.run_id)
+    await runs.runs.CancelRun(cancel)
+    assert not await woken(third.run_id)  # turn 1 has not ended: turn 3 stays parked
+    await runs.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=WS, run_id=first.run_id))
+    assert await woken(third.run_id)  # woken in the transaction that ended turn 1
+    (input_step,) = [s for s in await runs.steps(third.run_id) if s.kind == "input"]
+    assert input_step.payload["history"] == [
+        {"role": "user", "content": "one"}, {"role": "user", "content": "two"}]  # fmt: skip
+    await runs.close()

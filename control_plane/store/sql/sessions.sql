@@ -56,15 +56,13 @@ SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created
        input, output, error
 FROM admitted;
 
--- name: session_last_run_lock :one
--- A share lock on the run of the session's latest turn (the caller holds the session row):
--- a transaction ending that run commits before this returns, or its end-of-turn trigger
--- waits for the caller's and then sees the caller's parked turn (migration 0021).
-SELECT r.status FROM session_turns t
+-- name: session_unfinished_lock :many
+-- Share locks on the runs of the session's unfinished turns (the caller holds the session
+-- row): a transaction ending one of them commits before this returns, or its end-of-turn
+-- trigger waits for the caller's and then sees the caller's parked turn (migration 0021).
+SELECT r.run_id FROM session_turns t
 JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
-WHERE t.workspace_id = $1 AND t.session_id = $2
-ORDER BY t.turn DESC
-LIMIT 1
+WHERE t.workspace_id = $1 AND t.session_id = $2 AND r.status IN ('queued', 'running', 'waiting')
 FOR SHARE OF r;
 
 -- name: session_history :one
