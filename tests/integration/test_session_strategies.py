@@ -164,9 +164,15 @@ async def test_a_parked_turn_waits_for_every_turn_before_it_even_when_one_is_can
     api, server, db_url, db
 ):
     runs = await Api.connect(f"127.0.0.1:{server.port}", db_url, WS)
-    session_id = await new_session(api, "chatter", S.SESSION_STRATEGY_ENQUEUE)
+    session_id = await new_session(api, "chatter")  # reject, overridden per message below
     first = await send(api, session_id, "one")  # no executor: it stays queued
-    second, third = await send(api, session_id, "two"), await send(api, session_id, "three")
+    second = await send(api, session_id, "two", S.SESSION_STRATEGY_ENQUEUE)
+    url = f"http://127.0.0.1:{server.http_port}/v1/workspaces/{WS}/sessions/{session_id}/messages"
+    async with httpx.AsyncClient(timeout=10, headers=auth.bearer(api.key)) as client:
+        resp = await client.post(url, json={"text": "three", "strategy": "enqueue"})
+    assert resp.status_code == 202 and resp.json()["status"] == "waiting"
+    third = S.Turn(turn=resp.json()["turn"], run_id=resp.json()["run_id"])
+    assert (second.turn, third.turn) == (2, 3)
 
     async def woken(run_id: str) -> bool:
         return await db.fetchval("SELECT wake_at IS NOT NULL FROM runs WHERE run_id = $1", run_id)
