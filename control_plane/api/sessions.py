@@ -193,7 +193,7 @@ async def _cancel_turns(conn: Any, session: Any, turns: list[Any], how: str) -> 
             await audit.record(conn, "run.cancelled", "run", str(turn["run_id"]),
                                {"reason": reason})  # fmt: skip
             cancelled.append(turn["run_id"])
-        await store.mark_ended(conn, ws, session_id, turn["turn"], how)
+            await store.mark_ended(conn, ws, session_id, turn["turn"], how)
     return cancelled
 
 
