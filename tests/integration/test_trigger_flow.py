@@ -10,16 +10,18 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import grpc
+import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2 as pb
 from control_plane.api.triggers import _webhook
 from control_plane.config import RunDefaults
-from control_plane.errors import InvalidArgument
 from control_plane.scheduler import Scheduler
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries
 from tests import factories
+from tests.harness import auth
+from tests.harness.triggers import TriggerApi, post, signed
 from tests.harness.waiting import eventually
 
 WS = "ws"
@@ -86,15 +88,6 @@ async def test_a_debounced_burst_starts_one_run_carrying_its_last_event(pool, db
     ]
 
 
-def test_bad_flow_values_name_the_field():
-    with pytest.raises(InvalidArgument) as err:
-        _webhook(source(batch=pb.TriggerBatch(max_events=1, max_seconds=10)))
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "webhook.batch.max_events" in str(err.value)
-    with pytest.raises(InvalidArgument, match="webhook.debounce.quiet_seconds"):
-        _webhook(source(debounce=pb.TriggerDebounce(key="a.b", quiet_seconds=0)))
-
-
 async def test_batches_hold_every_event_once_through_a_kill_mid_flush(pool, db, db_url,
                                                                       control_plane):  # fmt: skip
     size = max(2, EVENTS // 10)
@@ -118,3 +111,59 @@ async def test_batches_hold_every_event_once_through_a_kill_mid_flush(pool, db, 
                for r in found)  # fmt: skip
     pending = await db.fetchval("SELECT count(*) FROM trigger_events WHERE status = 'pending'")
     assert pending == 0
+
+
+@pytest.fixture
+async def api(server, db_url):
+    client = TriggerApi(f"127.0.0.1:{server.port}", WS, await auth.workspace_key(db_url, WS))
+    await client.publish("triage")
+    yield client
+    await client.close()
+
+
+async def test_debounce_through_the_http_ingress_per_header_key(api, server, db):
+    deb = pb.TriggerDebounce(key="header:X-Customer", quiet_seconds=1)
+    secret = await api.webhook("hook", "triage", "hmac_sha256", debounce=deb)
+    got = await api.triggers.GetTrigger(pb.GetTriggerRequest(workspace_id=WS, trigger_id="hook"))
+    assert got.trigger.webhook.debounce == deb
+    url = f"http://127.0.0.1:{server.http_port}"
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        for n in range(10):
+            body, headers = signed("hmac_sha256", secret, {"n": n}, f"d-{n}")
+            headers["X-Customer"] = f"c{n % 2}"
+            for _ in range(2):  # a redelivery is the same pending event
+                reply = await post(http, WS, "hook", body, headers)
+                assert reply.status_code == 202
+                assert reply.json()["status"] == "pending" and "run_id" not in reply.json()
+
+    async def flushed():
+        found = await runs_of(db, "hook")
+        assert len(found) == 2
+        return found
+
+    found = await eventually(flushed, timeout=15)
+    last = sorted(json.loads(r["payload"])["trigger"]["dedupe_key"] for r in found)
+    assert last == ["d-8", "d-9"]  # each key's run carries its last event
+    events = await api.events("hook")
+    assert len(events) == 10
+    assert {e.status for e in events} == {pb.TRIGGER_EVENT_STATUS_ACCEPTED}
+
+
+@pytest.mark.parametrize(
+    ("flow", "field"),
+    [
+        ({"debounce": pb.TriggerDebounce(key="", quiet_seconds=5)}, "webhook.debounce.key"),
+        ({"debounce": pb.TriggerDebounce(key="a", quiet_seconds=-1)},
+         "webhook.debounce.quiet_seconds"),
+        ({"batch": pb.TriggerBatch(max_events=5000, max_seconds=5)}, "webhook.batch.max_events"),
+        ({"batch": pb.TriggerBatch(max_events=5, max_seconds=0)}, "webhook.batch.max_seconds"),
+        ({"batch": pb.TriggerBatch(max_events=5, max_seconds=5),
+          "debounce": pb.TriggerDebounce(key="a", quiet_seconds=5)}, "webhook.batch"),
+    ],
+)  # fmt: skip
+async def test_bad_flow_values_are_refused_naming_the_field(api, db, flow, field):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await api.webhook("bad", "triage", "hmac_sha256", **flow)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(f"{field}:"), info.value.details()
+    assert await db.fetchval("SELECT count(*) FROM triggers") == 0
