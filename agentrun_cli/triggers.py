@@ -107,6 +107,13 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
         lines.append(f"url       POST {t.url}")
     if t.note:
         lines.append(f"note      {t.note}")
+    if t.webhook.HasField("debounce"):
+        deb = t.webhook.debounce
+        lines.append(f"flow      debounce on {deb.key}, quiet {deb.quiet_seconds}s")
+    if t.webhook.HasField("batch"):
+        lines.append(
+            f"flow      batch of {t.webhook.batch.max_events} or {t.webhook.batch.max_seconds}s"
+        )
     if t.HasField("schedule"):
         lines.append(f"next      {render.timestamp(t.schedule.next_fire_time)} "
                      f"(slot {render.timestamp(t.schedule.next_slot_time)})")  # fmt: skip

@@ -39,6 +39,8 @@ MAX_QUIET_SECONDS = 7 * 24 * 3600
 MAX_BATCH_EVENTS = 1000
 MAX_BATCH_SECONDS = 24 * 3600
 HEADER = "header:"
+# What filters.lookup answers for a path the document lacks.
+_ABSENT = filters.lookup({}, "absent")
 
 
 def config(field: str, debounce: Any, batch: Any) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def debounce_value(key: str, headers: Mapping[str, str], doc: Any) -> str:
     if key.startswith(HEADER):
         return headers.get(key[len(HEADER) :].lower(), "").strip()
     value = filters.lookup(doc, key)
-    return filters.as_text(value) if value is not filters.lookup({}, "x") else ""
+    return "" if value is _ABSENT else filters.as_text(value)
 
 
 def pending(

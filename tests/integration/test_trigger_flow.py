@@ -4,8 +4,10 @@ through a kill -9 of the control plane mid-flush. Event counts: AGENTRUN_FLOW_EV
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sys
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -167,3 +169,31 @@ async def test_bad_flow_values_are_refused_naming_the_field(api, db, flow, field
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(f"{field}:"), info.value.details()
     assert await db.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def cli(server, key: str, *argv: str) -> tuple[int, str]:
+    """Run `agentrun …` against the in-process server (asynchronously: it serves this loop)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
+        "--workspace", WS, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "AGENTRUN_API_KEY": key},
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, (out + err).decode()
+
+
+async def test_the_cli_creates_batched_and_debounced_triggers(api, server, db):
+    create = ("triggers", "create", "--agent", "triage", "--webhook", "github")
+    code, out = await cli(
+        server, api.key, *create, "b", "--batch-size", "3", "--batch-seconds", "60"
+    )
+    assert code == 0 and "flow      batch of 3 or 60s" in out, out
+    code, out = await cli(server, api.key, *create, "d", "--debounce-key", "header:X-Customer",
+                          "--debounce-seconds", "5")  # fmt: skip
+    assert code == 0 and "flow      debounce on header:X-Customer, quiet 5s" in out, out
+    code, out = await cli(
+        server, api.key, *create, "x", "--batch-size", "1", "--batch-seconds", "9"
+    )
+    assert code != 0 and "webhook.batch.max_events" in out, out
+    assert await db.fetchval("SELECT count(*) FROM triggers WHERE trigger_id = 'x'") == 0
