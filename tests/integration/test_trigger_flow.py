@@ -90,6 +90,21 @@ async def test_a_debounced_burst_starts_one_run_carrying_its_last_event(pool, db
     ]
 
 
+async def test_a_partial_batch_runs_once_its_wait_is_over(pool, db):
+    settings = await webhook(
+        pool, "tb", source(batch=pb.TriggerBatch(max_events=100, max_seconds=10))
+    )
+    await deliver(pool, settings, 150, now=T)
+    sched = Scheduler(pool, RunDefaults(), lambda: None)
+    assert await sched.tick(T) == 1  # the full hundred at once
+    assert await sched.tick(T + timedelta(seconds=9)) == 0  # fifty wait for more
+    assert await sched.tick(T + timedelta(seconds=10)) == 1
+    found = await runs_of(db, "tb")
+    sizes = [json.loads(r["payload"])["trigger"]["batch"]["events"] for r in found]
+    assert sizes == [100, 50]
+    assert await db.fetchval("SELECT count(*) FROM trigger_flow_groups") == 0
+
+
 async def test_batches_hold_every_event_once_through_a_kill_mid_flush(pool, db, db_url,
                                                                       control_plane):  # fmt: skip
     size = max(2, EVENTS // 10)
