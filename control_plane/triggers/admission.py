@@ -115,12 +115,12 @@ async def admit(
 ) -> Outcome:
     """Record the event (and its run, unless filtered; pending, when its trigger debounces
     or batches) once per dedupe key."""
-    if event.held is not None and event.filtered is None:
-        row = await flow_store.hold(conn, event.held, now)
-        return await _outcome(conn, event, row)
     version = await agent_store.get_version(conn, event.workspace_id, event.agent_id, 0)
     if version is None:
         raise FailedPrecondition(f"agent {event.agent_id!r} has no published version")
+    if event.held is not None and event.filtered is None:
+        row = await flow_store.hold(conn, event.held, now)
+        return await _outcome(conn, event, row)
     payload = input_payload(event)
     adm = store.EventAdmission(
         workspace_id=event.workspace_id, trigger_id=event.trigger_id,
