@@ -55,6 +55,9 @@ def parse_filter(text: str) -> pb.FilterRule:
 def _source(args: argparse.Namespace) -> dict[str, Any]:
     if args.webhook:
         hook = pb.WebhookSource(scheme=SCHEMES[args.webhook], untimed=args.untimed)
+        # Flow control; the server says which value is wrong (webhook.debounce.…, …batch.…).
+        hook.debounce.key, hook.debounce.quiet_seconds = args.debounce_key, args.debounce_seconds
+        hook.batch.max_events, hook.batch.max_seconds = args.batch_size, args.batch_seconds
         if args.tolerance is not None:
             hook.tolerance.CopyFrom(_seconds(args.tolerance))
         return {"webhook": hook}
@@ -104,6 +107,13 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
         lines.append(f"url       POST {t.url}")
     if t.note:
         lines.append(f"note      {t.note}")
+    if t.webhook.HasField("debounce"):
+        deb = t.webhook.debounce
+        lines.append(f"flow      debounce on {deb.key}, quiet {deb.quiet_seconds}s")
+    if t.webhook.HasField("batch"):
+        lines.append(
+            f"flow      batch of {t.webhook.batch.max_events} or {t.webhook.batch.max_seconds}s"
+        )
     if t.HasField("schedule"):
         lines.append(f"next      {render.timestamp(t.schedule.next_fire_time)} "
                      f"(slot {render.timestamp(t.schedule.next_slot_time)})")  # fmt: skip
@@ -263,6 +273,10 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
     p.add_argument("--max-chain-depth", type=int, default=0, metavar="N")
     p.add_argument("--start-history-id", type=int, default=0, metavar="N")
+    p.add_argument("--debounce-key", default="", metavar="PATH", help="body path or header:NAME")
+    p.add_argument("--debounce-seconds", type=int, default=0, metavar="S", help="quiet period")
+    p.add_argument("--batch-size", type=int, default=0, metavar="N", help="events per run")
+    p.add_argument("--batch-seconds", type=int, default=0, metavar="S", help="longest batch wait")
     p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
                    metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
     schedules.add_schedule_options(p)

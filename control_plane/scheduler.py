@@ -37,7 +37,7 @@ from control_plane import metrics
 from control_plane.config import RunDefaults
 from control_plane.store import schedules as schedule_store
 from control_plane.store import triggers as store
-from control_plane.triggers import overlap
+from control_plane.triggers import flow, overlap
 from control_plane.triggers import schedule as schedules
 from control_plane.triggers.deliveries import Settings
 
@@ -86,6 +86,11 @@ class Scheduler:
         # A fired slot may be followed by another one already due (catching up): go on
         # until a round finds nothing (or only schedules another replica holds).
         while count := await self.fire_batch(now):
+            fired += count
+        # Debounced and batched triggers' due groups (control_plane/triggers/flow.py).
+        while count := await flow.flush_due(
+            self._pool, self._defaults, self._on_runnable, now, self._batch
+        ):
             fired += count
         return fired
 

@@ -30,7 +30,7 @@ from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgum
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
 from control_plane.store.db import transaction
-from control_plane.triggers import filters, mail, schedule_ops, sealed_secrets, signatures
+from control_plane.triggers import filters, flow, mail, schedule_ops, sealed_secrets, signatures
 
 SCHEME_NAMES = {
     pb.SIGNATURE_SCHEME_HMAC_SHA256: "hmac_sha256",
@@ -46,6 +46,11 @@ OP_NAMES = {
     if value
 }
 OP_VALUES = {name: value for value, name in OP_NAMES.items()}
+EVENT_STATUS = {
+    "accepted": pb.TRIGGER_EVENT_STATUS_ACCEPTED,
+    "filtered": pb.TRIGGER_EVENT_STATUS_FILTERED,
+    "pending": pb.TRIGGER_EVENT_STATUS_PENDING,
+}
 HTTP_KINDS = ("webhook", "mail", "mail_push")
 DEFAULT_GRACE_SECONDS = 24 * 3600
 MAX_GRACE_SECONDS = 30 * 24 * 3600
@@ -102,6 +107,7 @@ def _webhook(src: pb.WebhookSource) -> tuple[str, dict[str, Any]]:
     if src.dedupe_field:
         validate.text("webhook.dedupe_field", src.dedupe_field, max_bytes=200)
         config["dedupe_field"] = src.dedupe_field
+    config |= flow.config("webhook", src.debounce, src.batch)
     return scheme, config
 
 
@@ -198,6 +204,10 @@ def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
         msg.webhook.untimed = bool(config.get("untimed"))
         msg.webhook.dedupe_header = config.get("dedupe_header", "")
         msg.webhook.dedupe_field = config.get("dedupe_field", "")
+        if deb := config.get("debounce"):
+            msg.webhook.debounce.CopyFrom(pb.TriggerDebounce(**deb))
+        if bat := config.get("batch"):
+            msg.webhook.batch.CopyFrom(pb.TriggerBatch(**bat))
         if "tolerance_seconds" in config:
             msg.webhook.tolerance.CopyFrom(convert.duration(config["tolerance_seconds"]))
     elif kind == "mail":
@@ -238,8 +248,7 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
 def event_message(row: Any) -> pb.TriggerEvent:
     msg = pb.TriggerEvent(
         event_id=str(row["event_id"]), trigger_id=row["trigger_id"], dedupe_key=row["dedupe_key"],
-        status=pb.TRIGGER_EVENT_STATUS_ACCEPTED if row["status"] == "accepted"
-        else pb.TRIGGER_EVENT_STATUS_FILTERED,
+        status=EVENT_STATUS[row["status"]],
         reason=row["reason"] or "", run_id=str(row["run_id"] or ""),
         chain_depth=row["chain_depth"], payload_json=row["payload"],
     )  # fmt: skip

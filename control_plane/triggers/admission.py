@@ -15,6 +15,7 @@ from typing import Any
 from control_plane.config import RunDefaults
 from control_plane.errors import FailedPrecondition
 from control_plane.store import agents as agent_store
+from control_plane.store import flow as flow_store
 from control_plane.store import triggers as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.triggers import mail
@@ -35,6 +36,8 @@ class Event:
     filtered: str | None = None
     scheduled_for: datetime | None = None
     chain_depth: int = 0
+    # A debounced or batched trigger's event: held pending for its group (triggers/flow.py).
+    held: flow_store.PendingEvent | None = None
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,14 @@ async def admit(
     defaults: RunDefaults,
     now: datetime | None = None,
 ) -> Outcome:
-    """Record the event (and its run, unless filtered) once per dedupe key."""
+    """Record the event (and its run, unless filtered; pending, when its trigger debounces
+    or batches) once per dedupe key."""
     version = await agent_store.get_version(conn, event.workspace_id, event.agent_id, 0)
     if version is None:
         raise FailedPrecondition(f"agent {event.agent_id!r} has no published version")
+    if event.held is not None and event.filtered is None:
+        row = await flow_store.hold(conn, event.held, now)
+        return await _outcome(conn, event, row)
     payload = input_payload(event)
     adm = store.EventAdmission(
         workspace_id=event.workspace_id, trigger_id=event.trigger_id,
@@ -123,7 +130,11 @@ async def admit(
                       started_by=f"trigger:{event.trigger_id}"),
         scheduled_for=event.scheduled_for, chain_depth=event.chain_depth,
     )  # fmt: skip
-    row = await store.admit_event(conn, adm, now)
+    return await _outcome(conn, event, await store.admit_event(conn, adm, now))
+
+
+async def _outcome(conn: store.Pool | store.Connection, event: Event, row: Any) -> Outcome:
+    """This call's new event, or the first event of its dedupe key (a redelivery)."""
     if row is not None:
         return Outcome.of(row, created=True)
     existing = await store.event_by_key(

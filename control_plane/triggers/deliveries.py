@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 
 from control_plane.api import validate
 from control_plane.errors import InvalidArgument
-from control_plane.triggers import filters, mail
+from control_plane.triggers import filters, flow, mail
 from control_plane.triggers.admission import Event
 from control_plane.triggers.signatures import SCHEMES
 
@@ -134,13 +134,15 @@ def _checked_key(key: str) -> str:
 def webhook_event(settings: Settings, headers: Mapping[str, str], doc: Any) -> Event:
     """A webhook delivery as an event: deduped on its delivery id, filtered by the rules."""
     key = dedupe_key(settings, headers, doc)
-    body = json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True)
-    text = f"Webhook delivery {key} to trigger {settings.trigger_id} ({settings.scheme}):\n{body}"
+    text = flow.webhook_text(settings.trigger_id, settings.scheme, key, doc)
+    held = flow.pending(settings.config, settings.workspace_id, settings.trigger_id, key,
+                        headers, doc)  # fmt: skip
     return settings.event(
         dedupe_key=key,
         payload=doc,
         input_text=text,
         filtered=filters.first_failure(settings.rules, doc),
+        held=held,
     )
 
 

@@ -172,6 +172,8 @@ class _TriggerEventStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Tr
     TRIGGER_EVENT_STATUS_ACCEPTED: _TriggerEventStatus.ValueType  # 1
     TRIGGER_EVENT_STATUS_FILTERED: _TriggerEventStatus.ValueType  # 2
     """Stopped by a filter or by the mail chain-depth limit: no run."""
+    TRIGGER_EVENT_STATUS_PENDING: _TriggerEventStatus.ValueType  # 3
+    """Held by a debounce or batch until its group is flushed into a run."""
 
 class TriggerEventStatus(_TriggerEventStatus, metaclass=_TriggerEventStatusEnumTypeWrapper):
     """TriggerEventStatus says whether an event started a run."""
@@ -180,6 +182,8 @@ TRIGGER_EVENT_STATUS_UNSPECIFIED: TriggerEventStatus.ValueType  # 0
 TRIGGER_EVENT_STATUS_ACCEPTED: TriggerEventStatus.ValueType  # 1
 TRIGGER_EVENT_STATUS_FILTERED: TriggerEventStatus.ValueType  # 2
 """Stopped by a filter or by the mail chain-depth limit: no run."""
+TRIGGER_EVENT_STATUS_PENDING: TriggerEventStatus.ValueType  # 3
+"""Held by a debounce or batch until its group is flushed into a run."""
 Global___TriggerEventStatus: _TypeAlias = TriggerEventStatus  # noqa: Y015
 
 @_typing.final
@@ -236,6 +240,8 @@ class WebhookSource(_message.Message):
     UNTIMED_FIELD_NUMBER: _builtins.int
     DEDUPE_HEADER_FIELD_NUMBER: _builtins.int
     DEDUPE_FIELD_FIELD_NUMBER: _builtins.int
+    DEBOUNCE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     scheme: Global___SignatureScheme.ValueType
     untimed: _builtins.bool
     """HMAC_SHA256 only: false signs the body alone (no replay window)."""
@@ -250,6 +256,12 @@ class WebhookSource(_message.Message):
         none for GitHub, which signs no timestamp).
         """
 
+    @_builtins.property
+    def debounce(self) -> Global___TriggerDebounce:
+        """Flow control (at most one): a burst per key starts one run, or events run in batches."""
+
+    @_builtins.property
+    def batch(self) -> Global___TriggerBatch: ...
     def __init__(
         self,
         *,
@@ -258,10 +270,12 @@ class WebhookSource(_message.Message):
         untimed: _builtins.bool = ...,
         dedupe_header: _builtins.str = ...,
         dedupe_field: _builtins.str = ...,
+        debounce: Global___TriggerDebounce | None = ...,
+        batch: Global___TriggerBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["tolerance", b"tolerance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "debounce", b"debounce", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_field", b"dedupe_field", "dedupe_header", b"dedupe_header", "scheme", b"scheme", "tolerance", b"tolerance", "untimed", b"untimed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "debounce", b"debounce", "dedupe_field", b"dedupe_field", "dedupe_header", b"dedupe_header", "scheme", b"scheme", "tolerance", b"tolerance", "untimed", b"untimed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -528,6 +542,59 @@ class Trigger(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
 
 Global___Trigger: _TypeAlias = Trigger  # noqa: Y015
+
+@_typing.final
+class TriggerDebounce(_message.Message):
+    """TriggerDebounce: events with the same key start one run, carrying the last event, once the
+    key has had no event for quiet_seconds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    QUIET_SECONDS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """A dotted path into the event body, or "header:<name>"."""
+    quiet_seconds: _builtins.int
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        quiet_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "quiet_seconds", b"quiet_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerDebounce: _TypeAlias = TriggerDebounce  # noqa: Y015
+
+@_typing.final
+class TriggerBatch(_message.Message):
+    """TriggerBatch: up to max_events events, or what max_seconds gathered, start one run that
+    holds each of them once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_EVENTS_FIELD_NUMBER: _builtins.int
+    MAX_SECONDS_FIELD_NUMBER: _builtins.int
+    max_events: _builtins.int
+    max_seconds: _builtins.int
+    def __init__(
+        self,
+        *,
+        max_events: _builtins.int = ...,
+        max_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_events", b"max_events", "max_seconds", b"max_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerBatch: _TypeAlias = TriggerBatch  # noqa: Y015
 
 @_typing.final
 class TriggerEvent(_message.Message):
