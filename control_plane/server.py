@@ -67,6 +67,7 @@ from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
 from control_plane.readiness import Readiness
+from control_plane.retention import Retention
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import Pool, create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
@@ -288,7 +289,8 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
-    """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep."""
+    """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep,
+    retention."""
     cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
     return [
         asyncio.create_task(p.dispatcher.run(), name="dispatcher"),
@@ -302,6 +304,7 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         asyncio.create_task(
             max_age.run_forever(pool, cfg.approval_poll_seconds, poke), name="max-age-sweep"
         ),
+        asyncio.create_task(Retention(pool).run(), name="retention"),
     ]
 
 

@@ -23,7 +23,7 @@ from control_plane.auth.principal import ROLES, Kind
 from control_plane.canary import CANARY_WORKSPACE
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import identity as store
-from control_plane.store import workspaces
+from control_plane.store import retention, workspaces
 from control_plane.store.db import Pool, transaction
 
 T = TypeVar("T")
@@ -46,6 +46,7 @@ def workspace_message(row: Any) -> pb.Workspace:
     return pb.Workspace(
         workspace_id=row["workspace_id"], plan=row["plan"],
         max_concurrency=row["max_concurrency"], running=row["running"],
+        retention_days=row.get("retention_days", 0),
     )  # fmt: skip
 
 
@@ -182,6 +183,21 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                                {"plan": plan, "max_concurrency": row["max_concurrency"]},
                                workspace_id=ws)  # fmt: skip
         return pb.SetWorkspacePlanResponse(workspace=workspace_message(row))
+
+    async def SetWorkspaceRetention(
+        self, request: pb.SetWorkspaceRetentionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetWorkspaceRetentionResponse:
+        ws = target_workspace(request.workspace_id)
+        if ws is None:
+            raise InvalidArgument("workspace_id", "is required")
+        days = validate.in_range("retention_days", request.retention_days, 0, 36500)
+        async with transaction(self._pool) as conn:
+            row = await retention.set_days(conn, ws, days)
+            if row is None:
+                raise NotFound(f"workspace {ws!r} not found")
+            await audit.record(conn, "workspace.retention_changed", "workspace", ws,
+                               {"retention_days": days}, workspace_id=ws)  # fmt: skip
+        return pb.SetWorkspaceRetentionResponse(workspace=workspace_message(row))
 
     async def CreateApiKey(
         self, request: pb.CreateApiKeyRequest, context: grpc.aio.ServicerContext

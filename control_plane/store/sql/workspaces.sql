@@ -10,7 +10,7 @@ RETURNING workspace_id, plan, max_concurrency, running;
 
 -- name: workspace_get :one
 -- A workspace's plan, cap and what it runs now.
-SELECT workspace_id, plan, max_concurrency, running, next_wake_at, last_served_at
+SELECT workspace_id, plan, max_concurrency, running, next_wake_at, last_served_at, retention_days
 FROM workspaces WHERE workspace_id = $1;
 
 -- name: agent_set_max_concurrency :one

@@ -56,10 +56,15 @@ class Workspace(_message.Message):
     PLAN_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
+    RETENTION_DAYS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     plan: _builtins.str
     max_concurrency: _builtins.int
     running: _builtins.int
+    retention_days: _builtins.int
+    """Days a finished run (and its steps, payloads, events, audit rows) is kept
+    after it finished, then deleted; 0 = kept forever.
+    """
     def __init__(
         self,
         *,
@@ -67,10 +72,11 @@ class Workspace(_message.Message):
         plan: _builtins.str = ...,
         max_concurrency: _builtins.int = ...,
         running: _builtins.int = ...,
+        retention_days: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrency", b"max_concurrency", "plan", b"plan", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -361,6 +367,54 @@ class SetWorkspacePlanResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetWorkspacePlanResponse: _TypeAlias = SetWorkspacePlanResponse  # noqa: Y015
+
+@_typing.final
+class SetWorkspaceRetentionRequest(_message.Message):
+    """SetWorkspaceRetentionRequest sets a workspace's retention period."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RETENTION_DAYS_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """Empty: the caller's own workspace (a platform admin must name one)."""
+    retention_days: _builtins.int
+    """0 (keep forever) to 36500."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        retention_days: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["retention_days", b"retention_days", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkspaceRetentionRequest: _TypeAlias = SetWorkspaceRetentionRequest  # noqa: Y015
+
+@_typing.final
+class SetWorkspaceRetentionResponse(_message.Message):
+    """SetWorkspaceRetentionResponse is the workspace after the change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkspaceRetentionResponse: _TypeAlias = SetWorkspaceRetentionResponse  # noqa: Y015
 
 @_typing.final
 class CreateApiKeyRequest(_message.Message):

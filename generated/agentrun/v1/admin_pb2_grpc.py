@@ -34,6 +34,8 @@ class WorkspaceAdminServiceStub:
     is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
     or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+    platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
     workspace's keys; a platform admin manages executor and platform keys
     (and may mint a workspace's first admin key).
@@ -61,6 +63,11 @@ class WorkspaceAdminServiceStub:
                 '/agentrun.v1.WorkspaceAdminService/SetWorkspacePlan',
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanResponse.FromString,
+                _registered_method=True)
+        self.SetWorkspaceRetention = channel.unary_unary(
+                '/agentrun.v1.WorkspaceAdminService/SetWorkspaceRetention',
+                request_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.FromString,
                 _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/agentrun.v1.WorkspaceAdminService/CreateApiKey',
@@ -108,6 +115,8 @@ class WorkspaceAdminServiceServicer:
     is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
     or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+    platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
     workspace's keys; a platform admin manages executor and platform keys
     (and may mint a workspace's first admin key).
@@ -131,6 +140,13 @@ class WorkspaceAdminServiceServicer:
 
     def SetWorkspacePlan(self, request, context):
         """SetWorkspacePlan puts a workspace on a plan (and cap).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetWorkspaceRetention(self, request, context):
+        """SetWorkspaceRetention says how long finished runs are kept (0 = forever).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +219,11 @@ def add_WorkspaceAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanResponse.SerializeToString,
             ),
+            'SetWorkspaceRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkspaceRetention,
+                    request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.SerializeToString,
+            ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
                     request_deserializer=agentrun_dot_v1_dot_admin__pb2.CreateApiKeyRequest.FromString,
@@ -255,6 +276,8 @@ class WorkspaceAdminService:
     is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
     or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+    platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
     workspace's keys; a platform admin manages executor and platform keys
     (and may mint a workspace's first admin key).
@@ -333,6 +356,33 @@ class WorkspaceAdminService:
             '/agentrun.v1.WorkspaceAdminService/SetWorkspacePlan',
             agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanRequest.SerializeToString,
             agentrun_dot_v1_dot_admin__pb2.SetWorkspacePlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkspaceRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.WorkspaceAdminService/SetWorkspaceRetention',
+            agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.SerializeToString,
+            agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.FromString,
             options,
             channel_credentials,
             insecure,

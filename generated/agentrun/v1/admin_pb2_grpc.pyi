@@ -35,6 +35,8 @@ class WorkspaceAdminServiceStub:
       is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
       or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+      platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
       workspace's keys; a platform admin manages executor and platform keys
       (and may mint a workspace's first admin key).
@@ -52,6 +54,8 @@ class WorkspaceAdminServiceStub:
     """GetWorkspace returns a workspace's plan, cap and running count."""
     SetWorkspacePlan: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspacePlanRequest, _admin_pb2.SetWorkspacePlanResponse]
     """SetWorkspacePlan puts a workspace on a plan (and cap)."""
+    SetWorkspaceRetention: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspaceRetentionRequest, _admin_pb2.SetWorkspaceRetentionResponse]
+    """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
@@ -77,6 +81,8 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
       is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
       or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+      platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
       workspace's keys; a platform admin manages executor and platform keys
       (and may mint a workspace's first admin key).
@@ -91,6 +97,8 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
     """GetWorkspace returns a workspace's plan, cap and running count."""
     SetWorkspacePlan: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspacePlanRequest, _admin_pb2.SetWorkspacePlanResponse]  # type: ignore[assignment]
     """SetWorkspacePlan puts a workspace on a plan (and cap)."""
+    SetWorkspaceRetention: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspaceRetentionRequest, _admin_pb2.SetWorkspaceRetentionResponse]  # type: ignore[assignment]
+    """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]  # type: ignore[assignment]
@@ -115,6 +123,8 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
       is what the workspace pays for, so its own admins cannot raise it).
     * GetWorkspace, ListAuditLog: the workspace's admins (their own workspace)
       or a platform admin (any workspace, named by workspace_id).
+    * SetWorkspaceRetention: the workspace's admins (their own workspace) or a
+      platform admin (any workspace, named by workspace_id).
     * CreateApiKey, ListApiKeys, RevokeApiKey: a workspace admin manages its
       workspace's keys; a platform admin manages executor and platform keys
       (and may mint a workspace's first admin key).
@@ -145,6 +155,14 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SetWorkspacePlanResponse, _abc.Awaitable[_admin_pb2.SetWorkspacePlanResponse]]:
         """SetWorkspacePlan puts a workspace on a plan (and cap)."""
+
+    @_abc_1.abstractmethod
+    def SetWorkspaceRetention(
+        self,
+        request: _admin_pb2.SetWorkspaceRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetWorkspaceRetentionResponse, _abc.Awaitable[_admin_pb2.SetWorkspaceRetentionResponse]]:
+        """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
 
     @_abc_1.abstractmethod
     def CreateApiKey(

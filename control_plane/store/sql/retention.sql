@@ -1,0 +1,73 @@
+-- name: retention_workspaces :many
+-- The workspaces that keep finished runs for a limited time, and the cutoff each one's
+-- retention period gives at :now, the database's clock when NULL (runs finished before it are due for deletion).
+SELECT workspace_id, coalesce(:now::timestamptz, now()) - make_interval(days => retention_days) AS cutoff
+FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
+
+-- name: retention_delete_batch :one
+-- Delete up to :batch runs of one workspace that finished before :cutoff, with every row
+-- that names them, in one statement. The runs are locked FOR UPDATE SKIP LOCKED, so a run
+-- another transaction holds (a cancel, a replica's own batch) is skipped, not waited on;
+-- claims and commits touch only unfinished runs, which are never chosen. A finished parent
+-- with a child still going is kept until the child ends (the child's end looks it up).
+-- Foreign keys to runs are NO ACTION, checked at the statement's end, when the referencing
+-- rows are gone too (run_signals cascade). Payloads are those the deleted runs uploaded,
+-- and their chunks; audit rows are those whose object is one of the runs.
+WITH chosen AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    WHERE r.workspace_id = :ws AND r.finished_at IS NOT NULL AND r.finished_at < :cutoff
+      AND NOT EXISTS (
+          SELECT 1 FROM runs c
+          WHERE c.workspace_id = r.workspace_id AND c.parent_run_id = r.run_id
+            AND c.finished_at IS NULL)
+    ORDER BY r.finished_at
+    LIMIT :batch
+    FOR UPDATE OF r SKIP LOCKED
+), gone_steps AS (
+    DELETE FROM steps s USING chosen c
+    WHERE s.workspace_id = c.workspace_id AND s.run_id = c.run_id
+    RETURNING 1
+), gone_events AS (
+    DELETE FROM trigger_events e USING chosen c
+    WHERE e.workspace_id = c.workspace_id AND e.run_id = c.run_id
+    RETURNING 1
+), gone_turns AS (
+    DELETE FROM session_turns t USING chosen c
+    WHERE t.workspace_id = c.workspace_id AND t.run_id = c.run_id
+    RETURNING 1
+), gone_approvals AS (
+    DELETE FROM approvals a USING chosen c
+    WHERE a.workspace_id = c.workspace_id AND a.run_id = c.run_id
+    RETURNING a.workspace_id, a.approval_id
+), gone_tokens AS (
+    DELETE FROM approval_tokens k USING gone_approvals a
+    WHERE k.workspace_id = a.workspace_id AND k.approval_id = a.approval_id
+    RETURNING 1
+), gone_payloads AS (
+    DELETE FROM payloads p USING chosen c
+    WHERE p.workspace_id = c.workspace_id AND p.run_id = c.run_id
+    RETURNING p.workspace_id, p.sha256
+), gone_chunks AS (
+    DELETE FROM payload_chunks k USING gone_payloads p
+    WHERE k.workspace_id = p.workspace_id AND k.sha256 = p.sha256
+    RETURNING 1
+), gone_audit AS (
+    DELETE FROM audit_log l USING chosen c
+    WHERE l.workspace_id = c.workspace_id AND l.object_kind = 'run'
+      AND l.object_id = c.run_id::text
+    RETURNING 1
+), gone_runs AS (
+    DELETE FROM runs r USING chosen c
+    WHERE r.workspace_id = c.workspace_id AND r.run_id = c.run_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
+       (SELECT count(*) FROM gone_steps)::integer AS steps,
+       (SELECT count(*) FROM gone_events)::integer AS events,
+       (SELECT count(*) FROM gone_payloads)::integer AS payloads,
+       (SELECT count(*) FROM gone_audit)::integer AS audit;
+
+-- name: workspace_set_retention :one
+-- Keep a workspace's finished runs for :days days (0: forever).
+UPDATE workspaces SET retention_days = :days WHERE workspace_id = :ws
+RETURNING workspace_id, plan, max_concurrency, running, retention_days;

@@ -1,0 +1,15 @@
+-- Retention (issue 17 item 5): a workspace keeps its finished runs (completed, failed,
+-- cancelled) for retention_days after they finished, then the retention loop
+-- (control_plane/retention.py) deletes them with their steps, payloads, trigger events,
+-- approvals, session turns, signals and audit rows, a bounded batch of runs per statement.
+-- 0 keeps everything forever (the default, so nothing existing changes).
+--
+-- The indexes let each batch find its rows without scanning a table: old finished runs by
+-- workspace and finish time, and the rows that name a run without a key leading with it.
+ALTER TABLE workspaces ADD COLUMN retention_days integer NOT NULL DEFAULT 0
+    CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500);
+
+CREATE INDEX runs_finished ON runs (workspace_id, finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX audit_log_by_object ON audit_log (workspace_id, object_kind, object_id);
+CREATE INDEX payloads_by_run ON payloads (workspace_id, run_id);
+CREATE INDEX approval_tokens_by_approval ON approval_tokens (workspace_id, approval_id);

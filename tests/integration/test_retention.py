@@ -1,0 +1,174 @@
+"""Retention: a workspace's finished runs past its period are deleted with every row that
+names them, a bounded batch per statement; unfinished runs, runs within the period and
+workspaces that keep everything (0, the default) are untouched.
+
+The store's clock is injected: runs finish at T (years from the database's clock), and the
+retention round runs at a given `now`, so no test waits for days to pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from control_plane.retention import Retention
+from control_plane.store import lease, runs
+from control_plane.store import retention as store
+from tests import factories
+
+T = datetime(2031, 6, 1, 12, 0, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+@pytest.fixture
+async def pool(db_url):
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    yield p
+    await p.close()
+
+
+async def _queued(pool, ws: str = "ws", at: datetime = T, agent: str = "agent") -> uuid.UUID:
+    version = await factories.agent_version(pool, ws, agent)
+    adm = runs.Admission(
+        workspace_id=ws, agent_id=agent, agent_version=version, input="go", request_id=None,
+        max_steps=50, max_tokens=1000, max_tool_calls=10, deadline_seconds=3600,
+    )  # fmt: skip
+    run = await runs.insert_run(pool, adm, now=at)
+    assert run is not None
+    return run.run_id
+
+
+async def _finished(pool, ws: str = "ws", at: datetime = T) -> uuid.UUID:
+    run_id = await _queued(pool, ws, at)
+    assert await runs.cancel_run(pool, ws, run_id, "done", now=at) is not None
+    return run_id
+
+
+async def _keep(pool, ws: str, days: int) -> None:
+    assert await store.set_days(pool, ws, days) is not None
+
+
+async def _with_everything(pool, ws: str, run_id: uuid.UUID) -> None:
+    """A trigger event, a payload and its chunk, an approval and its token, an audit row."""
+    await pool.execute(
+        "INSERT INTO triggers (workspace_id, trigger_id, agent_id, kind, scheme)"
+        " VALUES ($1, 'hook', 'agent', 'webhook', 'hmac_sha256') ON CONFLICT DO NOTHING", ws)  # fmt: skip
+    await pool.execute(
+        "INSERT INTO trigger_events (workspace_id, event_id, trigger_id, dedupe_key, status,"
+        " run_id, payload) VALUES ($1, $2, 'hook', $3, 'accepted', $4, '{}')",
+        ws, uuid.uuid4(), str(run_id), run_id)  # fmt: skip
+    sha = uuid.uuid4().hex * 2
+    await pool.execute(
+        "INSERT INTO payload_chunks (workspace_id, sha256, \"offset\", data) VALUES ($1, $2, 0, 'x')",
+        ws, sha)  # fmt: skip
+    await pool.execute(
+        "INSERT INTO payloads (workspace_id, sha256, size, media_type, run_id)"
+        " VALUES ($1, $2, 1, 'text/plain', $3)", ws, sha, run_id)  # fmt: skip
+    approval = uuid.uuid4()
+    await pool.execute(
+        "INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool,"
+        " arguments, arguments_sha256, approvers, expire_at, expiry_seconds, on_expiry)"
+        " VALUES ($1, $2, $3, 1, 'c1', 'pay', '{}', $4, '{pat}', $5, 60, 'reject')",
+        ws, approval, run_id, "0" * 64, T)  # fmt: skip
+    await pool.execute(
+        "INSERT INTO approval_tokens (workspace_id, token_sha256, approval_id, approver,"
+        " expires_at) VALUES ($1, $2, $3, 'pat', $4)", ws, uuid.uuid4().bytes, approval, T)  # fmt: skip
+    await pool.execute(
+        "INSERT INTO audit_log (workspace_id, actor, action, object_kind, object_id, request_id)"
+        " VALUES ($1, 'key:ops', 'run.cancelled', 'run', $2, 'r1')", ws, str(run_id))  # fmt: skip
+
+
+async def _rows(pool, ws: str, run_id: uuid.UUID) -> dict[str, int]:
+    """How many rows of each kind name the run (approval tokens and chunks through theirs)."""
+    counts = {}
+    for table in ("runs", "steps", "trigger_events", "payloads", "approvals"):
+        counts[table] = await pool.fetchval(
+            f"SELECT count(*) FROM {table} WHERE workspace_id = $1 AND run_id = $2", ws, run_id)  # fmt: skip
+    counts["audit_log"] = await pool.fetchval(
+        "SELECT count(*) FROM audit_log WHERE workspace_id = $1 AND object_kind = 'run'"
+        " AND object_id = $2", ws, str(run_id))  # fmt: skip
+    counts["payload_chunks"] = await pool.fetchval(
+        "SELECT count(*) FROM payload_chunks WHERE workspace_id = $1", ws
+    )
+    counts["approval_tokens"] = await pool.fetchval(
+        "SELECT count(*) FROM approval_tokens WHERE workspace_id = $1", ws
+    )
+    return counts
+
+
+async def test_old_finished_runs_go_with_their_rows_and_nothing_else_does(pool):
+    old = await _finished(pool, at=T)
+    await _with_everything(pool, "ws", old)
+    before = await _rows(pool, "ws", old)
+    assert before["steps"] >= 2 and all(before.values()), before
+    recent = await _finished(pool, at=T + 20 * DAY)
+    unfinished = await _queued(pool, at=T)
+    (held,) = await lease.claim_due(pool, ["ex"], 30, now=T + DAY)  # old, still running
+    assert held.run_id == unfinished
+    forever = await _finished(pool, ws="other", at=T)
+    await _keep(pool, "ws", 30)
+
+    assert await Retention(pool).tick(now=T + 31 * DAY) == 1
+
+    assert set((await _rows(pool, "ws", old)).values()) == {0}
+    for run_id in (recent, unfinished):
+        assert (await runs.get_run(pool, "ws", run_id)) is not None
+        assert await pool.fetchval("SELECT count(*) FROM steps WHERE run_id = $1", run_id) >= 1
+    assert (await runs.get_run(pool, "other", forever)) is not None, "0 keeps everything"
+    # The recent one goes once its own period is over; the unfinished one never does.
+    assert await Retention(pool).tick(now=T + 51 * DAY) == 1
+    assert (await runs.get_run(pool, "ws", recent)) is None
+    assert (await runs.get_run(pool, "ws", unfinished)).status == "running"
+
+
+async def test_each_statement_deletes_at_most_a_batch(pool, caplog):
+    ids = [await _finished(pool, at=T) for _ in range(7)]
+    await _keep(pool, "ws", 1)
+    (_, cutoff), = await store.due_workspaces(pool, T + 2 * DAY)  # fmt: skip
+    gone = [(await store.delete_batch(pool, "ws", cutoff, 3)).runs for _ in range(2)]
+    assert gone == [3, 3]
+    ids.append(await _finished(pool, at=T))
+    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    assert await Retention(pool, batch=3).tick(now=T + 2 * DAY) == 2
+    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.retention"]
+    assert batches == [2]
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE workspace_id = 'ws'") == 0
+
+
+async def test_the_loop_deletes_a_backlog_in_bounded_statements(pool, caplog):
+    for _ in range(8):
+        await _finished(pool, at=T)
+    await _keep(pool, "ws", 1)
+    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    assert await Retention(pool, batch=3).tick(now=T + 2 * DAY) == 8
+    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.retention"]
+    assert batches == [3, 3, 2]
+
+
+async def test_a_run_another_transaction_holds_is_skipped_not_waited_on(pool):
+    locked, free = await _finished(pool, at=T), await _finished(pool, at=T)
+    await _keep(pool, "ws", 1)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", locked)
+        deleted = await asyncio.wait_for(Retention(pool).tick(now=T + 2 * DAY), 10)
+        assert deleted == 1
+    assert (await runs.get_run(pool, "ws", free)) is None
+    assert (await runs.get_run(pool, "ws", locked)) is not None
+    assert await Retention(pool).tick(now=T + 2 * DAY) == 1
+
+
+async def test_a_finished_parent_waits_for_its_unfinished_child(pool):
+    parent = await _finished(pool, at=T)
+    child = await _queued(pool, at=T)
+    await pool.execute(
+        "UPDATE runs SET parent_run_id = $1, parent_seq = 1 WHERE run_id = $2", parent, child
+    )
+    await _keep(pool, "ws", 1)
+    assert await Retention(pool).tick(now=T + 2 * DAY) == 0
+    await runs.cancel_run(pool, "ws", child, "done", now=T)
+    assert await Retention(pool).tick(now=T + 2 * DAY) == 2
