@@ -184,6 +184,16 @@ def runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_export(args: argparse.Namespace) -> int:
+    """Every committed step of the run, once each, in seq order, one JSON object a line
+    (`agentrun runs export RUN > run.jsonl`), printed as the pages of ListRunSteps come."""
+    with _client(args) as client:
+        client.get_run(args.run_id)  # NOT_FOUND for an unknown (or deleted) run, not silence
+        for step in client.list_steps(args.run_id):
+            print(render.to_json(step), flush=True)
+    return 0
+
+
 _STATUS_STYLE = {
     "completed": "green", "failed": "red", "cancelled": "dim", "waiting": "yellow",
     "running": "cyan", "queued": "blue",

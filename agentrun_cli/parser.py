@@ -185,6 +185,12 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p = runs.add_parser("show", help="a run's state and step log", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
     p.set_defaults(handler=commands.runs_show)
+    p = runs.add_parser(
+        "export", help="a run's steps as JSON lines, one step a line (keep it past retention)",
+        parents=[common],
+    )  # fmt: skip
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.set_defaults(handler=commands.runs_export)
     p = runs.add_parser("list", help="runs, newest first", parents=[common])
     p.add_argument("--agent", default="", metavar="A")
     p.add_argument("--status", choices=STATUSES)

@@ -7,9 +7,10 @@ from datetime import datetime
 
 import asyncpg
 
+from control_plane.store.db import Pool
 from control_plane.store.queries import run
 
-Pool = asyncpg.pool.Pool
+__all__ = ["Deleted", "Pool", "delete_batch", "due_workspaces", "set_days"]
 
 
 @dataclass(frozen=True)
