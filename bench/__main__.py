@@ -1,4 +1,4 @@
-"""`python -m bench [commit|auth|claim|fairness|e2e ...] [--quick]`: run them in order and print."""
+"""`python -m bench [commit|auth|claim|fairness|e2e|retention ...] [--quick]`: run them in order and print."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import signal
 import sys
 
-BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e")
+BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
