@@ -2,6 +2,7 @@
 
     agentrun workspaces create acme --plan team          # a platform admin key
     agentrun workspaces set-plan acme enterprise --max-concurrency 200
+    agentrun workspaces set-retention 30               # finished runs kept 30 days (0: forever)
     agentrun apikeys create --role operator --name ci-bot --expires-in 90d   # shown once
     agentrun apikeys create --executor --name gpu-pool --scope acme,globex   # platform key
     agentrun apikeys list
@@ -93,6 +94,13 @@ def workspaces_set_plan(args: argparse.Namespace) -> int:
         workspace_id=args.id, plan=args.plan, max_concurrency=args.max_concurrency
     )
     ws = _call(args, "SetWorkspacePlan", req, role="platform").workspace
+    _emit(args, ws, render_admin.workspace_lines(ws))
+    return 0
+
+
+def workspaces_set_retention(args: argparse.Namespace) -> int:
+    req = pb.SetWorkspaceRetentionRequest(workspace_id=args.id, retention_days=args.days)
+    ws = _call(args, "SetWorkspaceRetention", req).workspace
     _emit(args, ws, render_admin.workspace_lines(ws))
     return 0
 
@@ -256,6 +264,11 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("plan", metavar="PLAN")
     p.add_argument("--max-concurrency", type=int, default=0, metavar="N")
     p.set_defaults(handler=workspaces_set_plan)
+    p = actions.add_parser("set-retention", help="days finished runs are kept (0: forever)",
+                           parents=[common])  # fmt: skip
+    p.add_argument("days", metavar="DAYS", type=int)
+    p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
+    p.set_defaults(handler=workspaces_set_retention)
 
 
 def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

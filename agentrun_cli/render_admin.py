@@ -15,6 +15,7 @@ def workspace_lines(ws: pb.Workspace) -> list[str]:
         f"plan       {ws.plan}",
         f"cap        {ws.max_concurrency} concurrent runs",
         f"running    {ws.running}",
+        f"retention  {f'{ws.retention_days} days' if ws.retention_days else 'forever'}",
     ]
 
 

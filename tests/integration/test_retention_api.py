@@ -74,25 +74,43 @@ async def _run_with_steps(db_url: str, count: int) -> str:
         await pool.close()
 
 
-async def test_export_prints_every_step_once_as_json_lines(server, db_url, tmp_path):
-    key = await auth.workspace_key(db_url, WS, role="reader")
-    run_id = await _run_with_steps(db_url, 450)  # three pages of 200
+def _env(server, key: str, tmp_path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
     env.update(
         AGENTRUN_CONFIG=str(tmp_path / "config.toml"), AGENTRUN_DATA_DIR=str(tmp_path),
         AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=f"127.0.0.1:{server.port}", AGENTRUN_WORKSPACE=WS,
     )  # fmt: skip
-    argv = [sys.executable, "-m", "agentrun_cli", "runs", "export", run_id]
+    return env
+
+
+async def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "agentrun_cli", *args]
     done = await asyncio.to_thread(
         subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
     )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+async def test_export_prints_every_step_once_as_json_lines(server, db_url, tmp_path):
+    env = _env(server, await auth.workspace_key(db_url, WS, role="reader"), tmp_path)
+    run_id = await _run_with_steps(db_url, 450)  # three pages of 200
+    done = await _cli(env, "runs", "export", run_id)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [int(s.get("seq", 0)) for s in lines] == list(range(451))
     kinds = [s["kind"] for s in lines]
     assert kinds[0].endswith("INPUT") and set(kinds[1:]) == {kinds[1]}, set(kinds)
-    missing = ["runs", "export", "00000000-0000-0000-0000-000000000000"]
-    gone = await asyncio.to_thread(
-        subprocess.run, [*argv[:3], *missing], capture_output=True, text=True, timeout=60, env=env
-    )
+    gone = await _cli(env, "runs", "export", "00000000-0000-0000-0000-000000000000")
     assert gone.returncode == 1 and gone.stderr.startswith("error: NOT_FOUND")
+
+
+async def test_cli_sets_retention_and_shows_the_refused_field(server, db_url, tmp_path):
+    env = _env(server, await auth.workspace_key(db_url, WS, role="admin"), tmp_path)
+    bad = await _cli(env, "workspaces", "set-retention", "--", "-1")
+    assert bad.returncode == 1 and "INVALID_ARGUMENT: retention_days" in bad.stderr, bad.stderr
+    done = await _cli(env, "workspaces", "set-retention", "7")
+    assert done.returncode == 0, done.stderr
+    assert "retention  7 days" in done.stdout
+    shown = await _cli(env, "workspaces", "show")
+    assert "retention  7 days" in shown.stdout, shown.stdout
