@@ -4,8 +4,8 @@ One database: the bench workspace keeps finished runs 30 days and holds FINISHED
 finished 40 days ago with STEPS_PER_RUN steps each (bulk-loaded with generate_series, then
 VACUUM ANALYZE). Single-claim latency is measured as in `bench claim` (insert one due run,
 time one claim) first with no deleter, then while control_plane.retention deletes the
-backlog in batches of 500 runs per statement (FOR UPDATE SKIP LOCKED on finished runs only),
-until the backlog is gone. The deleter shares the 2 cores with Postgres and the claimer.
+backlog in batches of 500 runs per statement (FOR UPDATE SKIP LOCKED on finished runs only)
+with the loop's default pause between batches, until the backlog is gone. The deleter shares the 2 cores with Postgres and the claimer.
 """
 
 from __future__ import annotations

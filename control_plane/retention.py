@@ -27,12 +27,13 @@ class Retention:
 
     def __init__(
         self, pool: store.Pool, *, poll_seconds: float = 60.0, batch: int = 500,
-        pause_seconds: float = 0.0,
+        pause_seconds: float = 0.1,
     ) -> None:  # fmt: skip
         self._pool = pool
         self._poll = poll_seconds
         self._batch = batch
-        # A breath between batches, so a large backlog yields to the hot path.
+        # A breath between batches, so a large backlog yields the CPU to claims and commits
+        # (bench retention: claim p99 doubled on 2 cores without it).
         self._pause = pause_seconds
 
     async def run(self) -> None:
