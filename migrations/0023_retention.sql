@@ -13,3 +13,10 @@ CREATE INDEX runs_finished ON runs (workspace_id, finished_at) WHERE finished_at
 CREATE INDEX audit_log_by_object ON audit_log (workspace_id, object_kind, object_id);
 CREATE INDEX payloads_by_run ON payloads (workspace_id, run_id);
 CREATE INDEX approval_tokens_by_approval ON approval_tokens (workspace_id, approval_id);
+
+-- The tool_result steps that reference a payload (`"payload": {"sha256": …}`), by sha256: a
+-- payload is content-addressed, so a run that uploaded the same bytes second, or a fork
+-- (its copied steps), references the payload of another run. Retention hands such a
+-- payload over to a run that still references it rather than delete it under that run.
+CREATE INDEX steps_payload_refs ON steps (workspace_id, ((payload -> 'payload' ->> 'sha256')))
+    WHERE kind = 'tool_result' AND payload ? 'payload';

@@ -9,6 +9,7 @@ retention round runs at a given `now`, so no test waits for days to pass.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -172,3 +173,21 @@ async def test_a_finished_parent_waits_for_its_unfinished_child(pool):
     assert await Retention(pool).tick(now=T + 2 * DAY) == 0
     await runs.cancel_run(pool, "ws", child, "done", now=T)
     assert await Retention(pool).tick(now=T + 2 * DAY) == 2
+
+
+async def test_a_payload_a_kept_run_references_is_handed_over_not_deleted(pool):
+    old, kept = await _finished(pool, at=T), await _finished(pool, at=T + 20 * DAY)
+    await _with_everything(pool, "ws", old)
+    sha = await pool.fetchval("SELECT sha256 FROM payloads WHERE run_id = $1", old)
+    # The kept run uploaded the same bytes second (or is a fork): its step references them.
+    ref = json.dumps({"output": "…", "payload": {"sha256": sha, "size": 1}})
+    await pool.execute(
+        "INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)"
+        " VALUES ('ws', $1, 50, 'tool_result', 1, $2::jsonb)", kept, ref)  # fmt: skip
+    await _keep(pool, "ws", 30)
+    assert await Retention(pool).tick(now=T + 31 * DAY) == 1
+    assert await pool.fetchval("SELECT run_id FROM payloads WHERE sha256 = $1", sha) == kept
+    assert await pool.fetchval("SELECT count(*) FROM payload_chunks WHERE sha256 = $1", sha) == 1
+    assert await Retention(pool).tick(now=T + 51 * DAY) == 1
+    assert await pool.fetchval("SELECT count(*) FROM payloads WHERE sha256 = $1", sha) == 0
+    assert await pool.fetchval("SELECT count(*) FROM payload_chunks WHERE sha256 = $1", sha) == 0

@@ -12,7 +12,9 @@ FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
 -- with a child still going is kept until the child ends (the child's end looks it up).
 -- Foreign keys to runs are NO ACTION, checked at the statement's end, when the referencing
 -- rows are gone too (run_signals cascade). Payloads are those the deleted runs uploaded,
--- and their chunks; audit rows are those whose object is one of the runs.
+-- and their chunks, unless a kept run's step references one (a second upload of the same
+-- bytes, a fork): that payload is handed over to the kept run. Audit rows are those whose
+-- object is one of the runs.
 WITH chosen AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     WHERE r.workspace_id = :ws AND r.finished_at IS NOT NULL AND r.finished_at < :cutoff
@@ -43,9 +45,25 @@ WITH chosen AS (
     DELETE FROM approval_tokens k USING gone_approvals a
     WHERE k.workspace_id = a.workspace_id AND k.approval_id = a.approval_id
     RETURNING 1
+), referenced AS (
+    -- The deleted runs' payloads that a step of a run kept still references, and one such run.
+    SELECT p.workspace_id, p.sha256, min(s.run_id::text)::uuid AS heir
+    FROM payloads p
+    JOIN chosen c ON p.workspace_id = c.workspace_id AND p.run_id = c.run_id
+    JOIN steps s ON s.workspace_id = p.workspace_id AND s.kind = 'tool_result'
+        AND s.payload ? 'payload' AND (s.payload -> 'payload' ->> 'sha256') = p.sha256
+    WHERE NOT EXISTS (
+        SELECT 1 FROM chosen d WHERE d.workspace_id = s.workspace_id AND d.run_id = s.run_id)
+    GROUP BY p.workspace_id, p.sha256
+), handed_over AS (
+    UPDATE payloads p SET run_id = r.heir FROM referenced r
+    WHERE p.workspace_id = r.workspace_id AND p.sha256 = r.sha256
+    RETURNING 1
 ), gone_payloads AS (
     DELETE FROM payloads p USING chosen c
     WHERE p.workspace_id = c.workspace_id AND p.run_id = c.run_id
+      AND NOT EXISTS (
+          SELECT 1 FROM referenced r WHERE r.workspace_id = p.workspace_id AND r.sha256 = p.sha256)
     RETURNING p.workspace_id, p.sha256
 ), gone_chunks AS (
     DELETE FROM payload_chunks k USING gone_payloads p
