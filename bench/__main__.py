@@ -1,13 +1,20 @@
-"""`python -m bench [commit|auth|claim|fairness|e2e|retention ...] [--quick]`: run them in order and print."""
+"""`python -m bench [commit|auth|claim|fairness|e2e|retention ...] [--quick] [--loop asyncio,uvloop]`.
+
+Runs them in order and prints. `--loop` runs each benchmark once per named event loop, back
+to back, with AGENTRUN_EVENT_LOOP set for the control plane and executors it starts (the
+benchmark's own client keeps asyncio's loop), so the loops are compared in the same run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
 BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention")
+LOOPS = ("asyncio", "uvloop")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -17,11 +24,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"benchmarks to run ({', '.join(BENCHMARKS)}); all when none is named",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument(
+        "--loop", default="", metavar="LOOPS",
+        help="comma-separated event loops (asyncio,uvloop) to run each benchmark's servers on",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    args.loops = [loop.strip() for loop in args.loop.split(",") if loop.strip()]
+    if bad := [loop for loop in args.loops if loop not in LOOPS]:
+        parser.error(f"unknown event loop(s): {', '.join(bad)} (choose from {', '.join(LOOPS)})")
     return args
+
+
+def runs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(benchmark, event loop or None for the default) in the order to run them."""
+    loops: list[str | None] = list(args.loops) or [None]
+    return [(name, loop) for name in args.names or BENCHMARKS for loop in loops]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so every child process and server is still stopped.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     failed = []
-    for name in args.names or BENCHMARKS:
+    for name, loop in runs(args):
         module = importlib.import_module(f"bench.{name}")
+        if loop is not None:
+            # The processes the benchmark starts inherit it (bench/services.py copies environ).
+            os.environ["AGENTRUN_EVENT_LOOP"] = loop
+            print(f"\n== {name} with AGENTRUN_EVENT_LOOP={loop}", flush=True)
+            name = f"{name} ({loop})"
         try:
             module.run(quick=args.quick)
         except KeyboardInterrupt:

@@ -48,10 +48,10 @@ EMPTY_BACKOFF = 0.002
 # Run g goes to workspace bench<g mod $6>; wake_at spread over [now + $4, now + $4 + $5) s.
 INSERT_RUNS = """
 INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
-                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds)
+                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds, repeat_limit)
 SELECT 'bench' || (g % $6::int), gen_random_uuid(), 'claim', 1, $2::text, $3::text,
        now() + make_interval(secs => $4 + random() * $5),
-       'bench', 50, 1000000, 300, 86400
+       'bench', 50, 1000000, 300, 86400, 3
 FROM generate_series(1, $1::int) AS g
 """
 

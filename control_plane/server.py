@@ -75,7 +75,7 @@ from control_plane.tools import registry
 from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
-from telemetry import tracing
+from telemetry import event_loop, tracing
 
 log = logging.getLogger(__name__)
 
@@ -452,4 +452,4 @@ async def serve(config: ServerConfig) -> None:
 def main() -> None:
     logs.configure()
     tracing.configure("agentrun-control-plane")
-    asyncio.run(serve(ServerConfig.from_env()))
+    event_loop.run(serve(ServerConfig.from_env()))

@@ -9,7 +9,7 @@ import signal
 from executor.config import ExecutorConfig
 from executor.metrics import MetricsListener
 from executor.worker import Worker
-from telemetry import logs, tracing
+from telemetry import event_loop, logs, tracing
 
 log = logging.getLogger("executor")
 
@@ -21,7 +21,7 @@ def main() -> None:
     # httpx logs every request with its URL at INFO: noise here, and a URL may carry secrets.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = ExecutorConfig.from_env()
-    asyncio.run(_serve(config))
+    event_loop.run(_serve(config))
 
 
 async def _serve(config: ExecutorConfig) -> None:
