@@ -105,7 +105,7 @@ async def nobody_to_run_it(dispatcher: Dispatcher, release: str | None) -> str |
 
     states = await release_store.list_releases(dispatcher.pool, releases.live_seconds(
         dispatcher.config))  # fmt: skip
-    if release is None and releases.newest_of(states) is None:
+    if release is None and releases.newest_of(states, dispatcher.config.release_gate) is None:
         return "FAIL canary: no release takes new runs (no executor connected)"
     if release is not None and not any(s.release == release and s.executors for s in states):
         return f"FAIL canary: no executor of release {release} is connected"

@@ -51,6 +51,9 @@ class ServerConfig:
     claim_poll_seconds: float = 0.5
     claim_batch: int = 64
     release: str = "dev"
+    # AGENTRUN_RELEASE_GATE=canary: a release takes new runs only once promoted or past a
+    # canary pinned to it (`agentrun canary --release R`); off, once its executors connect.
+    release_gate: bool = False
     max_message_bytes: int = 4 * 1024 * 1024
     # The executor service's own listener (AGENTRUN_EXECUTOR_LISTEN) receives messages up to
     # this size, so a Commit over `max_message_bytes` reaches the commit handler and is refused
@@ -121,6 +124,7 @@ class ServerConfig:
             heartbeat_seconds=_float("AGENTRUN_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
             claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
+            release_gate=_choice("AGENTRUN_RELEASE_GATE", ("off", "canary")) == "canary",
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
             **cls._secrets_from_env(),

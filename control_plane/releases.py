@@ -22,7 +22,6 @@ run silently.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from datetime import datetime
@@ -66,7 +65,7 @@ def claim_release(session: ExecutorSession, config: ServerConfig) -> lease_store
     if not session.release:
         return None
     return lease_store.Release(
-        session.release, session.continues, live_seconds(config), gated=gated()
+        session.release, session.continues, live_seconds(config), gated=config.release_gate
     )
 
 
@@ -123,20 +122,15 @@ def to_proto(state: store.ReleaseState, newest: bool) -> release_pb2.Release:
     return msg
 
 
-def gated() -> bool:
-    """AGENTRUN_RELEASE_GATE=canary: a release takes new runs only once promoted or past a
-    canary pinned to it (`agentrun canary --release R`); unset, once its executors connect."""
-    return os.environ.get("AGENTRUN_RELEASE_GATE", "") == "canary"
-
-
-def routable(state: store.ReleaseState) -> bool:
+def routable(state: store.ReleaseState, gated: bool) -> bool:
+    """Whether the release may take new runs; `gated` is ServerConfig.release_gate."""
     opened = state.promoted_at is not None or state.canary_passed_at is not None
-    return bool(state.executors) and state.draining_since is None and (opened or not gated())
+    return bool(state.executors) and state.draining_since is None and (opened or not gated)
 
 
-def newest_of(states: list[store.ReleaseState]) -> str | None:
+def newest_of(states: list[store.ReleaseState], gated: bool) -> str | None:
     """The release new runs go to: the first (newest) that may take them (sql/lease.sql)."""
-    return next((s.release for s in states if routable(s)), None)
+    return next((s.release for s in states if routable(s, gated)), None)
 
 
 class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
@@ -144,10 +138,11 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
         self._dispatcher = dispatcher
         self._pool: Pool = dispatcher.pool
         self._live = live_seconds(dispatcher.config)
+        self._gated = dispatcher.config.release_gate
 
     async def _releases(self) -> list[release_pb2.Release]:
         states = await store.list_releases(self._pool, self._live)
-        newest = newest_of(states)
+        newest = newest_of(states, self._gated)
         return [to_proto(s, s.release == newest) for s in states]
 
     async def _one(self, name: str) -> release_pb2.Release:
