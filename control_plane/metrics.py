@@ -20,8 +20,6 @@ compared in constant time), or a platform key (`agr_pa_…`). Nothing else may s
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import time
 from collections.abc import Iterator
@@ -38,18 +36,18 @@ from prometheus_client.registry import Collector
 
 from control_plane.store import metrics as figures_store
 from control_plane.store.db import Pool
+from telemetry.scrape import LATENCY_BUCKETS, token_matches
 
 log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 2.0
 QUERY_TIMEOUT = 5.0
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 REGISTRY = CollectorRegistry()
 
 CLAIM_SECONDS = Histogram(
     "agentrun_claim_seconds", "Duration of one fair claim transaction (a batch of runs)",
-    buckets=_LATENCY, registry=REGISTRY,
+    buckets=LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 CLAIMED = Counter(
     "agentrun_claimed_runs", "Runs leased to an executor by a claim (rate() = claims per second)",
@@ -62,7 +60,7 @@ TAKEOVERS = Counter(
 )  # fmt: skip
 COMMIT_SECONDS = Histogram(
     "agentrun_commit_seconds", "Duration of committing one executor Commit, by outcome",
-    ["outcome"], buckets=_LATENCY, registry=REGISTRY,
+    ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 FENCED = Counter(
     "agentrun_fenced",
@@ -174,14 +172,6 @@ class Exposition:
     async def render(self) -> bytes:
         await self.figures.refresh()
         return generate_latest(REGISTRY) + generate_latest(self._scrape)
-
-
-def token_matches(configured: str | None, offered: str) -> bool:
-    """Constant-time comparison of the scrape token (digests, so lengths leak nothing)."""
-    if not configured or not offered:
-        return False
-    want = hashlib.sha256(configured.encode()).digest()
-    return hmac.compare_digest(want, hashlib.sha256(offered.encode()).digest())
 
 
 __all__ = ["CONTENT_TYPE_LATEST", "REGISTRY", "Exposition", "token_matches"]

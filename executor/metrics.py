@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
 import os
 from collections.abc import Callable
@@ -27,11 +25,12 @@ from prometheus_client import (
     generate_latest,
 )
 
+from telemetry.scrape import LATENCY_BUCKETS, token_matches
+
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 RUNS_HELD = Gauge("agentrun_executor_runs_held", "Runs this executor holds now", registry=REGISTRY)
 ASSIGNMENTS = Counter(
@@ -45,7 +44,7 @@ RELEASED = Counter(
 COMMIT_SECONDS = Histogram(
     "agentrun_executor_commit_seconds",
     "Round trip of one Commit to the control plane, by outcome (ok, fenced, invalid, unavailable)",
-    ["outcome"], buckets=_LATENCY, registry=REGISTRY,
+    ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
 PARKS = Counter(
     "agentrun_executor_parks", "Runs this executor parked, by wait reason", ["reason"],
@@ -76,8 +75,7 @@ def _authorized(token: str | None, header: str) -> bool:
     scheme, _, offered = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    want = hashlib.sha256(token.encode()).digest()
-    return hmac.compare_digest(want, hashlib.sha256(offered.strip().encode()).digest())
+    return token_matches(token, offered.strip())
 
 
 def _write_port_file(path: str, port: int) -> None:
