@@ -28,6 +28,7 @@ from sandbox.oauth import CLIENT_SECRET
 from sandbox.providers import create_app
 from sandbox.serve import BackgroundServer
 from tests.harness.auth import bearer, channel, executor_key, workspace_key
+from tests.harness.connections import follow_start_link
 
 WS = "ws-conn"
 
@@ -55,18 +56,7 @@ async def sandbox(oauth_sandbox: BackgroundServer, method: str, path: str, **kw:
 
 async def connect(cp: RunningServer, key: str, account: str, **query: str) -> dict[str, Any]:
     """Follow the start link, the sandbox's consent and the callback, as a browser would."""
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{cp.http_port}") as client:
-        start = await client.get(
-            f"/connections/{WS}/chat/start", params={"login_hint": account, **query},
-            headers=bearer(key),
-        )  # fmt: skip
-        assert start.status_code == 302, start.text
-        consent = await client.get(start.headers["location"])
-        assert consent.status_code == 302, consent.text
-        back = urlsplit(consent.headers["location"])
-        done = await client.get(f"{back.path}?{back.query}")
-        assert done.status_code == 200, done.text
-        return done.json()
+    return await follow_start_link(f"http://127.0.0.1:{cp.http_port}", WS, key, account, **query)
 
 
 def tokens_for(pool: Any, oauth_sandbox: BackgroundServer) -> ConnectionTokens:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -19,7 +18,8 @@ import pytest
 
 from agentrun.v1 import agent_pb2, connection_pb2, connection_pb2_grpc, run_pb2
 from tests.harness.agentrun_api import Api, sandbox_requests
-from tests.harness.auth import bearer, workspace_key
+from tests.harness.auth import workspace_key
+from tests.harness.connections import follow_start_link
 from tests.harness.waiting import eventually
 
 WS = "ws"
@@ -36,17 +36,8 @@ async def stack(db_url, control_plane):
 async def connect(cp: Any, db_url: str, account: str, **query: str) -> str:
     """Follow the start link, the sandbox's consent and the callback; the connection id."""
     key = await workspace_key(db_url, WS, role="operator", principal="owner")
-    async with httpx.AsyncClient(base_url=cp.http_url) as client:
-        start = await client.get(
-            f"/connections/{WS}/chat/start", params={"login_hint": account, **query},
-            headers=bearer(key),
-        )  # fmt: skip
-        assert start.status_code == 302, start.text
-        consent = await client.get(start.headers["location"])
-        back = urlsplit(consent.headers["location"])
-        done = await client.get(f"{back.path}?{back.query}")
-        assert done.status_code == 200, done.text
-        return str(done.json()["connection_id"])
+    done = await follow_start_link(cp.http_url, WS, key, account, **query)
+    return str(done["connection_id"])
 
 
 async def publish_poster(api: Api, agent_id: str, connection_id: str) -> None:
