@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61gentrun/v1/agent.proto\x12\x0b\x61gentrun.v1\x1a\x1a\x61gentrun/v1/approval.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x01\n\tRunLimits\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x04 \x01(\x05\x12\x1a\n\x12model_retry_budget\x18\x05 \x01(\x05\x12*\n\x07max_age\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0crepeat_limit\x18\x07 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x08 \x01(\x05\"\x89\x01\n\x0eToolConstraint\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12)\n\x04rule\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.ConstraintRule\x12\x10\n\x08\x61rgument\x18\x03 \x01(\t\x12\x12\n\nmax_amount\x18\x04 \x01(\x03\x12\x18\n\x10known_recipients\x18\x05 \x03(\t\"\xa2\x03\n\tAgentSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12-\n\x08\x61pproval\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ApprovalPolicy\x12\x17\n\x0fmax_concurrency\x18\x06 \x01(\x05\x12\x30\n\x0b\x63onstraints\x18\x07 \x03(\x0b\x32\x1b.agentrun.v1.ToolConstraint\x12<\n\x0b\x63onnections\x18\x08 \x03(\x0b\x32\'.agentrun.v1.AgentSpec.ConnectionsEntry\x12\x15\n\rmodel_profile\x18\t \x01(\t\x12\x36\n\x10model_parameters\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ModelParameters\x1a\x32\n\x10\x43onnectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xca\x01\n\x0fModelParameters\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0btool_choice\x18\x03 \x01(\t\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0e\n\x0c_temperatureB\x16\n\x14_parallel_tool_calls\"\x8e\x01\n\x05\x41gent\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\x12\x16\n\x0elatest_version\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x01\n\x0c\x41gentVersion\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12$\n\x04spec\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"R\n\x12\x43reateAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\"8\n\x13\x43reateAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"9\n\x0fGetAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\"5\n\x10GetAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"\x88\x01\n\x1aPublishAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12\x1c\n\x14\x61\x63knowledge_trifecta\x18\x04 \x01(\x08\"x\n\x1bPublishAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12-\n\x08warnings\x18\x02 \x03(\x0b\x32\x1b.agentrun.v1.PublishWarning\">\n\x0ePublishWarning\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\"Q\n\x16GetAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\"E\n\x17GetAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\"P\n\x11ListAgentsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x12ListAgentsResponse\x12\"\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x12.agentrun.v1.Agent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xe8\x01\n\x0e\x43onstraintRule\x12\x1f\n\x1b\x43ONSTRAINT_RULE_UNSPECIFIED\x10\x00\x12+\n\'CONSTRAINT_RULE_REPLY_TO_TRIGGER_THREAD\x10\x01\x12\x33\n/CONSTRAINT_RULE_ATTACHMENTS_FROM_TRIGGER_THREAD\x10\x02\x12/\n+CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL\x10\x03\x12\"\n\x1e\x43ONSTRAINT_RULE_AMOUNT_AT_MOST\x10\x04\x32\xc0\x03\n\x0c\x41gentService\x12P\n\x0b\x43reateAgent\x12\x1f.agentrun.v1.CreateAgentRequest\x1a .agentrun.v1.CreateAgentResponse\x12G\n\x08GetAgent\x12\x1c.agentrun.v1.GetAgentRequest\x1a\x1d.agentrun.v1.GetAgentResponse\x12h\n\x13PublishAgentVersion\x12\'.agentrun.v1.PublishAgentVersionRequest\x1a(.agentrun.v1.PublishAgentVersionResponse\x12\\\n\x0fGetAgentVersion\x12#.agentrun.v1.GetAgentVersionRequest\x1a$.agentrun.v1.GetAgentVersionResponse\x12M\n\nListAgents\x12\x1e.agentrun.v1.ListAgentsRequest\x1a\x1f.agentrun.v1.ListAgentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61gentrun/v1/agent.proto\x12\x0b\x61gentrun.v1\x1a\x1a\x61gentrun/v1/approval.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x01\n\tRunLimits\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12+\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x04 \x01(\x05\x12\x1a\n\x12model_retry_budget\x18\x05 \x01(\x05\x12*\n\x07max_age\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0crepeat_limit\x18\x07 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x08 \x01(\x05\"\x89\x01\n\x0eToolConstraint\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12)\n\x04rule\x18\x02 \x01(\x0e\x32\x1b.agentrun.v1.ConstraintRule\x12\x10\n\x08\x61rgument\x18\x03 \x01(\t\x12\x12\n\nmax_amount\x18\x04 \x01(\x03\x12\x18\n\x10known_recipients\x18\x05 \x03(\t\"\xa2\x03\n\tAgentSpec\x12\x14\n\x0cinstructions\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\x12&\n\x06limits\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.RunLimits\x12-\n\x08\x61pproval\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ApprovalPolicy\x12\x17\n\x0fmax_concurrency\x18\x06 \x01(\x05\x12\x30\n\x0b\x63onstraints\x18\x07 \x03(\x0b\x32\x1b.agentrun.v1.ToolConstraint\x12<\n\x0b\x63onnections\x18\x08 \x03(\x0b\x32\'.agentrun.v1.AgentSpec.ConnectionsEntry\x12\x15\n\rmodel_profile\x18\t \x01(\t\x12\x36\n\x10model_parameters\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ModelParameters\x1a\x32\n\x10\x43onnectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xca\x01\n\x0fModelParameters\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0btool_choice\x18\x03 \x01(\t\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0e\n\x0c_temperatureB\x16\n\x14_parallel_tool_calls\"\x8e\x01\n\x05\x41gent\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\x12\x16\n\x0elatest_version\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x97\x02\n\x0c\x41gentVersion\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12$\n\x04spec\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x42\n\rtool_versions\x18\x06 \x03(\x0b\x32+.agentrun.v1.AgentVersion.ToolVersionsEntry\x1a\x33\n\x11ToolVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"R\n\x12\x43reateAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x03 \x01(\t\"8\n\x13\x43reateAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"9\n\x0fGetAgentRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\"5\n\x10GetAgentResponse\x12!\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Agent\"\x88\x01\n\x1aPublishAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.agentrun.v1.AgentSpec\x12\x1c\n\x14\x61\x63knowledge_trifecta\x18\x04 \x01(\x08\"x\n\x1bPublishAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12-\n\x08warnings\x18\x02 \x03(\x0b\x32\x1b.agentrun.v1.PublishWarning\">\n\x0ePublishWarning\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05tools\x18\x03 \x03(\t\"Q\n\x16GetAgentVersionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\"E\n\x17GetAgentVersionResponse\x12*\n\x07version\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\"P\n\x11ListAgentsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x12ListAgentsResponse\x12\"\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x12.agentrun.v1.Agent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xe8\x01\n\x0e\x43onstraintRule\x12\x1f\n\x1b\x43ONSTRAINT_RULE_UNSPECIFIED\x10\x00\x12+\n\'CONSTRAINT_RULE_REPLY_TO_TRIGGER_THREAD\x10\x01\x12\x33\n/CONSTRAINT_RULE_ATTACHMENTS_FROM_TRIGGER_THREAD\x10\x02\x12/\n+CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL\x10\x03\x12\"\n\x1e\x43ONSTRAINT_RULE_AMOUNT_AT_MOST\x10\x04\x32\xc0\x03\n\x0c\x41gentService\x12P\n\x0b\x43reateAgent\x12\x1f.agentrun.v1.CreateAgentRequest\x1a .agentrun.v1.CreateAgentResponse\x12G\n\x08GetAgent\x12\x1c.agentrun.v1.GetAgentRequest\x1a\x1d.agentrun.v1.GetAgentResponse\x12h\n\x13PublishAgentVersion\x12\'.agentrun.v1.PublishAgentVersionRequest\x1a(.agentrun.v1.PublishAgentVersionResponse\x12\\\n\x0fGetAgentVersion\x12#.agentrun.v1.GetAgentVersionRequest\x1a$.agentrun.v1.GetAgentVersionResponse\x12M\n\nListAgents\x12\x1e.agentrun.v1.ListAgentsRequest\x1a\x1f.agentrun.v1.ListAgentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENTSPEC_CONNECTIONSENTRY']._loaded_options = None
   _globals['_AGENTSPEC_CONNECTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_CONSTRAINTRULE']._serialized_start=2346
-  _globals['_CONSTRAINTRULE']._serialized_end=2578
+  _globals['_AGENTVERSION_TOOLVERSIONSENTRY']._loaded_options = None
+  _globals['_AGENTVERSION_TOOLVERSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_CONSTRAINTRULE']._serialized_start=2467
+  _globals['_CONSTRAINTRULE']._serialized_end=2699
   _globals['_RUNLIMITS']._serialized_start=134
   _globals['_RUNLIMITS']._serialized_end=371
   _globals['_TOOLCONSTRAINT']._serialized_start=374
@@ -51,29 +53,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENT']._serialized_start=1140
   _globals['_AGENT']._serialized_end=1282
   _globals['_AGENTVERSION']._serialized_start=1285
-  _globals['_AGENTVERSION']._serialized_end=1443
-  _globals['_CREATEAGENTREQUEST']._serialized_start=1445
-  _globals['_CREATEAGENTREQUEST']._serialized_end=1527
-  _globals['_CREATEAGENTRESPONSE']._serialized_start=1529
-  _globals['_CREATEAGENTRESPONSE']._serialized_end=1585
-  _globals['_GETAGENTREQUEST']._serialized_start=1587
-  _globals['_GETAGENTREQUEST']._serialized_end=1644
-  _globals['_GETAGENTRESPONSE']._serialized_start=1646
-  _globals['_GETAGENTRESPONSE']._serialized_end=1699
-  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_start=1702
-  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_end=1838
-  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_start=1840
-  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_end=1960
-  _globals['_PUBLISHWARNING']._serialized_start=1962
-  _globals['_PUBLISHWARNING']._serialized_end=2024
-  _globals['_GETAGENTVERSIONREQUEST']._serialized_start=2026
-  _globals['_GETAGENTVERSIONREQUEST']._serialized_end=2107
-  _globals['_GETAGENTVERSIONRESPONSE']._serialized_start=2109
-  _globals['_GETAGENTVERSIONRESPONSE']._serialized_end=2178
-  _globals['_LISTAGENTSREQUEST']._serialized_start=2180
-  _globals['_LISTAGENTSREQUEST']._serialized_end=2260
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=2262
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=2343
-  _globals['_AGENTSERVICE']._serialized_start=2581
-  _globals['_AGENTSERVICE']._serialized_end=3029
+  _globals['_AGENTVERSION']._serialized_end=1564
+  _globals['_AGENTVERSION_TOOLVERSIONSENTRY']._serialized_start=1513
+  _globals['_AGENTVERSION_TOOLVERSIONSENTRY']._serialized_end=1564
+  _globals['_CREATEAGENTREQUEST']._serialized_start=1566
+  _globals['_CREATEAGENTREQUEST']._serialized_end=1648
+  _globals['_CREATEAGENTRESPONSE']._serialized_start=1650
+  _globals['_CREATEAGENTRESPONSE']._serialized_end=1706
+  _globals['_GETAGENTREQUEST']._serialized_start=1708
+  _globals['_GETAGENTREQUEST']._serialized_end=1765
+  _globals['_GETAGENTRESPONSE']._serialized_start=1767
+  _globals['_GETAGENTRESPONSE']._serialized_end=1820
+  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_start=1823
+  _globals['_PUBLISHAGENTVERSIONREQUEST']._serialized_end=1959
+  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_start=1961
+  _globals['_PUBLISHAGENTVERSIONRESPONSE']._serialized_end=2081
+  _globals['_PUBLISHWARNING']._serialized_start=2083
+  _globals['_PUBLISHWARNING']._serialized_end=2145
+  _globals['_GETAGENTVERSIONREQUEST']._serialized_start=2147
+  _globals['_GETAGENTVERSIONREQUEST']._serialized_end=2228
+  _globals['_GETAGENTVERSIONRESPONSE']._serialized_start=2230
+  _globals['_GETAGENTVERSIONRESPONSE']._serialized_end=2299
+  _globals['_LISTAGENTSREQUEST']._serialized_start=2301
+  _globals['_LISTAGENTSREQUEST']._serialized_end=2381
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=2383
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=2464
+  _globals['_AGENTSERVICE']._serialized_start=2702
+  _globals['_AGENTSERVICE']._serialized_end=3150
 # @@protoc_insertion_point(module_scope)

@@ -395,11 +395,32 @@ class AgentVersion(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ToolVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    TOOL_VERSIONS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     version: _builtins.int
@@ -407,6 +428,12 @@ class AgentVersion(_message.Message):
     def spec(self) -> Global___AgentSpec: ...
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def tool_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The registry tool version each of spec.tools was published with
+        (tool.proto); the version's runs use exactly these. Set by the server.
+        """
+
     def __init__(
         self,
         *,
@@ -415,10 +442,11 @@ class AgentVersion(_message.Message):
         version: _builtins.int = ...,
         spec: Global___AgentSpec | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        tool_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "spec", b"spec", "version", b"version", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "spec", b"spec", "tool_versions", b"tool_versions", "version", b"version", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

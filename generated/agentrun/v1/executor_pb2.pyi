@@ -5,6 +5,7 @@ isort:skip_file
 
 from agentrun.v1 import agent_pb2 as _agent_pb2
 from agentrun.v1 import run_pb2 as _run_pb2
+from agentrun.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -751,22 +752,30 @@ class Assignment(_message.Message):
     RUN_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def run(self) -> _run_pb2.Run: ...
     @_builtins.property
     def agent_version(self) -> _agent_pb2.AgentVersion: ...
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.Step]: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.Tool]:
+        """The definitions of the registry tools the run's agent version pinned
+        (tool.proto): the executor calls them from these, no catalogue file.
+        """
+
     def __init__(
         self,
         *,
         run: _run_pb2.Run | None = ...,
         agent_version: _agent_pb2.AgentVersion | None = ...,
         steps: _abc.Iterable[_run_pb2.Step] | None = ...,
+        tools: _abc.Iterable[_tool_pb2.Tool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "run", b"run", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "run", b"run", "steps", b"steps", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
