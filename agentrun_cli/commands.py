@@ -151,7 +151,8 @@ def agents_show(args: argparse.Namespace) -> int:
 def runs_start(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.start_run(
-            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection
+            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection,
+            args.priority,
         )
         note = "started" if resp.created else "already started (same request id)"
         if args.json and args.watch:
