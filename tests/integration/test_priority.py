@@ -196,10 +196,18 @@ async def test_priority_through_the_api_and_bad_ones_write_nothing(api, server, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
     env.update(AGENTRUN_API_KEY=api.key or "", AGENTRUN_WORKSPACE=WS,
                AGENTRUN_CONFIG=str(tmp_path / "config.toml"))  # fmt: skip
-    argv = [sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-            "--json", "runs", "start", "digest", "--input", "hi", "--priority", "-3"]  # fmt: skip
-    done = await asyncio.to_thread(
-        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["run"]["priority"] == -3
+
+    async def cli(*args: str) -> str:
+        argv = [sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
+                *args]  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = await cli("--json", "runs", "start", "digest", "--input", "hi", "--priority", "-3")
+    assert json.loads(out)["run"]["priority"] == -3
+    out = await cli("triggers", "create", "urgent", "--agent", "digest", "--every", "3600",
+                    "--priority", "50")  # fmt: skip
+    assert "priority  50" in out
