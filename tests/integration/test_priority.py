@@ -108,21 +108,27 @@ FROM generate_series(1, $3::int) AS g
 """
 
 
+CLAIM_TYPES = "text[], float8, timestamptz, text[], text[], jsonb, text[], text, float8, boolean"
+
+
 async def claim_buffers(pool) -> int:
-    """Buffers one single-run claim statement touches (EXPLAIN ANALYZE, rolled back)."""
+    """Buffers one single-run claim statement touches, planned as the claim plans it (a
+    generic plan, claim_plan_generic), under EXPLAIN ANALYZE, rolled back."""
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
             await conn.execute(QUERIES["claim_plan_generic"].sql)
-            turns = await conn.fetch(QUERIES["workspace_take_turns"].sql, 1, None, None)
-            args = (["ex"], 30.0, None, [t["workspace_id"] for t in turns])
+            await conn.execute(f"PREPARE claim ({CLAIM_TYPES}) AS {QUERIES['run_claim_due'].sql}")
+            (turn,) = await conn.fetch(QUERIES["workspace_take_turns"].sql, 1, None, None)
+            assert turn["workspace_id"] == WS  # a slug: safe to spell out below
             plan = await conn.fetchval(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["run_claim_due"].sql,
-                *args, None, None, None, None, 0.0, False,
-            )  # fmt: skip
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("
+                f"ARRAY['ex'], 30, NULL, ARRAY['{WS}'], NULL, NULL, NULL, NULL, 0, false)"
+            )
         finally:
             await tx.rollback()
+            await conn.execute("DEALLOCATE claim")
     root = json.loads(plan)[0]["Plan"]
     assert root["Actual Rows"] == 1, "a due run was claimed"
     return root["Shared Hit Blocks"] + root["Shared Read Blocks"]
