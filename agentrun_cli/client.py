@@ -84,7 +84,7 @@ class Client:
 
     def start_run(
         self, agent_id: str, text: str, version: int = 0, request_id: str = "",
-        trigger_connection_id: str = "",
+        trigger_connection_id: str = "", priority: int = 0,
     ) -> run_pb2.StartRunResponse:  # fmt: skip
         req = run_pb2.StartRunRequest(
             workspace_id=self.workspace,
@@ -93,6 +93,7 @@ class Client:
             input=text,
             request_id=request_id,
             trigger_connection_id=trigger_connection_id,
+            priority=priority,
         )
         return self.runs.StartRun(req, timeout=self.timeout)
 

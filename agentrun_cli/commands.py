@@ -151,8 +151,9 @@ def agents_show(args: argparse.Namespace) -> int:
 def runs_start(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.start_run(
-            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection
-        )
+            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection,
+            args.priority,
+        )  # fmt: skip
         note = "started" if resp.created else "already started (same request id)"
         if args.json and args.watch:
             print(render.to_json(resp), flush=True)  # one JSON value a line, like the events

@@ -278,6 +278,7 @@ def run_summary(run: run_pb2.Run) -> list[str]:
         ),
         ("cost", cost_line(run)),
         ("lease", f"epoch {run.lease_epoch}, attempt {run.attempt}"),
+        ("priority", str(run.priority)),
         ("release", release_line(run)),
         ("created", timestamp(run.create_time)),
         ("finished", timestamp(run.finish_time)),

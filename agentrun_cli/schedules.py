@@ -111,6 +111,8 @@ def update(args: argparse.Namespace) -> int:
         workspace_id=args.workspace, trigger_id=args.trigger_id,
         schedule=_merged(current.schedule, args),
     )  # fmt: skip
+    if args.priority is not None:
+        req.priority = args.priority
     t = _call(args, "UpdateSchedule", req).trigger
     _print(args, t, _trigger_lines(t))
     return 0
@@ -165,6 +167,7 @@ def _update_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--time-zone", metavar="TZ")
     p.add_argument("--jitter", type=float, metavar="SECONDS")
     p.add_argument("--input", metavar="TEXT")
+    p.add_argument("--priority", type=int, metavar="N", help="of the runs it starts, -100..100")
     add_schedule_options(p)
     p.set_defaults(handler=update)
 

@@ -107,6 +107,8 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
         lines.append(f"url       POST {t.url}")
     if t.note:
         lines.append(f"note      {t.note}")
+    if t.priority:
+        lines.append(f"priority  {t.priority} (of the runs it starts)")
     if t.webhook.HasField("debounce"):
         deb = t.webhook.debounce
         lines.append(f"flow      debounce on {deb.key}, quiet {deb.quiet_seconds}s")
@@ -162,7 +164,7 @@ def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
 def create(args: argparse.Namespace) -> int:
     req = pb.CreateTriggerRequest(
         workspace_id=args.workspace, trigger_id=args.trigger_id, agent_id=args.agent,
-        filters=args.filters or [], secret=args.secret, **_source(args),
+        filters=args.filters or [], secret=args.secret, priority=args.priority, **_source(args),
     )  # fmt: skip
     with _Stub(args) as stub:
         resp = stub.CreateTrigger(req, timeout=TIMEOUT)
@@ -277,6 +279,13 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--debounce-seconds", type=int, default=0, metavar="S", help="quiet period")
     p.add_argument("--batch-size", type=int, default=0, metavar="N", help="events per run")
     p.add_argument("--batch-seconds", type=int, default=0, metavar="S", help="longest batch wait")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="-100..100, higher first within the workspace (default 0)",
+    )
     p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
                    metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
     schedules.add_schedule_options(p)

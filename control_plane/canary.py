@@ -23,6 +23,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -46,6 +47,9 @@ CANARY_WORKSPACE = "agentrun-internal-canary"
 CANARY_AGENT = "canary"
 CANARY_TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"
+# A finished canary run is the verdict of one deploy step and nobody's data: the retention
+# loop (control_plane/retention.py) deletes it this long after it finished.
+CANARY_KEEP = timedelta(hours=1)
 SPEC: dict[str, Any] = {
     "instructions": "agentrun contract canary: call canary_noop once, then answer the marker.",
     "model": "agentrun-canary",

@@ -9,14 +9,19 @@ deletes none. The runs of a batch are locked FOR UPDATE SKIP LOCKED, so two repl
 take different runs and neither waits on the other; claims, heartbeats and commits
 lock only unfinished runs, which are never chosen, so the deleter never blocks them.
 Export a run first if you need it (`agentrun runs export RUN`).
+
+The contract canary's internal workspace keeps its finished runs only for CANARY_KEEP (an
+hour) whatever its period says: a deploy pipeline runs a canary per step, and their runs
+are nobody's history.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
+from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
 from control_plane.store import retention as store
 
 log = logging.getLogger(__name__)
@@ -47,14 +52,23 @@ class Retention:
     async def tick(self, now: datetime | None = None) -> int:
         """Delete every run past its workspace's period at `now` (database clock when None);
         returns how many runs it deleted."""
+        due = await store.due_workspaces(self._pool, now)
+        # An hour needs no clock agreement to the second: this replica's clock will do.
+        canary = (CANARY_WORKSPACE, (now or datetime.now(UTC)) - CANARY_KEEP)
         deleted = 0
-        for workspace_id, cutoff in await store.due_workspaces(self._pool, now):
-            while (gone := await store.delete_batch(
-                self._pool, workspace_id, cutoff, self._batch
-            )).runs:  # fmt: skip
-                deleted += gone.runs
-                log.info("retention deleted %d runs (%d steps) of workspace %s",
-                         gone.runs, gone.steps, workspace_id)  # fmt: skip
-                if self._pause:
-                    await asyncio.sleep(self._pause)
+        for workspace_id, cutoff in [*due, canary]:
+            deleted += await self._delete(workspace_id, cutoff)
+        return deleted
+
+    async def _delete(self, workspace_id: str, cutoff: datetime) -> int:
+        """Delete the workspace's runs finished before `cutoff`, a batch per statement."""
+        deleted = 0
+        while (gone := await store.delete_batch(
+            self._pool, workspace_id, cutoff, self._batch
+        )).runs:  # fmt: skip
+            deleted += gone.runs
+            log.info("retention deleted %d runs (%d steps) of workspace %s",
+                     gone.runs, gone.steps, workspace_id)  # fmt: skip
+            if self._pause:
+                await asyncio.sleep(self._pause)
         return deleted

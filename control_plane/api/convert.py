@@ -109,6 +109,7 @@ def run(row: Run) -> run_pb2.Run:
         credits_reserved_micros=row.credits_reserved_micros,
         credit_chunks=row.credit_chunks,
         release=row.release or "",
+        priority=row.priority,
     )
     for name, value in (
         ("wake_time", row.wake_at),

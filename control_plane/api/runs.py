@@ -123,6 +123,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         version = validate.non_negative("agent_version", request.agent_version)
         text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
+        priority = validate.priority("priority", request.priority)
         ver = await agent_store.get_version(self._pool, ws, agent_id, version)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
@@ -131,7 +132,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         )
         adm = admission(
             ver, self._defaults, text, started_by=auth_context.current().label,
-            request_id=request_id, input_payload=came_in,
+            request_id=request_id, input_payload=came_in, priority=priority,
         )  # fmt: skip
         row = await store.insert_run(self._pool, adm)
         if row is None:

@@ -102,8 +102,12 @@ class ScheduleRpcs:
         ws = auth_context.workspace(request.workspace_id)
         trigger_id = validate.slug("trigger_id", request.trigger_id)
         sched, text = parse_schedule(request.schedule, datetime.now(UTC))
+        priority = (
+            validate.priority("priority", request.priority)
+            if request.HasField("priority") else None
+        )  # fmt: skip
         async with transaction(self._pool) as conn:
-            row = await schedule_ops.update(conn, ws, trigger_id, sched, text)
+            row = await schedule_ops.update(conn, ws, trigger_id, sched, text, priority=priority)
             await audit.record(conn, "trigger.updated", "trigger", trigger_id, sched.to_json())
         return pb.UpdateScheduleResponse(trigger=await self._message(row))
 

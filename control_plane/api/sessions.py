@@ -119,6 +119,7 @@ class Conversations:
         text: str,
         request_id: str | None,
         strategy: str | None = None,
+        priority: int = 0,
     ) -> tuple[Any, bool]:
         """The turn this message started (and True), or the one its request_id started."""
         cancelled: list[uuid.UUID] = []
@@ -137,7 +138,7 @@ class Conversations:
                 _refuse(unfinished[-1])
             if unfinished and how in (INTERRUPT, ROLLBACK):
                 cancelled = await _cancel_turns(conn, session, unfinished, how)
-            adm = await self._admission(conn, session, text, request_id)
+            adm = await self._admission(conn, session, text, request_id, priority)
             row = await store.admit_turn(conn, adm)
             if unfinished and how == ENQUEUE:
                 await store.park_turn(conn, workspace_id, row["run_id"])
@@ -148,7 +149,7 @@ class Conversations:
         return row, True
 
     async def _admission(
-        self, conn: Any, session: Any, text: str, request_id: str | None
+        self, conn: Any, session: Any, text: str, request_id: str | None, priority: int = 0
     ) -> store.TurnAdmission:
         ws, session_id = session["workspace_id"], session["session_id"]
         version = await agent_store.get_version(conn, ws, session["agent_id"], 0)
@@ -164,7 +165,7 @@ class Conversations:
             session_id=session_id, turn=turn, request_id=request_id,
             # Whoever sent the message started the turn (four eyes reads it).
             run=admission(version, self._defaults, text, input_payload=payload,
-                          started_by=auth_context.label_or_none()),
+                          started_by=auth_context.label_or_none(), priority=priority),
         )  # fmt: skip
 
 
@@ -259,7 +260,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         text = validate.text("text", request.text, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
         how = strategy("strategy", request.strategy)
-        row, created = await self._conversations.send(ws, session_id, text, request_id, how)
+        priority = validate.priority("priority", request.priority)
+        row, created = await self._conversations.send(
+            ws, session_id, text, request_id, how, priority
+        )
         return session_pb2.SendMessageResponse(turn=turn_message(row), created=created)
 
     async def ListTurns(

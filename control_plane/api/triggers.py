@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import uuid
@@ -134,7 +135,16 @@ def _mail_push(src: pb.MailPushSource) -> tuple[str, dict[str, Any]]:
 
 
 def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
-    """The validated trigger a CreateTrigger request describes."""
+    """The validated trigger a CreateTrigger request describes; the priority of the runs it
+    starts rides in its config (0, the default, is left out)."""
+    priority = validate.priority("priority", request.priority)
+    new = _new_trigger(request, now)
+    if not priority:
+        return new
+    return dataclasses.replace(new, config={**new.config, "priority": priority})
+
+
+def _new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
     ws = auth_context.workspace(request.workspace_id)
     trigger_id = validate.slug("trigger_id", request.trigger_id)
     agent_id = validate.slug("agent_id", request.agent_id)
@@ -229,7 +239,7 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
     msg = pb.Trigger(
         workspace_id=row["workspace_id"], trigger_id=row["trigger_id"], agent_id=row["agent_id"],
         enabled=row["enabled"], filters=[_rule_message(r) for r in json.loads(row["filters"])],
-        note=row["note"] or "",
+        note=row["note"] or "", priority=config.get("priority", 0),
     )  # fmt: skip
     _source(msg, row, config)
     if row["kind"] in HTTP_KINDS:

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from control_plane.errors import InvalidArgument
+from control_plane.store.admission import PRIORITY_MAX, PRIORITY_MIN
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -46,6 +47,11 @@ def in_range(field: str, value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgument(field, f"must be between {low} and {high}, got {value}")
     return value
+
+
+def priority(field: str, value: int) -> int:
+    """A run's priority: -100..100 (0 is the default; higher goes first in its workspace)."""
+    return in_range(field, value, PRIORITY_MIN, PRIORITY_MAX)
 
 
 def non_negative(field: str, value: int) -> int:

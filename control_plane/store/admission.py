@@ -21,6 +21,8 @@ from control_plane.config import RunDefaults
 
 # A run's input text, at most (trigger sources clip to it, StartRun refuses more).
 MAX_INPUT_BYTES = 256 * 1024
+# A run's priority (0026_run_priority.sql checks the same range); 0 is the default.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Admission:
     started_by: str | None = None
     # The input step (seq 0); None: just {"text": input}. Its `text` is the run's input.
     input_payload: dict[str, Any] | None = None
+    # Higher goes first within the workspace's fair share (PRIORITY_MIN..PRIORITY_MAX).
+    priority: int = 0
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def params(self, now: datetime | None) -> dict[str, Any]:
@@ -58,7 +62,7 @@ class Admission:
             "deadline_seconds": self.deadline_seconds, "max_age_seconds": self.max_age_seconds,
             "repeat_limit": self.repeat_limit, "context_tokens": self.context_tokens,
             "model_retry_budget": self.model_retry_budget, "started_by": self.started_by,
-            "now": now,
+            "priority": self.priority, "now": now,
         }  # fmt: skip
 
 
@@ -70,6 +74,7 @@ def admission(
     started_by: str | None = None,
     request_id: str | None = None,
     input_payload: dict[str, Any] | None = None,
+    priority: int = 0,
 ) -> Admission:
     """The admission of a run of `version` (an agent version row): its limits, with the
     server's defaults for those it leaves unset (max age: none)."""
@@ -85,5 +90,5 @@ def admission(
         max_age_seconds=limits.get("max_age_seconds") or 0,
         repeat_limit=limits.get("repeat_limit") or defaults.repeat_limit,
         context_tokens=limits.get("context_tokens") or 0,
-        started_by=started_by, input_payload=input_payload,
+        started_by=started_by, input_payload=input_payload, priority=priority,
     )  # fmt: skip

@@ -77,6 +77,8 @@ class Run:
     held_seconds: float  # computed by the query, not a column
     # The release of the executor that first claimed it (None: not claimed yet).
     release: str | None = None
+    # Higher goes first within its workspace's fair share (0026_run_priority.sql).
+    priority: int = 0
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

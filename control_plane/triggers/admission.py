@@ -38,6 +38,8 @@ class Event:
     chain_depth: int = 0
     # A debounced or batched trigger's event: held pending for its group (triggers/flow.py).
     held: flow_store.PendingEvent | None = None
+    # The priority of the run it starts (its trigger's).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ async def admit(
         dedupe_key=event.dedupe_key, payload=event.payload, reason=event.filtered,
         # Started by the trigger, not a person: four eyes excludes nobody for it.
         run=admission(version, defaults, payload["text"], input_payload=payload,
-                      started_by=f"trigger:{event.trigger_id}"),
+                      started_by=f"trigger:{event.trigger_id}", priority=event.priority),
         scheduled_for=event.scheduled_for, chain_depth=event.chain_depth,
     )  # fmt: skip
     return await _outcome(conn, event, await store.admit_event(conn, adm, now))

@@ -65,6 +65,11 @@ class Settings:
         return self.config.get("tolerance_seconds") or SCHEMES[self.scheme].default_tolerance
 
     @property
+    def priority(self) -> int:
+        """The priority of the runs it starts (CreateTrigger's, kept in the config)."""
+        return int(self.config.get("priority", 0))
+
+    @property
     def max_chain_depth(self) -> int:
         return int(self.config.get("max_chain_depth") or mail.DEFAULT_MAX_CHAIN_DEPTH)
 
@@ -74,6 +79,7 @@ class Settings:
             trigger_id=self.trigger_id,
             agent_id=self.agent_id,
             kind=self.kind,
+            priority=self.priority,
             **fields,
         )
 

@@ -135,7 +135,8 @@ async def _flush(conn: store.Connection, group: Any, defaults: RunDefaults) -> b
         payload = _payload(group, events)
         key = f"flow:{group['trigger_id']}:{group['flow_key']}:{events[0]['flow_seq']}"
         adm = admission(version, defaults, payload["text"], input_payload=payload,
-                        started_by=f"trigger:{group['trigger_id']}", request_id=key[:512])  # fmt: skip
+                        started_by=f"trigger:{group['trigger_id']}", request_id=key[:512],
+                        priority=int(cfg.get("priority", 0)))  # fmt: skip
         started = await flow_store.consume(conn, [e["event_id"] for e in events], adm, None) > 0
     faults.point("control_plane.trigger_flow.before_commit")
     await flow_store.settle(conn, group, size, int(wait), group["db_now"])

@@ -47,12 +47,17 @@ def schedule_of(row: Any) -> Schedule:
 
 async def update(
     conn: Connection, ws: str, trigger_id: str, sched: Schedule, input_text: str,
-    now: datetime | None = None,
+    now: datetime | None = None, priority: int | None = None,
 ) -> Record:  # fmt: skip
-    """Replace the schedule's spec; its next slot is the new spec's first after now."""
+    """Replace the schedule's spec; its next slot is the new spec's first after now. The
+    priority of its runs becomes `priority` (None: stays)."""
     row = await locked(conn, ws, trigger_id, now)
     slot = sched.next_slot_after(row["db_now"])
     config = {**sched.to_json(), "input": input_text}
+    if priority is None:
+        priority = json.loads(row["config"]).get("priority", 0)
+    if priority:
+        config["priority"] = priority
     fire_at = sched.fire_time(slot, ws, trigger_id)
     updated = await store.update(conn, ws, trigger_id, config, slot, fire_at)
     assert updated is not None, "the schedule is locked"

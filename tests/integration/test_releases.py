@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from itertools import pairwise
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -34,6 +35,11 @@ CLAIMED = re.compile(
     r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release ([^\s\"]+)"
 )
 WORKER = ("worker", "slow_worker", ["echo"])  # ten one-second model replies, ten echoes
+DRAIN_SECONDS = 40  # `releases drain A --finish-within`
+# "No run waits longer than the drain deadline plus a claim": a claim comes within the
+# control plane's claim poll (0.5 s), and a wait is measured between commits, so it also
+# holds the first model reply of the next hold (the slow worker's 1 s).
+LONGEST_WAIT = DRAIN_SECONDS + 0.5 + 1.0
 
 
 def cli(address: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,6 +64,16 @@ async def releases_of_steps(api: Api, run_id: str, claims: dict[tuple[str, int],
     steps = [s for s in await api.steps(run_id) if s.epoch > 0]
     assert steps, f"run {run_id} has no executor step"
     return {claims[(run_id, s.epoch)] for s in steps}
+
+
+async def longest_wait(api: Api, run_id: str) -> float:
+    """The longest the run went between two of its steps: waiting for its first claim after
+    its input, for its next holder after a hand-back, or for one of its holder's steps."""
+    resp = await api.runs.ListRunSteps(
+        run_pb2.ListRunStepsRequest(workspace_id=api.ws, run_id=run_id, page_size=1000)
+    )
+    times = [s.create_time.ToDatetime() for s in resp.steps]
+    return max((later - earlier).total_seconds() for earlier, later in pairwise(times))
 
 
 async def release(stub: release_pb2_grpc.ReleaseServiceStub, name: str) -> release_pb2.Release:
@@ -95,7 +111,7 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     await eventually(lambda: held_by(api, on_b, "B"), timeout=30, message="B never took new runs")
 
     drain = await asyncio.to_thread(cli, cp.address, key, "releases", "drain", "A",
-                                    "--finish-within", "40")  # fmt: skip
+                                    "--finish-within", str(DRAIN_SECONDS))  # fmt: skip
     assert drain.returncode == 0, drain.stderr
     held = re.search(r"held=(\d+)", drain.stdout)
     assert held and int(held.group(1)) > 0, drain.stdout  # A was holding runs when told
@@ -115,6 +131,10 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     claims = release_of_claims(team_a + team_b)
     for run in done:
         assert await releases_of_steps(api, run.run_id, claims) == {run.release}
+    # No run waited longer than the drain deadline plus a claim.
+    waits = {run.run_id: await longest_wait(api, run.run_id) for run in done}
+    print(f"longest wait of a run: {max(waits.values()):.2f}s (bound {LONGEST_WAIT}s)")
+    assert max(waits.values()) <= LONGEST_WAIT, waits
     a = await release(stub, "A")
     assert a.drained and not a.executors and a.runs_held == 0
     assert (await release(stub, "B")).newest

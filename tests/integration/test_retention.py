@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
 from control_plane.retention import Retention
 from control_plane.store import lease, runs
 from control_plane.store import retention as store
@@ -191,3 +192,16 @@ async def test_a_payload_a_kept_run_references_is_handed_over_not_deleted(pool):
     assert await Retention(pool).tick(now=T + 51 * DAY) == 1
     assert await pool.fetchval("SELECT count(*) FROM payloads WHERE sha256 = $1", sha) == 0
     assert await pool.fetchval("SELECT count(*) FROM payload_chunks WHERE sha256 = $1", sha) == 0
+
+
+async def test_finished_canary_runs_go_after_an_hour_whatever_the_period(pool):
+    """The canary's internal workspace keeps nothing (retention 0, the default) yet its
+    finished runs go an hour after they finished; its unfinished and recent ones stay."""
+    old = await _finished(pool, CANARY_WORKSPACE, at=T)
+    recent = await _finished(pool, CANARY_WORKSPACE, at=T + timedelta(minutes=50))
+    going = await _queued(pool, CANARY_WORKSPACE, at=T)
+    customer = await _finished(pool, "ws", at=T)  # keeps everything
+    assert await Retention(pool).tick(now=T + CANARY_KEEP + timedelta(minutes=1)) == 1
+    left = await pool.fetch("SELECT run_id FROM runs")
+    assert {r["run_id"] for r in left} == {recent, going, customer}
+    assert (await _rows(pool, CANARY_WORKSPACE, old))["steps"] == 0

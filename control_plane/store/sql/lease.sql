@@ -45,9 +45,11 @@ FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: run_claim_due :many
 -- Lease up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
--- first (they hold their slot already), then the oldest due runs of the
--- workspaces in $4 (locked by workspace_take_turns, in turn order), one per
--- workspace per round, within the room of the workspace and of each agent.
+-- first (they hold their slot already), then the due runs of the workspaces
+-- in $4 (locked by workspace_take_turns, in turn order), one per workspace per
+-- round, within the room of the workspace and of each agent. Within a
+-- workspace, highest priority first, then oldest due: priority reorders a
+-- workspace's own share and never gives it a turn out of order.
 -- Marks the workspaces served; says of each run whether it was taken over
 -- (its lease had lapsed). Database clock unless $3 fixes it. Lapsed
 -- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
@@ -96,22 +98,46 @@ WITH clock AS MATERIALIZED (
     JOIN workspaces w USING (workspace_id)
     WHERE w.running < w.max_concurrency
 ), candidates AS (
-    SELECT t.workspace_id, t.ord, t.room, c.run_id, c.wake_at
+    SELECT t.workspace_id, t.ord, t.room, c.run_id, c.priority, c.wake_at
     FROM turns t
     JOIN agents a ON a.workspace_id = t.workspace_id
                  AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
     CROSS JOIN LATERAL (
-        SELECT r.run_id, r.wake_at FROM runs r
-        WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
-          AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
-          AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
-               OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
-          AND ($6::jsonb IS NULL OR EXISTS (
-              SELECT 1 FROM agent_versions v
-              WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
-                AND v.version = r.agent_version
-                AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
-        ORDER BY r.wake_at, r.run_id
+        -- The agent's queue one priority level at a time, highest first (0026's
+        -- runs_due_by_priority): each level is one index descent to find and one
+        -- range probe that stops at the level's first run not yet due, so parked
+        -- runs are never read. Levels come out highest first and each level's runs
+        -- oldest first, and the LIMIT stops the walk once it has enough: lower
+        -- levels are not even looked up.
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT r.priority FROM runs r
+             WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+               AND r.status IN ('queued', 'waiting')
+             ORDER BY r.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.priority FROM runs r
+                    WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+                      AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
+                    ORDER BY r.priority DESC LIMIT 1)
+            FROM levels l WHERE l.priority IS NOT NULL
+        )
+        SELECT d.run_id, l.priority, d.wake_at
+        FROM levels l
+        CROSS JOIN LATERAL (
+            SELECT r.run_id, r.wake_at FROM runs r
+            WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+              AND r.priority = l.priority
+              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+              AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
+                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+              AND ($6::jsonb IS NULL OR EXISTS (
+                  SELECT 1 FROM agent_versions v
+                  WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                    AND v.version = r.agent_version
+                    AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
+            ORDER BY r.wake_at, r.run_id
+            LIMIT least(t.room, a.max_concurrency - a.running, cardinality($1::text[]))
+        ) d
         -- Never more than the batch: a workspace with vast room must not make a
         -- one-run claim read its whole backlog.
         LIMIT least(t.room, a.max_concurrency - a.running, cardinality($1::text[]))
@@ -119,7 +145,8 @@ WITH clock AS MATERIALIZED (
 ), picked AS (
     SELECT workspace_id, run_id FROM (
         SELECT workspace_id, run_id, ord, room,
-               row_number() OVER (PARTITION BY workspace_id ORDER BY wake_at, run_id) AS turn
+               row_number() OVER (PARTITION BY workspace_id
+                                  ORDER BY priority DESC, wake_at, run_id) AS turn
         FROM candidates
     ) ranked
     WHERE turn <= room
@@ -198,11 +225,14 @@ WHERE w.workspace_id = ANY($1::text[]);
 -- name: run_queue_position :one
 -- Where a queued or waiting run stands: its workspace's and agent's running
 -- counts and caps, and how many runs of the workspace the claim takes before
--- it (earlier wake time; runs of another agent at its cap are passed over,
--- so they are not counted). No row for a run that is not waiting its turn.
+-- it: those of higher priority due by the time it is, and those of its own
+-- priority with an earlier wake time (runs of another agent at its cap are
+-- passed over, so they are not counted). No row for a run that is not
+-- waiting its turn.
 WITH me AS (
-    SELECT r.workspace_id, r.run_id, r.agent_id, r.wake_at,
-           r.wake_at <= coalesce($3::timestamptz, now()) AS due
+    SELECT r.workspace_id, r.run_id, r.agent_id, r.wake_at, r.priority,
+           r.wake_at <= coalesce($3::timestamptz, now()) AS due,
+           greatest(r.wake_at, coalesce($3::timestamptz, now())) AS due_by
     FROM runs r
     WHERE r.workspace_id = $1 AND r.run_id = $2
       AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
@@ -210,15 +240,21 @@ WITH me AS (
 SELECT me.due,
        w.running AS workspace_running, w.max_concurrency AS workspace_max_concurrency,
        a.running AS agent_running, a.max_concurrency AS agent_max_concurrency,
-       (SELECT coalesce(sum(ahead.n), 0)
+       (SELECT coalesce(sum(ahead.n + higher.n), 0)
         FROM agents o
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM runs x
             WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
-              AND x.status IN ('queued', 'waiting')
+              AND x.status IN ('queued', 'waiting') AND x.priority = me.priority
               AND x.wake_at <= me.wake_at
               AND (x.wake_at < me.wake_at OR x.run_id < me.run_id)
         ) ahead
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM runs x
+            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+              AND x.status IN ('queued', 'waiting') AND x.priority > me.priority
+              AND x.wake_at <= me.due_by
+        ) higher
         WHERE o.workspace_id = me.workspace_id
           AND (o.agent_id = me.agent_id OR o.max_concurrency IS NULL
                OR o.running < o.max_concurrency))::bigint AS runs_ahead

@@ -4,12 +4,13 @@
 -- admit nothing), a queued run with its limits copied (deadline_seconds of active time,
 -- max_age_seconds fixed as expires_at, 0 = none) and input_payload as its input step (seq 0;
 -- its `text` is the run's input). A used request_id admits nothing. Database clock unless :now.
+-- :priority orders it within its workspace's share (0026_run_priority.sql).
 admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
                       repeat_limit, context_tokens, started_by, step_count, created_at,
-                      updated_at)
+                      updated_at, priority)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -18,7 +19,8 @@ admitted AS (
                THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :max_age_seconds::int)
            END,
            :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
-           coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now())
+           coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()),
+           :priority::smallint
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *

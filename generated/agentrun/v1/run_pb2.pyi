@@ -310,6 +310,7 @@ class Run(_message.Message):
     FORKED_FROM_SEQ_FIELD_NUMBER: _builtins.int
     CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -353,6 +354,10 @@ class Run(_message.Message):
     release: _builtins.str
     """The release of the executor that first claimed it (empty: not claimed
     yet); only executors of it (or continuing it) continue the run.
+    """
+    priority: _builtins.int
+    """Set at admission (-100..100; 0 = the default): higher goes first within
+    the workspace's fair share.
     """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
@@ -430,10 +435,11 @@ class Run(_message.Message):
         forked_from_seq: _builtins.int = ...,
         child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
         release: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -538,6 +544,7 @@ class StartRunRequest(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TRIGGER_CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     agent_version: _builtins.int
@@ -555,6 +562,11 @@ class StartRunRequest(_message.Message):
     run without one gets such a call's error result, and nothing is sent.
     Recorded in the run's input step as "trigger_connection_id".
     """
+    priority: _builtins.int
+    """-100..100, 0 = the default. A higher-priority run is claimed before the
+    workspace's other due runs, within the workspace's fair share: it never
+    takes another workspace's turn.
+    """
     def __init__(
         self,
         *,
@@ -564,10 +576,11 @@ class StartRunRequest(_message.Message):
         input: _builtins.str = ...,
         request_id: _builtins.str = ...,
         trigger_connection_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "request_id", b"request_id", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "priority", b"priority", "request_id", b"request_id", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

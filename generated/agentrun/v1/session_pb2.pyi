@@ -260,6 +260,7 @@ class SendMessageRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     STRATEGY_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     session_id: _builtins.str
     text: _builtins.str
@@ -270,6 +271,10 @@ class SendMessageRequest(_message.Message):
     """
     strategy: Global___SessionStrategy.ValueType
     """UNSPECIFIED = the session's strategy."""
+    priority: _builtins.int
+    """The priority of the turn's run (-100..100; 0 = the default): ahead of the
+    workspace's other due runs, never ahead of another workspace's turn.
+    """
     def __init__(
         self,
         *,
@@ -278,10 +283,11 @@ class SendMessageRequest(_message.Message):
         text: _builtins.str = ...,
         request_id: _builtins.str = ...,
         strategy: Global___SessionStrategy.ValueType = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "session_id", b"session_id", "strategy", b"strategy", "text", b"text", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority", b"priority", "request_id", b"request_id", "session_id", b"session_id", "strategy", b"strategy", "text", b"text", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

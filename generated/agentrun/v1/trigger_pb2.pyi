@@ -489,6 +489,7 @@ class Trigger(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     agent_id: _builtins.str
@@ -497,6 +498,10 @@ class Trigger(_message.Message):
     """HTTP triggers: where senders POST (the control plane's public URL + path)."""
     note: _builtins.str
     """Why it was last paused or unpaused (SetTriggerEnabled's note)."""
+    priority: _builtins.int
+    """The priority of the runs it starts (-100..100; 0 = the default): ahead of
+    the workspace's other due runs, never ahead of another workspace's turn.
+    """
     @_builtins.property
     def webhook(self) -> Global___WebhookSource: ...
     @_builtins.property
@@ -532,10 +537,11 @@ class Trigger(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         note: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "update_time", b"update_time", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "priority", b"priority", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
@@ -664,6 +670,7 @@ class CreateTriggerRequest(_message.Message):
     MAIL_PUSH_FIELD_NUMBER: _builtins.int
     FILTERS_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     """Lowercase letters, digits, '-' and '_', 1-63 characters."""
@@ -672,6 +679,8 @@ class CreateTriggerRequest(_message.Message):
     """HTTP triggers: the sender's signing secret (Stripe, Slack and GitHub
     issue their own). Empty = the control plane generates one.
     """
+    priority: _builtins.int
+    """The priority of the runs it starts (-100..100; 0 = the default)."""
     @_builtins.property
     def webhook(self) -> Global___WebhookSource: ...
     @_builtins.property
@@ -694,10 +703,11 @@ class CreateTriggerRequest(_message.Message):
         mail_push: Global___MailPushSource | None = ...,
         filters: _abc.Iterable[Global___FilterRule] | None = ...,
         secret: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "priority", b"priority", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
@@ -995,8 +1005,11 @@ class UpdateScheduleRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     TRIGGER_ID_FIELD_NUMBER: _builtins.int
     SCHEDULE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
+    priority: _builtins.int
+    """The priority of the runs it starts from now on (-100..100); unset keeps it."""
     @_builtins.property
     def schedule(self) -> Global___ScheduleSource:
         """The whole new spec, validated as CreateTrigger does (output-only fields
@@ -1009,12 +1022,15 @@ class UpdateScheduleRequest(_message.Message):
         workspace_id: _builtins.str = ...,
         trigger_id: _builtins.str = ...,
         schedule: Global___ScheduleSource | None = ...,
+        priority: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority", "schedule", b"schedule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority", "schedule", b"schedule", "trigger_id", b"trigger_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
 
 Global___UpdateScheduleRequest: _TypeAlias = UpdateScheduleRequest  # noqa: Y015
 

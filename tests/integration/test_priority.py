@@ -1,0 +1,219 @@
+"""Run priority (issue 17 item 3): a run's priority moves it ahead within its workspace's
+fair share, never past another workspace's turn; the claim stays an index probe however many
+runs are parked; bad priorities are refused by name and write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import asyncpg
+import grpc
+import pytest
+
+from agentrun.v1 import run_pb2, run_pb2_grpc, session_pb2
+from agentrun.v1 import trigger_pb2 as pb
+from control_plane.store import lease, runs, workspaces
+from control_plane.store.queries import QUERIES
+from tests import factories
+from tests.harness.triggers import TriggerApi, seconds
+
+WS = "ws"
+
+
+@pytest.fixture
+async def pool(db_url):
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    yield p
+    await p.close()
+
+
+async def admit(pool, priorities: list[int], workspace_id: str = WS) -> list[runs.Run]:
+    """One run per priority, admitted in this order (one agent version for all)."""
+    version = await factories.agent_version(pool, workspace_id, "agent")
+    out = []
+    for i, priority in enumerate(priorities):
+        adm = runs.Admission(
+            workspace_id=workspace_id, agent_id="agent", agent_version=version,
+            input=f"input {i}", request_id=None, max_steps=50, max_tokens=100_000,
+            max_tool_calls=100, deadline_seconds=3600, priority=priority,
+        )  # fmt: skip
+        row = await runs.insert_run(pool, adm)
+        assert row is not None and row.priority == priority
+        out.append(row)
+    return out
+
+
+async def claim_one(pool) -> runs.Run:
+    (row,) = await lease.claim_due(pool, ["ex"], 30)
+    return row
+
+
+async def test_a_later_higher_priority_run_is_claimed_before_earlier_ones(pool):
+    await workspaces.set_plan(pool, WS, "enterprise", 100)
+    first, second, high, low, third = await admit(pool, [0, 0, 10, -5, 0])
+    parked = (await admit(pool, [50]))[0]
+    await pool.execute(
+        "UPDATE runs SET status = 'waiting', wait_reason = 'sleep', "
+        "wake_at = now() + interval '1 hour' WHERE run_id = $1",
+        parked.run_id,
+    )
+    order = [(await claim_one(pool)).run_id for _ in range(5)]
+    # Highest first, then oldest first within a priority; a parked run stays parked
+    # whatever its priority.
+    assert order == [high.run_id, first.run_id, second.run_id, third.run_id, low.run_id]
+    assert await lease.claim_due(pool, ["ex"], 30) == []
+
+
+async def test_priority_never_gives_a_workspace_a_turn_out_of_order(pool):
+    for ws in ("hot", "cold"):
+        await workspaces.set_plan(pool, ws, "enterprise", 100)
+    await admit(pool, [0, 0, 0], "cold")
+    await admit(pool, [100, 100, 100], "hot")  # later, and every run at the top priority
+    # One run per claim: the workspaces alternate, the high one never gets two in a row.
+    order = [(await claim_one(pool)).workspace_id for _ in range(4)]
+    assert order in (["cold", "hot"] * 2, ["hot", "cold"] * 2), order
+    # A batch goes round robin too: one run of each, however high the priorities.
+    batch = await lease.claim_due(pool, ["ex", "ex"], 30)
+    assert sorted(r.workspace_id for r in batch) == ["cold", "hot"]
+
+
+async def test_queue_position_counts_higher_priority_runs_ahead(pool):
+    await workspaces.set_plan(pool, WS, "enterprise", 1)  # the first claim fills the cap
+    oldest, second, high = await admit(pool, [0, 0, 5])
+    assert (await claim_one(pool)).run_id == high.run_id
+    ahead = [(await lease.queue_position(pool, WS, r.run_id)).runs_ahead for r in (oldest, second)]
+    assert ahead == [0, 1]
+    urgent = (await admit(pool, [7]))[0]  # admitted last, ahead of both
+    assert (await lease.queue_position(pool, WS, urgent.run_id)).runs_ahead == 0
+    after = [await lease.queue_position(pool, WS, r.run_id) for r in (oldest, second)]
+    assert [p.runs_ahead for p in after] == [1, 2] and after[0].workspace_full
+
+
+PARK = """
+INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
+                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds, repeat_limit,
+                  priority)
+SELECT $1, gen_random_uuid(), 'agent', $2::int, 'waiting', 'sleep',
+       CASE WHEN g % 2 = 0 THEN NULL ELSE now() + interval '1 hour' + g * interval '1 s' END,
+       'parked', 50, 1000, 30, 3600, 3, 100
+FROM generate_series(1, $3::int) AS g
+UNION ALL
+SELECT $1, gen_random_uuid(), 'agent', $2::int, 'queued', NULL, now() - g * interval '1 s',
+       'backlog', 50, 1000, 30, 3600, 3, 0
+FROM generate_series(1, $3::int) AS g
+"""
+
+
+CLAIM_TYPES = "text[], float8, timestamptz, text[], text[], jsonb, text[], text, float8, boolean"
+
+
+async def claim_buffers(pool) -> int:
+    """Buffers one single-run claim statement touches, planned as the claim plans it (a
+    generic plan, claim_plan_generic), under EXPLAIN ANALYZE, rolled back."""
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute(QUERIES["claim_plan_generic"].sql)
+            await conn.execute(f"PREPARE claim ({CLAIM_TYPES}) AS {QUERIES['run_claim_due'].sql}")
+            (turn,) = await conn.fetch(QUERIES["workspace_take_turns"].sql, 1, None, None)
+            assert turn["workspace_id"] == WS  # a slug: safe to spell out below
+            plan = await conn.fetchval(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("
+                f"ARRAY['ex'], 30, NULL, ARRAY['{WS}'], NULL, NULL, NULL, NULL, 0, false)"
+            )
+        finally:
+            await tx.rollback()
+            await conn.execute("DEALLOCATE claim")
+    root = json.loads(plan)[0]["Plan"]
+    assert root["Actual Rows"] == 1, "a due run was claimed"
+    return root["Shared Hit Blocks"] + root["Shared Read Blocks"]
+
+
+async def test_the_claim_reads_neither_higher_priority_parked_runs_nor_the_backlog(pool):
+    """The worst layout for a priority order: runs parked (on a later time or none) at a
+    higher priority than a backlog of due runs. A single-run claim reads the same few pages
+    with 1,000 of each or PRIORITY_RUNS (default 20,000): each priority level is one index
+    probe that stops at its first run not yet due, and the walk stops once it has a run.
+    Sorting the due backlog, or walking the parked runs' index entries, would each read over
+    a hundred pages at 20,000."""
+    await workspaces.set_plan(pool, WS, "enterprise", 1000)
+    version = await factories.agent_version(pool, WS, "agent")
+    touched = {}
+    for n in (1_000, int(os.environ.get("PRIORITY_RUNS", "20000"))):
+        await pool.execute("DELETE FROM runs")
+        await pool.execute(PARK, WS, version, n)
+        await pool.execute("UPDATE workspaces SET next_wake_at = now() WHERE workspace_id = $1", WS)
+        await pool.execute("VACUUM ANALYZE runs")
+        touched[n] = min([await claim_buffers(pool) for _ in range(3)])
+    shallow, deep = touched.values()
+    print(f"claim buffers: {touched}")
+    assert deep <= shallow + 20, touched  # an index level deeper costs a page per probe
+
+
+async def refused(call) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    return err.value.details() or ""
+
+
+@pytest.fixture
+async def api(server, db_url):
+    api = await TriggerApi.connect(f"127.0.0.1:{server.port}", db_url, WS)
+    await api.publish("digest")
+    yield api
+    await api.close()
+
+
+async def test_priority_through_the_api_and_bad_ones_write_nothing(api, server, db, tmp_path):
+    stub = run_pb2_grpc.RunServiceStub(api.channel)
+    start = run_pb2.StartRunRequest(agent_id="digest", input="x", priority=101)
+    assert "priority" in await refused(stub.StartRun(start))
+    hourly = pb.ScheduleSource(interval=seconds(3600), input="digest")
+    assert "priority" in await refused(api.create("bad", "digest", schedule=hourly, priority=-101))
+    session = await api.sessions.CreateSession(session_pb2.CreateSessionRequest(agent_id="digest"))
+    send = session_pb2.SendMessageRequest(
+        session_id=session.session.session_id, text="hi", priority=500
+    )
+    assert "priority" in await refused(api.sessions.SendMessage(send))
+    assert await db.fetchval("SELECT count(*) FROM runs") == 0
+    assert await db.fetchval("SELECT count(*) FROM triggers") == 0
+
+    start.priority = 7
+    assert (await stub.StartRun(start)).run.priority == 7
+    created, _ = await api.create("hourly", "digest", schedule=hourly, priority=9)
+    assert created.priority == 9
+    now = await api.triggers.TriggerScheduleNow(pb.TriggerScheduleNowRequest(trigger_id="hourly"))
+    fired = await stub.GetRun(run_pb2.GetRunRequest(run_id=now.event.run_id))
+    assert fired.run.priority == 9
+    # An update without a priority keeps it; a bad one is refused and changes nothing.
+    update = pb.UpdateScheduleRequest(trigger_id="hourly", schedule=hourly)
+    assert (await api.triggers.UpdateSchedule(update)).trigger.priority == 9
+    update.priority = 200
+    assert "priority" in await refused(api.triggers.UpdateSchedule(update))
+    get = pb.GetTriggerRequest(trigger_id="hourly")
+    assert (await api.triggers.GetTrigger(get)).trigger.priority == 9
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
+    env.update(AGENTRUN_API_KEY=api.key or "", AGENTRUN_WORKSPACE=WS,
+               AGENTRUN_CONFIG=str(tmp_path / "config.toml"))  # fmt: skip
+
+    async def cli(*args: str) -> str:
+        argv = [sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
+                *args]  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = await cli("--json", "runs", "start", "digest", "--input", "hi", "--priority", "-3")
+    assert json.loads(out)["run"]["priority"] == -3
+    out = await cli("triggers", "create", "urgent", "--agent", "digest", "--every", "3600",
+                    "--priority", "50")  # fmt: skip
+    assert "priority  50" in out
