@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -29,12 +29,16 @@ from control_plane.api.runs import TERMINAL
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
+from control_plane.dispatch import fast_path
 from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import runs as run_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.store.db import Pool, transaction
+
+# (workspace, run id, the version's tools) -> True once the turn went to an executor.
+DispatchNow = Callable[[str, uuid.UUID, Sequence[str]], Awaitable[bool]]
 
 REJECT, ENQUEUE, INTERRUPT, ROLLBACK = "reject", "enqueue", "interrupt", "rollback"
 STRATEGY_FROM_PROTO = {
@@ -85,11 +89,14 @@ class Conversations:
         defaults: RunDefaults,
         on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None] = lambda ws, run_id: None,
+        dispatch_now: DispatchNow | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        # The fast path (control_plane/dispatch/fast_path.py); None: every turn is claimed.
+        self._dispatch_now = dispatch_now
 
     async def create(
         self, workspace_id: str, agent_id: str, title: str, strategy: str = REJECT
@@ -137,19 +144,29 @@ class Conversations:
                 _refuse(unfinished[-1])
             if unfinished and how in (INTERRUPT, ROLLBACK):
                 cancelled = await _cancel_turns(conn, session, unfinished, how)
-            adm = await self._admission(conn, session, text, request_id)
+            adm, version = await self._admission(conn, session, text, request_id)
             row = await store.admit_turn(conn, adm)
             if unfinished and how == ENQUEUE:
                 await store.park_turn(conn, workspace_id, row["run_id"])
                 (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
         for run_id in cancelled:
             self._on_cancel(workspace_id, run_id)
-        self._on_runnable()
+        if not await self._fast(workspace_id, row, version):
+            self._on_runnable()
         return row, True
+
+    async def _fast(self, workspace_id: str, row: Any, version: Any) -> bool:
+        """A queued turn of a fast-path version, handed to an executor in this request
+        (committed already, so a failure here loses nothing: the claim takes it)."""
+        if self._dispatch_now is None or row["status"] != "queued" or not fast_path.wanted(version):
+            return False
+        tools = fast_path.spec_of(version).get("tools") or []
+        return await self._dispatch_now(workspace_id, row["run_id"], tools)
 
     async def _admission(
         self, conn: Any, session: Any, text: str, request_id: str | None
-    ) -> store.TurnAdmission:
+    ) -> tuple[store.TurnAdmission, Any]:
+        """The turn's admission, and the agent version it runs."""
         ws, session_id = session["workspace_id"], session["session_id"]
         version = await agent_store.get_version(conn, ws, session["agent_id"], 0)
         if version is None:
@@ -165,7 +182,7 @@ class Conversations:
             # Whoever sent the message started the turn (four eyes reads it).
             run=admission(version, self._defaults, text, input_payload=payload,
                           started_by=auth_context.label_or_none()),
-        )  # fmt: skip
+        ), version  # fmt: skip
 
 
 async def _unfinished(conn: Any, workspace_id: str, session_id: uuid.UUID) -> list[Any]:

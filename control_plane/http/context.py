@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from control_plane.auth.oidc import OidcVerifier
@@ -12,6 +13,9 @@ from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
 from control_plane.readiness import Readiness
 from control_plane.store.db import Pool
+
+# (workspace, run id, the version's tools) -> True once the turn went to an executor.
+DispatchNow = Callable[[str, uuid.UUID, Sequence[str]], Awaitable[bool]]
 
 
 def _nothing() -> None:
@@ -37,6 +41,8 @@ class HttpContext:
     connections: ConnectionFlows | None = None
     # Whether the database answers (/readyz); None: the routes make their own.
     readiness: Readiness | None = None
+    # Fast-path session turns go straight to an executor (control_plane/dispatch/fast_path.py).
+    dispatch_now: DispatchNow | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:
