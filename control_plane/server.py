@@ -284,13 +284,9 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     session_pb2_grpc.add_SessionServiceServicer_to_server(
         SessionServicer(
             Conversations(
-                pool,
-                cfg.defaults,
-                dispatcher.poke,
-                dispatcher.cancel,
-                FastPath(dispatcher).dispatch,
-            )
-        ),  # fmt: skip
+                pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, FastPath(dispatcher)
+            )  # fmt: skip
+        ),
         server,
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
@@ -424,7 +420,7 @@ async def _start_triggers(
         verifier=resolver.verifier,
         connections=flows,
         readiness=readiness,
-        dispatch_now=FastPath(dispatcher).dispatch,
+        fast_path=FastPath(dispatcher),
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -36,9 +36,6 @@ from control_plane.store import runs as run_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.store.db import Pool, transaction
-
-# (workspace, run id, the version's tools) -> True once the turn went to an executor.
-DispatchNow = Callable[[str, uuid.UUID, Sequence[str]], Awaitable[bool]]
 
 REJECT, ENQUEUE, INTERRUPT, ROLLBACK = "reject", "enqueue", "interrupt", "rollback"
 STRATEGY_FROM_PROTO = {
@@ -89,14 +86,14 @@ class Conversations:
         defaults: RunDefaults,
         on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None] = lambda ws, run_id: None,
-        dispatch_now: DispatchNow | None = None,
+        fast: fast_path.FastPath | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
         # The fast path (control_plane/dispatch/fast_path.py); None: every turn is claimed.
-        self._dispatch_now = dispatch_now
+        self._fast_path = fast
 
     async def create(
         self, workspace_id: str, agent_id: str, title: str, strategy: str = REJECT
@@ -127,7 +124,39 @@ class Conversations:
         request_id: str | None,
         strategy: str | None = None,
     ) -> tuple[Any, bool]:
-        """The turn this message started (and True), or the one its request_id started."""
+        """The turn this message started (and True), or the one its request_id started.
+
+        A queued turn of a fast-path version is leased in the same transaction (its own
+        savepoint: a refused lease leaves the turn queued) and handed to the executor
+        once that committed (control_plane/dispatch/fast_path.py)."""
+        leased: list[fast_path.Leased] = []
+        try:
+            row, cancelled = await self._admit(
+                workspace_id, session_id, text, request_id, strategy, leased
+            )
+        except BaseException:
+            for lease in leased:  # nothing committed: the slot is free again
+                lease.give_back()
+            raise
+        if cancelled is None:
+            return row, False
+        for run_id in cancelled:
+            self._on_cancel(workspace_id, run_id)
+        if not (leased and self._fast_path and await self._fast_path.hand_over(leased[0])):
+            self._on_runnable()
+        return row, True
+
+    async def _admit(
+        self,
+        workspace_id: str,
+        session_id: uuid.UUID,
+        text: str,
+        request_id: str | None,
+        strategy: str | None,
+        leased: list[fast_path.Leased],
+    ) -> tuple[Any, list[uuid.UUID] | None]:
+        """The admission transaction: the turn and the turns it cancelled (None: the turn
+        its request_id started before); a fast-path lease taken goes into `leased`."""
         cancelled: list[uuid.UUID] = []
         async with transaction(self._pool) as conn:
             session = await store.lock_session(conn, workspace_id, session_id)
@@ -136,7 +165,7 @@ class Conversations:
             if request_id:
                 existing = await store.turn_by_request(conn, workspace_id, session_id, request_id)
                 if existing is not None:
-                    return existing, False
+                    return existing, None
             await store.lock_unfinished(conn, workspace_id, session_id)
             unfinished = await _unfinished(conn, workspace_id, session_id)
             how = strategy or session["strategy"]
@@ -149,19 +178,10 @@ class Conversations:
             if unfinished and how == ENQUEUE:
                 await store.park_turn(conn, workspace_id, row["run_id"])
                 (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
-        for run_id in cancelled:
-            self._on_cancel(workspace_id, run_id)
-        if not await self._fast(workspace_id, row, version):
-            self._on_runnable()
-        return row, True
-
-    async def _fast(self, workspace_id: str, row: Any, version: Any) -> bool:
-        """A queued turn of a fast-path version, handed to an executor in this request
-        (committed already, so a failure here loses nothing: the claim takes it)."""
-        if self._dispatch_now is None or row["status"] != "queued" or not fast_path.wanted(version):
-            return False
-        tools = fast_path.spec_of(version).get("tools") or []
-        return await self._dispatch_now(workspace_id, row["run_id"], tools)
+            elif self._fast_path is not None and fast_path.wanted(version):
+                tools = fast_path.spec_of(version).get("tools") or []
+                leased += await self._fast_path.lease_in(conn, workspace_id, row["run_id"], tools)
+        return row, cancelled
 
     async def _admission(
         self, conn: Any, session: Any, text: str, request_id: str | None

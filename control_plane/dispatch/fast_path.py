@@ -42,6 +42,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Counter, Gauge
@@ -53,8 +54,7 @@ from control_plane.api import convert
 from control_plane.credits.claims import reserve_claimed
 from control_plane.store import lease as lease_store
 from control_plane.store import sessions as session_store
-from control_plane.store import steps as step_store
-from control_plane.store.db import Pool
+from control_plane.store.db import Connection, Pool
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 
@@ -112,54 +112,76 @@ def pick(sessions: Sequence[ExecutorSession], workspace_id: str, tools: Sequence
     return max(fits, key=lambda s: s.credits, default=None)
 
 
+@dataclass
+class Leased:
+    """A fast-path lease taken in the admission's transaction, not yet handed over."""
+
+    session: ExecutorSession
+    run: Run
+    steps: list[Step]
+    metered: bool  # its workspace has a credit account: reserve, as after a claim
+
+    def give_back(self) -> None:
+        """The transaction did not commit: the slot taken for it is free again."""
+        self.session.credits += 1
+
+
 class FastPath:
-    """Dispatches fast-path turns straight to a stream of this replica's dispatcher."""
+    """Leases fast-path turns to a stream of this replica's dispatcher and hands them over."""
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
         self._pool: Pool = dispatcher.pool
         FREE_SLOTS.set_function(lambda: sum(s.credits for s in dispatcher.sessions()))
 
-    async def dispatch(self, workspace_id: str, run_id: uuid.UUID, tools: Sequence[str]) -> bool:
-        """Lease and assign the queued turn; False (and the turn stays queued) if no
-        stream has room or the lease was refused: the caller pokes the claim then."""
+    async def lease_in(
+        self, conn: Connection, workspace_id: str, run_id: uuid.UUID, tools: Sequence[str]
+    ) -> list[Leased]:
+        """In the admission's transaction (a savepoint of its own): lease the turn just
+        admitted to the stream with the most free slots; [] (the turn stays queued, for
+        the claim) when none has one or the lease is refused."""
         session = pick(self._dispatcher.sessions(), workspace_id, tools)
         if session is None:
             FAST_PATH.labels("queued").inc()
-            return False
+            return []
         session.credits -= 1  # taken now: a claim running meanwhile cannot spend it too
+        config = self._dispatcher.config
         try:
-            run = await self._lease(session, workspace_id, run_id)
-            if run is None:
-                session.credits += 1
-                FAST_PATH.labels("queued").inc()
-                return False
-            return await self._deliver(session, run)
-        except Exception as exc:  # noqa: BLE001 - the claim finds the run where it is
-            session.credits += 1
+            leased = await session_store.fast_lease(
+                conn, workspace_id, run_id, session.executor_id, config.lease_seconds,
+                carried=sorted(session.tools), release=releases.claim_release(session, config),
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the savepoint rolled back; the claim takes it
             log.warning("fast path of run %s failed, leaving it to the claim: %s", run_id, exc)
+            leased = None
+        if leased is None:
+            session.credits += 1
             FAST_PATH.labels("queued").inc()
+            return []
+        return [Leased(session, *leased)]
+
+    async def hand_over(self, leased: Leased) -> bool:
+        """After the admission committed: reserve credits as after a claim, then send the
+        Assignment. False: the stream went away meanwhile (the run is runnable again), or
+        the database failed (the lease lapses and the run is taken over like any other)."""
+        try:
+            return await self._hand_over(leased)
+        except Exception as exc:  # noqa: BLE001 - the turn is committed; its lease will lapse
+            leased.session.credits += 1
+            log.warning("fast path of run %s could not hand over: %s", leased.run.run_id, exc)
             return False
 
-    async def _lease(self, session: ExecutorSession, ws: str, run_id: uuid.UUID) -> Run | None:
-        config = self._dispatcher.config
-        return await session_store.fast_lease(
-            self._pool, ws, run_id, session.executor_id, config.lease_seconds,
-            carried=sorted(session.tools), release=releases.claim_release(session, config),
-        )  # fmt: skip
-
-    async def _deliver(self, session: ExecutorSession, run: Run) -> bool:
-        if await reserve_claimed(self._pool, [run]):
+    async def _hand_over(self, leased: Leased) -> bool:
+        session, run = leased.session, leased.run
+        if leased.metered and await reserve_claimed(self._pool, [run]):
             session.credits += 1  # out of credits: parked or failed by the reservation
             return True
-        steps = await step_store.steps_for_runs(self._pool, [(run.workspace_id, run.run_id)])
         if self._dispatcher.session_of(session.executor_id) is not session:
-            # The stream went away meanwhile: runnable again at once, for the claim.
             key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
             await lease_store.release_unassigned(self._pool, key)
             FAST_PATH.labels("queued").inc()
             return False
-        await self._dispatcher.assign(session, run, steps[run.run_id])
+        await self._dispatcher.assign(session, run, leased.steps)
         FAST_PATH.labels("dispatched").inc()
         log.info("run %s of workspace %s dispatched on the fast path to %s (epoch %d)",
                  run.run_id, run.workspace_id, session.executor_id, run.lease_epoch)  # fmt: skip
@@ -245,4 +267,12 @@ async def recover_forever(pool: Pool, poke: Callable[[], None], every: float) ->
             log.info("fast-path recovery scan failed: %s", exc)
 
 
-__all__ = ["DeltaHub", "FastPath", "assignment", "recover_forever", "wanted", "with_deltas"]
+__all__ = [
+    "DeltaHub",
+    "FastPath",
+    "Leased",
+    "assignment",
+    "recover_forever",
+    "wanted",
+    "with_deltas",
+]

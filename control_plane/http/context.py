@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver
@@ -14,8 +14,8 @@ from control_plane.crypto.envelope import Envelope
 from control_plane.readiness import Readiness
 from control_plane.store.db import Pool
 
-# (workspace, run id, the version's tools) -> True once the turn went to an executor.
-DispatchNow = Callable[[str, uuid.UUID, Sequence[str]], Awaitable[bool]]
+if TYPE_CHECKING:
+    from control_plane.dispatch.fast_path import FastPath
 
 
 def _nothing() -> None:
@@ -42,7 +42,7 @@ class HttpContext:
     # Whether the database answers (/readyz); None: the routes make their own.
     readiness: Readiness | None = None
     # Fast-path session turns go straight to an executor (control_plane/dispatch/fast_path.py).
-    dispatch_now: DispatchNow | None = None
+    fast_path: FastPath | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:

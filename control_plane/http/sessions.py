@@ -65,7 +65,7 @@ async def _message(request: Request) -> tuple[str, str | None, str | None]:
 
 def routes(ctx: HttpContext) -> list[Route]:
     conversations = Conversations(
-        ctx.pool, ctx.config.defaults, ctx.on_runnable, dispatch_now=ctx.dispatch_now
+        ctx.pool, ctx.config.defaults, ctx.on_runnable, fast=ctx.fast_path
     )
 
     async def send(request: Request) -> Response:

@@ -14,6 +14,7 @@ from control_plane.store.db import Connection, Pool, Record, transaction
 from control_plane.store.lease import Release
 from control_plane.store.queries import run
 from control_plane.store.runs import Run
+from control_plane.store.steps import Step
 
 
 async def create_session(
@@ -100,24 +101,29 @@ async def mark_ended(
 
 
 async def fast_lease(
-    pool: Pool,
+    conn: Connection,
     workspace_id: str,
     run_id: uuid.UUID,
     owner: str,
     lease_seconds: float,
     carried: Sequence[str] | None,
     release: Release | None,
-) -> Run | None:
+) -> tuple[Run, list[Step], bool] | None:
     """Lease exactly this queued fast-path turn to `owner`, with every check a claim makes
-    (sql/sessions.sql fast_path_lease); None when the claim's rules say no (or it has it)."""
+    (sql/sessions.sql fast_path_lease), in a savepoint of the caller's transaction; the run,
+    its steps and whether its workspace is metered, or None when the claim's rules say no
+    (or a claim has it)."""
     tools = json.dumps(list(carried)) if carried is not None else None
     routing = release.params() if release else (None, None, 0.0, False)
-    async with transaction(pool) as conn:
-        if await run(conn, "fast_path_lock_workspace", workspace_id) is None:
+    async with transaction(conn) as tx:
+        if await run(tx, "fast_path_lock_workspace", workspace_id) is None:
             return None  # at its cap (or gone)
-        row = await run(conn, "fast_path_lease", workspace_id, run_id, owner, lease_seconds,
+        row = await run(tx, "fast_path_lease", workspace_id, run_id, owner, lease_seconds,
                         tools, *routing)  # fmt: skip
-    return Run.from_record(row) if row is not None else None
+        if row is None:
+            return None
+        steps = await run(tx, "steps_for_runs", [workspace_id], [run_id])
+    return Run.from_record(row), [Step.of(s) for s in steps], bool(row["metered"])
 
 
 async def fast_path_lapsed(pool: Pool) -> int:

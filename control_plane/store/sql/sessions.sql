@@ -97,7 +97,8 @@ FOR NO KEY UPDATE;
 -- $5 (a JSON array; NULL: any), on the owner's releases $6 (its own $7 among
 -- them; NULL: releases ignored), a run on none only if $7 is the newest
 -- connected release ($8 seconds; $9: only promoted or canaried ones).
--- Epoch + 1, the release recorded, the hold begun. No row: the claim's.
+-- Epoch + 1, the release recorded, the hold begun; `metered`: the workspace has a
+-- credit account (credits are reserved then, as after a claim). No row: the claim's.
 WITH routing AS MATERIALIZED (
     SELECT $6::text[] IS NULL AS any_release, $7::text IS NOT DISTINCT FROM (
         SELECT rl.release FROM releases rl
@@ -134,7 +135,8 @@ UPDATE runs r SET
     updated_at = now()
 FROM target
 WHERE r.workspace_id = target.workspace_id AND r.run_id = target.run_id
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds;
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+    EXISTS (SELECT 1 FROM credit_accounts ca WHERE ca.workspace_id = r.workspace_id) AS metered;
 
 -- name: fast_path_lapsed :one
 -- How many fast-path runs hold a lapsed lease (the recovery scanner pokes the
