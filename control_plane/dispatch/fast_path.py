@@ -1,31 +1,36 @@
 """The low-latency fast path: a session turn dispatched by SendMessage itself.
 
 For an agent version flagged `fast_path` (AgentSpec field 11: turns on a
-self-hosted model, where time to first token matters), SendMessage persists the
-turn exactly as before (one transaction under the session's lock) and then, in
-the same request, leases that one run to a connected executor stream of this
-replica with a free credit and sends it the Assignment: no claim cycle, no poll.
+self-hosted model, where time to first token matters), SendMessage admits the
+turn exactly as before (one transaction under the session's lock) and, in the
+same transaction and request, leases that one run to a connected executor
+stream of this replica with a free credit; once the transaction committed it
+sends the Assignment. No claim cycle, no poll.
 
 Nothing a claim checks is skipped. The caller was authenticated and its
 workspace checked by SendMessage. The stream is picked as a claim groups them
 (not draining, its executor credential serving the workspace, carrying every
 tool the version needs) and the lease is one conditional UPDATE of exactly that
-run (sql/sessions.sql fast_path_lease) under the workspace row lock a claim
-takes (so workspace and agent caps hold with claims and fast paths together),
-holding the claim's release routing and tool check again: a queued, due run
-goes to `running` at epoch + 1, fenced like any lease (every later write
-names the epoch). Credits are reserved as after a claim. When no stream has a
-free credit, or the UPDATE finds the run not eligible (at a cap, another
-release, already claimed), the turn is left queued and the claim is poked:
-nothing is lost, it only waits for a claim as every other run does.
+run (sql/sessions.sql fast_path_lease), a new statement after taking the
+workspace row lock a claim takes (so workspace and agent caps hold with claims
+and fast paths together, lease.sql's argument), holding the claim's release
+routing and tool check again: the queued, due run goes to `running` at epoch +
+1, fenced like any lease (every later write names the epoch). Credits are
+reserved as after a claim. The lease runs in a savepoint: when no stream has a
+free credit, or the UPDATE finds the run not eligible (at a cap, on another
+release), or it fails, the turn is committed queued and the claim is poked;
+nothing is lost, it only waits for a claim as every other run does. The
+Assignment leaves only after the commit: an executor never acts on a lease
+that might still roll back.
 
 Its lease. The lease has the server's duration (AGENTRUN_LEASE_SECONDS, 30 s
 by default), so every path that renews a lease (heartbeats, commits) keeps it
 without a per-run duration; the Assignment tells the executor to renew it every
 2 s (AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS) instead of the session's interval.
 A fast-path run whose holder died is taken over by the normal claim, which
-leases lapsed runs first; the recovery scanner below only pokes the claim when
-one lapsed, so it is picked up at once however long the claim's poll is.
+leases lapsed runs first with every check; the recovery scanner below only
+pokes the claim when one lapsed, so it is picked up within a scan however long
+the claim's poll is (AGENTRUN_CLAIM_POLL_SECONDS).
 
 Streaming. The executor asks the model with stream=true and forwards the text
 deltas on its stream (ConnectRequest.delta); `DeltaHub` fans them out in memory
@@ -193,6 +198,9 @@ class DeltaHub:
 
     def __init__(self) -> None:
         self._watchers: dict[tuple[str, uuid.UUID], set[asyncio.Queue[run_pb2.RunDelta]]] = {}
+        # The newest epoch whose deltas a watched run's watchers got: an older holder that
+        # has not yet learned it was taken over is not heard after the new one.
+        self._epochs: dict[tuple[str, uuid.UUID], int] = {}
 
     @contextlib.contextmanager
     def watch(self, workspace_id: str, run_id: uuid.UUID) -> Iterator[asyncio.Queue[Any]]:
@@ -207,19 +215,25 @@ class DeltaHub:
             watchers.discard(queue)
             if not watchers:
                 self._watchers.pop(key, None)
+                self._epochs.pop(key, None)
 
     def offer(self, session: ExecutorSession, delta: pb.ModelDelta) -> None:
-        """Fan out a delta sent by `session`, if that stream holds the run at its epoch."""
+        """Fan out a delta sent by `session`, if that stream holds the run at its epoch
+        and no newer epoch was heard for the run."""
         lease = delta.lease
         try:
             run_id = uuid.UUID(lease.run_id)
         except ValueError:
             return
-        watchers = self._watchers.get((lease.workspace_id, run_id))
+        key = (lease.workspace_id, run_id)
+        watchers = self._watchers.get(key)
         if not watchers or session.held.get(run_id) != lease.epoch:
-            return  # nobody watches, or a stale (fenced) holder's output
+            return  # nobody watches, or not this stream's lease (fenced, or another's)
         if session.scope is not None and lease.workspace_id not in session.scope:
             return
+        if lease.epoch < self._epochs.get(key, 0):
+            return  # a holder taken over that has not been told yet
+        self._epochs[key] = lease.epoch
         event = run_pb2.RunDelta(epoch=lease.epoch, seq=delta.seq, index=delta.index,
                                  text=delta.text)  # fmt: skip
         for queue in watchers:
