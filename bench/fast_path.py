@@ -6,7 +6,9 @@ latency): `fast` is published with AgentSpec.fast_path, `normal` without. Each s
 a new session (not timed) and sends one message; its latency is from just before the
 SendMessage call to the moment the sandbox model received the turn's request (the request
 log's `received_at`; one machine, one wall clock). The sides alternate, one turn at a time,
-each waiting for its turn to complete, so both see the same machine.
+each waiting for its turn to complete and then a user's short pause (THINK_SECONDS, so the
+claim cycle the finished turn's freed slot set off is not still holding the workspace row),
+so both see the same machine. The machine's load average is printed with the figures.
 
   * normal path: SendMessage admits the turn and pokes the replica's dispatcher; its claim
     loop runs the fair claim transaction (lease.sql), reserves credits, reads the steps and
@@ -24,6 +26,7 @@ delta reached the watcher, against when the decision step's commit transaction b
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +50,7 @@ from bench.services import ExecutorLinks, start_control_plane, start_executor, s
 from bench.stats import Summary
 
 TARGET_P50 = 0.020
+THINK_SECONDS = 0.05
 WARMUP = 10
 POLL_SECONDS = 0.005
 TURN_DEADLINE = 30.0
@@ -119,6 +123,7 @@ async def latencies(bench: Bench, samples: int) -> dict[str, list[float]]:
         for side in ("fast", "normal"):
             run_id, at = await bench.turn(side)
             await bench.wait_done(run_id)
+            await asyncio.sleep(THINK_SECONDS)
             if i >= WARMUP:
                 sent[side].append((run_id, at))
                 replied[side].append(bench.replied[-1])
@@ -175,6 +180,9 @@ async def measure(samples: int, streamed: int) -> None:
 
 def _print(sides: dict[str, list[float]], deltas: list[tuple[float, float]]) -> None:
     fast, normal = Summary.of(sides["fast"]), Summary.of(sides["normal"])
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    report.note(f"load average {load} on {os.cpu_count()} cores; {THINK_SECONDS * 1000:.0f} ms "
+                "between turns")  # fmt: skip
     report.table(report.LATENCY_HEADERS, [
         report.latency_row("fast path (SendMessage leases + assigns)", fast),
         report.latency_row("normal path (poke -> claim loop -> assign)", normal),
