@@ -1,4 +1,4 @@
-"""`python -m bench [commit|auth|claim|fairness|e2e|retention ...] [--quick] [--loop asyncio,uvloop]`.
+"""`python -m bench [commit|auth|claim|fairness|e2e|retention|fastpath ...] [--quick] [--loop asyncio,uvloop]`.
 
 Runs them in order and prints. `--loop` runs each benchmark once per named event loop, back
 to back, with AGENTRUN_EVENT_LOOP set for the control plane and executors it starts (the
@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 
-BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention")
+BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention", "fastpath")
+# A benchmark whose module is named otherwise (bench/<module>.py).
+MODULES = {"fastpath": "fast_path"}
 LOOPS = ("asyncio", "uvloop")
 
 
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     failed = []
     for name, loop in runs(args):
-        module = importlib.import_module(f"bench.{name}")
+        module = importlib.import_module(f"bench.{MODULES.get(name, name)}")
         if loop is not None:
             # The processes the benchmark starts inherit it (bench/services.py copies environ).
             os.environ["AGENTRUN_EVENT_LOOP"] = loop

@@ -48,6 +48,8 @@ class ServerConfig:
     port_file: str | None = None
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
+    # Runs of fast-path versions are heartbeated this often (control_plane/dispatch/fast_path.py).
+    fast_path_heartbeat_seconds: float = 2.0
     claim_poll_seconds: float = 0.5
     claim_batch: int = 64
     release: str = "dev"
@@ -122,6 +124,9 @@ class ServerConfig:
             port_file=os.environ.get("AGENTRUN_PORT_FILE") or None,
             lease_seconds=_float("AGENTRUN_LEASE_SECONDS", cls.lease_seconds),
             heartbeat_seconds=_float("AGENTRUN_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
+            fast_path_heartbeat_seconds=_float(
+                "AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS", cls.fast_path_heartbeat_seconds
+            ),
             claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
             release_gate=_choice("AGENTRUN_RELEASE_GATE", ("off", "canary")) == "canary",

@@ -59,8 +59,9 @@ from control_plane.connections.tokens import ConnectionTokens
 from control_plane.credits.service import CreditServicer
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
-from control_plane.dispatch import max_age
+from control_plane.dispatch import fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
+from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.errors import ErrorInterceptor
 from control_plane.http.app import build_app
@@ -263,7 +264,8 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         AgentServicer(pool, publish_guard(cfg)), server
     )
     run_pb2_grpc.add_RunServiceServicer_to_server(
-        RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel), server
+        RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, dispatcher.deltas),
+        server,
     )
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorServicer(dispatcher, p.resolver, p.tokens), executors
@@ -280,7 +282,11 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         server,
     )
     session_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(Conversations(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel)),
+        SessionServicer(
+            Conversations(
+                pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, FastPath(dispatcher)
+            )  # fmt: skip
+        ),
         server,
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
@@ -305,6 +311,10 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
             max_age.run_forever(pool, cfg.approval_poll_seconds, poke), name="max-age-sweep"
         ),
         asyncio.create_task(Retention(pool).run(), name="retention"),
+        asyncio.create_task(
+            fast_path.recover_forever(pool, poke, cfg.fast_path_heartbeat_seconds),
+            name="fast-path-recovery",
+        ),
     ]
 
 
@@ -410,6 +420,7 @@ async def _start_triggers(
         verifier=resolver.verifier,
         connections=flows,
         readiness=readiness,
+        fast_path=FastPath(dispatcher),
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

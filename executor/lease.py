@@ -36,6 +36,8 @@ class HeldLease:
 
     lease: executor_pb2.Lease
     valid_until: float
+    # Heartbeat at least this often while held (a fast-path run's 2 s); 0: the session's.
+    interval: float = 0.0
 
     @property
     def run_id(self) -> str:
@@ -81,14 +83,24 @@ class LeaseKeeper:
     def margin(self) -> float:
         return safety_margin(self.lease_duration)
 
-    def hold(self, lease: executor_pb2.Lease) -> HeldLease:
-        """Start holding a freshly assigned lease.
+    @property
+    def interval(self) -> float:
+        """How often to heartbeat now: the session's interval, or a held run's shorter one."""
+        asked = [h.interval for h in self._leases.values() if h.interval > 0]
+        return min([self.heartbeat_interval, *asked])
+
+    def hold(self, lease: executor_pb2.Lease, interval: float = 0.0) -> HeldLease:
+        """Start holding a freshly assigned lease (heartbeated every `interval` seconds
+        while held, if that is sooner than the session's interval).
 
         The claim happened just before the assignment arrived; the safety
         margin covers that dispatch delay.
         """
-        held = HeldLease(lease, self._clock() + self.lease_duration)
+        held = HeldLease(lease, self._clock() + self.lease_duration, interval)
+        sooner = 0 < interval < self.interval
         self._leases[lease.run_id] = held
+        if sooner:  # a sleep begun under the longer interval must not be waited out
+            self._rescheduled.set()
         return held
 
     def drop(self, run_id: str) -> None:
@@ -121,9 +133,7 @@ class LeaseKeeper:
             elapsed = self._clock() - started
             self._rescheduled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._rescheduled.wait(), max(0.0, self.heartbeat_interval - elapsed)
-                )
+                await asyncio.wait_for(self._rescheduled.wait(), max(0.0, self.interval - elapsed))
 
     async def tick(self) -> None:
         """Fence what is about to lapse, then renew the rest in one heartbeat."""
@@ -135,7 +145,7 @@ class LeaseKeeper:
         if not leases:
             return
         sent_at = self._clock()
-        result = await self._heartbeat(leases, self.heartbeat_interval)
+        result = await self._heartbeat(leases, self.interval)
         if result is not None:
             self.apply(result, sent_at)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -110,6 +111,8 @@ class RunDeps:
     # (lease, connection id) -> the connection's access token, asked right before a tool
     # call leaves (ExecutorService.GetConnectionToken); None: connections are not used.
     connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
+    # Sends a fast-path run's model output on the stream (ConnectRequest.delta); None: never.
+    deltas: Callable[[executor_pb2.ModelDelta], object] | None = None
 
 
 class RunLoop:
@@ -247,7 +250,7 @@ class RunLoop:
         messages = replay.build_messages(self.entries, self.spec.instructions)
         try:
             with _tracer.start_as_current_span("agentrun.model", attributes={"agentrun.seq": seq}):
-                reply = await self._ask_model(seq, messages, self._tools())
+                reply = await self._ask_model(seq, messages, self._tools(), self._streamed(seq))
         except ModelUnavailable as exc:
             m.MODEL_CALLS.labels("unavailable").inc()
             return await self._model_unavailable(exc)
@@ -325,13 +328,26 @@ class RunLoop:
         """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
         return context.stable_tools(self._deps.catalogue.openai_tools(self.spec.tools))
 
+    def _streamed(self, seq: int) -> Callable[[str], None] | None:
+        """A fast-path run's model output goes to its watchers as it comes (not stored)."""
+        send = self._deps.deltas
+        if send is None or not self.spec.fast_path:
+            return None
+        index = itertools.count()
+
+        def forward(text: str) -> None:
+            send(executor_pb2.ModelDelta(lease=self.lease, seq=seq, index=next(index), text=text))
+
+        return forward
+
     async def _ask_model(
-        self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> ModelReply | None:
+        self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+        on_delta: Callable[[str], None] | None = None,
+    ) -> ModelReply | None:  # fmt: skip
         """The model's reply, or None if the drain deadline interrupted the call."""
-        call = asyncio.ensure_future(
-            profiles.ask(self._deps.model, self.spec, messages, tools, self.run_id, seq)
-        )
+        call = asyncio.ensure_future(profiles.ask(
+            self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta
+        ))  # fmt: skip
         interrupted = asyncio.ensure_future(self._handoff_now.wait())
         try:
             await asyncio.wait({call, interrupted}, return_when=asyncio.FIRST_COMPLETED)

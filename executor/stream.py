@@ -156,6 +156,10 @@ class ControlPlaneStream:
             return False
         return self._send(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=-slots)))
 
+    def delta(self, delta: executor_pb2.ModelDelta) -> bool:
+        """Send a fast-path run's model output (lost with a broken stream: not a record)."""
+        return self._send(executor_pb2.ConnectRequest(delta=delta))
+
     async def commit(
         self, commit: executor_pb2.Commit, reply_within: float | None = None
     ) -> CommitReply:

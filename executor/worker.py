@@ -104,6 +104,7 @@ class Worker:
             installation=config.installation,
             large_results=LargeResults(self._payloads, limits),
             connection_token=self._stream.connection_token,
+            deltas=self._stream.delta,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -182,7 +183,8 @@ class Worker:
             self._stop(run.run_id, "reassigned at a newer epoch")
         deps = self._canary_deps if canary.is_canary(run.workspace_id) else self._deps
         loop = RunLoop(assignment, deps)
-        self._leases.hold(loop.lease)
+        interval = assignment.heartbeat_interval.ToNanoseconds() / 1e9  # fast path: 2 s
+        self._leases.hold(loop.lease, interval if assignment.HasField("heartbeat_interval") else 0)
         if self._draining or len(self._runs) >= self._config.capacity:
             loop.request_handoff()  # more than we asked for: give it straight back
         task = asyncio.create_task(loop.run(), name=f"run-{run.run_id}")

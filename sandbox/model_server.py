@@ -1,20 +1,28 @@
 """A model server that plays scenario files: OpenAI chat completions (`/v1/chat/completions`)
 and the Anthropic Messages API (`/v1/messages`, sandbox/anthropic_api.py), one scenario
 file serving both. Usage reports cached tokens from a stand-in prompt cache
-(sandbox/prompt_cache.py), or what the scenario turn says."""
+(sandbox/prompt_cache.py), or what the scenario turn says.
+
+A chat completion asked with `"stream": true` is answered as OpenAI streams one
+(server-sent events: `chat.completion.chunk`s, the content a word or so at a time,
+each tool call whole, the finish, the usage when `stream_options.include_usage`,
+then `[DONE]`), a turn's `stream_chunk_ms` apart. Each log entry says when the
+request arrived (`received_at`, wall clock) and whether it streamed."""
 
 import asyncio
 import hashlib
 import json
 import random
+import re
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sandbox import anthropic_api, summaries
@@ -107,10 +115,17 @@ class ModelSandbox:
             "turn": None,
             "response_id": None,
             "api": api,
+            "received_at": time.time(),
         }
         try:
-            response: Response = JSONResponse(await answer(request, entry))
+            answered = await answer(request, entry)
+            pause = entry.pop("stream_chunk_ms", 0) / 1000.0
+            response: Response = (
+                streamed(answered, pause, entry["stream"] == "usage")
+                if entry.get("stream") else JSONResponse(answered)
+            )  # fmt: skip
         except _Refused as refused:
+            entry.pop("stream_chunk_ms", None)
             response = refused.response(api)
         self.log.record(**entry, status=response.status_code)
         return response
@@ -120,6 +135,10 @@ class ModelSandbox:
         body = await _read_json(request)
         model, messages = _parse_chat_request(body)
         entry["params"] = sent_params(body)
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            entry["stream"] = "usage" if usage else "plain"
         reply = await self._play(model, messages, entry, body.get("tools"))
         use = self.cache.use(messages, range(1, len(messages) + 1))
         completion = chat_completion(model, reply, messages, use)
@@ -171,6 +190,7 @@ class ModelSandbox:
             return summaries.recap(scenario, messages, self.rng)
         recapped = summaries.turns_recapped(messages)
         entry["turn"] = turn = scenario.turn_index(messages, recapped)
+        entry["stream_chunk_ms"] = float(scenario.turns[turn].get("stream_chunk_ms") or 0)
         return render_turn(scenario.turns[turn], messages, self.rng)
 
     def _check_api_key(self, request: Request) -> None:
@@ -274,6 +294,43 @@ def chat_completion(
         ],
         "usage": usage,
     }
+
+
+def chat_chunks(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """A `chat.completion` as the `chat.completion.chunk`s OpenAI streams it in."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    head = {"id": completion["id"], "object": "chat.completion.chunk",
+            "created": completion["created"], "model": completion["model"]}  # fmt: skip
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [
+        chunk({"content": piece}) for piece in re.findall(r"\s*\S+", message["content"] or "")
+    ]
+    if message.get("refusal"):
+        chunks.append(chunk({"refusal": message["refusal"]}))
+    for index, call in enumerate(message.get("tool_calls") or []):
+        chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if usage:
+        chunks.append({**head, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def streamed(completion: dict[str, Any], pause: float, usage: bool) -> StreamingResponse:
+    """The completion as a server-sent event stream, `pause` seconds between text pieces."""
+
+    async def events() -> AsyncIterator[str]:
+        for chunk in chat_chunks(completion, usage):
+            if pause and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
+                await asyncio.sleep(pause)
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 _FINISH = {"max_tokens": "length", "model_context_window_exceeded": "length",

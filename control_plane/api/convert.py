@@ -190,6 +190,8 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         # Only when named: specs without connections keep their stored form.
         **({"connections": dict(spec.connections)} if spec.connections else {}),
         **model_parameters.to_json(spec),
+        # Only when set: other specs keep their stored form.
+        **({"fast_path": True} if spec.fast_path else {}),
     }
 
 
@@ -246,6 +248,7 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         constraints=constraints.from_json(data.get("constraints") or []),
         connections=data.get("connections") or {},
         **model_parameters.from_json(data),
+        fast_path=bool(data.get("fast_path", False)),
     )
 
 

@@ -19,6 +19,7 @@ from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
 from control_plane.connections import triggering
+from control_plane.dispatch.fast_path import DeltaHub, with_deltas
 from control_plane.errors import (
     Aborted,
     DomainError,
@@ -102,12 +103,14 @@ def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, st
 class RunServicer(run_pb2_grpc.RunServiceServicer):
     def __init__(
         self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
-        on_cancel: Callable[[str, uuid.UUID], None],
+        on_cancel: Callable[[str, uuid.UUID], None], deltas: DeltaHub | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        # Fast-path runs' model output on this replica (WatchRunRequest.deltas).
+        self._deltas = deltas
 
     async def _get(self, workspace_id: str, run_id: uuid.UUID) -> store.Run:
         row = await store.get_run(self._pool, workspace_id, run_id)
@@ -223,11 +226,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         next_seq = validate.non_negative("from_seq", request.from_seq)
-        async for item in watch_feed(self._pool, ws, run_id, next_seq):
-            if isinstance(item, store.Run):
-                yield run_pb2.WatchRunResponse(run=convert.run(item))
-            else:
-                yield run_pb2.WatchRunResponse(step=convert.step(item))
+        feed = watch_feed(self._pool, ws, run_id, next_seq)
+        if not request.deltas or self._deltas is None:
+            async for item in feed:
+                yield _watched(item)
+            return
+        with self._deltas.watch(ws, run_id) as deltas:
+            async for event in with_deltas(feed, deltas):
+                yield _watched(event)
 
     async def ResolveUnknownOutcome(
         self, request: run_pb2.ResolveUnknownOutcomeRequest, context: grpc.aio.ServicerContext
@@ -265,6 +271,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.SignalRunResponse:
         return await signals.signal_run(self._pool, request, self._on_runnable)
+
+
+def _watched(item: store.Run | step_store.Step | run_pb2.RunDelta) -> run_pb2.WatchRunResponse:
+    if isinstance(item, store.Run):
+        return run_pb2.WatchRunResponse(run=convert.run(item))
+    if isinstance(item, run_pb2.RunDelta):
+        return run_pb2.WatchRunResponse(delta=item)
+    return run_pb2.WatchRunResponse(step=convert.step(item))
 
 
 async def watch_feed(

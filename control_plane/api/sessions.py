@@ -29,6 +29,7 @@ from control_plane.api.runs import TERMINAL
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.config import RunDefaults
+from control_plane.dispatch import fast_path
 from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import runs as run_store
@@ -85,11 +86,14 @@ class Conversations:
         defaults: RunDefaults,
         on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None] = lambda ws, run_id: None,
+        fast: fast_path.FastPath | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        # The fast path (control_plane/dispatch/fast_path.py); None: every turn is claimed.
+        self._fast_path = fast
 
     async def create(
         self, workspace_id: str, agent_id: str, title: str, strategy: str = REJECT
@@ -121,7 +125,40 @@ class Conversations:
         strategy: str | None = None,
         priority: int = 0,
     ) -> tuple[Any, bool]:
-        """The turn this message started (and True), or the one its request_id started."""
+        """The turn this message started (and True), or the one its request_id started.
+
+        A queued turn of a fast-path version is leased in the same transaction (its own
+        savepoint: a refused lease leaves the turn queued) and handed to the executor
+        once that committed (control_plane/dispatch/fast_path.py)."""
+        leased: list[fast_path.Leased] = []
+        try:
+            row, cancelled = await self._admit(
+                workspace_id, session_id, text, request_id, strategy, leased, priority
+            )
+        except BaseException:
+            for lease in leased:  # nothing committed: the slot is free again
+                lease.give_back()
+            raise
+        if cancelled is None:
+            return row, False
+        for run_id in cancelled:
+            self._on_cancel(workspace_id, run_id)
+        if not (leased and self._fast_path and await self._fast_path.hand_over(leased[0])):
+            self._on_runnable()
+        return row, True
+
+    async def _admit(
+        self,
+        workspace_id: str,
+        session_id: uuid.UUID,
+        text: str,
+        request_id: str | None,
+        strategy: str | None,
+        leased: list[fast_path.Leased],
+        priority: int = 0,
+    ) -> tuple[Any, list[uuid.UUID] | None]:
+        """The admission transaction: the turn and the turns it cancelled (None: the turn
+        its request_id started before); a fast-path lease taken goes into `leased`."""
         cancelled: list[uuid.UUID] = []
         async with transaction(self._pool) as conn:
             session = await store.lock_session(conn, workspace_id, session_id)
@@ -130,7 +167,7 @@ class Conversations:
             if request_id:
                 existing = await store.turn_by_request(conn, workspace_id, session_id, request_id)
                 if existing is not None:
-                    return existing, False
+                    return existing, None
             await store.lock_unfinished(conn, workspace_id, session_id)
             unfinished = await _unfinished(conn, workspace_id, session_id)
             how = strategy or session["strategy"]
@@ -138,19 +175,20 @@ class Conversations:
                 _refuse(unfinished[-1])
             if unfinished and how in (INTERRUPT, ROLLBACK):
                 cancelled = await _cancel_turns(conn, session, unfinished, how)
-            adm = await self._admission(conn, session, text, request_id, priority)
+            adm, version = await self._admission(conn, session, text, request_id, priority)
             row = await store.admit_turn(conn, adm)
             if unfinished and how == ENQUEUE:
                 await store.park_turn(conn, workspace_id, row["run_id"])
                 (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
-        for run_id in cancelled:
-            self._on_cancel(workspace_id, run_id)
-        self._on_runnable()
-        return row, True
+            elif self._fast_path is not None and fast_path.wanted(version):
+                tools = fast_path.spec_of(version).get("tools") or []
+                leased += await self._fast_path.lease_in(conn, workspace_id, row["run_id"], tools)
+        return row, cancelled
 
     async def _admission(
         self, conn: Any, session: Any, text: str, request_id: str | None, priority: int = 0
-    ) -> store.TurnAdmission:
+    ) -> tuple[store.TurnAdmission, Any]:
+        """The turn's admission, and the agent version it runs."""
         ws, session_id = session["workspace_id"], session["session_id"]
         version = await agent_store.get_version(conn, ws, session["agent_id"], 0)
         if version is None:
@@ -166,7 +204,7 @@ class Conversations:
             # Whoever sent the message started the turn (four eyes reads it).
             run=admission(version, self._defaults, text, input_payload=payload,
                           started_by=auth_context.label_or_none(), priority=priority),
-        )  # fmt: skip
+        ), version  # fmt: skip
 
 
 async def _unfinished(conn: Any, workspace_id: str, session_id: uuid.UUID) -> list[Any]:

@@ -14,6 +14,7 @@ from control_plane import metrics, releases
 from control_plane.api import convert
 from control_plane.config import ServerConfig
 from control_plane.credits.claims import reserve_claimed
+from control_plane.dispatch import fast_path
 from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
@@ -55,6 +56,8 @@ class Dispatcher:
         self._versions: dict[tuple[str, str, int], agent_pb2.AgentVersion] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._touched_at = 0.0
+        # Model output of fast-path runs, for this replica's WatchRun watchers.
+        self.deltas = fast_path.DeltaHub()
 
     def register(self, session: ExecutorSession) -> None:
         # A reconnecting executor replaces its old session (same executor id).
@@ -89,6 +92,9 @@ class Dispatcher:
 
     def sessions(self) -> list[ExecutorSession]:
         return list(self._sessions.values())
+
+    def session_of(self, executor_id: str) -> ExecutorSession | None:
+        return self._sessions.get(executor_id)
 
     def poke(self) -> None:
         """Claim soon: new credits, a new run, or a finished wait on this replica."""
@@ -168,12 +174,15 @@ class Dispatcher:
         if session is None or session.credits <= 0:
             await lease_store.release_unassigned(self.pool, key)
             return
-        version = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         session.credits -= 1
+        await self.assign(session, run, steps)
+
+    async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> None:
+        """Send a leased run to `session`, whose credit for it is taken already."""
+        version = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         session.held[run.run_id] = run.lease_epoch
-        session.send(pb.ConnectResponse(assignment=pb.Assignment(
-            run=convert.run(run), agent_version=version,
-            steps=[convert.step(s) for s in steps],
+        session.send(pb.ConnectResponse(assignment=fast_path.assignment(
+            run, version, steps, self.config.fast_path_heartbeat_seconds
         )))  # fmt: skip
 
     async def _version(self, ws: str, agent_id: str, version: int) -> agent_pb2.AgentVersion:

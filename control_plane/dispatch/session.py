@@ -196,6 +196,8 @@ class ExecutorSession:
             self._spawn(self._commit(req.commit))
         elif which == "heartbeat":
             self._spawn(self._heartbeat(req.heartbeat))
+        elif which == "delta":  # a fast-path run's model output, for its watchers
+            self._dispatcher.deltas.offer(self, req.delta)
 
     def _hello(self, hello: pb.Hello) -> None:
         self.executor_id = hello.executor_id or f"anonymous-{self.id}"

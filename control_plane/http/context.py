@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver
@@ -12,6 +13,9 @@ from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
 from control_plane.readiness import Readiness
 from control_plane.store.db import Pool
+
+if TYPE_CHECKING:
+    from control_plane.dispatch.fast_path import FastPath
 
 
 def _nothing() -> None:
@@ -37,6 +41,8 @@ class HttpContext:
     connections: ConnectionFlows | None = None
     # Whether the database answers (/readyz); None: the routes make their own.
     readiness: Readiness | None = None
+    # Fast-path session turns go straight to an executor (control_plane/dispatch/fast_path.py).
+    fast_path: FastPath | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:

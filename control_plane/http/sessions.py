@@ -64,7 +64,9 @@ async def _message(request: Request) -> tuple[str, str | None, str | None]:
 
 
 def routes(ctx: HttpContext) -> list[Route]:
-    conversations = Conversations(ctx.pool, ctx.config.defaults, ctx.on_runnable)
+    conversations = Conversations(
+        ctx.pool, ctx.config.defaults, ctx.on_runnable, fast=ctx.fast_path
+    )
 
     async def send(request: Request) -> Response:
         ws = auth_context.workspace(request.path_params["workspace_id"])

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from control_plane.store.admission import Admission
-from control_plane.store.db import Connection, Pool, Record
+from control_plane.store.db import Connection, Pool, Record, transaction
+from control_plane.store.lease import Release
 from control_plane.store.queries import run
+from control_plane.store.runs import Run
+from control_plane.store.steps import Step
 
 
 async def create_session(
@@ -94,3 +98,34 @@ async def mark_ended(
     conn: Connection, workspace_id: str, session_id: uuid.UUID, turn: int, how: str
 ) -> None:
     await run(conn, "session_turn_mark_ended", workspace_id, session_id, turn, how)
+
+
+async def fast_lease(
+    conn: Connection,
+    workspace_id: str,
+    run_id: uuid.UUID,
+    owner: str,
+    lease_seconds: float,
+    carried: Sequence[str] | None,
+    release: Release | None,
+) -> tuple[Run, list[Step], bool] | None:
+    """Lease exactly this queued fast-path turn to `owner`, with every check a claim makes
+    (sql/sessions.sql fast_path_lease), in a savepoint of the caller's transaction; the run,
+    its steps and whether its workspace is metered, or None when the claim's rules say no
+    (or a claim has it)."""
+    tools = json.dumps(list(carried)) if carried is not None else None
+    routing = release.params() if release else (None, None, 0.0, False)
+    async with transaction(conn) as tx:
+        if await run(tx, "fast_path_lock_workspace", workspace_id) is None:
+            return None  # at its cap (or gone)
+        row = await run(tx, "fast_path_lease", workspace_id, run_id, owner, lease_seconds,
+                        tools, *routing)  # fmt: skip
+        if row is None:
+            return None
+        steps = await run(tx, "steps_for_runs", [workspace_id], [run_id])
+    return Run.from_record(row), [Step.of(s) for s in steps], bool(row["metered"])
+
+
+async def fast_path_lapsed(pool: Pool) -> int:
+    """How many fast-path runs hold a lease that lapsed."""
+    return int((await run(pool, "fast_path_lapsed"))["lapsed"])

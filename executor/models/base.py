@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,6 +95,9 @@ class ModelSettings:
     tool_choice: str = ""
     parallel_tool_calls: bool | None = None
     timeout_seconds: float | None = None
+    # Fast-path runs: told each piece of the reply's text as the provider streams it (an
+    # adapter that cannot stream answers whole and never calls it).
+    on_delta: Callable[[str], None] | None = None
 
 
 DEFAULT_SETTINGS = ModelSettings()

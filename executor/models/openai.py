@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from executor.models import streaming
 from executor.models.base import (
     COMPLETE,
     DEFAULT_SETTINGS,
@@ -76,10 +77,24 @@ class OpenAIChatModel:
         headers = {"X-Agentrun-Run-Id": run_id, "X-Agentrun-Seq": str(seq)}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        if settings.on_delta is not None:
+            return await self._streamed(body, headers, settings)
         response = await self._http.post(self._url, body, headers, settings.timeout_seconds)
         if response.status_code >= 400:
             raise self._http.failure(response, error_of(response))
         return parse_completion(response)
+
+    async def _streamed(
+        self, body: dict[str, Any], headers: dict[str, str], settings: ModelSettings
+    ) -> ModelReply:
+        """The same call with stream=true: text is told to `settings.on_delta` as it comes."""
+        assert settings.on_delta is not None
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
+            if answer.status_code >= 400:
+                raise self._http.failure(answer, error_of(answer))
+            data = await streaming.read(answer, settings.on_delta)
+        return completion_of(data)
 
     def request_body(
         self,
@@ -117,7 +132,11 @@ def _tool_choice(choice: str) -> str | dict[str, Any]:
 
 def parse_completion(response: httpx.Response) -> ModelReply:
     """Turn a chat completions response into a ModelReply (no choices → ModelUnavailable)."""
-    data = json_body(response)
+    return completion_of(json_body(response))
+
+
+def completion_of(data: Any) -> ModelReply:
+    """A chat completions body (parsed, or put together from a stream) as a ModelReply."""
     try:
         choice = data["choices"][0]
         message = choice["message"]

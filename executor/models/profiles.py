@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,10 +155,14 @@ async def ask(
     tools: Sequence[Mapping[str, Any]],
     run_id: str,
     seq: int,
+    on_delta: Callable[[str], None] | None = None,
 ) -> ModelReply:
     """One call for this version; a version without profile or parameters is called
-    exactly as before profiles existed (any ModelClient serves it)."""
+    exactly as before profiles existed (any ModelClient serves it). With `on_delta`
+    (fast-path runs) the reply is streamed and its text told as it comes."""
     settings = settings_of(spec)
+    if on_delta is not None:
+        settings = dataclasses.replace(settings, on_delta=on_delta)
     if settings == DEFAULT_SETTINGS:
         return await model.complete(spec.model, messages, tools, run_id, seq)
     return await model.complete(spec.model, messages, tools, run_id, seq, settings=settings)

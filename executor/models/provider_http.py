@@ -11,8 +11,9 @@ An `x-should-retry: true|false` header, which both SDKs obey, overrides the stat
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,27 @@ class ProviderHttp:
         except httpx.TransportError as exc:
             # Only the exception's class: its text may carry the URL, never headers,
             # but there is nothing in it worth the risk.
+            raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        url: str,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        timeout_seconds: float | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """POST the body and read the answer as it comes (an error answer is read whole);
+        ModelUnavailable when the provider cannot be reached or the stream breaks."""
+        timeout = httpx.Timeout(timeout_seconds or self._timeout)
+        try:
+            async with self._http.stream(
+                "POST", url, json=body, headers=dict(headers), timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                yield response
+        except httpx.TransportError as exc:
             raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
 
     def failure(self, response: httpx.Response, error: ProviderError) -> Exception:

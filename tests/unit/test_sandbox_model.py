@@ -153,9 +153,11 @@ def test_request_log_records_run_id_seq_turn_and_status(client: TestClient) -> N
     ask(client, "missing", conversation(0))
     entries = client.get("/_sandbox/requests").json()["requests"]
     assert [e["n"] for e in entries] == [1, 2]
-    assert entries[0] | {"time": None} == {
+    assert entries[0]["received_at"] <= entries[0]["time"]
+    assert entries[0] | {"time": None, "received_at": None} == {
         "n": 1,
         "time": None,
+        "received_at": None,
         "model": "demo",
         "run_id": "run-1",
         "seq": 4,

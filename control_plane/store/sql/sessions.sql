@@ -78,3 +78,71 @@ WHERE workspace_id = $1 AND run_id = $2 AND status = 'queued';
 -- name: session_turn_mark_ended :exec
 -- Record why a turn ended early: 'interrupt' or 'rollback' ($4).
 UPDATE session_turns SET ended_by = $4 WHERE workspace_id = $1 AND session_id = $2 AND turn = $3;
+
+-- name: fast_path_lock_workspace :one
+-- The fast path's first statement (control_plane/dispatch/fast_path.py): the
+-- workspace row locked as a claim locks it (lease.sql, step 1), if it has room
+-- under its cap. The claim skips rows locked like this and the running counts
+-- only grow under this lock, so the cap holds with claims and fast paths
+-- together; the lease statement after it is a new statement and sees every
+-- lease taken under the lock before.
+SELECT workspace_id FROM workspaces
+WHERE workspace_id = $1 AND running < max_concurrency
+FOR NO KEY UPDATE;
+
+-- name: fast_path_lease :one
+-- Lease exactly run $2 of workspace $1 to owner $3 for $4 seconds, as the
+-- claim would (lease.sql run_claim_due): only a queued run that is due, under
+-- its agent's cap, whose version is a fast-path one needing only tools among
+-- $5 (a JSON array; NULL: any), on the owner's releases $6 (its own $7 among
+-- them; NULL: releases ignored), a run on none only if $7 is the newest
+-- connected release ($8 seconds; $9: only promoted or canaried ones).
+-- Epoch + 1, the release recorded, the hold begun; `metered`: the workspace has a
+-- credit account (credits are reserved then, as after a claim). No row: the claim's.
+WITH routing AS MATERIALIZED (
+    SELECT $6::text[] IS NULL AS any_release, $7::text IS NOT DISTINCT FROM (
+        SELECT rl.release FROM releases rl
+        WHERE rl.draining_since IS NULL
+          AND (NOT $9::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
+          AND (rl.release = $7 OR EXISTS (
+            SELECT 1 FROM executor_tools e
+            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $8)))
+        ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
+        LIMIT 1) AS takes_new
+), target AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    JOIN agents a ON a.workspace_id = r.workspace_id AND a.agent_id = r.agent_id
+    JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                         AND v.version = r.agent_version
+    WHERE r.workspace_id = $1 AND r.run_id = $2
+      AND r.status = 'queued' AND r.wake_at <= now()
+      AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
+      AND coalesce((v.spec ->> 'fast_path')::boolean, false)
+      AND ($5::jsonb IS NULL OR coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
+      AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
+           OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+    FOR UPDATE OF r
+)
+UPDATE runs r SET
+    status = 'running',
+    wait_reason = NULL,
+    release = coalesce(r.release, $7::text),
+    lease_owner = $3,
+    lease_epoch = r.lease_epoch + 1,
+    wake_at = now() + make_interval(secs => $4),
+    held_since = now(),
+    started_at = coalesce(r.started_at, now()),
+    updated_at = now()
+FROM target
+WHERE r.workspace_id = target.workspace_id AND r.run_id = target.run_id
+RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+    EXISTS (SELECT 1 FROM credit_accounts ca WHERE ca.workspace_id = r.workspace_id) AS metered;
+
+-- name: fast_path_lapsed :one
+-- How many fast-path runs hold a lapsed lease (the recovery scanner pokes the
+-- claim, which takes lapsed leases first). Index runs_leases.
+SELECT count(*) AS lapsed FROM runs r
+JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                     AND v.version = r.agent_version
+WHERE r.status = 'running' AND r.wake_at <= now()
+  AND coalesce((v.spec ->> 'fast_path')::boolean, false);

@@ -221,6 +221,7 @@ class AgentSpec(_message.Message):
     CONNECTIONS_FIELD_NUMBER: _builtins.int
     MODEL_PROFILE_FIELD_NUMBER: _builtins.int
     MODEL_PARAMETERS_FIELD_NUMBER: _builtins.int
+    FAST_PATH_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -239,6 +240,18 @@ class AgentSpec(_message.Message):
     not know parks the run like a model outage (model_retry_budget bounds
     it). Empty = the executor's default model endpoint. Lowercase letters,
     digits, '-' and '_', 1-63 characters.
+    """
+    fast_path: _builtins.bool
+    """The low-latency fast path, for turns where time to first token matters
+    (a session on a self-hosted model). A session turn of such a version is
+    dispatched by SendMessage itself, in the same request, straight to a
+    connected executor with a free slot (same checks as a claim: scope,
+    release, tools, caps, credits; a fenced lease at a new epoch), instead of
+    waiting for a claim cycle; with no free slot it is queued as usual.
+    Its lease is renewed every 2 s (AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS), and
+    a lapsed one is taken over like any other. The executor streams the
+    model's reply (stream=true) and WatchRun(deltas=true) watchers get its
+    text as it is generated; the committed decision step stays the record.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -286,10 +299,11 @@ class AgentSpec(_message.Message):
         connections: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         model_profile: _builtins.str = ...,
         model_parameters: Global___ModelParameters | None = ...,
+        fast_path: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -239,6 +239,7 @@ class ConnectRequest(_message.Message):
     READY_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -247,6 +248,12 @@ class ConnectRequest(_message.Message):
     def commit(self) -> Global___Commit: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def delta(self) -> Global___ModelDelta:
+        """Model output of a fast-path run while it is generated (fanned out to
+        WatchRun watchers of this replica; never stored).
+        """
+
     def __init__(
         self,
         *,
@@ -254,16 +261,51 @@ class ConnectRequest(_message.Message):
         ready: Global___Ready | None = ...,
         commit: Global___Commit | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        delta: Global___ModelDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat", "delta"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
 Global___ConnectRequest: _TypeAlias = ConnectRequest  # noqa: Y015
+
+@_typing.final
+class ModelDelta(_message.Message):
+    """ModelDelta is text the model streamed for the decision step `seq` of the
+    run held under `lease`; `index` counts from 0 per model call. Ignored
+    unless this stream holds the run at that epoch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    index: _builtins.int
+    text: _builtins.str
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        seq: _builtins.int = ...,
+        index: _builtins.int = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "lease", b"lease", "seq", b"seq", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelDelta: _TypeAlias = ModelDelta  # noqa: Y015
 
 @_typing.final
 class ConnectResponse(_message.Message):
@@ -753,6 +795,7 @@ class Assignment(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def run(self) -> _run_pb2.Run: ...
     @_builtins.property
@@ -765,6 +808,12 @@ class Assignment(_message.Message):
         (tool.proto): the executor calls them from these, no catalogue file.
         """
 
+    @_builtins.property
+    def heartbeat_interval(self) -> _duration_pb2.Duration:
+        """A run of a fast-path version (AgentSpec.fast_path) is heartbeated this
+        often instead of Welcome.heartbeat_interval; unset: the session's.
+        """
+
     def __init__(
         self,
         *,
@@ -772,10 +821,11 @@ class Assignment(_message.Message):
         agent_version: _agent_pb2.AgentVersion | None = ...,
         steps: _abc.Iterable[_run_pb2.Step] | None = ...,
         tools: _abc.Iterable[_tool_pb2.Tool] | None = ...,
+        heartbeat_interval: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "heartbeat_interval", b"heartbeat_interval", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "run", b"run", "steps", b"steps", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "heartbeat_interval", b"heartbeat_interval", "run", b"run", "steps", b"steps", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

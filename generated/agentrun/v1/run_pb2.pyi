@@ -831,20 +831,28 @@ class WatchRunRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
+    DELTAS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     from_seq: _builtins.int
     """Resume offset: the first seq to send."""
+    deltas: _builtins.bool
+    """Also send the model's output as it is generated (`delta` events), for
+    runs of fast-path agent versions (AgentSpec.fast_path). Deltas are not
+    stored: a watcher that connects late, or to another replica than the one
+    the run's executor streams to, sees only the committed steps.
+    """
     def __init__(
         self,
         *,
         workspace_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         from_seq: _builtins.int = ...,
+        deltas: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deltas", b"deltas", "from_seq", b"from_seq", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -856,6 +864,7 @@ class WatchRunResponse(_message.Message):
 
     STEP_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def step(self) -> Global___Step:
         """A step of the log, in seq order."""
@@ -864,21 +873,61 @@ class WatchRunResponse(_message.Message):
     def run(self) -> Global___Run:
         """The run's state, sent first and whenever status or wait changes."""
 
+    @_builtins.property
+    def delta(self) -> Global___RunDelta:
+        """A piece of the model's reply while it is generated (deltas = true)."""
+
     def __init__(
         self,
         *,
         step: Global___Step | None = ...,
         run: Global___Run | None = ...,
+        delta: Global___RunDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["step", "run"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["step", "run", "delta"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
+
+@_typing.final
+class RunDelta(_message.Message):
+    """RunDelta is text the model produced for the model_decision step `seq`,
+    before that step is committed. `index` counts the deltas of one model
+    call from 0; a new epoch (a takeover) starts the call again. The committed
+    step is the record: a delta may be followed by no step at all (the holder
+    died) or by a step whose text differs (another epoch asked again).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    index: _builtins.int
+    text: _builtins.str
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        index: _builtins.int = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "index", b"index", "seq", b"seq", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunDelta: _TypeAlias = RunDelta  # noqa: Y015
 
 @_typing.final
 class ResolveUnknownOutcomeRequest(_message.Message):

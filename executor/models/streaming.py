@@ -1,0 +1,106 @@
+"""OpenAI chat completions streamed (`stream: true`, server-sent events): each piece of
+text is told as it arrives, and the chunks are put back together into the body a
+non-streamed completion has, so the reply is parsed (and recorded) the same way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from executor.models.base import ModelUnavailable
+
+
+class Chunks:
+    """The first choice of a streamed completion, as its chunks add up."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.seen_choice = False
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk in; the text it adds to the reply ("" if none)."""
+        if not isinstance(chunk, dict):
+            raise ModelUnavailable("invalid stream from model provider: a chunk is not an object")
+        for key in ("id", "model"):
+            if chunk.get(key) and key not in self.head:
+                self.head[key] = chunk[key]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        text = ""
+        for choice in chunk.get("choices") or []:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                text += self._choice(choice)
+        return text
+
+    def _choice(self, choice: dict[str, Any]) -> str:
+        self.seen_choice = True
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        raw = choice.get("delta")
+        delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        for call in delta.get("tool_calls") or []:
+            if isinstance(call, dict):
+                self._call(call)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self.content.append(text)
+            return text
+        return ""
+
+    def _call(self, call: dict[str, Any]) -> None:
+        entry = self.calls.setdefault(
+            int(call.get("index") or 0),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            entry["id"] = str(call["id"])
+        raw = call.get("function")
+        function: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        entry["function"]["name"] += str(function.get("name") or "")
+        arguments = function.get("arguments")
+        entry["function"]["arguments"] += arguments if isinstance(arguments, str) else ""
+
+    def completion(self) -> dict[str, Any]:
+        """The chat.completion body these chunks stand for."""
+        if not self.seen_choice:
+            raise ModelUnavailable("invalid stream from model provider: no choices")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.content) if self.content else None,
+            "refusal": "".join(self.refusal) if self.refusal else None,
+        }
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return {**self.head, "choices": [{"index": 0, "finish_reason": self.finish,
+                                          "message": message}], "usage": self.usage}  # fmt: skip
+
+
+async def read(response: httpx.Response, on_delta: Callable[[str], None]) -> dict[str, Any]:
+    """Read the event stream to its end, telling `on_delta` each piece of text."""
+    chunks, done = Chunks(), False
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, event names
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ModelUnavailable("invalid stream from model provider: not JSON") from None
+        if text := chunks.add(chunk):
+            on_delta(text)
+    if not done and chunks.finish is None:
+        raise ModelUnavailable("model provider's stream ended before the reply did")
+    return chunks.completion()

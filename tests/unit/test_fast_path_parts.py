@@ -1,0 +1,68 @@
+"""Pure parts of the fast path: which stream a turn goes to, whose deltas reach watchers,
+and how often the executor heartbeats while it holds a fast-path run."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.config import ServerConfig
+from control_plane.dispatch.dispatcher import Dispatcher
+from control_plane.dispatch.fast_path import DeltaHub, pick
+from control_plane.dispatch.session import ExecutorSession
+from executor.lease import LeaseKeeper
+
+
+def stream(executor_id: str, credits: int, scope=None, tools=(), draining=False):
+    session = ExecutorSession(Dispatcher(None, ServerConfig(database_url="")), scope)  # type: ignore[arg-type]
+    session.executor_id, session.credits = executor_id, credits
+    session.tools, session.draining = frozenset(tools), draining
+    return session
+
+
+def test_a_turn_goes_to_the_stream_with_most_room_that_a_claim_could_lease_it_to():
+    streams = [
+        stream("full", 0),
+        stream("other-tenant", 9, scope=frozenset({"ws2"})),
+        stream("no-tools", 8),
+        stream("draining", 7, tools={"send_email"}, draining=True),
+        stream("small", 1, tools={"send_email"}),
+        stream("roomy", 3, scope=frozenset({"ws"}), tools={"send_email", "crm_lookup"}),
+    ]
+    assert pick(streams, "ws", ["send_email"]).executor_id == "roomy"
+    assert pick(streams, "ws", []).executor_id == "no-tools"
+    assert pick(streams, "ws", ["charge_card"]) is None
+
+
+async def test_only_the_holder_at_that_epoch_reaches_the_watchers():
+    hub, run_id = DeltaHub(), uuid.uuid4()
+    holder, stale = stream("holder", 0), stream("stale", 0)
+    holder.held[run_id], stale.held[run_id] = 2, 1
+
+    def delta(epoch: int, text: str) -> pb.ModelDelta:
+        lease = pb.Lease(workspace_id="ws", run_id=str(run_id), epoch=epoch)
+        return pb.ModelDelta(lease=lease, seq=1, index=0, text=text)
+
+    with hub.watch("ws", run_id) as queue:
+        hub.offer(holder, delta(1, "not its epoch"))
+        hub.offer(holder, delta(2, "hello"))
+        # The older holder still thinks it holds epoch 1 (not told of the takeover yet).
+        hub.offer(stale, delta(1, "stale"))
+        got = await asyncio.wait_for(queue.get(), 1)
+        assert (got.text, got.epoch, queue.empty()) == ("hello", 2, True)
+    hub.offer(holder, delta(2, "nobody watches"))  # dropped, nothing kept
+    assert (hub._watchers, hub._epochs) == ({}, {})
+
+
+async def test_a_fast_path_lease_shortens_the_heartbeat_while_it_is_held():
+    async def beat(leases, within):
+        return None
+
+    keeper = LeaseKeeper(beat, lambda run_id, reason: None, heartbeat_interval=10.0)
+    keeper.hold(pb.Lease(workspace_id="ws", run_id="slow", epoch=1))
+    assert keeper.interval == 10.0
+    keeper.hold(pb.Lease(workspace_id="ws", run_id="fast", epoch=1), interval=2.0)
+    assert keeper.interval == 2.0 and keeper._rescheduled.is_set()
+    keeper.drop("fast")
+    assert keeper.interval == 10.0
