@@ -5,7 +5,9 @@ tick (several runs' commits read off one stream, or off several) reach `commit`
 before the loop runs the flush it scheduled with `call_soon`, so they go to the
 database together: one round trip, one transaction and one WAL flush for all of
 them (store/sql/steps.sql, run_commit_many). Nothing waits for company: a commit
-alone in its tick goes as it did before, through `steps.commit`, at once.
+alone in its tick goes as it did before, through `steps.commit`, at once. Only when
+MAX_IN_FLIGHT statements are out already do new commits wait, for the first of them
+to return, and then go together (group commit, as Postgres does for WAL flushes).
 
 Fencing stays per run: a run no longer held under its epoch is left out of the
 statement and answered Fenced alone, and an error of one request (a retried
@@ -24,6 +26,10 @@ from control_plane.store.db import Pool
 
 # The most commits in one statement (its arrays stay small; the rest go in another).
 MAX_GROUP = 100
+# The most group statements in flight at once. Commits arriving while that many are out
+# wait for the first to return, then go together (group commit): under load the groups
+# grow instead of the statements multiplying; under none, nothing waits.
+MAX_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class CommitGroups:
         self.pool = pool
         self._waiting: list[_Waiting] = []
         self._flushing: set[asyncio.Task[None]] = set()
+        self._scheduled = False
         self.statements = 0  # statements sent, and the commits in them (for tests and bench)
         self.grouped = 0
 
@@ -48,18 +55,29 @@ class CommitGroups:
     ) -> step_store.CommitResult:
         """`steps.commit(pool, req, lease_seconds)`, sent with the tick's other commits."""
         loop = asyncio.get_running_loop()
-        if not self._waiting:
-            loop.call_soon(self._flush)
         waiting = _Waiting(req, lease_seconds, loop.create_future())
         self._waiting.append(waiting)
+        self._schedule()
         return await waiting.answer
 
+    def _schedule(self) -> None:
+        """Flush at the end of this tick, unless a flush is due already or the statements
+        in flight are at the cap (the last of them to return schedules it)."""
+        if self._waiting and not self._scheduled and len(self._flushing) < MAX_IN_FLIGHT:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
+        self._scheduled = False
         pending, self._waiting = self._waiting, []
         for group in _groups(pending):
             task = asyncio.create_task(self._send(group))
             self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._flushing.discard(task)
+        self._schedule()
 
     async def _send(self, group: list[_Waiting]) -> None:
         self.statements += 1
