@@ -271,9 +271,7 @@ class RunLoop:
             log.info("run %s failed: %s", self.run_id, error)
             return "failed"
         if reply.tool_calls:
-            await self._commit([decision], **counts)
-            faults.point("executor.decision.after_commit")
-            return None
+            return await self._commit_decision(decision, counts)
         # No tool calls: the answer is final; decision and finish land together.
         output = reply.content or ""
         finish = steps.finish_completed(seq + 1, output)
@@ -283,6 +281,55 @@ class RunLoop:
         faults.point("executor.decision.after_commit")
         log.info("run %s completed", self.run_id)
         return "completed"
+
+    async def _commit_decision(
+        self, decision: executor_pb2.NewStep, counts: dict[str, int]
+    ) -> str | None:
+        """Commit a decision that calls tools. When its first call would be started right
+        away (what the loop would do next, checked the same way), the call's `tool_started`
+        lands in the same commit: both are recorded before any request leaves, one round
+        trip fewer. A crash after it resumes as after any started call (resolved by class)."""
+        ahead = self._start_ahead(decision)
+        if ahead is None:
+            await self._commit([decision], **counts)
+            faults.point("executor.decision.after_commit")
+            return None
+        tool, started, call_id, arguments = ahead
+        await self._commit([decision, started], tool_calls=1, **counts)
+        faults.point("executor.decision.after_commit")
+        faults.point("executor.tool.after_started_commit")
+        return await self._send(tool, started, call_id, arguments)
+
+    def _start_ahead(
+        self, decision: executor_pb2.NewStep
+    ) -> tuple[Tool, executor_pb2.NewStep, str, Mapping[str, Any]] | None:
+        """The tool and `tool_started` step of the decision's first call if the loop's next
+        step would be to start it and send it (no handoff, limit, refusal, approval or
+        internal tool in the way); else None, and the decision is committed alone."""
+        if self._handoff.is_set():
+            return None
+        entries = [*self.entries, steps.as_entry(decision)]
+        action = replay.next_action(entries, self._run.limits.repeat_limit)
+        if not isinstance(action, StartTool) or action.approval is not None:
+            return None
+        now = self._deps.wall_clock()
+        used = replay.counters(entries)
+        if limits.exceeded(self._run, used, action, now, now - self._held_from):
+            return None
+        checked = self._check(action, decision.seq + 1)
+        if isinstance(checked, executor_pb2.NewStep):
+            return None
+        tool, verdict = checked
+        if tool.provider == "internal" or verdict.approval is not None:
+            return None
+        if approval.needs_approval(tool, self.spec):
+            return None
+        call, arguments = action.call, action.call.arguments or {}
+        started = steps.tool_started(decision.seq + 1, decision.seq, call.id, tool.name,
+                                     arguments, self.run_id, tool.call_class)  # fmt: skip
+        if decision.ByteSize() + started.ByteSize() + 4096 > self._deps.max_commit_bytes:
+            return None  # each fits alone: two commits rather than one refused
+        return tool, started, call.id, arguments
 
     async def _model_unavailable(self, exc: ModelUnavailable) -> str:
         """Park with backoff while the provider is down; fail once the run's budget is spent."""
@@ -362,8 +409,19 @@ class RunLoop:
     async def _vet(self, action: StartTool) -> tuple[Tool, constraints.Verdict] | None:
         """The tool and what the constraints say, or None: the call was refused (and its
         error result committed; nothing is sent, the model reads why on its next turn)."""
+        checked = self._check(action, replay.next_seq(self.entries))
+        if isinstance(checked, executor_pb2.NewStep):
+            log.info("run %s: tool call %s refused: %s", self.run_id, action.call.id,
+                     steps.as_entry(checked).payload.get("error"))  # fmt: skip
+            await self._commit([checked])
+            return None
+        return checked
+
+    def _check(
+        self, action: StartTool, seq: int
+    ) -> tuple[Tool, constraints.Verdict] | executor_pb2.NewStep:
+        """The tool and the constraints' verdict, or the refusal to record at `seq` (pure)."""
         call = action.call
-        seq = replay.next_seq(self.entries)
         try:
             tool = self._deps.catalogue.check_call(
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
@@ -372,22 +430,18 @@ class RunLoop:
                 self.spec.connections, tool, credentials.triggering(self.entries)
             )
         except ToolCallRejected as exc:
-            log.info("run %s: tool call %s rejected: %s", self.run_id, call.id, exc)
-            outcome = Outcome("error", error=str(exc))
-            await self._commit_result(seq, action.decision_seq, call.id, call.name, outcome)
-            return None
+            return steps.tool_result(
+                seq, action.decision_seq, call.id, call.name, "error", error=str(exc)
+            )
         verdict = constraints.check(
             self.spec.constraints, tool.name, call.arguments or {},
             constraints.trigger_mail(self.entries),
         )  # fmt: skip
         if verdict.refusal is not None:
-            log.warning("run %s: tool call %s %s", self.run_id, call.id, verdict.refusal)
-            step = steps.tool_result(
+            return steps.tool_result(
                 seq, action.decision_seq, call.id, call.name, "error", error=verdict.refusal,
                 extra={"refused_by": verdict.rule},
             )  # fmt: skip
-            await self._commit([step])
-            return None
         return tool, verdict
 
     async def _start_tool(self, action: StartTool) -> str | None:
@@ -409,6 +463,13 @@ class RunLoop:
             return await self._start_internal(started, call.id, tool.name, arguments)
         await self._commit([started], tool_calls=1)
         faults.point("executor.tool.after_started_commit")
+        return await self._send(tool, started, call.id, arguments)
+
+    async def _send(
+        self, tool: Tool, started: executor_pb2.NewStep, call_id: str, arguments: Mapping[str, Any]
+    ) -> str | None:
+        """Send a call whose `tool_started` step landed, under its key; record the outcome."""
+        seq = started.seq
         try:
             with _tracer.start_as_current_span(
                 "agentrun.tool", kind=SpanKind.CLIENT,
@@ -423,7 +484,7 @@ class RunLoop:
         except credentials.ConnectionUnusable as exc:
             return await self._park_connection(exc, seq)
         faults.point("executor.tool.after_response")
-        return await self._record(seq + 1, seq, call.id, tool.name, outcome)
+        return await self._record(seq + 1, seq, call_id, tool.name, outcome)
 
     async def _hold(self, action: StartTool, tool: Tool, reason: str | None = None) -> str:
         """Hold the call for a human: step, approval and park in one commit; then let go."""

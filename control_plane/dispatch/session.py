@@ -22,6 +22,7 @@ from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.canary import CANARY_WORKSPACE
 from control_plane.connections import parks as connection_parks
+from control_plane.dispatch import commits
 from control_plane.errors import InvalidArgument, status_for
 from control_plane.releases import tell_draining
 from control_plane.store import executor_tools, releases
@@ -335,7 +336,7 @@ class ExecutorSession:
             self._pool, req, lease_seconds, self._dispatcher.poke
         ):
             return waits
-        return await step_store.commit(self._pool, req, lease_seconds)
+        return await commits.groups_for(self._pool).commit(req, lease_seconds)
 
     async def _commit_failed(
         self, req: step_store.CommitRequest, exc: Exception, result: pb.CommitResult

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -12,7 +13,7 @@ import faults
 from control_plane.pricing import Usage
 from control_plane.store import credits
 from control_plane.store.db import in_transaction, transaction
-from control_plane.store.errors import CommitConflict, Fenced
+from control_plane.store.errors import CommitConflict, Fenced, transient
 from control_plane.store.queries import run
 
 
@@ -89,7 +90,6 @@ async def commit(
     Raises Fenced when it is not. A retry of a commit that already landed
     (same epoch, same seqs and kinds) is acknowledged as a duplicate.
     """
-    t = req.transition
     try:
         if in_transaction(pool) or faults.active():
             async with transaction(pool) as conn:
@@ -102,14 +102,52 @@ async def commit(
             row = await _apply(pool, req, lease_seconds, now)
     except asyncpg.UniqueViolationError:
         row = None
+    return await _settle(pool, req, row)
+
+
+async def _settle(
+    pool: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, row: asyncpg.Record | None
+) -> CommitResult:
+    """The outcome of a commit whose statement returned `row` (None: nothing landed)."""
     if row is not None:
         result = CommitResult(row["status"], row["wake_at"])
         return await _top_up(pool, req, result) if row["credits_due"] else result
+    t = req.transition
     if req.steps and await _already_committed(pool, req):
         duplicate = CommitResult(t.status or "running", None, duplicate=True)
         # The first try may have landed without its top-up (a kill -9 between the two).
         return await _top_up(pool, req, duplicate) if t.status is None else duplicate
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
+
+
+async def commit_many(
+    pool: asyncpg.pool.Pool, reqs: list[CommitRequest], lease_seconds: float
+) -> list[CommitResult | BaseException]:
+    """Commit several runs' requests (each run at most once) in one statement; each entry
+    is that request's result or the error `commit` would have raised for it alone.
+
+    Fenced per run: a run no longer held is left out and settled alone (a retried
+    duplicate is recognised, else Fenced) while the others land. If the statement
+    fails (a retried commit's seqs already there, a payload the database refuses), it
+    wrote nothing, and each request is committed alone so only its own error is its own.
+    """
+    try:
+        if faults.active():
+            async with transaction(pool) as conn:
+                rows = await _apply_many(conn, reqs, lease_seconds)
+                faults.point("control_plane.commit.in_transaction")
+        else:
+            rows = await _apply_many(pool, reqs, lease_seconds)
+    except Exception as exc:  # noqa: BLE001 - each request's own error is found alone
+        if transient(exc):  # the database is unreachable: each is told so, as alone
+            return [exc for _ in reqs]
+        return await asyncio.gather(*(commit(pool, r, lease_seconds) for r in reqs),
+                                    return_exceptions=True)  # fmt: skip
+    by_index = {row["i"]: row for row in rows}
+    return await asyncio.gather(
+        *(_settle(pool, r, by_index.get(i)) for i, r in enumerate(reqs, start=1)),
+        return_exceptions=True,
+    )
 
 
 async def _top_up(
@@ -148,6 +186,27 @@ async def _apply(
         cost_micros=req.usage.cost_micros, status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
         wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
         now=now, waiting_connection_id=t.waiting_connection_id,
+    )  # fmt: skip
+
+
+async def _apply_many(
+    db: asyncpg.pool.Pool | asyncpg.Connection, reqs: list[CommitRequest], lease_seconds: float
+) -> list[asyncpg.Record]:
+    ts, us = [r.transition for r in reqs], [r.usage for r in reqs]
+    steps = [(i, s) for i, r in enumerate(reqs, start=1) for s in r.steps]
+    return await run(
+        db, "run_commit_many", workspace_ids=[r.workspace_id for r in reqs],
+        run_ids=[r.run_id for r in reqs], epochs=[r.epoch for r in reqs],
+        model_calls=[r.model_calls for r in reqs], tool_calls=[r.tool_calls for r in reqs],
+        tokens=[r.tokens for r in reqs], input_tokens=[u.input_tokens for u in us],
+        output_tokens=[u.output_tokens for u in us], cached_tokens=[u.cached_tokens for u in us],
+        reasoning_tokens=[u.reasoning_tokens for u in us], cost_micros=[u.cost_micros for u in us],
+        statuses=[t.status for t in ts], wait_reasons=[t.wait_reason for t in ts],
+        wake_ats=[t.wake_at for t in ts], wake_after_seconds=[t.wake_after_seconds for t in ts],
+        texts=[t.text for t in ts], waiting_connection_ids=[t.waiting_connection_id for t in ts],
+        step_runs=[i for i, _ in steps], seqs=[s.seq for _, s in steps],
+        kinds=[s.kind for _, s in steps], ref_seqs=[s.ref_seq for _, s in steps],
+        payloads=[s.payload_json for _, s in steps], lease_seconds=lease_seconds,
     )  # fmt: skip
 
 

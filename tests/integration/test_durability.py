@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 
@@ -100,7 +101,10 @@ async def test_kill_at_each_point_of_a_step_resumes_on_another_executor(
     assert found_by_lookup == (point == "executor.tool.after_response")
     lookups = [r for r in sandbox_requests(sandbox_providers.url)
                if r["path"] == "/mail/search" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
-    cut_off = point in ("executor.tool.after_started_commit", "executor.tool.after_response")
+    # A decision that calls a tool right away commits with that call's tool_started (one
+    # commit): killed after it, the call is cut off just as after tool.after_started_commit.
+    cut_off = point in ("executor.decision.after_commit", "executor.tool.after_started_commit",
+                        "executor.tool.after_response")  # fmt: skip
     assert len(lookups) == (1 if cut_off else 0)
 
 
@@ -112,18 +116,23 @@ CUT_OFF_WRITES = [
     ("charger", "create_charge", "executor.tool.after_response"),
     ("poster", "chat_post", "executor.tool.after_started_commit"),
     ("poster", "chat_post", "executor.tool.after_response"),
+    # The decision and the post's tool_started land in one commit; killed right after it,
+    # the post (no key) is never sent again: it waits for a person like any cut-off post.
+    ("poster", "chat_post", "executor.decision.after_commit"),
 ]
 
 
 @pytest.mark.parametrize(("model", "tool", "point"), CUT_OFF_WRITES)
 async def test_a_write_cut_off_by_a_crash_is_settled_by_its_class_and_happens_once(
-    stack, executor_factory, sandbox_model, sandbox_providers, model, tool, point
+    stack, executor_factory, sandbox_model, sandbox_providers, db, model, tool, point
 ):
     cp, api = stack
     await api.publish(model, model, [tool])
     run_id = await api.start(model)
     (doomed,) = executor_factory(cp, AGENTRUN_FAULTS=f"{point}=kill@1")
     await eventually(lambda: not doomed.alive, timeout=30, message=f"{point} never fired")
+    if point == "executor.decision.after_commit":
+        await assert_one_transaction(db, run_id, ["model_decision", "tool_started"])
     executor_factory(cp)
     provider = "payments" if tool == "create_charge" else "chat"
 
@@ -142,6 +151,17 @@ async def test_a_write_cut_off_by_a_crash_is_settled_by_its_class_and_happens_on
     await check_run(api, run_id, sandbox_model, sandbox_providers)
     assert_effects_at_most_once(effects(), provider)
     assert len(effects()) == 1
+
+
+async def assert_one_transaction(db, run_id: str, kinds: list[str]) -> None:
+    """The log's steps after the input are `kinds`, written by one transaction (one commit:
+    the same transaction time, epoch and writer)."""
+    rows = await db.fetch(
+        "SELECT kind, epoch, created_at FROM steps WHERE run_id = $1 AND seq > 0 ORDER BY seq",
+        uuid.UUID(run_id),
+    )
+    assert [r["kind"] for r in rows] == kinds
+    assert len({(r["epoch"], r["created_at"]) for r in rows}) == 1
 
 
 async def test_a_paused_executor_is_fenced_and_writes_nothing_after_its_lease_is_taken(

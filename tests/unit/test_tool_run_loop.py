@@ -12,7 +12,7 @@ from typing import Any
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
 from executor import replay
-from executor.models.base import ModelReply
+from executor.models.base import ModelReply, ToolCall, Usage
 from executor.run_loop import RunDeps, RunLoop
 from executor.stream import CommitReply
 from executor.tools.catalogue import Catalogue
@@ -237,3 +237,50 @@ async def test_a_run_the_control_plane_failed_on_a_commit_error_stops_at_once():
     )  # fmt: skip
     assert await RunLoop(assignment, deps).run() == "fenced"
     assert len(committer.commits) == 1 and len(model.seen) == 1  # sent once, asked once
+
+
+class Deciding(Model):
+    """Calls the given tools once, then answers with a final text."""
+
+    def __init__(self, *calls: dict) -> None:
+        super().__init__()
+        self.calls = [ToolCall(c["id"], c["name"], c["arguments"]) for c in calls]
+
+    async def complete(self, model, messages, tools, run_id, seq) -> ModelReply:
+        self.seen.append(list(messages))
+        if len(self.seen) == 1:
+            return ModelReply(content=None, tool_calls=tuple(self.calls), usage=Usage(7, 3))
+        return ModelReply(content="done")
+
+
+async def test_a_decision_that_calls_a_tool_commits_with_the_first_started_in_one_commit():
+    delivery = Delivery(Outcome("ok", output={"ts": "1"}), Outcome("ok", output={"ts": "2"}))
+    second = {**POST, "id": "c2", "arguments": {"channel": "#ops", "text": "hey"}}
+    ended, committer = await run_once(
+        [step(0, replay.INPUT, {"text": "go"})], delivery, Deciding(POST, second)
+    )
+    assert ended == "completed"
+    first = committer.commits[0]
+    (decision_kind, _), (started_kind, started) = payloads(first)
+    assert (decision_kind, started_kind) == ("model_decision", "tool_started")
+    assert [s.seq for s in first.steps] == [1, 2] and first.steps[1].ref_seq == 1
+    assert (first.model_calls, first.tool_calls, first.tokens) == (1, 1, 10)
+    assert started["idempotency_key"] == f"{RUN}:2"
+    # The request left after that one commit, under the key it recorded; the second call
+    # of the decision is started on its own, as before.
+    assert delivery.calls == [("send", f"{RUN}:2"), ("send", f"{RUN}:4")]
+    kinds = [[kind for kind, _ in payloads(c)] for c in committer.commits]
+    assert kinds == [["model_decision", "tool_started"], ["tool_result"], ["tool_started"],
+                     ["tool_result"], ["model_decision", "finish"]]  # fmt: skip
+
+
+async def test_a_decision_whose_first_call_is_refused_is_committed_alone():
+    refused = {"id": "c1", "name": "send_email", "arguments": {"to": "a@b.c"}}  # not the agent's
+    delivery = Delivery()
+    ended, committer = await run_once(
+        [step(0, replay.INPUT, {"text": "go"})], delivery, Deciding(refused)
+    )
+    assert ended == "completed" and delivery.calls == []
+    kinds = [[kind for kind, _ in payloads(c)] for c in committer.commits]
+    assert kinds[:2] == [["model_decision"], ["tool_result"]]
+    assert payloads(committer.commits[1])[0][1]["status"] == "error"

@@ -69,3 +69,72 @@ SELECT s.* FROM steps s
 JOIN unnest($1::text[], $2::uuid[]) AS r(workspace_id, run_id)
   ON s.workspace_id = r.workspace_id AND s.run_id = r.run_id
 ORDER BY s.run_id, s.seq;
+
+-- name: run_commit_many :many
+-- run_commit for several runs in one statement (control_plane/dispatch/commits.py
+-- groups the commits that arrive in one event-loop tick): one round trip and one
+-- transaction, so one WAL flush, for all of them. Each run is fenced on its own: a
+-- run not running under its epoch is left out of `locked`, its steps are not
+-- appended and it returns no row, while the others commit; the caller settles it
+-- alone (a retried duplicate, or fenced) as run_commit's caller does. One run at
+-- most once per call (two updates of one row in a statement would not both apply).
+-- Rows are locked in (workspace_id, run_id) order, so two of these that share runs
+-- wait rather than deadlock. Any error (a unique violation of a retried commit, a
+-- refused payload) fails the whole statement; the caller then commits each alone.
+-- Steps are tied to their run by `:step_runs`, the index of the run in the arrays.
+-- Database clock. Columns as in run_commit.
+WITH req AS (
+    SELECT * FROM unnest(
+        :workspace_ids::text[], :run_ids::uuid[], :epochs::bigint[], :model_calls::int[],
+        :tool_calls::int[], :tokens::bigint[], :input_tokens::bigint[],
+        :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
+        :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
+        :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
+        :waiting_connection_ids::uuid[]
+    ) WITH ORDINALITY AS q(workspace_id, run_id, epoch, model_calls, tool_calls, tokens,
+        input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
+        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, i)
+), locked AS (
+    SELECT q.* FROM runs r
+    JOIN req q ON r.workspace_id = q.workspace_id AND r.run_id = q.run_id
+    WHERE r.lease_epoch = q.epoch AND r.status = 'running'
+    ORDER BY r.workspace_id, r.run_id
+    FOR NO KEY UPDATE OF r
+), appended AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload
+    FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
+                :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
+    JOIN locked l ON l.i = s.i
+    RETURNING workspace_id, run_id
+), counted AS (
+    SELECT workspace_id, run_id, count(*) AS n FROM appended GROUP BY workspace_id, run_id
+)
+UPDATE runs r SET
+    step_count = r.step_count + coalesce(c.n, 0),
+    model_calls = r.model_calls + l.model_calls,
+    tool_calls = r.tool_calls + l.tool_calls,
+    tokens_used = r.tokens_used + l.tokens,
+    input_tokens = r.input_tokens + l.input_tokens,
+    output_tokens = r.output_tokens + l.output_tokens,
+    cached_tokens = r.cached_tokens + l.cached_tokens,
+    reasoning_tokens = r.reasoning_tokens + l.reasoning_tokens,
+    cost_micros = r.cost_micros + l.cost_micros,
+    status = coalesce(l.status, r.status),
+    wait_reason = CASE WHEN l.status = 'waiting' THEN l.wait_reason END,
+    waiting_connection_id = CASE WHEN l.status = 'waiting' THEN l.waiting_connection_id END,
+    wake_at = CASE
+        WHEN l.status IS NULL THEN now() + make_interval(secs => :lease_seconds)
+        WHEN l.status = 'waiting'
+            THEN coalesce(l.wake_at, now() + make_interval(secs => l.wake_after_seconds))
+    END,
+    lease_owner = CASE WHEN l.status IS NULL THEN r.lease_owner END,
+    output = CASE WHEN l.status = 'completed' THEN l.text END,
+    error = CASE WHEN l.status = 'failed' THEN l.text END,
+    finished_at = CASE WHEN l.status IN ('completed', 'failed') THEN now() END,
+    updated_at = now()
+FROM locked l
+LEFT JOIN counted c ON c.workspace_id = l.workspace_id AND c.run_id = l.run_id
+WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
+RETURNING l.i, r.status, r.wake_at,
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;

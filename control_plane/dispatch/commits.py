@@ -1,0 +1,133 @@
+"""Group the plain commits that arrive in one event-loop tick into one statement.
+
+Every executor stream spawns a task per Commit message; those spawned in the same
+tick (several runs' commits read off one stream, or off several) reach `commit`
+before the loop runs the flush it scheduled with `call_soon`, so they go to the
+database together: one round trip, one transaction and one WAL flush for all of
+them (store/sql/steps.sql, run_commit_many). Nothing waits for company: a commit
+alone in its tick goes as it did before, through `steps.commit`, at once. Only when
+MAX_IN_FLIGHT statements are out already do new commits wait, for the first of them
+to return, and then go together (group commit, as Postgres does for WAL flushes).
+
+Fencing stays per run: a run no longer held under its epoch is left out of the
+statement and answered Fenced alone, and an error of one request (a retried
+duplicate, a refused payload) makes each commit on its own, so no run's commit
+fails because of another's. A run appears at most once per statement: a second
+commit of the same run in one tick (a retry racing its first try) goes in another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from control_plane.store import steps as step_store
+from control_plane.store.db import Pool
+
+# The most commits in one statement (its arrays stay small; the rest go in another).
+MAX_GROUP = 100
+# The most group statements in flight at once. Commits arriving while that many are out
+# wait for the first to return, then go together (group commit): under load the groups
+# grow instead of the statements multiplying; under none, nothing waits.
+MAX_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    req: step_store.CommitRequest
+    lease_seconds: float
+    answer: asyncio.Future[step_store.CommitResult]
+
+
+class CommitGroups:
+    """The pending plain commits of one pool, flushed once per event-loop tick."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._waiting: list[_Waiting] = []
+        self._flushing: set[asyncio.Task[None]] = set()
+        self._scheduled = False
+        self.statements = 0  # statements sent, and the commits in them (for tests and bench)
+        self.grouped = 0
+
+    async def commit(
+        self, req: step_store.CommitRequest, lease_seconds: float
+    ) -> step_store.CommitResult:
+        """`steps.commit(pool, req, lease_seconds)`, sent with the tick's other commits."""
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(req, lease_seconds, loop.create_future())
+        self._waiting.append(waiting)
+        self._schedule()
+        return await waiting.answer
+
+    def _schedule(self) -> None:
+        """Flush at the end of this tick, unless a flush is due already or the statements
+        in flight are at the cap (the last of them to return schedules it)."""
+        if self._waiting and not self._scheduled and len(self._flushing) < MAX_IN_FLIGHT:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending, self._waiting = self._waiting, []
+        for group in _groups(pending):
+            task = asyncio.create_task(self._send(group))
+            self._flushing.add(task)
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._flushing.discard(task)
+        self._schedule()
+
+    async def _send(self, group: list[_Waiting]) -> None:
+        self.statements += 1
+        self.grouped += len(group)
+        reqs = [w.req for w in group]
+        try:
+            if len(group) == 1:
+                results: list[step_store.CommitResult | BaseException] = [
+                    await step_store.commit(self.pool, reqs[0], group[0].lease_seconds)
+                ]
+            else:
+                results = await step_store.commit_many(self.pool, reqs, group[0].lease_seconds)
+        except Exception as exc:  # noqa: BLE001 - the commit's own error, handed to its caller
+            results = [exc]
+        for waiting, result in zip(group, results, strict=True):
+            if waiting.answer.done():  # its stream went away meanwhile
+                continue
+            if isinstance(result, BaseException):
+                waiting.answer.set_exception(result)
+            else:
+                waiting.answer.set_result(result)
+
+
+def _groups(pending: list[_Waiting]) -> list[list[_Waiting]]:
+    """Split into statements: each run (and lease duration) once per statement, in order."""
+    groups: list[tuple[set[tuple[str, object]], list[_Waiting]]] = []
+    for waiting in pending:
+        key = (waiting.req.workspace_id, waiting.req.run_id)
+        home = next(
+            (g for g in groups if key not in g[0] and len(g[1]) < MAX_GROUP
+             and g[1][0].lease_seconds == waiting.lease_seconds),
+            None,
+        )  # fmt: skip
+        if home is None:
+            home = (set(), [])
+            groups.append(home)
+        home[0].add(key)
+        home[1].append(waiting)
+    return [members for _, members in groups]
+
+
+# By id(pool); an entry keeps its pool alive, so the id is not reused while it is here.
+_BY_POOL: dict[int, CommitGroups] = {}
+
+
+def groups_for(pool: Pool) -> CommitGroups:
+    """The one CommitGroups of a pool (every stream of a replica shares it)."""
+    found = _BY_POOL.get(id(pool))
+    if found is None or found.pool is not pool:
+        for key in [k for k, g in _BY_POOL.items() if g.pool.is_closing()]:
+            del _BY_POOL[key]  # pools closed since (tests start many servers)
+        found = _BY_POOL[id(pool)] = CommitGroups(pool)
+    return found

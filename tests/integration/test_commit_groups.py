@@ -1,0 +1,121 @@
+"""Commits of several runs arriving in one event-loop tick go as one statement (real
+Postgres), each run fenced on its own: a fenced, duplicate or refused commit fails no other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from control_plane.dispatch.commits import CommitGroups
+from control_plane.store import lease, runs, steps
+from control_plane.store.errors import DataRefused, Fenced
+from tests import factories
+
+
+@pytest.fixture
+async def pool(db_url):
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
+    yield p
+    await p.close()
+
+
+def step(seq: int, kind: str = "model_decision", text: str = "") -> steps.NewStep:
+    payload = json.dumps({"content": text or f"s{seq}", "tool_calls": []})
+    return steps.NewStep(seq, kind, None, payload)
+
+
+async def held_runs(pool, n: int) -> list[runs.Run]:
+    await factories.queued_runs(pool, n)
+    return await lease.claim_due(pool, ["ex-a"] * n, 30)
+
+
+def request(run: runs.Run, new: list[steps.NewStep], **kw) -> steps.CommitRequest:
+    return steps.CommitRequest(run.workspace_id, run.run_id, run.lease_epoch, new, **kw)
+
+
+async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(pool):
+    renewing, parking, finishing = await held_runs(pool, 3)
+    groups = CommitGroups(pool)
+    park = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=600)
+    done = steps.Transition(status="completed", text="the end")
+    results = await asyncio.gather(
+        groups.commit(request(renewing, [step(1), step(2, "tool_started")], model_calls=1,
+                              tool_calls=1, tokens=12), 30),
+        groups.commit(request(parking, [step(1), step(2, "park")], transition=park), 30),
+        groups.commit(request(finishing, [step(1), step(2, "finish")], transition=done, tokens=5), 30),
+    )  # fmt: skip
+    assert (groups.statements, groups.grouped) == (1, 3)
+    assert [r.status for r in results] == ["running", "waiting", "completed"]
+    rows = [await runs.get_run(pool, r.workspace_id, r.run_id) for r in (renewing, parking,
+                                                                         finishing)]  # fmt: skip
+    renewed, parked, finished = rows
+    assert (renewed.step_count, renewed.model_calls, renewed.tool_calls, renewed.tokens_used) == (
+        3, 1, 1, 12,
+    )  # fmt: skip
+    assert renewed.lease_owner == "ex-a" and results[0].wake_at == renewed.wake_at
+    assert renewed.wake_at - renewed.updated_at == timedelta(seconds=30)
+    assert (parked.wait_reason, parked.lease_owner) == ("sleep", None)
+    assert parked.wake_at - parked.updated_at == timedelta(seconds=600)
+    assert (finished.output, finished.tokens_used) == ("the end", 5)
+    assert finished.finished_at is not None
+    log = await steps.list_steps(pool, renewing.workspace_id, renewing.run_id, 0, 10)
+    assert [(s.seq, s.kind, s.epoch) for s in log] == [
+        (0, "input", 0), (1, "model_decision", renewing.lease_epoch),
+        (2, "tool_started", renewing.lease_epoch),
+    ]  # fmt: skip
+
+
+async def test_a_fenced_run_in_the_group_fails_alone(pool):
+    held = await held_runs(pool, 2)
+    later = max(r.wake_at for r in held) + timedelta(seconds=1)
+    (newer,) = await lease.claim_due(pool, ["ex-b"], 30, now=later)  # one lapsed lease taken
+    (taken,) = [r for r in held if r.run_id == newer.run_id]
+    (ours,) = [r for r in held if r.run_id != newer.run_id]
+    groups = CommitGroups(pool)
+    landed, fenced = await asyncio.gather(
+        groups.commit(request(ours, [step(1)]), 30),
+        groups.commit(request(taken, [step(1)]), 30),
+        return_exceptions=True,
+    )
+    assert groups.statements == 1
+    assert isinstance(fenced, Fenced) and landed.status == "running"
+    stale = await steps.list_steps(pool, taken.workspace_id, taken.run_id, 0, 10)
+    assert [s.seq for s in stale] == [0]  # nothing of the fenced writer's
+    assert (await runs.get_run(pool, taken.workspace_id, taken.run_id)).lease_epoch == (
+        newer.lease_epoch
+    )
+
+
+async def test_a_duplicate_or_refused_commit_in_the_group_leaves_the_others_landed(pool):
+    first, retried, refused = await held_runs(pool, 3)
+    groups = CommitGroups(pool)
+    await groups.commit(request(retried, [step(1)]), 30)  # landed; its reply "lost"
+    results = await asyncio.gather(
+        groups.commit(request(first, [step(1)]), 30),
+        groups.commit(request(retried, [step(1)]), 30),
+        groups.commit(request(refused, [step(1, text="\x00")]), 30),
+        return_exceptions=True,
+    )
+    assert results[0].status == "running" and not results[0].duplicate
+    assert results[1].duplicate
+    assert isinstance(results[2], DataRefused)
+    counts = [(await runs.get_run(pool, r.workspace_id, r.run_id)).step_count
+              for r in (first, retried, refused)]  # fmt: skip
+    assert counts == [2, 2, 1]
+
+
+async def test_two_commits_of_one_run_in_a_tick_go_in_separate_statements(pool):
+    (run,) = await held_runs(pool, 1)
+    groups = CommitGroups(pool)
+    both = await asyncio.gather(
+        groups.commit(request(run, [step(1)]), 30),
+        groups.commit(request(run, [step(1)]), 30),  # a retry racing its first try
+        return_exceptions=True,
+    )
+    assert groups.statements == 2
+    assert sorted(r.duplicate for r in both) == [False, True]
+    assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 2
