@@ -1,0 +1,166 @@
+"""Remote MCP servers (issue 18): the sandbox MCP server (real HTTP, the `mcp` SDK's
+streamable HTTP transport), the executor's call with its failure classes, and the control
+plane's tools/list snapshot, diff and class confirmation.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from agentrun.v1 import tool_pb2
+from control_plane.errors import InvalidArgument
+from control_plane.tools import mcp_sync
+from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
+from executor.tools.mcp_call import call_mcp
+from sandbox.mcp_server import McpSandbox, create_app
+from sandbox.serve import BackgroundServer
+from tests.harness.agentrun_api import set_fault
+
+TOKEN = "sandbox-mcp-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def desk():
+    """One MCP sandbox for the module, served from a thread (real HTTP)."""
+    app = create_app()
+    with BackgroundServer(app) as served:
+        yield served, app
+
+
+@pytest.fixture
+def mcp(desk) -> tuple[str, McpSandbox]:
+    served, app = desk
+    httpx.delete(f"{served.url}/_sandbox/requests").raise_for_status()
+    httpx.delete(f"{served.url}/_sandbox/faults").raise_for_status()
+    return served.url, app
+
+
+def effects(url: str, tool: str) -> list[dict]:
+    return httpx.get(f"{url}/_sandbox/effects", params={"tool": tool}).json()["effects"]
+
+
+async def test_a_call_reads_writes_and_says_how_it_failed(mcp):
+    url, app = mcp
+    endpoint = f"{url}/mcp"
+    created = await call_mcp(endpoint, "create_ticket", {"title": "Printer"}, timeout=10)
+    assert created["ticket"]["title"] == "Printer"
+    listed = await call_mcp(endpoint, "list_tickets", {"status": "open"}, timeout=10)
+    assert [t["id"] for t in listed["tickets"]] == [created["ticket"]["id"]]
+
+    with pytest.raises(ProviderError) as refused:  # the tool ran and said no (isError)
+        await call_mcp(endpoint, "add_note", {"ticket_id": "T-404", "text": "x",
+                                              "idempotency_key": "k0"}, timeout=10)  # fmt: skip
+    assert refused.value.status == 422 and "no ticket 'T-404'" in refused.value.message
+    with pytest.raises(NotSent):  # nothing listens: nothing can have happened
+        await call_mcp("http://127.0.0.1:9/mcp", "create_ticket", {"title": "x"}, timeout=5)
+
+    set_fault(url, tool="create_ticket", mode="error", status=503, count=1)
+    with pytest.raises(ProviderError) as failed:
+        await call_mcp(endpoint, "create_ticket", {"title": "Lost?"}, timeout=10)
+    assert failed.value.status == 503 and failed.value.retryable
+    assert len(effects(url, "create_ticket")) == 1, "an error fault acts before any effect"
+
+    set_fault(url, tool="create_ticket", mode="drop_response", delay_ms=0, count=1)
+    with pytest.raises(MaybeSent):  # the ticket was opened, the answer lost
+        await call_mcp(endpoint, "create_ticket", {"title": "Dropped"}, timeout=10)
+    assert [e["ticket_id"] for e in effects(url, "create_ticket")] == ["T-1", "T-2"]
+    calls = [r for r in app.log.entries() if r["rpc"] == "tools/call"]
+    assert [(r["tool"], r["fault"]) for r in calls][-2:] == [
+        ("create_ticket", "error"), ("create_ticket", "drop_response")
+    ]  # fmt: skip
+
+
+async def test_a_keyed_write_resent_under_its_key_lands_once(mcp):
+    url, _ = mcp
+    endpoint = f"{url}/mcp"
+    ticket = (await call_mcp(endpoint, "create_ticket", {"title": "Keyed"}, timeout=10))["ticket"]
+    note = {"ticket_id": ticket["id"], "text": "called back", "idempotency_key": "run-1:7"}
+    set_fault(url, tool="add_note", mode="drop_response", delay_ms=0, count=1)
+    with pytest.raises(MaybeSent):
+        await call_mcp(endpoint, "add_note", note, timeout=10)
+    again = await call_mcp(endpoint, "add_note", note, timeout=10)
+    assert again["replayed"] is True and again["note"]["key"] == "run-1:7"
+    assert [e["key"] for e in effects(url, "add_note")] == ["run-1:7"]
+
+
+async def test_a_token_server_refuses_a_call_without_it_and_never_logs_it():
+    app = create_app(token=TOKEN)
+    with BackgroundServer(app) as served:
+        endpoint = f"{served.url}/mcp"
+        with pytest.raises(ProviderError) as refused:
+            await call_mcp(endpoint, "list_tickets", {}, timeout=10)
+        assert refused.value.status == 401
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert await call_mcp(endpoint, "list_tickets", {}, headers=bearer, timeout=10) == {
+            "tickets": []
+        }
+        log = app.log.entries()
+    assert log[0]["status"] == 401 and log[0]["authorized"] is False
+    assert TOKEN not in json.dumps(log)
+
+
+async def test_a_snapshot_proposes_reads_and_hinted_writes_and_saves_no_unconfirmed_write():
+    app = create_app()  # its own: this test changes the server's tools
+    with BackgroundServer(app) as served:
+        await _snapshot_diff_confirm(served.url, app)
+
+
+async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
+    proposed = await mcp_sync.snapshot(f"{url}/mcp", None, server_id="desk", connection="desk")
+    by_name = {t.name: t for t in proposed}
+    assert sorted(by_name) == ["desk__add_note", "desk__create_ticket", "desk__list_tickets"]
+    read, opened, noted = (by_name[f"desk__{n}"] for n in ("list_tickets", "create_ticket",
+                                                          "add_note"))  # fmt: skip
+    assert read.access == tool_pb2.TOOL_ACCESS_READ and not read.idempotency
+    assert (read.mcp.server_id, read.mcp.tool, read.mcp.url) == ("desk", "list_tickets",
+                                                                 f"{url}/mcp")  # fmt: skip
+    assert read.source == "mcp" and read.connection == "desk"
+    assert "status" in json.loads(read.parameters_json)["properties"]
+    assert opened.idempotency == mcp_sync.NONE and noted.idempotency == mcp_sync.PROVIDER_KEY
+
+    changes = mcp_sync.diff([], proposed)
+    assert {c.name: c.kind for c in changes} == dict.fromkeys(by_name, mcp_sync.ADDED)
+    assert {c.name: c.proposed_class for c in changes if c.needs_class} == {
+        "desk__create_ticket": mcp_sync.NONE, "desk__add_note": mcp_sync.PROVIDER_KEY,
+    }  # fmt: skip
+    keyed = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY,
+                                idempotency_header="idempotency_key")  # fmt: skip
+    first = mcp_sync.confirm(changes, [], {"add_note": keyed})
+    assert sorted(t.name for t in first.ready) == ["desk__add_note", "desk__list_tickets"]
+    assert [c.name for c in first.pending] == ["desk__create_ticket"]
+    saved_note = next(t for t in first.ready if t.name == "desk__add_note")
+    assert saved_note.mcp.key_argument == "idempotency_key"
+    assert "idempotency_key" not in json.loads(saved_note.parameters_json)["properties"]
+    assert "idempotency_key" not in json.loads(saved_note.parameters_json)["required"]
+
+    with pytest.raises(InvalidArgument, match=r"classes\[create_ticket\].idempotency_header"):
+        mcp_sync.confirm(changes, [], {"create_ticket": tool_pb2.WriteClass(
+            idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="nope")})  # fmt: skip
+    with pytest.raises(InvalidArgument, match=r"classes\[list_tickets\]"):
+        mcp_sync.confirm(changes, [], {"list_tickets": keyed})
+
+    # Saved as is, nothing differs; the server changes one tool and drops another.
+    assert mcp_sync.diff(first.ready, [read, noted]) == []
+    app.mcp.remove_tool("list_tickets")
+
+    @app.mcp.tool(description="List tickets (now paged).")
+    def list_tickets(page: int = 0) -> dict:
+        return app.desk.list_tickets()
+
+    again = await mcp_sync.snapshot(f"{url}/mcp", {}, server_id="desk", connection="desk")
+    changes = mcp_sync.diff(first.ready, [t for t in again if t.name != "desk__add_note"])
+    assert sorted((c.name, c.kind, list(c.fields)) for c in changes) == [
+        ("desk__add_note", mcp_sync.REMOVED, []),
+        ("desk__create_ticket", mcp_sync.ADDED, []),
+        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access"]),
+    ]  # fmt: skip
+
+
+async def test_an_unreachable_server_is_named_without_its_credentials():
+    with pytest.raises(mcp_sync.McpUnreachable, match="could not be asked") as failed:
+        await mcp_sync.snapshot("http://127.0.0.1:9/mcp", {"Authorization": f"Bearer {TOKEN}"},
+                                server_id="gone", timeout=5)  # fmt: skip
+    assert TOKEN not in str(failed.value)
