@@ -16,6 +16,7 @@ from agentrun_cli import (
     crypto_keys,
     forks,
     launch,
+    mcp,
     output,
     profile_commands,
     profiles,
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)
     profile_commands.add_commands(sub, common)
+    mcp.add_commands(sub, common)  # after any `tools` module: it adds add-mcp and sync to it
     return parser
 
 

@@ -42,9 +42,10 @@ from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.connections import ConnectionServicer, connection_token
+from control_plane.api.mcp_servers import McpServerServicer
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
-from control_plane.api.tools import McpServersUnserved, ToolServicer
+from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
@@ -294,7 +295,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
-    tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServersUnserved(), server)
+    tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServerServicer(pool, p.tokens), server)
     releases.add_to_server(server, dispatcher)
 
 

@@ -3,6 +3,8 @@
 import argparse
 from pathlib import Path
 
+from starlette.types import ASGIApp
+
 from sandbox import idp, mcp_server, model_server, providers, serve
 from sandbox.scenario import DEFAULT_DIR
 
@@ -38,6 +40,7 @@ def _add_listen_args(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    app: ASGIApp
     if args.server == "model":
         app = model_server.create_app(scenarios_dir=args.scenarios, api_key=args.api_key)
     elif args.server == "idp":

@@ -5,21 +5,28 @@ plane's tools/list snapshot, diff and class confirmation.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 
+import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import tool_pb2
+from agentrun.v1 import tool_pb2, tool_pb2_grpc
 from control_plane.errors import InvalidArgument
 from control_plane.tools import mcp_sync
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
 from executor.tools.mcp_call import call_mcp
 from sandbox.mcp_server import McpSandbox, create_app
 from sandbox.serve import BackgroundServer
+from tests.harness import auth
 from tests.harness.agentrun_api import set_fault
 
 TOKEN = "sandbox-mcp-token-0123456789"
+CODE = grpc.StatusCode
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +171,119 @@ async def test_an_unreachable_server_is_named_without_its_credentials():
         await mcp_sync.snapshot("http://127.0.0.1:9/mcp", {"Authorization": f"Bearer {TOKEN}"},
                                 server_id="gone", timeout=5)  # fmt: skip
     assert TOKEN not in str(failed.value)
+
+
+# McpServerService (in-process control plane, real Postgres, the sandbox MCP server).
+
+KEYED = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key")
+NO_KEY = tool_pb2.WriteClass(idempotency=mcp_sync.NONE)
+
+
+async def stubs(server, db_url: str, ws: str):
+    key = await auth.workspace_key(db_url, ws, role="admin")
+    channel = auth.channel(f"127.0.0.1:{server.port}", key)
+    return (
+        channel,
+        tool_pb2_grpc.McpServerServiceStub(channel),
+        tool_pb2_grpc.ToolServiceStub(channel),
+    )
+
+
+async def test_a_server_is_added_and_synced_and_no_write_is_saved_unconfirmed(
+    mcp, server, db_url, db
+):
+    url, _ = mcp
+    channel, servers, tools = await stubs(server, db_url, "acme")
+    async with channel:
+        added = await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
+            server_id="desk", url=f"{url}/mcp", classes={"add_note": KEYED}))  # fmt: skip
+        assert sorted(t.name for t in added.tools) == ["desk__add_note", "desk__list_tickets"]
+        assert [(p.name, p.needs_class, p.proposed_class) for p in added.pending] == [
+            ("desk__create_ticket", True, mcp_sync.NONE)
+        ]  # fmt: skip
+        assert list(added.server.tools) == ["desk__add_note", "desk__list_tickets"]
+        note = (await tools.GetTool(tool_pb2.GetToolRequest(name="desk__add_note"))).tool
+        assert (note.source, note.idempotency, note.mcp.key_argument) == (
+            "mcp", mcp_sync.PROVIDER_KEY, "idempotency_key"
+        )  # fmt: skip
+        assert note.created_by.startswith("key:") and note.workspace_id == "acme"
+
+        looked = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
+        assert [(c.kind, c.name, c.needs_class) for c in looked.changes] == [
+            (mcp_sync.ADDED, "desk__create_ticket", True)
+        ]  # fmt: skip
+        assert not looked.tools
+        applied = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
+            server_id="desk", apply=True, classes={"create_ticket": NO_KEY}))  # fmt: skip
+        assert [t.name for t in applied.tools] == ["desk__create_ticket"]
+        assert not applied.changes[0].needs_class
+        settled = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
+        assert list(settled.changes) == []
+
+        (listed,) = (await servers.ListMcpServers(tool_pb2.ListMcpServersRequest())).servers
+        assert listed.server_id == "desk" and len(listed.tools) == 3
+        assert listed.last_sync_time.seconds >= listed.create_time.seconds > 0
+    count = "SELECT count(*) FROM tools WHERE workspace_id = 'acme' AND source = 'mcp'"
+    assert await db.fetchval(count) == 3
+
+
+REFUSALS = [
+    ({"server_id": "Desk!", "url": "{url}"}, CODE.INVALID_ARGUMENT, "server_id"),
+    ({"server_id": "desk", "url": "ftp://x/mcp"}, CODE.INVALID_ARGUMENT, "url"),
+    ({"server_id": "desk", "url": "mcp.example/mcp"}, CODE.INVALID_ARGUMENT, "url"),
+    ({"server_id": "desk", "url": "http://127.0.0.1:9/mcp"}, CODE.FAILED_PRECONDITION,
+     "could not be asked for its tools"),
+    ({"server_id": "desk", "url": "{url}", "connection": "tracker"},
+     CODE.FAILED_PRECONDITION, "no active connection for provider 'tracker'"),
+    ({"server_id": "desk", "url": "{url}", "classes": {"create_ticket": tool_pb2.WriteClass(
+        idempotency=tool_pb2.IDEMPOTENCY_CLASS_LOOKUP)}},
+     CODE.INVALID_ARGUMENT, "classes[create_ticket].idempotency"),
+    ({"server_id": "desk", "url": "{url}", "classes": {"nope": NO_KEY}},
+     CODE.INVALID_ARGUMENT, "classes[nope]"),
+]  # fmt: skip
+
+
+async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, db):
+    url, _ = mcp
+    channel, servers, _ = await stubs(server, db_url, "acme")
+    async with channel:
+        for request_fields, code, names in REFUSALS:
+            fields = {k: v.replace("{url}", f"{url}/mcp") if k == "url" else v
+                      for k, v in request_fields.items()}  # fmt: skip
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(**fields))
+            assert (refused.value.code(), names in refused.value.details()) == (code, True), (
+                fields, refused.value.details()
+            )  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
+        assert missing.value.code() == CODE.NOT_FOUND
+    assert await db.fetchval("SELECT count(*) FROM mcp_servers") == 0
+    assert await db.fetchval("SELECT count(*) FROM tools WHERE source = 'mcp'") == 0
+
+
+async def agentrun(server, key: str, tmp_path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
+    env |= {"AGENTRUN_CONFIG": str(tmp_path / "config.toml"), "AGENTRUN_DATA_DIR": str(tmp_path),
+            "AGENTRUN_API_KEY": key, "AGENTRUN_ADDRESS": f"127.0.0.1:{server.port}",
+            "AGENTRUN_WORKSPACE": "cli-ws"}  # fmt: skip
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentrun_cli", *args],
+                                   capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+async def test_the_cli_adds_a_server_shows_the_diff_and_applies_a_stated_class(
+    mcp, server, db_url, tmp_path
+):
+    url, _ = mcp
+    key = await auth.workspace_key(db_url, "cli-ws", role="admin")
+    added = await agentrun(server, key, tmp_path, "tools", "add-mcp", "desk", f"{url}/mcp",
+                           "--class", "add_note=provider_key:idempotency_key")  # fmt: skip
+    assert "saved desk__add_note v1  write (provider_key), key in idempotency_key" in added
+    assert "pending + desk__create_ticket  write, proposed none: needs --class" in added
+    synced = await agentrun(server, key, tmp_path, "tools", "sync", "desk", "--apply",
+                            "--class", "create_ticket=none")  # fmt: skip
+    assert synced.splitlines() == [
+        "+ desk__create_ticket  write (none)", "saved desk__create_ticket v1  write (none)"
+    ]  # fmt: skip
