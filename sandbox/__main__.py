@@ -5,7 +5,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp
 
-from sandbox import idp, mcp_server, model_server, providers, serve
+from sandbox import idp, model_server, providers, serve
 from sandbox.scenario import DEFAULT_DIR
 
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.server == "idp":
         app = idp.create_app(issuer=args.issuer)
     elif args.server == "mcp":
+        from sandbox import mcp_server  # the mcp SDK loads slowly: only for this server
+
         app = mcp_server.create_app(token=args.token)
     else:
         app = providers.create_app()

@@ -23,15 +23,15 @@ import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import Tool as McpTool
 
 from agentrun.v1 import tool_pb2
 from control_plane.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from mcp.types import Tool as McpTool
 
 READ, WRITE = tool_pb2.TOOL_ACCESS_READ, tool_pb2.TOOL_ACCESS_WRITE
 PROVIDER_KEY = tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY
@@ -92,6 +92,11 @@ async def snapshot(
 async def _list_tools(
     url: str, headers: Mapping[str, str] | None, refusals: list[int]
 ) -> list[McpTool]:
+    # The SDK is loaded when a server is first asked: it doubles the control plane's start.
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
     async def on_response(response: httpx2.Response) -> None:
         if response.status_code >= 400:
             refusals.append(response.status_code)

@@ -5,11 +5,7 @@ plane's tools/list snapshot, diff and class confirmation.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import grpc
 import httpx
@@ -260,30 +256,3 @@ async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, d
         assert missing.value.code() == CODE.NOT_FOUND
     assert await db.fetchval("SELECT count(*) FROM mcp_servers") == 0
     assert await db.fetchval("SELECT count(*) FROM tools WHERE source = 'mcp'") == 0
-
-
-async def agentrun(server, key: str, tmp_path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
-    env |= {"AGENTRUN_CONFIG": str(tmp_path / "config.toml"), "AGENTRUN_DATA_DIR": str(tmp_path),
-            "AGENTRUN_API_KEY": key, "AGENTRUN_ADDRESS": f"127.0.0.1:{server.port}",
-            "AGENTRUN_WORKSPACE": "cli-ws"}  # fmt: skip
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentrun_cli", *args],
-                                   capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    return done.stdout
-
-
-async def test_the_cli_adds_a_server_shows_the_diff_and_applies_a_stated_class(
-    mcp, server, db_url, tmp_path
-):
-    url, _ = mcp
-    key = await auth.workspace_key(db_url, "cli-ws", role="admin")
-    added = await agentrun(server, key, tmp_path, "tools", "add-mcp", "desk", f"{url}/mcp",
-                           "--class", "add_note=provider_key:idempotency_key")  # fmt: skip
-    assert "saved desk__add_note v1  write (provider_key), key in idempotency_key" in added
-    assert "pending + desk__create_ticket  write, proposed none: needs --class" in added
-    synced = await agentrun(server, key, tmp_path, "tools", "sync", "desk", "--apply",
-                            "--class", "create_ticket=none")  # fmt: skip
-    assert synced.splitlines() == [
-        "+ desk__create_ticket  write (none)", "saved desk__create_ticket v1  write (none)"
-    ]  # fmt: skip

@@ -47,6 +47,12 @@ EXPECTED = {
         "status: cancelled",
     ],
     "agents apply -f examples/triage.yaml": ["published triage v2", "nothing published"],
+    "port=$(mktemp)": [
+        "saved desk__add_note v1  write (provider_key), key in idempotency_key",
+        "pending + desk__create_ticket  write, proposed none: needs --class",
+        "nothing saved: --apply saves this diff",
+        "saved desk__create_ticket v1  write (none)",
+    ],
 }
 
 
