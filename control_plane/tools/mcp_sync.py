@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ async def _list_tools(
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
+
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # no line per request of the session
 
     async def on_response(response: httpx2.Response) -> None:
         if response.status_code >= 400:
