@@ -17,11 +17,14 @@ over while the tool's schema still has its key argument.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
+import importlib
 import json
 import logging
 import re
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -82,6 +85,10 @@ async def snapshot(
 ) -> list[tool_pb2.Tool]:
     """The server's tools/list as proposals (writes carry their *proposed* class)."""
     refusals: list[int] = []
+    if "mcp.client.streamable_http" not in sys.modules:
+        # The SDK takes seconds to import (it would double the control plane's start):
+        # loaded when a server is first asked, off the event loop so nothing else waits.
+        await asyncio.to_thread(_load_sdk)
     try:
         with anyio.fail_after(timeout):
             listed = await _list_tools(url, headers, refusals)
@@ -93,12 +100,9 @@ async def snapshot(
 async def _list_tools(
     url: str, headers: Mapping[str, str] | None, refusals: list[int]
 ) -> list[McpTool]:
-    # The SDK is loaded when a server is first asked: it doubles the control plane's start.
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # no line per request of the session
 
     async def on_response(response: httpx2.Response) -> None:
         if response.status_code >= 400:
@@ -119,6 +123,11 @@ async def _list_tools(
             if cursor is None:
                 break
     return tools[:MAX_TOOLS]
+
+
+def _load_sdk() -> None:
+    importlib.import_module("mcp.client.streamable_http")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # no line per request of the session
 
 
 def _proposal(tool: McpTool, server_id: str, url: str, connection: str) -> tool_pb2.Tool:

@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
@@ -32,9 +32,15 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallTo
 
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError, ToolSendError
 
+if TYPE_CHECKING:
+    from executor.tools.catalogue import Tool
+    from executor.tools.credentials import Credential
+
 # The SDK's HTTP client logs every request at INFO: a call's URL is no news in a log line.
 logging.getLogger("httpx2").setLevel(logging.WARNING)
 
+# Like an HTTP tool's default patience (ExecutorConfig.tool_timeout_seconds).
+DEFAULT_TIMEOUT_SECONDS = 30.0
 # The tool ran and reported failure (MCP `isError`): the model reads the message.
 TOOL_ERROR_STATUS = 422
 _CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
@@ -48,6 +54,34 @@ class _Progress:
     status: int | None = None
     retry_after: float | None = None
     errors: list[BaseException] = field(default_factory=list)
+
+
+async def call(
+    tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
+    credential: Credential | None = None,
+) -> Any:  # fmt: skip
+    """The executor's MCP transport (executor/tools/transport.py): call a registry tool's
+    `mcp` target. A provider_key write carries the call's key in the argument the server
+    dedupes on (`mcp.key_argument`), so a resend lands once; the connection's token goes on
+    the Authorization header of this call's requests only (fetched now: the freshest)."""
+    target = tool.mcp
+    if target is None:
+        raise NotSent(f"tool {tool.name!r} has no MCP target")
+    sent = dict(arguments)
+    if tool.idempotency == "provider_key" and target.key_argument:
+        sent[target.key_argument] = idempotency_key
+    headers = {"Authorization": await credential.header()} if credential is not None else {}
+    try:
+        return await call_mcp(target.url, target.tool, sent, headers=headers,
+                              timeout=DEFAULT_TIMEOUT_SECONDS)  # fmt: skip
+    except ProviderError as exc:
+        if credential is not None and exc.status in (401, 403):
+            from executor.tools.credentials import ConnectionUnusable
+
+            raise ConnectionUnusable(
+                credential.connection_id, "was refused by the MCP server"
+            ) from exc
+        raise
 
 
 async def call_mcp(

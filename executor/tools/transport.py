@@ -10,7 +10,9 @@ an MCP call is NotSent: refused before anything left.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +31,13 @@ async def call_mcp(
 ) -> Any:  # fmt: skip
     """Call `tool.mcp` with these arguments (the key for a provider_key class: the server
     dedupes on `tool.mcp.key_argument`); the tool's result, or a ToolSendError."""
-    try:
-        module = importlib.import_module(MCP_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != MCP_MODULE:
-            raise
-        raise NotSent("mcp transport not available") from None
+    module = sys.modules.get(MCP_MODULE)
+    if module is None:
+        try:
+            # The mcp SDK takes seconds to import: off the event loop, so leases keep beating.
+            module = await asyncio.to_thread(importlib.import_module, MCP_MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != MCP_MODULE:
+                raise
+            raise NotSent("mcp transport not available") from None
     return await module.call(tool, arguments, idempotency_key, credential)

@@ -11,7 +11,7 @@ import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import tool_pb2, tool_pb2_grpc
+from agentrun.v1 import run_pb2, tool_pb2, tool_pb2_grpc
 from control_plane.errors import InvalidArgument
 from control_plane.tools import mcp_sync
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
@@ -19,7 +19,8 @@ from executor.tools.mcp_call import call_mcp
 from sandbox.mcp_server import McpSandbox, create_app
 from sandbox.serve import BackgroundServer
 from tests.harness import auth
-from tests.harness.agentrun_api import set_fault
+from tests.harness.agentrun_api import Api, set_fault
+from tests.harness.waiting import eventually
 
 TOKEN = "sandbox-mcp-token-0123456789"
 CODE = grpc.StatusCode
@@ -256,3 +257,53 @@ async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, d
         assert missing.value.code() == CODE.NOT_FOUND
     assert await db.fetchval("SELECT count(*) FROM mcp_servers") == 0
     assert await db.fetchval("SELECT count(*) FROM tools WHERE source = 'mcp'") == 0
+
+
+# Must show (issue 18): a synced MCP server's tools called by runs (control plane and executor
+# processes, Postgres, the model sandbox and the MCP sandbox over real HTTP).
+
+
+async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_class(
+    mcp, server, db_url, executor_factory
+):
+    url, app = mcp
+    address = f"127.0.0.1:{server.port}"
+    api = await Api.connect(address, db_url)
+    try:
+        await tool_pb2_grpc.McpServerServiceStub(api.channel).AddMcpServer(
+            tool_pb2.AddMcpServerRequest(workspace_id=api.ws, server_id="desk", url=f"{url}/mcp",
+                                         classes={"add_note": KEYED, "create_ticket": NO_KEY})
+        )  # fmt: skip
+        await api.publish("desk", "mcp_desk", ["desk__list_tickets", "desk__create_ticket"])
+        await api.publish("noter", "mcp_note", ["desk__add_note"])
+        ticket = (await call_mcp(f"{url}/mcp", "create_ticket", {"title": "Known"}))["ticket"]
+        opened = await api.start("desk")
+        noted = await api.start("noter", ticket["id"])
+        # Both answers are lost after the effect: the ticket opened, the note added.
+        set_fault(url, tool="create_ticket", mode="drop_response", delay_ms=0, count=1)
+        set_fault(url, tool="add_note", mode="drop_response", delay_ms=0, count=1,
+                  key_prefix=f"{noted}:")  # fmt: skip
+        executor_factory(address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
+
+        # class none: nothing may settle it but a person; it is never sent again.
+        unknown = await eventually(lambda: api.awaiting_person(opened), timeout=30,
+                                   message="the lost create never waited for a person")  # fmt: skip
+        assert (unknown.payload["status"], unknown.payload["tool"]) == (
+            "unknown", "desk__create_ticket"
+        )  # fmt: skip
+        read = next(s for s in await api.steps(opened) if s.kind == "tool_result")
+        assert (read.payload["tool"], read.payload["status"]) == ("desk__list_tickets", "ok")
+        assert len(effects(url, "create_ticket")) == 2  # the test's own, and the lost one
+
+        # class provider_key: resent under the same key, the note lands once.
+        (run,) = await api.wait_terminal([noted], within=30)
+        assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+        started = [s for s in await api.steps(noted) if s.kind == "tool_started"]
+        key = started[0].payload["idempotency_key"]
+        assert len(started) == 1 and key.startswith(f"{noted}:")
+        calls = [r for r in app.log.entries() if r["tool"] == "add_note"]
+        assert [(r["key"], r["fault"]) for r in calls] == [(key, "drop_response"), (key, None)]
+        assert [e["key"] for e in effects(url, "add_note")] == [key]
+        print(run.output)
+    finally:
+        await api.close()
