@@ -6,24 +6,32 @@ plane's tools/list snapshot, diff and class confirmation.
 from __future__ import annotations
 
 import json
+import uuid
 
 import grpc
 import httpx
 import pytest
 
 from agentrun.v1 import run_pb2, tool_pb2, tool_pb2_grpc
+from control_plane.config import ServerConfig
 from control_plane.errors import InvalidArgument
+from control_plane.server import start as start_server
 from control_plane.tools import mcp_sync
+from executor.tools import definitions, mcp_call
+from executor.tools.credentials import ConnectionUnusable, Credential, Granted
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
 from executor.tools.mcp_call import call_mcp
 from sandbox.mcp_server import McpSandbox, create_app
 from sandbox.serve import BackgroundServer
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, set_fault
+from tests.harness.connections import follow_start_link
 from tests.harness.waiting import eventually
 
 TOKEN = "sandbox-mcp-token-0123456789"
 CODE = grpc.StatusCode
+KEYED = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key")
+NO_KEY = tool_pb2.WriteClass(idempotency=mcp_sync.NONE)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +98,15 @@ async def test_a_keyed_write_resent_under_its_key_lands_once(mcp):
     assert [e["key"] for e in effects(url, "add_note")] == ["run-1:7"]
 
 
+def credential(token: str) -> Credential:
+    """A connection's credential as a run holds one (its token from GetConnectionToken)."""
+
+    async def fetch(connection_id: str) -> Granted:
+        return Granted(scopes=(), access_token=token)
+
+    return Credential("conn-1", fetch)
+
+
 async def test_a_token_server_refuses_a_call_without_it_and_never_logs_it():
     app = create_app(token=TOKEN)
     with BackgroundServer(app) as served:
@@ -101,8 +118,21 @@ async def test_a_token_server_refuses_a_call_without_it_and_never_logs_it():
         assert await call_mcp(endpoint, "list_tickets", {}, headers=bearer, timeout=10) == {
             "tickets": []
         }
+        # As the executor calls a synced keyed write: the key in its argument, the token on
+        # the wire; a token the server refuses parks the run on its connection.
+        proposed = await mcp_sync.snapshot(endpoint, bearer, server_id="desk", connection="desk")
+        ready = mcp_sync.confirm(mcp_sync.diff([], proposed), [], {"add_note": KEYED}).ready
+        note = definitions.from_proto(next(t for t in ready if t.name == "desk__add_note"))
+        app.desk.create_ticket("Keyed")
+        made = await mcp_call.call(note, {"ticket_id": "T-1", "text": "hi"}, "run-9:3",
+                                   credential(TOKEN))  # fmt: skip
+        assert made["note"]["key"] == "run-9:3"
+        with pytest.raises(ConnectionUnusable, match="conn-1 was refused by the MCP server"):
+            await mcp_call.call(note, {"ticket_id": "T-1", "text": "hi"}, "run-9:4",
+                                credential("revoked-token"))  # fmt: skip
         log = app.log.entries()
     assert log[0]["status"] == 401 and log[0]["authorized"] is False
+    assert [e["key"] for e in app.desk.effects if e["tool"] == "add_note"] == ["run-9:3"]
     assert TOKEN not in json.dumps(log)
 
 
@@ -171,9 +201,6 @@ async def test_an_unreachable_server_is_named_without_its_credentials():
 
 
 # McpServerService (in-process control plane, real Postgres, the sandbox MCP server).
-
-KEYED = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key")
-NO_KEY = tool_pb2.WriteClass(idempotency=mcp_sync.NONE)
 
 
 async def stubs(server, db_url: str, ws: str):
@@ -286,7 +313,7 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         executor_factory(address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
 
         # class none: nothing may settle it but a person; it is never sent again.
-        unknown = await eventually(lambda: api.awaiting_person(opened), timeout=30,
+        unknown = await eventually(lambda: api.awaiting_person(opened), timeout=90,
                                    message="the lost create never waited for a person")  # fmt: skip
         assert (unknown.payload["status"], unknown.payload["tool"]) == (
             "unknown", "desk__create_ticket"
@@ -307,3 +334,38 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         print(run.output)
     finally:
         await api.close()
+
+
+def tokens_of(providers_url: str, account: str) -> list[str]:
+    """The access tokens the provider sandbox issued to `account` (a test control)."""
+    answer = httpx.get(f"{providers_url}/_sandbox/oauth/tokens", params={"account": account})
+    return list(answer.json()["tokens"])
+
+
+async def test_a_server_behind_a_connection_is_asked_with_its_token_and_never_shows_it(
+    db_url, sandbox_providers
+):
+    """The control plane asks with the workspace's connection's token (from the connections
+    store, refreshed as needed); the token is in no answer and no saved definition."""
+    config = ServerConfig(database_url=db_url, listen="127.0.0.1:0",
+                          oauth_url=sandbox_providers.url)  # fmt: skip
+    cp = await start_server(config)
+    try:
+        owner = await auth.workspace_key(db_url, "acme", role="operator", principal="owner")
+        account = f"desk-{uuid.uuid4().hex[:6]}@example"
+        await follow_start_link(f"http://127.0.0.1:{cp.http_port}", "acme", owner, account)
+        tokens = tokens_of(sandbox_providers.url, account)
+        app = create_app(token=tokens[-1])  # the server honours that account's token only
+        with BackgroundServer(app) as served:
+            channel, servers, tools = await stubs(cp, db_url, "acme")
+            async with channel:
+                added = await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
+                    server_id="desk", url=f"{served.url}/mcp", connection="chat"))  # fmt: skip
+                listed = await tools.ListTools(tool_pb2.ListToolsRequest())
+        assert [t.name for t in added.tools] == ["desk__list_tickets"]
+        assert all(t.connection == "chat" for t in added.tools)
+        assert [r["status"] for r in app.log.entries()] == [200, 200]  # discover, tools/list
+        shown = added.SerializeToString() + listed.SerializeToString()
+        assert not any(token.encode() in shown for token in tokens)
+    finally:
+        await cp.stop(grace=0)
