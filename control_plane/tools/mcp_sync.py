@@ -24,7 +24,7 @@ import importlib
 import json
 import logging
 import re
-import sys
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,6 +51,8 @@ MAX_NAME = 64
 MAX_TOOLS = 500
 SNAPSHOT_TIMEOUT_SECONDS = 15.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_loading = threading.Lock()
+_loaded: list[bool] = []
 
 
 class McpUnreachable(Exception):
@@ -85,10 +87,7 @@ async def snapshot(
 ) -> list[tool_pb2.Tool]:
     """The server's tools/list as proposals (writes carry their *proposed* class)."""
     refusals: list[int] = []
-    if "mcp.client.streamable_http" not in sys.modules:
-        # The SDK takes seconds to import (it would double the control plane's start):
-        # loaded when a server is first asked, off the event loop so nothing else waits.
-        await asyncio.to_thread(_load_sdk)
+    await _load_sdk()
     try:
         with anyio.fail_after(timeout):
             listed = await _list_tools(url, headers, refusals)
@@ -125,9 +124,19 @@ async def _list_tools(
     return tools[:MAX_TOOLS]
 
 
-def _load_sdk() -> None:
-    importlib.import_module("mcp.client.streamable_http")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # no line per request of the session
+async def _load_sdk() -> None:
+    """The SDK takes seconds to import (it would double the control plane's start): loaded
+    when a server is first asked, in a thread so the event loop goes on meanwhile."""
+    if not _loaded:
+        await asyncio.to_thread(_import_sdk)
+
+
+def _import_sdk() -> None:
+    with _loading:  # a second caller waits here rather than meet a half-initialised module
+        if not _loaded:
+            importlib.import_module("mcp.client.streamable_http")
+            logging.getLogger("httpx2").setLevel(logging.WARNING)  # no line per request
+            _loaded.append(True)
 
 
 def _proposal(tool: McpTool, server_id: str, url: str, connection: str) -> tool_pb2.Tool:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import sys
+import threading
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from executor.tools.http_tool import NotSent
@@ -23,6 +24,27 @@ if TYPE_CHECKING:
     from executor.tools.credentials import Credential
 
 MCP_MODULE = "executor.tools.mcp_call"
+# The transport once loaded; the lock makes concurrent first calls wait for the one import
+# (a second caller would otherwise find the half-initialised module in sys.modules).
+_mcp: dict[str, ModuleType] = {}
+_loading = threading.Lock()
+
+
+async def _load() -> ModuleType:
+    """The mcp SDK takes seconds to import: in a thread, so leases keep beating meanwhile."""
+    try:
+        return await asyncio.to_thread(_import)
+    except ModuleNotFoundError as exc:
+        if exc.name != MCP_MODULE:
+            raise
+        raise NotSent("mcp transport not available") from None
+
+
+def _import() -> ModuleType:
+    with _loading:
+        if MCP_MODULE not in _mcp:
+            _mcp[MCP_MODULE] = importlib.import_module(MCP_MODULE)
+        return _mcp[MCP_MODULE]
 
 
 async def call_mcp(
@@ -31,13 +53,5 @@ async def call_mcp(
 ) -> Any:  # fmt: skip
     """Call `tool.mcp` with these arguments (the key for a provider_key class: the server
     dedupes on `tool.mcp.key_argument`); the tool's result, or a ToolSendError."""
-    module = sys.modules.get(MCP_MODULE)
-    if module is None:
-        try:
-            # The mcp SDK takes seconds to import: off the event loop, so leases keep beating.
-            module = await asyncio.to_thread(importlib.import_module, MCP_MODULE)
-        except ModuleNotFoundError as exc:
-            if exc.name != MCP_MODULE:
-                raise
-            raise NotSent("mcp transport not available") from None
+    module = _mcp.get(MCP_MODULE) or await _load()
     return await module.call(tool, arguments, idempotency_key, credential)
