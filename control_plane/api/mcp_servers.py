@@ -168,9 +168,20 @@ def _connection(value: str) -> str:
 
 
 def _validate(tools: list[tool_pb2.Tool]) -> None:
-    """Every proposal checked before anything is written."""
+    """Every proposal checked before anything is written. A definition the server made
+    unsavable is the server's doing, not the caller's: FAILED_PRECONDITION naming the tool."""
+    seen: dict[str, str] = {}
     for tool in tools:
-        definitions.validate(prepared(tool))
+        if tool.name in seen:
+            raise FailedPrecondition(f"the server's tools {seen[tool.name]!r} and "
+                                     f"{tool.mcp.tool!r} both become {tool.name!r}")  # fmt: skip
+        seen[tool.name] = tool.mcp.tool
+        try:
+            definitions.validate(prepared(tool))
+        except InvalidArgument as exc:
+            raise FailedPrecondition(
+                f"the server's tool {tool.mcp.tool!r} cannot be saved: {exc}"
+            ) from None
 
 
 def _to_proto(row: McpServerRow, tools: list[str]) -> tool_pb2.McpServer:
