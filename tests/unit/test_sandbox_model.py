@@ -221,7 +221,7 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
     # not built-ins: the tests that call them add them to their workspace first.
-    registry = {"channel_history"}
+    registry = {"channel_history", "charge_customer"}
     assert used - CATALOGUE - registry == {
         "delete_everything", "list_invoices", "crm_export_contacts",
     }  # fmt: skip
