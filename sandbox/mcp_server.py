@@ -132,6 +132,7 @@ class McpSandbox:
         )
         self._manager = mcp.session_manager
         self._running: asyncio.Future[None] | None = None
+        self._manager_task: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
         self._outer = Starlette(routes=self._routes())
 
     def _routes(self) -> list[Route]:
@@ -155,7 +156,7 @@ class McpSandbox:
         if self._running is None:
             ready = asyncio.get_running_loop().create_future()
             self._running = ready
-            asyncio.get_running_loop().create_task(self._run_manager(ready))
+            self._manager_task = asyncio.get_running_loop().create_task(self._run_manager(ready))
         await asyncio.shield(self._running)
 
     async def _run_manager(self, ready: asyncio.Future[None]) -> None:
