@@ -321,9 +321,12 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         read = next(s for s in await api.steps(opened) if s.kind == "tool_result")
         assert (read.payload["tool"], read.payload["status"]) == ("desk__list_tickets", "ok")
         assert len(effects(url, "create_ticket")) == 2  # the test's own, and the lost one
+        await api.resolve_unknown(opened, unknown.seq, "happened", "key:tester", "saw it")
 
         # class provider_key: resent under the same key, the note lands once.
-        (run,) = await api.wait_terminal([noted], within=30)
+        done, run = await api.wait_terminal([opened, noted], within=60)
+        assert done.status == run_pb2.RUN_STATUS_COMPLETED, done.error
+        assert len(effects(url, "create_ticket")) == 2, "a person's 'happened' sends nothing"
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
         started = [s for s in await api.steps(noted) if s.kind == "tool_started"]
         key = started[0].payload["idempotency_key"]
@@ -331,7 +334,7 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         calls = [r for r in app.log.entries() if r["tool"] == "add_note"]
         assert [(r["key"], r["fault"]) for r in calls] == [(key, "drop_response"), (key, None)]
         assert [e["key"] for e in effects(url, "add_note")] == [key]
-        print(run.output)
+        assert '"replayed": true' in run.output  # the model read the server's own answer
     finally:
         await api.close()
 
