@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, tool_pb2, tool_pb2_grpc
+from control_plane.store import tools as tool_store
 from tests.harness import auth
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
@@ -56,7 +57,7 @@ async def test_versions_are_saved_once_each_and_shadow_shared_entries(server, db
     assert await db.fetchval("SELECT count(*) FROM tools WHERE workspace_id = 'acme'") == 3
 
 
-async def test_two_workspaces_never_see_each_others_tools(server, db_url):
+async def test_two_workspaces_never_see_each_others_tools(server, db_url, db):
     a_channel, a = await stub(server, db_url, "acme")
     b_channel, b = await stub(server, db_url, "globex")
     async with a_channel, b_channel:
@@ -73,6 +74,12 @@ async def test_two_workspaces_never_see_each_others_tools(server, db_url):
         with pytest.raises(grpc.aio.AioRpcError) as denied:
             await b.GetTool(tool_pb2.GetToolRequest(workspace_id="acme", name="lookup"))
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # What an assignment carries: even a pin naming acme's entry yields nothing for globex.
+    forged = [tool_store.Pin("lookup", "acme", 1), tool_store.Pin("lookup", "globex", 1)]
+    carried = await tool_store.pinned(db, "globex", forged)
+    assert [(t.workspace_id, t.http.url) for t in carried] == [
+        ("globex", "https://globex.example/{id}")
+    ]
 
 
 async def test_bad_definitions_are_refused_naming_the_field_and_nothing_is_written(

@@ -103,3 +103,23 @@ async def test_an_mcp_tool_is_not_sent_until_its_transport_exists():
         with pytest.raises(NotSent, match="mcp transport not available"):
             await client.send(definitions.from_proto(mcp), {}, "run:1")
     await client.aclose()
+
+
+async def test_a_header_auth_sends_the_bare_token_and_a_long_answer_is_not_kept():
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b'{"big": "' + b"x" * 5000 + b'"}')
+
+    client = HttpToolClient(ExecutorConfig(), httpx.MockTransport(answer))
+
+    async def fetch(connection_id: str) -> Granted:
+        return Granted(("tracker:write",), "tok-9")
+
+    proto = registry_tool()
+    proto.http.auth, proto.http.max_response_bytes = "header:X-Api-Token", 1000
+    out = await client.send(definitions.from_proto(proto), {}, "run:6", Credential("c", fetch))
+    assert seen[0].headers["x-api-token"] == "tok-9" and "authorization" not in seen[0].headers
+    assert "1000-byte limit" in out["error"]
+    await client.aclose()
