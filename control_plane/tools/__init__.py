@@ -8,6 +8,8 @@ replica sees the tool sets of the pools connected to any of them.
 Tools are data (issue 18): the registry (store/tools.py, migrations/0024_tools.sql) holds
 each workspace's own tools, versioned, beside the platform catalogue's shared entries
 (builtins.py syncs them at start). definitions.py checks a definition when it is saved.
+mcp_sync.py turns a remote MCP server's tools/list into registry proposals and a diff
+(api/mcp_servers.py, store/mcp_servers.py, migrations/0025_mcp_servers.sql).
 
 Publishing an agent version (guard.py) resolves spec.tools against the registry as the
 workspace sees it (its own entries shadow shared ones), pins the latest version of each

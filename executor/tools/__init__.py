@@ -8,4 +8,5 @@ delivery    retries and resolution by class: ok, error, unknown (a person decide
 definitions a run's tool set: the built-ins plus its workspace's registry tools (Assignment.tools)
 template    a registry HTTP tool's call as one request (escaping, headers, query, body, pointer)
 transport   where a registry MCP tool's call goes (call_mcp -> mcp_call.call)
+mcp_call    one MCP tool call as a short streamable HTTP session, its failures classified
 """
