@@ -16,12 +16,14 @@ from agentrun_cli import (
     crypto_keys,
     forks,
     launch,
+    mcp,
     output,
     profile_commands,
     profiles,
     releases,
     triggers,
 )
+from agentrun_cli import tools as tool_commands
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -261,10 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)
+    tool_commands.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)
     profile_commands.add_commands(sub, common)
+    mcp.add_commands(sub, common)  # after any `tools` module: it adds add-mcp and sync to it
     return parser
 
 

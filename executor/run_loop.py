@@ -48,7 +48,7 @@ from executor.replay import (
     StartTool,
 )
 from executor.stream import CommitReply
-from executor.tools import chain, credentials, keys
+from executor.tools import chain, credentials, definitions, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
@@ -134,6 +134,8 @@ class RunLoop:
         self.entries = replay.decode(assignment.steps)
         self._chain_depth = chain.run_depth(assignment.steps)
         self._deps = deps
+        # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
+        self._catalogue = definitions.for_run(deps.catalogue, assignment.tools)
         self._held_from = deps.wall_clock()  # this hold's start, for the active-time limit
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
@@ -373,7 +375,7 @@ class RunLoop:
 
     def _tools(self) -> list[dict[str, Any]]:
         """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
-        return context.stable_tools(self._deps.catalogue.openai_tools(self.spec.tools))
+        return context.stable_tools(self._catalogue.openai_tools(self.spec.tools))
 
     def _streamed(self, seq: int) -> Callable[[str], None] | None:
         """A fast-path run's model output goes to its watchers as it comes (not stored)."""
@@ -423,7 +425,7 @@ class RunLoop:
         """The tool and the constraints' verdict, or the refusal to record at `seq` (pure)."""
         call = action.call
         try:
-            tool = self._deps.catalogue.check_call(
+            tool = self._catalogue.check_call(
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
             )
             credentials.account_of(
@@ -615,7 +617,7 @@ class RunLoop:
         key = str(started.payload.get("idempotency_key") or keys.derive(self.run_id, started.seq))
         # The key's age decides whether the provider still remembers it.
         age = self._deps.wall_clock() - started.created_at if started.created_at else 0.0
-        tool = self._deps.catalogue.get(name)
+        tool = self._catalogue.get(name)
         if tool is not None:
             arguments = self._outbound(tool, arguments)
         if tool is not None and unsent:
@@ -687,7 +689,7 @@ class RunLoop:
             # Nothing recorded: the call stays started, resolved again on waking.
             delay = pending_backoff(parks, outcome.retry_after, self._deps.rng)
             return await self._park("retry", delay, outcome.resolution or "tool call not settled")
-        if origin is None and untrusted.reads_untrusted(self._deps.catalogue.get(tool)):
+        if origin is None and untrusted.reads_untrusted(self._catalogue.get(tool)):
             origin = f"tool:{tool}"
         output, stored = await self._large(tool, outcome)
         result = steps.tool_result(

@@ -1,7 +1,9 @@
-"""Command line: `python -m sandbox model|providers|idp` runs one sandbox server until SIGTERM."""
+"""Command line: `python -m sandbox model|providers|idp|mcp` runs one sandbox server until SIGTERM."""
 
 import argparse
 from pathlib import Path
+
+from starlette.types import ASGIApp
 
 from sandbox import idp, model_server, providers, serve
 from sandbox.scenario import DEFAULT_DIR
@@ -22,6 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     oidc = servers.add_parser("idp", help="OpenID Connect provider: discovery, JWKS, ID tokens")
     _add_listen_args(oidc)
     oidc.add_argument("--issuer", help="the iss claim and discovery issuer (default: the URL used)")
+    mcp = servers.add_parser("mcp", help="remote MCP server (streamable HTTP): a ticket desk")
+    _add_listen_args(mcp)
+    mcp.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
     return parser.parse_args(argv)
 
 
@@ -35,10 +40,15 @@ def _add_listen_args(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    app: ASGIApp
     if args.server == "model":
         app = model_server.create_app(scenarios_dir=args.scenarios, api_key=args.api_key)
     elif args.server == "idp":
         app = idp.create_app(issuer=args.issuer)
+    elif args.server == "mcp":
+        from sandbox import mcp_server  # the mcp SDK loads slowly: only for this server
+
+        app = mcp_server.create_app(token=args.token)
     else:
         app = providers.create_app()
     serve.run(app, args.host, args.port, args.port_file)

@@ -181,7 +181,7 @@ class Conversations:
                 await store.park_turn(conn, workspace_id, row["run_id"])
                 (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
             elif self._fast_path is not None and fast_path.wanted(version):
-                tools = fast_path.spec_of(version).get("tools") or []
+                tools = fast_path.code_tools(version)
                 leased += await self._fast_path.lease_in(conn, workspace_id, row["run_id"], tools)
         return row, cancelled
 

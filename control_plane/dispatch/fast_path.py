@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Counter, Gauge
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, run_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
 from control_plane import metrics, releases
 from control_plane.api import convert
@@ -95,15 +95,32 @@ def wanted(version_row: Any) -> bool:
 
 
 def assignment(
-    run: Run, version: agent_pb2.AgentVersion, steps: list[Step], heartbeat_seconds: float
+    run: Run,
+    version: agent_pb2.AgentVersion,
+    steps: list[Step],
+    heartbeat_seconds: float,
+    tools: Sequence[tool_pb2.Tool] = (),
 ) -> pb.Assignment:
-    """The Assignment of a run (claimed or fast); a fast-path version's says how often to renew."""
+    """The Assignment of a run (claimed or fast), with the registry tools its version pinned;
+    a fast-path version's says how often to renew."""
     msg = pb.Assignment(
-        run=convert.run(run), agent_version=version, steps=[convert.step(s) for s in steps]
+        run=convert.run(run),
+        agent_version=version,
+        steps=[convert.step(s) for s in steps],
+        tools=list(tools),
     )
     if version.spec.fast_path:
         msg.heartbeat_interval.CopyFrom(convert.duration(heartbeat_seconds))
     return msg
+
+
+def code_tools(version: Any) -> list[str]:
+    """The tools an executor must carry to run this version: its pinned built-ins (registry
+    tools come with the assignment); a version published before the registry, all of them."""
+    code = version["code_tools"]
+    if code is not None:
+        return list(json.loads(code) if isinstance(code, str) else code)
+    return list(spec_of(version).get("tools") or [])
 
 
 def pick(sessions: Sequence[ExecutorSession], workspace_id: str, tools: Sequence[str]) -> Any:

@@ -47,6 +47,18 @@ EXPECTED = {
         "status: cancelled",
     ],
     "agents apply -f examples/triage.yaml": ["published triage v2", "nothing published"],
+    "PROVIDERS=http://127.0.0.1": [
+        "created tool channel_history v1",
+        "nothing saved",
+        "published reader v1",
+        "status: completed",
+    ],
+    "port=$(mktemp)": [
+        "saved desk__add_note v1  write (provider_key), key in idempotency_key",
+        "pending + desk__create_ticket  write, proposed none: needs --class",
+        "nothing saved: --apply saves this diff",
+        "saved desk__create_ticket v1  write (none)",
+    ],
 }
 
 

@@ -118,7 +118,8 @@ WITH routing AS MATERIALIZED (
       AND r.status = 'queued' AND r.wake_at <= now()
       AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
       AND coalesce((v.spec ->> 'fast_path')::boolean, false)
-      AND ($5::jsonb IS NULL OR coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
+      AND ($5::jsonb IS NULL
+           OR coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
       AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
            OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
     FOR UPDATE OF r
