@@ -31,6 +31,8 @@ from agentrun.v1 import (
     run_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
+    tool_pb2,
+    tool_pb2_grpc,
     trigger_pb2,
     trigger_pb2_grpc,
 )
@@ -42,6 +44,7 @@ from control_plane.api.approvals import ApprovalServicer
 from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
+from control_plane.api.tools import McpServersUnserved, ToolServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, relay
 from control_plane.approvals.relay import RelayConfig
@@ -71,7 +74,7 @@ from control_plane.retention import Retention
 from control_plane.scheduler import Scheduler
 from control_plane.store.db import Pool, create_pool
 from control_plane.tls import add_port, check_transport, http_files, server_credentials
-from control_plane.tools import registry
+from control_plane.tools import builtins, registry
 from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
@@ -89,6 +92,9 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
     connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
     credit_pb2.DESCRIPTOR.services_by_name["CreditService"].full_name,
+    # The registry (issue 18); McpServerService's servicer is added by control_plane/mcp.
+    tool_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
+    tool_pb2.DESCRIPTOR.services_by_name["McpServerService"].full_name,
     *releases.SERVICE_NAMES,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
@@ -229,6 +235,8 @@ async def start(
     envelope = Envelope(pool, key_service)
     # Secrets stored in plain text before envelope encryption: sealed before anything serves.
     await sealed_secrets.backfill(pool, envelope)
+    # The platform catalogue as the registry's shared entries (idempotent: equal saves nothing).
+    await builtins.sync(pool)
     # One verifier per replica: gRPC, the HTTP guard and signed-in decisions share its JWKS cache.
     verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
     resolver = Resolver(pool, verifier, ttl=config.key_cache_seconds)
@@ -285,6 +293,8 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     )
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
+    tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
+    tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServersUnserved(), server)
     releases.add_to_server(server, dispatcher)
 
 

@@ -87,6 +87,15 @@ ACCESS: dict[str, Need] = {
     f"{_V1}CreditService/GrantCredits": Need.PLATFORM,
     f"{_V1}CreditService/GetCreditBalance": Need.READ,
     f"{_V1}CreditService/ListCreditLedger": Need.READ,
+    # The tool registry (issue 18): what an agent can reach is set by the workspace's admins.
+    f"{_V1}ToolService/CreateTool": Need.ADMIN,
+    f"{_V1}ToolService/GetTool": Need.READ,
+    f"{_V1}ToolService/ListTools": Need.READ,
+    f"{_V1}ToolService/ImportOpenApi": Need.ADMIN,
+    f"{_V1}McpServerService/AddMcpServer": Need.ADMIN,
+    f"{_V1}McpServerService/GetMcpServer": Need.READ,
+    f"{_V1}McpServerService/ListMcpServers": Need.READ,
+    f"{_V1}McpServerService/SyncMcpServer": Need.ADMIN,
     # Deploys (control_plane/releases.py, canary.py): the platform's operators.
     f"{_V1}ReleaseService/ListReleases": Need.PLATFORM,
     f"{_V1}ReleaseService/GetRelease": Need.PLATFORM,

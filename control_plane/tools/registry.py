@@ -44,10 +44,14 @@ class Pool:
         return cls(executor_id, {d["name"]: frozenset(d.get("capabilities", ())) for d in declared})
 
 
+def catalogue_path(path: str | Path | None = None) -> str | Path:
+    """The platform catalogue: `path`, else `$AGENTRUN_CATALOGUE`, else the shipped one."""
+    return path or os.environ.get("AGENTRUN_CATALOGUE") or SHIPPED_CATALOGUE
+
+
 def load_catalogue(path: str | Path | None = None) -> dict[str, frozenset[str]]:
     """The platform catalogue's tools (name -> capabilities)."""
-    chosen = path or os.environ.get("AGENTRUN_CATALOGUE") or SHIPPED_CATALOGUE
-    data = json.loads(Path(chosen).read_text())
+    data = json.loads(Path(catalogue_path(path)).read_text())
     return {t["name"]: frozenset(t.get("capabilities", ())) for t in data["tools"]}
 
 
