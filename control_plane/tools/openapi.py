@@ -19,9 +19,11 @@ Each operation becomes one `Tool`:
   `nullable` and boolean `exclusiveMinimum/Maximum` are translated, `example`
   and the like dropped). Parameters are named as the document names them, but
   with characters outside `[A-Za-z0-9_]` turned into `_` (`X-Trace-Id` ->
-  `X_Trace_Id`) so they can stand in a `{name}` placeholder. Not exposed to
-  the model: cookies (a template cannot send them), `Authorization` (the
-  credentials come from the connection), `Content-Type`/`Accept`, and a
+  `X_Trace_Id`; a leading digit gets a `_`) so they can stand in a `{name}`
+  placeholder. Not exposed to
+  the model: cookies (a template cannot send them), credential headers
+  (`Authorization`, `X-API-Key`, ...: the token comes from the connection),
+  `Content-Type`/`Accept`, and a
   documented idempotency-key header (the platform sends its own key).
   readOnly body properties are left out (the server assigns them).
 * **collisions**: a body property named like a parameter is exposed as
@@ -60,6 +62,7 @@ from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValida
 
 from agentrun.v1 import tool_pb2
 from control_plane.errors import InvalidArgument
+from control_plane.tools import definitions
 
 MAX_DOCUMENT_CHARS = 2_000_000
 # Schemas inlined from $refs can outgrow the text (YAML anchors, shared components).
@@ -71,7 +74,7 @@ MAX_DESCRIPTION = 1024
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 _NOT_IN_ARGUMENT = re.compile(r"[^A-Za-z0-9_]+")
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
-_HIDDEN_HEADERS = ("authorization", "content-type", "accept")
+_HIDDEN_HEADERS = definitions.CREDENTIAL_HEADERS | {"content-type", "accept"}
 _VALIDATORS = {"3.0": OpenAPIV30SpecValidator, "3.1": OpenAPIV31SpecValidator}
 
 
@@ -112,7 +115,11 @@ class Operation:
 
 
 def import_tools(text: str, spec: ImportSpec) -> list[tool_pb2.Tool]:
-    """The tools the chosen operations become (nothing saved); InvalidArgument names the field."""
+    """The tools the chosen operations become (nothing saved); InvalidArgument names the field.
+
+    Each is checked as a definition (definitions.validate, naming `tool.*`) here too, so a
+    dry run refuses what an import would; a dry run's write with no class to propose is
+    checked as if it had one, and returned without."""
     document = load_document(text)
     operations = chosen(list(iter_operations(document)), spec.operations)
     check_classes(operations, spec)
@@ -124,7 +131,17 @@ def import_tools(text: str, spec: ImportSpec) -> list[tool_pb2.Tool]:
                 "operations", f"{seen[tool.name]!r} and {op.name!r} both become tool {tool.name!r}"
             )
         seen[tool.name] = op.name
+        _check_definition(tool)
     return tools
+
+
+def _check_definition(tool: tool_pb2.Tool) -> None:
+    if tool.access == tool_pb2.TOOL_ACCESS_WRITE and not tool.idempotency:
+        classed = tool_pb2.Tool()
+        classed.CopyFrom(tool)
+        classed.idempotency = tool_pb2.IDEMPOTENCY_CLASS_NONE
+        tool = classed
+    definitions.validate(tool)
 
 
 # -- the document ----------------------------------------------------------------------
@@ -164,7 +181,7 @@ def _parse(text: str) -> dict[str, Any]:
         document = json.loads(text)
     except ValueError:
         try:
-            document = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+            document = yaml.load(text, Loader=_Loader)  # a SafeLoader
         except yaml.YAMLError as exc:
             raise InvalidArgument(
                 "document", f"neither JSON nor YAML: {_first_line(exc)}"
@@ -289,7 +306,7 @@ class _Arguments:
 
     def add(self, wanted: str, schema: Any, required: bool, exact: bool = False) -> str:
         """Add an argument named `wanted` (made placeholder-safe unless `exact`, and unique)."""
-        name = wanted if exact else _NOT_IN_ARGUMENT.sub("_", wanted) or "arg"
+        name = wanted if exact else _placeholder_safe(wanted)
         base, n = name, 2
         while name in self.properties:
             name, n = f"{base}_{n}", n + 1
@@ -305,6 +322,12 @@ class _Arguments:
         if not self.free_form:
             out["additionalProperties"] = False
         return out
+
+
+def _placeholder_safe(name: str) -> str:
+    """A name that can stand in a `{placeholder}` (definitions.PLACEHOLDER)."""
+    safe = _NOT_IN_ARGUMENT.sub("_", name) or "arg"
+    return f"_{safe}" if safe[0].isdigit() else safe
 
 
 def to_tool(document: Mapping[str, Any], op: Operation, spec: ImportSpec) -> tool_pb2.Tool:

@@ -195,15 +195,18 @@ def test_a_body_property_named_like_a_parameter_becomes_body_name() -> None:
         {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}},
         {"name": "X-Trace-Id", "in": "header", "schema": {"type": "string"}},
         {"name": "Authorization", "in": "header", "schema": {"type": "string"}},
+        {"name": "X-API-Key", "in": "header", "schema": {"type": "string"}},
+        {"name": "2fa", "in": "query", "schema": {"type": "string"}},
     ])}  # fmt: skip
     classes = {"putUser": tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_NONE)}
     (tool,) = import_tools(doc({"/users/{id}": path}), ImportSpec(classes=classes))
     schema = params(tool)
-    assert set(schema["properties"]) == {"id", "X_Trace_Id", "body_id", "name"}
+    assert set(schema["properties"]) == {"id", "X_Trace_Id", "_2fa", "body_id", "name"}
     assert schema["properties"]["id"]["type"] == "integer"
     assert schema["required"] == ["id", "body_id", "name"]
     assert json.loads(tool.http.body) == {"id": "{body_id}", "name": "{name}"}
-    assert dict(tool.http.headers) == {"X-Trace-Id": "{X_Trace_Id}"}  # Authorization is not
+    assert dict(tool.http.headers) == {"X-Trace-Id": "{X_Trace_Id}"}  # no credential header
+    assert dict(tool.http.query) == {"2fa": "{_2fa}"}
 
 
 def test_a_relative_server_needs_base_url() -> None:
