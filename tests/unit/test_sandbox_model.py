@@ -16,6 +16,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from executor.tools.catalogue import Catalogue
 from sandbox.model_server import create_app
+from sandbox.providers.shop import openapi_document
 from sandbox.scenario import DEFAULT_DIR, ScenarioError, ScenarioStore, parse_scenario, render_turn
 
 with warnings.catch_warnings():
@@ -25,6 +26,12 @@ with warnings.catch_warnings():
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = set(Catalogue.load().tools)
+# Tools a workspace imports from the shop sandbox's OpenAPI document (by operationId).
+SHOP_TOOLS = {
+    op["operationId"]
+    for item in openapi_document("").get("paths", {}).values()
+    for op in item.values()
+}
 
 
 def ask(client: TestClient, model: str, messages: list[dict[str, Any]], **headers: str):
@@ -218,7 +225,11 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
             used |= {call.name for call in reply.tool_calls}
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
     # a lead-triage agent does not have (least privilege).
-    assert used - CATALOGUE == {"delete_everything", "list_invoices", "crm_export_contacts"}
+    assert used - CATALOGUE - SHOP_TOOLS == {
+        "delete_everything",
+        "list_invoices",
+        "crm_export_contacts",
+    }
 
 
 @pytest.mark.parametrize(
