@@ -1,15 +1,37 @@
-"""OpenAPI import through ToolService.ImportOpenApi (in-process control plane, real Postgres),
-of the document the shop sandbox serves over real HTTP: two reads and one keyed write; a
-write without its class, or a bad document, refused naming the field with nothing saved."""
+"""OpenAPI import through ToolService.ImportOpenApi, of the document the shop sandbox serves
+over real HTTP: two reads and one keyed write; a write without its class, or a bad
+document, refused naming the field with nothing saved (in-process control plane, real
+Postgres). Then the chaos scenario over the imported write (real control plane and
+executors): executors killed with SIGKILL and responses dropped after the order was
+placed, and still exactly one order per run (0 duplicate effects), every run completed.
+
+The chaos test here is small (3 runs, two kills); the one under the `chaos` marker runs
+AGENTRUN_OPENAPI_CHAOS_RUNS runs (default 40) with random kills and random drops.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections import Counter
 
 import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import tool_pb2, tool_pb2_grpc
+from agentrun.v1 import run_pb2, tool_pb2, tool_pb2_grpc
 from tests.harness import auth
+from tests.harness.agentrun_api import (
+    Api,
+    clear_faults,
+    sandbox_effects,
+    sandbox_requests,
+    set_fault,
+)
+from tests.harness.invariants import assert_effects_at_most_once
+from tests.harness.waiting import eventually
 
 KEYED = tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY)
 
@@ -86,3 +108,114 @@ async def test_a_refused_import_names_the_field_and_saves_nothing(
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.details().startswith(f"{field}:"), refused.value.details()
     assert await saved_count(db) == 0
+
+
+# -- the chaos scenario over the imported write -----------------------------------------
+
+ORDERS = "/shop/orders"
+COMPLETED = run_pb2.RUN_STATUS_COMPLETED
+CHAOS_RUNS = int(os.environ.get("AGENTRUN_OPENAPI_CHAOS_RUNS", "40"))
+
+
+@pytest.fixture
+async def shop(db_url, control_plane, sandbox_providers):
+    """A control plane whose workspace imported the shop and published an agent ordering there."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url)
+    key = await auth.workspace_key(db_url, api.ws, role="admin")
+    async with auth.channel(cp.address, key) as channel:
+        await tool_pb2_grpc.ToolServiceStub(channel).ImportOpenApi(
+            tool_pb2.ImportOpenApiRequest(
+                document=shop_document(sandbox_providers.url), classes={"createOrder": KEYED}
+            )
+        )
+    await api.publish("orderer", "shop_orderer", ["createOrder", "getProduct"])
+    yield cp, api
+    await api.close()
+    clear_faults(sandbox_providers.url)
+
+
+def mine(entries: list[dict], run_ids: list[str], key: str) -> list[dict]:
+    """The entries (effects or requests) whose idempotency key belongs to one of these runs."""
+    runs = set(run_ids)
+    return [e for e in entries if (e.get(key) or "").rsplit(":", 1)[0] in runs]
+
+
+def order_requests(url: str, run_ids: list[str]) -> list[dict]:
+    logged = [r for r in sandbox_requests(url) if r["path"] == ORDERS]
+    return mine(logged, run_ids, "idempotency_key")
+
+
+def assert_one_order_per_run(url: str, run_ids: list[str]) -> list[dict]:
+    """Exactly one order per run, none twice under a key: 0 duplicate effects."""
+    orders = mine(sandbox_effects(url, "shop"), run_ids, "key")
+    assert_effects_at_most_once(orders, "shop")
+    per_run = Counter(o["key"].rsplit(":", 1)[0] for o in orders)
+    assert per_run == Counter(dict.fromkeys(run_ids, 1)), per_run.most_common(3)
+    return orders
+
+
+async def test_the_imported_write_lands_once_per_run_through_kills_and_dropped_responses(
+    shop, executor_factory, sandbox_providers
+):
+    cp, api = shop
+    url = sandbox_providers.url
+    run_ids = [await api.start("orderer", f"buyer-{i}") for i in range(3)]
+    for run_id in run_ids:  # each run's first order is placed, and its answer lost (a reset)
+        set_fault(url, provider="shop", mode="drop_response", path=ORDERS,
+                  key_prefix=f"{run_id}:", count=1, delay_ms=0)  # fmt: skip
+    # SIGKILLed from inside once its first order call returned, before its result is committed.
+    (doomed,) = executor_factory(cp, AGENTRUN_FAULTS="executor.tool.after_response=kill@1")
+    await eventually(lambda: not doomed.alive, timeout=30, message="the kill never fired")
+    assert doomed.returncode == -9, doomed.log_tail()
+    # The next takes the runs over, and is SIGKILLed by the test once it sends an order again.
+    sent = len(order_requests(url, run_ids))
+    (second,) = executor_factory(cp)
+    await eventually(lambda: len(order_requests(url, run_ids)) > sent, timeout=30,
+                     message="no order was sent again after the takeover")  # fmt: skip
+    second.kill()
+    executor_factory(cp)
+    runs = await api.wait_terminal(run_ids, within=60)
+    assert [r.status for r in runs] == [COMPLETED] * len(run_ids), [r.error for r in runs]
+    assert_one_order_per_run(url, run_ids)
+    requests = order_requests(url, run_ids)
+    assert sum(r["fault"] == "drop_response" for r in requests) == len(run_ids)
+    assert len(requests) > len(run_ids)  # orders were sent again, and answered from the key
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+async def test_chaos_over_the_imported_write(shop, executor_factory, sandbox_providers):
+    """Many runs; random drops of the order's answer, executors killed at random fault
+    points and at random moments; every run completes with exactly one order."""
+    cp, api = shop
+    url = sandbox_providers.url
+    set_fault(url, provider="shop", mode="drop_response", path=ORDERS, probability=0.3, seed=18,
+              delay_ms=0)  # fmt: skip
+    run_ids = [await api.start("orderer", f"buyer-{i:03d}") for i in range(CHAOS_RUNS)]
+    rng, serial = random.Random(18), iter(range(1, 10_000))
+
+    def spawn():
+        env = {"AGENTRUN_FAULTS_RANDOM": "0.01", "AGENTRUN_FAULTS_SEED": str(next(serial))}
+        return executor_factory(cp, AGENTRUN_CAPACITY="8", **env)[0]
+
+    fleet, kills = [spawn() for _ in range(3)], 0
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        done = [await api.get(r) for r in run_ids]
+        if all(r.status == COMPLETED for r in done):
+            break
+        kills += sum(not p.alive for p in fleet)
+        fleet = [p if p.alive else spawn() for p in fleet]
+        if rng.random() < 0.25:
+            victim = rng.randrange(len(fleet))
+            fleet[victim].kill()
+            fleet[victim], kills = spawn(), kills + 1
+        await asyncio.sleep(0.5)  # a polling interval, not a synchronisation
+    runs = await api.wait_terminal(run_ids, within=30)
+    assert [r.run_id for r in runs if r.status != COMPLETED] == []
+    orders = assert_one_order_per_run(url, run_ids)
+    dropped = sum(r["fault"] == "drop_response" for r in order_requests(url, run_ids))
+    print(f"\nopenapi chaos: runs={len(run_ids)} kills={kills} dropped={dropped} "
+          f"orders={len(orders)} duplicates=0")  # fmt: skip
+    assert kills > 0 and dropped > 0, "nothing was exercised"
