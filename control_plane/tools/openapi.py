@@ -67,6 +67,7 @@ from control_plane.tools import definitions
 MAX_DOCUMENT_CHARS = 2_000_000
 # Schemas inlined from $refs can outgrow the text (YAML anchors, shared components).
 MAX_RESOLVED_NODES = 200_000
+MAX_DEPTH = 64
 METHODS = ("get", "head", "post", "put", "patch", "delete")
 READS = ("get", "head")
 MAX_NAME = 64
@@ -164,11 +165,11 @@ def load_document(text: str) -> dict[str, Any]:
     if len(text) > MAX_DOCUMENT_CHARS:
         raise InvalidArgument("document", f"is larger than {MAX_DOCUMENT_CHARS} characters")
     document = _parse(text)
+    _only_local_refs(document)
     version = document.get("openapi")
     if not isinstance(version, str) or version[:3] not in _VALIDATORS:
         found = "Swagger 2.0" if "swagger" in document else repr(version)
         raise InvalidArgument("document", f"not an OpenAPI 3.0 or 3.1 document ({found})")
-    _only_local_refs(document)
     try:
         validate(document, cls=_VALIDATORS[version[:3]])
     except Exception as exc:  # the validator's own errors, and its reference resolver's
@@ -178,17 +179,23 @@ def load_document(text: str) -> dict[str, Any]:
 
 def _parse(text: str) -> dict[str, Any]:
     try:
-        document = json.loads(text)
-    except ValueError:
-        try:
-            document = yaml.load(text, Loader=_Loader)  # a SafeLoader
-        except yaml.YAMLError as exc:
-            raise InvalidArgument(
-                "document", f"neither JSON nor YAML: {_first_line(exc)}"
-            ) from None
+        document = _json_or_yaml(text)
+    except RecursionError:
+        raise InvalidArgument("document", f"is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(document, dict):
         raise InvalidArgument("document", "must be a JSON or YAML object")
     return document
+
+
+def _json_or_yaml(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader
+    except yaml.YAMLError as exc:
+        raise InvalidArgument("document", f"neither JSON nor YAML: {_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -198,17 +205,23 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _only_local_refs(node: Any) -> None:
-    """Refuse `$ref`s to files or URLs: the validator would go and fetch them."""
-    stack = [node]
+    """Refuse `$ref`s to files or URLs (the validator would go and fetch them), and
+    documents deeper or larger than any API needs (the resolver and validator recurse)."""
+    stack, visited = [(node, 0)], 0
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        visited += 1
+        if visited > MAX_RESOLVED_NODES:  # YAML aliases can make a short text a huge tree
+            raise InvalidArgument("document", f"has more than {MAX_RESOLVED_NODES} nodes")
+        if depth > MAX_DEPTH:
+            raise InvalidArgument("document", f"is nested more than {MAX_DEPTH} levels deep")
         if isinstance(item, dict):
             ref = item.get("$ref")
             if isinstance(ref, str) and not ref.startswith("#"):
                 raise InvalidArgument("document", f"$ref {ref!r}: only local references (#/...)")
-            stack.extend(item.values())
+            stack.extend((value, depth + 1) for value in item.values())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((value, depth + 1) for value in item)
 
 
 class _Resolver:

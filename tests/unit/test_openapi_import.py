@@ -272,6 +272,15 @@ def test_openapi_30_quirks_become_json_schema() -> None:
         ('{"openapi": "3.0.3", "info": {"title": "t"}, "paths": {}}', "'version' is a required"),
         (doc({"/a": {"get": {"operationId": "a"}}}, openapi="3.0.3"), "'responses' is a required"),
         (doc({}), "has no operations"),
+        ("[" * 5000 + "]" * 5000, "nested more than"),
+        (
+            "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(
+                f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+                for p, n in zip("abcdefg", "bcdefgh", strict=True)
+            ),
+            "nodes",
+        ),  # billion laughs
         (doc({"/a": {"get": op("a", parameters=[{"$ref": "other.yaml#/p"}])}}), "only local"),
         (doc({"/a": {"get": op("a", parameters=[{"$ref": "#/components/parameters/x"}])}}), ""),
     ],
