@@ -6,6 +6,7 @@ documents for each rule (classes, names, collisions, servers, bad documents).
 
 import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
     from starlette.testclient import TestClient
 
+REPO = Path(__file__).resolve().parents[2]
 SHOP = "http://shop.test/shop"
 PROVIDER_KEY = tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY)
 
@@ -296,3 +298,8 @@ def test_a_non_json_body_is_refused() -> None:
     body = {"content": {"multipart/form-data": {"schema": {"type": "object"}}}}
     error = refused(doc({"/f": {"post": op("upload", requestBody=body)}}), ImportSpec(dry_run=True))
     assert error.field == "operations" and "multipart/form-data" in str(error)
+
+
+def test_the_example_document_is_the_one_the_shop_serves() -> None:
+    example = yaml.safe_load((REPO / "examples" / "shop.openapi.yaml").read_text())
+    assert example == openapi_document("http://providers:8020/shop")
