@@ -47,7 +47,7 @@ from executor.replay import (
     StartTool,
 )
 from executor.stream import CommitReply
-from executor.tools import chain, credentials, keys
+from executor.tools import chain, credentials, definitions, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
@@ -131,6 +131,8 @@ class RunLoop:
         self.entries = replay.decode(assignment.steps)
         self._chain_depth = chain.run_depth(assignment.steps)
         self._deps = deps
+        # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
+        self._catalogue = definitions.for_run(deps.catalogue, assignment.tools)
         self._held_from = deps.wall_clock()  # this hold's start, for the active-time limit
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
@@ -323,7 +325,7 @@ class RunLoop:
 
     def _tools(self) -> list[dict[str, Any]]:
         """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
-        return context.stable_tools(self._deps.catalogue.openai_tools(self.spec.tools))
+        return context.stable_tools(self._catalogue.openai_tools(self.spec.tools))
 
     async def _ask_model(
         self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -349,7 +351,7 @@ class RunLoop:
         call = action.call
         seq = replay.next_seq(self.entries)
         try:
-            tool = self._deps.catalogue.check_call(
+            tool = self._catalogue.check_call(
                 call.name, call.arguments, self.spec.tools, call.arguments_raw
             )
             credentials.account_of(
@@ -538,7 +540,7 @@ class RunLoop:
         key = str(started.payload.get("idempotency_key") or keys.derive(self.run_id, started.seq))
         # The key's age decides whether the provider still remembers it.
         age = self._deps.wall_clock() - started.created_at if started.created_at else 0.0
-        tool = self._deps.catalogue.get(name)
+        tool = self._catalogue.get(name)
         if tool is not None:
             arguments = self._outbound(tool, arguments)
         if tool is not None and unsent:
@@ -610,7 +612,7 @@ class RunLoop:
             # Nothing recorded: the call stays started, resolved again on waking.
             delay = pending_backoff(parks, outcome.retry_after, self._deps.rng)
             return await self._park("retry", delay, outcome.resolution or "tool call not settled")
-        if origin is None and untrusted.reads_untrusted(self._deps.catalogue.get(tool)):
+        if origin is None and untrusted.reads_untrusted(self._catalogue.get(tool)):
             origin = f"tool:{tool}"
         output, stored = await self._large(tool, outcome)
         result = steps.tool_result(

@@ -169,6 +169,7 @@ class OAuthServer:
             Route("/_sandbox/oauth/scopes", self.control(self.set_scopes), methods=["POST"]),
             Route("/_sandbox/oauth/expire", self.control(self.expire_account), methods=["POST"]),
             Route("/_sandbox/oauth/drop_refresh", self.drop_endpoint, methods=["POST"]),
+            Route("/_sandbox/oauth/tokens", self.tokens_endpoint, methods=["GET"]),
         ]
 
     # -- the authorization server -------------------------------------------------------
@@ -356,6 +357,12 @@ class OAuthServer:
         return JSONResponse(
             {"access_ttl_seconds": self.access_ttl, "require": sorted(self.require)}
         )
+
+    async def tokens_endpoint(self, request: Request) -> Response:
+        """The access tokens issued to `?account=`, so a test can search its outputs for them."""
+        account = request.query_params.get("account", "")
+        found = [t for t, a in self.access.items() if a.grant.account == account]
+        return JSONResponse({"tokens": found})
 
     async def drop_endpoint(self, request: Request) -> Response:
         self.drop_refreshes = int((await _json(request)).get("times", 1))

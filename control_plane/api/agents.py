@@ -18,7 +18,8 @@ from control_plane.store.db import Pool, transaction
 from control_plane.tools import guard
 from control_plane.tools.guard import PublishGuard
 
-_TOOL = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_TOOL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the registry names them (tool.proto)
+_PROVIDER = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_TOOLS = 64
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
 MAX_AGE_SECONDS = 366 * 24 * 3600
@@ -76,7 +77,7 @@ def validate_connections(spec: agent_pb2.AgentSpec) -> None:
     if len(spec.connections) > MAX_TOOLS:
         raise InvalidArgument("spec.connections", f"names more than {MAX_TOOLS} providers")
     for provider, connection_id in spec.connections.items():
-        if not _TOOL.match(provider):
+        if not _PROVIDER.match(provider):
             raise InvalidArgument("spec.connections", f"is not a provider name: {provider[:64]!r}")
         triggering.check_mapping(f"spec.connections[{provider}]", connection_id)
 
@@ -136,12 +137,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument("spec", "is required")
         validate_spec(request.spec)
         stored = convert.spec_to_json(request.spec, spec_limits(request.spec))
-        warnings = await self._guard.check(self._pool, ws, request)
+        checked = await self._guard.check(self._pool, ws, request)
+        warnings = checked.warnings
         details: dict[str, object] = {"warnings": [w.code for w in warnings]} if warnings else {}
         if request.acknowledge_trifecta:
             details["acknowledged_trifecta"] = True
         async with transaction(self._pool) as conn:
-            row = await store.publish_version(conn, ws, agent_id, stored)
+            row = await store.publish_version(
+                conn, ws, agent_id, stored, checked.pins, checked.code_tools
+            )
             if row is not None:
                 await audit.record(conn, "agent.published", "agent", agent_id,
                                    {"version": row["version"], **details})  # fmt: skip

@@ -257,4 +257,7 @@ def agent_version(row: Any) -> agent_pb2.AgentVersion:
         spec=spec_from_json(json.loads(spec) if isinstance(spec, str) else spec),
     )
     msg.create_time.CopyFrom(timestamp(row["created_at"]))
+    pins = row.get("tool_versions")  # the registry versions its runs use (issue 18)
+    for name, pin in (json.loads(pins) if isinstance(pins, str) else pins or {}).items():
+        msg.tool_versions[name] = int(pin["version"])
     return msg

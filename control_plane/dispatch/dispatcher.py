@@ -8,7 +8,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from agentrun.v1 import agent_pb2
+from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
 from control_plane import metrics, releases
 from control_plane.api import convert
@@ -19,6 +19,7 @@ from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
 from control_plane.store import releases as release_store
 from control_plane.store import steps as step_store
+from control_plane.store import tools as tool_store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from control_plane.dispatch.session import ExecutorSession
 
 log = logging.getLogger(__name__)
+Pinned = tuple[agent_pb2.AgentVersion, list[tool_pb2.Tool]]
 
 
 def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
@@ -52,7 +54,8 @@ class Dispatcher:
         self.config = config
         self._sessions: dict[str, ExecutorSession] = {}
         self._wake = asyncio.Event()
-        self._versions: dict[tuple[str, str, int], agent_pb2.AgentVersion] = {}
+        # Agent versions and the registry tools they pinned are immutable: cached forever.
+        self._versions: dict[tuple[str, str, int], Pinned] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._touched_at = 0.0
 
@@ -168,21 +171,25 @@ class Dispatcher:
         if session is None or session.credits <= 0:
             await lease_store.release_unassigned(self.pool, key)
             return
-        version = await self._version(run.workspace_id, run.agent_id, run.agent_version)
+        version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         session.credits -= 1
         session.held[run.run_id] = run.lease_epoch
         session.send(pb.ConnectResponse(assignment=pb.Assignment(
             run=convert.run(run), agent_version=version,
-            steps=[convert.step(s) for s in steps],
+            steps=[convert.step(s) for s in steps], tools=tools,
         )))  # fmt: skip
 
-    async def _version(self, ws: str, agent_id: str, version: int) -> agent_pb2.AgentVersion:
-        """Agent versions are immutable, so a replica may cache them forever."""
+    async def _version(self, ws: str, agent_id: str, version: int) -> Pinned:
+        """The agent version and the definitions of the workspace's own registry tools it
+        pinned (never another workspace's; built-ins come from the executor's catalogue).
+        Both are immutable, so a replica may cache them forever."""
         key = (ws, agent_id, version)
         if key not in self._versions:
             row = await agent_store.get_version(self.pool, ws, agent_id, version)
             assert row is not None, f"run references missing agent version {key}"
-            self._versions[key] = convert.agent_version(row)
+            pins = tool_store.pins_from_json(row.get("tool_versions"))
+            own = await tool_store.pinned(self.pool, ws, [p for p in pins if not p.builtin])
+            self._versions[key] = (convert.agent_version(row), own)
         return self._versions[key]
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
 from control_plane.store.queries import run
+from control_plane.store.tools import Pin
 
 
 async def ensure_workspace(conn: asyncpg.pool.Pool, workspace_id: str) -> None:
@@ -37,9 +39,17 @@ async def publish_version(
     workspace_id: str,
     agent_id: str,
     spec: dict[str, Any],
+    pins: Sequence[Pin] = (),
+    code_tools: Sequence[str] | None = None,
 ) -> asyncpg.Record | None:
-    """The published version, or None when the agent does not exist."""
-    return await run(pool, "agent_version_publish", workspace_id, agent_id, json.dumps(spec))
+    """The published version, or None when the agent does not exist. `pins`: the registry
+    versions it uses; `code_tools`: the built-ins only executors carrying them can run
+    (None: every one of spec.tools, as before the registry)."""
+    pinned = json.dumps({p.name: p.to_json() for p in pins})
+    code = json.dumps(list(code_tools)) if code_tools is not None else None
+    return await run(
+        pool, "agent_version_publish", workspace_id, agent_id, json.dumps(spec), pinned, code
+    )
 
 
 async def get_version(

@@ -56,15 +56,31 @@ def load_catalogue(path: str | Path | None = None) -> dict[str, frozenset[str]]:
 
 
 def check(
-    tools: Sequence[str], pools: Sequence[Pool], catalogue: Mapping[str, frozenset[str]]
-) -> ToolCheck:
-    """Refuse (InvalidArgument naming spec.tools[i]) a set the connected pools cannot run."""
+    tools: Sequence[str], pools: Sequence[Pool], catalogue: Mapping[str, frozenset[str]],
+    portable: Mapping[str, frozenset[str]] | None = None,
+) -> ToolCheck:  # fmt: skip
+    """Refuse (InvalidArgument naming spec.tools[i]) a set the connected pools cannot run.
+
+    `portable`: the workspace's own registry tools (name -> capability marks): the executor
+    calls them from their definitions, so any executor runs them and only the rest (the
+    built-ins, which need executor code) are checked against the pools."""
+    portable = portable or {}
+    code = [name for name in tools if name not in portable]
     if not pools:
-        return _against_catalogue(tools, catalogue)
+        checked = _against_catalogue(tools, code, catalogue)
+    else:
+        checked = _against_pools(tools, code, pools, catalogue)
+    return ToolCheck({**checked.capabilities, **portable}, checked.warnings)
+
+
+def _against_pools(
+    tools: Sequence[str], code: Sequence[str], pools: Sequence[Pool],
+    catalogue: Mapping[str, frozenset[str]],
+) -> ToolCheck:  # fmt: skip
     known = {name: caps for pool in pools for name, caps in pool.tools.items()}
     carried = ", ".join(sorted(known)) or "none"
     for i, name in enumerate(tools):
-        if name in known:
+        if name in known or name not in code:
             continue
         if name in catalogue:
             raise InvalidArgument(
@@ -72,28 +88,30 @@ def check(
                 f"{name!r}: no connected executor pool can run it (they carry: {carried})",
             )
         raise InvalidArgument(f"spec.tools[{i}]", f"unknown tool {name!r}")
-    if not any(set(tools) <= pool.tools.keys() for pool in pools):
+    if not any(set(code) <= pool.tools.keys() for pool in pools):
         raise InvalidArgument(
             "spec.tools",
-            f"no connected executor carries all of {', '.join(tools)}: "
+            f"no connected executor carries all of {', '.join(code)}: "
             "its runs could never be assigned",
         )
-    return ToolCheck({name: known[name] for name in tools})
+    return ToolCheck({name: known[name] for name in code})
 
 
-def _against_catalogue(tools: Sequence[str], catalogue: Mapping[str, frozenset[str]]) -> ToolCheck:
+def _against_catalogue(
+    tools: Sequence[str], code: Sequence[str], catalogue: Mapping[str, frozenset[str]]
+) -> ToolCheck:
     for i, name in enumerate(tools):
-        if name not in catalogue:
+        if name in code and name not in catalogue:
             raise InvalidArgument(f"spec.tools[{i}]", f"unknown tool {name!r}")
     warnings: tuple[PublishWarning, ...] = ()
-    if tools:
+    if code:
         warnings = (
             PublishWarning(
                 "no_executor",
                 "no executor serving this workspace is connected: the tools were checked "
                 "against the platform catalogue only, and runs wait until an executor "
                 "carrying them connects",
-                tuple(tools),
+                tuple(code),
             ),
         )
-    return ToolCheck({name: catalogue[name] for name in tools}, warnings)
+    return ToolCheck({name: catalogue[name] for name in code}, warnings)

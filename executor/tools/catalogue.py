@@ -128,6 +128,31 @@ class Lookup:
 
 
 @dataclass(frozen=True)
+class HttpTemplate:
+    """How one call of a registry tool becomes one HTTP request (tool.proto HttpTemplate)."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    body: str = ""
+    response_pointer: str = ""
+    max_response_bytes: int = 0
+    timeout_seconds: float = 0.0
+    auth: str = ""
+
+
+@dataclass(frozen=True)
+class McpTarget:
+    """A tool of a registered remote MCP server (tool.proto McpTarget)."""
+
+    server_id: str
+    tool: str
+    url: str
+    key_argument: str = ""
+
+
+@dataclass(frozen=True)
 class Tool:
     """One catalogue entry (with its provider's key retention copied in)."""
 
@@ -149,6 +174,16 @@ class Tool:
     capabilities: tuple[str, ...] = ()
     # The body field where outbound mail keeps its headers: sends carry our chain marker there.
     chain_marker: str | None = None
+    # A workspace's registry tool (executor/tools/definitions.py) is called from its definition:
+    # an HTTP template or a remote MCP server's tool (None for built-ins: provider + path).
+    http: HttpTemplate | None = None
+    mcp: McpTarget | None = None
+    # Registry tools: which connection supplies the token ("" none, "trigger" the run's
+    # triggering account, else a provider name spec.connections maps). None for built-ins,
+    # which act as spec.connections[provider].
+    connection: str | None = None
+    # provider_key: the header carrying our key.
+    idempotency_header: str = "Idempotency-Key"
 
     @property
     def schema_sha256(self) -> str:

@@ -50,24 +50,38 @@ class Granted:
 FetchToken = Callable[[str], Awaitable[Granted]]
 
 
-def required_scope(tool: Tool) -> str:
-    """The scope a tool needs of its provider's grant: `provider:read` or `provider:write`."""
-    return f"{tool.provider}:{'read' if tool.kind == 'read' else 'write'}"
+def required_scope(tool: Tool) -> str | tuple[str, ...]:
+    """The scopes a tool needs of its connection's grant: a registry tool's own `scopes` when
+    it names some, else `provider:read` or `provider:write`."""
+    access = "read" if tool.kind == "read" else "write"
+    if tool.connection is None:
+        return f"{tool.provider}:{access}"
+    if tool.scopes:
+        return tool.scopes
+    # The triggering account's grant is for whichever provider the run came in through.
+    return f"{tool.connection}:{access}" if tool.connection not in ("", TRIGGER) else ""
 
 
 @dataclass(frozen=True)
 class Credential:
     connection_id: str
     fetch: FetchToken = field(repr=False)
-    scope: str = ""
+    scope: str | tuple[str, ...] = ""
 
     async def header(self) -> str:
         """The Authorization header; ConnectionUnusable, before anything is sent, when the
         grant does not hold the scope the tool needs."""
+        return f"Bearer {await self.token()}"
+
+    async def token(self) -> str:
+        """The access token, for this one request only (a registry tool may send it in a
+        header of its own); ConnectionUnusable when the grant lacks a scope the tool needs."""
         granted = await self.fetch(self.connection_id)
-        if self.scope and self.scope not in granted.scopes:
-            raise ConnectionUnusable(self.connection_id, f"lacks the scope {self.scope}")
-        return f"Bearer {granted.access_token}"
+        needed = (self.scope,) if isinstance(self.scope, str) else self.scope
+        for scope in needed:
+            if scope and scope not in granted.scopes:
+                raise ConnectionUnusable(self.connection_id, f"lacks the scope {scope}")
+        return granted.access_token
 
 
 def triggering(entries: Sequence[Entry]) -> str:
@@ -80,7 +94,10 @@ def triggering(entries: Sequence[Entry]) -> str:
 
 def account_of(connections: Mapping[str, str], tool: Tool, trigger: str) -> str:
     """The connection the tool acts as ("": the default account). ToolCallRejected (nothing is
-    sent) when it is the triggering account and the run came in through no connection."""
+    sent) when it is the triggering account and the run came in through no connection, or a
+    registry tool's connection is named nowhere."""
+    if tool.connection is not None:  # a registry tool: its definition names the connection
+        return _registry_account(connections, tool, trigger)
     named = connections.get(tool.provider, "")
     if named != TRIGGER:
         return named
@@ -90,6 +107,24 @@ def account_of(connections: Mapping[str, str], tool: Tool, trigger: str) -> str:
             f'is "{TRIGGER}"), but this run came in through no connection: nothing was sent'
         )
     return trigger
+
+
+def _registry_account(connections: Mapping[str, str], tool: Tool, trigger: str) -> str:
+    wanted = tool.connection or ""
+    named = connections.get(wanted, "") if wanted and wanted != TRIGGER else wanted
+    if named == TRIGGER and not trigger:
+        raise ToolCallRejected(
+            f"{tool.name} acts as the run's triggering account, but this run came in "
+            "through no connection: nothing was sent"
+        )
+    if named == TRIGGER:
+        return trigger
+    if wanted and not named:
+        raise ToolCallRejected(
+            f"{tool.name} needs a {wanted!r} connection and the agent version names none "
+            f"(spec.connections[{wanted}]): nothing was sent"
+        )
+    return named
 
 
 def for_tool(

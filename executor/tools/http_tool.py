@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ import httpx
 
 from executor.config import ExecutorConfig
 from executor.retry_after import retry_after
+from executor.tools import template
 from executor.tools.catalogue import Lookup, Tool
 
 if TYPE_CHECKING:
@@ -42,6 +44,9 @@ class ProviderError(ToolSendError):
         """429 and 5xx may succeed later; other 4xx will not."""
         return self.status == 429 or self.status >= 500
 
+
+# The most of a registry HTTP tool's answer read when its template sets no limit.
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 # Errors raised before any byte of the request was written.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -77,6 +82,12 @@ class HttpToolClient:
         the key stamped into its body, where the provider keeps it searchable. With
         a `credential`, its token goes on the request's Authorization header.
         """
+        if tool.mcp is not None:
+            from executor.tools.transport import call_mcp
+
+            return await call_mcp(tool, arguments, idempotency_key, credential)
+        if tool.http is not None:
+            return await self._send_template(tool, arguments, idempotency_key, credential)
         method = tool.method or "POST"
         body = dict(arguments)
         if tool.lookup is not None:
@@ -97,9 +108,13 @@ class HttpToolClient:
             raise ValueError(f"tool {tool.name!r} has no lookup")
         spec = tool.lookup
         query = spec.query_for(idempotency_key)
-        body = await self._request(
-            tool.provider, "GET", spec.path, query, idempotency_key, credential
-        )
+        if tool.http is not None:  # a registry tool: the lookup URL is absolute
+            asked = template.Rendered("GET", spec.path, {}, query, None)
+            body = await self._templated(tool, asked, idempotency_key, credential)
+        else:
+            body = await self._request(
+                tool.provider, "GET", spec.path, query, idempotency_key, credential
+            )
         found = body.get(spec.matches) if isinstance(body, dict) else None
         if not isinstance(found, list):
             raise ProviderError(502, f"lookup answer has no list {spec.matches!r}")
@@ -130,6 +145,91 @@ class HttpToolClient:
         if credential is not None and response.status_code in (401, 403):
             raise _refused(credential, response)
         return _parse(response)
+
+    async def _send_template(
+        self, tool: Tool, arguments: Mapping[str, Any], key: str, credential: Credential | None
+    ) -> Any:
+        """A registry HTTP tool's request, from its template (executor/tools/template.py)."""
+        assert tool.http is not None
+        rendered = template.render(tool.http, arguments)
+        if tool.lookup is not None:
+            rendered = dataclasses.replace(
+                rendered, body=stamp(rendered.body or {}, tool.lookup, key)
+            )
+        return await self._templated(tool, rendered, key, credential)
+
+    async def _templated(
+        self, tool: Tool, rendered: template.Rendered, key: str, credential: Credential | None
+    ) -> Any:
+        """Send a rendered request with the key and, fetched now, the connection's token in
+        the header `auth` names; the answer cut to the pointer, at most the size cap."""
+        assert tool.http is not None
+        spec = tool.http
+        headers = {"Accept": "application/json", **rendered.headers, tool.idempotency_header: key}
+        token = await self._token(tool, credential)
+        if token is not None:
+            name = "Authorization" if spec.auth == "bearer" else spec.auth.partition(":")[2]
+            headers[name] = f"Bearer {token}" if spec.auth == "bearer" else token
+        timeout = httpx.Timeout(spec.timeout_seconds or self._config.tool_timeout_seconds)
+        request = self._http.build_request(
+            rendered.method, rendered.url, params=rendered.params or None, headers=headers,
+            json=rendered.body, timeout=timeout,
+        )  # fmt: skip
+        limit = spec.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
+        response, too_large = await self._exchange(tool.name, request, limit)
+        if credential is not None and response.status_code in (401, 403):
+            raise _refused(credential, response)
+        if too_large:
+            return {"error": f"the response was over the tool's {limit}-byte limit: not kept",
+                    "status": response.status_code}  # fmt: skip
+        answer = _parse(_redacted(response, token))
+        return template.pointed(answer, spec.response_pointer)
+
+    async def _token(self, tool: Tool, credential: Credential | None) -> str | None:
+        assert tool.http is not None
+        if not tool.http.auth:
+            return None
+        if credential is None:
+            raise NotSent(f"{tool.name} needs its connection's token and has none")
+        return await credential.token()
+
+    async def _exchange(
+        self, name: str, request: httpx.Request, limit: int
+    ) -> tuple[httpx.Response, bool]:
+        """The response (its body read up to `limit` bytes) and whether it was over."""
+        try:
+            response = await self._http.send(request, stream=True)
+        except _NOT_SENT as exc:
+            raise NotSent(f"could not connect for {name}: {type(exc).__name__}") from exc
+        except httpx.TransportError as exc:
+            raise MaybeSent(f"no response for {name}: {type(exc).__name__}") from exc
+        try:
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body.extend(chunk)
+                if len(body) > limit:
+                    return response, True
+            return _answered(response, bytes(body)), False
+        except httpx.TransportError as exc:
+            raise MaybeSent(f"response cut off for {name}: {type(exc).__name__}") from exc
+        finally:
+            await response.aclose()
+
+
+def _answered(response: httpx.Response, content: bytes) -> httpx.Response:
+    """A response holding `content` (already decoded: no content-encoding left to undo)."""
+    headers = [
+        (k, v) for k, v in response.headers.multi_items()
+        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]  # fmt: skip
+    return httpx.Response(response.status_code, headers=headers, content=content)
+
+
+def _redacted(response: httpx.Response, token: str | None) -> httpx.Response:
+    """The response, with the token blanked should the provider echo it back."""
+    if token and token.encode() in response.content:
+        return _answered(response, response.content.replace(token.encode(), b"[redacted]"))
+    return response
 
 
 def _refused(credential: Credential, response: httpx.Response) -> Exception:

@@ -8,6 +8,7 @@ kept with each post only so tests can count duplicates; the API ignores it.
 import re
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.responses import JSONResponse, Response
 
@@ -23,7 +24,11 @@ class ChatProvider:
         self.posts: list[dict[str, Any]] = []
 
     def endpoints(self) -> list[Endpoint]:
-        return [Endpoint("POST", "/chat/messages", self.post)]
+        return [
+            Endpoint("POST", "/chat/messages", self.post),
+            # A read with the channel in its path (a registry tool's templated path).
+            Endpoint("GET", "/chat/channels/{channel}/messages", self.history),
+        ]
 
     def reset(self) -> None:
         self.posts.clear()
@@ -33,6 +38,17 @@ class ChatProvider:
             {"provider": self.name, "effect": "post", "key": p["idempotency_key"], **p}
             for p in self.posts
         ]
+
+    def history(self, request: ProviderRequest) -> Response:
+        """The channel's latest posts (`?limit=`, default 10), newest last."""
+        channel = unquote(request.path.removeprefix("/chat/channels/").removesuffix("/messages"))
+        if not CHANNEL.match(channel):
+            return error(404, "channel_not_found")
+        limit = request.query.get("limit", "10")
+        if not limit.isdigit():
+            return error(400, "limit must be a number")
+        posts = [p for p in self.posts if p["channel"] == channel][-int(limit) :]
+        return JSONResponse({"ok": True, "channel": channel, "messages": posts})
 
     async def post(self, request: ProviderRequest) -> Response:
         if problem := missing_string_field(request.body, ("channel", "text")):

@@ -224,12 +224,13 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
             reply = render_turn(turn, conversation(0), random.Random(7))
             used |= {call.name for call in reply.tool_calls}
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
-    # a lead-triage agent does not have (least privilege).
-    assert used - CATALOGUE - SHOP_TOOLS == {
-        "delete_everything",
-        "list_invoices",
-        "crm_export_contacts",
-    }
+    # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
+    # not built-ins: the tests that call them add them to their workspace first (the shop's
+    # by importing its OpenAPI document).
+    registry = {"channel_history"} | SHOP_TOOLS
+    assert used - CATALOGUE - registry == {
+        "delete_everything", "list_invoices", "crm_export_contacts",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -17,20 +17,21 @@ FROM agents WHERE workspace_id = $1 AND agent_id = $2;
 -- name: agent_version_publish :one
 -- Freeze a spec as the agent's next version (the agent row lock orders
 -- concurrent publishes). The spec's max_concurrency (0 or absent: none)
--- becomes the agent's cap, for the runs of every version.
+-- becomes the agent's cap, for the runs of every version. $4: the registry versions
+-- pinned (name -> {workspace_id, version}), $5: the built-in tools it needs executors for.
 WITH bumped AS (
     UPDATE agents SET latest_version = latest_version + 1,
                       max_concurrency = nullif(($3::jsonb ->> 'max_concurrency')::int, 0)
     WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id, latest_version
 )
-INSERT INTO agent_versions (workspace_id, agent_id, version, spec)
-SELECT workspace_id, agent_id, latest_version, $3::jsonb FROM bumped
-RETURNING workspace_id, agent_id, version, spec, created_at;
+INSERT INTO agent_versions (workspace_id, agent_id, version, spec, tool_versions, code_tools)
+SELECT workspace_id, agent_id, latest_version, $3::jsonb, $4::jsonb, $5::jsonb FROM bumped
+RETURNING workspace_id, agent_id, version, spec, created_at, tool_versions;
 
 -- name: agent_version_get :one
 -- One published version; version 0 means the latest.
-SELECT v.workspace_id, v.agent_id, v.version, v.spec, v.created_at
+SELECT v.workspace_id, v.agent_id, v.version, v.spec, v.created_at, v.tool_versions
 FROM agent_versions v JOIN agents a USING (workspace_id, agent_id)
 WHERE v.workspace_id = $1 AND v.agent_id = $2
   AND v.version = CASE WHEN $3::int = 0 THEN a.latest_version ELSE $3::int END;

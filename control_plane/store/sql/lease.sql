@@ -86,7 +86,7 @@ WITH clock AS MATERIALIZED (
           SELECT 1 FROM agent_versions v
           WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
             AND v.version = r.agent_version
-            AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
+            AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
     ORDER BY r.wake_at
     LIMIT cardinality($1::text[])
     FOR UPDATE SKIP LOCKED
@@ -110,7 +110,7 @@ WITH clock AS MATERIALIZED (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
                 AND v.version = r.agent_version
-                AND coalesce(v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
+                AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
         ORDER BY r.wake_at, r.run_id
         -- Never more than the batch: a workspace with vast room must not make a
         -- one-run claim read its whole backlog.

@@ -1,0 +1,105 @@
+"""A registry HTTP tool's call as a request: escaping, headers, query, body, response pointer;
+its definition as the executor's Tool; and the MCP hook before its transport exists."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from agentrun.v1 import tool_pb2
+from executor.config import ExecutorConfig
+from executor.tools import credentials, definitions, template
+from executor.tools.catalogue import Catalogue, HttpTemplate, ToolCallRejected
+from executor.tools.credentials import Credential, Granted
+from executor.tools.http_tool import HttpToolClient, NotSent
+
+
+def tpl(**fields) -> HttpTemplate:
+    base = {"method": "POST", "url": "https://api.example/repos/{repo}/issues", "headers": {},
+            "query": {}}  # fmt: skip
+    return HttpTemplate(**{**base, **fields})
+
+
+def test_a_path_argument_is_escaped_as_one_segment():
+    rendered = template.render(tpl(), {"repo": "acme/web#1?x"})
+    assert rendered.url == "https://api.example/repos/acme%2Fweb%231%3Fx/issues"
+    with pytest.raises(ToolCallRejected):
+        template.render(tpl(), {})
+
+
+def test_headers_query_and_the_body_take_what_they_name():
+    t = tpl(headers={"X-Trace": "t-{trace}", "Accept-Language": "en"},
+            query={"state": "{state}", "page": "{page}"}, body="arguments")  # fmt: skip
+    rendered = template.render(t, {"repo": "r", "trace": "9", "state": "open", "title": "Bug"})
+    assert rendered.headers == {"X-Trace": "t-9", "Accept-Language": "en"}
+    assert rendered.params == {"state": "open"}  # page: no argument, left out
+    assert rendered.body == {"title": "Bug"}  # what the URL, headers and query did not use
+    shaped = tpl(body=json.dumps({"issue": {"title": "{title}", "n": "{n}", "note": "by {who}"}}))
+    assert template.render(shaped, {"repo": "r", "title": "Bug", "n": 3}).body == {
+        "issue": {"title": "Bug", "n": 3}
+    }
+
+
+def test_the_pointer_picks_the_result():
+    document = {"data": {"items": [{"a/b": 1}, {"x": 2}]}}
+    assert template.pointed(document, "/data/items/0/a~1b") == 1
+    assert template.pointed(document, "") == document
+    assert template.pointed(document, "/nope") == document
+
+
+def registry_tool(name: str = "issue_create", mcp: tool_pb2.McpTarget | None = None):
+    tool = tool_pb2.Tool(
+        name=name, version=3, parameters_json='{"type": "object"}',
+        access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+        idempotency_header="X-Request-Key", connection="tracker",
+        http=tool_pb2.HttpTemplate(method="POST", url="https://t.example/issues", auth="bearer"),
+    )  # fmt: skip
+    if mcp is not None:
+        tool.mcp.CopyFrom(mcp)
+    return tool
+
+
+def test_a_definition_becomes_a_tool_that_shadows_a_builtin_for_its_run():
+    tool = definitions.from_proto(registry_tool())
+    assert (tool.call_class, tool.idempotency_header, tool.provider) == (
+        "provider_key", "X-Request-Key", "tracker",
+    )  # fmt: skip
+    assert credentials.required_scope(tool) == "tracker:write"
+    shadow = registry_tool(name="echo")
+    run = definitions.for_run(Catalogue.load(), [shadow])
+    assert run.tools["echo"].http is not None and run.tools["crm_upsert"].http is None
+
+
+async def test_the_token_goes_in_the_header_auth_names_and_only_there():
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": 7, "echo": "tok-123"})
+
+    client = HttpToolClient(ExecutorConfig(), httpx.MockTransport(answer))
+
+    async def fetch(connection_id: str) -> Granted:
+        return Granted(("tracker:write",), "tok-123")
+
+    tool = definitions.from_proto(registry_tool())
+    out = await client.send(tool, {}, "run:4", Credential("c1", fetch, "tracker:write"))
+    assert seen[0].headers["authorization"] == "Bearer tok-123"
+    assert seen[0].headers["x-request-key"] == "run:4"
+    assert out == {"id": 7, "echo": "[redacted]"}  # an echoed token never reaches the step
+    with pytest.raises(NotSent):  # a tool that sends a token and has none: nothing leaves
+        await client.send(tool, {}, "run:5", None)
+    await client.aclose()
+
+
+async def test_an_mcp_tool_is_not_sent_until_its_transport_exists():
+    mcp = registry_tool(mcp=tool_pb2.McpTarget(server_id="s", tool="t", url="http://m/mcp"))
+    client = HttpToolClient(ExecutorConfig())
+    try:
+        import executor.tools.mcp_call  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(NotSent, match="mcp transport not available"):
+            await client.send(definitions.from_proto(mcp), {}, "run:1")
+    await client.aclose()
