@@ -15,6 +15,10 @@
     connections: {mail: 8f7c…}    # provider -> connection id
     acknowledge_trifecta: false
 
+An entry of `tools` may also be a whole tool definition (agentrun_cli/tool_files.py, with its
+`name`): `apply` saves it to the workspace's registry first (a new version only if it
+changed), then publishes with its name.
+
 Field names are the proto's (agent.proto); durations take `90s`, `10m`, `12h`,
 `7d` or a number of seconds; enums take their short lower-case names
 (`reply_to_trigger_thread`, `escalate`). A key the spec does not have is an
@@ -35,7 +39,7 @@ import yaml
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from agentrun.v1 import agent_pb2
+from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun_cli.admin_commands import duration
 
 # Keys of the file that are not in AgentSpec.
@@ -54,6 +58,8 @@ class AgentFile:
     display_name: str
     spec: agent_pb2.AgentSpec
     acknowledge_trifecta: bool
+    # The tool definitions written inside the file, saved before the spec is published.
+    tools: tuple[tool_pb2.Tool, ...] = ()
 
 
 def load(path: str) -> AgentFile:
@@ -78,6 +84,7 @@ def parse(doc: Any, source: str = "agent file") -> AgentFile:
     if not isinstance(doc, dict):
         raise AgentFileError(f"{source}: expected a mapping of keys (agent, model, tools, ...)")
     spec_doc = {k: v for k, v in doc.items() if k not in FILE_KEYS}
+    defined = _defined_tools(spec_doc, source)
     unknown = unknown_keys(spec_doc, agent_pb2.AgentSpec.DESCRIPTOR, FILE_KEYS)
     if unknown:
         raise AgentFileError(f"{source}: unknown keys: {'; '.join(unknown)}")
@@ -94,7 +101,23 @@ def parse(doc: Any, source: str = "agent file") -> AgentFile:
         display_name=str(doc.get("name") or ""),
         spec=spec,
         acknowledge_trifecta=bool(doc.get("acknowledge_trifecta", False)),
+        tools=defined,
     )
+
+
+def _defined_tools(spec_doc: dict[str, Any], source: str) -> tuple[tool_pb2.Tool, ...]:
+    """The definitions among `tools` (replaced by their names in `spec_doc`)."""
+    from agentrun_cli import tool_files
+
+    entries = spec_doc.get("tools")
+    if not isinstance(entries, list):
+        return ()
+    defined = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            defined.append(tool_files.parse(entry, f"{source}: tools[{i}]"))
+    spec_doc["tools"] = [e.get("name") if isinstance(e, dict) else e for e in entries]
+    return tuple(defined)
 
 
 def unknown_keys(

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, run_pb2, tool_pb2, tool_pb2_grpc
 from agentrun_cli import agent_files, output, render
 from agentrun_cli.admin_commands import duration
 from agentrun_cli.client import Client, RunWatch
@@ -106,15 +106,18 @@ def agents_apply(args: argparse.Namespace) -> int:
     """Create the agent if missing; publish the file's spec unless the latest version has it."""
     file = agent_files.load(args.file)
     with _client(args) as client:
+        saved = _save_tools(client, file)
         created = _ensure_agent(client, file)
         agent = client.get_agent(file.agent_id)
         latest = client.get_version(file.agent_id) if agent.latest_version else None
-        if latest is not None and agent_files.same_spec(latest.spec, file.spec):
+        # A new version of a tool the file defines needs a new agent version to be used.
+        if latest is not None and not saved and agent_files.same_spec(latest.spec, file.spec):
             version, warnings, published = latest, [], False
         else:
             resp = client.publish_version(file.agent_id, file.spec, file.acknowledge_trifecta)
             version, warnings, published = resp.version, list(resp.warnings), True
-    lines = [f"created agent {file.agent_id}"] if created else []
+    lines = [f"saved tool {t.name} v{t.version}" for t in saved]
+    lines += [f"created agent {file.agent_id}"] if created else []
     lines.append(
         f"published {file.agent_id} v{version.version}"
         if published
@@ -124,6 +127,19 @@ def agents_apply(args: argparse.Namespace) -> int:
     _emit(args, value, lines)
     _warn(warnings)
     return 0
+
+
+def _save_tools(client: Client, file: agent_files.AgentFile) -> list[tool_pb2.Tool]:
+    """Save the file's tool definitions; the new versions (an unchanged one saves none)."""
+    stub = tool_pb2_grpc.ToolServiceStub(client.channel)
+    saved = []
+    for tool in file.tools:
+        tool.source = "file"
+        request = tool_pb2.CreateToolRequest(workspace_id=client.workspace, tool=tool)
+        answer = stub.CreateTool(request, timeout=client.timeout)
+        if answer.created:
+            saved.append(answer.tool)
+    return saved
 
 
 def _ensure_agent(client: Client, file: agent_files.AgentFile) -> bool:

@@ -22,6 +22,7 @@ from agentrun_cli import (
     releases,
     triggers,
 )
+from agentrun_cli import tools as tool_commands
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)
+    tool_commands.add_commands(sub, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)

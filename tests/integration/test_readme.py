@@ -47,6 +47,12 @@ EXPECTED = {
         "status: cancelled",
     ],
     "agents apply -f examples/triage.yaml": ["published triage v2", "nothing published"],
+    "PROVIDERS=http://127.0.0.1": [
+        "created tool channel_history v1",
+        "nothing saved",
+        "published reader v1",
+        "status: completed",
+    ],
 }
 
 

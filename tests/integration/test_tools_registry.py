@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from agentrun.v1 import tool_pb2, tool_pb2_grpc
+from agentrun.v1 import agent_pb2, agent_pb2_grpc, tool_pb2, tool_pb2_grpc
 from tests.harness import auth
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
@@ -91,3 +91,39 @@ async def test_bad_definitions_are_refused_naming_the_field_and_nothing_is_writt
             assert refused.value.details().startswith(field), refused.value.details()
             assert "sk-live-123" not in refused.value.details()
     assert await db.fetchval("SELECT count(*) FROM tools WHERE workspace_id <> ''") == 0
+
+
+async def test_publishing_a_tool_the_workspace_cannot_see_is_refused_naming_it(server, db_url):
+    a_channel, a = await stub(server, db_url, "acme")
+    b_key = await auth.workspace_key(db_url, "globex", role="admin")
+    async with a_channel, auth.channel(f"127.0.0.1:{server.port}", b_key) as b_channel:
+        await a.CreateTool(tool_pb2.CreateToolRequest(
+            tool=http_tool("acme_only", "https://acme.example/{id}")))  # fmt: skip
+        agents = agent_pb2_grpc.AgentServiceStub(b_channel)
+        await agents.CreateAgent(agent_pb2.CreateAgentRequest(agent_id="bot"))
+        for tools, field in ((["echo", "acme_only"], "spec.tools[1]"), (["nope"], "spec.tools[0]")):
+            spec = agent_pb2.AgentSpec(
+                model="demo", tools=tools, connections={"tracker": "trigger"}
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await agents.PublishAgentVersion(
+                    agent_pb2.PublishAgentVersionRequest(agent_id="bot", spec=spec)
+                )
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith(field), refused.value.details()
+        # Its own tool of a connection the spec does not name is refused too, naming that.
+        await (tool_pb2_grpc.ToolServiceStub(b_channel)).CreateTool(tool_pb2.CreateToolRequest(
+            tool=http_tool("globex_get", "https://globex.example/{id}")))  # fmt: skip
+        spec = agent_pb2.AgentSpec(model="demo", tools=["globex_get"])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agents.PublishAgentVersion(
+                agent_pb2.PublishAgentVersionRequest(agent_id="bot", spec=spec)
+            )
+        assert refused.value.details().startswith("spec.connections[tracker]")
+        spec.connections["tracker"] = "trigger"
+        done = await agents.PublishAgentVersion(
+            agent_pb2.PublishAgentVersionRequest(agent_id="bot", spec=spec)
+        )
+        assert dict(done.version.tool_versions) == {"globex_get": 1}
+        got = await agents.GetAgentVersion(agent_pb2.GetAgentVersionRequest(agent_id="bot"))
+        assert dict(got.version.tool_versions) == {"globex_get": 1}

@@ -5,13 +5,15 @@ Two workspaces each add an HTTP tool named `channel_history` (a templated path, 
 token from their own chat connection) and run an agent calling it. Each run calls its own
 workspace's definition as its own account; the token appears only on the wire (steps,
 responses and both processes' logs hold none); and a tool version saved after a publish does
-not change that agent version's runs.
+not change that agent version's runs. Acme's agent then charges through a keyed registry
+write whose first response is dropped: resent under the same key, it lands once.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -42,8 +44,22 @@ def history_tool(sandbox_url: str, pointer: str) -> tool_pb2.Tool:
     )  # fmt: skip
 
 
-async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str):
-    """A workspace with its own chat account, tool and published reader agent."""
+def charge_tool(sandbox_url: str) -> tool_pb2.Tool:
+    """A keyed write (the payments sandbox dedupes on Idempotency-Key)."""
+    schema = {"type": "object", "required": ["amount", "currency", "customer"],
+              "properties": {"amount": {"type": "integer"}, "currency": {"type": "string"},
+                             "customer": {"type": "string"}}}  # fmt: skip
+    return tool_pb2.Tool(
+        name="charge_customer", description="Charge a customer.",
+        parameters_json=json.dumps(schema), access=tool_pb2.TOOL_ACCESS_WRITE,
+        idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY, key_retention_hours=24,
+        http=tool_pb2.HttpTemplate(method="POST", url=sandbox_url + "/payments/charges",
+                                   body="arguments", timeout_seconds=5),
+    )  # fmt: skip
+
+
+async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str, *extra):
+    """A workspace with its own chat account, tools and published agent."""
     account = f"{ws}-{uuid.uuid4().hex[:6]}@example"
     owner = await workspace_key(db_url, ws, role="operator", principal="owner")
     cid = str((await follow_start_link(cp.http_url, ws, owner, account))["connection_id"])
@@ -52,10 +68,12 @@ async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str):
     saved = await tools.CreateTool(
         tool_pb2.CreateToolRequest(tool=history_tool(sandbox_url, pointer))
     )
+    for tool in extra:
+        await tools.CreateTool(tool_pb2.CreateToolRequest(tool=tool))
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(agent_id="reader"))
     spec = agent_pb2.AgentSpec(
-        model="history_reader", instructions="read", tools=["channel_history"],
-        connections={"chat": cid},
+        model="history_charger" if extra else "history_reader", instructions="read",
+        tools=["channel_history", *(t.name for t in extra)], connections={"chat": cid},
     )  # fmt: skip
     published = await api.agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(agent_id="reader", spec=spec)
@@ -63,9 +81,14 @@ async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str):
     return api, tools, account, saved, published
 
 
-def post(sandbox_url: str, channel: str, text: str) -> None:
-    answer = httpx.post(f"{sandbox_url}/chat/messages", json={"channel": channel, "text": text})
+def sandbox(method: str, url: str, **request) -> Any:
+    answer = httpx.request(method, url, **request)
     answer.raise_for_status()
+    return answer.json()
+
+
+def post(sandbox_url: str, channel: str, text: str) -> None:
+    sandbox("POST", f"{sandbox_url}/chat/messages", json={"channel": channel, "text": text})
 
 
 def tokens_of(sandbox_url: str, account: str) -> list[str]:
@@ -82,15 +105,18 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
     text = f"standup at ten [{uuid.uuid4().hex[:8]}]"
     post(url, "#sales", text)
     acme, acme_tools, acme_account, saved, published = await workspace(
-        cp, db_url, "acme", url, "/messages"
+        cp, db_url, "acme", url, "/messages", charge_tool(url)
     )
     globex, _, globex_account, _, _ = await workspace(cp, db_url, "globex", url, "/channel")
-    assert dict(published.version.tool_versions) == {"channel_history": 1}
+    assert dict(published.version.tool_versions) == {"channel_history": 1, "charge_customer": 1}
     # A new version after the publish: the published version's runs still use version 1.
     newer = history_tool(url, "/ok")
     later = await acme_tools.CreateTool(tool_pb2.CreateToolRequest(tool=newer))
     assert later.tool.version == 2
     runs = {"acme": await acme.start("reader", "go"), "globex": await globex.start("reader", "go")}
+    drop = {"provider": "payments", "mode": "drop_response", "path": "/payments/charges",
+            "key_prefix": f"{runs['acme']}:", "count": 1, "delay_ms": 0}  # fmt: skip
+    sandbox("POST", f"{url}/_sandbox/faults", json=drop)
     executor = executor_factory(cp)[0]
     finished = {
         "acme": (await acme.wait_terminal([runs["acme"]], within=60))[0],
@@ -108,6 +134,13 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
         ws: [s for s in await api.steps(runs[ws]) if s.kind == "tool_result"][0].payload
         for ws, api in (("acme", acme), ("globex", globex))
     }
+    # The keyed write: its response dropped, resent under the same key, charged once.
+    charges = [e for e in sandbox_requests(url) if e["path"] == "/payments/charges"
+               and e["idempotency_key"].startswith(f"{runs['acme']}:")]  # fmt: skip
+    assert [e["fault"] for e in charges] == ["drop_response", None]
+    assert len({e["idempotency_key"] for e in charges}) == 1
+    effects = sandbox("GET", f"{url}/_sandbox/effects", params={"provider": "payments"})
+    assert [e["key"] for e in effects["effects"]].count(charges[0]["idempotency_key"]) == 1
     assert text in json.dumps(results["acme"]["output"])  # version 1's pointer: the messages
     assert results["globex"]["output"] == "#sales"  # globex's own definition
 

@@ -227,7 +227,7 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
     # not built-ins: the tests that call them add them to their workspace first (the shop's
     # by importing its OpenAPI document).
-    registry = {"channel_history"} | SHOP_TOOLS
+    registry = {"channel_history", "charge_customer"} | SHOP_TOOLS
     assert used - CATALOGUE - registry == {
         "delete_everything", "list_invoices", "crm_export_contacts",
     }  # fmt: skip

@@ -244,11 +244,17 @@ class HttpTemplate(_message.Message):
     `{name}` are replaced by the argument's value.
     """
     response_pointer: _builtins.str
-    """JSON Pointer (RFC 6901) into the response kept as the result ("": all)."""
+    """JSON Pointer (RFC 6901) into the response kept as the result ("": all;
+    a pointer the answer lacks keeps all of it).
+    """
     max_response_bytes: _builtins.int
-    """Larger results go to the payload store (0: the platform default)."""
+    """The most of the answer the executor reads (0: the platform default,
+    8 MiB); of a longer one the result records only that it was too long
+    (the call did reach the provider: a write was applied). Results
+    over the payload threshold go to the payload store like every tool's.
+    """
     timeout_seconds: _builtins.float
-    """0: the platform default."""
+    """0: the platform default (AGENTRUN_TOOL_TIMEOUT_SECONDS)."""
     auth: _builtins.str
     """How the connection's token is sent: "bearer" (Authorization: Bearer),
     "header:<Name>", or "" when the tool has no connection.
