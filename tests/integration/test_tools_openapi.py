@@ -12,10 +12,14 @@ AGENTRUN_OPENAPI_CHAOS_RUNS runs (default 40) with random kills and random drops
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import httpx
@@ -110,6 +114,42 @@ async def test_a_refused_import_names_the_field_and_saves_nothing(
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.details().startswith(f"{field}:"), refused.value.details()
     assert await saved_count(db) == 0
+
+
+# -- the CLI ---------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shop.openapi.yaml"
+
+
+async def cli(server, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
+    env.update(AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=f"127.0.0.1:{server.port}",
+               AGENTRUN_WORKSPACE="acme", AGENTRUN_CONFIG=os.devnull)  # fmt: skip
+    argv = [sys.executable, "-m", "agentrun_cli", "tools", "import-openapi", str(EXAMPLE), *args]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+async def test_the_cli_proposes_then_imports(server, db_url, db):
+    key = await auth.workspace_key(db_url, "acme", role="admin")
+    proposed = await cli(server, key, "--dry-run")
+    assert proposed.returncode == 0, proposed.stderr
+    order = next(line for line in proposed.stdout.splitlines() if "createOrder" in line)
+    assert "proposed" in order and "provider_key, Idempotency-Key" in order
+    assert "nothing saved" in proposed.stderr
+    assert await saved_count(db) == 0
+    imported = await cli(server, key, "--class", "createOrder=provider_key", "-o", "json")
+    assert imported.returncode == 0, imported.stderr
+    kinds = {t["name"]: (t["access"], t["idempotency"]) for t in json.loads(imported.stdout)}
+    assert kinds == {
+        "listProducts": ("TOOL_ACCESS_READ", "IDEMPOTENCY_CLASS_UNSPECIFIED"),
+        "getProduct": ("TOOL_ACCESS_READ", "IDEMPOTENCY_CLASS_UNSPECIFIED"),
+        "createOrder": ("TOOL_ACCESS_WRITE", "IDEMPOTENCY_CLASS_PROVIDER_KEY"),
+    }
+    assert await saved_count(db) == 3
 
 
 # -- the chaos scenario over the imported write -----------------------------------------

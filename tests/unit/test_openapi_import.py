@@ -4,6 +4,7 @@ Pure conversion, no processes: the shop sandbox's own document, and small
 documents for each rule (classes, names, collisions, servers, bad documents).
 """
 
+import argparse
 import json
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 from starlette.exceptions import StarletteDeprecationWarning
 
 from agentrun.v1 import tool_pb2
+from agentrun_cli.openapi_import import write_class
 from control_plane.errors import InvalidArgument
 from control_plane.tools.openapi import ImportSpec, import_tools, json_schema
 from sandbox.providers import create_app
@@ -303,3 +305,19 @@ def test_a_non_json_body_is_refused() -> None:
 def test_the_example_document_is_the_one_the_shop_serves() -> None:
     example = yaml.safe_load((REPO / "examples" / "shop.openapi.yaml").read_text())
     assert example == openapi_document("http://providers:8020/shop")
+
+
+# -- the CLI's --class ------------------------------------------------------------------
+
+
+def test_the_cli_reads_a_stated_class() -> None:
+    assert write_class("createOrder=provider_key:X-Dedupe") == (
+        "createOrder",
+        tool_pb2.WriteClass(
+            idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY, idempotency_header="X-Dedupe"
+        ),
+    )
+    assert write_class("post=none")[1].idempotency == tool_pb2.IDEMPOTENCY_CLASS_NONE
+    for bad in ("createOrder", "=none", "op=lookup", "op=none:X-Key", "op=maybe"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            write_class(bad)
