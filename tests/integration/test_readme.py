@@ -53,6 +53,12 @@ EXPECTED = {
         "published reader v1",
         "status: completed",
     ],
+    "SHOP=http://127.0.0.1": [
+        "write (provider_key, Idempotency-Key)",
+        "dry run: nothing saved",
+        "published orderer v1",
+        "status: completed",
+    ],
 }
 
 
