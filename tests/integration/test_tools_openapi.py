@@ -213,10 +213,16 @@ async def test_the_imported_write_lands_once_per_run_through_kills_and_dropped_r
                   key_prefix=f"{run_id}:", count=1, delay_ms=0)  # fmt: skip
     # SIGKILLed from inside once its first order call returned, before its result is committed.
     (doomed,) = executor_factory(cp, AGENTRUN_FAULTS="executor.tool.after_response=kill@1", **key)
+
+    async def claimed() -> bool:
+        return all([(await api.get(r)).status == run_pb2.RUN_STATUS_RUNNING for r in run_ids])
+
+    # The next boots once the doomed one holds every run (or has died already); it takes the
+    # runs over when their leases lapse, and sends the orders again under their keys.
+    await eventually(lambda: not doomed.alive or claimed(), timeout=30, message="never claimed")
+    executor_factory(cp, **key)
     await eventually(lambda: not doomed.alive, timeout=30, message="the kill never fired")
     assert doomed.returncode == -9, doomed.log_tail()
-    # The next takes the runs over once the lease lapses, and sends the orders again.
-    executor_factory(cp, **key)
     runs = await api.wait_terminal(run_ids, within=60)
     assert [r.status for r in runs] == [COMPLETED] * len(run_ids), [r.error for r in runs]
     assert_one_order_per_run(url, run_ids)
