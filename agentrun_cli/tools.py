@@ -140,4 +140,7 @@ def add_commands(
     p.add_argument("name", metavar="NAME")
     p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
     p.set_defaults(handler=tools_show)
+    from agentrun_cli import openapi_import  # it builds on this module's stub and columns
+
+    openapi_import.add_commands(actions, common)
     return actions

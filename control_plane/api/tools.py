@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import NoReturn
 
 import grpc
@@ -14,7 +15,7 @@ from control_plane.auth import context as auth_context
 from control_plane.errors import InvalidArgument, NotFound, Unimplemented
 from control_plane.store import tools as store
 from control_plane.store.db import Connection, Pool, transaction
-from control_plane.tools import definitions
+from control_plane.tools import definitions, openapi
 
 # The sources a caller may say a definition came from; the importers set their own.
 CALLER_SOURCES = ("api", "file")
@@ -90,8 +91,19 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
     async def ImportOpenApi(
         self, request: tool_pb2.ImportOpenApiRequest, context: grpc.aio.ServicerContext
     ) -> tool_pb2.ImportOpenApiResponse:
-        auth_context.workspace(request.workspace_id)
-        raise Unimplemented("ImportOpenApi is not served by this control plane")
+        """Convert the chosen operations (control_plane/tools/openapi.py), then save them all
+        in one transaction (source "openapi"), or with dry_run return them unsaved."""
+        ws = auth_context.workspace(request.workspace_id)
+        spec = openapi.ImportSpec.from_request(request)
+        # Parsing and validating a large document is CPU work: off the event loop.
+        tools = await asyncio.to_thread(openapi.import_tools, request.document, spec)
+        if request.dry_run:
+            for tool in tools:
+                tool.workspace_id = ws
+            return tool_pb2.ImportOpenApiResponse(tools=tools)
+        async with transaction(self._pool) as conn:
+            saved = [(await save(conn, ws, tool, "openapi"))[0] for tool in tools]
+        return tool_pb2.ImportOpenApiResponse(tools=saved)
 
 
 class McpServersUnserved(tool_pb2_grpc.McpServerServiceServicer):

@@ -4,7 +4,8 @@
 * ``mail`` — no dedupe, but sent messages are searchable by a stamped header (``lookup``);
 * ``chat`` — neither key nor lookup (``none``);
 * ``crm`` — lookups, and upserts that are idempotent by the contact's email;
-* ``echo`` — a harmless read.
+* ``echo`` — a harmless read;
+* ``shop`` — serves its own OpenAPI 3 document (two reads, one keyed write).
 
 Each provider is a small module with a class that has a ``name``, a list of
 ``Endpoint``s and a ``reset()`` (see ``base.py``); handlers take a parsed

@@ -23,6 +23,7 @@ from sandbox.providers.crm import CrmProvider
 from sandbox.providers.echo import EchoProvider
 from sandbox.providers.mail import MailProvider
 from sandbox.providers.payments import PaymentsProvider
+from sandbox.providers.shop import ShopProvider
 from sandbox.request_log import RequestLog
 
 # The registry: a new provider is a new module plus one line here.
@@ -32,6 +33,7 @@ PROVIDERS: tuple[Callable[[], Provider], ...] = (
     EchoProvider,
     MailProvider,
     PaymentsProvider,
+    ShopProvider,
 )
 
 

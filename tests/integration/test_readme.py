@@ -59,6 +59,12 @@ EXPECTED = {
         "nothing saved: --apply saves this diff",
         "saved desk__create_ticket v1  write (none)",
     ],
+    "SHOP=http://127.0.0.1": [
+        "write (provider_key, Idempotency-Key)",
+        "dry run: nothing saved",
+        "published orderer v1",
+        "status: completed",
+    ],
 }
 
 

@@ -16,6 +16,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from executor.tools.catalogue import Catalogue
 from sandbox.model_server import create_app
+from sandbox.providers.shop import openapi_document
 from sandbox.scenario import DEFAULT_DIR, ScenarioError, ScenarioStore, parse_scenario, render_turn
 
 with warnings.catch_warnings():
@@ -25,6 +26,12 @@ with warnings.catch_warnings():
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = set(Catalogue.load().tools)
+# Tools a workspace imports from the shop sandbox's OpenAPI document (by operationId).
+SHOP_TOOLS = {
+    op["operationId"]
+    for item in openapi_document("").get("paths", {}).values()
+    for op in item.values()
+}
 
 
 def ask(client: TestClient, model: str, messages: list[dict[str, Any]], **headers: str):
@@ -222,8 +229,9 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     used -= {"desk__list_tickets", "desk__create_ticket", "desk__add_note"}
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
-    # not built-ins: the tests that call them add them to their workspace first.
-    registry = {"channel_history", "charge_customer"}
+    # not built-ins: the tests that call them add them to their workspace first (the shop's
+    # by importing its OpenAPI document).
+    registry = {"channel_history", "charge_customer"} | SHOP_TOOLS
     assert used - CATALOGUE - registry == {
         "delete_everything", "list_invoices", "crm_export_contacts",
     }  # fmt: skip
