@@ -16,7 +16,6 @@ What it holds to (tool.proto says what each field means):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 from jsonschema import Draft202012Validator, SchemaError
 
 from agentrun.v1 import tool_pb2
+from control_plane.api.validate import json_value
 from control_plane.errors import InvalidArgument
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -75,10 +75,7 @@ def parameters(raw: str) -> frozenset[str]:
     field = "tool.parameters_json"
     if not raw:
         raise InvalidArgument(field, "is required: the JSON Schema of the arguments")
-    try:
-        schema = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidArgument(field, f"is not JSON: {exc}") from None
+    schema = json_value(field, raw)
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise InvalidArgument(field, 'must be a JSON Schema of "type": "object"')
     try:
@@ -160,6 +157,8 @@ def _check_http(tool: tool_pb2.Tool, arguments: frozenset[str]) -> None:
         if name.lower() in CREDENTIAL_HEADERS:
             raise InvalidArgument(field, "carries credentials: name a connection and set "
                                   "tool.http.auth instead")  # fmt: skip
+        if not value.isascii() or not value.isprintable():
+            raise InvalidArgument(field, "must be printable ASCII")
         _placeholders(field, value, arguments)
     for name, value in http.query.items():
         _placeholders(f"tool.http.query[{name}]", value, arguments)
@@ -199,12 +198,9 @@ def _check_auth(tool: tool_pb2.Tool) -> None:
 def _check_body(body: str, arguments: frozenset[str]) -> None:
     if body in BODIES:
         return
-    try:
-        template = json.loads(body)
-    except ValueError:
-        raise InvalidArgument(
-            "tool.http.body", '"", "arguments", or a JSON object template'
-        ) from None
+    if not body.lstrip().startswith("{"):
+        raise InvalidArgument("tool.http.body", '"", "arguments", or a JSON object template')
+    template = json_value("tool.http.body", body)
     if not isinstance(template, dict):
         raise InvalidArgument("tool.http.body", "a template must be a JSON object")
     for leaf in _string_leaves(template):

@@ -266,6 +266,10 @@ class Catalogue:
         if errors:
             details = "; ".join(_describe(e) for e in errors[:3])
             raise ToolCallRejected(f"invalid arguments for {name}: {details}")
+        if tool.http is not None:  # a registry tool: the request must be possible to build
+            from executor.tools import template
+
+            template.render(tool.http, arguments)
         return tool
 
 

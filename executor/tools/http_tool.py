@@ -12,7 +12,7 @@ import httpx
 from executor.config import ExecutorConfig
 from executor.retry_after import retry_after
 from executor.tools import template
-from executor.tools.catalogue import Lookup, Tool
+from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
 
 if TYPE_CHECKING:
     from executor.tools.credentials import Credential
@@ -151,7 +151,10 @@ class HttpToolClient:
     ) -> Any:
         """A registry HTTP tool's request, from its template (executor/tools/template.py)."""
         assert tool.http is not None
-        rendered = template.render(tool.http, arguments)
+        try:  # checked before the call was started (Catalogue.check_call): never expected
+            rendered = template.render(tool.http, arguments)
+        except ToolCallRejected as exc:
+            raise NotSent(f"{tool.name}: {exc}") from None
         if tool.lookup is not None:
             rendered = dataclasses.replace(
                 rendered, body=stamp(rendered.body or {}, tool.lookup, key)
@@ -171,10 +174,14 @@ class HttpToolClient:
             name = "Authorization" if spec.auth == "bearer" else spec.auth.partition(":")[2]
             headers[name] = f"Bearer {token}" if spec.auth == "bearer" else token
         timeout = httpx.Timeout(spec.timeout_seconds or self._config.tool_timeout_seconds)
-        request = self._http.build_request(
-            rendered.method, rendered.url, params=rendered.params or None, headers=headers,
-            json=rendered.body, timeout=timeout,
-        )  # fmt: skip
+        try:
+            request = self._http.build_request(
+                rendered.method, rendered.url, params=rendered.params or None, headers=headers,
+                json=rendered.body, timeout=timeout,
+            )  # fmt: skip
+        except (httpx.InvalidURL, ValueError, UnicodeError) as exc:
+            why = f"{tool.name}: the request could not be built ({type(exc).__name__})"
+            raise NotSent(why) from None
         limit = spec.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
         response, too_large = await self._exchange(tool.name, request, limit)
         if credential is not None and response.status_code in (401, 403):

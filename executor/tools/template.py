@@ -55,8 +55,8 @@ def render(template: HttpTemplate, arguments: Mapping[str, Any]) -> Rendered:
     url = PLACEHOLDER.sub(segment, template.url)
     headers = _filled(template.headers, arguments, used)
     for value in headers.values():
-        if "\r" in value or "\n" in value:
-            raise ToolCallRejected("a header value may not contain a line break")
+        if not value.isascii() or not value.isprintable():
+            raise ToolCallRejected("a header value must be printable ASCII (no line breaks)")
     params = _filled(template.query, arguments, used)
     return Rendered(template.method, url, headers, params, _body(template.body, arguments, used))
 

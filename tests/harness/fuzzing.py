@@ -228,13 +228,16 @@ class Fuzzer:
             setattr(msg, field.name, self.scalar(field))
 
     def _map(self, target: Any, field: FieldDescriptor) -> None:
-        """A map<scalar, scalar> field (AgentSpec.connections): a few entries."""
+        """A map field (AgentSpec.connections, ImportOpenApiRequest.classes): a few entries."""
         key, value = (
             field.message_type.fields_by_name["key"],
             field.message_type.fields_by_name["value"],
         )
         for _ in range(self.rng.choice((1, 2, 3))):
-            target[self.scalar(key)] = self.scalar(value)
+            if value.type == FieldDescriptor.TYPE_MESSAGE:  # map<string, WriteClass>
+                self.fill(target[self.scalar(key)], 1)
+            else:
+                target[self.scalar(key)] = self.scalar(value)
 
     def _message_field(self, target: Message, field: FieldDescriptor, depth: int) -> None:
         name = field.message_type.full_name

@@ -123,3 +123,13 @@ async def test_a_header_auth_sends_the_bare_token_and_a_long_answer_is_not_kept(
     assert seen[0].headers["x-api-token"] == "tok-9" and "authorization" not in seen[0].headers
     assert "1000-byte limit" in out["error"]
     await client.aclose()
+
+
+def test_a_call_whose_url_cannot_be_built_is_refused_before_it_starts():
+    proto = registry_tool()
+    proto.http.url = "https://t.example/repos/{repo}/issues"
+    proto.parameters_json = '{"type": "object", "properties": {"repo": {"type": "string"}}}'
+    run = definitions.for_run(Catalogue.load(), [proto])
+    with pytest.raises(ToolCallRejected, match="'repo' is needed"):
+        run.check_call("issue_create", {}, ["issue_create"])
+    assert run.check_call("issue_create", {"repo": "a/b"}, ["issue_create"]).http is not None
