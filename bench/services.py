@@ -64,6 +64,14 @@ async def start_sandbox(procs: Procs, server: str) -> tuple[Proc, int]:
     return proc, await proc.wait_port()
 
 
+async def start_grpc_floor(procs: Procs) -> int:
+    """`python -m bench.grpc_floor` (a bare gRPC echo server) on a free port; returns it."""
+    name = "grpc_floor"
+    port_file = procs.workdir / f"{name}.port"
+    proc = _start(procs, name, _python("bench.grpc_floor", "--port-file", str(port_file)), _env())
+    return await proc.wait_port()
+
+
 @dataclass(frozen=True)
 class ExecutorLinks:
     """Where executors connect: the control plane, the sandbox servers and Redis."""
