@@ -89,6 +89,8 @@ SELECT status, error, step_count FROM runs
 WHERE agent_id = $1 AND status IN ('failed', 'cancelled') LIMIT 3
 """
 OWN = "own"  # the CPU group of the side's own processes
+CONTROL_PLANE = "control plane"  # agentrun's own, apart
+EXECUTORS = "executors"
 SANDBOX = "sandbox servers"
 POSTGRES = "Postgres"
 
@@ -105,7 +107,8 @@ class Throughput:
     def row(self) -> list[str]:
         return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
                 f"{self.seconds:.2f}", f"{self.actions_per_second:,.0f}",
-                self.cpu_ms(OWN), self.cpu_ms(SANDBOX), self.cpu_ms(POSTGRES)]  # fmt: skip
+                self.cpu_ms(OWN), self.cpu_ms(CONTROL_PLANE), self.cpu_ms(EXECUTORS),
+                self.cpu_ms(SANDBOX), self.cpu_ms(POSTGRES)]  # fmt: skip
 
     @property
     def actions_per_second(self) -> float:
@@ -116,7 +119,7 @@ class Throughput:
 
     def cpu_ms(self, group: str) -> str:
         value = self.cpu_per_action(group)
-        return "n/a" if math.isnan(value) else f"{value * 1000:.2f}"
+        return "-" if math.isnan(value) else f"{value * 1000:.2f}"
 
 
 @dataclass
@@ -131,7 +134,7 @@ class Stack:
     conn: asyncpg.Connection
 
     def cpu_meter(self, fleet: list[Proc]) -> CpuMeter:
-        groups = {OWN: [self.control_plane.pid, *(p.pid for p in fleet)],
+        groups = {CONTROL_PLANE: [self.control_plane.pid], EXECUTORS: [p.pid for p in fleet],
                   SANDBOX: list(self.sandbox_pids)}  # fmt: skip
         return CpuMeter(groups, "this process and other tenants", _postgres(self.postgres_pid))
 
@@ -215,6 +218,7 @@ async def _phase(
         await api.start_runs(chan, agent_id, runs, START_IN_FLIGHT)
         await wait_done(stack, agent_id, runs, deadline, fleet)
         cpu = meter.stop()
+        cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
         report.note(f"agentrun {n_exec}x: {meter.summary()}")
         log_complaints([*fleet, stack.control_plane])
     finally:
@@ -301,11 +305,12 @@ def best(results: list[Throughput]) -> Throughput | None:
 
 
 def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
-    headers = ("", "runs", "actions", "seconds", "actions/s",
-               "own CPU ms/action", "sandbox ms/action", "Postgres ms/action")  # fmt: skip
+    headers = ("", "runs", "actions", "seconds", "actions/s", "own CPU ms/action",
+               "(control plane", "executors)", "sandbox", "Postgres")  # fmt: skip
     report.table(headers, [t.row() for t in (*ours, *dbos)])
-    report.note("actions: model calls + tool calls (9 a run); own CPU: agentrun's control plane")
-    report.note("+ executors, DBOS's process; the sandbox servers and Postgres apart.")
+    report.note("actions: model calls + tool calls (9 a run); CPU ms per action. Own: agentrun's")
+    report.note("control plane + executors, DBOS's process; the sandbox servers' and Postgres's")
+    report.note("(server and backends; '-' when not ours to measure) apart, for both sides.")
     if len(ours) == 2:
         scale = ratio(ours[1].actions_per_second, ours[0].actions_per_second)
         report.note(f"4 vs 1 executors: {scale:.2f}x actions/s")
@@ -330,7 +335,7 @@ async def start_sandboxes(procs: Procs) -> Sandboxes:
 
 
 async def main(quick: bool = False) -> None:
-    runs = 100 if quick else 1000
+    runs = 100 if quick else 500
     deadline = 300.0 if quick else 1200.0
     report.heading(f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
                    "doing the same HTTP calls")  # fmt: skip
