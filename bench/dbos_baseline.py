@@ -22,6 +22,7 @@ import itertools
 import json
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,11 +117,13 @@ def _config(dsn: str, threads: int) -> dict[str, Any]:
 
 
 def measure(
-    dsn: str, model_base: str, providers_base: str, workflows: int, threads: int
-) -> DbosResult:
+    dsn: str, model_base: str, providers_base: str, workflows: int, threads: int,
+    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:  # fmt: skip
     """Launch DBOS on `dsn`, run `workflows` runs on `threads` threads, time them, shut down.
 
-    Blocking (DBOS's sync API): call it in a worker thread.
+    Blocking (DBOS's sync API): call it in a worker thread. `on_start` and `on_end` are
+    called right before and after the timed runs (launch and warm-up are not measured).
     """
     ENDPOINTS.model_url = model_base.rstrip("/") + "/chat/completions"
     ENDPOINTS.echo_url = providers_base.rstrip("/") + "/echo"
@@ -137,9 +140,11 @@ def measure(
             list(pool.map(agent_run, [f"warm-up {i}" for i in range(threads)]))
             texts = [f"benchmark run {i} {uuid.uuid4().hex[:6]}" for i in range(workflows)]
             ENDPOINTS.actions = itertools.count()
+            on_start()
             start = time.perf_counter()
             answers = list(pool.map(agent_run, texts))
             elapsed = time.perf_counter() - start
+            on_end()
             actions = next(ENDPOINTS.actions)
             ENDPOINTS.client = None
     finally:

@@ -93,6 +93,11 @@ CONTROL_PLANE = "control plane"  # agentrun's own, apart
 EXECUTORS = "executors"
 SANDBOX = "sandbox servers"
 POSTGRES = "Postgres"
+WAL = "WAL bytes"  # written by the server during the phase, for its Postgres sizing
+WAL_LSN = "SELECT pg_current_wal_lsn()::text"
+WAL_SINCE = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8"
+WAL_DIFF = "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8"
+STEP_ROW_BYTES = "SELECT pg_total_relation_size('steps')::float8 / greatest(count(*), 1) FROM steps"
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ class Throughput:
         return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
                 f"{self.seconds:.2f}", f"{self.actions_per_second:,.0f}",
                 self.cpu_ms(OWN), self.cpu_ms(CONTROL_PLANE), self.cpu_ms(EXECUTORS),
-                self.cpu_ms(SANDBOX), self.cpu_ms(POSTGRES)]  # fmt: skip
+                self.cpu_ms(SANDBOX), self.cpu_ms(POSTGRES),
+                f"{ratio(self.cpu.get(WAL, math.nan), self.actions):,.0f}"]  # fmt: skip
 
     @property
     def actions_per_second(self) -> float:
@@ -214,11 +220,12 @@ async def _phase(
             await api.publish_agent(chan, name, model="steps10", tools=["echo"])
         await api.start_runs(chan, warm, WARMUP_PER_EXECUTOR * n_exec, START_IN_FLIGHT)
         await wait_done(stack, warm, WARMUP_PER_EXECUTOR * n_exec, deadline, fleet)
-        meter = stack.cpu_meter(fleet)
+        meter, lsn = stack.cpu_meter(fleet), await stack.conn.fetchval(WAL_LSN)
         await api.start_runs(chan, agent_id, runs, START_IN_FLIGHT)
         await wait_done(stack, agent_id, runs, deadline, fleet)
         cpu = meter.stop()
         cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
+        cpu[WAL] = await stack.conn.fetchval(WAL_SINCE, lsn)
         report.note(f"agentrun {n_exec}x: {meter.summary()}")
         log_complaints([*fleet, stack.control_plane])
     finally:
@@ -260,29 +267,70 @@ async def agentrun_half(
         stack = Stack(procs, cp, links, sandboxes.pids, pg.server_pid, conn)
         try:
             async with api.channel(cp_port, keys.admin) as chan:
-                return [await _phase(stack, chan, n, runs, deadline) for n in EXECUTOR_COUNTS]
+                phases = [await _phase(stack, chan, n, runs, deadline) for n in EXECUTOR_COUNTS]
+            row_bytes = await conn.fetchval(STEP_ROW_BYTES)
+            report.note(f"steps table with its indexes: {row_bytes:,.0f} bytes a step row")
+            return phases
         finally:
             await conn.close()
             procs.stop(cp)
+
+
+class TimedWindow:
+    """CPU and WAL LSN marks taken from DBOS's thread right before and after its timed runs."""
+
+    def __init__(self, pg: BenchPostgres, conn: asyncpg.Connection, sandboxes: Sandboxes) -> None:
+        self._pg, self._conn, self._sandboxes = pg, conn, sandboxes
+        self._loop = asyncio.get_running_loop()
+        self.meter: CpuMeter | None = None
+        self.cpu: dict[str, float] = {}
+        self.lsn: list[str] = []
+
+    def _lsn(self) -> str:
+        future = asyncio.run_coroutine_threadsafe(self._conn.fetchval(WAL_LSN), self._loop)
+        return str(future.result())
+
+    def start(self) -> None:
+        self.lsn.append(self._lsn())
+        self.meter = CpuMeter({OWN: [os.getpid()], SANDBOX: list(self._sandboxes.pids)},
+                              "other tenants", _postgres(self._pg.server_pid))  # fmt: skip
+
+    def end(self) -> None:
+        assert self.meter is not None
+        self.cpu = self.meter.stop()
+        self.lsn.append(self._lsn())
+
+
+async def _dbos_phase(
+    pg: BenchPostgres, dsn: str, sandboxes: Sandboxes, workflows: int, threads: int
+) -> Throughput:
+    """One DBOS configuration, with the CPU and WAL of its timed runs only."""
+    from bench import dbos_baseline  # optional dependency: only this half needs it
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        window = TimedWindow(pg, conn, sandboxes)
+        result = await asyncio.to_thread(
+            dbos_baseline.measure, dsn, sandboxes.model_base, sandboxes.providers_base,
+            workflows, threads, window.start, window.end,
+        )  # fmt: skip
+        wal = await conn.fetchval(WAL_DIFF, window.lsn[1], window.lsn[0])
+    finally:
+        await conn.close()
+    assert window.meter is not None
+    report.note(f"DBOS {threads} threads: {window.meter.summary()}")
+    cpu = {**window.cpu, WAL: wal}
+    return Throughput("DBOS", f"{threads} threads", workflows, result.actions, result.seconds, cpu)
 
 
 async def dbos_half(pg: BenchPostgres, sandboxes: Sandboxes, workflows: int) -> list[Throughput]:
     if not module_available("dbos"):
         report.note("DBOS half skipped: dbos is not installed (pip install -e '.[bench]')")
         return []
-    from bench import dbos_baseline  # optional dependency: only this half needs it
-
     results = []
     for threads in DBOS_THREADS:
         dsn = await pg.create_database(f"e2e_dbos_{threads}", migrated=False)
-        meter = CpuMeter({OWN: [os.getpid()], SANDBOX: list(sandboxes.pids)},
-                         "other tenants", _postgres(pg.server_pid))  # fmt: skip
-        result = await asyncio.to_thread(dbos_baseline.measure, dsn, sandboxes.model_base,
-                                         sandboxes.providers_base, workflows, threads)  # fmt: skip
-        cpu = meter.stop()
-        report.note(f"DBOS {threads} threads: {meter.summary()}")
-        results.append(Throughput("DBOS", f"{threads} threads", workflows, result.actions,
-                                  result.seconds, cpu))  # fmt: skip
+        results.append(await _dbos_phase(pg, dsn, sandboxes, workflows, threads))
     return results
 
 
@@ -306,11 +354,12 @@ def best(results: list[Throughput]) -> Throughput | None:
 
 def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
     headers = ("", "runs", "actions", "seconds", "actions/s", "own CPU ms/action",
-               "(control plane", "executors)", "sandbox", "Postgres")  # fmt: skip
+               "(control plane", "executors)", "sandbox", "Postgres", "WAL B/action")  # fmt: skip
     report.table(headers, [t.row() for t in (*ours, *dbos)])
     report.note("actions: model calls + tool calls (9 a run); CPU ms per action. Own: agentrun's")
     report.note("control plane + executors, DBOS's process; the sandbox servers' and Postgres's")
-    report.note("(server and backends; '-' when not ours to measure) apart, for both sides.")
+    report.note("(server and backends; '-' when not ours to measure) apart, for both sides;")
+    report.note("WAL B/action: WAL bytes the server wrote in the phase per action.")
     if len(ours) == 2:
         scale = ratio(ours[1].actions_per_second, ours[0].actions_per_second)
         report.note(f"4 vs 1 executors: {scale:.2f}x actions/s")
