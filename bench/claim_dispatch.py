@@ -163,6 +163,7 @@ async def delivered(pg: BenchPostgres, quick: bool) -> None:
     headers = ("", "raw claims/s", "assignments", "steps in them", "seconds",
                "delivered/s", "delivered/raw")  # fmt: skip
     report.table(headers, [[*row[:-1], f"{row[-1]:.2f}x"] for row in rows])
+    report.note(f"raw claims aborted as deadlocked (asked again), in all: {claim.RAW_DEADLOCKS[0]}")
     for row in rows:
         label = f"delivered/raw {row[0].replace(' workspaces', 'ws').replace(' workspace', 'ws')}"
         report.target(label, row[-1], f">= {claim.TARGET_RAW:g}x", row[-1] >= claim.TARGET_RAW)
