@@ -183,7 +183,8 @@ async def _pair(
     """Raw, then fair, on the same freshly loaded table; the rows to print."""
     target = queued if batch > 1 else queued // 5
     where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}, batch {batch}"
-    rows, rates = [], {}
+    rows: list[list[str]] = []
+    rates: dict[str, float] = {}
     for label, claim in ((RAW, raw_claim), (FAIR, fair_claim)):
         await reload_queued(conn, queued, n_workspaces)
         tally, elapsed = await claim_rate(dsn, claim, CLAIMERS, batch, target)
@@ -202,7 +203,7 @@ async def throughput(pg: BenchPostgres, quick: bool) -> None:
     report.heading(f"claim: at the store, {queued:,} queued runs, {CLAIMERS} concurrent claimers")
     report.note(f"raw: one UPDATE of LIMIT n FOR UPDATE SKIP LOCKED runs (no fairness, no caps);"
                 f" fair: claim_due, the dispatcher's claim; batch 1 claims {queued // 5:,}")  # fmt: skip
-    rows = []
+    rows: list[list[str]] = []
     for n_workspaces in LAYOUTS:
         dsn = await pg.create_database(f"claim_throughput_{n_workspaces}")
         conn = await asyncpg.connect(dsn)

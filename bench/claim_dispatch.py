@@ -116,7 +116,31 @@ async def _load(conn: asyncpg.Connection, queued: int, n_workspaces: int) -> Non
     await conn.execute("VACUUM ANALYZE steps")
 
 
-Row = list[str | float]  # the label and figures as text, the ratio last as a number
+@dataclass(frozen=True)
+class Row:
+    workspaces: int
+    replicas: int
+    raw_rate: float  # raw claims/s
+    got: Delivered
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.got.assignments / self.seconds
+
+    @property
+    def ratio(self) -> float:
+        return ratio(self.rate, self.raw_rate)
+
+    @property
+    def label(self) -> str:
+        return (f"{self.workspaces} workspace{'s' if self.workspaces > 1 else ''}, "
+                f"{self.replicas} replica{'s' if self.replicas > 1 else ''}")  # fmt: skip
+
+    def cells(self) -> list[str]:
+        return [self.label, f"{self.raw_rate:,.0f}", f"{self.got.assignments:,}",
+                f"{self.got.steps:,}", f"{self.seconds:.2f}", f"{self.rate:,.0f}",
+                f"{self.ratio:.2f}x"]  # fmt: skip
 
 
 async def _layout(pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: int) -> list[Row]:
@@ -128,7 +152,6 @@ async def _layout(pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: in
         await start_control_plane(procs, dsn, name=f"cp{n_workspaces}-{i}", **env) for i in REPLICAS
     ]
     ports = [port for _, port in started]
-    where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}"
     conn = await asyncpg.connect(dsn)
     rows: list[Row] = []
     try:
@@ -138,10 +161,7 @@ async def _layout(pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: in
             raw_rate = tally.claimed / raw_s
             await _load(conn, queued, n_workspaces)
             got, seconds = await _deliver(ports[:replicas], keys.executor, queued)
-            rate = got.assignments / seconds
-            rows.append([f"{where}, {replicas} replica{'s' if replicas > 1 else ''}",
-                         f"{raw_rate:,.0f}", f"{got.assignments:,}", f"{got.steps:,}",
-                         f"{seconds:.2f}", f"{rate:,.0f}", ratio(rate, raw_rate)])  # fmt: skip
+            rows.append(Row(n_workspaces, replicas, raw_rate, got, seconds))
     finally:
         await conn.close()
         for proc, _ in started:
@@ -162,8 +182,8 @@ async def delivered(pg: BenchPostgres, quick: bool) -> None:
             rows += await _layout(pg, procs, n_workspaces, queued)
     headers = ("", "raw claims/s", "assignments", "steps in them", "seconds",
                "delivered/s", "delivered/raw")  # fmt: skip
-    report.table(headers, [[*row[:-1], f"{row[-1]:.2f}x"] for row in rows])
+    report.table(headers, [row.cells() for row in rows])
     report.note(f"raw claims aborted as deadlocked (asked again), in all: {claim.RAW_DEADLOCKS[0]}")
     for row in rows:
-        label = f"delivered/raw {row[0].replace(' workspaces', 'ws').replace(' workspace', 'ws')}"
-        report.target(label, row[-1], f">= {claim.TARGET_RAW:g}x", row[-1] >= claim.TARGET_RAW)
+        label = f"delivered/raw {row.workspaces}ws, {row.replicas} replica(s)"
+        report.target(label, row.ratio, f">= {claim.TARGET_RAW:g}x", row.ratio >= claim.TARGET_RAW)

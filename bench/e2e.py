@@ -384,7 +384,7 @@ async def start_sandboxes(procs: Procs) -> Sandboxes:
 
 
 async def main(quick: bool = False) -> None:
-    runs = 100 if quick else 500
+    runs = 50 if quick else 300
     deadline = 300.0 if quick else 1200.0
     report.heading(f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
                    "doing the same HTTP calls")  # fmt: skip
