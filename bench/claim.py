@@ -263,7 +263,7 @@ class DepthDatabase:
 
 async def depth(pg: BenchPostgres, quick: bool) -> None:
     deep_n = 30_000 if quick else 1_000_000
-    rounds = 200 if quick else 1000
+    rounds = 100 if quick else 1000
     report.heading(f"claim: single-claim latency, {SHALLOW:,} vs {deep_n:,} parked runs")
     shallow, deep = DepthDatabase(SHALLOW), DepthDatabase(deep_n)
     try:
