@@ -12,6 +12,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 
 BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention", "fastpath")
 # A benchmark whose module is named otherwise (bench/<module>.py).
@@ -58,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["AGENTRUN_EVENT_LOOP"] = loop
             print(f"\n== {name} with AGENTRUN_EVENT_LOOP={loop}", flush=True)
             name = f"{name} ({loop})"
+        started = time.monotonic()
         try:
             module.run(quick=args.quick)
+            print(f"   ({name} took {time.monotonic() - started:.0f}s)", flush=True)
         except KeyboardInterrupt:
             print(f"\n!! {name} interrupted; its processes were stopped", file=sys.stderr)
             return 130

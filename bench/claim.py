@@ -1,22 +1,31 @@
-"""Claim throughput with concurrent claimers, and single-claim latency at 10k vs 1M parked runs.
+"""Claims: the fair claim against a raw SKIP LOCKED claim, and delivered as assignments.
 
 Workspaces, agents and versions are made through the store; runs are bulk-loaded with
 generate_series (a claim reads nothing else). Every bench workspace is on the enterprise plan
-with a cap above the number of runs, so that caps never decide a figure. Throughput: 10k
-(quick: 2k) queued runs, in 1 workspace and then spread over 100; 8 claimers, each on its own
-connection, call `claim_due` until every run is claimed, for batch sizes 1 and 16. The fair
-claim locks the workspaces it serves, so a claimer can come back empty while others hold
-them: it asks again 2 ms later, and those empty calls are counted. Depth: two databases on the
-same server, one with 10k parked runs (waiting, wake_at in the future) and one with 1M;
-measurement rounds alternate between them: insert one due run, time one single-run claim.
-VACUUM ANALYZE follows each bulk load, so the measurement neither runs on stale statistics
-nor meets autovacuum catching up.
+with a cap above the number of runs, so that caps never decide a figure.
+
+Throughput at the store: 10k (quick: 2k) queued runs, in 1 workspace and then spread over
+100; 2 claimers (what two control-plane replicas' dispatch loops are), each on its own
+connection, claim until the runs are claimed (batch 1: a fifth of them), for batch sizes 1 and
+64 (the dispatcher's batch); each fair row (control_plane/store/lease.py `claim_due`) right
+after a raw row on the same reloaded table: one autocommit UPDATE of `LIMIT n FOR UPDATE SKIP
+LOCKED` queued runs, no fairness, no caps (the table's triggers fire for both). The fair claim
+locks the workspaces it serves, so a claimer can come back empty while others hold them: it
+asks again 2 ms later, and those empty calls are counted.
+
+Delivered (bench/claim_dispatch.py): the real control plane, 1 then 2 replicas, with
+minimal executor streams counting Assignment messages, against the raw claim at the same
+batch and concurrency. Depth: two databases on the same server, one with 10k parked runs
+(waiting, wake_at in the future) and one with 1M; measurement rounds alternate between them:
+insert one due run, time one single-run claim. VACUUM ANALYZE follows each bulk load, so the
+measurement neither runs on stale statistics nor meets autovacuum catching up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -28,14 +37,15 @@ from control_plane.store import agents, workspaces
 from control_plane.store.db import create_pool
 from control_plane.store.lease import claim_due
 
-CLAIMERS = 8
+CLAIMERS = 2
 QUEUED = 10_000
 LAYOUTS = (1, 100)  # workspaces the queued runs are spread over
-BATCHES = (1, 16)
+BATCHES = (1, 64)
 SHALLOW = 10_000
 LOAD_CHUNK = 250_000
 WARMUP = 20
 TARGET = 1.5
+TARGET_RAW = 0.5  # fair claim delivered / raw SKIP LOCKED, claims per second
 CAP = 10_000_000
 AGENT = "claim"
 CLAIM_DEADLINE = 600.0
@@ -54,6 +64,21 @@ SELECT 'bench' || (g % $6::int), gen_random_uuid(), 'claim', 1, $2::text, $3::te
        'bench', 50, 1000000, 300, 86400, 3
 FROM generate_series(1, $1::int) AS g
 """
+# The baseline: what a plain queue on the same table does, in one autocommit statement.
+RAW_CLAIM = """
+WITH picked AS (
+    SELECT workspace_id, run_id FROM runs
+    WHERE status IN ('queued', 'waiting') AND wake_at <= now()
+    LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET status = 'running', wait_reason = NULL, lease_owner = $1,
+    lease_epoch = r.lease_epoch + 1, wake_at = now() + make_interval(secs => $3),
+    held_since = now(), started_at = coalesce(r.started_at, now()), updated_at = now()
+FROM picked WHERE r.workspace_id = picked.workspace_id AND r.run_id = picked.run_id
+RETURNING r.*
+"""
+FAIR = "fair claim_due"
+RAW = "raw SKIP LOCKED"
 
 
 async def seed(dsn: str, n_workspaces: int) -> None:
@@ -78,6 +103,13 @@ async def insert_parked(conn: asyncpg.Connection, n: int) -> None:
     await conn.execute(INSERT_RUNS, n, "waiting", "sleep", 3600.0, 86400.0, 1)
 
 
+async def reload_queued(conn: asyncpg.Connection, queued: int, n_workspaces: int) -> None:
+    """An empty runs table, then `queued` due runs, with fresh statistics."""
+    await conn.execute("TRUNCATE runs CASCADE")
+    await insert_queued(conn, queued, n_workspaces)
+    await conn.execute("VACUUM ANALYZE runs")
+
+
 @dataclass
 class Tally:
     """What the claimers of one measurement did together."""
@@ -88,14 +120,37 @@ class Tally:
     calls: list[float] = field(default_factory=list)  # of the calls that got runs
 
 
-async def _claimer(pool: asyncpg.pool.Pool, owner: str, batch: int, tally: Tally) -> None:
+Claim = Callable[[asyncpg.pool.Pool, str, int], Awaitable[int]]
+
+
+async def fair_claim(pool: asyncpg.pool.Pool, owner: str, batch: int) -> int:
+    return len(await claim_due(pool, [owner] * batch, LEASE_SECONDS))
+
+
+RAW_DEADLOCKS = [0]
+
+
+async def raw_claim(pool: asyncpg.pool.Pool, owner: str, batch: int) -> int:
+    """The raw claim; 0 when Postgres broke a deadlock by aborting it (counted), as a queue
+    would simply ask again. Two raw claims updating runs of several workspaces in different
+    orders deadlock in the trigger that keeps each workspace's running count; the fair claim
+    locks its workspaces first (SKIP LOCKED), so it does not."""
+    try:
+        return len(await pool.fetch(RAW_CLAIM, owner, batch, float(LEASE_SECONDS)))
+    except asyncpg.exceptions.DeadlockDetectedError:
+        RAW_DEADLOCKS[0] += 1
+        return 0
+
+
+async def _claimer(pool: asyncpg.pool.Pool, claim: Claim, owner: str, batch: int,
+                   tally: Tally) -> None:  # fmt: skip
     give_up = time.monotonic() + CLAIM_DEADLINE
     while tally.claimed < tally.target:
         start = time.perf_counter()
-        rows = await claim_due(pool, [owner] * batch, LEASE_SECONDS)
+        got = await claim(pool, owner, batch)
         elapsed = time.perf_counter() - start
-        tally.claimed += len(rows)
-        if rows:
+        tally.claimed += got
+        if got:
             tally.calls.append(elapsed)
         else:
             tally.empty += 1
@@ -104,33 +159,51 @@ async def _claimer(pool: asyncpg.pool.Pool, owner: str, batch: int, tally: Tally
             raise TimeoutError(f"{tally.claimed} of {tally.target} runs claimed")
 
 
-async def _throughput(
-    conn: asyncpg.Connection, dsn: str, n_workspaces: int, batch: int, queued: int
-) -> list[str]:
-    await conn.execute("TRUNCATE runs CASCADE")
-    await insert_queued(conn, queued, n_workspaces)
-    await conn.execute("VACUUM ANALYZE runs")
-    pools = [await create_pool(dsn, min_size=1, max_size=1) for _ in range(CLAIMERS)]
-    tally = Tally(queued)
+async def claim_rate(
+    dsn: str, claim: Claim, claimers: int, batch: int, target: int
+) -> tuple[Tally, float]:
+    """`claimers` concurrent claimers, each on its own connection, until `target` are claimed;
+    the tally and the seconds it took."""
+    pools = [await create_pool(dsn, min_size=1, max_size=1) for _ in range(claimers)]
+    tally = Tally(target)
     try:
         start = time.perf_counter()
         await asyncio.gather(
-            *(_claimer(p, f"claimer-{i}", batch, tally) for i, p in enumerate(pools))
+            *(_claimer(p, claim, f"claimer-{i}", batch, tally) for i, p in enumerate(pools))
         )
         elapsed = time.perf_counter() - start
     finally:
         await asyncio.gather(*(p.close() for p in pools))
-    s = Summary.of(tally.calls)
-    where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}"
-    return [f"{where}, batch {batch}", str(tally.claimed), f"{elapsed:.2f}",
-            f"{tally.claimed / elapsed:,.0f}", str(tally.empty),
-            report.ms(s.p50), report.ms(s.p99)]  # fmt: skip
+    return tally, elapsed
+
+
+async def _pair(
+    conn: asyncpg.Connection, dsn: str, n_workspaces: int, batch: int, queued: int
+) -> list[list[str]]:
+    """Raw, then fair, on the same freshly loaded table; the rows to print."""
+    target = queued if batch > 1 else queued // 5
+    where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}, batch {batch}"
+    rows: list[list[str]] = []
+    rates: dict[str, float] = {}
+    for label, claim in ((RAW, raw_claim), (FAIR, fair_claim)):
+        await reload_queued(conn, queued, n_workspaces)
+        tally, elapsed = await claim_rate(dsn, claim, CLAIMERS, batch, target)
+        s = Summary.of(tally.calls)
+        rates[label] = tally.claimed / elapsed
+        rows.append([f"{where}: {label}", str(tally.claimed), f"{elapsed:.2f}",
+                     f"{rates[label]:,.0f}", str(tally.empty),
+                     report.ms(s.p50), report.ms(s.p99)])  # fmt: skip
+    rows[-1].append(f"{ratio(rates[FAIR], rates[RAW]):.2f}x")
+    rows[0].append("")
+    return rows
 
 
 async def throughput(pg: BenchPostgres, quick: bool) -> None:
     queued = 2_000 if quick else QUEUED
-    report.heading(f"claim: throughput, {queued:,} queued runs, {CLAIMERS} concurrent claimers")
-    rows = []
+    report.heading(f"claim: at the store, {queued:,} queued runs, {CLAIMERS} concurrent claimers")
+    report.note(f"raw: one UPDATE of LIMIT n FOR UPDATE SKIP LOCKED runs (no fairness, no caps);"
+                f" fair: claim_due, the dispatcher's claim; batch 1 claims {queued // 5:,}")  # fmt: skip
+    rows: list[list[str]] = []
     for n_workspaces in LAYOUTS:
         dsn = await pg.create_database(f"claim_throughput_{n_workspaces}")
         conn = await asyncpg.connect(dsn)
@@ -138,12 +211,15 @@ async def throughput(pg: BenchPostgres, quick: bool) -> None:
             if not rows:
                 report.note(await durability(dsn))
             await seed(dsn, n_workspaces)
-            rows += [await _throughput(conn, dsn, n_workspaces, b, queued) for b in BATCHES]
+            for b in BATCHES:
+                rows += await _pair(conn, dsn, n_workspaces, b, queued)
         finally:
             await conn.close()
-    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms")
+    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms",
+               "fair/raw")  # fmt: skip
     report.table(headers, rows)
-    report.note("p50/p99: latency of the claim calls that got runs")
+    report.note("p50/p99: latency of the claim calls that got runs; empty calls include the")
+    report.note(f"raw claims Postgres aborted as deadlocked: {RAW_DEADLOCKS[0]} so far")
 
 
 class DepthDatabase:
@@ -186,8 +262,8 @@ class DepthDatabase:
 
 
 async def depth(pg: BenchPostgres, quick: bool) -> None:
-    deep_n = 100_000 if quick else 1_000_000
-    rounds = 300 if quick else 1000
+    deep_n = 30_000 if quick else 1_000_000
+    rounds = 100 if quick else 1000
     report.heading(f"claim: single-claim latency, {SHALLOW:,} vs {deep_n:,} parked runs")
     shallow, deep = DepthDatabase(SHALLOW), DepthDatabase(deep_n)
     try:
@@ -211,8 +287,11 @@ async def depth(pg: BenchPostgres, quick: bool) -> None:
 
 
 async def main(quick: bool = False) -> None:
+    from bench import claim_dispatch  # it builds on this module's loaders and raw claim
+
     async with bench_postgres() as pg:
         await throughput(pg, quick)
+        await claim_dispatch.delivered(pg, quick)
         await depth(pg, quick)
 
 

@@ -4,9 +4,11 @@ The control plane runs as its own process (client and server do not share an eve
 This process plays a minimal executor: Hello, Ready{1}, take the assignment, then commit one
 model_decision step at a time and time each from send to CommitResult. The raw baseline is
 an autocommit single-row INSERT of the same payload into a jsonb table of the same database,
-over one reused connection. Two informational series show where the time goes: the store's
+over one reused connection. Informational series show where the time goes: the store's
 commit (the same fenced statement, through the same kind of pool) called in this process on
-a second run, and a gRPC health check (the transport with no database). The series run in
+a second run; a gRPC health check on the control plane (its interceptors, no database); and
+the transport floor, a bare grpc.aio server in its own process (bench/grpc_floor.py) echoing
+a Commit-sized message, unary and on a bidi stream like Connect. The series run in
 alternating blocks so that noise from other tenants of the machine falls on all alike.
 """
 
@@ -25,10 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentrun.v1 import executor_pb2 as pb
 from agentrun.v1 import executor_pb2_grpc, run_pb2
-from bench import api, report
+from bench import api, grpc_floor, report
 from bench.postgres import bench_postgres, durability
 from bench.procs import Procs, workdir
-from bench.services import start_control_plane
+from bench.services import start_control_plane, start_grpc_floor
 from bench.stats import Summary, ratio
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
@@ -41,7 +43,9 @@ TARGET = 2.0
 OURS = "agentrun Commit (1 step, gRPC stream)"
 RAW = "raw asyncpg INSERT (1 row, autocommit)"
 DIRECT = "  info: store.commit() in-process"
-PING = "  info: gRPC Health.Check (transport floor)"
+PING = "  info: gRPC Health.Check on the control plane"
+FLOOR_UNARY = "  info: bare gRPC unary echo (floor)"
+FLOOR_STREAM = "  info: bare gRPC stream message echo (floor)"
 
 RAW_TABLE = """
 CREATE TABLE bench_raw_insert (
@@ -174,6 +178,30 @@ def health_probe(chan: grpc.aio.Channel) -> Callable[[], Awaitable[float]]:
     return check
 
 
+def floor_probes(chan: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[float]]]:
+    """Round trips to the bare server: a unary call, and one message on an open stream."""
+    body = pb.ConnectRequest(commit=pb.Commit(
+        request_id=1, lease=pb.Lease(workspace_id="bench", run_id=str(uuid.uuid4()), epoch=1),
+        steps=[pb.NewStep(seq=1, kind=run_pb2.STEP_KIND_MODEL_DECISION,
+                          payload_json=decision_payload(1))],
+    )).SerializeToString()  # fmt: skip
+    unary = chan.unary_unary(grpc_floor.UNARY)
+    stream = chan.stream_stream(grpc_floor.STREAM)()
+
+    async def call() -> float:
+        start = time.perf_counter()
+        await unary(body)
+        return time.perf_counter() - start
+
+    async def message() -> float:
+        start = time.perf_counter()
+        await stream.write(body)
+        await stream.read()
+        return time.perf_counter() - start
+
+    return {FLOOR_UNARY: call, FLOOR_STREAM: message}
+
+
 Series = dict[str, Callable[[], Awaitable[float]]]
 
 
@@ -194,7 +222,7 @@ async def alternate(series: Series, n: int, block_size: int = BLOCK) -> dict[str
     return {name: Summary.of(values) for name, values in samples.items()}
 
 
-async def _measure(dsn: str, cp_port: int, n: int) -> dict[str, Summary]:
+async def _measure(dsn: str, cp_port: int, floor_port: int, n: int) -> dict[str, Summary]:
     conn = await asyncpg.connect(dsn)
     pool = await create_pool(dsn)
     try:
@@ -204,8 +232,10 @@ async def _measure(dsn: str, cp_port: int, n: int) -> dict[str, Summary]:
         async with (
             api.channel(cp_port, keys.admin) as chan,
             api.channel(cp_port, keys.executor) as executor_chan,
+            api.channel(floor_port, None) as floor_chan,
         ):
-            return await _measure_with(chan, executor_chan, keys.executor, conn, pool, n)
+            floor = floor_probes(floor_chan)
+            return await _measure_with(chan, executor_chan, keys.executor, conn, pool, n, floor)
     finally:
         await conn.close()
         await pool.close()
@@ -218,6 +248,7 @@ async def _measure_with(
     conn: asyncpg.Connection,
     pool: asyncpg.pool.Pool,
     n: int,
+    floor: Series,
 ) -> dict[str, Summary]:
     await api.publish_agent(chan, "commit", model="steps10", tools=[])
     await api.start_run(chan, "commit", "commit benchmark")
@@ -231,7 +262,7 @@ async def _measure_with(
         direct = StoreCommitter(pool)
         await direct.claim()
         series = {OURS: ours.commit_one, RAW: RawInserter(conn).insert_one}
-        info = {DIRECT: direct.commit_one, PING: health_probe(executor_chan)}
+        info = {DIRECT: direct.commit_one, PING: health_probe(executor_chan), **floor}
         return await alternate({**series, **info}, n)
     finally:
         ours.close()
@@ -243,6 +274,19 @@ def _print(results: dict[str, Summary]) -> None:
     for label, ours_v, raw_v in (("p50", ours.p50, raw.p50), ("p99", ours.p99, raw.p99)):
         r = ratio(ours_v, raw_v)
         report.target(f"commit {label} ours/raw", r, f"<= {TARGET:g}x", r <= TARGET)
+    floor = results[FLOOR_STREAM]
+    # A commit is at least a stream message round trip plus the INSERT's own round trip.
+    reachable = ratio(floor.p50 + raw.p50, raw.p50)
+    report.note(f"how close the transport lets us get: a bare stream message round trip is "
+                f"{ratio(floor.p50, raw.p50):.2f}x the raw insert, so floor + insert = "
+                f"{reachable:.2f}x at best")  # fmt: skip
+    direct = results[DIRECT]
+    report.note(f"where ours' p50 goes: the fenced store commit in-process {report.ms(direct.p50)} ms "
+                f"({ratio(direct.p50, raw.p50):.2f}x the raw insert: lease check, run row update and "
+                "step insert)")  # fmt: skip
+    report.note(f"and {report.ms(ours.p50 - direct.p50)} ms more for the stream and the control "
+                f"plane's per-message work (a bare stream message alone: {report.ms(floor.p50)} ms);"
+                " closing the rest means a cheaper fenced statement and less per-message work")  # fmt: skip
 
 
 async def main(quick: bool = False) -> None:
@@ -254,7 +298,8 @@ async def main(quick: bool = False) -> None:
             report.note(await durability(dsn))
             with Procs(tmp) as procs:
                 _, port = await start_control_plane(procs, dsn)
-                results = await _measure(dsn, port, n)
+                floor_port = await start_grpc_floor(procs)
+                results = await _measure(dsn, port, floor_port, n)
     _print(results)
 
 

@@ -1,58 +1,154 @@
-"""DBOS Transact baseline: workflows of ten trivial steps, each step's output recorded in Postgres.
+"""DBOS Transact baseline doing the agentrun run's work: the same HTTP calls, each a DBOS step.
 
-DBOS is a library, so the workflows run in this process against their own database on the
-same Postgres server as agentrun's. Each step does as little as an agentrun step's own work
-can (return a small dict); what is measured is DBOS recording it. The workflows are plain
-functions started with DBOS.start_workflow (one DBOS executor thread each): on this kind of
-machine that ran faster than async workflows, so DBOS is measured at its better.
+DBOS is a library, so its workflows run in this process against their own database on the
+same Postgres server as agentrun's. One workflow is one `steps10` run done by hand: a model
+call (POST /v1/chat/completions to the same sandbox model server, with the same echo tool
+schema and the same conversation the executor sends), then each tool call it asks for (POST
+/echo to the same sandbox providers server, with an Idempotency-Key), until the model
+answers: 5 model calls and 4 tool calls, 9 actions, each a `@DBOS.step` whose output DBOS
+records in Postgres before the workflow goes on. The client is httpx, as in the executor
+(its sync Client here: DBOS's sync workflows ran faster than its async ones on this kind of
+machine), one shared pool. What DBOS does not do that agentrun does: no token bucket in
+Redis before each tool call, no lease, no fairness or caps, no separate control plane.
+
+Concurrency: `threads` worker threads, each calling the workflow function directly (DBOS
+runs it inline in the caller's thread) for one workflow after another, so the sweep in
+bench/e2e.py sets exactly how many workflows are in flight.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
 from dbos import DBOS
 
-STEPS_PER_WORKFLOW = 10
+from executor.tools.catalogue import Catalogue
+
+MODEL = "steps10"
+INSTRUCTIONS = "benchmark"
+TOOLS = Catalogue.load().openai_tools(["echo"])
+
+
+@dataclass
+class Endpoints:
+    model_url: str  # .../v1/chat/completions
+    echo_url: str  # .../echo
+    client: httpx.Client | None = None
+    actions: itertools.count[int] = field(default_factory=itertools.count)
+
+    def http(self) -> httpx.Client:
+        assert self.client is not None, "measure() opens the client"
+        return self.client
+
+
+ENDPOINTS = Endpoints("", "")
 
 
 @DBOS.step()
-def recorded_step(i: int) -> dict[str, int]:
-    return {"step": i}
+def model_call(run_id: str, seq: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": messages, "tools": TOOLS}
+    headers = {"X-Agentrun-Run-Id": run_id, "X-Agentrun-Seq": str(seq)}
+    response = ENDPOINTS.http().post(ENDPOINTS.model_url, json=body, headers=headers)
+    response.raise_for_status()
+    next(ENDPOINTS.actions)  # atomic under the GIL
+    message: dict[str, Any] = response.json()["choices"][0]["message"]
+    return message
+
+
+@DBOS.step()
+def echo_call(key: str, arguments: str) -> Any:
+    headers = {"Idempotency-Key": key, "Accept": "application/json"}
+    response = ENDPOINTS.http().post(
+        ENDPOINTS.echo_url, json=json.loads(arguments), headers=headers
+    )
+    response.raise_for_status()
+    next(ENDPOINTS.actions)
+    return response.json()
 
 
 @DBOS.workflow()
-def ten_steps(n: int) -> int:
-    for i in range(STEPS_PER_WORKFLOW):
-        recorded_step(i)
-    return n
-
-
-RECORDED_STEPS = "SELECT count(*) FROM dbos.operation_outputs"
+def agent_run(text: str) -> str:
+    """Model, then its tool calls, until it answers; returns the answer."""
+    run_id = str(DBOS.workflow_id)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": INSTRUCTIONS},
+        {"role": "user", "content": text},
+    ]
+    seq = itertools.count(1)
+    while True:
+        message = model_call(run_id, next(seq), messages)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return str(message.get("content") or "")
+        messages.append(
+            {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
+        )
+        for call in calls:
+            result = echo_call(f"{run_id}:{call['id']}", call["function"]["arguments"])
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}
+            )
 
 
 @dataclass(frozen=True)
 class DbosResult:
     workflows: int
+    threads: int
+    actions: int  # model calls + tool calls of the timed workflows
     seconds: float
 
 
-def measure(dsn: str, workflows: int) -> DbosResult:
-    """Launch DBOS on `dsn`, run `workflows` workflows concurrently, time them, shut down.
+def _config(dsn: str, threads: int) -> dict[str, Any]:
+    return {
+        "name": "agentrun-bench",
+        "system_database_url": dsn,
+        "log_level": "WARNING",
+        # Room for every worker thread's step writes, so the pool is not what limits it.
+        "sys_db_pool_size": threads + 4,
+    }
 
-    Blocking (DBOS's sync API): call it in a worker thread. The recorded steps can then be
-    counted with RECORDED_STEPS.
+
+def measure(
+    dsn: str, model_base: str, providers_base: str, workflows: int, threads: int,
+    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:  # fmt: skip
+    """Launch DBOS on `dsn`, run `workflows` runs on `threads` threads, time them, shut down.
+
+    Blocking (DBOS's sync API): call it in a worker thread. `on_start` and `on_end` are
+    called right before and after the timed runs (launch and warm-up are not measured).
     """
-    config = {"name": "agentrun-bench", "system_database_url": dsn, "log_level": "WARNING"}
-    DBOS(config=config)  # type: ignore[arg-type]
+    ENDPOINTS.model_url = model_base.rstrip("/") + "/chat/completions"
+    ENDPOINTS.echo_url = providers_base.rstrip("/") + "/echo"
+    limits = httpx.Limits(max_connections=threads * 2, keepalive_expiry=2.0)
+    DBOS(config=_config(dsn, threads))  # type: ignore[arg-type]
     try:
         DBOS.launch()
-        start = time.perf_counter()
-        handles = [DBOS.start_workflow(ten_steps, i) for i in range(workflows)]
-        for handle in handles:
-            handle.get_result()
-        elapsed = time.perf_counter() - start
+        with (
+            httpx.Client(limits=limits, timeout=60.0) as client,
+            ThreadPoolExecutor(threads) as pool,
+        ):
+            ENDPOINTS.client = client
+            # Every thread's connection and DBOS's caches warm, not timed.
+            list(pool.map(agent_run, [f"warm-up {i}" for i in range(threads)]))
+            texts = [f"benchmark run {i} {uuid.uuid4().hex[:6]}" for i in range(workflows)]
+            ENDPOINTS.actions = itertools.count()
+            on_start()
+            start = time.perf_counter()
+            answers = list(pool.map(agent_run, texts))
+            elapsed = time.perf_counter() - start
+            on_end()
+            actions = next(ENDPOINTS.actions)
+            ENDPOINTS.client = None
     finally:
         DBOS.destroy()
-    return DbosResult(workflows, elapsed)
+    if len(answers) != workflows or not all(answers):
+        raise RuntimeError(f"DBOS: {sum(map(bool, answers))} of {workflows} runs answered")
+    return DbosResult(workflows, threads, actions, elapsed)

@@ -30,8 +30,9 @@ def with_database(dsn: str, dbname: str) -> str:
 class BenchPostgres:
     """One server; `create_database` hands out empty (or migrated) databases on it."""
 
-    def __init__(self, admin_dsn: str) -> None:
+    def __init__(self, admin_dsn: str, server_pid: int | None = None) -> None:
         self.admin_dsn = admin_dsn
+        self.server_pid = server_pid  # the postmaster, when it is ours (for its CPU)
         self.created: list[str] = []
 
     async def create_database(self, name: str, *, migrated: bool = True) -> str:
@@ -87,7 +88,7 @@ async def bench_postgres() -> AsyncIterator[BenchPostgres]:
     try:
         # Blocking on purpose: stopping must not depend on the loop's thread pool still working.
         server.start()
-        yield BenchPostgres(server.url)
+        yield BenchPostgres(server.url, server.pid)
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,9 +37,12 @@ def _start(procs: Procs, name: str, argv: list[str], env: dict[str, str]) -> Pro
     return procs.start(name, argv, env, cwd=REPO)
 
 
-async def start_control_plane(procs: Procs, dsn: str) -> tuple[Proc, int]:
-    """`python -m control_plane` on a free port; returns the process and its port."""
-    name = "control_plane"
+async def start_control_plane(
+    procs: Procs, dsn: str, name: str = "control_plane", **extra_env: str
+) -> tuple[Proc, int]:
+    """`python -m control_plane` on a free port; returns the process and its port.
+
+    `name` names its log and port file (unique within the benchmark's workdir)."""
     proc = _start(
         procs,
         name,
@@ -50,6 +53,7 @@ async def start_control_plane(procs: Procs, dsn: str) -> tuple[Proc, int]:
             AGENTRUN_HTTP_LISTEN="127.0.0.1:0",  # 8080 may be a dev stack's
             AGENTRUN_PORT_FILE=str(procs.workdir / f"{name}.port"),
             AGENTRUN_LOG_LEVEL="INFO",  # e2e waits for its "executor X connected" lines
+            **extra_env,
         ),
     )
     return proc, await proc.wait_port()
@@ -62,6 +66,14 @@ async def start_sandbox(procs: Procs, server: str) -> tuple[Proc, int]:
     argv = _python("sandbox", server, "--port", "0", "--port-file", str(port_file))
     proc = _start(procs, name, argv, _env())
     return proc, await proc.wait_port()
+
+
+async def start_grpc_floor(procs: Procs) -> int:
+    """`python -m bench.grpc_floor` (a bare gRPC echo server) on a free port; returns it."""
+    name = "grpc_floor"
+    port_file = procs.workdir / f"{name}.port"
+    proc = _start(procs, name, _python("bench.grpc_floor", "--port-file", str(port_file)), _env())
+    return await proc.wait_port()
 
 
 @dataclass(frozen=True)

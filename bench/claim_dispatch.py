@@ -1,0 +1,190 @@
+"""The fair claim delivered end to end: runs per second arriving at executors as Assignments.
+
+The real control plane (`python -m control_plane`, 1 and then 2 replicas on one database:
+each replica's dispatcher is one claim loop, so that is the concurrency replicas have) and
+minimal executors in this process: each opens Connect with the executor credential, says
+Hello (no tools), waits for its Welcome, then offers all its credits at once with one Ready
+and counts the Assignment messages it gets (each carries the run's step log: the input step
+every run has). The clock runs from the first Ready to the last Assignment. The runs are
+bulk-loaded as in bench/claim.py, each with its input step. Right before each dispatcher
+measurement, the raw SKIP LOCKED claim (bench/claim.py RAW_CLAIM) runs on the same freshly
+loaded table at the dispatcher's batch (64, ServerConfig.claim_batch) with as many claimers
+as there are replicas: the target is the ratio of the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+
+from agentrun.v1 import executor_pb2 as pb
+from agentrun.v1 import executor_pb2_grpc
+from bench import api, claim, report
+from bench.postgres import BenchPostgres
+from bench.procs import Procs, workdir
+from bench.services import start_control_plane
+from bench.stats import ratio
+from control_plane.config import ServerConfig
+
+REPLICAS = (1, 2)
+EXECUTORS_PER_REPLICA = 4
+BATCH = ServerConfig.claim_batch
+DEADLINE = 300.0
+INPUT_STEPS = """
+INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
+SELECT workspace_id, run_id, 0, 'input', 0, jsonb_build_object('text', input) FROM runs
+"""
+
+
+@dataclass
+class Delivered:
+    target: int
+    assignments: int = 0
+    steps: int = 0
+    last: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.done = asyncio.Event()
+
+
+class CountingExecutor:
+    """Just enough of an executor to be sent runs: Hello, Welcome, one Ready, count."""
+
+    def __init__(self, chan: grpc.aio.Channel, executor_id: str, key: str, credits: int) -> None:
+        metadata = (("authorization", f"Bearer {key}"),)
+        self._call = executor_pb2_grpc.ExecutorServiceStub(chan).Connect(metadata=metadata)
+        self._id, self._credits = executor_id, credits
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        hello = pb.Hello(executor_id=self._id, release="bench", capacity=self._credits)
+        await self._call.write(pb.ConnectRequest(hello=hello))
+        msg = await self._call.read()
+        if msg is grpc.aio.EOF or msg.WhichOneof("msg") != "welcome":
+            raise RuntimeError(f"{self._id}: no Welcome, got {msg}")
+
+    async def offer(self, tally: Delivered) -> None:
+        self._reader = asyncio.create_task(self._count(tally))
+        await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=self._credits)))
+
+    async def _count(self, tally: Delivered) -> None:
+        while (msg := await self._call.read()) is not grpc.aio.EOF:
+            if msg.WhichOneof("msg") != "assignment":
+                continue
+            tally.assignments += 1
+            tally.steps += len(msg.assignment.steps)
+            tally.last = time.perf_counter()
+            if tally.assignments >= tally.target:
+                tally.done.set()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._call.cancel()
+
+
+async def _deliver(ports: list[int], key: str, runs: int) -> tuple[Delivered, float]:
+    """Executors on every replica in `ports`; the tally and the seconds to deliver `runs`."""
+    n = EXECUTORS_PER_REPLICA * len(ports)
+    credits = math.ceil(runs / n)
+    chans = [api.channel(port, None) for port in ports]
+    fleet = [CountingExecutor(chans[i % len(ports)], f"bench-claim-{i}", key, credits)
+             for i in range(n)]  # fmt: skip
+    tally = Delivered(runs)
+    try:
+        await asyncio.gather(*(e.open() for e in fleet))
+        start = time.perf_counter()
+        await asyncio.gather(*(e.offer(tally) for e in fleet))
+        await asyncio.wait_for(tally.done.wait(), DEADLINE)
+        return tally, tally.last - start
+    finally:
+        for e in fleet:
+            e.close()
+        await asyncio.gather(*(c.close() for c in chans))
+
+
+async def _load(conn: asyncpg.Connection, queued: int, n_workspaces: int) -> None:
+    await claim.reload_queued(conn, queued, n_workspaces)
+    await conn.execute(INPUT_STEPS)
+    await conn.execute("UPDATE runs SET step_count = 1")
+    await conn.execute("VACUUM ANALYZE runs")
+    await conn.execute("VACUUM ANALYZE steps")
+
+
+@dataclass(frozen=True)
+class Row:
+    workspaces: int
+    replicas: int
+    raw_rate: float  # raw claims/s
+    got: Delivered
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.got.assignments / self.seconds
+
+    @property
+    def ratio(self) -> float:
+        return ratio(self.rate, self.raw_rate)
+
+    @property
+    def label(self) -> str:
+        return (f"{self.workspaces} workspace{'s' if self.workspaces > 1 else ''}, "
+                f"{self.replicas} replica{'s' if self.replicas > 1 else ''}")  # fmt: skip
+
+    def cells(self) -> list[str]:
+        return [self.label, f"{self.raw_rate:,.0f}", f"{self.got.assignments:,}",
+                f"{self.got.steps:,}", f"{self.seconds:.2f}", f"{self.rate:,.0f}",
+                f"{self.ratio:.2f}x"]  # fmt: skip
+
+
+async def _layout(pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: int) -> list[Row]:
+    dsn = await pg.create_database(f"claim_delivered_{n_workspaces}")
+    await claim.seed(dsn, n_workspaces)
+    keys = await api.mint_keys(dsn)
+    env = {"AGENTRUN_LEASE_SECONDS": str(claim.LEASE_SECONDS)}  # no lapse mid-measurement
+    started = [
+        await start_control_plane(procs, dsn, name=f"cp{n_workspaces}-{i}", **env) for i in REPLICAS
+    ]
+    ports = [port for _, port in started]
+    conn = await asyncpg.connect(dsn)
+    rows: list[Row] = []
+    try:
+        for replicas in REPLICAS:
+            await _load(conn, queued, n_workspaces)
+            tally, raw_s = await claim.claim_rate(dsn, claim.raw_claim, replicas, BATCH, queued)
+            raw_rate = tally.claimed / raw_s
+            await _load(conn, queued, n_workspaces)
+            got, seconds = await _deliver(ports[:replicas], keys.executor, queued)
+            rows.append(Row(n_workspaces, replicas, raw_rate, got, seconds))
+    finally:
+        await conn.close()
+        for proc, _ in started:
+            procs.stop(proc)
+    return rows
+
+
+async def delivered(pg: BenchPostgres, quick: bool) -> None:
+    queued = 2_000 if quick else claim.QUEUED
+    report.heading(f"claim: delivered as assignments, {queued:,} queued runs, batch {BATCH}")
+    report.note(f"agentrun: control plane replicas (one claim loop each) -> "
+                f"{EXECUTORS_PER_REPLICA} minimal executor streams per replica counting "
+                f"Assignments (run + step log); raw: SKIP LOCKED UPDATE, batch {BATCH}, "
+                "as many claimers as replicas, no delivery")  # fmt: skip
+    rows: list[Row] = []
+    with workdir("claim") as tmp, Procs(tmp) as procs:
+        # Quick: the many-workspace layout only (the one fairness is for).
+        for n_workspaces in claim.LAYOUTS[-1:] if quick else claim.LAYOUTS:
+            rows += await _layout(pg, procs, n_workspaces, queued)
+    headers = ("", "raw claims/s", "assignments", "steps in them", "seconds",
+               "delivered/s", "delivered/raw")  # fmt: skip
+    report.table(headers, [row.cells() for row in rows])
+    report.note(f"raw claims aborted as deadlocked (asked again), in all: {claim.RAW_DEADLOCKS[0]}")
+    for row in rows:
+        label = f"delivered/raw {row.workspaces}ws, {row.replicas} replica(s)"
+        report.target(label, row.ratio, f">= {claim.TARGET_RAW:g}x", row.ratio >= claim.TARGET_RAW)
