@@ -47,7 +47,14 @@ class ProviderHttp:
     ) -> None:
         self._secret = secret
         self._timeout = timeout_seconds
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_seconds), transport=transport)
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_seconds),
+            # Drop idle connections before common servers do (uvicorn: 5 s), as the tool
+            # client does: a request on a socket the server is closing fails with a
+            # ReadError and parks the run as a model outage for nothing.
+            limits=httpx.Limits(keepalive_expiry=2.0),
+            transport=transport,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
