@@ -4,7 +4,7 @@ Workspaces, agents and versions are made through the store; runs are bulk-loaded
 generate_series (a claim reads nothing else). Every bench workspace is on the enterprise plan
 with a cap above the number of runs, so that caps never decide a figure.
 
-Throughput at the store: 10k (quick: 2k) queued runs, in 1 workspace and then spread over
+Throughput at the store: 5k (quick: 2k) queued runs, in 1 workspace and then spread over
 100; 2 claimers (what two control-plane replicas' dispatch loops are), each on its own
 connection, claim until the runs are claimed (batch 1: a fifth of them), for batch sizes 1 and
 64 (the dispatcher's batch); each fair row (control_plane/store/lease.py `claim_due`) right
@@ -38,7 +38,7 @@ from control_plane.store.db import create_pool
 from control_plane.store.lease import claim_due
 
 CLAIMERS = 2
-QUEUED = 10_000
+QUEUED = 5_000
 LAYOUTS = (1, 100)  # workspaces the queued runs are spread over
 BATCHES = (1, 64)
 SHALLOW = 10_000
