@@ -75,10 +75,14 @@
 -- What is left, honestly. The same residual the lease margin has always
 -- had: a process paused (SIGSTOP, a long GC or scheduling stall) after its
 -- last check and before the request's bytes leave may wake after the run
--- was taken over and send once. The window is now m instead of the lease's
--- safety margin, but it is the same kind of window, and the resulting
--- commit is still fenced. A request that must first open a new connection
--- to its provider spends the connect time inside that window too.
+-- was taken over and send once. Before, the pause had to outlast what was
+-- left of the lease after the check (at least its safety margin, 6 s by
+-- default); now it has to outlast what is left of H + m (at least m, 0.5 s
+-- by default). It is the same kind of window, smaller in time, and the
+-- commit that follows is still fenced. A request that must first open a
+-- new connection to its provider spends its connect time in that window
+-- too. Like every lease, the release trusts the database's clock not to
+-- jump forward (a step of it moves every wake_at alike).
 
 -- name: claim_plan_generic :exec
 -- Plan the claim's statements once per connection: their plans do not
