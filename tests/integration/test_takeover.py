@@ -162,7 +162,7 @@ async def _fault_and_measure(db, run_ids, fleet, spawn, stop: bool) -> list[floa
                 return proc, mine
         return None
 
-    proc, mine = await eventually(victim, timeout=30, message="no executor holds a run")
+    proc, mine = await eventually(victim, timeout=30, message="no live executor holds a run")
     struck = time.time()
     proc.stop() if stop else proc.kill()
     fleet.append(spawn())
@@ -174,12 +174,14 @@ async def _fault_and_measure(db, run_ids, fleet, spawn, stop: bool) -> list[floa
                 "SELECT lease_epoch, attempt, held_since, status FROM runs WHERE run_id = $1",
                 run_id,
             )
-            if row["lease_epoch"] > epoch:
+            # Claimed again; or a commit that was in flight when it struck finished or
+            # parked the run first (no takeover to measure).
+            if row["lease_epoch"] > epoch or row["status"] != "running":
                 return row
             return None
 
         row = await eventually(claimed_again, timeout=40, message=f"{run_id} never claimed again")
-        if row["attempt"] == attempt + 1:  # a takeover (not a commit that landed first)
+        if row["lease_epoch"] > epoch and row["attempt"] == attempt + 1:  # a takeover
             latencies.append(row["held_since"].timestamp() - struck)
     if stop:
         proc.cont()
@@ -200,6 +202,11 @@ async def _takeover_under_faults(
     latencies: list[float] = []
     rng = random.Random(7)
     for n in range(faults):
+        if not await db.fetchval(
+            "SELECT count(*) FROM runs WHERE run_id = ANY($1::uuid[]) "
+            "AND status NOT IN ('completed', 'failed', 'cancelled')", run_ids,
+        ):  # fmt: skip
+            break  # every run is done: nothing left to strike
         # Every third fault is a SIGSTOP: a paused holder, taken over early, woken later.
         latencies += await _fault_and_measure(db, run_ids, fleet, spawn, stop=n % 3 == 2)
         await asyncio.sleep(rng.uniform(*pause))  # the fault schedule, not a synchronisation
@@ -228,5 +235,6 @@ async def test_takeover_latency_under_the_fault_suites_load(
     stack, executor_factory, sandbox_model, sandbox_providers, db
 ):
     faults = int(os.environ.get("AGENTRUN_CHAOS_TAKEOVER_FAULTS", "20"))
+    set_fault(sandbox_model.url, delay_ms=1000)  # enough work to outlast the faults
     await _takeover_under_faults(stack, executor_factory, sandbox_model, sandbox_providers, db,
-                                 faults=faults, runs=30, pause=(2.0, 5.0))  # fmt: skip
+                                 faults=faults, runs=80, pause=(2.0, 5.0))  # fmt: skip
