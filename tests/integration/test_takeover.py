@@ -10,7 +10,7 @@
 Sizes are scaled for the suite and can be raised: AGENTRUN_TEST_BLACKHOLE_SECONDS (how
 long the partition lasts, and at least until the takeover is seen; default 6 s, past
 detection (3 s) and takeover (~3.5 s); the issue's scenario is 45 s), and
-AGENTRUN_TEST_TAKEOVER_FAULTS (kills and stops; default 3).
+AGENTRUN_TEST_TAKEOVER_FAULTS (a kill -9, then a SIGSTOP, and so on; default 2).
 The `chaos` version runs more faults at the issue's rate (a fault every 2-5 s).
 """
 
@@ -35,7 +35,7 @@ from tests.integration.test_durability import WRITER_TOOLS, check_run
 
 LEASE = {"AGENTRUN_LEASE_SECONDS": "30", "AGENTRUN_HEARTBEAT_SECONDS": "10"}
 BLACKHOLE_SECONDS = float(os.environ.get("AGENTRUN_TEST_BLACKHOLE_SECONDS", "6"))
-FAULTS = int(os.environ.get("AGENTRUN_TEST_TAKEOVER_FAULTS", "3"))
+FAULTS = int(os.environ.get("AGENTRUN_TEST_TAKEOVER_FAULTS", "2"))
 NOTICE_BOUND = 5.0
 P50_BOUND, P99_BOUND = 3.0, 10.0
 
@@ -125,7 +125,7 @@ async def test_a_black_holed_stream_is_noticed_both_ways_and_its_runs_move_on(
 
         # Runs started after the control plane noticed go to the live executor on their first
         # claim: nothing was claimed for (or assigned into) the dead stream.
-        late = [await api.start("writer", f"late lead {i}") for i in range(2)]
+        late = [await api.start("writer", "late lead")]
         await eventually(taken_over, timeout=15, message="the runs were not taken over")
         took = time.monotonic() - opened
         print(f"black hole: executor noticed in {executor_noticed:.2f}s, control plane in "
@@ -207,8 +207,9 @@ async def _takeover_under_faults(
             "AND status NOT IN ('completed', 'failed', 'cancelled')", run_ids,
         ):  # fmt: skip
             break  # every run is done: nothing left to strike
-        # Every third fault is a SIGSTOP: a paused holder, taken over early, woken later.
-        latencies += await _fault_and_measure(db, run_ids, fleet, spawn, stop=n % 3 == 2)
+        # Every third fault (the second first) is a SIGSTOP: a paused holder, taken over
+        # early, woken later.
+        latencies += await _fault_and_measure(db, run_ids, fleet, spawn, stop=n % 3 == 1)
         await asyncio.sleep(rng.uniform(*pause))  # the fault schedule, not a synchronisation
     await check_all(api, run_ids, sandbox_model, sandbox_providers)
     assert latencies, "no fault caught a run mid-hold: the test measured nothing"
@@ -227,7 +228,7 @@ async def test_kill_and_stop_take_over_within_seconds_not_the_lease(
     stack, executor_factory, sandbox_model, sandbox_providers, db
 ):
     await _takeover_under_faults(stack, executor_factory, sandbox_model, sandbox_providers, db,
-                                 faults=FAULTS, runs=6, pause=(0.5, 1.5))  # fmt: skip
+                                 faults=FAULTS, runs=4, pause=(0.5, 1.0))  # fmt: skip
 
 
 @pytest.mark.chaos
