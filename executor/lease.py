@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agentrun.v1 import executor_pb2
-from executor.horizon import STALE, SendHorizon
+from executor.horizon import SESSION_GONE, STALE, SendHorizon
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +131,10 @@ class LeaseKeeper:
         return self.horizon.refuses(held.session)
 
     def carried_over(self, run_id: str) -> bool:
-        """True if the lease's horizon session is gone: it will never permit a send again."""
+        """True if the stream that granted the lease is gone (ended, or replaced by a
+        reconnect): the lease will never permit a send again."""
         held = self._leases.get(run_id)
-        return held is not None and held.session not in (None, self.horizon.session)
+        return held is not None and self.horizon.refuses(held.session) == SESSION_GONE
 
     async def wait_to_send(self, run_id: str) -> str | None:
         """Wait while only a fresh acknowledgement is missing; None once the run may send,

@@ -41,11 +41,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 BACKOFF_START = 0.1
+BACKOFF_CAP = 2.0
 # Liveness: a Ping this often once welcomed with a send horizon; a stream that answers
 # none for STREAM_DEAD_SECONDS is declared dead (a half-open connection) and replaced.
 PING_SECONDS = 0.5
 STREAM_DEAD_SECONDS = 3.0
-BACKOFF_CAP = 2.0
 # How long a tool call waits for its connection token (a refresh included).
 TOKEN_TIMEOUT_SECONDS = 20.0
 # What the control plane answers when a connection cannot be used for this run.
@@ -310,9 +310,10 @@ class ControlPlaneStream:
             self._ping()
 
     def _ping(self) -> None:
-        request_id = next(self._ids)
+        # Read before it is queued, so it can only be earlier than the control plane's receipt.
+        request_id, sent_at = next(self._ids), self._clock()
         if self._send(executor_pb2.ConnectRequest(ping=executor_pb2.Ping(request_id=request_id))):
-            self._pings[request_id] = self._clock()
+            self._pings[request_id] = sent_at
 
     def _on_pong(self, pong: executor_pb2.Pong) -> None:
         self._heard_at = self._clock()

@@ -66,6 +66,7 @@ def test_a_lease_carried_over_a_reconnect_never_sends_again_but_a_new_one_does()
     assert leases.send_refusal("old") is None
     leases.horizon.end()  # the stream broke (or was declared silent)
     assert leases.send_refusal("old") == SESSION_GONE
+    assert leases.carried_over("old")  # already while reconnecting
     leases.horizon.begin(1.5)
     leases.horizon.ack(clock.now)
     leases.hold(lease("new"))
