@@ -51,6 +51,13 @@ class ServerConfig:
     # Runs of fast-path versions are heartbeated this often (control_plane/dispatch/fast_path.py).
     fast_path_heartbeat_seconds: float = 2.0
     claim_poll_seconds: float = 0.5
+    # Fast takeover (control_plane/dispatch/liveness.py, safety argument in
+    # store/sql/lease.sql): the send horizon H announced in the Welcome (0: off, runs of
+    # a broken stream wait out their lease), the margin added to it before a broken
+    # stream's runs may be taken over, and how long a pinging stream may stay silent.
+    send_horizon_seconds: float = 1.5
+    release_margin_seconds: float = 0.5
+    stream_dead_seconds: float = 3.0
     claim_batch: int = 64
     release: str = "dev"
     # AGENTRUN_RELEASE_GATE=canary: a release takes new runs only once promoted or past a
@@ -128,6 +135,7 @@ class ServerConfig:
                 "AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS", cls.fast_path_heartbeat_seconds
             ),
             claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
+            **cls._liveness_from_env(),
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
             release_gate=_choice("AGENTRUN_RELEASE_GATE", ("off", "canary")) == "canary",
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
@@ -147,6 +155,20 @@ class ServerConfig:
             ),
             push_poll_seconds=_float("AGENTRUN_PUSH_POLL_SECONDS", cls.push_poll_seconds),
             **cls._transport_from_env(),
+        )
+
+    @classmethod
+    def _liveness_from_env(cls) -> dict[str, Any]:
+        """The send horizon, its release margin and the silent-stream timeout."""
+        horizon = _float("AGENTRUN_SEND_HORIZON_SECONDS", cls.send_horizon_seconds)
+        margin = _float("AGENTRUN_RELEASE_MARGIN_SECONDS", cls.release_margin_seconds)
+        dead = _float("AGENTRUN_STREAM_DEAD_SECONDS", cls.stream_dead_seconds)
+        if horizon < 0 or margin < 0.1 or dead <= 0:
+            raise SystemExit("AGENTRUN_SEND_HORIZON_SECONDS must be >= 0, "
+                             "AGENTRUN_RELEASE_MARGIN_SECONDS >= 0.1, "
+                             "AGENTRUN_STREAM_DEAD_SECONDS > 0")  # fmt: skip
+        return dict(
+            send_horizon_seconds=horizon, release_margin_seconds=margin, stream_dead_seconds=dead
         )
 
     @classmethod

@@ -44,6 +44,10 @@ class ExecutorConfig:
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
     drain_seconds: float = 10.0
+    # Stream liveness (executor/stream.py): a Ping this often once the control plane
+    # announced a send horizon; no Pong for stream_dead_seconds declares the stream dead.
+    ping_seconds: float = 0.5
+    stream_dead_seconds: float = 3.0
     redis_url: str | None = field(default=None, repr=False)
     rate_limits: RateTable = field(default_factory=RateTable)
     rate_cooldown_seconds: float = 60.0
@@ -92,6 +96,10 @@ class ExecutorConfig:
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
             drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            ping_seconds=_positive_float(env, "AGENTRUN_PING_SECONDS", defaults.ping_seconds),
+            stream_dead_seconds=_positive_float(
+                env, "AGENTRUN_STREAM_DEAD_SECONDS", defaults.stream_dead_seconds
+            ),
             executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             installation=env.get("AGENTRUN_INSTALLATION_ID", ""),
             payload_threshold_bytes=_positive_int(

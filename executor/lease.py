@@ -1,4 +1,13 @@
-"""The executor's own view of the leases it holds, and the heartbeat that renews them."""
+"""The executor's own view of the leases it holds, and the heartbeat that renews them.
+
+Two clocks bound what a run may do. Its lease (renewed by heartbeats and commits,
+counted from their send time) bounds every write: past `valid_until - margin`
+the run stops itself. The send horizon (executor/horizon.py) bounds tool requests
+much more tightly: a request starts only within H of the last liveness
+acknowledgement of the session that granted the lease, so the control plane can
+let another executor take the run over soon after the stream breaks instead of
+at lease expiry. Why that is safe: control_plane/store/sql/lease.sql.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agentrun.v1 import executor_pb2
+from executor.horizon import SESSION_GONE, STALE, SendHorizon
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +28,9 @@ HeartbeatSender = Callable[
     [Sequence[executor_pb2.Lease], float], Awaitable[executor_pb2.HeartbeatResult | None]
 ]
 Fence = Callable[[str, str], None]
+
+LEASE_UNSAFE = "lease too close to expiry to send a tool request"
+NOT_HELD = "the lease is no longer held"
 
 
 def safety_margin(lease_duration: float) -> float:
@@ -36,6 +49,8 @@ class HeldLease:
 
     lease: executor_pb2.Lease
     valid_until: float
+    # The session whose horizon guards sends under this lease (None: unguarded).
+    session: int | None = None
     # Heartbeat at least this often while held (a fast-path run's 2 s); 0: the session's.
     interval: float = 0.0
 
@@ -61,6 +76,7 @@ class LeaseKeeper:
         clock: Clock = time.monotonic,
         lease_duration: float = 30.0,
         heartbeat_interval: float = 10.0,
+        horizon: SendHorizon | None = None,
     ) -> None:
         self._heartbeat = heartbeat
         self._fence = fence
@@ -69,6 +85,7 @@ class LeaseKeeper:
         self.lease_duration = lease_duration
         self.heartbeat_interval = heartbeat_interval
         self._rescheduled = asyncio.Event()
+        self.horizon = horizon or SendHorizon(clock)
 
     def configure(self, lease_duration: float, heartbeat_interval: float) -> None:
         """Adopt the durations the control plane announced in its Welcome."""
@@ -96,7 +113,7 @@ class LeaseKeeper:
         The claim happened just before the assignment arrived; the safety
         margin covers that dispatch delay.
         """
-        held = HeldLease(lease, self._clock() + self.lease_duration, interval)
+        held = HeldLease(lease, self._clock() + self.lease_duration, self.horizon.grant(), interval)
         sooner = 0 < interval < self.interval
         self._leases[lease.run_id] = held
         if sooner:  # a sleep begun under the longer interval must not be waited out
@@ -115,6 +132,28 @@ class LeaseKeeper:
     def is_safe(self, run_id: str) -> bool:
         held = self._leases.get(run_id)
         return held is not None and held.is_safe(self._clock(), self.margin)
+
+    def send_refusal(self, run_id: str) -> str | None:
+        """Why the run may not start a tool request now (None: it may)."""
+        held = self._leases.get(run_id)
+        if held is None:
+            return NOT_HELD
+        if not held.is_safe(self._clock(), self.margin):
+            return LEASE_UNSAFE
+        return self.horizon.refuses(held.session)
+
+    def carried_over(self, run_id: str) -> bool:
+        """True if the stream that granted the lease is gone (ended, or replaced by a
+        reconnect): the lease will never permit a send again."""
+        held = self._leases.get(run_id)
+        return held is not None and self.horizon.refuses(held.session) == SESSION_GONE
+
+    async def wait_to_send(self, run_id: str) -> str | None:
+        """Wait while only a fresh acknowledgement is missing; None once the run may send,
+        else why it may not (for good: the lease is unsafe or its session is gone)."""
+        while (refusal := self.send_refusal(run_id)) == STALE:
+            await self.horizon.changed(0.1)
+        return refusal
 
     def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
         """A commit under this lease was acknowledged: it renewed the lease when it landed."""

@@ -29,6 +29,7 @@ from executor import (
 from executor import metrics as m
 from executor.canary import TOOL as CANARY_TOOL
 from executor.canary import tool_output as canary_output
+from executor.horizon import SEND_GATE, SESSION_GONE
 from executor.lease import LeaseKeeper
 from executor.models import profiles
 from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
@@ -52,6 +53,7 @@ from executor.tools import chain, credentials, definitions, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
+from executor.tools.http_tool import NotSent
 from telemetry import logs, tracing
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,8 @@ class RunLoop:
     async def run(self) -> str:
         """Drive the run; one span (and the log context) per hold, each commit a child."""
         run, lease = self._run, self.lease
+        # The last-moment check right before a tool request leaves (executor/horizon.py).
+        SEND_GATE.set(lambda: self._deps.leases.send_refusal(self.run_id))
         attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
                       "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
         with (
@@ -190,6 +194,9 @@ class RunLoop:
                 return "done"
             if self._handoff.is_set() and not isinstance(action, FinishCompleted):
                 return await self._park("handoff", 0.0, "executor draining: handed back")
+            if isinstance(action, (StartTool, ResolveUnknown)) and self._carried_over():
+                return await self._park("handoff", 0.0, "stream replaced since the lease was "
+                                        "granted: handed back to send under a fresh one")  # fmt: skip
             now = self._deps.wall_clock()
             error = limits.exceeded(
                 self._run, replay.counters(self.entries), action, now, now - self._held_from
@@ -710,10 +717,19 @@ class RunLoop:
         log.warning("run %s: outcome of %s unknown; parked for a person", self.run_id, tool)
         return "parked"
 
-    def _guard(self) -> None:
-        """Self-fencing: never send a request under a lease that may lapse meanwhile."""
-        if not self._deps.leases.is_safe(self.run_id):
-            raise RunFenced("lease too close to expiry to send a tool request")
+    def _carried_over(self) -> bool:
+        """The lease came over a reconnect: it may commit, never send (executor/horizon.py)."""
+        return self._deps.leases.carried_over(self.run_id)
+
+    async def _guard(self) -> None:
+        """Self-fencing: never send a request under a lease that may lapse meanwhile, nor
+        past the send horizon (a missing acknowledgement is waited for, never guessed)."""
+        refusal = await self._deps.leases.wait_to_send(self.run_id)
+        if refusal == SESSION_GONE:
+            # Never sent: the delivery says so (or sends once a fresh lease allows it).
+            raise NotSent(f"not sent: {refusal}")
+        if refusal is not None:
+            raise RunFenced(refusal)
 
     # -- commits ------------------------------------------------------------
 

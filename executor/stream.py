@@ -9,11 +9,12 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc
+from executor.horizon import SendHorizon
 from executor.tools.credentials import ConnectionUnusable, Granted
 from executor.tools.http_tool import NotSent
 from executor.transport import ChannelSecurity, open_channel
@@ -26,9 +27,11 @@ UNAVAILABLE = executor_pb2.COMMIT_OUTCOME_UNAVAILABLE
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Notice a dead control plane (half-open TCP) within ~30 s even when idle.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    # The transport's own check for a dead connection, behind the stream's Ping/Pong
+    # (which notices a silent stream within seconds); no more often than the
+    # control plane permits (grpc.http2.min_ping_interval_without_data_ms: 5 s).
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
     # The channel's own reconnect backoff defaults to 1 s .. 120 s; keep it in
     # step with ours so a restarted control plane is found again quickly.
@@ -39,6 +42,10 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 BACKOFF_START = 0.1
 BACKOFF_CAP = 2.0
+# Liveness: a Ping this often once welcomed with a send horizon; a stream that answers
+# none for STREAM_DEAD_SECONDS is declared dead (a half-open connection) and replaced.
+PING_SECONDS = 0.5
+STREAM_DEAD_SECONDS = 3.0
 # How long a tool call waits for its connection token (a refresh included).
 TOKEN_TIMEOUT_SECONDS = 20.0
 # What the control plane answers when a connection cannot be used for this run.
@@ -97,6 +104,8 @@ class ControlPlaneStream:
         options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
         security: ChannelSecurity | None = None,
         credential: str = "",
+        ping_seconds: float = PING_SECONDS,
+        dead_after: float = STREAM_DEAD_SECONDS,
     ) -> None:
         self._target = target
         # TLS files are read here, so a missing one stops the executor as it starts.
@@ -119,6 +128,12 @@ class ControlPlaneStream:
         self._had_welcome = False
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # The send horizon (executor/horizon.py): sessions, and their last acknowledged Ping.
+        self.horizon = SendHorizon(clock)
+        self._ping_seconds, self._dead_after = ping_seconds, dead_after
+        self._pings: dict[int, float] = {}
+        self._heard_at = 0.0
+        self._silent = False
 
     @property
     def connected(self) -> bool:
@@ -231,9 +246,7 @@ class ControlPlaneStream:
         return True
 
     async def _run(self) -> None:
-        channel = open_channel(self._target, self._options, self._credentials)
-        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
-        self._stub = stub
+        channel, stub = self._open()
         failures = 0
         try:
             while not self._closing:
@@ -243,32 +256,80 @@ class ControlPlaneStream:
                     log.exception("control plane stream failed")
                 if self._closing:
                     break
+                if self._silent:
+                    # Its connection may be black-holed: a new stream on it would be too.
+                    await channel.close(grace=None)
+                    channel, stub = self._open()
                 failures = 0 if self._had_welcome else failures + 1
                 await asyncio.sleep(backoff(failures))
         finally:
             self._end_session()
             await channel.close(grace=None)
 
+    def _open(self) -> tuple[grpc.aio.Channel, executor_pb2_grpc.ExecutorServiceStub]:
+        channel = open_channel(self._target, self._options, self._credentials)
+        self._stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        return channel, self._stub
+
     async def _session(self, stub: executor_pb2_grpc.ExecutorServiceStub) -> None:
         queue: asyncio.Queue[executor_pb2.ConnectRequest | None] = asyncio.Queue()
         queue.put_nowait(executor_pb2.ConnectRequest(hello=self._hello()))
         self._queue = queue
-        self._had_welcome = False
+        self._had_welcome = self._silent = False
+        call = stub.Connect(_drain(queue), metadata=self._metadata)
+        watchdog = asyncio.create_task(self._watch(call), name="stream-liveness")
         try:
-            call = stub.Connect(_drain(queue), metadata=self._metadata)
             async for response in call:
                 self._dispatch(response)
             if not self._closing:
                 log.warning("control plane ended the stream")
+        except asyncio.CancelledError:
+            if not self._silent or _cancelling():
+                raise
+            # The watchdog cancelled the call: a silent stream, already logged.
         except grpc.aio.AioRpcError as exc:
             # Loud once when a working stream breaks; quiet while still unreachable.
             level = logging.WARNING if self._had_welcome else logging.DEBUG
             details = f"{exc.code().name}: {exc.details()}"
             log.log(level, "control plane stream lost (%s); reconnecting", details)
         finally:
+            watchdog.cancel()
             self._end_session()
 
+    async def _watch(self, call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
+        """Ping while welcomed with a horizon; a stream that answers none for `dead_after`
+        seconds is dead (its connection half-open): end it, so the executor reconnects."""
+        while True:
+            await asyncio.sleep(self._ping_seconds)
+            if not self._welcomed or self.horizon.horizon <= 0:
+                continue
+            silent_for = self._clock() - self._heard_at
+            if silent_for > self._dead_after:
+                log.warning("control plane stream silent for %.1fs (no Pong): declaring it "
+                            "dead and reconnecting", silent_for)  # fmt: skip
+                self._silent = True
+                self.horizon.end()  # before anything else: no send on its leases from now
+                call.cancel()
+                return
+            self._ping()
+
+    def _ping(self) -> None:
+        # Read before it is queued, so it can only be earlier than the control plane's receipt.
+        request_id, sent_at = next(self._ids), self._clock()
+        if self._send(executor_pb2.ConnectRequest(ping=executor_pb2.Ping(request_id=request_id))):
+            self._pings[request_id] = sent_at
+
+    def _on_pong(self, pong: executor_pb2.Pong) -> None:
+        self._heard_at = self._clock()
+        sent_at = self._pings.get(pong.request_id)
+        # Pongs come back in order: this one answers every earlier Ping too.
+        self._pings = {i: t for i, t in self._pings.items() if i > pong.request_id}
+        if sent_at is not None:
+            self.horizon.ack(sent_at)
+
     def _end_session(self) -> None:
+        self.horizon.end()
+        self._pings.clear()
         self._queue = None
         self._welcomed = False
         for future in self._heartbeats.values():
@@ -293,6 +354,8 @@ class ControlPlaneStream:
                 self._handler.on_cancel(response.cancel)
             elif kind == "drain":
                 self._handler.on_drain(response.drain)
+            elif kind == "pong":
+                self._on_pong(response.pong)
         except Exception:
             log.exception("handling %s from the control plane failed", kind)
 
@@ -305,6 +368,10 @@ class ControlPlaneStream:
     def _on_welcome(self, welcome: executor_pb2.Welcome) -> None:
         self._welcomed = True
         self._had_welcome = True
+        self.horizon.begin(welcome.send_horizon.ToNanoseconds() / 1e9)
+        self._heard_at = self._clock()
+        if self.horizon.horizon > 0:
+            self._ping()  # the first acknowledgement opens the horizon: ask for it now
         log.info(
             "connected to control plane %s (session %s, release %s)",
             self._target,
@@ -319,6 +386,12 @@ class ControlPlaneStream:
             if pending.first_sent_at is None:
                 pending.first_sent_at = now
         self._handler.on_welcome(welcome)
+
+
+def _cancelling() -> bool:
+    """True if this task itself is being cancelled (not just the call it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _drain(

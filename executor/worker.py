@@ -73,8 +73,12 @@ class Worker:
             self,
             security=config.tls,
             credential=config.executor_key,
+            ping_seconds=config.ping_seconds,
+            dead_after=config.stream_dead_seconds,
         )
-        self._leases = LeaseKeeper(self._stream.heartbeat, self._fence)
+        self._leases = LeaseKeeper(
+            self._stream.heartbeat, self._fence, horizon=self._stream.horizon
+        )
         # Large results travel apart from the stream, on a channel of their own.
         self._payloads = PayloadClient(
             config.control_plane, CHANNEL_OPTIONS, config.tls, config.executor_key

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
@@ -15,6 +16,7 @@ from control_plane.api import convert
 from control_plane.config import ServerConfig
 from control_plane.credits.claims import reserve_claimed
 from control_plane.dispatch import fast_path
+from control_plane.dispatch.liveness import release_on_break
 from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
@@ -71,7 +73,12 @@ class Dispatcher:
         if self._sessions.get(session.executor_id) is session:
             del self._sessions[session.executor_id]
         # Its tools no longer count for publishing (a kill -9 elsewhere lets the row go stale).
-        task = asyncio.create_task(self._forget(session.executor_id, session.id))
+        self._in_background(self._forget(session.executor_id, session.id))
+        # Its runs may be taken over within seconds, not at lease expiry.
+        self._in_background(release_on_break(self.pool, session, self.poke))
+
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -132,7 +139,7 @@ class Dispatcher:
         Key = tuple[tuple[str, ...] | None, frozenset[str], str, tuple[str, ...]]
         groups: dict[Key, list[ExecutorSession]] = {}
         for session in self._sessions.values():
-            if session.draining:
+            if session.draining or session.liveness.dead:
                 continue
             scope = tuple(sorted(session.scope)) if session.scope is not None else None
             key = (scope, session.tools, session.release, session.continues)
@@ -174,19 +181,28 @@ class Dispatcher:
     async def _deliver(self, run: Run, steps: list[Step]) -> None:
         session = self._sessions.get(run.lease_owner or "")
         key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
-        if session is None or session.credits <= 0:
+        if session is None or session.credits <= 0 or session.liveness.dead:
             await lease_store.release_unassigned(self.pool, key)
             return
         session.credits -= 1
         await self.assign(session, run, steps)
 
-    async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> None:
-        """Send a leased run to `session`, whose credit for it is taken already."""
+    async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
+        """Send a leased run to `session`, whose credit for it is taken already; False (the
+        run handed back, runnable again) when the stream was declared dead meanwhile."""
         version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
+        # Checked after the last await: nothing is ever sent into a stream declared dead.
+        if session.liveness.dead:
+            key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
+            await lease_store.release_unassigned(self.pool, key)
+            return False
+        # Recorded so that the stream's break releases this run early too.
+        session.liveness.workspaces[run.run_id] = run.workspace_id
         session.held[run.run_id] = run.lease_epoch
         session.send(pb.ConnectResponse(assignment=fast_path.assignment(
             run, version, steps, self.config.fast_path_heartbeat_seconds, tools
         )))  # fmt: skip
+        return True
 
     async def _version(self, ws: str, agent_id: str, version: int) -> Pinned:
         """The agent version and the definitions of the workspace's own registry tools it

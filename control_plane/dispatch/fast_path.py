@@ -128,7 +128,7 @@ def pick(sessions: Sequence[ExecutorSession], workspace_id: str, tools: Sequence
     needed = set(tools)
     fits = [
         s for s in sessions
-        if s.credits > 0 and not s.draining and s.executor_id
+        if s.credits > 0 and not s.draining and s.executor_id and not s.liveness.dead
         and (s.scope is None or workspace_id in s.scope) and needed <= s.tools
     ]  # fmt: skip
     return max(fits, key=lambda s: s.credits, default=None)
@@ -203,7 +203,9 @@ class FastPath:
             await lease_store.release_unassigned(self._pool, key)
             FAST_PATH.labels("queued").inc()
             return False
-        await self._dispatcher.assign(session, run, leased.steps)
+        if not await self._dispatcher.assign(session, run, leased.steps):
+            FAST_PATH.labels("queued").inc()  # declared dead meanwhile: handed back
+            return False
         FAST_PATH.labels("dispatched").inc()
         log.info("run %s of workspace %s dispatched on the fast path to %s (epoch %d)",
                  run.run_id, run.workspace_id, session.executor_id, run.lease_epoch)  # fmt: skip

@@ -23,6 +23,7 @@ from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.canary import CANARY_WORKSPACE
 from control_plane.connections import parks as connection_parks
 from control_plane.dispatch import commits
+from control_plane.dispatch.liveness import Liveness
 from control_plane.errors import InvalidArgument, status_for
 from control_plane.releases import tell_draining
 from control_plane.store import executor_tools, releases
@@ -143,6 +144,8 @@ class ExecutorSession:
         self.continues: tuple[str, ...] = ()
         self.draining = False
         self._dispatcher = dispatcher
+        # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
+        self.liveness = Liveness(dispatcher.config)
         self._pool: Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -197,6 +200,8 @@ class ExecutorSession:
             self._spawn(self._commit(req.commit))
         elif which == "heartbeat":
             self._spawn(self._heartbeat(req.heartbeat))
+        elif which == "ping":
+            self.liveness.on_ping(self, req.ping)
         elif which == "delta":  # a fast-path run's model output, for its watchers
             self._dispatcher.deltas.offer(self, req.delta)
 
@@ -204,6 +209,7 @@ class ExecutorSession:
         self.executor_id = hello.executor_id or f"anonymous-{self.id}"
         for lease in hello.held:
             self.held[uuid.UUID(lease.run_id)] = lease.epoch
+            self.liveness.workspaces[uuid.UUID(lease.run_id)] = lease.workspace_id
         self.tools = frozenset(t.name for t in hello.tools)
         self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
         self._spawn(self._open(hello))
@@ -230,7 +236,9 @@ class ExecutorSession:
             lease_duration=convert.duration(cfg.lease_seconds),
             heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
             server_release=cfg.release,
+            send_horizon=convert.duration(cfg.send_horizon_seconds),
         )))  # fmt: skip
+        self._spawn(self.liveness.watch(self))
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
             tell_draining([self], await asyncio.wait_for(releases.draining(self._pool),
                                                          RECORD_TIMEOUT))  # fmt: skip

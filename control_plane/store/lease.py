@@ -204,3 +204,15 @@ async def release_unassigned(
 ) -> None:
     """Make a claimed-but-undelivered run runnable again now."""
     await run(pool, "run_release_unassigned", lease.workspace_id, lease.run_id, lease.epoch, now)
+
+
+async def release_on_break(
+    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], after_seconds: float,
+    now: datetime | None = None,
+) -> list[LeaseKey]:  # fmt: skip
+    """Let these runs, still held by `owner` at these epochs, be taken over `after_seconds`
+    from now (sooner if their lease lapses sooner): its stream ended. The ones moved."""
+    if not leases:
+        return []
+    rows = await run(pool, "run_release_on_break", owner, *_columns(leases), after_seconds, now)
+    return [LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows]

@@ -47,7 +47,8 @@ PENDING_BACKOFF_START = 1.0
 PENDING_BACKOFF_CAP = 300.0
 MAX_PENDING_PARKS = 8
 
-Guard = Callable[[], None]
+# Raises if the request must not leave; may first wait (the send horizon).
+Guard = Callable[[], Awaitable[None] | None]
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -262,7 +263,9 @@ class ToolDelivery:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    guard()  # never send under a lease that may have lapsed
+                    # Never send under a lease that may have lapsed, or past the horizon.
+                    if (waiting := guard()) is not None:
+                        await waiting
                     output = await request()
         except ToolSendError as exc:
             return _Failed(classify(exc, call_class), exc, attempts)

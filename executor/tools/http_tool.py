@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from executor import horizon
 from executor.config import ExecutorConfig
 from executor.retry_after import retry_after
 from executor.tools import template
@@ -134,6 +135,8 @@ class HttpToolClient:
             )
         else:
             request = self._http.build_request(method, url, json=dict(arguments), headers=headers)
+        if (refusal := horizon.blocked_now()) is not None:  # the run's last-moment check
+            raise NotSent(f"not sent: {refusal}")
         try:
             response = await self._http.send(request)
         except _NOT_SENT as exc:

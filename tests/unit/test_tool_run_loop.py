@@ -38,6 +38,15 @@ class Leases:
     def is_safe(self, run_id: str) -> bool:
         return True
 
+    def carried_over(self, run_id: str) -> bool:
+        return False
+
+    def send_refusal(self, run_id: str) -> str | None:
+        return None
+
+    async def wait_to_send(self, run_id: str) -> str | None:
+        return None
+
     def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
         pass
 

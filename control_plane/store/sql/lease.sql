@@ -24,6 +24,66 @@
 -- every run those writers added; writers that come later wait for the claim
 -- to commit and lower the raised value again.
 
+-- Release on break: why a broken stream's runs may be taken over within
+-- seconds (run_release_on_break) without any tool request still leaving from
+-- the old holder, and why fencing is unchanged.
+--
+-- The promise. Whatever the old holder does, no tool request (or other
+-- external action) of a run starts after another executor may have claimed
+-- it. Commits need no such promise: every one is fenced by the epoch in the
+-- same transaction as before, and nothing here touches epochs.
+--
+-- The two clocks. The executor (executor/horizon.py) starts a tool request
+-- only while, on its own monotonic clock, now < s + H, where s is the *send*
+-- time of the last Ping that this stream acknowledged (a Pong), and only for
+-- a lease granted by an Assignment on this same stream. The control plane
+-- (control_plane/dispatch/liveness.py) notes r, the time it *received* the
+-- last Ping, before it answers it; when the stream ends for any reason
+-- (closed, reset, or silent for AGENTRUN_STREAM_DEAD_SECONDS) it writes, for
+-- the leases the stream held, wake_at = least(wake_at, now() + (r + H + m
+-- - t)), t being its own monotonic time then; the claim takes a lapsed lease
+-- only once wake_at <= now().
+--
+-- Why that holds. Let s_k be the send time of the last Ping the executor saw
+-- acknowledged. The control plane answered it, so it received it at r_k >=
+-- s_k, and r >= r_k (it notes every Ping before answering, and answers none
+-- after the stream ends). The executor's last possible start is s_k + H on
+-- its clock, at most s_k + H(1 + p) real time for a clock rate error p. The
+-- release is at least r + (H + m)(1 - p) real time: the remaining time is
+-- computed before the statement runs, and any delay in running it only moves
+-- wake_at later. So the release follows the last start by at least m - 2pH
+-- (for small p), which is positive by far for any sane clock (p <= 1e-3 and
+-- H = 1.5 s make 2pH = 3 ms; the margin m defaults to 0.5 s, at least 0.1 s).
+-- The rest of m covers the few instructions between the executor's last
+-- check (executor/tools/http_tool.py, right before the request is written)
+-- and the request's first byte. The horizon is counted from the send time
+-- the way HeldLease.renew counts the lease, so it never overestimates; the
+-- lease's own safety margin still applies on top (least(): a release never
+-- keeps a run longer than its lease did).
+--
+-- Reconnects. A stream's acknowledgements vouch only for leases granted on
+-- that stream: the old stream's release may come at any time after its own
+-- r + H + m, whatever a new stream acknowledges. So a lease carried over a
+-- reconnect (Hello.held) stays the executor's own while its epoch matches:
+-- it heartbeats, and its commits land, but it never starts a tool request
+-- again. A run that needs one hands itself back (a fenced handoff park) and
+-- is claimed afresh at a new epoch, by whichever executor. An executor that
+-- never pings (an older release) is never released early; an executor told
+-- no horizon (AGENTRUN_SEND_HORIZON_SECONDS=0, or an older control plane)
+-- relies on its lease alone, as before.
+--
+-- What is left, honestly. The same residual the lease margin has always
+-- had: a process paused (SIGSTOP, a long GC or scheduling stall) after its
+-- last check and before the request's bytes leave may wake after the run
+-- was taken over and send once. Before, the pause had to outlast what was
+-- left of the lease after the check (at least its safety margin, 6 s by
+-- default); now it has to outlast what is left of H + m (at least m, 0.5 s
+-- by default). It is the same kind of window, smaller in time, and the
+-- commit that follows is still fenced. A request that must first open a
+-- new connection to its provider spends its connect time in that window
+-- too. Like every lease, the release trusts the database's clock not to
+-- jump forward (a step of it moves every wake_at alike).
+
 -- name: claim_plan_generic :exec
 -- Plan the claim's statements once per connection: their plans do not
 -- depend on the arrays they are given (every step is an index probe), and
@@ -374,3 +434,19 @@ UPDATE runs SET status = 'waiting', wait_reason = 'handoff', lease_owner = NULL,
                 release = CASE WHEN step_count <= 1 THEN NULL ELSE release END,
                 wake_at = coalesce($4::timestamptz, now()), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running';
+
+-- name: run_release_on_break :many
+-- An executor's stream ended (closed, reset, or declared silent): let the runs
+-- it held there, at these epochs, be taken over once $5 seconds have passed,
+-- or when their lease lapses if that is sooner ("Release on break" at the top
+-- of this file says why this is safe). Epochs and fencing are untouched.
+-- Database clock unless $6 fixes it.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $5) AS release_at
+)
+UPDATE runs r SET wake_at = (SELECT release_at FROM clock), updated_at = now()
+FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
+WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
+  AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
+  AND r.wake_at > (SELECT release_at FROM clock)
+RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;

@@ -239,6 +239,7 @@ class ConnectRequest(_message.Message):
     READY_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    PING_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
@@ -248,6 +249,8 @@ class ConnectRequest(_message.Message):
     def commit(self) -> Global___Commit: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def ping(self) -> Global___Ping: ...
     @_builtins.property
     def delta(self) -> Global___ModelDelta:
         """Model output of a fast-path run while it is generated (fanned out to
@@ -261,13 +264,14 @@ class ConnectRequest(_message.Message):
         ready: Global___Ready | None = ...,
         commit: Global___Commit | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        ping: Global___Ping | None = ...,
         delta: Global___ModelDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat", "delta"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat", "ping", "delta"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -317,6 +321,7 @@ class ConnectResponse(_message.Message):
     HEARTBEAT_RESULT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     DRAIN_FIELD_NUMBER: _builtins.int
+    PONG_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -329,6 +334,8 @@ class ConnectResponse(_message.Message):
     def cancel(self) -> Global___Cancel: ...
     @_builtins.property
     def drain(self) -> Global___Drain: ...
+    @_builtins.property
+    def pong(self) -> Global___Pong: ...
     def __init__(
         self,
         *,
@@ -338,12 +345,13 @@ class ConnectResponse(_message.Message):
         heartbeat_result: Global___HeartbeatResult | None = ...,
         cancel: Global___Cancel | None = ...,
         drain: Global___Drain | None = ...,
+        pong: Global___Pong | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain", "pong"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -729,6 +737,52 @@ class ApprovalRequest(_message.Message):
 Global___ApprovalRequest: _TypeAlias = ApprovalRequest  # noqa: Y015
 
 @_typing.final
+class Ping(_message.Message):
+    """Ping is the stream's liveness probe, sent every fraction of a second after
+    the Welcome; the control plane answers each with a Pong at once and writes
+    nothing. A side that hears nothing for a few seconds declares the stream
+    dead (half-open connections included) and ends it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ping: _TypeAlias = Ping  # noqa: Y015
+
+@_typing.final
+class Pong(_message.Message):
+    """Pong answers the Ping with the same request_id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pong: _TypeAlias = Pong  # noqa: Y015
+
+@_typing.final
 class Heartbeat(_message.Message):
     """Heartbeat renews every lease the executor holds, in one statement."""
 
@@ -761,12 +815,24 @@ class Welcome(_message.Message):
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     SERVER_RELEASE_FIELD_NUMBER: _builtins.int
+    SEND_HORIZON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     server_release: _builtins.str
     @_builtins.property
     def lease_duration(self) -> _duration_pb2.Duration: ...
     @_builtins.property
     def heartbeat_interval(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def send_horizon(self) -> _duration_pb2.Duration:
+        """The send horizon H (zero: none; the executor then relies on its lease
+        alone, and the control plane never releases its leases early). The
+        executor starts a tool request only while less than H has passed, on its
+        own clock, since it *sent* the last Ping this session acknowledged; the
+        control plane, when the session ends, makes the session's runs claimable
+        once H plus a margin has passed since the last Ping it *received*
+        (control_plane/store/sql/lease.sql explains why that is safe).
+        """
+
     def __init__(
         self,
         *,
@@ -774,10 +840,11 @@ class Welcome(_message.Message):
         lease_duration: _duration_pb2.Duration | None = ...,
         heartbeat_interval: _duration_pb2.Duration | None = ...,
         server_release: _builtins.str = ...,
+        send_horizon: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "send_horizon", b"send_horizon"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "server_release", b"server_release", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "send_horizon", b"send_horizon", "server_release", b"server_release", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

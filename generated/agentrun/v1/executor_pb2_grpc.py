@@ -35,6 +35,7 @@ class ExecutorServiceStub:
     executor -> Ready (free slots)            control -> Assignment (claimed run)
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+    executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
     control -> Cancel
     control -> Drain (its release drains)
 
@@ -88,6 +89,7 @@ class ExecutorServiceServicer:
     executor -> Ready (free slots)            control -> Assignment (claimed run)
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+    executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
     control -> Cancel
     control -> Drain (its release drains)
 
@@ -180,6 +182,7 @@ class ExecutorService:
     executor -> Ready (free slots)            control -> Assignment (claimed run)
     executor -> Commit (fenced steps)         control -> CommitResult
     executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+    executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
     control -> Cancel
     control -> Drain (its release drains)
 

@@ -36,6 +36,7 @@ class ExecutorServiceStub:
       executor -> Ready (free slots)            control -> Assignment (claimed run)
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+      executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
                                                 control -> Cancel
                                                 control -> Drain (its release drains)
 
@@ -85,6 +86,7 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
       executor -> Ready (free slots)            control -> Assignment (claimed run)
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+      executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
                                                 control -> Cancel
                                                 control -> Drain (its release drains)
 
@@ -130,6 +132,7 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
       executor -> Ready (free slots)            control -> Assignment (claimed run)
       executor -> Commit (fenced steps)         control -> CommitResult
       executor -> Heartbeat (all held leases)   control -> HeartbeatResult
+      executor -> Ping (liveness, ~2/s)         control -> Pong (at once)
                                                 control -> Cancel
                                                 control -> Drain (its release drains)
 

@@ -1,0 +1,115 @@
+"""One stream's liveness on the control plane: Pong every Ping, declare a silent stream
+dead, and when a stream ends let its runs be taken over soon instead of at lease expiry.
+
+Pings write nothing (no Postgres); only the release at the end of a stream does, once.
+Why releasing at `last Ping received + H + margin` is safe: control_plane/store/sql/lease.sql
+("Release on break").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter
+
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.config import ServerConfig
+from control_plane.metrics import REGISTRY
+from control_plane.store import lease as lease_store
+from control_plane.store.db import Pool
+
+if TYPE_CHECKING:
+    from control_plane.dispatch.session import ExecutorSession
+
+log = logging.getLogger(__name__)
+
+SILENT = Counter(
+    "agentrun_executor_streams_silent",
+    "Executor streams declared dead because no Ping arrived in time (half-open connections)",
+    registry=REGISTRY,
+)
+RELEASED = Counter(
+    "agentrun_leases_released_on_break",
+    "Leases of a broken executor stream made claimable before their expiry",
+    registry=REGISTRY,
+)
+
+Clock = Callable[[], float]
+
+
+class Liveness:
+    """When the stream's executor last pinged, whether the stream is dead, and the
+    workspace of each run it held (the release's key)."""
+
+    def __init__(self, config: ServerConfig, clock: Clock = time.monotonic) -> None:
+        self.horizon = config.send_horizon_seconds
+        self.margin = config.release_margin_seconds
+        self.dead_after = config.stream_dead_seconds
+        self._clock = clock
+        # None until the first Ping: an executor that never pings (an older release)
+        # is never declared silent, and its runs wait out their lease.
+        self.last_ping: float | None = None
+        self.dead = False
+        self.workspaces: dict[uuid.UUID, str] = {}
+
+    def on_ping(self, session: ExecutorSession, ping: pb.Ping) -> None:
+        """Note the time (before answering: the Pong must never outrun it), answer at once."""
+        self.last_ping = self._clock()
+        if not self.dead:
+            session.send(pb.ConnectResponse(pong=pb.Pong(request_id=ping.request_id)))
+
+    def release_in(self) -> float | None:
+        """Seconds from now until the runs of this (ended) stream may be taken over; None
+        when only their lease may decide (no horizon, or the executor never pinged)."""
+        if self.horizon <= 0 or self.last_ping is None:
+            return None
+        return max(0.0, self.last_ping + self.horizon + self.margin - self._clock())
+
+    async def watch(self, session: ExecutorSession) -> None:
+        """Declare the stream dead once a pinging executor has been silent `dead_after`
+        seconds: nothing more is assigned to it, and it is closed."""
+        if self.horizon <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(0.25, self.dead_after / 4))
+            if self.last_ping is None:
+                continue
+            silent_for = self._clock() - self.last_ping
+            if silent_for > self.dead_after:
+                self.dead = True  # first: the dispatcher reads it before every assignment
+                SILENT.inc()
+                log.warning("executor %s's stream (session %s) silent for %.1fs: declared "
+                            "dead, assigning it nothing more", session.executor_id,
+                            session.id, silent_for)  # fmt: skip
+                session.close()
+                return
+
+
+async def release_on_break(pool: Pool, session: ExecutorSession, poke: Callable[[], None]) -> None:
+    """The stream ended: its runs may be taken over at `last Ping + H + margin`; the
+    dispatcher is woken then, so the claim follows at once."""
+    liveness = session.liveness
+    delay = liveness.release_in()
+    keys = [
+        lease_store.LeaseKey(ws, run_id, epoch)
+        for run_id, epoch in list(session.held.items())
+        if (ws := liveness.workspaces.get(run_id)) is not None
+    ]
+    if delay is None or not keys:
+        return
+    try:
+        moved = await lease_store.release_on_break(pool, session.executor_id, keys, delay)
+    except Exception as exc:  # noqa: BLE001 - the leases lapse on their own
+        log.warning("could not release executor %s's leases early: %s", session.executor_id, exc)
+        return
+    if not moved:
+        return
+    RELEASED.inc(len(moved))
+    log.info("executor %s's stream (session %s) ended: %d runs claimable in %.2fs",
+             session.executor_id, session.id, len(moved), delay)  # fmt: skip
+    asyncio.get_running_loop().call_later(delay + 0.02, poke)
