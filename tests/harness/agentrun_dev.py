@@ -113,6 +113,13 @@ class DevProcess:
         return self.proc.wait(timeout)
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C's default action, as in a terminal's foreground group: a suite started in the
+    background by a non-interactive shell (`make test &`) has SIGINT ignored, and children
+    inherit that, so `cat` would outlive the Ctrl-C this harness sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -138,10 +145,14 @@ def running_dev(
     full_env = clean_env(PYTHONUNBUFFERED="1", **env)
     argv = [AGENTRUN, "dev", "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
-        argv, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        argv, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_in_a_terminal,
+    )  # fmt: skip
     assert proc.stdout is not None
-    tee = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True)
+    tee = subprocess.Popen(
+        ["cat"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True,
+        preexec_fn=_as_in_a_terminal,
+    )  # fmt: skip
     proc.stdout.close()  # only `cat` reads agentrun's output now
     dev = DevProcess(proc, tee, data_dir, full_env)
     threading.Thread(target=dev._pump, daemon=True).start()

@@ -296,14 +296,14 @@ def invalid_variants(descriptor: Descriptor) -> Iterator[bytes]:
 
 
 async def table_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    """Row counts of every table of the schema (the migrator's bookkeeping excluded)."""
-    tables = await conn.fetch(
-        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
-    )
-    counts = {}
-    for row in tables:
-        name = row["tablename"]
-        if "migration" in name:
-            continue
-        counts[name] = await conn.fetchval(f'SELECT count(*) FROM "{name}"')
-    return counts
+    """Row counts of every table of the schema (the migrator's bookkeeping excluded), in
+    one statement: the fuzz test counts after every call, tens of thousands of times."""
+    tables = [
+        row["tablename"]
+        for row in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+        )
+        if "migration" not in row["tablename"]
+    ]
+    query = " UNION ALL ".join(f"SELECT '{t}' AS t, count(*) AS n FROM \"{t}\"" for t in tables)
+    return {row["t"]: row["n"] for row in await conn.fetch(query)}

@@ -157,7 +157,13 @@ async def test_a_run_whose_release_disappeared_waits_visibly_until_an_operator_m
 
     (a,) = executor_factory(cp, AGENTRUN_RELEASE="A")
     run_id = await api.start("worker", "left behind")
-    await eventually(lambda: held_by(api, [run_id], "A"), timeout=30, message="A never held it")
+
+    # A ran a step of it: a run claimed for A but never delivered (A's stream went away
+    # first) has run nothing on A and is on no release yet, so it may rightly go to B.
+    async def a_ran_a_step() -> bool:
+        return await held_by(api, [run_id], "A") and len(await api.steps(run_id)) > 1
+
+    await eventually(a_ran_a_step, timeout=30, message="A never ran a step of it")
     # No time to finish: handed back at the next step boundary, on A; then A exits.
     await stub.DrainRelease(release_pb2.DrainReleaseRequest(name="A", finish_within=Duration()))
     assert await asyncio.to_thread(a.wait, 30) == 0
