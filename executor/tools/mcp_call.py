@@ -30,6 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult
 
+from executor import horizon
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError, ToolSendError
 
 if TYPE_CHECKING:
@@ -124,6 +125,10 @@ async def _session_call(
     )
     async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
         await client.list_tools()  # the server's schemas, for the checks of its result
+        # The run's last-moment check (executor/horizon.py), as for an HTTP tool: after
+        # the session's set-up, right before the one request that acts.
+        if (refusal := horizon.blocked_now()) is not None:
+            raise NotSent(f"not sent: {refusal}")
         progress.calling, progress.status = True, None
         return await client.call_tool(tool, arguments)
 

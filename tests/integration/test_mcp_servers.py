@@ -17,6 +17,7 @@ from control_plane.config import ServerConfig
 from control_plane.errors import InvalidArgument
 from control_plane.server import start as start_server
 from control_plane.tools import mcp_sync
+from executor.horizon import SEND_GATE
 from executor.tools import definitions, mcp_call
 from executor.tools.credentials import ConnectionUnusable, Credential, Granted
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
@@ -96,6 +97,20 @@ async def test_a_keyed_write_resent_under_its_key_lands_once(mcp):
     again = await call_mcp(endpoint, "add_note", note, timeout=10)
     assert again["replayed"] is True and again["note"]["key"] == "run-1:7"
     assert [e["key"] for e in effects(url, "add_note")] == ["run-1:7"]
+
+
+async def test_a_run_past_its_send_horizon_calls_nothing_on_the_mcp_server(mcp):
+    """The run's last-moment check (executor/horizon.py) holds for MCP tools as for HTTP
+    ones: refused after the session's set-up, before tools/call, and nothing happened."""
+    url, app = mcp
+    token = SEND_GATE.set(lambda: "no recent liveness acknowledgement from the control plane")
+    try:
+        with pytest.raises(NotSent, match="no recent liveness"):
+            await call_mcp(f"{url}/mcp", "create_ticket", {"title": "Late"}, timeout=10)
+    finally:
+        SEND_GATE.reset(token)
+    assert [r for r in app.log.entries() if r["rpc"] == "tools/call"] == []
+    assert effects(url, "create_ticket") == []
 
 
 def credential(token: str) -> Credential:
