@@ -59,12 +59,6 @@ class FailedPrecondition(DomainError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
-class Unimplemented(DomainError):
-    """A method of the contract this server does not serve (yet)."""
-
-    code = grpc.StatusCode.UNIMPLEMENTED
-
-
 class ResourceExhausted(DomainError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import NoReturn
 
 import grpc
 
@@ -12,7 +11,7 @@ from control_plane.api import validate
 from control_plane.api.admin import keyset_page, text_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.errors import InvalidArgument, NotFound, Unimplemented
+from control_plane.errors import InvalidArgument, NotFound
 from control_plane.store import tools as store
 from control_plane.store.db import Connection, Pool, transaction
 from control_plane.tools import definitions, openapi
@@ -104,35 +103,6 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         async with transaction(self._pool) as conn:
             saved = [(await save(conn, ws, tool, "openapi"))[0] for tool in tools]
         return tool_pb2.ImportOpenApiResponse(tools=saved)
-
-
-class McpServersUnserved(tool_pb2_grpc.McpServerServiceServicer):
-    """McpServerService until its servicer is registered: the caller's workspace is checked
-    like any call's, then UNIMPLEMENTED."""
-
-    def _refuse(self, workspace_id: str) -> NoReturn:
-        auth_context.workspace(workspace_id)
-        raise Unimplemented("McpServerService is not served by this control plane")
-
-    async def AddMcpServer(
-        self, request: tool_pb2.AddMcpServerRequest, context: grpc.aio.ServicerContext
-    ) -> tool_pb2.AddMcpServerResponse:
-        self._refuse(request.workspace_id)
-
-    async def GetMcpServer(
-        self, request: tool_pb2.GetMcpServerRequest, context: grpc.aio.ServicerContext
-    ) -> tool_pb2.GetMcpServerResponse:
-        self._refuse(request.workspace_id)
-
-    async def ListMcpServers(
-        self, request: tool_pb2.ListMcpServersRequest, context: grpc.aio.ServicerContext
-    ) -> tool_pb2.ListMcpServersResponse:
-        self._refuse(request.workspace_id)
-
-    async def SyncMcpServer(
-        self, request: tool_pb2.SyncMcpServerRequest, context: grpc.aio.ServicerContext
-    ) -> tool_pb2.SyncMcpServerResponse:
-        self._refuse(request.workspace_id)
 
 
 def tool_name(field: str, value: str) -> str:
