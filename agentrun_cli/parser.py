@@ -178,13 +178,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
     p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
     p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
-    p.add_argument(
-        "--priority",
-        type=int,
-        default=0,
-        metavar="N",
-        help="-100..100, higher first within the workspace (default 0)",
-    )
+    triggers.add_priority(p)
     p.add_argument(
         "--trigger-connection", default="", metavar="C",
         help="the connection the run came in through (tools mapped to `trigger` act as it)",

@@ -38,6 +38,17 @@ def _seconds(value: float) -> Duration:
     return d
 
 
+def add_priority(p: argparse.ArgumentParser) -> None:
+    """`--priority N` of the runs a command starts (a run's, a trigger's)."""
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="-100..100, higher first within the workspace (default 0)",
+    )
+
+
 def parse_filter(text: str) -> pb.FilterRule:
     """'FIELD OP [VALUE]' — for in/not_in the value is a comma-separated list."""
     parts = text.split(None, 2)
@@ -279,13 +290,7 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--debounce-seconds", type=int, default=0, metavar="S", help="quiet period")
     p.add_argument("--batch-size", type=int, default=0, metavar="N", help="events per run")
     p.add_argument("--batch-seconds", type=int, default=0, metavar="S", help="longest batch wait")
-    p.add_argument(
-        "--priority",
-        type=int,
-        default=0,
-        metavar="N",
-        help="-100..100, higher first within the workspace (default 0)",
-    )
+    add_priority(p)
     p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
                    metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
     schedules.add_schedule_options(p)
