@@ -16,42 +16,14 @@ from executor.models.base import ModelReply, ModelUnavailable
 from executor.models.retry import ModelRetry
 from executor.ratelimit.limiter import RateLimited
 from executor.run_loop import RunDeps, RunLoop
-from executor.stream import CommitReply
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import Outcome
+from tests.harness.run_loop_doubles import Committer, Leases
 
 RUN = "00000000-0000-4000-8000-000000000006"
 EPOCH = 5
 MAIL = {"id": "c1", "name": "send_email",
         "arguments": {"to": "ada@example.com", "subject": "hi", "body": "hello"}}  # fmt: skip
-
-
-class Committer:
-    def __init__(self) -> None:
-        self.commits: list[executor_pb2.Commit] = []
-
-    async def commit(self, commit: executor_pb2.Commit, reply_within: float | None = None):
-        self.commits.append(commit)
-        return CommitReply(executor_pb2.CommitResult(outcome=executor_pb2.COMMIT_OUTCOME_OK), 0.0)
-
-
-class Leases:
-    lease_duration = 30.0
-
-    def is_safe(self, run_id: str) -> bool:
-        return True
-
-    def carried_over(self, run_id: str) -> bool:
-        return False
-
-    def send_refusal(self, run_id: str) -> str | None:
-        return None
-
-    async def wait_to_send(self, run_id: str) -> str | None:
-        return None
-
-    def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
-        pass
 
 
 class Model:

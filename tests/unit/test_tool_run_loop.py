@@ -17,38 +17,10 @@ from executor.run_loop import RunDeps, RunLoop
 from executor.stream import CommitReply
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import MAX_PENDING_PARKS, Outcome
+from tests.harness.run_loop_doubles import Committer, Leases
 
 RUN = "00000000-0000-4000-8000-000000000001"
 POST = {"id": "c1", "name": "chat_post", "arguments": {"channel": "#sales", "text": "hi"}}
-
-
-class Committer:
-    def __init__(self) -> None:
-        self.commits: list[executor_pb2.Commit] = []
-
-    async def commit(self, commit: executor_pb2.Commit, reply_within: float | None = None):
-        self.commits.append(commit)
-        result = executor_pb2.CommitResult(outcome=executor_pb2.COMMIT_OUTCOME_OK)
-        return CommitReply(result=result, sent_at=0.0)
-
-
-class Leases:
-    lease_duration = 30.0
-
-    def is_safe(self, run_id: str) -> bool:
-        return True
-
-    def carried_over(self, run_id: str) -> bool:
-        return False
-
-    def send_refusal(self, run_id: str) -> str | None:
-        return None
-
-    async def wait_to_send(self, run_id: str) -> str | None:
-        return None
-
-    def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
-        pass
 
 
 class Model:
