@@ -11,9 +11,7 @@ fails with a one-line verdict and exit code 1.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 import uuid
 
@@ -24,15 +22,12 @@ from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
 from control_plane.canary import CANARY_WORKSPACE, MARKER
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_effects, sandbox_requests
+from tests.harness.cli import agentrun
 from tests.harness.waiting import eventually
 
 
 def cli(address: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AGENTRUN_API_KEY": key}
-    return subprocess.run(
-        [sys.executable, "-m", "agentrun_cli", "--address", address, *args],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+    return agentrun(address, key, *args, timeout=60)
 
 
 async def kinds_of(db_url: str, run_id: str) -> list[str]:

@@ -16,10 +16,8 @@ workspace's audit log records.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
-import sys
 from collections import defaultdict
 from itertools import pairwise
 
@@ -28,6 +26,7 @@ from google.protobuf.duration_pb2 import Duration
 from agentrun.v1 import admin_pb2, admin_pb2_grpc, release_pb2, release_pb2_grpc, run_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
+from tests.harness.cli import agentrun
 from tests.harness.processes import ManagedProcess
 from tests.harness.waiting import eventually
 
@@ -43,11 +42,7 @@ LONGEST_WAIT = DRAIN_SECONDS + 0.5 + 1.0
 
 
 def cli(address: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AGENTRUN_API_KEY": key}
-    return subprocess.run(
-        [sys.executable, "-m", "agentrun_cli", "--address", address, *args],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    return agentrun(address, key, *args)
 
 
 def release_of_claims(executors: list[ManagedProcess]) -> dict[tuple[str, int], str]:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import random
 import subprocess
-import sys
 
 import grpc
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from agentrun.v1 import run_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
+from tests.harness.cli import agentrun_async
 from tests.harness.waiting import eventually
 
 TOOL = "wait_for_signal"
@@ -54,11 +54,7 @@ async def waiting_on_second_call(api: Api, run_id: str) -> bool:
 
 
 async def cli(address: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "agentrun_cli", "--address", address, "--workspace", "ws", *args]
-    env = {"AGENTRUN_API_KEY": key, "PATH": "/usr/bin:/bin"}
-    return await asyncio.to_thread(
-        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
-    )
+    return await agentrun_async(address, key, *args, workspace="ws", timeout=60)
 
 
 async def test_signals_before_and_after_the_park_each_answer_one_wait(

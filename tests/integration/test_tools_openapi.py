@@ -16,7 +16,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.harness.agentrun_api import (
     sandbox_requests,
     set_fault,
 )
+from tests.harness.cli import agentrun_async
 from tests.harness.invariants import assert_effects_at_most_once
 from tests.harness.waiting import eventually
 
@@ -122,15 +122,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shop.openapi.yaml"
 
 
 async def cli(server, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
-    env.update(AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=f"127.0.0.1:{server.port}",
-               AGENTRUN_WORKSPACE="acme", AGENTRUN_CONFIG=os.devnull)  # fmt: skip
-    argv = [sys.executable, "-m", "agentrun_cli", "tools", "import-openapi", str(EXAMPLE), *args]
-    done = await asyncio.to_thread(
-        subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+    return await agentrun_async(f"127.0.0.1:{server.port}", key, "tools", "import-openapi",
+                                str(EXAMPLE), *args, workspace="acme", timeout=60)  # fmt: skip
 
 
 async def test_the_cli_proposes_then_imports(server, db_url, db):

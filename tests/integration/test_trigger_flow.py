@@ -4,10 +4,8 @@ through a kill -9 of the control plane mid-flush. Event counts: AGENTRUN_FLOW_EV
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -23,6 +21,7 @@ from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries
 from tests import factories
 from tests.harness import auth
+from tests.harness.cli import agentrun_async
 from tests.harness.triggers import TriggerApi, post, signed
 from tests.harness.waiting import eventually
 
@@ -187,15 +186,9 @@ async def test_bad_flow_values_are_refused_naming_the_field(api, db, flow, field
 
 
 async def cli(server, key: str, *argv: str) -> tuple[int, str]:
-    """Run `agentrun …` against the in-process server (asynchronously: it serves this loop)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-        "--workspace", WS, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "AGENTRUN_API_KEY": key},
-    )  # fmt: skip
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, (out + err).decode()
+    """Run `agentrun …` against the in-process server; its exit code and all it printed."""
+    done = await agentrun_async(f"127.0.0.1:{server.port}", key, *argv, workspace=WS)
+    return done.returncode, done.stdout + done.stderr
 
 
 async def test_the_cli_creates_batched_and_debounced_triggers(api, server, db):

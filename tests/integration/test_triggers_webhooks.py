@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import sys
 import time
 import uuid
 
@@ -19,6 +17,7 @@ from agentrun.v1 import trigger_pb2
 from control_plane.config import ServerConfig
 from control_plane.server import start
 from control_plane.triggers.signatures import sign
+from tests.harness.cli import agentrun_async
 from tests.harness.triggers import TriggerApi, count, post, seconds, signed
 
 WS = "ws"
@@ -243,15 +242,10 @@ async def test_triggers_need_a_published_agent_and_a_free_id(api):
 
 
 async def cli(server, key: str, *argv: str) -> str:
-    """Run `agentrun …` against the in-process server (asynchronously: it serves this loop)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-        "--workspace", WS, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "AGENTRUN_API_KEY": key},
-    )  # fmt: skip
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
+    """Run `agentrun …` against the in-process server; what it printed (it must succeed)."""
+    done = await agentrun_async(f"127.0.0.1:{server.port}", key, *argv, workspace=WS)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 async def test_the_triggers_cli_creates_lists_and_shows_events(api, http, server):
