@@ -72,8 +72,6 @@ class Dispatcher:
     def unregister(self, session: ExecutorSession) -> None:
         if self._sessions.get(session.executor_id) is session:
             del self._sessions[session.executor_id]
-        # Its tools no longer count for publishing (a kill -9 elsewhere lets the row go stale).
-        self._in_background(self._forget(session.executor_id, session.id))
         # Its runs may be taken over within seconds, not at lease expiry.
         self._in_background(release_on_break(self.pool, session, self.poke))
 
@@ -81,12 +79,6 @@ class Dispatcher:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _forget(self, executor_id: str, session_id: str) -> None:
-        try:
-            await executor_tools.forget(self.pool, executor_id, session_id)
-        except Exception as exc:  # noqa: BLE001 - the row goes stale on its own
-            log.info("could not forget executor %s's tools: %s", executor_id, exc)
 
     async def _touch(self) -> None:
         """Every heartbeat interval: the executors of this replica's streams are connected."""

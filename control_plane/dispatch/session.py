@@ -149,6 +149,10 @@ class ExecutorSession:
         self._pool: Pool = dispatcher.pool
         self._out: asyncio.Queue[object] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Each Hello's record of the executor's tools: never cancelled, so the stream's end
+        # can wait for it and then forget the row (else a late record outlives the stream).
+        self._opening: list[asyncio.Task[None]] = []
+        self._ended = False
 
     def send(self, msg: pb.ConnectResponse) -> None:
         self._out.put_nowait(msg)
@@ -168,10 +172,23 @@ class ExecutorSession:
                     break
                 yield item  # type: ignore[misc]
         finally:
+            self._ended = True
             reader.cancel()
             for task in list(self._tasks):
                 task.cancel()
             self._dispatcher.unregister(self)
+            await self._forget_tools()
+
+    async def _forget_tools(self) -> None:
+        """Its tools no longer count for publishing, once any Hello's record has landed (a
+        kill -9 of this replica leaves the row to go stale instead)."""
+        if not self._opening:
+            return
+        try:
+            await asyncio.wait(self._opening, timeout=2 * RECORD_TIMEOUT)
+            await asyncio.wait_for(executor_tools.forget(self._pool, self.id), RECORD_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - the row goes stale on its own
+            log.info("could not forget executor %s's tools: %s", self.executor_id, exc)
 
     async def _read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
         try:
@@ -212,7 +229,7 @@ class ExecutorSession:
             self.liveness.workspaces[uuid.UUID(lease.run_id)] = lease.workspace_id
         self.tools = frozenset(t.name for t in hello.tools)
         self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
-        self._spawn(self._open(hello))
+        self._opening.append(asyncio.create_task(self._open(hello)))
 
     async def _open(self, hello: pb.Hello) -> None:
         """Record the executor's tools for every replica, then welcome it and start assigning."""
@@ -228,8 +245,12 @@ class ExecutorSession:
             ), RECORD_TIMEOUT)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
+        if self._ended:  # the stream ended meanwhile: it never connected
+            return
         with contextlib.suppress(Exception):  # else the dispatcher's next beat records it
             await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
+        if self._ended:  # the stream ended meanwhile: nothing to welcome or assign into
+            return
         cfg = self._dispatcher.config
         self.send(pb.ConnectResponse(welcome=pb.Welcome(
             session_id=self.id,
@@ -242,6 +263,8 @@ class ExecutorSession:
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
             tell_draining([self], await asyncio.wait_for(releases.draining(self._pool),
                                                          RECORD_TIMEOUT))  # fmt: skip
+        if self._ended:
+            return
         self._dispatcher.register(self)
         log.info("executor %s connected (session %s, release %s, capacity %d)",
                  self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip

@@ -29,8 +29,9 @@ async def touch(pool: Pool, session_ids: list[str]) -> None:
         await run(pool, "executor_tools_touch", session_ids)
 
 
-async def forget(pool: Pool, executor_id: str, session_id: str) -> None:
-    await run(pool, "executor_tools_forget", executor_id, session_id)
+async def forget(pool: Pool, session_id: str) -> None:
+    """The stream `session_id` ended: what its executor declared no longer counts."""
+    await run(pool, "executor_tools_forget", session_id)
 
 
 async def live_for(

@@ -11,8 +11,9 @@ SET session_id = excluded.session_id, release = excluded.release, scope = exclud
 UPDATE executor_tools SET last_seen = now() WHERE session_id = ANY($1::text[]);
 
 -- name: executor_tools_forget :exec
--- A stream ended: its executor no longer counts (unless it reconnected since).
-DELETE FROM executor_tools WHERE executor_id = $1 AND session_id = $2;
+-- A stream ended: its executor no longer counts (unless it reconnected since, under a
+-- new session). By session, so every executor id the stream's Hellos named goes.
+DELETE FROM executor_tools WHERE session_id = $1;
 
 -- name: executor_tools_live_for :many
 -- The tool sets of executors seen within the last $2 seconds that may serve
