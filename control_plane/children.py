@@ -8,7 +8,8 @@ parent and the call's seq. A resent commit is a duplicate and admits nothing; th
 through the trigger of migrations/0013_child_runs.sql, which also says why exactly once.
 
 The parent waits per call: it starts one child, waits for its result, then goes on (three
-start_child calls run their children one after another).
+start_child calls run their children one after another). A child runs at its parent's
+priority (start_child has no priority of its own).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from control_plane.config import RunDefaults
 from control_plane.store import agents as agent_store
+from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
 from control_plane.store.db import Pool
@@ -81,9 +83,11 @@ async def _admit(
     version = await agent_store.get_version(conn, req.workspace_id, call.agent_id, 0)
     if version is None:
         return f"agent {call.agent_id!r} has no published version"
+    parent = await run_store.get_run(conn, req.workspace_id, req.run_id)
     adm = admission(
         version, defaults, call.input, started_by=f"run:{req.run_id}",
         request_id=f"child:{req.run_id}:{call.seq}",
+        priority=parent.priority if parent is not None else 0,
     )  # fmt: skip
     row = await run(conn, "child_admit", **adm.params(None))
     if row is not None:

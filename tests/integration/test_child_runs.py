@@ -29,7 +29,7 @@ async def children_of(db_url: str, run_id: str) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(db_url)
     try:
         return await conn.fetch(
-            "SELECT run_id, parent_seq, input, status, output FROM runs"
+            "SELECT run_id, parent_seq, input, status, output, priority FROM runs"
             " WHERE workspace_id = 'ws' AND parent_run_id = $1 ORDER BY parent_seq",
             uuid.UUID(run_id),
         )
@@ -73,9 +73,12 @@ async def test_three_children_each_reach_the_parent_once(
     stack, executor_factory, db_url, sandbox_model
 ):
     cp, api = stack
-    parent_id = await api.start("parent", "go")
+    # A child runs at its parent's priority (start_child names none of its own).
+    start = run_pb2.StartRunRequest(workspace_id=api.ws, agent_id="parent", input="go", priority=12)
+    parent_id = (await api.runs.StartRun(start)).run.run_id
     executor_factory(cp)
     await check_family(api, db_url, parent_id, sandbox_model.url)
+    assert [k["priority"] for k in await children_of(db_url, parent_id)] == [12, 12, 12]
 
 
 async def test_a_missing_agent_is_the_calls_error_and_the_parent_goes_on(
