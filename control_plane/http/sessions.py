@@ -1,16 +1,17 @@
 """POST /v1/workspaces/{workspace_id}/sessions/{session_id}/messages: the next turn, or 409.
 
 The HTTP door to `Conversations.send` (the gRPC one is SessionService.SendMessage).
-Body `{"text": "...", "request_id": "...", "strategy": "enqueue"}` (request_id and
-strategy optional; strategy one of reject, enqueue, interrupt, rollback, default
-the session's). 202 with the
-turn and its run; 409 while the previous turn is still in progress; 400 naming
+Body `{"text": "...", "request_id": "...", "strategy": "enqueue", "priority": 5}`
+(request_id, strategy and priority optional; strategy one of reject, enqueue, interrupt,
+rollback, default the session's; priority the turn's run's, -100..100, default 0). 202
+with the turn and its run (and its priority); 409 while the previous turn is still in progress; 400 naming
 the field for bad input; 404 for an unknown session. It needs a key with
 OPERATE in the path's workspace (`Authorization: Bearer`): 401 without one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -36,6 +37,7 @@ def _turn_json(row: Any, created: bool) -> dict[str, Any]:
         "turn": row["turn"],
         "run_id": str(row["run_id"]),
         "status": row["status"],
+        "priority": row["priority"],
         "created": created,
     }
 
@@ -47,7 +49,24 @@ def _field(body: dict[str, Any], name: str) -> str:
     return value
 
 
-async def _message(request: Request) -> tuple[str, str | None, str | None]:
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority")
+    if value is None:  # absent or null: the default
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("priority", "must be an integer")
+    return validate.priority("priority", value)
+
+
+@dataclass(frozen=True)
+class Message:
+    text: str
+    request_id: str | None
+    strategy: str | None
+    priority: int
+
+
+async def _message(request: Request) -> Message:
     try:
         raw = await read_body(request, MAX_INPUT_BYTES + 4096)
     except TooLarge:
@@ -60,7 +79,7 @@ async def _message(request: Request) -> tuple[str, str | None, str | None]:
     strategy = _field(body, "strategy") or None
     if strategy is not None and strategy not in STRATEGY_TO_PROTO:
         raise InvalidArgument("strategy", f"must be one of {', '.join(STRATEGY_TO_PROTO)}")
-    return text, request_id or None, strategy
+    return Message(text, request_id or None, strategy, _priority(body))
 
 
 def routes(ctx: HttpContext) -> list[Route]:
@@ -71,8 +90,10 @@ def routes(ctx: HttpContext) -> list[Route]:
     async def send(request: Request) -> Response:
         ws = auth_context.workspace(request.path_params["workspace_id"])
         session_id = validate.run_id("session_id", request.path_params["session_id"])
-        text, request_id, strategy = await _message(request)
-        row, created = await conversations.send(ws, session_id, text, request_id, strategy)
+        m = await _message(request)
+        row, created = await conversations.send(
+            ws, session_id, m.text, m.request_id, m.strategy, m.priority
+        )
         return JSONResponse(_turn_json(row, created), status_code=202)
 
     guarded_send = guarded(ctx.credentials(), Need.OPERATE, send)

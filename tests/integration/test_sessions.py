@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+import asyncpg
 import grpc
 import httpx
 import pytest
@@ -148,7 +149,7 @@ async def test_a_retried_send_with_its_request_id_returns_the_same_turn(api, ser
     over_http = await http_send(base, session_id, {"text": "hello", "request_id": "r-1"}, api.key)
     assert over_http.status_code == 202
     assert over_http.json() == {"turn": 1, "run_id": first.turn.run_id, "status": "queued",
-                                "created": False}  # fmt: skip
+                                "priority": 0, "created": False}  # fmt: skip
 
 
 async def test_bad_messages_are_refused_naming_the_field_and_store_nothing(api, server, db):
@@ -226,7 +227,8 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     executor_factory(cp)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentrun_cli", "--address", cp.address, "--workspace", WS,
-        "chat", "chatter", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        "chat", "chatter", "--priority", "5",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env={**os.environ, "AGENTRUN_API_KEY": api.key},
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(b"I am Grace.\nWho am I?\n"), timeout=120)
@@ -237,6 +239,12 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     assert "agent> turn 2; the conversation began with: I am Grace." in text
     # Each turn's steps were streamed (its decision and its finish) before its answer.
     assert text.count("  · ") == 4 and '  · says "turn 2' in text
+    # Each turn's run ran at the chat's --priority.
+    conn = await asyncpg.connect(db_url)
+    try:
+        assert [r["priority"] for r in await conn.fetch("SELECT priority FROM runs")] == [5, 5]
+    finally:
+        await conn.close()
     await api.close()
 
 

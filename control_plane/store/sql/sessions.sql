@@ -15,8 +15,10 @@ SELECT * FROM sessions WHERE workspace_id = $1 AND session_id = $2;
 SELECT * FROM sessions WHERE workspace_id = $1 AND session_id = $2 FOR UPDATE;
 
 -- name: session_turns :many
--- A session's turns from turn $3 in order, each with its run's state, input and answer.
-SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error
+-- A session's turns from turn $3 in order, each with its run's state, input, answer and
+-- priority.
+SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error,
+       r.priority
 FROM session_turns t
 JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
 WHERE t.workspace_id = $1 AND t.session_id = $2 AND t.turn >= $3
@@ -25,7 +27,8 @@ LIMIT $4;
 
 -- name: session_turns_recent :many
 -- The session's last $3 turns, newest first (the transcript of the next turn).
-SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error
+SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error,
+       r.priority
 FROM session_turns t
 JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
 WHERE t.workspace_id = $1 AND t.session_id = $2
@@ -34,7 +37,8 @@ LIMIT $3;
 
 -- name: session_turn_by_request :one
 -- The turn a SendMessage request_id created.
-SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error
+SELECT t.turn, t.run_id, t.request_id, t.created_at, r.status, r.input, r.output, r.error,
+       r.priority
 FROM session_turns t
 JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
 WHERE t.workspace_id = $1 AND t.session_id = $2 AND t.request_id = $3;
@@ -53,7 +57,7 @@ WITH admit_if AS (
     WHERE workspace_id = :workspace_id AND session_id = :session_id
 )
 SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created_at, status,
-       input, output, error
+       input, output, error, priority
 FROM admitted;
 
 -- name: session_unfinished_lock :many
