@@ -18,7 +18,7 @@ from typing import TextIO
 import grpc
 
 from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
-from agentrun_cli import render
+from agentrun_cli import render, triggers
 from agentrun_cli.client import Client
 
 TIMEOUT = 30.0
@@ -34,10 +34,14 @@ STRATEGIES = {
 class Chat:
     """One terminal conversation: send a line, stream the turn, print the answer."""
 
-    def __init__(self, client: Client, out: TextIO = sys.stdout, strategy: str = "") -> None:
+    def __init__(
+        self, client: Client, out: TextIO = sys.stdout, strategy: str = "", priority: int = 0
+    ) -> None:
         self.client = client
         # The session strategy (--strategy): the new session's, and each message's.
         self.strategy = STRATEGIES[strategy] if strategy else 0
+        # The priority of each turn's run (--priority).
+        self.priority = priority
         self.sessions = session_pb2_grpc.SessionServiceStub(client.channel)
         self.out = out
 
@@ -62,6 +66,7 @@ class Chat:
             session_id=session_id,
             text=text,
             strategy=self.strategy,
+            priority=self.priority,
         )
         try:
             turn = self.sessions.SendMessage(req, timeout=TIMEOUT).turn
@@ -106,7 +111,7 @@ def _read_line(prompt: str) -> str:
 
 def chat(args: argparse.Namespace) -> int:
     with Client(args.address, args.workspace) as client:
-        conversation = Chat(client, strategy=args.strategy)
+        conversation = Chat(client, strategy=args.strategy, priority=args.priority)
         session_id = conversation.open(args.agent_id, args.session, args.title)
         conversation.loop(session_id, _read_line)
     return 0
@@ -123,4 +128,5 @@ def add_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         choices=sorted(STRATEGIES),
         help="what a message sent while a turn runs does (a new session's, and each message's)",
     )
+    triggers.add_priority(p)  # each turn's run's
     p.set_defaults(handler=chat)
