@@ -2,6 +2,7 @@
 
 agentrun runs fork 3f0c… --from-seq 6              # the model answers step 6 again
 agentrun runs fork 3f0c… --from-seq 3 --version 4  # the same log, a newer version from there
+agentrun runs fork 3f0c… --from-seq 6 --priority 50  # ahead of the queue (default: the source's)
 agentrun runs forks 3f0c…                          # the forks of a run, newest first
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from agentrun.v1 import run_pb2
-from agentrun_cli import render
+from agentrun_cli import render, triggers
 from agentrun_cli.client import Client
 
 
@@ -22,6 +23,7 @@ def add_commands(runs: argparse._SubParsersAction, common: argparse.ArgumentPars
     p.add_argument("run_id", metavar="RUN_ID", help="the source run")
     p.add_argument("--from-seq", type=int, required=True, metavar="N", help="the last step copied")
     p.add_argument("--version", type=int, default=0, metavar="V", help="default: the source's")
+    triggers.add_priority(p, default=None, unset="the source's")
     p.add_argument("--watch", action="store_true", help="then watch the fork to the end")
     p.set_defaults(handler=runs_fork)
     p = runs.add_parser("forks", help="a run's forks, newest first", parents=[common])
@@ -33,7 +35,7 @@ def runs_fork(args: argparse.Namespace) -> int:
     with Client(args.address, args.workspace) as client:
         req = run_pb2.ForkRunRequest(
             workspace_id=client.workspace, run_id=args.run_id, from_seq=args.from_seq,
-            agent_version=args.version,
+            agent_version=args.version, priority=args.priority,
         )  # fmt: skip
         run = client.runs.ForkRun(req, timeout=client.timeout).run
         if args.json:

@@ -38,14 +38,15 @@ def _seconds(value: float) -> Duration:
     return d
 
 
-def add_priority(p: argparse.ArgumentParser) -> None:
-    """`--priority N` of the runs a command starts (a run's, a trigger's)."""
+def add_priority(p: argparse.ArgumentParser, default: int | None = 0, unset: str = "0") -> None:
+    """`--priority N` of the runs a command starts (a run's, a trigger's, a turn's); with
+    default None, leaving it out asks for what `unset` says (a fork: the source's)."""
     p.add_argument(
         "--priority",
         type=int,
-        default=0,
+        default=default,
         metavar="N",
-        help="-100..100, higher first within the workspace (default 0)",
+        help=f"-100..100, higher first within the workspace (default {unset})",
     )
 
 

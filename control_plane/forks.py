@@ -19,10 +19,10 @@ the caller asked to keep. A call of the last decision that was not started at th
 point is started by the fork (it was never sent at or before that point).
 
 Everything is one transaction: the run and its input step (the one admission shape,
-store/admission.py: limits, caps and `started_by` as for StartRun), the copied steps (epoch
-0, as written at admission), the marker, the counters (step_count, model and tool calls,
-tokens: what the copied log consumed, so the fork's limits bound its whole log), and the
-audit row. The source is untouched and may still be running: its log before `from_seq`
+store/admission.py: limits, caps and `started_by` as for StartRun; the source's priority
+unless the request names one), the copied steps (epoch 0, as written at admission), the
+marker, the counters (step_count, model and tool calls, tokens: what the copied log
+consumed, so the fork's limits bound its whole log), and the audit row. The source is untouched and may still be running: its log before `from_seq`
 never changes, since steps are append-only.
 """
 
@@ -53,6 +53,7 @@ class ForkRequest:
     run_id: uuid.UUID
     from_seq: int
     agent_version: int  # 0: the source's
+    priority: int | None = None  # None: the source's
 
 
 def _payload(step: Step) -> dict[str, Any]:
@@ -122,7 +123,7 @@ async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store
     who = auth_context.current().label
     adm = admission(
         version, defaults, source.input, started_by=who, input_payload=_payload(steps[0]),
-        priority=source.priority,
+        priority=source.priority if req.priority is None else req.priority,
     )  # fmt: skip
     marker = {
         "from_run_id": str(source.run_id), "from_seq": req.from_seq, "forked_by": who,

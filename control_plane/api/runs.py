@@ -262,7 +262,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             run_id=validate.run_id("run_id", request.run_id),
             from_seq=validate.non_negative("from_seq", request.from_seq),
             agent_version=validate.non_negative("agent_version", request.agent_version),
-        )
+            priority=(
+                validate.priority("priority", request.priority)
+                if request.HasField("priority") else None
+            ),
+        )  # fmt: skip
         row = await forks.fork(self._pool, self._defaults, req)
         self._on_runnable()
         return run_pb2.ForkRunResponse(run=convert.run(row))

@@ -1006,6 +1006,7 @@ class ForkRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     """The source run (any status)."""
@@ -1017,6 +1018,8 @@ class ForkRunRequest(_message.Message):
     """
     agent_version: _builtins.int
     """0 = the source run's version; else that version or a newer one."""
+    priority: _builtins.int
+    """The fork's priority (-100..100); unset = the source run's."""
     def __init__(
         self,
         *,
@@ -1024,12 +1027,15 @@ class ForkRunRequest(_message.Message):
         run_id: _builtins.str = ...,
         from_seq: _builtins.int = ...,
         agent_version: _builtins.int = ...,
+        priority: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "from_seq", b"from_seq", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "agent_version", b"agent_version", "from_seq", b"from_seq", "priority", b"priority", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
 
 Global___ForkRunRequest: _TypeAlias = ForkRunRequest  # noqa: Y015
 
