@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
 import asyncpg
 import grpc
+import httpx
 import pytest
 
 from agentrun.v1 import run_pb2, run_pb2_grpc, session_pb2
@@ -19,7 +21,9 @@ from agentrun.v1 import trigger_pb2 as pb
 from control_plane.store import lease, runs, workspaces
 from control_plane.store.queries import QUERIES
 from tests import factories
-from tests.harness.triggers import TriggerApi, seconds
+from tests.harness.auth import bearer
+from tests.harness.triggers import SCHEME, TriggerApi, post, seconds, signed
+from tests.harness.waiting import eventually
 
 WS = "ws"
 
@@ -213,7 +217,80 @@ async def test_priority_through_the_api_and_bad_ones_write_nothing(api, server, 
         return done.stdout
 
     out = await cli("--json", "runs", "start", "digest", "--input", "hi", "--priority", "-3")
-    assert json.loads(out)["run"]["priority"] == -3
+    started = json.loads(out)["run"]
+    assert started["priority"] == -3
+    # A fork without --priority keeps the source's; with it, takes its own, shown by runs show.
+    out = await cli("--json", "runs", "fork", started["run_id"], "--from-seq", "0")
+    assert json.loads(out)["priority"] == -3
+    out = await cli("--json", "runs", "fork", started["run_id"], "--from-seq", "0",
+                    "--priority", "20")  # fmt: skip
+    assert "priority  20" in await cli("runs", "show", json.loads(out)["run_id"])
     out = await cli("triggers", "create", "urgent", "--agent", "digest", "--every", "3600",
                     "--priority", "50")  # fmt: skip
     assert "priority  50" in out
+
+
+async def test_a_session_message_over_http_takes_a_priority_as_send_message_does(api, server, db):
+    session = await api.sessions.CreateSession(session_pb2.CreateSessionRequest(agent_id="digest"))
+    path = f"/v1/workspaces/{WS}/sessions/{session.session.session_id}/messages"
+    base = f"http://127.0.0.1:{server.http_port}"
+    async with httpx.AsyncClient(base_url=base, timeout=10, headers=bearer(api.key)) as http:
+        bad = [await http.post(path, json={"text": "hi", "priority": p})
+               for p in (101, -101, "5", 1.5, True)]  # fmt: skip
+        assert [(b.status_code, b.json()["error"].split(":")[0]) for b in bad] == [
+            (400, "priority")
+        ] * 5
+        assert await db.fetchval("SELECT count(*) FROM runs") == 0
+        sent = await http.post(path, json={"text": "hi", "priority": 6, "strategy": "enqueue"})
+        assert sent.status_code == 202, sent.text
+        assert sent.json()["priority"] == 6
+    stub = run_pb2_grpc.RunServiceStub(api.channel)
+    got = await stub.GetRun(run_pb2.GetRunRequest(run_id=sent.json()["run_id"]))
+    assert got.run.priority == 6
+
+
+async def test_a_fork_keeps_its_sources_priority_unless_it_names_one(api, server, db):
+    stub = run_pb2_grpc.RunServiceStub(api.channel)
+    start = run_pb2.StartRunRequest(agent_id="digest", input="x", priority=8)
+    source = (await stub.StartRun(start)).run
+    fork = run_pb2.ForkRunRequest(run_id=source.run_id, from_seq=0)
+    forked = (await stub.ForkRun(fork)).run
+    assert forked.priority == 8
+    # The console's run page shows it.
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http:
+        form = await http.get("/console/signin")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert csrf is not None, form.text
+        signin = {"csrf": csrf[1], "key": api.key, "next": "/console/runs"}
+        assert (await http.post("/console/signin/key", data=signin)).status_code == 303
+        page = await http.get(f"/console/runs/{forked.run_id}")
+        assert '<dd id="run-priority">8</dd>' in page.text
+    fork.priority = 0  # named, even as the default
+    assert (await stub.ForkRun(fork)).run.priority == 0
+    fork.priority = 300
+    assert "priority" in await refused(stub.ForkRun(fork))
+    assert await db.fetchval("SELECT count(*) FROM runs") == 3
+
+
+async def test_debounced_and_batched_runs_take_their_triggers_priority(api, server, db):
+    flows = {
+        "deb": {"debounce": pb.TriggerDebounce(key="k", quiet_seconds=1)},
+        "bat": {"batch": pb.TriggerBatch(max_events=2, max_seconds=1)},
+    }
+    base = f"http://127.0.0.1:{server.http_port}"
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        for trigger_id, flow in flows.items():
+            hook = pb.WebhookSource(scheme=SCHEME["hmac_sha256"], **flow)
+            _, secret = await api.create(trigger_id, "digest", webhook=hook, priority=-20)
+            for n in range(2):
+                body, headers = signed(
+                    "hmac_sha256", secret, {"k": "a", "n": n}, f"{trigger_id}-{n}"
+                )
+                assert (await post(http, WS, trigger_id, body, headers)).status_code == 202
+
+    async def started() -> list[tuple[str, int]]:
+        rows = await db.fetch("SELECT started_by, priority FROM runs ORDER BY started_by")
+        assert len(rows) == 2
+        return [tuple(r) for r in rows]
+
+    assert await eventually(started, timeout=15) == [("trigger:bat", -20), ("trigger:deb", -20)]
