@@ -307,7 +307,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
     """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep,
-    retention."""
+    retention, fast-path recovery and the delta relay."""
     cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
     return [
         asyncio.create_task(p.dispatcher.run(), name="dispatcher"),
@@ -325,6 +325,10 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         asyncio.create_task(
             fast_path.recover_forever(pool, poke, cfg.fast_path_heartbeat_seconds),
             name="fast-path-recovery",
+        ),
+        # Fast-path deltas to and from the other replicas' watchers (LISTEN/NOTIFY).
+        asyncio.create_task(
+            p.dispatcher.deltas.relay.run_forever(cfg.database_url), name="delta-relay"
         ),
     ]
 

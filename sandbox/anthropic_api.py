@@ -5,11 +5,19 @@ messages alternating from `user`, every `tool_use` answered by a `tool_result`
 in the next user message, at most 4 `cache_control` breakpoints), then turned
 into the OpenAI-style message list the scenarios play against
 (sandbox/scenario.py), so one scenario file serves both APIs.
+
+Asked with `"stream": true`, the message is sent as the API streams one
+(`message_events`): `message_start` (no content, the input usage), per block
+`content_block_start`, `content_block_delta`s (text a word or so at a time,
+`text_delta`; a tool's input as its JSON in a few `input_json_delta` pieces) and
+`content_block_stop`, a `ping`, `message_delta` (stop reason, output usage) and
+`message_stop`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -100,6 +108,42 @@ def message_response(model: str, reply: Reply, use: CacheUse, output_tokens: int
         "stop_sequence": None,
         "usage": usage,
     }
+
+
+def message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages API response as the server-sent events that stream it, in order."""
+    usage = message["usage"]
+    start_usage = {**usage, "output_tokens": min(1, usage["output_tokens"])}
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {**message, "content": [], "stop_reason": None, "usage": start_usage},
+        },  # fmt: skip
+        {"type": "ping"},
+    ]
+    for index, block in enumerate(message["content"]):
+        events += _block_events(index, block)
+    events.append({"type": "message_delta",
+                   "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                   "usage": {"output_tokens": usage["output_tokens"]}})  # fmt: skip
+    events.append({"type": "message_stop"})
+    return events
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    opened: dict[str, Any] = {"type": "text", "text": ""}
+    if block["type"] == "text":
+        pieces = [{"type": "text_delta", "text": p} for p in re.findall(r"\s*\S+", block["text"])]
+    else:  # tool_use: its input as JSON text in pieces (a text that is not JSON as itself)
+        opened = {**block, "input": {}}
+        raw = block["input"] if isinstance(block["input"], str) else json.dumps(block["input"])
+        pieces = [{"type": "input_json_delta", "partial_json": raw[i : i + 16]}
+                  for i in range(0, len(raw), 16)]  # fmt: skip
+    return [
+        {"type": "content_block_start", "index": index, "content_block": opened},
+        *({"type": "content_block_delta", "index": index, "delta": p} for p in pieces),
+        {"type": "content_block_stop", "index": index},
+    ]
 
 
 def stop_reason(reply: Reply) -> str:

@@ -6,8 +6,11 @@ file serving both. Usage reports cached tokens from a stand-in prompt cache
 A chat completion asked with `"stream": true` is answered as OpenAI streams one
 (server-sent events: `chat.completion.chunk`s, the content a word or so at a time,
 each tool call whole, the finish, the usage when `stream_options.include_usage`,
-then `[DONE]`), a turn's `stream_chunk_ms` apart. Each log entry says when the
-request arrived (`received_at`, wall clock) and whether it streamed."""
+then `[DONE]`), a turn's `stream_chunk_ms` apart; a Messages API request with
+`"stream": true` as Anthropic streams one (sandbox/anthropic_api.py `message_events`),
+its text deltas as far apart. Each log entry says when the request arrived
+(`received_at`, wall clock) and whether it streamed (`usage`/`plain`: chat
+completions, `events`: Messages)."""
 
 import asyncio
 import hashlib
@@ -120,9 +123,11 @@ class ModelSandbox:
         try:
             answered = await answer(request, entry)
             pause = entry.pop("stream_chunk_ms", 0) / 1000.0
+            stream = entry.get("stream")
             response: Response = (
-                streamed(answered, pause, entry["stream"] == "usage")
-                if entry.get("stream") else JSONResponse(answered)
+                JSONResponse(answered) if not stream
+                else anthropic_streamed(answered, pause) if api == "anthropic"
+                else streamed(answered, pause, stream == "usage")
             )  # fmt: skip
         except _Refused as refused:
             entry.pop("stream_chunk_ms", None)
@@ -154,6 +159,8 @@ class ModelSandbox:
             raise _Refused(400, str(exc), "invalid_request_error") from None
         entry["params"] = sent_params(body)
         entry["cache_breakpoints"] = len(breakpoints)
+        if body.get("stream") is True:
+            entry["stream"] = "events"
         reply = await self._play(model, messages, entry, body.get("tools"))
         use = self.cache.use(parts, breakpoints)
         output = _estimate_tokens(
@@ -329,6 +336,18 @@ def streamed(completion: dict[str, Any], pause: float, usage: bool) -> Streaming
                 await asyncio.sleep(pause)
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def anthropic_streamed(message: dict[str, Any], pause: float) -> StreamingResponse:
+    """A Messages API response as its event stream, `pause` seconds between text deltas."""
+
+    async def events() -> AsyncIterator[str]:
+        for event in anthropic_api.message_events(message):
+            if pause and event.get("delta", {}).get("type") == "text_delta":
+                await asyncio.sleep(pause)
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -129,7 +129,8 @@ class Conversations:
 
         A queued turn of a fast-path version is leased in the same transaction (its own
         savepoint: a refused lease leaves the turn queued) and handed to the executor
-        once that committed (control_plane/dispatch/fast_path.py)."""
+        once that committed (control_plane/dispatch/fast_path.py); the turn returned is
+        then read again, so it shows what happened (running, or further along)."""
         leased: list[fast_path.Leased] = []
         try:
             row, cancelled = await self._admit(
@@ -143,8 +144,11 @@ class Conversations:
             return row, False
         for run_id in cancelled:
             self._on_cancel(workspace_id, run_id)
-        if not (leased and self._fast_path and await self._fast_path.hand_over(leased[0])):
-            self._on_runnable()
+        if leased and self._fast_path and await self._fast_path.hand_over(leased[0]):
+            # Dispatched here: the turn as it is now (running), not as it was admitted.
+            fresh = await store.list_turns(self._pool, workspace_id, session_id, row["turn"], 1)
+            return (fresh[0] if fresh else row), True
+        self._on_runnable()
         return row, True
 
     async def _admit(

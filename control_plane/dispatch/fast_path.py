@@ -34,7 +34,9 @@ the claim's poll is (AGENTRUN_CLAIM_POLL_SECONDS).
 
 Streaming. The executor asks the model with stream=true and forwards the text
 deltas on its stream (ConnectRequest.delta); `DeltaHub` fans them out in memory
-to WatchRun(deltas=true) watchers of that run on this replica. Deltas are not
+to WatchRun(deltas=true) watchers of that run on this replica, and through
+Postgres LISTEN/NOTIFY to those on other replicas (control_plane/dispatch/
+delta_relay.py: only while one watches, batched, best-effort). Deltas are not
 stored and come only from the stream holding the run at that epoch; the
 committed decision step stays the record.
 """
@@ -57,6 +59,7 @@ from agentrun.v1 import executor_pb2 as pb
 from control_plane import metrics, releases
 from control_plane.api import convert
 from control_plane.credits.claims import reserve_claimed
+from control_plane.dispatch.delta_relay import DeltaRelay, Key
 from control_plane.store import lease as lease_store
 from control_plane.store import sessions as session_store
 from control_plane.store.db import Connection, Pool
@@ -213,19 +216,23 @@ class FastPath:
 
 
 class DeltaHub:
-    """Model output of fast-path runs, fanned out in memory to this replica's watchers."""
+    """Model output of fast-path runs, fanned out in memory to this replica's watchers and,
+    through the relay (control_plane/dispatch/delta_relay.py), to other replicas' ones."""
 
     def __init__(self) -> None:
-        self._watchers: dict[tuple[str, uuid.UUID], set[asyncio.Queue[run_pb2.RunDelta]]] = {}
+        self._watchers: dict[Key, set[asyncio.Queue[run_pb2.RunDelta]]] = {}
         # The newest epoch whose deltas a watched run's watchers got: an older holder that
         # has not yet learned it was taken over is not heard after the new one.
-        self._epochs: dict[tuple[str, uuid.UUID], int] = {}
+        self._epochs: dict[Key, int] = {}
+        self.relay = DeltaRelay(self.deliver, lambda: list(self._watchers))
 
     @contextlib.contextmanager
     def watch(self, workspace_id: str, run_id: uuid.UUID) -> Iterator[asyncio.Queue[Any]]:
         """A queue of the run's deltas while the block lasts."""
         queue: asyncio.Queue[run_pb2.RunDelta] = asyncio.Queue(WATCHER_BUFFER)
         key = (workspace_id, run_id)
+        if key not in self._watchers:
+            self.relay.announce([key])  # the replica streaming it, if another, sends them
         self._watchers.setdefault(key, set()).add(queue)
         try:
             yield queue
@@ -237,24 +244,32 @@ class DeltaHub:
                 self._epochs.pop(key, None)
 
     def offer(self, session: ExecutorSession, delta: pb.ModelDelta) -> None:
-        """Fan out a delta sent by `session`, if that stream holds the run at its epoch
-        and no newer epoch was heard for the run."""
+        """Fan out a delta sent by `session` (here and to other replicas' watchers), if
+        that stream holds the run at its epoch."""
         lease = delta.lease
         try:
             run_id = uuid.UUID(lease.run_id)
         except ValueError:
             return
-        key = (lease.workspace_id, run_id)
-        watchers = self._watchers.get(key)
-        if not watchers or session.held.get(run_id) != lease.epoch:
-            return  # nobody watches, or not this stream's lease (fenced, or another's)
+        if session.held.get(run_id) != lease.epoch:
+            return  # not this stream's lease (fenced, or another's)
         if session.scope is not None and lease.workspace_id not in session.scope:
             return
-        if lease.epoch < self._epochs.get(key, 0):
-            return  # a holder taken over that has not been told yet
-        self._epochs[key] = lease.epoch
+        key = (lease.workspace_id, run_id)
         event = run_pb2.RunDelta(epoch=lease.epoch, seq=delta.seq, index=delta.index,
                                  text=delta.text)  # fmt: skip
+        self.deliver(key, event)
+        self.relay.publish(key, event)
+
+    def deliver(self, key: Key, event: run_pb2.RunDelta) -> None:
+        """Hand a delta to this replica's watchers of the run, unless a newer epoch's
+        deltas were heard for it."""
+        watchers = self._watchers.get(key)
+        if not watchers:
+            return
+        if event.epoch < self._epochs.get(key, 0):
+            return  # a holder taken over that has not been told yet
+        self._epochs[key] = event.epoch
         for queue in watchers:
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(event)

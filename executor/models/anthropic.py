@@ -10,6 +10,10 @@ executor/models/anthropic_messages.py (system text, tools with `input_schema`,
 fails, executor/steps.py `failed_reply`); `pause_turn` (a server tool's loop
 paused; we offer none) is taken as transient: the call is made again.
 
+On the fast path (`settings.on_delta`) the call is made with `stream: true` and
+the text told as it comes; the events are put back together into the body a
+non-streamed call returns (executor/models/anthropic_stream.py), parsed the same way.
+
 Usage: `prompt_tokens` is the whole input, `input_tokens +
 cache_read_input_tokens + cache_creation_input_tokens` (Anthropic's
 `input_tokens` counts only the part after the last cache breakpoint);
@@ -24,6 +28,7 @@ from typing import Any
 import httpx
 
 from executor.models import anthropic_messages as convert
+from executor.models import anthropic_stream
 from executor.models.base import (
     COMPLETE,
     DEFAULT_SETTINGS,
@@ -91,10 +96,24 @@ class AnthropicMessagesModel:
         }
         if self._api_key:
             headers["x-api-key"] = self._api_key
+        if settings.on_delta is not None:
+            return await self._streamed(body, headers, settings)
         response = await self._http.post(self._url, body, headers, settings.timeout_seconds)
         if response.status_code >= 400:
             raise self._http.failure(response, error_of(response))
         return parse_message(response)
+
+    async def _streamed(
+        self, body: dict[str, Any], headers: dict[str, str], settings: ModelSettings
+    ) -> ModelReply:
+        """The same call with stream=true: text is told to `settings.on_delta` as it comes."""
+        assert settings.on_delta is not None
+        body = {**body, "stream": True}
+        async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
+            if answer.status_code >= 400:
+                raise self._http.failure(answer, error_of(answer))
+            data = await anthropic_stream.read(answer, settings.on_delta)
+        return message_of(data)
 
     def request_body(
         self,
@@ -122,7 +141,11 @@ class AnthropicMessagesModel:
 
 def parse_message(response: httpx.Response) -> ModelReply:
     """A Messages API response as a ModelReply (garbled → ModelUnavailable)."""
-    data = json_body(response)
+    return message_of(json_body(response))
+
+
+def message_of(data: Any) -> ModelReply:
+    """A Messages API body (parsed, or put together from a stream) as a ModelReply."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise ModelUnavailable("invalid response from model provider: no content")
     stop = str(data.get("stop_reason") or "")

@@ -1,17 +1,23 @@
 """The low-latency fast path (control_plane/dispatch/fast_path.py), with real processes: a
 turn of a fast-path version goes from SendMessage straight to an executor with a free
-slot (no claim), falls back to the queue when none has one, streams the model's text to
-a watcher before the decision commits, and survives a kill -9 of its executor (the
-recovery scanner wakes the claim; no model re-ask, no repeated tool call)."""
+slot (no claim; the response says it runs), falls back to the queue when none has one,
+streams the model's text (OpenAI and Anthropic APIs) before the decision commits to
+watchers on the executor's replica and on another one (LISTEN/NOTIFY between them), and
+survives a kill -9 of its executor (the recovery scanner wakes the claim; no model
+re-ask, no repeated tool call)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.v1 import agent_pb2, run_pb2, session_pb2, session_pb2_grpc
+from agentrun_cli.stack import SANDBOX_ANTHROPIC, sandbox_profiles
+from control_plane.config import ServerConfig
+from control_plane.server import start as start_server
 from tests.harness import secrets_seen
 from tests.harness.agentrun_api import Api, sandbox_requests
 from tests.harness.invariants import (
@@ -44,9 +50,13 @@ async def metric(cp, name: str, **labels: str) -> float:
     )
 
 
-async def fast_session(api: Api, agent_id: str, model: str, tools: list[str]) -> str:
+async def fast_session(
+    api: Api, agent_id: str, model: str, tools: list[str], profile: str = ""
+) -> str:
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id=agent_id))
-    spec = agent_pb2.AgentSpec(model=model, instructions="fast", tools=tools, fast_path=True)
+    spec = agent_pb2.AgentSpec(
+        model=model, instructions="fast", tools=tools, fast_path=True, model_profile=profile
+    )
     await api.agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(workspace_id=WS, agent_id=agent_id, spec=spec)
     )
@@ -84,6 +94,9 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         AGENTRUN_CLAIM_POLL_SECONDS=60,
     )  # fmt: skip
     api = await Api.connect(cp.address, db_url, WS)
+    # A second replica on the same database, in this process: no executor connects to it.
+    other = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
+    elsewhere = await Api.connect(f"127.0.0.1:{other.port}", db_url, WS)
     try:
         session_id = await fast_session(api, "quick", "fast_chat", [])
         # No executor has a free slot: the turn is queued, and the claim takes it later.
@@ -93,24 +106,42 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         # Two slots: one is free whenever the next message comes. Its third decision
         # commit (the mail turn's tool call, below) kills it.
         (doomed,) = executor_factory(
-            cp, AGENTRUN_CAPACITY=2, AGENTRUN_FAULTS="executor.decision.after_commit=kill@3"
-        )
+            cp, AGENTRUN_CAPACITY=2, AGENTRUN_FAULTS="executor.decision.after_commit=kill@4",
+            AGENTRUN_MODEL_PROFILES=sandbox_profiles(f"{sandbox_model.url}/v1"),
+        )  # fmt: skip
         await api.wait_terminal([first.run_id], within=30)
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
         await free_slot(cp)
 
         second = await send(api, session_id, "again")
-        await streams_before_it_commits(api, second.run_id)
+        assert second.status == run_pb2.RUN_STATUS_RUNNING  # as it is, not as admitted
+        # Watched on the executor's replica and on the other one, both streamed to.
+        await asyncio.gather(streams_before_it_commits(api, second.run_id),
+                             streams_before_it_commits(elsewhere, second.run_id))  # fmt: skip
         # Dispatched by SendMessage itself: the claim never leased it.
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
         assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 1
         asked = [r for r in sandbox_requests(sandbox_model.url) if r["run_id"] == second.run_id]
         assert [r["stream"] for r in asked] == ["usage"]
+        await streams_on_the_anthropic_api(cp, api, elsewhere, sandbox_model)
 
         await killed_and_taken_over(api, cp, doomed, executor_factory, sandbox_model,
                                     sandbox_providers)  # fmt: skip
     finally:
         await api.close()
+        await elsewhere.close()
+        await other.stop(grace=0)
+
+
+async def streams_on_the_anthropic_api(cp, api: Api, elsewhere: Api, sandbox_model) -> None:
+    """A turn on the Messages API streams too, to a watcher of the other replica."""
+    session_id = await fast_session(api, "claude", "fast_chat", [], SANDBOX_ANTHROPIC)
+    await free_slot(cp)
+    turn = await send(api, session_id, "hello")
+    assert turn.status == run_pb2.RUN_STATUS_RUNNING
+    await streams_before_it_commits(elsewhere, turn.run_id)
+    asked = [r for r in sandbox_requests(sandbox_model.url) if r["run_id"] == turn.run_id]
+    assert [(r["api"], r["stream"]) for r in asked] == [("anthropic", "events")]
 
 
 async def streams_before_it_commits(api: Api, run_id: str) -> None:
@@ -165,5 +196,5 @@ async def killed_and_taken_over(api, cp, doomed, executor_factory, sandbox_model
     assert sum(sends.values()) == 1
     decision = next(s for s in steps if s.kind == "model_decision")
     assert decision.epoch == 1 and steps[-1].epoch == 2  # fast-path lease, then takeover
-    assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 2
+    assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 3
     assert await counter(cp, "agentrun_lease_takeovers", workspace=WS) == 1

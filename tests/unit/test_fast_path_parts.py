@@ -1,5 +1,5 @@
-"""Pure parts of the fast path: which stream a turn goes to, whose deltas reach watchers,
-and how often the executor heartbeats while it holds a fast-path run."""
+"""Pure parts of the fast path: which stream a turn goes to, whose deltas reach watchers
+(here, and on another replica through the relay's payloads), and how often the executor heartbeats while it holds a fast-path run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import asyncio
 import uuid
 
 from agentrun.v1 import executor_pb2 as pb
+from agentrun.v1 import run_pb2
 from control_plane.config import ServerConfig
+from control_plane.dispatch.delta_relay import DeltaRelay
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import DeltaHub, pick
 from control_plane.dispatch.session import ExecutorSession
@@ -66,3 +68,27 @@ async def test_a_fast_path_lease_shortens_the_heartbeat_while_it_is_held():
     assert keeper.interval == 2.0 and keeper._rescheduled.is_set()
     keeper.drop("fast")
     assert keeper.interval == 10.0
+
+
+def test_deltas_go_to_another_replica_only_while_it_watches_in_payloads_under_8000_bytes():
+    got: list[tuple[object, pb.ModelDelta]] = []
+    here = DeltaRelay(lambda key, delta: None, lambda: [])
+    there = DeltaRelay(lambda key, delta: got.append((key, delta)), lambda: [])
+    here._channel = there._channel = object()  # type: ignore[assignment]  # "connected"
+    key = ("ws", uuid.uuid4())
+    here.publish(key, run_pb2.RunDelta(epoch=1, seq=1, index=0, text="unwatched"))
+    assert here.payloads() == []
+    there.announce([key])
+    for payload in there.payloads():
+        here.heard(payload)
+        there.heard(payload)  # its own: skipped
+    assert here.watched_elsewhere(key) and not there.watched_elsewhere(key)
+    texts = ["é" * 3000, "x" * 9000, *(f"w{i} " for i in range(400))]  # the 9000: too large
+    for index, text in enumerate(texts):
+        here.publish(key, run_pb2.RunDelta(epoch=1, seq=1, index=index, text=text))
+    payloads = here.payloads()
+    assert len(payloads) > 1 and all(len(p.encode()) < 8000 for p in payloads)
+    for payload in payloads:
+        there.heard(payload)
+    assert [d.index for _, d in got] == [0, *range(2, len(texts))]
+    assert got[0] == (key, run_pb2.RunDelta(epoch=1, seq=1, index=0, text="é" * 3000))

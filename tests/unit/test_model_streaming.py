@@ -1,14 +1,22 @@
-"""Streamed chat completions (the fast path): the sandbox streams as OpenAI does, and the
-adapter tells each piece of text as it comes and assembles the same reply as unstreamed."""
+"""Streamed model calls (the fast path): the sandbox streams as OpenAI and Anthropic do, and
+each adapter tells each piece of text as it comes and assembles the same reply as unstreamed."""
 
 from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
 
 import httpx
 import pytest
 
+from executor.models.anthropic import AnthropicMessagesModel
 from executor.models.base import ModelRejected, ModelSettings, ModelUnavailable
 from executor.models.openai import OpenAIChatModel
+from sandbox import anthropic_api
 from sandbox.model_server import create_app
+from sandbox.prompt_cache import CacheUse
+from sandbox.scenario import RenderedCall, Reply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -54,3 +62,64 @@ async def test_a_stream_cut_short_is_unavailable_and_an_error_answer_is_read_who
     with pytest.raises(ModelRejected, match="does not exist"):
         await model_on(create_app()).complete("no_such_scenario", MESSAGES, [], "r", 1,
                                               settings=settings)  # fmt: skip
+
+
+def anthropic_on(transport: httpx.AsyncBaseTransport) -> AnthropicMessagesModel:
+    return AnthropicMessagesModel("http://model.test", "", transport=transport)
+
+
+@pytest.mark.parametrize("scenario", ["fast_chat", "fast_mail", "bad_tool", "refuses", "cut_off"])
+async def test_a_streamed_anthropic_message_is_the_unstreamed_one_told_piece_by_piece(scenario):
+    # Two servers playing the same dice: the same nonces in the same turns.
+    app, twin = create_app(rng=random.Random(7)), create_app(rng=random.Random(7))
+    pieces: list[str] = []
+    streamed = await anthropic_on(httpx.ASGITransport(app=app)).complete(
+        scenario, MESSAGES, [], "run-1", 1, settings=ModelSettings(on_delta=pieces.append)
+    )
+    whole = await anthropic_on(httpx.ASGITransport(app=twin)).complete(
+        scenario, MESSAGES, [], "run-1", 1
+    )
+    (log,) = app.state.sandbox.log.entries()
+    assert log["stream"] == "events" and "stream" not in twin.state.sandbox.log.entries()[0]
+    assert streamed.response_id == log["response_id"] and whole.response_id != ""
+    # The same decision but for the ids the server made up for each answer.
+    ids = {"response_id": "", "tool_calls": tuple(replace(c, id="") for c in whole.tool_calls)}
+    same = {"response_id": "", "tool_calls": tuple(replace(c, id="") for c in streamed.tool_calls)}
+    assert replace(streamed, **same) == replace(whole, **ids)
+    assert "".join(pieces) == (streamed.content or "")
+    assert len(pieces) > 1 or not whole.content
+
+
+async def test_an_anthropic_stream_assembles_exactly_the_message_it_streams():
+    """Every field of the reply, ids and usage included, from the same message both ways."""
+    body = anthropic_api.message_response(
+        "m", Reply(content="Two words.", tool_calls=(RenderedCall("echo", '{"text": "x"}'),)),
+        CacheUse(total=40, read=30, written=10), 7,
+    )  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("stream"):
+            events = anthropic_api.message_events(body)
+            text = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=body)
+
+    model = anthropic_on(httpx.MockTransport(answer))
+    told: list[str] = []
+    streamed = await model.complete("m", MESSAGES, [], "r", 1,
+                                    settings=ModelSettings(on_delta=told.append))  # fmt: skip
+    assert streamed == await model.complete("m", MESSAGES, [], "r", 1)
+    assert told == ["Two", " words."] and streamed.tool_calls[0].arguments == {"text": "x"}
+    assert (streamed.usage.prompt_tokens, streamed.usage.completion_tokens) == (40, 7)
+
+
+async def test_an_anthropic_stream_cut_short_or_failing_midway_is_unavailable():
+    start = {"type": "message_start", "message": {"id": "msg_1", "content": [], "usage": {}}}
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    for events, reason in (([start], "ended before the reply did"),
+                           ([start, overloaded], "overloaded_error")):  # fmt: skip
+        text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+        model = anthropic_on(httpx.MockTransport(lambda r, t=text: httpx.Response(200, text=t)))
+        with pytest.raises(ModelUnavailable, match=reason):
+            await model.complete("m", MESSAGES, [], "r", 1,
+                                 settings=ModelSettings(on_delta=lambda t: None))  # fmt: skip

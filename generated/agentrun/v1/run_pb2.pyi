@@ -838,9 +838,11 @@ class WatchRunRequest(_message.Message):
     """Resume offset: the first seq to send."""
     deltas: _builtins.bool
     """Also send the model's output as it is generated (`delta` events), for
-    runs of fast-path agent versions (AgentSpec.fast_path). Deltas are not
-    stored: a watcher that connects late, or to another replica than the one
-    the run's executor streams to, sees only the committed steps.
+    runs of fast-path agent versions (AgentSpec.fast_path), on whichever
+    replica the watcher is connected to. Deltas are best-effort and not
+    stored: a watcher that connects late sees only the later deltas, and one
+    whose deltas were lost (between replicas: the relay reconnecting or
+    overloaded) sees a gap in `index`; the committed steps always follow.
     """
     def __init__(
         self,

@@ -82,6 +82,10 @@ class Turn(_message.Message):
     """1, 2, … in the order sent."""
     run_id: _builtins.str
     status: _run_pb2.RunStatus.ValueType
+    """Its run's status. In a SendMessage response: RUNNING (or further along)
+    when the fast path dispatched the turn in that request, QUEUED when it
+    waits for a claim.
+    """
     input: _builtins.str
     """The user's message."""
     output: _builtins.str
