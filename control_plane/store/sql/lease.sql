@@ -89,10 +89,12 @@
 -- A commit that keeps the lease (run_commit, run_commit_many in steps.sql)
 -- renews it (wake_at = now() + lease) only once half of it or less is left,
 -- for an executor whose Hello set reads_commit_renewal; otherwise it leaves
--- wake_at as it is. wake_at is the only indexed column such a commit would
--- change (runs_leases, and the partial runs_due indexes through the status in
--- their predicates, are the claim's), so the update can then be HOT: no index
--- entry is written. CommitResult.lease_expire_time is set only on a renewal.
+-- wake_at as it is. Of what such a commit writes, only wake_at is indexed
+-- (runs_leases, runs_due, runs_due_by_priority: HOT goes by the columns an
+-- index names, whatever its predicate), so the update can then be HOT and
+-- write no index entry (the first commit after a connection wait also clears
+-- waiting_connection_id, once). CommitResult.lease_expire_time is set only on
+-- a renewal.
 --
 -- Why that holds. The executor's lease (HeldLease.valid_until) grows only on
 -- a renewal the control plane reported: a heartbeat it renewed, or a commit
@@ -106,9 +108,11 @@
 -- is decided on the row that check locked. An older executor counts every
 -- landed commit as a renewal; its Hello lacks the flag (read before any of
 -- the stream's commits; a commit sent again after a reconnect comes from
--- the same executor), so each of its commits renews as before. A retried
--- commit acknowledged as a duplicate reports no renewal, whatever its first
--- try did. The half is not needed for safety, only for liveness: heartbeats
+-- the same executor), so each of its commits renews as before; an older
+-- control plane ignores the flag, renews on every commit and sets
+-- lease_expire_time each time, which is then true. A retried commit
+-- acknowledged as a duplicate reports no renewal, whatever its first try
+-- did. The half is not needed for safety, only for liveness: heartbeats
 -- renew every third of a lease by default, so commits seldom renew; should
 -- heartbeats stall, a commit renews while the executor may still have more
 -- than its safety margin (a fifth) left: a run committing more often than
