@@ -1,12 +1,12 @@
 """The executor's own view of the leases it holds, and the heartbeat that renews them.
 
 Two clocks bound what a run may do. Its lease (renewed by heartbeats, and by the
-commits whose result says they renewed it, counted from their send time) bounds every write: past `valid_until - margin`
-the run stops itself. The send horizon (executor/horizon.py) bounds tool requests
-much more tightly: a request starts only within H of the last liveness
-acknowledgement of the session that granted the lease, so the control plane can
-let another executor take the run over soon after the stream breaks instead of
-at lease expiry. Why that is safe: control_plane/store/sql/lease.sql.
+commits whose result says they renewed it, counted from their send time) bounds
+every write: past `valid_until - margin` the run stops itself. The send horizon
+(executor/horizon.py) bounds tool requests much more tightly: a request starts
+only within H of the last liveness acknowledgement of the session that granted
+the lease, so the control plane can let another executor take the run over soon
+after the stream breaks instead of at lease expiry. Why that is safe: control_plane/store/sql/lease.sql.
 """
 
 from __future__ import annotations
