@@ -1,12 +1,12 @@
 """The executor's own view of the leases it holds, and the heartbeat that renews them.
 
-Two clocks bound what a run may do. Its lease (renewed by heartbeats and commits,
-counted from their send time) bounds every write: past `valid_until - margin`
-the run stops itself. The send horizon (executor/horizon.py) bounds tool requests
-much more tightly: a request starts only within H of the last liveness
-acknowledgement of the session that granted the lease, so the control plane can
-let another executor take the run over soon after the stream breaks instead of
-at lease expiry. Why that is safe: control_plane/store/sql/lease.sql.
+Two clocks bound what a run may do. Its lease (renewed by heartbeats, and by the
+commits whose result says they renewed it, counted from their send time) bounds
+every write: past `valid_until - margin` the run stops itself. The send horizon
+(executor/horizon.py) bounds tool requests much more tightly: a request starts
+only within H of the last liveness acknowledgement of the session that granted
+the lease, so the control plane can let another executor take the run over soon
+after the stream breaks instead of at lease expiry. Why that is safe: control_plane/store/sql/lease.sql.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def safety_margin(lease_duration: float) -> float:
 class HeldLease:
     """One run held at one epoch, valid until `valid_until` on the executor's monotonic clock.
 
-    The server renews a lease when it *receives* a heartbeat or commit; the
+    The server renews a lease when it *receives* a heartbeat or a commit that renews; the
     executor only knows when it *sent* it, which is earlier, so counting from
     the send time never overestimates the lease.
     """
@@ -155,10 +155,13 @@ class LeaseKeeper:
             await self.horizon.changed(0.1)
         return refusal
 
-    def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
-        """A commit under this lease was acknowledged: it renewed the lease when it landed."""
+    def committed(self, run_id: str, epoch: int, result: executor_pb2.CommitResult,
+                  sent_at: float) -> None:  # fmt: skip
+        """A commit under this lease landed. It renewed the lease only if its result carries
+        lease_expire_time (this executor's Hello set reads_commit_renewal, so the control
+        plane renews on commit only when the lease needs it); then it counts from send time."""
         held = self._leases.get(run_id)
-        if held is not None and held.lease.epoch == epoch:
+        if held is not None and held.lease.epoch == epoch and result.HasField("lease_expire_time"):
             held.renew(sent_at, self.lease_duration)
 
     async def run(self) -> None:

@@ -820,7 +820,7 @@ class RunLoop:
         reply = await self._traced_send(message)
         if park is not None:
             m.PARKS.labels(park.wait_reason).inc()
-        self._deps.leases.renew(self.run_id, self.lease.epoch, reply.sent_at)
+        self._deps.leases.committed(self.run_id, self.lease.epoch, reply.result, reply.sent_at)
         self.entries.extend(steps.as_entry(step) for step in new_steps)
         if log.isEnabledFor(logging.DEBUG):
             kinds = ", ".join(replay.kind_name(step.kind) for step in new_steps)

@@ -238,6 +238,8 @@ class Worker:
             capacity=self._config.capacity,
             held=self._leases.held(),
             tools=declarations(self._deps.catalogue),
+            # A commit renews the lease only if its result says so (LeaseKeeper.committed).
+            reads_commit_renewal=True,
         )
 
     def _fence(self, run_id: str, reason: str) -> None:

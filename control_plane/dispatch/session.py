@@ -75,8 +75,9 @@ def _check_size(msg: pb.Commit, limit: int) -> None:
         raise ValueError(f"commit is {size} bytes, over the {limit}-byte limit")
 
 
-def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
-    """The store's view of a Commit message (raises ValueError on bad fields)."""
+def commit_request(msg: pb.Commit, renew_always: bool = True) -> step_store.CommitRequest:
+    """The store's view of a Commit message (raises ValueError on bad fields); with
+    renew_always False, keeping the lease renews it only when it must (sql/lease.sql)."""
     # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
     if path := decoding.nul_path_of_decoded(msg, "commit."):
         raise ValueError(f"{path}: contains a NUL character")
@@ -94,6 +95,7 @@ def commit_request(msg: pb.Commit) -> step_store.CommitRequest:
         epoch=msg.lease.epoch, steps=steps, transition=transition(msg),
         model_calls=msg.model_calls, tool_calls=msg.tool_calls, tokens=msg.tokens,
         usage=pricing.steps_usage(pricing.table(), [(s.kind, s.payload_json) for s in steps]),
+        renew_always=renew_always,
     )  # fmt: skip
 
 
@@ -142,6 +144,9 @@ class ExecutorSession:
         # Its release and those it continues (Hello); told to drain, it is assigned nothing.
         self.release = ""
         self.continues: tuple[str, ...] = ()
+        # The executor reads renewals off commit results (Hello.reads_commit_renewal): its
+        # commits renew the lease only when it needs it. Else every commit renews it.
+        self.reads_commit_renewal = False
         self.draining = False
         self._dispatcher = dispatcher
         # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
@@ -229,6 +234,7 @@ class ExecutorSession:
             self.liveness.workspaces[uuid.UUID(lease.run_id)] = lease.workspace_id
         self.tools = frozenset(t.name for t in hello.tools)
         self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
+        self.reads_commit_renewal = hello.reads_commit_renewal
         self._opening.append(asyncio.create_task(self._open(hello)))
 
     async def _open(self, hello: pb.Hello) -> None:
@@ -296,7 +302,7 @@ class ExecutorSession:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
             _check_size(msg, self._dispatcher.config.max_message_bytes)
-            req = commit_request(msg)
+            req = commit_request(msg, renew_always=not self.reads_commit_renewal)
             if self.scope is not None and req.workspace_id not in self.scope:
                 raise ValueError("the lease's workspace is outside this credential's scope")
         except (ValueError, KeyError) as exc:
@@ -312,7 +318,8 @@ class ExecutorSession:
                 result.message = done.stopped
                 self.held.pop(req.run_id, None)
             elif done.status == "running" and done.wake_at is not None:
-                result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
+                if done.renewed:  # else the lease stands as it was: the executor counts nothing
+                    result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
             else:
                 self.held.pop(req.run_id, None)
         except Fenced as exc:

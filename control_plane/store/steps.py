@@ -68,6 +68,9 @@ class CommitRequest:
     tokens: int = 0
     # Tokens and cost of the steps, priced from the table (control_plane/pricing.py).
     usage: Usage = field(default_factory=Usage)
+    # Renew the lease on every commit that keeps it (an executor that counts every commit
+    # as a renewal); False: only once half of it or less is left (sql/lease.sql says why).
+    renew_always: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class CommitResult:
     duplicate: bool = False
     # Why the run stopped at this commit although it asked to go on (out of credits).
     stopped: str | None = None
+    # This commit renewed the lease, to wake_at (a duplicate says False: it cannot tell).
+    renewed: bool = False
 
 
 async def commit(
@@ -110,7 +115,7 @@ async def _settle(
 ) -> CommitResult:
     """The outcome of a commit whose statement returned `row` (None: nothing landed)."""
     if row is not None:
-        result = CommitResult(row["status"], row["wake_at"])
+        result = CommitResult(row["status"], row["wake_at"], renewed=row["renewed"])
         return await _top_up(pool, req, result) if row["credits_due"] else result
     t = req.transition
     if req.steps and await _already_committed(pool, req):
@@ -185,7 +190,7 @@ async def _apply(
         cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
         cost_micros=req.usage.cost_micros, status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
         wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
-        now=now, waiting_connection_id=t.waiting_connection_id,
+        now=now, waiting_connection_id=t.waiting_connection_id, renew_always=req.renew_always,
     )  # fmt: skip
 
 
@@ -204,6 +209,7 @@ async def _apply_many(
         statuses=[t.status for t in ts], wait_reasons=[t.wait_reason for t in ts],
         wake_ats=[t.wake_at for t in ts], wake_after_seconds=[t.wake_after_seconds for t in ts],
         texts=[t.text for t in ts], waiting_connection_ids=[t.waiting_connection_id for t in ts],
+        renew_always=[r.renew_always for r in reqs],
         step_runs=[i for i, _ in steps], seqs=[s.seq for _, s in steps],
         kinds=[s.kind for _, s in steps], ref_seqs=[s.ref_seq for _, s in steps],
         payloads=[s.payload_json for _, s in steps], lease_seconds=lease_seconds,

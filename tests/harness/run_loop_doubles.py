@@ -36,5 +36,5 @@ class Leases:
     async def wait_to_send(self, run_id: str) -> str | None:
         return None
 
-    def renew(self, run_id: str, epoch: int, sent_at: float) -> None:
+    def committed(self, run_id: str, epoch: int, result: object, sent_at: float) -> None:
         pass

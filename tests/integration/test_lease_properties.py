@@ -65,7 +65,7 @@ LIVE = ("queued", "running", "waiting")
 EXERCISED = (
     ("claim",), ("takeover",), ("renewed",), ("beat_refused", "stale_beat"),
     ("commit_refused", "stale_commit", "stale_finish"), ("stale_collide",), ("duplicate",),
-    ("renew",), ("sleep", "until"), ("approval_woke_True", "unknown_woke_True"),
+    ("renew",), ("kept",), ("kept_renewed",), ("sleep", "until"), ("approval_woke_True", "unknown_woke_True"),
     ("completed", "failed"), ("handed_back",), ("cancel_running",),
 )  # fmt: skip
 RESET = """
@@ -166,6 +166,7 @@ def moved(now: datetime, seconds: float) -> datetime:
 SKEW = st.sampled_from([0, 0, 0, 0, -500, -2500])  # ms the reader's clock is behind
 PICK = st.integers(0, 1 << 16)
 AROUND_THE_LEASE = st.integers(LEASE * 1000 - 3_000, LEASE * 1000 + 5_000)  # ms
+AROUND_HALF = st.integers(LEASE * 500 - 1_000, LEASE * 500 + 1_000)  # where "keep" renews
 PARKS = ("renew", "renew", "sleep", "until", "approval", "human", "completed", "failed",
          "hand_back")  # fmt: skip
 
@@ -185,6 +186,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.sent: dict[str, Sent] = {}
         self.counts: dict[tuple[str, str | None], int] = {}
         self.seen_epochs: dict[uuid.UUID, int] = {}
+        self.renewed = False  # whether the last commit that landed renewed its lease
 
     def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return self.env.loop.call(coro)
@@ -248,7 +250,8 @@ class LeaseMachine(RuleBasedStateMachine):
         row = self.call(runs.insert_run(self.pool, adm, now=now))
         self.runs[row.run_id] = Run(ws, agent, row.run_id, wake_at=now)
 
-    @rule(ms=st.one_of(st.integers(0, 5_000), AROUND_THE_LEASE, st.integers(60_000, 200_000)))
+    @rule(ms=st.one_of(st.integers(0, 5_000), AROUND_HALF, AROUND_THE_LEASE,
+                       st.integers(60_000, 200_000)))  # fmt: skip
     def advance_clock(self, ms: int) -> None:
         self.clock += timedelta(milliseconds=ms)
 
@@ -335,16 +338,20 @@ class LeaseMachine(RuleBasedStateMachine):
                 del self.held[(owner, key.run_id)]
 
     @rule(pick=PICK, park=st.sampled_from(PARKS), n=st.integers(1, 2),
-          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW)  # fmt: skip
-    def commit_again(self, pick: int, park: str, n: int, wait: int, skew: int) -> None:
-        self.commit(pick, park, n, wait, skew)
+          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW, lazy=st.booleans())  # fmt: skip
+    def commit_again(self, pick: int, park: str, n: int, wait: int, skew: int,
+                     lazy: bool) -> None:  # fmt: skip
+        self.commit(pick, park, n, wait, skew, lazy)
 
     @rule(pick=PICK, park=st.sampled_from(PARKS), n=st.integers(1, 2),
-          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW)  # fmt: skip
-    def commit(self, pick: int, park: str, n: int, wait: int, skew: int) -> None:
-        """One executor's next write on a run it believes it holds (it may be wrong)."""
+          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW, lazy=st.booleans())  # fmt: skip
+    def commit(self, pick: int, park: str, n: int, wait: int, skew: int, lazy: bool) -> None:
+        """One executor's next write on a run it believes it holds (it may be wrong). A lazy
+        one goes on running for an executor that reads renewals off the result ("keep": it
+        renews only once half the lease or less is left); else for an older executor."""
         if not self.held:
             return
+        park = "keep" if park == "renew" and lazy else park
         (owner, run_id), (epoch, seq) = list(self.held.items())[pick % len(self.held)]
         m, now = self.runs[run_id], self.now(skew)
         if park == "hand_back":
@@ -363,7 +370,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for s in req.steps:
             m.append(s.kind)
         self._apply(m, park, now, req)
-        if park == "renew":
+        if park in ("renew", "keep"):
             self.held[(owner, run_id)] = (epoch, seq + n)
         else:
             del self.held[(owner, run_id)]
@@ -382,6 +389,7 @@ class LeaseMachine(RuleBasedStateMachine):
                for i, (k, p) in enumerate(zip(kinds, payloads, strict=True))]  # fmt: skip
         transition = {
             "renew": steps.Transition(),
+            "keep": steps.Transition(),
             "sleep": steps.Transition("waiting", "sleep", wake_after_seconds=wait),
             "until": steps.Transition("waiting", "sleep", wake_at=moved(now, wait)),
             "approval": steps.Transition("waiting", "approval"),
@@ -389,7 +397,8 @@ class LeaseMachine(RuleBasedStateMachine):
             "completed": steps.Transition("completed", text="done"),
             "failed": steps.Transition("failed", text="gave up"),
         }[park]  # fmt: skip
-        return steps.CommitRequest(m.ws, m.run_id, epoch, new, transition)
+        return steps.CommitRequest(m.ws, m.run_id, epoch, new, transition,
+                                   renew_always=park != "keep")  # fmt: skip
 
     def _send(self, req: steps.CommitRequest, park: str, now: datetime) -> bool:
         """Send a commit; True when it landed (a duplicate is not a landing)."""
@@ -402,12 +411,20 @@ class LeaseMachine(RuleBasedStateMachine):
         except Fenced:
             return False
         assert not result.duplicate, "a new commit was taken for a retry"
+        self.renewed = result.renewed
         return True
 
     def _apply(self, m: Run, park: str, now: datetime, req: steps.CommitRequest) -> None:
         t = req.transition
         if park == "renew":
+            assert self.renewed, "an older executor's commit did not renew"
             m.wake_at = moved(now, LEASE)
+        elif park == "keep":
+            assert m.wake_at is not None
+            renews = m.wake_at <= moved(now, LEASE / 2)
+            assert self.renewed == renews, f"renewed {self.renewed}, {m.wake_at - now} left"
+            self.env.seen["kept_renewed" if renews else "kept"] += 1
+            m.wake_at = moved(now, LEASE) if renews else m.wake_at
         elif park == "sleep":
             m.release("waiting", "sleep", moved(now, t.wake_after_seconds or 0))
         elif park == "until":

@@ -73,14 +73,33 @@ def test_a_new_lease_is_valid_for_one_lease_duration():
     assert not leases.is_safe("unknown-run")
 
 
+def renewed_to(seconds: int) -> executor_pb2.CommitResult:
+    result = executor_pb2.CommitResult(outcome=executor_pb2.COMMIT_OUTCOME_OK)
+    result.lease_expire_time.FromSeconds(seconds)
+    return result
+
+
 def test_acknowledged_commit_renews_only_the_same_epoch():
     clock, rec = Clock(), Recorder()
     leases = keeper(clock, rec)
     leases.hold(lease(epoch=3))
-    leases.renew("r1", epoch=2, sent_at=120.0)
+    leases.committed("r1", epoch=2, result=renewed_to(1_900_000_000), sent_at=120.0)
     assert leases.get("r1").valid_until == 130.0
-    leases.renew("r1", epoch=3, sent_at=120.0)
+    leases.committed("r1", epoch=3, result=renewed_to(1_900_000_000), sent_at=120.0)
     assert leases.get("r1").valid_until == 150.0
+
+
+def test_a_commit_that_did_not_renew_leaves_the_lease_as_it_was():
+    """The control plane keeps a lease with more than half left as it is and says so by
+    leaving lease_expire_time unset: the executor must not count the commit."""
+    clock, rec = Clock(), Recorder()
+    leases = keeper(clock, rec)
+    leases.hold(lease(epoch=3))
+    kept = executor_pb2.CommitResult(outcome=executor_pb2.COMMIT_OUTCOME_OK)
+    leases.committed("r1", epoch=3, result=kept, sent_at=120.0)
+    assert leases.get("r1").valid_until == 130.0
+    clock.now = 124.0  # the margin before the lease the database still has
+    assert not leases.is_safe("r1")
 
 
 def test_heartbeat_renews_from_its_send_time_and_fences_refused_leases():

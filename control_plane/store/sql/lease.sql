@@ -84,6 +84,41 @@
 -- too. Like every lease, the release trusts the database's clock not to
 -- jump forward (a step of it moves every wake_at alike).
 
+-- Renewing on commit: why most commits may leave the lease alone.
+--
+-- A commit that keeps the lease (run_commit, run_commit_many in steps.sql)
+-- renews it (wake_at = now() + lease) only once half of it or less is left,
+-- for an executor whose Hello set reads_commit_renewal; otherwise it leaves
+-- wake_at as it is. Of what such a commit writes, only wake_at is indexed
+-- (runs_leases, runs_due, runs_due_by_priority: HOT goes by the columns an
+-- index names, whatever its predicate), so the update can then be HOT and
+-- write no index entry (the first commit after a connection wait also clears
+-- waiting_connection_id, once). CommitResult.lease_expire_time is set only on
+-- a renewal.
+--
+-- Why that holds. The executor's lease (HeldLease.valid_until) grows only on
+-- a renewal the control plane reported: a heartbeat it renewed, or a commit
+-- whose result carries lease_expire_time, each counted from the executor's
+-- send time, which precedes the statement that set wake_at. A commit that
+-- did not renew changes neither view, so the executor never believes a lease
+-- longer than the one recorded; at worst it stops itself earlier than it had
+-- to. The claim takes over only by wake_at, which a skipped renewal leaves
+-- earlier, never later, and a release on break still takes the least().
+-- Fencing is untouched: the epoch check is the one it was, and the renewal
+-- is decided on the row that check locked. An older executor counts every
+-- landed commit as a renewal; its Hello lacks the flag (read before any of
+-- the stream's commits; a commit sent again after a reconnect comes from
+-- the same executor), so each of its commits renews as before; an older
+-- control plane ignores the flag, renews on every commit and sets
+-- lease_expire_time each time, which is then true. A retried commit
+-- acknowledged as a duplicate reports no renewal, whatever its first try
+-- did. The half is not needed for safety, only for liveness: heartbeats
+-- renew every third of a lease by default, so commits seldom renew; should
+-- heartbeats stall, a commit renews while the executor may still have more
+-- than its safety margin (a fifth) left: a run committing more often than
+-- every 0.3 leases (a half less the margin) keeps its lease without them
+-- (before, every 0.8 did).
+
 -- name: claim_plan_generic :exec
 -- Plan the claim's statements once per connection: their plans do not
 -- depend on the arrays they are given (every step is an index probe), and

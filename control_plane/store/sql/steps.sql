@@ -1,13 +1,21 @@
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
 -- running under this epoch, append the steps, count them and bump the other
--- counters, and either renew the lease (:status NULL) or
+-- counters, and either keep the lease (:status NULL) or
 -- apply the transition (:status = 'waiting', 'completed', 'failed'; parking and
 -- finishing release the lease, and the runs_active_time trigger adds the
 -- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop.
--- Database clock unless :now fixes it.
+-- Keeping the lease renews it only when it must ("Renewing on commit" in
+-- lease.sql): always with :renew_always (an executor that counts every commit
+-- as a renewal), else only once half of it or less is left, so that most
+-- commits leave wake_at (indexed) alone and the update stays HOT. `renewed`
+-- says which. Database clock unless :now fixes it.
 WITH locked AS (
-    SELECT workspace_id, run_id FROM runs
+    SELECT workspace_id, run_id,
+           :status::text IS NULL AND (:renew_always::boolean OR coalesce(
+               wake_at <= coalesce(:now::timestamptz, now())
+                          + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
+    FROM runs
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
     FOR NO KEY UPDATE
@@ -34,8 +42,9 @@ UPDATE runs r SET
     wait_reason = CASE WHEN :status = 'waiting' THEN :wait_reason END,
     waiting_connection_id = CASE WHEN :status = 'waiting' THEN :waiting_connection_id::uuid END,
     wake_at = CASE
-        WHEN :status IS NULL
+        WHEN locked.renews
             THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
+        WHEN :status IS NULL THEN r.wake_at
         WHEN :status = 'waiting' THEN coalesce(:wake_at::timestamptz,
             coalesce(:now::timestamptz, now()) + make_interval(secs => :wake_after_seconds))
     END,
@@ -48,7 +57,7 @@ UPDATE runs r SET
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 -- credits_due: a metered run that spent all it reserved tops up before its next step.
-RETURNING r.status, r.wake_at,
+RETURNING r.status, r.wake_at, locked.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
 
 -- name: steps_by_seqs :many
@@ -82,7 +91,7 @@ ORDER BY s.run_id, s.seq;
 -- wait rather than deadlock. Any error (a unique violation of a retried commit, a
 -- refused payload) fails the whole statement; the caller then commits each alone.
 -- Steps are tied to their run by `:step_runs`, the index of the run in the arrays.
--- Database clock. Columns as in run_commit.
+-- Database clock. Columns, and when the lease is renewed, as in run_commit.
 WITH req AS (
     SELECT * FROM unnest(
         :workspace_ids::text[], :run_ids::uuid[], :epochs::bigint[], :model_calls::int[],
@@ -90,12 +99,14 @@ WITH req AS (
         :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
         :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
         :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
-        :waiting_connection_ids::uuid[]
+        :waiting_connection_ids::uuid[], :renew_always::boolean[]
     ) WITH ORDINALITY AS q(workspace_id, run_id, epoch, model_calls, tool_calls, tokens,
         input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
-        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, i)
+        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always, i)
 ), locked AS (
-    SELECT q.* FROM runs r
+    SELECT q.*, q.status IS NULL AND (q.renew_always OR coalesce(
+               r.wake_at <= now() + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
+    FROM runs r
     JOIN req q ON r.workspace_id = q.workspace_id AND r.run_id = q.run_id
     WHERE r.lease_epoch = q.epoch AND r.status = 'running'
     ORDER BY r.workspace_id, r.run_id
@@ -124,7 +135,8 @@ UPDATE runs r SET
     wait_reason = CASE WHEN l.status = 'waiting' THEN l.wait_reason END,
     waiting_connection_id = CASE WHEN l.status = 'waiting' THEN l.waiting_connection_id END,
     wake_at = CASE
-        WHEN l.status IS NULL THEN now() + make_interval(secs => :lease_seconds)
+        WHEN l.renews THEN now() + make_interval(secs => :lease_seconds)
+        WHEN l.status IS NULL THEN r.wake_at
         WHEN l.status = 'waiting'
             THEN coalesce(l.wake_at, now() + make_interval(secs => l.wake_after_seconds))
     END,
@@ -136,5 +148,5 @@ UPDATE runs r SET
 FROM locked l
 LEFT JOIN counted c ON c.workspace_id = l.workspace_id AND c.run_id = l.run_id
 WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
-RETURNING l.i, r.status, r.wake_at,
+RETURNING l.i, r.status, r.wake_at, l.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;

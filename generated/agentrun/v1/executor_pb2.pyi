@@ -396,12 +396,20 @@ class Hello(_message.Message):
     HELD_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     CONTINUES_FIELD_NUMBER: _builtins.int
+    READS_COMMIT_RENEWAL_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
     """The executor's release, so mixed-version fleets are visible."""
     capacity: _builtins.int
     """Maximum runs held at once."""
+    reads_commit_renewal: _builtins.bool
+    """The executor counts a commit as renewing its lease only when the
+    CommitResult carries lease_expire_time. The control plane may then leave a
+    lease that needs no renewal yet as it is (most commits then write no
+    indexed column). Unset (an older executor, which counts every commit as a
+    renewal): every commit that keeps the lease renews it.
+    """
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
         """Runs this executor still holds from before a reconnect; they stay its
@@ -431,10 +439,11 @@ class Hello(_message.Message):
         held: _abc.Iterable[Global___Lease] | None = ...,
         tools: _abc.Iterable[Global___ToolDeclaration] | None = ...,
         continues: _abc.Iterable[_builtins.str] | None = ...,
+        reads_commit_renewal: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "release", b"release", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -911,7 +920,12 @@ class CommitResult(_message.Message):
     message: _builtins.str
     @_builtins.property
     def lease_expire_time(self) -> _timestamp_pb2.Timestamp:
-        """The lease's new expiry (running runs)."""
+        """The lease's new expiry, set only when this commit renewed the lease (the
+        run goes on running). Unset on a commit that kept the lease without
+        renewing it (only for an executor whose Hello set reads_commit_renewal),
+        on a retried commit acknowledged as a duplicate, and once the lease is
+        released: the executor then counts nothing from this commit.
+        """
 
     def __init__(
         self,
