@@ -204,7 +204,8 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     assert sorted((c.name, c.kind, list(c.fields)) for c in changes) == [
         ("desk__add_note", mcp_sync.REMOVED, []),
         ("desk__create_ticket", mcp_sync.ADDED, []),
-        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access"]),
+        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access",
+                                                   "annotations"]),
     ]  # fmt: skip
 
 
