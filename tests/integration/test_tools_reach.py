@@ -12,6 +12,7 @@ import time
 
 import grpc
 import pytest
+from mcp.types import ToolAnnotations
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -25,7 +26,6 @@ from executor.tools.definitions import from_proto
 from executor.tools.delivery import ToolDelivery
 from executor.tools.http_tool import Blocked, HttpToolClient, MaybeSent, ProviderError
 from executor.tools.mcp_call import call_mcp
-from mcp.types import ToolAnnotations
 from sandbox.mcp_server import create_app
 from sandbox.serve import BackgroundServer
 from tests.harness.agentrun_api import Api, set_fault

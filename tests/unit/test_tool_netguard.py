@@ -45,7 +45,10 @@ def http_tool(url: str, lookup_url: str = "") -> tool_pb2.Tool:
         http=tool_pb2.HttpTemplate(method="GET", url=url),
     )  # fmt: skip
     if lookup_url:
-        tool.access, tool.idempotency = tool_pb2.TOOL_ACCESS_WRITE, tool_pb2.IDEMPOTENCY_CLASS_LOOKUP
+        tool.access, tool.idempotency = (
+            tool_pb2.TOOL_ACCESS_WRITE,
+            tool_pb2.IDEMPOTENCY_CLASS_LOOKUP,
+        )
         tool.lookup.CopyFrom(tool_pb2.ToolLookup(stamp_body_field="m", stamp_name="k",
                              url=lookup_url, query={"k": "{key}"}, matches="found"))  # fmt: skip
     return tool
