@@ -28,7 +28,9 @@ from executor.tools.http_tool import Blocked, HttpToolClient, MaybeSent, Provide
 from executor.tools.mcp_call import call_mcp
 from sandbox.mcp_server import create_app
 from sandbox.serve import BackgroundServer
+from tests.harness import auth
 from tests.harness.agentrun_api import Api, set_fault
+from tests.harness.cli import agentrun_async
 
 CODE = grpc.StatusCode
 KEYED = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key")
@@ -150,7 +152,11 @@ async def test_a_sync_retires_a_dropped_tool_and_a_pinned_version_fails_clearly(
             app.mcp.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True),
                          description="Open a new ticket (every call opens another).",
                          name="create_ticket")(app.desk.create_ticket)  # fmt: skip
-            await _diff_then_apply(servers, api.ws, db)
+            shown = await agentrun_async(f"127.0.0.1:{server.port}",
+                                         await auth.workspace_key(db_url, api.ws, role="admin"),
+                                         "tools", "sync", "desk", workspace=api.ws)  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            await _diff_then_apply(servers, api.ws, db, shown.stdout)
             await _retired_is_not_offered(api, tools)
 
             # The agent version published before keeps its pin: its call fails as a tool
@@ -169,9 +175,17 @@ async def test_a_sync_retires_a_dropped_tool_and_a_pinned_version_fails_clearly(
         await api.close()
 
 
-async def _diff_then_apply(servers: tool_pb2_grpc.McpServerServiceStub, ws: str, db) -> None:
+async def _diff_then_apply(
+    servers: tool_pb2_grpc.McpServerServiceStub, ws: str, db, shown: str
+) -> None:
+    """The diff (as `agentrun tools sync` showed it), a stale apply, then the shown one."""
     looked = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
         workspace_id=ws, server_id="desk"))  # fmt: skip
+    assert (
+        "~ desk__create_ticket  annotations  write, proposed provider_key: needs --class" in shown
+    )
+    assert "- desk__list_tickets  no longer listed: applying retires it" in shown
+    assert f"--apply --expect {looked.digest}" in shown
     assert [(c.kind, c.name, list(c.fields), c.needs_class) for c in looked.changes] == [
         (mcp_sync.CHANGED, "desk__create_ticket", ["annotations"], True),
         (mcp_sync.REMOVED, "desk__list_tickets", [], False),
