@@ -8,6 +8,8 @@ the in-process control plane on real Postgres.
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
 
 import grpc
@@ -31,6 +33,7 @@ from sandbox.serve import BackgroundServer
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, set_fault
 from tests.harness.cli import agentrun_async
+from tests.harness.tls import Pki
 
 CODE = grpc.StatusCode
 KEYED = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key")
@@ -88,6 +91,41 @@ async def test_a_tool_reaches_a_named_host_but_never_a_refused_address(monkeypat
     finally:
         await client.aclose()
         await denying.aclose()
+
+
+async def test_through_the_guard_tls_verifies_the_name_and_sni_and_host_carry_it(
+    tmp_path, monkeypatch
+):
+    """The connection goes to the checked address, but the certificate (issued to the name
+    only, no IP) is verified for the name, and SNI and Host carry it."""
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    pki = Pki.create(tmp_path)
+    served = pki.server_cert("localhost")
+    names: list[str | None] = []
+    heads: list[bytes] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(served.cert, served.key)
+    context.sni_callback = lambda _sock, name, _ctx: names.append(name)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 12\r\nConnection: close\r\n\r\n{\"ok\": true}")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    port = listener.sockets[0].getsockname()[1]
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca))  # the client trusts the test CA
+    client = HttpToolClient(ExecutorConfig())
+    try:
+        tool = from_proto(http_tool(f"https://localhost:{port}/echo"))
+        assert await client.send(tool, {}, "k1") == {"ok": True}
+    finally:
+        await client.aclose()
+        listener.close()
+    assert names == ["localhost"]
+    assert f"host: localhost:{port}".encode() in heads[0].lower()
 
 
 async def test_an_mcp_call_keeps_its_tools_deadline_and_its_server_is_guarded(monkeypatch):
