@@ -4,13 +4,16 @@ check of literal addresses in definitions (control_plane/tools/definitions.py)."
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import pytest
 
 from agentrun.v1 import tool_pb2
 from control_plane.errors import InvalidArgument
 from control_plane.tools import definitions
+from control_plane.tools.openapi import ImportSpec, import_tools
 from executor.tools import netguard
+from sandbox.providers.shop import openapi_document
 
 ALWAYS = ["169.254.169.254", "169.254.0.1", "fe80::1", "0.0.0.0", "::", "224.0.0.1",
           "ff02::1", "255.255.255.255", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe",
@@ -86,3 +89,17 @@ def test_an_mcp_tool_timeout_is_bounded_when_saved():
     definitions.validate(mcp_tool("https://mcp.example/mcp", timeout=12.5))
     for bad in (-1.0, 301.0, float("nan")):
         assert "tool.mcp.timeout_seconds" in refusal(mcp_tool("https://mcp.example/mcp", bad))
+
+
+def test_an_openapi_import_refuses_a_server_the_tools_may_not_reach(monkeypatch):
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    document = json.dumps(openapi_document("http://169.254.169.254/shop"))
+    with pytest.raises(InvalidArgument) as refused:
+        import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True))
+    assert str(refused.value).startswith("base_url")  # the document's servers[0]
+    with pytest.raises(InvalidArgument, match="^base_url"):
+        import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
+                                          base_url="http://[fe80::1]/shop"))  # fmt: skip
+    tools = import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
+                                              base_url="https://shop.example"))  # fmt: skip
+    assert tools[0].http.url.startswith("https://shop.example/")
