@@ -4,6 +4,13 @@
         --class add_note=provider_key:idempotency_key
     agentrun tools sync desk                      # the diff against the registry
     agentrun tools sync desk --apply --class create_ticket=none
+    agentrun tools sync desk --apply --expect 3f2a9c01d4e5b6a7   # exactly the diff shown
+
+`sync --apply` at a terminal shows the diff and asks before it saves it (`--yes` does not
+ask); either way it saves only the diff that was shown (`--expect DIGEST`: the one a
+plain `sync` printed; the server's tools changed since: nothing saved). A removed tool is
+retired when applied: no longer listed nor publishable, agent versions that pinned it
+keep their version.
 
 The server's annotations only propose a write's class; a write is saved once a person
 states it with `--class TOOL=none` (a lost answer goes to a person) or
@@ -14,6 +21,7 @@ fills with the call's idempotency key). Until then it is listed as pending.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 import grpc
@@ -58,8 +66,9 @@ def change_line(change: pb.ToolChange) -> str:
     if change.fields:
         text += f"  {', '.join(change.fields)}"
     tool = change.proposed
-    if change.kind != pb.ToolChange.KIND_REMOVED:
-        text += "  read" if tool.access == pb.TOOL_ACCESS_READ else "  write"
+    if change.kind == pb.ToolChange.KIND_REMOVED:
+        return text + "  no longer listed: applying retires it"
+    text += "  read" if tool.access == pb.TOOL_ACCESS_READ else "  write"
     if change.needs_class:
         text += f", proposed {class_name(change.proposed_class)}: needs --class"
     elif tool.access == pb.TOOL_ACCESS_WRITE and tool.idempotency:
@@ -68,6 +77,8 @@ def change_line(change: pb.ToolChange) -> str:
 
 
 def tool_line(tool: pb.Tool) -> str:
+    if tool.retired:
+        return f"retired {tool.name} v{tool.version}"
     kind = "read" if tool.access == pb.TOOL_ACCESS_READ else "write"
     if tool.access == pb.TOOL_ACCESS_WRITE:
         kind += f" ({class_name(tool.idempotency)})"
@@ -80,6 +91,7 @@ def tools_add_mcp(args: argparse.Namespace) -> int:
     req = pb.AddMcpServerRequest(
         workspace_id=args.workspace, server_id=args.server_id, url=args.url,
         connection=args.connection or "", classes=_classes(args.classes),
+        timeout_seconds=args.timeout or 0.0,
     )  # fmt: skip
     channel, stub = _stub(args)
     with channel:
@@ -96,16 +108,37 @@ def tools_add_mcp(args: argparse.Namespace) -> int:
 
 def tools_sync(args: argparse.Namespace) -> int:
     req = pb.SyncMcpServerRequest(workspace_id=args.workspace, server_id=args.server_id,
-                                  apply=args.apply, classes=_classes(args.classes))  # fmt: skip
+                                  classes=_classes(args.classes), expect_digest=args.expect or "",
+                                  timeout_seconds=args.timeout or 0.0)  # fmt: skip
     channel, stub = _stub(args)
     with channel:
+        if args.apply and not (args.expect or args.yes) and sys.stdin.isatty():
+            shown = stub.SyncMcpServer(req, timeout=TIMEOUT)
+            if not _confirmed(args.server_id, shown):
+                return 1
+            req.expect_digest = shown.digest
+        req.apply = args.apply
         resp = stub.SyncMcpServer(req, timeout=TIMEOUT)
     lines = [change_line(c) for c in resp.changes] or [f"{args.server_id}: no changes"]
     lines += [tool_line(t) for t in resp.tools]
     if resp.changes and not args.apply:
-        lines.append("nothing saved: --apply saves this diff")
+        lines.append(f"nothing saved: apply exactly this diff with agentrun tools sync "
+                     f"{args.server_id} --apply --expect {resp.digest}")  # fmt: skip
     output.emit(args, resp, lines)
     return 0
+
+
+def _confirmed(server_id: str, shown: pb.SyncMcpServerResponse) -> bool:
+    """Show the diff on stderr and ask whether to save it (a terminal only)."""
+    if not shown.changes:
+        return True
+    for change in shown.changes:
+        output.note(change_line(change))
+    answer = input(f"save these {len(shown.changes)} changes of {server_id}? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    output.note("nothing saved")
+    return False
 
 
 def _tools_actions(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -125,13 +158,21 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("server_id", metavar="SERVER_ID", help="lowercase id, e.g. desk")
     p.add_argument("url", metavar="URL", help="its streamable HTTP endpoint")
     p.add_argument("--connection", metavar="PROVIDER", help="the connection that authenticates")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="each call's deadline, 0-300 (default: the platform's)")  # fmt: skip
     p.add_argument("--class", dest="classes", action="append", type=write_class,
                    metavar="TOOL=CLASS", help=class_help)  # fmt: skip
     p.set_defaults(handler=tools_add_mcp)
     p = actions.add_parser("sync", help="re-read an MCP server's tools: the diff, or --apply it",
                            parents=[common])  # fmt: skip
     p.add_argument("server_id", metavar="SERVER_ID")
-    p.add_argument("--apply", action="store_true", help="save the diff")
+    p.add_argument("--apply", action="store_true", help="save the diff (at a terminal: "
+                   "after showing it and asking)")  # fmt: skip
+    p.add_argument("--expect", metavar="DIGEST", help="apply only the diff a plain sync "
+                   "printed with this digest")  # fmt: skip
+    p.add_argument("--yes", action="store_true", help="with --apply: do not ask")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="a new deadline for each call, 0-300")  # fmt: skip
     p.add_argument("--class", dest="classes", action="append", type=write_class,
                    metavar="TOOL=CLASS", help=class_help)  # fmt: skip
     p.set_defaults(handler=tools_sync)

@@ -61,6 +61,9 @@ def lines(tool: tool_pb2.Tool) -> list[str]:
     found = [
         f"{tool.name} v{tool.version}  {kind(tool)}  ({owner}, source {tool.source}, "
         f"saved by {tool.created_by} {render.timestamp(tool.create_time)})",
+        "  retired: its MCP server no longer lists it (not offered; pinned versions stay)"
+        if tool.retired
+        else "",
         f"  {tool.description}" if tool.description else "",
         f"  calls: {transport(tool)}",
         f"  connection: {tool.connection or '-'}"

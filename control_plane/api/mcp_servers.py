@@ -4,8 +4,13 @@ Adding a server asks it for its tools (the control plane calls the server, with 
 connection's token when it names one: fetched from the connections store for that one
 request, never logged or stored) and saves the reads and the writes whose class a person
 stated; the other writes come back as `pending`. A sync re-reads tools/list and answers
-with the diff; with `apply` it saves it. A tool the server no longer lists is reported as
-removed; its registry versions stay (published agent versions pin them).
+with the diff and its digest; with `apply` it saves it (with `expect_digest`, only if the
+diff is still the one the caller was shown). A tool the server no longer lists is reported
+as removed, and applying retires it: a new registry version marked `retired`, which
+ListTools leaves out and a publish refuses. Its earlier versions stay: agent versions that
+pinned one keep it, and their calls fail as a tool error (nothing sent) while the server
+does not serve the tool. Each server has a call deadline (`timeout_seconds`, 0-300, 0: the
+platform default) copied into its tools' entries.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import grpc
 from agentrun.v1 import tool_pb2, tool_pb2_grpc
 from control_plane.api import convert
 from control_plane.api.tools import prepared, save
+from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections.tokens import ConnectionTokens
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import connections as connections_store
 from control_plane.store import mcp_servers as store
 from control_plane.store import tools as tools_store
-from control_plane.store.db import Pool, transaction
+from control_plane.store.db import Connection, Pool, transaction
 from control_plane.store.mcp_servers import McpServerRow
 from control_plane.tools import definitions, mcp_sync
 
@@ -33,6 +39,7 @@ SERVER_ID = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 CONNECTION = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 MAX_URL = 2048
 SOURCE = "mcp"
+MAX_TIMEOUT_SECONDS = definitions.MAX_TIMEOUT_SECONDS
 
 
 class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
@@ -47,16 +54,17 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
         server_id = _server_id(request.server_id)
         url = _url(request.url)
         connection = _connection(request.connection)
+        timeout = _timeout(request.timeout_seconds)
         if await store.get(self._pool, ws, server_id) is not None:
             raise AlreadyExists(f"MCP server {server_id!r} is already registered; sync it")
-        proposed = await self._snapshot(ws, server_id, url, connection)
+        proposed = await self._snapshot(ws, server_id, url, connection, timeout)
         current = await _server_tools(self._pool, ws, server_id)
         changes = mcp_sync.diff(current, proposed)
         confirmed = mcp_sync.confirm(changes, current, request.classes)
         _validate(confirmed.ready)
         who = auth_context.current().label
         async with transaction(self._pool) as conn:
-            row = await store.insert(conn, ws, server_id, url, connection, who)
+            row = await store.insert(conn, ws, server_id, url, connection, who, timeout)
             if row is None:
                 raise AlreadyExists(f"MCP server {server_id!r} is already registered; sync it")
             saved = [(await save(conn, ws, tool, SOURCE))[0] for tool in confirmed.ready]
@@ -90,7 +98,8 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
     ) -> tool_pb2.SyncMcpServerResponse:
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, request.server_id)
-        proposed = await self._snapshot(ws, row.server_id, row.url, row.connection)
+        timeout = _timeout(request.timeout_seconds) or row.timeout_seconds
+        proposed = await self._snapshot(ws, row.server_id, row.url, row.connection, timeout)
         current = await _server_tools(self._pool, ws, row.server_id)
         changes = mcp_sync.diff(current, proposed, restated=list(request.classes))
         confirmed = mcp_sync.confirm(changes, current, request.classes)
@@ -98,13 +107,19 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
         waiting = {c.name for c in confirmed.pending}
         for change in changes:
             change.needs_class = change.name in waiting
-        answer = tool_pb2.SyncMcpServerResponse(changes=changes)
+        answer = tool_pb2.SyncMcpServerResponse(changes=changes, digest=mcp_sync.digest(changes))
         if not request.apply:
             return answer
+        if request.expect_digest and request.expect_digest != answer.digest:
+            raise FailedPrecondition("the server's tools changed since that diff (digest "
+                                     f"{answer.digest}, not {request.expect_digest}): nothing "
+                                     "saved; sync again to see the diff")  # fmt: skip
         async with transaction(self._pool) as conn:
             for tool in confirmed.ready:
                 answer.tools.append((await save(conn, ws, tool, SOURCE))[0])
-            await store.synced(conn, ws, row.server_id)
+            for tool in confirmed.retired:
+                answer.tools.append(await _retire(conn, ws, tool))
+            await store.synced(conn, ws, row.server_id, request.timeout_seconds or None)
         return answer
 
     async def _get(self, workspace_id: str, server_id: str) -> McpServerRow:
@@ -114,12 +129,12 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
         return row
 
     async def _snapshot(
-        self, workspace_id: str, server_id: str, url: str, connection: str
+        self, workspace_id: str, server_id: str, url: str, connection: str, call_timeout: float
     ) -> list[tool_pb2.Tool]:
         headers = await self._headers(workspace_id, connection)
         try:
             return await mcp_sync.snapshot(url, headers, server_id=server_id,
-                                           connection=connection)  # fmt: skip
+                                           connection=connection, call_timeout=call_timeout)  # fmt: skip
         except mcp_sync.McpUnreachable as exc:
             raise FailedPrecondition(str(exc)) from None
 
@@ -154,11 +169,30 @@ def _url(value: str) -> str:
     parts = urlsplit(value)
     if len(value) > MAX_URL or parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidArgument("url", "must be an absolute http(s) URL")
+    definitions.reachable("url", value)
     if parts.username or parts.password:
         raise InvalidArgument("url", "may not carry credentials (name a connection instead)")
     if parts.fragment:
         raise InvalidArgument("url", "may not have a fragment")
     return value
+
+
+def _timeout(value: float) -> float:
+    if not 0 <= value <= MAX_TIMEOUT_SECONDS:
+        raise InvalidArgument("timeout_seconds", f"must be between 0 and {MAX_TIMEOUT_SECONDS:g} "
+                              "seconds (0: the platform default)")  # fmt: skip
+    return value
+
+
+async def _retire(conn: Connection, workspace_id: str, tool: tool_pb2.Tool) -> tool_pb2.Tool:
+    """Save the retired version of a tool the server dropped (it was validated when it was
+    saved; retiring changes nothing else), audited like any new version."""
+    who = auth_context.current().label
+    saved, created = await tools_store.save_tool_version(conn, workspace_id, prepared(tool),
+                                                         who, SOURCE)  # fmt: skip
+    if created:
+        await audit.record(conn, "tool.retired", "tool", saved.name, {"version": saved.version})
+    return saved
 
 
 def _connection(value: str) -> str:
@@ -187,7 +221,7 @@ def _validate(tools: list[tool_pb2.Tool]) -> None:
 def _to_proto(row: McpServerRow, tools: list[str]) -> tool_pb2.McpServer:
     server = tool_pb2.McpServer(
         workspace_id=row.workspace_id, server_id=row.server_id, url=row.url,
-        connection=row.connection, tools=sorted(tools),
+        connection=row.connection, tools=sorted(tools), timeout_seconds=row.timeout_seconds,
     )  # fmt: skip
     if (created := convert.timestamp(row.created_at)) is not None:
         server.create_time.CopyFrom(created)

@@ -24,6 +24,7 @@ class McpServerRow:
     created_by: str
     created_at: datetime
     last_sync_at: datetime | None
+    timeout_seconds: float
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> McpServerRow:
@@ -31,11 +32,13 @@ class McpServerRow:
 
 
 async def insert(
-    db: Db, workspace_id: str, server_id: str, url: str, connection: str, created_by: str
-) -> McpServerRow | None:
+    db: Db, workspace_id: str, server_id: str, url: str, connection: str, created_by: str,
+    timeout_seconds: float = 0.0,
+) -> McpServerRow | None:  # fmt: skip
     """The new server, or None when the workspace already has one of this id."""
     row = await run(db, "mcp_server_insert", workspace_id=workspace_id, server_id=server_id,
-                    url=url, connection=connection, created_by=created_by)  # fmt: skip
+                    url=url, connection=connection, created_by=created_by,
+                    timeout_seconds=timeout_seconds)  # fmt: skip
     return McpServerRow.from_row(row) if row is not None else None
 
 
@@ -49,6 +52,10 @@ async def list_for(db: Db, workspace_id: str, limit: int = 500) -> list[McpServe
     return [McpServerRow.from_row(r) for r in rows]
 
 
-async def synced(db: Db, workspace_id: str, server_id: str) -> McpServerRow | None:
-    row = await run(db, "mcp_server_synced", workspace_id=workspace_id, server_id=server_id)
+async def synced(
+    db: Db, workspace_id: str, server_id: str, timeout_seconds: float | None = None
+) -> McpServerRow | None:
+    """Record a sync that saved its diff (and the calls' new deadline, if given)."""
+    row = await run(db, "mcp_server_synced", workspace_id=workspace_id, server_id=server_id,
+                    timeout_seconds=timeout_seconds)  # fmt: skip
     return McpServerRow.from_row(row) if row is not None else None

@@ -11,7 +11,10 @@ What it holds to (tool.proto says what each field means):
 * an HTTP template has a method, an absolute http(s) URL whose `{placeholders}` (and those of
   headers, query and body) are arguments of the schema, no credential header of its own (the
   token comes from `connection` at call time, sent as `auth` says), bounded size and timeout;
-* an MCP target names its server, tool and streamable HTTP URL.
+* an MCP target names its server, tool and streamable HTTP URL, and a bounded timeout;
+* no URL's host is a literal address tools may not reach (executor/tools/netguard.py:
+  link-local, multicast, unspecified; private and loopback when the operator denies them).
+  Names are checked again, resolved, at every call.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from jsonschema import Draft202012Validator, SchemaError
 from agentrun.v1 import tool_pb2
 from control_plane.api.validate import json_value
 from control_plane.errors import InvalidArgument
+from executor.tools import netguard
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CONNECTION = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -224,6 +228,17 @@ def _check_mcp(mcp: tool_pb2.McpTarget) -> None:
     if not mcp.tool or len(mcp.tool) > 128:
         raise InvalidArgument("tool.mcp.tool", "must be the server's tool name (1-128)")
     _absolute_url("tool.mcp.url", mcp.url)
+    if not 0 <= mcp.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        raise InvalidArgument(
+            "tool.mcp.timeout_seconds", f"must be between 0 and {MAX_TIMEOUT_SECONDS:g}"
+        )
+
+
+def reachable(field: str, url: str) -> None:
+    """Refuse a URL whose host is a literal address tools may not reach (a name is
+    resolved and checked at call time)."""
+    if (why := netguard.literal_refusal(urlsplit(PLACEHOLDER.sub("x", url)).hostname)) is not None:
+        raise InvalidArgument(field, why)
 
 
 def _absolute_url(field: str, url: str) -> None:
@@ -238,6 +253,7 @@ def _absolute_url(field: str, url: str) -> None:
         raise InvalidArgument(field, "may not have a fragment")
     if PLACEHOLDER.search(urlsplit(url).netloc):
         raise InvalidArgument(field, "may use placeholders in its path and query only")
+    reachable(field, url)
 
 
 def _placeholders(field: str, template: str, arguments: frozenset[str]) -> None:

@@ -45,6 +45,16 @@ def check_connections(spec: agent_pb2.AgentSpec, own: Mapping[str, tool_pb2.Tool
             )
 
 
+def _refuse_retired(spec: agent_pb2.AgentSpec, resolved: Mapping[str, tool_pb2.Tool]) -> None:
+    """A retired tool (its MCP server stopped listing it) is no longer offered."""
+    for i, name in enumerate(spec.tools):
+        tool = resolved.get(name)
+        if tool is not None and tool.retired:
+            raise InvalidArgument(f"spec.tools[{i}]", f"tool {name!r} was retired in version "
+                                  f"{tool.version}: its MCP server {tool.mcp.server_id!r} no "
+                                  "longer lists it")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class PublishGuard:
     """The tool checks of a publish (control_plane/tools/__init__.py says why)."""
@@ -68,6 +78,7 @@ class PublishGuard:
         registry); one nobody knows is refused naming spec.tools[i]."""
         spec = request.spec
         resolved = await tool_store.resolve(conn, workspace_id, list(spec.tools))
+        _refuse_retired(spec, resolved)
         own = {name: t for name, t in resolved.items() if not t.builtin}
         check_connections(spec, own)
         live = await executor_tools.live_for(conn, workspace_id, self.live_seconds)

@@ -11,8 +11,15 @@ argument the server dedupes on (`McpTarget.key_argument`), which the executor fi
 the call's key and the model never sees.
 
 `diff` compares the proposals with the registry's current entries of the server by what
-the server decides (description, schema, access, URL); a person's confirmed class carries
-over while the tool's schema still has its key argument.
+the server decides (description, schema, annotations, access, URL, timeout); a person's
+confirmed class carries over while the tool's schema still has its key argument and its
+annotations (the hints a class rests on) are unchanged. A tool the server no longer lists
+is `removed`: applying retires it (a new registry version marked `retired`, no longer
+offered; the versions agent versions pinned stay as they are). `digest` names one diff, so
+a caller can apply exactly the diff it was shown.
+
+The server's URL is the workspace's data: the control plane asks it only through the
+network guard (executor/tools/netguard.py), as the executor calls it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import anyio
 
 from agentrun.v1 import tool_pb2
 from control_plane.errors import InvalidArgument
+from executor.tools import netguard
 
 if TYPE_CHECKING:
     from mcp.types import Tool as McpTool
@@ -65,6 +73,7 @@ class Confirmed:
 
     ready: list[tool_pb2.Tool]
     pending: list[tool_pb2.ToolChange]
+    retired: list[tool_pb2.Tool]
 
 
 def registry_name(server_id: str, tool: str) -> str:
@@ -83,9 +92,11 @@ async def snapshot(
     *,
     server_id: str,
     connection: str = "",
+    call_timeout: float = 0.0,
     timeout: float = SNAPSHOT_TIMEOUT_SECONDS,  # noqa: ASYNC109 (the whole session's deadline)
 ) -> list[tool_pb2.Tool]:
-    """The server's tools/list as proposals (writes carry their *proposed* class)."""
+    """The server's tools/list as proposals (writes carry their *proposed* class; each its
+    calls' deadline `call_timeout`, 0: the platform default)."""
     refusals: list[int] = []
     await _load_sdk()
     try:
@@ -93,12 +104,16 @@ async def snapshot(
             listed = await _list_tools(url, headers, refusals)
     except Exception as exc:  # noqa: BLE001 - the SDK's failures arrive in exception groups
         raise McpUnreachable(_why(_leaf(exc), url, timeout, refusals)) from exc
-    return [_proposal(t, server_id, url, connection) for t in listed]
+    proposals = [_proposal(t, server_id, url, connection) for t in listed]
+    for proposal in proposals:
+        proposal.mcp.timeout_seconds = call_timeout
+    return proposals
 
 
 async def _list_tools(
     url: str, headers: Mapping[str, str] | None, refusals: list[int]
 ) -> list[McpTool]:
+    import httpcore2
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -111,6 +126,7 @@ async def _list_tools(
         headers=dict(headers or {}),
         timeout=httpx2.Timeout(None),  # bounded by the snapshot's timeout
         event_hooks={"response": [on_response]},
+        transport=netguard.guard(httpx2.AsyncHTTPTransport(), httpcore2.ConnectError),
     )
     tools: list[McpTool] = []
     async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
@@ -148,12 +164,22 @@ def _proposal(tool: McpTool, server_id: str, url: str, connection: str) -> tool_
         parameters_json=json.dumps(tool.input_schema, sort_keys=True),
         access=READ if read else WRITE,
         connection=connection,
-        mcp=tool_pb2.McpTarget(server_id=server_id, tool=tool.name, url=url),
+        mcp=tool_pb2.McpTarget(server_id=server_id, tool=tool.name, url=url,
+                               annotations_json=_hints(hints)),
         source="mcp",
-    )
+    )  # fmt: skip
     if not read:
         proposed.idempotency = PROVIDER_KEY if hints and hints.idempotent_hint else NONE
     return proposed
+
+
+def _hints(hints: object) -> str:
+    """The annotations a class rests on, as sorted JSON ("" when the server gives none)."""
+    dump = getattr(hints, "model_dump", None)
+    if dump is None:
+        return ""
+    given = {k: v for k, v in dump(by_alias=True, exclude_none=True).items() if k.endswith("Hint")}
+    return json.dumps(given, sort_keys=True) if given else ""
 
 
 def diff(
@@ -186,8 +212,29 @@ def diff(
             change.needs_class = _carried(before, tool) is None
         changes.append(change)
     for name in sorted(now):
-        changes.append(tool_pb2.ToolChange(kind=REMOVED, name=name))
+        changes.append(tool_pb2.ToolChange(kind=REMOVED, name=name, proposed=retired(now[name])))
     return changes
+
+
+def retired(tool: tool_pb2.Tool) -> tool_pb2.Tool:
+    """The registry entry as its retired version (what applying a removal saves)."""
+    saved = tool_pb2.Tool()
+    saved.CopyFrom(tool)
+    saved.retired = True
+    return saved
+
+
+def digest(changes: Sequence[tool_pb2.ToolChange]) -> str:
+    """A short name of this diff: what changes and how, not who asks or when."""
+    sha = hashlib.sha256()
+    for change in changes:
+        proposed = tool_pb2.Tool()
+        proposed.CopyFrom(change.proposed)
+        for name in ("version", "create_time", "created_by"):
+            proposed.ClearField(name)  # type: ignore[arg-type]
+        sha.update(f"{change.kind}:{change.name}:{','.join(change.fields)}:".encode())
+        sha.update(proposed.SerializeToString(deterministic=True))
+    return sha.hexdigest()[:16]
 
 
 def confirm(
@@ -200,9 +247,10 @@ def confirm(
     writes. A class for no write of the diff is refused, naming it."""
     _check_classes_known(changes, current, classes)
     now = {t.name: t for t in current}
-    ready, pending = [], []
+    ready, pending, gone = [], [], []
     for change in changes:
         if change.kind == REMOVED:
+            gone.append(change.proposed)
             continue
         tool = change.proposed
         if tool.access == READ:
@@ -214,7 +262,7 @@ def confirm(
             pending.append(_pending(change))
         else:
             ready.append(saved)
-    return Confirmed(ready, pending)
+    return Confirmed(ready, pending, gone)
 
 
 def _check_classes_known(
@@ -266,8 +314,11 @@ def _classed(tool: tool_pb2.Tool, stated: tool_pb2.WriteClass) -> tool_pb2.Tool:
 
 def _carried(before: tool_pb2.Tool | None, tool: tool_pb2.Tool) -> tool_pb2.Tool | None:
     """The proposal with the class a person confirmed for the registry's entry, while it
-    still applies (the entry is a write; its key argument is still in the schema)."""
+    still applies (the entry is a write; its key argument is still in the schema; the
+    server's hints are the ones the person saw)."""
     if before is None or before.access != WRITE or before.idempotency == UNSPECIFIED:
+        return None
+    if before.mcp.annotations_json != tool.mcp.annotations_json:
         return None
     key = before.mcp.key_argument
     if before.idempotency == PROVIDER_KEY and key not in _properties(tool.parameters_json):
@@ -287,8 +338,12 @@ def _changed_fields(before: tool_pb2.Tool, tool: tool_pb2.Tool) -> list[str]:
         fields.append("parameters")
     if before.access != tool.access:
         fields.append("access")
+    if before.mcp.annotations_json != tool.mcp.annotations_json:
+        fields.append("annotations")
     if (before.mcp.url, before.mcp.tool) != (tool.mcp.url, tool.mcp.tool):
         fields.append("url")
+    if before.mcp.timeout_seconds != tool.mcp.timeout_seconds:
+        fields.append("timeout")
     if before.connection != tool.connection:
         fields.append("connection")
     if key and key not in _properties(tool.parameters_json):
@@ -339,6 +394,8 @@ def _without(raw: str, argument: str) -> str:
 
 def _why(exc: BaseException, url: str, timeout: float, refusals: list[int]) -> str:
     asked = f"the MCP server at {url}"
+    if isinstance(exc, netguard.DestinationRefused):
+        return f"{asked} was not asked: {exc}"
     if isinstance(exc, TimeoutError):
         return f"{asked} did not answer tools/list within {timeout:g}s"
     if refusals and refusals[-1] in (401, 403):

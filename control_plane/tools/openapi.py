@@ -507,6 +507,7 @@ def _base_url(document: Mapping[str, Any], op: Operation, spec: ImportSpec) -> s
     if spec.base_url:
         if not _absolute(spec.base_url):
             raise InvalidArgument("base_url", f"{spec.base_url!r} is not an absolute http(s) URL")
+        definitions.reachable("base_url", spec.base_url)
         return spec.base_url.rstrip("/")
     servers = op.spec.get("servers") or op.item.get("servers") or document.get("servers") or []
     url = _server_url(servers[0]) if servers else "/"
@@ -514,6 +515,7 @@ def _base_url(document: Mapping[str, Any], op: Operation, spec: ImportSpec) -> s
         raise InvalidArgument(
             "base_url", f"the document's server URL {url!r} is not absolute http(s): give base_url"
         )
+    definitions.reachable("base_url", url)  # the document's servers[0]
     return url.rstrip("/")
 
 

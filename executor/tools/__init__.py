@@ -9,4 +9,6 @@ definitions a run's tool set: the built-ins plus its workspace's registry tools 
 template    a registry HTTP tool's call as one request (escaping, headers, query, body, pointer)
 transport   where a registry MCP tool's call goes (call_mcp -> mcp_call.call)
 mcp_call    one MCP tool call as a short streamable HTTP session, its failures classified
+netguard    where a workspace's tool may connect (no metadata service, no link-local; private
+            networks per AGENTRUN_TOOL_PRIVATE_NETWORKS), checked on the resolved address
 """

@@ -150,6 +150,7 @@ class McpTarget:
     tool: str
     url: str
     key_argument: str = ""
+    timeout_seconds: float = 0.0  # 0: the platform's (ExecutorConfig.tool_timeout_seconds)
 
 
 @dataclass(frozen=True)

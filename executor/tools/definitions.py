@@ -62,7 +62,7 @@ def _transport(tool: tool_pb2.Tool) -> tuple[HttpTemplate | None, McpTarget | No
         ), None  # fmt: skip
     if which == "mcp":
         m = tool.mcp
-        return None, McpTarget(m.server_id, m.tool, m.url, m.key_argument)
+        return None, McpTarget(m.server_id, m.tool, m.url, m.key_argument, m.timeout_seconds)
     raise ValueError(f"tool {tool.name!r} has no transport")
 
 

@@ -36,7 +36,7 @@ from executor.tools import keys
 from executor.tools.catalogue import Tool
 from executor.tools.credentials import Credential
 from executor.tools.failures import Failure, classify, may_resend
-from executor.tools.http_tool import HttpToolClient, ProviderError, ToolSendError
+from executor.tools.http_tool import Blocked, HttpToolClient, ProviderError, ToolSendError
 
 NOT_RETRIED = "not retried: tool has no idempotency key or lookup"
 ASK_A_PERSON = "waiting for a person to decide whether it happened"
@@ -247,6 +247,8 @@ class ToolDelivery:
         """One request, repeated (same key) while its failures allow it, up to `attempts`."""
 
         def resend(exc: BaseException) -> bool:
+            if isinstance(exc, Blocked):  # refused by policy: it would be refused again
+                return False
             return isinstance(exc, ToolSendError) and may_resend(
                 call_class, classify(exc, call_class)
             )

@@ -7,12 +7,13 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import httpcore
 import httpx
 
 from executor import horizon
 from executor.config import ExecutorConfig
 from executor.retry_after import retry_after
-from executor.tools import template
+from executor.tools import netguard, template
 from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
 
 if TYPE_CHECKING:
@@ -25,6 +26,11 @@ class ToolSendError(Exception):
 
 class NotSent(ToolSendError):
     """The request never left: nothing can have happened at the provider."""
+
+
+class Blocked(NotSent):
+    """The tool's host is one tools may not reach (executor/tools/netguard.py): refused
+    before anything left, and sending again would be refused again."""
 
 
 class MaybeSent(ToolSendError):
@@ -69,9 +75,20 @@ class HttpToolClient:
             transport=transport,
             follow_redirects=False,
         )
+        # Registry tools' URLs are a workspace's data: their connections are guarded
+        # (netguard.py). The catalogue's providers are the operator's and are not.
+        guarded = transport or netguard.guard(
+            httpx.AsyncHTTPTransport(limits=httpx.Limits(keepalive_expiry=2.0)),
+            httpcore.ConnectError,
+        )
+        self._guarded = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.tool_timeout_seconds), transport=guarded,
+            follow_redirects=False,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._guarded.aclose()
 
     async def send(
         self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
@@ -86,7 +103,8 @@ class HttpToolClient:
         if tool.mcp is not None:
             from executor.tools.transport import call_mcp
 
-            return await call_mcp(tool, arguments, idempotency_key, credential)
+            timeout = tool.mcp.timeout_seconds or self._config.tool_timeout_seconds
+            return await call_mcp(tool, arguments, idempotency_key, credential, timeout)
         if tool.http is not None:
             return await self._send_template(tool, arguments, idempotency_key, credential)
         method = tool.method or "POST"
@@ -178,7 +196,7 @@ class HttpToolClient:
             headers[name] = f"Bearer {token}" if spec.auth == "bearer" else token
         timeout = httpx.Timeout(spec.timeout_seconds or self._config.tool_timeout_seconds)
         try:
-            request = self._http.build_request(
+            request = self._guarded.build_request(
                 rendered.method, rendered.url, params=rendered.params or None, headers=headers,
                 json=rendered.body, timeout=timeout,
             )  # fmt: skip
@@ -208,7 +226,9 @@ class HttpToolClient:
     ) -> tuple[httpx.Response, bool]:
         """The response (its body read up to `limit` bytes) and whether it was over."""
         try:
-            response = await self._http.send(request, stream=True)
+            response = await self._guarded.send(request, stream=True)
+        except netguard.DestinationRefused as exc:
+            raise Blocked(f"{name}: {exc}") from None
         except _NOT_SENT as exc:
             raise NotSent(f"could not connect for {name}: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import httpcore2
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -31,7 +32,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult
 
 from executor import horizon
-from executor.tools.http_tool import MaybeSent, NotSent, ProviderError, ToolSendError
+from executor.tools import netguard
+from executor.tools.http_tool import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
 
 if TYPE_CHECKING:
     from executor.tools.catalogue import Tool
@@ -40,8 +42,12 @@ if TYPE_CHECKING:
 # The SDK's HTTP client logs every request at INFO: a call's URL is no news in a log line.
 logging.getLogger("httpx2").setLevel(logging.WARNING)
 
-# Like an HTTP tool's default patience (ExecutorConfig.tool_timeout_seconds).
+# The platform's patience when a caller gives none (the executor passes the tool's own
+# `mcp.timeout_seconds`, else ExecutorConfig.tool_timeout_seconds).
 DEFAULT_TIMEOUT_SECONDS = 30.0
+# The server answered tools/list without this tool: nothing was called (a pinned version
+# of a tool the server has since dropped).
+NOT_OFFERED_STATUS = 404
 # The tool ran and reported failure (MCP `isError`): the model reads the message.
 TOOL_ERROR_STATUS = 422
 _CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
@@ -59,7 +65,7 @@ class _Progress:
 
 async def call(
     tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
-    credential: Credential | None = None,
+    credential: Credential | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109
 ) -> Any:  # fmt: skip
     """The executor's MCP transport (executor/tools/transport.py): call a registry tool's
     `mcp` target. A provider_key write carries the call's key in the argument the server
@@ -74,7 +80,7 @@ async def call(
     headers = {"Authorization": await credential.header()} if credential is not None else {}
     try:
         return await call_mcp(target.url, target.tool, sent, headers=headers,
-                              timeout=DEFAULT_TIMEOUT_SECONDS)  # fmt: skip
+                              timeout=timeout)  # fmt: skip
     except ProviderError as exc:
         if credential is not None and exc.status in (401, 403):
             from executor.tools.credentials import ConnectionUnusable
@@ -91,7 +97,7 @@ async def call_mcp(
     arguments: Mapping[str, Any],
     *,
     headers: Mapping[str, str] | None = None,
-    timeout: float = 30.0,  # noqa: ASYNC109 (the whole session's deadline)
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 (the whole session's deadline)
 ) -> Any:
     """Call `tool_name` on the MCP server at `target_url`; its result, or a ToolSendError.
 
@@ -122,9 +128,14 @@ async def _session_call(
         headers=dict(headers or {}),
         timeout=httpx2.Timeout(None),  # the whole call is bounded by `timeout`
         event_hooks={"response": [on_response]},
+        # The server's URL is a workspace's data: only to addresses tools may reach.
+        transport=netguard.guard(httpx2.AsyncHTTPTransport(), httpcore2.ConnectError),
     )
     async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
-        await client.list_tools()  # the server's schemas, for the checks of its result
+        listed = await client.list_tools()  # the server's schemas, for the checks of its result
+        if all(t.name != tool for t in listed.tools) and listed.next_cursor is None:
+            raise ProviderError(NOT_OFFERED_STATUS, f"the MCP server no longer offers the "
+                                f"tool {tool!r}: nothing was called")  # fmt: skip
         # The run's last-moment check (executor/horizon.py), as for an HTTP tool: after
         # the session's set-up, right before the one request that acts.
         if (refusal := horizon.blocked_now()) is not None:
@@ -157,6 +168,8 @@ def _classify(progress: _Progress, exc: BaseException, timeout: float) -> ToolSe
     """Which ToolSendError a failed call is, by how far it got (see the module docstring)."""
     if isinstance(exc, ToolSendError):
         return exc
+    if isinstance(exc, netguard.DestinationRefused):
+        return Blocked(str(exc))
     status = progress.status
     if not progress.calling:
         if status in (401, 403):  # the server refused our credentials: nothing was called

@@ -1,7 +1,7 @@
 """Where a registry tool's call goes: its HTTP template (http_tool.py) or a remote MCP server.
 
 `call_mcp` is the MCP hook: it hands the call to `executor/tools/mcp_call.py`'s
-`call(tool, arguments, idempotency_key, credential) -> Any` (the MCP transport, streamable
+`call(tool, arguments, idempotency_key, credential, timeout) -> Any` (the MCP transport, streamable
 HTTP), which raises the same send errors as an HTTP tool (NotSent: nothing left; MaybeSent:
 it may have been applied; ProviderError: the server answered with an error), so the
 delivery settles MCP writes by their class exactly like HTTP ones. Until that module exists
@@ -49,9 +49,10 @@ def _import() -> ModuleType:
 
 async def call_mcp(
     tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
-    credential: Credential | None = None,
+    credential: Credential | None = None, timeout: float = 30.0,  # noqa: ASYNC109
 ) -> Any:  # fmt: skip
     """Call `tool.mcp` with these arguments (the key for a provider_key class: the server
-    dedupes on `tool.mcp.key_argument`); the tool's result, or a ToolSendError."""
+    dedupes on `tool.mcp.key_argument`) within `timeout` seconds (the tool's own, else the
+    platform's); the tool's result, or a ToolSendError."""
     module = _mcp.get(MCP_MODULE) or await _load()
-    return await module.call(tool, arguments, idempotency_key, credential)
+    return await module.call(tool, arguments, idempotency_key, credential, timeout)

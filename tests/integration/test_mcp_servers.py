@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import run_pb2, tool_pb2, tool_pb2_grpc
+from agentrun.v1 import agent_pb2, run_pb2, tool_pb2, tool_pb2_grpc
 from control_plane.config import ServerConfig
 from control_plane.errors import InvalidArgument
 from control_plane.server import start as start_server
@@ -24,7 +24,7 @@ from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
 from executor.tools.mcp_call import call_mcp
 from sandbox.mcp_server import McpSandbox, create_app
 from sandbox.serve import BackgroundServer
-from tests.harness import auth
+from tests.harness import auth, secrets_seen
 from tests.harness.agentrun_api import Api, set_fault
 from tests.harness.connections import follow_start_link
 from tests.harness.waiting import eventually
@@ -204,7 +204,8 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     assert sorted((c.name, c.kind, list(c.fields)) for c in changes) == [
         ("desk__add_note", mcp_sync.REMOVED, []),
         ("desk__create_ticket", mcp_sync.ADDED, []),
-        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access"]),
+        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access",
+                                                   "annotations"]),
     ]  # fmt: skip
 
 
@@ -306,12 +307,18 @@ async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, d
 
 
 async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_class(
-    mcp, server, db_url, executor_factory
+    mcp, db_url, executor_factory, sandbox_providers
 ):
+    """...and a third run reads a server that honours only the workspace's chat token: the
+    executor calls it with the connection's token, which is in no step, answer or log."""
     url, app = mcp
+    server = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0",
+                                             oauth_url=sandbox_providers.url))  # fmt: skip
     address = f"127.0.0.1:{server.port}"
     api = await Api.connect(address, db_url)
+    vault = Vault(api, server.http_port, sandbox_providers.url)
     try:
+        await vault.open()
         await tool_pb2_grpc.McpServerServiceStub(api.channel).AddMcpServer(
             tool_pb2.AddMcpServerRequest(workspace_id=api.ws, server_id="desk", url=f"{url}/mcp",
                                          classes={"add_note": KEYED, "create_ticket": NO_KEY})
@@ -325,7 +332,7 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         set_fault(url, tool="create_ticket", mode="drop_response", delay_ms=0, count=1)
         set_fault(url, tool="add_note", mode="drop_response", delay_ms=0, count=1,
                   key_prefix=f"{noted}:")  # fmt: skip
-        executor_factory(address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
+        executor = executor_factory(address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
 
         # class none: nothing may settle it but a person; it is never sent again.
         unknown = await eventually(lambda: api.awaiting_person(opened), timeout=90,
@@ -350,8 +357,54 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         assert [(r["key"], r["fault"]) for r in calls] == [(key, "drop_response"), (key, None)]
         assert [e["key"] for e in effects(url, "add_note")] == [key]
         assert '"replayed": true' in run.output  # the model read the server's own answer
+        await vault.check(executor[0].log_path.read_text(errors="replace"))
     finally:
+        vault.close()
         await api.close()
+        await server.stop(grace=0)
+
+
+class Vault:
+    """An MCP server (the sandbox) that honours only the workspace's chat token, added with
+    connection "chat", and a run of an agent that reads it."""
+
+    def __init__(self, api: Api, http_port: int, providers_url: str) -> None:
+        self.api, self.http_port, self.providers_url = api, http_port, providers_url
+        self.served: BackgroundServer | None = None
+
+    async def open(self) -> None:
+        owner = await auth.workspace_key(self.api.db_url, self.api.ws, role="operator",
+                                         principal="owner")  # fmt: skip
+        account = f"vault-{uuid.uuid4().hex[:6]}@example"
+        linked = await follow_start_link(f"http://127.0.0.1:{self.http_port}", self.api.ws,
+                                         owner, account)  # fmt: skip
+        self.tokens = [secrets_seen.remember(t) for t in tokens_of(self.providers_url, account)]
+        self.app = create_app(token=self.tokens[-1])
+        self.served = BackgroundServer(self.app).start()
+        self.added = await tool_pb2_grpc.McpServerServiceStub(self.api.channel).AddMcpServer(
+            tool_pb2.AddMcpServerRequest(workspace_id=self.api.ws, server_id="vault",
+                                         url=f"{self.served.url}/mcp", connection="chat"))  # fmt: skip
+        await self.api.agents.CreateAgent(agent_pb2.CreateAgentRequest(
+            workspace_id=self.api.ws, agent_id="vaulted"))  # fmt: skip
+        spec = agent_pb2.AgentSpec(model="mcp_vault", instructions="read",
+                                   tools=["vault__list_tickets"],
+                                   connections={"chat": str(linked["connection_id"])})  # fmt: skip
+        await self.api.agents.PublishAgentVersion(agent_pb2.PublishAgentVersionRequest(
+            workspace_id=self.api.ws, agent_id="vaulted", spec=spec))  # fmt: skip
+        self.run_id = await self.api.start("vaulted")
+
+    async def check(self, executor_log: str) -> None:
+        (done,) = await self.api.wait_terminal([self.run_id], within=60)
+        assert done.status == run_pb2.RUN_STATUS_COMPLETED, done.error
+        calls = [e for e in self.app.log.entries() if e.get("tool") == "list_tickets"]
+        assert [e["status"] for e in calls] == [200], "called once, with the account's token"
+        steps = json.dumps([s.payload for s in await self.api.steps(self.run_id)])
+        shown = [steps, str(done), str(self.added), executor_log]
+        assert not [t for t in self.tokens if any(t in text for text in shown)]
+
+    def close(self) -> None:
+        if self.served is not None:
+            self.served.stop()
 
 
 def tokens_of(providers_url: str, account: str) -> list[str]:

@@ -56,7 +56,7 @@ EXPECTED = {
     "port=$(mktemp)": [
         "saved desk__add_note v1  write (provider_key), key in idempotency_key",
         "pending + desk__create_ticket  write, proposed none: needs --class",
-        "nothing saved: --apply saves this diff",
+        "nothing saved: apply exactly this diff with agentrun tools sync desk --apply --expect ",
         "saved desk__create_ticket v1  write (none)",
     ],
     "SHOP=http://127.0.0.1": [

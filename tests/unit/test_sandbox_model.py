@@ -225,8 +225,8 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
         for turn in store.get(name).turns:
             reply = render_turn(turn, conversation(0), random.Random(7))
             used |= {call.name for call in reply.tool_calls}
-    # Registry tools of the MCP sandbox desk (server id desk), not of the catalogue.
-    used -= {"desk__list_tickets", "desk__create_ticket", "desk__add_note"}
+    # Registry tools of the MCP sandbox desk (server ids desk and vault), not of the catalogue.
+    used -= {"desk__list_tickets", "desk__create_ticket", "desk__add_note", "vault__list_tickets"}
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
     # not built-ins: the tests that call them add them to their workspace first (the shop's

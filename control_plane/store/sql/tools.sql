@@ -27,12 +27,18 @@ ORDER BY version DESC LIMIT 1;
 
 -- name: tool_list :many
 -- The latest version of every tool workspace $1 sees (its own shadow shared ones of the
--- same name), by name, after the name $2 (NULL: from the start), at most $3.
-SELECT DISTINCT ON (name) workspace_id, name, version, definition, source, created_by,
-       created_at
-FROM tools
-WHERE workspace_id IN ($1, '') AND ($2::text IS NULL OR name > $2)
-ORDER BY name, workspace_id DESC, version DESC
+-- same name), by name, after the name $2 (NULL: from the start), at most $3. A tool whose
+-- latest version is retired (its MCP server dropped it) is no longer offered: left out.
+SELECT workspace_id, name, version, definition, source, created_by, created_at
+FROM (
+    SELECT DISTINCT ON (name) workspace_id, name, version, definition, source, created_by,
+           created_at
+    FROM tools
+    WHERE workspace_id IN ($1, '') AND ($2::text IS NULL OR name > $2)
+    ORDER BY name, workspace_id DESC, version DESC
+) latest
+WHERE NOT coalesce((definition ->> 'retired')::boolean, false)
+ORDER BY name
 LIMIT $3;
 
 -- name: tool_pinned :many

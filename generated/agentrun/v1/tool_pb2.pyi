@@ -92,6 +92,7 @@ class Tool(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CREATED_BY_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    RETIRED_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     """Empty for a shared (built-in) entry."""
     name: _builtins.str
@@ -124,6 +125,13 @@ class Tool(_message.Message):
     """Principal label of whoever saved this version."""
     source: _builtins.str
     """Where the definition came from: "api", "file", "openapi", "mcp", "builtin"."""
+    retired: _builtins.bool
+    """A retired entry: the tool's MCP server stopped listing it and a sync
+    applied that. It is no longer offered: ListTools leaves it out and a
+    publish naming it is refused. Agent versions that pinned an earlier
+    version keep it (their calls fail as a tool error, nothing sent, while
+    the server does not serve the tool).
+    """
     @_builtins.property
     def lookup(self) -> Global___ToolLookup:
         """lookup: how to ask."""
@@ -166,10 +174,11 @@ class Tool(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         created_by: _builtins.str = ...,
         source: _builtins.str = ...,
+        retired: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "http", b"http", "lookup", b"lookup", "mcp", b"mcp", "transport", b"transport"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "builtin", b"builtin", "capabilities", b"capabilities", "connection", b"connection", "create_time", b"create_time", "created_by", b"created_by", "description", b"description", "http", b"http", "idempotency", b"idempotency", "idempotency_header", b"idempotency_header", "key_retention_hours", b"key_retention_hours", "lookup", b"lookup", "mcp", b"mcp", "name", b"name", "needs_approval", b"needs_approval", "parameters_json", b"parameters_json", "rate_bucket", b"rate_bucket", "scopes", b"scopes", "source", b"source", "transport", b"transport", "version", b"version", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "builtin", b"builtin", "capabilities", b"capabilities", "connection", b"connection", "create_time", b"create_time", "created_by", b"created_by", "description", b"description", "http", b"http", "idempotency", b"idempotency", "idempotency_header", b"idempotency_header", "key_retention_hours", b"key_retention_hours", "lookup", b"lookup", "mcp", b"mcp", "name", b"name", "needs_approval", b"needs_approval", "parameters_json", b"parameters_json", "rate_bucket", b"rate_bucket", "retired", b"retired", "scopes", b"scopes", "source", b"source", "transport", b"transport", "version", b"version", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_transport: _TypeAlias = _typing.Literal["http", "mcp"]  # noqa: Y015
     _WhichOneofArgType_transport: _TypeAlias = _typing.Literal["transport", b"transport"]  # noqa: Y015
@@ -300,6 +309,8 @@ class McpTarget(_message.Message):
     TOOL_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     KEY_ARGUMENT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ANNOTATIONS_JSON_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     tool: _builtins.str
     """The tool's name on the server."""
@@ -307,6 +318,15 @@ class McpTarget(_message.Message):
     """The server's streamable HTTP endpoint (copied from the server at sync)."""
     key_argument: _builtins.str
     """For provider_key: the argument (or `_meta` key) the server dedupes on."""
+    timeout_seconds: _builtins.float
+    """The whole call's deadline, in seconds (0: the platform default,
+    AGENTRUN_TOOL_TIMEOUT_SECONDS); copied from the server at sync.
+    """
+    annotations_json: _builtins.str
+    """The server's annotations of the tool (readOnlyHint, idempotentHint,
+    destructiveHint, openWorldHint) as JSON, as last synced: a change shows
+    in the sync's diff.
+    """
     def __init__(
         self,
         *,
@@ -314,10 +334,12 @@ class McpTarget(_message.Message):
         tool: _builtins.str = ...,
         url: _builtins.str = ...,
         key_argument: _builtins.str = ...,
+        timeout_seconds: _builtins.float = ...,
+        annotations_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_argument", b"key_argument", "server_id", b"server_id", "tool", b"tool", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations_json", b"annotations_json", "key_argument", b"key_argument", "server_id", b"server_id", "timeout_seconds", b"timeout_seconds", "tool", b"tool", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -662,12 +684,15 @@ class McpServer(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     LAST_SYNC_TIME_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     server_id: _builtins.str
     """Lowercase letters, digits, '-' and '_', 1-63 characters."""
     url: _builtins.str
     connection: _builtins.str
     """Provider name of the connection that authenticates (empty: none)."""
+    timeout_seconds: _builtins.float
+    """Each call's deadline in seconds (0: the platform default)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -686,10 +711,11 @@ class McpServer(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         last_sync_time: _timestamp_pb2.Timestamp | None = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
+        timeout_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_sync_time", b"last_sync_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "create_time", b"create_time", "last_sync_time", b"last_sync_time", "server_id", b"server_id", "tools", b"tools", "url", b"url", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "create_time", b"create_time", "last_sync_time", b"last_sync_time", "server_id", b"server_id", "timeout_seconds", b"timeout_seconds", "tools", b"tools", "url", b"url", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -725,10 +751,13 @@ class AddMcpServerRequest(_message.Message):
     URL_FIELD_NUMBER: _builtins.int
     CONNECTION_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     server_id: _builtins.str
     url: _builtins.str
     connection: _builtins.str
+    timeout_seconds: _builtins.float
+    """Each call's deadline in seconds, 0-300 (0: the platform default)."""
     @_builtins.property
     def classes(self) -> _containers.MessageMap[_builtins.str, Global___WriteClass]:
         """Classes for the writes of the first snapshot (a write without one is
@@ -743,10 +772,11 @@ class AddMcpServerRequest(_message.Message):
         url: _builtins.str = ...,
         connection: _builtins.str = ...,
         classes: _abc.Mapping[_builtins.str, Global___WriteClass] | None = ...,
+        timeout_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "connection", b"connection", "server_id", b"server_id", "url", b"url", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "connection", b"connection", "server_id", b"server_id", "timeout_seconds", b"timeout_seconds", "url", b"url", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -899,7 +929,9 @@ class ToolChange(_message.Message):
     needs_class: _builtins.bool
     @_builtins.property
     def proposed(self) -> Global___Tool:
-        """The proposed definition (for added and changed)."""
+        """The proposed definition (added and changed); for removed, the entry
+        that applying retires.
+        """
 
     @_builtins.property
     def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -952,10 +984,19 @@ class SyncMcpServerRequest(_message.Message):
     SERVER_ID_FIELD_NUMBER: _builtins.int
     APPLY_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
+    EXPECT_DIGEST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     server_id: _builtins.str
     apply: _builtins.bool
     """False: only report the diff."""
+    expect_digest: _builtins.str
+    """With apply: the `digest` of the diff the caller saw. If the diff is not
+    that one any more (the server's tools changed meanwhile), nothing is
+    saved: FAILED_PRECONDITION. Empty: apply whatever the diff is.
+    """
+    timeout_seconds: _builtins.float
+    """A new deadline for each call, in seconds (0-300; 0: keep the server's)."""
     @_builtins.property
     def classes(self) -> _containers.MessageMap[_builtins.str, Global___WriteClass]: ...
     def __init__(
@@ -965,10 +1006,12 @@ class SyncMcpServerRequest(_message.Message):
         server_id: _builtins.str = ...,
         apply: _builtins.bool = ...,
         classes: _abc.Mapping[_builtins.str, Global___WriteClass] | None = ...,
+        expect_digest: _builtins.str = ...,
+        timeout_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply", b"apply", "classes", b"classes", "server_id", b"server_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply", b"apply", "classes", b"classes", "expect_digest", b"expect_digest", "server_id", b"server_id", "timeout_seconds", b"timeout_seconds", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -980,21 +1023,25 @@ class SyncMcpServerResponse(_message.Message):
 
     CHANGES_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """Identifies this diff (give it back as expect_digest to apply exactly it)."""
     @_builtins.property
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolChange]: ...
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tool]:
-        """The tools saved (apply only)."""
+        """The tools saved (apply only), retired ones included."""
 
     def __init__(
         self,
         *,
         changes: _abc.Iterable[Global___ToolChange] | None = ...,
         tools: _abc.Iterable[Global___Tool] | None = ...,
+        digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "digest", b"digest", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

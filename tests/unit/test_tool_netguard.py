@@ -1,0 +1,105 @@
+"""Where a workspace's tools may connect (executor/tools/netguard.py) and the save-time
+check of literal addresses in definitions (control_plane/tools/definitions.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from agentrun.v1 import tool_pb2
+from control_plane.errors import InvalidArgument
+from control_plane.tools import definitions
+from control_plane.tools.openapi import ImportSpec, import_tools
+from executor.tools import netguard
+from sandbox.providers.shop import openapi_document
+
+ALWAYS = ["169.254.169.254", "169.254.0.1", "fe80::1", "0.0.0.0", "::", "224.0.0.1",
+          "ff02::1", "255.255.255.255", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe",
+          "2002:a9fe:a9fe::1"]  # fmt: skip
+PRIVATE = ["127.0.0.1", "::1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "fd00::1",
+           "::ffff:127.0.0.1"]  # fmt: skip
+PUBLIC = ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"]
+
+
+def test_link_local_unspecified_and_multicast_are_always_refused(monkeypatch):
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    for text in ALWAYS:
+        assert netguard.refused(ipaddress.ip_address(text)), text
+    for text in PRIVATE + PUBLIC:
+        assert not netguard.refused(ipaddress.ip_address(text)), text
+
+
+def test_private_and_loopback_are_refused_only_when_the_operator_says_so(monkeypatch):
+    for value in ("deny", "DENY", "no-such-value"):  # a typo fails closed
+        monkeypatch.setenv(netguard.ENV, value)
+        for text in ALWAYS + PRIVATE:
+            assert netguard.refused(ipaddress.ip_address(text)), (value, text)
+        for text in PUBLIC:
+            assert not netguard.refused(ipaddress.ip_address(text)), (value, text)
+    monkeypatch.setenv(netguard.ENV, "allow")
+    assert not netguard.refused(ipaddress.ip_address("127.0.0.1"))
+
+
+def http_tool(url: str, lookup_url: str = "") -> tool_pb2.Tool:
+    tool = tool_pb2.Tool(
+        name="fetch", parameters_json='{"type": "object"}', access=tool_pb2.TOOL_ACCESS_READ,
+        http=tool_pb2.HttpTemplate(method="GET", url=url),
+    )  # fmt: skip
+    if lookup_url:
+        tool.access, tool.idempotency = (
+            tool_pb2.TOOL_ACCESS_WRITE,
+            tool_pb2.IDEMPOTENCY_CLASS_LOOKUP,
+        )
+        tool.lookup.CopyFrom(tool_pb2.ToolLookup(stamp_body_field="m", stamp_name="k",
+                             url=lookup_url, query={"k": "{key}"}, matches="found"))  # fmt: skip
+    return tool
+
+
+def mcp_tool(url: str, timeout: float = 0.0) -> tool_pb2.Tool:
+    return tool_pb2.Tool(
+        name="desk__list", parameters_json='{"type": "object"}', access=tool_pb2.TOOL_ACCESS_READ,
+        mcp=tool_pb2.McpTarget(server_id="desk", tool="list", url=url, timeout_seconds=timeout),
+    )  # fmt: skip
+
+
+def refusal(tool: tool_pb2.Tool) -> str:
+    with pytest.raises(InvalidArgument) as refused:
+        definitions.validate(tool)
+    return str(refused.value)
+
+
+def test_a_definition_naming_a_refused_literal_address_is_not_saved(monkeypatch):
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    assert "tool.http.url" in refusal(http_tool("http://169.254.169.254/latest/meta-data"))
+    assert "tool.http.url" in refusal(http_tool("http://[fe80::1]:8080/{x}"))
+    assert "tool.lookup.url" in refusal(http_tool("https://api.example/x", "http://0.0.0.0/q"))
+    assert "tool.mcp.url" in refusal(mcp_tool("http://[::ffff:169.254.169.254]/mcp"))
+    definitions.validate(http_tool("http://127.0.0.1:8080/local"))  # allowed by default
+    definitions.validate(http_tool("http://metadata.example/x"))  # a name: checked at call time
+
+    monkeypatch.setenv(netguard.ENV, "deny")
+    why = refusal(http_tool("http://10.0.0.5/admin"))
+    assert "tool.http.url" in why and f"{netguard.ENV}=deny" in why
+    definitions.validate(http_tool("https://93.184.216.34/public"))
+
+
+def test_an_mcp_tool_timeout_is_bounded_when_saved():
+    definitions.validate(mcp_tool("https://mcp.example/mcp", timeout=12.5))
+    for bad in (-1.0, 301.0, float("nan")):
+        assert "tool.mcp.timeout_seconds" in refusal(mcp_tool("https://mcp.example/mcp", bad))
+
+
+def test_an_openapi_import_refuses_a_server_the_tools_may_not_reach(monkeypatch):
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    document = json.dumps(openapi_document("http://169.254.169.254/shop"))
+    with pytest.raises(InvalidArgument) as refused:
+        import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True))
+    assert str(refused.value).startswith("base_url")  # the document's servers[0]
+    with pytest.raises(InvalidArgument, match="^base_url"):
+        import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
+                                          base_url="http://[fe80::1]/shop"))  # fmt: skip
+    tools = import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
+                                              base_url="https://shop.example"))  # fmt: skip
+    assert tools[0].http.url.startswith("https://shop.example/")
