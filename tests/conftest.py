@@ -98,7 +98,7 @@ async def db_url(
     name = await spare_databases.take()
     yield pg.url_for(name)
     _ensure_running(pg)  # a test may have killed the server and left it down
-    await drop_database(pg.url, name)
+    spare_databases.drop(name)
 
 
 @pytest.fixture

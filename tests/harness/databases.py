@@ -74,6 +74,7 @@ class SpareDatabases:
         self.template = template
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "spare-database")
         self._next: concurrent.futures.Future[str] | None = None
+        self._drops: list[tuple[str, concurrent.futures.Future[None]]] = []
 
     def _copy(self) -> concurrent.futures.Future[str]:
         copy = _copied(self.admin_url, new_database_name(), self.template)
@@ -91,11 +92,18 @@ class SpareDatabases:
         self._next = self._copy()
         return name
 
+    def drop(self, name: str) -> None:
+        """Drop a test's database in the background (while the next test runs)."""
+        drop = self._thread.submit(asyncio.run, drop_database(self.admin_url, name))
+        self._drops.append((name, drop))
+
     def close(self) -> None:
-        """Drop the copy no test took."""
+        """Drop the copy no test took; a background drop that failed is tried again here."""
         spare, self._next = self._next, None
         if spare is not None:
             with contextlib.suppress(Exception):
-                drop = drop_database(self.admin_url, spare.result())
-                self._thread.submit(asyncio.run, drop).result()
+                self.drop(spare.result())
+        for name, drop in self._drops:
+            if drop.exception() is not None:
+                self._thread.submit(asyncio.run, drop_database(self.admin_url, name)).result()
         self._thread.shutdown()
