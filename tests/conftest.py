@@ -1,10 +1,11 @@
 """Fixtures: real PostgreSQL and Redis, a database per test, and the project's processes.
 
-Session scope: `pg`, `template_db`, `redis_server`, `sandbox_model`, `sandbox_providers`,
-`sandbox_idp`.
-Per test: `db_url` / `db` (a fresh copy of the migrated template), `embedded_pg` (the session
-server to kill and restart), `control_plane` and `executor_factory` (process factories whose
-processes are killed at teardown and whose log tails join the report of a failed test).
+Session scope: `pg`, `template_db`, `spare_databases`, `redis_server`, `sandbox_model`,
+`sandbox_providers`, `sandbox_idp`.
+Per test: `db_url` / `db` (a fresh copy of the migrated template, copied while the test before
+ran), `embedded_pg` (the session server to kill and restart), `control_plane` and
+`executor_factory` (process factories whose processes are killed at teardown and whose log
+tails join the report of a failed test).
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from tests.harness import secrets_seen
 from tests.harness.auth import executor_key
 from tests.harness.databases import (
     TEMPLATE_DB,
-    create_database,
+    SpareDatabases,
     create_template,
     drop_database,
-    new_database_name,
 )
 from tests.harness.processes import (
     ControlPlane,
@@ -79,14 +79,26 @@ async def template_db(pg: EmbeddedPostgres | ExternalPostgres) -> AsyncIterator[
     await drop_database(pg.url, TEMPLATE_DB)
 
 
+@pytest.fixture(scope="session")
+def spare_databases(
+    pg: EmbeddedPostgres | ExternalPostgres, template_db: str
+) -> Iterator[SpareDatabases]:
+    """Copies of the template made one test ahead, while the test before runs."""
+    spares = SpareDatabases(pg.url, template_db)
+    yield spares
+    _ensure_running(pg)
+    spares.close()
+
+
 @pytest.fixture
-async def db_url(pg: EmbeddedPostgres | ExternalPostgres, template_db: str) -> AsyncIterator[str]:
+async def db_url(
+    pg: EmbeddedPostgres | ExternalPostgres, spare_databases: SpareDatabases
+) -> AsyncIterator[str]:
     """The DSN of a fresh, migrated database of this test's own (dropped afterwards)."""
-    name = new_database_name()
-    await create_database(pg.url, name, template=template_db)
+    name = await spare_databases.take()
     yield pg.url_for(name)
     _ensure_running(pg)  # a test may have killed the server and left it down
-    await drop_database(pg.url, name)
+    spare_databases.drop(name)
 
 
 @pytest.fixture

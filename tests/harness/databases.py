@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import uuid
 
 import asyncpg
@@ -50,3 +53,57 @@ async def create_template(admin_url: str, template_url: str) -> list[str]:
     await drop_database(admin_url, TEMPLATE_DB)
     await create_database(admin_url, TEMPLATE_DB)
     return await migrate(template_url)
+
+
+async def _copied(admin_url: str, name: str, template: str) -> str:
+    await create_database(admin_url, name, template=template)
+    return name
+
+
+class SpareDatabases:
+    """Fresh copies of the template, each made while the test before runs.
+
+    `take()` hands out the copy made in the background (on a thread of its own, so it
+    goes on during synchronous tests too) and starts the next; a copy that failed (a test
+    stopped the server under it) is made again there and then. Every test still gets a
+    database of its own that nobody else touched: only the moment it was copied moved.
+    """
+
+    def __init__(self, admin_url: str, template: str) -> None:
+        self.admin_url = admin_url
+        self.template = template
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "spare-database")
+        self._next: concurrent.futures.Future[str] | None = None
+        self._drops: list[tuple[str, concurrent.futures.Future[None]]] = []
+
+    def _copy(self) -> concurrent.futures.Future[str]:
+        copy = _copied(self.admin_url, new_database_name(), self.template)
+        return self._thread.submit(asyncio.run, copy)
+
+    async def take(self) -> str:
+        """A fresh copy of the template; the next one is started before this returns."""
+        spare, self._next = self._next, None
+        name = None
+        if spare is not None:
+            with contextlib.suppress(Exception):  # made again below, where errors do show
+                name = await asyncio.wrap_future(spare)
+        if name is None:
+            name = await _copied(self.admin_url, new_database_name(), self.template)
+        self._next = self._copy()
+        return name
+
+    def drop(self, name: str) -> None:
+        """Drop a test's database in the background (while the next test runs)."""
+        drop = self._thread.submit(asyncio.run, drop_database(self.admin_url, name))
+        self._drops.append((name, drop))
+
+    def close(self) -> None:
+        """Drop the copy no test took; a background drop that failed is tried again here."""
+        spare, self._next = self._next, None
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                self.drop(spare.result())
+        for name, drop in self._drops:
+            if drop.exception() is not None:
+                self._thread.submit(asyncio.run, drop_database(self.admin_url, name)).result()
+        self._thread.shutdown()

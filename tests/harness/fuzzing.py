@@ -294,10 +294,17 @@ def invalid_variants(descriptor: Descriptor) -> Iterator[bytes]:
 
 # --- what was written -------------------------------------------------------------------------
 
+SNAPSHOT = "pg_current_snapshot()::text"
+
 
 async def table_counts(conn: asyncpg.Connection) -> dict[str, int]:
     """Row counts of every table of the schema (the migrator's bookkeeping excluded), in
-    one statement: the fuzz test counts after every call, tens of thousands of times."""
+    one statement."""
+    return (await _counts_and_snapshot(conn))[0]
+
+
+async def _counts_and_snapshot(conn: asyncpg.Connection) -> tuple[dict[str, int], str]:
+    """table_counts and the snapshot they were counted in (one statement, one snapshot)."""
     tables = [
         row["tablename"]
         for row in await conn.fetch(
@@ -305,5 +312,35 @@ async def table_counts(conn: asyncpg.Connection) -> dict[str, int]:
         )
         if "migration" not in row["tablename"]
     ]
-    query = " UNION ALL ".join(f"SELECT '{t}' AS t, count(*) AS n FROM \"{t}\"" for t in tables)
-    return {row["t"]: row["n"] for row in await conn.fetch(query)}
+    # One row (t NULL) holds the snapshot: one statement sees one snapshot throughout.
+    counts = (f"SELECT '{t}', count(*), NULL FROM \"{t}\"" for t in tables)
+    first = f"SELECT NULL AS t, NULL::bigint AS n, {SNAPSHOT} AS snapshot"
+    rows = await conn.fetch(" UNION ALL ".join([first, *counts]))
+    (snapshot,) = (row["snapshot"] for row in rows if row["t"] is None)
+    return {row["t"]: row["n"] for row in rows if row["t"] is not None}, snapshot
+
+
+class TableCounts:
+    """table_counts, read after every call of the fuzz test (tens of thousands of times),
+    recounted only when some transaction has committed since the last count.
+
+    Under MVCC two equal snapshots (xmin:xmax:in-progress ids) see the same committed rows,
+    and every write takes a transaction id, whose commit changes the snapshot: an equal
+    snapshot means the counts are what they were, and one cheap query tells.
+    """
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.snapshot: str | None = None
+        self.counts: dict[str, int] = {}
+        self.recounted = 0
+
+    async def now(self) -> dict[str, int]:
+        unchanged = self.snapshot is not None and self.snapshot == await self.conn.fetchval(
+            f"SELECT {SNAPSHOT}"
+        )
+        if unchanged:
+            return self.counts
+        self.counts, self.snapshot = await _counts_and_snapshot(self.conn)
+        self.recounted += 1
+        return self.counts
