@@ -58,7 +58,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValidator, validate
 
 from agentrun.v1 import tool_pb2
 from control_plane.errors import InvalidArgument
@@ -76,7 +75,7 @@ _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 _NOT_IN_ARGUMENT = re.compile(r"[^A-Za-z0-9_]+")
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 _HIDDEN_HEADERS = definitions.CREDENTIAL_HEADERS | {"content-type", "accept"}
-_VALIDATORS = {"3.0": OpenAPIV30SpecValidator, "3.1": OpenAPIV31SpecValidator}
+_VERSIONS = ("3.0", "3.1")
 
 
 @dataclass(frozen=True)
@@ -167,11 +166,15 @@ def load_document(text: str) -> dict[str, Any]:
     document = _parse(text)
     _only_local_refs(document)
     version = document.get("openapi")
-    if not isinstance(version, str) or version[:3] not in _VALIDATORS:
+    if not isinstance(version, str) or version[:3] not in _VERSIONS:
         found = "Swagger 2.0" if "swagger" in document else repr(version)
         raise InvalidArgument("document", f"not an OpenAPI 3.0 or 3.1 document ({found})")
+    # Imported on first use: it is a third of the control plane's start-up otherwise.
+    from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValidator, validate
+
+    validator = OpenAPIV30SpecValidator if version[:3] == "3.0" else OpenAPIV31SpecValidator
     try:
-        validate(document, cls=_VALIDATORS[version[:3]])
+        validate(document, cls=validator)
     except Exception as exc:  # the validator's own errors, and its reference resolver's
         raise InvalidArgument("document", _first_line(exc)) from None
     return document
