@@ -87,8 +87,14 @@
 -- name: claim_plan_generic :exec
 -- Plan the claim's statements once per connection: their plans do not
 -- depend on the arrays they are given (every step is an index probe), and
--- planning them afresh each time costs more than running them.
+-- planning them afresh each time costs more than running them. A generic
+-- plan cannot know how few runs a claim takes (its LIMITs are parameters):
+-- with a million parked runs it may estimate thousands and hash the whole
+-- runs table for the final UPDATE. Every join in these statements is meant
+-- as a probe of a few rows, so the claim plans nested loops only.
 SET LOCAL plan_cache_mode = force_generic_plan;
+SET LOCAL enable_hashjoin = off;
+SET LOCAL enable_mergejoin = off;
 
 -- name: workspace_take_turns :many
 -- Lock up to $1 workspaces whose turn it is, least recently served first,
