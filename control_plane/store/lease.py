@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from control_plane.store.db import transaction
-from control_plane.store.queries import run
+from control_plane.store.queries import QUERIES, run
 from control_plane.store.runs import Run
 
 
@@ -68,8 +69,7 @@ async def claim_due(
         return []
     allowed = list(scope) if scope is not None else None
     tools = json.dumps(list(carried)) if carried is not None else None
-    async with transaction(pool) as conn:
-        await run(conn, "claim_plan_generic")
+    async with _claim_transaction(pool) as conn:
         turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
         ids = [t["workspace_id"] for t in turns]
         rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
@@ -81,6 +81,24 @@ async def claim_due(
             if row["taken_over"]:
                 on_takeover(claimed_run)
     return claimed
+
+
+@asynccontextmanager
+async def _claim_transaction(db: asyncpg.pool.Pool | asyncpg.Connection) -> AsyncIterator[Any]:
+    """The claim's transaction, its statements planned generically (claim_plan_generic).
+
+    From the pool, BEGIN and the setting go in one round trip (one simple-query message):
+    at batch 1 the claim is a handful of round trips, each one counts. A connection given
+    (the caller's transaction): a savepoint, as store.db.transaction makes."""
+    if isinstance(db, asyncpg.Connection):
+        async with transaction(db) as conn:
+            await run(conn, "claim_plan_generic")
+            yield conn
+        return
+    async with db.acquire() as conn:
+        await conn.execute(f"BEGIN; {QUERIES['claim_plan_generic'].sql}")
+        yield conn  # on an exception, the pool's release rolls the transaction back
+        await conn.execute("COMMIT")
 
 
 async def _raise_next_wake(

@@ -40,12 +40,13 @@ async def finish(pool, row, status: str = "completed", seq: int = 1) -> None:
 async def counters_match(pool) -> None:
     """The maintained running counts equal the runs actually running."""
     bad = await pool.fetch("""
-        SELECT w.workspace_id, w.running,
+        SELECT w.workspace_id, workspace_running(w.workspace_id) AS running,
                (SELECT count(*) FROM runs r
                 WHERE r.workspace_id = w.workspace_id AND r.status = 'running') AS actual
         FROM workspaces w
         UNION ALL
-        SELECT a.workspace_id || '/' || a.agent_id, a.running,
+        SELECT a.workspace_id || '/' || a.agent_id,
+               agent_running(a.workspace_id, a.agent_id) AS running,
                (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
                 AND r.agent_id = a.agent_id AND r.status = 'running')
         FROM agents a

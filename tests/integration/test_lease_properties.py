@@ -77,7 +77,7 @@ RUNS = """SELECT run_id, status, wait_reason, wake_at, lease_owner, lease_epoch,
                  started_at, finished_at FROM runs"""
 STEP_LOG = "SELECT run_id, seq, epoch, kind FROM steps ORDER BY run_id, seq"
 COUNTS = """
-SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, w.running,
+SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, workspace_running(w.workspace_id) AS running,
        (SELECT count(*) FROM runs r
         WHERE r.workspace_id = w.workspace_id AND r.status = 'running') AS actual,
        w.next_wake_at AS bound,
@@ -85,7 +85,7 @@ SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, w.running,
         AND r.status IN ('queued', 'waiting')) AS earliest
 FROM workspaces w
 UNION ALL
-SELECT a.workspace_id, a.agent_id, a.max_concurrency, a.running,
+SELECT a.workspace_id, a.agent_id, a.max_concurrency, agent_running(a.workspace_id, a.agent_id) AS running,
        (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
         AND r.agent_id = a.agent_id AND r.status = 'running'), NULL, NULL
 FROM agents a

@@ -84,4 +84,4 @@ LIMIT $3;
 INSERT INTO workspaces (workspace_id, plan, max_concurrency)
 SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
 ON CONFLICT (workspace_id) DO NOTHING
-RETURNING workspace_id, plan, max_concurrency, running, created_at;
+RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running, created_at;

@@ -122,21 +122,33 @@
 -- name: claim_plan_generic :exec
 -- Plan the claim's statements once per connection: their plans do not
 -- depend on the arrays they are given (every step is an index probe), and
--- planning them afresh each time costs more than running them.
+-- planning them afresh each time costs more than running them. A generic
+-- plan cannot know how few runs a claim takes (its LIMITs are parameters):
+-- with a million parked runs it may estimate thousands and hash the whole
+-- runs table for the final UPDATE. Every join in these statements is meant
+-- as a probe of a few rows, so the claim plans nested loops only.
 SET LOCAL plan_cache_mode = force_generic_plan;
+SET LOCAL enable_hashjoin = off;
+SET LOCAL enable_mergejoin = off;
 
 -- name: workspace_take_turns :many
 -- Lock up to $1 workspaces whose turn it is, least recently served first,
 -- with their room under the cap, among those the claiming executors' scope
 -- $3 allows (NULL: every workspace). Database clock unless $2 fixes it.
-SELECT workspace_id, max_concurrency - running AS room
-FROM workspaces
-WHERE next_wake_at <= coalesce($2::timestamptz, now())
-  AND running < max_concurrency
-  AND ($3::text[] IS NULL OR workspace_id = ANY($3::text[]))
-ORDER BY last_served_at, workspace_id
+-- The room is read before the lock is taken (the count is not on the locked
+-- row): run_claim_due reads it again, in a new statement, and that is the one
+-- the caps rely on.
+SELECT w.workspace_id, w.max_concurrency - c.running AS room
+FROM workspaces w
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+    WHERE c.workspace_id = w.workspace_id) c
+WHERE w.next_wake_at <= coalesce($2::timestamptz, now())
+  AND c.running < w.max_concurrency
+  AND ($3::text[] IS NULL OR w.workspace_id = ANY($3::text[]))
+ORDER BY w.last_served_at, w.workspace_id
 LIMIT $1
-FOR NO KEY UPDATE SKIP LOCKED;
+FOR NO KEY UPDATE OF w SKIP LOCKED;
 
 -- name: run_claim_due :many
 -- Lease up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
@@ -188,15 +200,25 @@ WITH clock AS MATERIALIZED (
     LIMIT cardinality($1::text[])
     FOR UPDATE SKIP LOCKED
 ), turns AS (
-    SELECT w.workspace_id, l.ord, w.max_concurrency - w.running AS room
+    -- The running counts (0027_running_counts.sql), read by this statement's
+    -- snapshot: it sees every claim that held the workspace's lock before.
+    SELECT w.workspace_id, l.ord, w.max_concurrency - c.running AS room
     FROM unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord)
     JOIN workspaces w USING (workspace_id)
-    WHERE w.running < w.max_concurrency
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+        WHERE c.workspace_id = w.workspace_id) c
+    WHERE c.running < w.max_concurrency
 ), candidates AS (
     SELECT t.workspace_id, t.ord, t.room, c.run_id, c.priority, c.wake_at
     FROM turns t
     JOIN agents a ON a.workspace_id = t.workspace_id
-                 AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
+    -- NULL: no cap of its own (least() below then ignores it).
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
+            SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
+            WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
+    ) ar
     CROSS JOIN LATERAL (
         -- The agent's queue one priority level at a time, highest first (0026's
         -- runs_due_by_priority): each level is one index descent to find and one
@@ -231,12 +253,13 @@ WITH clock AS MATERIALIZED (
                     AND v.version = r.agent_version
                     AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
             ORDER BY r.wake_at, r.run_id
-            LIMIT least(t.room, a.max_concurrency - a.running, cardinality($1::text[]))
+            LIMIT least(t.room, ar.room, cardinality($1::text[]))
         ) d
         -- Never more than the batch: a workspace with vast room must not make a
         -- one-run claim read its whole backlog.
-        LIMIT least(t.room, a.max_concurrency - a.running, cardinality($1::text[]))
+        LIMIT least(t.room, ar.room, cardinality($1::text[]))
     ) c
+    WHERE ar.room IS NULL OR ar.room > 0
 ), picked AS (
     SELECT workspace_id, run_id FROM (
         SELECT workspace_id, run_id, ord, room,
@@ -333,8 +356,10 @@ WITH me AS (
       AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
 )
 SELECT me.due,
-       w.running AS workspace_running, w.max_concurrency AS workspace_max_concurrency,
-       a.running AS agent_running, a.max_concurrency AS agent_max_concurrency,
+       workspace_running(w.workspace_id) AS workspace_running,
+       w.max_concurrency AS workspace_max_concurrency,
+       agent_running(a.workspace_id, a.agent_id) AS agent_running,
+       a.max_concurrency AS agent_max_concurrency,
        (SELECT coalesce(sum(ahead.n + higher.n), 0)
         FROM agents o
         CROSS JOIN LATERAL (
@@ -352,7 +377,8 @@ SELECT me.due,
         ) higher
         WHERE o.workspace_id = me.workspace_id
           AND (o.agent_id = me.agent_id OR o.max_concurrency IS NULL
-               OR o.running < o.max_concurrency))::bigint AS runs_ahead
+               OR agent_running(o.workspace_id, o.agent_id) < o.max_concurrency))::bigint
+       AS runs_ahead
 FROM me
 JOIN workspaces w ON w.workspace_id = me.workspace_id
 JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;

@@ -89,9 +89,10 @@ UPDATE session_turns SET ended_by = $4 WHERE workspace_id = $1 AND session_id = 
 -- under its cap. The claim skips rows locked like this and the running counts
 -- only grow under this lock, so the cap holds with claims and fast paths
 -- together; the lease statement after it is a new statement and sees every
--- lease taken under the lock before.
+-- lease taken under the lock before. The room read here is from before the
+-- lock (0027_running_counts.sql): only an early no; fast_path_lease reads it again.
 SELECT workspace_id FROM workspaces
-WHERE workspace_id = $1 AND running < max_concurrency
+WHERE workspace_id = $1 AND workspace_running(workspace_id) < max_concurrency
 FOR NO KEY UPDATE;
 
 -- name: fast_path_lease :one
@@ -115,12 +116,15 @@ WITH routing AS MATERIALIZED (
         LIMIT 1) AS takes_new
 ), target AS (
     SELECT r.workspace_id, r.run_id FROM runs r
+    JOIN workspaces w ON w.workspace_id = r.workspace_id
     JOIN agents a ON a.workspace_id = r.workspace_id AND a.agent_id = r.agent_id
     JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
                          AND v.version = r.agent_version
     WHERE r.workspace_id = $1 AND r.run_id = $2
       AND r.status = 'queued' AND r.wake_at <= now()
-      AND (a.max_concurrency IS NULL OR a.running < a.max_concurrency)
+      -- The caps, read under the workspace lock (this statement's snapshot).
+      AND workspace_running(w.workspace_id) < w.max_concurrency
+      AND (a.max_concurrency IS NULL OR agent_running(a.workspace_id, a.agent_id) < a.max_concurrency)
       AND coalesce((v.spec ->> 'fast_path')::boolean, false)
       AND ($5::jsonb IS NULL
            OR coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)

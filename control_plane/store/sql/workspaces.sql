@@ -6,15 +6,16 @@ INSERT INTO workspaces (workspace_id, plan, max_concurrency)
 SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
 ON CONFLICT (workspace_id) DO UPDATE
     SET plan = excluded.plan, max_concurrency = excluded.max_concurrency
-RETURNING workspace_id, plan, max_concurrency, running;
+RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running;
 
 -- name: workspace_get :one
 -- A workspace's plan, cap and what it runs now.
-SELECT workspace_id, plan, max_concurrency, running, next_wake_at, last_served_at, retention_days
+SELECT workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running,
+       next_wake_at, last_served_at, retention_days
 FROM workspaces WHERE workspace_id = $1;
 
 -- name: agent_set_max_concurrency :one
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).
 UPDATE agents SET max_concurrency = $3
 WHERE workspace_id = $1 AND agent_id = $2
-RETURNING workspace_id, agent_id, max_concurrency, running;
+RETURNING workspace_id, agent_id, max_concurrency, agent_running(workspace_id, agent_id) AS running;
