@@ -17,6 +17,12 @@ logged are printed.
 DBOS (bench/dbos_baseline.py): the same runs as DBOS workflows in this process, one DBOS step
 per action, swept over worker thread counts; its best is what the targets compare with.
 
+HTTP share (bench/http_share.py): the same runs' requests with nothing around them, DBOS's
+way (its sync httpx Client on its best configuration's threads) and the executor's (httpx
+AsyncClients as executor/ builds them, CAPACITY runs at a time on one event loop; aiohttp the
+same way when installed), so the output can say how much of each side's CPU per action is
+its HTTP client and whether the <= 0.2x target is reachable while both use the same client.
+
 CPU per action, from /proc: agentrun's own processes (control plane + executors) and DBOS's
 process (this one, during its phase), each apart from the sandbox servers' CPU and from the
 Postgres server's (its backends included; shown when the benchmark started the server).
@@ -35,8 +41,9 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 
-from bench import api, report
+from bench import api, http_share, report
 from bench.cpu import CpuMeter
+from bench.http_share import Share
 from bench.postgres import BenchPostgres, bench_postgres, durability
 from bench.procs import Proc, Procs, workdir
 from bench.redis_server import redis_url
@@ -108,6 +115,7 @@ class Throughput:
     actions: int
     seconds: float
     cpu: dict[str, float]  # CPU seconds by group: OWN, SANDBOX, POSTGRES (when known)
+    workers: int = 0  # DBOS's worker threads
 
     def row(self) -> list[str]:
         return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
@@ -320,7 +328,8 @@ async def _dbos_phase(
     assert window.meter is not None
     report.note(f"DBOS {threads} threads: {window.meter.summary()}")
     cpu = {**window.cpu, WAL: wal}
-    return Throughput("DBOS", f"{threads} threads", workflows, result.actions, result.seconds, cpu)
+    config = f"{threads} threads"
+    return Throughput("DBOS", config, workflows, result.actions, result.seconds, cpu, threads)
 
 
 async def dbos_half(pg: BenchPostgres, sandboxes: Sandboxes, workflows: int) -> list[Throughput]:
@@ -352,7 +361,7 @@ def best(results: list[Throughput]) -> Throughput | None:
     return max(results, key=lambda t: t.actions_per_second, default=None)
 
 
-def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
+def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) -> None:
     headers = ("", "runs", "actions", "seconds", "actions/s", "own CPU ms/action",
                "(control plane", "executors)", "sandbox", "Postgres", "WAL B/action")  # fmt: skip
     report.table(headers, [t.row() for t in (*ours, *dbos)])
@@ -375,6 +384,9 @@ def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
     lean = min(dbos, key=lambda t: t.cpu_per_action())
     report.note(f"(DBOS's leanest config, {lean.config}: {lean.cpu_ms(OWN)} ms/action; "
                 f"agentrun / that: {ratio(a.cpu_per_action(), lean.cpu_per_action()):.2f}x)")  # fmt: skip
+    report.note(f"what bounds the CPU target: each side's HTTP calls alone, against DBOS best "
+                f"({d.config}):")  # fmt: skip
+    http_share.explain(d.cpu_per_action(), a.cpu_per_action(), shares, TARGET_CPU)
 
 
 async def start_sandboxes(procs: Procs) -> Sandboxes:
@@ -398,7 +410,10 @@ async def main(quick: bool = False) -> None:
                 sandboxes = await start_sandboxes(procs)
                 ours, failure = await guarded_agentrun_half(pg, procs, sandboxes, runs, deadline)
                 dbos = await dbos_half(pg, sandboxes, runs)
-    _print(ours, dbos)
+                d = best(dbos)
+                shares = await http_share.measure(sandboxes.model_base, sandboxes.providers_base,
+                                                  runs, d.workers if d else None, CAPACITY)  # fmt: skip
+    _print(ours, dbos, shares)
     if failure is not None:
         raise RuntimeError("the agentrun half of e2e failed (see above)") from failure
 
