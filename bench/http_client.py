@@ -212,7 +212,8 @@ class RawClient(Client):
 
     def __init__(self, targets: Targets) -> None:
         self._t = targets
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        # Idle connections with when they went idle; dropped after KEEPALIVE, as the others.
+        self._idle: dict[tuple[str, int], list[tuple[_Connection, float]]] = {}
 
     async def _post(self, url: str, body: Any, headers: dict[str, str]) -> Any:
         parts = urlsplit(url)
@@ -222,15 +223,27 @@ class RawClient(Client):
         head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{lines}"
                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")  # fmt: skip
         idle = self._idle.setdefault(address, [])
-        conn = idle.pop() if idle else await self._connect(address)
+        conn = await self._take(idle, address)
         status, answer = await conn.exchange(head.encode() + payload)
         if status >= 400:
             raise RuntimeError(f"raw client: HTTP {status}")
         if conn.open:
-            idle.append(conn)
+            idle.append((conn, time.monotonic()))
         elif conn.transport is not None:
             conn.transport.close()
         return json.loads(answer)
+
+    async def _take(
+        self, idle: list[tuple[_Connection, float]], address: tuple[str, int]
+    ) -> _Connection:
+        now = time.monotonic()
+        while idle:
+            conn, since = idle.pop()
+            assert conn.transport is not None
+            if conn.open and not conn.transport.is_closing() and now - since < KEEPALIVE:
+                return conn
+            conn.transport.close()
+        return await self._connect(address)
 
     @staticmethod
     async def _connect(address: tuple[str, int]) -> _Connection:
@@ -248,7 +261,7 @@ class RawClient(Client):
 
     async def close(self) -> None:
         for conns in self._idle.values():
-            for conn in conns:
+            for conn, _ in conns:
                 if conn.transport is not None:
                     conn.transport.close()
         self._idle.clear()
@@ -374,6 +387,8 @@ def _print(results: Results) -> None:
     report.table(headers, rows)
     report.note("half model calls (chat completion, ~1 KB JSON each way), half echo tool calls;")
     report.note("client CPU: this process (the client and its event loop), all threads")
+    report.note("why they differ: aiohttp parses HTTP in C (llhttp) and sends a request in one")
+    report.note("write; httpx goes through httpcore, h11 (pure Python) and anyio, two writes")
     report.note(f"recommendation: {recommendation(results)}")
 
 
