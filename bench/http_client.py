@@ -393,7 +393,7 @@ def _print(results: Results) -> None:
 
 
 async def main(quick: bool) -> None:
-    block, rounds = (400, 2) if quick else (1000, 4)
+    block, rounds = (300, 2) if quick else (1000, 3)
     with workdir("http_client") as tmp, Procs(tmp) as procs:
         model, model_port = await start_sandbox(procs, "model")
         providers, providers_port = await start_sandbox(procs, "providers")
