@@ -1,4 +1,4 @@
-"""`python -m bench [commit|auth|claim|fairness|e2e|retention|fastpath ...] [--quick] [--loop asyncio,uvloop]`.
+"""`python -m bench [commit|auth|claim|fairness|http|e2e|retention|fastpath ...] [--quick] [--loop asyncio,uvloop]`.
 
 Runs them in order and prints. `--loop` runs each benchmark once per named event loop, back
 to back, with AGENTRUN_EVENT_LOOP set for the control plane and executors it starts (the
@@ -14,9 +14,9 @@ import signal
 import sys
 import time
 
-BENCHMARKS = ("commit", "auth", "claim", "fairness", "e2e", "retention", "fastpath")
+BENCHMARKS = ("commit", "auth", "claim", "fairness", "http", "e2e", "retention", "fastpath")
 # A benchmark whose module is named otherwise (bench/<module>.py).
-MODULES = {"fastpath": "fast_path"}
+MODULES = {"fastpath": "fast_path", "http": "http_client"}
 LOOPS = ("asyncio", "uvloop")
 
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so every child process and server is still stopped.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     failed = []
+    began = time.monotonic()
     for name, loop in runs(args):
         module = importlib.import_module(f"bench.{MODULES.get(name, name)}")
         if loop is not None:
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - report it and go on with the next benchmark
             print(f"\n!! {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             failed.append(name)
+    took = time.monotonic() - began
+    print(f"\n== total wall time: {took // 60:.0f} min {took % 60:.0f} s ==", flush=True)
     if failed:
         print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -113,7 +113,7 @@ def _print(results: dict[str, Summary]) -> None:
 
 
 async def main(quick: bool = False) -> None:
-    n = 300 if quick else 2000
+    n = 300 if quick else 1000  # p50 targets: 1,000 samples a series pin them down
     report.heading(f"auth: what authentication costs, {n} sequential calls a series")
     report.note("authenticated: the shipped server; every StartRun sends an admin key, the")
     report.note("  executor stream its executor credential once, at Connect")

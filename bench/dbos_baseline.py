@@ -14,6 +14,10 @@ Redis before each tool call, no lease, no fairness or caps, no separate control 
 Concurrency: `threads` worker threads, each calling the workflow function directly (DBOS
 runs it inline in the caller's thread) for one workflow after another, so the sweep in
 bench/e2e.py sets exactly how many workflows are in flight.
+
+HTTP share (`measure_http_only`): the same runs on the same threads with the same httpx
+Client, the same model and tool requests in the same order, with no DBOS around them (no
+workflow, no step record): what DBOS's CPU per action is before DBOS does anything.
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ class Endpoints:
 ENDPOINTS = Endpoints("", "")
 
 
-@DBOS.step()
-def model_call(run_id: str, seq: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def post_model(run_id: str, seq: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model call's HTTP request (the DBOS step below and the HTTP-only loop share it)."""
     body = {"model": MODEL, "messages": messages, "tools": TOOLS}
     headers = {"X-Agentrun-Run-Id": run_id, "X-Agentrun-Seq": str(seq)}
     response = ENDPOINTS.http().post(ENDPOINTS.model_url, json=body, headers=headers)
@@ -63,8 +67,8 @@ def model_call(run_id: str, seq: int, messages: list[dict[str, Any]]) -> dict[st
     return message
 
 
-@DBOS.step()
-def echo_call(key: str, arguments: str) -> Any:
+def post_echo(key: str, arguments: str) -> Any:
+    """The echo tool call's HTTP request."""
     headers = {"Idempotency-Key": key, "Accept": "application/json"}
     response = ENDPOINTS.http().post(
         ENDPOINTS.echo_url, json=json.loads(arguments), headers=headers
@@ -74,17 +78,19 @@ def echo_call(key: str, arguments: str) -> Any:
     return response.json()
 
 
-@DBOS.workflow()
-def agent_run(text: str) -> str:
+ModelCall = Callable[[str, int, list[dict[str, Any]]], dict[str, Any]]
+EchoCall = Callable[[str, str], Any]
+
+
+def play(run_id: str, text: str, model: ModelCall, echo: EchoCall) -> str:
     """Model, then its tool calls, until it answers; returns the answer."""
-    run_id = str(DBOS.workflow_id)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": INSTRUCTIONS},
         {"role": "user", "content": text},
     ]
     seq = itertools.count(1)
     while True:
-        message = model_call(run_id, next(seq), messages)
+        message = model(run_id, next(seq), messages)
         calls = message.get("tool_calls") or []
         if not calls:
             return str(message.get("content") or "")
@@ -92,10 +98,31 @@ def agent_run(text: str) -> str:
             {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
         )
         for call in calls:
-            result = echo_call(f"{run_id}:{call['id']}", call["function"]["arguments"])
+            result = echo(f"{run_id}:{call['id']}", call["function"]["arguments"])
             messages.append(
                 {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}
             )
+
+
+@DBOS.step()
+def model_call(run_id: str, seq: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return post_model(run_id, seq, messages)
+
+
+@DBOS.step()
+def echo_call(key: str, arguments: str) -> Any:
+    return post_echo(key, arguments)
+
+
+@DBOS.workflow()
+def agent_run(text: str) -> str:
+    """One run as a DBOS workflow: each model and tool call a step DBOS records."""
+    return play(str(DBOS.workflow_id), text, model_call, echo_call)
+
+
+def http_only_run(text: str) -> str:
+    """The same run's HTTP calls with no DBOS around them: DBOS's HTTP client share."""
+    return play(str(uuid.uuid4()), text, post_model, post_echo)
 
 
 @dataclass(frozen=True)
@@ -116,6 +143,35 @@ def _config(dsn: str, threads: int) -> dict[str, Any]:
     }
 
 
+def _timed(
+    run: Callable[[str], str], workflows: int, threads: int,
+    on_start: Callable[[], object], on_end: Callable[[], object],
+) -> tuple[int, float]:  # fmt: skip
+    """Warm up, then `workflows` runs on `threads` threads, timed; (actions, seconds)."""
+    limits = httpx.Limits(max_connections=threads * 2, keepalive_expiry=2.0)
+    with httpx.Client(limits=limits, timeout=60.0) as client, ThreadPoolExecutor(threads) as pool:
+        ENDPOINTS.client = client
+        # Every thread's connection (and DBOS's caches) warm, not timed.
+        list(pool.map(run, [f"warm-up {i}" for i in range(threads)]))
+        texts = [f"benchmark run {i} {uuid.uuid4().hex[:6]}" for i in range(workflows)]
+        ENDPOINTS.actions = itertools.count()
+        on_start()
+        start = time.perf_counter()
+        answers = list(pool.map(run, texts))
+        elapsed = time.perf_counter() - start
+        on_end()
+        actions = next(ENDPOINTS.actions)
+        ENDPOINTS.client = None
+    if len(answers) != workflows or not all(answers):
+        raise RuntimeError(f"{sum(map(bool, answers))} of {workflows} runs answered")
+    return actions, elapsed
+
+
+def _urls(model_base: str, providers_base: str) -> None:
+    ENDPOINTS.model_url = model_base.rstrip("/") + "/chat/completions"
+    ENDPOINTS.echo_url = providers_base.rstrip("/") + "/echo"
+
+
 def measure(
     dsn: str, model_base: str, providers_base: str, workflows: int, threads: int,
     on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
@@ -125,30 +181,21 @@ def measure(
     Blocking (DBOS's sync API): call it in a worker thread. `on_start` and `on_end` are
     called right before and after the timed runs (launch and warm-up are not measured).
     """
-    ENDPOINTS.model_url = model_base.rstrip("/") + "/chat/completions"
-    ENDPOINTS.echo_url = providers_base.rstrip("/") + "/echo"
-    limits = httpx.Limits(max_connections=threads * 2, keepalive_expiry=2.0)
+    _urls(model_base, providers_base)
     DBOS(config=_config(dsn, threads))  # type: ignore[arg-type]
     try:
         DBOS.launch()
-        with (
-            httpx.Client(limits=limits, timeout=60.0) as client,
-            ThreadPoolExecutor(threads) as pool,
-        ):
-            ENDPOINTS.client = client
-            # Every thread's connection and DBOS's caches warm, not timed.
-            list(pool.map(agent_run, [f"warm-up {i}" for i in range(threads)]))
-            texts = [f"benchmark run {i} {uuid.uuid4().hex[:6]}" for i in range(workflows)]
-            ENDPOINTS.actions = itertools.count()
-            on_start()
-            start = time.perf_counter()
-            answers = list(pool.map(agent_run, texts))
-            elapsed = time.perf_counter() - start
-            on_end()
-            actions = next(ENDPOINTS.actions)
-            ENDPOINTS.client = None
+        actions, elapsed = _timed(agent_run, workflows, threads, on_start, on_end)
     finally:
         DBOS.destroy()
-    if len(answers) != workflows or not all(answers):
-        raise RuntimeError(f"DBOS: {sum(map(bool, answers))} of {workflows} runs answered")
+    return DbosResult(workflows, threads, actions, elapsed)
+
+
+def measure_http_only(
+    model_base: str, providers_base: str, workflows: int, threads: int,
+    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:  # fmt: skip
+    """The same runs, threads and httpx client as `measure`, without DBOS: the HTTP share."""
+    _urls(model_base, providers_base)
+    actions, elapsed = _timed(http_only_run, workflows, threads, on_start, on_end)
     return DbosResult(workflows, threads, actions, elapsed)

@@ -5,7 +5,7 @@ The unit is the ACTION: a model call or a tool call. A sandbox `steps10` run is 
 same sandbox model and providers servers (real processes), and record each before going on.
 
 agentrun: the control plane, Redis and 1, then 4, executors (capacity 32 each), real
-processes. Policies are in place but set not to bind, so that the fleet is the limit: the
+processes (the 4-executor phase keeps the first phase's executor and starts 3 more). Policies are in place but set not to bind, so that the fleet is the limit: the
 workspace's plan caps it at every executor slot, and each echo call takes a token from a
 Redis bucket too large to run dry. Each phase waits until its executors are connected, warms
 them up with a few runs, then starts the measured runs concurrently through RunService.StartRun
@@ -16,6 +16,12 @@ logged are printed.
 
 DBOS (bench/dbos_baseline.py): the same runs as DBOS workflows in this process, one DBOS step
 per action, swept over worker thread counts; its best is what the targets compare with.
+
+HTTP share (bench/http_share.py): the same runs' requests with nothing around them, DBOS's
+way (its sync httpx Client on its best configuration's threads) and the executor's (httpx
+AsyncClients as executor/ builds them, CAPACITY runs at a time on one event loop; aiohttp the
+same way when installed), so the output can say how much of each side's CPU per action is
+its HTTP client and whether the <= 0.2x target is reachable while both use the same client.
 
 CPU per action, from /proc: agentrun's own processes (control plane + executors) and DBOS's
 process (this one, during its phase), each apart from the sandbox servers' CPU and from the
@@ -30,13 +36,14 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import grpc
 
-from bench import api, report
+from bench import api, http_share, report
 from bench.cpu import CpuMeter
+from bench.http_share import Share
 from bench.postgres import BenchPostgres, bench_postgres, durability
 from bench.procs import Proc, Procs, workdir
 from bench.redis_server import redis_url
@@ -54,6 +61,7 @@ from control_plane.store.db import create_pool
 EXECUTOR_COUNTS = (1, 4)
 CAPACITY = 32
 DBOS_THREADS = (4, 16, 64)
+DBOS_QUICK = (16,)  # --quick: a smoke run, one point of the sweep
 # The bench workspace's cap: every executor slot, so the fleet is the limit, not the plan.
 WORKSPACE_CAP = CAPACITY * max(EXECUTOR_COUNTS)
 # Every echo call still takes its token from Redis, but the bucket never runs dry: the
@@ -108,6 +116,7 @@ class Throughput:
     actions: int
     seconds: float
     cpu: dict[str, float]  # CPU seconds by group: OWN, SANDBOX, POSTGRES (when known)
+    workers: int = 0  # DBOS's worker threads
 
     def row(self) -> list[str]:
         return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
@@ -138,6 +147,8 @@ class Stack:
     sandbox_pids: tuple[int, ...]
     postgres_pid: int | None
     conn: asyncpg.Connection
+    # Started once and kept: the 4-executor phase reuses the 1-executor phase's executor.
+    fleet: list[Proc] = field(default_factory=list)
 
     def cpu_meter(self, fleet: list[Proc]) -> CpuMeter:
         groups = {CONTROL_PLANE: [self.control_plane.pid], EXECUTORS: [p.pid for p in fleet],
@@ -145,10 +156,16 @@ class Stack:
         return CpuMeter(groups, "this process and other tenants", _postgres(self.postgres_pid))
 
     def executors(self, n: int) -> list[Proc]:
-        return [
-            start_executor(self.procs, f"bench-e2e-{n}x-{i}", self.links, CAPACITY)
-            for i in range(n)
-        ]
+        """The first n executors, starting the ones not running yet."""
+        while len(self.fleet) < n:
+            name = f"bench-e2e-{len(self.fleet)}"
+            self.fleet.append(start_executor(self.procs, name, self.links, CAPACITY))
+        return self.fleet[:n]
+
+    def stop(self) -> None:
+        for proc in self.fleet:
+            self.procs.stop(proc)
+        self.procs.stop(self.control_plane)
 
 
 def _postgres(pid: int | None) -> dict[str, int]:
@@ -212,25 +229,21 @@ async def _phase(
     stack: Stack, chan: grpc.aio.Channel, n_exec: int, runs: int, deadline: float
 ) -> Throughput:
     fleet = stack.executors(n_exec)
-    try:
-        for proc in fleet:
-            await stack.control_plane.wait_log(f"executor {proc.name} connected", watch=proc)
-        warm, agent_id = f"e2e-{n_exec}x-warmup", f"e2e-{n_exec}x"
-        for name in (warm, agent_id):
-            await api.publish_agent(chan, name, model="steps10", tools=["echo"])
-        await api.start_runs(chan, warm, WARMUP_PER_EXECUTOR * n_exec, START_IN_FLIGHT)
-        await wait_done(stack, warm, WARMUP_PER_EXECUTOR * n_exec, deadline, fleet)
-        meter, lsn = stack.cpu_meter(fleet), await stack.conn.fetchval(WAL_LSN)
-        await api.start_runs(chan, agent_id, runs, START_IN_FLIGHT)
-        await wait_done(stack, agent_id, runs, deadline, fleet)
-        cpu = meter.stop()
-        cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
-        cpu[WAL] = await stack.conn.fetchval(WAL_SINCE, lsn)
-        report.note(f"agentrun {n_exec}x: {meter.summary()}")
-        log_complaints([*fleet, stack.control_plane])
-    finally:
-        for proc in fleet:
-            stack.procs.stop(proc)
+    for proc in fleet:
+        await stack.control_plane.wait_log(f"executor {proc.name} connected", watch=proc)
+    warm, agent_id = f"e2e-{n_exec}x-warmup", f"e2e-{n_exec}x"
+    for name in (warm, agent_id):
+        await api.publish_agent(chan, name, model="steps10", tools=["echo"])
+    await api.start_runs(chan, warm, WARMUP_PER_EXECUTOR * n_exec, START_IN_FLIGHT)
+    await wait_done(stack, warm, WARMUP_PER_EXECUTOR * n_exec, deadline, fleet)
+    meter, lsn = stack.cpu_meter(fleet), await stack.conn.fetchval(WAL_LSN)
+    await api.start_runs(chan, agent_id, runs, START_IN_FLIGHT)
+    await wait_done(stack, agent_id, runs, deadline, fleet)
+    cpu = meter.stop()
+    cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
+    cpu[WAL] = await stack.conn.fetchval(WAL_SINCE, lsn)
+    report.note(f"agentrun {n_exec}x: {meter.summary()}")
+    log_complaints([*fleet, stack.control_plane])
     await unusual_logs(stack.conn, agent_id)
     span = await stack.conn.fetchrow(SPAN, agent_id)
     config = f"{n_exec} executor{'s' if n_exec > 1 else ''} x {CAPACITY}"
@@ -273,7 +286,7 @@ async def agentrun_half(
             return phases
         finally:
             await conn.close()
-            procs.stop(cp)
+            stack.stop()
 
 
 class TimedWindow:
@@ -320,15 +333,22 @@ async def _dbos_phase(
     assert window.meter is not None
     report.note(f"DBOS {threads} threads: {window.meter.summary()}")
     cpu = {**window.cpu, WAL: wal}
-    return Throughput("DBOS", f"{threads} threads", workflows, result.actions, result.seconds, cpu)
+    config = f"{threads} threads"
+    return Throughput("DBOS", config, workflows, result.actions, result.seconds, cpu, threads)
 
 
-async def dbos_half(pg: BenchPostgres, sandboxes: Sandboxes, workflows: int) -> list[Throughput]:
+async def dbos_half(
+    pg: BenchPostgres, sandboxes: Sandboxes, workflows: int, quick: bool
+) -> list[Throughput]:
     if not module_available("dbos"):
         report.note("DBOS half skipped: dbos is not installed (pip install -e '.[bench]')")
         return []
+    sweep = DBOS_QUICK if quick else DBOS_THREADS
+    if quick:
+        report.note(f"--quick: DBOS on {DBOS_QUICK[0]} threads only (the full run sweeps "
+                    f"{', '.join(map(str, DBOS_THREADS))})")  # fmt: skip
     results = []
-    for threads in DBOS_THREADS:
+    for threads in sweep:
         dsn = await pg.create_database(f"e2e_dbos_{threads}", migrated=False)
         results.append(await _dbos_phase(pg, dsn, sandboxes, workflows, threads))
     return results
@@ -352,7 +372,7 @@ def best(results: list[Throughput]) -> Throughput | None:
     return max(results, key=lambda t: t.actions_per_second, default=None)
 
 
-def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
+def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) -> None:
     headers = ("", "runs", "actions", "seconds", "actions/s", "own CPU ms/action",
                "(control plane", "executors)", "sandbox", "Postgres", "WAL B/action")  # fmt: skip
     report.table(headers, [t.row() for t in (*ours, *dbos)])
@@ -375,6 +395,9 @@ def _print(ours: list[Throughput], dbos: list[Throughput]) -> None:
     lean = min(dbos, key=lambda t: t.cpu_per_action())
     report.note(f"(DBOS's leanest config, {lean.config}: {lean.cpu_ms(OWN)} ms/action; "
                 f"agentrun / that: {ratio(a.cpu_per_action(), lean.cpu_per_action()):.2f}x)")  # fmt: skip
+    report.note(f"what bounds the CPU target: each side's HTTP calls alone, against DBOS best "
+                f"({d.config}):")  # fmt: skip
+    http_share.explain(d.cpu_per_action(), a.cpu_per_action(), shares, TARGET_CPU)
 
 
 async def start_sandboxes(procs: Procs) -> Sandboxes:
@@ -384,7 +407,7 @@ async def start_sandboxes(procs: Procs) -> Sandboxes:
 
 
 async def main(quick: bool = False) -> None:
-    runs = 50 if quick else 300
+    runs = 50 if quick else 200
     deadline = 300.0 if quick else 1200.0
     report.heading(f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
                    "doing the same HTTP calls")  # fmt: skip
@@ -397,8 +420,11 @@ async def main(quick: bool = False) -> None:
             with Procs(tmp) as procs:
                 sandboxes = await start_sandboxes(procs)
                 ours, failure = await guarded_agentrun_half(pg, procs, sandboxes, runs, deadline)
-                dbos = await dbos_half(pg, sandboxes, runs)
-    _print(ours, dbos)
+                dbos = await dbos_half(pg, sandboxes, runs, quick)
+                d = best(dbos)
+                shares = await http_share.measure(sandboxes.model_base, sandboxes.providers_base,
+                                                  runs, d.workers if d else None, CAPACITY)  # fmt: skip
+    _print(ours, dbos, shares)
     if failure is not None:
         raise RuntimeError("the agentrun half of e2e failed (see above)") from failure
 

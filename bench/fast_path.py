@@ -202,6 +202,6 @@ def _print(sides: dict[str, list[float]], deltas: list[tuple[float, float]]) -> 
 
 
 def run(quick: bool = False) -> None:
-    samples, streamed = (30, 5) if quick else (200, 20)
+    samples, streamed = (30, 3) if quick else (100, 10)  # p50 target: 100 turns a side
     report.heading(f"fastpath: SendMessage -> model request, {samples} turns per side")
     asyncio.run(measure(samples, streamed))

@@ -17,7 +17,7 @@ import asyncpg
 
 from bench import report
 from bench.claim import seed
-from bench.postgres import BenchPostgres, bench_postgres
+from bench.postgres import BenchPostgres, bench_postgres, foreign_keys_unchecked
 from bench.stats import Summary, ratio
 from control_plane.retention import Retention
 from control_plane.store.db import create_pool
@@ -64,8 +64,9 @@ async def _claim_one(conn: asyncpg.Connection, pool: asyncpg.pool.Pool) -> float
 async def _load(dsn: str, conn: asyncpg.Connection, finished: int) -> None:
     await seed(dsn, 1)
     start = time.perf_counter()
-    await conn.execute(INSERT_FINISHED, finished)
-    await conn.execute(INSERT_STEPS, STEPS_PER_RUN)
+    async with foreign_keys_unchecked(conn, "runs", "steps"):
+        await conn.execute(INSERT_FINISHED, finished)
+        await conn.execute(INSERT_STEPS, STEPS_PER_RUN)
     await conn.execute("UPDATE workspaces SET retention_days = 30 WHERE workspace_id = 'bench0'")
     await conn.execute("VACUUM ANALYZE")
     steps = finished * STEPS_PER_RUN
