@@ -126,10 +126,11 @@
 -- plan cannot know how few runs a claim takes (its LIMITs are parameters):
 -- with a million parked runs it may estimate thousands and hash the whole
 -- runs table for the final UPDATE. Every join in these statements is meant
--- as a probe of a few rows, so the claim plans nested loops only.
-SET LOCAL plan_cache_mode = force_generic_plan;
-SET LOCAL enable_hashjoin = off;
-SET LOCAL enable_mergejoin = off;
+-- as a probe of a few rows, so the claim plans nested loops only. One
+-- statement (set_config(..., true) is SET LOCAL), so that it prepares too.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true);
 
 -- name: workspace_take_turns :many
 -- Lock up to $1 workspaces whose turn it is, least recently served first,
