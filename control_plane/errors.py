@@ -63,10 +63,20 @@ class ResourceExhausted(DomainError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+# A status message travels as a trailer, and clients refuse trailers over 16 KiB (the
+# whole call then fails with a transport error): no message may quote that much input.
+MAX_DETAILS = 2_000
+
+
+def bounded(message: str) -> str:
+    """`message`, cut to MAX_DETAILS characters with a mark saying so."""
+    return message if len(message) <= MAX_DETAILS else message[:MAX_DETAILS] + "… (cut)"
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status and client-safe message for an exception."""
     if isinstance(exc, DomainError):
-        return exc.code, str(exc)
+        return exc.code, bounded(str(exc))
     if unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable, retry later"
     request_id = uuid.uuid4().hex[:12]
@@ -76,8 +86,9 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 def _refuse(method: str, refused: Refused) -> tuple[grpc.StatusCode, str]:
     """One log line, no traceback: a refused request is the caller's problem, not ours."""
-    log.info("refused %s: %s", method, refused.problem)
-    return grpc.StatusCode.INVALID_ARGUMENT, refused.problem
+    problem = bounded(refused.problem)
+    log.info("refused %s: %s", method, problem)
+    return grpc.StatusCode.INVALID_ARGUMENT, problem
 
 
 def _wrap_unary(

@@ -59,17 +59,22 @@ def _plan(descriptor: Any) -> dict[str, tuple[int, Descriptor | None]]:
     return plan
 
 
+def _key(key: Any) -> str:
+    """A map key as an error names it: the caller's own key, cut short (a key may be huge)."""
+    return repr(key[:40]) if isinstance(key, str) else repr(key)
+
+
 def _map_path(path: str, entries: Any, entry: Descriptor) -> str | None:
     value_kind = _kind(entry.fields_by_name["value"])
     for key, value in entries.items():
         if isinstance(key, str) and "\x00" in key:
-            return f"{path}[{key[:40]!r}]"
+            return f"{path}[{_key(key)}]"
         if value_kind is not None and value_kind[0] == _STR and "\x00" in value:
-            return f"{path}[{key!r}]"
+            return f"{path}[{_key(key)}]"
         if (
             value_kind is not None
             and value_kind[0] == _MSG
-            and (found := nul_path(value, f"{path}[{key!r}]."))
+            and (found := nul_path(value, f"{path}[{_key(key)}]."))
         ):
             return found
     return None

@@ -109,10 +109,12 @@ class Ledger:
             self.reached[rpc.name] += 1
 
     def garbage(
-        self, rpc: Rpc, code: grpc.StatusCode, expected: grpc.StatusCode, what: str
-    ) -> None:
+        self, rpc: Rpc, code: grpc.StatusCode, expected: grpc.StatusCode, what: str,
+        details: str,
+    ) -> None:  # fmt: skip
         if code != expected:
-            self.bad.append(f"{rpc.path} {code.name} (not {expected.name}) for garbage {what}")
+            self.bad.append(f"{rpc.path} {code.name} (not {expected.name}) {details[:160]!r} "
+                            f"for garbage {what}")  # fmt: skip
         elif code == grpc.StatusCode.UNAUTHENTICATED:
             self.shut_out[rpc.name] += 1
 
@@ -254,7 +256,8 @@ async def _fuzz(
         code, details = await _call(channel, rpc, frames, metadata)
         ledger.record(rpc, code, details, what)
         if garbage:
-            ledger.garbage(rpc, code, _before_authentication(rpc, frames), f"{metadata} {what}")
+            expected = _before_authentication(rpc, frames)
+            ledger.garbage(rpc, code, expected, f"{metadata} {what}", details)
         elif not what.startswith("undecodable"):
             ledger.admitted(rpc, code, details, what)
         yield code, what, set() if garbage else _written_before_refusal(rpc, frames)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from google.protobuf import struct_pb2
 
 from agentrun.v1 import approval_pb2, executor_pb2
 from control_plane.api import validate
 from control_plane.api.decoding import Refused, guard_decoder, nul_path
-from control_plane.errors import InvalidArgument
+from control_plane.errors import MAX_DETAILS, InvalidArgument, status_for
 
 
 def refusal(text: str | bytes, **limits: int) -> str:
@@ -59,6 +60,17 @@ def test_the_nul_walk_names_nested_repeated_and_map_fields() -> None:
     )
     assert nul_path(executor_pb2.ConnectRequest(commit=commit), skip={"commit"}) is None
     assert nul_path(approval_pb2.DecideApprovalRequest(approver="alice")) is None
+
+
+def test_a_refusal_never_quotes_a_huge_key_or_input() -> None:
+    """A status message travels as a trailer; clients refuse one over 16 KiB, and the call
+    then fails as a transport error instead of INVALID_ARGUMENT (the fuzz test found it)."""
+    doc = struct_pb2.Struct()
+    doc.update({"k" * 300_000: "\x00"})
+    path = nul_path(doc)
+    assert path is not None and path.startswith("fields['kkk") and len(path) < 100
+    code, message = status_for(InvalidArgument("field", "x" * 300_000))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and len(message) <= MAX_DETAILS + 10
 
 
 def test_the_guarded_decoder_never_raises() -> None:
