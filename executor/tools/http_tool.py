@@ -225,6 +225,8 @@ class HttpToolClient:
         self, name: str, request: httpx.Request, limit: int
     ) -> tuple[httpx.Response, bool]:
         """The response (its body read up to `limit` bytes) and whether it was over."""
+        if (refusal := horizon.blocked_now()) is not None:  # the run's last-moment check
+            raise NotSent(f"not sent: {refusal}")
         try:
             response = await self._guarded.send(request, stream=True)
         except netguard.DestinationRefused as exc:

@@ -9,13 +9,14 @@ import dataclasses
 import httpx
 import pytest
 
-from agentrun.v1 import executor_pb2
+from agentrun.v1 import executor_pb2, tool_pb2
 from control_plane.config import ServerConfig
 from control_plane.dispatch.liveness import Liveness
 from executor.config import ExecutorConfig
 from executor.horizon import SEND_GATE, SESSION_GONE, STALE, SendHorizon
 from executor.lease import LEASE_UNSAFE, NOT_HELD, LeaseKeeper
-from executor.tools.catalogue import Catalogue
+from executor.tools import definitions
+from executor.tools.catalogue import Catalogue, Tool
 from executor.tools.http_tool import HttpToolClient, NotSent
 
 
@@ -156,7 +157,20 @@ async def test_a_silent_stream_is_declared_dead_and_closed():
     assert [m.pong.request_id for m in session.sent] == [1]  # a dead stream answers nothing
 
 
-async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horizon():
+def _registry_tool() -> Tool:
+    """A workspace's HTTP tool from a template (executor/tools/template.py), no credential."""
+    return definitions.from_proto(tool_pb2.Tool(
+        name="notify", version=1, parameters_json='{"type": "object"}',
+        access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+        idempotency_header="Idempotency-Key",
+        http=tool_pb2.HttpTemplate(method="POST", url="http://p.test/notify"),
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize("registry", [False, True], ids=["catalogue", "registry-template"])
+async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horizon(
+    registry: bool,
+) -> None:
     seen: list[httpx.Request] = []
 
     def provider(request: httpx.Request) -> httpx.Response:
@@ -174,7 +188,8 @@ async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horiz
 
     async def send_as_run() -> None:  # a task of its own, as each run is
         SEND_GATE.set(lambda: leases.send_refusal("r1"))
-        await tools.send(Catalogue.load().get("chat_post"), message, "r1:5")
+        tool = _registry_tool() if registry else Catalogue.load().get("chat_post")
+        await tools.send(tool, message, "r1:5")
 
     await asyncio.create_task(send_as_run())
     assert len(seen) == 1
