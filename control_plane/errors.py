@@ -152,7 +152,7 @@ def _wrap_bidi(
 
 # Stream items the handler answers one by one check their own NULs: a Commit holding one
 # is that run's COMMIT_OUTCOME_INVALID (dispatch/session.py), not the end of the stream.
-_PER_ITEM_FIELDS = frozenset({"commit"})
+PER_ITEM_FIELDS = frozenset({"commit"})
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -172,7 +172,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(
                 _wrap_bidi(handler.stream_stream, method),
-                request_deserializer=guard_decoder(handler.request_deserializer, _PER_ITEM_FIELDS),
+                request_deserializer=guard_decoder(handler.request_deserializer, PER_ITEM_FIELDS),
                 response_serializer=handler.response_serializer,
             )
         decoder = guard_decoder(handler.request_deserializer)

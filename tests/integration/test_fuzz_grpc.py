@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
 from control_plane.api.decoding import Refused, guard_decoder
 from control_plane.config import ServerConfig
+from control_plane.errors import PER_ITEM_FIELDS
 from control_plane.server import RunningServer, start
 from tests.harness.fuzzing import (
     Callers,
@@ -234,7 +235,7 @@ def _written_before_refusal(rpc: Rpc, frames: list[bytes]) -> set[str]:
     """Tables a refused stream's frames before the refused one may write: a Hello's release."""
     if not rpc.client_streaming:
         return set()
-    decode = guard_decoder(rpc.request_class().FromString, skip=("commit",))
+    decode = guard_decoder(rpc.request_class().FromString, PER_ITEM_FIELDS)  # as served
     assert decode is not None
     for frame in frames:
         message = decode(frame)
