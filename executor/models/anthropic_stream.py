@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from executor.models import streaming
 from executor.models.base import ModelUnavailable
 
 
@@ -91,14 +92,8 @@ class Events:
 async def read(response: httpx.Response, on_delta: Callable[[str], None]) -> dict[str, Any]:
     """Read the event stream to its end, telling `on_delta` each piece of text."""
     events = Events()
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue  # blank separators, comments, `event:` names (the data says its type)
-        try:
-            event = json.loads(line[5:].strip())
-        except ValueError:
-            raise ModelUnavailable("invalid stream from model provider: not JSON") from None
-        if text := events.add(event):
+    async for data in streaming.data_of(response):
+        if text := events.add(streaming.decoded(data)):
             on_delta(text)
         if events.stopped:
             break

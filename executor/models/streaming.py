@@ -5,7 +5,7 @@ non-streamed completion has, so the reply is parsed (and recorded) the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -85,21 +85,30 @@ class Chunks:
                                           "message": message}], "usage": self.usage}  # fmt: skip
 
 
+async def data_of(response: httpx.Response) -> AsyncIterator[str]:
+    """The `data:` payloads of a server-sent event stream, in order (blank separators,
+    comments and `event:` names skipped: the data says its type)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+def decoded(data: str) -> Any:
+    """One event's JSON; a payload that is not JSON is the provider's failure."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise ModelUnavailable("invalid stream from model provider: not JSON") from None
+
+
 async def read(response: httpx.Response, on_delta: Callable[[str], None]) -> dict[str, Any]:
     """Read the event stream to its end, telling `on_delta` each piece of text."""
     chunks, done = Chunks(), False
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue  # blank separators, comments, event names
-        data = line[5:].strip()
+    async for data in data_of(response):
         if data == "[DONE]":
             done = True
             break
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise ModelUnavailable("invalid stream from model provider: not JSON") from None
-        if text := chunks.add(chunk):
+        if text := chunks.add(decoded(data)):
             on_delta(text)
     if not done and chunks.finish is None:
         raise ModelUnavailable("model provider's stream ended before the reply did")
