@@ -26,7 +26,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,17 +80,20 @@ def post_echo(key: str, arguments: str) -> Any:
 
 ModelCall = Callable[[str, int, list[dict[str, Any]]], dict[str, Any]]
 EchoCall = Callable[[str, str], Any]
+# What the conversation asks for next: ("model", seq, messages) or ("echo", key, arguments).
+Request = tuple[str, Any, Any]
 
 
-def play(run_id: str, text: str, model: ModelCall, echo: EchoCall) -> str:
-    """Model, then its tool calls, until it answers; returns the answer."""
+def conversation(run_id: str, text: str) -> Generator[Request, Any, str]:
+    """Model, then its tool calls, until it answers: yields each request, is sent its answer,
+    returns the answer. The sync and async drivers below share it."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": INSTRUCTIONS},
         {"role": "user", "content": text},
     ]
     seq = itertools.count(1)
     while True:
-        message = model(run_id, next(seq), messages)
+        message = yield ("model", next(seq), messages)
         calls = message.get("tool_calls") or []
         if not calls:
             return str(message.get("content") or "")
@@ -98,10 +101,38 @@ def play(run_id: str, text: str, model: ModelCall, echo: EchoCall) -> str:
             {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
         )
         for call in calls:
-            result = echo(f"{run_id}:{call['id']}", call["function"]["arguments"])
+            result = yield ("echo", f"{run_id}:{call['id']}", call["function"]["arguments"])
             messages.append(
                 {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}
             )
+
+
+def play(run_id: str, text: str, model: ModelCall, echo: EchoCall) -> str:
+    """One run's conversation with blocking calls."""
+    talk = conversation(run_id, text)
+    answer: Any = None
+    try:
+        while True:
+            kind, first, second = talk.send(answer)
+            answer = model(run_id, first, second) if kind == "model" else echo(first, second)
+    except StopIteration as done:
+        return str(done.value)
+
+
+async def play_async(
+    run_id: str, text: str, model: Callable[..., Awaitable[Any]],
+    echo: Callable[..., Awaitable[Any]],
+) -> str:  # fmt: skip
+    """One run's conversation with awaited calls."""
+    talk = conversation(run_id, text)
+    answer: Any = None
+    try:
+        while True:
+            kind, first, second = talk.send(answer)
+            answer = await (model(run_id, first, second) if kind == "model"
+                            else echo(first, second))  # fmt: skip
+    except StopIteration as done:
+        return str(done.value)
 
 
 @DBOS.step()
