@@ -9,7 +9,8 @@
 -- lease.sql): always with :renew_always (an executor that counts every commit
 -- as a renewal), else only once half of it or less is left, so that most
 -- commits leave wake_at (indexed) alone and the update stays HOT. `renewed`
--- says which. Database clock unless :now fixes it.
+-- says which. Database clock unless :now fixes it. A commit without a transition
+-- goes through run_commit_keep (below), this statement narrowed to that case.
 WITH locked AS (
     SELECT workspace_id, run_id,
            :status::text IS NULL AND (:renew_always::boolean OR coalesce(
