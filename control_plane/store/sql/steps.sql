@@ -67,8 +67,9 @@ RETURNING r.status, r.wake_at, locked.renews AS renewed,
 -- (status and lease_owner stay as they are; the columns run_commit's CASEs clear
 -- are cleared). Its SET list leaves out status, so the triggers that watch status
 -- for a run's end (runs_child_finish, runs_credits_finish, runs_session_finish:
--- AFTER UPDATE OF status) are not even considered, and it binds ten parameters
--- fewer. Zero rows means fenced. Database clock unless :now fixes it.
+-- AFTER UPDATE OF status) are not even considered; it binds ten parameters
+-- fewer and counts the steps it was given rather than those it inserted.
+-- Zero rows means fenced. Database clock unless :now fixes it.
 WITH locked AS (
     SELECT workspace_id, run_id,
            :renew_always::boolean OR coalesce(
@@ -84,10 +85,10 @@ WITH locked AS (
     FROM locked l,
          unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
              AS s(seq, kind, ref_seq, payload)
-    RETURNING seq
 )
 UPDATE runs r SET
-    step_count = r.step_count + (SELECT count(*) FROM appended),
+    -- The insert lands every step or fails the statement: no need to count its rows.
+    step_count = r.step_count + cardinality(:seqs::int[]),
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
     tokens_used = r.tokens_used + :tokens,
