@@ -94,7 +94,10 @@ class StreamExecutor:
                 return msg
 
     async def take_run(self) -> None:
-        hello = pb.Hello(executor_id=self._executor_id, release="bench", capacity=1)
+        # As the executor's own Hello (executor/worker.py): it reads renewals off commit
+        # results, so a commit renews the lease only once half of it is left (lease.sql).
+        hello = pb.Hello(executor_id=self._executor_id, release="bench", capacity=1,
+                         reads_commit_renewal=True)  # fmt: skip
         await self._call.write(pb.ConnectRequest(hello=hello))
         await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=1)))
         assignment = (await self._receive("assignment")).assignment
@@ -159,7 +162,9 @@ class StoreCommitter:
         assert self._held is not None
         step = step_store.NewStep(self._seq, "model_decision", None, decision_payload(self._seq))
         held = self._held
-        req = step_store.CommitRequest(held.workspace_id, held.run_id, held.lease_epoch, [step])
+        # Renewing as the stream's commits do (an executor that reads renewals).
+        req = step_store.CommitRequest(held.workspace_id, held.run_id, held.lease_epoch, [step],
+                                       renew_always=False)  # fmt: skip
         start = time.perf_counter()
         await step_store.commit(self._pool, req, 3600)
         self._seq += 1

@@ -278,25 +278,32 @@ class ExecutorSession:
     async def _commit(self, msg: pb.Commit) -> None:
         """Commit, inside the executor's trace (the message's traceparent) and its log context."""
         lease, started = msg.lease, time.monotonic()
-        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
-                      "agentrun.epoch": lease.epoch,
-                      "agentrun.steps.seq": [step.seq for step in msg.steps]}  # fmt: skip
-        with (
-            logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
-            _tracer.start_as_current_span(
-                "agentrun.commit.apply", context=tracing.context_of(msg.traceparent),
-                kind=SpanKind.SERVER, attributes=attributes,
-            ) as span,
-        ):  # fmt: skip
+        # This task is the commit's own (_spawn): its log context goes with it, unreset.
+        logs.bind_for_task(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch)
+        if tracing.on():
+            result = await self._traced_outcome(msg)
+        else:  # the hot path: not even a no-op span (as store/queries.py)
             result = await self._commit_outcome(msg)
-            outcome = _OUTCOMES.get(result.outcome, "unspecified")
-            span.set_attribute("agentrun.outcome", outcome)
-        metrics.commit_outcome(outcome, time.monotonic() - started)
+        metrics.commit_outcome(_OUTCOMES.get(result.outcome, "unspecified"),
+                               time.monotonic() - started)  # fmt: skip
         if result.outcome == pb.COMMIT_OUTCOME_FENCED:
             metrics.FENCED.labels(lease.workspace_id, "commit").inc()
         elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
             metrics.PARKS.labels(lease.workspace_id, msg.park.wait_reason).inc()
         self.send(pb.ConnectResponse(commit_result=result))
+
+    async def _traced_outcome(self, msg: pb.Commit) -> pb.CommitResult:
+        lease = msg.lease
+        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
+                      "agentrun.epoch": lease.epoch,
+                      "agentrun.steps.seq": [step.seq for step in msg.steps]}  # fmt: skip
+        with _tracer.start_as_current_span(
+            "agentrun.commit.apply", context=tracing.context_of(msg.traceparent),
+            kind=SpanKind.SERVER, attributes=attributes,
+        ) as span:  # fmt: skip
+            result = await self._commit_outcome(msg)
+            span.set_attribute("agentrun.outcome", _OUTCOMES.get(result.outcome, "unspecified"))
+        return result
 
     async def _commit_outcome(self, msg: pb.Commit) -> pb.CommitResult:
         result = pb.CommitResult(request_id=msg.request_id)

@@ -181,6 +181,17 @@ async def _apply(
     now: datetime | None,
 ) -> asyncpg.Record | None:
     t = req.transition
+    if t.status is None:  # the common case: a step appended, the lease kept
+        return await run(
+            db, "run_commit_keep", workspace_id=req.workspace_id, run_id=req.run_id,
+            epoch=req.epoch, seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
+            ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
+            model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
+            input_tokens=req.usage.input_tokens, output_tokens=req.usage.output_tokens,
+            cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
+            cost_micros=req.usage.cost_micros, lease_seconds=lease_seconds, now=now,
+            renew_always=req.renew_always,
+        )  # fmt: skip
     return await run(
         db, "run_commit", workspace_id=req.workspace_id, run_id=req.run_id, epoch=req.epoch,
         seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],

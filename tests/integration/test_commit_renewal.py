@@ -11,6 +11,7 @@ reads renewals gets commits that do not renew.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -18,7 +19,8 @@ import grpc
 import pytest
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc, run_pb2
-from control_plane.store import lease, runs, steps
+from control_plane import pricing
+from control_plane.store import lease, queries, runs, steps
 from control_plane.store.errors import Fenced
 from executor.lease import LeaseKeeper
 from tests import factories
@@ -84,6 +86,40 @@ async def test_grouped_commits_decide_each_run_alone(pool):
     assert not isinstance(results[0], BaseException) and not isinstance(results[1], BaseException)
     assert (results[0].renewed, results[0].wake_at) == (False, lazy.wake_at)
     assert results[1].renewed and results[1].wake_at >= always.wake_at
+
+
+# What a commit may change on the run row (updated_at aside: each statement's own now()).
+ROW = """SELECT status, lease_owner, lease_epoch, wake_at, step_count, model_calls, tool_calls,
+                tokens_used, input_tokens, output_tokens, cached_tokens, reasoning_tokens,
+                cost_micros, wait_reason, waiting_connection_id, output, error, finished_at,
+                held_since, active_seconds
+         FROM runs WHERE workspace_id = $1 AND run_id = $2"""
+
+
+async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_statement(pool):
+    """run_commit_keep (what steps.commit sends without a transition) writes what run_commit
+    writes for :status NULL, lazy and due alike, and returns the same row."""
+    (general, keep), t0 = await claimed(pool, 2)
+    sql = queries.QUERIES["run_commit"]
+    for seq, t in ((1, 1.0), (2, 16.0)):  # more than half the lease left, then not
+        usage = pricing.Usage(11, 7, 3, 2, 55)
+        args = dict(workspace_id=general.workspace_id, run_id=general.run_id,
+                    epoch=general.lease_epoch, seqs=[seq], kinds=["model_decision"],
+                    ref_seqs=[None], payloads=[json.dumps({"content": f"s{seq}"})],
+                    model_calls=1, tool_calls=2, tokens=18, input_tokens=11, output_tokens=7,
+                    cached_tokens=3, reasoning_tokens=2, cost_micros=55, status=None,
+                    wait_reason=None, wake_at=None, wake_after_seconds=None,
+                    lease_seconds=LEASE, text=None, now=at(t0, t),
+                    waiting_connection_id=None, renew_always=False)  # fmt: skip
+        row = await pool.fetchrow(sql.sql, *queries.arguments(sql, (), args))
+        req = steps.CommitRequest(keep.workspace_id, keep.run_id, keep.lease_epoch, [step(seq)],
+                                  model_calls=1, tool_calls=2, tokens=18, usage=usage)  # fmt: skip
+        result = await steps.commit(pool, replace(req, renew_always=False), LEASE, now=at(t0, t))
+        expected = (row["status"], row["wake_at"], row["renewed"])
+        assert (result.status, result.wake_at, result.renewed) == expected
+        assert result.renewed == (t > LEASE / 2)
+        rows = [await pool.fetchrow(ROW, r.workspace_id, r.run_id) for r in (general, keep)]
+        assert dict(rows[0]) == dict(rows[1])
 
 
 class Clock:

@@ -9,7 +9,8 @@
 -- lease.sql): always with :renew_always (an executor that counts every commit
 -- as a renewal), else only once half of it or less is left, so that most
 -- commits leave wake_at (indexed) alone and the update stays HOT. `renewed`
--- says which. Database clock unless :now fixes it.
+-- says which. Database clock unless :now fixes it. A commit without a transition
+-- goes through run_commit_keep (below), this statement narrowed to that case.
 WITH locked AS (
     SELECT workspace_id, run_id,
            :status::text IS NULL AND (:renew_always::boolean OR coalesce(
@@ -57,6 +58,56 @@ UPDATE runs r SET
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 -- credits_due: a metered run that spent all it reserved tops up before its next step.
+RETURNING r.status, r.wake_at, locked.renews AS renewed,
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
+
+-- name: run_commit_keep :one
+-- run_commit for the common case, a commit that keeps the lease (no transition):
+-- the same fence, steps, counters and renewal rule, and the same row afterwards
+-- (status and lease_owner stay as they are; the columns run_commit's CASEs clear
+-- are cleared). Its SET list leaves out status, so the triggers that watch status
+-- for a run's end (runs_child_finish, runs_credits_finish, runs_session_finish:
+-- AFTER UPDATE OF status) are not even considered; it binds ten parameters
+-- fewer and counts the steps it was given rather than those it inserted.
+-- Zero rows means fenced. Database clock unless :now fixes it.
+WITH locked AS (
+    SELECT workspace_id, run_id,
+           :renew_always::boolean OR coalesce(
+               wake_at <= coalesce(:now::timestamptz, now())
+                          + make_interval(secs => 0.5 * :lease_seconds::float8), true) AS renews
+    FROM runs
+    WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
+      AND status = 'running'
+    FOR NO KEY UPDATE
+), appended AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch, s.ref_seq, s.payload
+    FROM locked l,
+         unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
+             AS s(seq, kind, ref_seq, payload)
+)
+UPDATE runs r SET
+    -- The insert lands every step or fails the statement: no need to count its rows.
+    step_count = r.step_count + cardinality(:seqs::int[]),
+    model_calls = r.model_calls + :model_calls,
+    tool_calls = r.tool_calls + :tool_calls,
+    tokens_used = r.tokens_used + :tokens,
+    input_tokens = r.input_tokens + :input_tokens,
+    output_tokens = r.output_tokens + :output_tokens,
+    cached_tokens = r.cached_tokens + :cached_tokens,
+    reasoning_tokens = r.reasoning_tokens + :reasoning_tokens,
+    cost_micros = r.cost_micros + :cost_micros,
+    wait_reason = NULL,
+    waiting_connection_id = NULL,
+    wake_at = CASE WHEN locked.renews
+                   THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
+                   ELSE r.wake_at END,
+    output = NULL,
+    error = NULL,
+    finished_at = NULL,
+    updated_at = now()
+FROM locked
+WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 RETURNING r.status, r.wake_at, locked.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
 
