@@ -1,7 +1,8 @@
 """End to end, like for like: agentrun runs against DBOS workflows doing the same HTTP calls.
 
 The unit is the ACTION: a model call or a tool call. A sandbox `steps10` run is 9 of them
-(5 model calls, 4 echo calls); both sides make exactly those requests, over httpx, to the
+(5 model calls, 4 echo calls); both sides make exactly those requests (the executors with
+their own client, aiohttp underneath; DBOS's clients are bench/dbos_baseline.py's) to the
 same sandbox model and providers servers (real processes), and record each before going on.
 
 agentrun: the control plane, Redis and 1, then 4, executors (capacity 32 each), real
@@ -18,10 +19,10 @@ DBOS (bench/dbos_baseline.py): the same runs as DBOS workflows in this process, 
 per action, swept over worker thread counts; its best is what the targets compare with.
 
 HTTP share (bench/http_share.py): the same runs' requests with nothing around them, DBOS's
-way (its sync httpx Client on its best configuration's threads) and the executor's (httpx
-AsyncClients as executor/ builds them, CAPACITY runs at a time on one event loop; aiohttp the
-same way when installed), so the output can say how much of each side's CPU per action is
-its HTTP client and whether the <= 0.2x target is reachable while both use the same client.
+way (its sync httpx Client on its best configuration's threads) and the executor's (its own
+aiohttp client classes, CAPACITY runs at a time on one event loop; httpx AsyncClients the
+same way, as the executor was before), so the output can say how much of each side's CPU per
+action is its HTTP client and what the <= 0.2x target leaves for everything else.
 
 CPU per action, from /proc: agentrun's own processes (control plane + executors) and DBOS's
 process (this one, during its phase), each apart from the sandbox servers' CPU and from the

@@ -7,10 +7,12 @@ around them (no DBOS, no control plane, no Postgres, no Redis):
 
   * DBOS's way (bench/dbos_baseline.py `measure_http_only`): its sync httpx Client on the
     thread count of DBOS's best configuration.
-  * the executor's way: httpx AsyncClients with the executor's settings
-    (bench/http_client.py HttpxClient), CAPACITY runs at a time on one event loop of the
-    executor's kind (telemetry/event_loop.py), in a thread of this process.
-  * aiohttp the executor's way (when installed): what the share would be with it.
+  * the executor's way: its own client classes, aiohttp underneath (bench/http_client.py
+    ExecutorClient), CAPACITY runs at a time on one event loop of the executor's kind
+    (telemetry/event_loop.py), in a thread of this process.
+  * httpx AsyncClients with the executor's former settings (bench/http_client.py
+    HttpxClient): what the share was before the switch, and what DBOS's client costs the
+    executor's way.
 
 CPU is this process's (all threads) over the timed runs; the benchmark's own loop idles.
 """
@@ -34,8 +36,8 @@ from bench.stats import ratio
 from telemetry import event_loop
 
 DBOS_SYNC = "httpx Client, DBOS's threads"
-EXECUTOR_HTTPX = "httpx AsyncClient, executor settings"
-EXECUTOR_AIOHTTP = "aiohttp, the executor's way"
+EXECUTOR = "the executor's client, aiohttp"
+EXECUTOR_HTTPX = "httpx AsyncClient, the executor's former settings"
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,9 @@ async def measure(
             await asyncio.to_thread(_dbos_way, model_base, providers_base, runs, dbos_threads)
         )
     ways: list[tuple[str, Callable[[http_client.Targets], http_client.Client]]] = [
-        (EXECUTOR_HTTPX, http_client.HttpxClient)
+        (EXECUTOR, http_client.ExecutorClient),
+        (EXECUTOR_HTTPX, http_client.HttpxClient),
     ]
-    if module_available("aiohttp"):
-        ways.append((EXECUTOR_AIOHTTP, http_client.AiohttpClient))
     for label, make in ways:
         coro = _executor_way(make, targets, runs, concurrency, label)
         shares.append(await asyncio.to_thread(event_loop.run, coro))
@@ -150,7 +151,7 @@ def explain(dbos_total: float, ours_total: float, shares: list[Share], target: f
     report.table(("HTTP calls alone (no durability)", "actions", "seconds", "CPU ms/action"),
                  [[s.label, str(s.actions), f"{s.seconds:.2f}", _ms(s.per_action)]
                   for s in shares])  # fmt: skip
-    sync, ours = by.get(DBOS_SYNC), by.get(EXECUTOR_HTTPX)
+    sync, ours = by.get(DBOS_SYNC), by.get(EXECUTOR)
     if sync is None or ours is None:
         return
     rest = dbos_total - sync.per_action
@@ -159,7 +160,8 @@ def explain(dbos_total: float, ours_total: float, shares: list[Share], target: f
     report.note(f"CPU ms/action: DBOS {_ms(dbos_total)} = its httpx calls {_ms(sync.per_action)}"
                 f" + DBOS's own work {_ms(rest)}; <= {target:g}x leaves agentrun's control "
                 f"plane + executors {_ms(budget)} in all")  # fmt: skip
-    report.note(f"agentrun {_ms(ours_total)} = the executors' httpx calls {_ms(ours.per_action)}"
+    report.note(f"agentrun {_ms(ours_total)} = the executors' HTTP calls (aiohttp) "
+                f"{_ms(ours.per_action)}"
                 f" + everything else {_ms(ours_rest)}: the client alone is "
                 f"{ratio(ours.per_action, budget):.1f}x that budget")  # fmt: skip
     report.note(f"both sides on one client costing H a call: agentrun / DBOS >= H / (H + "

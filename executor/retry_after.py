@@ -10,14 +10,12 @@ from __future__ import annotations
 import datetime
 import email.utils
 import time
-from collections.abc import Callable
-
-import httpx
+from collections.abc import Callable, Mapping
 
 
-def retry_after(response: httpx.Response, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds to wait, or None when no header gives a usable wait (absent or garbage)."""
-    headers = response.headers
+def retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait, or None when the answer's headers (case-insensitive) give no usable
+    wait (absent or garbage)."""
     millis = _number(headers.get("retry-after-ms"))
     if millis is not None:
         return millis / 1000.0

@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from executor.models import anthropic_messages as convert
 from executor.models import anthropic_stream
 from executor.models.base import (
@@ -40,7 +38,7 @@ from executor.models.base import (
     ToolCall,
     Usage,
 )
-from executor.models.provider_http import ProviderHttp, error_of, json_body
+from executor.models.provider_http import Answer, ProviderHttp, json_body
 
 API_VERSION = "2023-06-01"
 # Anthropic requires max_tokens on every request: this one when neither the version
@@ -64,7 +62,6 @@ class AnthropicMessagesModel:
         base_url: str,
         api_key: str,
         timeout_seconds: float = 60.0,
-        transport: httpx.AsyncBaseTransport | None = None,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         api_version: str = API_VERSION,
@@ -73,7 +70,7 @@ class AnthropicMessagesModel:
         self._api_key = api_key
         self._version = api_version
         self._default_max_tokens = default_max_tokens or DEFAULT_MAX_TOKENS
-        self._http = ProviderHttp(timeout_seconds, api_key, transport)
+        self._http = ProviderHttp(timeout_seconds, api_key)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -99,8 +96,6 @@ class AnthropicMessagesModel:
         if settings.on_delta is not None:
             return await self._streamed(body, headers, settings)
         response = await self._http.post(self._url, body, headers, settings.timeout_seconds)
-        if response.status_code >= 400:
-            raise self._http.failure(response, error_of(response))
         return parse_message(response)
 
     async def _streamed(
@@ -110,8 +105,6 @@ class AnthropicMessagesModel:
         assert settings.on_delta is not None
         body = {**body, "stream": True}
         async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
-            if answer.status_code >= 400:
-                raise self._http.failure(answer, error_of(answer))
             data = await anthropic_stream.read(answer, settings.on_delta)
         return message_of(data)
 
@@ -139,7 +132,7 @@ class AnthropicMessagesModel:
         return body
 
 
-def parse_message(response: httpx.Response) -> ModelReply:
+def parse_message(response: Answer) -> ModelReply:
     """A Messages API response as a ModelReply (garbled → ModelUnavailable)."""
     return message_of(json_body(response))
 

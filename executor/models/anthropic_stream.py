@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from executor.models import streaming
 from executor.models.base import ModelUnavailable
@@ -89,7 +89,7 @@ class Events:
         return {**self.message, "content": content}
 
 
-async def read(response: httpx.Response, on_delta: Callable[[str], None]) -> dict[str, Any]:
+async def read(response: aiohttp.ClientResponse, on_delta: Callable[[str], None]) -> dict[str, Any]:
     """Read the event stream to its end, telling `on_delta` each piece of text."""
     events = Events()
     async for data in streaming.data_of(response):

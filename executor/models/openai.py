@@ -15,8 +15,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from executor.models import streaming
 from executor.models.base import (
     COMPLETE,
@@ -30,7 +28,7 @@ from executor.models.base import (
     ToolCall,
     Usage,
 )
-from executor.models.provider_http import ProviderHttp, error_of, json_body
+from executor.models.provider_http import Answer, ProviderHttp, json_body
 
 
 class OpenAIChatModel:
@@ -47,7 +45,6 @@ class OpenAIChatModel:
         base_url: str,
         api_key: str,
         timeout_seconds: float = 60.0,
-        transport: httpx.AsyncBaseTransport | None = None,
         *,
         token_limit_field: str = "max_tokens",
         default_max_tokens: int = 0,
@@ -58,7 +55,7 @@ class OpenAIChatModel:
         self._api_key = api_key
         self._limit_field = token_limit_field
         self._default_max_tokens = default_max_tokens
-        self._http = ProviderHttp(timeout_seconds, api_key, transport)
+        self._http = ProviderHttp(timeout_seconds, api_key)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -80,8 +77,6 @@ class OpenAIChatModel:
         if settings.on_delta is not None:
             return await self._streamed(body, headers, settings)
         response = await self._http.post(self._url, body, headers, settings.timeout_seconds)
-        if response.status_code >= 400:
-            raise self._http.failure(response, error_of(response))
         return parse_completion(response)
 
     async def _streamed(
@@ -91,8 +86,6 @@ class OpenAIChatModel:
         assert settings.on_delta is not None
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
-            if answer.status_code >= 400:
-                raise self._http.failure(answer, error_of(answer))
             data = await streaming.read(answer, settings.on_delta)
         return completion_of(data)
 
@@ -130,7 +123,7 @@ def _tool_choice(choice: str) -> str | dict[str, Any]:
     return {"type": "function", "function": {"name": choice}}
 
 
-def parse_completion(response: httpx.Response) -> ModelReply:
+def parse_completion(response: Answer) -> ModelReply:
     """Turn a chat completions response into a ModelReply (no choices → ModelUnavailable)."""
     return completion_of(json_body(response))
 

@@ -17,8 +17,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
+from executor import http_session
+from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.models.base import ModelRejected, ModelUnavailable
 from executor.retry_after import retry_after
 
@@ -37,24 +39,13 @@ class ProviderError:
 
 
 class ProviderHttp:
-    """An httpx client for one provider endpoint; `timeout_seconds` is its default."""
+    """The HTTP client of one provider endpoint (executor/http_session.py: aiohttp, one
+    keep-alive pool made in the running loop); `timeout_seconds` is its default."""
 
-    def __init__(
-        self,
-        timeout_seconds: float,
-        secret: str,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, timeout_seconds: float, secret: str) -> None:
         self._secret = secret
         self._timeout = timeout_seconds
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_seconds),
-            # Drop idle connections before common servers do (uvicorn: 5 s), as the tool
-            # client does: a request on a socket the server is closing fails with a
-            # ReadError and parks the run as a model outage for nothing.
-            limits=httpx.Limits(keepalive_expiry=2.0),
-            transport=transport,
-        )
+        self._http = http_session.LazySession(timeout_seconds)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -65,15 +56,22 @@ class ProviderHttp:
         body: Mapping[str, Any],
         headers: Mapping[str, str],
         timeout_seconds: float | None = None,
-    ) -> httpx.Response:
-        """POST the body; raise ModelUnavailable when the provider cannot be reached."""
-        timeout = httpx.Timeout(timeout_seconds or self._timeout)
+    ) -> Answer:
+        """POST the body and read the answer; the exception an error answer stands for
+        (`failure`), ModelUnavailable when the provider cannot be reached."""
         try:
-            return await self._http.post(url, json=body, headers=dict(headers), timeout=timeout)
-        except httpx.TransportError as exc:
+            async with self._http.get().post(
+                url, data=encoded(body), headers={**headers, **JSON_TYPE},
+                timeout=self._timeout_of(timeout_seconds), allow_redirects=False,
+            ) as response:  # fmt: skip
+                answer = await read(response)
+        except FAILED as exc:
             # Only the exception's class: its text may carry the URL, never headers,
             # but there is nothing in it worth the risk.
             raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
+        if answer.status >= 400:
+            raise self.failure(answer, error_of(answer))
+        return answer
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -82,21 +80,26 @@ class ProviderHttp:
         body: Mapping[str, Any],
         headers: Mapping[str, str],
         timeout_seconds: float | None = None,
-    ) -> AsyncIterator[httpx.Response]:
-        """POST the body and read the answer as it comes (an error answer is read whole);
-        ModelUnavailable when the provider cannot be reached or the stream breaks."""
-        timeout = httpx.Timeout(timeout_seconds or self._timeout)
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST the body and read the answer as it comes; an error answer is read whole
+        and raised as `failure`; ModelUnavailable when the provider cannot be reached or
+        the stream breaks."""
         try:
-            async with self._http.stream(
-                "POST", url, json=body, headers=dict(headers), timeout=timeout
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
+            async with self._http.get().post(
+                url, data=encoded(body), headers={**headers, **JSON_TYPE},
+                timeout=self._timeout_of(timeout_seconds), allow_redirects=False,
+            ) as response:  # fmt: skip
+                if response.status >= 400:
+                    answer = await read(response)
+                    raise self.failure(answer, error_of(answer))
                 yield response
-        except httpx.TransportError as exc:
+        except FAILED as exc:
             raise ModelUnavailable(f"model provider unreachable: {type(exc).__name__}") from exc
 
-    def failure(self, response: httpx.Response, error: ProviderError) -> Exception:
+    def _timeout_of(self, seconds: float | None) -> aiohttp.ClientTimeout:
+        return http_session.timeout(seconds or self._timeout)
+
+    def failure(self, response: Answer, error: ProviderError) -> Exception:
         """The exception a failed answer (status >= 400) stands for."""
         message = self.redact(error.message)
         label = f"{error.status} {error.kind}".strip()
@@ -105,7 +108,7 @@ class ProviderHttp:
         if _transient(response):
             return ModelUnavailable(
                 f"model provider returned {label}" + (f": {message}" if message else ""),
-                retry_after(response),
+                retry_after(response.headers),
             )
         return ModelRejected(f"model provider rejected the request ({label}): {message}")
 
@@ -113,14 +116,14 @@ class ProviderHttp:
         return text.replace(self._secret, "[redacted]") if self._secret else text
 
 
-def _transient(response: httpx.Response) -> bool:
+def _transient(response: Answer) -> bool:
     hint = response.headers.get("x-should-retry", "").lower()
     if hint in ("true", "false"):
         return hint == "true"
-    return response.status_code in TRANSIENT_STATUSES or response.status_code >= 500
+    return response.status in TRANSIENT_STATUSES or response.status >= 500
 
 
-def json_body(response: httpx.Response) -> Any:
+def json_body(response: Answer) -> Any:
     """The parsed body, or None when it is not JSON."""
     try:
         return response.json()
@@ -128,7 +131,7 @@ def json_body(response: httpx.Response) -> Any:
         return None
 
 
-def error_of(response: httpx.Response) -> ProviderError:
+def error_of(response: Answer) -> ProviderError:
     """Status, type and message of an error body, OpenAI's or Anthropic's shape:
     `{"error": {"message", "type", "code"}}` / `{"type": "error", "error": {"type", "message"}}`."""
     body = json_body(response)
@@ -136,7 +139,7 @@ def error_of(response: httpx.Response) -> ProviderError:
     if isinstance(error, dict):
         kind = error.get("code") if error.get("code") in EXHAUSTED else error.get("type")
         return ProviderError(
-            response.status_code, str(kind or ""), str(error.get("message") or "")[:300]
+            response.status, str(kind or ""), str(error.get("message") or "")[:300]
         )
     text = response.text[:300] if body is None else str(error or body)[:300]
-    return ProviderError(response.status_code, "", text)
+    return ProviderError(response.status, "", text)

@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from executor.models.base import ModelUnavailable
 
@@ -85,12 +85,25 @@ class Chunks:
                                           "message": message}], "usage": self.usage}  # fmt: skip
 
 
-async def data_of(response: httpx.Response) -> AsyncIterator[str]:
+async def data_of(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
     """The `data:` payloads of a server-sent event stream, in order (blank separators,
     comments and `event:` names skipped: the data says its type)."""
-    async for line in response.aiter_lines():
+    async for line in lines(response):
         if line.startswith("data:"):
             yield line[5:].strip()
+
+
+async def lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The body's lines as they arrive (\n or \r\n endings, UTF-8), however long a line
+    is (aiohttp's own line reader refuses one over 128 KiB)."""
+    pending = b""
+    async for chunk in response.content.iter_any():
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            yield raw.rstrip(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 def decoded(data: str) -> Any:
@@ -101,7 +114,7 @@ def decoded(data: str) -> Any:
         raise ModelUnavailable("invalid stream from model provider: not JSON") from None
 
 
-async def read(response: httpx.Response, on_delta: Callable[[str], None]) -> dict[str, Any]:
+async def read(response: aiohttp.ClientResponse, on_delta: Callable[[str], None]) -> dict[str, Any]:
     """Read the event stream to its end, telling `on_delta` each piece of text."""
     chunks, done = Chunks(), False
     async for data in data_of(response):

@@ -6,8 +6,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from executor.config import ExecutorConfig
 from executor.ratelimit.limiter import RateLimited, RateLimiter
 from executor.tools.catalogue import Tool
@@ -34,9 +32,8 @@ class RateLimitedToolClient(HttpToolClient):
         self,
         config: ExecutorConfig,
         limiter: RateLimiter,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(config, transport)
+        super().__init__(config)
         self._limiter = limiter
         self._went_out: OrderedDict[str, None] = OrderedDict()
 

@@ -7,11 +7,12 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpcore
-import httpx
+import aiohttp
+import yarl
 
-from executor import horizon
+from executor import horizon, http_session
 from executor.config import ExecutorConfig
+from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.retry_after import retry_after
 from executor.tools import netguard, template
 from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
@@ -55,35 +56,41 @@ class ProviderError(ToolSendError):
 # The most of a registry HTTP tool's answer read when its template sets no limit.
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
-# Errors raised before any byte of the request was written.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+# Errors raised before any byte of the request was written: no connection (DNS, refused,
+# TLS handshake, connect timeout or no free pooled connection in time) or no valid URL.
+# Everything else (a reset, a timeout or a close after the request was written, a
+# keep-alive connection the server closed under the write) may have reached the provider.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL,
+             aiohttp.NonHttpUrlClientError)  # fmt: skip
+
+
+class _LastMoment(aiohttp.ClientRequest):
+    """Writes the request only if the run may send this instant: the send horizon's
+    last-moment check (executor/horizon.py), on the connection, right before the first
+    byte goes out; refused, nothing is written and the call is NotSent."""
+
+    async def send(self, conn: Any) -> aiohttp.ClientResponse:
+        if (refusal := horizon.blocked_now()) is not None:
+            raise NotSent(f"not sent: {refusal}")
+        return await super().send(conn)
 
 
 class HttpToolClient:
-    """One shared httpx client for every provider in the catalogue."""
+    """The HTTP client of every tool (executor/http_session.py: aiohttp, keep-alive pools
+    made in the running loop): the catalogue's providers on one pool, workspaces' registry
+    tools on a guarded one (netguard.py). Neither resends anything on its own."""
 
-    def __init__(
-        self, config: ExecutorConfig, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, config: ExecutorConfig) -> None:
         self._config = config
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.tool_timeout_seconds),
-            # Drop idle connections before common servers do (uvicorn: 5 s), so a
-            # write is rarely sent on a socket the server is closing: that would
-            # turn into a needless unknown outcome.
-            limits=httpx.Limits(keepalive_expiry=2.0),
-            transport=transport,
-            follow_redirects=False,
+        self._http = http_session.LazySession(
+            config.tool_timeout_seconds, request_class=_LastMoment, retry_writes=False
         )
         # Registry tools' URLs are a workspace's data: their connections are guarded
-        # (netguard.py). The catalogue's providers are the operator's and are not.
-        guarded = transport or netguard.guard(
-            httpx.AsyncHTTPTransport(limits=httpx.Limits(keepalive_expiry=2.0)),
-            httpcore.ConnectError,
-        )
-        self._guarded = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.tool_timeout_seconds), transport=guarded,
-            follow_redirects=False,
+        # (netguard.py) and go direct, never through a proxy that would resolve the name
+        # past the check. The catalogue's providers are the operator's and are not.
+        self._guarded = http_session.LazySession(
+            config.tool_timeout_seconds, request_class=_LastMoment, retry_writes=False,
+            resolver=netguard.GuardedResolver, use_env_proxy=False,
         )  # fmt: skip
 
     async def aclose(self) -> None:
@@ -148,22 +155,22 @@ class HttpToolClient:
         if credential is not None:  # fetched now: the freshest token, on this request only
             headers["Authorization"] = await credential.header()
         if method == "GET":
-            request = self._http.build_request(
-                method, url, params=_query(arguments), headers=headers
-            )
+            sent: dict[str, Any] = {"params": _query(arguments)}
         else:
-            request = self._http.build_request(method, url, json=dict(arguments), headers=headers)
-        if (refusal := horizon.blocked_now()) is not None:  # the run's last-moment check
-            raise NotSent(f"not sent: {refusal}")
+            sent = {"data": encoded(dict(arguments))}
+            headers.update(JSON_TYPE)
         try:
-            response = await self._http.send(request)
+            async with self._http.get().request(
+                method, url, headers=headers, allow_redirects=False, **sent
+            ) as answered:
+                response = await read(answered)
         except _NOT_SENT as exc:
             raise NotSent(f"could not connect to {provider}: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
+        except FAILED as exc:
             # Timeouts and resets after the request was (partly) written: the
             # provider may have acted on it.
             raise MaybeSent(f"no response from {provider}: {type(exc).__name__}") from exc
-        if credential is not None and response.status_code in (401, 403):
+        if credential is not None and response.status in (401, 403):
             raise _refused(credential, response)
         return _parse(response)
 
@@ -194,22 +201,16 @@ class HttpToolClient:
         if token is not None:
             name = "Authorization" if spec.auth == "bearer" else spec.auth.partition(":")[2]
             headers[name] = f"Bearer {token}" if spec.auth == "bearer" else token
-        timeout = httpx.Timeout(spec.timeout_seconds or self._config.tool_timeout_seconds)
-        try:
-            request = self._guarded.build_request(
-                rendered.method, rendered.url, params=rendered.params or None, headers=headers,
-                json=rendered.body, timeout=timeout,
-            )  # fmt: skip
-        except (httpx.InvalidURL, ValueError, UnicodeError) as exc:
-            why = f"{tool.name}: the request could not be built ({type(exc).__name__})"
-            raise NotSent(why) from None
+        request = _Request(rendered.method, rendered.url, rendered.params, headers,
+                           rendered.body, spec.timeout_seconds or self._config.tool_timeout_seconds)  # fmt: skip
+        url = request.checked(tool.name)
         limit = spec.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
-        response, too_large = await self._exchange(tool.name, request, limit)
-        if credential is not None and response.status_code in (401, 403):
+        response, too_large = await self._exchange(tool.name, url, request, limit)
+        if credential is not None and response.status in (401, 403):
             raise _refused(credential, response)
         if too_large:
             return {"error": f"the response was over the tool's {limit}-byte limit: not kept",
-                    "status": response.status_code}  # fmt: skip
+                    "status": response.status}  # fmt: skip
         answer = _parse(_redacted(response, token))
         return template.pointed(answer, spec.response_pointer)
 
@@ -222,49 +223,73 @@ class HttpToolClient:
         return await credential.token()
 
     async def _exchange(
-        self, name: str, request: httpx.Request, limit: int
-    ) -> tuple[httpx.Response, bool]:
-        """The response (its body read up to `limit` bytes) and whether it was over."""
-        if (refusal := horizon.blocked_now()) is not None:  # the run's last-moment check
-            raise NotSent(f"not sent: {refusal}")
+        self, name: str, url: yarl.URL, request: _Request, limit: int
+    ) -> tuple[Answer, bool]:
+        """The answer (its body read up to `limit` bytes) and whether it was over."""
+        answered: aiohttp.ClientResponse | None = None
         try:
-            response = await self._guarded.send(request, stream=True)
+            async with self._guarded.get().request(
+                request.method, url, params=request.params or None, headers=request.headers,
+                data=request.data, timeout=http_session.timeout(request.seconds),
+                allow_redirects=False,
+            ) as answered:  # fmt: skip
+                body = bytearray()
+                async for chunk in answered.content.iter_any():
+                    body.extend(chunk)
+                    if len(body) > limit:
+                        return Answer(answered.status, answered.headers, b""), True
+                return Answer(answered.status, answered.headers, bytes(body),
+                              answered.charset, answered.reason or ""), False  # fmt: skip
         except netguard.DestinationRefused as exc:
             raise Blocked(f"{name}: {exc}") from None
         except _NOT_SENT as exc:
             raise NotSent(f"could not connect for {name}: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
-            raise MaybeSent(f"no response for {name}: {type(exc).__name__}") from exc
+        except FAILED as exc:
+            what = "no response" if answered is None else "response cut off"
+            raise MaybeSent(f"{what} for {name}: {type(exc).__name__}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """A registry tool's request, rendered."""
+
+    method: str
+    url: str
+    params: Mapping[str, str]
+    headers: Mapping[str, str]
+    body: Any
+    seconds: float
+
+    @property
+    def data(self) -> bytes | None:
+        return None if self.body is None else encoded(self.body)
+
+    def checked(self, name: str) -> yarl.URL:
+        """The URL, once it parses, its body encodes and its host is not a literal
+        address tools may not reach (a name is checked when it is resolved)."""
         try:
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body.extend(chunk)
-                if len(body) > limit:
-                    return response, True
-            return _answered(response, bytes(body)), False
-        except httpx.TransportError as exc:
-            raise MaybeSent(f"response cut off for {name}: {type(exc).__name__}") from exc
-        finally:
-            await response.aclose()
+            url = yarl.URL(self.url)
+            self.data  # noqa: B018 - a body that cannot be encoded is refused now
+        except (ValueError, TypeError, UnicodeError) as exc:
+            why = f"{name}: the request could not be built ({type(exc).__name__})"
+            raise NotSent(why) from None
+        try:
+            netguard.refuse_literal(url.host)
+        except netguard.DestinationRefused as exc:
+            raise Blocked(f"{name}: {exc}") from None
+        return url
 
 
-def _answered(response: httpx.Response, content: bytes) -> httpx.Response:
-    """A response holding `content` (already decoded: no content-encoding left to undo)."""
-    headers = [
-        (k, v) for k, v in response.headers.multi_items()
-        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
-    ]  # fmt: skip
-    return httpx.Response(response.status_code, headers=headers, content=content)
-
-
-def _redacted(response: httpx.Response, token: str | None) -> httpx.Response:
+def _redacted(response: Answer, token: str | None) -> Answer:
     """The response, with the token blanked should the provider echo it back."""
-    if token and token.encode() in response.content:
-        return _answered(response, response.content.replace(token.encode(), b"[redacted]"))
+    if token and token.encode() in response.body:
+        return dataclasses.replace(
+            response, body=response.body.replace(token.encode(), b"[redacted]")
+        )
     return response
 
 
-def _refused(credential: Credential, response: httpx.Response) -> Exception:
+def _refused(credential: Credential, response: Answer) -> Exception:
     """The provider refused the token before acting (RFC 6750): revoked, expired or short
     of scope. The run waits for its connection; the header is never quoted."""
     from executor.tools.credentials import ConnectionUnusable
@@ -294,10 +319,12 @@ def _query(arguments: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _parse(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
-        raise ProviderError(response.status_code, _error_message(response), retry_after(response))
-    if not response.content:
+def _parse(response: Answer) -> Any:
+    if response.status >= 400:
+        raise ProviderError(
+            response.status, _error_message(response), retry_after(response.headers)
+        )
+    if not response.body:
         return None
     try:
         return response.json()
@@ -305,11 +332,11 @@ def _parse(response: httpx.Response) -> Any:
         return response.text
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: Answer) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text[:500] or response.reason_phrase
+        return response.text[:500] or response.reason
     if isinstance(body, dict):
         error = body.get("error") or body.get("message") or body.get("detail")
         if isinstance(error, dict):

@@ -13,14 +13,16 @@ so on a shared platform it is checked like any untrusted input:
   counts as ``deny`` (a typo fails closed).
 
 The check runs when a definition is saved (`literal_refusal`: a URL whose host is a
-literal address) and at every connection (`GuardedBackend`): the host name is resolved,
+literal address) and at every connection (`GuardedResolver` for the executor's aiohttp
+tool client, with `refuse_literal` for a literal address, which aiohttp connects to
+without asking a resolver; `GuardedBackend` for httpx, the MCP SDK's): the host name is resolved,
 each address checked, and the connection made to a checked address, so a name that
 resolves differently the second time (DNS rebinding) cannot slip through. TLS still
 verifies, and SNI and Host still name, the host of the URL. A refusal names the host only,
 never the addresses it resolved to.
 
 Used by the executor (tool calls) and the control plane (asking an MCP server for its
-tools). Pure stdlib plus anyio: no control-plane import.
+tools). Stdlib, anyio and aiohttp's resolver interface: no control-plane import.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import anyio
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
 
 ENV = "AGENTRUN_TOOL_PRIVATE_NETWORKS"
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -101,6 +105,36 @@ async def allowed_addresses(host: str, port: int) -> list[str]:
     if not allowed:
         raise DestinationRefused(host)
     return allowed
+
+
+def refuse_literal(host: str | None) -> None:
+    """At call time: DestinationRefused when the URL's host is a literal address tools may
+    not reach (a name is left to the resolver)."""
+    if literal_refusal(host) is not None:
+        raise DestinationRefused(str(host))
+
+
+class GuardedResolver(AbstractResolver):
+    """An aiohttp resolver that answers only with the addresses a tool may connect to.
+
+    The connector connects to what it answers (the URL's name still goes into TLS
+    verification, SNI and Host); DestinationRefused when the name has no such address.
+    Make the connector with `use_dns_cache=False`, so every new connection asks again."""
+
+    def __init__(self) -> None:
+        self._inner = ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        allowed = [r for r in found if not refused(ipaddress.ip_address(r["host"].split("%")[0]))]
+        if not allowed:
+            raise DestinationRefused(host)
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 class GuardedBackend:

@@ -1,10 +1,9 @@
-"""The OpenAI-compatible adapter against an HTTP-level stand-in for the provider."""
+"""The OpenAI-compatible adapter against a scripted HTTP server standing in for the provider."""
 
 from __future__ import annotations
 
-import json
+import socket
 
-import httpx
 import pytest
 
 from executor.models.base import (
@@ -16,6 +15,7 @@ from executor.models.base import (
     Usage,
 )
 from executor.models.openai import OpenAIChatModel
+from tests.harness.http_stub import DROP, STALL, Seen, reply, serving
 
 KEY = "sk-test-secret-123"
 TOOLS = [{"type": "function", "function": {"name": "echo", "description": "", "parameters": {}}}]
@@ -31,47 +31,44 @@ def completion(message: dict, **extra) -> dict:
     }
 
 
-def model_for(handler, key: str = KEY) -> OpenAIChatModel:
-    return OpenAIChatModel("http://model.test/v1/", key, transport=httpx.MockTransport(handler))
-
-
-async def ask(model: OpenAIChatModel, tools=TOOLS):
-    return await model.complete("scenario-x", [{"role": "user", "content": "hi"}], tools, "r-9", 4)
+async def ask(handler, tools=TOOLS, key: str = KEY, seen: list[Seen] | None = None):
+    """One call of the adapter against a server answering with `handler`."""
+    async with serving(handler) as stub:
+        model = OpenAIChatModel(f"{stub.url}/v1/", key, 0.5)
+        try:
+            return await model.complete(
+                "scenario-x", [{"role": "user", "content": "hi"}], tools, "r-9", 4
+            )
+        finally:
+            await model.aclose()
+            if seen is not None:
+                seen.extend(stub.seen)
 
 
 async def test_request_carries_model_messages_tools_key_and_run_headers():
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=completion({"content": "hello"}))
-
-    reply = await ask(model_for(handler))
+    seen: list[Seen] = []
+    answer = await ask(lambda r: reply(json=completion({"content": "hello"})), seen=seen)
     request = seen[0]
-    assert request.url == "http://model.test/v1/chat/completions"
+    assert (request.method, request.target) == ("POST", "/v1/chat/completions")
+    assert request.headers["content-type"] == "application/json"
     assert request.headers["authorization"] == f"Bearer {KEY}"
     assert request.headers["x-agentrun-run-id"] == "r-9"
     assert request.headers["x-agentrun-seq"] == "4"
-    body = json.loads(request.content)
+    body = request.json()
     assert body["model"] == "scenario-x"
     assert body["messages"] == [{"role": "user", "content": "hi"}]
     assert body["tools"] == TOOLS
-    assert reply.content == "hello"
-    assert reply.tool_calls == ()
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (12, 7)
-    assert reply.usage.total == 19
-    assert reply.response_id == "chatcmpl-1"
+    assert answer.content == "hello"
+    assert answer.tool_calls == ()
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (12, 7)
+    assert answer.usage.total == 19
+    assert answer.response_id == "chatcmpl-1"
 
 
 async def test_no_tools_means_no_tools_field_and_no_key_means_no_authorization():
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=completion({"content": "x"}))
-
-    await ask(model_for(handler, key=""), tools=[])
-    assert "tools" not in json.loads(seen[0].content)
+    seen: list[Seen] = []
+    await ask(lambda r: reply(json=completion({"content": "x"})), tools=[], key="", seen=seen)
+    assert "tools" not in seen[0].json()
     assert "authorization" not in seen[0].headers
 
 
@@ -87,18 +84,15 @@ async def test_tool_calls_are_parsed_and_invalid_json_kept_raw():
         {"id": "d", "type": "function", "function": {"name": "sleep", "arguments": ""}},
     ]
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=completion({"content": None, "tool_calls": calls}))
-
-    reply = await ask(model_for(handler))
-    assert reply.content is None
-    assert reply.tool_calls == (
+    answer = await ask(lambda r: reply(json=completion({"content": None, "tool_calls": calls})))
+    assert answer.content is None
+    assert answer.tool_calls == (
         ToolCall("a", "echo", {"text": "hi"}),
         ToolCall("b", "echo", None, arguments_raw="{text: hi"),
         ToolCall("c", "echo", None, arguments_raw="[1, 2]"),
         ToolCall("d", "sleep", {}),
     )
-    assert reply.tool_calls[1].to_payload() == {
+    assert answer.tool_calls[1].to_payload() == {
         "id": "b",
         "name": "echo",
         "arguments_raw": "{text: hi",
@@ -107,29 +101,20 @@ async def test_tool_calls_are_parsed_and_invalid_json_kept_raw():
 
 @pytest.mark.parametrize("status", [500, 502, 503])
 async def test_server_errors_are_unavailable(status):
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, json={"error": {"message": "down"}})
-
     with pytest.raises(ModelUnavailable, match=str(status)):
-        await ask(model_for(handler))
+        await ask(lambda r: reply(status, {"error": {"message": "down"}}))
 
 
 async def test_rate_limit_is_unavailable_with_retry_after():
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(429, headers={"retry-after": "7"}, json={"error": {}})
-
     with pytest.raises(ModelUnavailable) as err:
-        await ask(model_for(handler))
+        await ask(lambda r: reply(429, {"error": {}}, headers={"Retry-After": "7"}))
     assert err.value.retry_after == 7.0
 
 
 async def test_client_errors_are_rejected_and_never_show_the_key():
-    def handler(request: httpx.Request) -> httpx.Response:
-        message = f"Incorrect API key provided: {KEY}"
-        return httpx.Response(401, json={"error": {"message": message}})
-
+    message = f"Incorrect API key provided: {KEY}"
     with pytest.raises(ModelRejected) as err:
-        await ask(model_for(handler))
+        await ask(lambda r: reply(401, {"error": {"message": message}}))
     assert "401" in str(err.value)
     assert KEY not in str(err.value)
     assert "[redacted]" in str(err.value)
@@ -139,30 +124,29 @@ async def test_client_errors_are_rejected_and_never_show_the_key():
     "body", [{"choices": []}, {"id": "x"}, {"choices": [{"message": None}]}, "not json"]
 )
 async def test_a_response_without_choices_is_unavailable(body):
-    def handler(request: httpx.Request) -> httpx.Response:
-        if isinstance(body, str):
-            return httpx.Response(200, text=body)
-        return httpx.Response(200, json=body)
-
+    answer = reply(text=body) if isinstance(body, str) else reply(json=body)
     with pytest.raises(ModelUnavailable, match="invalid response"):
-        await ask(model_for(handler))
+        await ask(lambda r: answer)
 
 
 async def test_connection_failure_is_unavailable_and_names_no_secret():
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+    model = OpenAIChatModel(f"http://127.0.0.1:{closed.getsockname()[1]}/v1", KEY)
+    try:
+        with pytest.raises(ModelUnavailable) as err:
+            await model.complete("m", [{"role": "user", "content": "hi"}], [], "r", 1)
+    finally:
+        await model.aclose()
+        closed.close()
+    assert str(err.value) == "model provider unreachable: ClientConnectorError"
 
-    with pytest.raises(ModelUnavailable) as err:
-        await ask(model_for(handler))
-    assert str(err.value) == "model provider unreachable: ConnectError"
 
-
-async def test_timeout_is_unavailable():
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow", request=request)
-
-    with pytest.raises(ModelUnavailable, match="ReadTimeout"):
-        await ask(model_for(handler))
+@pytest.mark.parametrize(("fault", "named"), [(STALL, "SocketTimeoutError"),
+                                              (DROP, "ServerDisconnectedError")])  # fmt: skip
+async def test_a_timeout_or_a_dropped_connection_is_unavailable(fault, named):
+    with pytest.raises(ModelUnavailable, match=named):
+        await ask(lambda r: fault)
 
 
 async def test_usage_details_and_endings_are_read():
@@ -173,13 +157,10 @@ async def test_usage_details_and_endings_are_read():
         "completion_tokens_details": {"reasoning_tokens": 3},
     }
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=body)
-
-    reply = await ask(model_for(handler))
-    assert (reply.ending, reply.stop_reason, reply.refusal) == (TRUNCATED, "length", None)
-    assert reply.usage == Usage(12, 7, cached_tokens=5, reasoning_tokens=3)
-    assert reply.usage.to_payload() == {
+    answer = await ask(lambda r: reply(json=body))
+    assert (answer.ending, answer.stop_reason, answer.refusal) == (TRUNCATED, "length", None)
+    assert answer.usage == Usage(12, 7, cached_tokens=5, reasoning_tokens=3)
+    assert answer.usage.to_payload() == {
         "prompt_tokens": 12,
         "completion_tokens": 7,
         "cached_tokens": 5,
@@ -201,29 +182,19 @@ async def test_usage_details_and_endings_are_read():
     ],
 )  # fmt: skip
 async def test_which_failures_are_transient(status, headers, body, error):
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, headers=headers, json=body)
-
     with pytest.raises(error):
-        await ask(model_for(handler))
+        await ask(lambda r: reply(status, body, headers=headers))
 
 
 async def test_parameters_go_only_where_openai_accepts_them():
-    seen: list[dict] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        return httpx.Response(200, json=completion({"content": "x"}))
-
-    model = OpenAIChatModel(
-        "http://model.test/v1", KEY, transport=httpx.MockTransport(handler),
-        token_limit_field="max_completion_tokens",
-    )  # fmt: skip
     settings = ModelSettings(max_tokens=50, tool_choice="required", parallel_tool_calls=True)
     messages = [{"role": "user", "content": "hi"}]
-    await model.complete("m", messages, TOOLS, "r", 1, settings=settings)
-    await model.complete("m", messages, [], "r", 2, settings=settings)
-    with_tools, without = seen
+    async with serving(lambda r: reply(json=completion({"content": "x"}))) as stub:
+        model = OpenAIChatModel(f"{stub.url}/v1", KEY, token_limit_field="max_completion_tokens")
+        await model.complete("m", messages, TOOLS, "r", 1, settings=settings)
+        await model.complete("m", messages, [], "r", 2, settings=settings)
+        await model.aclose()
+    with_tools, without = (seen.json() for seen in stub.seen)
     assert with_tools["max_completion_tokens"] == 50 and "max_tokens" not in with_tools
     assert (with_tools["tool_choice"], with_tools["parallel_tool_calls"]) == ("required", True)
     # OpenAI refuses tool_choice and parallel_tool_calls without tools.

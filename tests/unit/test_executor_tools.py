@@ -1,112 +1,117 @@
-"""Tool requests over HTTP against a stand-in transport: URLs, bodies, keys, error shapes.
+"""Tool requests over HTTP against a scripted server: URLs, bodies, keys, error shapes.
 
 The outcomes by idempotency class are in test_tool_classes.py.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 from executor.config import ExecutorConfig
 from executor.tools.catalogue import Catalogue
 from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent, ProviderError
+from tests.harness.http_stub import CUT, DROP, STALL, Stub, full_backlog, reply, serving
 
 CATALOGUE = Catalogue.load()
 MAIL = {"to": "ada@example.com", "subject": "Hi", "body": "Hello"}
-CONFIG = ExecutorConfig(
-    providers_url="http://providers.test", provider_urls={"crm": "http://crm.test/"}
-)
 
 
-class Provider:
-    """Answers each request with the next scripted response (or raises it)."""
-
-    def __init__(self, *script) -> None:
-        self.script = list(script)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        if isinstance(item, type) and issubclass(item, Exception):
-            raise item("scripted", request=request)
-        return item
-
-    @property
-    def keys(self) -> list[str]:
-        return [r.headers["idempotency-key"] for r in self.requests]
+def config(url: str, timeout: float = 10.0) -> ExecutorConfig:
+    return ExecutorConfig(providers_url=url, provider_urls={"crm": f"{url}/crm-base/"},
+                          tool_timeout_seconds=timeout)  # fmt: skip
 
 
-def client(provider: Provider) -> HttpToolClient:
-    return HttpToolClient(CONFIG, transport=httpx.MockTransport(provider))
+@contextlib.asynccontextmanager
+async def provider(*script, refusing: bool = False) -> AsyncIterator[tuple[HttpToolClient, Stub]]:
+    """A client of a server answering each request with the next item (the last repeats)."""
+    left = list(script)
+    async with serving(lambda seen: left.pop(0) if len(left) > 1 else left[0],
+                       refusing=refusing) as stub:  # fmt: skip
+        client = HttpToolClient(config(stub.url, timeout=0.5))
+        try:
+            yield client, stub
+        finally:
+            await client.aclose()
 
 
 async def test_get_sends_arguments_as_query_to_the_providers_own_url():
-    provider = Provider(httpx.Response(200, json={"name": "Ada"}))
-    tool = CATALOGUE.get("crm_lookup")
-    assert await client(provider).send(tool, {"email": "ada@example.com"}, "r:3") == {"name": "Ada"}
-    request = provider.requests[0]
-    assert request.method == "GET"
-    assert str(request.url) == "http://crm.test/crm/contacts?email=ada%40example.com"
+    async with provider(reply(json={"name": "Ada"})) as (client, stub):
+        tool = CATALOGUE.get("crm_lookup")
+        assert await client.send(tool, {"email": "ada@example.com"}, "r:3") == {"name": "Ada"}
+    request = stub.seen[0]
+    assert (request.method, request.path) == ("GET", "/crm-base/crm/contacts")
+    assert request.query == {"email": "ada@example.com"}
     assert request.headers["idempotency-key"] == "r:3"
 
 
 async def test_post_sends_arguments_as_json_body():
-    provider = Provider(httpx.Response(200, json={"ok": True}))
     message = {"channel": "#sales", "text": "hi"}
-    await client(provider).send(CATALOGUE.get("chat_post"), message, "r:5")
-    request = provider.requests[0]
-    assert (request.method, str(request.url)) == ("POST", "http://providers.test/chat/messages")
-    assert json.loads(request.content) == message
+    async with provider(reply(json={"ok": True})) as (client, stub):
+        await client.send(CATALOGUE.get("chat_post"), message, "r:5")
+    request = stub.seen[0]
+    assert (request.method, request.target) == ("POST", "/chat/messages")
+    assert request.json() == message and request.headers["content-type"] == "application/json"
     assert request.headers["idempotency-key"] == "r:5"
 
 
 async def test_a_lookup_class_write_carries_its_key_stamped_into_the_body():
-    provider = Provider(httpx.Response(200, json={"status": "sent"}))
-    await client(provider).send(CATALOGUE.get("send_email"), MAIL, "r:5")
-    request = provider.requests[0]
-    assert (request.method, str(request.url)) == ("POST", "http://providers.test/mail/send")
-    assert json.loads(request.content) == {**MAIL, "headers": {"X-Agentrun-Key": "r:5"}}
+    async with provider(reply(json={"status": "sent"})) as (client, stub):
+        await client.send(CATALOGUE.get("send_email"), MAIL, "r:5")
+    request = stub.seen[0]
+    assert (request.method, request.target) == ("POST", "/mail/send")
+    assert request.json() == {**MAIL, "headers": {"X-Agentrun-Key": "r:5"}}
 
 
 async def test_a_lookup_asks_for_the_stamped_key_and_returns_the_first_match():
     found = {"message_id": "m1", "headers": {"X-Agentrun-Key": "r:5"}}
-    provider = Provider(
-        httpx.Response(200, json={"messages": [found]}), httpx.Response(200, json={"messages": []})
-    )
     tool = CATALOGUE.get("send_email")
-    assert await client(provider).look_up(tool, "r:5") == found
-    assert await client(provider).look_up(tool, "r:5") is None
-    request = provider.requests[0]
-    assert str(request.url) == (
-        "http://providers.test/mail/search?header=X-Agentrun-Key&value=r%3A5"
-    )
+    script = (reply(json={"messages": [found]}), reply(json={"messages": []}))
+    async with provider(*script) as (client, stub):
+        assert await client.look_up(tool, "r:5") == found
+        assert await client.look_up(tool, "r:5") is None
+    request = stub.seen[0]
+    assert request.path == "/mail/search"
+    assert request.query == {"header": "X-Agentrun-Key", "value": "r:5"}
 
 
 async def test_a_lookup_answer_without_its_list_is_a_provider_error():
-    provider = Provider(httpx.Response(200, json={"unexpected": True}))
-    with pytest.raises(ProviderError, match="messages"):
-        await client(provider).look_up(CATALOGUE.get("send_email"), "r:5")
+    async with provider(reply(json={"unexpected": True})) as (client, _):
+        with pytest.raises(ProviderError, match="messages"):
+            await client.look_up(CATALOGUE.get("send_email"), "r:5")
 
 
 @pytest.mark.parametrize(
-    ("raised", "expected"),
-    [(httpx.ConnectError, NotSent), (httpx.ConnectTimeout, NotSent),
-     (httpx.ReadTimeout, MaybeSent), (httpx.RemoteProtocolError, MaybeSent),
-     (httpx.WriteError, MaybeSent)],
+    ("fault", "expected", "named"),
+    [(DROP, MaybeSent, "ServerDisconnectedError"), (STALL, MaybeSent, "SocketTimeoutError"),
+     (CUT, MaybeSent, "ClientPayloadError")],
 )  # fmt: skip
-async def test_transport_errors_say_whether_the_request_may_have_left(raised, expected):
-    with pytest.raises(expected):
-        await client(Provider(raised)).send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
+async def test_a_request_that_was_written_and_then_broke_may_have_left(fault, expected, named):
+    async with provider(fault) as (client, stub):
+        with pytest.raises(expected, match=named):
+            await client.send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
+    assert len(stub.seen) == 1  # it arrived, and nothing sent it a second time
+
+
+async def test_a_request_that_found_no_connection_never_left():
+    async with provider(reply(json={}), refusing=True) as (client, stub):
+        with pytest.raises(NotSent, match="ClientConnectorError"):  # connection refused
+            await client.send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
+    assert stub.seen == []
+    with full_backlog() as url:  # the connection never completes: the connect timeout
+        client = HttpToolClient(config(url, timeout=0.3))
+        with pytest.raises(NotSent, match="ConnectionTimeoutError"):
+            await client.send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
+        await client.aclose()
 
 
 async def test_http_errors_carry_status_message_and_retry_after():
-    provider = Provider(httpx.Response(429, headers={"retry-after": "3"}, json={"error": "slow"}))
-    with pytest.raises(ProviderError) as err:
-        await client(provider).send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
+    answer = reply(429, {"error": "slow"}, headers={"Retry-After": "3"})
+    async with provider(answer) as (client, _):
+        with pytest.raises(ProviderError) as err:
+            await client.send(CATALOGUE.get("echo"), {"text": "x"}, "r:1")
     assert (err.value.status, err.value.message, err.value.retry_after) == (429, "slow", 3.0)
     assert err.value.retryable
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import email.utils
 import json
 
-import httpx
 import pytest
 from google.protobuf import duration_pb2
+from multidict import CIMultiDict
 
 from agentrun.v1 import agent_pb2
 from executor.config import ExecutorConfig
@@ -137,8 +137,8 @@ def test_tool_choice_in_anthropic_words(choice, parallel, expected):
     assert anthropic_messages.tool_choice(choice, parallel) == expected
 
 
-def _response(**headers: str) -> httpx.Response:
-    return httpx.Response(429, headers=headers)
+def _response(**headers: str) -> CIMultiDict[str]:
+    return CIMultiDict(headers)  # an answer's headers, as aiohttp gives them
 
 
 def test_retry_after_reads_milliseconds_seconds_and_http_dates():

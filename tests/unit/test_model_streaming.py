@@ -3,11 +3,12 @@ each adapter tells each piece of text as it comes and assembles the same reply a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
-import httpx
 import pytest
 
 from executor.models.anthropic import AnthropicMessagesModel
@@ -17,23 +18,51 @@ from sandbox import anthropic_api
 from sandbox.model_server import create_app
 from sandbox.prompt_cache import CacheUse
 from sandbox.scenario import RenderedCall, Reply
+from sandbox.serve import BackgroundServer
+from tests.harness.http_stub import Seen, reply, serving
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def model_on(app) -> OpenAIChatModel:
-    return OpenAIChatModel("http://model.test/v1", "", transport=httpx.ASGITransport(app=app))
+@contextlib.contextmanager
+def served(*apps) -> Iterator[list[str]]:
+    """The sandbox apps on real ports, from threads of this process."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(BackgroundServer(app)).url for app in apps]
+
+
+@contextlib.asynccontextmanager
+async def closing(model):
+    try:
+        yield model
+    finally:
+        await model.aclose()
+
+
+def openai_at(url: str) -> OpenAIChatModel:
+    return OpenAIChatModel(f"{url}/v1", "")
+
+
+def anthropic_at(url: str) -> AnthropicMessagesModel:
+    return AnthropicMessagesModel(url, "")
+
+
+@contextlib.asynccontextmanager
+async def anthropic_answering(handler) -> AsyncIterator[AnthropicMessagesModel]:
+    async with serving(handler) as stub, closing(anthropic_at(stub.url)) as model:
+        yield model
 
 
 @pytest.mark.parametrize("scenario", ["fast_chat", "fast_mail", "chat"])
 async def test_a_streamed_reply_is_the_unstreamed_reply_told_piece_by_piece(scenario):
     app = create_app()
-    model = model_on(app)
     pieces: list[str] = []
-    streamed = await model.complete(
-        scenario, MESSAGES, [], "run-1", 1, settings=ModelSettings(on_delta=pieces.append)
-    )
-    whole = await model.complete(scenario, MESSAGES, [], "run-1", 1)
+    with served(app) as (url,):
+        async with closing(openai_at(url)) as model:
+            streamed = await model.complete(
+                scenario, MESSAGES, [], "run-1", 1, settings=ModelSettings(on_delta=pieces.append)
+            )
+            whole = await model.complete(scenario, MESSAGES, [], "run-1", 1)
     assert "".join(pieces) == (streamed.content or "") == (whole.content or "")
     assert len(pieces) > 1 or not whole.content  # in pieces, not one blob
     assert [(c.name, c.arguments is not None) for c in streamed.tool_calls] == [
@@ -48,24 +77,32 @@ async def test_a_streamed_reply_is_the_unstreamed_reply_told_piece_by_piece(scen
 
 
 async def test_a_stream_cut_short_is_unavailable_and_an_error_answer_is_read_whole():
-    def cut(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200, text='data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
-        )
+    def cut(request: Seen):
+        return reply(text='data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\r\n\r\n')
 
     told: list[str] = []
     settings = ModelSettings(on_delta=told.append)
-    model = OpenAIChatModel("http://model.test/v1", "", transport=httpx.MockTransport(cut))
-    with pytest.raises(ModelUnavailable, match="ended before the reply did"):
-        await model.complete("m", MESSAGES, [], "r", 1, settings=settings)
+    async with serving(cut) as stub, closing(openai_at(stub.url)) as model:
+        with pytest.raises(ModelUnavailable, match="ended before the reply did"):
+            await model.complete("m", MESSAGES, [], "r", 1, settings=settings)
     assert told == ["Hi"]
-    with pytest.raises(ModelRejected, match="does not exist"):
-        await model_on(create_app()).complete("no_such_scenario", MESSAGES, [], "r", 1,
-                                              settings=settings)  # fmt: skip
+    with served(create_app()) as (url,):
+        async with closing(openai_at(url)) as model:
+            with pytest.raises(ModelRejected, match="does not exist"):
+                await model.complete("no_such_scenario", MESSAGES, [], "r", 1, settings=settings)
 
 
-def anthropic_on(transport: httpx.AsyncBaseTransport) -> AnthropicMessagesModel:
-    return AnthropicMessagesModel("http://model.test", "", transport=transport)
+async def test_a_streamed_line_may_be_longer_than_aiohttp_reads_a_line():
+    """A chunk of 300 KiB of text in one event (aiohttp's own line reader stops at 128 KiB)."""
+    long = "x" * 300_000
+    events = [{"choices": [{"index": 0, "delta": {"content": long}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]  # fmt: skip
+    text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    told: list[str] = []
+    async with serving(lambda r: reply(text=text)) as stub, closing(openai_at(stub.url)) as model:
+        answer = await model.complete("m", MESSAGES, [], "r", 1,
+                                      settings=ModelSettings(on_delta=told.append))  # fmt: skip
+    assert told == [long] and answer.content == long
 
 
 @pytest.mark.parametrize("scenario", ["fast_chat", "fast_mail", "bad_tool", "refuses", "cut_off"])
@@ -73,12 +110,13 @@ async def test_a_streamed_anthropic_message_is_the_unstreamed_one_told_piece_by_
     # Two servers playing the same dice: the same nonces in the same turns.
     app, twin = create_app(rng=random.Random(7)), create_app(rng=random.Random(7))
     pieces: list[str] = []
-    streamed = await anthropic_on(httpx.ASGITransport(app=app)).complete(
-        scenario, MESSAGES, [], "run-1", 1, settings=ModelSettings(on_delta=pieces.append)
-    )
-    whole = await anthropic_on(httpx.ASGITransport(app=twin)).complete(
-        scenario, MESSAGES, [], "run-1", 1
-    )
+    with served(app, twin) as (url, twin_url):
+        async with closing(anthropic_at(url)) as model:
+            streamed = await model.complete(
+                scenario, MESSAGES, [], "run-1", 1, settings=ModelSettings(on_delta=pieces.append)
+            )
+        async with closing(anthropic_at(twin_url)) as model:
+            whole = await model.complete(scenario, MESSAGES, [], "run-1", 1)
     (log,) = app.state.sandbox.log.entries()
     assert log["stream"] == "events" and "stream" not in twin.state.sandbox.log.entries()[0]
     assert streamed.response_id == log["response_id"] and whole.response_id != ""
@@ -97,18 +135,18 @@ async def test_an_anthropic_stream_assembles_exactly_the_message_it_streams():
         CacheUse(total=40, read=30, written=10), 7,
     )  # fmt: skip
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content).get("stream"):
+    def answer(request: Seen):
+        if request.json().get("stream"):
             events = anthropic_api.message_events(body)
             text = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json=body)
+            return reply(text=text, headers={"Content-Type": "text/event-stream"})
+        return reply(json=body)
 
-    model = anthropic_on(httpx.MockTransport(answer))
     told: list[str] = []
-    streamed = await model.complete("m", MESSAGES, [], "r", 1,
-                                    settings=ModelSettings(on_delta=told.append))  # fmt: skip
-    assert streamed == await model.complete("m", MESSAGES, [], "r", 1)
+    async with anthropic_answering(answer) as model:
+        streamed = await model.complete("m", MESSAGES, [], "r", 1,
+                                        settings=ModelSettings(on_delta=told.append))  # fmt: skip
+        assert streamed == await model.complete("m", MESSAGES, [], "r", 1)
     assert told == ["Two", " words."] and streamed.tool_calls[0].arguments == {"text": "x"}
     assert (streamed.usage.prompt_tokens, streamed.usage.completion_tokens) == (40, 7)
 
@@ -119,7 +157,7 @@ async def test_an_anthropic_stream_cut_short_or_failing_midway_is_unavailable():
     for events, reason in (([start], "ended before the reply did"),
                            ([start, overloaded], "overloaded_error")):  # fmt: skip
         text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-        model = anthropic_on(httpx.MockTransport(lambda r, t=text: httpx.Response(200, text=t)))
-        with pytest.raises(ModelUnavailable, match=reason):
-            await model.complete("m", MESSAGES, [], "r", 1,
-                                 settings=ModelSettings(on_delta=lambda t: None))  # fmt: skip
+        async with anthropic_answering(lambda r, t=text: reply(text=t)) as model:
+            with pytest.raises(ModelUnavailable, match=reason):
+                await model.complete("m", MESSAGES, [], "r", 1,
+                                     settings=ModelSettings(on_delta=lambda t: None))  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import httpx
 import pytest
 
 from agentrun.v1 import executor_pb2, tool_pb2
@@ -18,6 +17,7 @@ from executor.lease import LEASE_UNSAFE, NOT_HELD, LeaseKeeper
 from executor.tools import definitions
 from executor.tools.catalogue import Catalogue, Tool
 from executor.tools.http_tool import HttpToolClient, NotSent
+from tests.harness.http_stub import reply, serving
 
 
 class Clock:
@@ -157,13 +157,13 @@ async def test_a_silent_stream_is_declared_dead_and_closed():
     assert [m.pong.request_id for m in session.sent] == [1]  # a dead stream answers nothing
 
 
-def _registry_tool() -> Tool:
+def _registry_tool(url: str) -> Tool:
     """A workspace's HTTP tool from a template (executor/tools/template.py), no credential."""
     return definitions.from_proto(tool_pb2.Tool(
         name="notify", version=1, parameters_json='{"type": "object"}',
         access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
         idempotency_header="Idempotency-Key",
-        http=tool_pb2.HttpTemplate(method="POST", url="http://p.test/notify"),
+        http=tool_pb2.HttpTemplate(method="POST", url=f"{url}/notify"),
     ))  # fmt: skip
 
 
@@ -171,14 +171,6 @@ def _registry_tool() -> Tool:
 async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horizon(
     registry: bool,
 ) -> None:
-    seen: list[httpx.Request] = []
-
-    def provider(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"ok": True})
-
-    tools = HttpToolClient(ExecutorConfig(providers_url="http://p.test"),
-                           transport=httpx.MockTransport(provider))  # fmt: skip
     clock = Clock()
     leases = keeper(clock)
     leases.horizon.begin(1.5)
@@ -186,15 +178,19 @@ async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horiz
     leases.horizon.ack(clock.now)
     message = {"channel": "#sales", "text": "hi"}
 
-    async def send_as_run() -> None:  # a task of its own, as each run is
-        SEND_GATE.set(lambda: leases.send_refusal("r1"))
-        tool = _registry_tool() if registry else Catalogue.load().get("chat_post")
-        await tools.send(tool, message, "r1:5")
+    async with serving(lambda r: reply(json={"ok": True})) as provider:
+        tools = HttpToolClient(ExecutorConfig(providers_url=provider.url))
 
-    await asyncio.create_task(send_as_run())
-    assert len(seen) == 1
-    clock.now += 1.5
-    with pytest.raises(NotSent, match="no recent liveness acknowledgement"):
+        async def send_as_run() -> None:  # a task of its own, as each run is
+            SEND_GATE.set(lambda: leases.send_refusal("r1"))
+            tool = _registry_tool(provider.url) if registry else Catalogue.load().get("chat_post")
+            await tools.send(tool, message, "r1:5")
+
         await asyncio.create_task(send_as_run())
-    assert len(seen) == 1  # nothing left
-    await tools.aclose()
+        assert len(provider.seen) == 1
+        clock.now += 1.5
+        # The connection the first call left open is there: only the check holds it back.
+        with pytest.raises(NotSent, match="no recent liveness acknowledgement"):
+            await asyncio.create_task(send_as_run())
+        assert len(provider.seen) == 1  # nothing left
+        await tools.aclose()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 
-import httpx
 import pytest
 
 from executor.config import ExecutorConfig
@@ -17,10 +16,10 @@ from executor.ratelimit.tool_client import RateLimitedToolClient
 from executor.replay import PARK, RESULT, Entry
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import ToolDelivery
+from tests.harness.http_stub import STALL, Stub, reply, serving
 
 CATALOGUE = Catalogue.load()
 SEND_EMAIL = CATALOGUE.get("send_email")
-CONFIG = ExecutorConfig(providers_url="http://providers.test")
 
 
 @pytest.mark.parametrize(
@@ -146,27 +145,26 @@ async def test_without_redis_every_request_is_admitted():
     await limiter(None).admit(SEND_EMAIL)
 
 
-def tool_client(buckets: Buckets, provider: httpx.MockTransport) -> RateLimitedToolClient:
-    return RateLimitedToolClient(CONFIG, limiter(buckets), transport=provider)
+def tool_client(buckets: Buckets, provider: Stub) -> RateLimitedToolClient:
+    config = ExecutorConfig(providers_url=provider.url, tool_timeout_seconds=0.3)
+    return RateLimitedToolClient(config, limiter(buckets))
 
 
 async def test_no_token_no_request_and_a_429_is_a_park_not_a_retry():
-    seen: list[httpx.Request] = []
-
-    def provider(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(429, headers={"Retry-After": "3"}, json={"error": "slow down"})
-
-    client = tool_client(Buckets(Take(False, 0.2), Take(True, 0)), httpx.MockTransport(provider))
-    delivery = ToolDelivery(client)
-    args = {"to": "a@example.com", "subject": "s", "body": "b"}
-    with pytest.raises(RateLimited, match="next token"):
-        await delivery.send(SEND_EMAIL, args, "run:2", lambda: None)
-    assert seen == []
-    # With a token it goes out once; the 429 parks the run instead of sleeping inline.
-    with pytest.raises(RateLimited) as caught:
-        await delivery.send(SEND_EMAIL, args, "run:2", lambda: None)
-    assert len(seen) == 1 and caught.value.cause == "429" and caught.value.wake_after == 3.0
+    slow_down = reply(429, {"error": "slow down"}, headers={"Retry-After": "3"})
+    async with serving(lambda r: slow_down) as provider:
+        client = tool_client(Buckets(Take(False, 0.2), Take(True, 0)), provider)
+        delivery = ToolDelivery(client)
+        args = {"to": "a@example.com", "subject": "s", "body": "b"}
+        with pytest.raises(RateLimited, match="next token"):
+            await delivery.send(SEND_EMAIL, args, "run:2", lambda: None)
+        assert provider.seen == []
+        # With a token it goes out once; the 429 parks the run instead of sleeping inline.
+        with pytest.raises(RateLimited) as caught:
+            await delivery.send(SEND_EMAIL, args, "run:2", lambda: None)
+        await client.aclose()
+    assert len(provider.seen) == 1 and caught.value.cause == "429"
+    assert caught.value.wake_after == 3.0
 
 
 def entry(seq: int, kind: int, payload: dict) -> Entry:
@@ -185,18 +183,17 @@ def test_a_call_parked_unsent_may_go_out_only_under_the_next_lease():
 
 
 async def test_a_lookup_refused_after_a_send_that_may_have_applied_is_not_unsent():
-    def provider(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("no answer", request=request)  # the send may have been applied
-
     async def no_wait(seconds: float) -> None:
         pass
 
-    client = tool_client(Buckets(Take(True, 0), Take(False, 0.5)), httpx.MockTransport(provider))
-    delivery = ToolDelivery(client, attempts=1, sleep=no_wait)
     args = {"to": "a@example.com", "subject": "s", "body": "b"}
     assert SEND_EMAIL.call_class == "lookup"
-    with pytest.raises(RateLimited) as caught:
-        await delivery.send(SEND_EMAIL, args, "run:4", lambda: None)
+    async with serving(lambda r: STALL) as provider:  # no answer: the send may have applied
+        client = tool_client(Buckets(Take(True, 0), Take(False, 0.5)), provider)
+        delivery = ToolDelivery(client, attempts=1, sleep=no_wait)
+        with pytest.raises(RateLimited) as caught:
+            await delivery.send(SEND_EMAIL, args, "run:4", lambda: None)
+        await client.aclose()
     assert caught.value.after_send
     park = json.loads(parks.park_step(5, caught.value, 4, epoch=2).payload_json)
     assert "unsent_call_seq" not in park  # resumed by its class: looked up, not sent again

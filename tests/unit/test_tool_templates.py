@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from agentrun.v1 import tool_pb2
@@ -13,7 +12,8 @@ from executor.config import ExecutorConfig
 from executor.tools import credentials, definitions, template
 from executor.tools.catalogue import Catalogue, HttpTemplate, ToolCallRejected
 from executor.tools.credentials import Credential, Granted
-from executor.tools.http_tool import HttpToolClient, NotSent
+from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent
+from tests.harness.http_stub import DROP, reply, serving
 
 
 def tpl(**fields) -> HttpTemplate:
@@ -49,12 +49,15 @@ def test_the_pointer_picks_the_result():
     assert template.pointed(document, "/nope") == document
 
 
-def registry_tool(name: str = "issue_create", mcp: tool_pb2.McpTarget | None = None):
+def registry_tool(
+    name: str = "issue_create", mcp: tool_pb2.McpTarget | None = None,
+    url: str = "https://t.example/issues",
+):  # fmt: skip
     tool = tool_pb2.Tool(
         name=name, version=3, parameters_json='{"type": "object"}',
         access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
         idempotency_header="X-Request-Key", connection="tracker",
-        http=tool_pb2.HttpTemplate(method="POST", url="https://t.example/issues", auth="bearer"),
+        http=tool_pb2.HttpTemplate(method="POST", url=url, auth="bearer"),
     )  # fmt: skip
     if mcp is not None:
         tool.mcp.CopyFrom(mcp)
@@ -73,25 +76,35 @@ def test_a_definition_becomes_a_tool_that_shadows_a_builtin_for_its_run():
 
 
 async def test_the_token_goes_in_the_header_auth_names_and_only_there():
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"id": 7, "echo": "tok-123"})
-
-    client = HttpToolClient(ExecutorConfig(), httpx.MockTransport(answer))
+    client = HttpToolClient(ExecutorConfig())
 
     async def fetch(connection_id: str) -> Granted:
         return Granted(("tracker:write",), "tok-123")
 
-    tool = definitions.from_proto(registry_tool())
-    out = await client.send(tool, {}, "run:4", Credential("c1", fetch, "tracker:write"))
-    assert seen[0].headers["authorization"] == "Bearer tok-123"
+    async with serving(lambda r: reply(json={"id": 7, "echo": "tok-123"})) as stub:
+        tool = definitions.from_proto(registry_tool(url=f"{stub.url}/issues"))
+        out = await client.send(tool, {}, "run:4", Credential("c1", fetch, "tracker:write"))
+        with pytest.raises(NotSent):  # a tool that sends a token and has none: nothing leaves
+            await client.send(tool, {}, "run:5", None)
+        await client.aclose()
+    seen = stub.seen
+    assert len(seen) == 1 and seen[0].headers["authorization"] == "Bearer tok-123"
     assert seen[0].headers["x-request-key"] == "run:4"
     assert out == {"id": 7, "echo": "[redacted]"}  # an echoed token never reaches the step
-    with pytest.raises(NotSent):  # a tool that sends a token and has none: nothing leaves
-        await client.send(tool, {}, "run:5", None)
-    await client.aclose()
+
+
+async def test_a_put_whose_connection_broke_may_have_applied_and_is_not_resent_by_the_client():
+    """aiohttp would resend an idempotent method once on its own; the tool client does not:
+    whether to send again is the delivery's to decide, by the tool's class."""
+    proto = registry_tool()
+    proto.http.auth = ""
+    async with serving(lambda r: DROP) as stub:
+        proto.http.method, proto.http.url = "PUT", f"{stub.url}/issues/{{id}}"
+        client = HttpToolClient(ExecutorConfig())
+        with pytest.raises(MaybeSent, match="ServerDisconnectedError"):
+            await client.send(definitions.from_proto(proto), {"id": "a/b c?#"}, "run:7")
+        await client.aclose()
+    assert [(s.method, s.target) for s in stub.seen] == [("PUT", "/issues/a%2Fb%20c%3F%23")]
 
 
 async def test_an_mcp_tool_is_not_sent_until_its_transport_exists():
@@ -106,23 +119,20 @@ async def test_an_mcp_tool_is_not_sent_until_its_transport_exists():
 
 
 async def test_a_header_auth_sends_the_bare_token_and_a_long_answer_is_not_kept():
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, content=b'{"big": "' + b"x" * 5000 + b'"}')
-
-    client = HttpToolClient(ExecutorConfig(), httpx.MockTransport(answer))
+    client = HttpToolClient(ExecutorConfig())
 
     async def fetch(connection_id: str) -> Granted:
         return Granted(("tracker:write",), "tok-9")
 
-    proto = registry_tool()
-    proto.http.auth, proto.http.max_response_bytes = "header:X-Api-Token", 1000
-    out = await client.send(definitions.from_proto(proto), {}, "run:6", Credential("c", fetch))
+    big = reply(content=b'{"big": "' + b"x" * 5000 + b'"}')
+    async with serving(lambda r: big) as stub:
+        proto = registry_tool(url=f"{stub.url}/issues")
+        proto.http.auth, proto.http.max_response_bytes = "header:X-Api-Token", 1000
+        out = await client.send(definitions.from_proto(proto), {}, "run:6", Credential("c", fetch))
+        await client.aclose()
+    seen = stub.seen
     assert seen[0].headers["x-api-token"] == "tok-9" and "authorization" not in seen[0].headers
     assert "1000-byte limit" in out["error"]
-    await client.aclose()
 
 
 def test_a_call_whose_url_cannot_be_built_is_refused_before_it_starts():
