@@ -15,7 +15,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -69,9 +69,14 @@ async def agent_run_async(text: str) -> str:
     return await play_async(str(DBOS.workflow_id), text, model_call_async, echo_call_async)
 
 
+async def http_only_run(text: str) -> str:
+    """The same run's HTTP calls with no DBOS around them: DBOS's HTTP client share."""
+    return await play_async(str(uuid.uuid4()), text, post_model, post_echo)
+
+
 async def _timed(
-    workflows: int, concurrency: int, on_start: Callable[[], object],
-    on_end: Callable[[], object],
+    run: Callable[[str], Awaitable[str]], workflows: int, concurrency: int,
+    on_start: Callable[[], object], on_end: Callable[[], object],
 ) -> tuple[list[str], int, float]:  # fmt: skip
     connector = aiohttp.TCPConnector(limit=concurrency * 2, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=60.0)
@@ -82,7 +87,7 @@ async def _timed(
 
             async def one(text: str) -> str:
                 async with gate:
-                    return await agent_run_async(text)
+                    return await run(text)
 
             await asyncio.gather(*(one(f"warm-up {i}") for i in range(concurrency)))
             texts = [f"benchmark run {i} {uuid.uuid4().hex[:6]}" for i in range(workflows)]
@@ -97,6 +102,25 @@ async def _timed(
             _SESSION.clear()
 
 
+def _run_timed(
+    run: Callable[[str], Awaitable[str]], workflows: int, concurrency: int,
+    on_start: Callable[[], object], on_end: Callable[[], object],
+) -> tuple[int, float]:  # fmt: skip
+    """The timed runs on their own event loop of the executors' kind; (actions, seconds)."""
+    factory = None
+    if chosen() == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        answers, actions, elapsed = runner.run(
+            _timed(run, workflows, concurrency, on_start, on_end)
+        )
+    if len(answers) != workflows or not all(answers):
+        raise RuntimeError(f"{sum(map(bool, answers))} of {workflows} runs answered")
+    return actions, elapsed
+
+
 def measure_async(
     dsn: str, model_base: str, providers_base: str, workflows: int, concurrency: int,
     on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
@@ -109,15 +133,17 @@ def measure_async(
     DBOS(config=_config(dsn, concurrency))  # type: ignore[arg-type]
     try:
         DBOS.launch()
-        factory = None
-        if chosen() == "uvloop":
-            import uvloop
-
-            factory = uvloop.new_event_loop
-        with asyncio.Runner(loop_factory=factory) as runner:
-            answers, actions, elapsed = runner.run(_timed(workflows, concurrency, on_start, on_end))
+        actions, elapsed = _run_timed(agent_run_async, workflows, concurrency, on_start, on_end)
     finally:
         DBOS.destroy()
-    if len(answers) != workflows or not all(answers):
-        raise RuntimeError(f"{sum(map(bool, answers))} of {workflows} runs answered")
+    return DbosResult(workflows, concurrency, actions, elapsed)
+
+
+def measure_http_only(
+    model_base: str, providers_base: str, workflows: int, concurrency: int,
+    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:  # fmt: skip
+    """The same runs, concurrency and aiohttp session as `measure_async`, without DBOS."""
+    _urls(model_base, providers_base)
+    actions, elapsed = _run_timed(http_only_run, workflows, concurrency, on_start, on_end)
     return DbosResult(workflows, concurrency, actions, elapsed)

@@ -119,7 +119,8 @@ class Throughput:
     actions: int
     seconds: float
     cpu: dict[str, float]  # CPU seconds by group: OWN, SANDBOX, POSTGRES (when known)
-    workers: int = 0  # DBOS's worker threads
+    workers: int = 0  # DBOS's worker threads, or its async workflows at a time
+    mode: str = ""  # DBOS's: "threads" or "async"
 
     def row(self) -> list[str]:
         return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
@@ -339,8 +340,7 @@ async def _dbos_phase(
     config = f"async aiohttp, {threads} at a time" if mode == "async" else f"{threads} threads"
     report.note(f"DBOS {config}: {window.meter.summary()}")
     cpu = {**window.cpu, WAL: wal}
-    workers = 0 if mode == "async" else threads
-    return Throughput("DBOS", config, workflows, result.actions, result.seconds, cpu, workers)
+    return Throughput("DBOS", config, workflows, result.actions, result.seconds, cpu, threads, mode)
 
 
 async def dbos_half(
@@ -444,10 +444,11 @@ async def main(quick: bool = False) -> None:
                 sandboxes = await start_sandboxes(procs)
                 ours, failure = await guarded_agentrun_half(pg, procs, sandboxes, runs, deadline)
                 dbos = await dbos_half(pg, sandboxes, runs, quick)
-                # DBOS's HTTP share is measured on its best thread count (the sync client's).
-                d = best([t for t in dbos if t.workers])
-                shares = await http_share.measure(sandboxes.model_base, sandboxes.providers_base,
-                                                  runs, d.workers if d else None, CAPACITY)  # fmt: skip
+                d = best(dbos)  # DBOS's HTTP share is measured in its best configuration
+                shares = await http_share.measure(
+                    sandboxes.model_base, sandboxes.providers_base, runs,
+                    (d.mode, d.workers) if d else None, CAPACITY,
+                )  # fmt: skip
     _print(ours, dbos, shares)
     if failure is not None:
         raise RuntimeError("the agentrun half of e2e failed (see above)") from failure

@@ -5,8 +5,9 @@ durable happens. Here the same `steps10` runs' requests (5 model calls, 4 echo c
 conversation growing as the executor's does) go to the same sandbox servers with nothing
 around them (no DBOS, no control plane, no Postgres, no Redis):
 
-  * DBOS's way (bench/dbos_baseline.py `measure_http_only`): its sync httpx Client on the
-    thread count of DBOS's best configuration.
+  * DBOS's way, in the mode of its best configuration: its sync httpx Client on that many
+    threads (bench/dbos_baseline.py `measure_http_only`), or aiohttp on one event loop with
+    that many runs at a time (bench/dbos_async.py `measure_http_only`).
   * the executor's way: its own client classes, aiohttp underneath (bench/http_client.py
     ExecutorClient), CAPACITY runs at a time on one event loop of the executor's kind
     (telemetry/event_loop.py), in a thread of this process.
@@ -36,6 +37,7 @@ from bench.stats import ratio
 from telemetry import event_loop
 
 DBOS_SYNC = "httpx Client, DBOS's threads"
+DBOS_ASYNC = "aiohttp, DBOS's async workflows"
 EXECUTOR = "the executor's client, aiohttp"
 EXECUTOR_HTTPX = "httpx AsyncClient, the executor's former settings"
 
@@ -107,30 +109,35 @@ async def _executor_way(
     return Share(label, actions, seconds, cpu)
 
 
-def _dbos_way(model_base: str, providers_base: str, runs: int, threads: int) -> Share:
-    from bench import dbos_baseline  # optional dependency
+def _dbos_way(model_base: str, providers_base: str, runs: int, mode: str, threads: int) -> Share:
+    """DBOS's HTTP calls alone, in the mode of its best configuration (bench/e2e.py)."""
+    from bench import dbos_async, dbos_baseline  # optional dependencies
 
     meters: list[CpuMeter] = []
-    result = dbos_baseline.measure_http_only(
+    alone = dbos_async.measure_http_only if mode == "async" else dbos_baseline.measure_http_only
+    result = alone(
         model_base, providers_base, runs, threads,
         on_start=lambda: meters.append(CpuMeter({"own": [os.getpid()]}, "other")),
         on_end=lambda: meters[0].stop(),
     )  # fmt: skip
     cpu = meters[0].used()["own"]
-    return Share(f"{DBOS_SYNC} ({threads})", result.actions, result.seconds, cpu)
+    label = DBOS_ASYNC if mode == "async" else DBOS_SYNC
+    return Share(f"{label} ({threads})", result.actions, result.seconds, cpu)
 
 
 async def measure(
-    model_base: str, providers_base: str, runs: int, dbos_threads: int | None, concurrency: int
+    model_base: str,
+    providers_base: str,
+    runs: int,
+    dbos: tuple[str, int] | None,
+    concurrency: int,
 ) -> list[Share]:
     """The shares, each in its own timed window (threads and loops of their own)."""
     targets = http_client.Targets(model_base.rstrip("/") + "/chat/completions",
                                   providers_base.rstrip("/") + "/echo")  # fmt: skip
     shares = []
-    if dbos_threads is not None and module_available("dbos"):
-        shares.append(
-            await asyncio.to_thread(_dbos_way, model_base, providers_base, runs, dbos_threads)
-        )
+    if dbos is not None and module_available("dbos"):
+        shares.append(await asyncio.to_thread(_dbos_way, model_base, providers_base, runs, *dbos))
     ways: list[tuple[str, Callable[[http_client.Targets], http_client.Client]]] = [
         (EXECUTOR, http_client.ExecutorClient),
         (EXECUTOR_HTTPX, http_client.HttpxClient),
@@ -151,13 +158,14 @@ def explain(dbos_total: float, ours_total: float, shares: list[Share], target: f
     report.table(("HTTP calls alone (no durability)", "actions", "seconds", "CPU ms/action"),
                  [[s.label, str(s.actions), f"{s.seconds:.2f}", _ms(s.per_action)]
                   for s in shares])  # fmt: skip
-    sync, ours = by.get(DBOS_SYNC), by.get(EXECUTOR)
+    sync, ours = by.get(DBOS_SYNC) or by.get(DBOS_ASYNC), by.get(EXECUTOR)
     if sync is None or ours is None:
         return
     rest = dbos_total - sync.per_action
     budget = target * dbos_total
     ours_rest = ours_total - ours.per_action
-    report.note(f"CPU ms/action: DBOS {_ms(dbos_total)} = its httpx calls {_ms(sync.per_action)}"
+    report.note(f"CPU ms/action: DBOS {_ms(dbos_total)} = its HTTP calls ({sync.label}) "
+                f"{_ms(sync.per_action)}"
                 f" + DBOS's own work {_ms(rest)}; <= {target:g}x leaves agentrun's control "
                 f"plane + executors {_ms(budget)} in all")  # fmt: skip
     report.note(f"agentrun {_ms(ours_total)} = the executors' HTTP calls (aiohttp) "
