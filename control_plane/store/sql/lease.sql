@@ -6,7 +6,12 @@
 --   2. run_claim_due: lease lapsed runs, then those workspaces' oldest due
 --      runs, round robin, within each workspace's and agent's room;
 --   3. workspace_lock_for_raise + 4. workspace_raise_next_wake: for the
---      workspaces the claim may have emptied, recompute next_wake_at.
+--      workspaces the claim may have emptied, recompute next_wake_at (none
+--      when step 2 saw a due run it left in each: keeps_due).
+--
+-- Step 2 reads each agent's share of the batch first (the batch over the
+-- workspaces in turn, and one more), and up to the whole batch only if that
+-- falls short; its picks are the same either way (see `short` below).
 --
 -- Why caps hold with any number of claimers. A workspace's running count
 -- only grows in step 2, under the row lock taken in step 1 and kept until
