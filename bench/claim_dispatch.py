@@ -9,7 +9,9 @@ every run has). The clock runs from the first Ready to the last Assignment. The 
 bulk-loaded as in bench/claim.py, each with its input step. Right before each dispatcher
 measurement, the raw SKIP LOCKED claim (bench/claim.py RAW_CLAIM) runs on the same freshly
 loaded table at the dispatcher's batch (64, ServerConfig.claim_batch) with as many claimers
-as there are replicas: the target is the ratio of the two.
+as there are replicas: the target is the ratio of the two. Each replica first delivers one
+run of every workspace (not counted), so that its cache of agent versions is warm, as a
+running dispatcher's is.
 """
 
 from __future__ import annotations
@@ -116,6 +118,14 @@ async def _load(conn: asyncpg.Connection, queued: int, n_workspaces: int) -> Non
     await conn.execute("VACUUM ANALYZE steps")
 
 
+async def _warm(conn: asyncpg.Connection, ports: list[int], key: str, n_workspaces: int) -> None:
+    """One run of every workspace delivered through each replica first: a dispatcher caches
+    the agent versions it sends (two queries each the first time), and a running one has."""
+    for port in ports:
+        await _load(conn, n_workspaces, n_workspaces)
+        await _deliver([port], key, n_workspaces)
+
+
 @dataclass(frozen=True)
 class Row:
     workspaces: int
@@ -155,6 +165,7 @@ async def _layout(pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: in
     conn = await asyncpg.connect(dsn)
     rows: list[Row] = []
     try:
+        await _warm(conn, ports, keys.executor, n_workspaces)
         for replicas in REPLICAS:
             await _load(conn, queued, n_workspaces)
             tally, raw_s = await claim.claim_rate(dsn, claim.raw_claim, replicas, BATCH, queued)

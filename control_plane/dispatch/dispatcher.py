@@ -61,6 +61,8 @@ class Dispatcher:
         self._versions: dict[tuple[str, str, int], Pinned] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._touched_at = 0.0
+        # The claimed batch being delivered while the next claim runs (at most one).
+        self._delivering: asyncio.Task[None] | None = None
         # Model output of fast-path runs, for this replica's WatchRun watchers.
         self.deltas = fast_path.DeltaHub()
 
@@ -116,11 +118,18 @@ class Dispatcher:
                 await self._touch()
                 while await self._claim_once() == self.config.claim_batch:
                     pass  # a full batch: there may be more due right now
+                await self._delivered()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the database may be restarting
                 log.warning("claim failed, retrying: %s", exc)
                 await asyncio.sleep(self.config.claim_poll_seconds)
+
+    async def _delivered(self) -> None:
+        """Wait for the batch being delivered, if any (its own errors are logged there)."""
+        if self._delivering is not None:
+            await asyncio.wait([self._delivering])
+            self._delivering = None
 
     async def _claim_once(self) -> int:
         """One claim per executor scope and tool set; the largest batch any of them got.
@@ -156,28 +165,46 @@ class Dispatcher:
                 carried=sorted(tools), on_takeover=_taken_over,
                 release=releases.claim_release(sessions[0], self.config),
             )  # fmt: skip
-        if not rows:
-            return 0
         for row in rows:
             metrics.CLAIMED.labels(row.workspace_id).inc()
-        claimed = len(rows)
-        if stopped := await reserve_claimed(self.pool, rows):
-            rows = [r for r in rows if r.run_id not in stopped]
-        logs = await step_store.steps_for_runs(
-            self.pool, [(r.workspace_id, r.run_id) for r in rows]
-        )
-        for row in rows:
-            await self._deliver(row, logs[row.run_id])
-        return claimed
+        # Each run's slot is taken now, before any await: the next claim, which runs while
+        # this batch is delivered, sees only the slots still free.
+        batch = [(self._take_slot(row), row) for row in rows]
+        await self._delivered()  # never more than one batch in delivery
+        if batch:
+            self._delivering = asyncio.create_task(self._deliver_batch(batch))
+            self._background.add(self._delivering)
+            self._delivering.add_done_callback(self._background.discard)
+        return len(rows)
 
-    async def _deliver(self, run: Run, steps: list[Step]) -> None:
+    def _take_slot(self, run: Run) -> ExecutorSession | None:
+        """The session a claimed run goes to, its credit for it taken; None: it cannot go
+        (the stream went away, or spent the credit on a fast-path turn meanwhile)."""
         session = self._sessions.get(run.lease_owner or "")
-        key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
         if session is None or session.credits <= 0 or session.liveness.dead:
-            await lease_store.release_unassigned(self.pool, key)
-            return
+            return None
         session.credits -= 1
-        await self.assign(session, run, steps)
+        return session
+
+    async def _deliver_batch(self, batch: list[tuple[ExecutorSession | None, Run]]) -> None:
+        """Reserve credits for the batch's metered runs, read their step logs (both at
+        once), then send each run to its session; a run that cannot go is handed back."""
+        try:
+            runs = [run for session, run in batch if session is not None]
+            stopped, logs = await asyncio.gather(
+                reserve_claimed(self.pool, runs),
+                step_store.steps_for_runs(self.pool, [(r.workspace_id, r.run_id) for r in runs]),
+            )
+            for session, run in batch:
+                if session is not None and run.run_id in stopped:
+                    session.credits += 1  # stopped at claim (out of credits): not sent
+                elif session is None or self._sessions.get(session.executor_id) is not session:
+                    # Its stream ended meanwhile: runnable again now, not at lease expiry.
+                    await lease_store.release_unassigned(self.pool, _lease(run))
+                else:
+                    await self.assign(session, run, logs[run.run_id])
+        except Exception as exc:  # noqa: BLE001 - undelivered runs lapse and are claimed again
+            log.warning("delivering claimed runs failed: %s", exc)
 
     async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
         """Send a leased run to `session`, whose credit for it is taken already; False (the
@@ -185,8 +212,7 @@ class Dispatcher:
         version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         # Checked after the last await: nothing is ever sent into a stream declared dead.
         if session.liveness.dead:
-            key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
-            await lease_store.release_unassigned(self.pool, key)
+            await lease_store.release_unassigned(self.pool, _lease(run))
             return False
         # Recorded so that the stream's break releases this run early too.
         session.liveness.workspaces[run.run_id] = run.workspace_id
@@ -208,6 +234,10 @@ class Dispatcher:
             own = await tool_store.pinned(self.pool, ws, [p for p in pins if not p.builtin])
             self._versions[key] = (convert.agent_version(row), own)
         return self._versions[key]
+
+
+def _lease(run: Run) -> lease_store.LeaseKey:
+    return lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
 
 
 def _taken_over(run: Run) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -75,7 +75,8 @@ async def claim_due(
         rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
                          *(release.params() if release else (None, None, 0.0, False)))  # fmt: skip
         claimed = [Run.from_record(r) for r in rows]
-        await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed])
+        kept = {r["workspace_id"] for r in rows if r["keeps_due"]}
+        await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed], kept)
     if on_takeover is not None:
         for row, claimed_run in zip(rows, claimed, strict=True):
             if row["taken_over"]:
@@ -102,15 +103,22 @@ async def _claim_transaction(db: asyncpg.pool.Pool | asyncpg.Connection) -> Asyn
 
 
 async def _raise_next_wake(
-    conn: asyncpg.Connection, turns: Sequence[asyncpg.Record], claimed: Sequence[str]
+    conn: asyncpg.Connection,
+    turns: Sequence[asyncpg.Record],
+    claimed: Sequence[str],
+    kept: Collection[str] = (),
 ) -> None:
     """Recompute next_wake_at of the workspaces this claim may have emptied.
 
     A workspace that got fewer runs than it had room for may have no due run
-    left; left as it is, it would only be looked at again for nothing.
+    left; left as it is, it would only be looked at again for nothing. One in
+    `kept` still has a due run the claim read and left (keeps_due), so raising
+    it could not move it past now: it is left as it is (never raising is always
+    safe, next_wake_at is only a lower bound).
     """
     got = Counter(claimed)  # the workspace of each claimed run
-    maybe_empty = [t["workspace_id"] for t in turns if got[t["workspace_id"]] < t["room"]]
+    maybe_empty = [t["workspace_id"] for t in turns
+                   if got[t["workspace_id"]] < t["room"] and t["workspace_id"] not in kept]  # fmt: skip
     if not maybe_empty:
         return
     locked = await run(conn, "workspace_lock_for_raise", maybe_empty)

@@ -70,6 +70,16 @@ async def test_a_batch_goes_round_robin_across_workspaces(pool):
     assert got == {"a": 3, "b": 1, "c": 2}
 
 
+async def test_a_workspace_with_more_than_its_share_fills_the_rest_of_the_batch(pool):
+    """The claim first reads each workspace's share of the batch (6 over 3: two, and one
+    more); b and c have less, so the round robin needs a's fourth run: read again."""
+    await factories.queued_runs(pool, 10, workspace_id="a")
+    await factories.queued_runs(pool, 1, workspace_id="b")
+    await factories.queued_runs(pool, 1, workspace_id="c")
+    got = Counter(r.workspace_id for r in await claim(pool, 6))
+    assert got == {"a": 4, "b": 1, "c": 1}
+
+
 async def test_oldest_due_run_of_the_workspace_first_and_parked_runs_wait(pool):
     early, late = await factories.queued_runs(pool, 2)
     await pool.execute(

@@ -51,7 +51,7 @@ class Conn:
         self.calls: list[tuple[str, tuple]] = []
 
 
-async def raise_for(turns, claimed, locked, monkeypatch) -> list[tuple[str, tuple]]:
+async def raise_for(turns, claimed, locked, monkeypatch, kept=()) -> list[tuple[str, tuple]]:
     conn = Conn(locked)
 
     async def run(c, name, *args):
@@ -61,7 +61,7 @@ async def raise_for(turns, claimed, locked, monkeypatch) -> list[tuple[str, tupl
         )
 
     monkeypatch.setattr(lease, "run", run)
-    await lease._raise_next_wake(conn, turns, claimed)  # type: ignore[arg-type]
+    await lease._raise_next_wake(conn, turns, claimed, kept)  # type: ignore[arg-type]
     return conn.calls
 
 
@@ -80,3 +80,9 @@ async def test_no_raise_when_every_workspace_filled_its_room_or_none_could_be_lo
                            monkeypatch) == []  # fmt: skip
     calls = await raise_for([{"workspace_id": "a", "room": 2}], [], [], monkeypatch)
     assert [name for name, _ in calls] == ["workspace_lock_for_raise"]
+
+
+async def test_a_workspace_the_claim_left_a_due_run_in_is_not_raised(monkeypatch):
+    turns = [{"workspace_id": "kept", "room": 5}, {"workspace_id": "short", "room": 5}]
+    calls = await raise_for(turns, ["kept", "short"], ["short"], monkeypatch, kept={"kept"})
+    assert calls[0] == ("workspace_lock_for_raise", (["short"],))

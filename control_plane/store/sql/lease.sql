@@ -6,7 +6,12 @@
 --   2. run_claim_due: lease lapsed runs, then those workspaces' oldest due
 --      runs, round robin, within each workspace's and agent's room;
 --   3. workspace_lock_for_raise + 4. workspace_raise_next_wake: for the
---      workspaces the claim may have emptied, recompute next_wake_at.
+--      workspaces the claim may have emptied, recompute next_wake_at (none
+--      when step 2 saw a due run it left in each: keeps_due).
+--
+-- Step 2 reads each agent's share of the batch first (the batch over the
+-- workspaces in turn, and one more), and up to the whole batch only if that
+-- falls short; its picks are the same either way (see `short` below).
 --
 -- Why caps hold with any number of claimers. A workspace's running count
 -- only grows in step 2, under the row lock taken in step 1 and kept until
@@ -159,7 +164,8 @@ FOR NO KEY UPDATE OF w SKIP LOCKED;
 -- workspace, highest priority first, then oldest due: priority reorders a
 -- workspace's own share and never gives it a turn out of order.
 -- Marks the workspaces served; says of each run whether it was taken over
--- (its lease had lapsed). Database clock unless $3 fixes it. Lapsed
+-- (its lease had lapsed), and whether its workspace is left with a due run
+-- (keeps_due: one it read and did not pick). Database clock unless $3 fixes it. Lapsed
 -- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
 -- a scoped pool never leases another tenant's run. Only runs whose agent
 -- version's tools are all among $6 (a JSON array of the tools the owners
@@ -210,8 +216,8 @@ WITH clock AS MATERIALIZED (
         SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
         WHERE c.workspace_id = w.workspace_id) c
     WHERE c.running < w.max_concurrency
-), candidates AS (
-    SELECT t.workspace_id, t.ord, t.room, c.run_id, c.priority, c.wake_at
+), agent_rooms AS (
+    SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
     FROM turns t
     JOIN agents a ON a.workspace_id = t.workspace_id
     -- NULL: no cap of its own (least() below then ignores it).
@@ -220,6 +226,22 @@ WITH clock AS MATERIALIZED (
             SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
             WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
     ) ar
+    WHERE ar.room IS NULL OR ar.room > 0
+), share AS MATERIALIZED (
+    -- The batch left after the lapsed leases, and the runs of each agent the round
+    -- robin can need when every workspace in turn has that many: the batch over the
+    -- workspaces, rounded up, and one more, which tells a workspace that keeps due
+    -- runs after this claim from one it may empty.
+    SELECT b.left, ceil(greatest(b.left, 1)::numeric / greatest(
+               (SELECT count(*) FROM turns), 1))::int + 1 AS runs
+    FROM (SELECT cardinality($1::text[]) - (SELECT count(*) FROM lapsed) AS left) b
+), first_pass AS (
+    -- Each agent's first runs, up to its share: with 64 workspaces in turn and a batch
+    -- of 64, two runs each instead of 64 (never more than the batch: a workspace with
+    -- vast room must not make a one-run claim read its whole backlog).
+    SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
+    FROM (SELECT r.*, least(r.room, r.agent_room, (SELECT runs FROM share)) AS runs
+          FROM agent_rooms r) q
     CROSS JOIN LATERAL (
         -- The agent's queue one priority level at a time, highest first (0026's
         -- runs_due_by_priority): each level is one index descent to find and one
@@ -229,12 +251,12 @@ WITH clock AS MATERIALIZED (
         -- levels are not even looked up.
         WITH RECURSIVE levels(priority) AS (
             (SELECT r.priority FROM runs r
-             WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
                AND r.status IN ('queued', 'waiting')
              ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM runs r
-                    WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+                    WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
                       AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
                     ORDER BY r.priority DESC LIMIT 1)
             FROM levels l WHERE l.priority IS NOT NULL
@@ -243,7 +265,7 @@ WITH clock AS MATERIALIZED (
         FROM levels l
         CROSS JOIN LATERAL (
             SELECT r.run_id, r.wake_at FROM runs r
-            WHERE r.workspace_id = t.workspace_id AND r.agent_id = a.agent_id
+            WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
               AND r.priority = l.priority
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
               AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
@@ -254,13 +276,61 @@ WITH clock AS MATERIALIZED (
                     AND v.version = r.agent_version
                     AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
             ORDER BY r.wake_at, r.run_id
-            LIMIT least(t.room, ar.room, cardinality($1::text[]))
+            LIMIT q.runs
         ) d
-        -- Never more than the batch: a workspace with vast room must not make a
-        -- one-run claim read its whole backlog.
-        LIMIT least(t.room, ar.room, cardinality($1::text[]))
+        LIMIT q.runs
     ) c
-    WHERE ar.room IS NULL OR ar.room > 0
+), short AS MATERIALIZED (
+    -- Whether the first pass may have left out a run the round robin takes: it has
+    -- fewer than the batch left within min(share, room) of each workspace (some had
+    -- fewer due runs than their share). Otherwise every run picked is among the first
+    -- min(share, room) of its workspace, which the first pass read in full, so the
+    -- picks are exactly those a pass reading up to the batch would make.
+    SELECT coalesce(sum(least(f.n, f.room, (SELECT runs FROM share))), 0)
+           < (SELECT s.left FROM share s) AS short
+    FROM (SELECT workspace_id, room, count(*) AS n FROM first_pass
+          GROUP BY workspace_id, room) f
+), second_pass AS (
+    -- Only when short: every agent's first runs up to the batch (never more).
+    SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
+    FROM (SELECT r.*, least(r.room, r.agent_room, cardinality($1::text[])) AS runs
+          FROM agent_rooms r WHERE (SELECT short FROM short)) q
+    CROSS JOIN LATERAL (  -- the same walk as first_pass's
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT r.priority FROM runs r
+             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+               AND r.status IN ('queued', 'waiting')
+             ORDER BY r.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.priority FROM runs r
+                    WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                      AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
+                    ORDER BY r.priority DESC LIMIT 1)
+            FROM levels l WHERE l.priority IS NOT NULL
+        )
+        SELECT d.run_id, l.priority, d.wake_at
+        FROM levels l
+        CROSS JOIN LATERAL (
+            SELECT r.run_id, r.wake_at FROM runs r
+            WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+              AND r.priority = l.priority
+              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+              AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
+                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+              AND ($6::jsonb IS NULL OR EXISTS (
+                  SELECT 1 FROM agent_versions v
+                  WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                    AND v.version = r.agent_version
+                    AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
+            ORDER BY r.wake_at, r.run_id
+            LIMIT q.runs
+        ) d
+        LIMIT q.runs
+    ) c
+), candidates AS (
+    SELECT * FROM first_pass WHERE NOT (SELECT short FROM short)
+    UNION ALL
+    SELECT * FROM second_pass
 ), picked AS (
     SELECT workspace_id, run_id FROM (
         SELECT workspace_id, run_id, ord, room,
@@ -282,9 +352,15 @@ WITH clock AS MATERIALIZED (
           AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
         FOR UPDATE SKIP LOCKED
     ) r
+), kept AS (
+    -- The workspaces left with a due run this claim read and did not pick: they need
+    -- no new next_wake_at (lease.py skips raising it).
+    SELECT workspace_id FROM candidates GROUP BY workspace_id
+    HAVING count(*) > (SELECT count(*) FROM picked p WHERE p.workspace_id = candidates.workspace_id)
 ), due AS (
     -- taken_over: the run's lease had lapsed (its executor died or stalled).
-    SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot
+    SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot,
+           workspace_id IN (SELECT workspace_id FROM kept) AS keeps_due
     FROM (SELECT *, true AS taken_over FROM lapsed
           UNION ALL SELECT *, false FROM fresh) d
 ), served AS (
@@ -314,7 +390,7 @@ UPDATE runs r SET
 FROM due
 WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
 RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
-    due.taken_over;
+    due.taken_over, due.keeps_due;
 
 -- name: workspace_lock_for_raise :many
 -- Upgrade the claim's locks on these workspaces to FOR UPDATE, skipping any
