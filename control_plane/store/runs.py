@@ -83,7 +83,12 @@ class Run:
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
         """The run of a row that has every column (a KeyError names one that is missing)."""
-        return cls(**{f.name: record[f.name] for f in fields(cls)})
+        return cls(**{name: record[name] for name in _RUN_FIELDS})
+
+
+# Read once: dataclasses.fields() rebuilds its tuple on every call, and every claimed,
+# read or listed run goes through from_record.
+_RUN_FIELDS = tuple(f.name for f in fields(Run))
 
 
 def _run_or_none(record: asyncpg.Record | None) -> Run | None:

@@ -32,7 +32,10 @@ class Step:
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> Step:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+        return cls(**{name: row[name] for name in _STEP_FIELDS})
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(Step))  # read once, as runs.py's
 
 
 @dataclass(frozen=True)
