@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -83,6 +84,19 @@ class Committer(Protocol):
     ) -> CommitReply: ...
 
 
+def _span(name: str, **options: Any) -> contextlib.AbstractContextManager[object]:
+    """A child span, or nothing when this process exports no spans (tracing.on())."""
+    if not tracing.on():
+        return contextlib.nullcontext()
+    return _tracer.start_as_current_span(name, **options)
+
+
+def _cancelling() -> bool:
+    """True if the current task itself is being cancelled (not just a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def model_backoff(parks: int, retry_after: float | None, rng: random.Random) -> float:
     """Seconds to park after the model provider failed `parks` times in a row already."""
     delay = min(MODEL_BACKOFF_CAP, MODEL_BACKOFF_START * 2**parks)
@@ -141,6 +155,7 @@ class RunLoop:
         self._held_from = deps.wall_clock()  # this hold's start, for the active-time limit
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
+        self._model_call: asyncio.Task[ModelReply] | None = None  # in flight, for interrupt()
 
     def request_handoff(self) -> None:
         """Drain: hand the run back at its next step boundary."""
@@ -150,6 +165,8 @@ class RunLoop:
         """Drain deadline: also abandon an in-flight model call (nothing of it is committed)."""
         self._handoff.set()
         self._handoff_now.set()
+        if self._model_call is not None:
+            self._model_call.cancel()
 
     async def run(self) -> str:
         """Drive the run; one span (and the log context) per hold, each commit a child."""
@@ -258,7 +275,7 @@ class RunLoop:
         seq = replay.next_seq(self.entries)
         messages = replay.build_messages(self.entries, self.spec.instructions)
         try:
-            with _tracer.start_as_current_span("agentrun.model", attributes={"agentrun.seq": seq}):
+            with _span("agentrun.model", attributes={"agentrun.seq": seq}):
                 reply = await self._ask_model(seq, messages, self._tools(), self._streamed(seq))
         except ModelUnavailable as exc:
             m.MODEL_CALLS.labels("unavailable").inc()
@@ -400,18 +417,26 @@ class RunLoop:
         self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
         on_delta: Callable[[str], None] | None = None,
     ) -> ModelReply | None:  # fmt: skip
-        """The model's reply, or None if the drain deadline interrupted the call."""
+        """The model's reply, or None if the drain deadline interrupted the call.
+
+        The call runs as its own task, which `interrupt()` cancels (no watcher task per
+        call); a cancellation of this run's own task still propagates."""
+        if self._handoff_now.is_set():
+            return None
         call = asyncio.ensure_future(profiles.ask(
             self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta
         ))  # fmt: skip
-        interrupted = asyncio.ensure_future(self._handoff_now.wait())
+        self._model_call = call
         try:
-            await asyncio.wait({call, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            return await call
+        except asyncio.CancelledError:
+            if _cancelling() or not self._handoff_now.is_set():
+                raise
+            return None  # interrupted by the drain deadline
         finally:
-            interrupted.cancel()
+            self._model_call = None
             if not call.done():
                 call.cancel()
-        return call.result() if call.done() and not call.cancelled() else None
 
     # -- tools --------------------------------------------------------------
 
@@ -480,7 +505,7 @@ class RunLoop:
         """Send a call whose `tool_started` step landed, under its key; record the outcome."""
         seq = started.seq
         try:
-            with _tracer.start_as_current_span(
+            with _span(
                 "agentrun.tool", kind=SpanKind.CLIENT,
                 attributes={"agentrun.seq": seq, "agentrun.tool": tool.name},
             ):  # fmt: skip
@@ -828,7 +853,10 @@ class RunLoop:
 
     async def _traced_send(self, message: executor_pb2.Commit) -> CommitReply:
         """A span per commit, which the control plane continues (the message carries its
-        traceparent), and inside it one span per step the commit landed."""
+        traceparent), and inside it one span per step the commit landed. Without an
+        exporter (tracing.on() False) none is made: they would record nothing."""
+        if not tracing.on():
+            return await self._send_until_accepted(message)
         attributes = {
             "agentrun.steps.seq": [step.seq for step in message.steps],
             "agentrun.transition": message.WhichOneof("transition") or "",

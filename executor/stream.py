@@ -75,7 +75,7 @@ class CommitReply:
 @dataclass
 class _PendingCommit:
     message: executor_pb2.Commit
-    future: asyncio.Future[executor_pb2.CommitResult]
+    future: asyncio.Future[executor_pb2.CommitResult | None]  # None: no reply in time
     first_sent_at: float | None = None
 
 
@@ -183,24 +183,34 @@ class ControlPlaneStream:
         After `reply_within` seconds without a reply the result is UNAVAILABLE: the commit
         may or may not have landed, and sending the same steps again is safe.
         """
-        message = executor_pb2.Commit()
+        # One copy, into the request itself (the caller may send its message again).
+        request = executor_pb2.ConnectRequest()
+        message = request.commit
         message.CopyFrom(commit)
         message.request_id = next(self._ids)
-        pending = _PendingCommit(message, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        pending = _PendingCommit(message, loop.create_future())
         self._commits[message.request_id] = pending
-        if self._send(executor_pb2.ConnectRequest(commit=message)):
+        if self._send(request):
             pending.first_sent_at = self._clock()
+        # A timer resolves the future with None when no reply came in time (cheaper than
+        # wait_for's wrapping per commit); a late reply then finds it done and is dropped.
+        timer = None if reply_within is None else loop.call_later(
+            reply_within, _expire, pending.future
+        )  # fmt: skip
         try:
-            result = await asyncio.wait_for(pending.future, reply_within)
-        except TimeoutError:
+            result = await pending.future
+        finally:
+            # Also on cancellation (a fenced run): it must not be sent again.
+            self._commits.pop(message.request_id, None)
+            if timer is not None:
+                timer.cancel()
+        if result is None:
             result = executor_pb2.CommitResult(
                 request_id=message.request_id,
                 outcome=UNAVAILABLE,
                 message="no reply from the control plane in time",
             )
-        finally:
-            # Also on cancellation (a fenced run): it must not be sent again.
-            self._commits.pop(message.request_id, None)
         return CommitReply(result, pending.first_sent_at or self._clock())
 
     async def connection_token(self, lease: executor_pb2.Lease, connection_id: str) -> Granted:
@@ -386,6 +396,11 @@ class ControlPlaneStream:
             if pending.first_sent_at is None:
                 pending.first_sent_at = now
         self._handler.on_welcome(welcome)
+
+
+def _expire(future: asyncio.Future[executor_pb2.CommitResult | None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _cancelling() -> bool:

@@ -125,9 +125,16 @@ def _keep(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableM
 
 @contextlib.contextmanager
 def bound(**values: Any) -> Iterator[None]:
-    """Add `values` (workspace, run, epoch, request id…) to every log line inside the block."""
-    with structlog.contextvars.bound_contextvars(**values):
+    """Add `values` (workspace, run, epoch, request id…) to every log line inside the block.
+
+    The context variables' own tokens restore what was bound before: structlog's
+    bound_contextvars reads every context variable of the context to save it first, on
+    every commit and every hold."""
+    tokens = structlog.contextvars.bind_contextvars(**values)
+    try:
         yield
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
 
 
 def bind_for_task(**values: Any) -> None:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
+
+from executor.ratelimit import resp
+from executor.ratelimit.resp import RespClient, RespError
 
 SCRIPT = Path(__file__).with_name("token_bucket.lua").read_text()
+SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()  # what EVALSHA names it by
 KEY_PREFIX = "agentrun:ratelimit"
 # Redis answers in well under a millisecond; waiting longer only holds a run.
 DEFAULT_TIMEOUT_SECONDS = 0.5
@@ -55,13 +62,17 @@ class LimiterUnavailable(Exception):
 class TokenBuckets:
     """The buckets of one Redis server (or cluster), through the script."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RespClient) -> None:
         self._client = client
-        self._script = client.register_script(SCRIPT)
+        self._sha = SCRIPT_SHA
 
     @classmethod
     def from_url(cls, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> TokenBuckets:
-        """A client that fails fast: no retries of its own, short timeouts."""
+        """A client that fails fast: no retries of its own, short timeouts. Plain
+        `redis://` and `unix://` URLs get the lean client (executor/ratelimit/resp.py);
+        anything else (TLS) redis-py."""
+        if urlsplit(url).scheme in resp.SCHEMES:
+            return cls(RespClient(url, timeout))
         client = redis.Redis.from_url(
             url,
             socket_timeout=timeout,
@@ -95,8 +106,29 @@ class TokenBuckets:
 
     async def _run(self, keys: list[str], args: list[str | float]) -> tuple[int, int]:
         try:
-            reply = await self._script(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
+            try:
+                reply = await self._evalsha(keys, args)
+            except (NoScriptError, RespError) as exc:
+                if "NOSCRIPT" not in str(exc):
+                    raise
+                # A fresh or flushed server: load the script, once, and ask again.
+                await self._load()
+                reply = await self._evalsha(keys, args)
+        except (RedisError, RespError, OSError) as exc:
             # The class only: a message may name the server, and it ends up in a step.
             raise LimiterUnavailable(type(exc).__name__) from exc
         return int(reply[0]), int(reply[1])
+
+    async def _evalsha(self, keys: list[str], args: list[str | float]) -> Any:
+        if isinstance(self._client, RespClient):
+            return await self._client.command("EVALSHA", self._sha, len(keys), *keys, *args)
+        return await self._client.evalsha(self._sha, len(keys), *keys, *args)
+
+    async def _load(self) -> None:
+        if isinstance(self._client, RespClient):
+            loaded = await self._client.command("SCRIPT", "LOAD", SCRIPT)
+        else:
+            loaded = await self._client.script_load(SCRIPT)
+        if isinstance(loaded, bytes):
+            loaded = loaded.decode()
+        self._sha = str(loaded)
