@@ -166,6 +166,8 @@ class RespClient:
             self._conn = None
 
     async def _send(self, conn: _Protocol, data: bytes) -> object:
+        if conn.closed:  # lost since it was handed out: its replies will never come
+            raise RedisUnavailable("connection lost")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         conn.waiting.append(future)
