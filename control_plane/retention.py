@@ -30,18 +30,18 @@ from control_plane.store import retention as store
 
 log = logging.getLogger(__name__)
 
-# Why a statement is bounded by step rows and rests after itself. The work, the WAL and
-# the commit of one statement grow with the step rows it deletes (~56 bytes of WAL each),
-# and runs hold from a few to thousands of steps: 500 runs a statement was 25k rows at
-# 50 steps a run, and 500k at 1,000. While a statement runs, its
-# backend takes a core from claims and commits (2 cores here), and a claim committing
-# meanwhile flushes the deleter's WAL with its own; so at most ~5,000 step rows (~280 KB
-# of WAL) a statement. The deleter's own commit stays synchronous: it, not the next
-# claim, pays for flushing its WAL (an asynchronous commit measured no better). Resting as
-# long as the statement took bounds the deleter to half the time, and slows it by itself
-# when the database is busy: statements take longer, and so do the rests. It still
-# deletes 17k-56k steps a second on 2 loaded cores (bench retention), far above what
-# runs write (docs/scaling.md).
+# Why a statement is bounded by step rows, commits asynchronously and rests after itself.
+# The deleter's CPU is small (~2 us a step row in its backend); what claims feel is its
+# I/O: ~70 bytes of WAL a step row and the pages it dirties, on the disk their commits
+# fsync to. A statement's work and WAL grow with the step rows it deletes, and runs hold
+# from a few to thousands of steps (500 runs a statement was 25k rows at 50 steps a run,
+# 500k at 1,000), so a statement takes at most ~5,000 step rows (~350 KB of WAL). Its
+# commit does not wait for the flush (store/sql/retention.sql says why that is safe): one
+# fsync per small statement, competing with the claims' own, measured slower for the
+# deleter and no better for claims; the WAL writer flushes it in the background. Resting
+# as long as the statement took bounds the deleter to half the time and its WAL rate to
+# half of what it could reach, and slows it by itself when the database is busy:
+# statements take longer, and so do the rests.
 STEPS = 5_000
 DUTY = 0.5
 

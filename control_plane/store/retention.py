@@ -7,7 +7,7 @@ from datetime import datetime
 
 import asyncpg
 
-from control_plane.store.db import Pool
+from control_plane.store.db import Pool, transaction
 from control_plane.store.queries import run
 
 __all__ = ["Deleted", "Pool", "delete_batch", "due_workspaces", "set_days"]
@@ -37,9 +37,12 @@ async def delete_batch(
     """Delete up to `batch` runs of the workspace finished before `cutoff` (runs other
     transactions hold are skipped), with their steps, events, payloads and audit rows; no
     more runs than keep the step rows deleted at about `steps` (at least one run)."""
-    row = await run(
-        pool, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch, steps=steps
-    )
+    async with transaction(pool) as conn:
+        await run(conn, "retention_commit_async")
+        row = await run(
+            conn, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch,
+            steps=steps,
+        )  # fmt: skip
     return Deleted(row["runs"], row["steps"], row["events"], row["payloads"], row["audit"])
 
 

@@ -4,6 +4,16 @@
 SELECT workspace_id, coalesce(:now::timestamptz, now()) - make_interval(days => retention_days) AS cutoff
 FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
 
+-- name: retention_commit_async :exec
+-- The deleter's transaction commits without waiting for its WAL to reach the disk
+-- (SET LOCAL synchronous_commit = off; set_config(..., true) so that it prepares). Safe: a
+-- delete a crash loses is redone by the next round (the runs are still there, finished and
+-- past their cutoff), nothing reads that it happened, and Postgres replays commits in
+-- order, so a later synchronous commit is never kept without it. The claims' commits
+-- stay synchronous: the WAL writer flushes the deleter's WAL in the background instead of
+-- one fsync per statement competing with theirs (control_plane/retention.py says why).
+SELECT set_config('synchronous_commit', 'off', true);
+
 -- name: retention_delete_batch :one
 -- Delete up to :batch runs of one workspace that finished before :cutoff, with every row
 -- that names them, in one statement, and no more runs than keep the step rows deleted at
