@@ -35,14 +35,14 @@ log = logging.getLogger(__name__)
 # I/O: ~70 bytes of WAL a step row and the pages it dirties, on the disk their commits
 # fsync to. A statement's work and WAL grow with the step rows it deletes, and runs hold
 # from a few to thousands of steps (500 runs a statement was 25k rows at 50 steps a run,
-# 500k at 1,000), so a statement takes at most ~5,000 step rows (~350 KB of WAL). Its
+# 500k at 1,000), so a statement takes at most ~10,000 step rows (~700 KB of WAL). Its
 # commit does not wait for the flush (store/sql/retention.sql says why that is safe): one
 # fsync per small statement, competing with the claims' own, measured slower for the
 # deleter and no better for claims; the WAL writer flushes it in the background. Resting
 # as long as the statement took bounds the deleter to half the time and its WAL rate to
 # half of what it could reach, and slows it by itself when the database is busy:
 # statements take longer, and so do the rests.
-STEPS = 5_000
+STEPS = 10_000
 DUTY = 0.5
 
 

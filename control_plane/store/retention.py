@@ -7,7 +7,7 @@ from datetime import datetime
 
 import asyncpg
 
-from control_plane.store.db import Pool, transaction
+from control_plane.store.db import Pool
 from control_plane.store.queries import run
 
 __all__ = ["Deleted", "Pool", "delete_batch", "due_workspaces", "set_days"]
@@ -32,17 +32,14 @@ async def due_workspaces(pool: Pool, now: datetime | None) -> list[tuple[str, da
 
 
 async def delete_batch(
-    pool: Pool, workspace_id: str, cutoff: datetime, batch: int, steps: int = 5_000
+    pool: Pool, workspace_id: str, cutoff: datetime, batch: int, steps: int = 10_000
 ) -> Deleted:
     """Delete up to `batch` runs of the workspace finished before `cutoff` (runs other
     transactions hold are skipped), with their steps, events, payloads and audit rows; no
     more runs than keep the step rows deleted at about `steps` (at least one run)."""
-    async with transaction(pool) as conn:
-        await run(conn, "retention_commit_async")
-        row = await run(
-            conn, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch,
-            steps=steps,
-        )  # fmt: skip
+    row = await run(
+        pool, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch, steps=steps
+    )
     return Deleted(row["runs"], row["steps"], row["events"], row["payloads"], row["audit"])
 
 

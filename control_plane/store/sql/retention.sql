@@ -4,16 +4,6 @@
 SELECT workspace_id, coalesce(:now::timestamptz, now()) - make_interval(days => retention_days) AS cutoff
 FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
 
--- name: retention_commit_async :exec
--- The deleter's transaction commits without waiting for its WAL to reach the disk
--- (SET LOCAL synchronous_commit = off; set_config(..., true) so that it prepares). Safe: a
--- delete a crash loses is redone by the next round (the runs are still there, finished and
--- past their cutoff), nothing reads that it happened, and Postgres replays commits in
--- order, so a later synchronous commit is never kept without it. The claims' commits
--- stay synchronous: the WAL writer flushes the deleter's WAL in the background instead of
--- one fsync per statement competing with theirs (control_plane/retention.py says why).
-SELECT set_config('synchronous_commit', 'off', true);
-
 -- name: retention_delete_batch :one
 -- Delete up to :batch runs of one workspace that finished before :cutoff, with every row
 -- that names them, in one statement, and no more runs than keep the step rows deleted at
@@ -32,6 +22,13 @@ SELECT set_config('synchronous_commit', 'off', true);
 -- and their chunks, unless a kept run's step references one (a second upload of the same
 -- bytes, a fork): that payload is handed over to the kept run. Audit rows are those whose
 -- object is one of the runs.
+-- The statement commits without waiting for its WAL to reach the disk: set_config(...,
+-- true) in its own result is SET LOCAL synchronous_commit = off for its implicit
+-- transaction, read at the commit that ends it. Safe: a delete a crash loses is redone by
+-- the next round (the runs are still there, finished and past their cutoff), nothing reads
+-- that it happened, and Postgres replays commits in order, so no later synchronous commit
+-- is kept without it. Claims' commits stay synchronous; the WAL writer flushes the
+-- deleter's WAL in the background instead of an fsync per statement competing with theirs.
 WITH candidates AS (
     SELECT o.run_id FROM (
         SELECT r.run_id,
@@ -110,7 +107,8 @@ SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
        (SELECT count(*) FROM gone_steps)::integer AS steps,
        (SELECT count(*) FROM gone_events)::integer AS events,
        (SELECT count(*) FROM gone_payloads)::integer AS payloads,
-       (SELECT count(*) FROM gone_audit)::integer AS audit;
+       (SELECT count(*) FROM gone_audit)::integer AS audit,
+       set_config('synchronous_commit', 'off', true) AS synchronous_commit;
 
 -- name: workspace_set_retention :one
 -- Keep a workspace's finished runs for :days days (0: forever).
