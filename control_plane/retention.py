@@ -4,10 +4,13 @@ A workspace's `retention_days` (0, the default: keep forever; set through
 WorkspaceAdminService.SetWorkspaceRetention) says how long its completed, failed and
 cancelled runs are kept after they finished. Every replica runs this loop; a round
 goes through the workspaces with a period and deletes their runs finished before the
-cutoff, `batch` runs per statement (each its own short transaction), until a statement
-deletes none. The runs of a batch are locked FOR UPDATE SKIP LOCKED, so two replicas
-take different runs and neither waits on the other; claims, heartbeats and commits
-lock only unfinished runs, which are never chosen, so the deleter never blocks them.
+cutoff, in short statements (each its own transaction) until one deletes none: at most
+`batch` runs and about `steps` step rows a statement, and after each a rest as long as the
+statement took (`duty` 0.5: the deleter is at work at most half the time). The runs of a
+statement are locked FOR UPDATE SKIP LOCKED, so neither of two replicas waits on the
+other (the one that finds the oldest runs held ends its round and leaves them to the
+other); claims, heartbeats and commits lock only unfinished runs, which are never
+chosen, so the deleter never blocks them.
 Export a run first if you need it (`agentrun runs export RUN`).
 
 The contract canary's internal workspace keeps its finished runs only for CANARY_KEEP (an
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime
 
 from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
@@ -26,20 +30,37 @@ from control_plane.store import retention as store
 
 log = logging.getLogger(__name__)
 
+# Why a statement is bounded by step rows, commits asynchronously and rests after itself.
+# The deleter's CPU is small (~2 us a step row in its backend); what claims feel is its
+# I/O: ~70 bytes of WAL a step row and the pages it dirties, on the disk their commits
+# fsync to. A statement's work and WAL grow with the step rows it deletes, and runs hold
+# from a few to thousands of steps (500 runs a statement was 25k rows at 50 steps a run,
+# 500k at 1,000), so a statement takes at most ~10,000 step rows (~700 KB of WAL). Its
+# commit does not wait for the flush (store/sql/retention.sql says why that is safe): one
+# fsync per small statement, competing with the claims' own, measured slower for the
+# deleter and no better for claims; the WAL writer flushes it in the background. Resting
+# as long as the statement took bounds the deleter to half the time and its WAL rate to
+# half of what it could reach, and slows it by itself when the database is busy:
+# statements take longer, and so do the rests.
+STEPS = 10_000
+DUTY = 0.5
+
 
 class Retention:
     """`run()` is the control-plane loop, `tick()` one round (tests drive it with a clock)."""
 
     def __init__(
         self, pool: store.Pool, *, poll_seconds: float = 60.0, batch: int = 500,
-        pause_seconds: float = 0.1,
+        steps: int = STEPS, duty: float = DUTY,
     ) -> None:  # fmt: skip
+        if not 0 < duty <= 1:
+            raise ValueError(f"duty must be in (0, 1], not {duty}")
         self._pool = pool
         self._poll = poll_seconds
         self._batch = batch
-        # A breath between batches, so a large backlog yields the CPU to claims and commits
-        # (bench retention: claim p99 doubled on 2 cores without it).
-        self._pause = pause_seconds
+        self._steps = steps
+        # The rest after a statement, per second it took: (1 - duty) / duty.
+        self._rest = (1 - duty) / duty
 
     async def run(self) -> None:
         while True:
@@ -63,12 +84,17 @@ class Retention:
     async def _delete(self, workspace_id: str, cutoff: datetime) -> int:
         """Delete the workspace's runs finished before `cutoff`, a batch per statement."""
         deleted = 0
-        while (gone := await store.delete_batch(
-            self._pool, workspace_id, cutoff, self._batch
-        )).runs:  # fmt: skip
+        while True:
+            start = time.monotonic()
+            gone = await store.delete_batch(
+                self._pool, workspace_id, cutoff, self._batch, self._steps
+            )
+            took = time.monotonic() - start
+            if not gone.runs:
+                return deleted
             deleted += gone.runs
-            log.info("retention deleted %d runs (%d steps) of workspace %s",
-                     gone.runs, gone.steps, workspace_id)  # fmt: skip
-            if self._pause:
-                await asyncio.sleep(self._pause)
-        return deleted
+            rest = took * self._rest
+            log.info("retention deleted %d runs (%d steps) of workspace %s in %.3fs, resting %.3fs",
+                     gone.runs, gone.steps, workspace_id, took, rest)  # fmt: skip
+            if rest:
+                await asyncio.sleep(rest)

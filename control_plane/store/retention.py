@@ -31,10 +31,15 @@ async def due_workspaces(pool: Pool, now: datetime | None) -> list[tuple[str, da
     return [(r["workspace_id"], r["cutoff"]) for r in rows]
 
 
-async def delete_batch(pool: Pool, workspace_id: str, cutoff: datetime, batch: int) -> Deleted:
+async def delete_batch(
+    pool: Pool, workspace_id: str, cutoff: datetime, batch: int, steps: int = 10_000
+) -> Deleted:
     """Delete up to `batch` runs of the workspace finished before `cutoff` (runs other
-    transactions hold are skipped), with their steps, events, payloads and audit rows."""
-    row = await run(pool, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch)
+    transactions hold are skipped), with their steps, events, payloads and audit rows; no
+    more runs than keep the step rows deleted at about `steps` (at least one run)."""
+    row = await run(
+        pool, "retention_delete_batch", ws=workspace_id, cutoff=cutoff, batch=batch, steps=steps
+    )
     return Deleted(row["runs"], row["steps"], row["events"], row["payloads"], row["audit"])
 
 

@@ -142,6 +142,43 @@ async def test_each_statement_deletes_at_most_a_batch(pool, caplog):
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE workspace_id = 'ws'") == 0
 
 
+async def test_a_statement_deletes_runs_while_their_steps_stay_under_the_budget(pool):
+    """The oldest runs first, as many as keep the steps deleted within `steps`, yet always
+    one, however many steps it has; the runs left over are the newer ones."""
+    ids = [await _finished(pool, at=T + i * timedelta(minutes=1)) for i in range(4)]
+    counts = [await pool.fetchval("SELECT step_count FROM runs WHERE run_id = $1", i) for i in ids]
+    assert min(counts) >= 2, counts
+    await _keep(pool, "ws", 1)
+    (_, cutoff), = await store.due_workspaces(pool, T + 2 * DAY)  # fmt: skip
+    # Runs 0 and 1 fit; run 2 would start past the budget.
+    gone = await store.delete_batch(pool, "ws", cutoff, 500, steps=counts[0] + counts[1])
+    assert (gone.runs, gone.steps) == (2, counts[0] + counts[1])
+    left = {r["run_id"] for r in await pool.fetch("SELECT run_id FROM runs")}
+    assert left == {ids[2], ids[3]}
+    gone = await store.delete_batch(pool, "ws", cutoff, 500, steps=1)
+    assert (gone.runs, gone.steps) == (1, counts[2])
+    assert {r["run_id"] for r in await pool.fetch("SELECT run_id FROM runs")} == {ids[3]}
+
+
+async def test_the_loop_rests_after_each_statement_for_its_duty_cycle(pool, caplog):
+    """With duty d, the rest after a statement that took t is t (1 - d) / d, so the deleter
+    is at work at most d of the round's time."""
+    for i in range(3):
+        await _finished(pool, at=T + i * timedelta(minutes=1))
+    await _keep(pool, "ws", 1)
+    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    began = asyncio.get_running_loop().time()
+    assert await Retention(pool, batch=1, duty=0.25).tick(now=T + 2 * DAY) == 3
+    took = asyncio.get_running_loop().time() - began
+    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    assert [a[0] for a in logged] == [1, 1, 1]
+    for _, _, _, statement, rest in logged:
+        assert rest == pytest.approx(3 * statement)
+    assert took >= sum(a[3] + a[4] for a in logged) * 0.99
+    with pytest.raises(ValueError, match="duty"):
+        Retention(pool, duty=0)
+
+
 async def test_the_loop_deletes_a_backlog_in_bounded_statements(pool, caplog):
     for _ in range(8):
         await _finished(pool, at=T)

@@ -6,24 +6,48 @@ FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
 
 -- name: retention_delete_batch :one
 -- Delete up to :batch runs of one workspace that finished before :cutoff, with every row
--- that names them, in one statement. The runs are locked FOR UPDATE SKIP LOCKED, so a run
--- another transaction holds (a cancel, a replica's own batch) is skipped, not waited on;
--- claims and commits touch only unfinished runs, which are never chosen. A finished parent
--- with a child still going is kept until the child ends (the child's end looks it up).
+-- that names them, in one statement, and no more runs than keep the step rows deleted at
+-- about :steps: the oldest finished runs are taken while the steps of those before them
+-- stay under :steps (at least one run, however many steps it has; runs.step_count is kept
+-- by every statement that writes steps), so a statement's work, WAL and commit stay small
+-- whatever the runs hold (control_plane/retention.py says why). Only those candidates are
+-- locked, FOR UPDATE SKIP LOCKED, so a run another transaction holds (a cancel, another
+-- replica's batch) is skipped, not waited on; claims and commits touch only unfinished
+-- runs, which are never chosen. When every candidate is held (another replica is deleting
+-- the same oldest runs), the statement deletes none and this round ends; that replica
+-- goes on. A finished parent with a child still going is kept until the child ends (the
+-- child's end looks it up).
 -- Foreign keys to runs are NO ACTION, checked at the statement's end, when the referencing
 -- rows are gone too (run_signals cascade). Payloads are those the deleted runs uploaded,
 -- and their chunks, unless a kept run's step references one (a second upload of the same
 -- bytes, a fork): that payload is handed over to the kept run. Audit rows are those whose
 -- object is one of the runs.
-WITH chosen AS (
+-- The statement commits without waiting for its WAL to reach the disk: set_config(...,
+-- true) in its own result is SET LOCAL synchronous_commit = off for its implicit
+-- transaction, read at the commit that ends it. Safe: a delete a crash loses is redone by
+-- the next round (the runs are still there, finished and past their cutoff), nothing reads
+-- that it happened, and Postgres replays commits in order, so no later synchronous commit
+-- is kept without it. Claims' commits stay synchronous; the WAL writer flushes the
+-- deleter's WAL in the background instead of an fsync per statement competing with theirs.
+WITH candidates AS (
+    SELECT o.run_id FROM (
+        SELECT r.run_id,
+               sum(r.step_count) OVER (ORDER BY r.finished_at ROWS UNBOUNDED PRECEDING)
+                   - r.step_count AS steps_before
+        FROM runs r
+        WHERE r.workspace_id = :ws AND r.finished_at IS NOT NULL AND r.finished_at < :cutoff
+          AND NOT EXISTS (
+              SELECT 1 FROM runs c
+              WHERE c.workspace_id = r.workspace_id AND c.parent_run_id = r.run_id
+                AND c.finished_at IS NULL)
+        ORDER BY r.finished_at
+        LIMIT :batch) o
+    WHERE o.steps_before < :steps
+), chosen AS (
+    -- An index probe per candidate (= ANY of an array), whatever plan is cached.
     SELECT r.workspace_id, r.run_id FROM runs r
-    WHERE r.workspace_id = :ws AND r.finished_at IS NOT NULL AND r.finished_at < :cutoff
-      AND NOT EXISTS (
-          SELECT 1 FROM runs c
-          WHERE c.workspace_id = r.workspace_id AND c.parent_run_id = r.run_id
-            AND c.finished_at IS NULL)
-    ORDER BY r.finished_at
-    LIMIT :batch
+    WHERE r.workspace_id = :ws AND r.run_id = ANY (ARRAY(SELECT run_id FROM candidates))
+      AND r.finished_at IS NOT NULL
     FOR UPDATE OF r SKIP LOCKED
 ), gone_steps AS (
     DELETE FROM steps s USING chosen c
@@ -83,7 +107,8 @@ SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
        (SELECT count(*) FROM gone_steps)::integer AS steps,
        (SELECT count(*) FROM gone_events)::integer AS events,
        (SELECT count(*) FROM gone_payloads)::integer AS payloads,
-       (SELECT count(*) FROM gone_audit)::integer AS audit;
+       (SELECT count(*) FROM gone_audit)::integer AS audit,
+       set_config('synchronous_commit', 'off', true) AS synchronous_commit;
 
 -- name: workspace_set_retention :one
 -- Keep a workspace's finished runs for :days days (0: forever).
