@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from dbos import DBOS
 
-from bench.dbos_baseline import ENDPOINTS, MODEL, TOOLS, DbosResult, _config, _urls, play_async
+from bench.dbos_baseline import ENDPOINTS, MODEL, TOOLS, DbosResult, _urls, launched, play_async
 from telemetry.event_loop import chosen
 
 _SESSION: list[aiohttp.ClientSession] = []
@@ -130,13 +130,8 @@ def measure_async(
     Blocking: call it in a worker thread (it runs its own event loop there).
     """
     _urls(model_base, providers_base)
-    DBOS(config=_config(dsn, concurrency))  # type: ignore[arg-type]
-    try:
-        DBOS.launch()
-        actions, elapsed = _run_timed(agent_run_async, workflows, concurrency, on_start, on_end)
-    finally:
-        DBOS.destroy()
-    return DbosResult(workflows, concurrency, actions, elapsed)
+    return launched(dsn, workflows, concurrency, lambda: _run_timed(
+        agent_run_async, workflows, concurrency, on_start, on_end))  # fmt: skip
 
 
 def measure_http_only(
@@ -145,5 +140,5 @@ def measure_http_only(
 ) -> DbosResult:  # fmt: skip
     """The same runs, concurrency and aiohttp session as `measure_async`, without DBOS."""
     _urls(model_base, providers_base)
-    actions, elapsed = _run_timed(http_only_run, workflows, concurrency, on_start, on_end)
-    return DbosResult(workflows, concurrency, actions, elapsed)
+    return launched(None, workflows, concurrency, lambda: _run_timed(
+        http_only_run, workflows, concurrency, on_start, on_end))  # fmt: skip

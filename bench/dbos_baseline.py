@@ -203,6 +203,22 @@ def _urls(model_base: str, providers_base: str) -> None:
     ENDPOINTS.echo_url = providers_base.rstrip("/") + "/echo"
 
 
+def launched(
+    dsn: str | None, workflows: int, workers: int, timed: Callable[[], tuple[int, float]]
+) -> DbosResult:
+    """`timed()` -> (actions, seconds), inside DBOS launched on `dsn` (None: no DBOS at all)."""
+    if dsn is None:
+        actions, elapsed = timed()
+        return DbosResult(workflows, workers, actions, elapsed)
+    DBOS(config=_config(dsn, workers))  # type: ignore[arg-type]
+    try:
+        DBOS.launch()
+        actions, elapsed = timed()
+    finally:
+        DBOS.destroy()
+    return DbosResult(workflows, workers, actions, elapsed)
+
+
 def measure(
     dsn: str, model_base: str, providers_base: str, workflows: int, threads: int,
     on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
@@ -213,13 +229,8 @@ def measure(
     called right before and after the timed runs (launch and warm-up are not measured).
     """
     _urls(model_base, providers_base)
-    DBOS(config=_config(dsn, threads))  # type: ignore[arg-type]
-    try:
-        DBOS.launch()
-        actions, elapsed = _timed(agent_run, workflows, threads, on_start, on_end)
-    finally:
-        DBOS.destroy()
-    return DbosResult(workflows, threads, actions, elapsed)
+    return launched(dsn, workflows, threads,
+                    lambda: _timed(agent_run, workflows, threads, on_start, on_end))  # fmt: skip
 
 
 def measure_http_only(
@@ -228,5 +239,5 @@ def measure_http_only(
 ) -> DbosResult:  # fmt: skip
     """The same runs, threads and httpx client as `measure`, without DBOS: the HTTP share."""
     _urls(model_base, providers_base)
-    actions, elapsed = _timed(http_only_run, workflows, threads, on_start, on_end)
-    return DbosResult(workflows, threads, actions, elapsed)
+    return launched(None, workflows, threads,
+                    lambda: _timed(http_only_run, workflows, threads, on_start, on_end))  # fmt: skip
