@@ -40,6 +40,10 @@ STALE = "no recent liveness acknowledgement from the control plane"
 SEND_GATE: ContextVar[Callable[[], str | None] | None] = ContextVar("send_gate", default=None)
 
 
+class Refused(Exception):
+    """A model request the last-moment check held back: nothing was written."""
+
+
 def blocked_now() -> str | None:
     """Why the current run may not send this instant (None: it may, or it has no gate)."""
     gate = SEND_GATE.get()

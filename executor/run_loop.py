@@ -20,6 +20,7 @@ from executor import (
     approval,
     constraints,
     context,
+    horizon,
     limits,
     payloads,
     replay,
@@ -68,6 +69,11 @@ COMMIT_BACKOFF_CAP = 2.0
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
 CHILD_WAIT = "child"
+
+
+class _HandBack(Exception):
+    """The run may not ask the model under this lease any more (its stream is gone, or a
+    last-moment check held the request back): handed back, to be claimed afresh."""
 
 
 class RunFenced(Exception):
@@ -220,7 +226,10 @@ class RunLoop:
             )
             if error:
                 return await self._fail(error)
-            ended = await self._act(action)
+            try:
+                ended = await self._act(action)
+            except _HandBack as back:
+                return await self._park("handoff", 0.0, str(back))
             if ended:
                 return ended
 
@@ -423,12 +432,20 @@ class RunLoop:
         call); a cancellation of this run's own task still propagates."""
         if self._handoff_now.is_set():
             return None
+        try:
+            # A model request is a send as much as a tool request: a holder stopped past
+            # its send horizon must not ask again what its successor has asked already.
+            await self._guard()
+        except NotSent as exc:
+            raise _HandBack(f"not asked: {exc}") from None
         call = asyncio.ensure_future(profiles.ask(
             self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta
         ))  # fmt: skip
         self._model_call = call
         try:
             return await call
+        except horizon.Refused as exc:  # the last-moment check: nothing was written
+            raise _HandBack(f"not asked: {exc}") from None
         except asyncio.CancelledError:
             if _cancelling() or not self._handoff_now.is_set():
                 raise

@@ -12,8 +12,9 @@ from agentrun.v1 import executor_pb2, tool_pb2
 from control_plane.config import ServerConfig
 from control_plane.dispatch.liveness import Liveness
 from executor.config import ExecutorConfig
-from executor.horizon import SEND_GATE, SESSION_GONE, STALE, SendHorizon
+from executor.horizon import SEND_GATE, SESSION_GONE, STALE, Refused, SendHorizon
 from executor.lease import LEASE_UNSAFE, NOT_HELD, LeaseKeeper
+from executor.models.provider_http import ProviderHttp
 from executor.tools import definitions
 from executor.tools.catalogue import Catalogue, Tool
 from executor.tools.http_tool import HttpToolClient, NotSent
@@ -194,3 +195,29 @@ async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horiz
             await asyncio.create_task(send_as_run())
         assert len(provider.seen) == 1  # nothing left
         await tools.aclose()
+
+
+async def test_a_model_request_takes_the_last_moment_check_too() -> None:
+    """A model request is a send: a holder stopped past its horizon must not ask the model
+    what its successor asks (the takeover test's "no re-ask"); held back, nothing leaves."""
+    clock = Clock()
+    leases = keeper(clock)
+    leases.horizon.begin(1.5)
+    leases.hold(lease())
+    leases.horizon.ack(clock.now)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async with serving(lambda r: reply(json={"ok": True})) as provider:
+        model = ProviderHttp(5.0, secret="sk-test")
+
+        async def ask_as_run() -> None:  # a task of its own, as each run is
+            SEND_GATE.set(lambda: leases.send_refusal("r1"))
+            await model.post(f"{provider.url}/v1/chat/completions", body, {})
+
+        await asyncio.create_task(ask_as_run())
+        assert len(provider.seen) == 1
+        clock.now += 1.5
+        with pytest.raises(Refused, match="no recent liveness acknowledgement"):
+            await asyncio.create_task(ask_as_run())
+        assert len(provider.seen) == 1  # nothing left
+        await model.aclose()
