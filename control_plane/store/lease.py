@@ -1,16 +1,15 @@
 """Claims, heartbeats and lease hand-back: the run row as a lease.
 
 The claim is fair across workspaces and holds every concurrency cap with any
-number of claimers: sql/lease.sql explains the four statements and why.
+number of claimers: sql/lease.sql explains its four steps and why, and
+migrations/0029_claim_function.sql runs them in one call.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import asyncpg
 
 from control_plane.store.db import transaction
-from control_plane.store.queries import QUERIES, run
+from control_plane.store.queries import run
 from control_plane.store.runs import Run
 
 
@@ -69,61 +68,22 @@ async def claim_due(
         return []
     allowed = list(scope) if scope is not None else None
     tools = json.dumps(list(carried)) if carried is not None else None
-    async with _claim_transaction(pool) as conn:
-        turns = await run(conn, "workspace_take_turns", len(owners), now, allowed)
-        ids = [t["workspace_id"] for t in turns]
-        rows = await run(conn, "run_claim_due", owners, lease_seconds, now, ids, allowed, tools,
-                         *(release.params() if release else (None, None, 0.0, False)))  # fmt: skip
-        claimed = [Run.from_record(r) for r in rows]
-        kept = {r["workspace_id"] for r in rows if r["keeps_due"]}
-        await _raise_next_wake(conn, turns, [r.workspace_id for r in claimed], kept)
+    routing = release.params() if release else (None, None, 0.0, False)
+    # One statement, one round trip: agentrun_claim() takes the turns, claims and raises
+    # next_wake_at in its own transaction (sql/lease.sql run_claim). In a caller's
+    # transaction, a savepoint, as store.db.transaction makes.
+    args = (owners, lease_seconds, now, allowed, tools, *routing)
+    if isinstance(pool, asyncpg.Connection):
+        async with transaction(pool) as conn:
+            rows = await run(conn, "run_claim", *args)
+    else:
+        rows = await run(pool, "run_claim", *args)
+    claimed = [Run.from_record(r) for r in rows]
     if on_takeover is not None:
         for row, claimed_run in zip(rows, claimed, strict=True):
             if row["taken_over"]:
                 on_takeover(claimed_run)
     return claimed
-
-
-@asynccontextmanager
-async def _claim_transaction(db: asyncpg.pool.Pool | asyncpg.Connection) -> AsyncIterator[Any]:
-    """The claim's transaction, its statements planned generically (claim_plan_generic).
-
-    From the pool, BEGIN and the setting go in one round trip (one simple-query message):
-    at batch 1 the claim is a handful of round trips, each one counts. A connection given
-    (the caller's transaction): a savepoint, as store.db.transaction makes."""
-    if isinstance(db, asyncpg.Connection):
-        async with transaction(db) as conn:
-            await run(conn, "claim_plan_generic")
-            yield conn
-        return
-    async with db.acquire() as conn:
-        await conn.execute(f"BEGIN; {QUERIES['claim_plan_generic'].sql}")
-        yield conn  # on an exception, the pool's release rolls the transaction back
-        await conn.execute("COMMIT")
-
-
-async def _raise_next_wake(
-    conn: asyncpg.Connection,
-    turns: Sequence[asyncpg.Record],
-    claimed: Sequence[str],
-    kept: Collection[str] = (),
-) -> None:
-    """Recompute next_wake_at of the workspaces this claim may have emptied.
-
-    A workspace that got fewer runs than it had room for may have no due run
-    left; left as it is, it would only be looked at again for nothing. One in
-    `kept` still has a due run the claim read and left (keeps_due), so raising
-    it could not move it past now: it is left as it is (never raising is always
-    safe, next_wake_at is only a lower bound).
-    """
-    got = Counter(claimed)  # the workspace of each claimed run
-    maybe_empty = [t["workspace_id"] for t in turns
-                   if got[t["workspace_id"]] < t["room"] and t["workspace_id"] not in kept]  # fmt: skip
-    if not maybe_empty:
-        return
-    locked = await run(conn, "workspace_lock_for_raise", maybe_empty)
-    if locked:
-        await run(conn, "workspace_raise_next_wake", [r["workspace_id"] for r in locked])
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ published with a `no_executor` warning: its runs wait, queued, until an executor
 the tools comes.
 
 The claim assigns a run only to an executor carrying every built-in of its agent version
-(agent_versions.code_tools; lease.sql run_claim_due, `carried`). trifecta.py warns about
+(agent_versions.code_tools; lease.sql run_claim, `carried`). trifecta.py warns about
 tool sets that together can be talked into exfiltrating data (the registry's capability
 marks).
 """

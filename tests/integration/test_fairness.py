@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -173,6 +173,25 @@ async def test_next_wake_at_tracks_the_earliest_waiting_run(pool):
     assert (await workspaces.get(pool, "ws"))["next_wake_at"] is not None
     (again,) = await claim(pool, 1)
     assert again.run_id == row.run_id
+
+
+async def test_next_wake_at_is_raised_only_where_the_claim_may_have_emptied_the_workspace(pool):
+    """A workspace that filled its room, or kept a due run the claim read and left, keeps its
+    next_wake_at (any lower bound is safe); one that got less than its room and kept none is
+    raised to its earliest waiting run (here none)."""
+    await workspaces.set_plan(pool, "full", "enterprise", 1)
+    await factories.queued_runs(pool, 2, workspace_id="full")
+    await factories.queued_runs(pool, 3, workspace_id="kept")
+    await factories.queued_runs(pool, 1, workspace_id="emptied")
+    mark = "UPDATE workspaces SET next_wake_at = '2000-01-01', last_served_at = $2 WHERE workspace_id = $1"
+    for i, ws in enumerate(("full", "kept", "emptied")):
+        await pool.execute(mark, ws, datetime(2000, 1, 1, tzinfo=UTC) + timedelta(seconds=i))
+    got = Counter(r.workspace_id for r in await claim(pool, 3))
+    assert got == {"full": 1, "kept": 1, "emptied": 1}
+    wakes = {r["workspace_id"]: r["next_wake_at"] for r in await pool.fetch(
+        "SELECT workspace_id, next_wake_at FROM workspaces")}  # fmt: skip
+    old = datetime(2000, 1, 1, tzinfo=UTC)
+    assert (wakes["full"], wakes["kept"], wakes["emptied"]) == (old, old, None)
 
 
 async def test_queue_position_counts_runs_ahead_and_names_the_cap(pool):

@@ -19,7 +19,6 @@ import pytest
 from agentrun.v1 import run_pb2, run_pb2_grpc, session_pb2
 from agentrun.v1 import trigger_pb2 as pb
 from control_plane.store import lease, runs, workspaces
-from control_plane.store.queries import QUERIES
 from tests import factories
 from tests.harness.auth import bearer
 from tests.harness.triggers import SCHEME, TriggerApi, post, seconds, signed
@@ -112,27 +111,21 @@ FROM generate_series(1, $3::int) AS g
 """
 
 
-CLAIM_TYPES = "text[], float8, timestamptz, text[], text[], jsonb, text[], text, float8, boolean"
-
-
 async def claim_buffers(pool) -> int:
-    """Buffers one single-run claim statement touches, planned as the claim plans it (a
-    generic plan, claim_plan_generic), under EXPLAIN ANALYZE, rolled back."""
+    """Buffers one single-run claim touches, all four of its steps (agentrun_claim(), as
+    lease.claim_due calls it: its SET clauses plan them generically), under EXPLAIN
+    ANALYZE, rolled back. The function scan's buffers count every page its statements
+    read: a PL/pgSQL function's inner reads go to the node that called it."""
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
-            await conn.execute(QUERIES["claim_plan_generic"].sql)
-            await conn.execute(f"PREPARE claim ({CLAIM_TYPES}) AS {QUERIES['run_claim_due'].sql}")
-            (turn,) = await conn.fetch(QUERIES["workspace_take_turns"].sql, 1, None, None)
-            assert turn["workspace_id"] == WS  # a slug: safe to spell out below
             plan = await conn.fetchval(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("
-                f"ARRAY['ex'], 30, NULL, ARRAY['{WS}'], NULL, NULL, NULL, NULL, 0, false)"
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM agentrun_claim("
+                "ARRAY['ex'], 30, NULL, NULL, NULL, NULL, NULL, 0, false)"
             )
         finally:
             await tx.rollback()
-            await conn.execute("DEALLOCATE claim")
     root = json.loads(plan)[0]["Plan"]
     assert root["Actual Rows"] == 1, "a due run was claimed"
     return root["Shared Hit Blocks"] + root["Shared Read Blocks"]

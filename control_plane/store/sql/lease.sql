@@ -1,17 +1,23 @@
--- The fair claim is one short transaction of up to four statements, in this
--- order, after claim_plan_generic (control_plane/store/lease.py runs it):
+-- The fair claim is one short transaction of four statements, in this order,
+-- all run by one call of agentrun_claim() (migrations/0029_claim_function.sql;
+-- run_claim below; control_plane/store/lease.py calls it):
 --
---   1. workspace_take_turns: lock the workspaces whose turn it is (least
---      recently served first, with due runs and room under their cap);
---   2. run_claim_due: lease lapsed runs, then those workspaces' oldest due
---      runs, round robin, within each workspace's and agent's room;
---   3. workspace_lock_for_raise + 4. workspace_raise_next_wake: for the
---      workspaces the claim may have emptied, recompute next_wake_at (none
---      when step 2 saw a due run it left in each: keeps_due).
+--   1. take turns: lock the workspaces whose turn it is (least recently
+--      served first, with due runs and room under their cap);
+--   2. claim: lease lapsed runs, then those workspaces' oldest due runs,
+--      round robin, within each workspace's and agent's room;
+--   3. lock for the raise + 4. raise next_wake_at: for the workspaces the
+--      claim may have emptied, recompute next_wake_at (none when step 2 saw a
+--      due run it left in each: keeps_due).
+--
+-- Each step is its own statement inside the function, so each takes a fresh
+-- snapshot (the function is VOLATILE and the transaction READ COMMITTED),
+-- exactly as the four statements sent one by one did before 0029: "a new
+-- statement" below holds inside the function as it did outside it.
 --
 -- Step 2 reads each agent's share of the batch first (the batch over the
 -- workspaces in turn, and one more), and up to the whole batch only if that
--- falls short; its picks are the same either way (see `short` below).
+-- falls short; its picks are the same either way (see `short` in 0029).
 --
 -- Why caps hold with any number of claimers. A workspace's running count
 -- only grows in step 2, under the row lock taken in step 1 and kept until
@@ -124,298 +130,46 @@
 -- every 0.3 leases (a half less the margin) keeps its lease without them
 -- (before, every 0.8 did).
 
--- name: claim_plan_generic :exec
--- Plan the claim's statements once per connection: their plans do not
--- depend on the arrays they are given (every step is an index probe), and
--- planning them afresh each time costs more than running them. A generic
--- plan cannot know how few runs a claim takes (its LIMITs are parameters):
--- with a million parked runs it may estimate thousands and hash the whole
--- runs table for the final UPDATE. Every join in these statements is meant
--- as a probe of a few rows, so the claim plans nested loops only. One
--- statement (set_config(..., true) is SET LOCAL), so that it prepares too.
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('enable_hashjoin', 'off', true),
-       set_config('enable_mergejoin', 'off', true);
-
--- name: workspace_take_turns :many
--- Lock up to $1 workspaces whose turn it is, least recently served first,
--- with their room under the cap, among those the claiming executors' scope
--- $3 allows (NULL: every workspace). Database clock unless $2 fixes it.
--- The room is read before the lock is taken (the count is not on the locked
--- row): run_claim_due reads it again, in a new statement, and that is the one
--- the caps rely on.
-SELECT w.workspace_id, w.max_concurrency - c.running AS room
-FROM workspaces w
-CROSS JOIN LATERAL (
-    SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-    WHERE c.workspace_id = w.workspace_id) c
-WHERE w.next_wake_at <= coalesce($2::timestamptz, now())
-  AND c.running < w.max_concurrency
-  AND ($3::text[] IS NULL OR w.workspace_id = ANY($3::text[]))
-ORDER BY w.last_served_at, w.workspace_id
-LIMIT $1
-FOR NO KEY UPDATE OF w SKIP LOCKED;
-
--- name: run_claim_due :many
--- Lease up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
+-- name: run_claim :many
+-- The claim's four steps above in one call of agentrun_claim()
+-- (migrations/0029_claim_function.sql), one statement in its own
+-- transaction, one round trip. The function runs them as four statements,
+-- each under a fresh snapshot (it is VOLATILE, the transaction READ
+-- COMMITTED), so the caps argument above holds as it did for four separate
+-- statements: step 2 still sees every claim that held a workspace's lock
+-- before step 1 took it, and step 4 every run of the writers step 3 waited
+-- out. Its SET clauses plan them generically with nested loops only: their
+-- plans do not depend on the arrays given (every step is an index probe), a
+-- generic plan cannot know how few runs a claim takes (its LIMITs are
+-- parameters) and, with a million parked runs, might hash the whole runs
+-- table for the final UPDATE.
+--
+-- Leases up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
 -- first (they hold their slot already), then the due runs of the workspaces
--- in $4 (locked by workspace_take_turns, in turn order), one per workspace per
--- round, within the room of the workspace and of each agent. Within a
--- workspace, highest priority first, then oldest due: priority reorders a
--- workspace's own share and never gives it a turn out of order.
--- Marks the workspaces served; says of each run whether it was taken over
--- (its lease had lapsed), and whether its workspace is left with a due run
--- (keeps_due: one it read and did not pick). Database clock unless $3 fixes it. Lapsed
--- leases are taken only of workspaces in the executors' scope $5 (NULL: all):
--- a scoped pool never leases another tenant's run. Only runs whose agent
--- version's tools are all among $6 (a JSON array of the tools the owners
--- carry; NULL: any) are taken, lapsed or fresh: an executor is never handed
--- a run it could not finish. A workspace with due runs none of which these
--- owners can run goes to the back of the line like one at its caps (it had
--- nothing this claim could take); that costs it its place only against the
--- other workspaces, and keeps it from blocking a turn slot of every claim.
--- Releases (0020_releases.sql): with $7 (the releases these owners continue,
--- their own $8 among them; NULL: releases ignored) a run already on a release
--- is taken only if it is one of $7, and a run on none only if $8 is the
--- newest release with an executor seen within $9 seconds that is not
--- draining (with $10, only among releases promoted or past a canary); the
--- claim records $8 on the runs it takes first.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce($3::timestamptz, now()) AS now
-), routing AS MATERIALIZED (
-    SELECT $7::text[] IS NULL AS any_release, $8::text IS NOT DISTINCT FROM (
-        SELECT rl.release FROM releases rl
-        WHERE rl.draining_since IS NULL
-          AND (NOT $10::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
-          AND (rl.release = $8 OR EXISTS (  -- the claimers are connected themselves
-            SELECT 1 FROM executor_tools e
-            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $9)))
-        ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
-        LIMIT 1) AS takes_new
-), lapsed AS (
-    SELECT r.workspace_id, r.run_id FROM runs r
-    WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
-      AND ($5::text[] IS NULL OR r.workspace_id = ANY($5::text[]))
-      AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
-           OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
-      AND ($6::jsonb IS NULL OR EXISTS (
-          SELECT 1 FROM agent_versions v
-          WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
-            AND v.version = r.agent_version
-            AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
-    ORDER BY r.wake_at
-    LIMIT cardinality($1::text[])
-    FOR UPDATE SKIP LOCKED
-), turns AS (
-    -- The running counts (0027_running_counts.sql), read by this statement's
-    -- snapshot: it sees every claim that held the workspace's lock before.
-    SELECT w.workspace_id, l.ord, w.max_concurrency - c.running AS room
-    FROM unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord)
-    JOIN workspaces w USING (workspace_id)
-    CROSS JOIN LATERAL (
-        SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-        WHERE c.workspace_id = w.workspace_id) c
-    WHERE c.running < w.max_concurrency
-), agent_rooms AS (
-    SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
-    FROM turns t
-    JOIN agents a ON a.workspace_id = t.workspace_id
-    -- NULL: no cap of its own (least() below then ignores it).
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
-            SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
-            WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
-    ) ar
-    WHERE ar.room IS NULL OR ar.room > 0
-), share AS MATERIALIZED (
-    -- The batch left after the lapsed leases, and the runs of each agent the round
-    -- robin can need when every workspace in turn has that many: the batch over the
-    -- workspaces, rounded up, and one more, which tells a workspace that keeps due
-    -- runs after this claim from one it may empty.
-    SELECT b.left, ceil(greatest(b.left, 1)::numeric / greatest(
-               (SELECT count(*) FROM turns), 1))::int + 1 AS runs
-    FROM (SELECT cardinality($1::text[]) - (SELECT count(*) FROM lapsed) AS left) b
-), first_pass AS (
-    -- Each agent's first runs, up to its share: with 64 workspaces in turn and a batch
-    -- of 64, two runs each instead of 64 (never more than the batch: a workspace with
-    -- vast room must not make a one-run claim read its whole backlog).
-    SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
-    FROM (SELECT r.*, least(r.room, r.agent_room, (SELECT runs FROM share)) AS runs
-          FROM agent_rooms r) q
-    CROSS JOIN LATERAL (
-        -- The agent's queue one priority level at a time, highest first (0026's
-        -- runs_due_by_priority): each level is one index descent to find and one
-        -- range probe that stops at the level's first run not yet due, so parked
-        -- runs are never read. Levels come out highest first and each level's runs
-        -- oldest first, and the LIMIT stops the walk once it has enough: lower
-        -- levels are not even looked up.
-        WITH RECURSIVE levels(priority) AS (
-            (SELECT r.priority FROM runs r
-             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-               AND r.status IN ('queued', 'waiting')
-             ORDER BY r.priority DESC LIMIT 1)
-            UNION ALL
-            SELECT (SELECT r.priority FROM runs r
-                    WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-                      AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
-                    ORDER BY r.priority DESC LIMIT 1)
-            FROM levels l WHERE l.priority IS NOT NULL
-        )
-        SELECT d.run_id, l.priority, d.wake_at
-        FROM levels l
-        CROSS JOIN LATERAL (
-            SELECT r.run_id, r.wake_at FROM runs r
-            WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-              AND r.priority = l.priority
-              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
-              AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
-                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
-              AND ($6::jsonb IS NULL OR EXISTS (
-                  SELECT 1 FROM agent_versions v
-                  WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
-                    AND v.version = r.agent_version
-                    AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
-            ORDER BY r.wake_at, r.run_id
-            LIMIT q.runs
-        ) d
-        LIMIT q.runs
-    ) c
-), short AS MATERIALIZED (
-    -- Whether the first pass may have left out a run the round robin takes: it has
-    -- fewer than the batch left within min(share, room) of each workspace (some had
-    -- fewer due runs than their share). Otherwise every run picked is among the first
-    -- min(share, room) of its workspace, which the first pass read in full, so the
-    -- picks are exactly those a pass reading up to the batch would make.
-    SELECT coalesce(sum(least(f.n, f.room, (SELECT runs FROM share))), 0)
-           < (SELECT s.left FROM share s) AS short
-    FROM (SELECT workspace_id, room, count(*) AS n FROM first_pass
-          GROUP BY workspace_id, room) f
-), second_pass AS (
-    -- Only when short: every agent's first runs up to the batch (never more).
-    SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
-    FROM (SELECT r.*, least(r.room, r.agent_room, cardinality($1::text[])) AS runs
-          FROM agent_rooms r WHERE (SELECT short FROM short)) q
-    CROSS JOIN LATERAL (  -- the same walk as first_pass's
-        WITH RECURSIVE levels(priority) AS (
-            (SELECT r.priority FROM runs r
-             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-               AND r.status IN ('queued', 'waiting')
-             ORDER BY r.priority DESC LIMIT 1)
-            UNION ALL
-            SELECT (SELECT r.priority FROM runs r
-                    WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-                      AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
-                    ORDER BY r.priority DESC LIMIT 1)
-            FROM levels l WHERE l.priority IS NOT NULL
-        )
-        SELECT d.run_id, l.priority, d.wake_at
-        FROM levels l
-        CROSS JOIN LATERAL (
-            SELECT r.run_id, r.wake_at FROM runs r
-            WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
-              AND r.priority = l.priority
-              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
-              AND ((SELECT any_release FROM routing) OR r.release = ANY($7::text[])
-                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
-              AND ($6::jsonb IS NULL OR EXISTS (
-                  SELECT 1 FROM agent_versions v
-                  WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
-                    AND v.version = r.agent_version
-                    AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $6::jsonb))
-            ORDER BY r.wake_at, r.run_id
-            LIMIT q.runs
-        ) d
-        LIMIT q.runs
-    ) c
-), candidates AS (
-    SELECT * FROM first_pass WHERE NOT (SELECT short FROM short)
-    UNION ALL
-    SELECT * FROM second_pass
-), picked AS (
-    SELECT workspace_id, run_id FROM (
-        SELECT workspace_id, run_id, ord, room,
-               row_number() OVER (PARTITION BY workspace_id
-                                  ORDER BY priority DESC, wake_at, run_id) AS turn
-        FROM candidates
-    ) ranked
-    WHERE turn <= room
-    ORDER BY turn, ord
-    LIMIT cardinality($1::text[]) - (SELECT count(*) FROM lapsed)
-), fresh AS (
-    -- One primary-key probe per picked run, whatever the statistics say:
-    -- joined any other way, the planner may walk every due run instead.
-    SELECT r.workspace_id, r.run_id
-    FROM picked p
-    CROSS JOIN LATERAL (
-        SELECT r.workspace_id, r.run_id FROM runs r
-        WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
-          AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
-        FOR UPDATE SKIP LOCKED
-    ) r
-), kept AS (
-    -- The workspaces left with a due run this claim read and did not pick: they need
-    -- no new next_wake_at (lease.py skips raising it).
-    SELECT workspace_id FROM candidates GROUP BY workspace_id
-    HAVING count(*) > (SELECT count(*) FROM picked p WHERE p.workspace_id = candidates.workspace_id)
-), due AS (
-    -- taken_over: the run's lease had lapsed (its executor died or stalled).
-    SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot,
-           workspace_id IN (SELECT workspace_id FROM kept) AS keeps_due
-    FROM (SELECT *, true AS taken_over FROM lapsed
-          UNION ALL SELECT *, false FROM fresh) d
-), served AS (
-    -- A workspace that got a run, or had none it could take (all its agents
-    -- at their caps), goes to the back of the line; one that lost out only
-    -- to a full batch keeps its place.
-    UPDATE workspaces w SET last_served_at = (SELECT now FROM clock)
-    WHERE w.workspace_id = ANY($4::text[])
-      AND (w.workspace_id IN (SELECT workspace_id FROM fresh)
-           OR w.workspace_id NOT IN (SELECT workspace_id FROM candidates))
-)
-UPDATE runs r SET
-    status = 'running',
-    wait_reason = NULL,
-    release = coalesce(r.release, $8::text),
-    lease_owner = ($1::text[])[due.slot],
-    lease_epoch = r.lease_epoch + 1,
-    attempt = r.attempt + (r.status = 'running')::int,
-    wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
-    -- A new hold begins; a takeover first counts the lapsed hold up to its
-    -- lease expiry (0006_run_limits.sql).
-    active_seconds = r.active_seconds + CASE WHEN r.status = 'running'
-        THEN run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) ELSE 0 END,
-    held_since = (SELECT now FROM clock),
-    started_at = coalesce(r.started_at, (SELECT now FROM clock)),
-    updated_at = now()
-FROM due
-WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
-    due.taken_over, due.keeps_due;
-
--- name: workspace_lock_for_raise :many
--- Upgrade the claim's locks on these workspaces to FOR UPDATE, skipping any
--- that an admission or wake-up still holds KEY SHARE on.
-SELECT workspace_id FROM workspaces
-WHERE workspace_id = ANY($1::text[])
-ORDER BY workspace_id
-FOR UPDATE SKIP LOCKED;
-
--- name: workspace_raise_next_wake :exec
--- Set next_wake_at to the earliest wake_at of each workspace's queued or
--- waiting runs (NULL: none), one index probe per agent.
-UPDATE workspaces w SET next_wake_at = (
-    SELECT min(first.wake_at)
-    FROM agents a
-    CROSS JOIN LATERAL (
-        SELECT r.wake_at FROM runs r
-        WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
-          AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
-        ORDER BY r.wake_at
-        LIMIT 1
-    ) first
-    WHERE a.workspace_id = w.workspace_id
-)
-WHERE w.workspace_id = ANY($1::text[]);
+-- whose turn it is, one per workspace per round, within the room of the
+-- workspace and of each agent. Within a workspace, highest priority first,
+-- then oldest due: priority reorders a workspace's own share and never gives
+-- it a turn out of order. Marks the workspaces served; says of each run
+-- whether it was taken over (its lease had lapsed), and whether its
+-- workspace is left with a due run (keeps_due: one it read and did not
+-- pick; its next_wake_at is then not raised). Database clock unless $3
+-- fixes it. Only workspaces in the executors' scope $4 (NULL: all): a scoped
+-- pool never leases another tenant's run. Only runs whose agent version's
+-- tools are all among $5 (a JSON array of the tools the owners carry; NULL:
+-- any) are taken, lapsed or fresh: an executor is never handed a run it
+-- could not finish. A workspace with due runs none of which these owners can
+-- run goes to the back of the line like one at its caps (it had nothing this
+-- claim could take); that costs it its place only against the other
+-- workspaces, and keeps it from blocking a turn slot of every claim.
+-- Releases (0020_releases.sql): with $6 (the releases these owners continue,
+-- their own $7 among them; NULL: releases ignored) a run already on a
+-- release is taken only if it is one of $6, and a run on none only if $7 is
+-- the newest release with an executor seen within $8 seconds that is not
+-- draining (with $9, only among releases promoted or past a canary); the
+-- claim records $7 on the runs it takes first.
+SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due
+FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jsonb,
+                    $6::text[], $7::text, $8::float8, $9::boolean) c;
 
 -- name: run_queue_position :one
 -- Where a queued or waiting run stands: its workspace's and agent's running

@@ -97,7 +97,7 @@ FOR NO KEY UPDATE;
 
 -- name: fast_path_lease :one
 -- Lease exactly run $2 of workspace $1 to owner $3 for $4 seconds, as the
--- claim would (lease.sql run_claim_due): only a queued run that is due, under
+-- claim would (lease.sql run_claim, 0029): only a queued run that is due, under
 -- its agent's cap, whose version is a fast-path one needing only tools among
 -- $5 (a JSON array; NULL: any), on the owner's releases $6 (its own $7 among
 -- them; NULL: releases ignored), a run on none only if $7 is the newest
