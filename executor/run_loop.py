@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import random
@@ -91,6 +92,13 @@ def _span(name: str, **options: Any) -> contextlib.AbstractContextManager[object
     return _tracer.start_as_current_span(name, **options)
 
 
+@functools.cache
+def _labelled(metric: Any, value: str) -> Any:
+    """The metric's child for one label value, looked up once (`labels()` takes a lock and
+    builds its key on every call; a child, once made, is the same object for good)."""
+    return metric.labels(value)
+
+
 def _cancelling() -> bool:
     """True if the current task itself is being cancelled (not just a task it awaited)."""
     task = asyncio.current_task()
@@ -156,6 +164,7 @@ class RunLoop:
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
         self._model_call: asyncio.Task[ModelReply] | None = None  # in flight, for interrupt()
+        self._tool_schemas: list[dict[str, Any]] | None = None  # _tools(), built on first use
 
     def request_handoff(self) -> None:
         """Drain: hand the run back at its next step boundary."""
@@ -283,7 +292,7 @@ class RunLoop:
         except ModelRejected as exc:
             m.MODEL_CALLS.labels("rejected").inc()
             return await self._fail(exc.reason)
-        m.MODEL_CALLS.labels("ok").inc()
+        _labelled(m.MODEL_CALLS, "ok").inc()
         if reply is None:  # interrupted by the drain deadline
             return await self._park("handoff", 0.0, "executor draining: model call abandoned")
         faults.point("executor.model.after_response")
@@ -398,8 +407,14 @@ class RunLoop:
         return None
 
     def _tools(self) -> list[dict[str, Any]]:
-        """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
-        return context.stable_tools(self._catalogue.openai_tools(self.spec.tools))
+        """The agent's tool schemas, the same bytes on every call (the stable prefix).
+
+        Built once per hold: the run's catalogue and spec do not change while it is held,
+        and nothing downstream changes the schemas (each call gets its own outer list)."""
+        if self._tool_schemas is None:
+            schemas = self._catalogue.openai_tools(self.spec.tools)
+            self._tool_schemas = context.stable_tools(schemas)
+        return list(self._tool_schemas)
 
     def _streamed(self, seq: int) -> Callable[[str], None] | None:
         """A fast-path run's model output goes to its watchers as it comes (not stored)."""
@@ -883,7 +898,7 @@ class RunLoop:
             sent = clock()
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
             outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
-            m.COMMIT_SECONDS.labels(outcome).observe(clock() - sent)
+            _labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
             if self._accepted(reply):
                 return reply
             # UNAVAILABLE: the database was unreachable; the very same commit may
