@@ -34,7 +34,13 @@ from executor.canary import tool_output as canary_output
 from executor.horizon import SEND_GATE, SESSION_GONE
 from executor.lease import LeaseKeeper
 from executor.models import profiles
-from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
+from executor.models.base import (
+    ModelClient,
+    ModelRejected,
+    ModelReply,
+    ModelSettings,
+    ModelUnavailable,
+)
 from executor.models.retry import ModelRetry
 from executor.ratelimit import parks as rate_parks
 from executor.ratelimit.limiter import RateLimited
@@ -182,16 +188,18 @@ class RunLoop:
         run, lease = self._run, self.lease
         # The last-moment check right before a tool request leaves (executor/horizon.py).
         SEND_GATE.set(lambda: self._deps.leases.send_refusal(self.run_id))
-        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
-                      "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
         with (
             logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
             tracing.run_trace(lease.run_id),
-            _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span,
         ):
-            how = await self._run_held()
-            span.set_attribute("agentrun.outcome", how)
-            return how
+            if not tracing.on():  # no exporter: a no-op span would cost and record nothing
+                return await self._run_held()
+            attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
+                          "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
+            with _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span:
+                how = await self._run_held()
+                span.set_attribute("agentrun.outcome", how)
+                return how
 
     async def _run_held(self) -> str:
         try:
@@ -299,7 +307,7 @@ class RunLoop:
         reply = dataclasses.replace(reply, tool_calls=steps.unique_call_ids(reply.tool_calls, seq))
         decision = steps.decision(seq, reply, self.spec.model)
         counts = {"model_calls": 1, "tokens": reply.usage.total}
-        if error := steps.failed_reply(reply, profiles.settings_of(self.spec)):
+        if error := steps.failed_reply(reply, self._settings):
             # No answer to act on (cut off, filtered, refused): recorded, and the run fails.
             finish = steps.finish_failed(seq + 1, error)
             await self._commit([decision, finish], fail=executor_pb2.Fail(error=error), **counts)
@@ -405,6 +413,11 @@ class RunLoop:
         log.info("run %s: steps %d-%d recapped at step %d (prompt ~%d tokens)", self.run_id,
                  span.from_seq, span.through_seq, seq, span.prompt_tokens)  # fmt: skip
         return None
+
+    @functools.cached_property
+    def _settings(self) -> ModelSettings:
+        """The version's model settings (the spec is the same for the whole hold)."""
+        return profiles.settings_of(self.spec)
 
     def _tools(self) -> list[dict[str, Any]]:
         """The agent's tool schemas, the same bytes on every call (the stable prefix).
