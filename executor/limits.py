@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from google.protobuf import duration_pb2
+
 from agentrun.v1 import run_pb2
 from executor.replay import Action, CallModel, Counters, StartTool
 
@@ -19,8 +21,8 @@ def exceeded(
     if not isinstance(action, CallModel | StartTool):
         return None
     limits = run.limits
-    deadline = limits.deadline.ToTimedelta().total_seconds()
-    active = run.active_duration.ToTimedelta().total_seconds() + held_for
+    deadline = seconds_of(limits.deadline)
+    active = seconds_of(run.active_duration) + held_for
     if deadline and active >= deadline:
         return f"deadline exceeded ({active:.1f}s of active time; the limit is {deadline:g}s)"
     if run.HasField("expire_time") and now >= run.expire_time.ToNanoseconds() / 1e9:
@@ -36,3 +38,11 @@ def exceeded(
     ):
         return f"max_tool_calls exceeded ({limits.max_tool_calls})"
     return None
+
+
+def seconds_of(duration: duration_pb2.Duration) -> float:
+    """`duration.ToTimedelta().total_seconds()` exactly (whole microseconds, nanoseconds
+    cut toward zero), without building the timedelta on every check of every action."""
+    nanos = duration.nanos
+    micros = nanos // 1000 if nanos >= 0 else -(-nanos // 1000)
+    return (duration.seconds * 1_000_000 + micros) / 1_000_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import random
@@ -34,7 +35,13 @@ from executor.canary import tool_output as canary_output
 from executor.horizon import SEND_GATE, SESSION_GONE
 from executor.lease import LeaseKeeper
 from executor.models import profiles
-from executor.models.base import ModelClient, ModelRejected, ModelReply, ModelUnavailable
+from executor.models.base import (
+    ModelClient,
+    ModelRejected,
+    ModelReply,
+    ModelSettings,
+    ModelUnavailable,
+)
 from executor.models.retry import ModelRetry
 from executor.ratelimit import parks as rate_parks
 from executor.ratelimit.limiter import RateLimited
@@ -95,6 +102,13 @@ def _span(name: str, **options: Any) -> contextlib.AbstractContextManager[object
     if not tracing.on():
         return contextlib.nullcontext()
     return _tracer.start_as_current_span(name, **options)
+
+
+@functools.cache
+def _labelled(metric: Any, value: str) -> Any:
+    """The metric's child for one label value, looked up once (`labels()` takes a lock and
+    builds its key on every call; a child, once made, is the same object for good)."""
+    return metric.labels(value)
 
 
 def _cancelling() -> bool:
@@ -162,6 +176,7 @@ class RunLoop:
         self._handoff = asyncio.Event()
         self._handoff_now = asyncio.Event()
         self._model_call: asyncio.Task[ModelReply] | None = None  # in flight, for interrupt()
+        self._tool_schemas: list[dict[str, Any]] | None = None  # _tools(), built on first use
 
     def request_handoff(self) -> None:
         """Drain: hand the run back at its next step boundary."""
@@ -179,16 +194,18 @@ class RunLoop:
         run, lease = self._run, self.lease
         # The last-moment check right before a tool request leaves (executor/horizon.py).
         SEND_GATE.set(lambda: self._deps.leases.send_refusal(self.run_id))
-        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
-                      "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
         with (
             logs.bound(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch),
             tracing.run_trace(lease.run_id),
-            _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span,
         ):
-            how = await self._run_held()
-            span.set_attribute("agentrun.outcome", how)
-            return how
+            if not tracing.on():  # no exporter: a no-op span would cost and record nothing
+                return await self._run_held()
+            attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
+                          "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
+            with _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span:
+                how = await self._run_held()
+                span.set_attribute("agentrun.outcome", how)
+                return how
 
     async def _run_held(self) -> str:
         try:
@@ -292,14 +309,14 @@ class RunLoop:
         except ModelRejected as exc:
             m.MODEL_CALLS.labels("rejected").inc()
             return await self._fail(exc.reason)
-        m.MODEL_CALLS.labels("ok").inc()
+        _labelled(m.MODEL_CALLS, "ok").inc()
         if reply is None:  # interrupted by the drain deadline
             return await self._park("handoff", 0.0, "executor draining: model call abandoned")
         faults.point("executor.model.after_response")
         reply = dataclasses.replace(reply, tool_calls=steps.unique_call_ids(reply.tool_calls, seq))
         decision = steps.decision(seq, reply, self.spec.model)
         counts = {"model_calls": 1, "tokens": reply.usage.total}
-        if error := steps.failed_reply(reply, profiles.settings_of(self.spec)):
+        if error := steps.failed_reply(reply, self._settings):
             # No answer to act on (cut off, filtered, refused): recorded, and the run fails.
             finish = steps.finish_failed(seq + 1, error)
             await self._commit([decision, finish], fail=executor_pb2.Fail(error=error), **counts)
@@ -406,9 +423,20 @@ class RunLoop:
                  span.from_seq, span.through_seq, seq, span.prompt_tokens)  # fmt: skip
         return None
 
+    @functools.cached_property
+    def _settings(self) -> ModelSettings:
+        """The version's model settings (the spec is the same for the whole hold)."""
+        return profiles.settings_of(self.spec)
+
     def _tools(self) -> list[dict[str, Any]]:
-        """The agent's tool schemas, the same bytes on every call (the stable prefix)."""
-        return context.stable_tools(self._catalogue.openai_tools(self.spec.tools))
+        """The agent's tool schemas, the same bytes on every call (the stable prefix).
+
+        Built once per hold: the run's catalogue and spec do not change while it is held,
+        and nothing downstream changes the schemas (each call gets its own outer list)."""
+        if self._tool_schemas is None:
+            schemas = self._catalogue.openai_tools(self.spec.tools)
+            self._tool_schemas = context.stable_tools(schemas)
+        return list(self._tool_schemas)
 
     def _streamed(self, seq: int) -> Callable[[str], None] | None:
         """A fast-path run's model output goes to its watchers as it comes (not stored)."""
@@ -900,7 +928,7 @@ class RunLoop:
             sent = clock()
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
             outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
-            m.COMMIT_SECONDS.labels(outcome).observe(clock() - sent)
+            _labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
             if self._accepted(reply):
                 return reply
             # UNAVAILABLE: the database was unreachable; the very same commit may

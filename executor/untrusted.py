@@ -50,6 +50,8 @@ def wrap(text: str, source: str) -> str:
 def input_source(payload: Mapping[str, Any]) -> str | None:
     """Where an input step's text came from, if from outside; None for trusted input."""
     trigger = payload.get("trigger")
+    if trigger is None:  # most inputs (and a Mapping check of None is not free)
+        return None
     if not isinstance(trigger, Mapping) or trigger.get("kind") not in UNTRUSTED_TRIGGERS:
         return None
     mail = trigger.get("mail")

@@ -16,6 +16,7 @@ The file is ``catalogue.json`` beside this module, or ``AGENTRUN_CATALOGUE``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -192,6 +193,12 @@ class Tool:
         canonical = json.dumps(self.parameters, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
+    @functools.cached_property
+    def validator(self) -> Draft202012Validator:
+        """The argument schema's validator, built once per tool: building one for every
+        call (its registry and resolver with it) cost more than validating."""
+        return Draft202012Validator(self.parameters)
+
     @property
     def call_class(self) -> str:
         """How an unknown outcome resolves: read, provider_key, lookup, none or internal."""
@@ -261,7 +268,7 @@ class Catalogue:
             raw = (arguments_raw or "")[:200]
             raise ToolCallRejected(f"arguments for {name} are not valid JSON: {raw!r}")
         errors = sorted(
-            Draft202012Validator(tool.parameters).iter_errors(dict(arguments)),
+            tool.validator.iter_errors(dict(arguments)),
             key=lambda e: list(e.absolute_path),
         )
         if errors:
