@@ -160,6 +160,14 @@ class RespClient:
             raise reply
         return reply
 
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | float) -> object:
+        """EVALSHA, called as redis-py's client is (token_bucket.TokenBuckets uses either)."""
+        return await self.command("EVALSHA", sha, numkeys, *keys_and_args)
+
+    async def script_load(self, script: str) -> object:
+        """SCRIPT LOAD, as redis-py's: the script's SHA1."""
+        return await self.command("SCRIPT", "LOAD", script)
+
     async def aclose(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -120,15 +120,10 @@ class TokenBuckets:
         return int(reply[0]), int(reply[1])
 
     async def _evalsha(self, keys: list[str], args: list[str | float]) -> Any:
-        if isinstance(self._client, RespClient):
-            return await self._client.command("EVALSHA", self._sha, len(keys), *keys, *args)
         return await self._client.evalsha(self._sha, len(keys), *keys, *args)
 
     async def _load(self) -> None:
-        if isinstance(self._client, RespClient):
-            loaded = await self._client.command("SCRIPT", "LOAD", SCRIPT)
-        else:
-            loaded = await self._client.script_load(SCRIPT)
+        loaded = await self._client.script_load(SCRIPT)
         if isinstance(loaded, bytes):
             loaded = loaded.decode()
         self._sha = str(loaded)
