@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -40,12 +40,19 @@ KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
 KIND_TO_PROTO["forked"] = run_pb2.STEP_KIND_FORKED
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)  # a naive datetime is UTC, as Timestamp.FromDatetime's
+
+
 def timestamp(value: datetime | None) -> Timestamp | None:
+    """What Timestamp.FromDatetime gives, computed directly (it goes through a time tuple and
+    calendar.timegm, 2-3x the cost, and every run and step sent carries timestamps)."""
     if value is None or value in (datetime.min, datetime.max):
         return None
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
+    since = value - (_EPOCH if value.tzinfo is not None else _EPOCH_NAIVE)
+    # A timedelta keeps days signed and seconds and microseconds non-negative: the
+    # normalised form of a Timestamp (nanos in [0, 1e9)) before 1970 too.
+    return Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def duration(seconds: float) -> Duration:
@@ -110,17 +117,13 @@ def run(row: Run) -> run_pb2.Run:
         credit_chunks=row.credit_chunks,
         release=row.release or "",
         priority=row.priority,
+        # None leaves a field unset.
+        wake_time=timestamp(row.wake_at),
+        expire_time=timestamp(row.expires_at),
+        create_time=timestamp(row.created_at),
+        update_time=timestamp(row.updated_at),
+        finish_time=timestamp(row.finished_at),
     )
-    for name, value in (
-        ("wake_time", row.wake_at),
-        ("expire_time", row.expires_at),
-        ("create_time", row.created_at),
-        ("update_time", row.updated_at),
-        ("finish_time", row.finished_at),
-    ):
-        ts = timestamp(value)
-        if ts is not None:
-            getattr(msg, name).CopyFrom(ts)
     return msg
 
 
@@ -161,8 +164,8 @@ def step(row: Step) -> run_pb2.Step:
         epoch=row.epoch,
         ref_seq=row.ref_seq or 0,
         payload_json=row.payload,
+        create_time=timestamp(row.created_at),
     )
-    msg.create_time.CopyFrom(timestamp(row.created_at))
     return msg
 
 

@@ -83,7 +83,11 @@ class Run:
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
         """The run of a row that has every column (a KeyError names one that is missing)."""
-        return cls(**{name: record[name] for name in _RUN_FIELDS})
+        # What cls(**fields) makes, without a frozen __init__'s object.__setattr__ per
+        # field (52 of them): a claim builds one per run it hands out.
+        run = object.__new__(cls)
+        object.__setattr__(run, "__dict__", {name: record[name] for name in _RUN_FIELDS})
+        return run
 
 
 # Read once: dataclasses.fields() rebuilds its tuple on every call, and every claimed,

@@ -32,7 +32,10 @@ class Step:
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> Step:
-        return cls(**{name: row[name] for name in _STEP_FIELDS})
+        # As Run.from_record: the instance cls(**fields) makes, without the frozen __init__.
+        step = object.__new__(cls)
+        object.__setattr__(step, "__dict__", {name: row[name] for name in _STEP_FIELDS})
+        return step
 
 
 _STEP_FIELDS = tuple(f.name for f in fields(Step))  # read once, as runs.py's
