@@ -116,6 +116,20 @@ async def test_a_read_is_retried_through_5xx_and_timeouts_with_the_same_key():
         assert s.keys("/echo") == ["r:1"] * 3
 
 
+async def test_the_waits_between_sends_grow_exponentially_with_jitter_up_to_the_cap():
+    async with Setup(echo=[status(503), status(503), status(503), status(503),
+                           ok({"echo": "x"})]) as s:  # fmt: skip
+        s.delivery = ToolDelivery(s.client, attempts=5, initial_wait=0.2, max_wait=1.0,
+                                  sleep=s.sleep)  # fmt: skip
+        outcome = await s.delivery.send(READ, ECHO_ARGS, "r:1", guard)
+        assert outcome == Outcome("ok", output={"echo": "x"})
+        assert s.keys("/echo") == ["r:1"] * 5
+        # 0.2 x 2^(n-1) plus up to 0.2 of jitter after the nth send, never over 1.0.
+        assert len(s.slept) == 4
+        for n, (low, high) in enumerate([(0.2, 0.4), (0.4, 0.6), (0.8, 1.0), (1.0, 1.0)]):
+            assert low <= s.slept[n] <= high, (n + 1, s.slept)
+
+
 async def test_a_read_that_keeps_failing_parks_and_in_the_end_is_an_error():
     async with Setup(echo=[status(503)]) as s:
         outcome = await s.delivery.send(READ, ECHO_ARGS, "r:1", guard)
