@@ -10,6 +10,7 @@ redis and httpx alike; nothing else in the code depends on which one it is.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import logging
 import os
@@ -50,5 +51,21 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         main.close()  # never started: no "coroutine was never awaited" warning on top
         raise
     log.info("event loop: %s", name)
+    collect_less()
     with asyncio.Runner(loop_factory=_factory(name)) as runner:
         return runner.run(main)
+
+
+# The youngest generation is collected after this many more allocations than frees of
+# tracked objects (CPython's default: 700).
+GEN0_THRESHOLD = 10_000
+
+
+def collect_less() -> None:
+    """Fewer, cheaper garbage collections for a long-lived server: what was allocated by now
+    (modules, classes, protobuf descriptors: nearly all the heap) is frozen out of every
+    collection, and the youngest generation is collected less often. Every message and
+    request allocates; with the defaults the collector was 3-4 % of both processes' CPU."""
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
