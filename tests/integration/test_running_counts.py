@@ -43,3 +43,53 @@ async def test_finishing_neither_waits_for_a_claim_nor_makes_claims_skip_the_wor
     counts = await pool.fetchrow(COUNTS)
     assert (counts["ws"], counts["agent"], counts["actual"]) == (4, 4, 4)
     assert (await workspaces.get(pool, "ws"))["running"] == 4
+
+
+EVERY_COUNT = """
+SELECT (SELECT coalesce(sum(n), 0) FROM workspace_running_counts WHERE workspace_id = r.ws)
+           AS counted,
+       (SELECT count(*) FROM runs WHERE workspace_id = r.ws AND status = 'running') AS actual,
+       r.ws
+FROM (SELECT DISTINCT workspace_id AS ws FROM runs) r
+UNION ALL
+SELECT (SELECT coalesce(sum(n), 0) FROM agent_running_counts
+        WHERE workspace_id = a.workspace_id AND agent_id = a.agent_id),
+       (SELECT count(*) FROM runs
+        WHERE workspace_id = a.workspace_id AND agent_id = a.agent_id AND status = 'running'),
+       a.workspace_id || '/' || a.agent_id
+FROM agents a
+"""
+UNCOUNTED_CLAIM = (
+    "SELECT * FROM agentrun_claim_uncounted($1, 30, NULL, NULL, NULL, NULL, NULL, 0, false)"
+)
+
+
+async def assert_counts_exact(pool: asyncpg.pool.Pool) -> None:
+    rows = await pool.fetch(EVERY_COUNT)
+    assert rows and all(r["counted"] == r["actual"] for r in rows), [dict(r) for r in rows]
+
+
+async def test_a_claim_counts_its_runs_by_agent_and_takeovers_not_at_all(pool):
+    """agentrun_claim() adds its fresh runs once per workspace and agent (0030): the counts
+    stay exact through batches over several agents, takeovers, finishes and a claim by the
+    uncounted function, whose runs the row trigger counts."""
+    for ws in ("ws", "ws2"):
+        await workspaces.set_plan(pool, ws, "team")
+        for agent in ("a1", "a2"):
+            await factories.queued_runs(pool, 5, workspace_id=ws, agent_id=agent)
+    held = await lease.claim_due(pool, ["ex"] * 7, 30)
+    assert len(held) == 7
+    await assert_counts_exact(pool)
+    # Three leases lapse; the next claim takes them over (still 'running') and fresh ones.
+    lapsed = [r.run_id for r in held[:3]]
+    await pool.execute("UPDATE runs SET wake_at = now() - interval '1 second' "
+                       "WHERE run_id = ANY($1)", lapsed)  # fmt: skip
+    again = await lease.claim_due(pool, ["ex"] * 6, 30)
+    assert {r.run_id for r in again} >= set(lapsed) and len(again) == 6
+    await assert_counts_exact(pool)
+    await runs.cancel_run(pool, held[4].workspace_id, held[4].run_id, "stop")
+    await assert_counts_exact(pool)
+    # The uncounted claim leaves the counting to the trigger, which still does it.
+    assert len(await pool.fetch(UNCOUNTED_CLAIM, ["ex"] * 4)) == 4
+    await assert_counts_exact(pool)
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'running'") == 13

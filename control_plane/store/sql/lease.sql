@@ -15,13 +15,18 @@
 -- exactly as the four statements sent one by one did before 0029: "a new
 -- statement" below holds inside the function as it did outside it.
 --
+-- Since 0030 (migrations/0030_claim_counts.sql) agentrun_claim() wraps those
+-- steps (agentrun_claim_uncounted) and adds the runs step 2 leased fresh to the
+-- running counts once per workspace and agent, right after them in the same
+-- transaction, instead of the row trigger doing it once per run.
+--
 -- Step 2 reads each agent's share of the batch first (the batch over the
 -- workspaces in turn, and one more), and up to the whole batch only if that
 -- falls short; its picks are the same either way (see `short` in 0029).
 --
 -- Why caps hold with any number of claimers. A workspace's running count
--- only grows in step 2, under the row lock taken in step 1 and kept until
--- commit; step 2 is a new statement, so its snapshot sees every claim that
+-- only grows in step 2 (and the wrapper's count right after it), under the
+-- row lock taken in step 1 and kept until commit; step 2 is a new statement, so its snapshot sees every claim that
 -- held that lock before. Other claimers skip the locked rows (SKIP LOCKED)
 -- and never wait. Counts only shrink elsewhere (commits, cancels), which can
 -- only make a claim more careful than it needs to be, never less.
