@@ -478,4 +478,4 @@ async def serve(config: ServerConfig) -> None:
 def main() -> None:
     logs.configure()
     tracing.configure("agentrun-control-plane")
-    event_loop.run(serve(ServerConfig.from_env()))
+    event_loop.run_server(serve(ServerConfig.from_env()))

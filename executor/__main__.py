@@ -21,7 +21,7 @@ def main() -> None:
     # httpx logs every request with its URL at INFO: noise here, and a URL may carry secrets.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = ExecutorConfig.from_env()
-    event_loop.run(_serve(config))
+    event_loop.run_server(_serve(config))
 
 
 async def _serve(config: ExecutorConfig) -> None:

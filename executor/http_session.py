@@ -35,6 +35,8 @@ import aiohttp
 import certifi
 from aiohttp.abc import AbstractResolver
 
+from executor import horizon
+
 # Idle connections are dropped after this many seconds.
 KEEPALIVE_SECONDS = 2.0
 # What a call that could not be made or read raises (aiohttp's timeouts are TimeoutErrors).
@@ -77,6 +79,23 @@ def timeout(seconds: float) -> aiohttp.ClientTimeout:
     (counted from before the request is written). No bound on the whole exchange, so a
     stream that keeps coming is not cut."""
     return aiohttp.ClientTimeout(total=None, connect=seconds, sock_read=seconds)
+
+
+class LastMoment(aiohttp.ClientRequest):
+    """Writes a request only if the run may send this instant: the send horizon's
+    last-moment check (executor/horizon.py), on the connection, right before the first byte
+    goes out. Refused, nothing is written and `refused(why)` is raised (horizon.Refused; a
+    subclass raises its caller's own), so a holder stopped past its horizon never sends what
+    its successor sends. Model and tool requests alike."""
+
+    @staticmethod
+    def refused(why: str) -> Exception:
+        return horizon.Refused(why)
+
+    async def send(self, conn: Any) -> aiohttp.ClientResponse:
+        if (refusal := horizon.blocked_now()) is not None:
+            raise self.refused(refusal)
+        return await super().send(conn)
 
 
 def tls_context() -> ssl.SSLContext:

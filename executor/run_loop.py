@@ -57,7 +57,7 @@ from executor.replay import (
     ResolveUnknown,
     StartTool,
 )
-from executor.stream import CommitReply
+from executor.stream import CommitReply, cancelling
 from executor.tools import chain, credentials, definitions, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
@@ -109,12 +109,6 @@ def _labelled(metric: Any, value: str) -> Any:
     """The metric's child for one label value, looked up once (`labels()` takes a lock and
     builds its key on every call; a child, once made, is the same object for good)."""
     return metric.labels(value)
-
-
-def _cancelling() -> bool:
-    """True if the current task itself is being cancelled (not just a task it awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def model_backoff(parks: int, retry_after: float | None, rng: random.Random) -> float:
@@ -475,7 +469,7 @@ class RunLoop:
         except horizon.Refused as exc:  # the last-moment check: nothing was written
             raise _HandBack(f"not asked: {exc}") from None
         except asyncio.CancelledError:
-            if _cancelling() or not self._handoff_now.is_set():
+            if cancelling() or not self._handoff_now.is_set():
                 raise
             return None  # interrupted by the drain deadline
         finally:

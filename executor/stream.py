@@ -294,7 +294,7 @@ class ControlPlaneStream:
             if not self._closing:
                 log.warning("control plane ended the stream")
         except asyncio.CancelledError:
-            if not self._silent or _cancelling():
+            if not self._silent or cancelling():
                 raise
             # The watchdog cancelled the call: a silent stream, already logged.
         except grpc.aio.AioRpcError as exc:
@@ -403,7 +403,7 @@ def _expire(future: asyncio.Future[executor_pb2.CommitResult | None]) -> None:
         future.set_result(None)
 
 
-def _cancelling() -> bool:
+def cancelling() -> bool:
     """True if this task itself is being cancelled (not just the call it awaited)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0

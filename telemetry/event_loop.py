@@ -51,7 +51,6 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         main.close()  # never started: no "coroutine was never awaited" warning on top
         raise
     log.info("event loop: %s", name)
-    collect_less()
     with asyncio.Runner(loop_factory=_factory(name)) as runner:
         return runner.run(main)
 
@@ -59,6 +58,14 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 # The youngest generation is collected after this many more allocations than frees of
 # tracked objects (CPython's default: 700).
 GEN0_THRESHOLD = 10_000
+
+
+def run_server(main: Coroutine[Any, Any, T]) -> T:
+    """`run(main)` for a long-lived server process (the control plane, an executor), after
+    `collect_less()`. Only their entry points call it: the collector's settings are the
+    whole process's, and a benchmark or a test running a loop must keep the defaults."""
+    collect_less()
+    return run(main)
 
 
 def collect_less() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from executor import horizon, http_session
+from executor import http_session
 from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.models.base import ModelRejected, ModelUnavailable
 from executor.retry_after import retry_after
@@ -38,17 +38,6 @@ class ProviderError:
     message: str
 
 
-class _LastMoment(aiohttp.ClientRequest):
-    """A model request is a send too: written only if the run may send this instant (the
-    send horizon's last-moment check, executor/horizon.py, as tool requests take it), so a
-    holder that was stopped past its horizon never asks what its successor asks."""
-
-    async def send(self, conn: Any) -> aiohttp.ClientResponse:
-        if (refusal := horizon.blocked_now()) is not None:
-            raise horizon.Refused(refusal)
-        return await super().send(conn)
-
-
 class ProviderHttp:
     """The HTTP client of one provider endpoint (executor/http_session.py: aiohttp, one
     keep-alive pool made in the running loop); `timeout_seconds` is its default."""
@@ -56,7 +45,10 @@ class ProviderHttp:
     def __init__(self, timeout_seconds: float, secret: str) -> None:
         self._secret = secret
         self._timeout = timeout_seconds
-        self._http = http_session.LazySession(timeout_seconds, request_class=_LastMoment)
+        # A model request is a send too: it takes the send horizon's last-moment check.
+        self._http = http_session.LazySession(
+            timeout_seconds, request_class=http_session.LastMoment
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -154,11 +154,7 @@ class RespClient:
 
     async def command(self, *parts: str | bytes | int | float) -> object:
         """Send one command, return its reply (a RespError value raises it)."""
-        conn = await self._connection()
-        reply = await self._send(conn, encode(*parts))
-        if isinstance(reply, RespError):
-            raise reply
-        return reply
+        return await self._checked(await self._connection(), *parts)
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | float) -> object:
         """EVALSHA, called as redis-py's client is (token_bucket.TokenBuckets uses either)."""
@@ -213,10 +209,12 @@ class RespClient:
             raise
         return conn
 
-    async def _checked(self, conn: _Protocol, *parts: str | int) -> None:
+    async def _checked(self, conn: _Protocol, *parts: str | bytes | int | float) -> object:
+        """One command on `conn`: its reply (a RespError value raises it)."""
         reply = await self._send(conn, encode(*parts))
         if isinstance(reply, RespError):
             raise reply
+        return reply
 
 
 def _expire(conn: _Protocol, future: asyncio.Future[object]) -> None:

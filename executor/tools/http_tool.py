@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import yarl
 
-from executor import horizon, http_session
+from executor import http_session
 from executor.config import ExecutorConfig
 from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.retry_after import retry_after
@@ -64,15 +64,13 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aioht
              aiohttp.NonHttpUrlClientError)  # fmt: skip
 
 
-class _LastMoment(aiohttp.ClientRequest):
-    """Writes the request only if the run may send this instant: the send horizon's
-    last-moment check (executor/horizon.py), on the connection, right before the first
-    byte goes out; refused, nothing is written and the call is NotSent."""
+class _LastMoment(http_session.LastMoment):
+    """The send horizon's last-moment check (http_session.LastMoment); a refused tool
+    request is NotSent."""
 
-    async def send(self, conn: Any) -> aiohttp.ClientResponse:
-        if (refusal := horizon.blocked_now()) is not None:
-            raise NotSent(f"not sent: {refusal}")
-        return await super().send(conn)
+    @staticmethod
+    def refused(why: str) -> Exception:
+        return NotSent(f"not sent: {why}")
 
 
 class HttpToolClient:

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from control_plane.api import convert
@@ -79,9 +80,5 @@ def test_step_of_is_the_constructors_step() -> None:
 def test_a_missing_column_is_named() -> None:
     record = _values(Run, 1)
     del record["priority"]
-    try:
+    with pytest.raises(KeyError, match="priority"):
         Run.from_record(record)  # type: ignore[arg-type]
-    except KeyError as exc:
-        assert "priority" in str(exc)
-    else:
-        raise AssertionError("a row without priority made a run")
