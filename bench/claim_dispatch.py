@@ -3,9 +3,10 @@
 The real control plane (`python -m control_plane`, 1 and then 2 replicas on one database:
 each replica's dispatcher is one claim loop, so that is the concurrency replicas have) and
 minimal executors in this process: each opens Connect with the executor credential, says
-Hello (no tools), waits for its Welcome, then offers all its credits at once with one Ready
-and counts the Assignment messages it gets (each carries the run's step log: the input step
-every run has). The clock runs from the first Ready to the last Assignment. The runs are
+Hello (no tools; it reads batched assignments, as the executor's Hello says), waits for its
+Welcome, then offers all its credits at once with one Ready and counts the assignments it
+gets, alone or several to a message (each carries the run's step log: the input step every
+run has). The clock runs from the first Ready to the last Assignment. The runs are
 bulk-loaded as in bench/claim.py, each with its input step. Right before each dispatcher
 measurement, the raw SKIP LOCKED claim (bench/claim.py RAW_CLAIM) runs on the same freshly
 loaded table at the dispatcher's batch (64, ServerConfig.claim_batch) with as many claimers
@@ -52,6 +53,7 @@ SELECT workspace_id, run_id, 0, 'input', 0, jsonb_build_object('text', input) FR
 class Delivered:
     target: int
     assignments: int = 0
+    messages: int = 0  # the stream messages they came in
     steps: int = 0
     last: float = 0.0
 
@@ -69,7 +71,9 @@ class CountingExecutor:
         self._reader: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        hello = pb.Hello(executor_id=self._id, release="bench", capacity=self._credits)
+        # As the executor's own Hello (executor/worker.py): it reads batched assignments.
+        hello = pb.Hello(executor_id=self._id, release="bench", capacity=self._credits,
+                         reads_assignment_batches=True)  # fmt: skip
         await self._call.write(pb.ConnectRequest(hello=hello))
         msg = await self._call.read()
         if msg is grpc.aio.EOF or msg.WhichOneof("msg") != "welcome":
@@ -81,10 +85,16 @@ class CountingExecutor:
 
     async def _count(self, tally: Delivered) -> None:
         while (msg := await self._call.read()) is not grpc.aio.EOF:
-            if msg.WhichOneof("msg") != "assignment":
+            which = msg.WhichOneof("msg")
+            if which == "assignment":
+                got = [msg.assignment]
+            elif which == "assignments":
+                got = list(msg.assignments.assignments)
+            else:
                 continue
-            tally.assignments += 1
-            tally.steps += len(msg.assignment.steps)
+            tally.assignments += len(got)
+            tally.messages += 1
+            tally.steps += sum(len(a.steps) for a in got)
             tally.last = time.perf_counter()
             if tally.assignments >= tally.target:
                 tally.done.set()
@@ -170,7 +180,7 @@ class Row:
         m, ratios = self.median, sorted(t.ratio for t in self.tries)
         spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
         return [self.label, f"{m.raw_rate:,.0f}", f"{m.got.assignments:,}",
-                f"{m.got.steps:,}", f"{m.seconds:.2f}", f"{m.rate:,.0f}",
+                f"{m.got.messages:,}", f"{m.got.steps:,}", f"{m.seconds:.2f}", f"{m.rate:,.0f}",
                 f"{m.ratio:.2f}x{spread}"]  # fmt: skip
 
 
@@ -211,14 +221,15 @@ async def delivered(pg: BenchPostgres, quick: bool) -> None:
     report.heading(f"claim: delivered as assignments, {queued:,} queued runs, batch {BATCH}")
     report.note(f"agentrun: control plane replicas (one claim loop each) -> "
                 f"{EXECUTORS_PER_REPLICA} minimal executor streams per replica counting "
-                f"Assignments (run + step log); raw: SKIP LOCKED UPDATE, batch {BATCH}, "
-                "as many claimers as replicas, no delivery")  # fmt: skip
+                f"Assignments (run + step log; read in batches, as the executor reads them); "
+                f"raw: SKIP LOCKED UPDATE, batch {BATCH}, as many claimers as replicas, "
+                "no delivery")  # fmt: skip
     rows: list[Row] = []
     with workdir("claim") as tmp, Procs(tmp) as procs:
         # Quick: the many-workspace layout only (the one fairness is for).
         for n_workspaces in claim.LAYOUTS[-1:] if quick else claim.LAYOUTS:
             rows += await _layout(pg, procs, n_workspaces, queued, 1 if quick else REPEATS)
-    headers = ("", "raw claims/s", "assignments", "steps in them", "seconds",
+    headers = ("", "raw claims/s", "assignments", "messages", "steps in them", "seconds",
                "delivered/s", "delivered/raw")  # fmt: skip
     report.table(headers, [row.cells() for row in rows])
     if not quick:

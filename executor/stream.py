@@ -7,7 +7,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -347,27 +347,46 @@ class ControlPlaneStream:
                 future.set_result(None)  # type: ignore[arg-type]
         self._heartbeats.clear()
 
+    def _assign_each(self, assignments: Iterable[executor_pb2.Assignment]) -> None:
+        """Each run of a batch on its own, as if it had come alone: one that fails to start
+        does not keep the others from theirs."""
+        for assignment in assignments:
+            try:
+                self._handler.on_assignment(assignment)
+            except Exception:
+                log.exception("handling the assignment of run %s failed", assignment.run.run_id)
+
     def _dispatch(self, response: executor_pb2.ConnectResponse) -> None:
         kind = response.WhichOneof("msg")
         try:
-            if kind == "welcome":
-                self._on_welcome(response.welcome)
+            if kind == "commit_result":  # the most frequent, first
+                self._resolve(self._commits.get(response.commit_result.request_id), response)
             elif kind == "assignment":
                 self._handler.on_assignment(response.assignment)
-            elif kind == "commit_result":
-                self._resolve(self._commits.get(response.commit_result.request_id), response)
+            elif kind == "assignments":  # several runs in one message (Hello asked for it)
+                self._assign_each(response.assignments.assignments)
             elif kind == "heartbeat_result":
-                future = self._heartbeats.get(response.heartbeat_result.request_id)
-                if future is not None and not future.done():
-                    future.set_result(response.heartbeat_result)
-            elif kind == "cancel":
-                self._handler.on_cancel(response.cancel)
-            elif kind == "drain":
-                self._handler.on_drain(response.drain)
-            elif kind == "pong":
-                self._on_pong(response.pong)
+                self._on_heartbeat_result(response.heartbeat_result)
+            else:
+                self._on_control(kind, response)
         except Exception:
             log.exception("handling %s from the control plane failed", kind)
+
+    def _on_heartbeat_result(self, result: executor_pb2.HeartbeatResult) -> None:
+        future = self._heartbeats.get(result.request_id)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _on_control(self, kind: str | None, response: executor_pb2.ConnectResponse) -> None:
+        """The session's rarer messages: its opening, cancels, drains and pongs."""
+        if kind == "welcome":
+            self._on_welcome(response.welcome)
+        elif kind == "cancel":
+            self._handler.on_cancel(response.cancel)
+        elif kind == "drain":
+            self._handler.on_drain(response.drain)
+        elif kind == "pong":
+            self._on_pong(response.pong)
 
     def _resolve(
         self, pending: _PendingCommit | None, response: executor_pb2.ConnectResponse

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Pinned = tuple[agent_pb2.AgentVersion, list[tool_pb2.Tool]]
+# The most bytes of assignments sent in one message to an executor that reads batches (a
+# larger assignment goes alone, as to any executor): far under the executor's 64 MiB
+# receive limit, and small enough that one message never holds a stream's others long.
+ASSIGNMENT_BATCH_BYTES = 1024 * 1024
 
 
 def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
@@ -195,6 +199,7 @@ class Dispatcher:
                 reserve_claimed(self.pool, runs),
                 step_store.steps_for_runs(self.pool, [(r.workspace_id, r.run_id) for r in runs]),
             )
+            outgoing: dict[ExecutorSession, list[tuple[Run, list[Step]]]] = {}
             for session, run in batch:
                 if session is not None and run.run_id in stopped:
                     session.credits += 1  # stopped at claim (out of credits): not sent
@@ -202,25 +207,57 @@ class Dispatcher:
                     # Its stream ended meanwhile: runnable again now, not at lease expiry.
                     await lease_store.release_unassigned(self.pool, _lease(run))
                 else:
-                    await self.assign(session, run, logs[run.run_id])
+                    outgoing.setdefault(session, []).append((run, logs[run.run_id]))
+            for session, items in outgoing.items():
+                if session.reads_assignment_batches and len(items) > 1:
+                    await self._assign_together(session, items)
+                else:
+                    for run, steps in items:
+                        await self.assign(session, run, steps)
         except Exception as exc:  # noqa: BLE001 - undelivered runs lapse and are claimed again
             log.warning("delivering claimed runs failed: %s", exc)
 
     async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
         """Send a leased run to `session`, whose credit for it is taken already; False (the
         run handed back, runnable again) when the stream was declared dead meanwhile."""
-        version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
+        assignment = await self._assignment(run, steps)
         # Checked after the last await: nothing is ever sent into a stream declared dead.
         if session.liveness.dead:
             await lease_store.release_unassigned(self.pool, _lease(run))
             return False
-        # Recorded so that the stream's break releases this run early too.
-        session.liveness.workspaces[run.run_id] = run.workspace_id
-        session.held[run.run_id] = run.lease_epoch
-        session.send(pb.ConnectResponse(assignment=fast_path.assignment(
-            run, version, steps, self.config.fast_path_heartbeat_seconds, tools
-        )))  # fmt: skip
+        _record(session, run)
+        session.send(pb.ConnectResponse(assignment=assignment))
         return True
+
+    async def _assign_together(
+        self, session: ExecutorSession, items: list[tuple[Run, list[Step]]]
+    ) -> None:
+        """`assign` for several runs of one stream whose executor reads batches: as few
+        messages as ASSIGNMENT_BATCH_BYTES allows instead of one a run (each message is a
+        gRPC write with its own completion, on both ends of the stream)."""
+        built = [(run, await self._assignment(run, steps)) for run, steps in items]
+        # Checked after the last await, as in assign.
+        if session.liveness.dead:
+            for run, _ in built:
+                await lease_store.release_unassigned(self.pool, _lease(run))
+            return
+        chunk: list[pb.Assignment] = []
+        size = 0
+        for run, assignment in built:
+            _record(session, run)
+            n = assignment.ByteSize()
+            if chunk and size + n > ASSIGNMENT_BATCH_BYTES:
+                session.send(_together(chunk))
+                chunk, size = [], 0
+            chunk.append(assignment)
+            size += n
+        session.send(_together(chunk))
+
+    async def _assignment(self, run: Run, steps: list[Step]) -> pb.Assignment:
+        version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
+        return fast_path.assignment(
+            run, version, steps, self.config.fast_path_heartbeat_seconds, tools
+        )
 
     async def _version(self, ws: str, agent_id: str, version: int) -> Pinned:
         """The agent version and the definitions of the workspace's own registry tools it
@@ -234,6 +271,19 @@ class Dispatcher:
             own = await tool_store.pinned(self.pool, ws, [p for p in pins if not p.builtin])
             self._versions[key] = (convert.agent_version(row), own)
         return self._versions[key]
+
+
+def _record(session: ExecutorSession, run: Run) -> None:
+    """The run is the stream's now: recorded so that the stream's break releases it early."""
+    session.liveness.workspaces[run.run_id] = run.workspace_id
+    session.held[run.run_id] = run.lease_epoch
+
+
+def _together(assignments: list[pb.Assignment]) -> pb.ConnectResponse:
+    """One message for one or more assignments (a lone one goes as plain Assignment)."""
+    if len(assignments) == 1:
+        return pb.ConnectResponse(assignment=assignments[0])
+    return pb.ConnectResponse(assignments=pb.Assignments(assignments=assignments))
 
 
 def _lease(run: Run) -> lease_store.LeaseKey:

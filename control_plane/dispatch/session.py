@@ -147,6 +147,9 @@ class ExecutorSession:
         # The executor reads renewals off commit results (Hello.reads_commit_renewal): its
         # commits renew the lease only when it needs it. Else every commit renews it.
         self.reads_commit_renewal = False
+        # The executor reads ConnectResponse.assignments (Hello.reads_assignment_batches):
+        # a claim's runs for this stream may go in one message. Else one message a run.
+        self.reads_assignment_batches = False
         self.draining = False
         self._dispatcher = dispatcher
         # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
@@ -235,6 +238,7 @@ class ExecutorSession:
         self.tools = frozenset(t.name for t in hello.tools)
         self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
         self.reads_commit_renewal = hello.reads_commit_renewal
+        self.reads_assignment_batches = hello.reads_assignment_batches
         self._opening.append(asyncio.create_task(self._open(hello)))
 
     async def _open(self, hello: pb.Hello) -> None:

@@ -322,6 +322,7 @@ class ConnectResponse(_message.Message):
     CANCEL_FIELD_NUMBER: _builtins.int
     DRAIN_FIELD_NUMBER: _builtins.int
     PONG_FIELD_NUMBER: _builtins.int
+    ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -336,6 +337,12 @@ class ConnectResponse(_message.Message):
     def drain(self) -> Global___Drain: ...
     @_builtins.property
     def pong(self) -> Global___Pong: ...
+    @_builtins.property
+    def assignments(self) -> Global___Assignments:
+        """Several runs at once, for an executor whose Hello set
+        reads_assignment_batches; each is handled as an Assignment of its own.
+        """
+
     def __init__(
         self,
         *,
@@ -346,12 +353,13 @@ class ConnectResponse(_message.Message):
         cancel: Global___Cancel | None = ...,
         drain: Global___Drain | None = ...,
         pong: Global___Pong | None = ...,
+        assignments: Global___Assignments | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain", "pong"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain", "pong", "assignments"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -397,6 +405,7 @@ class Hello(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     CONTINUES_FIELD_NUMBER: _builtins.int
     READS_COMMIT_RENEWAL_FIELD_NUMBER: _builtins.int
+    READS_ASSIGNMENT_BATCHES_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
@@ -409,6 +418,12 @@ class Hello(_message.Message):
     lease that needs no renewal yet as it is (most commits then write no
     indexed column). Unset (an older executor, which counts every commit as a
     renewal): every commit that keeps the lease renews it.
+    """
+    reads_assignment_batches: _builtins.bool
+    """The executor reads ConnectResponse.assignments. The control plane may then
+    send the runs of one claim that go to this stream in one message (up to a
+    size bound) instead of one message each. Unset (an older executor): one
+    Assignment message per run, always.
     """
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
@@ -440,10 +455,11 @@ class Hello(_message.Message):
         tools: _abc.Iterable[Global___ToolDeclaration] | None = ...,
         continues: _abc.Iterable[_builtins.str] | None = ...,
         reads_commit_renewal: _builtins.bool = ...,
+        reads_assignment_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_assignment_batches", b"reads_assignment_batches", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -906,6 +922,30 @@ class Assignment(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
+
+@_typing.final
+class Assignments(_message.Message):
+    """Assignments carries several Assignment messages in one stream message (see
+    Hello.reads_assignment_batches). Their order carries no meaning.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Assignment]: ...
+    def __init__(
+        self,
+        *,
+        assignments: _abc.Iterable[Global___Assignment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Assignments: _TypeAlias = Assignments  # noqa: Y015
 
 @_typing.final
 class CommitResult(_message.Message):

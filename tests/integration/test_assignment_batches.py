@@ -1,0 +1,209 @@
+"""A claim's runs for one stream go in one message, for an executor that reads batches.
+
+A real control plane and raw Connect streams: an executor whose Hello sets
+reads_assignment_batches gets the runs of one claim together (ConnectResponse.assignments),
+each whole and held by it; one without the flag (an older executor) gets one Assignment
+message a run, as before; the batch's size bound splits a claim over several messages. The
+executor's own stream (executor/stream.py) hands each run of a batch to its handler on its
+own: one that fails to start does not keep the others from theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import asyncpg
+import grpc
+import pytest
+
+from agentrun.v1 import executor_pb2, executor_pb2_grpc, run_pb2
+from control_plane.dispatch import dispatcher
+from control_plane.store import runs
+from executor.stream import ControlPlaneStream
+from tests import factories
+from tests.harness import auth
+
+RUNS = 5
+# The tools of the factories' agent version: an executor is assigned only runs whose tools
+# it carries.
+TOOLS = [executor_pb2.ToolDeclaration(name=t, version="1", schema_sha256="0" * 64)
+         for t in factories.DEFAULT_SPEC["tools"]]  # fmt: skip
+
+
+@pytest.fixture
+async def pool(db_url):
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    yield p
+    await p.close()
+
+
+async def connect(address: str, key: str, hello: executor_pb2.Hello, slots: int):
+    """Open Connect, say Hello, wait for the Welcome and offer `slots` credits at once."""
+    channel = grpc.aio.insecure_channel(address)
+    call = executor_pb2_grpc.ExecutorServiceStub(channel).Connect(
+        metadata=(("authorization", f"Bearer {key}"),), timeout=30
+    )
+    await call.write(executor_pb2.ConnectRequest(hello=hello))
+    assert (await call.read()).HasField("welcome")
+    await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=slots)))
+    return channel, call
+
+
+async def receive(call, n: int) -> list[executor_pb2.ConnectResponse]:
+    """The messages that carried the first n assigned runs."""
+    got, messages = 0, []
+    while got < n:
+        msg = await asyncio.wait_for(call.read(), 10)
+        which = msg.WhichOneof("msg")
+        if which == "assignment":
+            got += 1
+        elif which == "assignments":
+            got += len(msg.assignments.assignments)
+        else:
+            continue
+        messages.append(msg)
+    return messages
+
+
+def assigned(messages: list[executor_pb2.ConnectResponse]) -> list[executor_pb2.Assignment]:
+    out: list[executor_pb2.Assignment] = []
+    for msg in messages:
+        if msg.HasField("assignment"):
+            out.append(msg.assignment)
+        else:
+            out.extend(msg.assignments.assignments)
+    return out
+
+
+async def commit_first_step(call, assignment: executor_pb2.Assignment) -> executor_pb2.CommitResult:
+    run = assignment.run
+    lease = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=run.run_id,
+                               epoch=run.lease_epoch)  # fmt: skip
+    seq = max(s.seq for s in assignment.steps) + 1
+    step = executor_pb2.NewStep(seq=seq, kind=run_pb2.STEP_KIND_MODEL_DECISION,
+                                payload_json=json.dumps({"content": "hi"}))  # fmt: skip
+    await call.write(executor_pb2.ConnectRequest(
+        commit=executor_pb2.Commit(request_id=1, lease=lease, steps=[step])))  # fmt: skip
+    while not (reply := await asyncio.wait_for(call.read(), 10)).HasField("commit_result"):
+        pass
+    return reply.commit_result
+
+
+async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
+    server, db_url, pool
+):
+    queued = await factories.queued_runs(pool, RUNS)
+    address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
+    hello = executor_pb2.Hello(executor_id="ex-batch", tools=TOOLS, capacity=RUNS,
+                               reads_assignment_batches=True)  # fmt: skip
+    channel, call = await connect(address, key, hello, RUNS)
+    try:
+        messages = await receive(call, RUNS)
+        # One Ready, one claim: all five runs in one message.
+        assert [m.WhichOneof("msg") for m in messages] == ["assignments"]
+        got = assigned(messages)
+        assert sorted(a.run.run_id for a in got) == sorted(str(r.run_id) for r in queued)
+        for a in got:  # each whole: the run leased to this executor, its version, its log
+            assert a.run.lease_owner == "ex-batch" and a.run.lease_epoch == 1
+            assert a.agent_version.version == queued[0].agent_version
+            assert [s.kind for s in a.steps] == [run_pb2.STEP_KIND_INPUT]
+        # Held by this stream: a commit of any of them lands.
+        result = await commit_first_step(call, got[-1])
+        assert result.outcome == executor_pb2.COMMIT_OUTCOME_OK
+        row = await runs.get_run(pool, got[-1].run.workspace_id, uuid.UUID(got[-1].run.run_id))
+        assert (row.status, row.step_count) == ("running", 2)
+    finally:
+        call.cancel()
+        await channel.close()
+
+
+async def test_an_older_executor_gets_one_assignment_message_a_run(server, db_url, pool):
+    queued = await factories.queued_runs(pool, RUNS)
+    address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
+    hello = executor_pb2.Hello(executor_id="ex-old", tools=TOOLS, capacity=RUNS)  # no flag
+    channel, call = await connect(address, key, hello, RUNS)
+    try:
+        messages = await receive(call, RUNS)
+        assert [m.WhichOneof("msg") for m in messages] == ["assignment"] * RUNS
+        assert sorted(a.run.run_id for a in assigned(messages)) == sorted(
+            str(r.run_id) for r in queued
+        )
+    finally:
+        call.cancel()
+        await channel.close()
+
+
+async def test_the_size_bound_splits_a_claim_over_several_messages(
+    server, db_url, pool, monkeypatch
+):
+    await factories.queued_runs(pool, RUNS + 1)
+    address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
+    hello = executor_pb2.Hello(executor_id="ex-small", tools=TOOLS, capacity=RUNS + 1,
+                               reads_assignment_batches=True)  # fmt: skip
+    channel, call = await connect(address, key, hello, 1)
+    try:
+        (first,) = assigned(await receive(call, 1))  # one credit: one run, alone
+        # Room for two assignments like it in a message, not three.
+        bound = 2 * first.ByteSize() + first.ByteSize() // 2
+        monkeypatch.setattr(dispatcher, "ASSIGNMENT_BATCH_BYTES", bound)
+        await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=RUNS)))
+        messages = await receive(call, RUNS)
+        counts = [len(m.assignments.assignments) if m.HasField("assignments") else 1
+                  for m in messages]  # fmt: skip
+        assert sorted(counts) == [1, 2, 2]
+        for m in messages:
+            assert sum(a.ByteSize() for a in assigned([m])) <= bound
+        assert len({a.run.run_id for a in assigned(messages)} | {first.run.run_id}) == RUNS + 1
+    finally:
+        call.cancel()
+        await channel.close()
+
+
+class Recording:
+    """A StreamHandler that records the runs it starts and refuses one."""
+
+    def __init__(self, refuse: str) -> None:
+        self.refuse = refuse
+        self.started: list[str] = []
+        self.handled = 0
+        self.welcomed = asyncio.Event()
+        self.all_handled = asyncio.Event()
+
+    def on_welcome(self, welcome: executor_pb2.Welcome) -> None:
+        self.welcomed.set()
+
+    def on_assignment(self, assignment: executor_pb2.Assignment) -> None:
+        self.handled += 1
+        if self.handled == RUNS:
+            self.all_handled.set()
+        if assignment.run.run_id == self.refuse:
+            raise RuntimeError("this run cannot start")
+        self.started.append(assignment.run.run_id)
+
+    def on_cancel(self, cancel: executor_pb2.Cancel) -> None:
+        pass
+
+    def on_drain(self, drain: executor_pb2.Drain) -> None:
+        pass
+
+
+async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server, db_url, pool):
+    queued = await factories.queued_runs(pool, RUNS)
+    refused = str(queued[2].run_id)
+    handler = Recording(refuse=refused)
+    hello = executor_pb2.Hello(executor_id="ex-stream", tools=TOOLS, capacity=RUNS,
+                               reads_assignment_batches=True)  # fmt: skip
+    stream = ControlPlaneStream(f"127.0.0.1:{server.port}", lambda: hello, handler,
+                                credential=await auth.executor_key(db_url))  # fmt: skip
+    stream.start()
+    try:
+        await asyncio.wait_for(handler.welcomed.wait(), 10)
+        assert stream.ready(RUNS)
+        await asyncio.wait_for(handler.all_handled.wait(), 10)
+        # The refused run (in the middle of the batch) did not keep the others from starting.
+        assert sorted(handler.started) == sorted(str(r.run_id) for r in queued if
+                                                 str(r.run_id) != refused)  # fmt: skip
+    finally:
+        await stream.close(grace=0.5)
