@@ -73,7 +73,7 @@ class CountingExecutor:
     async def open(self) -> None:
         # As the executor's own Hello (executor/worker.py): it reads batched assignments.
         hello = pb.Hello(executor_id=self._id, release="bench", capacity=self._credits,
-                         reads_assignment_batches=True)  # fmt: skip
+                         reads_batches=True)  # fmt: skip
         await self._call.write(pb.ConnectRequest(hello=hello))
         msg = await self._call.read()
         if msg is grpc.aio.EOF or msg.WhichOneof("msg") != "welcome":

@@ -152,7 +152,7 @@ def _wrap_bidi(
 
 # Stream items the handler answers one by one check their own NULs: a Commit holding one
 # is that run's COMMIT_OUTCOME_INVALID (dispatch/session.py), not the end of the stream.
-PER_ITEM_FIELDS = frozenset({"commit"})
+PER_ITEM_FIELDS = frozenset({"commit", "commits"})
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):

@@ -126,6 +126,8 @@ class ControlPlaneStream:
         self._queue: asyncio.Queue[executor_pb2.ConnectRequest | None] | None = None
         self._welcomed = False
         self._had_welcome = False
+        # The session's Welcome.commit_batch_bytes: nonzero, commits may go several at once.
+        self._commit_batch_bytes = 0
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         # The send horizon (executor/horizon.py): sessions, and their last acknowledged Ping.
@@ -286,7 +288,8 @@ class ControlPlaneStream:
         queue.put_nowait(executor_pb2.ConnectRequest(hello=self._hello()))
         self._queue = queue
         self._had_welcome = self._silent = False
-        call = stub.Connect(_drain(queue), metadata=self._metadata)
+        call = stub.Connect(_drain(queue, lambda: self._commit_batch_bytes),
+                            metadata=self._metadata)  # fmt: skip
         watchdog = asyncio.create_task(self._watch(call), name="stream-liveness")
         try:
             async for response in call:
@@ -342,6 +345,7 @@ class ControlPlaneStream:
         self._pings.clear()
         self._queue = None
         self._welcomed = False
+        self._commit_batch_bytes = 0
         for future in self._heartbeats.values():
             if not future.done():
                 future.set_result(None)  # type: ignore[arg-type]
@@ -360,7 +364,10 @@ class ControlPlaneStream:
         kind = response.WhichOneof("msg")
         try:
             if kind == "commit_result":  # the most frequent, first
-                self._resolve(self._commits.get(response.commit_result.request_id), response)
+                self._resolve(response.commit_result)
+            elif kind == "commit_results":  # several at once (Hello.reads_batches)
+                for result in response.commit_results.results:
+                    self._resolve(result)
             elif kind == "assignment":
                 self._handler.on_assignment(response.assignment)
             elif kind == "assignments":  # several runs in one message (Hello asked for it)
@@ -388,15 +395,15 @@ class ControlPlaneStream:
         elif kind == "pong":
             self._on_pong(response.pong)
 
-    def _resolve(
-        self, pending: _PendingCommit | None, response: executor_pb2.ConnectResponse
-    ) -> None:
+    def _resolve(self, result: executor_pb2.CommitResult) -> None:
+        pending = self._commits.get(result.request_id)
         if pending is not None and not pending.future.done():
-            pending.future.set_result(response.commit_result)
+            pending.future.set_result(result)
 
     def _on_welcome(self, welcome: executor_pb2.Welcome) -> None:
         self._welcomed = True
         self._had_welcome = True
+        self._commit_batch_bytes = max(0, welcome.commit_batch_bytes)
         self.horizon.begin(welcome.send_horizon.ToNanoseconds() / 1e9)
         self._heard_at = self._clock()
         if self.horizon.horizon > 0:
@@ -428,12 +435,54 @@ def cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+_NOTHING = object()  # _drain: no request taken off the queue ahead
+# The most commits in one Commits message (within the control plane's byte bound too).
+MAX_COMMITS_TOGETHER = 256
+
+
 async def _drain(
     queue: asyncio.Queue[executor_pb2.ConnectRequest | None],
+    batch_bytes: Callable[[], int] = lambda: 0,
 ) -> AsyncIterator[executor_pb2.ConnectRequest]:
-    """The request side of one session: whatever is queued, until None half-closes it."""
+    """The request side of one session: whatever is queued, until None half-closes it.
+
+    Each message is a grpc write, awaited before the next one leaves, so commits queue up
+    behind it under load; with `batch_bytes()` nonzero (the session's Welcome.commit_batch_
+    bytes), the commits queued right behind one go with it in one Commits message."""
+    carried: object = _NOTHING
     while True:
-        request = await queue.get()
+        request = await queue.get() if carried is _NOTHING else carried
+        carried = _NOTHING
         if request is None:
             return
+        assert isinstance(request, executor_pb2.ConnectRequest)
+        if not queue.empty() and request.WhichOneof("msg") == "commit" and (bound := batch_bytes()):
+            request, carried = _commits_together(request, queue, bound)
         yield request
+
+
+def _commits_together(
+    first: executor_pb2.ConnectRequest,
+    queue: asyncio.Queue[executor_pb2.ConnectRequest | None],
+    bound: int,
+) -> tuple[executor_pb2.ConnectRequest, object]:
+    """`first` and the commits queued right behind it, within `bound` bytes of commits, in
+    one message; and the first other request taken off the queue, to send next (the order
+    of the session's messages is kept)."""
+    commits = [first.commit]
+    size = first.commit.ByteSize()
+    carried: object = _NOTHING
+    while not queue.empty() and len(commits) < MAX_COMMITS_TOGETHER and size < bound:
+        request = queue.get_nowait()
+        if request is None or request.WhichOneof("msg") != "commit":
+            carried = request
+            break
+        n = request.commit.ByteSize()
+        if size + n > bound:  # it goes next, alone or first of the next message
+            carried = request
+            break
+        commits.append(request.commit)
+        size += n
+    if len(commits) == 1:
+        return first, carried
+    return executor_pb2.ConnectRequest(commits=executor_pb2.Commits(commits=commits)), carried

@@ -240,8 +240,9 @@ class Worker:
             tools=declarations(self._deps.catalogue),
             # A commit renews the lease only if its result says so (LeaseKeeper.committed).
             reads_commit_renewal=True,
-            # A claim's runs for this stream may come in one message (Stream._assign_each).
-            reads_assignment_batches=True,
+            # A claim's runs for this stream may come in one message (Stream._assign_each),
+            # and commit results several to a message.
+            reads_batches=True,
         )
 
     def _fence(self, run_id: str, reason: str) -> None:

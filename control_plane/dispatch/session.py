@@ -21,6 +21,7 @@ from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.canary import CANARY_WORKSPACE
+from control_plane.config import ServerConfig
 from control_plane.connections import parks as connection_parks
 from control_plane.dispatch import commits
 from control_plane.dispatch.liveness import Liveness
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
 
 _CLOSE = object()
+_NOTHING = object()  # serve(): no item taken off the queue ahead
+# The most commit results in one message to an executor that reads batches.
+MAX_RESULTS_TOGETHER = 256
+# The most bytes of commits an executor may send in one Commits message: well under what
+# the stream receives (a message over that ends the whole stream, not one run's commit).
+COMMIT_BATCH_BYTES = 1024 * 1024
 _OUTCOMES = {pb.COMMIT_OUTCOME_OK: "ok", pb.COMMIT_OUTCOME_FENCED: "fenced",
              pb.COMMIT_OUTCOME_INVALID: "invalid", pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable"}  # fmt: skip
 # Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
@@ -53,6 +60,19 @@ COMMIT_TRIES = 3
 COMMIT_RETRY_PAUSE = 0.05
 # How long a Hello waits for its tools to be recorded before the Welcome goes anyway.
 RECORD_TIMEOUT = 2.0
+
+
+def _is_result(item: object) -> bool:
+    return item is not _CLOSE and item.WhichOneof("msg") == "commit_result"  # type: ignore[attr-defined]
+
+
+def commit_batch_bytes(config: ServerConfig) -> int:
+    """Welcome.commit_batch_bytes: COMMIT_BATCH_BYTES, or a quarter of what the executor
+    service's listener receives in one message when that is less."""
+    receive = config.max_message_bytes
+    if config.executor_listen:  # its own listener (control_plane/server.py)
+        receive = max(config.executor_max_message_bytes, receive)
+    return min(COMMIT_BATCH_BYTES, receive // 4)
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
@@ -147,9 +167,10 @@ class ExecutorSession:
         # The executor reads renewals off commit results (Hello.reads_commit_renewal): its
         # commits renew the lease only when it needs it. Else every commit renews it.
         self.reads_commit_renewal = False
-        # The executor reads ConnectResponse.assignments (Hello.reads_assignment_batches):
-        # a claim's runs for this stream may go in one message. Else one message a run.
-        self.reads_assignment_batches = False
+        # The executor reads ConnectResponse.assignments and .commit_results (Hello.reads_
+        # batches): a claim's runs for this stream, and the commit results ready together,
+        # may go in one message. Else one message each.
+        self.reads_batches = False
         self.draining = False
         self._dispatcher = dispatcher
         # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
@@ -174,10 +195,14 @@ class ExecutorSession:
     ) -> AsyncIterator[pb.ConnectResponse]:
         reader = asyncio.create_task(self._read(requests))
         try:
+            carried: object = _NOTHING
             while True:
-                item = await self._out.get()
+                item = await self._out.get() if carried is _NOTHING else carried
+                carried = _NOTHING
                 if item is _CLOSE:
                     break
+                if self.reads_batches and not self._out.empty() and _is_result(item):
+                    item, carried = self._results_together(item)  # type: ignore[arg-type]
                 yield item  # type: ignore[misc]
         finally:
             self._ended = True
@@ -186,6 +211,23 @@ class ExecutorSession:
                 task.cancel()
             self._dispatcher.unregister(self)
             await self._forget_tools()
+
+    def _results_together(self, first: pb.ConnectResponse) -> tuple[pb.ConnectResponse, object]:
+        """`first` and the commit results queued right behind it, in one message (each
+        grpc write is awaited before the next, so results ready meanwhile wait in the
+        queue); and the first other item taken off the queue, to send next (the order of
+        the stream's messages is kept)."""
+        results = [first.commit_result]
+        carried: object = _NOTHING
+        while not self._out.empty() and len(results) < MAX_RESULTS_TOGETHER:
+            item = self._out.get_nowait()
+            if not _is_result(item):
+                carried = item
+                break
+            results.append(item.commit_result)  # type: ignore[attr-defined]
+        if len(results) == 1:
+            return first, carried
+        return pb.ConnectResponse(commit_results=pb.CommitResults(results=results)), carried
 
     async def _forget_tools(self) -> None:
         """Its tools no longer count for publishing, once any Hello's record has landed (a
@@ -223,6 +265,9 @@ class ExecutorSession:
             self._dispatcher.poke()
         elif which == "commit":
             self._spawn(self._commit(req.commit))
+        elif which == "commits":  # several at once (Welcome.commit_batch_bytes): each alone
+            for commit in req.commits.commits:
+                self._spawn(self._commit(commit))
         elif which == "heartbeat":
             self._spawn(self._heartbeat(req.heartbeat))
         elif which == "ping":
@@ -238,7 +283,7 @@ class ExecutorSession:
         self.tools = frozenset(t.name for t in hello.tools)
         self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
         self.reads_commit_renewal = hello.reads_commit_renewal
-        self.reads_assignment_batches = hello.reads_assignment_batches
+        self.reads_batches = hello.reads_batches
         self._opening.append(asyncio.create_task(self._open(hello)))
 
     async def _open(self, hello: pb.Hello) -> None:
@@ -268,6 +313,7 @@ class ExecutorSession:
             heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
             server_release=cfg.release,
             send_horizon=convert.duration(cfg.send_horizon_seconds),
+            commit_batch_bytes=commit_batch_bytes(cfg),
         )))  # fmt: skip
         self._spawn(self.liveness.watch(self))
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains

@@ -241,6 +241,7 @@ class ConnectRequest(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     PING_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    COMMITS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -257,6 +258,12 @@ class ConnectRequest(_message.Message):
         WatchRun watchers of this replica; never stored).
         """
 
+    @_builtins.property
+    def commits(self) -> Global___Commits:
+        """Several commits at once, only to a control plane whose Welcome set
+        commit_batch_bytes, and within that many bytes of commits.
+        """
+
     def __init__(
         self,
         *,
@@ -266,12 +273,13 @@ class ConnectRequest(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         ping: Global___Ping | None = ...,
         delta: Global___ModelDelta | None = ...,
+        commits: Global___Commits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "commits", b"commits", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "commits", b"commits", "delta", b"delta", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "ping", b"ping", "ready", b"ready"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat", "ping", "delta"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "ready", "commit", "heartbeat", "ping", "delta", "commits"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -323,6 +331,7 @@ class ConnectResponse(_message.Message):
     DRAIN_FIELD_NUMBER: _builtins.int
     PONG_FIELD_NUMBER: _builtins.int
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    COMMIT_RESULTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -339,8 +348,14 @@ class ConnectResponse(_message.Message):
     def pong(self) -> Global___Pong: ...
     @_builtins.property
     def assignments(self) -> Global___Assignments:
-        """Several runs at once, for an executor whose Hello set
-        reads_assignment_batches; each is handled as an Assignment of its own.
+        """Several runs at once, for an executor whose Hello set reads_batches;
+        each is handled as an Assignment of its own.
+        """
+
+    @_builtins.property
+    def commit_results(self) -> Global___CommitResults:
+        """Several commits' results at once, for an executor whose Hello set
+        reads_batches; each is handled as a CommitResult of its own.
         """
 
     def __init__(
@@ -354,12 +369,13 @@ class ConnectResponse(_message.Message):
         drain: Global___Drain | None = ...,
         pong: Global___Pong | None = ...,
         assignments: Global___Assignments | None = ...,
+        commit_results: Global___CommitResults | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "commit_results", b"commit_results", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignments", b"assignments", "cancel", b"cancel", "commit_result", b"commit_result", "commit_results", b"commit_results", "drain", b"drain", "heartbeat_result", b"heartbeat_result", "msg", b"msg", "pong", b"pong", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain", "pong", "assignments"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["welcome", "assignment", "commit_result", "heartbeat_result", "cancel", "drain", "pong", "assignments", "commit_results"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -405,7 +421,7 @@ class Hello(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     CONTINUES_FIELD_NUMBER: _builtins.int
     READS_COMMIT_RENEWAL_FIELD_NUMBER: _builtins.int
-    READS_ASSIGNMENT_BATCHES_FIELD_NUMBER: _builtins.int
+    READS_BATCHES_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
@@ -419,11 +435,13 @@ class Hello(_message.Message):
     indexed column). Unset (an older executor, which counts every commit as a
     renewal): every commit that keeps the lease renews it.
     """
-    reads_assignment_batches: _builtins.bool
-    """The executor reads ConnectResponse.assignments. The control plane may then
-    send the runs of one claim that go to this stream in one message (up to a
-    size bound) instead of one message each. Unset (an older executor): one
-    Assignment message per run, always.
+    reads_batches: _builtins.bool
+    """The executor reads the batch messages ConnectResponse.assignments and
+    ConnectResponse.commit_results. The control plane may then send the runs
+    of one claim that go to this stream in one message (up to a size bound),
+    and the results of commits that are ready together in one message, instead
+    of one message each. Unset (an older executor): one Assignment or
+    CommitResult message each, always.
     """
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
@@ -455,11 +473,11 @@ class Hello(_message.Message):
         tools: _abc.Iterable[Global___ToolDeclaration] | None = ...,
         continues: _abc.Iterable[_builtins.str] | None = ...,
         reads_commit_renewal: _builtins.bool = ...,
-        reads_assignment_batches: _builtins.bool = ...,
+        reads_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_assignment_batches", b"reads_assignment_batches", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_batches", b"reads_batches", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -841,8 +859,14 @@ class Welcome(_message.Message):
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     SERVER_RELEASE_FIELD_NUMBER: _builtins.int
     SEND_HORIZON_FIELD_NUMBER: _builtins.int
+    COMMIT_BATCH_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     server_release: _builtins.str
+    commit_batch_bytes: _builtins.int
+    """Nonzero: the control plane reads ConnectRequest.commits holding up to this
+    many bytes of Commit messages (a larger commit goes alone, as `commit`).
+    Zero (an older control plane): one Commit message each, always.
+    """
     @_builtins.property
     def lease_duration(self) -> _duration_pb2.Duration: ...
     @_builtins.property
@@ -866,10 +890,11 @@ class Welcome(_message.Message):
         heartbeat_interval: _duration_pb2.Duration | None = ...,
         server_release: _builtins.str = ...,
         send_horizon: _duration_pb2.Duration | None = ...,
+        commit_batch_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "send_horizon", b"send_horizon"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "send_horizon", b"send_horizon", "server_release", b"server_release", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_batch_bytes", b"commit_batch_bytes", "heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "send_horizon", b"send_horizon", "server_release", b"server_release", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -926,7 +951,7 @@ Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
 @_typing.final
 class Assignments(_message.Message):
     """Assignments carries several Assignment messages in one stream message (see
-    Hello.reads_assignment_batches). Their order carries no meaning.
+    Hello.reads_batches). Their order carries no meaning.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -946,6 +971,55 @@ class Assignments(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assignments: _TypeAlias = Assignments  # noqa: Y015
+
+@_typing.final
+class CommitResults(_message.Message):
+    """CommitResults carries several CommitResult messages in one stream message
+    (see Hello.reads_batches), in the order they were ready.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CommitResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitResults: _TypeAlias = CommitResults  # noqa: Y015
+
+@_typing.final
+class Commits(_message.Message):
+    """Commits carries several Commit messages in one stream message, in the order
+    the executor sent them (see Welcome.commit_batch_bytes). Each is committed,
+    answered and refused on its own, exactly as if it had come alone.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Commit]: ...
+    def __init__(
+        self,
+        *,
+        commits: _abc.Iterable[Global___Commit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Commits: _TypeAlias = Commits  # noqa: Y015
 
 @_typing.final
 class CommitResult(_message.Message):

@@ -1,11 +1,14 @@
-"""A claim's runs for one stream go in one message, for an executor that reads batches.
+"""Batches on the executor stream: several runs, commits or commit results in one message.
 
-A real control plane and raw Connect streams: an executor whose Hello sets
-reads_assignment_batches gets the runs of one claim together (ConnectResponse.assignments),
-each whole and held by it; one without the flag (an older executor) gets one Assignment
-message a run, as before; the batch's size bound splits a claim over several messages. The
-executor's own stream (executor/stream.py) hands each run of a batch to its handler on its
-own: one that fails to start does not keep the others from theirs.
+A real control plane and raw Connect streams. An executor whose Hello sets reads_batches
+gets the runs of one claim together (ConnectResponse.assignments), each whole and held by
+it; one without the flag (an older executor) gets one Assignment message a run, as before;
+the batch's size bound splits a claim over several messages. The executor's own stream
+(executor/stream.py) hands each run of a batch to its handler on its own: one that fails
+to start does not keep the others from theirs. The Welcome offers commit batches within a
+byte bound; each commit of a Commits message is committed, answered and refused on its
+own (a NUL in one is that commit's INVALID, not the stream's end), and the results ready
+together go back together only to an executor that reads batches.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
     queued = await factories.queued_runs(pool, RUNS)
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
     hello = executor_pb2.Hello(executor_id="ex-batch", tools=TOOLS, capacity=RUNS,
-                               reads_assignment_batches=True)  # fmt: skip
+                               reads_batches=True)  # fmt: skip
     channel, call = await connect(address, key, hello, RUNS)
     try:
         messages = await receive(call, RUNS)
@@ -141,7 +144,7 @@ async def test_the_size_bound_splits_a_claim_over_several_messages(
     await factories.queued_runs(pool, RUNS + 1)
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
     hello = executor_pb2.Hello(executor_id="ex-small", tools=TOOLS, capacity=RUNS + 1,
-                               reads_assignment_batches=True)  # fmt: skip
+                               reads_batches=True)  # fmt: skip
     channel, call = await connect(address, key, hello, 1)
     try:
         (first,) = assigned(await receive(call, 1))  # one credit: one run, alone
@@ -194,7 +197,7 @@ async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server
     refused = str(queued[2].run_id)
     handler = Recording(refuse=refused)
     hello = executor_pb2.Hello(executor_id="ex-stream", tools=TOOLS, capacity=RUNS,
-                               reads_assignment_batches=True)  # fmt: skip
+                               reads_batches=True)  # fmt: skip
     stream = ControlPlaneStream(f"127.0.0.1:{server.port}", lambda: hello, handler,
                                 credential=await auth.executor_key(db_url))  # fmt: skip
     stream.start()
@@ -207,3 +210,95 @@ async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server
                                                  str(r.run_id) != refused)  # fmt: skip
     finally:
         await stream.close(grace=0.5)
+
+
+async def held_stream(server, db_url, pool, executor_id: str, reads_batches: bool):
+    """A stream holding RUNS runs; the channel, the call, the Welcome and the assignments."""
+    await factories.queued_runs(pool, RUNS)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    call = executor_pb2_grpc.ExecutorServiceStub(channel).Connect(
+        metadata=(("authorization", f"Bearer {await auth.executor_key(db_url)}"),), timeout=30
+    )
+    hello = executor_pb2.Hello(executor_id=executor_id, tools=TOOLS, capacity=RUNS,
+                               reads_batches=reads_batches)  # fmt: skip
+    await call.write(executor_pb2.ConnectRequest(hello=hello))
+    welcome = await call.read()
+    assert welcome.HasField("welcome")
+    await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=RUNS)))
+    return channel, call, welcome.welcome, assigned(await receive(call, RUNS))
+
+
+def next_commit(request_id: int, a: executor_pb2.Assignment, text: str) -> executor_pb2.Commit:
+    run = a.run
+    lease = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=run.run_id,
+                               epoch=run.lease_epoch)  # fmt: skip
+    step = executor_pb2.NewStep(seq=max(s.seq for s in a.steps) + 1,
+                                kind=run_pb2.STEP_KIND_MODEL_DECISION,
+                                payload_json=json.dumps({"content": text}))  # fmt: skip
+    return executor_pb2.Commit(request_id=request_id, lease=lease, steps=[step])
+
+
+async def results(call, n: int) -> tuple[list[str], dict[int, executor_pb2.CommitResult]]:
+    """The kinds of the messages that carried n commit results, and the results by id."""
+    kinds, got = [], {}
+    while len(got) < n:
+        msg = await asyncio.wait_for(call.read(), 10)
+        which = msg.WhichOneof("msg")
+        if which == "commit_result":
+            got[msg.commit_result.request_id] = msg.commit_result
+        elif which == "commit_results":
+            got.update((r.request_id, r) for r in msg.commit_results.results)
+        else:
+            continue
+        kinds.append(which)
+    return kinds, got
+
+
+async def test_commits_sent_together_are_each_committed_and_answered_alone(server, db_url, pool):
+    channel, call, welcome, held = await held_stream(server, db_url, pool, "ex-c", True)
+    try:
+        assert welcome.commit_batch_bytes == 1024 * 1024  # 1 MiB: under a quarter of 4 MiB
+        batch = [next_commit(i, a, f"step of run {i}") for i, a in enumerate(held, start=1)]
+        # One with a NUL (refused for its run alone) and one of a run not held at that epoch.
+        batch.append(next_commit(RUNS + 1, held[0], "bad"))
+        batch[-1].steps[0].seq += 1
+        batch[-1].steps[0].payload_json = '{"content": "a NUL: \x00"}'  # a raw NUL byte
+        stale = next_commit(RUNS + 2, held[1], "stale")
+        stale.lease.epoch = 7
+        batch.append(stale)
+        await call.write(executor_pb2.ConnectRequest(commits=executor_pb2.Commits(commits=batch)))
+        kinds, got = await results(call, len(batch))
+        assert sorted(got) == list(range(1, RUNS + 3))
+        outcomes = [got[i].outcome for i in range(1, RUNS + 1)]
+        assert outcomes == [executor_pb2.COMMIT_OUTCOME_OK] * RUNS
+        assert got[RUNS + 1].outcome == executor_pb2.COMMIT_OUTCOME_INVALID
+        assert "NUL" in got[RUNS + 1].message
+        assert got[RUNS + 2].outcome == executor_pb2.COMMIT_OUTCOME_FENCED
+        # Results ready together went back together: fewer messages than results.
+        assert "commit_results" in kinds and len(kinds) < len(batch)
+        for a in held:  # every held run has its step, and only it
+            row = await runs.get_run(pool, a.run.workspace_id, uuid.UUID(a.run.run_id))
+            assert (row.status, row.step_count, row.lease_epoch) == ("running", 2, 1)
+        # The stream goes on after the refused commit: one more, alone, lands.
+        again = next_commit(99, held[0], "after")
+        again.steps[0].seq += 1
+        await call.write(executor_pb2.ConnectRequest(commit=again))
+        _, last = await results(call, 1)
+        assert last[99].outcome == executor_pb2.COMMIT_OUTCOME_OK
+    finally:
+        call.cancel()
+        await channel.close()
+
+
+async def test_an_older_executor_gets_each_commit_result_alone(server, db_url, pool):
+    channel, call, _, held = await held_stream(server, db_url, pool, "ex-o", False)
+    try:
+        batch = [next_commit(i, a, f"step {i}") for i, a in enumerate(held, start=1)]
+        # Sent together, so that their results are ready together.
+        await call.write(executor_pb2.ConnectRequest(commits=executor_pb2.Commits(commits=batch)))
+        kinds, got = await results(call, RUNS)
+        assert kinds == ["commit_result"] * RUNS
+        assert all(r.outcome == executor_pb2.COMMIT_OUTCOME_OK for r in got.values())
+    finally:
+        call.cancel()
+        await channel.close()
