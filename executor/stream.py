@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -455,7 +455,7 @@ async def _drain(
         carried = _NOTHING
         if request is None:
             return
-        assert isinstance(request, executor_pb2.ConnectRequest)
+        request = cast(executor_pb2.ConnectRequest, request)
         if not queue.empty() and request.WhichOneof("msg") == "commit" and (bound := batch_bytes()):
             request, carried = _commits_together(request, queue, bound)
         yield request
