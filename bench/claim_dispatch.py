@@ -133,12 +133,21 @@ async def _load(conn: asyncpg.Connection, queued: int, n_workspaces: int) -> Non
     await conn.execute("VACUUM ANALYZE steps")
 
 
+# Runs each replica delivers before it is measured: every workspace's, and enough full
+# batches that claims and deliveries overlap as they do in the measurement.
+WARM_BATCHES = 8
+
+
 async def _warm(conn: asyncpg.Connection, ports: list[int], key: str, n_workspaces: int) -> None:
-    """One run of every workspace delivered through each replica first: a dispatcher caches
-    the agent versions it sends (two queries each the first time), and a running one has."""
+    """Runs of every workspace delivered through each replica first, as a running one has
+    delivered before: its dispatcher caches the agent versions it sends (two queries each
+    the first time), and its pool has opened the connections that overlapping claims and
+    deliveries use, each with its prepared statements (asyncpg prepares a statement once a
+    connection; a fresh connection prepares every one it runs)."""
+    runs = max(n_workspaces, WARM_BATCHES * BATCH)
     for port in ports:
-        await _load(conn, n_workspaces, n_workspaces)
-        await _deliver([port], key, n_workspaces)
+        await _load(conn, runs, n_workspaces)
+        await _deliver([port], key, runs)
 
 
 @dataclass(frozen=True)
