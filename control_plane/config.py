@@ -120,6 +120,15 @@ class ServerConfig:
     # The bearer token a Prometheus scraper sends for /metrics (besides a platform key).
     metrics_token: str | None = field(default=None, repr=False)
 
+    @property
+    def executor_receive_bytes(self) -> int:
+        """The largest message the executor service receives: its own listener's bound
+        (above the commit limit, which the commit handler enforces per run), else the
+        public server's."""
+        if self.executor_listen:
+            return max(self.executor_max_message_bytes, self.max_message_bytes)
+        return self.max_message_bytes
+
     @classmethod
     def from_env(cls) -> ServerConfig:
         url = os.environ.get("DATABASE_URL")

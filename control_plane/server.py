@@ -359,9 +359,9 @@ def _executor_server(
     """ExecutorService's own server when it listens apart from the public API, else None."""
     if not config.executor_listen:
         return None
-    # Above the commit limit (max_message_bytes), which the commit handler enforces per run.
-    receive = max(config.executor_max_message_bytes, config.max_message_bytes)
-    return grpc.aio.server(interceptors=interceptors, options=_grpc_options(config, receive))
+    return grpc.aio.server(
+        interceptors=interceptors, options=_grpc_options(config, config.executor_receive_bytes)
+    )
 
 
 # A health servicer and the services it reports on (the readiness watch sets them).

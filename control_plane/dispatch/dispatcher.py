@@ -209,7 +209,7 @@ class Dispatcher:
                 else:
                     outgoing.setdefault(session, []).append((run, logs[run.run_id]))
             for session, items in outgoing.items():
-                if session.reads_batches and len(items) > 1:
+                if session.reads_batches:
                     await self._assign_together(session, items)
                 else:
                     for run, steps in items:

@@ -68,11 +68,8 @@ def _is_result(item: object) -> bool:
 
 def commit_batch_bytes(config: ServerConfig) -> int:
     """Welcome.commit_batch_bytes: COMMIT_BATCH_BYTES, or a quarter of what the executor
-    service's listener receives in one message when that is less."""
-    receive = config.max_message_bytes
-    if config.executor_listen:  # its own listener (control_plane/server.py)
-        receive = max(config.executor_max_message_bytes, receive)
-    return min(COMMIT_BATCH_BYTES, receive // 4)
+    service receives in one message when that is less."""
+    return min(COMMIT_BATCH_BYTES, config.executor_receive_bytes // 4)
 
 
 def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:

@@ -43,15 +43,17 @@ async def pool(db_url):
 
 
 async def connect(address: str, key: str, hello: executor_pb2.Hello, slots: int):
-    """Open Connect, say Hello, wait for the Welcome and offer `slots` credits at once."""
+    """Open Connect, say Hello, wait for the Welcome and offer `slots` credits at once;
+    the channel, the call and the Welcome."""
     channel = grpc.aio.insecure_channel(address)
     call = executor_pb2_grpc.ExecutorServiceStub(channel).Connect(
         metadata=(("authorization", f"Bearer {key}"),), timeout=30
     )
     await call.write(executor_pb2.ConnectRequest(hello=hello))
-    assert (await call.read()).HasField("welcome")
+    welcome = await call.read()
+    assert welcome.HasField("welcome")
     await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=slots)))
-    return channel, call
+    return channel, call, welcome.welcome
 
 
 async def receive(call, n: int) -> list[executor_pb2.ConnectResponse]:
@@ -80,18 +82,30 @@ def assigned(messages: list[executor_pb2.ConnectResponse]) -> list[executor_pb2.
     return out
 
 
-async def commit_first_step(call, assignment: executor_pb2.Assignment) -> executor_pb2.CommitResult:
-    run = assignment.run
+def next_commit(request_id: int, a: executor_pb2.Assignment, text: str) -> executor_pb2.Commit:
+    run = a.run
     lease = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=run.run_id,
                                epoch=run.lease_epoch)  # fmt: skip
-    seq = max(s.seq for s in assignment.steps) + 1
-    step = executor_pb2.NewStep(seq=seq, kind=run_pb2.STEP_KIND_MODEL_DECISION,
-                                payload_json=json.dumps({"content": "hi"}))  # fmt: skip
-    await call.write(executor_pb2.ConnectRequest(
-        commit=executor_pb2.Commit(request_id=1, lease=lease, steps=[step])))  # fmt: skip
-    while not (reply := await asyncio.wait_for(call.read(), 10)).HasField("commit_result"):
-        pass
-    return reply.commit_result
+    step = executor_pb2.NewStep(seq=max(s.seq for s in a.steps) + 1,
+                                kind=run_pb2.STEP_KIND_MODEL_DECISION,
+                                payload_json=json.dumps({"content": text}))  # fmt: skip
+    return executor_pb2.Commit(request_id=request_id, lease=lease, steps=[step])
+
+
+async def results(call, n: int) -> tuple[list[str], dict[int, executor_pb2.CommitResult]]:
+    """The kinds of the messages that carried n commit results, and the results by id."""
+    kinds, got = [], {}
+    while len(got) < n:
+        msg = await asyncio.wait_for(call.read(), 10)
+        which = msg.WhichOneof("msg")
+        if which == "commit_result":
+            got[msg.commit_result.request_id] = msg.commit_result
+        elif which == "commit_results":
+            got.update((r.request_id, r) for r in msg.commit_results.results)
+        else:
+            continue
+        kinds.append(which)
+    return kinds, got
 
 
 async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
@@ -101,7 +115,7 @@ async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
     hello = executor_pb2.Hello(executor_id="ex-batch", tools=TOOLS, capacity=RUNS,
                                reads_batches=True)  # fmt: skip
-    channel, call = await connect(address, key, hello, RUNS)
+    channel, call, _ = await connect(address, key, hello, RUNS)
     try:
         messages = await receive(call, RUNS)
         # One Ready, one claim: all five runs in one message.
@@ -113,8 +127,9 @@ async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
             assert a.agent_version.version == queued[0].agent_version
             assert [s.kind for s in a.steps] == [run_pb2.STEP_KIND_INPUT]
         # Held by this stream: a commit of any of them lands.
-        result = await commit_first_step(call, got[-1])
-        assert result.outcome == executor_pb2.COMMIT_OUTCOME_OK
+        await call.write(executor_pb2.ConnectRequest(commit=next_commit(1, got[-1], "hi")))
+        _, answered = await results(call, 1)
+        assert answered[1].outcome == executor_pb2.COMMIT_OUTCOME_OK
         row = await runs.get_run(pool, got[-1].run.workspace_id, uuid.UUID(got[-1].run.run_id))
         assert (row.status, row.step_count) == ("running", 2)
     finally:
@@ -126,7 +141,7 @@ async def test_an_older_executor_gets_one_assignment_message_a_run(server, db_ur
     queued = await factories.queued_runs(pool, RUNS)
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
     hello = executor_pb2.Hello(executor_id="ex-old", tools=TOOLS, capacity=RUNS)  # no flag
-    channel, call = await connect(address, key, hello, RUNS)
+    channel, call, _ = await connect(address, key, hello, RUNS)
     try:
         messages = await receive(call, RUNS)
         assert [m.WhichOneof("msg") for m in messages] == ["assignment"] * RUNS
@@ -145,7 +160,7 @@ async def test_the_size_bound_splits_a_claim_over_several_messages(
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
     hello = executor_pb2.Hello(executor_id="ex-small", tools=TOOLS, capacity=RUNS + 1,
                                reads_batches=True)  # fmt: skip
-    channel, call = await connect(address, key, hello, 1)
+    channel, call, _ = await connect(address, key, hello, 1)
     try:
         (first,) = assigned(await receive(call, 1))  # one credit: one run, alone
         # Room for two assignments like it in a message, not three.
@@ -215,43 +230,12 @@ async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server
 async def held_stream(server, db_url, pool, executor_id: str, reads_batches: bool):
     """A stream holding RUNS runs; the channel, the call, the Welcome and the assignments."""
     await factories.queued_runs(pool, RUNS)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    call = executor_pb2_grpc.ExecutorServiceStub(channel).Connect(
-        metadata=(("authorization", f"Bearer {await auth.executor_key(db_url)}"),), timeout=30
-    )
     hello = executor_pb2.Hello(executor_id=executor_id, tools=TOOLS, capacity=RUNS,
                                reads_batches=reads_batches)  # fmt: skip
-    await call.write(executor_pb2.ConnectRequest(hello=hello))
-    welcome = await call.read()
-    assert welcome.HasField("welcome")
-    await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=RUNS)))
-    return channel, call, welcome.welcome, assigned(await receive(call, RUNS))
-
-
-def next_commit(request_id: int, a: executor_pb2.Assignment, text: str) -> executor_pb2.Commit:
-    run = a.run
-    lease = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=run.run_id,
-                               epoch=run.lease_epoch)  # fmt: skip
-    step = executor_pb2.NewStep(seq=max(s.seq for s in a.steps) + 1,
-                                kind=run_pb2.STEP_KIND_MODEL_DECISION,
-                                payload_json=json.dumps({"content": text}))  # fmt: skip
-    return executor_pb2.Commit(request_id=request_id, lease=lease, steps=[step])
-
-
-async def results(call, n: int) -> tuple[list[str], dict[int, executor_pb2.CommitResult]]:
-    """The kinds of the messages that carried n commit results, and the results by id."""
-    kinds, got = [], {}
-    while len(got) < n:
-        msg = await asyncio.wait_for(call.read(), 10)
-        which = msg.WhichOneof("msg")
-        if which == "commit_result":
-            got[msg.commit_result.request_id] = msg.commit_result
-        elif which == "commit_results":
-            got.update((r.request_id, r) for r in msg.commit_results.results)
-        else:
-            continue
-        kinds.append(which)
-    return kinds, got
+    channel, call, welcome = await connect(
+        f"127.0.0.1:{server.port}", await auth.executor_key(db_url), hello, RUNS
+    )
+    return channel, call, welcome, assigned(await receive(call, RUNS))
 
 
 async def test_commits_sent_together_are_each_committed_and_answered_alone(server, db_url, pool):
