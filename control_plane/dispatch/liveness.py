@@ -75,19 +75,24 @@ class Liveness:
         seconds: nothing more is assigned to it, and it is closed."""
         if self.horizon <= 0:
             return
+        poll = min(0.25, self.dead_after / 4)
         while True:
-            await asyncio.sleep(min(0.25, self.dead_after / 4))
             if self.last_ping is None:
+                await asyncio.sleep(poll)
                 continue
             silent_for = self._clock() - self.last_ping
-            if silent_for > self.dead_after:
-                self.dead = True  # first: the dispatcher reads it before every assignment
-                SILENT.inc()
-                log.warning("executor %s's stream (session %s) silent for %.1fs: declared "
-                            "dead, assigning it nothing more", session.executor_id,
-                            session.id, silent_for)  # fmt: skip
-                session.close()
-                return
+            if silent_for <= self.dead_after:
+                # Wake at the deadline itself, not up to a poll later: a paused executor's
+                # runs are taken over that much sooner (a Ping in between moves it on).
+                await asyncio.sleep(min(poll, self.dead_after - silent_for + 0.005))
+                continue
+            self.dead = True  # first: the dispatcher reads it before every assignment
+            SILENT.inc()
+            log.warning("executor %s's stream (session %s) silent for %.1fs: declared "
+                        "dead, assigning it nothing more", session.executor_id,
+                        session.id, silent_for)  # fmt: skip
+            session.close()
+            return
 
 
 async def release_on_break(pool: Pool, session: ExecutorSession, poke: Callable[[], None]) -> None:

@@ -4,7 +4,8 @@
   is assigned into it after that, its runs move to another executor within seconds, and
   it reconnects after the heal; no stale write, no repeated effect.
 * kill -9 and SIGSTOP under load: the victims' runs are claimed again within seconds of
-  the fault (p50 <= 3 s, p99 <= 10 s), not after the 30 s lease; no stale write, no
+  the fault, not after the 30 s lease: after kill -9 p50 <= 3 s, p99 <= 10 s; after a
+  SIGSTOP (noticed once silent for 3 s) p50 <= 4 s, p99 <= 10 s. No stale write, no
   repeated effect.
 
 Sizes are scaled for the suite and can be raised: AGENTRUN_TEST_BLACKHOLE_SECONDS (how
@@ -38,6 +39,7 @@ BLACKHOLE_SECONDS = float(os.environ.get("AGENTRUN_TEST_BLACKHOLE_SECONDS", "6")
 FAULTS = int(os.environ.get("AGENTRUN_TEST_TAKEOVER_FAULTS", "2"))
 NOTICE_BOUND = 5.0
 P50_BOUND, P99_BOUND = 3.0, 10.0
+STOP_P50_BOUND = 3.0 + 1.0  # silent for AGENTRUN_STREAM_DEAD_SECONDS, then a claim
 
 
 @pytest.fixture
@@ -188,6 +190,11 @@ async def _fault_and_measure(db, run_ids, fleet, spawn, stop: bool) -> list[floa
     return latencies
 
 
+def _percentiles(latencies: list[float]) -> tuple[float, float]:
+    ordered = sorted(latencies)
+    return statistics.median(ordered), ordered[round(0.99 * (len(ordered) - 1))]
+
+
 async def _takeover_under_faults(
     stack, executor_factory, sandbox_model, sandbox_providers, db, faults: int, runs: int,
     pause: tuple[float, float],
@@ -199,9 +206,12 @@ async def _takeover_under_faults(
     def spawn() -> ManagedProcess:
         return executor_factory(cp, AGENTRUN_CAPACITY=2)[0]
 
-    latencies: list[float] = []
+    taken: dict[str, list[float]] = {"kill -9": [], "SIGSTOP": []}
     rng = random.Random(7)
-    for n in range(faults):
+    n = 0
+    # `faults` strikes, and more (a few at most) until each kind has caught a run mid-hold:
+    # a strike can find its runs' commit already landed (parked in a sleep, finished).
+    while n < faults or (not all(taken.values()) and n < faults + 6):
         if not await db.fetchval(
             "SELECT count(*) FROM runs WHERE run_id = ANY($1::uuid[]) "
             "AND status NOT IN ('completed', 'failed', 'cancelled')", run_ids,
@@ -209,17 +219,26 @@ async def _takeover_under_faults(
             break  # every run is done: nothing left to strike
         # Every third fault (the second first) is a SIGSTOP: a paused holder, taken over
         # early, woken later.
-        latencies += await _fault_and_measure(db, run_ids, fleet, spawn, stop=n % 3 == 1)
+        stop = n % 3 == 1
+        taken["SIGSTOP" if stop else "kill -9"] += await _fault_and_measure(
+            db, run_ids, fleet, spawn, stop=stop
+        )
+        n += 1
         await asyncio.sleep(rng.uniform(*pause))  # the fault schedule, not a synchronisation
     await check_all(api, run_ids, sandbox_model, sandbox_providers)
-    assert latencies, "no fault caught a run mid-hold: the test measured nothing"
-    ordered = sorted(latencies)
-    p50 = statistics.median(ordered)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    print(f"takeover after kill -9 / SIGSTOP (lease 30 s): n={len(ordered)} "
-          f"p50={p50:.2f}s p99={p99:.2f}s max={ordered[-1]:.2f}s")  # fmt: skip
-    assert p50 <= P50_BOUND
-    assert p99 <= P99_BOUND
+    for kind, latencies in taken.items():
+        assert latencies, f"no {kind} caught a run mid-hold in {n} faults: nothing measured"
+        p50, p99 = _percentiles(latencies)
+        print(f"takeover after {kind} (lease 30 s): n={len(latencies)} p50={p50:.2f}s "
+              f"p99={p99:.2f}s max={max(latencies):.2f}s")  # fmt: skip
+    # A killed executor's stream breaks at once: its runs are claimable at its last Ping
+    # + horizon + margin (<= 2 s). A paused one's stream stays open until it has been
+    # silent for 3 s (AGENTRUN_STREAM_DEAD_SECONDS), so its takeover comes at most a claim
+    # after that.
+    kill_p50, kill_p99 = _percentiles(taken["kill -9"])
+    assert kill_p50 <= P50_BOUND and kill_p99 <= P99_BOUND
+    stop_p50, stop_p99 = _percentiles(taken["SIGSTOP"])
+    assert stop_p50 <= STOP_P50_BOUND and stop_p99 <= P99_BOUND
     stopped = [p for p in fleet if p.alive]
     assert stopped, "every executor died"
 
@@ -228,7 +247,7 @@ async def test_kill_and_stop_take_over_within_seconds_not_the_lease(
     stack, executor_factory, sandbox_model, sandbox_providers, db
 ):
     await _takeover_under_faults(stack, executor_factory, sandbox_model, sandbox_providers, db,
-                                 faults=FAULTS, runs=4, pause=(0.5, 1.0))  # fmt: skip
+                                 faults=FAULTS, runs=6, pause=(0.5, 1.0))  # fmt: skip
 
 
 @pytest.mark.chaos
