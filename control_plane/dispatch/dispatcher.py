@@ -36,6 +36,13 @@ Pinned = tuple[agent_pb2.AgentVersion, list[tool_pb2.Tool]]
 # larger assignment goes alone, as to any executor): far under the executor's 64 MiB
 # receive limit, and small enough that one message never holds a stream's others long.
 ASSIGNMENT_BATCH_BYTES = 1024 * 1024
+# A claim that passed over a workspace with due runs because another claimer held it
+# (another replica's claim, most often: lease.Claimed.others_due) is tried again this soon,
+# then at twice the pause while it keeps taking nothing, up to the longest pause (or the
+# poll interval if shorter); one that takes runs starts again from the first. The flag is
+# only raised while another claimer is at work on a due workspace, so these claims last
+# no longer than that.
+OTHERS_DUE_PAUSE, OTHERS_DUE_MAX_PAUSE = 0.005, 0.05
 
 
 def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
@@ -67,6 +74,11 @@ class Dispatcher:
         self._touched_at = 0.0
         # The claimed batch being delivered while the next claim runs (at most one).
         self._delivering: asyncio.Task[None] | None = None
+        # Whether a claim of this round passed over a held workspace with due runs
+        # (lease.Claimed.others_due), and the pause before the next round then (None: the
+        # poll interval).
+        self._others_due = False
+        self._retry_in: float | None = None
         # Model output of fast-path runs, for this replica's WatchRun watchers.
         self.deltas = fast_path.DeltaHub()
 
@@ -114,20 +126,30 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Claim loop: wake on a poke or every poll interval."""
+        poll = self.config.claim_poll_seconds
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.claim_poll_seconds)
+                await asyncio.wait_for(self._wake.wait(), min(self._retry_in or poll, poll))
             self._wake.clear()
             try:
                 await self._touch()
-                while await self._claim_once() == self.config.claim_batch:
-                    pass  # a full batch: there may be more due right now
+                self._others_due, took = False, 0
+                while (claimed := await self._claim_once()) == self.config.claim_batch:
+                    took += claimed  # a full batch: there may be more due right now
+                took += claimed
+                self._retry_in = self._next_retry(took) if self._others_due else None
                 await self._delivered()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the database may be restarting
                 log.warning("claim failed, retrying: %s", exc)
                 await asyncio.sleep(self.config.claim_poll_seconds)
+
+    def _next_retry(self, took: int) -> float:
+        """The pause before claiming again after a claim passed over a held workspace."""
+        if took or self._retry_in is None:
+            return OTHERS_DUE_PAUSE
+        return min(2 * self._retry_in, OTHERS_DUE_MAX_PAUSE, self.config.claim_poll_seconds)
 
     async def _delivered(self) -> None:
         """Wait for the batch being delivered, if any (its own errors are logged there)."""
@@ -169,6 +191,7 @@ class Dispatcher:
                 carried=sorted(tools), on_takeover=_taken_over,
                 release=releases.claim_release(sessions[0], self.config),
             )  # fmt: skip
+        self._others_due = self._others_due or rows.others_due
         for row in rows:
             metrics.CLAIMED.labels(row.workspace_id).inc()
         # Each run's slot is taken now, before any await: the next claim, which runs while

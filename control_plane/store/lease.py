@@ -36,6 +36,14 @@ class Release:
         return [self.name, *self.continues], self.name, self.live_seconds, self.gated
 
 
+class Claimed(list[Run]):
+    """The runs a claim leased; `others_due`: it took fewer than it had owners while a
+    workspace whose turn it would have taken was held by another claimer and still has
+    due runs with room: claiming again soon may find them (migrations/0031_claim_others_due.sql)."""
+
+    others_due: bool = False
+
+
 @dataclass(frozen=True)
 class LeaseKey:
     workspace_id: str
@@ -52,7 +60,7 @@ async def claim_due(
     carried: Sequence[str] | None = None,
     on_takeover: Callable[[Run], None] | None = None,
     release: Release | None = None,
-) -> list[Run]:
+) -> Claimed:
     """Claim up to len(owners) due runs, fairly; run i is leased to owners[i].
 
     Lapsed leases first, then the oldest due runs of the workspaces served
@@ -65,7 +73,7 @@ async def claim_due(
     and runs on none only if theirs is the newest (sql/lease.sql).
     """
     if not owners:
-        return []
+        return Claimed()
     allowed = list(scope) if scope is not None else None
     tools = json.dumps(list(carried)) if carried is not None else None
     routing = release.params() if release else (None, None, 0.0, False)
@@ -78,7 +86,12 @@ async def claim_due(
             rows = await run(conn, "run_claim", *args)
     else:
         rows = await run(pool, "run_claim", *args)
-    claimed = [Run.from_record(r) for r in rows]
+    # A last row with its run NULL says others are due (0031); the rest are the runs.
+    others_due = bool(rows) and rows[-1]["others_due"]
+    if others_due:
+        rows = rows[:-1]
+    claimed = Claimed(Run.from_record(r) for r in rows)
+    claimed.others_due = others_due
     if on_takeover is not None:
         for row, claimed_run in zip(rows, claimed, strict=True):
             if row["taken_over"]:

@@ -171,8 +171,11 @@
 -- release is taken only if it is one of $6, and a run on none only if $7 is
 -- the newest release with an executor seen within $8 seconds that is not
 -- draining (with $9, only among releases promoted or past a canary); the
--- claim records $7 on the runs it takes first.
-SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due
+-- claim records $7 on the runs it takes first. Since 0031 a last row, its
+-- run NULL and others_due true, says the claim took fewer runs than it had
+-- owners while a workspace whose turn it would have taken was held by another
+-- claimer and still has due runs with room: the caller may claim again soon.
+SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due, c.others_due
 FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jsonb,
                     $6::text[], $7::text, $8::float8, $9::boolean) c;
 
