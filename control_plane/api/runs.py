@@ -34,7 +34,7 @@ from control_plane.store import lease as lease_store
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
 from control_plane.store import unknowns
-from control_plane.store.admission import MAX_INPUT_BYTES, admission
+from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
 
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -109,6 +109,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        self._versions = agent_store.Versions()
         # Fast-path runs' model output on this replica (WatchRunRequest.deltas).
         self._deltas = deltas
 
@@ -127,17 +128,34 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
         priority = validate.priority("priority", request.priority)
-        ver = await agent_store.get_version(self._pool, ws, agent_id, version)
+        if version:
+            ver = await self._versions.get(self._pool, ws, agent_id, version)
+        else:
+            ver = await self._versions.latest(self._pool, ws, agent_id)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
         came_in = await triggering.input_payload(
             self._pool, ws, text, request.trigger_connection_id
         )
-        adm = admission(
-            ver, self._defaults, text, started_by=auth_context.current().label,
-            request_id=request_id, input_payload=came_in, priority=priority,
-        )  # fmt: skip
-        row = await store.insert_run(self._pool, adm)
+        started_by = auth_context.current().label
+
+        def admit(ver: Any) -> Admission:
+            return admission(
+                ver, self._defaults, text, started_by=started_by, request_id=request_id,
+                input_payload=came_in, priority=priority,
+            )  # fmt: skip
+
+        adm = admit(ver)
+        # The latest version as this replica last saw it, checked by the insert itself.
+        row = await store.insert_run(self._pool, adm, latest=not version)
+        if row is None and not version:
+            # A newer version was published since (or the request_id was used): read the
+            # latest now and admit against it, as if nothing had been cached.
+            fresh = await self._versions.latest(self._pool, ws, agent_id, fresh=True)
+            assert fresh is not None, "a published agent keeps its versions"
+            if fresh["version"] != ver["version"]:
+                adm = admit(fresh)
+            row = await store.insert_run(self._pool, adm)
         if row is None:
             assert request_id is not None
             row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)

@@ -100,10 +100,12 @@ def _run_or_none(record: asyncpg.Record | None) -> Run | None:
 
 
 async def insert_run(
-    pool: asyncpg.pool.Pool, adm: Admission, now: datetime | None = None
+    pool: asyncpg.pool.Pool, adm: Admission, now: datetime | None = None, latest: bool = False
 ) -> Run | None:
-    """The new run (with its input step), or None when request_id was used."""
-    return _run_or_none(await run(pool, "run_insert", **adm.params(now)))
+    """The new run (with its input step), or None when request_id was used; with `latest`,
+    also None when adm.agent_version is no longer the agent's latest (run_insert_latest)."""
+    query = "run_insert_latest" if latest else "run_insert"
+    return _run_or_none(await run(pool, query, **adm.params(now)))
 
 
 async def get_run(

@@ -13,6 +13,8 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
+from control_plane.config import ServerConfig
+from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.auth import workspace_key
 
@@ -85,6 +87,42 @@ async def test_agent_versions_are_numbered_and_limits_copied_at_admission(agents
     )
     assert [(s.seq, s.kind) for s in steps.steps] == [(0, run_pb2.STEP_KIND_INPUT)]
     assert json.loads(steps.steps[0].payload_json) == {"text": "hello"}
+
+
+async def test_a_start_of_the_latest_version_admits_the_one_published_last_on_any_replica(
+    agents, runs, db_url, acme_key
+):
+    """A replica remembers the versions it admitted (store/agents.py Versions); a version
+    published since, here through another replica, is the one admitted next."""
+
+    async def start(version: int = 0, request_id: str = "") -> run_pb2.StartRunResponse:
+        return await runs.StartRun(run_pb2.StartRunRequest(
+            workspace_id="acme", agent_id="triage", input="hi", agent_version=version,
+            request_id=request_id,
+        ))  # fmt: skip
+
+    await publish(agents, max_steps=7)
+    assert (await start()).run.agent_version == 1
+    other = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
+    try:
+        async with auth.channel(f"127.0.0.1:{other.port}", acme_key) as ch:
+            spec = agent_pb2.AgentSpec(model="writer", limits=agent_pb2.RunLimits(max_steps=9))
+            await agent_pb2_grpc.AgentServiceStub(ch).PublishAgentVersion(
+                agent_pb2.PublishAgentVersionRequest(
+                    workspace_id="acme", agent_id="triage", spec=spec
+                )
+            )
+    finally:
+        await other.stop(grace=0)
+    latest = (await start(request_id="r1")).run
+    assert (latest.agent_version, latest.limits.max_steps) == (2, 9)
+    assert (await start()).run.agent_version == 2
+    pinned = (await start(version=1)).run
+    assert (pinned.agent_version, pinned.limits.max_steps) == (1, 7)
+    # A used request_id still names its run, whatever the cache holds.
+    replay = await start(request_id="r1")
+    assert not replay.created and replay.run.run_id == latest.run_id
+    await expect_error(start(version=3), grpc.StatusCode.NOT_FOUND, "no version 3")
 
 
 async def test_start_run_with_request_id_is_idempotent(agents, runs):

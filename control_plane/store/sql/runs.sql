@@ -36,6 +36,18 @@ admitted AS (
 WITH admit_if AS (SELECT), {{run_admit}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM admitted;
 
+-- name: run_insert_latest :one
+-- run_insert for a StartRun of the latest version, read from the replica's cache
+-- (store/agents.py Versions): admits only while :agent_version is still the agent's
+-- latest, checked in the insert's own snapshot. Nothing returned: the request_id was
+-- used, or a newer version was published since; the caller reads it and asks again.
+WITH admit_if AS (
+    SELECT FROM agents
+    WHERE workspace_id = :workspace_id AND agent_id = :agent_id
+      AND latest_version = :agent_version
+), {{run_admit}}
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM admitted;
+
 -- name: run_get :one
 -- One run of a workspace, with its current hold's seconds so far (held_seconds).
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds
