@@ -30,10 +30,13 @@
 -- locks anything or changes a count.
 --
 -- The flag is one more row, its run NULL, after the claimed runs: a claim that
--- took nothing can say it too.
+-- took nothing can say it too. As 0030 did, agentrun_claim() becomes a wrapper:
+-- 0030's function (the claim and its counts) is renamed agentrun_claim_counted
+-- and called between the two reads, unchanged.
 
-DROP FUNCTION agentrun_claim(text[], double precision, timestamptz, text[], jsonb, text[],
-                             text, double precision, boolean);
+ALTER FUNCTION agentrun_claim(text[], double precision, timestamptz, text[], jsonb, text[],
+                              text, double precision, boolean)
+    RENAME TO agentrun_claim_counted;
 
 CREATE FUNCTION agentrun_claim(
     owners text[], lease_seconds double precision, at timestamptz, scope text[],
@@ -42,16 +45,12 @@ CREATE FUNCTION agentrun_claim(
 RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
                others_due boolean)
 LANGUAGE plpgsql VOLATILE
-SET agentrun.claim_counts = 'on'
 AS $claim$
 #variable_conflict use_column
 DECLARE
-    out_runs runs[];
-    out_held double precision[];
-    out_taken boolean[];
-    out_keeps boolean[];
     claim_clock timestamptz := coalesce($3, now());
     expected text[];
+    taken bigint;
 BEGIN
     -- Step 1's turns, read without its lock.
     SELECT array_agg(t.workspace_id) INTO expected FROM (
@@ -65,25 +64,11 @@ BEGIN
         ORDER BY w.last_served_at, w.workspace_id
         LIMIT cardinality($1)
     ) t;
-    SELECT array_agg(c.run ORDER BY c.ord), array_agg(c.held_seconds ORDER BY c.ord),
-           array_agg(c.taken_over ORDER BY c.ord), array_agg(c.keeps_due ORDER BY c.ord)
-    INTO out_runs, out_held, out_taken, out_keeps
-    FROM agentrun_claim_uncounted(owners, lease_seconds, at, scope, carried, continued,
-                                  own_release, live_seconds, gated)
-         WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, ord);
-    -- The fresh runs (not taken over: those were 'running' already), by workspace and agent.
-    PERFORM running_counts_add(f.workspace_id, f.agent_id, f.n)
-    FROM (
-        SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, count(*) AS n
-        FROM generate_subscripts(out_runs, 1) i
-        WHERE NOT out_taken[i]
-        GROUP BY 1, 2
-        ORDER BY 1, 2
-    ) f;
-    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false
-                 FROM generate_subscripts(out_runs, 1) i;
+    RETURN QUERY SELECT c.run, c.held_seconds, c.taken_over, c.keeps_due, false
+                 FROM agentrun_claim_counted($1, $2, $3, $4, $5, $6, $7, $8, $9) c;
+    GET DIAGNOSTICS taken = ROW_COUNT;
     -- A workspace of that read left unserved, still due with room.
-    IF coalesce(cardinality(out_runs), 0) < cardinality($1) AND EXISTS (
+    IF taken < cardinality($1) AND EXISTS (
         SELECT 1 FROM workspaces w
         CROSS JOIN LATERAL (
             SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c

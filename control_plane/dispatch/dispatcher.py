@@ -74,10 +74,8 @@ class Dispatcher:
         self._touched_at = 0.0
         # The claimed batch being delivered while the next claim runs (at most one).
         self._delivering: asyncio.Task[None] | None = None
-        # Whether a claim of this round passed over a held workspace with due runs
-        # (lease.Claimed.others_due), and the pause before the next round then (None: the
-        # poll interval).
-        self._others_due = False
+        # The pause before the next claim after one passed over a held workspace with due
+        # runs (lease.Claimed.others_due); None: the poll interval.
         self._retry_in: float | None = None
         # Model output of fast-path runs, for this replica's WatchRun watchers.
         self.deltas = fast_path.DeltaHub()
@@ -133,11 +131,13 @@ class Dispatcher:
             self._wake.clear()
             try:
                 await self._touch()
-                self._others_due, took = False, 0
-                while (claimed := await self._claim_once()) == self.config.claim_batch:
-                    took += claimed  # a full batch: there may be more due right now
-                took += claimed
-                self._retry_in = self._next_retry(took) if self._others_due else None
+                took, others_due = 0, False
+                while True:
+                    claimed, passed_over = await self._claim_once()
+                    took, others_due = took + claimed, others_due or passed_over
+                    if claimed < self.config.claim_batch:
+                        break  # else a full batch: there may be more due right now
+                self._retry_in = self._next_retry(took) if others_due else None
                 await self._delivered()
             except asyncio.CancelledError:
                 raise
@@ -157,8 +157,9 @@ class Dispatcher:
             await asyncio.wait([self._delivering])
             self._delivering = None
 
-    async def _claim_once(self) -> int:
-        """One claim per executor scope and tool set; the largest batch any of them got.
+    async def _claim_once(self) -> tuple[int, bool]:
+        """One claim per executor scope and tool set; the largest batch any of them got, and
+        whether any passed over a held workspace with due runs (lease.Claimed.others_due).
 
         Executors carrying different tools claim apart, each only the runs whose
         agent version needs no tool it lacks; so do executors of different
@@ -171,27 +172,27 @@ class Dispatcher:
             scope = tuple(sorted(session.scope)) if session.scope is not None else None
             key = (scope, session.tools, session.release, session.continues)
             groups.setdefault(key, []).append(session)
-        claimed = 0
+        claimed, others_due = 0, False
         for (scope, tools, _, _), sessions in groups.items():
-            claimed = max(claimed, await self._claim_for(sessions, scope, tools))
-        return claimed
+            rows = await self._claim_for(sessions, scope, tools)
+            claimed, others_due = max(claimed, len(rows)), others_due or rows.others_due
+        return claimed, others_due
 
     async def _claim_for(
         self,
         sessions: list[ExecutorSession],
         scope: tuple[str, ...] | None,
         tools: frozenset[str],
-    ) -> int:
+    ) -> lease_store.Claimed:
         owners = owner_slots(sessions, self.config.claim_batch)
         if not owners:
-            return 0
+            return lease_store.Claimed()
         with metrics.CLAIM_SECONDS.time():
             rows = await lease_store.claim_due(
                 self.pool, owners, self.config.lease_seconds, scope=scope,
                 carried=sorted(tools), on_takeover=_taken_over,
                 release=releases.claim_release(sessions[0], self.config),
             )  # fmt: skip
-        self._others_due = self._others_due or rows.others_due
         for row in rows:
             metrics.CLAIMED.labels(row.workspace_id).inc()
         # Each run's slot is taken now, before any await: the next claim, which runs while
@@ -202,7 +203,7 @@ class Dispatcher:
             self._delivering = asyncio.create_task(self._deliver_batch(batch))
             self._background.add(self._delivering)
             self._delivering.add_done_callback(self._background.discard)
-        return len(rows)
+        return rows
 
     def _take_slot(self, run: Run) -> ExecutorSession | None:
         """The session a claimed run goes to, its credit for it taken; None: it cannot go
