@@ -76,12 +76,13 @@ def test_fragments_are_included_and_never_run_alone(tmp_path):
 
 
 def test_every_admission_includes_the_one_run_admit_shape():
-    """StartRun, trigger events, session turns, child runs, forks and flushed debounces and
-    batches insert runs by one SQL shape."""
+    """StartRun (of a version named or of the latest one as cached), trigger events,
+    session turns, child runs, forks and flushed debounces and batches insert runs by one
+    SQL shape."""
     inserting = {n for n, q in queries.QUERIES.items() if "INSERT INTO runs" in q.sql}
     assert inserting == {
-        "run_insert", "trigger_event_admit", "session_turn_admit", "child_admit", "fork_admit",
-        "flow_consume",
+        "run_insert", "run_insert_latest", "trigger_event_admit", "session_turn_admit",
+        "child_admit", "fork_admit", "flow_consume",
     }  # fmt: skip
     for name in inserting:
         assert queries.QUERIES[name].sql.count("INSERT INTO runs") == 1
