@@ -37,6 +37,7 @@ The machine is shared: figures move with the other tenants' load.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import time
@@ -218,7 +219,19 @@ def log_complaints(procs: list[Proc]) -> None:
     if lines:
         report.note(f"{len(lines)} warning/error log lines, e.g.:")
         for line in lines[:3]:
-            report.note(f"  {line[:200]}")
+            report.note(f"  {_gist(line)}")
+
+
+def _gist(line: str) -> str:
+    """A log line's name, message and, for a traceback, its last line (what was raised)."""
+    name, _, text = line.partition(": ")
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        return line[:300]
+    raised = str(entry.get("exception", "")).strip().splitlines()
+    gist = f"{name}: {entry.get('logger', '')}: {entry.get('message', '')}"
+    return (gist + (f" ({raised[-1]})" if raised else ""))[:300]
 
 
 async def unusual_logs(conn: asyncpg.Connection, agent_id: str) -> None:

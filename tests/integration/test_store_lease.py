@@ -221,3 +221,33 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
     # The same request_id admits nothing.
     again = runs.Admission("ws", "adm", version, "hello", "req-1", 7, 8, 9, 10)
     assert await runs.insert_run(pool, again) is None
+
+
+async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_deadlocking(pool):
+    """A heartbeat and a grouped commit (run_commit_many) of one executor touch the same
+    run rows in one statement each; the commit locks them in (workspace_id, run_id) order.
+    A heartbeat that took them in the order it was sent could hold the second while
+    waiting for the first, and Postgres would abort one of the two as deadlocked."""
+    await factories.queued_runs(pool, 6)
+    held = sorted(await lease.claim_due(pool, ["ex-a"] * 6, 30), key=lambda r: r.run_id)
+    assert len(held) == 6
+    lock = "SELECT 1 FROM runs WHERE run_id = $1 FOR NO KEY UPDATE"
+    async with pool.acquire() as other:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("SET LOCAL deadlock_timeout = '100ms'")
+        await other.execute(lock, held[0].run_id)
+        # Sent in the opposite order, the heartbeat must still wait on the first key
+        # holding none of the others; so this transaction can take them all.
+        beat = asyncio.create_task(
+            lease.heartbeat(pool, "ex-a", [key(h) for h in reversed(held)], 30)
+        )
+        await asyncio.sleep(0.3)
+        assert not beat.done()
+        try:
+            for h in held[1:]:
+                await other.execute(lock, h.run_id)
+        finally:
+            await tx.commit()
+    out = await asyncio.wait_for(beat, 5)
+    assert set(out.renewed) == {key(h) for h in held}

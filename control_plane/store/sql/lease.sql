@@ -230,17 +230,25 @@ JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
 -- within its limits: active time (the holds so far, this one included) under
 -- its deadline, and its max age not passed. A lease missing from the result
 -- was lost (taken, cancelled, finished) or is past a limit. Database clock
--- unless $6 fixes it.
+-- unless $6 fixes it. The rows are locked first, in (workspace_id, run_id)
+-- order as run_commit_many locks them: the executor's grouped commits touch
+-- the same rows, and in any other order the two could deadlock.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($6::timestamptz, now()) AS now
+), locked AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    JOIN unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
+      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id
+    WHERE r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
+      AND r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
+          < r.deadline_seconds
+      AND (r.expires_at IS NULL OR r.expires_at > (SELECT now FROM clock))
+    ORDER BY r.workspace_id, r.run_id
+    FOR NO KEY UPDATE OF r
 )
 UPDATE runs r SET wake_at = (SELECT now FROM clock) + make_interval(secs => $5), updated_at = now()
-FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
-WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-  AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
-  AND r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
-      < r.deadline_seconds
-  AND (r.expires_at IS NULL OR r.expires_at > (SELECT now FROM clock))
+FROM locked l
+WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;
 
 -- name: run_fail_past_deadline :many
@@ -260,6 +268,7 @@ WITH clock AS MATERIALIZED (
       AND (r.expires_at <= (SELECT now FROM clock)
            OR r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
               >= r.deadline_seconds)
+    ORDER BY r.workspace_id, r.run_id  -- the order every multi-run statement locks in
     FOR NO KEY UPDATE OF r
 ), failed AS (
     UPDATE runs r SET status = 'failed', error = p.error, wake_at = NULL,
@@ -343,13 +352,20 @@ WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'runni
 -- it held there, at these epochs, be taken over once $5 seconds have passed,
 -- or when their lease lapses if that is sooner ("Release on break" at the top
 -- of this file says why this is safe). Epochs and fencing are untouched.
--- Database clock unless $6 fixes it.
+-- Database clock unless $6 fixes it. Locked in (workspace_id, run_id) order,
+-- as run_heartbeat says why.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $5) AS release_at
+), locked AS (
+    SELECT r.workspace_id, r.run_id FROM runs r
+    JOIN unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
+      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id
+    WHERE r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
+      AND r.wake_at > (SELECT release_at FROM clock)
+    ORDER BY r.workspace_id, r.run_id
+    FOR NO KEY UPDATE OF r
 )
 UPDATE runs r SET wake_at = (SELECT release_at FROM clock), updated_at = now()
-FROM unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
-WHERE r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-  AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
-  AND r.wake_at > (SELECT release_at FROM clock)
+FROM locked l
+WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;
