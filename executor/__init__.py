@@ -49,3 +49,7 @@ with a `park` step; a failing model provider parks the run with backoff; a
 draining executor (SIGTERM) parks its runs as `handoff` at their next step
 boundary. A parked run is a row with a wake time, not a coroutine.
 """
+
+from telemetry import grpc_core
+
+grpc_core.configure()  # before anything here loads grpc (telemetry/grpc_core.py says why)
