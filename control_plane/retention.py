@@ -5,8 +5,8 @@ WorkspaceAdminService.SetWorkspaceRetention) says how long its completed, failed
 cancelled runs are kept after they finished. Every replica runs this loop; a round
 goes through the workspaces with a period and deletes their runs finished before the
 cutoff, in short statements (each its own transaction) until one deletes none: at most
-`batch` runs and about `steps` step rows a statement, and after each a rest three times as
-long as the statement took (`duty` 0.25: the deleter is at work at most a quarter of the
+`batch` runs and about `steps` step rows a statement, and after each a rest nine times as
+long as the statement took (`duty` 0.1: the deleter is at work at most a tenth of the
 time). The runs of a statement are locked FOR UPDATE SKIP LOCKED, so neither of two replicas waits on the
 other (the one that finds the oldest runs held ends its round and leaves them to the
 other); claims, heartbeats and commits lock only unfinished runs, which are never
@@ -39,14 +39,18 @@ log = logging.getLogger(__name__)
 # commit does not wait for the flush (store/sql/retention.sql says why that is safe): one
 # fsync per small statement, competing with the claims' own, measured slower for the
 # deleter and no better for claims; the WAL writer flushes it in the background. Resting
-# three times as long as the statement took bounds the deleter to a quarter of the time
-# and its WAL rate to a quarter of what it could reach, and slows it by itself when the
+# nine times as long as the statement took bounds the deleter to a tenth of the time and
+# its WAL rate to a tenth of what it could reach, and slows it by itself when the
 # database is busy: statements take longer, and so do the rests. `bench retention`, four
 # alternations on a quiet machine: the claim's p99 while it deletes 5.3-6.5 ms at 0.25
-# against 7.1-10.9 ms at 0.5, for 47-70k steps deleted a second (100-124k at 0.5), still
-# many times what docs/scaling.md's load writes (3,300 step rows a second).
+# against 7.1-10.9 ms at 0.5, for 47-70k steps deleted a second (100-124k at 0.5); on a
+# faster day (2026-12-02), 3.0-3.6 ms at 0.1 against 4.5-5.2 at 0.25 (p99 without the
+# deleter 1.9-2.4 ms), for 38-47k steps a second against 95-117k. Smaller statements
+# (2,500 step rows) were no better at 0.25 (5.2-5.7 ms). 38k a second is still more than
+# ten times what docs/scaling.md's load writes (3,300 step rows a second), and each
+# replica runs a deleter.
 STEPS = 10_000
-DUTY = 0.25
+DUTY = 0.1
 
 
 class Retention:
