@@ -145,17 +145,16 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 input_payload=came_in, priority=priority,
             )  # fmt: skip
 
-        adm = admit(ver)
         # The latest version as this replica last saw it, checked by the insert itself.
-        row = await store.insert_run(self._pool, adm, latest=not version)
+        row = await store.insert_run(self._pool, admit(ver), latest=not version)
         if row is None and not version:
-            # A newer version was published since (or the request_id was used): read the
-            # latest now and admit against it, as if nothing had been cached.
+            # A newer version was published since, or the request_id was used: read the
+            # latest now. Versions only grow, so the same one means the check passed and
+            # the request_id was used; a newer one is admitted, as if nothing was cached.
             fresh = await self._versions.latest(self._pool, ws, agent_id, fresh=True)
             assert fresh is not None, "a published agent keeps its versions"
             if fresh["version"] != ver["version"]:
-                adm = admit(fresh)
-            row = await store.insert_run(self._pool, adm)
+                row = await store.insert_run(self._pool, admit(fresh))
         if row is None:
             assert request_id is not None
             row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)

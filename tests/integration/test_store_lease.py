@@ -15,6 +15,7 @@ from control_plane.store import approvals, lease, runs, steps, workspaces
 from control_plane.store.errors import DataRefused, Fenced
 from control_plane.store.queries import QUERIES
 from tests import factories
+from tests.harness.waiting import eventually
 
 
 @pytest.fixture
@@ -223,6 +224,10 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
     assert await runs.insert_run(pool, again) is None
 
 
+# Whether another backend waits for a lock that backend $1's transaction holds.
+BLOCKED_BEHIND = "SELECT count(*) > 0 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))"
+
+
 async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_deadlocking(pool):
     """A heartbeat and a grouped commit (run_commit_many) of one executor touch the same
     run rows in one statement each; the commit locks them in (workspace_id, run_id) order.
@@ -242,7 +247,9 @@ async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_de
         beat = asyncio.create_task(
             lease.heartbeat(pool, "ex-a", [key(h) for h in reversed(held)], 30)
         )
-        await asyncio.sleep(0.3)
+        # Asked on a connection of the pool: inside a transaction, pg_stat_activity is a snapshot.
+        await eventually(lambda: pool.fetchval(BLOCKED_BEHIND, other.get_server_pid()),
+                         timeout=5, message="the heartbeat waits for the held row")  # fmt: skip
         assert not beat.done()
         try:
             for h in held[1:]:
