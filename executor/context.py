@@ -72,13 +72,15 @@ def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] 
 
 
 def plan(
-    entries: list[Entry], instructions: str, tools: Sequence[Any], threshold: int
-) -> Span | None:
+    entries: list[Entry], instructions: str, tools: Sequence[Any], threshold: int,
+    rendered: replay.RenderedTurns | None = None,
+) -> Span | None:  # fmt: skip
     """The span to recap before the next model call, or None: no threshold, the prompt
-    fits, or nothing but the newest turn is left to recap."""
+    fits, or nothing but the newest turn is left to recap. `rendered`: the run's turns as
+    rendered before (replay.RenderedTurns)."""
     if threshold <= 0:
         return None
-    size = estimate_tokens(replay.build_messages(entries, instructions), tools)
+    size = estimate_tokens(replay.build_messages(entries, instructions, rendered), tools)
     if size <= threshold:
         return None
     prior = replay.latest_summary(entries)

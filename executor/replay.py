@@ -366,13 +366,44 @@ def trailing_parks(entries: list[Entry], wait_reason: str) -> int:
     return count
 
 
-def build_messages(entries: list[Entry], instructions: str) -> list[dict[str, Any]]:
+class RenderedTurns:
+    """One run's turns as build_messages last rendered them, kept between its model calls
+    so that a turn is rendered again only when its steps changed (rendering every turn
+    at every call made a run's prompts cost the square of its length).
+
+    A turn's messages depend on its decision and its steps alone, and a held run's log
+    only grows: entries are frozen and their payloads only read. So a turn whose decision
+    and steps are the very same Entry objects as last time renders the very same
+    messages; anything else (a step added to it, a log decoded again) renders afresh.
+    One per run (the run loop's): the messages it returns are shared, read only."""
+
+    def __init__(self) -> None:
+        self._turns: dict[int, tuple[tuple[Entry, ...], list[dict[str, Any]]]] = {}
+
+    def messages(self, turn: _Turn) -> list[dict[str, Any]]:
+        key = (turn.decision, *(e for history in turn.steps.values() for e in history))
+        kept = self._turns.get(turn.decision.seq)
+        if kept is not None and len(kept[0]) == len(key) and all(map(_same, kept[0], key)):
+            return kept[1]
+        rendered = turn_messages(turn)
+        self._turns[turn.decision.seq] = (key, rendered)
+        return rendered
+
+
+def _same(a: Entry, b: Entry) -> bool:
+    return a is b
+
+
+def build_messages(
+    entries: list[Entry], instructions: str, rendered: RenderedTurns | None = None
+) -> list[dict[str, Any]]:
     """The OpenAI `messages` for the next model call, rebuilt from recorded outputs only.
 
     Most stable first (executor/context.py): the instructions, then the steps in seq
     order, each rendered from its recorded payload alone, so the next call's messages
     extend these byte for byte. The latest summary's recap stands in for the steps it
-    covers (from_seq..through_seq)."""
+    covers (from_seq..through_seq). With `rendered` (the run's), turns unchanged since
+    the last call are not rendered again."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -390,7 +421,8 @@ def build_messages(entries: list[Entry], instructions: str) -> list[dict[str, An
             messages.extend(history_messages(entry.payload))
             messages.append({"role": "user", "content": input_text(entry.payload)})
         elif entry.kind == DECISION:
-            messages.extend(turn_messages(by_seq[entry.seq]))
+            turn = by_seq[entry.seq]
+            messages.extend(rendered.messages(turn) if rendered else turn_messages(turn))
     return messages
 
 

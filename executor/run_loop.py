@@ -162,6 +162,8 @@ class RunLoop:
             workspace_id=run.workspace_id, run_id=run.run_id, epoch=run.lease_epoch
         )
         self.entries = replay.decode(assignment.steps)
+        # The turns' rendered messages, kept across this run's model calls (replay.py).
+        self._rendered = replay.RenderedTurns()
         self._chain_depth = chain.run_depth(assignment.steps)
         self._deps = deps
         # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
@@ -293,7 +295,7 @@ class RunLoop:
         if ended := await self._summarise():
             return ended
         seq = replay.next_seq(self.entries)
-        messages = replay.build_messages(self.entries, self.spec.instructions)
+        messages = replay.build_messages(self.entries, self.spec.instructions, self._rendered)
         try:
             with _span("agentrun.model", attributes={"agentrun.seq": seq}):
                 reply = await self._ask_model(seq, messages, self._tools(), self._streamed(seq))
@@ -392,7 +394,8 @@ class RunLoop:
         """Past the run's context threshold, first recap the older steps as a step of its
         own (executor/context.py); returns how the run ended if asking for it ended it."""
         tools, instructions = self._tools(), self.spec.instructions
-        span = context.plan(self.entries, instructions, tools, self._run.limits.context_tokens)
+        span = context.plan(self.entries, instructions, tools, self._run.limits.context_tokens,
+                            self._rendered)  # fmt: skip
         if span is None:
             return None
         seq = replay.next_seq(self.entries)

@@ -183,6 +183,70 @@ def test_messages_rebuild_the_conversation_from_recorded_outputs():
     assert messages[6] == {"role": "assistant", "content": "Done."}
 
 
+def _growing_log(rng: random.Random) -> list[run_pb2.Step]:
+    """A run's log as it grows: turns of one to three calls, each started then answered
+    (ok, error, unknown), an approval now and then, a summary once, a final answer."""
+    log, seq = [input_step("go")], 1
+    for turn in range(rng.randint(3, 12)):
+        calls = [{"id": f"t{turn}c{i}", "name": "echo", "arguments": {"text": f"{turn}.{i}"}}
+                 for i in range(rng.randint(1, 3))]  # fmt: skip
+        log.append(decision(seq, calls, content=f"turn {turn}"))
+        d, seq = seq, seq + 1
+        for call in calls:
+            log.append(started(seq, d, call["id"], "echo", "read", text="x"))
+            seq += 1
+            status = rng.choice(["ok", "ok", "error", "unknown"])
+            extra = {"output": {"echo": call["id"]}} if status == "ok" else {"error": "boom"}
+            log.append(result(seq, d, call["id"], "echo", status, **extra))
+            seq += 1
+        if turn == 2 and rng.random() < 0.5:
+            text = {"text": "recap", "from_seq": 1, "through_seq": d, "turns": 2}
+            log.append(step(seq, replay.SUMMARY, text))
+            seq += 1
+    log.append(decision(seq, [], content="done"))
+    return log
+
+
+def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_grows():
+    """The run loop keeps its turns' rendered messages between model calls: at every length
+    of a growing log (the same Entry objects, one more each time, as a held run's), the
+    messages are those rendered from nothing, a turn is rendered again when a step joins
+    it, and one whose steps did not change is not."""
+    for trial in range(40):
+        log = replay.decode(_growing_log(random.Random(trial)))
+        rendered = replay.RenderedTurns()
+        before: dict[int, list[dict]] = {}
+        for n in range(1, len(log) + 1):
+            entries = log[:n]
+            cached = replay.build_messages(entries, "be brief", rendered)
+            assert cached == replay.build_messages(entries, "be brief")
+            turns = {t.decision.seq: t for t in replay._turns(entries)}
+            newest = log[n - 1].seq
+            for seq, turn in turns.items():
+                got = rendered.messages(turn)
+                joined = newest == seq or any(
+                    e.seq == newest for h in turn.steps.values() for e in h
+                )
+                if seq in before and not joined:
+                    assert got is before[seq]  # unchanged: not rendered again
+                before[seq] = got
+    # A step joining a turn renders it again: its call's result replaces "no result".
+    log = replay.decode([input_step(), decision(1, [CRM]),
+                         started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+                         result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})])  # fmt: skip
+    rendered = replay.RenderedTurns()
+    early = replay.build_messages(log[:3], "", rendered)
+    assert early[-1]["content"].startswith("no result recorded")
+    late = replay.build_messages(log, "", rendered)
+    assert json.loads(late[-1]["content"]) == {"name": "Bob"}
+    # The same log decoded again (new entries) renders afresh, to the same messages.
+    again = replay.decode([input_step(), decision(1, [CRM]),
+                           started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+                           result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})])  # fmt: skip
+    fresh = replay.build_messages(again, "", rendered)
+    assert fresh == late and fresh[-1] is not late[-1]
+
+
 def test_a_call_never_answered_still_gets_one_tool_message():
     log = [
         input_step(),
