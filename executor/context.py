@@ -65,10 +65,19 @@ def stable_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(json.loads(canonical_json(list(tools))))
 
 
-def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()) -> int:
-    """The prompt's size in tokens, estimated: characters of compact JSON / 4, rounded up."""
-    text = canonical_json(list(tools)) + canonical_json(list(messages))
-    return -(-len(text) // CHARS_PER_TOKEN)
+def estimate_tokens(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = (),
+    rendered: replay.RenderedTurns | None = None,
+) -> int:  # fmt: skip
+    """The prompt's size in tokens, estimated: characters of compact JSON / 4, rounded up.
+    With `rendered` (the run's), a kept turn's messages are measured once: a list's compact
+    JSON is its items' joined by commas in brackets, so the length adds up item by item."""
+    if rendered is None:
+        text = canonical_json(list(tools)) + canonical_json(list(messages))
+        return -(-len(text) // CHARS_PER_TOKEN)
+    items = sum(rendered.chars(m) for m in messages) + max(len(messages) - 1, 0)
+    size = len(canonical_json(list(tools))) + 2 + items
+    return -(-size // CHARS_PER_TOKEN)
 
 
 def plan(
@@ -80,7 +89,8 @@ def plan(
     rendered before (replay.RenderedTurns)."""
     if threshold <= 0:
         return None
-    size = estimate_tokens(replay.build_messages(entries, instructions, rendered), tools)
+    messages = replay.build_messages(entries, instructions, rendered)
+    size = estimate_tokens(messages, tools, rendered)
     if size <= threshold:
         return None
     prior = replay.latest_summary(entries)

@@ -379,6 +379,10 @@ class RenderedTurns:
 
     def __init__(self) -> None:
         self._turns: dict[int, tuple[tuple[Entry, ...], list[dict[str, Any]]]] = {}
+        # len(canonical_json(message)) of the kept turns' messages, by id (None: not yet
+        # measured); a message leaves it when its turn is rendered again, so an id here
+        # is always a message still kept (never one freed and its id reused).
+        self._chars: dict[int, int | None] = {}
 
     def messages(self, turn: _Turn) -> list[dict[str, Any]]:
         key = (turn.decision, *(e for history in turn.steps.values() for e in history))
@@ -386,8 +390,21 @@ class RenderedTurns:
         if kept is not None and len(kept[0]) == len(key) and all(map(_same, kept[0], key)):
             return kept[1]
         rendered = turn_messages(turn)
+        if kept is not None:
+            for message in kept[1]:
+                self._chars.pop(id(message), None)
+        self._chars.update((id(message), None) for message in rendered)
         self._turns[turn.decision.seq] = (key, rendered)
         return rendered
+
+    def chars(self, message: Mapping[str, Any]) -> int:
+        """len(canonical_json(message)): measured once for a kept turn's message."""
+        if id(message) not in self._chars:  # not a kept one (the instructions, an input)
+            return len(canonical_json(message))
+        n = self._chars[id(message)]
+        if n is None:
+            n = self._chars[id(message)] = len(canonical_json(message))
+        return n
 
 
 def _same(a: Entry, b: Entry) -> bool:

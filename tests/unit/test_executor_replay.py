@@ -6,7 +6,8 @@ import json
 import random
 
 from agentrun.v1 import agent_pb2, run_pb2
-from executor import limits, replay, steps
+from executor import context, limits, replay, steps
+from executor.approval import canonical_json
 from executor.models.base import ModelReply, ToolCall, Usage
 from executor.replay import CallModel, Done, FinishCompleted, ResolveUnknown, StartTool
 from executor.run_loop import model_backoff
@@ -220,6 +221,14 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
             entries = log[:n]
             cached = replay.build_messages(entries, "be brief", rendered)
             assert cached == replay.build_messages(entries, "be brief")
+            # The context check's size, added up from the kept turns' measured lengths:
+            # to the character, and so to the token.
+            chars = sum(rendered.chars(m) for m in cached) + max(len(cached) - 1, 0) + 2
+            assert chars == len(canonical_json(cached))
+            tools = [{"type": "function", "function": {"name": "echo", "parameters": {}}}]
+            assert context.estimate_tokens(cached, tools, rendered) == context.estimate_tokens(
+                cached, tools
+            )
             turns = {t.decision.seq: t for t in replay._turns(entries)}
             newest = log[n - 1].seq
             for seq, turn in turns.items():
