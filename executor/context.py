@@ -70,14 +70,16 @@ def estimate_tokens(
     rendered: replay.RenderedTurns | None = None,
 ) -> int:  # fmt: skip
     """The prompt's size in tokens, estimated: characters of compact JSON / 4, rounded up.
-    With `rendered` (the run's), a kept turn's messages are measured once: a list's compact
-    JSON is its items' joined by commas in brackets, so the length adds up item by item."""
-    if rendered is None:
-        text = canonical_json(list(tools)) + canonical_json(list(messages))
-        return -(-len(text) // CHARS_PER_TOKEN)
-    items = sum(rendered.chars(m) for m in messages) + max(len(messages) - 1, 0)
+    A list's compact JSON is its items' joined by commas in brackets, so the length adds up
+    message by message; with `rendered` (the run's), a kept turn's are measured once."""
+    chars = rendered.chars if rendered is not None else _chars
+    items = sum(chars(m) for m in messages) + max(len(messages) - 1, 0)
     size = len(canonical_json(list(tools))) + 2 + items
     return -(-size // CHARS_PER_TOKEN)
+
+
+def _chars(message: Mapping[str, Any]) -> int:
+    return len(canonical_json(message))
 
 
 def plan(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -387,7 +388,7 @@ class RenderedTurns:
     def messages(self, turn: _Turn) -> list[dict[str, Any]]:
         key = (turn.decision, *(e for history in turn.steps.values() for e in history))
         kept = self._turns.get(turn.decision.seq)
-        if kept is not None and len(kept[0]) == len(key) and all(map(_same, kept[0], key)):
+        if kept is not None and len(kept[0]) == len(key) and all(map(operator.is_, kept[0], key)):
             return kept[1]
         rendered = turn_messages(turn)
         if kept is not None:
@@ -405,10 +406,6 @@ class RenderedTurns:
         if n is None:
             n = self._chars[id(message)] = len(canonical_json(message))
         return n
-
-
-def _same(a: Entry, b: Entry) -> bool:
-    return a is b
 
 
 def build_messages(

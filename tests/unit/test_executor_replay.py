@@ -226,9 +226,11 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
             chars = sum(rendered.chars(m) for m in cached) + max(len(cached) - 1, 0) + 2
             assert chars == len(canonical_json(cached))
             tools = [{"type": "function", "function": {"name": "echo", "parameters": {}}}]
-            assert context.estimate_tokens(cached, tools, rendered) == context.estimate_tokens(
-                cached, tools
+            whole = -(
+                -len(canonical_json(tools) + canonical_json(cached)) // context.CHARS_PER_TOKEN
             )
+            assert context.estimate_tokens(cached, tools, rendered) == whole
+            assert context.estimate_tokens(cached, tools) == whole
             turns = {t.decision.seq: t for t in replay._turns(entries)}
             newest = log[n - 1].seq
             for seq, turn in turns.items():
@@ -240,19 +242,17 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
                     assert got is before[seq]  # unchanged: not rendered again
                 before[seq] = got
     # A step joining a turn renders it again: its call's result replaces "no result".
-    log = replay.decode([input_step(), decision(1, [CRM]),
-                         started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
-                         result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})])  # fmt: skip
+    answered = [input_step(), decision(1, [CRM]),
+                started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+                result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})]  # fmt: skip
+    log = replay.decode(answered)
     rendered = replay.RenderedTurns()
     early = replay.build_messages(log[:3], "", rendered)
     assert early[-1]["content"].startswith("no result recorded")
     late = replay.build_messages(log, "", rendered)
     assert json.loads(late[-1]["content"]) == {"name": "Bob"}
     # The same log decoded again (new entries) renders afresh, to the same messages.
-    again = replay.decode([input_step(), decision(1, [CRM]),
-                           started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
-                           result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})])  # fmt: skip
-    fresh = replay.build_messages(again, "", rendered)
+    fresh = replay.build_messages(replay.decode(answered), "", rendered)
     assert fresh == late and fresh[-1] is not late[-1]
 
 
