@@ -5,12 +5,16 @@ The unit is the ACTION: a model call or a tool call. A sandbox `steps10` run is 
 their own client, aiohttp underneath; DBOS's clients are bench/dbos_baseline.py's) to the
 same sandbox model and providers servers (real processes), and record each before going on.
 
-agentrun: the control plane, Redis and 1, then 4, executors (capacity 32 each), real
-processes (the 4-executor phase keeps the first phase's executor and starts 3 more), each
-configuration measured REPEATS times in turn (a phase of 200 runs lasts about three seconds,
-and single phases of identical code differed by a fifth): its row is the phase with the
-median actions/s, the others are printed beside it. DBOS's row stays the best of its whole
-sweep, one phase each. Policies are in place but set not to bind, so that the fleet is the limit: the
+agentrun: the control plane, Redis and executors (real processes), swept over the fleet's
+size and each executor's capacity (AGENTRUN_CAPACITY, the runs it holds at once) as DBOS is
+swept over its workers: 1 executor x 32 as before, then 256 and 1024 runs an executor (the
+sizing in docs/scaling.md assumes 1,024). Executors of one capacity are started once and kept
+for that capacity's phases, and stopped (their streams seen ended) before the next capacity's.
+Each configuration is measured REPEATS times in turn (single phases of identical code
+differ by a tenth or more): its row is the phase with the median actions/s, the others are
+printed beside it. DBOS's row stays the best of its whole sweep, one phase each, which
+includes as many workflows at a time as agentrun's executors hold (256), so that neither
+side is compared at a concurrency the other was denied. Policies are in place but set not to bind, so that the fleet is the limit: the
 workspace's plan caps it at every executor slot, and each echo call takes a token from a
 Redis bucket too large to run dry. Each phase waits until its executors are connected, warms
 them up with a few runs, then starts the measured runs concurrently through RunService.StartRun
@@ -64,18 +68,23 @@ from bench.stats import ratio
 from control_plane.store import workspaces
 from control_plane.store.db import create_pool
 
-EXECUTOR_COUNTS = (1, 4)
-CAPACITY = 32
+# agentrun's sweep, in order: (executors, capacity of each). A capacity's phases run together.
+FLEETS = ((1, 32), (1, 256), (4, 256), (1, 1024))
+FLEETS_QUICK = ((1, 32), (1, 256))  # --quick: a smoke run
 # DBOS's sweep: sync workflows on N threads with httpx's Client, and async workflows N at a
 # time on one event loop with aiohttp (the executor's client): (mode, N).
-DBOS_SWEEP = (("threads", 4), ("threads", 16), ("threads", 64), ("async", 16), ("async", 64))
+DBOS_SWEEP = (("threads", 4), ("threads", 16), ("threads", 64),
+              ("async", 16), ("async", 64), ("async", 256))  # fmt: skip
 DBOS_QUICK = (("threads", 16), ("async", 32))  # --quick: a smoke run, one point of each
 # The bench workspace's cap: every executor slot, so the fleet is the limit, not the plan.
-WORKSPACE_CAP = CAPACITY * max(EXECUTOR_COUNTS)
+WORKSPACE_CAP = max(n * capacity for n, capacity in FLEETS)
 # Every echo call still takes its token from Redis, but the bucket never runs dry: the
 # benchmark measures the system, not the default 50 calls/s of one provider connection.
 ECHO_UNLIMITED = "echo=1000000/s,echo.global=1000000/s"
 WARMUP_PER_EXECUTOR = 8
+# Runs a phase, each side: long enough that the phase is mostly steady state at every
+# capacity swept (at 200, the ramp up and down were most of a 2-second phase).
+RUNS = 600
 # agentrun's phases per configuration (--quick: 1); the median one is its row.
 REPEATS = 3
 START_IN_FLIGHT = 100
@@ -83,6 +92,7 @@ POLL_SECONDS = 0.1
 TARGET_SPEED = 5.0  # actions/s, agentrun / DBOS's best
 TARGET_CPU = 0.2  # CPU per action, agentrun's own processes / DBOS's process
 
+LIVE_EXECUTORS = "SELECT count(*) FROM executor_tools WHERE executor_id = ANY($1::text[])"
 STATUS_COUNTS = "SELECT status, count(*) AS n FROM runs WHERE agent_id = $1 GROUP BY status"
 # Actions: each model call left a model_decision step, each tool call a tool_result step.
 SPAN = """
@@ -126,7 +136,7 @@ class Throughput:
     actions: int
     seconds: float
     cpu: dict[str, float]  # CPU seconds by group: OWN, SANDBOX, POSTGRES (when known)
-    workers: int = 0  # DBOS's worker threads, or its async workflows at a time
+    workers: int = 0  # DBOS's worker threads or async workflows at a time; an executor's capacity
     mode: str = ""  # DBOS's: "threads" or "async"
 
     def row(self) -> list[str]:
@@ -158,20 +168,39 @@ class Stack:
     sandbox_pids: tuple[int, ...]
     postgres_pid: int | None
     conn: asyncpg.Connection
-    # Started once and kept: the 4-executor phase reuses the 1-executor phase's executor.
+    # The executors of one capacity, started once and kept for that capacity's phases.
     fleet: list[Proc] = field(default_factory=list)
+    capacity: int = 0
 
     def cpu_meter(self, fleet: list[Proc]) -> CpuMeter:
         groups = {CONTROL_PLANE: [self.control_plane.pid], EXECUTORS: [p.pid for p in fleet],
                   SANDBOX: list(self.sandbox_pids)}  # fmt: skip
         return CpuMeter(groups, "this process and other tenants", _postgres(self.postgres_pid))
 
-    def executors(self, n: int) -> list[Proc]:
-        """The first n executors, starting the ones not running yet."""
+    async def executors(self, n: int, capacity: int) -> list[Proc]:
+        """The first n executors of that capacity, starting the ones not running yet; the
+        executors of another capacity are stopped first, their streams seen ended (a stream
+        with free slots would be given runs too)."""
+        if capacity != self.capacity:
+            await self._stop_fleet()
+            self.capacity = capacity
         while len(self.fleet) < n:
-            name = f"bench-e2e-{len(self.fleet)}"
-            self.fleet.append(start_executor(self.procs, name, self.links, CAPACITY))
+            name = f"bench-e2e-{capacity}-{len(self.fleet)}"
+            self.fleet.append(start_executor(self.procs, name, self.links, capacity))
         return self.fleet[:n]
+
+    async def _stop_fleet(self) -> None:
+        names = [proc.name for proc in self.fleet]
+        fleet, self.fleet = self.fleet, []
+        for proc in fleet:
+            self.procs.stop(proc)
+        # A session forgets its executor's tools row once its stream ended and it left the
+        # dispatcher.
+        end = time.monotonic() + 30.0
+        while await self.conn.fetchval(LIVE_EXECUTORS, names):
+            if time.monotonic() > end:
+                raise TimeoutError(f"the control plane still serves {names} 30s after they exited")
+            await asyncio.sleep(POLL_SECONDS)
 
     def stop(self) -> None:
         for proc in self.fleet:
@@ -249,12 +278,15 @@ async def unusual_logs(conn: asyncpg.Connection, agent_id: str) -> None:
 
 
 async def _phase(
-    stack: Stack, chan: grpc.aio.Channel, n_exec: int, runs: int, deadline: float, attempt: int
-) -> Throughput:
-    fleet = stack.executors(n_exec)
+    stack: Stack, chan: grpc.aio.Channel, fleet_of: tuple[int, int], runs: int, deadline: float,
+    attempt: int,
+) -> Throughput:  # fmt: skip
+    n_exec, capacity = fleet_of
+    fleet = await stack.executors(n_exec, capacity)
     for proc in fleet:
         await stack.control_plane.wait_log(f"executor {proc.name} connected", watch=proc)
-    warm, agent_id = f"e2e-{n_exec}x-{attempt}-warmup", f"e2e-{n_exec}x-{attempt}"
+    label = f"{n_exec}x{capacity}"
+    warm, agent_id = f"e2e-{label}-{attempt}-warmup", f"e2e-{label}-{attempt}"
     for name in (warm, agent_id):
         await api.publish_agent(chan, name, model="steps10", tools=["echo"])
     await api.start_runs(chan, warm, WARMUP_PER_EXECUTOR * n_exec, START_IN_FLIGHT)
@@ -265,12 +297,13 @@ async def _phase(
     cpu = meter.stop()
     cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
     cpu[WAL] = await stack.conn.fetchval(WAL_SINCE, lsn)
-    report.note(f"agentrun {n_exec}x: {meter.summary()}")
+    report.note(f"agentrun {n_exec} x {capacity}: {meter.summary()}")
     log_complaints([*fleet, stack.control_plane])
     await unusual_logs(stack.conn, agent_id)
     span = await stack.conn.fetchrow(SPAN, agent_id)
-    config = f"{n_exec} executor{'s' if n_exec > 1 else ''} x {CAPACITY}"
-    return Throughput("agentrun", config, runs, span["actions"], float(span["seconds"]), cpu)
+    config = f"{n_exec} executor{'s' if n_exec > 1 else ''} x {capacity}"
+    return Throughput("agentrun", config, runs, span["actions"], float(span["seconds"]), cpu,
+                      capacity)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -289,22 +322,23 @@ class Sandboxes:
 
 
 async def _median_phase(
-    stack: Stack, chan: grpc.aio.Channel, n_exec: int, runs: int, deadline: float, repeats: int
-) -> Throughput:
+    stack: Stack, chan: grpc.aio.Channel, fleet_of: tuple[int, int], runs: int, deadline: float,
+    repeats: int,
+) -> Throughput:  # fmt: skip
     """`repeats` phases of one configuration, in turn; the one with the median actions/s."""
-    tries = [await _phase(stack, chan, n_exec, runs, deadline, i) for i in range(repeats)]
+    tries = [await _phase(stack, chan, fleet_of, runs, deadline, i) for i in range(repeats)]
     middle = sorted(tries, key=lambda t: t.actions_per_second)[len(tries) // 2]
     if repeats > 1:
         each = ", ".join(f"{t.actions_per_second:,.0f} actions/s at {t.cpu_ms(OWN)} ms"
                          for t in tries)  # fmt: skip
-        report.note(f"agentrun {n_exec}x, {repeats} phases in turn: {each}; the row is the "
-                    f"median ({middle.actions_per_second:,.0f})")  # fmt: skip
+        report.note(f"agentrun {fleet_of[0]} x {fleet_of[1]}, {repeats} phases in turn: {each}; "
+                    f"the row is the median ({middle.actions_per_second:,.0f})")  # fmt: skip
     return middle
 
 
 async def agentrun_half(
     pg: BenchPostgres, procs: Procs, sandboxes: Sandboxes, runs: int, deadline: float,
-    repeats: int = REPEATS,
+    repeats: int = REPEATS, fleets: tuple[tuple[int, int], ...] = FLEETS,
 ) -> list[Throughput]:  # fmt: skip
     dsn = await pg.create_database("e2e")
     report.note(await durability(dsn))
@@ -318,8 +352,8 @@ async def agentrun_half(
         stack = Stack(procs, cp, links, sandboxes.pids, pg.server_pid, conn)
         try:
             async with api.channel(cp_port, keys.admin) as chan:
-                phases = [await _median_phase(stack, chan, n, runs, deadline, repeats)
-                          for n in EXECUTOR_COUNTS]  # fmt: skip
+                phases = [await _median_phase(stack, chan, fleet_of, runs, deadline, repeats)
+                          for fleet_of in fleets]  # fmt: skip
             row_bytes = await conn.fetchval(STEP_ROW_BYTES)
             report.note(f"steps table with its indexes: {row_bytes:,.0f} bytes a step row")
             return phases
@@ -397,14 +431,14 @@ async def dbos_half(
 
 async def guarded_agentrun_half(
     pg: BenchPostgres, procs: Procs, sandboxes: Sandboxes, runs: int, deadline: float,
-    repeats: int = REPEATS,
+    repeats: int = REPEATS, fleets: tuple[tuple[int, int], ...] = FLEETS,
 ) -> tuple[list[Throughput], Exception | None]:  # fmt: skip
     """The agentrun figures, or the failure (the DBOS half is still worth measuring)."""
     if not module_available("executor.__main__"):
         report.note("agentrun half skipped: `python -m executor` is missing")
         return [], None
     try:
-        return await agentrun_half(pg, procs, sandboxes, runs, deadline, repeats), None
+        return await agentrun_half(pg, procs, sandboxes, runs, deadline, repeats, fleets), None
     except Exception as exc:  # noqa: BLE001 - reported, then raised after the DBOS half
         report.note(f"agentrun half FAILED: {type(exc).__name__}: {exc}")
         return [], exc
@@ -422,12 +456,15 @@ def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) 
     report.note("control plane + executors, DBOS's process; the sandbox servers' and Postgres's")
     report.note("(server and backends; '-' when not ours to measure) apart, for both sides;")
     report.note("WAL B/action: WAL bytes the server wrote in the phase per action.")
-    if len(ours) == 2:
-        scale = ratio(ours[1].actions_per_second, ours[0].actions_per_second)
-        report.note(f"4 vs 1 executors: {scale:.2f}x actions/s")
     a, d = best(ours), best(dbos)
     if a is None or d is None:
         return
+    first = ours[0]  # 1 executor x 32: the only capacity benchmarks before 2026-12-04 ran
+    if first is not a:
+        report.note(f"at {first.config} (as benchmarked before the capacity sweep): "
+                    f"{ratio(first.actions_per_second, d.actions_per_second):.2f}x DBOS best's "
+                    f"actions/s, {ratio(first.cpu_per_action(), d.cpu_per_action()):.2f}x its "
+                    "CPU per action")  # fmt: skip
     report.note(f"compared: agentrun best ({a.config}) with DBOS best ({d.config})")
     speed = ratio(a.actions_per_second, d.actions_per_second)
     report.target("actions/s agentrun / DBOS best", speed, f">= {TARGET_SPEED:g}x",
@@ -466,7 +503,7 @@ async def start_sandboxes(procs: Procs) -> Sandboxes:
 
 
 async def main(quick: bool = False) -> None:
-    runs = 50 if quick else 200
+    runs = 50 if quick else RUNS
     deadline = 300.0 if quick else 1200.0
     report.heading(f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
                    "doing the same HTTP calls")  # fmt: skip
@@ -479,13 +516,15 @@ async def main(quick: bool = False) -> None:
             with Procs(tmp) as procs:
                 sandboxes = await start_sandboxes(procs)
                 ours, failure = await guarded_agentrun_half(
-                    pg, procs, sandboxes, runs, deadline, 1 if quick else REPEATS
-                )
+                    pg, procs, sandboxes, runs, deadline, 1 if quick else REPEATS,
+                    FLEETS_QUICK if quick else FLEETS,
+                )  # fmt: skip
                 dbos = await dbos_half(pg, sandboxes, runs, quick)
-                d = best(dbos)  # DBOS's HTTP share is measured in its best configuration
+                # Each side's HTTP share is measured in its best configuration.
+                a, d = best(ours), best(dbos)
                 shares = await http_share.measure(
                     sandboxes.model_base, sandboxes.providers_base, runs,
-                    (d.mode, d.workers) if d else None, CAPACITY,
+                    (d.mode, d.workers) if d else None, a.workers if a else FLEETS[0][1],
                 )  # fmt: skip
     _print(ours, dbos, shares)
     if failure is not None:
