@@ -3,8 +3,11 @@
 Why not redis-py here: a take is one EVALSHA, and redis-py spends ~100 µs of CPU on it
 (connection pool, command packing, retry and observability layers, a timeout context per
 read) where the round trip itself costs ~20 µs; every tool call takes a token. This
-client sends each command as one write on a single connection shared by all callers and
-matches replies to callers in order (Redis answers a connection's commands in order).
+client sends commands on a single connection shared by all callers and matches replies to
+callers in order (Redis answers a connection's commands in order). The commands asked for
+in one turn of the event loop leave in one write at its end: many runs' tool calls start in
+the same turn (the commit results that let them go arrive together), and on loopback a
+write costs the sender its receiver's wake-up too.
 
 Failure is all or nothing, as the limiter needs it: a timeout, a reset or a reply that
 cannot be parsed closes the connection and fails every command waiting on it (their
@@ -93,7 +96,19 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiting: collections.deque[asyncio.Future[object]] = collections.deque()
         self._buf = bytearray()
+        self._outgoing: list[bytes] = []  # commands of this turn of the loop, not written yet
         self.closed = False
+
+    def send_soon(self, data: bytes) -> None:
+        """Queue a command; the turn's commands are written together at its end."""
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(data)
+
+    def _flush(self) -> None:
+        data, self._outgoing = b"".join(self._outgoing), []
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a stream transport
@@ -175,8 +190,7 @@ class RespClient:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         conn.waiting.append(future)
-        assert conn.transport is not None
-        conn.transport.write(data)
+        conn.send_soon(data)
         timer = loop.call_later(self._timeout, _expire, conn, future)
         try:
             return await future

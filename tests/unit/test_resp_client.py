@@ -83,6 +83,45 @@ async def test_pipelined_callers_get_their_own_replies_in_order_after_auth_and_s
         server.close()
 
 
+class _CountedWrites:
+    """The connection's own transport, with its writes counted."""
+
+    def __init__(self, transport) -> None:
+        self._transport, self.writes = transport, []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self._transport.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
+async def test_the_commands_of_one_turn_of_the_loop_leave_in_one_write_in_order():
+    async def handler(reader, writer):
+        while True:
+            try:
+                command = await _read_command(reader)
+            except (asyncio.IncompleteReadError, ValueError, ConnectionError):
+                return
+            writer.write(b"+OK\r\n" if command[0] == b"PING" else b":%s\r\n" % command[1])
+
+    server, url = await _server(handler)
+    client = RespClient(url.replace(":s3cret@", "").replace("/2", ""), timeout=2.0)
+    try:
+        assert await client.command("PING") == "OK"  # connected
+        counted = client._conn.transport = _CountedWrites(client._conn.transport)
+        replies = await asyncio.gather(*(client.command("ECHO", i) for i in range(12)))
+        assert replies == list(range(12))
+        assert counted.writes == [b"".join(encode("ECHO", i) for i in range(12))]
+        # A command asked for in a later turn goes in a write of its own.
+        assert await client.command("ECHO", 99) == 99
+        assert len(counted.writes) == 2
+    finally:
+        await client.aclose()
+        server.close()
+
+
 async def test_no_reply_in_time_fails_every_waiter_and_the_next_command_reconnects():
     connections = 0
 
