@@ -22,6 +22,10 @@ at concurrency 1 and 32 (an executor's capacity). The clients:
     no redirects; the model call is `post(json=..., timeout=...)`, the tool call
     `build_request` + `send`, as there.
   * aiohttp, bare: one ClientSession per side, keep-alive 2 s, `post(json=...)` + `json()`.
+  * pyreqwest, a candidate: Rust's reqwest (hyper, tokio) behind a Python async API, a
+    maintained client (bench extra), one Client for both sides, the same timeout, idle
+    connections kept 2 s, no redirects; bodies written with json.dumps, answers read whole.
+    Not the executor's: measured so the next switch is decided on figures.
   * raw: the floor, a minimal HTTP/1.1 keep-alive client on asyncio.Protocol (one write a
     request, Content-Length bodies only, a list of idle connections) with json.dumps/loads:
     what any client must spend here. Not a candidate: no chunked bodies, redirects, TLS,
@@ -60,10 +64,12 @@ TIMEOUT = 60.0
 KEEPALIVE = 2.0  # the executor's keepalive_expiry
 MARKEDLY = 0.7  # "markedly cheaper": at most this much httpx's CPU per request, at both
 MODEL = "steps10"
+JSON_TYPE = {"Content-Type": "application/json"}
 TOOLS = Catalogue.load().openai_tools(["echo"])
 EXECUTOR = "the executor's (aiohttp)"
 HTTPX = "httpx (the executor's former settings)"
 AIOHTTP = "aiohttp, bare"
+REQWEST = "pyreqwest (a candidate)"
 RAW = "raw asyncio (floor)"
 
 
@@ -163,6 +169,39 @@ class AiohttpClient(Client):
     async def close(self) -> None:
         await self._model.close()
         await self._tools.close()
+
+
+class ReqwestClient(Client):
+    name = REQWEST
+
+    def __init__(self, targets: Targets) -> None:
+        from datetime import timedelta
+
+        from pyreqwest.client import ClientBuilder  # optional: only this client needs it
+
+        self._t = targets
+        self._client = (
+            ClientBuilder().timeout(timedelta(seconds=TIMEOUT)).follow_redirects(False)
+            .pool_idle_timeout(timedelta(seconds=KEEPALIVE)).build()
+        )  # fmt: skip
+
+    async def _post(self, url: str, body: Any, headers: dict[str, str]) -> Any:
+        request = self._client.post(url).headers({**headers, **JSON_TYPE})
+        response = await request.body_bytes(json.dumps(body).encode()).build().send()
+        if response.status >= 400:
+            raise RuntimeError(f"pyreqwest: HTTP {response.status}")
+        return json.loads(bytes(await response.bytes()))
+
+    async def model(self, body: dict[str, Any], run_id: str, seq: int) -> Any:
+        headers = {"X-Agentrun-Run-Id": run_id, "X-Agentrun-Seq": str(seq)}
+        return await self._post(self._t.model_url, body, headers)
+
+    async def echo(self, arguments: dict[str, Any], key: str) -> Any:
+        headers = {"Idempotency-Key": key, "Accept": "application/json"}
+        return await self._post(self._t.echo_url, arguments, headers)
+
+    async def close(self) -> None:
+        await self._client.close()
 
 
 class ExecutorClient(Client):
@@ -305,7 +344,8 @@ class RawClient(Client):
 
 
 def clients() -> list[type[Client]]:
-    return [HttpxClient, ExecutorClient, AiohttpClient, RawClient]
+    candidates = [ReqwestClient] if module_available("pyreqwest") else []
+    return [HttpxClient, ExecutorClient, AiohttpClient, *candidates, RawClient]
 
 
 async def pairs(client: Client, workers: int, per_worker: int) -> None:
@@ -410,6 +450,19 @@ def recommendation(results: Results) -> str:
             f"built {ours}, the raw floor {floor}")  # fmt: skip
 
 
+def candidate(results: Results) -> str | None:
+    """What the figures say of the candidate against the executor's client as built."""
+    if (REQWEST, CONCURRENCY[0]) not in results.tallies:
+        return None
+    against = [ratio(results.of(REQWEST, c).cpu_us(), results.of(EXECUTOR, c).cpu_us())
+               for c in CONCURRENCY]  # fmt: skip
+    each = ", ".join(f"{v:.2f}x at {c}" for v, c in zip(against, CONCURRENCY, strict=True))
+    verdict = ("markedly cheaper: worth the switch (the send horizon's last-moment check, the "
+               "error classes and streaming move with it)" if all(v <= MARKEDLY for v in against)
+               else f"not markedly cheaper (<= {MARKEDLY:g}x at both)")  # fmt: skip
+    return f"pyreqwest is {each} the executor's client's CPU per request: {verdict}"
+
+
 def _print(results: Results) -> None:
     rows = []
     for concurrency in CONCURRENCY:
@@ -428,8 +481,11 @@ def _print(results: Results) -> None:
     report.note("why they differ: aiohttp parses HTTP in C (llhttp) and sends a request in one")
     report.note("write; httpx goes through httpcore, h11 (pure Python) and anyio, two writes;")
     report.note("the executor's client is aiohttp plus its request class (the send horizon's")
-    report.note("check), error classes and the answer read whole")
+    report.note("check), error classes and the answer read whole; pyreqwest parses and does its")
+    report.note("I/O in Rust (hyper on a tokio thread), one hand-off each way per request")
     report.note(f"recommendation: {recommendation(results)}")
+    if (line := candidate(results)) is not None:
+        report.note(f"candidate: {line}")
 
 
 async def main(quick: bool) -> None:
