@@ -89,6 +89,8 @@ class Worker:
         self._runs: dict[str, _Held] = {}
         # Assignments asked for (Ready) and not received yet, this session.
         self._credits = 0
+        # A top-up is due at the end of this turn of the event loop (_top_up_soon).
+        self._top_up_due = False
         self._draining = False
         # Set by run(); a release drain (the control plane's Drain) sets it too.
         self._stop_event: asyncio.Event | None = None
@@ -272,6 +274,18 @@ class Worker:
             metrics.FENCED.inc()
         metrics.RUNS_HELD.set(len(self._runs))
         log.info("run %s released: %s", run_id, how)
+        self._top_up_soon()
+
+    def _top_up_soon(self) -> None:
+        """Top up at the end of this turn of the loop: the runs that end in one turn (their
+        last commit results arrive together) free their slots with one Ready, one stream
+        message for the control plane to read instead of one a run."""
+        if not self._top_up_due:
+            self._top_up_due = True
+            asyncio.get_running_loop().call_soon(self._top_up_now)
+
+    def _top_up_now(self) -> None:
+        self._top_up_due = False
         self._top_up()
 
     def _top_up(self) -> None:
