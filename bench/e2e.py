@@ -5,18 +5,19 @@ The unit is the ACTION: a model call or a tool call. A sandbox `steps10` run is 
 their own client, aiohttp underneath; DBOS's clients are bench/dbos_baseline.py's) to the
 same sandbox model and providers servers (real processes), and record each before going on.
 
-agentrun: the control plane, Redis and executors (real processes), swept over the fleet's
-size and each executor's capacity (AGENTRUN_CAPACITY, the runs it holds at once) as DBOS is
-swept over its workers: 1 executor x 32 as before, then 256 and 1024 runs an executor (the
-sizing in docs/scaling.md assumes 1,024). Four executors x 256 were measured too and were
-slower than one x 256 in every run here (1,136-1,201 against 1,219-1,569 actions/s: four
-event loops and their streams on two shared cores); `FLEETS` takes them back in one line. Executors of one capacity are started once and kept
-for that capacity's phases, and stopped (their streams seen ended) before the next capacity's.
-Each configuration is measured REPEATS times in turn (single phases of identical code
-differ by a tenth or more): its row is the phase with the median actions/s, the others are
-printed beside it. DBOS's row stays the best of its whole sweep, one phase each, which
-includes as many workflows at a time as agentrun's executors hold (256), so that neither
-side is compared at a concurrency the other was denied. Policies are in place but set not to bind, so that the fleet is the limit: the
+agentrun: the control plane, Redis and executors (real processes), swept over each
+executor's capacity (AGENTRUN_CAPACITY, the runs it holds at once) as DBOS is swept over its
+workers: 1 executor x 32 as before, then 256 and 1024 runs an executor (the sizing in
+docs/scaling.md assumes 1,024). Four executors x 256 were measured too and were slower than
+one x 256 in every phase here (1,084-1,343 against 1,206-1,667 actions/s: four event loops
+and their streams on two shared cores); `FLEETS` takes them back in one line. Executors of
+one capacity are started once and kept for that capacity's phases, and stopped (their
+sessions seen gone) before the next capacity's. Each configuration is measured REPEATS times
+in turn (single phases of identical code differ by a tenth or more): its row is the phase
+with the median actions/s, the others are printed beside it. DBOS's row stays the best of its
+whole sweep, one phase each, which includes as many workflows at a time as agentrun's
+executors hold (256), so that neither side is compared at a concurrency the other was
+denied. Policies are in place but set not to bind, so that the fleet is the limit: the
 workspace's plan caps it at every executor slot, and each echo call takes a token from a
 Redis bucket too large to run dry. Each phase waits until its executors are connected, warms
 them up with a few runs, then starts the measured runs concurrently through RunService.StartRun
@@ -284,6 +285,7 @@ async def _phase(
     attempt: int,
 ) -> Throughput:  # fmt: skip
     n_exec, capacity = fleet_of
+    config = _config(fleet_of)
     fleet = await stack.executors(n_exec, capacity)
     for proc in fleet:
         await stack.control_plane.wait_log(f"executor {proc.name} connected", watch=proc)
@@ -299,13 +301,18 @@ async def _phase(
     cpu = meter.stop()
     cpu[OWN] = cpu[CONTROL_PLANE] + cpu[EXECUTORS]
     cpu[WAL] = await stack.conn.fetchval(WAL_SINCE, lsn)
-    report.note(f"agentrun {n_exec} x {capacity}: {meter.summary()}")
+    report.note(f"agentrun, {config}: {meter.summary()}")
     log_complaints([*fleet, stack.control_plane])
     await unusual_logs(stack.conn, agent_id)
     span = await stack.conn.fetchrow(SPAN, agent_id)
-    config = f"{n_exec} executor{'s' if n_exec > 1 else ''} x {capacity}"
     return Throughput("agentrun", config, runs, span["actions"], float(span["seconds"]), cpu,
                       capacity)  # fmt: skip
+
+
+def _config(fleet_of: tuple[int, int]) -> str:
+    """A configuration's name in the output, e.g. `1 executor x 256`."""
+    n_exec, capacity = fleet_of
+    return f"{n_exec} executor{'s' if n_exec > 1 else ''} x {capacity}"
 
 
 @dataclass(frozen=True)
@@ -333,8 +340,8 @@ async def _median_phase(
     if repeats > 1:
         each = ", ".join(f"{t.actions_per_second:,.0f} actions/s at {t.cpu_ms(OWN)} ms"
                          for t in tries)  # fmt: skip
-        report.note(f"agentrun {fleet_of[0]} x {fleet_of[1]}, {repeats} phases in turn: {each}; "
-                    f"the row is the median ({middle.actions_per_second:,.0f})")  # fmt: skip
+        report.note(f"agentrun, {middle.config}, {repeats} phases in turn: {each}; the row is "
+                    f"the median ({middle.actions_per_second:,.0f})")  # fmt: skip
     return middle
 
 

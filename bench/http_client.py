@@ -56,6 +56,7 @@ from bench.cpu import process_cpu
 from bench.procs import Procs, workdir
 from bench.services import module_available, start_sandbox
 from bench.stats import ratio
+from executor.http_session import JSON_TYPE
 from executor.tools.catalogue import Catalogue
 from telemetry import event_loop
 
@@ -64,7 +65,6 @@ TIMEOUT = 60.0
 KEEPALIVE = 2.0  # the executor's keepalive_expiry
 MARKEDLY = 0.7  # "markedly cheaper": at most this much httpx's CPU per request, at both
 MODEL = "steps10"
-JSON_TYPE = {"Content-Type": "application/json"}
 TOOLS = Catalogue.load().openai_tools(["echo"])
 EXECUTOR = "the executor's (aiohttp)"
 HTTPX = "httpx (the executor's former settings)"
