@@ -19,9 +19,9 @@
 -- steps (agentrun_claim_uncounted) and adds the runs step 2 leased fresh to the
 -- running counts once per workspace and agent, right after them in the same
 -- transaction, instead of the row trigger doing it once per run. Since 0031
--- (migrations/0031_claim_others_due.sql) agentrun_claim() wraps that in turn
--- (agentrun_claim_counted) to say whether it passed over a held workspace with
--- due runs (run_claim below).
+-- (migrations/0031_claim_others_due.sql) it also says whether it passed over a
+-- held workspace with due runs (run_claim below). Since 0032 those are one
+-- wrapper, and the counts move by two statements, not a call per agent.
 --
 -- Step 2 reads each agent's share of the batch first (the batch over the
 -- workspaces in turn, and one more), and up to the whole batch only if that
