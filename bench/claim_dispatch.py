@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import grpc
 from agentrun.v1 import executor_pb2 as pb
 from agentrun.v1 import executor_pb2_grpc
 from bench import api, claim, report
+from bench.cpu import CpuMeter
 from bench.postgres import BenchPostgres
 from bench.procs import Procs, workdir
 from bench.services import start_control_plane
@@ -38,10 +40,13 @@ REPLICAS = (1, 2)
 EXECUTORS_PER_REPLICA = 4
 BATCH = ServerConfig.claim_batch
 DEADLINE = 300.0
-QUEUED = 5_000  # as the store-level claim (bench/claim.py): the same table state for raw
-# Each layout measures raw then delivered this many times and reports the median ratio:
-# 5,000 runs take a second or less each way, and one stall of the shared machine moved a
-# single ratio by a third between identical runs.
+# Runs a try delivers. 5,000 (the store-level claim's count) took 0.2-0.3 s raw and 0.5 s
+# delivered: ramp-up and one stall of the shared machine then decided a ratio, which moved
+# from 0.44x to 0.52x between two runs of the same code. 20,000 take 1-2 s each way; raw,
+# on the same deeper table, is slower by about a tenth as well (15-16k claims/s against
+# 17-19k with one claimer).
+QUEUED = 20_000
+# Each layout measures raw then delivered this many times and reports the median ratio.
 REPEATS = 3
 INPUT_STEPS = """
 INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
@@ -150,11 +155,29 @@ async def _warm(conn: asyncpg.Connection, ports: list[int], key: str, n_workspac
         await _deliver([port], key, runs)
 
 
+POSTGRES, CONTROL_PLANES, CLIENT = "postgres", "control planes", "this process"
+
+
+def _meter(pg: BenchPostgres, control_planes: list[int]) -> CpuMeter:
+    """CPU of the Postgres server (with its backends, when it is ours), the control planes
+    delivering (none for raw) and this process (raw's claimers, or the minimal executors)."""
+    groups = {CONTROL_PLANES: control_planes, CLIENT: [os.getpid()]}
+    trees = {POSTGRES: pg.server_pid} if pg.server_pid is not None else {}
+    return CpuMeter(groups, "other tenants", trees)
+
+
 @dataclass(frozen=True)
 class Try:
     raw_rate: float  # raw claims/s
     got: Delivered
     seconds: float
+    raw_cpu: dict[str, float]  # CPU seconds by group (_meter) while raw claimed
+    cpu: dict[str, float]  # and while the control planes delivered
+
+    def per_run(self, group: str, raw: bool = False) -> str:
+        """CPU microseconds a run of that group, on the raw or the delivered side."""
+        used = (self.raw_cpu if raw else self.cpu).get(group)
+        return "-" if used is None else f"{1e6 * used / self.got.target:,.0f}"
 
     @property
     def rate(self) -> float:
@@ -192,6 +215,11 @@ class Row:
                 f"{m.got.messages:,}", f"{m.got.steps:,}", f"{m.seconds:.2f}", f"{m.rate:,.0f}",
                 f"{m.ratio:.2f}x{spread}"]  # fmt: skip
 
+    def cpu_cells(self) -> list[str]:
+        m = self.median
+        return [self.label, m.per_run(POSTGRES, raw=True), m.per_run(CLIENT, raw=True),
+                m.per_run(POSTGRES), m.per_run(CONTROL_PLANES), m.per_run(CLIENT)]  # fmt: skip
+
 
 async def _layout(
     pg: BenchPostgres, procs: Procs, n_workspaces: int, queued: int, repeats: int
@@ -212,11 +240,14 @@ async def _layout(
             tries = []
             for _ in range(repeats):
                 await _load(conn, queued, n_workspaces)
+                meter = _meter(pg, [])
                 tally, raw_s = await claim.claim_rate(dsn, claim.raw_claim, replicas, BATCH,
                                                       queued)  # fmt: skip
+                raw_cpu = meter.stop()
                 await _load(conn, queued, n_workspaces)
+                meter = _meter(pg, [proc.pid for proc, _ in started[:replicas]])
                 got, seconds = await _deliver(ports[:replicas], keys.executor, queued)
-                tries.append(Try(tally.claimed / raw_s, got, seconds))
+                tries.append(Try(tally.claimed / raw_s, got, seconds, raw_cpu, meter.stop()))
             rows.append(Row(n_workspaces, replicas, tries))
     finally:
         await conn.close()
@@ -245,6 +276,13 @@ async def delivered(pg: BenchPostgres, quick: bool) -> None:
         report.note(f"each row: the median of {REPEATS} tries (raw, then delivered, in turn), "
                     "its ratio's range in brackets")  # fmt: skip
     report.note(f"raw claims aborted as deadlocked (asked again), in all: {claim.RAW_DEADLOCKS[0]}")
+    report.note(
+        f"CPU microseconds a run in the same tries, from opening connections or streams "
+        f"to the last run: where this machine's {os.cpu_count()} cores went"
+    )
+    cpu_headers = ("", "raw: Postgres", "raw: claimers", "delivered: Postgres",
+                   "control planes", "minimal executors")  # fmt: skip
+    report.table(cpu_headers, [row.cpu_cells() for row in rows])
     for row in rows:
         label = f"delivered/raw {row.workspaces}ws, {row.replicas} replica(s)"
         report.target(label, row.ratio, f">= {claim.TARGET_RAW:g}x", row.ratio >= claim.TARGET_RAW)
