@@ -168,10 +168,16 @@ async def _claimer(pool: asyncpg.pool.Pool, claim: Claim, owner: str, batch: int
 
 
 async def claim_rate(
-    dsn: str, claim: Claim, claimers: int, batch: int, target: int
+    dsn: str,
+    claim: Claim,
+    claimers: int,
+    batch: int,
+    target: int,
+    done: Callable[[], object] | None = None,
 ) -> tuple[Tally, float]:
     """`claimers` concurrent claimers, each on its own connection, until `target` are claimed;
-    the tally and the seconds it took."""
+    the tally and the seconds it took. `done` is called when they are, before their
+    connections close (a CPU meter stopped then still sees their Postgres backends)."""
     pools = [await create_pool(dsn, min_size=1, max_size=1) for _ in range(claimers)]
     tally = Tally(target)
     try:
@@ -180,6 +186,8 @@ async def claim_rate(
             *(_claimer(p, claim, f"claimer-{i}", batch, tally) for i, p in enumerate(pools))
         )
         elapsed = time.perf_counter() - start
+        if done is not None:
+            done()
     finally:
         await asyncio.gather(*(p.close() for p in pools))
     return tally, elapsed

@@ -242,8 +242,8 @@ async def _layout(
                 await _load(conn, queued, n_workspaces)
                 meter = _meter(pg, [])
                 tally, raw_s = await claim.claim_rate(dsn, claim.raw_claim, replicas, BATCH,
-                                                      queued)  # fmt: skip
-                raw_cpu = meter.stop()
+                                                      queued, done=meter.stop)  # fmt: skip
+                raw_cpu = meter.used()
                 await _load(conn, queued, n_workspaces)
                 meter = _meter(pg, [proc.pid for proc, _ in started[:replicas]])
                 got, seconds = await _deliver(ports[:replicas], keys.executor, queued)
