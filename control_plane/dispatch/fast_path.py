@@ -106,12 +106,11 @@ def assignment(
 ) -> pb.Assignment:
     """The Assignment of a run (claimed or fast), with the registry tools its version pinned;
     a fast-path version's says how often to renew."""
-    msg = pb.Assignment(
-        run=convert.run(run),
-        agent_version=version,
-        steps=[convert.step(s) for s in steps],
-        tools=list(tools),
-    )
+    # Filled in place: a message given to a constructor is copied in.
+    msg = pb.Assignment(agent_version=version, tools=list(tools))
+    convert.set_run(msg.run, run)
+    for s in steps:
+        convert.set_step(msg.steps.add(), s)
     if version.spec.fast_path:
         msg.heartbeat_interval.CopyFrom(convert.duration(heartbeat_seconds))
     return msg

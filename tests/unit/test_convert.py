@@ -8,9 +8,12 @@ from dataclasses import fields
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from agentrun.v1 import agent_pb2, run_pb2
 from control_plane.api import convert
+from control_plane.dispatch import fast_path
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 
@@ -82,3 +85,75 @@ def test_a_missing_column_is_named() -> None:
     del record["priority"]
     with pytest.raises(KeyError, match="priority"):
         Run.from_record(record)  # type: ignore[arg-type]
+
+
+def _library_duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def _constructed_run(row: Run) -> run_pb2.Run:
+    """The Run message as the constructors and the library build it, field by field."""
+    ts = lambda v: _library(v) if v is not None else None  # noqa: E731
+    return run_pb2.Run(
+        workspace_id=row.workspace_id, run_id=str(row.run_id), agent_id=row.agent_id,
+        agent_version=row.agent_version, status=convert.STATUS_TO_PROTO[row.status],
+        wait_reason=row.wait_reason or "", lease_owner=row.lease_owner or "",
+        lease_epoch=row.lease_epoch, attempt=row.attempt,
+        limits=agent_pb2.RunLimits(
+            max_steps=row.max_steps, deadline=_library_duration(row.deadline_seconds),
+            max_tokens=row.max_tokens, max_tool_calls=row.max_tool_calls,
+            model_retry_budget=row.model_retry_budget,
+            max_age=_library_duration(row.max_age_seconds) if row.max_age_seconds else None,
+            repeat_limit=row.repeat_limit, context_tokens=row.context_tokens),
+        counters=run_pb2.RunCounters(
+            steps=row.step_count, model_calls=row.model_calls, tool_calls=row.tool_calls,
+            tokens=row.tokens_used, input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens, cached_tokens=row.cached_tokens,
+            reasoning_tokens=row.reasoning_tokens, cost_micros=row.cost_micros),
+        input=row.input, output=row.output or "", error=row.error or "",
+        active_duration=_library_duration(row.active_seconds + row.held_seconds),
+        parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
+        parent_seq=row.parent_seq or 0,
+        forked_from_run_id=str(row.forked_from_run_id) if row.forked_from_run_id else "",
+        forked_from_seq=row.forked_from_seq or 0,
+        credits_reserved_micros=row.credits_reserved_micros, credit_chunks=row.credit_chunks,
+        release=row.release or "", priority=row.priority,
+        wake_time=ts(row.wake_at), expire_time=ts(row.expires_at),
+        create_time=ts(row.created_at), update_time=ts(row.updated_at),
+        finish_time=ts(row.finished_at),
+    )  # fmt: skip
+
+
+OPTIONAL_NONE = {
+    "wait_reason": None, "wake_at": None, "lease_owner": None, "request_id": None,
+    "output": None, "error": None, "expires_at": None, "held_since": None, "started_by": None,
+    "waiting_connection_id": None, "parent_run_id": None, "parent_seq": None,
+    "forked_from_run_id": None, "forked_from_seq": None, "release": None, "started_at": None,
+    "finished_at": None, "max_age_seconds": 0, "active_seconds": 0.0, "held_seconds": 0.0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("unset", [False, True], ids=["every field set", "optional ones unset"])
+def test_a_run_written_in_place_is_the_constructed_message(unset: bool) -> None:
+    """convert.run and the Assignment's run (filled in place, not built and copied) carry
+    exactly what the constructors and the library's conversions give, presence included."""
+    record = {**_values(Run, 11), **(OPTIONAL_NONE if unset else {"held_seconds": 2.25})}
+    row = Run(**record)  # type: ignore[arg-type]
+    expected = _constructed_run(row)
+    assert convert.run(row) == expected
+    for name in ("wake_time", "finish_time"):
+        assert convert.run(row).HasField(name) is not unset
+    assert convert.run(row).limits.HasField("max_age") is not unset
+    step_record = _values(Step, 5)
+    step = Step(**step_record)  # type: ignore[arg-type]
+    assignment = fast_path.assignment(row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
+    assert assignment.run == expected
+    constructed_step = run_pb2.Step(
+        run_id=str(step.run_id), seq=step.seq, kind=run_pb2.STEP_KIND_INPUT, epoch=step.epoch,
+        ref_seq=step.ref_seq or 0, payload_json=step.payload,
+        create_time=_library(step.created_at),
+    )  # fmt: skip
+    assert list(assignment.steps) == [constructed_step, constructed_step]
+    assert convert.step(step) == constructed_step
