@@ -41,6 +41,9 @@ def _metadata(context_: grpc.aio.ServicerContext, name: str) -> str | None:
 class IdentityInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, resolver: Resolver) -> None:
         self._resolver = resolver
+        # The checked handler made for each method, with the handler it wraps: the server
+        # hands back the same handler object every call, so it is wrapped once, not per call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def authorize(
         self, method: str, need: access.Need | None, ctx: grpc.aio.ServicerContext, request: Any
@@ -72,6 +75,15 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         if handler is None or access.is_open(method):
             return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        checked = self._checked(method, handler)
+        self._wrapped[method] = (handler, checked)
+        return checked
+
+    def _checked(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """`handler` behind the credential and capability check for `method`."""
         need = access.ACCESS.get(method)
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(
