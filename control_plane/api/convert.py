@@ -68,8 +68,13 @@ def _set_timestamp(field: Timestamp, value: datetime | None) -> None:
 
 def duration(seconds: float) -> Duration:
     d = Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
+    set_duration(d, seconds)
     return d
+
+
+def set_duration(field: Duration, seconds: float) -> None:
+    """duration(seconds) written into a message's own field, as _set_timestamp."""
+    field.FromNanoseconds(int(seconds * 1e9))
 
 
 def active_seconds(run: Run) -> float:
@@ -81,12 +86,12 @@ def active_seconds(run: Run) -> float:
 def _set_limits(limits: agent_pb2.RunLimits, row: Run) -> None:
     """The limits copied onto a run at admission."""
     limits.max_steps = row.max_steps
-    limits.deadline.FromNanoseconds(int(row.deadline_seconds * 1e9))
+    set_duration(limits.deadline, row.deadline_seconds)
     limits.max_tokens = row.max_tokens
     limits.max_tool_calls = row.max_tool_calls
     limits.model_retry_budget = row.model_retry_budget
     if row.max_age_seconds:
-        limits.max_age.FromNanoseconds(int(row.max_age_seconds * 1e9))
+        set_duration(limits.max_age, row.max_age_seconds)
     limits.repeat_limit = row.repeat_limit
     limits.context_tokens = row.context_tokens
 
@@ -125,7 +130,7 @@ def set_run(msg: run_pb2.Run, row: Run) -> None:
     msg.input = row.input
     msg.output = row.output or ""
     msg.error = row.error or ""
-    msg.active_duration.FromNanoseconds(int(active_seconds(row) * 1e9))
+    set_duration(msg.active_duration, active_seconds(row))
     msg.parent_run_id = str(row.parent_run_id) if row.parent_run_id else ""
     msg.parent_seq = row.parent_seq or 0
     msg.forked_from_run_id = str(row.forked_from_run_id) if row.forked_from_run_id else ""

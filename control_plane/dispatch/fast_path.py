@@ -112,7 +112,7 @@ def assignment(
     for s in steps:
         convert.set_step(msg.steps.add(), s)
     if version.spec.fast_path:
-        msg.heartbeat_interval.CopyFrom(convert.duration(heartbeat_seconds))
+        convert.set_duration(msg.heartbeat_interval, heartbeat_seconds)
     return msg
 
 
