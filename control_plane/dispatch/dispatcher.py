@@ -258,24 +258,35 @@ class Dispatcher:
     ) -> None:
         """`assign` for several runs of one stream whose executor reads batches: as few
         messages as ASSIGNMENT_BATCH_BYTES allows instead of one a run (each message is a
-        gRPC write with its own completion, on both ends of the stream)."""
-        built = [(run, await self._assignment(run, steps)) for run, steps in items]
+        gRPC write with its own completion, on both ends of the stream). Each assignment is
+        written where it goes, in its message, not built apart and copied in."""
+        messages: list[pb.ConnectResponse] = []
+        size = ASSIGNMENT_BATCH_BYTES  # the first assignment opens a message
+        for run, steps in items:
+            version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
+            if size >= ASSIGNMENT_BATCH_BYTES:
+                messages.append(pb.ConnectResponse())
+                size = 0
+            batch = messages[-1].assignments.assignments
+            assignment = batch.add()
+            fast_path.set_assignment(assignment, run, version, steps,
+                                     self.config.fast_path_heartbeat_seconds, tools)  # fmt: skip
+            n = assignment.ByteSize()
+            if len(batch) > 1 and size + n > ASSIGNMENT_BATCH_BYTES:  # over: opens the next
+                messages.append(pb.ConnectResponse())
+                messages[-1].assignments.assignments.add().CopyFrom(assignment)
+                del batch[-1]
+                size = 0
+            size += n
         # Checked after the last await, as in assign.
         if session.liveness.dead:
-            for run, _ in built:
+            for run, _ in items:
                 await lease_store.release_unassigned(self.pool, _lease(run))
             return
-        chunk: list[pb.Assignment] = []
-        size = 0
-        for run, assignment in built:
+        for run, _ in items:
             _record(session, run)
-            n = assignment.ByteSize()
-            if chunk and size + n > ASSIGNMENT_BATCH_BYTES:
-                session.send(_together(chunk))
-                chunk, size = [], 0
-            chunk.append(assignment)
-            size += n
-        session.send(_together(chunk))
+        for message in messages:
+            session.send(_alone_if_one(message))
 
     async def _assignment(self, run: Run, steps: list[Step]) -> pb.Assignment:
         version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
@@ -303,11 +314,10 @@ def _record(session: ExecutorSession, run: Run) -> None:
     session.held[run.run_id] = run.lease_epoch
 
 
-def _together(assignments: list[pb.Assignment]) -> pb.ConnectResponse:
-    """One message for one or more assignments (a lone one goes as plain Assignment)."""
-    if len(assignments) == 1:
-        return pb.ConnectResponse(assignment=assignments[0])
-    return pb.ConnectResponse(assignments=pb.Assignments(assignments=assignments))
+def _alone_if_one(message: pb.ConnectResponse) -> pb.ConnectResponse:
+    """A batch of one goes as a plain Assignment."""
+    batch = message.assignments.assignments
+    return pb.ConnectResponse(assignment=batch[0]) if len(batch) == 1 else message
 
 
 def _lease(run: Run) -> lease_store.LeaseKey:

@@ -106,14 +106,30 @@ def assignment(
 ) -> pb.Assignment:
     """The Assignment of a run (claimed or fast), with the registry tools its version pinned;
     a fast-path version's says how often to renew."""
-    # Filled in place: a message given to a constructor is copied in.
-    msg = pb.Assignment(agent_version=version, tools=list(tools))
+    msg = pb.Assignment()
+    set_assignment(msg, run, version, steps, heartbeat_seconds, tools)
+    return msg
+
+
+def set_assignment(
+    msg: pb.Assignment,
+    run: Run,
+    version: agent_pb2.AgentVersion,
+    steps: list[Step],
+    heartbeat_seconds: float,
+    tools: Sequence[tool_pb2.Tool] = (),
+) -> None:
+    """`assignment`, written into an empty `msg` where it already is (one of a batch's, say).
+
+    Filled in place: a message given to a constructor, or appended to a repeated field, is
+    copied in."""
+    msg.agent_version.CopyFrom(version)
+    msg.tools.extend(tools)
     convert.set_run(msg.run, run)
     for s in steps:
         convert.set_step(msg.steps.add(), s)
     if version.spec.fast_path:
         convert.set_duration(msg.heartbeat_interval, heartbeat_seconds)
-    return msg
 
 
 def code_tools(version: Any) -> list[str]:
