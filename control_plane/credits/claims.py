@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
 
 import faults
 from control_plane.store import credits as store
@@ -13,14 +14,18 @@ from control_plane.store.runs import Run
 log = logging.getLogger(__name__)
 
 
-async def reserve_claimed(pool: Pool, claimed: list[Run]) -> set[uuid.UUID]:
+async def reserve_claimed(
+    pool: Pool, claimed: list[Run], metered: Collection[str] | None = None
+) -> set[uuid.UUID]:
     """Reserve for each claimed run of a metered workspace that owes a chunk (its first,
     or the next after a commit whose top-up a crash cut off). The runs that stopped here
     (out of credits: parked or failed, lease released) are returned: they are not assigned.
 
-    One statement per run that owes; a workspace without an account costs one query for
-    the whole batch."""
-    metered = await store.metered(pool, [r.workspace_id for r in claimed])
+    `metered`: the claimed runs' workspaces that have a credit account, when the claim
+    read them already (lease.Claimed.metered); else one query for the whole batch. One
+    statement per run that owes; a batch of unmetered workspaces' runs costs no more."""
+    if metered is None:
+        metered = await store.metered(pool, [r.workspace_id for r in claimed])
     stopped: set[uuid.UUID] = set()
     for run in claimed:
         if run.workspace_id not in metered or run.cost_micros < run.credits_reserved_micros:

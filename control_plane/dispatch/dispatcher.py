@@ -200,7 +200,7 @@ class Dispatcher:
         batch = [(self._take_slot(row), row) for row in rows]
         await self._delivered()  # never more than one batch in delivery
         if batch:
-            self._delivering = asyncio.create_task(self._deliver_batch(batch))
+            self._delivering = asyncio.create_task(self._deliver_batch(batch, rows.metered))
             self._background.add(self._delivering)
             self._delivering.add_done_callback(self._background.discard)
         return rows
@@ -214,15 +214,23 @@ class Dispatcher:
         session.credits -= 1
         return session
 
-    async def _deliver_batch(self, batch: list[tuple[ExecutorSession | None, Run]]) -> None:
-        """Reserve credits for the batch's metered runs, read their step logs (both at
-        once), then send each run to its session; a run that cannot go is handed back."""
+    async def _deliver_batch(
+        self, batch: list[tuple[ExecutorSession | None, Run]], metered: frozenset[str]
+    ) -> None:
+        """Reserve credits for the batch's metered runs (`metered`: their workspaces, read
+        by the claim), read their step logs (both at once), then send each run to its
+        session; a run that cannot go is handed back."""
         try:
             runs = [run for session, run in batch if session is not None]
-            stopped, logs = await asyncio.gather(
-                reserve_claimed(self.pool, runs),
-                step_store.steps_for_runs(self.pool, [(r.workspace_id, r.run_id) for r in runs]),
+            logs_read = step_store.steps_for_runs(
+                self.pool, [(r.workspace_id, r.run_id) for r in runs]
             )
+            if any(r.workspace_id in metered for r in runs):
+                stopped, logs = await asyncio.gather(
+                    reserve_claimed(self.pool, runs, metered), logs_read
+                )
+            else:  # nothing to reserve: no query, no task
+                stopped, logs = set(), await logs_read
             outgoing: dict[ExecutorSession, list[tuple[Run, list[Step]]]] = {}
             for session, run in batch:
                 if session is not None and run.run_id in stopped:

@@ -213,7 +213,7 @@ class FastPath:
 
     async def _hand_over(self, leased: Leased) -> bool:
         session, run = leased.session, leased.run
-        if leased.metered and await reserve_claimed(self._pool, [run]):
+        if leased.metered and await reserve_claimed(self._pool, [run], {run.workspace_id}):
             session.credits += 1  # out of credits: parked or failed by the reservation
             return True
         if self._dispatcher.session_of(session.executor_id) is not session:

@@ -42,6 +42,8 @@ class Claimed(list[Run]):
     due runs with room: claiming again soon may find them (migrations/0031_claim_others_due.sql)."""
 
     others_due: bool = False
+    # The workspaces among the runs' that have a credit account (credits.claims).
+    metered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ async def claim_due(
         rows = rows[:-1]
     claimed = Claimed(Run.from_record(r) for r in rows)
     claimed.others_due = others_due
+    claimed.metered = frozenset(r["workspace_id"] for r in rows if r["metered"])
     if on_takeover is not None:
         for row, claimed_run in zip(rows, claimed, strict=True):
             if row["taken_over"]:
