@@ -21,7 +21,9 @@
 -- transaction, instead of the row trigger doing it once per run. Since 0031
 -- (migrations/0031_claim_others_due.sql) it also says whether it passed over a
 -- held workspace with due runs (run_claim below). Since 0032 those are one
--- wrapper, and the counts move by two statements, not a call per agent.
+-- wrapper, and the counts move by two statements, not a call per agent. Since
+-- 0033 step 2 finds the workspaces that keep due runs from each candidate's
+-- turn, not by counting each one's picks again.
 --
 -- Step 2 reads each agent's share of the batch first (the batch over the
 -- workspaces in turn, and one more), and up to the whole batch only if that
