@@ -252,13 +252,14 @@ class Dispatcher:
     async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
         """Send a leased run to `session`, whose credit for it is taken already; False (the
         run handed back, runnable again) when the stream was declared dead meanwhile."""
-        assignment = await self._assignment(run, steps)
+        message = pb.ConnectResponse()
+        await self._fill(message.assignment, run, steps)
         # Checked after the last await: nothing is ever sent into a stream declared dead.
         if session.liveness.dead:
             await lease_store.release_unassigned(self.pool, _lease(run))
             return False
         _record(session, run)
-        session.send(pb.ConnectResponse(assignment=assignment))
+        session.send(message)
         return True
 
     async def _assign_together(
@@ -269,16 +270,14 @@ class Dispatcher:
         gRPC write with its own completion, on both ends of the stream). Each assignment is
         written where it goes, in its message, not built apart and copied in."""
         messages: list[pb.ConnectResponse] = []
-        size = ASSIGNMENT_BATCH_BYTES  # the first assignment opens a message
+        size = 0
         for run, steps in items:
-            version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
-            if size >= ASSIGNMENT_BATCH_BYTES:
+            if not messages or size >= ASSIGNMENT_BATCH_BYTES:
                 messages.append(pb.ConnectResponse())
                 size = 0
             batch = messages[-1].assignments.assignments
             assignment = batch.add()
-            fast_path.set_assignment(assignment, run, version, steps,
-                                     self.config.fast_path_heartbeat_seconds, tools)  # fmt: skip
+            await self._fill(assignment, run, steps)
             n = assignment.ByteSize()
             if len(batch) > 1 and size + n > ASSIGNMENT_BATCH_BYTES:  # over: opens the next
                 messages.append(pb.ConnectResponse())
@@ -296,10 +295,11 @@ class Dispatcher:
         for message in messages:
             session.send(_alone_if_one(message))
 
-    async def _assignment(self, run: Run, steps: list[Step]) -> pb.Assignment:
+    async def _fill(self, msg: pb.Assignment, run: Run, steps: list[Step]) -> None:
+        """The run's Assignment, written into the empty `msg` where it already is."""
         version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
-        return fast_path.assignment(
-            run, version, steps, self.config.fast_path_heartbeat_seconds, tools
+        fast_path.set_assignment(
+            msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools
         )
 
     async def _version(self, ws: str, agent_id: str, version: int) -> Pinned:

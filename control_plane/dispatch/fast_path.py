@@ -97,20 +97,6 @@ def wanted(version_row: Any) -> bool:
     return bool(spec_of(version_row).get("fast_path"))
 
 
-def assignment(
-    run: Run,
-    version: agent_pb2.AgentVersion,
-    steps: list[Step],
-    heartbeat_seconds: float,
-    tools: Sequence[tool_pb2.Tool] = (),
-) -> pb.Assignment:
-    """The Assignment of a run (claimed or fast), with the registry tools its version pinned;
-    a fast-path version's says how often to renew."""
-    msg = pb.Assignment()
-    set_assignment(msg, run, version, steps, heartbeat_seconds, tools)
-    return msg
-
-
 def set_assignment(
     msg: pb.Assignment,
     run: Run,
@@ -119,9 +105,9 @@ def set_assignment(
     heartbeat_seconds: float,
     tools: Sequence[tool_pb2.Tool] = (),
 ) -> None:
-    """`assignment`, written into an empty `msg` where it already is (one of a batch's, say).
-
-    Filled in place: a message given to a constructor, or appended to a repeated field, is
+    """The Assignment of a run (claimed or fast), with the registry tools its version pinned
+    (a fast-path version's says how often to renew), written into the empty `msg` where it
+    already is: a message given to a constructor, or appended to a repeated field, is
     copied in."""
     msg.agent_version.CopyFrom(version)
     msg.tools.extend(tools)
@@ -334,7 +320,6 @@ __all__ = [
     "DeltaHub",
     "FastPath",
     "Leased",
-    "assignment",
     "recover_forever",
     "wanted",
     "with_deltas",

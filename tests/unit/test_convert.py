@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
 from control_plane.api import convert
 from control_plane.dispatch import fast_path
 from control_plane.store.runs import Run
@@ -148,7 +148,8 @@ def test_a_run_written_in_place_is_the_constructed_message(unset: bool) -> None:
     assert convert.run(row).limits.HasField("max_age") is not unset
     step_record = _values(Step, 5)
     step = Step(**step_record)  # type: ignore[arg-type]
-    assignment = fast_path.assignment(row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
+    assignment = executor_pb2.Assignment()
+    fast_path.set_assignment(assignment, row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
     assert assignment.run == expected
     constructed_step = run_pb2.Step(
         run_id=str(step.run_id), seq=step.seq, kind=run_pb2.STEP_KIND_INPUT, epoch=step.epoch,

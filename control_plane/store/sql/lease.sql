@@ -186,9 +186,8 @@
 -- predates the claim's, so a grant landing meanwhile meters the run from its
 -- next claim on, as one landing right after that statement always did.
 SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due, c.others_due,
-       (c.run).workspace_id IS NOT NULL AND EXISTS (
-           SELECT 1 FROM credit_accounts a WHERE a.workspace_id = (c.run).workspace_id
-       ) AS metered
+       EXISTS (SELECT 1 FROM credit_accounts a
+               WHERE a.workspace_id = (c.run).workspace_id) AS metered
 FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jsonb,
                     $6::text[], $7::text, $8::float8, $9::boolean) c;
 
