@@ -135,11 +135,37 @@ OPTIONAL_NONE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("unset", [False, True], ids=["every field set", "optional ones unset"])
-def test_a_run_written_in_place_is_the_constructed_message(unset: bool) -> None:
+def test_a_duration_is_what_from_nanoseconds_gives() -> None:
+    rng = random.Random(16)
+    values = [0, 0.0, 1, 86_400, 1.5, 2.25, 1e-9, -1, -1.5, -1e-9, 10**9 + 0.123456789]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(2_000)] + [
+        rng.randrange(10**7) for _ in range(500)
+    ]
+    for value in values:
+        d = Duration()
+        convert.set_duration(d, value)
+        assert d == _library_duration(value), value
+
+
+# A fresh run: every count, the attempt, the priority and the credits at 0 as well.
+ZEROS = {
+    **OPTIONAL_NONE, "attempt": 0, "priority": 0, "step_count": 0, "model_calls": 0,
+    "tool_calls": 0, "tokens_used": 0, "input_tokens": 0, "output_tokens": 0,
+    "cached_tokens": 0, "reasoning_tokens": 0, "cost_micros": 0, "credits_reserved_micros": 0,
+    "credit_chunks": 0, "context_tokens": 0, "input": "", "wait_reason": "", "release": "",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"held_seconds": 2.25, "priority": -2}, OPTIONAL_NONE, ZEROS],
+    ids=["every field set", "optional ones unset", "defaults (0, empty, none)"],
+)
+def test_a_run_written_in_place_is_the_constructed_message(overrides: dict[str, object]) -> None:
     """convert.run and the Assignment's run (filled in place, not built and copied) carry
     exactly what the constructors and the library's conversions give, presence included."""
-    record = {**_values(Run, 11), **(OPTIONAL_NONE if unset else {"held_seconds": 2.25})}
+    unset = "wake_at" in overrides  # the optional ones unset
+    record = {**_values(Run, 11), **overrides}
     row = Run(**record)  # type: ignore[arg-type]
     expected = _constructed_run(row)
     assert convert.run(row) == expected
