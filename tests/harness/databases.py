@@ -9,9 +9,24 @@ import uuid
 
 import asyncpg
 
-from control_plane.store.migrate import migrate
+from control_plane.store.migrate import migrate, migrations_dir
 
 TEMPLATE_DB = "agentrun_template"
+
+
+# The migration that picks how the claim reads each agent's due runs (a skip scan on
+# Postgres 18 and later, a walk over priority levels before).
+CLAIM_WALK_MIGRATION = "0034_claim_skip_scan.sql"
+
+
+async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:
+    """Replace the claim function as CLAIM_WALK_MIGRATION makes it: with the walk over
+    priority levels forced ('levels'), or as the server's version picks ('default')."""
+    sql = (migrations_dir() / CLAIM_WALK_MIGRATION).read_text()
+    async with conn.transaction():
+        value = "levels" if walk == "levels" else ""
+        await conn.execute("SELECT set_config('agentrun.claim_walk', $1, true)", value)
+        await conn.execute(sql)
 
 
 def new_database_name(prefix: str = "test") -> str:

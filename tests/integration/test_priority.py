@@ -21,15 +21,20 @@ from agentrun.v1 import trigger_pb2 as pb
 from control_plane.store import lease, runs, workspaces
 from tests import factories
 from tests.harness.auth import bearer
+from tests.harness.databases import use_claim_walk
 from tests.harness.triggers import SCHEME, TriggerApi, post, seconds, signed
 from tests.harness.waiting import eventually
 
 WS = "ws"
 
 
-@pytest.fixture
-async def pool(db_url):
+@pytest.fixture(params=["default", "levels"], ids=["as migrated", "walk over levels"])
+async def pool(db_url, request):
+    """The claim as the migrations made it for this server (a skip scan on Postgres 18 and
+    later), and with the walk over priority levels that servers before 18 keep."""
     p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    async with p.acquire() as conn:
+        await use_claim_walk(conn, request.param)
     yield p
     await p.close()
 
