@@ -23,7 +23,9 @@
 -- held workspace with due runs (run_claim below). Since 0032 those are one
 -- wrapper, and the counts move by two statements, not a call per agent. Since
 -- 0033 step 2 finds the workspaces that keep due runs from each candidate's
--- turn, not by counting each one's picks again.
+-- turn, not by counting each one's picks again. Since 0034 it reads each
+-- agent's due runs by one skip scan on Postgres 18 and later (servers before
+-- 18 keep the walk over priority levels; 0034 picks once, by version).
 --
 -- Step 2 reads each agent's share of the batch first (the batch over the
 -- workspaces in turn, and one more), and up to the whole batch only if that
