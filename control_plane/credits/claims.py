@@ -15,17 +15,15 @@ log = logging.getLogger(__name__)
 
 
 async def reserve_claimed(
-    pool: Pool, claimed: list[Run], metered: Collection[str] | None = None
+    pool: Pool, claimed: list[Run], metered: Collection[str]
 ) -> set[uuid.UUID]:
     """Reserve for each claimed run of a metered workspace that owes a chunk (its first,
     or the next after a commit whose top-up a crash cut off). The runs that stopped here
     (out of credits: parked or failed, lease released) are returned: they are not assigned.
 
-    `metered`: the claimed runs' workspaces that have a credit account, when the claim
-    read them already (lease.Claimed.metered); else one query for the whole batch. One
-    statement per run that owes; a batch of unmetered workspaces' runs costs no more."""
-    if metered is None:
-        metered = await store.metered(pool, [r.workspace_id for r in claimed])
+    `metered`: the claimed runs' workspaces that have a credit account, as the claim read
+    them (lease.Claimed.metered). One statement per run that owes; a batch of unmetered
+    workspaces' runs costs nothing."""
     stopped: set[uuid.UUID] = set()
     for run in claimed:
         if run.workspace_id not in metered or run.cost_micros < run.credits_reserved_micros:

@@ -75,14 +75,6 @@ def _parked_reason(workspace_id: str) -> str:
     return f"out of credits: workspace {workspace_id}'s run parked until credits are granted"
 
 
-async def metered(db: Pool | Connection, workspace_ids: list[str]) -> set[str]:
-    """The workspaces among these that have a credit account (the others are unlimited)."""
-    if not workspace_ids:
-        return set()
-    rows = await run(db, "credits_metered", sorted(set(workspace_ids)))
-    return {r["workspace_id"] for r in rows}
-
-
 async def grant(
     db: Pool | Connection,
     workspace_id: str,

@@ -83,10 +83,6 @@ FROM decided d
 WHERE r.workspace_id = d.workspace_id AND r.run_id = d.run_id
 RETURNING r.status, r.error, d.took AS reserved_micros;
 
--- name: credits_metered :many
--- Which of these workspaces have a credit account (the others are unlimited).
-SELECT workspace_id FROM credit_accounts WHERE workspace_id = ANY($1::text[]);
-
 -- name: credits_wake_parked :exec
 -- A grant wakes the workspace's runs parked for credits (before the account is locked).
 UPDATE runs SET wake_at = now(), updated_at = now()
