@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from control_plane.store import metrics as figures_store
 from control_plane.store.db import Pool
-from telemetry.scrape import LATENCY_BUCKETS, token_matches
+from telemetry.scrape import LATENCY_BUCKETS, labelled, token_matches
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,12 @@ SCHEDULE_LAG = Histogram(
 
 
 def commit_outcome(name: str, seconds: float) -> None:
-    COMMIT_SECONDS.labels(name).observe(seconds)
+    labelled(COMMIT_SECONDS, name).observe(seconds)
+
+
+def claimed(workspace_id: str) -> None:
+    """A run leased by a claim, counted for its workspace."""
+    labelled(CLAIMED, workspace_id).inc()
 
 
 class DatabaseFigures(Collector):

@@ -64,6 +64,7 @@ from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
 from executor.tools.http_tool import NotSent
 from telemetry import logs, tracing
+from telemetry.scrape import labelled
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
@@ -102,13 +103,6 @@ def _span(name: str, **options: Any) -> contextlib.AbstractContextManager[object
     if not tracing.on():
         return contextlib.nullcontext()
     return _tracer.start_as_current_span(name, **options)
-
-
-@functools.cache
-def _labelled(metric: Any, value: str) -> Any:
-    """The metric's child for one label value, looked up once (`labels()` takes a lock and
-    builds its key on every call; a child, once made, is the same object for good)."""
-    return metric.labels(value)
 
 
 def model_backoff(parks: int, retry_after: float | None, rng: random.Random) -> float:
@@ -305,7 +299,7 @@ class RunLoop:
         except ModelRejected as exc:
             m.MODEL_CALLS.labels("rejected").inc()
             return await self._fail(exc.reason)
-        _labelled(m.MODEL_CALLS, "ok").inc()
+        labelled(m.MODEL_CALLS, "ok").inc()
         if reply is None:  # interrupted by the drain deadline
             return await self._park("handoff", 0.0, "executor draining: model call abandoned")
         faults.point("executor.model.after_response")
@@ -925,7 +919,7 @@ class RunLoop:
             sent = clock()
             reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
             outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
-            _labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
+            labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
             if self._accepted(reply):
                 return reply
             # UNAVAILABLE: the database was unreachable; the very same commit may

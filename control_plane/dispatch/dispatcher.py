@@ -194,7 +194,7 @@ class Dispatcher:
                 release=releases.claim_release(sessions[0], self.config),
             )  # fmt: skip
         for row in rows:
-            metrics.CLAIMED.labels(row.workspace_id).inc()
+            metrics.claimed(row.workspace_id)
         # Each run's slot is taken now, before any await: the next claim, which runs while
         # this batch is delivered, sees only the slots still free.
         batch = [(self._take_slot(row), row) for row in rows]
