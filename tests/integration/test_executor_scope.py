@@ -15,10 +15,10 @@ import asyncpg
 import grpc
 import pytest
 
-from agentrun.v1 import executor_pb2, executor_pb2_grpc
 from control_plane.store import lease
 from tests import factories
 from tests.harness import auth
+from tests.harness.connect_probe import connect_code
 
 WORKSPACES = [f"ws-{i}" for i in range(10)]
 POOLS = {"pool-a": WORKSPACES[:5], "pool-b": WORKSPACES[5:]}
@@ -66,18 +66,8 @@ async def test_two_scoped_pools_never_lease_outside_their_scope(pool):
 
 
 async def open_connect(address: str, key: str | None) -> grpc.StatusCode:
-    metadata = (("authorization", f"Bearer {key}"),) if key else ()
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
-        hello = executor_pb2.ConnectRequest(hello=executor_pb2.Hello(executor_id="x"))
-        call = stub.Connect(iter([hello]), metadata=metadata, timeout=10)
-        try:
-            async for msg in call:
-                if msg.HasField("welcome"):
-                    return grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as err:
-            return err.code()
-    return grpc.StatusCode.OK
+        return await connect_code(channel, key)
 
 
 async def test_connect_is_only_for_executor_credentials(server, db_url):
