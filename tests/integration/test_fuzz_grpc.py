@@ -36,6 +36,7 @@ from control_plane.api.decoding import Refused, guard_decoder
 from control_plane.config import ServerConfig
 from control_plane.errors import PER_ITEM_FIELDS
 from control_plane.server import RunningServer, start
+from tests.harness.connect_probe import CLIENT_WRITE_FAILED
 from tests.harness.fuzzing import (
     Callers,
     Fuzzer,
@@ -54,7 +55,6 @@ DEADLINE = 5.0
 # A server-streaming call may be a watch that outlives its deadline; that is not a hang.
 WATCH_DEADLINE = 1.0
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-LOCAL_ERROR = "Internal error from Core"  # grpc.aio's own status for a failed write
 RPCS = methods()
 
 
@@ -161,7 +161,7 @@ async def _bidi(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes], metadata: M
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
         pass  # the call's status says what happened
     code, details = await call.code(), await call.details() or ""
-    if written < len(frames) and (code, details) == (grpc.StatusCode.INTERNAL, LOCAL_ERROR):
+    if written < len(frames) and (code, details) == (grpc.StatusCode.INTERNAL, CLIENT_WRITE_FAILED):
         return await _bidi(ch, rpc, frames[:written], metadata)
     return code, details
 
