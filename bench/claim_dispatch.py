@@ -189,7 +189,7 @@ class Try:
         keep the cores busy. "-" without Postgres's CPU (a server not started here)."""
         if POSTGRES not in self.cpu or POSTGRES not in self.raw_cpu:
             return "-"
-        raw = self.raw_cpu[POSTGRES] + self.raw_cpu.get(CLIENT, 0.0)
+        raw = sum(self.raw_cpu.get(group, 0.0) for group in (POSTGRES, CLIENT))
         ours = sum(self.cpu.get(group, 0.0) for group in (POSTGRES, CONTROL_PLANES, CLIENT))
         return f"{ratio(raw, ours):.2f}x"
 

@@ -30,8 +30,11 @@ CLIENT_WRITE_FAILED = "Internal error from Core"
 
 
 def _connect(
-    channel: grpc.aio.Channel, key: str | None, requests=None
+    channel: grpc.aio.Channel,
+    key: str | None,
+    requests: AsyncIterator[executor_pb2.ConnectRequest] | None = None,
 ) -> grpc.aio.StreamStreamCall:
+    """Connect with `key` as its bearer credential; `requests` None: the caller writes."""
     metadata = (("authorization", f"Bearer {key}"),) if key else None
     return executor_pb2_grpc.ExecutorServiceStub(channel).Connect(
         requests, timeout=5, metadata=metadata
