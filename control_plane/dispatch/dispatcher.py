@@ -111,9 +111,6 @@ class Dispatcher:
     def sessions(self) -> list[ExecutorSession]:
         return list(self._sessions.values())
 
-    def session_of(self, executor_id: str) -> ExecutorSession | None:
-        return self._sessions.get(executor_id)
-
     def poke(self) -> None:
         """Claim soon: new credits, a new run, or a finished wait on this replica."""
         self._wake.set()
@@ -205,6 +202,12 @@ class Dispatcher:
             self._delivering.add_done_callback(self._background.discard)
         return rows
 
+    def _gone(self, session: ExecutorSession) -> bool:
+        """Whether `session` can take no run: declared dead, or ended. An ended stream's
+        break released the runs it held then (unregister); a run recorded on it after that
+        would wait out its whole lease instead of being handed back."""
+        return session.liveness.dead or self._sessions.get(session.executor_id) is not session
+
     def _take_slot(self, run: Run) -> ExecutorSession | None:
         """The session a claimed run goes to, its credit for it taken; None: it cannot go
         (the stream went away, or spent the credit on a fast-path turn meanwhile)."""
@@ -235,7 +238,7 @@ class Dispatcher:
             for session, run in batch:
                 if session is not None and run.run_id in stopped:
                     session.credits += 1  # stopped at claim (out of credits): not sent
-                elif session is None or self._sessions.get(session.executor_id) is not session:
+                elif session is None or self._gone(session):
                     # Its stream ended meanwhile: runnable again now, not at lease expiry.
                     await lease_store.release_unassigned(self.pool, _lease(run))
                 else:
@@ -251,11 +254,12 @@ class Dispatcher:
 
     async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
         """Send a leased run to `session`, whose credit for it is taken already; False (the
-        run handed back, runnable again) when the stream was declared dead meanwhile."""
+        run handed back, runnable again) when the stream ended or was declared dead
+        meanwhile."""
         message = pb.ConnectResponse()
         await self._fill(message.assignment, run, steps)
-        # Checked after the last await: nothing is ever sent into a stream declared dead.
-        if session.liveness.dead:
+        # Checked after the last await: nothing is ever sent into a stream that is gone.
+        if self._gone(session):
             await lease_store.release_unassigned(self.pool, _lease(run))
             return False
         _record(session, run)
@@ -286,7 +290,7 @@ class Dispatcher:
                 size = 0
             size += n
         # Checked after the last await, as in assign.
-        if session.liveness.dead:
+        if self._gone(session):
             for run, _ in items:
                 await lease_store.release_unassigned(self.pool, _lease(run))
             return

@@ -60,7 +60,6 @@ from control_plane import metrics, releases
 from control_plane.api import convert
 from control_plane.credits.claims import reserve_claimed
 from control_plane.dispatch.delta_relay import DeltaRelay, Key
-from control_plane.store import lease as lease_store
 from control_plane.store import sessions as session_store
 from control_plane.store.db import Connection, Pool
 from control_plane.store.runs import Run
@@ -202,13 +201,8 @@ class FastPath:
         if leased.metered and await reserve_claimed(self._pool, [run], {run.workspace_id}):
             session.credits += 1  # out of credits: parked or failed by the reservation
             return True
-        if self._dispatcher.session_of(session.executor_id) is not session:
-            key = lease_store.LeaseKey(run.workspace_id, run.run_id, run.lease_epoch)
-            await lease_store.release_unassigned(self._pool, key)
-            FAST_PATH.labels("queued").inc()
-            return False
         if not await self._dispatcher.assign(session, run, leased.steps):
-            FAST_PATH.labels("queued").inc()  # declared dead meanwhile: handed back
+            FAST_PATH.labels("queued").inc()  # its stream went away meanwhile: handed back
             return False
         FAST_PATH.labels("dispatched").inc()
         log.info("run %s of workspace %s dispatched on the fast path to %s (epoch %d)",
