@@ -92,7 +92,7 @@ async def claim_due(
     others_due = bool(rows) and rows[-1]["others_due"]
     if others_due:
         rows = rows[:-1]
-    claimed = Claimed(Run.from_record(r) for r in rows)
+    claimed = Claimed(Run.from_records(rows))
     claimed.others_due = others_due
     claimed.metered = frozenset(r["workspace_id"] for r in rows if r["metered"])
     if on_takeover is not None:

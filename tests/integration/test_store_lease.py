@@ -258,3 +258,35 @@ async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_de
             await tx.commit()
     out = await asyncio.wait_for(beat, 5)
     assert set(out.renewed) == {key(h) for h in held}
+
+
+async def test_runs_read_by_position_are_the_runs_read_by_name(pool):
+    """Run.from_records (a claim's decoder) reads each field from its position in the
+    first row: with extra columns, in another order, it builds what from_record does."""
+    await factories.queued_runs(pool, 3)
+    rows = await pool.fetch(
+        "SELECT 7 AS taken_over, r.*, 1.5::float8 AS held_seconds, true AS metered FROM runs r"
+    )
+    assert len(rows) == 3
+    assert runs.Run.from_records(rows) == [runs.Run.from_record(r) for r in rows]
+    assert runs.Run.from_records([]) == []
+    short = await pool.fetch("SELECT * FROM runs")  # no held_seconds: named as from_record does
+    with pytest.raises(KeyError, match="held_seconds"):
+        runs.Run.from_records(short)
+
+
+async def test_the_step_logs_of_a_claimed_batch_are_each_runs_own_log_in_order(pool):
+    """steps_for_runs groups the rows it reads by run, every step in its run's log."""
+    queued = await factories.queued_runs(pool, 3)
+    held = await lease.claim_due(pool, ["ex-a"] * 3, 30)
+    for n, run in enumerate(held):  # 1, 2 and 3 steps after the input
+        req = steps.CommitRequest(run.workspace_id, run.run_id, run.lease_epoch,
+                                  [step(seq) for seq in range(1, n + 2)])  # fmt: skip
+        await steps.commit(pool, req, 30)
+    keys = [(r.workspace_id, r.run_id) for r in reversed(queued)]
+    logs = await steps.steps_for_runs(pool, keys)
+    assert list(logs) == [k[1] for k in keys]
+    for ws, run_id in keys:
+        assert logs[run_id] == await steps.list_steps(pool, ws, run_id, 0, 100)
+    assert sorted(len(log) for log in logs.values()) == [2, 3, 4]
+    assert await steps.steps_for_runs(pool, []) == {}
