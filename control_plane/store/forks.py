@@ -19,7 +19,7 @@ async def source_steps(
 ) -> list[Step]:
     """The source's steps 0..from_seq, in order."""
     rows = await run(conn, "fork_source_steps", workspace_id, run_id, from_seq)
-    return [Step.of(r) for r in rows]
+    return Step.of_rows(rows)
 
 
 async def admit_fork(
@@ -57,4 +57,4 @@ async def list_forks(
         pool, "fork_list", workspace_id, source_run_id, created, run_id, agent_id, status,
         limit + 1,
     )  # fmt: skip
-    return RunPage(runs=[Run.from_record(r) for r in rows[:limit]], has_more=len(rows) > limit)
+    return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)

@@ -165,7 +165,7 @@ async def list_runs(
         pool, "run_list", workspace_id, created, run_id, agent_id, status, limit + 1,
         created_since, search,
     )  # fmt: skip
-    return RunPage(runs=[Run.from_record(r) for r in rows[:limit]], has_more=len(rows) > limit)
+    return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)
 
 
 async def cancel_run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from operator import itemgetter
@@ -37,6 +38,24 @@ class Step:
         step = object.__new__(cls)
         object.__setattr__(step, "__dict__", {name: row[name] for name in _STEP_FIELDS})
         return step
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[asyncpg.Record]) -> list[Step]:
+        """Step.of of each of `rows`, rows of one query, by position as Run.from_records."""
+        if not rows:
+            return []
+        names = list(rows[0].keys())
+        try:
+            values = itemgetter(*(names.index(n) for n in _STEP_FIELDS))
+        except ValueError:  # a column is missing: Step.of names it
+            return [cls.of(r) for r in rows]
+        new, set_dict = object.__new__, object.__setattr__
+        steps = []
+        for row in rows:
+            step = new(cls)
+            set_dict(step, "__dict__", dict(zip(_STEP_FIELDS, values(row), strict=True)))
+            steps.append(step)
+        return steps
 
 
 _STEP_FIELDS = tuple(f.name for f in fields(Step))  # read once, as runs.py's
@@ -254,7 +273,7 @@ async def list_steps(
     pool: asyncpg.pool.Pool, workspace_id: str, run_id: uuid.UUID, from_seq: int, limit: int
 ) -> list[Step]:
     rows = await run(pool, "steps_list", workspace_id, run_id, from_seq, limit)
-    return [Step.of(r) for r in rows]
+    return Step.of_rows(rows)
 
 
 async def steps_for_runs(
@@ -265,21 +284,12 @@ async def steps_for_runs(
         return {}
     rows = await run(pool, "steps_for_runs", [k[0] for k in keys], [k[1] for k in keys])
     grouped: dict[uuid.UUID, list[Step]] = {k[1]: [] for k in keys}
-    if not rows:
-        return grouped
-    # Step.of by position, the positions looked up once (as Run.from_records): a claim's
-    # batch reads every step of 64 runs. The rows come ordered by run: one group lookup a run.
-    names = list(rows[0].keys())
-    values = itemgetter(*(names.index(n) for n in _STEP_FIELDS))
-    at = names.index("run_id")
-    new, set_dict = object.__new__, object.__setattr__
+    # The rows come ordered by run: one group lookup a run, not one a step.
     run_id: uuid.UUID | None = None
     group: list[Step] = []
-    for row in rows:
-        if row[at] != run_id:
-            run_id = row[at]
+    for step in Step.of_rows(rows):
+        if step.run_id != run_id:
+            run_id = step.run_id
             group = grouped[run_id]
-        step = new(Step)
-        set_dict(step, "__dict__", dict(zip(_STEP_FIELDS, values(row), strict=True)))
         group.append(step)
     return grouped

@@ -287,6 +287,13 @@ async def test_the_step_logs_of_a_claimed_batch_are_each_runs_own_log_in_order(p
     logs = await steps.steps_for_runs(pool, keys)
     assert list(logs) == [k[1] for k in keys]
     for ws, run_id in keys:
-        assert logs[run_id] == await steps.list_steps(pool, ws, run_id, 0, 100)
+        rows = await pool.fetch(
+            "SELECT * FROM steps WHERE workspace_id = $1 AND run_id = $2 ORDER BY seq", ws, run_id
+        )
+        assert logs[run_id] == [steps.Step.of(r) for r in rows]  # as read by name
+        assert await steps.list_steps(pool, ws, run_id, 0, 100) == logs[run_id]
     assert sorted(len(log) for log in logs.values()) == [2, 3, 4]
     assert await steps.steps_for_runs(pool, []) == {}
+    short = await pool.fetch("SELECT seq, kind FROM steps")
+    with pytest.raises(KeyError, match="workspace_id"):
+        steps.Step.of_rows(short)
