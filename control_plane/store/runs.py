@@ -6,10 +6,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from operator import itemgetter
 
 import asyncpg
 
+from control_plane.store import records
 from control_plane.store.admission import Admission
 from control_plane.store.db import transaction
 from control_plane.store.queries import run
@@ -85,31 +85,12 @@ class Run:
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
         """The run of a row that has every column (a KeyError names one that is missing)."""
-        # What cls(**fields) makes, without a frozen __init__'s object.__setattr__ per
-        # field (52 of them): a claim builds one per run it hands out.
-        run = object.__new__(cls)
-        object.__setattr__(run, "__dict__", {name: record[name] for name in _RUN_FIELDS})
-        return run
+        return records.one(cls, _RUN_FIELDS, record)
 
     @classmethod
-    def from_records(cls, records: Sequence[asyncpg.Record]) -> list[Run]:
-        """from_record of each of `records`, rows of one query: the fields' positions are
-        looked up once, in the first row, and each row's values taken by position
-        (by name, each value is a lookup in the row's name map: a claim builds 64)."""
-        if not records:
-            return []
-        names = list(records[0].keys())
-        try:
-            values = itemgetter(*(names.index(n) for n in _RUN_FIELDS))
-        except ValueError:  # a column is missing: from_record names it
-            return [cls.from_record(r) for r in records]
-        new, set_dict = object.__new__, object.__setattr__
-        runs = []
-        for record in records:
-            run = new(cls)
-            set_dict(run, "__dict__", dict(zip(_RUN_FIELDS, values(record), strict=True)))
-            runs.append(run)
-        return runs
+    def from_records(cls, rows: Sequence[asyncpg.Record]) -> list[Run]:
+        """from_record of each of `rows`, rows of one query, by position (records.each)."""
+        return records.each(cls, _RUN_FIELDS, rows)
 
 
 # Read once: dataclasses.fields() rebuilds its tuple on every call, and every claimed,

@@ -7,13 +7,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from operator import itemgetter
 
 import asyncpg
 
 import faults
 from control_plane.pricing import Usage
-from control_plane.store import credits
+from control_plane.store import credits, records
 from control_plane.store.db import in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced, transient
 from control_plane.store.queries import run
@@ -34,28 +33,12 @@ class Step:
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> Step:
-        # As Run.from_record: the instance cls(**fields) makes, without the frozen __init__.
-        step = object.__new__(cls)
-        object.__setattr__(step, "__dict__", {name: row[name] for name in _STEP_FIELDS})
-        return step
+        return records.one(cls, _STEP_FIELDS, row)  # as Run.from_record
 
     @classmethod
     def of_rows(cls, rows: Sequence[asyncpg.Record]) -> list[Step]:
-        """Step.of of each of `rows`, rows of one query, by position as Run.from_records."""
-        if not rows:
-            return []
-        names = list(rows[0].keys())
-        try:
-            values = itemgetter(*(names.index(n) for n in _STEP_FIELDS))
-        except ValueError:  # a column is missing: Step.of names it
-            return [cls.of(r) for r in rows]
-        new, set_dict = object.__new__, object.__setattr__
-        steps = []
-        for row in rows:
-            step = new(cls)
-            set_dict(step, "__dict__", dict(zip(_STEP_FIELDS, values(row), strict=True)))
-            steps.append(step)
-        return steps
+        """Step.of of each of `rows`, rows of one query, by position (records.each)."""
+        return records.each(cls, _STEP_FIELDS, rows)
 
 
 _STEP_FIELDS = tuple(f.name for f in fields(Step))  # read once, as runs.py's
