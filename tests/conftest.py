@@ -2,7 +2,7 @@
 
 Session scope: `pg`, `template_db`, `spare_databases`, `redis_server`, `sandbox_model`,
 `sandbox_providers`, `sandbox_idp`.
-Per test: `db_url` / `db` (a fresh copy of the migrated template, copied while the test before
+Per test: `db_url` / `db` / `pool` (a fresh copy of the migrated template, copied while the test before
 ran), `embedded_pg` (the session server to kill and restart), `control_plane` and
 `executor_factory` (process factories whose processes are killed at teardown and whose log
 tails join the report of a failed test).
@@ -107,6 +107,15 @@ async def server(db_url: str) -> AsyncIterator[RunningServer]:
     running = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
     yield running
     await running.stop(grace=0)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """An asyncpg pool on this test's database (a test needing more connections at once
+    defines its own)."""
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
+    yield p
+    await p.close()
 
 
 @pytest.fixture

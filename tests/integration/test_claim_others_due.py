@@ -10,20 +10,12 @@ import time
 from contextlib import asynccontextmanager
 
 import asyncpg
-import pytest
 
 from control_plane.store import lease
 from tests import factories
 from tests.harness.agentrun_api import Api
 from tests.harness.waiting import eventually
 from tests.integration.test_takeover import logged
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
-    yield p
-    await p.close()
 
 
 @asynccontextmanager

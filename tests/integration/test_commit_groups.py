@@ -7,20 +7,10 @@ import asyncio
 import json
 from datetime import timedelta
 
-import asyncpg
-import pytest
-
 from control_plane.dispatch.commits import CommitGroups
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import DataRefused, Fenced
 from tests import factories
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
-    yield p
-    await p.close()
 
 
 def step(seq: int, kind: str = "model_decision", text: str = "") -> steps.NewStep:

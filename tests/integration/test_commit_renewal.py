@@ -14,7 +14,6 @@ import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-import asyncpg
 import grpc
 import pytest
 
@@ -29,13 +28,6 @@ from tests.harness import auth
 LEASE = 30.0  # the server's default, which the stream test's control plane uses too
 HOT = """SELECT pg_stat_get_xact_tuples_updated('runs'::regclass) AS updated,
                 pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS hot"""
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 def step(seq: int) -> steps.NewStep:

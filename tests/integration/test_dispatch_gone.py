@@ -3,21 +3,11 @@ once: never recorded on the ended stream, whose break released what it held befo
 
 from __future__ import annotations
 
-import asyncpg
-import pytest
-
 from control_plane.config import ServerConfig
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.store import lease, runs, steps
 from tests import factories
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def test_a_run_whose_stream_ended_before_delivery_is_runnable_again_at_once(pool):

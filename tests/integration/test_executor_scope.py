@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-import asyncpg
 import grpc
-import pytest
 
 from control_plane.store import lease
 from tests import factories
@@ -22,13 +20,6 @@ from tests.harness.connect_probe import connect_code
 
 WORKSPACES = [f"ws-{i}" for i in range(10)]
 POOLS = {"pool-a": WORKSPACES[:5], "pool-b": WORKSPACES[5:]}
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=2, max_size=8)
-    yield p
-    await p.close()
 
 
 async def claim_all(pool, now=None) -> dict[str, list]:

@@ -8,17 +8,9 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-import pytest
 
 from control_plane.store import lease, runs, steps, workspaces
 from tests import factories
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
-    yield p
-    await p.close()
 
 
 async def claim(pool, n: int, **kw) -> list[asyncpg.Record]:

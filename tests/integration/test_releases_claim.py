@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import json
 
-import asyncpg
 import pytest
 
 from control_plane.store import executor_tools, lease, steps
 from control_plane.store import releases as store
 from tests import factories
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def connect(pool, executor_id: str, release: str) -> None:

@@ -14,7 +14,6 @@ import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 
 from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
@@ -25,13 +24,6 @@ from tests import factories
 
 T = datetime(2031, 6, 1, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def _queued(pool, ws: str = "ws", at: datetime = T, agent: str = "agent") -> uuid.UUID:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncpg
-import pytest
 
 from control_plane.store import lease, runs, workspaces
 from tests import factories
@@ -15,13 +14,6 @@ COUNTS = """
 SELECT workspace_running('ws') AS ws, agent_running('ws', 'agent') AS agent,
        (SELECT count(*) FROM runs WHERE status = 'running') AS actual
 """
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def test_finishing_neither_waits_for_a_claim_nor_makes_claims_skip_the_workspace(pool):

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import uuid
 
-import asyncpg
 import pytest
 
 from control_plane import signals
@@ -17,13 +16,6 @@ from control_plane.errors import AlreadyExists, FailedPrecondition, NotFound
 from control_plane.store import lease, runs, steps
 from tests import factories
 from tests.harness.waiting import eventually
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
-    yield p
-    await p.close()
 
 
 def started(seq: int, name: str, call_id: str = "c1") -> steps.NewStep:

@@ -10,9 +10,6 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
-import pytest
-
 from control_plane.store import approvals, lease, runs, steps
 from tests import factories
 
@@ -21,13 +18,6 @@ T = datetime(2031, 6, 1, 12, 0, tzinfo=UTC)
 
 def at(seconds: float) -> datetime:
     return T + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def _admitted(pool) -> runs.Run:

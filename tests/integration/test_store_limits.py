@@ -10,19 +10,11 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-import asyncpg
 import pytest
 
 from control_plane.dispatch import max_age
 from control_plane.store import lease, runs, steps
 from tests import factories
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 def key(row) -> lease.LeaseKey:

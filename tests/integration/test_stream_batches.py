@@ -17,9 +17,7 @@ import asyncio
 import json
 import uuid
 
-import asyncpg
 import grpc
-import pytest
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc, run_pb2
 from control_plane.dispatch import dispatcher
@@ -33,13 +31,6 @@ RUNS = 5
 # it carries.
 TOOLS = [executor_pb2.ToolDeclaration(name=t, version="1", schema_sha256="0" * 64)
          for t in factories.DEFAULT_SPEC["tools"]]  # fmt: skip
-
-
-@pytest.fixture
-async def pool(db_url):
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-    yield p
-    await p.close()
 
 
 async def connect(address: str, key: str, hello: executor_pb2.Hello, slots: int):
