@@ -7,7 +7,8 @@ goes through the workspaces with a period and deletes their runs finished before
 cutoff, in short statements (each its own transaction) until one deletes none: at most
 `batch` runs and about `steps` step rows a statement, and after each a rest nine times as
 long as the statement took (`duty` 0.1: the deleter is at work at most a tenth of the
-time). The runs of a statement are locked FOR UPDATE SKIP LOCKED, so neither of two replicas waits on the
+time), or longer where that would delete more than `steps_per_second` step rows a second
+(25,000). The runs of a statement are locked FOR UPDATE SKIP LOCKED, so neither of two replicas waits on the
 other (the one that finds the oldest runs held ends its round and leaves them to the
 other); claims, heartbeats and commits lock only unfinished runs, which are never
 chosen, so the deleter never blocks them.
@@ -49,8 +50,23 @@ log = logging.getLogger(__name__)
 # (2,500 step rows) were no better at 0.25 (5.2-5.7 ms). 38k a second is still more than
 # ten times what docs/scaling.md's load writes (3,300 step rows a second), and each
 # replica runs a deleter.
+#
+# The duty cycle bounds the deleter's time, not its WAL, and the claims that commit while
+# a statement runs flush the WAL it has written so far with their own. Where runs hold
+# many steps, a statement spends its time on step rows alone (10 runs of 1,000 steps: 15
+# ms, 540 KB of WAL) and a tenth of the time was 50-72k step rows a second, twice the
+# rate with 50 steps a run (200 runs a statement, whose own rows and foreign-key checks
+# take part of its time): the claim's p99 while it deleted was 1.5-1.9x that without it
+# at 1,000 steps a run, 1.0-1.4x at 50. So the deleter also rests until it has deleted no
+# more than STEPS_PER_SECOND step rows a second since the statement began. `bench
+# retention` (2026-12-05, alternated on one server, 300k steps each): at a tenth of the
+# time, 1,000 steps a run, p99 1.50x and 1.63x for 68-72k steps a second; at half the
+# duty (the same rate as the cap below gives), 1.19x and 1.32x for 33k. At 50 steps a run
+# the cap barely binds (31-34k a second). 25,000 a second is still over seven times the
+# load above, per replica.
 STEPS = 10_000
 DUTY = 0.1
+STEPS_PER_SECOND = 25_000
 
 
 class Retention:
@@ -58,16 +74,19 @@ class Retention:
 
     def __init__(
         self, pool: store.Pool, *, poll_seconds: float = 60.0, batch: int = 500,
-        steps: int = STEPS, duty: float = DUTY,
+        steps: int = STEPS, duty: float = DUTY, steps_per_second: float = STEPS_PER_SECOND,
     ) -> None:  # fmt: skip
         if not 0 < duty <= 1:
             raise ValueError(f"duty must be in (0, 1], not {duty}")
+        if not steps_per_second > 0:
+            raise ValueError(f"steps_per_second must be above 0, not {steps_per_second}")
         self._pool = pool
         self._poll = poll_seconds
         self._batch = batch
         self._steps = steps
         # The rest after a statement, per second it took: (1 - duty) / duty.
         self._rest = (1 - duty) / duty
+        self._steps_per_second = steps_per_second
 
     async def run(self) -> None:
         while True:
@@ -100,7 +119,9 @@ class Retention:
             if not gone.runs:
                 return deleted
             deleted += gone.runs
-            rest = took * self._rest
+            # The longer of the duty cycle's rest and the one that keeps the step rows
+            # deleted since the statement began within STEPS_PER_SECOND.
+            rest = max(took * self._rest, gone.steps / self._steps_per_second - took)
             log.info("retention deleted %d runs (%d steps) of workspace %s in %.3fs, resting %.3fs",
                      gone.runs, gone.steps, workspace_id, took, rest)  # fmt: skip
             if rest:

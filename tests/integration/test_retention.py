@@ -171,6 +171,38 @@ async def test_the_loop_rests_after_each_statement_for_its_duty_cycle(pool, capl
         Retention(pool, duty=0)
 
 
+async def test_the_loop_deletes_no_more_step_rows_a_second_than_its_rate(pool, caplog):
+    """With a rate of r step rows a second, a statement that deleted n of them and took t
+    is followed by a rest of at least n / r - t (the duty cycle's when that is longer), so
+    the round deletes no faster than r whatever its statements take."""
+    for i in range(3):
+        await _finished(pool, at=T + i * timedelta(minutes=1))
+    await _keep(pool, "ws", 1)
+    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    began = asyncio.get_running_loop().time()
+    # duty 1: no rest for the duty cycle, so every rest is the rate's.
+    deleter = Retention(pool, batch=1, duty=1, steps_per_second=20)
+    assert await deleter.tick(now=T + 2 * DAY) == 3
+    took = asyncio.get_running_loop().time() - began
+    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    assert [a[0] for a in logged] == [1, 1, 1]
+    steps = [a[1] for a in logged]
+    assert min(steps) >= 2, steps
+    for _, n, _, statement, rest in logged:
+        assert rest == pytest.approx(n / 20 - statement)
+    assert took >= sum(steps) / 20 * 0.99
+    # The duty cycle's rest wins when it is the longer one.
+    await _finished(pool, at=T)
+    caplog.clear()
+    deleter = Retention(pool, batch=1, duty=0.25, steps_per_second=1e9)
+    assert await deleter.tick(now=T + 2 * DAY) == 1
+    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    ((_, _, _, statement, rest),) = logged
+    assert rest == pytest.approx(3 * statement)
+    with pytest.raises(ValueError, match="steps_per_second"):
+        Retention(pool, steps_per_second=0)
+
+
 async def test_the_loop_deletes_a_backlog_in_bounded_statements(pool, caplog):
     for _ in range(8):
         await _finished(pool, at=T)
