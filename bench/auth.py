@@ -1,6 +1,7 @@
 """What authentication costs: StartRun and the per-step commit, with and without it.
 
-Two control planes on one database, each its own process (bench/auth_server.py):
+Two control planes on one database, served by one process (bench/auth_server.py), so that
+the identity interceptor is all that differs between them:
 
 * authenticated: the shipped server. Every StartRun carries an admin key the identity
   interceptor parses, looks up (a cached row, AGENTRUN_KEY_CACHE_SECONDS) and compares
@@ -21,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
 from bench import api, report
+from bench.auth_server import BASELINE_SUFFIX
 from bench.commit import StreamExecutor, alternate
 from bench.postgres import bench_postgres, durability
 from bench.procs import Procs, workdir
@@ -40,16 +43,20 @@ COMMIT_AUTH = "Commit, authenticated stream (key at Connect)"
 COMMIT_BASE = "Commit, unauthenticated baseline stream"
 
 
-async def start_server(procs: Procs, dsn: str, mode: str) -> int:
-    """`python -m bench.auth_server MODE` on a free port; returns the port."""
-    name = f"control_plane_{mode}"
+async def start_servers(procs: Procs, dsn: str) -> tuple[int, int]:
+    """`python -m bench.auth_server` on free ports; the authenticated and baseline ports."""
+    name = "control_plane_auth"
+    port_file = procs.workdir / f"{name}.port"
     env = _env(
         DATABASE_URL=dsn, AGENTRUN_LISTEN="127.0.0.1:0", AGENTRUN_HTTP_LISTEN="127.0.0.1:0",
-        AGENTRUN_LOG_LEVEL="WARNING",
-        AGENTRUN_PORT_FILE=str(procs.workdir / f"{name}.port"),
+        AGENTRUN_LOG_LEVEL="WARNING", AGENTRUN_PORT_FILE=str(port_file),
     )  # fmt: skip
-    proc = procs.start(name, _python("bench.auth_server", mode), env, cwd=REPO)
-    return await proc.wait_port(within=60)
+    proc = procs.start(name, _python("bench.auth_server"), env, cwd=REPO)
+    # The baseline's port file is written before the one this waits for.
+    auth_port = await proc.wait_port(within=60)
+    baseline_file = Path(f"{port_file}{BASELINE_SUFFIX}")
+    base_port = int(baseline_file.read_text().strip())  # noqa: ASYNC240 - a few bytes, once
+    return auth_port, base_port
 
 
 def start_run_probe(chan: grpc.aio.Channel, key: str | None) -> Callable[[], Awaitable[float]]:
@@ -69,8 +76,7 @@ def start_run_probe(chan: grpc.aio.Channel, key: str | None) -> Callable[[], Awa
 
 async def _measure(dsn: str, procs: Procs, n: int) -> dict[str, Summary]:
     keys = await api.mint_keys(dsn)
-    auth_port = await start_server(procs, dsn, "authenticated")
-    base_port = await start_server(procs, dsn, "baseline")
+    auth_port, base_port = await start_servers(procs, dsn)
     async with (
         api.channel(auth_port, keys.admin) as setup,
         api.channel(auth_port, None) as auth,
