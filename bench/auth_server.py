@@ -18,13 +18,11 @@ AGENTRUN_PORT_FILE), as for `python -m control_plane`; AGENTRUN_LISTEN must name
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,7 +32,7 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.principal import Kind, Principal
 from control_plane.auth.resolver import Resolver
 from control_plane.config import ServerConfig
-from control_plane.server import start
+from control_plane.server import start, write_port_file
 from telemetry import event_loop
 
 CONNECT = "/agentrun.v1.ExecutorService/Connect"
@@ -84,23 +82,15 @@ class FixedPrincipal(grpc.aio.ServerInterceptor):
 BASELINE_SUFFIX = ".baseline"
 
 
-def _write_port(path: str, port: int) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(str(port))
-    os.replace(tmp, path)
-
-
 async def serve() -> None:
     config = ServerConfig.from_env()
     # The baseline first: its port is on disk before the authenticated one's, which the
     # bench waits for.
-    baseline = await start(dataclasses.replace(config, port_file=None), identity=FixedPrincipal)
-    authenticated = await start(
-        dataclasses.replace(config, port_file=None), identity=IdentityInterceptor
-    )
+    baseline = await start(config, identity=FixedPrincipal)
+    authenticated = await start(config, identity=IdentityInterceptor)
     if config.port_file:
-        _write_port(config.port_file + BASELINE_SUFFIX, baseline.port)
-        _write_port(config.port_file, authenticated.port)
+        write_port_file(config.port_file + BASELINE_SUFFIX, baseline.port)
+        write_port_file(config.port_file, authenticated.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

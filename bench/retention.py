@@ -119,7 +119,6 @@ async def _measure(
     pg: BenchPostgres, quick: bool, per_run: int
 ) -> tuple[list[float], list[float], float]:
     finished = _total_steps(quick) // per_run
-    first_quiet = 200 if quick else 1000
     dsn = await pg.create_database(f"retention{per_run}")
     conn = await asyncpg.connect(dsn)
     pool = await create_pool(dsn, min_size=2, max_size=4)
@@ -130,7 +129,7 @@ async def _measure(
         quiet: list[float] = []
         busy: list[float] = []
         deleted, took = 0, 0.0
-        rounds = first_quiet
+        rounds = 200 if quick else 1000  # the first block without the deleter
         for block in range(BLOCKS):
             quiet += [await _claim_one(conn, pool) for _ in range(rounds)]
             # Slice `block` is past its cutoff at this `now`; the later ones are not yet.

@@ -445,7 +445,8 @@ async def _start_triggers(
     ]
 
 
-def _write_port_file(path: str, port: int) -> None:
+def write_port_file(path: str, port: int) -> None:
+    """`port` in the file at `path`, whole or not at all (written beside it, then renamed)."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         f.write(str(port))
@@ -461,11 +462,11 @@ async def serve(config: ServerConfig) -> None:
         log.info("executor service on %s (port %d)", config.executor_listen, running.executor_port)
     # The HTTP port file first: whoever waits for the gRPC one may then read both.
     if config.http_port_file:
-        _write_port_file(config.http_port_file, running.http_port)
+        write_port_file(config.http_port_file, running.http_port)
     if config.executor_port_file:
-        _write_port_file(config.executor_port_file, running.executor_port)
+        write_port_file(config.executor_port_file, running.executor_port)
     if config.port_file:
-        _write_port_file(config.port_file, running.port)
+        write_port_file(config.port_file, running.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
