@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from control_plane.api.decoding import Refused, guard_decoder
-from control_plane.store.errors import unavailable
+from control_plane.store.errors import DataRefused, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return exc.code, bounded(str(exc))
     if unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable, retry later"
+    if isinstance(exc, DataRefused):
+        # A value of the caller's that Postgres will not store or compare (a NUL in text,
+        # a number out of range) and that no check before it caught: theirs to fix.
+        log.info("refused: %s", bounded(str(exc)))
+        return grpc.StatusCode.INVALID_ARGUMENT, bounded(str(exc))
     request_id = uuid.uuid4().hex[:12]
     log.exception("internal error (request %s)", request_id)
     return grpc.StatusCode.INTERNAL, f"internal error (request {request_id})"

@@ -253,7 +253,9 @@ def redeem_code(idp: IdentityProvider, form: dict[str, str], issuer: str) -> str
         raise BadTokenRequest("the code is unknown, used or expired")
     if (form.get("redirect_uri"), form.get("client_id")) != (grant.redirect_uri, grant.client_id):
         raise BadTokenRequest("redirect_uri or client_id differ from the authorization request")
-    if not hmac.compare_digest(pkce_challenge(form.get("code_verifier", "")), grant.code_challenge):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 400).
+    challenge = pkce_challenge(form.get("code_verifier", "")).encode()
+    if not hmac.compare_digest(challenge, grant.code_challenge.encode("utf-8", "surrogatepass")):
         raise BadTokenRequest("the code_verifier does not match the code_challenge")
     body = {"email": grant.email, "audience": grant.client_id, "nonce": grant.nonce}
     return issue(idp, body, issuer)[0]

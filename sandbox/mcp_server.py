@@ -199,8 +199,8 @@ class McpSandbox:
         if self._token is None:
             return True
         headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"").decode("latin-1")
-        return hmac.compare_digest(given, f"Bearer {self._token}")
+        given = headers.get(b"authorization", b"")
+        return hmac.compare_digest(given, f"Bearer {self._token}".encode())
 
     async def requests(self, request: Request) -> Response:
         if request.method == "DELETE":

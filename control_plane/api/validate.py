@@ -40,6 +40,8 @@ def text(field: str, value: str, *, max_bytes: int, required: bool = False) -> s
     size = len(value.encode())
     if size > max_bytes:
         raise InvalidArgument(field, f"is {size} bytes; the limit is {max_bytes}")
+    if "\x00" in value:  # Postgres stores no NUL in text (nor in JSON)
+        raise InvalidArgument(field, "must not contain a NUL character")
     return value
 
 

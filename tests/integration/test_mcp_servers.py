@@ -129,6 +129,12 @@ async def test_a_token_server_refuses_a_call_without_it_and_never_logs_it():
         with pytest.raises(ProviderError) as refused:
             await call_mcp(endpoint, "list_tickets", {}, timeout=10)
         assert refused.value.status == 401
+        # A header with bytes past ASCII is a wrong token too, not a server error.
+        async with httpx.AsyncClient() as client:
+            odd = await client.post(
+                endpoint, json={}, headers={"Authorization": b"Bearer t\xc3\xa9"}
+            )
+        assert odd.status_code == 401, odd.text
         bearer = {"Authorization": f"Bearer {TOKEN}"}
         assert await call_mcp(endpoint, "list_tickets", {}, headers=bearer, timeout=10) == {
             "tickets": []

@@ -10,6 +10,7 @@ from agentrun.v1 import approval_pb2, executor_pb2
 from control_plane.api import validate
 from control_plane.api.decoding import Refused, guard_decoder, nul_path
 from control_plane.errors import MAX_DETAILS, InvalidArgument, status_for
+from control_plane.store.errors import DataRefused
 
 
 def refusal(text: str | bytes, **limits: int) -> str:
@@ -71,6 +72,21 @@ def test_a_refusal_never_quotes_a_huge_key_or_input() -> None:
     assert path is not None and path.startswith("fields['kkk") and len(path) < 100
     code, message = status_for(InvalidArgument("field", "x" * 300_000))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and len(message) <= MAX_DETAILS + 10
+
+
+def test_a_value_postgres_refused_is_the_callers_error_not_an_internal_one() -> None:
+    """A NUL or an out-of-range number no check caught before the database (DataRefused) is
+    INVALID_ARGUMENT (HTTP 400) naming the statement and what was wrong, never INTERNAL."""
+    refused = DataRefused('console_run_search: invalid byte sequence for encoding "UTF8": 0x00')
+    code, message = status_for(refused)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message.startswith("console_run_search:") and "0x00" in message
+
+
+def test_text_with_a_nul_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidArgument, match="^q: must not contain a NUL character$"):
+        validate.text("q", "a\x00b", max_bytes=200)
+    assert validate.text("q", "été", max_bytes=200) == "été"
 
 
 def test_the_guarded_decoder_never_raises() -> None:

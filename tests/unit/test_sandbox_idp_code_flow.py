@@ -56,3 +56,14 @@ def test_a_sign_in_without_pkce_or_an_email_gets_no_code() -> None:
         with pytest.raises(BadTokenRequest, match=words):
             grant_code(idp, {k: v for k, v in base.items() if k != missing})
     assert idp.codes == {}
+
+
+def test_a_challenge_or_verifier_in_any_characters_is_refused_not_a_crash() -> None:
+    """compare_digest raises TypeError for non-ASCII text: the exchange must say no instead."""
+    idp = IdentityProvider(ISSUER)
+    form = {"email": "ada@example.com", "client_id": "agentrun", "redirect_uri": "http://cp.test/cb",
+            "code_challenge": "défi-ü"}  # fmt: skip
+    code = grant_code(idp, form)
+    with pytest.raises(BadTokenRequest, match="code_verifier"):
+        redeem_code(idp, {"code": code, "client_id": "agentrun", "redirect_uri": form["redirect_uri"],
+                          "code_verifier": "vérifier"}, ISSUER)  # fmt: skip

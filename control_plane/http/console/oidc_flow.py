@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +109,7 @@ class CodeFlow:
     async def finish(self, flow: Flow, state: str, code: str, redirect_uri: str) -> Principal:
         """The signed-in person the callback's code stands for (raises Unauthenticated,
         or PermissionDenied for a person who is not a member of the workspace)."""
-        if not state or not hmac.compare_digest(state, flow.state):
+        if not state or not security.same_text(state, flow.state):
             raise Unauthenticated("the sign-in's state does not match; start again")
         _, token_url = await self._discover()
         answer = await self._call("POST", token_url, {
@@ -123,6 +122,6 @@ class CodeFlow:
         who = await self.resolver.resolve(f"Bearer {id_token}", flow.workspace_id)
         # Verified above; read once more for the nonce the verifier does not know about.
         claims = jwt.decode(id_token, options={"verify_signature": False})
-        if not hmac.compare_digest(str(claims.get("nonce", "")), flow.nonce):
+        if not security.same_text(str(claims.get("nonce", "")), flow.nonce):
             raise Unauthenticated("the ID token's nonce is not this sign-in's")
         return who

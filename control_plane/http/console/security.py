@@ -60,7 +60,16 @@ def csrf_token(bound_to: str) -> str:
 def csrf_ok(bound_to: str | None, sent: str | None) -> bool:
     if not bound_to or not sent:
         return False
-    return hmac.compare_digest(csrf_token(bound_to), sent)
+    return same_text(csrf_token(bound_to), sent)
+
+
+def same_text(a: str, b: str) -> bool:
+    """Constant-time equality of two strings of any characters, as their UTF-8 bytes:
+    `hmac.compare_digest` raises TypeError for a str with a non-ASCII character, so a
+    form or query value of the caller's must not reach it as text."""
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+    )
 
 
 def _plain_loopback(request: Request) -> bool:
