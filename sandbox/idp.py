@@ -330,11 +330,18 @@ class _Routes:
         return JSONResponse({"id_token": id_token, "token_type": "Bearer", "kid": kid})
 
     async def rotate(self, request: Request) -> Response:
-        body = await request.json() if await request.body() else {}
+        try:
+            body = json.loads(raw) if (raw := await request.body()) else {}
+        except ValueError:  # not UTF-8, or not JSON
+            return JSONResponse({"error": "the body must be a JSON object"}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "the body must be a JSON object"}, 400)
         alg = body.get("alg", "RS256")
-        if alg not in ALGORITHMS:
+        if not isinstance(alg, str) or alg not in ALGORITHMS:
             return JSONResponse({"error": f"alg must be one of {', '.join(ALGORITHMS)}"}, 400)
-        grace = float(body.get("grace_seconds", DEFAULT_GRACE_SECONDS))
+        grace = body.get("grace_seconds", DEFAULT_GRACE_SECONDS)
+        if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace < 1e9:
+            return JSONResponse({"error": "grace_seconds must be a number of seconds >= 0"}, 400)
         new, retired = self.state.rotate(alg, grace)
         return JSONResponse({"kid": new.kid, "retired": retired})
 

@@ -346,13 +346,22 @@ class OAuthServer:
 
     async def config_endpoint(self, request: Request) -> Response:
         body = await _json(request)
+        numbers = {"access_ttl_seconds": float, "reuse_grace_seconds": float,
+                   "fail_revocations": int}  # fmt: skip
+        for name, kind in numbers.items():
+            value = body.get(name, 0)
+            if not isinstance(value, kind | int) or isinstance(value, bool) or value < 0:
+                return JSONResponse({"error": f"{name} must be a number >= 0"}, 400)
+        require = body.get("require", {})
+        if not isinstance(require, dict):
+            return JSONResponse({"error": "require must map providers to true or false"}, 400)
         if "access_ttl_seconds" in body:
             self.access_ttl = float(body["access_ttl_seconds"])
         if "reuse_grace_seconds" in body:
             self.reuse_grace = float(body["reuse_grace_seconds"])
         if "fail_revocations" in body:
             self.fail_revocations = int(body["fail_revocations"])
-        for provider, required in dict(body.get("require", {})).items():
+        for provider, required in require.items():
             (self.require.add if required else self.require.discard)(provider)
         return JSONResponse(
             {"access_ttl_seconds": self.access_ttl, "require": sorted(self.require)}
@@ -365,7 +374,10 @@ class OAuthServer:
         return JSONResponse({"tokens": found})
 
     async def drop_endpoint(self, request: Request) -> Response:
-        self.drop_refreshes = int((await _json(request)).get("times", 1))
+        times = (await _json(request)).get("times", 1)
+        if not isinstance(times, int) or isinstance(times, bool) or times < 0:
+            return JSONResponse({"error": "times must be a whole number >= 0"}, 400)
+        self.drop_refreshes = times
         return JSONResponse({"drop_refreshes": self.drop_refreshes})
 
     def control(self, action: Any) -> Any:

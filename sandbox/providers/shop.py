@@ -212,7 +212,7 @@ def _replay(kept: _Kept, fingerprint: str) -> Response:
 def _invalid(body: Any) -> str | None:
     if not isinstance(body, dict):
         return "body must be a JSON object"
-    if body.get("sku") not in PRODUCTS:
+    if not isinstance(body.get("sku"), str) or body["sku"] not in PRODUCTS:
         return f"sku must be one of {', '.join(PRODUCTS)}"
     quantity = body.get("quantity")
     if not isinstance(quantity, int) or isinstance(quantity, bool) or quantity < 1:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jwt
 import pytest
+from starlette.exceptions import StarletteDeprecationWarning
 
-from sandbox.idp import BadTokenRequest, IdentityProvider, grant_code, pkce_challenge, redeem_code
+from sandbox.idp import (
+    BadTokenRequest,
+    IdentityProvider,
+    create_app,
+    grant_code,
+    pkce_challenge,
+    redeem_code,
+)
 
 ISSUER = "http://idp.test"
 
@@ -67,3 +77,17 @@ def test_a_challenge_or_verifier_in_any_characters_is_refused_not_a_crash() -> N
     with pytest.raises(BadTokenRequest, match="code_verifier"):
         redeem_code(idp, {"code": code, "client_id": "agentrun", "redirect_uri": form["redirect_uri"],
                           "code_verifier": "vérifier"}, ISSUER)  # fmt: skip
+
+
+def test_a_malformed_rotation_is_refused_and_keeps_the_keys() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StarletteDeprecationWarning)
+        from starlette.testclient import TestClient
+    client = TestClient(create_app(ISSUER))
+    published = client.get("/jwks.json").json()
+    for body in (b"\xff\xfe", b"not json", b"[]", b"null", b'{"alg": ["RS256"]}',
+                 b'{"grace_seconds": "soon"}', b'{"grace_seconds": -1}'):  # fmt: skip
+        refused = client.post("/_sandbox/rotate", content=body)
+        assert refused.status_code == 400 and refused.json()["error"], body
+    assert client.get("/jwks.json").json() == published
+    assert client.post("/_sandbox/rotate", json={"grace_seconds": 0}).status_code == 200

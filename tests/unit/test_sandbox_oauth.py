@@ -202,3 +202,22 @@ def test_a_revocation_the_provider_cannot_serve_answers_503_and_revokes_nothing(
     assert post(client, pair["access_token"]).status_code == 200
     assert revoke(client, pair["refresh_token"]).status_code == 200
     assert post(client, pair["access_token"]).status_code == 401
+
+
+def test_the_control_endpoints_refuse_malformed_settings_and_keep_theirs(client) -> None:
+    """A test's bad setting is a 400 naming it, never a 500 or a half-applied change."""
+    before = client.post("/_sandbox/oauth/config", json={}).json()
+    for path, body, words in (
+        ("/_sandbox/oauth/drop_refresh", {"times": "twice"}, "times"),
+        ("/_sandbox/oauth/drop_refresh", {"times": [1]}, "times"),
+        ("/_sandbox/oauth/config", {"access_ttl_seconds": "soon"}, "access_ttl_seconds"),
+        ("/_sandbox/oauth/config", {"fail_revocations": -1}, "fail_revocations"),
+        ("/_sandbox/oauth/config", {"access_ttl_seconds": 5, "require": ["chat"]}, "require"),
+    ):
+        refused = client.post(path, json=body)
+        assert refused.status_code == 400 and words in refused.json()["error"], (path, body)
+    assert client.post("/_sandbox/oauth/drop_refresh", json={"times": 2}).json() == {
+        "drop_refreshes": 2
+    }
+    # The refused configs changed nothing, not even the valid access_ttl_seconds beside one.
+    assert client.post("/_sandbox/oauth/config", json={}).json() == before

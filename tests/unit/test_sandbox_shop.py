@@ -64,4 +64,7 @@ def test_a_dropped_response_still_places_the_order(client) -> None:
 def test_bad_orders_are_refused_without_an_effect(client) -> None:
     assert order(client, "k", {"sku": "sku-mug", "quantity": 0}).status_code == 400
     assert order(client, "k2", {"sku": "nope", "quantity": 1}).status_code == 400
+    for sku in ({"a": 1}, ["sku-mug"], None, 7):  # a value no product is named by, not a 500
+        refused = order(client, None, {"sku": sku, "quantity": 1})
+        assert refused.status_code == 400 and "sku" in refused.text, sku
     assert orders(client) == []
