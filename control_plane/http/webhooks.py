@@ -44,7 +44,7 @@ class TooLarge(Exception):
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refusing (TooLarge) as soon as it passes `limit` bytes."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():

@@ -27,6 +27,7 @@ WAIT_REASONS = ("approval", "human", "repeat", "rate", "model", "sleep", "child"
 DECISIONS = {"happened": "it happened", "not_happened": "it did not happen",
              "retry": "retry it", "fail_run": "fail the run"}  # fmt: skip
 MAX_STEPS_SHOWN = 2000
+MAX_SEQ = 2**31 - 1  # steps.seq is an int4
 
 
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str | None:
@@ -44,6 +45,14 @@ def _when(field: str, value: str) -> datetime | None:
     except ValueError:
         raise InvalidArgument(field, "must be a date and time (YYYY-MM-DDTHH:MM)") from None
     return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _seq(value: str) -> int | None:
+    """A step number sent as text (Last-Event-ID, from_seq), None when it is not one. The
+    largest seq a step can have (an int4) is as far as it goes: nothing comes after it."""
+    if not value.isascii() or not value.isdigit():  # "²".isdigit(), yet int("²") fails
+        return None
+    return min(int(value), MAX_SEQ)
 
 
 def run_filter(q: dict[str, str]) -> store.RunFilter:
@@ -100,9 +109,9 @@ class RunPages:
         """The run's timeline as server-sent events, from WatchRun's feed: `run` (the summary,
         whenever its state changes), `step` (a timeline row) and `end` once it has ended."""
         row = await self._run(request)  # 404 before the stream starts
-        last = request.headers.get("last-event-id", "")
-        asked = request.query_params.get("from_seq", "0")
-        from_seq = int(last) + 1 if last.isdigit() else int(asked) if asked.isdigit() else 0
+        last = _seq(request.headers.get("last-event-id", ""))
+        asked = _seq(request.query_params.get("from_seq", "")) or 0
+        from_seq = min(last + 1, MAX_SEQ) if last is not None else asked
         who, csrf = request.state.who, request.state.csrf
         return StreamingResponse(
             self._stream(row, from_seq, who, csrf), media_type="text/event-stream",
@@ -134,7 +143,7 @@ class RunPages:
         """A person's decision on an unknown outcome, through ResolveUnknownOutcome's domain."""
         row = await self._run(request)
         form = request.state.form
-        seq = int(request.path_params["seq"])
+        seq = validate.in_range("seq", int(request.path_params["seq"]), 0, MAX_SEQ)
         decision = form.get("decision", "")
         if decision not in DECISIONS:
             raise InvalidArgument("decision", "must be happened, not_happened, retry or fail_run")
