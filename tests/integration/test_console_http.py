@@ -233,9 +233,10 @@ async def test_a_person_signs_in_through_the_code_flow(stack, db, sandbox_idp):
             back = await idp.post("/authorize", data={**fields, "email": "ada@example.com"})
         callback = back.headers["location"]
         # A callback whose state is not this browser's flow signs nobody in.
-        wrong = callback.replace(f"state={params['state']}", "state=forged")
-        refused = await client.get(wrong)
-        assert refused.status_code == 401 and "agentrun_console" not in client.cookies
+        for forged in ("forged", "%C3%A9t%C3%A9"):  # any characters: a wrong state, not a 500
+            wrong = callback.replace(f"state={params['state']}", f"state={forged}")
+            refused = await client.get(wrong)
+            assert refused.status_code == 401 and "agentrun_console" not in client.cookies
         # The refused attempt never exchanged the code: it still signs this browser in.
         done = await client.get(callback)
         assert done.status_code == 200, done.text
