@@ -42,7 +42,7 @@ from mcp.types import ToolAnnotations
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox.faults import DroppedResponse, FaultSpecError, FaultTable
@@ -134,6 +134,11 @@ class McpSandbox:
         self._running: asyncio.Future[None] | None = None
         self._manager_task: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
         self._outer = Starlette(routes=self._routes())
+
+    @property
+    def routes(self) -> list[BaseRoute]:
+        """Every route but MCP's own (MCP_PATH): the sandbox's controls, for a test to walk."""
+        return list(self._outer.routes)
 
     def _routes(self) -> list[Route]:
         return [
