@@ -346,11 +346,12 @@ class OAuthServer:
 
     async def config_endpoint(self, request: Request) -> Response:
         body = await _json(request)
-        numbers = {"access_ttl_seconds": float, "reuse_grace_seconds": float,
-                   "fail_revocations": int}  # fmt: skip
-        for name, kind in numbers.items():
+        wholes = {"access_ttl_seconds": False, "reuse_grace_seconds": False,
+                  "fail_revocations": True}  # fmt: skip
+        for name, whole in wholes.items():
             value = body.get(name, 0)
-            if not isinstance(value, kind | int) or isinstance(value, bool) or value < 0:
+            kinds = int if whole else (int, float)
+            if not isinstance(value, kinds) or isinstance(value, bool) or value < 0:
                 return JSONResponse({"error": f"{name} must be a number >= 0"}, 400)
         require = body.get("require", {})
         if not isinstance(require, dict):
