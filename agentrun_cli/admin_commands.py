@@ -30,7 +30,7 @@ from google.protobuf import timestamp_pb2
 
 from agentrun.v1 import admin_pb2 as pb
 from agentrun.v1 import admin_pb2_grpc
-from agentrun_cli import credentials, output, render, render_admin
+from agentrun_cli import argtypes, credentials, output, render, render_admin
 
 TIMEOUT = 30.0
 ROLES = ["admin", "operator", "reader", "approver"]
@@ -251,7 +251,7 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p = actions.add_parser("create", help="a new workspace (platform admin)", parents=[common])
     p.add_argument("id", metavar="WORKSPACE")
     p.add_argument("--plan", default="team", help="free, team (default) or enterprise")
-    p.add_argument("--max-concurrency", type=int, default=0, metavar="N",
+    p.add_argument("--max-concurrency", type=argtypes.int32, default=0, metavar="N",
                    help="cap on running runs (default: the plan's; enterprise needs one)")  # fmt: skip
     p.set_defaults(handler=workspaces_create)
     p = actions.add_parser("show", help="a workspace's plan, cap and running count",
@@ -262,11 +262,11 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                            parents=[common])  # fmt: skip
     p.add_argument("id", metavar="WORKSPACE")
     p.add_argument("plan", metavar="PLAN")
-    p.add_argument("--max-concurrency", type=int, default=0, metavar="N")
+    p.add_argument("--max-concurrency", type=argtypes.int32, default=0, metavar="N")
     p.set_defaults(handler=workspaces_set_plan)
     p = actions.add_parser("set-retention", help="days finished runs are kept (0: forever)",
                            parents=[common])  # fmt: skip
-    p.add_argument("days", metavar="DAYS", type=int)
+    p.add_argument("days", metavar="DAYS", type=argtypes.int32)
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_retention)
 
@@ -317,8 +317,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     _add_apikeys(sub, common)
     _add_members(sub, common)
     p = sub.add_parser("audit", help="the audit log: who did what, when", parents=[common])
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="default 50")
+    p.add_argument("--limit", type=argtypes.int32, default=50, metavar="N", help="default 50")
     p.add_argument("--follow", action="store_true", help="then print new entries until Ctrl-C")
-    p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=argtypes.seconds, default=2.0, help=argparse.SUPPRESS)
     p.add_argument("--platform", action="store_true", help="the platform's own log")
     p.set_defaults(handler=audit)

@@ -16,7 +16,7 @@ from typing import Any
 
 from agentrun.v1 import credit_pb2 as pb
 from agentrun.v1 import credit_pb2_grpc
-from agentrun_cli import credentials, render
+from agentrun_cli import argtypes, credentials, render
 
 TIMEOUT = 30.0
 MICROS = Decimal(1_000_000)
@@ -29,8 +29,13 @@ def credits_amount(text: str) -> int:
         micros = Decimal(text) * MICROS
     except InvalidOperation:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of credits") from None
+    if not micros.is_finite():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of credits")
     if micros != micros.to_integral_value():
         raise argparse.ArgumentTypeError(f"{text!r}: finer than a micro-credit")
+    low, high = argtypes.INT64
+    if not low <= micros <= high:  # the request's int64 micro-credits
+        raise argparse.ArgumentTypeError(f"{text!r}: too many credits (at most {high // 10**6:,})")
     return int(micros)
 
 
@@ -113,6 +118,6 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--note", default="", help="recorded with the grant")
     p.set_defaults(handler=credits_grant)
     p = actions.add_parser("ledger", help="the ledger, newest first", parents=[common])
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="default 50")
+    p.add_argument("--limit", type=argtypes.int32, default=50, metavar="N", help="default 50")
     p.add_argument("--run", metavar="RUN", help="only this run's entries")
     p.set_defaults(handler=credits_ledger)

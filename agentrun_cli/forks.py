@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from agentrun.v1 import run_pb2
-from agentrun_cli import render, triggers
+from agentrun_cli import argtypes, render, triggers
 from agentrun_cli.client import Client
 
 
@@ -21,8 +21,12 @@ def add_commands(runs: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="start a new run from a copy of a run's log up to a step (nothing before it is redone)",
     )  # fmt: skip
     p.add_argument("run_id", metavar="RUN_ID", help="the source run")
-    p.add_argument("--from-seq", type=int, required=True, metavar="N", help="the last step copied")
-    p.add_argument("--version", type=int, default=0, metavar="V", help="default: the source's")
+    p.add_argument(
+        "--from-seq", type=argtypes.int32, required=True, metavar="N", help="the last step copied"
+    )
+    p.add_argument(
+        "--version", type=argtypes.int32, default=0, metavar="V", help="default: the source's"
+    )
     triggers.add_priority(p, default=None, unset="the source's")
     p.add_argument("--watch", action="store_true", help="then watch the fork to the end")
     p.set_defaults(handler=runs_fork)

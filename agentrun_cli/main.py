@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # `agentrun runs list | head`: the reader left; say nothing more.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as err:  # a file named on the command line: missing, unreadable, a folder
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
     return 1
 
 

@@ -28,7 +28,7 @@ import grpc
 
 from agentrun.v1 import tool_pb2 as pb
 from agentrun.v1 import tool_pb2_grpc
-from agentrun_cli import credentials, output
+from agentrun_cli import argtypes, credentials, output
 
 TIMEOUT = 60.0  # the control plane asks the MCP server while we wait
 _CLASSES = {"none": pb.IDEMPOTENCY_CLASS_NONE, "provider_key": pb.IDEMPOTENCY_CLASS_PROVIDER_KEY}
@@ -158,7 +158,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("server_id", metavar="SERVER_ID", help="lowercase id, e.g. desk")
     p.add_argument("url", metavar="URL", help="its streamable HTTP endpoint")
     p.add_argument("--connection", metavar="PROVIDER", help="the connection that authenticates")
-    p.add_argument("--timeout", type=float, metavar="SECONDS",
+    p.add_argument("--timeout", type=argtypes.seconds, metavar="SECONDS",
                    help="each call's deadline, 0-300 (default: the platform's)")  # fmt: skip
     p.add_argument("--class", dest="classes", action="append", type=write_class,
                    metavar="TOOL=CLASS", help=class_help)  # fmt: skip
@@ -171,7 +171,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--expect", metavar="DIGEST", help="apply only the diff a plain sync "
                    "printed with this digest")  # fmt: skip
     p.add_argument("--yes", action="store_true", help="with --apply: do not ask")
-    p.add_argument("--timeout", type=float, metavar="SECONDS",
+    p.add_argument("--timeout", type=argtypes.seconds, metavar="SECONDS",
                    help="a new deadline for each call, 0-300")  # fmt: skip
     p.add_argument("--class", dest="classes", action="append", type=write_class,
                    metavar="TOOL=CLASS", help=class_help)  # fmt: skip

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from agentrun_cli import (
     admin_commands,
     approvals,
+    argtypes,
     chat,
     commands,
     connections,
@@ -114,9 +116,9 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--model", default="", help="model name (optional when the profile names one)")
     p.add_argument("--model-profile", default="", metavar="NAME",
                    help="the executors' model profile: provider API, endpoint, key")  # fmt: skip
-    p.add_argument("--max-output-tokens", type=int, default=0, metavar="N",
+    p.add_argument("--max-output-tokens", type=argtypes.int32, default=0, metavar="N",
                    help="most tokens the model may generate per call")  # fmt: skip
-    p.add_argument("--temperature", type=float, metavar="T")
+    p.add_argument("--temperature", type=argtypes.finite, metavar="T")
     p.add_argument("--instructions", default="", metavar="TEXT", help="system instructions")
     p.add_argument(
         "--tool",
@@ -131,10 +133,10 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         help="the connection a provider's tools act as; ID `trigger`: the run's triggering "
         "account (repeat for more providers)",
     )  # fmt: skip
-    p.add_argument("--max-steps", type=int, default=0, metavar="N")
+    p.add_argument("--max-steps", type=argtypes.int32, default=0, metavar="N")
     p.add_argument(
         "--deadline",
-        type=float,
+        type=argtypes.seconds,
         metavar="SECONDS",
         help="active-time budget (time held by executors; parked time does not count)",
     )
@@ -176,7 +178,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p = runs.add_parser("start", help="start a run", parents=[common])
     p.add_argument("agent_id", metavar="AGENT")
     p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
-    p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
+    p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
     p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
     triggers.add_priority(p)
     p.add_argument(
@@ -197,14 +199,14 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p = runs.add_parser("list", help="runs, newest first", parents=[common])
     p.add_argument("--agent", default="", metavar="A")
     p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--limit", type=int, metavar="N", help="default: all")
+    p.add_argument("--limit", type=argtypes.int32, metavar="N", help="default: all")
     p.add_argument("--since", type=_age, metavar="AGE", help="created in the last AGE: 1h, 2d")
     p.add_argument("--search", metavar="TEXT", help="text in the id, agent, input, output, error")
     _quiet(p, "run ids")
     p.set_defaults(handler=commands.runs_list)
     p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--from-seq", type=int, default=0, metavar="N")
+    p.add_argument("--from-seq", type=argtypes.int32, default=0, metavar="N")
     p.add_argument(
         "--until",
         action="append",
@@ -221,7 +223,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         "resolve", help="decide an unknown tool outcome a run waits on", parents=[common]
     )
     p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("seq", type=int, metavar="SEQ", help="the unknown tool_result step")
+    p.add_argument("seq", type=argtypes.int32, metavar="SEQ", help="the unknown tool_result step")
     p.add_argument("decision", choices=["happened", "not_happened", "retry", "fail_run"])
     p.add_argument(
         "--by",
@@ -298,6 +300,11 @@ def resolve(args: argparse.Namespace) -> None:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse `argv`; arguments after `server` / `executor` are kept in `args.args` for them."""
     parser = build_parser()
+    for arg in sys.argv[1:] if argv is None else argv:
+        # A byte that is not UTF-8 reaches Python as a lone surrogate, which no request can
+        # carry (and printing it back would fail too): refused here, before anything runs.
+        if any("\ud800" <= ch <= "\udfff" for ch in arg):
+            parser.error(f"an argument is not valid UTF-8: {arg.encode(errors='replace')!r}")
     args, extra = parser.parse_known_args(argv)
     if args.command in PASSTHROUGH:
         args.args = extra

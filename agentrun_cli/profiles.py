@@ -139,11 +139,16 @@ def save(profile: Profile, path: Path | None = None) -> Path:
     path = path or config_path()
     every = load(path)
     every[profile.name] = profile
+    text = dumps(every)
+    try:  # never replace a readable file with one the next command cannot read
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"profile {profile.name!r}: a value cannot be saved ({exc})") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(dumps(every))
+        f.write(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path

@@ -21,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import release_pb2 as pb
 from agentrun.v1 import release_pb2_grpc
-from agentrun_cli import credentials, render
+from agentrun_cli import argtypes, credentials, render
 
 TIMEOUT = 30.0
 POLL_SECONDS = 0.5
@@ -140,13 +140,13 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=show)
     p = actions.add_parser("drain", help="drain a release's executors", parents=[common])
     p.add_argument("name", metavar="RELEASE")
-    p.add_argument("--finish-within", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--finish-within", type=argtypes.seconds, default=60.0, metavar="SECONDS",
                    help="time to finish held runs before handing them back (default 60)")  # fmt: skip
     p.set_defaults(handler=drain)
     p = actions.add_parser("wait-drained", help="wait until a release holds nothing",
                            parents=[common])  # fmt: skip
     p.add_argument("name", metavar="RELEASE")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="SECONDS")
     p.set_defaults(handler=wait_drained)
     p = actions.add_parser("promote", help="send new runs to a release", parents=[common])
     p.add_argument("name", metavar="RELEASE")
@@ -157,5 +157,5 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=move)
     p = sub.add_parser("canary", help="the contract canary: exit 0 on PASS", parents=[common])
     p.add_argument("--release", default="", help="only executors of this release may take it")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=argtypes.seconds, default=10.0, metavar="SECONDS")
     p.set_defaults(handler=canary)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from agentrun.v1 import tool_pb2, tool_pb2_grpc
-from agentrun_cli import credentials, output, render, tool_files
+from agentrun_cli import argtypes, credentials, output, render, tool_files
 from agentrun_cli.output import Column
 
 TIMEOUT = 30.0
@@ -141,7 +141,7 @@ def add_commands(
     p.set_defaults(handler=tools_list)
     p = actions.add_parser("show", help="one tool's definition", parents=[common])
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--version", type=int, default=0, metavar="N", help="default: latest")
+    p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
     p.set_defaults(handler=tools_show)
     from agentrun_cli import openapi_import  # it builds on this module's stub and columns
 

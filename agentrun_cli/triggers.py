@@ -18,7 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import credentials, output, render, schedules
+from agentrun_cli import argtypes, credentials, output, render, schedules
 from agentrun_cli.output import Column
 
 TIMEOUT = 30.0
@@ -43,7 +43,7 @@ def add_priority(p: argparse.ArgumentParser, default: int | None = 0, unset: str
     default None, leaving it out asks for what `unset` says (a fork: the source's)."""
     p.add_argument(
         "--priority",
-        type=int,
+        type=argtypes.int32,
         default=default,
         metavar="N",
         help=f"-100..100, higher first within the workspace (default {unset})",
@@ -276,21 +276,31 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
         "--webhook", choices=SCHEMES, help="signed HTTP deliveries with this scheme"
     )
     source.add_argument("--cron", metavar="EXPR", help="five-field cron expression")
-    source.add_argument("--every", type=float, metavar="SECONDS", help="interval schedule")
+    source.add_argument(
+        "--every", type=argtypes.seconds, metavar="SECONDS", help="interval schedule"
+    )
     source.add_argument("--mail", nargs="?", const="", metavar="ADDRESS", help="inbound mail")
     source.add_argument("--mail-push", metavar="HISTORY_URL", help="push notifications + fetch")
     p.add_argument("--time-zone", default="", metavar="TZ", help="IANA zone of --cron")
-    p.add_argument("--jitter", type=float, default=0.0, metavar="SECONDS", help="spread window")
+    p.add_argument(
+        "--jitter", type=argtypes.seconds, default=0.0, metavar="SECONDS", help="spread window"
+    )
     p.add_argument("--input", default="", metavar="TEXT", help="schedules: the run's input")
     p.add_argument("--secret", default="", help="the sender's signing secret (default: generate)")
-    p.add_argument("--tolerance", type=float, metavar="SECONDS", help="replay window")
+    p.add_argument("--tolerance", type=argtypes.seconds, metavar="SECONDS", help="replay window")
     p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
-    p.add_argument("--max-chain-depth", type=int, default=0, metavar="N")
-    p.add_argument("--start-history-id", type=int, default=0, metavar="N")
+    p.add_argument("--max-chain-depth", type=argtypes.int32, default=0, metavar="N")
+    p.add_argument("--start-history-id", type=argtypes.int64, default=0, metavar="N")
     p.add_argument("--debounce-key", default="", metavar="PATH", help="body path or header:NAME")
-    p.add_argument("--debounce-seconds", type=int, default=0, metavar="S", help="quiet period")
-    p.add_argument("--batch-size", type=int, default=0, metavar="N", help="events per run")
-    p.add_argument("--batch-seconds", type=int, default=0, metavar="S", help="longest batch wait")
+    p.add_argument(
+        "--debounce-seconds", type=argtypes.int32, default=0, metavar="S", help="quiet period"
+    )
+    p.add_argument(
+        "--batch-size", type=argtypes.int32, default=0, metavar="N", help="events per run"
+    )
+    p.add_argument(
+        "--batch-seconds", type=argtypes.int32, default=0, metavar="S", help="longest batch wait"
+    )
     add_priority(p)
     p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
                    metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
@@ -311,12 +321,14 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=show)
     p = actions.add_parser("events", help="a trigger's events, newest first", parents=[common])
     p.add_argument("trigger_id", metavar="ID")
-    p.add_argument("--limit", type=int, default=50, metavar="N")
+    p.add_argument("--limit", type=argtypes.int32, default=50, metavar="N")
     p.set_defaults(handler=events)
     p = actions.add_parser("rotate-secret", help="add a new signing secret", parents=[common])
     p.add_argument("trigger_id", metavar="ID")
     p.add_argument("--secret", default="", help="the new secret (default: generate)")
-    p.add_argument("--grace", type=float, metavar="SECONDS", help="old secret valid (default 24h)")
+    p.add_argument(
+        "--grace", type=argtypes.seconds, metavar="SECONDS", help="old secret valid (default 24h)"
+    )
     p.set_defaults(handler=rotate)
     for name, enabled in (("enable", True), ("disable", False)):
         p = actions.add_parser(name, help=f"{name} a trigger", parents=[common])

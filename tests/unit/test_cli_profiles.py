@@ -147,3 +147,18 @@ class _Lines:
 
     def readline(self) -> str:
         return self._text
+
+
+def test_a_value_toml_cannot_hold_is_refused_and_the_file_kept(isolated: Path) -> None:
+    write_profile(isolated, address="cp:1")
+    before = isolated.read_text()
+    with pytest.raises(profiles.ProfileError, match="cannot be saved"):
+        write_profile(isolated, name="odd", tls_server_name="\udcff")  # a byte not UTF-8
+    assert isolated.read_text() == before and profiles.load(isolated)["prod"].address == "cp:1"
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    """The shell passes bytes; Python reads a non-UTF-8 one as a lone surrogate."""
+    with pytest.raises(SystemExit) as exited:
+        main(["profile", "set", "x", "--tls-server-name", "\udcff"])
+    assert exited.value.code == 2 and "not valid UTF-8" in capsys.readouterr().err
