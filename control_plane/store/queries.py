@@ -156,4 +156,21 @@ async def _execute(
             return await conn.fetch(query.sql, *values)
         return await conn.execute(query.sql, *values)
     except asyncpg.DataError as exc:
-        raise DataRefused(f"{query.name}: {exc}") from exc
+        raise DataRefused(f"{query.name}: {refusal(exc)}") from exc
+
+
+# asyncpg's own refusal of a value, before it is sent: "invalid input for query argument
+# $2: 'the value' (why)". The message may reach the caller (status_for): the value may be
+# anything the statement carries, so it is left out.
+_ARGUMENT = re.compile(r"^(invalid input for query argument \$\d+): .*(\([^()]*\))$", re.S)
+
+
+def refusal(exc: asyncpg.DataError) -> str:
+    """What was wrong with a refused value, without the value when asyncpg quotes it
+    (Postgres's own messages quote at most the caller's text, as in an invalid UUID)."""
+    text = str(exc)
+    if getattr(exc, "severity", None) is None:  # refused by asyncpg, not by the server
+        return (
+            _ARGUMENT.sub(r"\1 \2", text) if _ARGUMENT.match(text) else "a value of the wrong type"
+        )
+    return text

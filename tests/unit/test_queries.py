@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from control_plane.store import queries
+from control_plane.store.queries import refusal
 
 
 def test_parse_splits_named_queries_with_their_modes():
@@ -96,3 +98,20 @@ def test_every_statement_that_writes_steps_counts_them():
     assert {"run_commit", "run_cancel", "approval_decision_step"} <= set(writers)
     uncounted = sorted(name for name, sql in writers.items() if "step_count" not in sql)
     assert uncounted == []
+
+
+def test_a_value_asyncpg_refuses_is_described_without_the_value() -> None:
+    """A DataRefused's message may reach the caller: asyncpg quotes the value, which may be
+    anything the statement carries; the server quotes at most the caller's own text."""
+    quoted = asyncpg.exceptions.DataError(
+        "invalid input for query argument $3: 'sk_live_secret' (expected str, got bytes)"
+    )
+    assert refusal(quoted) == "invalid input for query argument $3 (expected str, got bytes)"
+    assert refusal(asyncpg.exceptions.DataError("odd 'sk_live_secret'")) == (
+        "a value of the wrong type"
+    )
+    server = asyncpg.exceptions.CharacterNotInRepertoireError(
+        'invalid byte sequence for encoding "UTF8": 0x00'
+    )
+    server.severity = "ERROR"  # as the server's errors carry it
+    assert refusal(server) == 'invalid byte sequence for encoding "UTF8": 0x00'
