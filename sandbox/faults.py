@@ -82,7 +82,7 @@ class ModelFaults:
         return cls(
             down=down,
             status=_status(spec, default=503),
-            retry_after=_optional_number(spec, "retry_after"),
+            retry_after=optional_number(spec, "retry_after"),
             delay_ms=_delay_ms(spec, default=0),
             count=_count(spec),
         )
@@ -206,16 +206,14 @@ class FaultTable:
 
 
 def _provider_fault(spec: dict[str, Any], mode: str, path: str | None) -> ProviderFault:
-    retry_after = _optional_number(spec, "retry_after")
-    probability = _optional_number(spec, "probability")
+    retry_after = optional_number(spec, "retry_after")
+    probability = optional_number(spec, "probability")
     if probability is not None and not 0 < probability <= 1:
         raise FaultSpecError("probability must be in (0, 1]")
     seed = spec.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise FaultSpecError("seed must be an integer")
-    after = spec.get("after", 0)
-    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-        raise FaultSpecError("after must be a non-negative integer")
+    after = optional_whole(spec, "after") or 0
     return ProviderFault(
         mode=mode,
         delay_ms=_delay_ms(spec, default=DEFAULT_DELAY_MS[mode]),
@@ -246,20 +244,27 @@ def _status(spec: dict[str, Any], default: int) -> int:
 
 
 def _delay_ms(spec: dict[str, Any], default: int) -> int:
-    delay = spec.get("delay_ms")
-    if delay is None:
-        return default
-    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
-        raise FaultSpecError("delay_ms must be a non-negative integer")
-    return delay
+    delay = optional_whole(spec, "delay_ms")
+    return default if delay is None else delay
 
 
-def _optional_number(spec: dict[str, Any], field: str) -> float | None:
+def optional_number(spec: dict[str, Any], field: str) -> float | None:
+    """`spec[field]`: a number >= 0, or None when absent (FaultSpecError names it)."""
     value = spec.get(field)
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise FaultSpecError(f"{field} must be a non-negative number")
+    return value
+
+
+def optional_whole(spec: dict[str, Any], field: str) -> int | None:
+    """`spec[field]`: an integer >= 0, or None when absent (FaultSpecError names it)."""
+    value = spec.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FaultSpecError(f"{field} must be a non-negative integer")
     return value
 
 

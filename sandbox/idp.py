@@ -53,6 +53,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from sandbox.faults import FaultSpecError, optional_number
+
 ALGORITHMS = ("RS256", "ES256")
 DEFAULT_AUDIENCE = "agentrun"
 DEFAULT_GRACE_SECONDS = 60.0
@@ -339,10 +341,11 @@ class _Routes:
         alg = body.get("alg", "RS256")
         if not isinstance(alg, str) or alg not in ALGORITHMS:
             return JSONResponse({"error": f"alg must be one of {', '.join(ALGORITHMS)}"}, 400)
-        grace = body.get("grace_seconds", DEFAULT_GRACE_SECONDS)
-        if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace < 1e9:
-            return JSONResponse({"error": "grace_seconds must be a number of seconds >= 0"}, 400)
-        new, retired = self.state.rotate(alg, grace)
+        try:
+            grace = optional_number(body, "grace_seconds")
+        except FaultSpecError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        new, retired = self.state.rotate(alg, DEFAULT_GRACE_SECONDS if grace is None else grace)
         return JSONResponse({"kid": new.kid, "retired": retired})
 
     async def stats(self, request: Request) -> Response:

@@ -70,7 +70,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from sandbox.faults import DroppedResponse
+from sandbox.faults import DroppedResponse, FaultSpecError, optional_number, optional_whole
 
 CLIENT_ID = "agentrun"
 CLIENT_SECRET = "sandbox-client-secret"  # noqa: S105 - a sandbox's well-known test secret
@@ -346,22 +346,21 @@ class OAuthServer:
 
     async def config_endpoint(self, request: Request) -> Response:
         body = await _json(request)
-        wholes = {"access_ttl_seconds": False, "reuse_grace_seconds": False,
-                  "fail_revocations": True}  # fmt: skip
-        for name, whole in wholes.items():
-            value = body.get(name, 0)
-            kinds = int if whole else (int, float)
-            if not isinstance(value, kinds) or isinstance(value, bool) or value < 0:
-                return JSONResponse({"error": f"{name} must be a number >= 0"}, 400)
+        try:  # every setting checked before any is applied
+            ttl = optional_number(body, "access_ttl_seconds")
+            grace = optional_number(body, "reuse_grace_seconds")
+            failures = optional_whole(body, "fail_revocations")
+        except FaultSpecError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
         require = body.get("require", {})
         if not isinstance(require, dict):
             return JSONResponse({"error": "require must map providers to true or false"}, 400)
-        if "access_ttl_seconds" in body:
-            self.access_ttl = float(body["access_ttl_seconds"])
-        if "reuse_grace_seconds" in body:
-            self.reuse_grace = float(body["reuse_grace_seconds"])
-        if "fail_revocations" in body:
-            self.fail_revocations = int(body["fail_revocations"])
+        if ttl is not None:
+            self.access_ttl = float(ttl)
+        if grace is not None:
+            self.reuse_grace = float(grace)
+        if failures is not None:
+            self.fail_revocations = failures
         for provider, required in require.items():
             (self.require.add if required else self.require.discard)(provider)
         return JSONResponse(
@@ -375,10 +374,11 @@ class OAuthServer:
         return JSONResponse({"tokens": found})
 
     async def drop_endpoint(self, request: Request) -> Response:
-        times = (await _json(request)).get("times", 1)
-        if not isinstance(times, int) or isinstance(times, bool) or times < 0:
-            return JSONResponse({"error": "times must be a whole number >= 0"}, 400)
-        self.drop_refreshes = times
+        try:
+            times = optional_whole(await _json(request), "times")
+        except FaultSpecError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        self.drop_refreshes = 1 if times is None else times
         return JSONResponse({"drop_refreshes": self.drop_refreshes})
 
     def control(self, action: Any) -> Any:

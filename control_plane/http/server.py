@@ -59,6 +59,7 @@ class HttpIngress:
 
     def __init__(self, app: ASGIApp, listen: str, tls: tuple[str, str] | None = None) -> None:
         """`tls` is (certificate, key) PEM files: then the port speaks HTTPS only."""
+        self.app = app
         self._sock = _bind(listen)
         self.port: int = self._sock.getsockname()[1]
         cert, key = tls if tls is not None else (None, None)

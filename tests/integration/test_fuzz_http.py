@@ -31,6 +31,7 @@ from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.http_fuzz import HttpFuzzer, Request, routes
 from tests.harness.triggers import SCHEME, TriggerApi, signed
+from tests.integration.test_console_http import csrf_of
 
 REQUESTS_PER_ROUTE = 40
 SIGNED_PER_SCHEME = 60
@@ -87,12 +88,12 @@ async def _send(client: httpx.AsyncClient, req: Request) -> httpx.Response | Non
 
 async def _console_tokens(client: httpx.AsyncClient, key: str, run_id: str) -> tuple[str, ...]:
     """Sign `client` in to the console; the CSRF tokens of its forms (sign-in and run page)."""
-    csrf = (await client.get("/console/signin")).text.split('name="csrf" value="')[1][:64]
+    csrf = csrf_of(await client.get("/console/signin"))
     signin = {"csrf": csrf, "key": key, "next": "/console/runs"}
     assert (await client.post("/console/signin/key", data=signin)).status_code == 303
     page = await client.get(f"/console/runs/{run_id}")
     assert page.status_code == 200, page.text[:300]
-    return csrf, page.text.split('name="csrf" value="')[1][:64]
+    return csrf, csrf_of(page)
 
 
 def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
@@ -102,7 +103,7 @@ def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
 async def test_every_ingress_route_answers_hostile_requests_below_500(stack, caplog) -> None:
     caplog.set_level(logging.INFO)
     running, objects = stack
-    app = running.http._server.config.app if running.http else None  # the uvicorn app
+    app = running.http.app if running.http else None
     assert isinstance(app, Starlette)
     table = list(routes(list(app.routes)))
     assert len(table) >= 25, table
@@ -165,7 +166,6 @@ async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_be
                 doc.pop("request_id", None)
             resp = await client.post(url, json=doc, headers=auth.bearer(objects.key))
             codes[("session", resp.status_code)] += 1
-    print(sorted(codes.items()))
     assert not [k for k in codes if k[1] >= 500], codes
     assert not _tracebacks(caplog.records), "\n".join(_tracebacks(caplog.records)[:10])
     # The signatures were good: some deliveries were taken, so the documents reached the
@@ -173,22 +173,25 @@ async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_be
     assert sum(n for (source, code), n in codes.items() if source != "session" and code < 300)
 
 
-def _sandboxes() -> list[tuple[str, Any, list[tuple[str, set[str]]]]]:
-    desk = mcp_server.create_app(token="desk-token")
-    apps = [("model", model_server.create_app()), ("providers", providers.create_app()),
-            ("idp", idp.create_app())]  # fmt: skip
-    found = [(name, app, list(routes(list(app.routes)))) for name, app in apps]
-    # MCP's own path: POST only (a GET opens the server's event stream, held open by design).
-    found.append(("mcp", desk, [*routes(desk.routes), (mcp_server.MCP_PATH, {"POST", "DELETE"})]))
-    return found
+FACTORIES = {"model": model_server.create_app, "providers": providers.create_app,
+             "idp": idp.create_app}  # fmt: skip
+SANDBOXES = (*FACTORIES, "mcp")
 
 
-SANDBOXES = ("model", "providers", "idp", "mcp")
+def _sandbox(name: str) -> tuple[Any, list[tuple[str, set[str]]]]:
+    """The sandbox app `name` and the routes to fuzz on it."""
+    if name == "mcp":
+        desk = mcp_server.create_app(token="desk-token")
+        # MCP's own path: POST and DELETE (a GET opens the server's event stream, by design
+        # held open).
+        return desk, [*routes(desk.routes), (mcp_server.MCP_PATH, {"POST", "DELETE"})]
+    app = FACTORIES[name]()
+    return app, list(routes(list(app.routes)))
 
 
 @pytest.mark.parametrize("name", SANDBOXES)
 def test_every_sandbox_route_answers_hostile_requests_below_500(name: str) -> None:
-    _, app, table = next(s for s in _sandboxes() if s[0] == name)
+    app, table = _sandbox(name)
     fuzz = HttpFuzzer(100 + SANDBOXES.index(name))
     errors: list[str] = []
     with BackgroundServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
