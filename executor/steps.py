@@ -9,7 +9,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from agentrun.v1 import executor_pb2
-from executor import context
+from executor import context, storable
 from executor.models.base import (
     COMPLETE,
     FILTERED,
@@ -43,7 +43,7 @@ def new_step(
         seq=seq,
         kind=kind,  # type: ignore[arg-type]
         ref_seq=ref_seq,
-        payload_json=json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
+        payload_json=storable.json_text(payload),
     )
 
 

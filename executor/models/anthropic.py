@@ -22,6 +22,7 @@ cache_read_input_tokens + cache_creation_input_tokens` (Anthropic's
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ from executor.models.base import (
     ModelUnavailable,
     ToolCall,
     Usage,
+    garbled_is_unavailable,
+    kept,
 )
 from executor.models.provider_http import Answer, ProviderHttp, json_body
 
@@ -138,7 +141,13 @@ def parse_message(response: Answer) -> ModelReply:
 
 
 def message_of(data: Any) -> ModelReply:
-    """A Messages API body (parsed, or put together from a stream) as a ModelReply."""
+    """A Messages API body (parsed, or put together from a stream) as a ModelReply; a
+    body of another shape is ModelUnavailable (base.garbled_is_unavailable)."""
+    with garbled_is_unavailable("response"):
+        return kept(_message_of(data))
+
+
+def _message_of(data: Any) -> ModelReply:
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise ModelUnavailable("invalid response from model provider: no content")
     stop = str(data.get("stop_reason") or "")
@@ -186,7 +195,10 @@ def _tool_call(block: Mapping[str, Any], index: int) -> ToolCall:
     arguments = block.get("input")
     if isinstance(arguments, dict):
         return ToolCall(call_id, name, arguments)
-    return ToolCall(call_id, name, None, arguments_raw=str(arguments))
+    # Recorded as the model sent it: a string as is (a streamed input that was not JSON),
+    # any other JSON value as JSON.
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(call_id, name, None, arguments_raw=raw)
 
 
 def _count(value: Any) -> int:

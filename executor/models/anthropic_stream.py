@@ -18,8 +18,9 @@ from typing import Any
 
 import aiohttp
 
+from executor import storable
 from executor.models import streaming
-from executor.models.base import ModelUnavailable
+from executor.models.base import ModelUnavailable, garbled_is_unavailable
 
 
 class Events:
@@ -44,9 +45,9 @@ class Events:
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self.message = {**event["message"], "content": []}
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
-            self.blocks[_index(event)] = dict(event["content_block"])
+            self.blocks[streaming.index_of(event)] = dict(event["content_block"])
         elif kind == "content_block_delta":
-            return self._delta(_index(event), event.get("delta"))
+            return self._delta(streaming.index_of(event), event.get("delta"))
         elif kind == "message_delta":
             self._message_delta(event)
         elif kind == "message_stop":
@@ -74,7 +75,7 @@ class Events:
         usage = event.get("usage")
         if isinstance(usage, dict):  # counts so far: each one given replaces the earlier
             given = {k: v for k, v in usage.items() if v is not None}
-            self.message["usage"] = {**(self.message.get("usage") or {}), **given}
+            self.message["usage"] = {**_object(self.message.get("usage")), **given}
 
     def body(self) -> dict[str, Any]:
         """The Messages API response body these events stand for."""
@@ -93,8 +94,10 @@ async def read(response: aiohttp.ClientResponse, on_delta: Callable[[str], None]
     """Read the event stream to its end, telling `on_delta` each piece of text."""
     events = Events()
     async for data in streaming.data_of(response):
-        if text := events.add(streaming.decoded(data)):
-            on_delta(text)
+        with garbled_is_unavailable("stream"):
+            text = events.add(streaming.decoded(data))
+        if text:
+            on_delta(storable.text(text))
         if events.stopped:
             break
     return events.body()
@@ -102,13 +105,6 @@ async def read(response: aiohttp.ClientResponse, on_delta: Callable[[str], None]
 
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _index(event: dict[str, Any]) -> int:
-    try:
-        return int(event.get("index") or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _input(text: str) -> Any:

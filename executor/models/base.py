@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from executor import storable
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,28 @@ class ModelReply:
     refusal: str | None = None
 
 
+def kept(reply: ModelReply) -> ModelReply:
+    """`reply` with its text as the control plane can keep it (executor/storable.py): every
+    adapter's reply goes through here, so no NUL or lone surrogate from a provider reaches
+    a step, a Commit's fields or a stream message."""
+    text = storable.text
+    calls = tuple(
+        ToolCall(text(c.id), text(c.name),
+                 None if c.arguments is None else storable.value(c.arguments),
+                 None if c.arguments_raw is None else text(c.arguments_raw))
+        for c in reply.tool_calls
+    )  # fmt: skip
+    return dataclasses.replace(
+        reply,
+        content=None if reply.content is None else text(reply.content),
+        tool_calls=calls,
+        response_id=text(reply.response_id),
+        model=text(reply.model),
+        stop_reason=text(reply.stop_reason),
+        refusal=None if reply.refusal is None else text(reply.refusal),
+    )
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How one call is made: the agent version's model profile and parameters.
@@ -110,9 +136,32 @@ class ModelUnavailable(Exception):
     """
 
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        reason = storable.text(reason)  # it may quote the provider (executor/storable.py)
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+
+
+# What reading a provider's body raises when a part of it is not the shape the adapter
+# reads: a number where a list was, a string where an object was, a list index past
+# its end, a count that is not a number.
+GARBLED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+@contextlib.contextmanager
+def garbled_is_unavailable(what: str) -> Iterator[None]:
+    """Read a provider's answer inside: a shape the adapter's own checks did not foresee
+    is the provider's garbled answer (ModelUnavailable: ask again later), never an
+    exception that ends the run's task. A run whose task ends that way keeps its lease
+    until it lapses, and the executor that takes it over asks again and fails the same
+    way, until the run's deadline. The reason names the exception's class only: its text
+    quotes the provider's body."""
+    try:
+        yield
+    except GARBLED as exc:
+        raise ModelUnavailable(
+            f"invalid {what} from model provider: unreadable ({type(exc).__name__})"
+        ) from exc
 
 
 class ModelRejected(Exception):
@@ -120,6 +169,7 @@ class ModelRejected(Exception):
     for an exhausted quota); retrying will not help: the run fails with the reason."""
 
     def __init__(self, reason: str) -> None:
+        reason = storable.text(reason)  # it may quote the provider (executor/storable.py)
         super().__init__(reason)
         self.reason = reason
 

@@ -27,6 +27,8 @@ from executor.models.base import (
     ModelUnavailable,
     ToolCall,
     Usage,
+    garbled_is_unavailable,
+    kept,
 )
 from executor.models.provider_http import Answer, ProviderHttp, json_body
 
@@ -129,7 +131,13 @@ def parse_completion(response: Answer) -> ModelReply:
 
 
 def completion_of(data: Any) -> ModelReply:
-    """A chat completions body (parsed, or put together from a stream) as a ModelReply."""
+    """A chat completions body (parsed, or put together from a stream) as a ModelReply; a
+    body of another shape is ModelUnavailable (base.garbled_is_unavailable)."""
+    with garbled_is_unavailable("response"):
+        return kept(_completion_of(data))
+
+
+def _completion_of(data: Any) -> ModelReply:
     try:
         choice = data["choices"][0]
         message = choice["message"]
@@ -137,9 +145,10 @@ def completion_of(data: Any) -> ModelReply:
         raise ModelUnavailable("invalid response from model provider: no choices") from exc
     if not isinstance(message, dict):
         raise ModelUnavailable("invalid response from model provider: no message")
-    calls = tuple(
-        _tool_call(raw, index) for index, raw in enumerate(message.get("tool_calls") or [])
-    )
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise ModelUnavailable("invalid response from model provider: tool_calls is not a list")
+    calls = tuple(_tool_call(raw, index) for index, raw in enumerate(raw_calls))
     content = message.get("content")
     refusal = message.get("refusal")
     finish = str(choice.get("finish_reason") or "")
@@ -179,8 +188,10 @@ def _count(value: Any) -> int:
         return 0
 
 
-def _tool_call(raw: Mapping[str, Any], index: int) -> ToolCall:
-    function = raw.get("function") or {}
+def _tool_call(raw: Any, index: int) -> ToolCall:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(function, dict):
+        raise ModelUnavailable("invalid response from model provider: a tool call has no function")
     name = str(function.get("name") or "")
     call_id = str(raw.get("id") or f"call_{index}")
     arguments = function.get("arguments")

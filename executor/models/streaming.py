@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from executor.models.base import ModelUnavailable
+from executor import storable
+from executor.models.base import ModelUnavailable, garbled_is_unavailable
 
 
 class Chunks:
@@ -35,7 +36,7 @@ class Chunks:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         text = ""
-        for choice in chunk.get("choices") or []:
+        for choice in listed(chunk.get("choices"), "choices"):
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 text += self._choice(choice)
         return text
@@ -48,7 +49,7 @@ class Chunks:
         delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if isinstance(delta.get("refusal"), str):
             self.refusal.append(delta["refusal"])
-        for call in delta.get("tool_calls") or []:
+        for call in listed(delta.get("tool_calls"), "tool_calls"):
             if isinstance(call, dict):
                 self._call(call)
         text = delta.get("content")
@@ -59,7 +60,7 @@ class Chunks:
 
     def _call(self, call: dict[str, Any]) -> None:
         entry = self.calls.setdefault(
-            int(call.get("index") or 0),
+            index_of(call),
             {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
         )
         if call.get("id"):
@@ -83,6 +84,25 @@ class Chunks:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         return {**self.head, "choices": [{"index": 0, "finish_reason": self.finish,
                                           "message": message}], "usage": self.usage}  # fmt: skip
+
+
+def listed(value: Any, what: str) -> list[Any]:
+    """A list field of a chunk (absent, null or empty: none); anything else is a garbled
+    chunk."""
+    if not value:
+        return []
+    if not isinstance(value, list):
+        raise ModelUnavailable(f"invalid stream from model provider: {what} is not a list")
+    return value
+
+
+def index_of(item: dict[str, Any]) -> int:
+    """An item's `index` (a tool call's in a chunk, a block's in an event); 0 if it has none
+    or one that is not a whole number, as a provider that streams one item leaves it."""
+    try:
+        return int(item.get("index") or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 async def data_of(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
@@ -121,8 +141,10 @@ async def read(response: aiohttp.ClientResponse, on_delta: Callable[[str], None]
         if data == "[DONE]":
             done = True
             break
-        if text := chunks.add(decoded(data)):
-            on_delta(text)
+        with garbled_is_unavailable("stream"):
+            text = chunks.add(decoded(data))
+        if text:
+            on_delta(storable.text(text))
     if not done and chunks.finish is None:
         raise ModelUnavailable("model provider's stream ended before the reply did")
     return chunks.completion()
