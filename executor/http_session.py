@@ -35,7 +35,7 @@ import aiohttp
 import certifi
 from aiohttp.abc import AbstractResolver
 
-from executor import horizon
+from executor import horizon, storable
 
 # Idle connections are dropped after this many seconds.
 KEEPALIVE_SECONDS = 2.0
@@ -55,7 +55,8 @@ class Answer:
     reason: str = ""
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as JSON (storable.parse: ValueError for any body that is not)."""
+        return storable.parse(self.body)
 
     @property
     def text(self) -> str:

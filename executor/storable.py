@@ -1,14 +1,19 @@
 """Outside text and JSON as the control plane can keep them.
 
-Models and tools send what they like. Python's JSON reader takes three things from a
+Models and tools send what they like. Python's JSON reader takes four things from a
 provider's body that go nowhere further: a NUL character and a lone UTF-16 surrogate (from
-`\\u0000` and `\\ud83d` escapes), and numbers that are NaN or infinite. Protobuf refuses to
-send a string holding a lone surrogate (no UTF-8 has one), Postgres refuses to store a NUL in
-text or jsonb, and NaN and Infinity are not JSON: the control plane refuses a commit holding
-any of them (control_plane/api/validate.py), and a refused commit fails the run. So such a
-value is written as it can be kept: a NUL or a lone surrogate as U+FFFD (the replacement
-character), a number that is not finite as its name in a string ("NaN", "Infinity",
-"-Infinity"). Everything else is kept as it came.
+`\\u0000` and `\\ud83d` escapes), numbers that are NaN or infinite, and arrays and objects
+nested deeper than a step may be. Protobuf refuses to send a string holding a lone
+surrogate (no UTF-8 has one); Postgres refuses to store a NUL in text or jsonb; NaN and
+Infinity are not JSON; and the control plane refuses a step nested deeper than
+`MAX_DEPTH` (control_plane/api/validate.py). It refuses a commit holding any of them, and
+a refused commit fails the run. So such a value is written as it can be kept: a NUL or a
+lone surrogate as U+FFFD (the replacement character), a number that is not finite as its
+name in a string ("NaN", "Infinity", "-Infinity"), an array or object at the deepest level
+allowed as its JSON text in a string. Everything else is kept as it came.
+
+`parse` reads outside JSON: a document nested too deeply for Python's reader is not JSON
+here (ValueError) instead of a RecursionError nobody expects.
 """
 
 from __future__ import annotations
@@ -20,9 +25,20 @@ from collections.abc import Mapping
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+# The deepest a step's payload may nest (control_plane/api/validate.py MAX_JSON_DEPTH).
+MAX_DEPTH = 64
 _UNKEPT = re.compile("[\x00\ud800-\udfff]")
 # A NUL as JSON text writes it (json.dumps escapes it; the text of a step never holds one raw).
 _NUL_ESCAPE = "\\u0000"
+
+
+def parse(document: str | bytes) -> Any:
+    """json.loads of outside JSON; ValueError for anything that is not JSON to it, a
+    document nested past Python's recursion limit included."""
+    try:
+        return json.loads(document)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def text(value: str) -> str:
@@ -32,18 +48,24 @@ def text(value: str) -> str:
     return _UNKEPT.sub(REPLACEMENT, value)
 
 
-def value(data: Any) -> Any:
-    """`data` (parsed JSON) with every string, key included, as `text` keeps it, and every
-    number that is not finite as its name."""
+def value(data: Any, depth: int = 0) -> Any:
+    """`data` (parsed JSON, inside `depth` arrays or objects) with every string, key
+    included, as `text` keeps it, every number that is not finite as its name, and every
+    array or object that would nest deeper than MAX_DEPTH as its JSON text."""
     if isinstance(data, str):
         return text(data)
     if isinstance(data, float) and not math.isfinite(data):
         return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+    if isinstance(data, (Mapping, list, tuple)) and depth >= MAX_DEPTH:
+        try:
+            return text(json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str))
+        except (RecursionError, ValueError):  # deeper still than Python writes
+            return "[nested too deeply to keep]"
     if isinstance(data, Mapping):  # keys as JSON writes them, then kept as any string
-        return {text(k if isinstance(k, str) else json.dumps(k)): value(v)
+        return {text(k if isinstance(k, str) else json.dumps(k)): value(v, depth + 1)
                 for k, v in data.items()}  # fmt: skip
     if isinstance(data, (list, tuple)):
-        return [value(v) for v in data]
+        return [value(v, depth + 1) for v in data]
     return data
 
 
@@ -52,9 +74,14 @@ def json_text(data: Any) -> str:
     nothing in it needs keeping as above (the usual case, checked without walking it)."""
     try:
         dumped = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # a number that is not finite
+    except (ValueError, RecursionError):  # a number that is not finite; nested very deep
         dumped = None
-    if dumped is not None and _NUL_ESCAPE not in dumped and (dumped.isascii() or _utf8(dumped)):
+    if (
+        dumped is not None
+        and _NUL_ESCAPE not in dumped
+        and (dumped.isascii() or _utf8(dumped))
+        and (dumped.count("[") + dumped.count("{") <= MAX_DEPTH or _depth(data) <= MAX_DEPTH)
+    ):
         return dumped
     return json.dumps(value(data), ensure_ascii=False, separators=(",", ":"))
 
@@ -66,3 +93,19 @@ def _utf8(dumped: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _depth(data: Any) -> int:
+    """How deeply `data`'s arrays and objects nest (walked without recursion)."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        item, above = stack.pop()
+        if isinstance(item, Mapping):
+            items: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, above + 1)
+        stack.extend((child, above + 1) for child in items)
+    return deepest

@@ -12,7 +12,6 @@ reason and the usage so far, which replaces the earlier counts), `message_stop`,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +112,6 @@ def _input(text: str) -> Any:
     if not text.strip():
         return {}
     try:
-        return json.loads(text)
+        return storable.parse(text)
     except ValueError:
         return text

@@ -11,10 +11,10 @@ and `completion_tokens_details.reasoning_tokens` when the server sends them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from executor import storable
 from executor.models import streaming
 from executor.models.base import (
     COMPLETE,
@@ -201,7 +201,7 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
     if not text.strip():
         return ToolCall(call_id, name, {})
     try:
-        parsed = json.loads(text)
+        parsed = storable.parse(text)
     except ValueError:
         return ToolCall(call_id, name, None, arguments_raw=text)
     if not isinstance(parsed, dict):

@@ -4,7 +4,6 @@ non-streamed completion has, so the reply is parsed (and recorded) the same way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -129,7 +128,7 @@ async def lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
 def decoded(data: str) -> Any:
     """One event's JSON; a payload that is not JSON is the provider's failure."""
     try:
-        return json.loads(data)
+        return storable.parse(data)
     except ValueError:
         raise ModelUnavailable("invalid stream from model provider: not JSON") from None
 

@@ -17,7 +17,6 @@ it is `NotSent`. After it, the failure classes are those of an HTTP tool
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult
 
-from executor import horizon
+from executor import horizon, storable
 from executor.tools import netguard
 from executor.tools.http_tool import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
 
@@ -152,7 +151,7 @@ def _result(result: CallToolResult) -> Any:
     text = _text(result)
     if text is not None and len(result.content) == 1:
         try:
-            return json.loads(text)
+            return storable.parse(text)
         except ValueError:
             return text
     return [block.model_dump(mode="json", by_alias=True) for block in result.content]

@@ -8,7 +8,8 @@ the next executor asks again and fails the same way until the run's deadline.
 
 The server here answers each call, streamed or not, with a mutation of a valid OpenAI or
 Anthropic answer (fields dropped, replaced with values of other types, lists where
-objects were, NaN, NUL escapes, huge numbers, 100 KB strings), undecodable bytes, a
+objects were, NaN, NUL and lone surrogate escapes, huge numbers, 100 KB strings, arrays
+nested 70 deep), undecodable bytes, JSON nested 50,000 deep, a
 truncated body or event stream, an error status with any body, and Retry-After headers
 of every shape. Each call's answer is drawn from a generator seeded by the call's run id,
 so a failure names the seed that reproduces it.
@@ -105,6 +106,11 @@ class Hostile:
             return {self.rng.choice(keys): self.value(depth + 1) for _ in range(3)}
         if pick == 6:
             return "x" * 100_000
+        if pick == 7:  # deeper than a step may nest
+            deep: Any = "bottom"
+            for _ in range(70):
+                deep = [deep]
+            return deep
         return self.rng.choice([{}, [], "", 0])
 
     def mutated(self, obj: Any) -> Any:
@@ -132,6 +138,8 @@ class Hostile:
             return self.rng.randbytes(self.rng.randrange(60))
         if roll < 0.92:
             return json.dumps({"error": self.value()}).encode()
+        if roll < 0.95:  # deeper than Python's JSON reader goes
+            return b"[" * 50_000 + b"]" * 50_000
         return json.dumps(valid)[: self.rng.randrange(200)].encode()
 
     def events(self, api: str) -> bytes:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
+
+import pytest
 
 from control_plane.api import validate
 from executor import storable
@@ -53,3 +56,31 @@ def test_a_step_of_hostile_output_is_built_and_replays_as_committed() -> None:
     entry = as_entry(step)
     assert entry.payload["output"]["text"] == "a\ufffdb"
     assert entry.payload["output"]["nan"] == "NaN"
+
+
+def _nested(levels: int) -> Any:
+    data: Any = "bottom"
+    for _ in range(levels):
+        data = {"down": [data]}
+    return data
+
+
+def _below(node: Any) -> Any:
+    """The one array or object (or the string at the bottom) inside `node`."""
+    return node[0] if isinstance(node, list) else node.get("output", node.get("down"))
+
+
+def test_what_nests_past_the_limit_is_kept_as_its_json_text() -> None:
+    payload = {"call_id": "c1", "output": _nested(60)}  # 121 levels in all
+    kept = validate.json_value("payload_json", storable.json_text(payload))
+    containers, node, original = 0, kept, payload
+    while isinstance(node, (dict, list)):
+        containers, node, original = containers + 1, _below(node), _below(original)
+    assert containers == storable.MAX_DEPTH  # as deep as a step may nest, then its JSON text
+    assert isinstance(node, str) and json.loads(node) == original
+
+
+def test_parse_refuses_json_nested_past_pythons_reader_as_not_json() -> None:
+    with pytest.raises(ValueError):
+        storable.parse("[" * 100_000 + "]" * 100_000)
+    assert storable.parse(b'{"a": [1, NaN]}')["a"][0] == 1
