@@ -1,16 +1,15 @@
 """Outside text and JSON as the control plane can keep them.
 
-Models and tools send what they like. Python's JSON reader takes four things from a
-provider's body that go nowhere further: a NUL character and a lone UTF-16 surrogate (from
-`\\u0000` and `\\ud83d` escapes), numbers that are NaN or infinite, and arrays and objects
-nested deeper than a step may be. Protobuf refuses to send a string holding a lone
-surrogate (no UTF-8 has one); Postgres refuses to store a NUL in text or jsonb; NaN and
-Infinity are not JSON; and the control plane refuses a step nested deeper than
-`MAX_DEPTH` (control_plane/api/validate.py). It refuses a commit holding any of them, and
-a refused commit fails the run. So such a value is written as it can be kept: a NUL or a
-lone surrogate as U+FFFD (the replacement character), a number that is not finite as its
-name in a string ("NaN", "Infinity", "-Infinity"), an array or object at the deepest level
-allowed as its JSON text in a string. Everything else is kept as it came.
+Models and tools send what they like, and Python's JSON reader takes from a provider's body
+things that go nowhere further: a NUL character and a lone UTF-16 surrogate (from `\\u0000`
+and `\\ud83d` escapes), numbers that are NaN or infinite, and arrays and objects nested
+as deep as the reader goes. Protobuf refuses to send a string holding a lone surrogate (no
+UTF-8 has one); Postgres stores no NUL in text or jsonb; NaN and Infinity are not JSON. The
+control plane refuses a commit holding any of them, and a refused commit fails the run.
+So such a value is written as it can be kept: a NUL or a lone surrogate as U+FFFD (the
+replacement character), a number that is not finite as its name in a string ("NaN",
+"Infinity", "-Infinity"), and an array or object nested past `MAX_DEPTH` as its JSON text
+in a string. Everything else is kept as it came.
 
 `parse` reads outside JSON: a document nested too deeply for Python's reader is not JSON
 here (ValueError) instead of a RecursionError nobody expects.
@@ -25,7 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 REPLACEMENT = "\ufffd"
-# The deepest a step's payload may nest (control_plane/api/validate.py MAX_JSON_DEPTH).
+# The deepest outside data may nest in a step: what a caller's JSON may be
+# (control_plane/api/validate.py MAX_JSON_DEPTH), since a tool call's arguments go back to
+# callers, who may edit and resend them (approvals); a commit's steps may nest up to 512
+# (control_plane/dispatch/session.py MAX_PAYLOAD_DEPTH). `value` recurses this deep at most.
 MAX_DEPTH = 64
 _UNKEPT = re.compile("[\x00\ud800-\udfff]")
 # A NUL as JSON text writes it (json.dumps escapes it; the text of a step never holds one raw).

@@ -51,7 +51,7 @@ _OUTCOMES = {pb.COMMIT_OUTCOME_OK: "ok", pb.COMMIT_OUTCOME_FENCED: "fenced",
              pb.COMMIT_OUTCOME_INVALID: "invalid", pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable"}  # fmt: skip
 # Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
 # may be, but bounded before Postgres's recursive jsonb parser sees them.
-_MAX_PAYLOAD_DEPTH = 512
+MAX_PAYLOAD_DEPTH = 512
 _MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 # An unexpected (not transient) error in the commit transaction is tried this
@@ -80,7 +80,7 @@ def _payload(i: int, text: str) -> str:
     """A step's payload, checked before Postgres parses it (size and depth bounded, no NUL)."""
     try:
         return validate.json_text(f"commit.steps[{i}].payload_json", text or "{}",
-                                  max_bytes=_MAX_PAYLOAD_BYTES, max_depth=_MAX_PAYLOAD_DEPTH)  # fmt: skip
+                                  max_bytes=_MAX_PAYLOAD_BYTES, max_depth=MAX_PAYLOAD_DEPTH)  # fmt: skip
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None
 

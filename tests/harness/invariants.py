@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from control_plane.api import validate
+from control_plane.dispatch.session import MAX_PAYLOAD_DEPTH
 from tests.harness.agentrun_api import LoggedStep
 
 
@@ -45,3 +47,9 @@ def assert_effects_at_most_once(effects: list[dict[str, Any]], provider: str) ->
     repeated = {k: n for k, n in keys.items() if n > 1}
     assert repeated == {}, f"{provider} side effects repeated: {repeated}"
     return keys
+
+
+def stored_payload(text: str) -> Any:
+    """A step's payload text read as the control plane and Postgres take it (no NUL, no
+    NaN or Infinity, at most MAX_PAYLOAD_DEPTH deep); InvalidArgument naming it if not."""
+    return validate.json_value("payload_json", text, max_depth=MAX_PAYLOAD_DEPTH)

@@ -9,7 +9,7 @@ the next executor asks again and fails the same way until the run's deadline.
 The server here answers each call, streamed or not, with a mutation of a valid OpenAI or
 Anthropic answer (fields dropped, replaced with values of other types, lists where
 objects were, NaN, NUL and lone surrogate escapes, huge numbers, 100 KB strings, arrays
-nested 70 deep), undecodable bytes, JSON nested 50,000 deep, a
+nested 600 deep), undecodable bytes, JSON nested 50,000 deep, a
 truncated body or event stream, an error status with any body, and Retry-After headers
 of every shape. Each call's answer is drawn from a generator seeded by the call's run id,
 so a failure names the seed that reproduces it.
@@ -35,6 +35,7 @@ from executor.models.base import ModelRejected, ModelReply, ModelSettings, Model
 from executor.models.openai import OpenAIChatModel
 from executor.steps import decision
 from sandbox.serve import BackgroundServer
+from tests.harness.invariants import stored_payload
 
 CALLS = 120  # per adapter, streamed and not
 ECHO = {"type": "function", "function": {"name": "echo", "description": "Echo text.",
@@ -108,7 +109,7 @@ class Hostile:
             return "x" * 100_000
         if pick == 7:  # deeper than a step may nest
             deep: Any = "bottom"
-            for _ in range(70):
+            for _ in range(600):
                 deep = [deep]
             return deep
         return self.rng.choice([{}, [], "", 0])
@@ -198,7 +199,7 @@ def _storable(reply: ModelReply) -> None:
     for text in texts:
         validate.text("text", text.encode("utf-8").decode(), max_bytes=10**7)
     step = decision(3, reply, "m")
-    validate.json_value("payload_json", step.payload_json)
+    stored_payload(step.payload_json)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])

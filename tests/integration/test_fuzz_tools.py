@@ -8,7 +8,7 @@ same way. Whatever comes back is recorded as a `tool_result` step: the control p
 accept it, or the commit is refused and the run fails.
 
 Each request here gets any status, Retry-After of any shape, a body of JSON holding NaN,
-Infinity, NUL and lone surrogate escapes or arrays nested 70 deep, undecodable bytes, JSON
+Infinity, NUL and lone surrogate escapes or arrays nested 600 deep, undecodable bytes, JSON
 nested 50,000 deep, an error document of any shape, under any content type and charset,
 or a connection dropped or cut short, from a generator seeded by the request's
 idempotency key (so a failure names the seed that reproduces it).
@@ -27,6 +27,7 @@ from executor.steps import tool_result
 from executor.tools.catalogue import Catalogue
 from executor.tools.http_tool import HttpToolClient, ToolSendError
 from tests.harness.http_stub import CUT, DROP, Reply, Seen, serving
+from tests.harness.invariants import stored_payload
 
 CALLS = 300
 CATALOGUE = Catalogue.load()
@@ -55,7 +56,7 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
         return {rng.choice(keys): _value(rng, depth + 1) for _ in range(3)}
     if pick == 4:
         deep: Any = "bottom"
-        for _ in range(70):
+        for _ in range(600):
             deep = [deep]
         return deep
     return rng.choice([{}, [], "", 0])
@@ -106,7 +107,7 @@ async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable()
                     outcomes["result"] += 1
                     step = tool_result(5, 4, "c1", name, "ok", output=output)
                 try:
-                    validate.json_value("payload_json", step.payload_json)
+                    stored_payload(step.payload_json)
                 except validate.InvalidArgument as exc:
                     wrong.append(f"seed {key!r}: result not storable: {exc}")
         finally:

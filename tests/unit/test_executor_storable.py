@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from control_plane.api import validate
 from executor import storable
 from executor.replay import RESULT
 from executor.steps import as_entry, new_step
+from tests.harness.invariants import stored_payload
 
 HOSTILE = {
     "text": "a\x00b",
@@ -39,7 +39,7 @@ def test_json_text_of_ordinary_data_is_json_dumps_compact() -> None:
 def test_json_text_keeps_what_postgres_and_protobuf_cannot_as_text() -> None:
     text = storable.json_text(HOSTILE)
     text.encode("utf-8")  # no lone surrogate left
-    assert validate.json_value("payload_json", text) == {
+    assert stored_payload(text) == {
         "text": "a\ufffdb",
         "lone": "half an emoji \ufffd here",
         "pair": "😀 é \u2028",
@@ -52,7 +52,7 @@ def test_json_text_keeps_what_postgres_and_protobuf_cannot_as_text() -> None:
 
 def test_a_step_of_hostile_output_is_built_and_replays_as_committed() -> None:
     step = new_step(4, RESULT, {"call_id": "c1", "output": HOSTILE}, ref_seq=3)
-    validate.json_value("payload_json", step.payload_json)
+    stored_payload(step.payload_json)
     entry = as_entry(step)
     assert entry.payload["output"]["text"] == "a\ufffdb"
     assert entry.payload["output"]["nan"] == "NaN"
@@ -71,8 +71,8 @@ def _below(node: Any) -> Any:
 
 
 def test_what_nests_past_the_limit_is_kept_as_its_json_text() -> None:
-    payload = {"call_id": "c1", "output": _nested(60)}  # 121 levels in all
-    kept = validate.json_value("payload_json", storable.json_text(payload))
+    payload = {"call_id": "c1", "output": _nested(300)}  # 601 levels in all
+    kept = stored_payload(storable.json_text(payload))
     containers, node, original = 0, kept, payload
     while isinstance(node, (dict, list)):
         containers, node, original = containers + 1, _below(node), _below(original)
