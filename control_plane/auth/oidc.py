@@ -249,7 +249,7 @@ class OidcVerifier:
                     if len(body) > MAX_DOCUMENT_BYTES:
                         raise ValueError("document too large")
             return json.loads(body)
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, RecursionError) as exc:
             log.warning("identity provider request %s failed: %s", url, type(exc).__name__)
             raise Unauthenticated("the identity provider is unreachable") from None
 

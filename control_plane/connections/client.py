@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,10 @@ from urllib.parse import urlencode
 import httpx
 
 TIMEOUT_SECONDS = 10.0
+# A token's lifetime when the answer gives none that is a number of seconds, and the most
+# one is believed (a year: no refresh is put off further on a provider's word).
+DEFAULT_LIFETIME_SECONDS = 3600.0
+MAX_LIFETIME_SECONDS = 365 * 86400.0
 
 
 class GrantRefused(Exception):
@@ -109,7 +114,7 @@ class OAuthClient:
         if answer.status_code != 200:
             try:
                 body = answer.json()
-            except ValueError:
+            except (ValueError, RecursionError):
                 body = None
             raise GrantRefused(_error_code(body))
 
@@ -120,7 +125,7 @@ class OAuthClient:
         try:
             answer = await self._http.post(url, data=form)
             body = answer.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, RecursionError) as exc:
             # No token in the message: only the kind of failure.
             raise ProviderUnreachable(
                 f"token endpoint of {provider}: {type(exc).__name__}"
@@ -138,15 +143,42 @@ def _error_code(body: Any) -> str:
 
 
 def _answer(body: Any) -> TokenAnswer:
-    if not isinstance(body, dict) or not isinstance(body.get("access_token"), str):
+    """A token answer, read as RFC 6749 §5.1 has it; a field of another type is absent (a
+    token that is not text that can be stored: no token at all)."""
+    if not isinstance(body, dict) or not (access := _text(body.get("access_token"))):
         raise ProviderUnreachable("token endpoint answered without an access token")
-    scope = body.get("scope")
+    scope = _text(body.get("scope"))
     return TokenAnswer(
-        access_token=body["access_token"],
-        refresh_token=body.get("refresh_token")
-        if isinstance(body.get("refresh_token"), str)
-        else None,
-        expires_in=float(body.get("expires_in") or 3600),
-        scopes=scope.split() if isinstance(scope, str) else None,
-        account=str(body.get("account") or ""),
+        access_token=access,
+        refresh_token=_text(body.get("refresh_token")) or None,
+        expires_in=_lifetime(body.get("expires_in")),
+        scopes=scope.split() if scope is not None else None,
+        account=_text(body.get("account")) or "",
     )
+
+
+def _text(value: Any) -> str | None:
+    """`value` if it is text Postgres and the sealing can take (no NUL, UTF-8), else None."""
+    if not isinstance(value, str) or "\x00" in value:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, from a \ud83d escape
+        return None
+    return value
+
+
+def _lifetime(value: Any) -> float:
+    """`expires_in` in seconds: a positive number (or its digits), at most a year; else
+    the default, as when it is left out."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return DEFAULT_LIFETIME_SECONDS
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return DEFAULT_LIFETIME_SECONDS
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        return DEFAULT_LIFETIME_SECONDS
+    return min(seconds, MAX_LIFETIME_SECONDS)

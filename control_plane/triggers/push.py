@@ -55,15 +55,22 @@ def _history_page(data: Any) -> tuple[list[Any], int, int, str]:
         raise FetchError("history listing is not a JSON object")
     try:
         mailbox_id = int(data.get("historyId", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise FetchError("historyId is not an integer") from None
+    records = data.get("history") or []
+    if not isinstance(records, list):
+        raise FetchError("history is not a list")
     messages, highest = [], 0
-    for record in data.get("history") or []:
-        with contextlib.suppress(TypeError, ValueError, AttributeError):
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
             highest = max(highest, int(record.get("id", 0)))
-        for added in (record.get("messagesAdded") if isinstance(record, dict) else None) or []:
-            messages.append(added.get("message") if isinstance(added, dict) else None)
-    return messages, highest, mailbox_id, str(data.get("nextPageToken") or "")
+        added = record.get("messagesAdded") or []
+        for entry in added if isinstance(added, list) else []:
+            messages.append(entry.get("message") if isinstance(entry, dict) else None)
+    token = data.get("nextPageToken")
+    return messages, highest, mailbox_id, token if isinstance(token, str) else ""
 
 
 class PushFetcher:
@@ -118,6 +125,11 @@ class PushFetcher:
                     log.warning(
                         "fetch for %s/%s failed: %s", row["workspace_id"], row["trigger_id"], exc
                     )
+                except Exception as exc:  # noqa: BLE001 - one source's failure is its own
+                    # Whatever went wrong with this source, the others of the batch are
+                    # still fetched now (they would wait out their lease otherwise).
+                    log.error("fetch for %s/%s failed unexpectedly: %s: %s", row["workspace_id"],
+                              row["trigger_id"], type(exc).__name__, exc)  # fmt: skip
                 done += 1
         return done
 
@@ -153,9 +165,10 @@ class PushFetcher:
             if response.status_code != 200:
                 raise FetchError(f"history listing answered {response.status_code}")
             try:
-                page, highest, mailbox_id, token = _history_page(response.json())
-            except ValueError:
+                listing = response.json()
+            except (ValueError, RecursionError):
                 raise FetchError("history listing is not JSON") from None
+            page, highest, mailbox_id, token = _history_page(listing)
             messages += page
             history_id = max(history_id, highest)
             if not token:

@@ -13,11 +13,14 @@ import asyncpg
 import grpc
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
 from agentrun.v1 import connection_pb2 as pb
 from agentrun.v1 import connection_pb2_grpc, executor_pb2, executor_pb2_grpc
 from control_plane.config import ServerConfig
-from control_plane.connections.client import OAuthClient, OAuthSettings
+from control_plane.connections.client import OAuthClient, OAuthSettings, ProviderUnreachable
 from control_plane.connections.tokens import ConnectionTokens, ConnectionUnusable
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
@@ -293,3 +296,50 @@ async def test_a_token_row_copied_to_another_workspace_does_not_open(
     for ws, object_id in (("ws-thief", f"{cid}:access"), (WS, f"{cid}:refresh")):
         with pytest.raises(CannotOpen):
             await envelope.open(ws, CONNECTION_TOKEN, object_id, sealed)
+
+
+# Token answers as a provider may garble them (real HTTP), and what the client makes of each:
+# a TokenAnswer with the garbled fields left out, or ProviderUnreachable (no usable token).
+# Before, a non-numeric expires_in was a TypeError or ValueError out of the refresh, NaN an
+# expiry of NaN, a lone surrogate a token Postgres cannot take, and a body nested 50,000 deep
+# a RecursionError.
+GARBLED_ANSWERS: list[tuple[bytes, Any]] = [
+    (b'{"access_token": "at", "expires_in": "abc"}', (3600.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": [1], "scope": 5}', (3600.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": NaN}', (3600.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": -5, "refresh_token": {}}', (3600.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": 1e400}', (3600.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": "120"}', (120.0, None, None, "")),
+    (b'{"access_token": "at", "expires_in": 1e12}', (365 * 86400.0, None, None, "")),
+    (
+        b'{"access_token": "at", "refresh_token": "r\\u0000t", "account": "\\ud83d",'
+        b' "scope": "a b"}',
+        (3600.0, None, ["a", "b"], ""),
+    ),
+    (b'{"access_token": "a\\ud83dt"}', "unreachable"),
+    (b'{"access_token": "a\\u0000t"}', "unreachable"),
+    (b'{"access_token": 12}', "unreachable"),
+    (b"[" * 50_000 + b"]" * 50_000, "unreachable"),
+]
+
+
+async def test_a_garbled_token_answer_is_read_field_by_field_or_is_no_token() -> None:
+    answers = iter(GARBLED_ANSWERS)
+
+    async def token(_request: Any) -> Response:
+        return Response(next(answers)[0], media_type="application/json")
+
+    app = Starlette(routes=[Route("/oauth/{provider}/token", token, methods=["POST"])])
+    with BackgroundServer(app) as provider:
+        client = OAuthClient(OAuthSettings(provider.url, "agentrun", "secret"))
+        try:
+            for body, expected in GARBLED_ANSWERS:
+                if expected == "unreachable":
+                    with pytest.raises(ProviderUnreachable):
+                        await client.refresh("chat", "rt")
+                    continue
+                answer = await client.refresh("chat", "rt")
+                got = (answer.expires_in, answer.refresh_token, answer.scopes, answer.account)
+                assert (answer.access_token, got) == ("at", expected), body[:80]
+        finally:
+            await client.close()

@@ -9,6 +9,10 @@ import json
 import asyncpg
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from agentrun.v1 import trigger_pb2
 from control_plane.config import RunDefaults
@@ -289,3 +293,42 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
     assert rows[-1]["reason"] == "agent-to-agent loop stopped: chain depth 3 exceeds 2"
     assert await count(db, "runs") == 3 and len(delivered) == 3
     await api.close()
+
+
+@pytest.fixture
+def garbled_history():
+    """A history API answering every listing with a page of the wrong shape ("history" a
+    number, "historyId" past any integer)."""
+
+    async def listing(_request: Request) -> Response:
+        return Response(b'{"historyId": 1e999, "history": 7}', media_type="application/json")
+
+    app = Starlette(routes=[Route("/history", listing)])
+    with BackgroundServer(app) as running:
+        yield running
+
+
+async def test_a_source_answering_garbage_fails_alone_and_the_others_are_fetched(
+    api, db, mailbox, pools, garbled_history
+):
+    """One workspace's source cannot hold up another's: its fetch fails with a FetchError
+    (before: a TypeError, then an OverflowError, out of the whole round, leaving the
+    round's other sources leased and unfetched, round after round)."""
+    await push_trigger(api, mailbox)
+    source = trigger_pb2.MailPushSource(history_url=f"{garbled_history.url}/history")
+    await api.create("garbled", "triage", mail_push=source)
+    await fill(mailbox, 2)
+    bad = await store.get_trigger(pools[0], WS, "garbled")
+    with pytest.raises(push.FetchError):
+        await fetcher(pools[0]).fetch(bad)
+    # Both due, the garbled one first: a round fetches the other all the same.
+    await store.announce(pools[0], WS, "garbled", 1)
+    await store.announce(pools[0], WS, "gmail", 2)
+    await fetcher(pools[0]).fetch_due()  # this replica's own fetcher may take some too
+
+    async def both_runs() -> bool:
+        return await count(db, "runs") == 2
+
+    await eventually(both_runs, timeout=10, message="the good source's messages were not fetched")
+    cursors = dict(await db.fetch("SELECT trigger_id, last_history_id FROM triggers"))
+    assert cursors == {"gmail": 2, "garbled": 0}

@@ -87,7 +87,7 @@ class CodeFlow:
                 resp = await client.request(method, url, data=form)
             resp.raise_for_status()
             body = resp.json()
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, RecursionError):
             raise Unauthenticated("the identity provider refused or could not be reached") from None
         if not isinstance(body, dict):
             raise Unauthenticated("the identity provider answered something unexpected")
