@@ -50,10 +50,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from sandbox.faults import FaultSpecError, optional_number
+from sandbox.responses import JSONResponse
 
 ALGORITHMS = ("RS256", "ES256")
 DEFAULT_AUDIENCE = "agentrun"
@@ -326,7 +327,7 @@ class _Routes:
             if not isinstance(body, dict):
                 raise BadTokenRequest("the body must be a JSON object")
             id_token, kid = issue(self.state, body, self.issuer_of(request))
-        except (BadTokenRequest, ValueError, TypeError) as exc:
+        except (BadTokenRequest, ValueError, TypeError, RecursionError) as exc:
             return JSONResponse({"error": "invalid_request", "detail": str(exc)}, 400)
         self.state.stats["tokens"] += 1
         return JSONResponse({"id_token": id_token, "token_type": "Bearer", "kid": kid})
@@ -334,7 +335,7 @@ class _Routes:
     async def rotate(self, request: Request) -> Response:
         try:
             body = json.loads(raw) if (raw := await request.body()) else {}
-        except ValueError:  # not UTF-8, or not JSON
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the reader
             return JSONResponse({"error": "the body must be a JSON object"}, 400)
         if not isinstance(body, dict):
             return JSONResponse({"error": "the body must be a JSON object"}, 400)

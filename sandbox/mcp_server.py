@@ -41,12 +41,13 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox.faults import DroppedResponse, FaultSpecError, FaultTable
 from sandbox.request_log import RequestLog
+from sandbox.responses import JSONResponse
 
 MCP_PATH = "/mcp"
 KEY_ARGUMENT = "idempotency_key"
@@ -239,7 +240,7 @@ def _rpc_call(body: bytes) -> dict[str, Any]:
     tool, its arguments and its key argument."""
     try:
         message = json.loads(body) if body else None
-    except ValueError:
+    except (ValueError, RecursionError):
         message = None
     if not isinstance(message, dict):
         return {"rpc": None, "tool": None, "arguments": None, "key": None}
@@ -326,7 +327,7 @@ async def _unauthorized(scope: Scope, receive: Receive, send: Send) -> None:
 async def _json_or_none(request: Request) -> object:
     try:
         return await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

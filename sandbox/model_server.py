@@ -25,13 +25,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandbox import anthropic_api, summaries
 from sandbox.faults import FaultSpecError, ModelFaults, retry_after_headers
 from sandbox.prompt_cache import CacheUse, PromptCache
 from sandbox.request_log import RequestLog
+from sandbox.responses import JSONResponse
 from sandbox.scenario import (
     DEFAULT_DIR,
     Reply,
@@ -414,7 +415,7 @@ def _parse_chat_request(body: Any) -> tuple[str, list[dict[str, Any]]]:
 async def _read_json(request: Request) -> Any:
     try:
         return await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's reader
         return None
 
 

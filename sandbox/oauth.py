@@ -67,10 +67,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from sandbox.faults import DroppedResponse, FaultSpecError, optional_number, optional_whole
+from sandbox.responses import JSONResponse
 
 CLIENT_ID = "agentrun"
 CLIENT_SECRET = "sandbox-client-secret"  # noqa: S105 - a sandbox's well-known test secret
@@ -433,6 +434,6 @@ async def _form(request: Request) -> dict[str, str]:
 async def _json(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return body if isinstance(body, dict) else {}

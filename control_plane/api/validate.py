@@ -68,8 +68,9 @@ def non_negative(field: str, value: int) -> int:
 # is read by `json_value` and nothing else. Python's parser recurses once per nesting level, so
 # 5,000 nested arrays end in RecursionError; the depth is measured first by a scan that runs in
 # C (regular expressions and `accumulate`), never by a Python loop over characters. Postgres
-# refuses NUL in text and `\u0000` in jsonb, and NaN/Infinity are not JSON at all: all refused
-# here, before anything is written.
+# refuses NUL in text and `\u0000` in jsonb, and a lone UTF-16 surrogate escape (`\ud83d` with
+# no low half after it) in either; NaN/Infinity are not JSON at all: all refused here, before
+# anything is written.
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_BYTES = 1024 * 1024
@@ -77,6 +78,10 @@ MAX_JSON_BYTES = 1024 * 1024
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
+# A text that may hold a surrogate escape (the exact check, _lone_surrogate, reads them all).
+_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")
+# Each escape sequence in turn: `\\` consumed whole, so `\\ud83d` is no escape of a surrogate.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
@@ -84,6 +89,27 @@ def _nesting(text: str) -> int:
     """How deeply the arrays and objects of a JSON text nest (brackets in strings ignored)."""
     brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether a JSON text escapes half a surrogate pair: a high one (\\ud800-\\udbff) not
+    followed at once by a low one (\\udc00-\\udfff), or a low one alone. Postgres's jsonb
+    refuses it, and no UTF-8 can hold it."""
+    if not _SURROGATE_HINT.search(text):
+        return False
+    high_ends = -1  # where the escape of a high half ended, while its low half is awaited
+    for escape in _ESCAPE.finditer(text):
+        unit = int(escape.group(1), 16) if escape.group(1) else None
+        low = unit is not None and 0xDC00 <= unit <= 0xDFFF
+        if high_ends >= 0:
+            if not (low and escape.start() == high_ends):
+                return True
+            high_ends = -1
+        elif low:
+            return True
+        elif unit is not None and 0xD800 <= unit <= 0xDBFF:
+            high_ends = escape.end()
+    return high_ends >= 0
 
 
 def _refuse_constant(name: str) -> Any:
@@ -108,6 +134,8 @@ def json_text(
             raise InvalidArgument(field, "is not UTF-8") from None
     if "\x00" in text or ("\\u" in text and _NUL_ESCAPE.search(text)):
         raise InvalidArgument(field, "contains a NUL character")
+    if "\\u" in text and _lone_surrogate(text):
+        raise InvalidArgument(field, "contains a lone UTF-16 surrogate escape (no text has one)")
     # Cheap first: fewer opening brackets than the limit cannot nest deeper than it.
     if text.count("[") + text.count("{") > max_depth and _nesting(text) > max_depth:
         raise InvalidArgument(field, f"is nested deeper than {max_depth} levels")

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from sandbox.faults import (
@@ -25,6 +25,7 @@ from sandbox.providers.mail import MailProvider
 from sandbox.providers.payments import PaymentsProvider
 from sandbox.providers.shop import ShopProvider
 from sandbox.request_log import RequestLog
+from sandbox.responses import JSONResponse
 
 # The registry: a new provider is a new module plus one line here.
 PROVIDERS: tuple[Callable[[], Provider], ...] = (
@@ -185,7 +186,7 @@ async def _json_or_none(request: Request) -> object:
         return None
     try:
         return await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's reader
         return None
 
 

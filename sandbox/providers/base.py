@@ -5,7 +5,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
+
+from sandbox.responses import JSONResponse
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 

@@ -10,9 +10,10 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
+from sandbox.responses import JSONResponse
 
 CHANNEL = re.compile(r"^#[a-z0-9_-]{1,80}$")
 

@@ -7,9 +7,10 @@ upsert twice leaves the same contact, and the second one changes nothing
 
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error, wrong_optional_strings
+from sandbox.responses import JSONResponse
 
 CONTACTS = {
     "ada@example.com": {

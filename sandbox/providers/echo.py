@@ -1,8 +1,9 @@
 """Echo provider (read): answers with the text it was sent, or a block of generated text."""
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
+from sandbox.responses import JSONResponse
 
 
 class EchoProvider:

@@ -15,9 +15,10 @@ import time
 import uuid
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
+from sandbox.responses import JSONResponse
 
 FIELDS = ("to", "subject", "body")
 # A received thread, so that search and read_thread have something to find.

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error
+from sandbox.responses import JSONResponse
 
 DEFAULT_PAGE = 100
 

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error
+from sandbox.responses import JSONResponse
 
 RETENTION_SECONDS = 24 * 3600
 # A customer whose card is always declined (a 402 that is saved and replayed).

@@ -24,9 +24,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sandbox.providers.base import Endpoint, ProviderRequest, error
+from sandbox.responses import JSONResponse
 
 PRODUCTS = {
     "sku-tea": {"sku": "sku-tea", "name": "Green tea, 100 g", "price_cents": 650, "stock": 40},

@@ -164,7 +164,8 @@ class Fuzzer:
             if roll < 0.35:
                 return nested_json(rng.choice((65, 500, 5000, 20_000)), rng)
             if roll < 0.6:
-                return rng.choice(('{"a": "\\u0000"}', "NaN", "[1, 2", "{}", '{"x": 1}', "null"))
+                return rng.choice(('{"a": "\\u0000"}', '{"a": "\\ud83d"}', "NaN", "[1, 2", "{}",
+                                   '{"x": 1}', "null"))  # fmt: skip
         return self._hostile_text(rng.random())
 
     def _hostile_text(self, roll: float) -> str:
