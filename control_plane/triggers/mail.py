@@ -131,6 +131,20 @@ def _text(doc: Mapping[str, Any], name: str, *, required: bool = False) -> str:
         raise BadMessage(f"{name}: must be a string")
     if required and not value.strip():
         raise BadMessage(f"{name}: is required")
+    return _storable(name, value)
+
+
+def _storable(name: str, value: str) -> str:
+    """`value`, if text Postgres can store: no NUL, and no lone surrogate (a history API's
+    JSON may escape one; no UTF-8 holds it). Else the message is refused naming the field:
+    a mail push source skips it instead of failing on it at every fetch."""
+    if "\x00" in value:
+        raise BadMessage(f"{name}: contains a NUL character")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadMessage(f"{name}: contains a lone UTF-16 surrogate") from None
     return value
 
 
@@ -140,6 +154,8 @@ def _addresses(doc: Mapping[str, Any], name: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadMessage(f"{name}: must be a list of addresses")
+    for address in value:
+        _storable(name, address)
     return tuple(value)
 
 
@@ -149,7 +165,7 @@ def _headers(doc: Mapping[str, Any]) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise BadMessage("headers: must be an object of strings")
-    return {k.lower(): v for k, v in value.items()}
+    return {_storable("headers", k).lower(): _storable("headers", v) for k, v in value.items()}
 
 
 def parse_message(doc: Any) -> MailMessage:
@@ -182,7 +198,7 @@ def _attachments(doc: Mapping[str, Any]) -> tuple[str, ...]:
     )
     if ids is None or not all(isinstance(i, str) and i for i in ids):
         raise BadMessage("attachments: must be a list of ids (or of objects with an id)")
-    return tuple(ids)  # type: ignore[arg-type]
+    return tuple(_storable("attachments", i) for i in ids)  # type: ignore[arg-type]
 
 
 def trigger_fields(document: Mapping[str, Any]) -> dict[str, Any]:

@@ -332,3 +332,22 @@ async def test_a_source_answering_garbage_fails_alone_and_the_others_are_fetched
     await eventually(both_runs, timeout=10, message="the good source's messages were not fetched")
     cursors = dict(await db.fetch("SELECT trigger_id, last_history_id FROM triggers"))
     assert cursors == {"gmail": 2, "garbled": 0}
+
+
+async def test_a_message_postgres_cannot_store_is_skipped_and_the_cursor_moves_past_it(
+    api, db, mailbox, pools
+):
+    """A message whose subject holds a NUL is refused naming the field and skipped; the
+    others start their runs and the cursor moves on (before, every fetch failed on it and
+    the source never got past it)."""
+    await push_trigger(api, mailbox)
+    await fill(mailbox, 1)
+    async with httpx.AsyncClient(base_url=mailbox.url) as client:
+        odd = message(2, subject="Re: a\x00b")
+        (await client.post(f"/mailbox/{INBOX}/messages", json=odd)).raise_for_status()
+    await fill(mailbox, 1, first=3)
+    row = await store.get_trigger(pools[0], WS, "gmail")
+    result = await fetcher(pools[0]).fetch(row)
+    assert (result.messages, result.runs_started, result.history_id) == (3, 2, 3)
+    assert await count(db, "runs") == 2
+    assert await db.fetchval("SELECT last_history_id FROM triggers") == 3
