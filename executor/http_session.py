@@ -60,7 +60,12 @@ class Answer:
 
     @property
     def text(self) -> str:
-        return self.body.decode(self.charset or "utf-8", errors="replace")
+        """The body decoded as its charset says; as UTF-8 when it names none this Python
+        knows (`charset=foo` is the provider's mistake, not a reason to fail the call)."""
+        try:
+            return self.body.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:
+            return self.body.decode("utf-8", errors="replace")
 
 
 async def read(response: aiohttp.ClientResponse) -> Answer:

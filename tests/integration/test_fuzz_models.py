@@ -81,7 +81,12 @@ ANTHROPIC_EVENTS = [
 ]  # fmt: skip
 STATUSES = (200,) * 10 + (400, 401, 404, 408, 429, 500, 503, 529, 302, 418)
 RETRY_AFTER = ("1", "-5", "abc", "1e999", "nan", "99999999999", "Wed, 21 Oct 2015 07:28:00 GMT")
-CONTENT_TYPES = ("application/json",) * 4 + ("text/html", "", "application/json; charset=latin-1")
+CONTENT_TYPES = ("application/json",) * 4 + (
+    "text/html",
+    "",
+    "application/json; charset=latin-1",
+    "text/plain; charset=no-such-charset",
+)
 
 
 class Hostile:

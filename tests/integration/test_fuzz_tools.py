@@ -40,7 +40,8 @@ TOOLS = {  # a read and writes of each way the catalogue sends arguments
 STATUSES = (200,) * 8 + (201, 204, 301, 400, 401, 404, 409, 422, 429, 500, 502, 503)
 RETRY_AFTER = ("1", "-1", "x", "1e999", "nan", "999999999999", "Wed, 21 Oct 2015 07:28:00 GMT")
 CONTENT_TYPES = ("application/json", "application/problem+json", "text/plain", "",
-                 "text/html; charset=latin-1", "application/json; charset=utf-16")  # fmt: skip
+                 "text/html; charset=latin-1", "application/json; charset=utf-16",
+                 "text/plain; charset=no-such-charset")  # fmt: skip
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
