@@ -69,6 +69,8 @@ def load(path: str) -> AgentFile:
         doc = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise AgentFileError(f"{path}: cannot read it: {err}") from None
+    except RecursionError:  # the reader recurses once a level
+        raise AgentFileError(f"{path}: cannot read it: nested too deeply") from None
     return parse(doc, path)
 
 

@@ -122,6 +122,8 @@ def approvals_edit(args: argparse.Namespace) -> int:
         json.loads(args.arguments)
     except ValueError as exc:
         raise SystemExit(f"error: --arguments is not JSON: {exc}") from None
+    except RecursionError:
+        raise SystemExit("error: --arguments is nested too deeply") from None
     return _decide(args, edit=approval_pb2.Edit(arguments_json=args.arguments, note=args.note))
 
 

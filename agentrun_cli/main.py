@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         return 130
+    except RecursionError:  # a file or argument read past Python's recursion limit
+        print("error: the input is nested too deeply to read", file=sys.stderr)
     except BrokenPipeError:
         # `agentrun runs list | head`: the reader left; say nothing more.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -55,6 +55,8 @@ def load(path: str) -> list[tool_pb2.Tool]:
         doc = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise ToolFileError(f"{path}: cannot read it: {err}") from None
+    except RecursionError:  # the reader recurses once a level
+        raise ToolFileError(f"{path}: cannot read it: nested too deeply") from None
     if isinstance(doc, dict) and set(doc) == {"tools"} and isinstance(doc["tools"], list):
         return [parse(item, f"{path}: tools[{i}]") for i, item in enumerate(doc["tools"])]
     return [parse(doc, path)]

@@ -10,8 +10,9 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
-from agentrun_cli import agent_files, errors, output, render
+from agentrun_cli import agent_files, errors, output, render, tool_files
 from agentrun_cli.agent_files import AgentFileError
+from agentrun_cli.main import main
 from agentrun_cli.output import Column
 from agentrun_cli.parser import parse
 
@@ -150,6 +151,25 @@ def test_a_file_that_is_not_yaml(tmp_path) -> None:
     bad.write_text("agent: [unclosed\n")
     with pytest.raises(AgentFileError, match="cannot read it"):
         agent_files.load(str(bad))
+
+
+@pytest.mark.parametrize("levels", [900, 50_000])
+def test_a_file_nested_past_the_reader_is_one_error_line(tmp_path, levels) -> None:
+    """Before: a RecursionError traceback from the YAML reader (or from reading the spec)."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("agent: a\nmetadata: " + "[" * levels + "]" * levels + "\n")
+    with pytest.raises(AgentFileError, match="deep.yaml: cannot read it: nested too deeply"):
+        agent_files.load(str(deep))
+    with pytest.raises(tool_files.ToolFileError, match="cannot read it: nested too deeply"):
+        tool_files.load(str(deep))
+
+
+def test_arguments_nested_past_the_reader_are_one_error_line() -> None:
+    levels = 50_000  # past Python's JSON reader (the server refuses past 64 itself)
+    args = ["approvals", "edit", "a1", "--address", "127.0.0.1:1",
+            "--arguments", "[" * levels + "]" * levels]  # fmt: skip
+    with pytest.raises(SystemExit, match="--arguments is nested too deeply"):
+        main(args)
 
 
 # --- errors ------------------------------------------------------------------------------------
