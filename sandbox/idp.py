@@ -54,7 +54,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from sandbox.faults import FaultSpecError, optional_number
-from sandbox.responses import JSONResponse
+from sandbox.json_http import JSONResponse
 
 ALGORITHMS = ("RS256", "ES256")
 DEFAULT_AUDIENCE = "agentrun"

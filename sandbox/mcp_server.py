@@ -46,8 +46,8 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox.faults import DroppedResponse, FaultSpecError, FaultTable
+from sandbox.json_http import JSONResponse, read_json
 from sandbox.request_log import RequestLog
-from sandbox.responses import JSONResponse
 
 MCP_PATH = "/mcp"
 KEY_ARGUMENT = "idempotency_key"
@@ -222,7 +222,7 @@ class McpSandbox:
     async def faults_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
             try:
-                self.faults.arm(_as_provider_spec(await _json_or_none(request)))
+                self.faults.arm(_as_provider_spec(await read_json(request)))
             except FaultSpecError as exc:
                 return JSONResponse({"error": str(exc).replace("provider", "tool")}, 400)
         elif request.method == "DELETE":
@@ -322,13 +322,6 @@ async def _unauthorized(scope: Scope, receive: Receive, send: Send) -> None:
     response = JSONResponse({"error": "missing or wrong bearer token"}, 401)
     response.headers["WWW-Authenticate"] = 'Bearer realm="sandbox-mcp"'
     await response(scope, receive, send)
-
-
-async def _json_or_none(request: Request) -> object:
-    try:
-        return await request.json()
-    except (ValueError, RecursionError):
-        return None
 
 
 async def _healthz(request: Request) -> Response:

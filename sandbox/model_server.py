@@ -30,9 +30,9 @@ from starlette.routing import Route
 
 from sandbox import anthropic_api, summaries
 from sandbox.faults import FaultSpecError, ModelFaults, retry_after_headers
+from sandbox.json_http import JSONResponse, read_json
 from sandbox.prompt_cache import CacheUse, PromptCache
 from sandbox.request_log import RequestLog
-from sandbox.responses import JSONResponse
 from sandbox.scenario import (
     DEFAULT_DIR,
     Reply,
@@ -138,7 +138,7 @@ class ModelSandbox:
 
     async def _complete(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
         self._check_api_key(request)
-        body = await _read_json(request)
+        body = await read_json(request)
         model, messages = _parse_chat_request(body)
         entry["params"] = sent_params(body)
         if body.get("stream") is True:
@@ -153,7 +153,7 @@ class ModelSandbox:
 
     async def _message(self, request: Request, entry: dict[str, Any]) -> dict[str, Any]:
         self._check_anthropic_key(request)
-        body = await _read_json(request)
+        body = await read_json(request)
         try:
             model, messages, parts, breakpoints = anthropic_api.parse_request(body)
         except anthropic_api.InvalidRequest as exc:
@@ -247,7 +247,7 @@ class ModelSandbox:
     async def faults_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
             try:
-                self.faults = ModelFaults.from_json(await _read_json(request))
+                self.faults = ModelFaults.from_json(await read_json(request))
             except FaultSpecError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
         elif request.method == "DELETE":
@@ -410,13 +410,6 @@ def _parse_chat_request(body: Any) -> tuple[str, list[dict[str, Any]]]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _Refused(400, "'messages' must be a list of objects.", "invalid_request_error")
     return model, messages
-
-
-async def _read_json(request: Request) -> Any:
-    try:
-        return await request.json()
-    except (ValueError, RecursionError):  # not JSON, or nested past Python's reader
-        return None
 
 
 def _estimate_tokens(text: str) -> int:

@@ -71,7 +71,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from sandbox.faults import DroppedResponse, FaultSpecError, optional_number, optional_whole
-from sandbox.responses import JSONResponse
+from sandbox.json_http import JSONResponse, read_json
 
 CLIENT_ID = "agentrun"
 CLIENT_SECRET = "sandbox-client-secret"  # noqa: S105 - a sandbox's well-known test secret
@@ -432,8 +432,5 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):
-        return {}
+    body = await read_json(request)
     return body if isinstance(body, dict) else {}

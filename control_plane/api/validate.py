@@ -45,6 +45,20 @@ def text(field: str, value: str, *, max_bytes: int, required: bool = False) -> s
     return value
 
 
+def unstorable(value: str) -> str | None:
+    """What keeps `value` out of a text column or jsonb, said as a refusal's reason; None
+    when nothing does. Text from a caller's protobuf is UTF-8 already; text read from an
+    outside server's JSON may hold a lone surrogate (from a `\\ud83d` escape)."""
+    if "\x00" in value:
+        return "contains a NUL character"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone UTF-16 surrogate"
+    return None
+
+
 def in_range(field: str, value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgument(field, f"must be between {low} and {high}, got {value}")

@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 
 import httpx
 
+from control_plane.api import validate
+
 TIMEOUT_SECONDS = 10.0
 # A token's lifetime when the answer gives none that is a number of seconds, and the most
 # one is believed (a year: no refresh is put off further on a provider's word).
@@ -158,14 +160,9 @@ def _answer(body: Any) -> TokenAnswer:
 
 
 def _text(value: Any) -> str | None:
-    """`value` if it is text Postgres and the sealing can take (no NUL, UTF-8), else None."""
-    if not isinstance(value, str) or "\x00" in value:
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate, from a \ud83d escape
-        return None
-    return value
+    """`value` if it is text Postgres and the sealing can take (validate.unstorable), else
+    None."""
+    return value if isinstance(value, str) and validate.unstorable(value) is None else None
 
 
 def _lifetime(value: Any) -> float:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Any
 
+from control_plane.api import validate
+
 MARKER_HEADER = "X-Agentrun-Origin"
 MARKER_VALUE = "agentrun"
 DEPTH_HEADER = "X-Agentrun-Chain-Depth"
@@ -135,16 +137,11 @@ def _text(doc: Mapping[str, Any], name: str, *, required: bool = False) -> str:
 
 
 def _storable(name: str, value: str) -> str:
-    """`value`, if text Postgres can store: no NUL, and no lone surrogate (a history API's
-    JSON may escape one; no UTF-8 holds it). Else the message is refused naming the field:
-    a mail push source skips it instead of failing on it at every fetch."""
-    if "\x00" in value:
-        raise BadMessage(f"{name}: contains a NUL character")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadMessage(f"{name}: contains a lone UTF-16 surrogate") from None
+    """`value`, if text Postgres can store (validate.unstorable). Else the message is
+    refused naming the field: a mail push source skips it instead of failing on it at
+    every fetch."""
+    if problem := validate.unstorable(value):
+        raise BadMessage(f"{name}: {problem}")
     return value
 
 

@@ -16,6 +16,7 @@ from sandbox.faults import (
     ProviderFault,
     retry_after_headers,
 )
+from sandbox.json_http import JSONResponse, read_json
 from sandbox.oauth import Checked, OAuthServer
 from sandbox.providers.base import Endpoint, Provider, ProviderRequest, error
 from sandbox.providers.chat import ChatProvider
@@ -25,7 +26,6 @@ from sandbox.providers.mail import MailProvider
 from sandbox.providers.payments import PaymentsProvider
 from sandbox.providers.shop import ShopProvider
 from sandbox.request_log import RequestLog
-from sandbox.responses import JSONResponse
 
 # The registry: a new provider is a new module plus one line here.
 PROVIDERS: tuple[Callable[[], Provider], ...] = (
@@ -133,7 +133,7 @@ class ProviderSandbox:
     async def faults_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
             try:
-                self.faults.arm(await _json_or_none(request))
+                self.faults.arm(await read_json(request))
             except FaultSpecError as exc:
                 return error(400, str(exc))
         elif request.method == "DELETE":
@@ -176,18 +176,8 @@ async def _provider_request(request: Request) -> ProviderRequest:
         path=request.url.path,
         query=request.query_params,
         headers=request.headers,
-        body=await _json_or_none(request),
+        body=await read_json(request),
     )
-
-
-async def _json_or_none(request: Request) -> object:
-    body = await request.body()
-    if not body:
-        return None
-    try:
-        return await request.json()
-    except (ValueError, RecursionError):  # not JSON, or nested past Python's reader
-        return None
 
 
 async def healthz(request: Request) -> Response:

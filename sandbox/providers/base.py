@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from sandbox.responses import JSONResponse
+from sandbox.json_http import JSONResponse
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 

@@ -12,8 +12,8 @@ from urllib.parse import unquote
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
-from sandbox.responses import JSONResponse
 
 CHANNEL = re.compile(r"^#[a-z0-9_-]{1,80}$")
 

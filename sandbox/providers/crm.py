@@ -9,8 +9,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error, wrong_optional_strings
-from sandbox.responses import JSONResponse
 
 CONTACTS = {
     "ada@example.com": {

@@ -2,8 +2,8 @@
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
-from sandbox.responses import JSONResponse
 
 
 class EchoProvider:

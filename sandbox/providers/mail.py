@@ -17,8 +17,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
-from sandbox.responses import JSONResponse
 
 FIELDS = ("to", "subject", "body")
 # A received thread, so that search and read_thread have something to find.

@@ -20,8 +20,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error
-from sandbox.responses import JSONResponse
 
 DEFAULT_PAGE = 100
 

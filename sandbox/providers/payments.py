@@ -24,8 +24,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error
-from sandbox.responses import JSONResponse
 
 RETENTION_SECONDS = 24 * 3600
 # A customer whose card is always declined (a 402 that is saved and replayed).

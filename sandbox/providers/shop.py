@@ -26,8 +26,8 @@ from typing import Any
 
 from starlette.responses import Response
 
+from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error
-from sandbox.responses import JSONResponse
 
 PRODUCTS = {
     "sku-tea": {"sku": "sku-tea", "name": "Green tea, 100 g", "price_cents": 650, "stock": 40},
