@@ -113,11 +113,15 @@ class DevProcess:
         return self.proc.wait(timeout)
 
 
-def _as_in_a_terminal() -> None:
-    """Ctrl-C's default action, as in a terminal's foreground group: a suite started in the
-    background by a non-interactive shell (`make test &`) has SIGINT ignored, and children
-    inherit that, so `cat` would outlive the Ctrl-C this harness sends."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+AS_IN_A_TERMINAL = ["env", "--default-signal=INT"]
+"""Ctrl-C's default action, as in a terminal's foreground group: a suite started in the
+background by a non-interactive shell (`make test &`) has SIGINT ignored, and children inherit
+that, so `cat` would outlive the Ctrl-C this harness sends.
+
+Not `preexec_fn`: that makes Python fork() where it would vfork(), and a fork() while this
+process's gRPC channels are busy restarts gRPC's poller in the child, which crashes on the fds
+`close_fds` closed before the exec (grpc/grpc#43055: 6 of 300 such Popens here exited without
+running the command)."""
 
 
 def _children(pid: int) -> list[int]:
@@ -143,15 +147,13 @@ def running_dev(
     """Start `agentrun dev --data-dir data_dir ARGS` (stdout a pipe); stop it, and every process
     it left, afterwards."""
     full_env = clean_env(PYTHONUNBUFFERED="1", **env)
-    argv = [AGENTRUN, "dev", "--data-dir", str(data_dir), *args]
+    argv = [*AS_IN_A_TERMINAL, AGENTRUN, "dev", "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
         argv, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=_as_in_a_terminal,
     )  # fmt: skip
     assert proc.stdout is not None
     tee = subprocess.Popen(
-        ["cat"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True,
-        preexec_fn=_as_in_a_terminal,
+        [*AS_IN_A_TERMINAL, "cat"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     proc.stdout.close()  # only `cat` reads agentrun's output now
     dev = DevProcess(proc, tee, data_dir, full_env)
