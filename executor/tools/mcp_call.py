@@ -31,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult
 
 from executor import horizon, storable
+from executor.retry_after import retry_after
 from executor.tools import netguard
 from executor.tools.http_tool import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
 
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 
 # The SDK's HTTP client logs every request at INFO: a call's URL is no news in a log line.
 logging.getLogger("httpx2").setLevel(logging.WARNING)
+# Its transport logs a body it cannot read with the body quoted, and a server's answer has no
+# place in a log line (it may echo the call's Authorization header); the call's outcome says
+# what went wrong.
+logging.getLogger("mcp.client.streamable_http").setLevel(logging.CRITICAL)
 
 # The platform's patience when a caller gives none (the executor passes the tool's own
 # `mcp.timeout_seconds`, else ExecutorConfig.tool_timeout_seconds).
@@ -121,7 +126,7 @@ async def _session_call(
     async def on_response(response: httpx2.Response) -> None:
         if response.status_code >= 400:
             progress.status = response.status_code
-            progress.retry_after = _retry_after(response.headers.get("retry-after"))
+            progress.retry_after = retry_after(response.headers)
 
     http = httpx2.AsyncClient(
         headers=dict(headers or {}),
@@ -198,10 +203,3 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
