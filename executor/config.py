@@ -54,6 +54,9 @@ class ExecutorConfig:
     rate_penalty_factor: float = 0.5
     redis_backoff_cap_seconds: float = 30.0
     model_backoff_cap_seconds: float = 60.0
+    # A run whose task failed unexpectedly waits this long, doubled each time after, and
+    # fails the fifth time (executor/run_loop.py RunLoop._crashed).
+    crash_backoff_seconds: float = 5.0
     # TLS to the control plane (executor/transport.py); plaintext by default.
     tls: ChannelSecurity = field(default_factory=ChannelSecurity)
     # The executor credential the control plane knows this pool by (AGENTRUN_EXECUTOR_KEY).
@@ -99,6 +102,9 @@ class ExecutorConfig:
             ping_seconds=_positive_float(env, "AGENTRUN_PING_SECONDS", defaults.ping_seconds),
             stream_dead_seconds=_positive_float(
                 env, "AGENTRUN_STREAM_DEAD_SECONDS", defaults.stream_dead_seconds
+            ),
+            crash_backoff_seconds=_positive_float(
+                env, "AGENTRUN_CRASH_BACKOFF_SECONDS", defaults.crash_backoff_seconds
             ),
             executor_key=env.get("AGENTRUN_EXECUTOR_KEY", ""),
             installation=env.get("AGENTRUN_INSTALLATION_ID", ""),

@@ -8,8 +8,10 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -76,6 +78,10 @@ COMMIT_BACKOFF_START = 0.1
 COMMIT_BACKOFF_CAP = 2.0
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
+# A run whose task failed unexpectedly waits so (RunLoop._crashed), and fails the
+# MAX_CRASHES-th time.
+CRASH_WAIT = "executor_error"
+MAX_CRASHES = 5
 CHILD_WAIT = "child"
 
 
@@ -137,6 +143,9 @@ class RunDeps:
     connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
     # Sends a fast-path run's model output on the stream (ConnectRequest.delta); None: never.
     deltas: Callable[[executor_pb2.ModelDelta], object] | None = None
+    # The wait after the first time the run's task failed unexpectedly, doubled each time
+    # after (RunLoop._crashed).
+    crash_backoff: float = 5.0
 
 
 class RunLoop:
@@ -206,6 +215,36 @@ class RunLoop:
         except (RunInvalid, payloads.PayloadRefused) as exc:
             log.error("run %s: commit refused as invalid: %s", self.run_id, exc)
             return await self._fail_invalid(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug, or an answer nothing foresaw
+            return await self._crashed(exc)
+
+    async def _crashed(self, exc: Exception) -> str:
+        """The run's task failed in a way nothing handles: a bug, or an answer no check
+        foresaw. Left alone, its lease would lapse and every executor that took it over
+        would fail the same way, unseen, until the run's deadline. Instead it parks
+        (wait_reason "executor_error", the failure named in its park step), waiting longer
+        each time; the MAX_CRASHES-th time it fails, naming the failure. Resuming is as
+        after a takeover: the log says what was committed, and a tool call started without
+        a result is resolved as after any crash. Only the exception's class and where it
+        was raised are recorded (its message may quote a provider's answer)."""
+        log.error("run %s: its task failed", self.run_id, exc_info=exc)
+        where = _where(exc)
+        crashes = 1 + sum(
+            1 for e in self.entries
+            if e.kind == replay.PARK and e.payload.get("wait_reason") == CRASH_WAIT
+        )  # fmt: skip
+        try:
+            if crashes >= MAX_CRASHES:
+                return await self._fail(
+                    f"executor error: the run's task failed {crashes} times, the last with "
+                    f"{where}; it is not tried again"
+                )
+            wait = self._deps.crash_backoff * 2 ** (crashes - 1)
+            note = f"the run's task failed ({crashes} of {MAX_CRASHES}) with {where}"
+            return await self._park(CRASH_WAIT, wait, note)
+        except (RunFenced, RunInvalid, payloads.PayloadFenced) as second:
+            log.warning("run %s: could not record its failure: %s", self.run_id, second)
+            return "crashed"
 
     async def _fail_invalid(self, reason: str) -> str:
         """A refused commit would be refused again after every takeover: fail the run
@@ -938,3 +977,13 @@ class RunLoop:
         if outcome == executor_pb2.COMMIT_OUTCOME_INVALID:
             raise RunInvalid(reply.result.message)
         return False
+
+
+def _where(exc: BaseException) -> str:
+    """An exception's class and the file, line and function it was raised in; not its
+    message."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} in {last.name} ({os.path.basename(last.filename)}:{last.lineno})"

@@ -111,6 +111,7 @@ class Worker:
             large_results=LargeResults(self._payloads, limits),
             connection_token=self._stream.connection_token,
             deltas=self._stream.delta,
+            crash_backoff=config.crash_backoff_seconds,
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -23,7 +23,7 @@ from control_plane.store import unknowns
 
 STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
 WAIT_REASONS = ("approval", "human", "repeat", "rate", "model", "sleep", "child", "connection",
-                "signal", "credits", "session")  # fmt: skip
+                "signal", "credits", "session", "executor_error")  # fmt: skip
 DECISIONS = {"happened": "it happened", "not_happened": "it did not happen",
              "retry": "retry it", "fail_run": "fail the run"}  # fmt: skip
 MAX_STEPS_SHOWN = 2000

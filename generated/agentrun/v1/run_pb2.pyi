@@ -320,7 +320,9 @@ class Run(_message.Message):
     """Why a waiting run waits: sleep, rate, model, approval, connection, child,
     human (an unknown tool outcome awaits ResolveUnknownOutcome), retry (a
     tool call to settle again later), credits (the workspace's credits cannot
-    cover the next step; a grant wakes it). Empty otherwise.
+    cover the next step; a grant wakes it), executor_error (the executor failed
+    on the run in a way nothing handles; it tries again later, and fails the
+    run the fifth time). Empty otherwise.
     """
     lease_owner: _builtins.str
     """The executor holding the lease (running runs only)."""
