@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 from typing import Any
 
-from control_plane.api import validate
-from executor.steps import tool_result
-from executor.tools.http_tool import ToolSendError
 from executor.tools.mcp_call import call_mcp
 from tests.harness.http_stub import CUT, DROP, Reply, Seen, serving
-from tests.harness.invariants import stored_payload
+from tests.harness.tool_outcomes import ToolOutcomes
 
 CALLS = 240
 TOOL = "lookup"
@@ -167,34 +163,21 @@ def _mutated(rng: random.Random, method: str, rpc_id: Any) -> Reply | str:
 
 
 async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable() -> None:
-    outcomes: Counter[str] = Counter()
-    wrong: list[str] = []
+    outcomes = ToolOutcomes()
     async with serving(_answer) as server:
         for n in range(CALLS):
             seed = f"fuzz:{n}"
-            try:
-                output = await call_mcp(f"{server.url}/mcp", TOOL, {"q": "ada"},
-                                        headers={"x-seed": seed}, timeout=2.0)  # fmt: skip
-            except ToolSendError as exc:
-                outcomes[type(exc).__name__] += 1
-                step = tool_result(5, 4, "c1", TOOL, "error", error=str(exc))
-                wait = getattr(exc, "retry_after", None)
-                if wait is not None and not 0 <= wait < float("inf"):  # NaN fails both
-                    wrong.append(f"seed {seed!r}: a wait of {wait!r}")
-            except Exception as exc:  # noqa: BLE001 - what this test is for
-                wrong.append(f"seed {seed!r}: {type(exc).__name__}: {str(exc)[:200]}")
-                continue
-            else:
-                outcomes["result"] += 1
-                step = tool_result(5, 4, "c1", TOOL, "ok", output=output)
-            try:
-                stored_payload(step.payload_json)
-            except validate.InvalidArgument as exc:
-                wrong.append(f"seed {seed!r}: result not storable: {exc}")
-    assert not wrong, "\n".join(wrong[:20])
+            call = call_mcp(f"{server.url}/mcp", TOOL, {"q": "ada"}, headers={"x-seed": seed},
+                            timeout=2.0)  # fmt: skip
+            failure = await outcomes.judge(seed, TOOL, call)
+            wait = getattr(failure, "retry_after", None)
+            if wait is not None and not 0 <= wait < float("inf"):  # NaN fails both
+                outcomes.wrong.append(f"seed {seed!r}: a wait of {wait!r}")
+    assert not outcomes.wrong, "\n".join(outcomes.wrong[:20])
+    counts = outcomes.counts
     # Every way out is taken (seen: about 40 results, 110 ProviderError, 70 NotSent, 15
     # MaybeSent): the mutations reach each stage of the session.
-    assert outcomes["result"] >= CALLS // 10, outcomes
-    assert outcomes["ProviderError"] >= CALLS // 5, outcomes
-    assert outcomes["NotSent"] >= CALLS // 10, outcomes
-    assert outcomes["MaybeSent"] >= 3, outcomes
+    assert counts["result"] >= CALLS // 10, counts
+    assert counts["ProviderError"] >= CALLS // 5, counts
+    assert counts["NotSent"] >= CALLS // 10, counts
+    assert counts["MaybeSent"] >= 3, counts

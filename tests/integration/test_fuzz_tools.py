@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 from typing import Any
 
-from control_plane.api import validate
 from executor.config import ExecutorConfig
-from executor.steps import tool_result
 from executor.tools.catalogue import Catalogue
-from executor.tools.http_tool import HttpToolClient, ToolSendError
+from executor.tools.http_tool import HttpToolClient
 from tests.harness.http_stub import CUT, DROP, Reply, Seen, serving
-from tests.harness.invariants import stored_payload
+from tests.harness.tool_outcomes import ToolOutcomes
 
 CALLS = 300
 CATALOGUE = Catalogue.load()
@@ -84,8 +81,7 @@ def _answer(seen: Seen) -> Reply | str:
 
 
 async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable() -> None:
-    outcomes: Counter[str] = Counter()
-    wrong: list[str] = []
+    outcomes = ToolOutcomes()
     async with serving(_answer) as provider:
         config = ExecutorConfig(
             providers_url=provider.url, provider_urls={"crm": f"{provider.url}/crm-base/"},
@@ -96,23 +92,10 @@ async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable()
             for n in range(CALLS):
                 name = list(TOOLS)[n % len(TOOLS)]
                 key = f"fuzz:{n}"
-                try:
-                    output = await client.send(CATALOGUE.get(name), TOOLS[name], key)
-                except ToolSendError as exc:
-                    outcomes[type(exc).__name__] += 1
-                    step = tool_result(5, 4, "c1", name, "error", error=str(exc))
-                except Exception as exc:  # noqa: BLE001 - what this test is for
-                    wrong.append(f"seed {key!r}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                else:
-                    outcomes["result"] += 1
-                    step = tool_result(5, 4, "c1", name, "ok", output=output)
-                try:
-                    stored_payload(step.payload_json)
-                except validate.InvalidArgument as exc:
-                    wrong.append(f"seed {key!r}: result not storable: {exc}")
+                await outcomes.judge(key, name, client.send(CATALOGUE.get(name), TOOLS[name], key))
         finally:
             await client.aclose()
-    assert not wrong, "\n".join(wrong[:20])
-    assert outcomes["result"] >= CALLS // 4, outcomes
-    assert outcomes["ProviderError"] >= CALLS // 10, outcomes
+    assert not outcomes.wrong, "\n".join(outcomes.wrong[:20])
+    counts = outcomes.counts
+    assert counts["result"] >= CALLS // 4, counts
+    assert counts["ProviderError"] >= CALLS // 10, counts
