@@ -24,6 +24,7 @@ import random
 from typing import Any
 
 from executor.tools.mcp_call import call_mcp
+from tests.harness import hostile
 from tests.harness.http_stub import CUT, DROP, Reply, Seen, serving
 from tests.harness.tool_outcomes import ToolOutcomes
 
@@ -45,18 +46,11 @@ SOUND = {
 }
 
 
-def _value(rng: random.Random, depth: int = 0) -> Any:
-    pick = rng.randrange(8)
-    if pick == 0:
-        return rng.choice([None, True, 0, -1, 10**30, 1.5, float("nan"), float("-inf")])
-    if pick == 1:
-        return rng.choice(["", "a\x00b", "half \ud83d", "é\u2028", "x" * 5000])
-    if pick == 2 and depth < 3:
-        return [_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if pick == 3 and depth < 3:
-        keys = ("type", "text", "data", "isError", "content", "code", "message", "\x00")
-        return {rng.choice(keys): _value(rng, depth + 1) for _ in range(3)}
-    return rng.choice([{}, [], "", 0])
+KEYS = ("type", "text", "data", "isError", "content", "code", "message", "\x00")
+
+
+def _value(rng: random.Random) -> Any:
+    return hostile.value(rng, KEYS)
 
 
 def _block(rng: random.Random) -> Any:

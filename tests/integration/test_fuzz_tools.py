@@ -23,6 +23,7 @@ from typing import Any
 from executor.config import ExecutorConfig
 from executor.tools.catalogue import Catalogue
 from executor.tools.http_tool import HttpToolClient
+from tests.harness import hostile
 from tests.harness.http_stub import CUT, DROP, Reply, Seen, serving
 from tests.harness.tool_outcomes import ToolOutcomes
 
@@ -41,23 +42,11 @@ CONTENT_TYPES = ("application/json", "application/problem+json", "text/plain", "
                  "text/plain; charset=no-such-charset")  # fmt: skip
 
 
-def _value(rng: random.Random, depth: int = 0) -> Any:
-    pick = rng.randrange(9)
-    if pick == 0:
-        return rng.choice([None, True, 0, -1, 10**30, 1.5, float("nan"), float("-inf")])
-    if pick == 1:
-        return rng.choice(["", "a\x00b", "half \ud83d", "é\u2028", "x" * 5000])
-    if pick == 2 and depth < 3:
-        return [_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if pick == 3 and depth < 3:
-        keys = ("error", "message", "detail", "data", "id", "code", "\x00")
-        return {rng.choice(keys): _value(rng, depth + 1) for _ in range(3)}
-    if pick == 4:
-        deep: Any = "bottom"
-        for _ in range(600):
-            deep = [deep]
-        return deep
-    return rng.choice([{}, [], "", 0])
+KEYS = ("error", "message", "detail", "data", "id", "code", "\x00")
+
+
+def _value(rng: random.Random) -> Any:
+    return hostile.value(rng, KEYS)
 
 
 def _answer(seen: Seen) -> Reply | str:
