@@ -78,11 +78,11 @@ COMMIT_BACKOFF_START = 0.1
 COMMIT_BACKOFF_CAP = 2.0
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
+CHILD_WAIT = "child"
 # A run whose task failed unexpectedly waits so (RunLoop._crashed), and fails the
 # MAX_CRASHES-th time.
 CRASH_WAIT = "executor_error"
 MAX_CRASHES = 5
-CHILD_WAIT = "child"
 
 
 class _HandBack(Exception):
