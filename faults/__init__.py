@@ -15,6 +15,10 @@ as the caller can tell) at every hit from the nth on:
 
     AGENTRUN_FAULTS="control_plane.commit.in_transaction=raise"     # every hit
 
+`raises(name)` marks a point only `raise` arms (random faults never kill there):
+
+    AGENTRUN_FAULTS="control_plane.dispatch.assignment=raise@2"     # the 2nd hit on
+
 A third, `refuse`, is for checks rather than crashes: `refuses(name)` is True
 at every hit from the nth on, and the caller refuses what it would admit. The
 control plane's fence admission has one (a mixed-version fence failure that
@@ -91,3 +95,18 @@ def refuses(name: str) -> bool:
         return False
     _hits[name] += 1
     return _hits[name] >= nth
+
+
+def raises(name: str) -> None:
+    """`point` for a place where only a bug is interesting, not a crash: raises
+    `InjectedFault` from its nth hit on if a test armed it with `raise`, and never kills
+    (random faults pass it by)."""
+    if not _armed:
+        return
+    verb, nth = _actions.get(name, ("kill", 0))
+    if verb != "raise":
+        return
+    _hits[name] += 1
+    if _hits[name] >= nth:
+        sys.stderr.write(f"fault point {name}: raising (hit {_hits[name]})\n")
+        raise InjectedFault(f"fault point {name}")

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+import faults
 from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
 from control_plane import metrics, releases
@@ -24,6 +25,7 @@ from control_plane.store import releases as release_store
 from control_plane.store import steps as step_store
 from control_plane.store import tools as tool_store
 from control_plane.store.db import Pool
+from control_plane.store.errors import transient
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 
@@ -257,7 +259,8 @@ class Dispatcher:
         run handed back, runnable again) when the stream ended or was declared dead
         meanwhile."""
         message = pb.ConnectResponse()
-        await self._fill(message.assignment, run, steps)
+        if not await self._built(session, message.assignment, run, steps):
+            return False
         # Checked after the last await: nothing is ever sent into a stream that is gone.
         if self._gone(session):
             await lease_store.release_unassigned(self.pool, _lease(run))
@@ -275,13 +278,17 @@ class Dispatcher:
         written where it goes, in its message, not built apart and copied in."""
         messages: list[pb.ConnectResponse] = []
         size = 0
+        built: list[tuple[Run, list[Step]]] = []
         for run, steps in items:
             if not messages or size >= ASSIGNMENT_BATCH_BYTES:
                 messages.append(pb.ConnectResponse())
                 size = 0
             batch = messages[-1].assignments.assignments
             assignment = batch.add()
-            await self._fill(assignment, run, steps)
+            if not await self._built(session, assignment, run, steps):
+                del batch[-1]
+                continue
+            built.append((run, steps))
             n = assignment.ByteSize()
             if len(batch) > 1 and size + n > ASSIGNMENT_BATCH_BYTES:  # over: opens the next
                 messages.append(pb.ConnectResponse())
@@ -291,16 +298,49 @@ class Dispatcher:
             size += n
         # Checked after the last await, as in assign.
         if self._gone(session):
-            for run, _ in items:
+            for run, _ in built:
                 await lease_store.release_unassigned(self.pool, _lease(run))
             return
-        for run, _ in items:
+        for run, _ in built:
             _record(session, run)
         for message in messages:
-            session.send(_alone_if_one(message))
+            if message.assignments.assignments:  # empty when its every run was dropped
+                session.send(_alone_if_one(message))
+
+    async def _built(
+        self, session: ExecutorSession, msg: pb.Assignment, run: Run, steps: list[Step]
+    ) -> bool:
+        """`_fill`; False when the run's Assignment cannot be built. One such run must not
+        hold up the others claimed with it (they would all lapse, be claimed together
+        again and fail again, every lease period): it is settled alone and its slot's
+        credit given back. When the database could not be reached, it is runnable again
+        now, as an undelivered run is. Anything else would fail again at every claim (a
+        bug, or data no check foresaw): the run fails, visibly, its reason naming a
+        request id the control plane's log has the error under."""
+        try:
+            await self._fill(msg, run, steps)
+            return True
+        except Exception as exc:  # noqa: BLE001 - this run's own failure, settled below
+            failure = exc
+        session.credits += 1
+        try:
+            if transient(failure):
+                log.warning("run %s: its assignment could not be built, handed back: %s",
+                            run.run_id, failure)  # fmt: skip
+                await lease_store.release_unassigned(self.pool, _lease(run))
+                return False
+            request_id = uuid.uuid4().hex[:12]
+            log.error("run %s: its assignment could not be built; failing the run (request %s)",
+                      run.run_id, request_id, exc_info=failure)  # fmt: skip
+            reason = f"internal error while building the run's assignment (request {request_id})"
+            await lease_store.fail_held(self.pool, _lease(run), reason)
+        except Exception as exc:  # noqa: BLE001 - its lease lapses and it is claimed again
+            log.warning("run %s: could not settle its undeliverable claim: %s", run.run_id, exc)
+        return False
 
     async def _fill(self, msg: pb.Assignment, run: Run, steps: list[Step]) -> None:
         """The run's Assignment, written into the empty `msg` where it already is."""
+        faults.raises("control_plane.dispatch.assignment")
         version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
         fast_path.set_assignment(
             msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools

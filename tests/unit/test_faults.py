@@ -55,3 +55,20 @@ def test_a_point_armed_to_raise_raises_at_every_hit_from_the_nth():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["0 ok", "1 raised", "2 raised", "3 raised"]
+
+
+def test_a_raises_point_raises_when_armed_to_and_random_faults_never_kill_there():
+    code = (
+        "import faults\n"
+        "for i in range(3):\n"
+        "    try:\n"
+        "        faults.raises('p')\n"
+        "        faults.raises('q')\n"
+        "        print(i, 'ok', flush=True)\n"
+        "    except faults.InjectedFault as exc:\n"
+        "        print(i, exc, flush=True)\n"
+    )
+    env = {**os.environ, "AGENTRUN_FAULTS": "p=raise@2,q=kill", "AGENTRUN_FAULTS_RANDOM": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["0 ok", "1 fault point p", "2 fault point p"]
