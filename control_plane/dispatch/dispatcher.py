@@ -310,15 +310,21 @@ class Dispatcher:
     async def _built(
         self, session: ExecutorSession, msg: pb.Assignment, run: Run, steps: list[Step]
     ) -> bool:
-        """`_fill`; False when the run's Assignment cannot be built. One such run must not
-        hold up the others claimed with it (they would all lapse, be claimed together
-        again and fail again, every lease period): it is settled alone and its slot's
-        credit given back. When the database could not be reached, it is runnable again
-        now, as an undelivered run is. Anything else would fail again at every claim (a
-        bug, or data no check foresaw): the run fails, visibly, its reason naming a
-        request id the control plane's log has the error under."""
+        """The run's Assignment, written into the empty `msg` where it already is; False
+        when it cannot be built. One such run must not hold up the others claimed with it
+        (they would all lapse, be claimed together again and fail again, every lease
+        period): it is settled alone and its slot's credit given back. When the database
+        could not be reached, it is runnable again now, as an undelivered run is. Anything
+        else would fail again at every claim (a bug, or data no check foresaw): the run
+        fails, visibly, its reason naming a request id the control plane's log has the
+        error under."""
         try:
-            await self._fill(msg, run, steps)
+            faults.raises("control_plane.dispatch.assignment")
+            version, tools = await self._version(run.workspace_id, run.agent_id,
+                                                 run.agent_version)  # fmt: skip
+            fast_path.set_assignment(
+                msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools
+            )
             return True
         except Exception as exc:  # noqa: BLE001 - this run's own failure, settled below
             failure = exc
@@ -337,14 +343,6 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - its lease lapses and it is claimed again
             log.warning("run %s: could not settle its undeliverable claim: %s", run.run_id, exc)
         return False
-
-    async def _fill(self, msg: pb.Assignment, run: Run, steps: list[Step]) -> None:
-        """The run's Assignment, written into the empty `msg` where it already is."""
-        faults.raises("control_plane.dispatch.assignment")
-        version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
-        fast_path.set_assignment(
-            msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools
-        )
 
     async def _version(self, ws: str, agent_id: str, version: int) -> Pinned:
         """The agent version and the definitions of the workspace's own registry tools it
