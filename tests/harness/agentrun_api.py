@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,3 +262,19 @@ class AutoApprover:
                         ), metadata=self.metadata)  # fmt: skip
                         self.approved += 1
             await asyncio.sleep(self.interval)  # a person's polling interval
+
+
+@contextlib.asynccontextmanager
+async def echo_stack(
+    control_plane: Callable[..., Any], db_url: str, **env: str
+) -> AsyncIterator[tuple[Any, Api]]:
+    """A control plane started with `env` (the `control_plane` fixture's factory), an admin
+    Api of workspace "ws", and the agent "echoer" (the sandbox model's `echo_input`, the
+    `echo` tool) published: (control plane, api)."""
+    cp = control_plane(db_url, **env)
+    api = await Api.connect(cp.address, db_url)
+    await api.publish("echoer", "echo_input", ["echo"])
+    try:
+        yield cp, api
+    finally:
+        await api.close()

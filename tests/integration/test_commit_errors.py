@@ -13,7 +13,7 @@ import re
 import pytest
 
 from agentrun.v1 import run_pb2
-from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.agentrun_api import echo_stack, sandbox_requests
 from tests.harness.waiting import eventually
 
 FAULT = "control_plane.commit.in_transaction=raise"
@@ -21,11 +21,8 @@ FAULT = "control_plane.commit.in_transaction=raise"
 
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
-    cp = control_plane(db_url, AGENTRUN_FAULTS=FAULT)
-    api = await Api.connect(cp.address, db_url)
-    await api.publish("echoer", "echo_input", ["echo"])
-    yield cp, api
-    await api.close()
+    async with echo_stack(control_plane, db_url, AGENTRUN_FAULTS=FAULT) as started:
+        yield started
 
 
 async def test_an_error_inside_the_commit_fails_the_run_after_bounded_tries(

@@ -14,7 +14,7 @@ import pytest
 
 from agentrun.v1 import run_pb2
 from executor.run_loop import CRASH_WAIT, MAX_CRASHES
-from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.agentrun_api import echo_stack, sandbox_requests
 from tests.harness.waiting import eventually
 
 FAULT = "executor.model.after_response=raise"
@@ -23,11 +23,8 @@ BACKOFF = 0.3
 
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
-    cp = control_plane(db_url)
-    api = await Api.connect(cp.address, db_url)
-    await api.publish("echoer", "echo_input", ["echo"])
-    yield cp, api
-    await api.close()
+    async with echo_stack(control_plane, db_url) as started:
+        yield started
 
 
 async def test_a_run_the_executor_keeps_failing_on_backs_off_visibly_then_fails(

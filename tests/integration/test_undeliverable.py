@@ -15,7 +15,7 @@ import re
 import pytest
 
 from agentrun.v1 import run_pb2
-from tests.harness.agentrun_api import Api, sandbox_requests
+from tests.harness.agentrun_api import echo_stack, sandbox_requests
 
 FAULT = "control_plane.dispatch.assignment=raise@2"
 REASON = r"internal error while building the run's assignment \(request ([0-9a-f]{12})\)"
@@ -23,11 +23,8 @@ REASON = r"internal error while building the run's assignment \(request ([0-9a-f
 
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
-    cp = control_plane(db_url, AGENTRUN_FAULTS=FAULT)
-    api = await Api.connect(cp.address, db_url)
-    await api.publish("echoer", "echo_input", ["echo"])
-    yield cp, api
-    await api.close()
+    async with echo_stack(control_plane, db_url, AGENTRUN_FAULTS=FAULT) as started:
+        yield started
 
 
 async def test_a_run_that_cannot_be_assigned_fails_alone_and_the_others_are_delivered(
