@@ -14,7 +14,8 @@ from telemetry import grpc_core
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Records GRPC_EXPERIMENTS as it is when `grpc` is first imported, then imports the module.
+# Records GRPC_EXPERIMENTS and GRPC_ENABLE_FORK_SUPPORT as they are when `grpc` is first
+# imported, then imports the module.
 PROBE = """
 import importlib, json, os, sys
 
@@ -24,16 +25,19 @@ class Spy:
     def find_spec(self, name, path=None, target=None):
         if name == "grpc" and not seen:
             seen.append(os.environ.get("GRPC_EXPERIMENTS"))
+            seen.append(os.environ.get("GRPC_ENABLE_FORK_SUPPORT"))
         return None
 
 sys.meta_path.insert(0, Spy())
 importlib.import_module(sys.argv[1])
-print(json.dumps({"loaded": "grpc" in sys.modules, "at_import": seen[:1]}))
+print(json.dumps({"loaded": "grpc" in sys.modules, "at_import": seen[:1],
+                  "fork_support": seen[1:2]}))
 """
 
 
 def _probe(module: str, **env: str) -> dict[str, object]:
-    environ = {k: v for k, v in os.environ.items() if k != grpc_core.ENV}
+    environ = {k: v for k, v in os.environ.items()
+               if k not in (grpc_core.ENV, grpc_core.FORK_ENV)}  # fmt: skip
     environ.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "generated")]))
     done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
@@ -44,14 +48,19 @@ def _probe(module: str, **env: str) -> dict[str, object]:
     "module", ["control_plane.server", "executor.__main__", "agentrun_cli.main", "bench.grpc_floor"]
 )
 def test_each_entry_point_sets_the_experiments_before_grpc_loads(module: str) -> None:
-    assert _probe(module) == {"loaded": True, "at_import": [grpc_core.EXPERIMENTS]}
+    assert _probe(module) == {"loaded": True, "at_import": [grpc_core.EXPERIMENTS],
+                              "fork_support": ["false"]}  # fmt: skip
 
 
 def test_an_operators_setting_wins_even_an_empty_one() -> None:
     assert _probe("control_plane.server", GRPC_EXPERIMENTS="")["at_import"] == [""]
     environ = {"GRPC_EXPERIMENTS": "event_engine_client"}
     grpc_core.configure(environ)
-    assert environ == {"GRPC_EXPERIMENTS": "event_engine_client"}
+    assert environ["GRPC_EXPERIMENTS"] == "event_engine_client"
+    assert environ["GRPC_ENABLE_FORK_SUPPORT"] == "false"
     empty: dict[str, str] = {}
     grpc_core.configure(empty)
-    assert empty == {"GRPC_EXPERIMENTS": grpc_core.EXPERIMENTS}
+    assert empty == {"GRPC_EXPERIMENTS": grpc_core.EXPERIMENTS, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+    assert _probe("control_plane.server", GRPC_ENABLE_FORK_SUPPORT="true")["fork_support"] == [
+        "true"
+    ]
