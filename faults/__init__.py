@@ -77,8 +77,7 @@ def point(name: str) -> None:
     _hits[name] += 1
     verb, nth = _actions.get(name, ("kill", 0))
     if verb == "raise" and _hits[name] >= nth:
-        sys.stderr.write(f"fault point {name}: raising (hit {_hits[name]})\n")
-        raise InjectedFault(f"fault point {name}")
+        raise _injected(name)
     fires = verb == "kill" and nth == _hits[name]
     if fires or (_random_p and _rng.random() < _random_p):
         sys.stderr.write(f"fault point {name}: killing pid {os.getpid()}\n")
@@ -108,5 +107,11 @@ def raises(name: str) -> None:
         return
     _hits[name] += 1
     if _hits[name] >= nth:
-        sys.stderr.write(f"fault point {name}: raising (hit {_hits[name]})\n")
-        raise InjectedFault(f"fault point {name}")
+        raise _injected(name)
+
+
+def _injected(name: str) -> InjectedFault:
+    """The fault a point armed with `raise` raises (raised where the point is), said on
+    stderr."""
+    sys.stderr.write(f"fault point {name}: raising (hit {_hits[name]})\n")
+    return InjectedFault(f"fault point {name}")

@@ -278,7 +278,7 @@ class Dispatcher:
         written where it goes, in its message, not built apart and copied in."""
         messages: list[pb.ConnectResponse] = []
         size = 0
-        built: list[tuple[Run, list[Step]]] = []
+        built: list[Run] = []  # those whose Assignment was built
         for run, steps in items:
             if not messages or size >= ASSIGNMENT_BATCH_BYTES:
                 messages.append(pb.ConnectResponse())
@@ -288,7 +288,7 @@ class Dispatcher:
             if not await self._built(session, assignment, run, steps):
                 del batch[-1]
                 continue
-            built.append((run, steps))
+            built.append(run)
             n = assignment.ByteSize()
             if len(batch) > 1 and size + n > ASSIGNMENT_BATCH_BYTES:  # over: opens the next
                 messages.append(pb.ConnectResponse())
@@ -298,10 +298,10 @@ class Dispatcher:
             size += n
         # Checked after the last await, as in assign.
         if self._gone(session):
-            for run, _ in built:
+            for run in built:
                 await lease_store.release_unassigned(self.pool, _lease(run))
             return
-        for run, _ in built:
+        for run in built:
             _record(session, run)
         for message in messages:
             if message.assignments.assignments:  # empty when its every run was dropped

@@ -118,10 +118,10 @@ AS_IN_A_TERMINAL = ["env", "--default-signal=INT"]
 background by a non-interactive shell (`make test &`) has SIGINT ignored, and children inherit
 that, so `cat` would outlive the Ctrl-C this harness sends.
 
-Not `preexec_fn`: that makes Python fork() where it would vfork(), and a fork() while this
-process's gRPC channels are busy restarts gRPC's poller in the child, which crashes on the fds
-`close_fds` closed before the exec (grpc/grpc#43055: 6 of 300 such Popens here exited without
-running the command)."""
+Not `preexec_fn`: that makes Python fork() where it would vfork(). A fork() while this
+process's gRPC channels were busy, with gRPC's fork support on, crashed the child before its
+exec (grpc/grpc#43055); telemetry/grpc_core.py now turns that support off, and a vfork()
+never runs gRPC's fork handlers at all."""
 
 
 def _children(pid: int) -> list[int]:

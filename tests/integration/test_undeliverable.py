@@ -34,10 +34,8 @@ async def test_a_run_that_cannot_be_assigned_fails_alone_and_the_others_are_deli
     run_ids = [await api.start("echoer", f"hello {i}") for i in range(3)]
     (executor,) = executor_factory(cp, AGENTRUN_CAPACITY="3")
     runs = await api.wait_terminal(run_ids, within=30)
-    by_status = {s: [r for r in runs if r.status == s] for s in (run_pb2.RUN_STATUS_COMPLETED,
-                                                                 run_pb2.RUN_STATUS_FAILED)}  # fmt: skip
-    (done,) = by_status[run_pb2.RUN_STATUS_COMPLETED]
-    failed = by_status[run_pb2.RUN_STATUS_FAILED]
+    (done,) = [r for r in runs if r.status == run_pb2.RUN_STATUS_COMPLETED]
+    failed = [r for r in runs if r.status == run_pb2.RUN_STATUS_FAILED]
     assert len(failed) == 2, [(r.run_id, r.status, r.error) for r in runs]
     cp_log = cp.process.log_path.read_text()
     for run in failed:
