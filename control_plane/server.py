@@ -63,7 +63,7 @@ from control_plane.connections.tokens import ConnectionTokens
 from control_plane.credits.service import CreditServicer
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
-from control_plane.dispatch import fast_path, max_age
+from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.session import ExecutorSession
@@ -207,6 +207,7 @@ class RunningServer:
             await self.verifier.close()
         if self.oauth is not None:
             await self.oauth.close()
+        await commits.close_for(self.pool)  # the connections its commits hold, first
         await self.pool.close()
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
 from control_plane.config import ServerConfig
+from control_plane.dispatch import commits
 from control_plane.server import RunningServer
 from control_plane.server import start as start_server
 from tests.harness import secrets_seen
@@ -115,6 +116,7 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
     defines its own)."""
     p = await asyncpg.create_pool(db_url, min_size=1, max_size=8)
     yield p
+    await commits.close_for(p)  # the connections a test's commit groups hold (lanes)
     await p.close()
 
 

@@ -13,6 +13,9 @@ import asyncpg
 Pool: TypeAlias = asyncpg.pool.Pool
 Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
+# A connection taken from a pool and held by its taker between statements (the commit
+# groups' lanes: dispatch/commits.py).
+Lane: TypeAlias = asyncpg.pool.PoolConnectionProxy
 
 
 async def _no_reset(conn: Connection) -> None:

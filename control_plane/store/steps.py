@@ -13,7 +13,7 @@ import asyncpg
 import faults
 from control_plane.pricing import Usage
 from control_plane.store import credits, records
-from control_plane.store.db import in_transaction, transaction
+from control_plane.store.db import Lane, in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced, transient
 from control_plane.store.queries import run
 
@@ -98,11 +98,13 @@ async def commit(
     req: CommitRequest,
     lease_seconds: float,
     now: datetime | None = None,
+    via: Lane | None = None,
 ) -> CommitResult:
     """Append steps and apply the transition if the run is still held at req.epoch.
 
     Raises Fenced when it is not. A retry of a commit that already landed
-    (same epoch, same seqs and kinds) is acknowledged as a duplicate.
+    (same epoch, same seqs and kinds) is acknowledged as a duplicate. `via`: a connection
+    the caller holds for its commits, for the statement itself (the rest uses `pool`).
     """
     try:
         if in_transaction(pool) or faults.active():
@@ -113,7 +115,7 @@ async def commit(
             # One statement is its own transaction: no BEGIN/COMMIT round trips on
             # the hottest path. The explicit one above exists for the caller's
             # savepoint and for the fault point that fails inside the transaction.
-            row = await _apply(pool, req, lease_seconds, now)
+            row = await _apply(via or pool, req, lease_seconds, now)
     except asyncpg.UniqueViolationError:
         row = None
     return await _settle(pool, req, row)
@@ -135,7 +137,10 @@ async def _settle(
 
 
 async def commit_many(
-    pool: asyncpg.pool.Pool, reqs: list[CommitRequest], lease_seconds: float
+    pool: asyncpg.pool.Pool,
+    reqs: list[CommitRequest],
+    lease_seconds: float,
+    via: Lane | None = None,
 ) -> list[CommitResult | BaseException]:
     """Commit several runs' requests (each run at most once) in one statement; each entry
     is that request's result or the error `commit` would have raised for it alone.
@@ -144,6 +149,7 @@ async def commit_many(
     duplicate is recognised, else Fenced) while the others land. If the statement
     fails (a retried commit's seqs already there, a payload the database refuses), it
     wrote nothing, and each request is committed alone so only its own error is its own.
+    `via` as commit's.
     """
     try:
         if faults.active():
@@ -151,7 +157,7 @@ async def commit_many(
                 rows = await _apply_many(conn, reqs, lease_seconds)
                 faults.point("control_plane.commit.in_transaction")
         else:
-            rows = await _apply_many(pool, reqs, lease_seconds)
+            rows = await _apply_many(via or pool, reqs, lease_seconds)
     except Exception as exc:  # noqa: BLE001 - each request's own error is found alone
         if transient(exc):  # the database is unreachable: each is told so, as alone
             return [exc for _ in reqs]
@@ -184,7 +190,7 @@ async def _top_up(
 
 
 async def _apply(
-    db: asyncpg.pool.Pool | asyncpg.Connection,
+    db: asyncpg.pool.Pool | asyncpg.Connection | Lane,
     req: CommitRequest,
     lease_seconds: float,
     now: datetime | None,
@@ -215,7 +221,9 @@ async def _apply(
 
 
 async def _apply_many(
-    db: asyncpg.pool.Pool | asyncpg.Connection, reqs: list[CommitRequest], lease_seconds: float
+    db: asyncpg.pool.Pool | asyncpg.Connection | Lane,
+    reqs: list[CommitRequest],
+    lease_seconds: float,
 ) -> list[asyncpg.Record]:
     ts, us = [r.transition for r in reqs], [r.usage for r in reqs]
     steps = [(i, s) for i, r in enumerate(reqs, start=1) for s in r.steps]

@@ -1,16 +1,27 @@
 """Commits of several runs arriving in one event-loop tick go as one statement (real
-Postgres), each run fenced on its own: a fenced, duplicate or refused commit fails no other."""
+Postgres), each run fenced on its own: a fenced, duplicate or refused commit fails no other.
+The statements go over connections the groups hold (lanes), handed back when asked."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
+
+import pytest
 
 from control_plane.dispatch.commits import CommitGroups
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import DataRefused, Fenced
 from tests import factories
+
+
+@pytest.fixture
+async def groups(pool) -> AsyncIterator[CommitGroups]:
+    groups = CommitGroups(pool)
+    yield groups
+    await groups.close()  # else the pool's close waits for its lanes to go idle
 
 
 def step(seq: int, kind: str = "model_decision", text: str = "") -> steps.NewStep:
@@ -27,9 +38,8 @@ def request(run: runs.Run, new: list[steps.NewStep], **kw) -> steps.CommitReques
     return steps.CommitRequest(run.workspace_id, run.run_id, run.lease_epoch, new, **kw)
 
 
-async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(pool):
+async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(pool, groups):
     renewing, parking, finishing = await held_runs(pool, 3)
-    groups = CommitGroups(pool)
     park = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=600)
     done = steps.Transition(status="completed", text="the end")
     results = await asyncio.gather(
@@ -59,13 +69,12 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
     ]  # fmt: skip
 
 
-async def test_a_fenced_run_in_the_group_fails_alone(pool):
+async def test_a_fenced_run_in_the_group_fails_alone(pool, groups):
     held = await held_runs(pool, 2)
     later = max(r.wake_at for r in held) + timedelta(seconds=1)
     (newer,) = await lease.claim_due(pool, ["ex-b"], 30, now=later)  # one lapsed lease taken
     (taken,) = [r for r in held if r.run_id == newer.run_id]
     (ours,) = [r for r in held if r.run_id != newer.run_id]
-    groups = CommitGroups(pool)
     landed, fenced = await asyncio.gather(
         groups.commit(request(ours, [step(1)]), 30),
         groups.commit(request(taken, [step(1)]), 30),
@@ -80,9 +89,8 @@ async def test_a_fenced_run_in_the_group_fails_alone(pool):
     )
 
 
-async def test_a_duplicate_or_refused_commit_in_the_group_leaves_the_others_landed(pool):
+async def test_a_duplicate_or_refused_commit_in_the_group_leaves_the_others_landed(pool, groups):
     first, retried, refused = await held_runs(pool, 3)
-    groups = CommitGroups(pool)
     await groups.commit(request(retried, [step(1)]), 30)  # landed; its reply "lost"
     results = await asyncio.gather(
         groups.commit(request(first, [step(1)]), 30),
@@ -98,9 +106,8 @@ async def test_a_duplicate_or_refused_commit_in_the_group_leaves_the_others_land
     assert counts == [2, 2, 1]
 
 
-async def test_two_commits_of_one_run_in_a_tick_go_in_separate_statements(pool):
+async def test_two_commits_of_one_run_in_a_tick_go_in_separate_statements(pool, groups):
     (run,) = await held_runs(pool, 1)
-    groups = CommitGroups(pool)
     both = await asyncio.gather(
         groups.commit(request(run, [step(1)]), 30),
         groups.commit(request(run, [step(1)]), 30),  # a retry racing its first try
@@ -109,3 +116,26 @@ async def test_two_commits_of_one_run_in_a_tick_go_in_separate_statements(pool):
     assert groups.statements == 2
     assert sorted(r.duplicate for r in both) == [False, True]
     assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 2
+
+
+async def test_the_lane_is_held_between_statements_replaced_when_broken_and_handed_back(
+    pool, groups, db
+):
+    (run,) = await held_runs(pool, 1)
+    await groups.commit(request(run, [step(1)]), 30)
+    await groups.commit(request(run, [step(2)]), 30)
+    assert pool.get_size() - pool.get_idle_size() == 1  # one connection kept for the next
+    # Postgres ends every backend of the pool, the lane's too (a restart, a failover).
+    await db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
+    errors = []
+    for _ in range(3):  # the broken lane may fail the one commit sent before it is noticed
+        try:
+            await groups.commit(request(run, [step(3)]), 30)
+            break
+        except Exception as exc:  # noqa: BLE001 - counted below
+            errors.append(exc)  # (asyncpg says so in more than one way: the session retries)
+    assert len(errors) <= 1, errors
+    assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 4
+    await groups.close()
+    assert pool.get_idle_size() == pool.get_size()  # nothing held: the pool may close
