@@ -121,23 +121,22 @@ class CommitGroups:
         if len(self._lanes) >= MAX_IN_FLIGHT:  # more were out at once than are kept
             self._release(conn)
             return
-        self._lanes.append((conn, time.monotonic()))
+        self._lanes.append((conn, time.monotonic()))  # in order of last use (_lane pops the last)
         if self._idle_timer is None:
             self._idle_timer = asyncio.get_running_loop().call_later(
                 LANE_IDLE_SECONDS, self._release_idle
             )
 
     def _release_idle(self) -> None:
-        """Lanes idle for LANE_IDLE_SECONDS go back to the pool; checked again while any stay."""
+        """Lanes idle for LANE_IDLE_SECONDS go back to the pool; checked again when the
+        oldest of those left will be."""
         self._idle_timer = None
-        cutoff = time.monotonic() - LANE_IDLE_SECONDS
-        idle = [conn for conn, used in self._lanes if used <= cutoff]
-        self._lanes = [(conn, used) for conn, used in self._lanes if used > cutoff]
-        for conn in idle:
-            self._release(conn)
+        now = time.monotonic()
+        while self._lanes and self._lanes[0][1] <= now - LANE_IDLE_SECONDS:
+            self._release(self._lanes.pop(0)[0])
         if self._lanes:
             self._idle_timer = asyncio.get_running_loop().call_later(
-                LANE_IDLE_SECONDS, self._release_idle
+                self._lanes[0][1] + LANE_IDLE_SECONDS - now, self._release_idle
             )
 
     def _release(self, conn: Lane) -> None:

@@ -11,10 +11,12 @@ from datetime import timedelta
 
 import pytest
 
+from control_plane.dispatch import commits
 from control_plane.dispatch.commits import CommitGroups
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import DataRefused, Fenced
 from tests import factories
+from tests.harness.waiting import eventually
 
 
 @pytest.fixture
@@ -139,3 +141,14 @@ async def test_the_lane_is_held_between_statements_replaced_when_broken_and_hand
     assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 4
     await groups.close()
     assert pool.get_idle_size() == pool.get_size()  # nothing held: the pool may close
+
+
+async def test_an_idle_lane_goes_back_to_the_pool_on_its_own(pool, groups, monkeypatch):
+    monkeypatch.setattr(commits, "LANE_IDLE_SECONDS", 0.2)
+    (run,) = await held_runs(pool, 1)
+    await groups.commit(request(run, [step(1)]), 30)
+    assert pool.get_size() - pool.get_idle_size() == 1
+    await eventually(lambda: pool.get_idle_size() == pool.get_size(), timeout=5,
+                     message="the idle lane was never handed back")  # fmt: skip
+    await groups.commit(request(run, [step(2)]), 30)  # a new lane, taken as the first was
+    assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 3
