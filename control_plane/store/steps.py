@@ -196,8 +196,10 @@ async def _apply(
     now: datetime | None,
 ) -> asyncpg.Record | None:
     t = req.transition
-    if t.status is None:  # the common case: a step appended, the lease kept
-        return await run(
+    if t.status is None and not req.renew_always:
+        # The common case: a step appended, the lease kept as it is. No row: fenced, or
+        # the renewal is due, which run_commit below tells apart (renewing, or fenced).
+        row = await run(
             db, "run_commit_keep", workspace_id=req.workspace_id, run_id=req.run_id,
             epoch=req.epoch, seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
             ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
@@ -205,8 +207,9 @@ async def _apply(
             input_tokens=req.usage.input_tokens, output_tokens=req.usage.output_tokens,
             cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
             cost_micros=req.usage.cost_micros, lease_seconds=lease_seconds, now=now,
-            renew_always=req.renew_always,
         )  # fmt: skip
+        if row is not None:
+            return row
     return await run(
         db, "run_commit", workspace_id=req.workspace_id, run_id=req.run_id, epoch=req.epoch,
         seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],

@@ -89,8 +89,9 @@ ROW = """SELECT status, lease_owner, lease_epoch, wake_at, step_count, model_cal
 
 
 async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_statement(pool):
-    """run_commit_keep (what steps.commit sends without a transition) writes what run_commit
-    writes for :status NULL, lazy and due alike, and returns the same row."""
+    """What steps.commit sends without a transition (run_commit_keep while more than half
+    the lease is left, run_commit once the renewal is due) writes what run_commit writes
+    for :status NULL, lazy and due alike, and returns the same row."""
     (general, keep), t0 = await claimed(pool, 2)
     sql = queries.QUERIES["run_commit"]
     for seq, t in ((1, 1.0), (2, 16.0)):  # more than half the lease left, then not

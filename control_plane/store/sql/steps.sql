@@ -10,7 +10,8 @@
 -- as a renewal), else only once half of it or less is left, so that most
 -- commits leave wake_at (indexed) alone and the update stays HOT. `renewed`
 -- says which. Database clock unless :now fixes it. A commit without a transition
--- goes through run_commit_keep (below), this statement narrowed to that case.
+-- goes through run_commit_keep (below), this statement narrowed to the case
+-- where nothing is renewed, and comes here when that finds the renewal due.
 WITH locked AS (
     SELECT workspace_id, run_id,
            :status::text IS NULL AND (:renew_always::boolean OR coalesce(
@@ -62,22 +63,26 @@ RETURNING r.status, r.wake_at, locked.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
 
 -- name: run_commit_keep :one
--- run_commit for the common case, a commit that keeps the lease (no transition):
--- the same fence, steps, counters and renewal rule, and the same row afterwards
--- (status and lease_owner stay as they are; the columns run_commit's CASEs clear
--- are cleared). Its SET list leaves out status, so the triggers that watch status
--- for a run's end (runs_child_finish, runs_credits_finish, runs_session_finish:
--- AFTER UPDATE OF status) are not even considered; it binds ten parameters
--- fewer and counts the steps it was given rather than those it inserted.
--- Zero rows means fenced. Database clock unless :now fixes it.
+-- run_commit for the common case, a commit that keeps the lease as it is: no
+-- transition, and more than half of the lease left (run_commit's renewal rule,
+-- negated, in the fence), so nothing to renew. The same fence, steps and
+-- counters, and the same row afterwards (status, lease_owner and wake_at stay
+-- as they are; the columns run_commit's CASEs clear are cleared). Its SET list
+-- names neither status nor wake_at, so Postgres does not even consider the row
+-- triggers that watch them (AFTER UPDATE OF status; 0035's runs_active_time and
+-- runs_fair_update, UPDATE OF status and wake_at), whose WHEN clauses it would
+-- otherwise prepare for the statement; it binds seven parameters fewer and
+-- counts the steps it was given rather than those it inserted (the insert lands
+-- every step or fails the statement). Zero rows: fenced, or due for renewal;
+-- the caller then commits through run_commit, which renews or fences.
+-- Database clock unless :now fixes it.
 WITH locked AS (
-    SELECT workspace_id, run_id,
-           :renew_always::boolean OR coalesce(
-               wake_at <= coalesce(:now::timestamptz, now())
-                          + make_interval(secs => 0.5 * :lease_seconds::float8), true) AS renews
+    SELECT workspace_id, run_id
     FROM runs
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
+      AND wake_at > coalesce(:now::timestamptz, now())
+                    + make_interval(secs => 0.5 * :lease_seconds::float8)
     FOR NO KEY UPDATE
 ), appended AS (
     INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
@@ -87,7 +92,6 @@ WITH locked AS (
              AS s(seq, kind, ref_seq, payload)
 )
 UPDATE runs r SET
-    -- The insert lands every step or fails the statement: no need to count its rows.
     step_count = r.step_count + cardinality(:seqs::int[]),
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
@@ -99,16 +103,13 @@ UPDATE runs r SET
     cost_micros = r.cost_micros + :cost_micros,
     wait_reason = NULL,
     waiting_connection_id = NULL,
-    wake_at = CASE WHEN locked.renews
-                   THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
-                   ELSE r.wake_at END,
     output = NULL,
     error = NULL,
     finished_at = NULL,
     updated_at = now()
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
-RETURNING r.status, r.wake_at, locked.renews AS renewed,
+RETURNING r.status, r.wake_at, false AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
 
 -- name: steps_by_seqs :many
