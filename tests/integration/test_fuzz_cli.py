@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from agentrun_cli import credentials
+from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
 from agentrun_cli.main import main
 from agentrun_cli.parser import build_parser
 from tests.harness import auth
@@ -93,6 +94,16 @@ def _run(argv: list[str]) -> tuple[int | str | None, str]:
     return code, err.getvalue()
 
 
+def _stop_embedded_stores(data_dir: Path) -> None:
+    """Commands that need the database and find no DATABASE_URL (`migrate`, `admin
+    bootstrap`) start an embedded Postgres under the data dir and leave it running for
+    the next command, as they should on a developer's machine; the test stops them."""
+    if (data_dir / "postgres" / "postmaster.pid").exists():
+        EmbeddedPostgres(data_dir / "postgres").start().stop()
+    if (data_dir / "redis").exists():
+        EmbeddedRedis(data_dir / "redis").start().stop()
+
+
 async def test_every_cli_command_refuses_hostile_arguments_in_one_line(
     control_plane, db_url, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,18 +119,21 @@ async def test_every_cli_command_refuses_hostile_arguments_in_one_line(
     commands = list(_leaves(build_parser(), []))
     assert len(commands) >= 60, [c for c, _ in commands]
     bad, codes = [], []
-    for path, parser in commands:
-        for _ in range(TRIES_PER_COMMAND):
-            argv = _argv(path, parser, rng, values)
-            monkeypatch.setenv("AGENTRUN_API_KEY", rng.choice(keys))
-            try:  # in a thread of its own: no event loop there, as in the real process
-                code, err = await asyncio.wait_for(asyncio.to_thread(_run, argv), SECONDS)
-            except TimeoutError:
-                code, err = "hung", ""
-            credentials.activate(None)
-            codes.append(code)
-            if code in ("hung", "raised") or "Traceback" in err:
-                bad.append(f"{argv!r}: {code}\n{err[-1200:]}")
+    try:
+        for path, parser in commands:
+            for _ in range(TRIES_PER_COMMAND):
+                argv = _argv(path, parser, rng, values)
+                monkeypatch.setenv("AGENTRUN_API_KEY", rng.choice(keys))
+                try:  # in a thread of its own: no event loop there, as in the real process
+                    code, err = await asyncio.wait_for(asyncio.to_thread(_run, argv), SECONDS)
+                except TimeoutError:
+                    code, err = "hung", ""
+                credentials.activate(None)
+                codes.append(code)
+                if code in ("hung", "raised") or "Traceback" in err:
+                    bad.append(f"{argv!r}: {code}\n{err[-1200:]}")
+    finally:
+        _stop_embedded_stores(tmp_path)
     assert not bad, "\n".join(bad[:10])
     # Some commands did their work, some were refused: the server was reached.
     assert codes.count(0) >= 10 and codes.count(1) >= 10 and codes.count(2) >= 10, codes
