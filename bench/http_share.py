@@ -131,8 +131,11 @@ def _dbos_way(model_base: str, providers_base: str, runs: int, mode: str, thread
         on_end=lambda: meters[0].stop(),
     )  # fmt: skip
     cpu = meters[0].used()["own"]
-    label = DBOS_ASYNC if mode == "async" else DBOS_SYNC
-    return Share(f"{label} ({threads})", result.actions, result.seconds, cpu)
+    return Share(_dbos_label(mode, threads), result.actions, result.seconds, cpu)
+
+
+def _dbos_label(mode: str, threads: int) -> str:
+    return f"{DBOS_ASYNC if mode == 'async' else DBOS_SYNC} ({threads})"
 
 
 async def measure(
@@ -148,8 +151,8 @@ async def measure(
     tries: list[tuple[str, Callable[[], Share]]] = []
     if dbos is not None and module_available("dbos"):
         mode, threads = dbos
-        label = f"{DBOS_ASYNC if mode == 'async' else DBOS_SYNC} ({threads})"
-        tries.append((label, partial(_dbos_way, model_base, providers_base, runs, mode, threads)))
+        dbos_once = partial(_dbos_way, model_base, providers_base, runs, mode, threads)
+        tries.append((_dbos_label(mode, threads), dbos_once))
     ways: list[tuple[str, Callable[[http_client.Targets], http_client.Client]]] = [
         (EXECUTOR, http_client.ExecutorClient),
         (EXECUTOR_HTTPX, http_client.HttpxClient),

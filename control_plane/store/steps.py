@@ -196,30 +196,29 @@ async def _apply(
     now: datetime | None,
 ) -> asyncpg.Record | None:
     t = req.transition
-    if t.status is None and not req.renew_always:
-        # The common case: a step appended, the lease kept as it is. No row: fenced, or
-        # the renewal is due, which run_commit below tells apart (renewing, or fenced).
-        row = await run(
-            db, "run_commit_keep", workspace_id=req.workspace_id, run_id=req.run_id,
-            epoch=req.epoch, seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
-            ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
-            model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
-            input_tokens=req.usage.input_tokens, output_tokens=req.usage.output_tokens,
-            cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
-            cost_micros=req.usage.cost_micros, lease_seconds=lease_seconds, now=now,
-        )  # fmt: skip
-        if row is not None:
-            return row
+    # What both statements bind: the fence, the steps and the counters.
+    shared = {
+        "workspace_id": req.workspace_id, "run_id": req.run_id, "epoch": req.epoch,
+        "seqs": [s.seq for s in req.steps], "kinds": [s.kind for s in req.steps],
+        "ref_seqs": [s.ref_seq for s in req.steps],
+        "payloads": [s.payload_json for s in req.steps], "model_calls": req.model_calls,
+        "tool_calls": req.tool_calls, "tokens": req.tokens,
+        "input_tokens": req.usage.input_tokens, "output_tokens": req.usage.output_tokens,
+        "cached_tokens": req.usage.cached_tokens, "reasoning_tokens": req.usage.reasoning_tokens,
+        "cost_micros": req.usage.cost_micros, "lease_seconds": lease_seconds, "now": now,
+    }  # fmt: skip
+    # The common case: a step appended, the lease kept as it is. No row: fenced, or the
+    # renewal is due, which run_commit below tells apart (renewing, or fenced).
+    if (
+        t.status is None
+        and not req.renew_always
+        and (row := await run(db, "run_commit_keep", **shared)) is not None
+    ):
+        return row
     return await run(
-        db, "run_commit", workspace_id=req.workspace_id, run_id=req.run_id, epoch=req.epoch,
-        seqs=[s.seq for s in req.steps], kinds=[s.kind for s in req.steps],
-        ref_seqs=[s.ref_seq for s in req.steps], payloads=[s.payload_json for s in req.steps],
-        model_calls=req.model_calls, tool_calls=req.tool_calls, tokens=req.tokens,
-        input_tokens=req.usage.input_tokens, output_tokens=req.usage.output_tokens,
-        cached_tokens=req.usage.cached_tokens, reasoning_tokens=req.usage.reasoning_tokens,
-        cost_micros=req.usage.cost_micros, status=t.status, wait_reason=t.wait_reason, wake_at=t.wake_at,
-        wake_after_seconds=t.wake_after_seconds, lease_seconds=lease_seconds, text=t.text,
-        now=now, waiting_connection_id=t.waiting_connection_id, renew_always=req.renew_always,
+        db, "run_commit", **shared, status=t.status, wait_reason=t.wait_reason,
+        wake_at=t.wake_at, wake_after_seconds=t.wake_after_seconds, text=t.text,
+        waiting_connection_id=t.waiting_connection_id, renew_always=req.renew_always,
     )  # fmt: skip
 
 
