@@ -2,10 +2,18 @@
 
 `/healthz` is liveness (the process runs its event loop) and never looks at the
 database: restarting a replica because Postgres is down would not help. `/readyz` and
-the gRPC health service are readiness: a `SELECT 1` bounded by `TIMEOUT`, remembered
-for `TTL` so probes and scrapes cost at most one ping a second. `watch()` keeps the
-health service in step (NOT_SERVING while the database is unreachable), so a load
-balancer or Kubernetes stops sending work to a replica that cannot do it.
+the gRPC health service are readiness: a `SELECT 1` answered within `TIMEOUT`,
+remembered for `TTL` so probes and scrapes cost at most one ping a second. `watch()`
+keeps the health service in step (NOT_SERVING while the database is unreachable or
+silent), so a load balancer or Kubernetes stops sending work to a replica that cannot
+do it.
+
+A database that goes silent (packets dropped, no reset) is the hard case: a query
+cancelled on such a connection is not given back until the database answers or the
+pool's command timeout (30 s) passes, so waiting for the cancellation would keep the
+replica SERVING that long. The ping is therefore a task of its own that readiness
+stops waiting for at `TIMEOUT`; left running, it ends when the database answers
+again, and until then no second ping is sent.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ class Readiness:
         self._ready = False
         self._checked_at = float("-inf")
         self._lock = asyncio.Lock()
+        self._ping_task: asyncio.Task[bool] | None = None  # the ping still out, if any
 
     async def ready(self) -> bool:
         async with self._lock:
@@ -47,10 +56,17 @@ class Readiness:
             return self._ready
 
     async def _ping(self) -> bool:
-        try:
-            return await asyncio.wait_for(store.ping(self._pool), self._timeout)
-        except Exception:  # noqa: BLE001 - any failure to answer is "not ready"
+        """Whether the database answered within the timeout (the module docstring says why
+        a ping that has not is left running rather than cancelled)."""
+        if self._ping_task is None:
+            self._ping_task = asyncio.create_task(store.ping(self._pool), name="readiness-ping")
+        task = self._ping_task
+        done, _ = await asyncio.wait({task}, timeout=self._timeout)
+        if not done:
             return False
+        self._ping_task = None
+        # Any failure to answer is "not ready".
+        return not task.cancelled() and task.exception() is None and task.result()
 
     async def watch(
         self,

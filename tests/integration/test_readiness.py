@@ -7,13 +7,21 @@ The control plane is a real process; the session's embedded PostgreSQL is really
 
 from __future__ import annotations
 
+import asyncio
+import asyncio
 import time
+from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.harness.tcp_proxy import TcpProxy
+from control_plane.readiness import Readiness
+from control_plane.store.db import create_pool
+from tests.harness.tcp_proxy import TcpProxy
 from tests.harness.waiting import eventually
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -80,3 +88,101 @@ async def test_readiness_follows_postgres_down_and_back(db_url, control_plane, e
         )
     finally:
         await probe.close()
+
+
+async def test_readiness_notices_a_silent_database_and_its_return(db_url, control_plane):
+    """Postgres behind a proxy that black-holes it (packets dropped, no reset, no refusal):
+    a database that stops answering is as unready as one that is gone."""
+    url = urlsplit(db_url)
+    proxy = await TcpProxy(f"{url.hostname}:{url.port}").start()
+    through = url._replace(netloc=url.netloc.replace(f"{url.hostname}:{url.port}", proxy.address))
+    # Started in a thread: it waits until ready, and the proxy pumps in this event loop.
+    cp = await asyncio.to_thread(control_plane, urlunsplit(through))
+    probe = Probe(cp.http_url, cp.address)
+
+    async def state_is(expected: tuple[int, int, int]) -> bool:
+        return await probe.state() == expected
+
+    try:
+        assert await probe.state() == (200, SERVING, SERVING)
+        proxy.black_hole()
+        cut = time.monotonic()
+        await eventually(lambda: state_is((503, NOT_SERVING, NOT_SERVING)), timeout=15,
+                         interval=0.1, message="still ready with Postgres silent")  # fmt: skip
+        noticed = time.monotonic() - cut
+        proxy.heal()
+        healed = time.monotonic()
+        await eventually(lambda: state_is((200, SERVING, SERVING)), timeout=15, interval=0.1,
+                         message="not ready after Postgres answered again")  # fmt: skip
+        back = time.monotonic() - healed
+        print(f"silent database: unready after {noticed:.2f}s, ready {back:.2f}s after the heal")
+        assert noticed < 5.0 and back < 5.0
+    finally:
+        await probe.close()
+        await proxy.close()
+
+
+def _through(db_url: str, proxy: TcpProxy) -> str:
+    """db_url with the proxy's address in place of the database's."""
+    url = urlsplit(db_url)
+    netloc = url.netloc.replace(f"{url.hostname}:{url.port}", proxy.address)
+    return urlunsplit(url._replace(netloc=netloc))
+
+
+async def _db_proxy(db_url: str) -> TcpProxy:
+    url = urlsplit(db_url)
+    return await TcpProxy(f"{url.hostname}:{url.port}").start()
+
+
+async def test_a_silent_database_is_unready_at_the_timeout_not_when_the_ping_gives_up(db_url):
+    """The ping that is out when the database goes silent is not waited for: its
+    cancellation would hang until the pool's command timeout (30 s)."""
+    proxy = await _db_proxy(db_url)
+    pool = await create_pool(_through(db_url, proxy), min_size=1, max_size=4)
+    readiness = Readiness(pool, ttl=0.0, timeout=1.0)
+    try:
+        assert await readiness.ready()
+        proxy.black_hole()
+        began = time.monotonic()
+        assert not await readiness.ready()
+        assert not await readiness.ready()  # the first ping is still out: no second one
+        assert time.monotonic() - began < 3.0
+        proxy.heal()
+        await eventually(readiness.ready, timeout=5, interval=0.1,
+                         message="not ready once the database answered again")  # fmt: skip
+    finally:
+        proxy.heal()
+        await pool.close()
+        await proxy.close()
+
+
+async def test_readiness_notices_a_silent_database_and_its_return(db_url, control_plane):
+    """A control plane whose Postgres is behind a proxy that black-holes it (packets
+    dropped, no reset, no refusal): NOT_SERVING within 5 s of the cut, SERVING within 5 s
+    of the heal, on /readyz and the gRPC health service alike."""
+    proxy = await _db_proxy(db_url)
+    # Started in a thread: it waits until ready, and the proxy pumps in this event loop.
+    cp = await asyncio.to_thread(control_plane, _through(db_url, proxy))
+    probe = Probe(cp.http_url, cp.address)
+
+    async def state_is(expected: tuple[int, int, int]) -> bool:
+        return await probe.state() == expected
+
+    try:
+        assert await probe.state() == (200, SERVING, SERVING)
+        proxy.black_hole()
+        cut = time.monotonic()
+        await eventually(lambda: state_is((503, NOT_SERVING, NOT_SERVING)), timeout=15,
+                         interval=0.1, message="still ready with Postgres silent")  # fmt: skip
+        noticed = time.monotonic() - cut
+        proxy.heal()
+        healed = time.monotonic()
+        await eventually(lambda: state_is((200, SERVING, SERVING)), timeout=15, interval=0.1,
+                         message="not ready after Postgres answered again")  # fmt: skip
+        back = time.monotonic() - healed
+        print(f"silent database: unready after {noticed:.2f}s, ready {back:.2f}s after the heal")
+        assert noticed < 5.0 and back < 5.0
+    finally:
+        proxy.heal()
+        await probe.close()
+        await proxy.close()
