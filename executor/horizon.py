@@ -41,7 +41,23 @@ SEND_GATE: ContextVar[Callable[[], str | None] | None] = ContextVar("send_gate",
 
 
 class Refused(Exception):
-    """A model request the last-moment check held back: nothing was written."""
+    """A request our own side held back before any byte of it left: the send horizon, the
+    lease, or the control plane it needed (a connection's token). Never a tool's outcome nor
+    an answer the model reads: the run hands itself back, and the next holder sends the call
+    under the same key (docs/protocol.md, "Our own failures").
+
+    `may_have_left`: an earlier request of the same call, in the same delivery, may have
+    reached the provider (a timeout, say), so the call is not known unsent."""
+
+    def __init__(self, why: str, *, may_have_left: bool = False) -> None:
+        super().__init__(why)
+        self.may_have_left = may_have_left
+
+    def after(self, exposed: bool) -> Refused:
+        """This refusal, as one that came after a request that may have left, if `exposed`."""
+        if not exposed or self.may_have_left:
+            return self
+        return Refused(str(self), may_have_left=True)
 
 
 def blocked_now() -> str | None:

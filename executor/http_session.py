@@ -90,17 +90,13 @@ def timeout(seconds: float) -> aiohttp.ClientTimeout:
 class LastMoment(aiohttp.ClientRequest):
     """Writes a request only if the run may send this instant: the send horizon's
     last-moment check (executor/horizon.py), on the connection, right before the first byte
-    goes out. Refused, nothing is written and `refused(why)` is raised (horizon.Refused; a
-    subclass raises its caller's own), so a holder stopped past its horizon never sends what
+    goes out. Refused, nothing is written and horizon.Refused is raised (our own side held
+    it back: never a tool's outcome), so a holder stopped past its horizon never sends what
     its successor sends. Model and tool requests alike."""
-
-    @staticmethod
-    def refused(why: str) -> Exception:
-        return horizon.Refused(why)
 
     async def send(self, conn: Any) -> aiohttp.ClientResponse:
         if (refusal := horizon.blocked_now()) is not None:
-            raise self.refused(refusal)
+            raise horizon.Refused(f"not sent: {refusal}")
         return await super().send(conn)
 
 

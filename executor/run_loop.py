@@ -34,8 +34,8 @@ from executor import (
 from executor import metrics as m
 from executor.canary import TOOL as CANARY_TOOL
 from executor.canary import tool_output as canary_output
-from executor.horizon import SEND_GATE, SESSION_GONE
-from executor.lease import LeaseKeeper
+from executor.horizon import SEND_GATE
+from executor.lease import NOT_HELD, LeaseKeeper
 from executor.models import profiles
 from executor.models.base import (
     ModelClient,
@@ -64,7 +64,6 @@ from executor.tools import chain, credentials, definitions, keys
 from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
 from executor.tools.credentials import Granted
 from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
-from executor.tools.http_tool import NotSent
 from telemetry import logs, tracing
 from telemetry.scrape import labelled
 
@@ -83,6 +82,11 @@ CHILD_WAIT = "child"
 # MAX_CRASHES-th time.
 CRASH_WAIT = "executor_error"
 MAX_CRASHES = 5
+# A run handed back this many times in a row is claimed afresh at once; after that it waits
+# 1, 2, 4 ... seconds (at most HANDOFF_WAIT_CAP) before each claim: a call our own side keeps
+# refusing must not spin through claims.
+HANDOFFS_AT_ONCE = 3
+HANDOFF_WAIT_CAP = 60.0
 
 
 class _HandBack(Exception):
@@ -262,10 +266,10 @@ class RunLoop:
                 log.warning("run %s was assigned but its log is finished", self.run_id)
                 return "done"
             if self._handoff.is_set() and not isinstance(action, FinishCompleted):
-                return await self._park("handoff", 0.0, "executor draining: handed back")
+                return await self._hand_back("executor draining: handed back")
             if isinstance(action, (StartTool, ResolveUnknown)) and self._carried_over():
-                return await self._park("handoff", 0.0, "stream replaced since the lease was "
-                                        "granted: handed back to send under a fresh one")  # fmt: skip
+                note = "stream replaced since the lease was granted: handed back to send under a fresh one"
+                return await self._hand_back(note, self._unsent_call(action))
             now = self._deps.wall_clock()
             error = limits.exceeded(
                 self._run, replay.counters(self.entries), action, now, now - self._held_from
@@ -275,7 +279,7 @@ class RunLoop:
             try:
                 ended = await self._act(action)
             except _HandBack as back:
-                return await self._park("handoff", 0.0, str(back))
+                return await self._hand_back(str(back))
             if ended:
                 return ended
 
@@ -340,7 +344,7 @@ class RunLoop:
             return await self._fail(exc.reason)
         labelled(m.MODEL_CALLS, "ok").inc()
         if reply is None:  # interrupted by the drain deadline
-            return await self._park("handoff", 0.0, "executor draining: model call abandoned")
+            return await self._hand_back("executor draining: model call abandoned")
         faults.point("executor.model.after_response")
         reply = dataclasses.replace(reply, tool_calls=steps.unique_call_ids(reply.tool_calls, seq))
         decision = steps.decision(seq, reply, self.spec.model)
@@ -387,7 +391,7 @@ class RunLoop:
         """The tool and `tool_started` step of the decision's first call if the loop's next
         step would be to start it and send it (no handoff, limit, refusal, approval or
         internal tool in the way); else None, and the decision is committed alone."""
-        if self._handoff.is_set():
+        if self._handoff.is_set() or self._carried_over():
             return None
         entries = [*self.entries, steps.as_entry(decision)]
         action = replay.next_action(entries, self._run.limits.repeat_limit)
@@ -441,7 +445,7 @@ class RunLoop:
         except ModelRejected as exc:
             return await self._fail(f"asked to summarise the run, the model refused: {exc.reason}")
         if reply is None:  # interrupted by the drain deadline
-            return await self._park("handoff", 0.0, "executor draining: summary abandoned")
+            return await self._hand_back("executor draining: summary abandoned")
         if not context.recap_text(reply):  # nothing to record: the prompt goes whole this time
             log.warning("run %s: the model wrote no recap of steps %d-%d", self.run_id,
                         span.from_seq, span.through_seq)  # fmt: skip
@@ -494,7 +498,7 @@ class RunLoop:
             # A model request is a send as much as a tool request: a holder stopped past
             # its send horizon must not ask again what its successor has asked already.
             await self._guard()
-        except NotSent as exc:
+        except horizon.Refused as exc:
             raise _HandBack(f"not asked: {exc}") from None
         call = asyncio.ensure_future(profiles.ask(
             self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta
@@ -592,6 +596,8 @@ class RunLoop:
             return await self._park_rate(exc, seq)
         except credentials.ConnectionUnusable as exc:
             return await self._park_connection(exc, seq)
+        except horizon.Refused as exc:  # our own side held it back: never the call's outcome
+            return await self._hand_back(str(exc), None if exc.may_have_left else seq)
         faults.point("executor.tool.after_response")
         return await self._record(seq + 1, seq, call_id, tool.name, outcome)
 
@@ -706,7 +712,10 @@ class RunLoop:
                 # Still known unsent only if it was so before this attempt.
                 return await self._park_rate(exc, started.seq if unsent else None)
             except credentials.ConnectionUnusable as exc:
-                return await self._park_connection(exc, started.seq)
+                return await self._park_connection(exc, started.seq if unsent else None)
+            except horizon.Refused as exc:
+                known = unsent and not exc.may_have_left
+                return await self._hand_back(str(exc), started.seq if known else None)
         log.info(
             "run %s: unknown outcome of %s (%s) resolved: %s %s",
             self.run_id,
@@ -821,15 +830,24 @@ class RunLoop:
         """The lease came over a reconnect: it may commit, never send (executor/horizon.py)."""
         return self._deps.leases.carried_over(self.run_id)
 
+    def _unsent_call(self, action: replay.Action) -> int | None:
+        """The seq of the started call `action` resolves, if it is known never to have left
+        (executor/ratelimit/parks.py's `unsent`); else None."""
+        if not isinstance(action, ResolveUnknown):
+            return None
+        seq = action.started.seq
+        return seq if rate_parks.unsent(self.entries, seq, self.lease.epoch) else None
+
     async def _guard(self) -> None:
         """Self-fencing: never send a request under a lease that may lapse meanwhile, nor
-        past the send horizon (a missing acknowledgement is waited for, never guessed)."""
+        past the send horizon (a missing acknowledgement is waited for, never guessed).
+        A lost lease stops the run; a lease that may not send (its stream gone, or too
+        close to expiry) refuses the request, and the run hands itself back."""
         refusal = await self._deps.leases.wait_to_send(self.run_id)
-        if refusal == SESSION_GONE:
-            # Never sent: the delivery says so (or sends once a fresh lease allows it).
-            raise NotSent(f"not sent: {refusal}")
-        if refusal is not None:
+        if refusal == NOT_HELD:
             raise RunFenced(refusal)
+        if refusal is not None:
+            raise horizon.Refused(f"not sent: {refusal}")
 
     # -- commits ------------------------------------------------------------
 
@@ -871,15 +889,31 @@ class RunLoop:
         log.info("run %s parked (rate, %s, wake after %.2fs)", self.run_id, limited.cause, wake)
         return "parked"
 
-    async def _park_connection(self, exc: credentials.ConnectionUnusable, call_seq: int) -> str:
-        """Park until the connection is reconnected; the call never reached its provider
-        (or was refused before it acted), so it goes out on resume under its key."""
+    async def _park_connection(
+        self, exc: credentials.ConnectionUnusable, call_seq: int | None
+    ) -> str:
+        """Park until the connection is reconnected. This time the call never reached its
+        provider (or was refused before it acted): with `call_seq` (known unsent before, too)
+        it goes out on resume under its key, else it is resolved by its class again."""
         park = credentials.park_step(replay.next_seq(self.entries), exc, call_seq, self.lease.epoch)
         transition = executor_pb2.Park(
             wait_reason=credentials.WAIT_REASON, connection_id=exc.connection_id
         )
         await self._commit([park], park=transition)
         log.warning("run %s parked: %s", self.run_id, exc)
+        return "parked"
+
+    async def _hand_back(self, note: str, unsent_seq: int | None = None) -> str:
+        """Park as handed back, to be claimed afresh (at once, unless handed back
+        HANDOFFS_AT_ONCE times in a row already). `unsent_seq`: a started call known never
+        to have left, which the next holder sends under its key whatever its class."""
+        seq = replay.next_seq(self.entries)
+        parks = replay.trailing_parks(self.entries, "handoff")
+        wait = 0.0 if parks < HANDOFFS_AT_ONCE else min(HANDOFF_WAIT_CAP, 2.0 ** (parks - 3))
+        mark = None if unsent_seq is None else rate_parks.unsent_mark(unsent_seq, self.lease.epoch)
+        park = steps.park(seq, "handoff", wait, note, mark)
+        await self._commit([park], park=steps.park_transition("handoff", wait))
+        log.info("run %s handed back (%s)", self.run_id, note)
         return "parked"
 
     async def _park(self, reason: str, wake_after: float | None, note: str) -> str:

@@ -197,9 +197,13 @@ def _arguments_shown(call: ToolCall, limit: int = 500) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def park(seq: int, wait_reason: str, wake_after: float | None, note: str) -> executor_pb2.NewStep:
-    """A park step; `wake_after` None for a wait that an event ends (a person's decision)."""
-    payload: dict[str, Any] = {"wait_reason": wait_reason, "note": note}
+def park(
+    seq: int, wait_reason: str, wake_after: float | None, note: str,
+    extra: Mapping[str, Any] | None = None,
+) -> executor_pb2.NewStep:  # fmt: skip
+    """A park step; `wake_after` None for a wait that an event ends (a person's decision);
+    `extra`: more fields of its payload."""
+    payload: dict[str, Any] = {"wait_reason": wait_reason, "note": note, **(extra or {})}
     if wake_after is not None:
         payload["wake_after_seconds"] = wake_after
     return new_step(seq, PARK, payload)

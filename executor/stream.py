@@ -14,9 +14,8 @@ from typing import Any, Protocol, cast
 import grpc
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc
-from executor.horizon import SendHorizon
+from executor.horizon import Refused, SendHorizon
 from executor.tools.credentials import ConnectionUnusable, Granted
-from executor.tools.http_tool import NotSent
 from executor.transport import ChannelSecurity, open_channel
 
 log = logging.getLogger(__name__)
@@ -219,10 +218,11 @@ class ControlPlaneStream:
         """A connection's access token for one call of the run held under `lease`.
 
         Raises ConnectionUnusable when the control plane refuses (revoked, needs reauth,
-        not this run's); NotSent when it cannot be asked (the call then never left).
+        not this run's); horizon.Refused when it cannot be asked: our own failure, never the
+        tool's (the call never left; the run hands itself back).
         """
         if self._stub is None:
-            raise NotSent("no channel to the control plane for the connection's token")
+            raise Refused("no channel to the control plane for the connection's token")
         request = executor_pb2.GetConnectionTokenRequest(lease=lease, connection_id=connection_id)
         try:
             answer = await self._stub.GetConnectionToken(
@@ -231,7 +231,7 @@ class ControlPlaneStream:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _UNUSABLE:
                 raise ConnectionUnusable(connection_id, f"is unusable: {exc.details()}") from None
-            raise NotSent(f"connection token unavailable: {exc.code().name}") from None
+            raise Refused(f"connection token unavailable: {exc.code().name}") from None
         return Granted(tuple(answer.scopes), answer.access_token)
 
     async def heartbeat(

@@ -9,6 +9,9 @@ happened, so it is sent again under its key whatever its class, provided no
 executor held the run since the park (the park's epoch is the one before the
 current lease's). Otherwise the run could have sent it since, and it is
 resolved by its class as usual.
+
+Any park may carry that mark (`unsent_mark`): a park on a connection, and a
+run handed back because our own side held its call back (executor/run_loop.py).
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ def park_step(
         "cause": limited.cause,
     }
     if call_seq is not None and not limited.after_send:
-        payload |= {"unsent_call_seq": call_seq, "epoch": epoch}
+        payload |= unsent_mark(call_seq, epoch)
     return steps.new_step(seq, PARK, payload)
+
+
+def unsent_mark(call_seq: int, epoch: int) -> dict[str, int]:
+    """A park's fields saying the call started at `call_seq` never left under lease `epoch`."""
+    return {"unsent_call_seq": call_seq, "epoch": epoch}
 
 
 def unsent(entries: list[Entry], started_seq: int, epoch: int) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from agentrun.v1 import executor_pb2
 from executor import steps
+from executor.ratelimit.parks import unsent_mark
 from executor.replay import INPUT, PARK, Entry
 from executor.tools.catalogue import Tool, ToolCallRejected
 
@@ -137,10 +138,17 @@ def for_tool(
     return Credential(connection_id, fetch, required_scope(tool))
 
 
-def park_step(seq: int, exc: ConnectionUnusable, call_seq: int, epoch: int) -> executor_pb2.NewStep:
-    """The park on a connection; it records the call as never sent under lease `epoch`, so
-    it goes out on resume whatever its class (executor/ratelimit/parks.py's `unsent`)."""
-    return steps.new_step(seq, PARK, {
-        "wait_reason": WAIT_REASON, "note": str(exc), "connection_id": exc.connection_id,
-        "unsent_call_seq": call_seq, "epoch": epoch,
-    })  # fmt: skip
+def park_step(
+    seq: int, exc: ConnectionUnusable, call_seq: int | None, epoch: int
+) -> executor_pb2.NewStep:
+    """The park on a connection. With `call_seq`, it records that call as never sent under
+    lease `epoch`, so it goes out on resume whatever its class (None: it may have left under
+    an earlier lease; resolved by its class then). See executor/ratelimit/parks.py."""
+    payload: dict[str, object] = {
+        "wait_reason": WAIT_REASON,
+        "note": str(exc),
+        "connection_id": exc.connection_id,
+    }
+    if call_seq is not None:
+        payload |= unsent_mark(call_seq, epoch)
+    return steps.new_step(seq, PARK, payload)

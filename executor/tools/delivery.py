@@ -13,7 +13,9 @@ started without a result when a run resumes. Both end in an `Outcome`:
   wakes. After `MAX_PENDING_PARKS` the outcome's `fallback` is recorded.
 
 Every request is preceded by the lease guard, so nothing is sent under a
-lease that may have lapsed.
+lease that may have lapsed. What our own side holds back (the guard, the
+send horizon, a control plane that cannot be reached) is no outcome at all:
+`horizon.Refused` is raised, and the run hands itself back.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from tenacity import Future, RetryCallState, wait_exponential_jitter
 
+from executor import horizon
 from executor.tools import keys
 from executor.tools.catalogue import Tool
 from executor.tools.credentials import Credential
@@ -206,26 +209,29 @@ class ToolDelivery:
         """Lookup class: a send that may have been applied is followed by a lookup,
         and sent again (same key) only when the provider says it has not got it."""
         assert tool.lookup is not None
-        for _ in range(self._attempts):
+        for tried in range(self._attempts):
             sent = await self._attempt(
-                "lookup", lambda: self._client.send(tool, arguments, key, credential), guard
-            )
+                "lookup", lambda: self._client.send(tool, arguments, key, credential), guard,
+                exposed=tried > 0,
+            )  # fmt: skip
             if not (isinstance(sent, _Failed) and sent.failure is Failure.MAYBE_APPLIED):
                 return settle("lookup", sent)
             # Let a request that timed out finish at the provider before asking.
             await self._sleep(tool.lookup.settle_seconds)
-            found = await self._look_up(tool, key, guard, credential)
+            found = await self._look_up(tool, key, guard, credential, exposed=True)
             if found is not _NOT_FOUND:
                 return found
         why = f"sent {self._attempts} times, never answered, and each lookup found nothing"
         return Outcome.pending(f"{why}; asking again later", Outcome.unknown(why))
 
     async def _look_up(
-        self, tool: Tool, key: str, guard: Guard, credential: Credential | None = None
-    ) -> Any:
-        """The outcome if the provider has the action with this key, else _NOT_FOUND."""
+        self, tool: Tool, key: str, guard: Guard, credential: Credential | None = None,
+        exposed: bool = False,
+    ) -> Any:  # fmt: skip
+        """The outcome if the provider has the action with this key, else _NOT_FOUND
+        (`exposed`: the call may have been sent before, as _attempt says)."""
         looked = await self._attempt(
-            "read", lambda: self._client.look_up(tool, key, credential), guard
+            "read", lambda: self._client.look_up(tool, key, credential), guard, exposed
         )
         if isinstance(looked, _Failed):
             why = f"could not ask {tool.provider} whether it happened ({looked.error})"
@@ -236,17 +242,15 @@ class ToolDelivery:
         return Outcome("ok", output=looked.output, resolution=resolution)
 
     async def _attempt(
-        self, call_class: str, request: Callable[[], Awaitable[Any]], guard: Guard
-    ) -> _Answered | _Failed:
-        """One request, repeated (same key) while its failures allow it, up to `attempts`."""
+        self, call_class: str, request: Callable[[], Awaitable[Any]], guard: Guard,
+        exposed: bool = False,
+    ) -> _Answered | _Failed:  # fmt: skip
+        """One request, repeated (same key) while its failures allow it, up to `attempts`.
 
-        def resend(exc: BaseException) -> bool:
-            if isinstance(exc, Blocked):  # refused by policy: it would be refused again
-                return False
-            return isinstance(exc, ToolSendError) and may_resend(
-                call_class, classify(exc, call_class)
-            )
-
+        A refusal on our own side (horizon.Refused: the guard, the last-moment check, a
+        token the control plane could not give) is never settled as the call's outcome: it
+        is raised for the run to hand itself back, saying whether an earlier request of the
+        call may have reached the provider (`exposed`: one already had before this)."""
         # A plain loop, not tenacity's AsyncRetrying: setting one up and stepping through
         # it was about 5 % of the executor's CPU in issue 16's profiles, for a first try
         # that nearly always answers. The waits are tenacity's still (self._wait).
@@ -257,14 +261,22 @@ class ToolDelivery:
                 # Never send under a lease that may have lapsed, or past the horizon.
                 if (waiting := guard()) is not None:
                     await waiting
+            except horizon.Refused as exc:
+                raise exc.after(exposed) from None
+            try:
                 return _Answered(await request())
-            except Exception as exc:
-                if attempts < self._attempts and resend(exc):
-                    await self._sleep(self._wait(_after_attempt(attempts, exc)))
-                    continue
-                if isinstance(exc, ToolSendError):
-                    return _Failed(classify(exc, call_class), exc, attempts)
-                raise
+            except horizon.Refused as exc:
+                # Nothing of it left; the guard decides whether the next try may go.
+                if attempts >= self._attempts:
+                    raise exc.after(exposed) from None
+            except ToolSendError as exc:
+                failure = classify(exc, call_class)
+                if attempts >= self._attempts or not _resent(exc, call_class, failure):
+                    return _Failed(failure, exc, attempts)
+                exposed = exposed or failure not in (Failure.NOT_SENT, Failure.RATE_LIMITED)
+                await self._sleep(self._wait(_after_attempt(attempts, exc)))
+                continue
+            await self._sleep(self._wait(_after_attempt(attempts, None)))
 
     def _wait(self, state: RetryCallState) -> float:
         delay = self._backoff(state)
@@ -274,9 +286,17 @@ class ToolDelivery:
         return delay
 
 
-def _after_attempt(number: int, exc: BaseException) -> RetryCallState:
-    """The state tenacity hands a wait strategy after attempt `number` raised `exc`."""
+def _resent(exc: ToolSendError, call_class: str, failure: Failure) -> bool:
+    """Whether the very same request goes out again now, after it failed so."""
+    if isinstance(exc, Blocked):  # refused by policy: it would be refused again
+        return False
+    return may_resend(call_class, failure)
+
+
+def _after_attempt(number: int, exc: BaseException | None) -> RetryCallState:
+    """The state tenacity hands a wait strategy after attempt `number` raised `exc` (None:
+    held back on our side)."""
     state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = number
-    state.outcome = Future.construct(number, exc, True)
+    state.outcome = Future.construct(number, exc, exc is not None)
     return state

@@ -64,15 +64,6 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aioht
              aiohttp.NonHttpUrlClientError)  # fmt: skip
 
 
-class _LastMoment(http_session.LastMoment):
-    """The send horizon's last-moment check (http_session.LastMoment); a refused tool
-    request is NotSent."""
-
-    @staticmethod
-    def refused(why: str) -> Exception:
-        return NotSent(f"not sent: {why}")
-
-
 class HttpToolClient:
     """The HTTP client of every tool (executor/http_session.py: aiohttp, keep-alive pools
     made in the running loop): the catalogue's providers on one pool, workspaces' registry
@@ -81,13 +72,13 @@ class HttpToolClient:
     def __init__(self, config: ExecutorConfig) -> None:
         self._config = config
         self._http = http_session.LazySession(
-            config.tool_timeout_seconds, request_class=_LastMoment, retry_writes=False
+            config.tool_timeout_seconds, request_class=http_session.LastMoment, retry_writes=False
         )
         # Registry tools' URLs are a workspace's data: their connections are guarded
         # (netguard.py) and go direct, never through a proxy that would resolve the name
         # past the check. The catalogue's providers are the operator's and are not.
         self._guarded = http_session.LazySession(
-            config.tool_timeout_seconds, request_class=_LastMoment, retry_writes=False,
+            config.tool_timeout_seconds, request_class=http_session.LastMoment, retry_writes=False,
             resolver=netguard.GuardedResolver, use_env_proxy=False,
         )  # fmt: skip
 

@@ -115,7 +115,10 @@ async def call_mcp(
         with anyio.fail_after(timeout):
             result = await _session_call(target_url, tool_name, dict(arguments), headers, progress)
     except Exception as exc:  # noqa: BLE001 - the SDK's failures arrive in exception groups
-        raise _classify(progress, _leaf(exc), timeout) from exc
+        leaf = _leaf(exc)
+        if isinstance(leaf, horizon.Refused):  # held back on our side: not the server's doing
+            raise leaf from None
+        raise _classify(progress, leaf, timeout) from exc
     return _result(result)
 
 
@@ -143,7 +146,7 @@ async def _session_call(
         # The run's last-moment check (executor/horizon.py), as for an HTTP tool: after
         # the session's set-up, right before the one request that acts.
         if (refusal := horizon.blocked_now()) is not None:
-            raise NotSent(f"not sent: {refusal}")
+            raise horizon.Refused(f"not sent: {refusal}")
         progress.calling, progress.status = True, None
         return await client.call_tool(tool, arguments)
 

@@ -17,7 +17,7 @@ from executor.lease import LEASE_UNSAFE, NOT_HELD, LeaseKeeper
 from executor.models.provider_http import ProviderHttp
 from executor.tools import definitions
 from executor.tools.catalogue import Catalogue, Tool
-from executor.tools.http_tool import HttpToolClient, NotSent
+from executor.tools.http_tool import HttpToolClient
 from tests.harness.http_stub import reply, serving
 
 
@@ -190,8 +190,9 @@ async def test_the_last_moment_check_keeps_a_request_from_leaving_past_the_horiz
         await asyncio.create_task(send_as_run())
         assert len(provider.seen) == 1
         clock.now += 1.5
-        # The connection the first call left open is there: only the check holds it back.
-        with pytest.raises(NotSent, match="no recent liveness acknowledgement"):
+        # The connection the first call left open is there: only the check holds it back,
+        # on our side: Refused, never a tool's NotSent (which would become its result).
+        with pytest.raises(Refused, match="no recent liveness acknowledgement"):
             await asyncio.create_task(send_as_run())
         assert len(provider.seen) == 1  # nothing left
         await tools.aclose()

@@ -78,7 +78,7 @@
 -- (for small p), which is positive by far for any sane clock (p <= 1e-3 and
 -- H = 1.5 s make 2pH = 3 ms; the margin m defaults to 0.5 s, at least 0.1 s).
 -- The rest of m covers the few instructions between the executor's last
--- check (executor/tools/http_tool.py, right before the request is written)
+-- check (executor/http_session.py, right before the request is written)
 -- and the request's first byte. The horizon is counted from the send time
 -- the way HeldLease.renew counts the lease, so it never overestimates; the
 -- lease's own safety margin still applies on top (least(): a release never
@@ -90,7 +90,12 @@
 -- reconnect (Hello.held) stays the executor's own while its epoch matches:
 -- it heartbeats, and its commits land, but it never starts a tool request
 -- again. A run that needs one hands itself back (a fenced handoff park) and
--- is claimed afresh at a new epoch, by whichever executor. An executor that
+-- is claimed afresh at a new epoch, by whichever executor; a call already
+-- started is named in that park as never sent, so the next holder sends it
+-- under its key instead of resolving it as an unknown. (Letting the new
+-- stream vouch for the old lease instead would need the old stream's
+-- release fenced by a stream id on the row: it matches by owner and epoch,
+-- which a reconnect keeps. A handoff costs one claim.) An executor that
 -- never pings (an older release) is never released early; an executor told
 -- no horizon (AGENTRUN_SEND_HORIZON_SECONDS=0, or an older control plane)
 -- relies on its lease alone, as before.
