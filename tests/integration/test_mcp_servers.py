@@ -17,7 +17,7 @@ from control_plane.config import ServerConfig
 from control_plane.errors import InvalidArgument
 from control_plane.server import start as start_server
 from control_plane.tools import mcp_sync
-from executor.horizon import SEND_GATE
+from executor.horizon import SEND_GATE, Refused
 from executor.tools import definitions, mcp_call
 from executor.tools.credentials import ConnectionUnusable, Credential, Granted
 from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
@@ -105,7 +105,8 @@ async def test_a_run_past_its_send_horizon_calls_nothing_on_the_mcp_server(mcp):
     url, app = mcp
     token = SEND_GATE.set(lambda: "no recent liveness acknowledgement from the control plane")
     try:
-        with pytest.raises(NotSent, match="no recent liveness"):
+        # Held back on our side: Refused, never a send error that would become its result.
+        with pytest.raises(Refused, match="no recent liveness"):
             await call_mcp(f"{url}/mcp", "create_ticket", {"title": "Late"}, timeout=10)
     finally:
         SEND_GATE.reset(token)
