@@ -116,9 +116,11 @@ def _key_request(args: argparse.Namespace) -> pb.CreateApiKeyRequest:
         req = pb.CreateApiKeyRequest(kind=pb.API_KEY_KIND_PLATFORM, principal=args.name)
     else:
         req = pb.CreateApiKeyRequest(
-            kind=pb.API_KEY_KIND_WORKSPACE, workspace_id=args.workspace, role=args.role or "",
+            kind=pb.API_KEY_KIND_WORKSPACE,
+            workspace_id=args.workspace,
+            role=args.role or "",
             principal=args.name,
-        )  # fmt: skip
+        )
     if args.expires_in is not None:
         expire = timestamp_pb2.Timestamp()
         expire.FromDatetime(datetime.now(UTC) + args.expires_in)
@@ -137,8 +139,11 @@ def apikeys_create(args: argparse.Namespace) -> int:
         print(render.to_json(resp, indent=2))
     else:
         print(resp.key_text)
-    print(f"created key {resp.key.key_id} ({render_admin.key_what(resp.key)}, as "
-          f"{resp.key.principal}): copy it now, it is not shown again", file=sys.stderr)  # fmt: skip
+    print(
+        f"created key {resp.key.key_id} ({render_admin.key_what(resp.key)}, as "
+        f"{resp.key.principal}): copy it now, it is not shown again",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -167,8 +172,11 @@ def apikeys_list(args: argparse.Namespace) -> int:
 def apikeys_revoke(args: argparse.Namespace) -> int:
     req = pb.RevokeApiKeyRequest(workspace_id=_ws(args), key_id=args.key_id)
     key = _call(args, "RevokeApiKey", req, role=_role(args)).key
-    _emit(args, key, [f"revoked key {key.key_id} ({key.principal}); every replica refuses it "
-                      "within seconds"])  # fmt: skip
+    _emit(
+        args,
+        key,
+        [f"revoked key {key.key_id} ({key.principal}); every replica refuses it within seconds"],
+    )
     return 0
 
 
@@ -251,21 +259,29 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p = actions.add_parser("create", help="a new workspace (platform admin)", parents=[common])
     p.add_argument("id", metavar="WORKSPACE")
     p.add_argument("--plan", default="team", help="free, team (default) or enterprise")
-    p.add_argument("--max-concurrency", type=argtypes.int32, default=0, metavar="N",
-                   help="cap on running runs (default: the plan's; enterprise needs one)")  # fmt: skip
+    p.add_argument(
+        "--max-concurrency",
+        type=argtypes.int32,
+        default=0,
+        metavar="N",
+        help="cap on running runs (default: the plan's; enterprise needs one)",
+    )
     p.set_defaults(handler=workspaces_create)
-    p = actions.add_parser("show", help="a workspace's plan, cap and running count",
-                           parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "show", help="a workspace's plan, cap and running count", parents=[common]
+    )
     p.add_argument("id", metavar="WORKSPACE", nargs="?", default="", help="default: --workspace")
     p.set_defaults(handler=workspaces_show)
-    p = actions.add_parser("set-plan", help="change a workspace's plan (platform admin)",
-                           parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "set-plan", help="change a workspace's plan (platform admin)", parents=[common]
+    )
     p.add_argument("id", metavar="WORKSPACE")
     p.add_argument("plan", metavar="PLAN")
     p.add_argument("--max-concurrency", type=argtypes.int32, default=0, metavar="N")
     p.set_defaults(handler=workspaces_set_plan)
-    p = actions.add_parser("set-retention", help="days finished runs are kept (0: forever)",
-                           parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "set-retention", help="days finished runs are kept (0: forever)", parents=[common]
+    )
     p.add_argument("days", metavar="DAYS", type=argtypes.int32)
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_retention)
@@ -276,8 +292,12 @@ def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         "apikeys", help="API keys and executor credentials: create, list, revoke"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser("create", help="mint a key (printed once)", parents=[common])
-    p.add_argument("--name", required=True, metavar="PRINCIPAL",
-                   help="the person or service it acts as (an approver: their email)")  # fmt: skip
+    p.add_argument(
+        "--name",
+        required=True,
+        metavar="PRINCIPAL",
+        help="the person or service it acts as (an approver: their email)",
+    )
     p.add_argument("--role", choices=ROLES, help="a workspace key's role")
     p.add_argument("--expires-in", type=duration, metavar="DURATION", help="e.g. 12h, 30d")
     kind = p.add_mutually_exclusive_group()
@@ -292,8 +312,9 @@ def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         p = actions.add_parser(action, help=text, parents=[common])
         if action == "revoke":
             p.add_argument("key_id", metavar="KEY_ID")
-        p.add_argument("--platform", action="store_true",
-                       help="executor and platform keys, not a workspace's")  # fmt: skip
+        p.add_argument(
+            "--platform", action="store_true", help="executor and platform keys, not a workspace's"
+        )
         p.set_defaults(handler=handler)
 
 

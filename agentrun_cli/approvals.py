@@ -70,9 +70,11 @@ def approvals_list(args: argparse.Namespace) -> int:
     channel, stub = _stub(args)
     with channel:
         req = approval_pb2.ListApprovalsRequest(
-            workspace_id=args.workspace, approver=args.approver or "",
-            state=STATES.get(args.state, 0), page_size=100,
-        )  # fmt: skip
+            workspace_id=args.workspace,
+            approver=args.approver or "",
+            state=STATES.get(args.state, 0),
+            page_size=100,
+        )
         approvals = list(stub.ListApprovals(req, timeout=TIMEOUT).approvals)
     if args.quiet:
         for a in approvals:
@@ -136,9 +138,10 @@ def _decision_parser(
         "--approver", default="", help="deprecated: you decide as your credential's principal"
     )
     p.add_argument(
-        "--token", default=None,
+        "--token",
+        default=None,
         help="a sign-in ID token (money-moving and high-risk tools need a signed-in approver)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=handler)
     return p
 
@@ -156,8 +159,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("id", metavar="APPROVAL_ID")
     p.set_defaults(handler=approvals_show)
     _decision_parser(actions, "approve", "run the call as proposed", common, approvals_approve)
-    p = _decision_parser(actions, "reject", "refuse it (the model sees why)", common,
-                         approvals_reject)  # fmt: skip
+    p = _decision_parser(
+        actions, "reject", "refuse it (the model sees why)", common, approvals_reject
+    )
     p.add_argument("--reason", default="rejected")
     p = _decision_parser(actions, "edit", "run it with other arguments", common, approvals_edit)
     p.add_argument("--arguments", required=True, help="the arguments to run, a JSON object")

@@ -69,9 +69,11 @@ class Client:
     ) -> agent_pb2.PublishAgentVersionResponse:
         """The published version and the warnings about it."""
         req = agent_pb2.PublishAgentVersionRequest(
-            workspace_id=self.workspace, agent_id=agent_id, spec=spec,
+            workspace_id=self.workspace,
+            agent_id=agent_id,
+            spec=spec,
             acknowledge_trifecta=acknowledge_trifecta,
-        )  # fmt: skip
+        )
         return self.agents.PublishAgentVersion(req, timeout=self.timeout)
 
     def get_version(self, agent_id: str, version: int = 0) -> agent_pb2.AgentVersion:
@@ -83,9 +85,14 @@ class Client:
     # --- runs --------------------------------------------------------------
 
     def start_run(
-        self, agent_id: str, text: str, version: int = 0, request_id: str = "",
-        trigger_connection_id: str = "", priority: int = 0,
-    ) -> run_pb2.StartRunResponse:  # fmt: skip
+        self,
+        agent_id: str,
+        text: str,
+        version: int = 0,
+        request_id: str = "",
+        trigger_connection_id: str = "",
+        priority: int = 0,
+    ) -> run_pb2.StartRunResponse:
         req = run_pb2.StartRunRequest(
             workspace_id=self.workspace,
             agent_id=agent_id,
@@ -110,9 +117,13 @@ class Client:
     ) -> run_pb2.ResolveUnknownOutcomeResponse:
         """Decide an unknown tool outcome: happened, not_happened, retry or fail_run."""
         req = run_pb2.ResolveUnknownOutcomeRequest(
-            workspace_id=self.workspace, run_id=run_id, seq=seq, decided_by=decided_by, note=note,
+            workspace_id=self.workspace,
+            run_id=run_id,
+            seq=seq,
+            decided_by=decided_by,
+            note=note,
             decision=run_pb2.OutcomeDecision.Value(f"OUTCOME_DECISION_{decision.upper()}"),
-        )  # fmt: skip
+        )
         return self.runs.ResolveUnknownOutcome(req, timeout=self.timeout)
 
     def signal_run(
@@ -120,9 +131,12 @@ class Client:
     ) -> run_pb2.SignalRunResponse:
         """Send a named event to a run (idempotent by event id)."""
         req = run_pb2.SignalRunRequest(
-            workspace_id=self.workspace, run_id=run_id, signal_name=name, event_id=event_id,
+            workspace_id=self.workspace,
+            run_id=run_id,
+            signal_name=name,
+            event_id=event_id,
             payload_json=payload_json,
-        )  # fmt: skip
+        )
         return self.runs.SignalRun(req, timeout=self.timeout)
 
     def list_agents(self) -> Iterator[agent_pb2.Agent]:

@@ -47,11 +47,14 @@ def _spec(args: argparse.Namespace) -> agent_pb2.AgentSpec:
     if args.temperature is not None:
         parameters.temperature = args.temperature
     return agent_pb2.AgentSpec(
-        model=args.model, instructions=args.instructions, tools=args.tools or [], limits=limits,
+        model=args.model,
+        instructions=args.instructions,
+        tools=args.tools or [],
+        limits=limits,
         model_profile=args.model_profile,
         model_parameters=parameters if parameters.ListFields() else None,
         connections=_connections(args.connections or []),
-    )  # fmt: skip
+    )
 
 
 def _connections(pairs: list[str]) -> dict[str, str]:
@@ -167,9 +170,13 @@ def agents_show(args: argparse.Namespace) -> int:
 def runs_start(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.start_run(
-            args.agent_id, args.input, args.version, args.request_id, args.trigger_connection,
+            args.agent_id,
+            args.input,
+            args.version,
+            args.request_id,
+            args.trigger_connection,
             args.priority,
-        )  # fmt: skip
+        )
         note = "started" if resp.created else "already started (same request id)"
         if args.json and args.watch:
             print(render.to_json(resp), flush=True)  # one JSON value a line, like the events
@@ -212,9 +219,13 @@ def runs_export(args: argparse.Namespace) -> int:
 
 
 _STATUS_STYLE = {
-    "completed": "green", "failed": "red", "cancelled": "dim", "waiting": "yellow",
-    "running": "cyan", "queued": "blue",
-}  # fmt: skip
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "dim",
+    "waiting": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+}
 
 RUN_COLUMNS = [
     Column("run id", lambda r: r.run_id),
@@ -251,11 +262,13 @@ def _no_runs(args: argparse.Namespace) -> str:
     filters = [
         f"{flag} {value}"
         for flag, value in (
-            ("--agent", args.agent), ("--status", args.status),
-            ("--since", args.since), ("--search", args.search),
+            ("--agent", args.agent),
+            ("--status", args.status),
+            ("--since", args.since),
+            ("--search", args.search),
         )
         if value
-    ]  # fmt: skip
+    ]
     where = f"workspace {args.workspace!r} at {args.address}"
     if filters:
         return f"no runs in {where} match {' '.join(filters)}; drop a filter to see more"
@@ -290,11 +303,16 @@ def runs_signal(args: argparse.Namespace) -> int:
     with _client(args) as client:
         resp = client.signal_run(args.run_id, args.name, args.event_id, args.payload)
     sig = resp.signal
-    state = (f"answered call {sig.consumed_seq} (step {sig.result_seq})" if sig.consumed_seq
-             else "in the run's mailbox")  # fmt: skip
+    state = (
+        f"answered call {sig.consumed_seq} (step {sig.result_seq})"
+        if sig.consumed_seq
+        else "in the run's mailbox"
+    )
     again = "" if resp.created else " (already sent: the first signal with this event id)"
-    lines = [f"signal {sig.signal_name} {sig.event_id}: {state}{again}",
-             f"run {resp.run.run_id} {render.state_line(resp.run)}"]  # fmt: skip
+    lines = [
+        f"signal {sig.signal_name} {sig.event_id}: {state}{again}",
+        f"run {resp.run.run_id} {render.state_line(resp.run)}",
+    ]
     _emit(args, resp, lines)
     return 0
 

@@ -71,8 +71,20 @@ def entry_line(e: pb.CreditLedgerEntry) -> str:
     who = f"by {e.granted_by}" if e.granted_by else ""
     note = f"({e.note})" if e.note else ""
     when = render.timestamp(e.create_time)
-    return " ".join(filter(None, [f"{e.entry_id:>8}", when, f"{kind:<8}",
-                                  f"{shown(e.amount_micros):>14}", what, who, note]))  # fmt: skip
+    return " ".join(
+        filter(
+            None,
+            [
+                f"{e.entry_id:>8}",
+                when,
+                f"{kind:<8}",
+                f"{shown(e.amount_micros):>14}",
+                what,
+                who,
+                note,
+            ],
+        )
+    )
 
 
 def _emit(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
@@ -87,10 +99,12 @@ def credits_balance(args: argparse.Namespace) -> int:
 
 def credits_grant(args: argparse.Namespace) -> int:
     req = pb.GrantCreditsRequest(
-        workspace_id=args.workspace, amount_micros=args.amount, chunk_micros=args.chunk or 0,
+        workspace_id=args.workspace,
+        amount_micros=args.amount,
+        chunk_micros=args.chunk or 0,
         out_of_credits=POLICIES.get(args.when_out or "", pb.OUT_OF_CREDITS_UNSPECIFIED),
         note=args.note,
-    )  # fmt: skip
+    )
     b = _call(args, "GrantCredits", req, role="platform").balance
     _emit(args, b, balance_lines(b))
     return 0

@@ -48,8 +48,10 @@ async def _with_envelope(args: argparse.Namespace, action: str) -> int:
         envelope = Envelope(pool, service)
         if action == "rotate-kek":
             done = await envelope.rotate_kek()
-            print(f"KMS key version now {done.kms_key_version}; re-wrapped {done.data_keys} "
-                  f"data key(s) in {redact(url)}")  # fmt: skip
+            print(
+                f"KMS key version now {done.kms_key_version}; re-wrapped {done.data_keys} "
+                f"data key(s) in {redact(url)}"
+            )
         elif action == "rewrap":
             done = await envelope.rewrap()
             print(f"re-wrapped {done.data_keys} data key(s) under {done.kms_key_version}")
@@ -59,8 +61,10 @@ async def _with_envelope(args: argparse.Namespace, action: str) -> int:
         else:
             print(f"KMS {service!r}; current key version {service.current_version}")
             for row in await key_store.summary(pool):
-                print(f"  {row['kms_key_version']}: {row['data_keys']} data key(s), "
-                      f"{row['workspaces']} workspace(s)")  # fmt: skip
+                print(
+                    f"  {row['kms_key_version']}: {row['data_keys']} data key(s), "
+                    f"{row['workspaces']} workspace(s)"
+                )
         return 0
     finally:
         await pool.close()

@@ -35,9 +35,12 @@ class Demo:
     """One demo run against a started stack, printed as it happens."""
 
     def __init__(
-        self, client: Client, supervisor: Supervisor, out: TextIO = sys.stdout,
+        self,
+        client: Client,
+        supervisor: Supervisor,
+        out: TextIO = sys.stdout,
         approver_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.client = client
         self.supervisor = supervisor
         self.out = out
@@ -99,19 +102,30 @@ class Demo:
         key = self.approver_key or credentials.api_key("approver")
         with credentials.channel(self.client.address, key) as channel:
             stub = approval_pb2_grpc.ApprovalServiceStub(channel)
-            pending = stub.ListApprovals(approval_pb2.ListApprovalsRequest(
-                workspace_id=self.client.workspace, approver=APPROVER,
-                state=approval_pb2.APPROVAL_STATE_PENDING,
-            ), timeout=TIMEOUT).approvals  # fmt: skip
+            pending = stub.ListApprovals(
+                approval_pb2.ListApprovalsRequest(
+                    workspace_id=self.client.workspace,
+                    approver=APPROVER,
+                    state=approval_pb2.APPROVAL_STATE_PENDING,
+                ),
+                timeout=TIMEOUT,
+            ).approvals
             for approval in (a for a in pending if a.run_id == run.run_id):
-                self._say(f"  approval {approval.approval_id}: {approval.tool} "
-                          f"{approval.arguments_json}")  # fmt: skip
-                self._say(f"  $ agentrun approvals approve {approval.approval_id} "
-                          f"--approver {APPROVER}")  # fmt: skip
-                stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                    workspace_id=self.client.workspace, approval_id=approval.approval_id,
-                    approver=APPROVER, approve=approval_pb2.Approve(),
-                ), timeout=TIMEOUT)  # fmt: skip
+                self._say(
+                    f"  approval {approval.approval_id}: {approval.tool} {approval.arguments_json}"
+                )
+                self._say(
+                    f"  $ agentrun approvals approve {approval.approval_id} --approver {APPROVER}"
+                )
+                stub.DecideApproval(
+                    approval_pb2.DecideApprovalRequest(
+                        workspace_id=self.client.workspace,
+                        approval_id=approval.approval_id,
+                        approver=APPROVER,
+                        approve=approval_pb2.Approve(),
+                    ),
+                    timeout=TIMEOUT,
+                )
 
     def _report(self, run: run_pb2.Run) -> None:
         self._say("")

@@ -17,9 +17,10 @@ from agentrun_cli.client import Client
 
 def add_commands(runs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = runs.add_parser(
-        "fork", parents=[common],
+        "fork",
+        parents=[common],
         help="start a new run from a copy of a run's log up to a step (nothing before it is redone)",
-    )  # fmt: skip
+    )
     p.add_argument("run_id", metavar="RUN_ID", help="the source run")
     p.add_argument(
         "--from-seq", type=argtypes.int32, required=True, metavar="N", help="the last step copied"
@@ -38,15 +39,21 @@ def add_commands(runs: argparse._SubParsersAction, common: argparse.ArgumentPars
 def runs_fork(args: argparse.Namespace) -> int:
     with Client(args.address, args.workspace) as client:
         req = run_pb2.ForkRunRequest(
-            workspace_id=client.workspace, run_id=args.run_id, from_seq=args.from_seq,
-            agent_version=args.version, priority=args.priority,
-        )  # fmt: skip
+            workspace_id=client.workspace,
+            run_id=args.run_id,
+            from_seq=args.from_seq,
+            agent_version=args.version,
+            priority=args.priority,
+        )
         run = client.runs.ForkRun(req, timeout=client.timeout).run
         if args.json:
             print(render.to_json(run), flush=True)
         else:
-            print(f"forked run {run.run_id} from {run.forked_from_run_id} after step "
-                  f"{run.forked_from_seq} ({run.agent_id} v{run.agent_version})", flush=True)  # fmt: skip
+            print(
+                f"forked run {run.run_id} from {run.forked_from_run_id} after step "
+                f"{run.forked_from_seq} ({run.agent_id} v{run.agent_version})",
+                flush=True,
+            )
             print(render.state_line(run), flush=True)
         if args.watch:
             watch = client.watch(run.run_id, run.forked_from_seq + 1)

@@ -56,8 +56,10 @@ def admin_bootstrap(args: argparse.Namespace) -> int:
     stack.migrate(url)
     key = asyncio.run(first_platform_key(url, args.principal))
     print(key)
-    print("platform admin key created; it is not shown again (export AGENTRUN_API_KEY=...)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        "platform admin key created; it is not shown again (export AGENTRUN_API_KEY=...)",
+        file=sys.stderr,
+    )
     return 0
 
 

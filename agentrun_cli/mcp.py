@@ -32,8 +32,11 @@ from agentrun_cli import argtypes, credentials, output
 
 TIMEOUT = 60.0  # the control plane asks the MCP server while we wait
 _CLASSES = {"none": pb.IDEMPOTENCY_CLASS_NONE, "provider_key": pb.IDEMPOTENCY_CLASS_PROVIDER_KEY}
-_MARK = {pb.ToolChange.KIND_ADDED: "+", pb.ToolChange.KIND_CHANGED: "~",
-         pb.ToolChange.KIND_REMOVED: "-"}  # fmt: skip
+_MARK = {
+    pb.ToolChange.KIND_ADDED: "+",
+    pb.ToolChange.KIND_CHANGED: "~",
+    pb.ToolChange.KIND_REMOVED: "-",
+}
 
 
 def write_class(text: str) -> tuple[str, pb.WriteClass]:
@@ -89,10 +92,13 @@ def tool_line(tool: pb.Tool) -> str:
 
 def tools_add_mcp(args: argparse.Namespace) -> int:
     req = pb.AddMcpServerRequest(
-        workspace_id=args.workspace, server_id=args.server_id, url=args.url,
-        connection=args.connection or "", classes=_classes(args.classes),
+        workspace_id=args.workspace,
+        server_id=args.server_id,
+        url=args.url,
+        connection=args.connection or "",
+        classes=_classes(args.classes),
         timeout_seconds=args.timeout or 0.0,
-    )  # fmt: skip
+    )
     channel, stub = _stub(args)
     with channel:
         resp = stub.AddMcpServer(req, timeout=TIMEOUT)
@@ -100,16 +106,22 @@ def tools_add_mcp(args: argparse.Namespace) -> int:
     lines += [tool_line(t) for t in resp.tools]
     lines += [f"pending {change_line(c)}" for c in resp.pending]
     if resp.pending:
-        lines.append(f"state their classes: agentrun tools sync {args.server_id} --apply "
-                     "--class TOOL=none|provider_key:ARG")  # fmt: skip
+        lines.append(
+            f"state their classes: agentrun tools sync {args.server_id} --apply "
+            "--class TOOL=none|provider_key:ARG"
+        )
     output.emit(args, resp, lines)
     return 0
 
 
 def tools_sync(args: argparse.Namespace) -> int:
-    req = pb.SyncMcpServerRequest(workspace_id=args.workspace, server_id=args.server_id,
-                                  classes=_classes(args.classes), expect_digest=args.expect or "",
-                                  timeout_seconds=args.timeout or 0.0)  # fmt: skip
+    req = pb.SyncMcpServerRequest(
+        workspace_id=args.workspace,
+        server_id=args.server_id,
+        classes=_classes(args.classes),
+        expect_digest=args.expect or "",
+        timeout_seconds=args.timeout or 0.0,
+    )
     channel, stub = _stub(args)
     with channel:
         if args.apply and not (args.expect or args.yes) and sys.stdin.isatty():
@@ -122,8 +134,10 @@ def tools_sync(args: argparse.Namespace) -> int:
     lines = [change_line(c) for c in resp.changes] or [f"{args.server_id}: no changes"]
     lines += [tool_line(t) for t in resp.tools]
     if resp.changes and not args.apply:
-        lines.append(f"nothing saved: apply exactly this diff with agentrun tools sync "
-                     f"{args.server_id} --apply --expect {resp.digest}")  # fmt: skip
+        lines.append(
+            f"nothing saved: apply exactly this diff with agentrun tools sync "
+            f"{args.server_id} --apply --expect {resp.digest}"
+        )
     output.emit(args, resp, lines)
     return 0
 
@@ -153,26 +167,54 @@ def _tools_actions(sub: argparse._SubParsersAction) -> argparse._SubParsersActio
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     actions = _tools_actions(sub)
     class_help = "a write's class: TOOL=none or TOOL=provider_key:ARG (repeatable)"
-    p = actions.add_parser("add-mcp", help="register a remote MCP server and snapshot its "
-                           "tools", parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "add-mcp", help="register a remote MCP server and snapshot its tools", parents=[common]
+    )
     p.add_argument("server_id", metavar="SERVER_ID", help="lowercase id, e.g. desk")
     p.add_argument("url", metavar="URL", help="its streamable HTTP endpoint")
     p.add_argument("--connection", metavar="PROVIDER", help="the connection that authenticates")
-    p.add_argument("--timeout", type=argtypes.seconds, metavar="SECONDS",
-                   help="each call's deadline, 0-300 (default: the platform's)")  # fmt: skip
-    p.add_argument("--class", dest="classes", action="append", type=write_class,
-                   metavar="TOOL=CLASS", help=class_help)  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=argtypes.seconds,
+        metavar="SECONDS",
+        help="each call's deadline, 0-300 (default: the platform's)",
+    )
+    p.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        type=write_class,
+        metavar="TOOL=CLASS",
+        help=class_help,
+    )
     p.set_defaults(handler=tools_add_mcp)
-    p = actions.add_parser("sync", help="re-read an MCP server's tools: the diff, or --apply it",
-                           parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "sync", help="re-read an MCP server's tools: the diff, or --apply it", parents=[common]
+    )
     p.add_argument("server_id", metavar="SERVER_ID")
-    p.add_argument("--apply", action="store_true", help="save the diff (at a terminal: "
-                   "after showing it and asking)")  # fmt: skip
-    p.add_argument("--expect", metavar="DIGEST", help="apply only the diff a plain sync "
-                   "printed with this digest")  # fmt: skip
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="save the diff (at a terminal: after showing it and asking)",
+    )
+    p.add_argument(
+        "--expect",
+        metavar="DIGEST",
+        help="apply only the diff a plain sync printed with this digest",
+    )
     p.add_argument("--yes", action="store_true", help="with --apply: do not ask")
-    p.add_argument("--timeout", type=argtypes.seconds, metavar="SECONDS",
-                   help="a new deadline for each call, 0-300")  # fmt: skip
-    p.add_argument("--class", dest="classes", action="append", type=write_class,
-                   metavar="TOOL=CLASS", help=class_help)  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=argtypes.seconds,
+        metavar="SECONDS",
+        help="a new deadline for each call, 0-300",
+    )
+    p.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        type=write_class,
+        metavar="TOOL=CLASS",
+        help=class_help,
+    )
     p.set_defaults(handler=tools_sync)

@@ -42,11 +42,15 @@ def write_class(text: str) -> tuple[str, tool_pb2.WriteClass]:
 def request(args: argparse.Namespace) -> tool_pb2.ImportOpenApiRequest:
     document = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     return tool_pb2.ImportOpenApiRequest(
-        workspace_id=args.workspace, document=document,
+        workspace_id=args.workspace,
+        document=document,
         operations=[op for chunk in args.operations or [] for op in chunk.split(",") if op],
-        classes=dict(args.classes or []), base_url=args.base_url or "",
-        connection=args.connection or "", auth=args.auth or "", dry_run=args.dry_run,
-    )  # fmt: skip
+        classes=dict(args.classes or []),
+        base_url=args.base_url or "",
+        connection=args.connection or "",
+        auth=args.auth or "",
+        dry_run=args.dry_run,
+    )
 
 
 def kind(tool: tool_pb2.Tool) -> str:
@@ -78,19 +82,32 @@ def tools_import_openapi(args: argparse.Namespace) -> int:
 def add_commands(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """`tools import-openapi`, added to the `tools` group (agentrun_cli/tools.py)."""
     p = actions.add_parser(
-        "import-openapi", parents=[common],
+        "import-openapi",
+        parents=[common],
         help="import operations of an OpenAPI 3 document as tools (a write needs --class)",
-    )  # fmt: skip
+    )
     p.add_argument("file", metavar="FILE", help="the document, JSON or YAML (- = stdin)")
-    p.add_argument("--operations", action="append", metavar="A,B",
-                   help="operationIds to import (default: all)")  # fmt: skip
-    p.add_argument("--class", dest="classes", action="append", type=write_class,
-                   metavar="OP=provider_key[:Header]|none",
-                   help="a write's idempotency class (once per write)")  # fmt: skip
+    p.add_argument(
+        "--operations", action="append", metavar="A,B", help="operationIds to import (default: all)"
+    )
+    p.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        type=write_class,
+        metavar="OP=provider_key[:Header]|none",
+        help="a write's idempotency class (once per write)",
+    )
     p.add_argument("--base-url", metavar="URL", help="default: the document's first server")
-    p.add_argument("--connection", metavar="PROVIDER",
-                   help='the connection supplying credentials ("trigger": the run\'s account)')  # fmt: skip
-    p.add_argument("--auth", metavar="HOW", help='"bearer" or "header:<Name>" (default: the '
-                   "operation's security scheme)")  # fmt: skip
+    p.add_argument(
+        "--connection",
+        metavar="PROVIDER",
+        help='the connection supplying credentials ("trigger": the run\'s account)',
+    )
+    p.add_argument(
+        "--auth",
+        metavar="HOW",
+        help='"bearer" or "header:<Name>" (default: the operation\'s security scheme)',
+    )
     p.add_argument("--dry-run", action="store_true", help="show the tools; save nothing")
     p.set_defaults(handler=tools_import_openapi)

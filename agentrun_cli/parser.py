@@ -111,42 +111,7 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("agent_id", metavar="ID")
     p.add_argument("--name", default="", help="display name")
     p.set_defaults(handler=commands.agents_create)
-    p = agents.add_parser("publish", help="publish the agent's next version", parents=[common])
-    p.add_argument("agent_id", metavar="ID")
-    p.add_argument("--model", default="", help="model name (optional when the profile names one)")
-    p.add_argument("--model-profile", default="", metavar="NAME",
-                   help="the executors' model profile: provider API, endpoint, key")  # fmt: skip
-    p.add_argument("--max-output-tokens", type=argtypes.int32, default=0, metavar="N",
-                   help="most tokens the model may generate per call")  # fmt: skip
-    p.add_argument("--temperature", type=argtypes.finite, metavar="T")
-    p.add_argument("--instructions", default="", metavar="TEXT", help="system instructions")
-    p.add_argument(
-        "--tool",
-        dest="tools",
-        action="append",
-        required=True,
-        metavar="T",
-        help="a tool the agent may call (repeat for more)",
-    )
-    p.add_argument(
-        "--connection", dest="connections", action="append", metavar="PROVIDER=ID",
-        help="the connection a provider's tools act as; ID `trigger`: the run's triggering "
-        "account (repeat for more providers)",
-    )  # fmt: skip
-    p.add_argument("--max-steps", type=argtypes.int32, default=0, metavar="N")
-    p.add_argument(
-        "--deadline",
-        type=argtypes.seconds,
-        metavar="SECONDS",
-        help="active-time budget (time held by executors; parked time does not count)",
-    )
-    p.add_argument(
-        "--acknowledge-trifecta",
-        action="store_true",
-        help="publish even though the tools read private data, read untrusted content "
-        "and communicate externally (required where the server asks for it)",
-    )
-    p.set_defaults(handler=commands.agents_publish)
+    _add_publish(agents, common)
     p = agents.add_parser("show", help="an agent and its latest version", parents=[common])
     p.add_argument("agent_id", metavar="ID")
     p.set_defaults(handler=commands.agents_show)
@@ -162,6 +127,57 @@ def _add_agents(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.set_defaults(handler=commands.agents_apply)
 
 
+def _add_publish(agents: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = agents.add_parser("publish", help="publish the agent's next version", parents=[common])
+    p.add_argument("agent_id", metavar="ID")
+    p.add_argument("--model", default="", help="model name (optional when the profile names one)")
+    p.add_argument(
+        "--model-profile",
+        default="",
+        metavar="NAME",
+        help="the executors' model profile: provider API, endpoint, key",
+    )
+    p.add_argument(
+        "--max-output-tokens",
+        type=argtypes.int32,
+        default=0,
+        metavar="N",
+        help="most tokens the model may generate per call",
+    )
+    p.add_argument("--temperature", type=argtypes.finite, metavar="T")
+    p.add_argument("--instructions", default="", metavar="TEXT", help="system instructions")
+    p.add_argument(
+        "--tool",
+        dest="tools",
+        action="append",
+        required=True,
+        metavar="T",
+        help="a tool the agent may call (repeat for more)",
+    )
+    p.add_argument(
+        "--connection",
+        dest="connections",
+        action="append",
+        metavar="PROVIDER=ID",
+        help="the connection a provider's tools act as; ID `trigger`: the run's triggering "
+        "account (repeat for more providers)",
+    )
+    p.add_argument("--max-steps", type=argtypes.int32, default=0, metavar="N")
+    p.add_argument(
+        "--deadline",
+        type=argtypes.seconds,
+        metavar="SECONDS",
+        help="active-time budget (time held by executors; parked time does not count)",
+    )
+    p.add_argument(
+        "--acknowledge-trifecta",
+        action="store_true",
+        help="publish even though the tools read private data, read untrusted content "
+        "and communicate externally (required where the server asks for it)",
+    )
+    p.set_defaults(handler=commands.agents_publish)
+
+
 def _quiet(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help=f"print only the {what}")
 
@@ -175,25 +191,15 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     runs = sub.add_parser("runs", help="start, inspect, watch and cancel runs").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
-    p = runs.add_parser("start", help="start a run", parents=[common])
-    p.add_argument("agent_id", metavar="AGENT")
-    p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
-    p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
-    p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
-    triggers.add_priority(p)
-    p.add_argument(
-        "--trigger-connection", default="", metavar="C",
-        help="the connection the run came in through (tools mapped to `trigger` act as it)",
-    )  # fmt: skip
-    p.add_argument("--watch", action="store_true", help="then watch it to the end")
-    p.set_defaults(handler=commands.runs_start)
+    _add_runs_start(runs, common)
     p = runs.add_parser("show", help="a run's state and step log", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
     p.set_defaults(handler=commands.runs_show)
     p = runs.add_parser(
-        "export", help="a run's steps as JSON lines, one step a line (keep it past retention)",
+        "export",
+        help="a run's steps as JSON lines, one step a line (keep it past retention)",
         parents=[common],
-    )  # fmt: skip
+    )
     p.add_argument("run_id", metavar="RUN_ID")
     p.set_defaults(handler=commands.runs_export)
     p = runs.add_parser("list", help="runs, newest first", parents=[common])
@@ -219,6 +225,36 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--reason", default="")
     p.set_defaults(handler=commands.runs_cancel)
+    _add_runs_resolve(runs, common)
+    forks.add_commands(runs, common)
+    p = runs.add_parser(
+        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("name", metavar="NAME", help="the signal's name")
+    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
+    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
+    p.set_defaults(handler=commands.runs_signal)
+
+
+def _add_runs_start(runs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = runs.add_parser("start", help="start a run", parents=[common])
+    p.add_argument("agent_id", metavar="AGENT")
+    p.add_argument("--input", required=True, metavar="TEXT", help="the user message")
+    p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
+    p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
+    triggers.add_priority(p)
+    p.add_argument(
+        "--trigger-connection",
+        default="",
+        metavar="C",
+        help="the connection the run came in through (tools mapped to `trigger` act as it)",
+    )
+    p.add_argument("--watch", action="store_true", help="then watch it to the end")
+    p.set_defaults(handler=commands.runs_start)
+
+
+def _add_runs_resolve(runs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = runs.add_parser(
         "resolve", help="decide an unknown tool outcome a run waits on", parents=[common]
     )
@@ -232,15 +268,6 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     )
     p.add_argument("--note", default="", help="what you checked")
     p.set_defaults(handler=commands.runs_resolve)
-    forks.add_commands(runs, common)
-    p = runs.add_parser(
-        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
-    )
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("name", metavar="NAME", help="the signal's name")
-    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
-    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
-    p.set_defaults(handler=commands.runs_signal)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -94,8 +94,11 @@ def dev_key(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else stack.default_data_dir()
     key = credentials.dev_credentials(data_dir).get(f"{args.role}_key")
     if not isinstance(key, str) or not key:
-        print(f"error: no {args.role} key in {data_dir / credentials.FILE_NAME} "
-              "(start `agentrun dev` first)", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: no {args.role} key in {data_dir / credentials.FILE_NAME} "
+            "(start `agentrun dev` first)",
+            file=sys.stderr,
+        )
         return 1
     print(key)
     return 0
@@ -121,7 +124,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("name", metavar="NAME")
     p.set_defaults(handler=profile_show)
     p = sub.add_parser("dev-key", help="print a key of the dev stack (<data dir>/credentials.json)")
-    p.add_argument("--role", default="admin",
-                   choices=["admin", "operator", "approver", "platform", "executor"])  # fmt: skip
+    p.add_argument(
+        "--role", default="admin", choices=["admin", "operator", "approver", "platform", "executor"]
+    )
     p.add_argument("--data-dir", help="the dev stack's data dir (env AGENTRUN_DATA_DIR)")
     p.set_defaults(handler=dev_key)

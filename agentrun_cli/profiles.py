@@ -31,8 +31,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("address", "workspace", "api_key", "api_key_file", "api_key_env", "tls_ca",
-          "tls_server_name")  # fmt: skip
+FIELDS = (
+    "address",
+    "workspace",
+    "api_key",
+    "api_key_file",
+    "api_key_env",
+    "tls_ca",
+    "tls_server_name",
+)
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _KEY = re.compile(r"^(agr_(?:ws|ex|pa)_[a-z0-9]{16}_)\S+$")
 

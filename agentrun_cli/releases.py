@@ -39,9 +39,16 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
 
 def release_line(r: pb.Release) -> str:
     state = (
-        "drained" if r.drained else "draining" if r.draining
-        else "newest" if r.newest else "serving" if r.executors else "idle"
-    )  # fmt: skip
+        "drained"
+        if r.drained
+        else "draining"
+        if r.draining
+        else "newest"
+        if r.newest
+        else "serving"
+        if r.executors
+        else "idle"
+    )
     oldest = r.oldest_held.ToNanoseconds() / 1e9
     return (
         f"{r.name:<20} {state:<9} executors={len(r.executors)} held={r.runs_held} "
@@ -140,11 +147,17 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=show)
     p = actions.add_parser("drain", help="drain a release's executors", parents=[common])
     p.add_argument("name", metavar="RELEASE")
-    p.add_argument("--finish-within", type=argtypes.seconds, default=60.0, metavar="SECONDS",
-                   help="time to finish held runs before handing them back (default 60)")  # fmt: skip
+    p.add_argument(
+        "--finish-within",
+        type=argtypes.seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="time to finish held runs before handing them back (default 60)",
+    )
     p.set_defaults(handler=drain)
-    p = actions.add_parser("wait-drained", help="wait until a release holds nothing",
-                           parents=[common])  # fmt: skip
+    p = actions.add_parser(
+        "wait-drained", help="wait until a release holds nothing", parents=[common]
+    )
     p.add_argument("name", metavar="RELEASE")
     p.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="SECONDS")
     p.set_defaults(handler=wait_drained)

@@ -130,10 +130,13 @@ def _decision(p: dict[str, Any]) -> str:
     usage = p.get("usage") or {}
     extra = "".join(
         f", {usage[key]} {label}"
-        for key, label in (("cached_tokens", "cached"), ("cache_write_tokens", "cache written"),
-                           ("reasoning_tokens", "reasoning"))
+        for key, label in (
+            ("cached_tokens", "cached"),
+            ("cache_write_tokens", "cache written"),
+            ("reasoning_tokens", "reasoning"),
+        )
         if usage.get(key)
-    )  # fmt: skip
+    )
     tokens = f"[{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens{extra}]"
     return "; ".join(parts or ["(empty)"]) + " " + tokens
 
@@ -351,8 +354,10 @@ def _policy_lines(spec: agent_pb2.AgentSpec) -> list[str]:
     pol = spec.approval
     if pol.tools or pol.approvers or pol.high_risk_tools:
         held = ", ".join([*pol.tools, *pol.high_risk_tools]) or "catalogue defaults"
-        lines.append(f"approval  {held} by {', '.join(pol.approvers) or '-'}"
-                     + (" (four eyes)" if pol.four_eyes else ""))  # fmt: skip
+        lines.append(
+            f"approval  {held} by {', '.join(pol.approvers) or '-'}"
+            + (" (four eyes)" if pol.four_eyes else "")
+        )
     if spec.max_concurrency:
         lines.append(f"cap       {spec.max_concurrency} runs at once")
     for c in spec.constraints:

@@ -71,9 +71,11 @@ def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
 
 def pause(args: argparse.Namespace) -> int:
     req = pb.SetTriggerEnabledRequest(
-        workspace_id=args.workspace, trigger_id=args.trigger_id, enabled=args.enabled,
+        workspace_id=args.workspace,
+        trigger_id=args.trigger_id,
+        enabled=args.enabled,
         note=args.note,
-    )  # fmt: skip
+    )
     t = _call(args, "SetTriggerEnabled", req).trigger
     _print(args, t, _trigger_lines(t))
     return 0
@@ -108,9 +110,10 @@ def update(args: argparse.Namespace) -> int:
     get = pb.GetTriggerRequest(workspace_id=args.workspace, trigger_id=args.trigger_id)
     current = _call(args, "GetTrigger", get).trigger
     req = pb.UpdateScheduleRequest(
-        workspace_id=args.workspace, trigger_id=args.trigger_id,
+        workspace_id=args.workspace,
+        trigger_id=args.trigger_id,
         schedule=_merged(current.schedule, args),
-    )  # fmt: skip
+    )
     if args.priority is not None:
         req.priority = args.priority
     t = _call(args, "UpdateSchedule", req).trigger
@@ -120,20 +123,31 @@ def update(args: argparse.Namespace) -> int:
 
 def backfill(args: argparse.Namespace) -> int:
     req = pb.BackfillScheduleRequest(
-        workspace_id=args.workspace, trigger_id=args.trigger_id, start_time=args.start,
-        end_time=args.end, overlap_policy=POLICIES.get(args.overlap or "", 0),  # type: ignore[arg-type]
-    )  # fmt: skip
+        workspace_id=args.workspace,
+        trigger_id=args.trigger_id,
+        start_time=args.start,
+        end_time=args.end,
+        overlap_policy=POLICIES.get(args.overlap or "", 0),  # type: ignore[arg-type]
+    )
     r = _call(args, "BackfillSchedule", req)
-    _print(args, r, [f"{r.slots} slots: {r.started} started, {r.already_fired} already fired, "
-                     f"{r.skipped} skipped, {r.buffered} buffered"])  # fmt: skip
+    _print(
+        args,
+        r,
+        [
+            f"{r.slots} slots: {r.started} started, {r.already_fired} already fired, "
+            f"{r.skipped} skipped, {r.buffered} buffered"
+        ],
+    )
     return 0
 
 
 def trigger_now(args: argparse.Namespace) -> int:
     req = pb.TriggerScheduleNowRequest(
-        workspace_id=args.workspace, trigger_id=args.trigger_id, request_id=args.request_id,
+        workspace_id=args.workspace,
+        trigger_id=args.trigger_id,
+        request_id=args.request_id,
         overlap_policy=POLICIES.get(args.overlap or "", 0),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     r = _call(args, "TriggerScheduleNow", req)
     if r.buffered:
         line = "buffered: it starts when the schedule's run going now ends"

@@ -161,18 +161,27 @@ class DevStack:
         control_plane, http_url = self._control_plane(db, providers, idp, say)
         executor = self._executor(control_plane, model, providers, redis, executor_key)
         return Endpoints(
-            db, redis, model, providers, idp, control_plane, executor.proc.pid,
-            self.supervisor.log_dir, http_url=http_url, console_url=f"{http_url}/console/",
-        )  # fmt: skip
+            db,
+            redis,
+            model,
+            providers,
+            idp,
+            control_plane,
+            executor.proc.pid,
+            self.supervisor.log_dir,
+            http_url=http_url,
+            console_url=f"{http_url}/console/",
+        )
 
     def _sandboxes(self) -> tuple[str, str, str]:
         # All start at once; then wait for each (they do not depend on each other).
         children = [self._sandbox(which) for which in ("model", "providers", "idp")]
         model, providers, idp = (self.supervisor.wait_port(c, self.timeout) for c in children)
         return (
-            f"http://127.0.0.1:{model}/v1", f"http://127.0.0.1:{providers}",
+            f"http://127.0.0.1:{model}/v1",
+            f"http://127.0.0.1:{providers}",
             f"http://127.0.0.1:{idp}",
-        )  # fmt: skip
+        )
 
     def _control_plane(
         self, db: str, providers: str, idp: str, say: Callable[[str], None]

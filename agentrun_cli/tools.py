@@ -132,9 +132,10 @@ def add_commands(
         "tools", help="the workspace's tools: HTTP templates, imports, built-ins"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser(
-        "create", help="save the tools of a YAML/JSON file (a new version if changed)",
+        "create",
+        help="save the tools of a YAML/JSON file (a new version if changed)",
         parents=[common],
-    )  # fmt: skip
+    )
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="tool file (- = stdin)")
     p.set_defaults(handler=tools_create)
     p = actions.add_parser("list", help="the latest version of every tool", parents=[common])

@@ -84,10 +84,13 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
         return {"schedule": sched}
     if args.mail is not None:
         return {"mail": pb.MailSource(address=args.mail, max_chain_depth=args.max_chain_depth)}
-    return {"mail_push": pb.MailPushSource(
-        history_url=args.mail_push, start_history_id=args.start_history_id,
-        max_chain_depth=args.max_chain_depth,
-    )}  # fmt: skip
+    return {
+        "mail_push": pb.MailPushSource(
+            history_url=args.mail_push,
+            start_history_id=args.start_history_id,
+            max_chain_depth=args.max_chain_depth,
+        )
+    }
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -99,8 +102,11 @@ def source_line(t: pb.Trigger) -> str:
         return f"webhook ({pb.SignatureScheme.Name(t.webhook.scheme).removeprefix('SIGNATURE_SCHEME_').lower()})"
     if kind == "schedule":
         s = t.schedule
-        when = f"cron '{s.cron}' {s.time_zone or 'UTC'}" if s.cron else (
-            f"every {s.interval.ToTimedelta().total_seconds():g}s")  # fmt: skip
+        when = (
+            f"cron '{s.cron}' {s.time_zone or 'UTC'}"
+            if s.cron
+            else (f"every {s.interval.ToTimedelta().total_seconds():g}s")
+        )
         jitter = s.jitter.ToTimedelta().total_seconds()
         return f"schedule {when}" + (f", jitter {jitter:g}s" if jitter else "")
     if kind == "mail":
@@ -129,8 +135,10 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
             f"flow      batch of {t.webhook.batch.max_events} or {t.webhook.batch.max_seconds}s"
         )
     if t.HasField("schedule"):
-        lines.append(f"next      {render.timestamp(t.schedule.next_fire_time)} "
-                     f"(slot {render.timestamp(t.schedule.next_slot_time)})")  # fmt: skip
+        lines.append(
+            f"next      {render.timestamp(t.schedule.next_fire_time)} "
+            f"(slot {render.timestamp(t.schedule.next_slot_time)})"
+        )
         lines.append(f"overlap   {schedules.policy_name(t.schedule.overlap_policy)}")
         if t.schedule.HasField("buffered_slot_time"):
             lines.append(f"buffered  slot {render.timestamp(t.schedule.buffered_slot_time)}")
@@ -175,9 +183,14 @@ def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
 
 def create(args: argparse.Namespace) -> int:
     req = pb.CreateTriggerRequest(
-        workspace_id=args.workspace, trigger_id=args.trigger_id, agent_id=args.agent,
-        filters=args.filters or [], secret=args.secret, priority=args.priority, **_source(args),
-    )  # fmt: skip
+        workspace_id=args.workspace,
+        trigger_id=args.trigger_id,
+        agent_id=args.agent,
+        filters=args.filters or [],
+        secret=args.secret,
+        priority=args.priority,
+        **_source(args),
+    )
     with _Stub(args) as stub:
         resp = stub.CreateTrigger(req, timeout=TIMEOUT)
     lines = trigger_lines(resp.trigger)
@@ -220,8 +233,10 @@ def list_triggers(args: argparse.Namespace) -> int:
 
 def show(args: argparse.Namespace) -> int:
     with _Stub(args) as stub:
-        t = stub.GetTrigger(pb.GetTriggerRequest(workspace_id=args.workspace,
-                                                 trigger_id=args.trigger_id), timeout=TIMEOUT).trigger  # fmt: skip
+        t = stub.GetTrigger(
+            pb.GetTriggerRequest(workspace_id=args.workspace, trigger_id=args.trigger_id),
+            timeout=TIMEOUT,
+        ).trigger
     _print(args, t, trigger_lines(t))
     return 0
 
@@ -302,8 +317,14 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
         "--batch-seconds", type=argtypes.int32, default=0, metavar="S", help="longest batch wait"
     )
     add_priority(p)
-    p.add_argument("--filter", dest="filters", action="append", type=parse_filter,
-                   metavar="'FIELD OP [VALUE]'", help="repeat for more; all must pass")  # fmt: skip
+    p.add_argument(
+        "--filter",
+        dest="filters",
+        action="append",
+        type=parse_filter,
+        metavar="'FIELD OP [VALUE]'",
+        help="repeat for more; all must pass",
+    )
     schedules.add_schedule_options(p)
     p.set_defaults(handler=create)
 

@@ -94,21 +94,24 @@ def verdict(run: Run, nonce: str, elapsed: float, timeout: float) -> tuple[bool,
     if run.status in TERMINAL:
         return False, f"FAIL canary {where} {run.status}: {run.error or 'no error recorded'}"
     if run.lease_epoch == 0:
-        return False, (f"FAIL canary {where} was never claimed within {timeout:g}s "
-                       "(no executor of its release took it)")  # fmt: skip
+        return False, (
+            f"FAIL canary {where} was never claimed within {timeout:g}s "
+            "(no executor of its release took it)"
+        )
     return False, (
         f"FAIL canary {where} is {run.status} after {timeout:g}s, not completed: claimed "
         f"{run.lease_epoch} time(s), {run.step_count} step(s) admitted (last holder "
         f"{run.lease_owner or 'none'})"
-    )  # fmt: skip
+    )
 
 
 async def nobody_to_run_it(dispatcher: Dispatcher, release: str | None) -> str | None:
     """Why no executor could take the canary now (None: one could): a FAIL at once."""
     from control_plane import releases
 
-    states = await release_store.list_releases(dispatcher.pool, releases.live_seconds(
-        dispatcher.config))  # fmt: skip
+    states = await release_store.list_releases(
+        dispatcher.pool, releases.live_seconds(dispatcher.config)
+    )
     if release is None and releases.newest_of(states, dispatcher.config.release_gate) is None:
         return "FAIL canary: no release takes new runs (no executor connected)"
     if release is not None and not any(s.release == release and s.executors for s in states):
@@ -121,8 +124,12 @@ async def run_canary(dispatcher: Dispatcher, release: str | None, wait_for: floa
     started = time.monotonic()
     version = await _version(pool)
     nonce = secrets.token_hex(16)
-    adm = admission(version, dispatcher.config.defaults, f"contract canary canary-nonce:{nonce}",
-                    started_by=auth_context.label_or_none())  # fmt: skip
+    adm = admission(
+        version,
+        dispatcher.config.defaults,
+        f"contract canary canary-nonce:{nonce}",
+        started_by=auth_context.label_or_none(),
+    )
     run = await release_store.admit_on(pool, adm, release)
     dispatcher.poke()
     deadline = started + wait_for
@@ -161,7 +168,10 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
             timeout = max(0.1, min(timeout, remaining - 0.5))
         out = await run_canary(self._dispatcher, release, timeout)
         return release_pb2.RunCanaryResponse(
-            passed=out.passed, verdict=out.verdict, run_id=str(out.run.run_id),
-            status=out.run.status, release=out.run.release or "",
+            passed=out.passed,
+            verdict=out.verdict,
+            run_id=str(out.run.run_id),
+            status=out.run.status,
+            release=out.run.release or "",
             elapsed=convert.duration(out.elapsed),
-        )  # fmt: skip
+        )

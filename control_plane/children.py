@@ -54,9 +54,12 @@ def child_call(req: step_store.CommitRequest) -> ChildCall | None:
 
 
 async def child_commit(
-    pool: Pool, req: step_store.CommitRequest, lease_seconds: float, defaults: RunDefaults,
+    pool: Pool,
+    req: step_store.CommitRequest,
+    lease_seconds: float,
+    defaults: RunDefaults,
     on_runnable: Callable[[], None],
-) -> step_store.CommitResult | None:  # fmt: skip
+) -> step_store.CommitResult | None:
     """Commit a start_child park and admit its child, atomically; None if `req` is no such
     park. A child that cannot be admitted (no such agent, bad input) is the call's error
     result at once, and the parent wakes."""
@@ -85,10 +88,13 @@ async def _admit(
         return f"agent {call.agent_id!r} has no published version"
     parent = await run_store.get_run(conn, req.workspace_id, req.run_id)
     adm = admission(
-        version, defaults, call.input, started_by=f"run:{req.run_id}",
+        version,
+        defaults,
+        call.input,
+        started_by=f"run:{req.run_id}",
         request_id=f"child:{req.run_id}:{call.seq}",
         priority=parent.priority if parent is not None else 0,
-    )  # fmt: skip
+    )
     row = await run(conn, "child_admit", **adm.params(None))
     if row is not None:
         await run(conn, "child_mark", req.workspace_id, row["run_id"], req.run_id, call.seq)

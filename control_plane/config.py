@@ -173,9 +173,11 @@ class ServerConfig:
         margin = _float("AGENTRUN_RELEASE_MARGIN_SECONDS", cls.release_margin_seconds)
         dead = _float("AGENTRUN_STREAM_DEAD_SECONDS", cls.stream_dead_seconds)
         if horizon < 0 or margin < 0.1 or dead <= 0:
-            raise SystemExit("AGENTRUN_SEND_HORIZON_SECONDS must be >= 0, "
-                             "AGENTRUN_RELEASE_MARGIN_SECONDS >= 0.1, "
-                             "AGENTRUN_STREAM_DEAD_SECONDS > 0")  # fmt: skip
+            raise SystemExit(
+                "AGENTRUN_SEND_HORIZON_SECONDS must be >= 0, "
+                "AGENTRUN_RELEASE_MARGIN_SECONDS >= 0.1, "
+                "AGENTRUN_STREAM_DEAD_SECONDS > 0"
+            )
         return dict(
             send_horizon_seconds=horizon, release_margin_seconds=margin, stream_dead_seconds=dead
         )

@@ -122,17 +122,31 @@ async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store
     version = await _version(pool, source, req.agent_version)
     who = auth_context.current().label
     adm = admission(
-        version, defaults, source.input, started_by=who, input_payload=_payload(steps[0]),
+        version,
+        defaults,
+        source.input,
+        started_by=who,
+        input_payload=_payload(steps[0]),
         priority=source.priority if req.priority is None else req.priority,
-    )  # fmt: skip
+    )
     marker = {
-        "from_run_id": str(source.run_id), "from_seq": req.from_seq, "forked_by": who,
-        "agent_version": adm.agent_version, "source_agent_version": source.agent_version,
-    }  # fmt: skip
+        "from_run_id": str(source.run_id),
+        "from_seq": req.from_seq,
+        "forked_by": who,
+        "agent_version": adm.agent_version,
+        "source_agent_version": source.agent_version,
+    }
     async with transaction(pool) as conn:
         forked = await store.admit_fork(conn, adm, source.run_id, req.from_seq, marker)
-        await audit.record(conn, "run.forked", "run", str(forked.run_id), {
-            "from_run_id": str(source.run_id), "from_seq": req.from_seq,
-            "agent_version": adm.agent_version,
-        })  # fmt: skip
+        await audit.record(
+            conn,
+            "run.forked",
+            "run",
+            str(forked.run_id),
+            {
+                "from_run_id": str(source.run_id),
+                "from_seq": req.from_seq,
+                "agent_version": adm.agent_version,
+            },
+        )
     return forked

@@ -46,36 +46,48 @@ QUERY_TIMEOUT = 5.0
 REGISTRY = CollectorRegistry()
 
 CLAIM_SECONDS = Histogram(
-    "agentrun_claim_seconds", "Duration of one fair claim transaction (a batch of runs)",
-    buckets=LATENCY_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    "agentrun_claim_seconds",
+    "Duration of one fair claim transaction (a batch of runs)",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 CLAIMED = Counter(
-    "agentrun_claimed_runs", "Runs leased to an executor by a claim (rate() = claims per second)",
-    ["workspace"], registry=REGISTRY,
-)  # fmt: skip
+    "agentrun_claimed_runs",
+    "Runs leased to an executor by a claim (rate() = claims per second)",
+    ["workspace"],
+    registry=REGISTRY,
+)
 TAKEOVERS = Counter(
     "agentrun_lease_takeovers",
     "Runs claimed after their lease lapsed: a dead, paused or partitioned executor's",
-    ["workspace"], registry=REGISTRY,
-)  # fmt: skip
+    ["workspace"],
+    registry=REGISTRY,
+)
 COMMIT_SECONDS = Histogram(
-    "agentrun_commit_seconds", "Duration of committing one executor Commit, by outcome",
-    ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    "agentrun_commit_seconds",
+    "Duration of committing one executor Commit, by outcome",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 FENCED = Counter(
     "agentrun_fenced",
     "Writes refused because the executor no longer holds the lease (via commit or heartbeat)",
-    ["workspace", "via"], registry=REGISTRY,
-)  # fmt: skip
+    ["workspace", "via"],
+    registry=REGISTRY,
+)
 PARKS = Counter(
-    "agentrun_parks", "Runs parked by a commit, by wait reason",
-    ["workspace", "reason"], registry=REGISTRY,
-)  # fmt: skip
+    "agentrun_parks",
+    "Runs parked by a commit, by wait reason",
+    ["workspace", "reason"],
+    registry=REGISTRY,
+)
 SCHEDULE_LAG = Histogram(
     "agentrun_schedule_fire_lag_seconds",
     "How late a schedule slot fired, after its fire time (database clock)",
-    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0), registry=REGISTRY,
-)  # fmt: skip
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
+    registry=REGISTRY,
+)
 
 
 def commit_outcome(name: str, seconds: float) -> None:
@@ -122,9 +134,10 @@ class DatabaseFigures(Collector):
 
 def _gauges(f: figures_store.Figures) -> Iterator[Metric]:
     runs = GaugeMetricFamily(
-        "agentrun_runs", "Unfinished runs by workspace, status and wait reason",
+        "agentrun_runs",
+        "Unfinished runs by workspace, status and wait reason",
         labels=["workspace", "status", "wait_reason"],
-    )  # fmt: skip
+    )
     for (ws, status, reason), count in sorted(f.runs.items()):
         runs.add_metric([ws, status, reason], count)
     yield runs
@@ -141,9 +154,10 @@ def _gauges(f: figures_store.Figures) -> Iterator[Metric]:
         "agentrun_outbox_backlog", "Notifications not delivered yet", value=f.outbox_backlog
     )
     yield GaugeMetricFamily(
-        "agentrun_outbox_oldest_seconds", "Age of the oldest undelivered notification",
+        "agentrun_outbox_oldest_seconds",
+        "Age of the oldest undelivered notification",
         value=f.outbox_oldest_seconds,
-    )  # fmt: skip
+    )
     yield GaugeMetricFamily(
         "agentrun_scheduler_lag_seconds",
         "Lateness of the most overdue enabled schedule (0: every due slot fired)",
@@ -156,9 +170,10 @@ def _approvals(f: figures_store.Figures) -> Iterator[Metric]:
         "agentrun_approvals_pending", "Undecided approvals", labels=["workspace"]
     )
     oldest = GaugeMetricFamily(
-        "agentrun_approvals_oldest_pending_seconds", "Age of the oldest undecided approval",
+        "agentrun_approvals_oldest_pending_seconds",
+        "Age of the oldest undecided approval",
         labels=["workspace"],
-    )  # fmt: skip
+    )
     for ws, (count, age) in sorted(f.approvals_pending.items()):
         pending.add_metric([ws], count)
         oldest.add_metric([ws], age)

@@ -29,9 +29,12 @@ from typing import Any
 TABLE_PATH = Path(__file__).parent / "prices.json"
 PER_MILLION = 1_000_000
 _USAGE_KEYS = (
-    "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
     "cache_write_tokens",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,12 @@ class ModelPrice:
     @classmethod
     def of(cls, entry: Mapping[str, int]) -> ModelPrice:
         return cls(
-            input=entry["input"], output=entry["output"],
+            input=entry["input"],
+            output=entry["output"],
             cached_input=entry.get("cached_input", entry["input"]),
             cache_write=entry.get("cache_write", entry["input"]),
             reasoning=entry.get("reasoning", entry["output"]),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,12 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
             self.cached_tokens + other.cached_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
             self.cost_micros + other.cost_micros,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,10 @@ def load(path: Path = TABLE_PATH) -> PriceTable:
     default_tool = tools.pop("default")
     return PriceTable(
         models={name: ModelPrice.of(entry) for name, entry in data["models"].items()},
-        default_model=ModelPrice.of(data["default_model"]), tools=tools,
+        default_model=ModelPrice.of(data["default_model"]),
+        tools=tools,
         default_tool=default_tool,
-    )  # fmt: skip
+    )
 
 
 @functools.cache

@@ -78,8 +78,11 @@ class Readiness:
         while True:
             now = await self.ready()
             if now != serving:
-                log.warning("database %s: health %s", "reachable" if now else "unreachable",
-                            "SERVING" if now else "NOT_SERVING")  # fmt: skip
+                log.warning(
+                    "database %s: health %s",
+                    "reachable" if now else "unreachable",
+                    "SERVING" if now else "NOT_SERVING",
+                )
                 status = (
                     health_pb2.HealthCheckResponse.SERVING
                     if now

@@ -79,9 +79,9 @@ async def explain_wait(pool: Pool, run: Run, queue: run_pb2.QueuePosition) -> No
 
 
 def drain_message(release: str, seconds_left: float) -> executor_pb2.ConnectResponse:
-    return executor_pb2.ConnectResponse(drain=executor_pb2.Drain(
-        release=release, finish_within=convert.duration(seconds_left)
-    ))  # fmt: skip
+    return executor_pb2.ConnectResponse(
+        drain=executor_pb2.Drain(release=release, finish_within=convert.duration(seconds_left))
+    )
 
 
 def tell_draining(sessions: Iterable[ExecutorSession], draining: dict[str, float]) -> None:
@@ -107,16 +107,22 @@ def _age(now: datetime, since: datetime | None) -> float:
 
 def to_proto(state: store.ReleaseState, newest: bool) -> release_pb2.Release:
     msg = release_pb2.Release(
-        name=state.release, newest=newest, draining=state.draining_since is not None,
-        executors=state.executors, runs_held=state.runs_held,
+        name=state.release,
+        newest=newest,
+        draining=state.draining_since is not None,
+        executors=state.executors,
+        runs_held=state.runs_held,
         oldest_held=convert.duration(_age(state.now, state.oldest_held_since)),
-        runs_waiting=state.runs_waiting, drained=state.drained,
-    )  # fmt: skip
+        runs_waiting=state.runs_waiting,
+        drained=state.drained,
+    )
     for name, value in (
-        ("first_seen_time", state.first_seen_at), ("promote_time", state.promoted_at),
-        ("drain_start_time", state.draining_since), ("drain_deadline", state.drain_deadline),
+        ("first_seen_time", state.first_seen_at),
+        ("promote_time", state.promoted_at),
+        ("drain_start_time", state.draining_since),
+        ("drain_deadline", state.drain_deadline),
         ("canary_pass_time", state.canary_passed_at),
-    ):  # fmt: skip
+    ):
         if (ts := convert.timestamp(value)) is not None:
             getattr(msg, name).CopyFrom(ts)
     return msg

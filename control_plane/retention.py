@@ -73,9 +73,15 @@ class Retention:
     """`run()` is the control-plane loop, `tick()` one round (tests drive it with a clock)."""
 
     def __init__(
-        self, pool: store.Pool, *, poll_seconds: float = 60.0, batch: int = 500,
-        steps: int = STEPS, duty: float = DUTY, steps_per_second: float = STEPS_PER_SECOND,
-    ) -> None:  # fmt: skip
+        self,
+        pool: store.Pool,
+        *,
+        poll_seconds: float = 60.0,
+        batch: int = 500,
+        steps: int = STEPS,
+        duty: float = DUTY,
+        steps_per_second: float = STEPS_PER_SECOND,
+    ) -> None:
         if not 0 < duty <= 1:
             raise ValueError(f"duty must be in (0, 1], not {duty}")
         if not steps_per_second > 0:
@@ -122,7 +128,13 @@ class Retention:
             # The longer of the duty cycle's rest and the one that keeps the step rows
             # deleted since the statement began within STEPS_PER_SECOND.
             rest = max(took * self._rest, gone.steps / self._steps_per_second - took)
-            log.info("retention deleted %d runs (%d steps) of workspace %s in %.3fs, resting %.3fs",
-                     gone.runs, gone.steps, workspace_id, took, rest)  # fmt: skip
+            log.info(
+                "retention deleted %d runs (%d steps) of workspace %s in %.3fs, resting %.3fs",
+                gone.runs,
+                gone.steps,
+                workspace_id,
+                took,
+                rest,
+            )
             if rest:
                 await asyncio.sleep(rest)

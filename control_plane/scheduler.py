@@ -106,8 +106,12 @@ class Scheduler:
                         await overlap.release(conn, row, firing)
                     released += 1
                 except Exception as exc:  # noqa: BLE001 - logged; the slot stays buffered
-                    log.error("schedule %s/%s could not fire its buffered slot: %s",
-                              row["workspace_id"], row["trigger_id"], exc)  # fmt: skip
+                    log.error(
+                        "schedule %s/%s could not fire its buffered slot: %s",
+                        row["workspace_id"],
+                        row["trigger_id"],
+                        exc,
+                    )
         firing.committed(self._on_runnable, self._on_cancel)
         return released
 
@@ -131,8 +135,13 @@ class Scheduler:
                 await self._fire(conn, row, firing)
         except Exception as exc:  # noqa: BLE001 - logged, retried later
             firing.started, firing.cancelled[cancelled:] = started, []  # rolled back
-            log.error("schedule %s/%s could not fire slot %s: %s", row["workspace_id"],
-                      row["trigger_id"], row["next_slot_at"].isoformat(), exc)  # fmt: skip
+            log.error(
+                "schedule %s/%s could not fire slot %s: %s",
+                row["workspace_id"],
+                row["trigger_id"],
+                row["next_slot_at"].isoformat(),
+                exc,
+            )
             retry_at = row["db_now"] + RETRY_FAILED_SLOT
             with contextlib.suppress(Exception):
                 await store.postpone_schedule(
@@ -148,8 +157,12 @@ class Scheduler:
         catchup = sched.catchup(self._catchup)
         if row["db_now"] - slot > timedelta(seconds=catchup):
             # Missed while no replica ran: skipped, not burst.
-            log.info("schedule %s/%s skipped slot %s, older than the catch-up window",
-                     settings.workspace_id, settings.trigger_id, slot.isoformat())  # fmt: skip
+            log.info(
+                "schedule %s/%s skipped slot %s, older than the catch-up window",
+                settings.workspace_id,
+                settings.trigger_id,
+                slot.isoformat(),
+            )
         else:
             lag = (row["db_now"] - row["next_fire_at"]).total_seconds()
             metrics.SCHEDULE_LAG.observe(max(0.0, lag))

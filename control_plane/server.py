@@ -108,9 +108,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     """Connect: the interceptor authenticated the stream once, as an executor credential."""
 
     def __init__(
-        self, dispatcher: Dispatcher, resolver: Resolver, tokens: ConnectionTokens,
+        self,
+        dispatcher: Dispatcher,
+        resolver: Resolver,
+        tokens: ConnectionTokens,
         recheck_seconds: float = 2.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._dispatcher = dispatcher
         self._resolver = resolver
         self._tokens = tokens
@@ -261,10 +264,16 @@ async def start(
     )
     watch = asyncio.create_task(readiness.watch(healths), name="readiness")
     return RunningServer(
-        server, port, pool, [*_background_loops(parts), *trigger_tasks, watch], http,
+        server,
+        port,
+        pool,
+        [*_background_loops(parts), *trigger_tasks, watch],
+        http,
         executor_server=executors if executors is not server else None,
-        executor_port=executor_port, verifier=verifier, oauth=oauth,
-    )  # fmt: skip
+        executor_port=executor_port,
+        verifier=verifier,
+        oauth=oauth,
+    )
 
 
 def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Server) -> None:
@@ -295,7 +304,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         SessionServicer(
             Conversations(
                 pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, FastPath(dispatcher)
-            )  # fmt: skip
+            )
         ),
         server,
     )
@@ -338,9 +347,13 @@ def _connections(
     config: ServerConfig, pool: Pool, envelope: Envelope
 ) -> tuple[OAuthClient, ConnectionTokens]:
     """The OAuth client of connected accounts and the tokens it refreshes."""
-    oauth = OAuthClient(OAuthSettings(
-        config.oauth_url or config.notify_url, config.oauth_client_id, config.oauth_client_secret
-    ))  # fmt: skip
+    oauth = OAuthClient(
+        OAuthSettings(
+            config.oauth_url or config.notify_url,
+            config.oauth_client_id,
+            config.oauth_client_secret,
+        )
+    )
     return oauth, ConnectionTokens(pool, envelope, oauth)
 
 
@@ -370,9 +383,11 @@ _Health = tuple[health.aio.HealthServicer, tuple[str, ...]]
 
 
 async def _listen(
-    config: ServerConfig, server: grpc.aio.Server, executors: grpc.aio.Server,
+    config: ServerConfig,
+    server: grpc.aio.Server,
+    executors: grpc.aio.Server,
     healths: list[_Health],
-) -> tuple[int, int]:  # fmt: skip
+) -> tuple[int, int]:
     """Start the public server and, when it has its own, the executor one: their ports."""
     public = server_credentials(config, executor=False)
     if executors is server or not config.executor_listen:
@@ -419,10 +434,13 @@ async def _start_triggers(
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
-        pool, config.defaults, dispatcher.poke,
-        poll_seconds=config.scheduler_poll_seconds, catchup_seconds=config.schedule_catchup_seconds,
+        pool,
+        config.defaults,
+        dispatcher.poke,
+        poll_seconds=config.scheduler_poll_seconds,
+        catchup_seconds=config.schedule_catchup_seconds,
         on_cancel=dispatcher.cancel,
-    )  # fmt: skip
+    )
     fetcher = PushFetcher(
         pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
     )

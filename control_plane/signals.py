@@ -59,11 +59,17 @@ class Signal:
     @classmethod
     def of(cls, row: Any) -> Signal:
         return cls(
-            workspace_id=row["workspace_id"], run_id=row["run_id"], event_id=row["event_id"],
-            name=row["name"], payload=row["payload"], sent_by=row["sent_by"],
-            created_at=row["created_at"], consumed_seq=row["consumed_seq"],
-            result_seq=row["result_seq"], consumed_at=row["consumed_at"],
-        )  # fmt: skip
+            workspace_id=row["workspace_id"],
+            run_id=row["run_id"],
+            event_id=row["event_id"],
+            name=row["name"],
+            payload=row["payload"],
+            sent_by=row["sent_by"],
+            created_at=row["created_at"],
+            consumed_seq=row["consumed_seq"],
+            result_seq=row["result_seq"],
+            consumed_at=row["consumed_at"],
+        )
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,17 @@ async def send(pool: Pool | Connection, wanted: Outgoing, on_runnable: Callable[
             return _again(first, wanted)
         if locked["status"] in TERMINAL:
             raise FailedPrecondition(f"run {rid} already ended ({locked['status']})")
-        await run(conn, "signal_insert", ws, rid, wanted.event_id, wanted.name,
-                  wanted.canonical, wanted.digest, wanted.sent_by)  # fmt: skip
+        await run(
+            conn,
+            "signal_insert",
+            ws,
+            rid,
+            wanted.event_id,
+            wanted.name,
+            wanted.canonical,
+            wanted.digest,
+            wanted.sent_by,
+        )
         delivered = await run(conn, "signal_deliver", ws, rid)
         row = await run(conn, "signal_get", ws, rid, wanted.event_id)
         faults.point("control_plane.signal.before_commit")
@@ -142,9 +157,11 @@ def _again(first: Any, wanted: Outgoing) -> Sent:
 
 
 async def signal_commit(
-    pool: Pool | Connection, req: step_store.CommitRequest, lease_seconds: float,
+    pool: Pool | Connection,
+    req: step_store.CommitRequest,
+    lease_seconds: float,
     on_runnable: Callable[[], None],
-) -> step_store.CommitResult | None:  # fmt: skip
+) -> step_store.CommitResult | None:
     """Commit a park on a signal and, in its transaction, deliver a signal that is already
     there; None if `req` is no such park."""
     t = req.transition

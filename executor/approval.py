@@ -45,26 +45,42 @@ class Hold:
 
 
 def hold(
-    seq: int, decision_seq: int, call: ToolCall, tool: Tool, spec: agent_pb2.AgentSpec,
+    seq: int,
+    decision_seq: int,
+    call: ToolCall,
+    tool: Tool,
+    spec: agent_pb2.AgentSpec,
     reason: str | None = None,
-) -> Hold:  # fmt: skip
+) -> Hold:
     """`reason`: why a rule (not the tool or the policy) asks for approval, for the step."""
     arguments = dict(call.arguments or {})
     digest = arguments_sha256(arguments)
     approval_id = str(uuid.uuid4())
-    payload = {"approval_id": approval_id, "call_id": call.id, "tool": call.name,
-               "arguments": arguments, "arguments_sha256": digest}  # fmt: skip
+    payload = {
+        "approval_id": approval_id,
+        "call_id": call.id,
+        "tool": call.name,
+        "arguments": arguments,
+        "arguments_sha256": digest,
+    }
     if reason:
         payload["reason"] = reason
     step = executor_pb2.NewStep(
-        seq=seq, kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED, ref_seq=decision_seq,
+        seq=seq,
+        kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED,
+        ref_seq=decision_seq,
         payload_json=json.dumps(payload),
-    )  # fmt: skip
+    )
     request = executor_pb2.ApprovalRequest(
-        approval_id=approval_id, decision_seq=decision_seq, call_id=call.id, tool=call.name,
-        arguments_json=canonical_json(arguments), arguments_sha256=digest,
-        moves_money=tool.moves_money, high_risk=tool.name in spec.approval.high_risk_tools,
-    )  # fmt: skip
+        approval_id=approval_id,
+        decision_seq=decision_seq,
+        call_id=call.id,
+        tool=call.name,
+        arguments_json=canonical_json(arguments),
+        arguments_sha256=digest,
+        moves_money=tool.moves_money,
+        high_risk=tool.name in spec.approval.high_risk_tools,
+    )
     return Hold(step, request, executor_pb2.Park(wait_reason="approval"))
 
 
@@ -93,9 +109,11 @@ def check(requested: Mapping[str, Any], decided: Mapping[str, Any]) -> Verdict:
         ok = ok and arguments_sha256(arguments) == expected
     if not ok:
         return Verdict(
-            None, "refused: the arguments do not match what was approved (hash mismatch); "
-            "nothing was sent", tampered=True,
-        )  # fmt: skip
+            None,
+            "refused: the arguments do not match what was approved (hash mismatch); "
+            "nothing was sent",
+            tampered=True,
+        )
     return Verdict(
         arguments, edited_from=decided.get("edited_from") if decision == "edited" else None
     )

@@ -82,7 +82,7 @@ class ExecutorConfig:
             release=env.get("AGENTRUN_RELEASE") or defaults.release,
             continues=tuple(
                 r.strip() for r in env.get("AGENTRUN_CONTINUES", "").split(",") if r.strip()
-            ),  # fmt: skip
+            ),
             model_base_url=env.get("AGENTRUN_MODEL_BASE_URL") or defaults.model_base_url,
             model_api_key=env.get("AGENTRUN_MODEL_API_KEY", ""),
             model_timeout_seconds=_positive_float(

@@ -79,8 +79,11 @@ def trigger_mail(entries: Iterable[Any]) -> TriggerMail | None:
         mail = trigger.get("mail") if isinstance(trigger, Mapping) else None
         if not isinstance(mail, Mapping):
             return None
-        people = [*addresses(mail.get("from")), *addresses(mail.get("to")),
-                  *addresses(mail.get("cc"))]  # fmt: skip
+        people = [
+            *addresses(mail.get("from")),
+            *addresses(mail.get("to")),
+            *addresses(mail.get("cc")),
+        ]
         return TriggerMail(
             message_id=str(mail.get("message_id") or ""),
             thread_id=str(mail.get("thread_id") or mail.get("message_id") or ""),

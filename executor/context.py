@@ -66,9 +66,10 @@ def stable_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def estimate_tokens(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = (),
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] = (),
     rendered: replay.RenderedTurns | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """The prompt's size in tokens, estimated: characters of compact JSON / 4, rounded up.
     A list's compact JSON is its items' joined by commas in brackets, so the length adds up
     message by message; with `rendered` (the run's), a kept turn's are measured once."""
@@ -83,9 +84,12 @@ def _chars(message: Mapping[str, Any]) -> int:
 
 
 def plan(
-    entries: list[Entry], instructions: str, tools: Sequence[Any], threshold: int,
+    entries: list[Entry],
+    instructions: str,
+    tools: Sequence[Any],
+    threshold: int,
     rendered: replay.RenderedTurns | None = None,
-) -> Span | None:  # fmt: skip
+) -> Span | None:
     """The span to recap before the next model call, or None: no threshold, the prompt
     fits, or nothing but the newest turn is left to recap. `rendered`: the run's turns as
     rendered before (replay.RenderedTurns)."""

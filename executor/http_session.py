@@ -70,8 +70,13 @@ class Answer:
 
 async def read(response: aiohttp.ClientResponse) -> Answer:
     """The whole of an aiohttp response."""
-    return Answer(response.status, response.headers, await response.read(), response.charset,
-                  response.reason or "")  # fmt: skip
+    return Answer(
+        response.status,
+        response.headers,
+        await response.read(),
+        response.charset,
+        response.reason or "",
+    )
 
 
 def encoded(body: Any) -> bytes:

@@ -155,8 +155,9 @@ class LeaseKeeper:
             await self.horizon.changed(0.1)
         return refusal
 
-    def committed(self, run_id: str, epoch: int, result: executor_pb2.CommitResult,
-                  sent_at: float) -> None:  # fmt: skip
+    def committed(
+        self, run_id: str, epoch: int, result: executor_pb2.CommitResult, sent_at: float
+    ) -> None:
         """A commit under this lease landed. It renewed the lease only if its result carries
         lease_expire_time (this executor's Hello set reads_commit_renewal, so the control
         plane renews on commit only when the lease needs it); then it counts from send time."""

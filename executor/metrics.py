@@ -39,17 +39,22 @@ ASSIGNMENTS = Counter(
 RELEASED = Counter(
     "agentrun_executor_runs_released",
     "Holds that ended, by how (completed, failed, parked, fenced, crashed, invalid, done)",
-    ["how"], registry=REGISTRY,
-)  # fmt: skip
+    ["how"],
+    registry=REGISTRY,
+)
 COMMIT_SECONDS = Histogram(
     "agentrun_executor_commit_seconds",
     "Round trip of one Commit to the control plane, by outcome (ok, fenced, invalid, unavailable)",
-    ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
-PARKS = Counter(
-    "agentrun_executor_parks", "Runs this executor parked, by wait reason", ["reason"],
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
-)  # fmt: skip
+)
+PARKS = Counter(
+    "agentrun_executor_parks",
+    "Runs this executor parked, by wait reason",
+    ["reason"],
+    registry=REGISTRY,
+)
 FENCED = Counter(
     "agentrun_executor_fenced",
     "Runs this executor stopped because it lost their lease (it wrote nothing more)",
@@ -59,12 +64,15 @@ RATE_TOKENS = Counter(
     "agentrun_executor_rate_limit",
     "Provider requests by what the rate limiter said: granted, empty (parked for a token), "
     "429 (the provider refused), unavailable (Redis could not be asked)",
-    ["provider", "outcome"], registry=REGISTRY,
-)  # fmt: skip
+    ["provider", "outcome"],
+    registry=REGISTRY,
+)
 MODEL_CALLS = Counter(
-    "agentrun_executor_model_calls", "Model calls, by outcome (ok, unavailable, rejected)",
-    ["outcome"], registry=REGISTRY,
-)  # fmt: skip
+    "agentrun_executor_model_calls",
+    "Model calls, by outcome (ok, unavailable, rejected)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 
 OUTCOMES = {0: "unspecified", 1: "ok", 2: "fenced", 3: "invalid", 4: "unavailable"}
 
@@ -88,8 +96,12 @@ def _write_port_file(path: str, port: int) -> None:
 class MetricsListener:
     """`GET /metrics` over plain HTTP/1.1 on its own port (one request per connection)."""
 
-    def __init__(self, listen: str, token: str | None = None,
-                 render: Callable[[], bytes] = lambda: generate_latest(REGISTRY)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        listen: str,
+        token: str | None = None,
+        render: Callable[[], bytes] = lambda: generate_latest(REGISTRY),
+    ) -> None:
         host, _, port = listen.rpartition(":")
         self._host, self._port = host or "127.0.0.1", int(port)
         self._token = token
@@ -123,8 +135,10 @@ class MetricsListener:
             status, body, kind = await asyncio.wait_for(self._answer(reader), 5.0)
         except (TimeoutError, ValueError, asyncio.IncompleteReadError, ConnectionError):
             status, body, kind = "400 Bad Request", b"bad request\n", "text/plain"
-        head = (f"HTTP/1.1 {status}\r\ncontent-type: {kind}\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+        head = (
+            f"HTTP/1.1 {status}\r\ncontent-type: {kind}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
         with contextlib.suppress(ConnectionError):
             writer.write(head.encode() + body)
             await writer.drain()

@@ -62,8 +62,7 @@ def encode(output: Any) -> bytes:
 
 
 def reference(data: bytes) -> dict[str, Any]:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-            "media_type": MEDIA_TYPE}  # fmt: skip
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "media_type": MEDIA_TYPE}
 
 
 def view(data: bytes, sha256: str, limits: Limits) -> str:
@@ -104,8 +103,14 @@ def read_arguments(arguments: Mapping[str, Any], cap: int) -> tuple[str, int, in
 def slice_output(sha256: str, offset: int, data: bytes, size: int) -> dict[str, Any]:
     """What read_result records: the slice's text and where it lies in the whole."""
     end = offset + len(data)
-    return {"ref": sha256, "offset": offset, "length": len(data), "size": size,
-            "text": data.decode("utf-8", "replace"), "more": end < size}  # fmt: skip
+    return {
+        "ref": sha256,
+        "offset": offset,
+        "length": len(data),
+        "size": size,
+        "text": data.decode("utf-8", "replace"),
+        "more": end < size,
+    }
 
 
 def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[tuple[int, bytes]]:
@@ -116,9 +121,12 @@ class PayloadClient:
     """The unary payload RPCs, on a channel apart from the Connect stream."""
 
     def __init__(
-        self, target: str, options: Sequence[tuple[str, int | str]],
-        security: ChannelSecurity | None, credential: str,
-    ) -> None:  # fmt: skip
+        self,
+        target: str,
+        options: Sequence[tuple[str, int | str]],
+        security: ChannelSecurity | None,
+        credential: str,
+    ) -> None:
         extra = security.options() if security else []
         creds = security.credentials() if security else None
         self._channel = open_channel(target, [*options, *extra], creds)
@@ -128,9 +136,13 @@ class PayloadClient:
     async def put(self, lease: executor_pb2.Lease, data: bytes, ref: Mapping[str, Any]) -> None:
         for offset, chunk in chunks(data):
             request = executor_pb2.PutPayloadChunkRequest(
-                lease=lease, sha256=ref["sha256"], size=len(data), media_type=ref["media_type"],
-                offset=offset, data=chunk,
-            )  # fmt: skip
+                lease=lease,
+                sha256=ref["sha256"],
+                size=len(data),
+                media_type=ref["media_type"],
+                offset=offset,
+                data=chunk,
+            )
             reply = await self._call(self._stub.PutPayloadChunk, request)
             if reply.complete:
                 return
@@ -178,9 +190,12 @@ class LargeResults:
         return view(data, ref["sha256"], self.limits), {"payload": ref}
 
     async def read(
-        self, lease: executor_pb2.Lease, entries: Sequence[Entry], arguments: Mapping[str, Any],
+        self,
+        lease: executor_pb2.Lease,
+        entries: Sequence[Entry],
+        arguments: Mapping[str, Any],
         is_safe: Callable[[], bool],
-    ) -> tuple[Outcome, str | None]:  # fmt: skip
+    ) -> tuple[Outcome, str | None]:
         """The read_result outcome, and the untrusted origin of the result it reads from."""
         parsed = read_arguments(arguments, self.limits.read_max_bytes)
         if isinstance(parsed, str):

@@ -203,8 +203,12 @@ class RunLoop:
         ):
             if not tracing.on():  # no exporter: a no-op span would cost and record nothing
                 return await self._run_held()
-            attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
-                          "agentrun.epoch": lease.epoch, "agentrun.attempt": run.attempt}  # fmt: skip
+            attributes = {
+                "agentrun.workspace": lease.workspace_id,
+                "agentrun.run": lease.run_id,
+                "agentrun.epoch": lease.epoch,
+                "agentrun.attempt": run.attempt,
+            }
             with _tracer.start_as_current_span("agentrun.run", attributes=attributes) as span:
                 how = await self._run_held()
                 span.set_attribute("agentrun.outcome", how)
@@ -234,9 +238,10 @@ class RunLoop:
         log.error("run %s: its task failed", self.run_id, exc_info=exc)
         where = _where(exc)
         crashes = 1 + sum(
-            1 for e in self.entries
+            1
+            for e in self.entries
             if e.kind == replay.PARK and e.payload.get("wait_reason") == CRASH_WAIT
-        )  # fmt: skip
+        )
         try:
             if crashes >= MAX_CRASHES:
                 return await self._fail(
@@ -322,8 +327,12 @@ class RunLoop:
         (the control plane notifies them through the outbox)."""
         held = steps.repeat_hold(replay.next_seq(self.entries), action)
         await self._commit(held, park=steps.park_transition(steps.REPEAT_WAIT, None))
-        log.warning("run %s: %s repeated %d times; parked for a person", self.run_id,
-                    action.call.name, action.count)  # fmt: skip
+        log.warning(
+            "run %s: %s repeated %d times; parked for a person",
+            self.run_id,
+            action.call.name,
+            action.count,
+        )
         return "parked"
 
     # -- the model ----------------------------------------------------------
@@ -410,8 +419,15 @@ class RunLoop:
         if approval.needs_approval(tool, self.spec):
             return None
         call, arguments = action.call, action.call.arguments or {}
-        started = steps.tool_started(decision.seq + 1, decision.seq, call.id, tool.name,
-                                     arguments, self.run_id, tool.call_class)  # fmt: skip
+        started = steps.tool_started(
+            decision.seq + 1,
+            decision.seq,
+            call.id,
+            tool.name,
+            arguments,
+            self.run_id,
+            tool.call_class,
+        )
         if decision.ByteSize() + started.ByteSize() + 4096 > self._deps.max_commit_bytes:
             return None  # each fits alone: two commits rather than one refused
         return tool, started, call.id, arguments
@@ -431,8 +447,9 @@ class RunLoop:
         """Past the run's context threshold, first recap the older steps as a step of its
         own (executor/context.py); returns how the run ended if asking for it ended it."""
         tools, instructions = self._tools(), self.spec.instructions
-        span = context.plan(self.entries, instructions, tools, self._run.limits.context_tokens,
-                            self._rendered)  # fmt: skip
+        span = context.plan(
+            self.entries, instructions, tools, self._run.limits.context_tokens, self._rendered
+        )
         if span is None:
             return None
         seq = replay.next_seq(self.entries)
@@ -447,14 +464,25 @@ class RunLoop:
         if reply is None:  # interrupted by the drain deadline
             return await self._hand_back("executor draining: summary abandoned")
         if not context.recap_text(reply):  # nothing to record: the prompt goes whole this time
-            log.warning("run %s: the model wrote no recap of steps %d-%d", self.run_id,
-                        span.from_seq, span.through_seq)  # fmt: skip
+            log.warning(
+                "run %s: the model wrote no recap of steps %d-%d",
+                self.run_id,
+                span.from_seq,
+                span.through_seq,
+            )
             return None
-        await self._commit([steps.summary(seq, span, reply, self.spec.model)],
-                           tokens=reply.usage.total)  # fmt: skip
+        await self._commit(
+            [steps.summary(seq, span, reply, self.spec.model)], tokens=reply.usage.total
+        )
         faults.point("executor.summary.after_commit")
-        log.info("run %s: steps %d-%d recapped at step %d (prompt ~%d tokens)", self.run_id,
-                 span.from_seq, span.through_seq, seq, span.prompt_tokens)  # fmt: skip
+        log.info(
+            "run %s: steps %d-%d recapped at step %d (prompt ~%d tokens)",
+            self.run_id,
+            span.from_seq,
+            span.through_seq,
+            seq,
+            span.prompt_tokens,
+        )
         return None
 
     @functools.cached_property
@@ -485,9 +513,12 @@ class RunLoop:
         return forward
 
     async def _ask_model(
-        self, seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+        self,
+        seq: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
         on_delta: Callable[[str], None] | None = None,
-    ) -> ModelReply | None:  # fmt: skip
+    ) -> ModelReply | None:
         """The model's reply, or None if the drain deadline interrupted the call.
 
         The call runs as its own task, which `interrupt()` cancels (no watcher task per
@@ -500,9 +531,9 @@ class RunLoop:
             await self._guard()
         except horizon.Refused as exc:
             raise _HandBack(f"not asked: {exc}") from None
-        call = asyncio.ensure_future(profiles.ask(
-            self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta
-        ))  # fmt: skip
+        call = asyncio.ensure_future(
+            profiles.ask(self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta)
+        )
         self._model_call = call
         try:
             return await call
@@ -524,8 +555,12 @@ class RunLoop:
         error result committed; nothing is sent, the model reads why on its next turn)."""
         checked = self._check(action, replay.next_seq(self.entries))
         if isinstance(checked, executor_pb2.NewStep):
-            log.info("run %s: tool call %s refused: %s", self.run_id, action.call.id,
-                     steps.as_entry(checked).payload.get("error"))  # fmt: skip
+            log.info(
+                "run %s: tool call %s refused: %s",
+                self.run_id,
+                action.call.id,
+                steps.as_entry(checked).payload.get("error"),
+            )
             await self._commit([checked])
             return None
         return checked
@@ -547,14 +582,21 @@ class RunLoop:
                 seq, action.decision_seq, call.id, call.name, "error", error=str(exc)
             )
         verdict = constraints.check(
-            self.spec.constraints, tool.name, call.arguments or {},
+            self.spec.constraints,
+            tool.name,
+            call.arguments or {},
             constraints.trigger_mail(self.entries),
-        )  # fmt: skip
+        )
         if verdict.refusal is not None:
             return steps.tool_result(
-                seq, action.decision_seq, call.id, call.name, "error", error=verdict.refusal,
+                seq,
+                action.decision_seq,
+                call.id,
+                call.name,
+                "error",
+                error=verdict.refusal,
                 extra={"refused_by": verdict.rule},
-            )  # fmt: skip
+            )
         return tool, verdict
 
     async def _start_tool(self, action: StartTool) -> str | None:
@@ -585,13 +627,17 @@ class RunLoop:
         seq = started.seq
         try:
             with _span(
-                "agentrun.tool", kind=SpanKind.CLIENT,
+                "agentrun.tool",
+                kind=SpanKind.CLIENT,
                 attributes={"agentrun.seq": seq, "agentrun.tool": tool.name},
-            ):  # fmt: skip
+            ):
                 outcome = await self._deps.delivery.send(
-                    tool, self._outbound(tool, arguments), keys.derive(self.run_id, seq),
-                    self._guard, **self._as_account(tool),
-                )  # fmt: skip
+                    tool,
+                    self._outbound(tool, arguments),
+                    keys.derive(self.run_id, seq),
+                    self._guard,
+                    **self._as_account(tool),
+                )
         except RateLimited as exc:
             return await self._park_rate(exc, seq)
         except credentials.ConnectionUnusable as exc:
@@ -606,16 +652,18 @@ class RunLoop:
         seq = replay.next_seq(self.entries)
         held = approval.hold(seq, action.decision_seq, action.call, tool, self.spec, reason)
         await self._commit([held.step], park=held.park, approval_request=held.request)
-        log.info("run %s: %s waits for approval %s", self.run_id, tool.name,
-                 held.request.approval_id)  # fmt: skip
+        log.info(
+            "run %s: %s waits for approval %s", self.run_id, tool.name, held.request.approval_id
+        )
         return "parked"
 
     async def _refuse(self, action: RefuseCall) -> None:
         """A rejected (or tampered) approval: the model reads why; nothing is sent."""
         seq = replay.next_seq(self.entries)
         if action.tampered:
-            log.error("run %s: approval of %s refused: %s", self.run_id, action.call.id,
-                      action.text)  # fmt: skip
+            log.error(
+                "run %s: approval of %s refused: %s", self.run_id, action.call.id, action.text
+            )
         outcome = (
             Outcome("error", error=action.text)
             if action.tampered
@@ -667,9 +715,11 @@ class RunLoop:
         return "parked"
 
     async def _wait_signal(
-        self, started: executor_pb2.NewStep | None, arguments: Mapping[str, Any],
+        self,
+        started: executor_pb2.NewStep | None,
+        arguments: Mapping[str, Any],
         wake_after: float | None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Park (with the call's started step, the first time) until a signal of its name is
         the call's result, or the timeout wakes the run (executor/signal_wait.py)."""
         new = [started] if started is not None else []
@@ -743,9 +793,14 @@ class RunLoop:
             )
         else:
             outcome = await self._deps.delivery.resolve_unknown(
-                tool, action.call_class, arguments, key, self._guard, age,
+                tool,
+                action.call_class,
+                arguments,
+                key,
+                self._guard,
+                age,
                 **self._as_account(tool),
-            )  # fmt: skip
+            )
         if outcome.status in ("ok", "error"):  # the provider answered
             faults.point("executor.tool.after_response")
         return outcome
@@ -795,9 +850,14 @@ class RunLoop:
         return await store.store(self.lease, outcome.output, self._lease_safe)
 
     async def _record(
-        self, seq: int, ref_seq: int, call_id: str, tool: str, outcome: Outcome,
+        self,
+        seq: int,
+        ref_seq: int,
+        call_id: str,
+        tool: str,
+        outcome: Outcome,
         origin: str | None = None,
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """Commit what a send or a resolution came to; park when it is not settled."""
         parks = replay.trailing_parks(self.entries, "retry")
         outcome = after_parks(outcome, parks)
@@ -809,10 +869,17 @@ class RunLoop:
             origin = f"tool:{tool}"
         output, stored = await self._large(tool, outcome)
         result = steps.tool_result(
-            seq, ref_seq, call_id, tool, outcome.status,
-            output=output, error=outcome.error, resolution=outcome.resolution,
-            untrusted=origin, extra=stored,
-        )  # fmt: skip
+            seq,
+            ref_seq,
+            call_id,
+            tool,
+            outcome.status,
+            output=output,
+            error=outcome.error,
+            resolution=outcome.resolution,
+            untrusted=origin,
+            extra=stored,
+        )
         if outcome.status != "unknown":
             await self._commit([result])
             faults.point("executor.tool.after_result_commit")
@@ -949,8 +1016,9 @@ class RunLoop:
             tokens=tokens,
         )
         if (size := message.ByteSize()) > self._deps.max_commit_bytes:
-            raise RunInvalid(f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}"
-                             "-byte limit")  # fmt: skip
+            raise RunInvalid(
+                f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}-byte limit"
+            )
         reply = await self._traced_send(message)
         if park is not None:
             m.PARKS.labels(park.wait_reason).inc()
@@ -979,9 +1047,10 @@ class RunLoop:
             for step in message.steps:
                 kind = replay.kind_name(step.kind)
                 _tracer.start_span(
-                    f"step {kind}", start_time=began,
+                    f"step {kind}",
+                    start_time=began,
                     attributes={"agentrun.seq": step.seq, "agentrun.step.kind": kind},
-                ).end()  # fmt: skip
+                ).end()
             return reply
 
     async def _send_until_accepted(self, message: executor_pb2.Commit) -> CommitReply:

@@ -29,9 +29,9 @@ def timeout_of(arguments: Mapping[str, Any]) -> float | None:
     return float(timeout) if timeout is not None else None
 
 
-def park(seq: int, arguments: Mapping[str, Any], wake_after: float | None) -> tuple[
-    executor_pb2.NewStep, executor_pb2.Park
-]:  # fmt: skip
+def park(
+    seq: int, arguments: Mapping[str, Any], wake_after: float | None
+) -> tuple[executor_pb2.NewStep, executor_pb2.Park]:
     """The park step and transition of a wait for the named signal."""
     name = str(arguments.get("name", ""))
     note = f"waiting for signal {name!r}" + (
@@ -54,7 +54,12 @@ def remaining(started: Entry, now: float) -> float | None:
 
 def timed_out(arguments: Mapping[str, Any]) -> Outcome:
     """The result of a wait whose timeout passed before any signal of its name arrived."""
-    return Outcome("ok", output={
-        "name": arguments.get("name"), "timed_out": True, "payload": None,
-        "timeout": timeout_of(arguments),
-    })  # fmt: skip
+    return Outcome(
+        "ok",
+        output={
+            "name": arguments.get("name"),
+            "timed_out": True,
+            "payload": None,
+            "timeout": timeout_of(arguments),
+        },
+    )

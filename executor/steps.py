@@ -174,12 +174,21 @@ def repeat_hold(seq: int, action: HoldRepeat) -> list[executor_pb2.NewStep]:
         f"{', '.join(map(str, action.earlier))}); it was not run"
     )
     _, digest = call_signature(call)
-    detail = {"count": action.count, "limit": action.limit, "earlier": list(action.earlier),
-              "arguments_sha256": digest}  # fmt: skip
+    detail = {
+        "count": action.count,
+        "limit": action.limit,
+        "earlier": list(action.earlier),
+        "arguments_sha256": digest,
+    }
     result = tool_result(
-        seq, action.decision_seq, call.id, call.name, "repeated", error=why,
+        seq,
+        action.decision_seq,
+        call.id,
+        call.name,
+        "repeated",
+        error=why,
         extra={"awaiting": "human", "held": "repeat", "repeat": detail},
-    )  # fmt: skip
+    )
     note = (
         f"repeated call held: {why}. A person decides on step {seq} "
         "(ResolveUnknownOutcome: RETRY lets it run, NOT_HAPPENED refuses it, FAIL_RUN stops "
@@ -198,9 +207,12 @@ def _arguments_shown(call: ToolCall, limit: int = 500) -> str:
 
 
 def park(
-    seq: int, wait_reason: str, wake_after: float | None, note: str,
+    seq: int,
+    wait_reason: str,
+    wake_after: float | None,
+    note: str,
     extra: Mapping[str, Any] | None = None,
-) -> executor_pb2.NewStep:  # fmt: skip
+) -> executor_pb2.NewStep:
     """A park step; `wake_after` None for a wait that an event ends (a person's decision);
     `extra`: more fields of its payload."""
     payload: dict[str, Any] = {"wait_reason": wait_reason, "note": note, **(extra or {})}

@@ -64,8 +64,10 @@ def value(data: Any, depth: int = 0) -> Any:
         except (RecursionError, ValueError):  # deeper still than Python writes
             return "[nested too deeply to keep]"
     if isinstance(data, Mapping):  # keys as JSON writes them, then kept as any string
-        return {text(k if isinstance(k, str) else json.dumps(k)): value(v, depth + 1)
-                for k, v in data.items()}  # fmt: skip
+        return {
+            text(k if isinstance(k, str) else json.dumps(k)): value(v, depth + 1)
+            for k, v in data.items()
+        }
     if isinstance(data, (list, tuple)):
         return [value(v, depth + 1) for v in data]
     return data

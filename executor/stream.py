@@ -48,11 +48,13 @@ STREAM_DEAD_SECONDS = 3.0
 # How long a tool call waits for its connection token (a refresh included).
 TOKEN_TIMEOUT_SECONDS = 20.0
 # What the control plane answers when a connection cannot be used for this run.
-_UNUSABLE = frozenset({
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.NOT_FOUND,
-})  # fmt: skip
+_UNUSABLE = frozenset(
+    {
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.NOT_FOUND,
+    }
+)
 
 
 class StreamHandler(Protocol):
@@ -196,9 +198,9 @@ class ControlPlaneStream:
             pending.first_sent_at = self._clock()
         # A timer resolves the future with None when no reply came in time (cheaper than
         # wait_for's wrapping per commit); a late reply then finds it done and is dropped.
-        timer = None if reply_within is None else loop.call_later(
-            reply_within, _expire, pending.future
-        )  # fmt: skip
+        timer = (
+            None if reply_within is None else loop.call_later(reply_within, _expire, pending.future)
+        )
         try:
             result = await pending.future
         finally:
@@ -288,8 +290,9 @@ class ControlPlaneStream:
         queue.put_nowait(executor_pb2.ConnectRequest(hello=self._hello()))
         self._queue = queue
         self._had_welcome = self._silent = False
-        call = stub.Connect(_drain(queue, lambda: self._commit_batch_bytes),
-                            metadata=self._metadata)  # fmt: skip
+        call = stub.Connect(
+            _drain(queue, lambda: self._commit_batch_bytes), metadata=self._metadata
+        )
         watchdog = asyncio.create_task(self._watch(call), name="stream-liveness")
         try:
             async for response in call:
@@ -318,8 +321,11 @@ class ControlPlaneStream:
                 continue
             silent_for = self._clock() - self._heard_at
             if silent_for > self._dead_after:
-                log.warning("control plane stream silent for %.1fs (no Pong): declaring it "
-                            "dead and reconnecting", silent_for)  # fmt: skip
+                log.warning(
+                    "control plane stream silent for %.1fs (no Pong): declaring it "
+                    "dead and reconnecting",
+                    silent_for,
+                )
                 self._silent = True
                 self.horizon.end()  # before anything else: no send on its leases from now
                 call.cancel()

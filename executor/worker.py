@@ -40,7 +40,7 @@ def declarations(catalogue: Catalogue) -> list[executor_pb2.ToolDeclaration]:
             version=tool.version,
             schema_sha256=tool.schema_sha256,
             capabilities=list(tool.capabilities),
-        )  # fmt: skip
+        )
         for tool in catalogue.tools.values()
     ]
 
@@ -98,8 +98,9 @@ class Worker:
 
     def _run_deps(self, config: ExecutorConfig, catalogue: Catalogue) -> RunDeps:
         """What every run this executor drives shares."""
-        limits = Limits(config.payload_threshold_bytes, config.payload_view_bytes,
-                        config.read_result_max_bytes)  # fmt: skip
+        limits = Limits(
+            config.payload_threshold_bytes, config.payload_view_bytes, config.read_result_max_bytes
+        )
         return RunDeps(
             committer=self._stream,
             leases=self._leases,
@@ -141,8 +142,9 @@ class Worker:
         if self._stream.withdraw(self._credits):
             self._credits = 0
         clock = asyncio.get_running_loop().time
-        log.info("draining: %d runs held, %.1fs to finish them", len(self._runs),
-                 self._finish_within)  # fmt: skip
+        log.info(
+            "draining: %d runs held, %.1fs to finish them", len(self._runs), self._finish_within
+        )
         if await self._wait_runs(clock() + self._finish_within):
             return
         start, budget = clock(), self._config.drain_seconds
@@ -214,8 +216,11 @@ class Worker:
         if self._draining:
             return
         self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
-        log.info("release %s drains: finishing held runs within %.1fs, then exiting",
-                 drain.release, self._finish_within)  # fmt: skip
+        log.info(
+            "release %s drains: finishing held runs within %.1fs, then exiting",
+            drain.release,
+            self._finish_within,
+        )
         self._draining = True
         if self._stream.withdraw(self._credits):
             self._credits = 0

@@ -27,10 +27,17 @@ from sandbox.scenario import Reply
 MAX_BREAKPOINTS = 4
 # The API's error type for a status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-    429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error",
-}  # fmt: skip
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 # finish_reason (OpenAI words in a scenario) -> stop_reason.
 _STOPS = {"length": "max_tokens", "content_filter": "refusal"}
 
@@ -118,14 +125,18 @@ def message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
         {
             "type": "message_start",
             "message": {**message, "content": [], "stop_reason": None, "usage": start_usage},
-        },  # fmt: skip
+        },
         {"type": "ping"},
     ]
     for index, block in enumerate(message["content"]):
         events += _block_events(index, block)
-    events.append({"type": "message_delta",
-                   "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                   "usage": {"output_tokens": usage["output_tokens"]}})  # fmt: skip
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        }
+    )
     events.append({"type": "message_stop"})
     return events
 
@@ -137,8 +148,10 @@ def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
     else:  # tool_use: its input as JSON text in pieces (a text that is not JSON as itself)
         opened = {**block, "input": {}}
         raw = block["input"] if isinstance(block["input"], str) else json.dumps(block["input"])
-        pieces = [{"type": "input_json_delta", "partial_json": raw[i : i + 16]}
-                  for i in range(0, len(raw), 16)]  # fmt: skip
+        pieces = [
+            {"type": "input_json_delta", "partial_json": raw[i : i + 16]}
+            for i in range(0, len(raw), 16)
+        ]
     return [
         {"type": "content_block_start", "index": index, "content_block": opened},
         *({"type": "content_block_delta", "index": index, "delta": p} for p in pieces),
@@ -227,16 +240,27 @@ def _neutral(system: list[dict[str, Any]], messages: list[dict[str, Any]]) -> li
     for message in messages:
         blocks = _content(message)
         if message["role"] == "assistant":
-            calls = [{"id": b.get("id"), "type": "function",
-                      "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input"))}}
-                     for b in blocks if _is(b, "tool_use")]  # fmt: skip
+            calls = [
+                {
+                    "id": b.get("id"),
+                    "type": "function",
+                    "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input"))},
+                }
+                for b in blocks
+                if _is(b, "tool_use")
+            ]
             text = "".join(b.get("text", "") for b in blocks if _is(b, "text"))
             out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
             continue
         for block in blocks:
             if _is(block, "tool_result"):
-                out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                            "content": _result_text(block.get("content"))})  # fmt: skip
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id"),
+                        "content": _result_text(block.get("content")),
+                    }
+                )
             elif _is(block, "text"):
                 out.append({"role": "user", "content": block.get("text", "")})
     return out

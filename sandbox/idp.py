@@ -243,9 +243,13 @@ def grant_code(idp: IdentityProvider, form: dict[str, str]) -> str:
         raise BadTokenRequest("a PKCE code_challenge (S256) is required")
     code = secrets.token_urlsafe(32)
     idp.codes[code] = Grant(
-        form["email"], form["client_id"], form["redirect_uri"], form.get("nonce", ""),
-        form["code_challenge"], time.time() + CODE_SECONDS,
-    )  # fmt: skip
+        form["email"],
+        form["client_id"],
+        form["redirect_uri"],
+        form.get("nonce", ""),
+        form["code_challenge"],
+        time.time() + CODE_SECONDS,
+    )
     return code
 
 
@@ -276,17 +280,21 @@ class _Routes:
     async def discovery(self, request: Request) -> Response:
         self.state.stats["discovery"] += 1
         iss = self.issuer_of(request)
-        return JSONResponse({
-            "issuer": iss, "jwks_uri": f"{iss}/jwks.json", "token_endpoint": f"{iss}/token",
-            "authorization_endpoint": f"{iss}/authorize",
-            "response_types_supported": ["code", "id_token"],
-            "grant_types_supported": ["authorization_code"],
-            "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": ["none"],
-            "subject_types_supported": ["public"],
-            "id_token_signing_alg_values_supported": list(ALGORITHMS),
-            "claims_supported": ["iss", "sub", "aud", "exp", "iat", "email", "email_verified"],
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "issuer": iss,
+                "jwks_uri": f"{iss}/jwks.json",
+                "token_endpoint": f"{iss}/token",
+                "authorization_endpoint": f"{iss}/authorize",
+                "response_types_supported": ["code", "id_token"],
+                "grant_types_supported": ["authorization_code"],
+                "code_challenge_methods_supported": ["S256"],
+                "token_endpoint_auth_methods_supported": ["none"],
+                "subject_types_supported": ["public"],
+                "id_token_signing_alg_values_supported": list(ALGORITHMS),
+                "claims_supported": ["iss", "sub", "aud", "exp", "iat", "email", "email_verified"],
+            }
+        )
 
     async def jwks(self, request: Request) -> Response:
         self.state.stats["jwks"] += 1
@@ -360,14 +368,16 @@ class _Routes:
 
 def create_app(issuer: str | None = None, idp: IdentityProvider | None = None) -> Starlette:
     r = _Routes(idp or IdentityProvider(issuer))
-    return Starlette(routes=[
-        Route("/.well-known/openid-configuration", r.discovery, methods=["GET"]),
-        Route("/jwks.json", r.jwks, methods=["GET"]),
-        Route("/token", r.token, methods=["POST"]),
-        Route("/authorize", r.authorize, methods=["GET"]),
-        Route("/authorize", r.sign_in, methods=["POST"]),
-        Route("/_sandbox/rotate", r.rotate, methods=["POST"]),
-        Route("/_sandbox/stats", r.stats, methods=["GET"]),
-        Route("/_sandbox/requests", r.reset, methods=["DELETE"]),
-        Route("/_sandbox/faults", r.reset, methods=["DELETE"]),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/.well-known/openid-configuration", r.discovery, methods=["GET"]),
+            Route("/jwks.json", r.jwks, methods=["GET"]),
+            Route("/token", r.token, methods=["POST"]),
+            Route("/authorize", r.authorize, methods=["GET"]),
+            Route("/authorize", r.sign_in, methods=["POST"]),
+            Route("/_sandbox/rotate", r.rotate, methods=["POST"]),
+            Route("/_sandbox/stats", r.stats, methods=["GET"]),
+            Route("/_sandbox/requests", r.reset, methods=["DELETE"]),
+            Route("/_sandbox/faults", r.reset, methods=["DELETE"]),
+        ]
+    )

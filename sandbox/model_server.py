@@ -126,10 +126,12 @@ class ModelSandbox:
             pause = entry.pop("stream_chunk_ms", 0) / 1000.0
             stream = entry.get("stream")
             response: Response = (
-                JSONResponse(answered) if not stream
-                else anthropic_streamed(answered, pause) if api == "anthropic"
+                JSONResponse(answered)
+                if not stream
+                else anthropic_streamed(answered, pause)
+                if api == "anthropic"
                 else streamed(answered, pause, stream == "usage")
-            )  # fmt: skip
+            )
         except _Refused as refused:
             entry.pop("stream_chunk_ms", None)
             response = refused.response(api)
@@ -286,8 +288,9 @@ def chat_completion(
             }
             for call in reply.tool_calls
         ]
-    usage = _chat_usage(reply, _estimate_tokens(json.dumps(messages)),
-                        _estimate_tokens(json.dumps(message)), use)  # fmt: skip
+    usage = _chat_usage(
+        reply, _estimate_tokens(json.dumps(messages)), _estimate_tokens(json.dumps(message)), use
+    )
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -308,8 +311,12 @@ def chat_chunks(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]
     """A `chat.completion` as the `chat.completion.chunk`s OpenAI streams it in."""
     choice = completion["choices"][0]
     message = choice["message"]
-    head = {"id": completion["id"], "object": "chat.completion.chunk",
-            "created": completion["created"], "model": completion["model"]}  # fmt: skip
+    head = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": completion["model"],
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -353,8 +360,11 @@ def anthropic_streamed(message: dict[str, Any], pause: float) -> StreamingRespon
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-_FINISH = {"max_tokens": "length", "model_context_window_exceeded": "length",
-           "refusal": "content_filter"}  # fmt: skip
+_FINISH = {
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
 
 
 def finish_reason(reply: Reply) -> str:
@@ -382,8 +392,13 @@ def _chat_usage(reply: Reply, prompt: int, completion: int, use: CacheUse | None
 
 
 # The request fields a log entry keeps (`params`): what tunes the call, not the prompt.
-PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "tool_choice",
-          "parallel_tool_calls")  # fmt: skip
+PARAMS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "tool_choice",
+    "parallel_tool_calls",
+)
 
 
 def sent_params(body: dict[str, Any]) -> dict[str, Any]:

@@ -156,8 +156,13 @@ class OAuthServer:
         self.refresh_index: dict[str, Grant] = {}
         self.drop_refreshes = 0
         self.fail_revocations = 0
-        self.stats = {"token_calls": 0, "refresh_calls": 0, "reuse_revocations": 0,
-                      "revoke_calls": 0, "revocations": 0}  # fmt: skip
+        self.stats = {
+            "token_calls": 0,
+            "refresh_calls": 0,
+            "reuse_revocations": 0,
+            "revoke_calls": 0,
+            "revocations": 0,
+        }
 
     def routes(self) -> list[Route]:
         return [

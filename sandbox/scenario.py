@@ -190,8 +190,13 @@ def _optional_text(turn: dict[str, Any], key: str) -> str | None:
     return value
 
 
-USAGE_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
-              "cache_write_tokens")  # fmt: skip
+USAGE_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cache_write_tokens",
+)
 
 
 def _usage(value: Any) -> dict[str, int] | None:

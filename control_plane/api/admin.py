@@ -44,35 +44,52 @@ KINDS_TO_PROTO = {
 
 def workspace_message(row: Any) -> pb.Workspace:
     return pb.Workspace(
-        workspace_id=row["workspace_id"], plan=row["plan"],
-        max_concurrency=row["max_concurrency"], running=row["running"],
+        workspace_id=row["workspace_id"],
+        plan=row["plan"],
+        max_concurrency=row["max_concurrency"],
+        running=row["running"],
         retention_days=row.get("retention_days", 0),
-    )  # fmt: skip
+    )
 
 
 def key_message(k: store.KeyInfo) -> pb.ApiKey:
     return pb.ApiKey(
-        key_id=k.key_id, kind=KINDS_TO_PROTO[k.kind], workspace_id=k.workspace_id or "",
-        role=k.role or "", principal=k.principal, scope=list(k.scope or ()),
-        all_workspaces=k.kind == "executor" and k.scope is None, created_by=k.created_by,
-        create_time=convert.timestamp(k.created_at), expire_time=convert.timestamp(k.expires_at),
+        key_id=k.key_id,
+        kind=KINDS_TO_PROTO[k.kind],
+        workspace_id=k.workspace_id or "",
+        role=k.role or "",
+        principal=k.principal,
+        scope=list(k.scope or ()),
+        all_workspaces=k.kind == "executor" and k.scope is None,
+        created_by=k.created_by,
+        create_time=convert.timestamp(k.created_at),
+        expire_time=convert.timestamp(k.expires_at),
         revoke_time=convert.timestamp(k.revoked_at),
-    )  # fmt: skip
+    )
 
 
 def member_message(m: store.Member) -> pb.Member:
     return pb.Member(
-        workspace_id=m.workspace_id, person=m.person, role=m.role, added_by=m.added_by,
+        workspace_id=m.workspace_id,
+        person=m.person,
+        role=m.role,
+        added_by=m.added_by,
         add_time=convert.timestamp(m.added_at),
-    )  # fmt: skip
+    )
 
 
 def audit_message(e: store.AuditEntry) -> pb.AuditEntry:
     return pb.AuditEntry(
-        workspace_id=e.workspace_id, audit_id=e.audit_id, time=convert.timestamp(e.at),
-        actor=e.actor, action=e.action, object_kind=e.object_kind, object_id=e.object_id,
-        request_id=e.request_id, detail_json=json.dumps(e.detail),
-    )  # fmt: skip
+        workspace_id=e.workspace_id,
+        audit_id=e.audit_id,
+        time=convert.timestamp(e.at),
+        actor=e.actor,
+        action=e.action,
+        object_kind=e.object_kind,
+        object_id=e.object_id,
+        request_id=e.request_id,
+        detail_json=json.dumps(e.detail),
+    )
 
 
 def target_workspace(requested: str, *, platform_default: str | None = None) -> str | None:
@@ -151,8 +168,9 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                 if await workspaces.get(conn, ws) is not None:
                     raise AlreadyExists(f"workspace {ws!r} already exists")
                 raise InvalidArgument("plan", f"no plan {plan!r}")
-            await audit.record(conn, "workspace.created", "workspace", ws, {"plan": plan},
-                               workspace_id=ws)  # fmt: skip
+            await audit.record(
+                conn, "workspace.created", "workspace", ws, {"plan": plan}, workspace_id=ws
+            )
         return pb.CreateWorkspaceResponse(workspace=workspace_message(row))
 
     async def GetWorkspace(
@@ -179,9 +197,14 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                 row = await workspaces.set_plan(conn, ws, plan, cap)
             except workspaces.UnknownPlan as exc:
                 raise InvalidArgument("plan", str(exc)) from None
-            await audit.record(conn, "workspace.plan_changed", "workspace", ws,
-                               {"plan": plan, "max_concurrency": row["max_concurrency"]},
-                               workspace_id=ws)  # fmt: skip
+            await audit.record(
+                conn,
+                "workspace.plan_changed",
+                "workspace",
+                ws,
+                {"plan": plan, "max_concurrency": row["max_concurrency"]},
+                workspace_id=ws,
+            )
         return pb.SetWorkspacePlanResponse(workspace=workspace_message(row))
 
     async def SetWorkspaceRetention(
@@ -195,8 +218,14 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
             row = await retention.set_days(conn, ws, days)
             if row is None:
                 raise NotFound(f"workspace {ws!r} not found")
-            await audit.record(conn, "workspace.retention_changed", "workspace", ws,
-                               {"retention_days": days}, workspace_id=ws)  # fmt: skip
+            await audit.record(
+                conn,
+                "workspace.retention_changed",
+                "workspace",
+                ws,
+                {"retention_days": days},
+                workspace_id=ws,
+            )
         return pb.SetWorkspaceRetentionResponse(workspace=workspace_message(row))
 
     async def CreateApiKey(
@@ -211,10 +240,15 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
             except credentials.BadKeyRequest as exc:
                 raise InvalidArgument(exc.field, str(exc).split(": ", 1)[1]) from None
             info = issued.info
-            detail = {"kind": info.kind, "role": info.role, "principal": info.principal,
-                      "scope": list(info.scope) if info.scope is not None else None}  # fmt: skip
-            await audit.record(conn, "key.created", "api_key", info.key_id, detail,
-                               workspace_id=info.workspace_id)  # fmt: skip
+            detail = {
+                "kind": info.kind,
+                "role": info.role,
+                "principal": info.principal,
+                "scope": list(info.scope) if info.scope is not None else None,
+            }
+            await audit.record(
+                conn, "key.created", "api_key", info.key_id, detail, workspace_id=info.workspace_id
+            )
         return pb.CreateApiKeyResponse(key=key_message(info), key_text=issued.text)
 
     def _key_request(self, request: pb.CreateApiKeyRequest) -> credentials.KeyRequest:
@@ -239,19 +273,25 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         elif request.scope:
             raise InvalidArgument("scope", "only executor keys have a scope")
         return credentials.KeyRequest(
-            kind=kind, principal=principal, created_by=who.label, workspace_id=ws,
+            kind=kind,
+            principal=principal,
+            created_by=who.label,
+            workspace_id=ws,
             role=role("role", request.role) if kind == "workspace" else None,
-            scope=scope, expires_at=expires,
-        )  # fmt: skip
+            scope=scope,
+            expires_at=expires,
+        )
 
     async def ListApiKeys(
         self, request: pb.ListApiKeysRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListApiKeysResponse:
         ws = target_workspace(request.workspace_id)
         keys, token = await keyset_page(
-            request, text_token(64),
-            lambda after, n: store.list_keys(self._pool, ws, after, n), lambda k: k.key_id,
-        )  # fmt: skip
+            request,
+            text_token(64),
+            lambda after, n: store.list_keys(self._pool, ws, after, n),
+            lambda k: k.key_id,
+        )
         return pb.ListApiKeysResponse(keys=[key_message(k) for k in keys], next_page_token=token)
 
     async def RevokeApiKey(
@@ -263,8 +303,14 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
             info = await store.revoke_key(conn, key_id, ws)
             if info is None:
                 raise NotFound(f"no live key {key_id!r} here")
-            await audit.record(conn, "key.revoked", "api_key", key_id,
-                               {"principal": info.principal}, workspace_id=ws)  # fmt: skip
+            await audit.record(
+                conn,
+                "key.revoked",
+                "api_key",
+                key_id,
+                {"principal": info.principal},
+                workspace_id=ws,
+            )
         return pb.RevokeApiKeyResponse(key=key_message(info))
 
     async def AddMember(
@@ -294,9 +340,11 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
     ) -> pb.ListMembersResponse:
         ws = auth_context.workspace(request.workspace_id)
         members, token = await keyset_page(
-            request, text_token(320),
-            lambda after, n: store.list_members(self._pool, ws, after, n), lambda m: m.person,
-        )  # fmt: skip
+            request,
+            text_token(320),
+            lambda after, n: store.list_members(self._pool, ws, after, n),
+            lambda m: m.person,
+        )
         return pb.ListMembersResponse(
             members=[member_message(m) for m in members], next_page_token=token
         )
@@ -307,9 +355,11 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
         ws = target_workspace(request.workspace_id, platform_default=store.PLATFORM_AUDIT)
         assert ws is not None
         entries, token = await keyset_page(
-            request, audit_token,
-            lambda before, n: store.list_audit(self._pool, ws, before, n), lambda e: e.audit_id,
-        )  # fmt: skip
+            request,
+            audit_token,
+            lambda before, n: store.list_audit(self._pool, ws, before, n),
+            lambda e: e.audit_id,
+        )
         return pb.ListAuditLogResponse(
             entries=[audit_message(e) for e in entries], next_page_token=token
         )

@@ -147,8 +147,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 conn, ws, agent_id, stored, checked.pins, checked.code_tools
             )
             if row is not None:
-                await audit.record(conn, "agent.published", "agent", agent_id,
-                                   {"version": row["version"], **details})  # fmt: skip
+                await audit.record(
+                    conn,
+                    "agent.published",
+                    "agent",
+                    agent_id,
+                    {"version": row["version"], **details},
+                )
         if row is None:
             raise NotFound(f"agent {agent_id!r} not found")
         return agent_pb2.PublishAgentVersionResponse(

@@ -31,19 +31,31 @@ EXPIRY_TO_PROTO = {
 
 def to_proto(row: store.Approval) -> approval_pb2.Approval:
     msg = approval_pb2.Approval(
-        workspace_id=row.workspace_id, approval_id=str(row.approval_id),
-        run_id=str(row.run_id), decision_seq=row.decision_seq, call_id=row.call_id,
-        tool=row.tool, arguments_json=row.arguments,
+        workspace_id=row.workspace_id,
+        approval_id=str(row.approval_id),
+        run_id=str(row.run_id),
+        decision_seq=row.decision_seq,
+        call_id=row.call_id,
+        tool=row.tool,
+        arguments_json=row.arguments,
         arguments_sha256=row.arguments_sha256,
         state=STATE_TO_PROTO[row.decision or "pending"],
-        approvers=row.approvers, slack_approvers=row.slack_approvers,
-        high_risk=row.high_risk, moves_money=row.moves_money,
-        on_expiry=EXPIRY_TO_PROTO[row.on_expiry], escalation_level=row.escalation_level,
-        reminders_sent=row.reminders_sent, decided_by=row.decided_by or "",
-        reason=row.reason or "", edited_arguments_json=row.edited_arguments or "",
-    )  # fmt: skip
-    for field, value in (("expire_time", row.expire_at), ("decide_time", row.decided_at),
-                         ("create_time", row.created_at)):  # fmt: skip
+        approvers=row.approvers,
+        slack_approvers=row.slack_approvers,
+        high_risk=row.high_risk,
+        moves_money=row.moves_money,
+        on_expiry=EXPIRY_TO_PROTO[row.on_expiry],
+        escalation_level=row.escalation_level,
+        reminders_sent=row.reminders_sent,
+        decided_by=row.decided_by or "",
+        reason=row.reason or "",
+        edited_arguments_json=row.edited_arguments or "",
+    )
+    for field, value in (
+        ("expire_time", row.expire_at),
+        ("decide_time", row.decided_at),
+        ("create_time", row.created_at),
+    ):
         ts = convert.timestamp(value)
         if ts is not None:
             getattr(msg, field).CopyFrom(ts)
@@ -64,10 +76,13 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         if request.state and request.state not in STATE_FROM_PROTO:
             raise InvalidArgument("state", f"unknown state {request.state}")
         rows, more = await store.list_page(
-            self._pool, ws, approver=request.approver or None,
-            state=STATE_FROM_PROTO.get(request.state), after=decode_page_token(request.page_token),
+            self._pool,
+            ws,
+            approver=request.approver or None,
+            state=STATE_FROM_PROTO.get(request.state),
+            after=decode_page_token(request.page_token),
             limit=size,
-        )  # fmt: skip
+        )
         token = encode_page_token(rows[-1].created_at, rows[-1].approval_id) if more else ""
         return approval_pb2.ListApprovalsResponse(
             approvals=[to_proto(r) for r in rows], next_page_token=token
@@ -92,11 +107,18 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         if action is None:
             raise InvalidArgument("decision", "one of approve, reject or edit is required")
         decider = decider_of(auth_context.current(), request.approver)
-        decided = await decisions.decide(self._pool, decisions.Request(
-            workspace_id=ws, approval_id=approval_id, decider=decider, action=action,
-            reason=request.reject.reason, edited_arguments_json=request.edit.arguments_json,
-            note=request.edit.note,
-        ))  # fmt: skip
+        decided = await decisions.decide(
+            self._pool,
+            decisions.Request(
+                workspace_id=ws,
+                approval_id=approval_id,
+                decider=decider,
+                action=action,
+                reason=request.reject.reason,
+                edited_arguments_json=request.edit.arguments_json,
+                note=request.edit.note,
+            ),
+        )
         return approval_pb2.DecideApprovalResponse(approval=to_proto(decided))
 
 

@@ -22,10 +22,15 @@ START_PATH = "/connections/{workspace_id}/{provider}/start"
 
 def to_proto(row: StoredConnection) -> pb.Connection:
     msg = pb.Connection(
-        workspace_id=row.workspace_id, connection_id=row.connection_id, provider=row.provider,
-        account=row.account, owner=row.owner, scopes=list(row.scopes), status=row.status,
+        workspace_id=row.workspace_id,
+        connection_id=row.connection_id,
+        provider=row.provider,
+        account=row.account,
+        owner=row.owner,
+        scopes=list(row.scopes),
+        status=row.status,
         status_reason=row.status_reason,
-    )  # fmt: skip
+    )
     if (expiry := convert.timestamp(row.access_expires_at)) is not None:
         msg.access_expire_time.CopyFrom(expiry)
     return msg
@@ -76,9 +81,13 @@ class ConnectionServicer(connection_pb2_grpc.ConnectionServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         row = await self._get(ws, request.connection_id)
         path = START_PATH.format(workspace_id=ws, provider=row.provider)
-        query = urlencode({
-            "connection_id": row.connection_id, "login_hint": row.account, "scope": " ".join(row.scopes),
-        })  # fmt: skip
+        query = urlencode(
+            {
+                "connection_id": row.connection_id,
+                "login_hint": row.account,
+                "scope": " ".join(row.scopes),
+            }
+        )
         return pb.GetReconnectLinkResponse(url=f"{self._public_url}{path}?{query}")
 
 

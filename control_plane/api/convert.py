@@ -203,10 +203,12 @@ def queue_position(pos: Any, wait_reason: str | None) -> run_pb2.QueuePosition |
     """A store QueuePosition as the public message; None for a wait that is no queue (a sleep)."""
     if pos.due:
         cause = (
-            run_pb2.QUEUE_WAIT_CAUSE_WORKSPACE_CAP if pos.workspace_full
-            else run_pb2.QUEUE_WAIT_CAUSE_AGENT_CAP if pos.agent_full
+            run_pb2.QUEUE_WAIT_CAUSE_WORKSPACE_CAP
+            if pos.workspace_full
+            else run_pb2.QUEUE_WAIT_CAUSE_AGENT_CAP
+            if pos.agent_full
             else run_pb2.QUEUE_WAIT_CAUSE_TURN
-        )  # fmt: skip
+        )
     elif wait_reason in QUEUED_WAITS:
         cause = QUEUED_WAITS[wait_reason]
     else:

@@ -69,9 +69,10 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
                 raise AlreadyExists(f"MCP server {server_id!r} is already registered; sync it")
             saved = [(await save(conn, ws, tool, SOURCE))[0] for tool in confirmed.ready]
         return tool_pb2.AddMcpServerResponse(
-            server=_to_proto(row, [t.name for t in saved]), tools=saved,
+            server=_to_proto(row, [t.name for t in saved]),
+            tools=saved,
             pending=confirmed.pending,
-        )  # fmt: skip
+        )
 
     async def GetMcpServer(
         self, request: tool_pb2.GetMcpServerRequest, context: grpc.aio.ServicerContext
@@ -111,9 +112,11 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
         if not request.apply:
             return answer
         if request.expect_digest and request.expect_digest != answer.digest:
-            raise FailedPrecondition("the server's tools changed since that diff (digest "
-                                     f"{answer.digest}, not {request.expect_digest}): nothing "
-                                     "saved; sync again to see the diff")  # fmt: skip
+            raise FailedPrecondition(
+                "the server's tools changed since that diff (digest "
+                f"{answer.digest}, not {request.expect_digest}): nothing "
+                "saved; sync again to see the diff"
+            )
         async with transaction(self._pool) as conn:
             for tool in confirmed.ready:
                 answer.tools.append((await save(conn, ws, tool, SOURCE))[0])
@@ -133,8 +136,9 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
     ) -> list[tool_pb2.Tool]:
         headers = await self._headers(workspace_id, connection)
         try:
-            return await mcp_sync.snapshot(url, headers, server_id=server_id,
-                                           connection=connection, call_timeout=call_timeout)  # fmt: skip
+            return await mcp_sync.snapshot(
+                url, headers, server_id=server_id, connection=connection, call_timeout=call_timeout
+            )
         except mcp_sync.McpUnreachable as exc:
             raise FailedPrecondition(str(exc)) from None
 
@@ -146,20 +150,25 @@ class McpServerServicer(tool_pb2_grpc.McpServerServiceServicer):
         rows = await connections_store.list_for(self._pool, workspace_id)
         active = [r for r in rows if r.provider == connection and r.status == "active"]
         if not active or self._tokens is None:
-            raise FailedPrecondition(f"no active connection for provider {connection!r} in "
-                                     "this workspace: connect one first")  # fmt: skip
+            raise FailedPrecondition(
+                f"no active connection for provider {connection!r} in "
+                "this workspace: connect one first"
+            )
         try:
             token = await self._tokens.for_call(workspace_id, active[0].connection_id)
         except Exception as exc:  # noqa: BLE001 - refresh failures have their own types
-            raise FailedPrecondition(f"connection for provider {connection!r} cannot be used "
-                                     f"now ({type(exc).__name__})") from None  # fmt: skip
+            raise FailedPrecondition(
+                f"connection for provider {connection!r} cannot be used now ({type(exc).__name__})"
+            ) from None
         return {"Authorization": f"Bearer {token.access_token}"}
 
 
 def _server_id(value: str) -> str:
     if not SERVER_ID.match(value):
-        raise InvalidArgument("server_id", "must be 1-63 lowercase letters, digits, '_' or '-', "
-                              "starting with a letter")  # fmt: skip
+        raise InvalidArgument(
+            "server_id",
+            "must be 1-63 lowercase letters, digits, '_' or '-', starting with a letter",
+        )
     return value
 
 
@@ -179,8 +188,10 @@ def _url(value: str) -> str:
 
 def _timeout(value: float) -> float:
     if not 0 <= value <= MAX_TIMEOUT_SECONDS:
-        raise InvalidArgument("timeout_seconds", f"must be between 0 and {MAX_TIMEOUT_SECONDS:g} "
-                              "seconds (0: the platform default)")  # fmt: skip
+        raise InvalidArgument(
+            "timeout_seconds",
+            f"must be between 0 and {MAX_TIMEOUT_SECONDS:g} seconds (0: the platform default)",
+        )
     return value
 
 
@@ -188,8 +199,9 @@ async def _retire(conn: Connection, workspace_id: str, tool: tool_pb2.Tool) -> t
     """Save the retired version of a tool the server dropped (it was validated when it was
     saved; retiring changes nothing else), audited like any new version."""
     who = auth_context.current().label
-    saved, created = await tools_store.save_tool_version(conn, workspace_id, prepared(tool),
-                                                         who, SOURCE)  # fmt: skip
+    saved, created = await tools_store.save_tool_version(
+        conn, workspace_id, prepared(tool), who, SOURCE
+    )
     if created:
         await audit.record(conn, "tool.retired", "tool", saved.name, {"version": saved.version})
     return saved
@@ -207,8 +219,10 @@ def _validate(tools: list[tool_pb2.Tool]) -> None:
     seen: dict[str, str] = {}
     for tool in tools:
         if tool.name in seen:
-            raise FailedPrecondition(f"the server's tools {seen[tool.name]!r} and "
-                                     f"{tool.mcp.tool!r} both become {tool.name!r}")  # fmt: skip
+            raise FailedPrecondition(
+                f"the server's tools {seen[tool.name]!r} and "
+                f"{tool.mcp.tool!r} both become {tool.name!r}"
+            )
         seen[tool.name] = tool.mcp.tool
         try:
             definitions.validate(prepared(tool))
@@ -220,9 +234,13 @@ def _validate(tools: list[tool_pb2.Tool]) -> None:
 
 def _to_proto(row: McpServerRow, tools: list[str]) -> tool_pb2.McpServer:
     server = tool_pb2.McpServer(
-        workspace_id=row.workspace_id, server_id=row.server_id, url=row.url,
-        connection=row.connection, tools=sorted(tools), timeout_seconds=row.timeout_seconds,
-    )  # fmt: skip
+        workspace_id=row.workspace_id,
+        server_id=row.server_id,
+        url=row.url,
+        connection=row.connection,
+        tools=sorted(tools),
+        timeout_seconds=row.timeout_seconds,
+    )
     if (created := convert.timestamp(row.created_at)) is not None:
         server.create_time.CopyFrom(created)
     if (synced := convert.timestamp(row.last_sync_at)) is not None:
@@ -247,6 +265,8 @@ async def _server_tools(pool: Pool, workspace_id: str, server_id: str) -> list[t
     return [
         t
         for t in await _all_tools(pool, workspace_id)
-        if t.workspace_id == workspace_id and t.source == SOURCE
-        and t.WhichOneof("transport") == "mcp" and t.mcp.server_id == server_id
-    ]  # fmt: skip
+        if t.workspace_id == workspace_id
+        and t.source == SOURCE
+        and t.WhichOneof("transport") == "mcp"
+        and t.mcp.server_id == server_id
+    ]

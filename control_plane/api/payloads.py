@@ -90,5 +90,4 @@ async def get_slice(
         raise FailedPrecondition(f"lease: {exc}") from None
     except LookupError:
         raise NotFound(f"no payload {sha} in workspace {lease.workspace_id}") from None
-    return pb.GetPayloadSliceResponse(data=found.data, size=found.size,
-                                      media_type=found.media_type)  # fmt: skip
+    return pb.GetPayloadSliceResponse(data=found.data, size=found.size, media_type=found.media_type)

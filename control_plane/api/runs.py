@@ -102,9 +102,13 @@ def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, st
 
 class RunServicer(run_pb2_grpc.RunServiceServicer):
     def __init__(
-        self, pool: Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
-        on_cancel: Callable[[str, uuid.UUID], None], deltas: DeltaHub | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        pool: Pool,
+        defaults: RunDefaults,
+        on_runnable: Callable[[], None],
+        on_cancel: Callable[[str, uuid.UUID], None],
+        deltas: DeltaHub | None = None,
+    ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
@@ -141,9 +145,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
 
         def admit(ver: Any) -> Admission:
             return admission(
-                ver, self._defaults, text, started_by=started_by, request_id=request_id,
-                input_payload=came_in, priority=priority,
-            )  # fmt: skip
+                ver,
+                self._defaults,
+                text,
+                started_by=started_by,
+                request_id=request_id,
+                input_payload=came_in,
+                priority=priority,
+            )
 
         # The latest version as this replica last saw it, checked by the insert itself.
         row = await store.insert_run(self._pool, admit(ver), latest=not version)
@@ -198,9 +207,15 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         else:
             since, search = _list_filters(request)
             page = await store.list_runs(
-                self._pool, ws, after=after, agent_id=agent_id, status=status, limit=size,
-                created_since=since, search=search,
-            )  # fmt: skip
+                self._pool,
+                ws,
+                after=after,
+                agent_id=agent_id,
+                status=status,
+                limit=size,
+                created_since=since,
+                search=search,
+            )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
         return run_pb2.ListRunsResponse(
@@ -281,9 +296,10 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             agent_version=validate.non_negative("agent_version", request.agent_version),
             priority=(
                 validate.priority("priority", request.priority)
-                if request.HasField("priority") else None
+                if request.HasField("priority")
+                else None
             ),
-        )  # fmt: skip
+        )
         row = await forks.fork(self._pool, self._defaults, req)
         self._on_runnable()
         return run_pb2.ForkRunResponse(run=convert.run(row))

@@ -49,9 +49,14 @@ def parse_schedule(src: pb.ScheduleSource, now: datetime) -> tuple[schedule.Sche
     catchup = _seconds(src.catchup_window) if src.HasField("catchup_window") else None
     try:
         sched = schedule.build(
-            src.cron, src.time_zone, _seconds(src.interval), _seconds(src.jitter), now,
-            overlap=overlap_policy or schedule.DEFAULT_OVERLAP, catchup_seconds=catchup,
-        )  # fmt: skip
+            src.cron,
+            src.time_zone,
+            _seconds(src.interval),
+            _seconds(src.jitter),
+            now,
+            overlap=overlap_policy or schedule.DEFAULT_OVERLAP,
+            catchup_seconds=catchup,
+        )
     except schedule.ScheduleError as exc:
         raise InvalidArgument(exc.field, str(exc)) from None
     text = validate.text("schedule.input", src.input, max_bytes=MAX_INPUT_BYTES) or "Scheduled run"
@@ -104,8 +109,9 @@ class ScheduleRpcs:
         sched, text = parse_schedule(request.schedule, datetime.now(UTC))
         priority = (
             validate.priority("priority", request.priority)
-            if request.HasField("priority") else None
-        )  # fmt: skip
+            if request.HasField("priority")
+            else None
+        )
         async with transaction(self._pool) as conn:
             row = await schedule_ops.update(conn, ws, trigger_id, sched, text, priority=priority)
             await audit.record(conn, "trigger.updated", "trigger", trigger_id, sched.to_json())
@@ -136,17 +142,28 @@ class ScheduleRpcs:
         firing = overlap.Firing(self._defaults)
         async with transaction(self._pool) as conn:
             done = await schedule_ops.backfill(conn, ws, trigger_id, start, end, chosen, firing)
-            await audit.record(conn, "trigger.backfilled", "trigger", trigger_id, {
-                "start": start.isoformat(), "end": end.isoformat(), "slots": done.slots,
-                "started": firing.started, "overlap_policy": chosen,
-            })  # fmt: skip
+            await audit.record(
+                conn,
+                "trigger.backfilled",
+                "trigger",
+                trigger_id,
+                {
+                    "start": start.isoformat(),
+                    "end": end.isoformat(),
+                    "slots": done.slots,
+                    "started": firing.started,
+                    "overlap_policy": chosen,
+                },
+            )
         self._committed(firing)
         c = done.counts
         return pb.BackfillScheduleResponse(
-            slots=done.slots, started=c[overlap.Fired.STARTED],
-            already_fired=c[overlap.Fired.ALREADY], skipped=c[overlap.Fired.SKIPPED],
+            slots=done.slots,
+            started=c[overlap.Fired.STARTED],
+            already_fired=c[overlap.Fired.ALREADY],
+            skipped=c[overlap.Fired.SKIPPED],
             buffered=c[overlap.Fired.BUFFERED],
-        )  # fmt: skip
+        )
 
     async def TriggerScheduleNow(
         self, request: pb.TriggerScheduleNowRequest, context: grpc.aio.ServicerContext
@@ -160,9 +177,16 @@ class ScheduleRpcs:
         firing = overlap.Firing(self._defaults)
         async with transaction(self._pool) as conn:
             done = await schedule_ops.trigger_now(conn, ws, trigger_id, request_id, chosen, firing)
-            await audit.record(conn, "trigger.fired_now", "trigger", trigger_id, {
-                "outcome": str(done.fired), "request_id": request_id,
-            })  # fmt: skip
+            await audit.record(
+                conn,
+                "trigger.fired_now",
+                "trigger",
+                trigger_id,
+                {
+                    "outcome": str(done.fired),
+                    "request_id": request_id,
+                },
+            )
         self._committed(firing)
         resp = pb.TriggerScheduleNowResponse(
             created=done.fired in (overlap.Fired.STARTED, overlap.Fired.SKIPPED),

@@ -204,11 +204,19 @@ class Conversations:
             "session": {"session_id": str(session_id), "turn": turn},
         }
         return store.TurnAdmission(
-            session_id=session_id, turn=turn, request_id=request_id,
+            session_id=session_id,
+            turn=turn,
+            request_id=request_id,
             # Whoever sent the message started the turn (four eyes reads it).
-            run=admission(version, self._defaults, text, input_payload=payload,
-                          started_by=auth_context.label_or_none(), priority=priority),
-        ), version  # fmt: skip
+            run=admission(
+                version,
+                self._defaults,
+                text,
+                input_payload=payload,
+                started_by=auth_context.label_or_none(),
+                priority=priority,
+            ),
+        ), version
 
 
 async def _unfinished(conn: Any, workspace_id: str, session_id: uuid.UUID) -> list[Any]:
@@ -233,8 +241,9 @@ async def _cancel_turns(conn: Any, session: Any, turns: list[Any], how: str) -> 
     cancelled = []
     for turn in reversed(turns):
         if await run_store.cancel_run(conn, ws, turn["run_id"], reason) is not None:
-            await audit.record(conn, "run.cancelled", "run", str(turn["run_id"]),
-                               {"reason": reason})  # fmt: skip
+            await audit.record(
+                conn, "run.cancelled", "run", str(turn["run_id"]), {"reason": reason}
+            )
             cancelled.append(turn["run_id"])
             await store.mark_ended(conn, ws, session_id, turn["turn"], how)
     return cancelled

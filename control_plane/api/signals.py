@@ -28,10 +28,14 @@ def outgoing(request: run_pb2.SignalRunRequest) -> signals.Outgoing:
 
 def to_proto(sig: signals.Signal) -> run_pb2.Signal:
     msg = run_pb2.Signal(
-        run_id=str(sig.run_id), event_id=sig.event_id, signal_name=sig.name,
-        payload_json=sig.payload, sent_by=sig.sent_by, consumed_seq=sig.consumed_seq or 0,
+        run_id=str(sig.run_id),
+        event_id=sig.event_id,
+        signal_name=sig.name,
+        payload_json=sig.payload,
+        sent_by=sig.sent_by,
+        consumed_seq=sig.consumed_seq or 0,
         result_seq=sig.result_seq or 0,
-    )  # fmt: skip
+    )
     if (created := convert.timestamp(sig.created_at)) is not None:
         msg.create_time.CopyFrom(created)
     if (consumed := convert.timestamp(sig.consumed_at)) is not None:

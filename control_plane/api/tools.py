@@ -44,8 +44,13 @@ async def save(
     async with transaction(db) as conn:
         saved, created = await store.save_tool_version(conn, workspace_id, bare, who, source)
         if created:
-            await audit.record(conn, "tool.created", "tool", saved.name,
-                               {"version": saved.version, "source": source})  # fmt: skip
+            await audit.record(
+                conn,
+                "tool.created",
+                "tool",
+                saved.name,
+                {"version": saved.version, "source": source},
+            )
     return saved, created
 
 

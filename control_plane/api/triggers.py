@@ -181,9 +181,13 @@ def _schedule_trigger(
     sched, text = parse_schedule(src, now)
     slot = sched.next_slot_after(now)
     return store.NewTrigger(
-        **base, kind="schedule", scheme=None, config={**sched.to_json(), "input": text},
-        next_slot_at=slot, next_fire_at=sched.fire_time(slot, base["workspace_id"], base["trigger_id"]),
-    )  # fmt: skip
+        **base,
+        kind="schedule",
+        scheme=None,
+        config={**sched.to_json(), "input": text},
+        next_slot_at=slot,
+        next_fire_at=sched.fire_time(slot, base["workspace_id"], base["trigger_id"]),
+    )
 
 
 def _secret(field: str, scheme: str, given: str) -> str:
@@ -202,9 +206,12 @@ def _secret(field: str, scheme: str, given: str) -> str:
 def _rule_message(data: dict[str, Any]) -> pb.FilterRule:
     rule = filters.Rule.from_json(data)
     return pb.FilterRule(
-        field=rule.field, op=OP_VALUES[rule.op], value=rule.value,
-        values=list(rule.values), ignore_case=rule.ignore_case,
-    )  # fmt: skip
+        field=rule.field,
+        op=OP_VALUES[rule.op],
+        value=rule.value,
+        values=list(rule.values),
+        ignore_case=rule.ignore_case,
+    )
 
 
 def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
@@ -221,15 +228,23 @@ def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
         if "tolerance_seconds" in config:
             msg.webhook.tolerance.CopyFrom(convert.duration(config["tolerance_seconds"]))
     elif kind == "mail":
-        msg.mail.CopyFrom(pb.MailSource(
-            address=config.get("address", ""), max_chain_depth=config["max_chain_depth"], scheme=scheme,
-        ))  # fmt: skip
+        msg.mail.CopyFrom(
+            pb.MailSource(
+                address=config.get("address", ""),
+                max_chain_depth=config["max_chain_depth"],
+                scheme=scheme,
+            )
+        )
     elif kind == "mail_push":
-        msg.mail_push.CopyFrom(pb.MailPushSource(
-            history_url=config["history_url"], max_chain_depth=config["max_chain_depth"],
-            scheme=scheme, last_history_id=row["last_history_id"] or 0,
-            announced_history_id=row["announced_history_id"] or 0,
-        ))  # fmt: skip
+        msg.mail_push.CopyFrom(
+            pb.MailPushSource(
+                history_url=config["history_url"],
+                max_chain_depth=config["max_chain_depth"],
+                scheme=scheme,
+                last_history_id=row["last_history_id"] or 0,
+                announced_history_id=row["announced_history_id"] or 0,
+            )
+        )
     else:
         schedule_source(msg.schedule, row, config)
 
@@ -237,10 +252,14 @@ def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
 def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger:
     config = json.loads(row["config"])
     msg = pb.Trigger(
-        workspace_id=row["workspace_id"], trigger_id=row["trigger_id"], agent_id=row["agent_id"],
-        enabled=row["enabled"], filters=[_rule_message(r) for r in json.loads(row["filters"])],
-        note=row["note"] or "", priority=config.get("priority", 0),
-    )  # fmt: skip
+        workspace_id=row["workspace_id"],
+        trigger_id=row["trigger_id"],
+        agent_id=row["agent_id"],
+        enabled=row["enabled"],
+        filters=[_rule_message(r) for r in json.loads(row["filters"])],
+        note=row["note"] or "",
+        priority=config.get("priority", 0),
+    )
     _source(msg, row, config)
     if row["kind"] in HTTP_KINDS:
         msg.url = f"{public_url}/hooks/{row['workspace_id']}/{row['trigger_id']}"
@@ -257,11 +276,15 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
 
 def event_message(row: Any) -> pb.TriggerEvent:
     msg = pb.TriggerEvent(
-        event_id=str(row["event_id"]), trigger_id=row["trigger_id"], dedupe_key=row["dedupe_key"],
+        event_id=str(row["event_id"]),
+        trigger_id=row["trigger_id"],
+        dedupe_key=row["dedupe_key"],
         status=EVENT_STATUS[row["status"]],
-        reason=row["reason"] or "", run_id=str(row["run_id"] or ""),
-        chain_depth=row["chain_depth"], payload_json=row["payload"],
-    )  # fmt: skip
+        reason=row["reason"] or "",
+        run_id=str(row["run_id"] or ""),
+        chain_depth=row["chain_depth"],
+        payload_json=row["payload"],
+    )
     if row["scheduled_for"] is not None:
         msg.scheduled_time.CopyFrom(convert.timestamp(row["scheduled_for"]))
     msg.receive_time.CopyFrom(convert.timestamp(row["received_at"]))
@@ -283,10 +306,14 @@ def _id_from_token(token: str) -> str | None:
 
 class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
     def __init__(
-        self, pool: store.Pool, public_url: str, envelope: Envelope,
-        defaults: RunDefaults | None = None, on_runnable: Callable[[], None] = lambda: None,
+        self,
+        pool: store.Pool,
+        public_url: str,
+        envelope: Envelope,
+        defaults: RunDefaults | None = None,
+        on_runnable: Callable[[], None] = lambda: None,
         on_cancel: Callable[[str, uuid.UUID], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._pool = pool
         self._public_url = public_url
         self._envelope = envelope  # seals signing secrets before they are stored
@@ -326,8 +353,13 @@ class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
         async with store.transaction(self._pool) as conn:
             row = await sealed_secrets.create(conn, self._envelope, new, secret)
             if row is not None:
-                await audit.record(conn, "trigger.created", "trigger", new.trigger_id,
-                                   {"kind": new.kind, "agent_id": new.agent_id})  # fmt: skip
+                await audit.record(
+                    conn,
+                    "trigger.created",
+                    "trigger",
+                    new.trigger_id,
+                    {"kind": new.kind, "agent_id": new.agent_id},
+                )
         if row is None:
             raise AlreadyExists(
                 f"trigger {new.trigger_id!r} already exists in workspace {new.workspace_id!r}"
@@ -382,8 +414,13 @@ class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
         secret = _secret("secret", row["scheme"], request.secret)
         async with store.transaction(self._pool) as conn:
             await sealed_secrets.rotate(conn, self._envelope, ws, row["trigger_id"], secret, grace)
-            await audit.record(conn, "trigger.secret_rotated", "trigger", row["trigger_id"],
-                               {"grace_seconds": grace})  # fmt: skip
+            await audit.record(
+                conn,
+                "trigger.secret_rotated",
+                "trigger",
+                row["trigger_id"],
+                {"grace_seconds": grace},
+            )
         row = await self._get(ws, row["trigger_id"])
         return pb.RotateTriggerSecretResponse(trigger=await self._message(row), secret=secret)
 

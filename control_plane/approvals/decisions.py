@@ -132,16 +132,27 @@ def _effective_arguments(req: Request, row: store.Approval) -> tuple[Any, str | 
 
 
 def decided_payload(
-    row: store.Approval, decision: str, decided_by: str, via: str, arguments: Any, *,
-    reason: str = "", note: str = "",
-) -> dict[str, Any]:  # fmt: skip
+    row: store.Approval,
+    decision: str,
+    decided_by: str,
+    via: str,
+    arguments: Any,
+    *,
+    reason: str = "",
+    note: str = "",
+) -> dict[str, Any]:
     """The `approval_decided` step's payload: the one place it is built (decisions and expiry)."""
     payload = {
-        "approval_id": str(row.approval_id), "call_id": row.call_id, "tool": row.tool,
-        "decision": decision, "decided_by": decided_by, "via": via,
-        "arguments": arguments, "arguments_sha256": arguments_sha256(arguments),
+        "approval_id": str(row.approval_id),
+        "call_id": row.call_id,
+        "tool": row.tool,
+        "decision": decision,
+        "decided_by": decided_by,
+        "via": via,
+        "arguments": arguments,
+        "arguments_sha256": arguments_sha256(arguments),
         "approved_sha256": row.arguments_sha256,
-    }  # fmt: skip
+    }
     if decision in ("rejected", "expired"):
         payload["reason"] = reason or decision
     if decision == "edited":
@@ -153,13 +164,21 @@ def decided_payload(
 async def _audit(conn: Connection, req: Request, row: store.Approval, decision: str) -> None:
     """The decision's audit row, in its transaction (never the arguments: they may be private)."""
     detail = {
-        "run_id": str(row.run_id), "tool": row.tool, "decision": decision,
-        "decided_by": req.decider.name, "via": req.decider.via,
-    }  # fmt: skip
+        "run_id": str(row.run_id),
+        "tool": row.tool,
+        "decision": decision,
+        "decided_by": req.decider.name,
+        "via": req.decider.via,
+    }
     await audit.record(
-        conn, "approval.decided", "approval", str(req.approval_id), detail,
-        workspace_id=req.workspace_id, actor=req.decider.actor,
-    )  # fmt: skip
+        conn,
+        "approval.decided",
+        "approval",
+        str(req.approval_id),
+        detail,
+        workspace_id=req.workspace_id,
+        actor=req.decider.actor,
+    )
 
 
 async def decide(pool: Pool, req: Request) -> store.Approval:

@@ -50,9 +50,14 @@ async def _apply(conn: Connection, row: store.Approval, now: datetime | None) ->
         return action
     escalate = action == "escalate"
     new = await store.extend(
-        conn, ws, approval_id, approvers=list(row.escalate_to) if escalate else None,
-        escalate=escalate, remind=not escalate, now=now,
-    )  # fmt: skip
+        conn,
+        ws,
+        approval_id,
+        approvers=list(row.escalate_to) if escalate else None,
+        escalate=escalate,
+        remind=not escalate,
+        now=now,
+    )
     assert new is not None  # the row is locked and still pending
     kind = "approval_escalation" if escalate else "approval_reminder"
     for note in notifications(new, kind, list(new.approvers)):

@@ -41,9 +41,13 @@ def notifications(
 ) -> list[outbox.Notification]:
     approvers = list(((spec or {}).get("approval") or {}).get("approvers") or [])
     summary = {
-        "kind": KIND, "run_id": str(req.run_id), "seq": seq, "tool": held.get("tool"),
-        "reason": "repeat", "detail": str(held.get("error") or "")[:2000],
-    }  # fmt: skip
+        "kind": KIND,
+        "run_id": str(req.run_id),
+        "seq": seq,
+        "tool": held.get("tool"),
+        "reason": "repeat",
+        "detail": str(held.get("error") or "")[:2000],
+    }
     return [
         outbox.Notification(req.workspace_id, KIND, "mail", who, summary)
         for who in approvers or [FALLBACK_APPROVER]

@@ -38,15 +38,23 @@ def resolve(
     if on_expiry == "escalate" and not escalate_to:
         on_expiry = "reject"
     return NewApproval(
-        workspace_id=workspace_id, approval_id=uuid.UUID(req.approval_id), run_id=run_id,
-        decision_seq=req.decision_seq, call_id=req.call_id, tool=req.tool,
-        arguments_json=req.arguments_json, arguments_sha256=req.arguments_sha256,
-        approvers=approvers or ([] if slack else [FALLBACK_APPROVER]), slack_approvers=slack,
+        workspace_id=workspace_id,
+        approval_id=uuid.UUID(req.approval_id),
+        run_id=run_id,
+        decision_seq=req.decision_seq,
+        call_id=req.call_id,
+        tool=req.tool,
+        arguments_json=req.arguments_json,
+        arguments_sha256=req.arguments_sha256,
+        approvers=approvers or ([] if slack else [FALLBACK_APPROVER]),
+        slack_approvers=slack,
         high_risk=req.high_risk or req.tool in (pol.get("high_risk_tools") or []),
-        moves_money=req.moves_money, expiry_seconds=pol.get("expiry_seconds") or DEFAULT_EXPIRY_SECONDS,
-        on_expiry=on_expiry, escalate_to=escalate_to,
+        moves_money=req.moves_money,
+        expiry_seconds=pol.get("expiry_seconds") or DEFAULT_EXPIRY_SECONDS,
+        on_expiry=on_expiry,
+        escalate_to=escalate_to,
         max_reminders=pol.get("max_reminders") or DEFAULT_MAX_REMINDERS,
-    )  # fmt: skip
+    )
 
 
 def _parse(text: str) -> Any:
@@ -65,10 +73,14 @@ def notifications(
     database never holds a usable token.
     """
     summary = {
-        "kind": kind, "approval_id": str(row.approval_id), "run_id": str(row.run_id),
-        "tool": row.tool, "arguments_sha256": row.arguments_sha256,
-        "high_risk": row.high_risk, "moves_money": row.moves_money,
-    }  # fmt: skip
+        "kind": kind,
+        "approval_id": str(row.approval_id),
+        "run_id": str(row.run_id),
+        "tool": row.tool,
+        "arguments_sha256": row.arguments_sha256,
+        "high_risk": row.high_risk,
+        "moves_money": row.moves_money,
+    }
     ws = row.workspace_id
     notes = [
         Notification(ws, kind, "mail", approver, summary)

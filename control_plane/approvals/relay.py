@@ -42,9 +42,13 @@ async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: approval_store
     """A fresh single-use link for this recipient; only the token's hash is stored."""
     token = tokens.mint()
     await approval_store.insert_token(
-        pool, row["workspace_id"], tokens.digest(token), approval.approval_id,
-        row["recipient"], approval.expire_at,
-    )  # fmt: skip
+        pool,
+        row["workspace_id"],
+        tokens.digest(token),
+        approval.approval_id,
+        row["recipient"],
+        approval.expire_at,
+    )
     return f"{cfg.public_url}/approvals/{row['workspace_id']}/{token}"
 
 
@@ -70,14 +74,21 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["channel"] == "mail":
         link = await _link(pool, cfg, row, approval)
         body = f"{text}\n\nReview and decide: {link}\n\nnotification {nid}"
-        return "/mail/send", {"to": row["recipient"], "subject": f"Approval needed: "
-                              f"{approval.tool}", "body": body}  # fmt: skip
+        return "/mail/send", {
+            "to": row["recipient"],
+            "subject": f"Approval needed: {approval.tool}",
+            "body": body,
+        }
     value = f"{row['workspace_id']}:{approval.approval_id}"
     return "/chat/messages", {
-        "channel": row["recipient"], "text": text, "notification_id": nid,
-        "actions": [{"action_id": "approve", "value": value},
-                    {"action_id": "reject", "value": value}],
-    }  # fmt: skip
+        "channel": row["recipient"],
+        "text": text,
+        "notification_id": nid,
+        "actions": [
+            {"action_id": "approve", "value": value},
+            {"action_id": "reject", "value": value},
+        ],
+    }
 
 
 async def deliver(pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any) -> bool:
@@ -85,9 +96,10 @@ async def deliver(pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: 
     try:
         path, body = await _request(pool, cfg, row)
         resp = await client.post(
-            f"{cfg.notify_url}{path}", json=body,
+            f"{cfg.notify_url}{path}",
+            json=body,
             headers={"Idempotency-Key": f"notification:{nid}", "X-Agentrun-Notification": str(nid)},
-        )  # fmt: skip
+        )
         faults.point("control_plane.relay.after_send")
         resp.raise_for_status()
     except _UNDELIVERED as exc:

@@ -25,11 +25,13 @@ class Need(StrEnum):
     ADMIN_OR_PLATFORM = "admin_or_platform"
 
 
-OPEN_SERVICES = frozenset({
-    "grpc.health.v1.Health",
-    "grpc.reflection.v1alpha.ServerReflection",
-    "grpc.reflection.v1.ServerReflection",
-})  # fmt: skip
+OPEN_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
 
 _V1 = "/agentrun.v1."
 

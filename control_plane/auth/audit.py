@@ -54,10 +54,15 @@ def current_request_id() -> str:
 
 
 async def record(
-    conn: Connection, action: str, object_kind: str, object_id: str,
-    detail: dict[str, Any] | None = None, *, workspace_id: str | None = None,
+    conn: Connection,
+    action: str,
+    object_kind: str,
+    object_id: str,
+    detail: dict[str, Any] | None = None,
+    *,
+    workspace_id: str | None = None,
     actor: str | None = None,
-) -> store.AuditEntry:  # fmt: skip
+) -> store.AuditEntry:
     """Append an audit row for the current principal, in `conn`'s transaction.
 
     The workspace is the principal's unless given (platform writes name the

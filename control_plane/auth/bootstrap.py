@@ -38,8 +38,13 @@ class DevCredentials:
 
     @property
     def all_keys(self) -> list[str]:
-        return [self.platform_key, self.admin_key, self.operator_key, self.approver_key,
-                self.executor_key]  # fmt: skip
+        return [
+            self.platform_key,
+            self.admin_key,
+            self.operator_key,
+            self.approver_key,
+            self.executor_key,
+        ]
 
 
 async def _still_valid(conn: Connection, creds: DevCredentials) -> bool:
@@ -89,17 +94,21 @@ async def _mint(conn: Connection, workspace_id: str, approver: str) -> DevCreden
 
 
 async def ensure_dev_credentials(
-    database_url: str, path: Path, workspace_id: str = "default",
+    database_url: str,
+    path: Path,
+    workspace_id: str = "default",
     approver: str = "manager@example.com",
-) -> DevCredentials:  # fmt: skip
+) -> DevCredentials:
     """The dev stack's credentials: those in `path` if the database still knows them, else new."""
     conn = await db.connect(database_url)
     try:
         known = _read(path)
         if (
-            known is not None and known.workspace_id == workspace_id
-            and known.approver == approver and await _still_valid(conn, known)
-        ):  # fmt: skip
+            known is not None
+            and known.workspace_id == workspace_id
+            and known.approver == approver
+            and await _still_valid(conn, known)
+        ):
             return known
         creds = await _mint(conn, workspace_id, approver)
     finally:

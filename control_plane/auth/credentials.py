@@ -65,8 +65,14 @@ async def issue(conn: store.Conn, req: KeyRequest) -> Issued:
     req.check()
     new = keys.generate(req.kind)
     row = store.NewKeyRow(
-        key_id=new.key_id, kind=req.kind, workspace_id=req.workspace_id, role=req.role,
-        principal=req.principal, scope=list(req.scope) if req.scope is not None else None,
-        secret_sha256=new.digest, created_by=req.created_by, expires_at=req.expires_at,
-    )  # fmt: skip
+        key_id=new.key_id,
+        kind=req.kind,
+        workspace_id=req.workspace_id,
+        role=req.role,
+        principal=req.principal,
+        scope=list(req.scope) if req.scope is not None else None,
+        secret_sha256=new.digest,
+        created_by=req.created_by,
+        expires_at=req.expires_at,
+    )
     return Issued(new.text, await store.insert_key(conn, row))

@@ -180,9 +180,14 @@ class OidcVerifier:
             raise Unauthenticated("the ID token's algorithm does not match its signing key")
         try:
             claims = jwt.decode(
-                id_token, key.key, algorithms=[key.alg], audience=self.audience,
-                issuer=self.issuer, leeway=self.leeway, options={"require": REQUIRED_CLAIMS},
-            )  # fmt: skip
+                id_token,
+                key.key,
+                algorithms=[key.alg],
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=self.leeway,
+                options={"require": REQUIRED_CLAIMS},
+            )
         except jwt.PyJWTError as exc:
             raise Unauthenticated(reason_for(exc)) from None
         return person_of(claims, self.audience)

@@ -39,9 +39,13 @@ def bearer(value: str | None) -> str | None:
 def principal_of(row: store.StoredKey) -> Principal:
     kind = _KINDS[row.kind]
     return Principal(
-        kind=kind, name=row.principal, workspace_id=row.workspace_id, role=row.role,
-        scope=frozenset(row.scope) if row.scope is not None else None, credential_id=row.key_id,
-    )  # fmt: skip
+        kind=kind,
+        name=row.principal,
+        workspace_id=row.workspace_id,
+        role=row.role,
+        scope=frozenset(row.scope) if row.scope is not None else None,
+        credential_id=row.key_id,
+    )
 
 
 @dataclass
@@ -54,9 +58,13 @@ class Resolver:
     """Resolves credentials against one database, with a short TTL cache of verified keys."""
 
     def __init__(
-        self, pool: store.Conn, verifier: OidcVerifier | None = None, *, ttl: float = 2.0,
+        self,
+        pool: store.Conn,
+        verifier: OidcVerifier | None = None,
+        *,
+        ttl: float = 2.0,
         max_entries: int = 10_000,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._pool = pool
         self._verifier = verifier
         self._ttl = ttl

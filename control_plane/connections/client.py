@@ -74,14 +74,24 @@ class OAuthClient:
         await self._http.aclose()
 
     def authorize_url(
-        self, provider: str, *, state: str, verifier: str, scopes: list[str], redirect_uri: str,
+        self,
+        provider: str,
+        *,
+        state: str,
+        verifier: str,
+        scopes: list[str],
+        redirect_uri: str,
         login_hint: str = "",
-    ) -> str:  # fmt: skip
+    ) -> str:
         query = {
-            "response_type": "code", "client_id": self.settings.client_id,
-            "redirect_uri": redirect_uri, "scope": " ".join(scopes), "state": state,
-            "code_challenge": challenge(verifier), "code_challenge_method": "S256",
-        }  # fmt: skip
+            "response_type": "code",
+            "client_id": self.settings.client_id,
+            "redirect_uri": redirect_uri,
+            "scope": " ".join(scopes),
+            "state": state,
+            "code_challenge": challenge(verifier),
+            "code_challenge_method": "S256",
+        }
         if login_hint:
             query["login_hint"] = login_hint
         return f"{self.settings.base_url}/oauth/{provider}/authorize?{urlencode(query)}"
@@ -89,8 +99,12 @@ class OAuthClient:
     async def exchange(
         self, provider: str, code: str, verifier: str, redirect_uri: str
     ) -> TokenAnswer:
-        form = {"grant_type": "authorization_code", "code": code,
-                "code_verifier": verifier, "redirect_uri": redirect_uri}  # fmt: skip
+        form = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "code_verifier": verifier,
+            "redirect_uri": redirect_uri,
+        }
         return await self._token(provider, form)
 
     async def refresh(self, provider: str, refresh_token: str) -> TokenAnswer:
@@ -100,8 +114,12 @@ class OAuthClient:
     async def revoke(self, provider: str, token: str, hint: str) -> None:
         """RFC 7009: ask the provider to revoke `token` (and so its grant). Raises
         ProviderUnreachable (no answer, 5xx) or GrantRefused (4xx: the request was refused)."""
-        form = {"token": token, "token_type_hint": hint, "client_id": self.settings.client_id,
-                "client_secret": self.settings.client_secret}  # fmt: skip
+        form = {
+            "token": token,
+            "token_type_hint": hint,
+            "client_id": self.settings.client_id,
+            "client_secret": self.settings.client_secret,
+        }
         url = f"{self.settings.base_url}/oauth/{provider}/revoke"
         try:
             answer = await self._http.post(url, data=form)
@@ -121,8 +139,11 @@ class OAuthClient:
             raise GrantRefused(_error_code(body))
 
     async def _token(self, provider: str, form: dict[str, str]) -> TokenAnswer:
-        form = {**form, "client_id": self.settings.client_id,
-                "client_secret": self.settings.client_secret}  # fmt: skip
+        form = {
+            **form,
+            "client_id": self.settings.client_id,
+            "client_secret": self.settings.client_secret,
+        }
         url = f"{self.settings.base_url}/oauth/{provider}/token"
         try:
             answer = await self._http.post(url, data=form)

@@ -56,16 +56,25 @@ class Finished:
 
 class ConnectionFlows:
     def __init__(
-        self, pool: Pool, envelope: Envelope, client: OAuthClient, tokens: ConnectionTokens,
+        self,
+        pool: Pool,
+        envelope: Envelope,
+        client: OAuthClient,
+        tokens: ConnectionTokens,
         public_url: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pool, self.envelope, self.client, self.tokens = pool, envelope, client, tokens
         self.redirect_uri = f"{public_url}{CALLBACK_PATH}"
 
     async def start(
-        self, workspace_id: str, provider: str, owner: str, scopes: list[str],
-        connection_id: str | None = None, login_hint: str = "",
-    ) -> str:  # fmt: skip
+        self,
+        workspace_id: str,
+        provider: str,
+        owner: str,
+        scopes: list[str],
+        connection_id: str | None = None,
+        login_hint: str = "",
+    ) -> str:
         """The provider's authorize URL for a new flow (kept server-side until its callback)."""
         _check_start(provider, scopes)
         state, verifier, flow_id = secrets.token_urlsafe(32), new_verifier(), str(uuid.uuid4())
@@ -77,9 +86,13 @@ class ConnectionFlows:
         )
         await store.insert_flow(self.pool, state_digest(state), flow, FLOW_TTL_SECONDS)
         return self.client.authorize_url(
-            provider, state=state, verifier=verifier, scopes=scopes,
-            redirect_uri=self.redirect_uri, login_hint=login_hint,
-        )  # fmt: skip
+            provider,
+            state=state,
+            verifier=verifier,
+            scopes=scopes,
+            redirect_uri=self.redirect_uri,
+            login_hint=login_hint,
+        )
 
     async def finish(self, state: str, code: str) -> Finished:
         flow = await store.take_flow(self.pool, state_digest(state))
@@ -100,9 +113,14 @@ class ConnectionFlows:
         stored = await self._store(flow, account, answer)
         woken = await store.wake_waiting(self.pool, flow.workspace_id, stored[0])
         return Finished(
-            flow.workspace_id, stored[0], flow.provider, account,
-            tuple(answer.scopes or flow.scopes), stored[1], woken,
-        )  # fmt: skip
+            flow.workspace_id,
+            stored[0],
+            flow.provider,
+            account,
+            tuple(answer.scopes or flow.scopes),
+            stored[1],
+            woken,
+        )
 
     async def _store(self, flow: Flow, account: str, answer: TokenAnswer) -> tuple[str, bool]:
         for _ in range(3):  # a racing callback for the same account may own the row

@@ -46,10 +46,13 @@ async def park_commit(
         row = await store.mark_broken(conn, req.workspace_id, cid, "a run could not use it")
         if row is not None:
             payload = {
-                "kind": KIND, "connection_id": cid, "provider": row["provider"],
-                "account": row["account"], "run_id": str(req.run_id),
+                "kind": KIND,
+                "connection_id": cid,
+                "provider": row["provider"],
+                "account": row["account"],
+                "run_id": str(req.run_id),
                 "scopes": list(row["scopes"]),
-            }  # fmt: skip
+            }
             note = outbox.Notification(
                 req.workspace_id, KIND, "mail", recipient(row["owner"]), payload
             )

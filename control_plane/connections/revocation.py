@@ -54,8 +54,9 @@ class Revocations:
             )
             if changed is not None:
                 detail = {"provider_revoked": outcome.revoked, "provider": outcome.detail}
-                await audit.record(conn, "connection.revoked", "connection", row.connection_id,
-                                   detail)  # fmt: skip
+                await audit.record(
+                    conn, "connection.revoked", "connection", row.connection_id, detail
+                )
         return changed is not None
 
     async def at_provider(self, row: StoredConnection) -> AtProvider:
@@ -71,15 +72,22 @@ class Revocations:
             )
             await self.client.revoke(row.provider, token.decode(), f"{which}_token")
         except ProviderUnreachable as exc:
-            log.warning("connection %s: revocation at the provider failed: %s",
-                        row.connection_id, exc)  # fmt: skip
+            log.warning(
+                "connection %s: revocation at the provider failed: %s", row.connection_id, exc
+            )
             return AtProvider(False, f"revocation failed ({exc})")
         except GrantRefused as exc:
-            log.warning("connection %s: the provider refused the revocation: %s",
-                        row.connection_id, exc.error)  # fmt: skip
+            log.warning(
+                "connection %s: the provider refused the revocation: %s",
+                row.connection_id,
+                exc.error,
+            )
             return AtProvider(False, f"revocation refused ({exc.error})")
         except Exception as exc:  # noqa: BLE001 - our side is revoked whatever went wrong
-            log.error("connection %s: revocation at the provider failed: %s",
-                      row.connection_id, type(exc).__name__)  # fmt: skip
+            log.error(
+                "connection %s: revocation at the provider failed: %s",
+                row.connection_id,
+                type(exc).__name__,
+            )
             return AtProvider(False, f"revocation failed ({type(exc).__name__})")
         return AtProvider(True, "revoked")

@@ -78,24 +78,33 @@ def token_id(connection_id: str, which: str) -> str:
 
 class ConnectionTokens:
     def __init__(
-        self, pool: Pool, envelope: Envelope, client: OAuthClient, *,
-        margin: float = REFRESH_MARGIN_SECONDS, lock_timeout: float = LOCK_TIMEOUT_SECONDS,
-    ) -> None:  # fmt: skip
+        self,
+        pool: Pool,
+        envelope: Envelope,
+        client: OAuthClient,
+        *,
+        margin: float = REFRESH_MARGIN_SECONDS,
+        lock_timeout: float = LOCK_TIMEOUT_SECONDS,
+    ) -> None:
         self.pool, self.envelope, self.client = pool, envelope, client
         self.margin, self.lock_timeout = margin, lock_timeout
         self._inflight: dict[tuple[str, str], asyncio.Task[StoredConnection | None]] = {}
 
     async def seal(self, workspace_id: str, connection_id: str, answer: TokenAnswer) -> NewPair:
         access = await self.envelope.seal(
-            workspace_id, CONNECTION_TOKEN, token_id(connection_id, "access"),
+            workspace_id,
+            CONNECTION_TOKEN,
+            token_id(connection_id, "access"),
             answer.access_token.encode(),
-        )  # fmt: skip
+        )
         refresh = None
         if answer.refresh_token is not None:
             refresh = await self.envelope.seal(
-                workspace_id, CONNECTION_TOKEN, token_id(connection_id, "refresh"),
+                workspace_id,
+                CONNECTION_TOKEN,
+                token_id(connection_id, "refresh"),
                 answer.refresh_token.encode(),
-            )  # fmt: skip
+            )
         return NewPair(access, refresh, answer.expires_in, answer.scopes)
 
     async def for_call(self, workspace_id: str, connection_id: str) -> CallToken:
@@ -113,9 +122,13 @@ class ConnectionTokens:
             workspace_id, CONNECTION_TOKEN, token_id(connection_id, "access"), row.access_sealed
         )
         return CallToken(
-            connection_id, row.provider, row.account, row.scopes, row.access_expires_at,
+            connection_id,
+            row.provider,
+            row.account,
+            row.scopes,
+            row.access_expires_at,
             access.decode(),
-        )  # fmt: skip
+        )
 
     async def _refreshed(self, workspace_id: str, connection_id: str) -> StoredConnection | None:
         key = (workspace_id, connection_id)

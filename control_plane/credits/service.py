@@ -30,20 +30,29 @@ def balance(workspace_id: str, account: store.Account | None) -> pb.CreditBalanc
     if account is None:
         return pb.CreditBalance(workspace_id=workspace_id, metered=False)
     return pb.CreditBalance(
-        workspace_id=workspace_id, metered=True, granted_micros=account.granted_micros,
-        balance_micros=account.balance_micros, reserved_micros=account.reserved_micros,
-        spent_micros=account.spent_micros, chunk_micros=account.chunk_micros,
+        workspace_id=workspace_id,
+        metered=True,
+        granted_micros=account.granted_micros,
+        balance_micros=account.balance_micros,
+        reserved_micros=account.reserved_micros,
+        spent_micros=account.spent_micros,
+        chunk_micros=account.chunk_micros,
         out_of_credits=POLICY_TO_PROTO[account.out_of_credits],
         update_time=convert.timestamp(account.updated_at),
-    )  # fmt: skip
+    )
 
 
 def entry(e: store.Entry) -> pb.CreditLedgerEntry:
     return pb.CreditLedgerEntry(
-        entry_id=e.entry_id, kind=KIND_TO_PROTO[e.kind], run_id=str(e.run_id or ""),
-        chunk=e.chunk, amount_micros=e.amount_micros, granted_by=e.granted_by or "",
-        note=e.note, create_time=convert.timestamp(e.created_at),
-    )  # fmt: skip
+        entry_id=e.entry_id,
+        kind=KIND_TO_PROTO[e.kind],
+        run_id=str(e.run_id or ""),
+        chunk=e.chunk,
+        amount_micros=e.amount_micros,
+        granted_by=e.granted_by or "",
+        note=e.note,
+        create_time=convert.timestamp(e.created_at),
+    )
 
 
 def _policy(value: int) -> str | None:
@@ -78,12 +87,27 @@ class CreditServicer(credit_pb2_grpc.CreditServiceServicer):
         async with transaction(self._pool) as conn:
             if await workspaces.get(conn, ws) is None:
                 raise NotFound(f"workspace {ws!r} not found")
-            account = await store.grant(conn, ws, amount, who.label, note=note,
-                                        chunk_micros=chunk or None, out_of_credits=policy)  # fmt: skip
-            await audit.record(conn, "credits.granted", "workspace", ws,
-                               {"amount_micros": amount, "chunk_micros": account.chunk_micros,
-                                "out_of_credits": account.out_of_credits},
-                               workspace_id=ws)  # fmt: skip
+            account = await store.grant(
+                conn,
+                ws,
+                amount,
+                who.label,
+                note=note,
+                chunk_micros=chunk or None,
+                out_of_credits=policy,
+            )
+            await audit.record(
+                conn,
+                "credits.granted",
+                "workspace",
+                ws,
+                {
+                    "amount_micros": amount,
+                    "chunk_micros": account.chunk_micros,
+                    "out_of_credits": account.out_of_credits,
+                },
+                workspace_id=ws,
+            )
         return pb.GrantCreditsResponse(balance=balance(ws, account))
 
     async def GetCreditBalance(

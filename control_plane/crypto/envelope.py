@@ -177,9 +177,10 @@ class Envelope:
         nonce = sealed[_HEADER.size : _HEADER.size + NONCE_BYTES]
         try:
             return key.aead.decrypt(
-                nonce, sealed[_HEADER.size + NONCE_BYTES :],
+                nonce,
+                sealed[_HEADER.size + NONCE_BYTES :],
                 _aad(header, workspace_id, purpose, object_id),
-            )  # fmt: skip
+            )
         except InvalidTag:
             raise CannotOpen(
                 f"cannot open {what}: it was sealed for another workspace, purpose or object, "

@@ -153,11 +153,13 @@ class CommitGroups:
         try:
             conn = await self._lane()
             if len(group) == 1:
-                results = [await step_store.commit(self.pool, reqs[0], group[0].lease_seconds,
-                                                   via=conn)]  # fmt: skip
+                results = [
+                    await step_store.commit(self.pool, reqs[0], group[0].lease_seconds, via=conn)
+                ]
             else:
-                results = await step_store.commit_many(self.pool, reqs, group[0].lease_seconds,
-                                                       via=conn)  # fmt: skip
+                results = await step_store.commit_many(
+                    self.pool, reqs, group[0].lease_seconds, via=conn
+                )
         except Exception as exc:  # noqa: BLE001 - the commit's own error, handed to its caller
             results = [exc]
         except BaseException:  # cancelled mid-statement: the pool's release recovers the lane
@@ -165,8 +167,9 @@ class CommitGroups:
                 self._release(conn)
             raise
         if conn is not None:
-            clean = all(not isinstance(r, BaseException) or isinstance(r, _CLEAN_ERRORS)
-                        for r in results)  # fmt: skip
+            clean = all(
+                not isinstance(r, BaseException) or isinstance(r, _CLEAN_ERRORS) for r in results
+            )
             if clean and not self._closed and not conn.is_closed():
                 self._keep(conn)
             else:
@@ -186,10 +189,15 @@ def _groups(pending: list[_Waiting]) -> list[list[_Waiting]]:
     for waiting in pending:
         key = (waiting.req.workspace_id, waiting.req.run_id)
         home = next(
-            (g for g in groups if key not in g[0] and len(g[1]) < MAX_GROUP
-             and g[1][0].lease_seconds == waiting.lease_seconds),
+            (
+                g
+                for g in groups
+                if key not in g[0]
+                and len(g[1]) < MAX_GROUP
+                and g[1][0].lease_seconds == waiting.lease_seconds
+            ),
             None,
-        )  # fmt: skip
+        )
         if home is None:
             home = (set(), [])
             groups.append(home)

@@ -52,8 +52,10 @@ Key = tuple[str, uuid.UUID]
 RELAYED = Counter(
     "agentrun_delta_relay_deltas",
     "Fast-path deltas relayed between replicas: sent, received, dropped (no connection, "
-    "too many waiting, too large)", ["outcome"], registry=metrics.REGISTRY,
-)  # fmt: skip
+    "too many waiting, too large)",
+    ["outcome"],
+    registry=metrics.REGISTRY,
+)
 
 
 def _compact(value: Any) -> str:

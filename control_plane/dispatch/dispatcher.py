@@ -188,10 +188,14 @@ class Dispatcher:
             return lease_store.Claimed()
         with metrics.CLAIM_SECONDS.time():
             rows = await lease_store.claim_due(
-                self.pool, owners, self.config.lease_seconds, scope=scope,
-                carried=sorted(tools), on_takeover=_taken_over,
+                self.pool,
+                owners,
+                self.config.lease_seconds,
+                scope=scope,
+                carried=sorted(tools),
+                on_takeover=_taken_over,
                 release=releases.claim_release(sessions[0], self.config),
-            )  # fmt: skip
+            )
         for row in rows:
             metrics.claimed(row.workspace_id)
         # Each run's slot is taken now, before any await: the next claim, which runs while
@@ -320,8 +324,7 @@ class Dispatcher:
         error under."""
         try:
             faults.raises("control_plane.dispatch.assignment")
-            version, tools = await self._version(run.workspace_id, run.agent_id,
-                                                 run.agent_version)  # fmt: skip
+            version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
             fast_path.set_assignment(
                 msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools
             )
@@ -331,13 +334,20 @@ class Dispatcher:
         session.credits += 1
         try:
             if transient(failure):
-                log.warning("run %s: its assignment could not be built, handed back: %s",
-                            run.run_id, failure)  # fmt: skip
+                log.warning(
+                    "run %s: its assignment could not be built, handed back: %s",
+                    run.run_id,
+                    failure,
+                )
                 await lease_store.release_unassigned(self.pool, _lease(run))
                 return False
             request_id = uuid.uuid4().hex[:12]
-            log.error("run %s: its assignment could not be built; failing the run (request %s)",
-                      run.run_id, request_id, exc_info=failure)  # fmt: skip
+            log.error(
+                "run %s: its assignment could not be built; failing the run (request %s)",
+                run.run_id,
+                request_id,
+                exc_info=failure,
+            )
             reason = f"internal error while building the run's assignment (request {request_id})"
             await lease_store.fail_held(self.pool, _lease(run), reason)
         except Exception as exc:  # noqa: BLE001 - its lease lapses and it is claimed again
@@ -376,8 +386,12 @@ def _lease(run: Run) -> lease_store.LeaseKey:
 
 def _taken_over(run: Run) -> None:
     metrics.TAKEOVERS.labels(run.workspace_id).inc()
-    log.info("run %s of workspace %s taken over at epoch %d (its lease lapsed)",
-             run.run_id, run.workspace_id, run.lease_epoch)  # fmt: skip
+    log.info(
+        "run %s of workspace %s taken over at epoch %d (its lease lapsed)",
+        run.run_id,
+        run.workspace_id,
+        run.lease_epoch,
+    )
 
 
 __all__ = ["Dispatcher", "owner_slots"]

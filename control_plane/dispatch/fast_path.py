@@ -75,13 +75,15 @@ T = TypeVar("T")
 FAST_PATH = Counter(
     "agentrun_fast_path_turns",
     "Fast-path session turns by outcome: dispatched (no claim), queued (left to the claim)",
-    ["outcome"], registry=metrics.REGISTRY,
-)  # fmt: skip
+    ["outcome"],
+    registry=metrics.REGISTRY,
+)
 FREE_SLOTS = Gauge(
     "agentrun_free_executor_slots",
     "Free slots (credits) of the executor streams connected to this replica: what a fast-path "
-    "turn can be dispatched to", registry=metrics.REGISTRY,
-)  # fmt: skip
+    "turn can be dispatched to",
+    registry=metrics.REGISTRY,
+)
 # A watcher that reads slower than the model writes loses deltas, never the steps.
 WATCHER_BUFFER = 1024
 
@@ -130,10 +132,15 @@ def pick(sessions: Sequence[ExecutorSession], workspace_id: str, tools: Sequence
     """The stream with the most free credits that a claim could lease this turn to."""
     needed = set(tools)
     fits = [
-        s for s in sessions
-        if s.credits > 0 and not s.draining and s.executor_id and not s.liveness.dead
-        and (s.scope is None or workspace_id in s.scope) and needed <= s.tools
-    ]  # fmt: skip
+        s
+        for s in sessions
+        if s.credits > 0
+        and not s.draining
+        and s.executor_id
+        and not s.liveness.dead
+        and (s.scope is None or workspace_id in s.scope)
+        and needed <= s.tools
+    ]
     return max(fits, key=lambda s: s.credits, default=None)
 
 
@@ -173,9 +180,14 @@ class FastPath:
         config = self._dispatcher.config
         try:
             leased = await session_store.fast_lease(
-                conn, workspace_id, run_id, session.executor_id, config.lease_seconds,
-                carried=sorted(session.tools), release=releases.claim_release(session, config),
-            )  # fmt: skip
+                conn,
+                workspace_id,
+                run_id,
+                session.executor_id,
+                config.lease_seconds,
+                carried=sorted(session.tools),
+                release=releases.claim_release(session, config),
+            )
         except Exception as exc:  # noqa: BLE001 - the savepoint rolled back; the claim takes it
             log.warning("fast path of run %s failed, leaving it to the claim: %s", run_id, exc)
             leased = None
@@ -205,8 +217,13 @@ class FastPath:
             FAST_PATH.labels("queued").inc()  # its stream went away meanwhile: handed back
             return False
         FAST_PATH.labels("dispatched").inc()
-        log.info("run %s of workspace %s dispatched on the fast path to %s (epoch %d)",
-                 run.run_id, run.workspace_id, session.executor_id, run.lease_epoch)  # fmt: skip
+        log.info(
+            "run %s of workspace %s dispatched on the fast path to %s (epoch %d)",
+            run.run_id,
+            run.workspace_id,
+            session.executor_id,
+            run.lease_epoch,
+        )
         return True
 
 
@@ -251,8 +268,9 @@ class DeltaHub:
         if session.scope is not None and lease.workspace_id not in session.scope:
             return
         key = (lease.workspace_id, run_id)
-        event = run_pb2.RunDelta(epoch=lease.epoch, seq=delta.seq, index=delta.index,
-                                 text=delta.text)  # fmt: skip
+        event = run_pb2.RunDelta(
+            epoch=lease.epoch, seq=delta.seq, index=delta.index, text=delta.text
+        )
         self.deliver(key, event)
         self.relay.publish(key, event)
 

@@ -88,9 +88,13 @@ class Liveness:
                 continue
             self.dead = True  # first: the dispatcher reads it before every assignment
             SILENT.inc()
-            log.warning("executor %s's stream (session %s) silent for %.1fs: declared "
-                        "dead, assigning it nothing more", session.executor_id,
-                        session.id, silent_for)  # fmt: skip
+            log.warning(
+                "executor %s's stream (session %s) silent for %.1fs: declared "
+                "dead, assigning it nothing more",
+                session.executor_id,
+                session.id,
+                silent_for,
+            )
             session.close()
             return
 
@@ -115,6 +119,11 @@ async def release_on_break(pool: Pool, session: ExecutorSession, poke: Callable[
     if not moved:
         return
     RELEASED.inc(len(moved))
-    log.info("executor %s's stream (session %s) ended: %d runs claimable in %.2fs",
-             session.executor_id, session.id, len(moved), delay)  # fmt: skip
+    log.info(
+        "executor %s's stream (session %s) ended: %d runs claimable in %.2fs",
+        session.executor_id,
+        session.id,
+        len(moved),
+        delay,
+    )
     asyncio.get_running_loop().call_later(delay + 0.02, poke)

@@ -47,8 +47,12 @@ MAX_RESULTS_TOGETHER = 256
 # The most bytes of commits an executor may send in one Commits message: well under what
 # the stream receives (a message over that ends the whole stream, not one run's commit).
 COMMIT_BATCH_BYTES = 1024 * 1024
-_OUTCOMES = {pb.COMMIT_OUTCOME_OK: "ok", pb.COMMIT_OUTCOME_FENCED: "fenced",
-             pb.COMMIT_OUTCOME_INVALID: "invalid", pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable"}  # fmt: skip
+_OUTCOMES = {
+    pb.COMMIT_OUTCOME_OK: "ok",
+    pb.COMMIT_OUTCOME_FENCED: "fenced",
+    pb.COMMIT_OUTCOME_INVALID: "invalid",
+    pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable",
+}
 # Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
 # may be, but bounded before Postgres's recursive jsonb parser sees them.
 MAX_PAYLOAD_DEPTH = 512
@@ -79,8 +83,12 @@ def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
 def _payload(i: int, text: str) -> str:
     """A step's payload, checked before Postgres parses it (size and depth bounded, no NUL)."""
     try:
-        return validate.json_text(f"commit.steps[{i}].payload_json", text or "{}",
-                                  max_bytes=_MAX_PAYLOAD_BYTES, max_depth=MAX_PAYLOAD_DEPTH)  # fmt: skip
+        return validate.json_text(
+            f"commit.steps[{i}].payload_json",
+            text or "{}",
+            max_bytes=_MAX_PAYLOAD_BYTES,
+            max_depth=MAX_PAYLOAD_DEPTH,
+        )
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None
 
@@ -104,16 +112,21 @@ def commit_request(msg: pb.Commit, renew_always: bool = True) -> step_store.Comm
             kind=convert.KIND_FROM_PROTO[s.kind],
             ref_seq=s.ref_seq if s.ref_seq else None,
             payload_json=_payload(i, s.payload_json),
-        )  # fmt: skip
+        )
         for i, s in enumerate(msg.steps)
     ]
     return step_store.CommitRequest(
-        workspace_id=msg.lease.workspace_id, run_id=uuid.UUID(msg.lease.run_id),
-        epoch=msg.lease.epoch, steps=steps, transition=transition(msg),
-        model_calls=msg.model_calls, tool_calls=msg.tool_calls, tokens=msg.tokens,
+        workspace_id=msg.lease.workspace_id,
+        run_id=uuid.UUID(msg.lease.run_id),
+        epoch=msg.lease.epoch,
+        steps=steps,
+        transition=transition(msg),
+        model_calls=msg.model_calls,
+        tool_calls=msg.tool_calls,
+        tokens=msg.tokens,
         usage=pricing.steps_usage(pricing.table(), [(s.kind, s.payload_json) for s in steps]),
         renew_always=renew_always,
-    )  # fmt: skip
+    )
 
 
 def transition(msg: pb.Commit) -> step_store.Transition:
@@ -128,12 +141,14 @@ def transition(msg: pb.Commit) -> step_store.Transition:
             raise ValueError("park.wait_reason is required")
         wake = park.WhichOneof("wake")
         return step_store.Transition(
-            status="waiting", wait_reason=park.wait_reason,
+            status="waiting",
+            wait_reason=park.wait_reason,
             waiting_connection_id=_connection_id(park.connection_id),
             wake_at=park.wake_time.ToDatetime(tzinfo=UTC) if wake == "wake_time" else None,
             wake_after_seconds=park.wake_after.ToTimedelta().total_seconds()
-            if wake == "wake_after" else None,
-        )  # fmt: skip
+            if wake == "wake_after"
+            else None,
+        )
     return step_store.Transition()
 
 
@@ -286,15 +301,22 @@ class ExecutorSession:
     async def _open(self, hello: pb.Hello) -> None:
         """Record the executor's tools for every replica, then welcome it and start assigning."""
         declared = [
-            {"name": t.name, "version": t.version, "schema_sha256": t.schema_sha256,
-             "capabilities": sorted(t.capabilities)}
+            {
+                "name": t.name,
+                "version": t.version,
+                "schema_sha256": t.schema_sha256,
+                "capabilities": sorted(t.capabilities),
+            }
             for t in hello.tools
-        ]  # fmt: skip
+        ]
         try:
             # Bounded: a database that is down must not keep the executor from its Welcome.
-            await asyncio.wait_for(executor_tools.record(
-                self._pool, self.executor_id, self.id, hello.release, self.scope, declared
-            ), RECORD_TIMEOUT)  # fmt: skip
+            await asyncio.wait_for(
+                executor_tools.record(
+                    self._pool, self.executor_id, self.id, hello.release, self.scope, declared
+                ),
+                RECORD_TIMEOUT,
+            )
         except Exception as exc:  # noqa: BLE001 - assignments need no record; publishing does
             log.warning("could not record executor %s's tools: %s", self.executor_id, exc)
         if self._ended:  # the stream ended meanwhile: it never connected
@@ -304,23 +326,33 @@ class ExecutorSession:
         if self._ended:  # the stream ended meanwhile: nothing to welcome or assign into
             return
         cfg = self._dispatcher.config
-        self.send(pb.ConnectResponse(welcome=pb.Welcome(
-            session_id=self.id,
-            lease_duration=convert.duration(cfg.lease_seconds),
-            heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
-            server_release=cfg.release,
-            send_horizon=convert.duration(cfg.send_horizon_seconds),
-            commit_batch_bytes=commit_batch_bytes(cfg),
-        )))  # fmt: skip
+        self.send(
+            pb.ConnectResponse(
+                welcome=pb.Welcome(
+                    session_id=self.id,
+                    lease_duration=convert.duration(cfg.lease_seconds),
+                    heartbeat_interval=convert.duration(cfg.heartbeat_seconds),
+                    server_release=cfg.release,
+                    send_horizon=convert.duration(cfg.send_horizon_seconds),
+                    commit_batch_bytes=commit_batch_bytes(cfg),
+                )
+            )
+        )
         self._spawn(self.liveness.watch(self))
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
-            tell_draining([self], await asyncio.wait_for(releases.draining(self._pool),
-                                                         RECORD_TIMEOUT))  # fmt: skip
+            tell_draining(
+                [self], await asyncio.wait_for(releases.draining(self._pool), RECORD_TIMEOUT)
+            )
         if self._ended:
             return
         self._dispatcher.register(self)
-        log.info("executor %s connected (session %s, release %s, capacity %d)",
-                 self.executor_id, self.id, hello.release, hello.capacity)  # fmt: skip
+        log.info(
+            "executor %s connected (session %s, release %s, capacity %d)",
+            self.executor_id,
+            self.id,
+            hello.release,
+            hello.capacity,
+        )
 
     async def _commit(self, msg: pb.Commit) -> None:
         """Commit, inside the executor's trace (the message's traceparent) and its log context."""
@@ -331,8 +363,9 @@ class ExecutorSession:
             result = await self._traced_outcome(msg)
         else:  # the hot path: not even a no-op span (as store/queries.py)
             result = await self._commit_outcome(msg)
-        metrics.commit_outcome(_OUTCOMES.get(result.outcome, "unspecified"),
-                               time.monotonic() - started)  # fmt: skip
+        metrics.commit_outcome(
+            _OUTCOMES.get(result.outcome, "unspecified"), time.monotonic() - started
+        )
         if result.outcome == pb.COMMIT_OUTCOME_FENCED:
             metrics.FENCED.labels(lease.workspace_id, "commit").inc()
         elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
@@ -341,13 +374,18 @@ class ExecutorSession:
 
     async def _traced_outcome(self, msg: pb.Commit) -> pb.CommitResult:
         lease = msg.lease
-        attributes = {"agentrun.workspace": lease.workspace_id, "agentrun.run": lease.run_id,
-                      "agentrun.epoch": lease.epoch,
-                      "agentrun.steps.seq": [step.seq for step in msg.steps]}  # fmt: skip
+        attributes = {
+            "agentrun.workspace": lease.workspace_id,
+            "agentrun.run": lease.run_id,
+            "agentrun.epoch": lease.epoch,
+            "agentrun.steps.seq": [step.seq for step in msg.steps],
+        }
         with _tracer.start_as_current_span(
-            "agentrun.commit.apply", context=tracing.context_of(msg.traceparent),
-            kind=SpanKind.SERVER, attributes=attributes,
-        ) as span:  # fmt: skip
+            "agentrun.commit.apply",
+            context=tracing.context_of(msg.traceparent),
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+        ) as span:
             result = await self._commit_outcome(msg)
             span.set_attribute("agentrun.outcome", _OUTCOMES.get(result.outcome, "unspecified"))
         return result
@@ -402,8 +440,13 @@ class ExecutorSession:
             except Exception as exc:
                 if transient(exc) or attempt == COMMIT_TRIES:
                     raise
-                log.warning("commit of run %s failed (try %d of %d), trying again: %s",
-                            req.run_id, attempt, COMMIT_TRIES, type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "commit of run %s failed (try %d of %d), trying again: %s",
+                    req.run_id,
+                    attempt,
+                    COMMIT_TRIES,
+                    type(exc).__name__,
+                )
                 await asyncio.sleep(COMMIT_RETRY_PAUSE * attempt)
         raise AssertionError("unreachable")
 
@@ -413,16 +456,18 @@ class ExecutorSession:
         """One try of the commit: the park, hold, child or signal path that owns it, else
         the plain step commit."""
         if msg.HasField("approval_request"):
-            return await approval_commit(self._pool, req, msg.approval_request,
-                                         lease_seconds)  # fmt: skip
+            return await approval_commit(self._pool, req, msg.approval_request, lease_seconds)
         if parked := await connection_parks.park_commit(self._pool, req, lease_seconds):
             return parked
         if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
             return helped
         if started := await children.child_commit(
-            self._pool, req, lease_seconds, self._dispatcher.config.defaults,
+            self._pool,
+            req,
+            lease_seconds,
+            self._dispatcher.config.defaults,
             self._dispatcher.poke,
-        ):  # fmt: skip
+        ):
             return started
         if waits := await signals.signal_commit(
             self._pool, req, lease_seconds, self._dispatcher.poke
@@ -441,8 +486,13 @@ class ExecutorSession:
             result.message = "database unavailable, retry later"
             return
         request_id = uuid.uuid4().hex[:12]
-        log.error("commit of run %s failed %d times; failing the run (request %s)",
-                  req.run_id, COMMIT_TRIES, request_id, exc_info=exc)  # fmt: skip
+        log.error(
+            "commit of run %s failed %d times; failing the run (request %s)",
+            req.run_id,
+            COMMIT_TRIES,
+            request_id,
+            exc_info=exc,
+        )
         reason = f"internal error while committing a step (request {request_id})"
         key = lease_store.LeaseKey(req.workspace_id, req.run_id, req.epoch)
         try:
@@ -475,9 +525,14 @@ class ExecutorSession:
         for lease, key in zip(msg.leases, keys, strict=True):
             renewed = key in outcome.renewed
             reason = (
-                "" if renewed else "deadline" if key in outcome.past_deadline
-                else "max_age" if key in outcome.past_max_age else "lost"
-            )  # fmt: skip
+                ""
+                if renewed
+                else "deadline"
+                if key in outcome.past_deadline
+                else "max_age"
+                if key in outcome.past_max_age
+                else "lost"
+            )
             if renewed:
                 self.held[key.run_id] = key.epoch
             else:

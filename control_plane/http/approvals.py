@@ -45,9 +45,14 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404, "PERMISSION_DENIED": 403, "ABORTED": 409,
-    "FAILED_PRECONDITION": 409, "ALREADY_EXISTS": 409,
-}  # fmt: skip
+    "INVALID_ARGUMENT": 400,
+    "UNAUTHENTICATED": 401,
+    "NOT_FOUND": 404,
+    "PERMISSION_DENIED": 403,
+    "ABORTED": 409,
+    "FAILED_PRECONDITION": 409,
+    "ALREADY_EXISTS": 409,
+}
 
 
 def page(status: int, title: str, body: str) -> HTMLResponse:
@@ -65,9 +70,12 @@ def error_status(exc: DomainError) -> int:
 
 class ApprovalRoutes:
     def __init__(
-        self, pool: Pool, config: ServerConfig, verifier: OidcVerifier | None = None,
+        self,
+        pool: Pool,
+        config: ServerConfig,
+        verifier: OidcVerifier | None = None,
         resolver: Resolver | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`verifier`: the replica's one OIDC verifier (None: nobody signs in); `resolver`:
         the replica's credential resolver, holding that verifier (default: one of `pool`'s)."""
         self.pool = pool
@@ -83,7 +91,7 @@ class ApprovalRoutes:
             Route("/approvals/{ws}/{token}", self.decide_by_link, methods=["POST"]),
             Route(
                 "/approvals/{ws}/id/{approval_id}/decision", self.decide_signed_in, methods=["POST"]
-            ),  # fmt: skip
+            ),
             Route("/slack/interactions", self.slack_interaction, methods=["POST"]),
         ]
 
@@ -114,12 +122,19 @@ class ApprovalRoutes:
             f"<p>SHA-256 <code>{a.arguments_sha256}</code></p>"
         )
         if a.decision is not None:
-            return page(410, "Already decided", info + f"<p>{html.escape(a.decision)} by "
-                        f"{html.escape(a.decided_by or '')}.</p>")  # fmt: skip
+            return page(
+                410,
+                "Already decided",
+                info + f"<p>{html.escape(a.decision)} by {html.escape(a.decided_by or '')}.</p>",
+            )
         why = decisions.needs_sign_in(a)
         if why:
-            return page(403, "Sign-in required", info + f"<p>{html.escape(why)}: decide it as a "
-                        "signed-in approver, not through a link.</p>")  # fmt: skip
+            return page(
+                403,
+                "Sign-in required",
+                info + f"<p>{html.escape(why)}: decide it as a "
+                "signed-in approver, not through a link.</p>",
+            )
         form = (
             "<form method='post'><input type='hidden' name='decision' value='approve'>"
             "<button>Approve</button></form><form method='post'>"
@@ -144,8 +159,11 @@ class ApprovalRoutes:
         assert a is not None  # a token references its approval (foreign key)
         why = decisions.needs_sign_in(a)
         if why:
-            return page(403, "Sign-in required", f"<p>{html.escape(why)}: a link cannot decide "
-                        "it; sign in.</p>")  # fmt: skip
+            return page(
+                403,
+                "Sign-in required",
+                f"<p>{html.escape(why)}: a link cannot decide it; sign in.</p>",
+            )
         used = await store.use_token(self.pool, ws, tokens.digest(token))
         if used is None:  # another click used it a moment ago
             return page(410, "Link already used", "<p>Each link decides once.</p>")
@@ -173,10 +191,13 @@ class ApprovalRoutes:
             return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
         edited = body.get("arguments")
         req = decisions.Request(
-            ws, approval_id, decider, str(body.get("decision", "")),
+            ws,
+            approval_id,
+            decider,
+            str(body.get("decision", "")),
             reason=str(body.get("reason", ""))[:1000],
             edited_arguments_json=json.dumps(edited) if edited is not None else "",
-        )  # fmt: skip
+        )
         return await self._json_decision(req)
 
     async def _signed_in(self, ws: str, authorization: str) -> decisions.Decider:
@@ -197,8 +218,13 @@ class ApprovalRoutes:
             row = await decisions.decide(self.pool, req)
         except DomainError as exc:
             return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
-        return JSONResponse({"approval_id": str(row.approval_id), "decision": row.decision,
-                             "decided_by": row.decided_by})  # fmt: skip
+        return JSONResponse(
+            {
+                "approval_id": str(row.approval_id),
+                "decision": row.decision,
+                "decided_by": row.decided_by,
+            }
+        )
 
     async def slack_interaction(self, request: Request) -> Response:
         body = await request.body()
@@ -210,9 +236,12 @@ class ApprovalRoutes:
         # The same v0 scheme (timestamped HMAC, constant time, 5-minute window) as Slack triggers.
         try:
             signatures.verify(
-                "slack", signatures.Delivery.of(body, request.headers), [secret.decode()],
-                now=time.time(), tolerance=signatures.SCHEMES["slack"].default_tolerance,
-            )  # fmt: skip
+                "slack",
+                signatures.Delivery.of(body, request.headers),
+                [secret.decode()],
+                now=time.time(),
+                tolerance=signatures.SCHEMES["slack"].default_tolerance,
+            )
         except signatures.SignatureError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
         try:

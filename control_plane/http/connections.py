@@ -42,9 +42,13 @@ def routes(ctx: HttpContext) -> list[Route]:
         if connection_id is not None:
             connection_id = str(validate.run_id("connection_id", connection_id))
         url = await flows.start(
-            ws, provider, auth_context.current().label, scopes,
-            connection_id=connection_id, login_hint=q.get("login_hint", "")[:320],
-        )  # fmt: skip
+            ws,
+            provider,
+            auth_context.current().label,
+            scopes,
+            connection_id=connection_id,
+            login_hint=q.get("login_hint", "")[:320],
+        )
         return RedirectResponse(url, status_code=302)
 
     async def callback(request: Request) -> Response:
@@ -70,13 +74,15 @@ async def _callback(flows: ConnectionFlows, request: Request) -> tuple[Response,
     if not code:
         raise InvalidArgument("code", "is required")
     done = await flows.finish(state, code)
-    return JSONResponse({
-        "workspace_id": done.workspace_id,
-        "connection_id": done.connection_id,
-        "provider": done.provider,
-        "account": done.account,
-        "scopes": list(done.scopes),
-        "status": "active",
-        "reconnected": done.reconnected,
-        "woken_runs": len(done.woken),
-    }), bool(done.woken)  # fmt: skip
+    return JSONResponse(
+        {
+            "workspace_id": done.workspace_id,
+            "connection_id": done.connection_id,
+            "provider": done.provider,
+            "account": done.account,
+            "scopes": list(done.scopes),
+            "status": "active",
+            "reconnected": done.reconnected,
+            "woken_runs": len(done.woken),
+        }
+    ), bool(done.woken)

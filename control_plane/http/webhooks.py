@@ -76,9 +76,12 @@ class WebhookIngress:
             return error(413, f"body is larger than {limit} bytes")
         try:
             signatures.verify(
-                settings.scheme or "", signatures.Delivery.of(raw, request.headers),
-                secrets, now=time.time(), tolerance=settings.tolerance,
-            )  # fmt: skip
+                settings.scheme or "",
+                signatures.Delivery.of(raw, request.headers),
+                secrets,
+                now=time.time(),
+                tolerance=settings.tolerance,
+            )
         except signatures.SignatureError as exc:
             log.info(
                 "refused a delivery to %s/%s: %s", settings.workspace_id, settings.trigger_id, exc

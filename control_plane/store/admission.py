@@ -55,15 +55,24 @@ class Admission:
         payload = self.input_payload if self.input_payload is not None else {"text": self.input}
         assert payload.get("text") == self.input, "the input step carries the run's input"
         return {
-            "workspace_id": self.workspace_id, "run_id": self.run_id, "agent_id": self.agent_id,
-            "agent_version": self.agent_version, "request_id": self.request_id,
-            "input_payload": json.dumps(payload), "max_steps": self.max_steps,
-            "max_tokens": self.max_tokens, "max_tool_calls": self.max_tool_calls,
-            "deadline_seconds": self.deadline_seconds, "max_age_seconds": self.max_age_seconds,
-            "repeat_limit": self.repeat_limit, "context_tokens": self.context_tokens,
-            "model_retry_budget": self.model_retry_budget, "started_by": self.started_by,
-            "priority": self.priority, "now": now,
-        }  # fmt: skip
+            "workspace_id": self.workspace_id,
+            "run_id": self.run_id,
+            "agent_id": self.agent_id,
+            "agent_version": self.agent_version,
+            "request_id": self.request_id,
+            "input_payload": json.dumps(payload),
+            "max_steps": self.max_steps,
+            "max_tokens": self.max_tokens,
+            "max_tool_calls": self.max_tool_calls,
+            "deadline_seconds": self.deadline_seconds,
+            "max_age_seconds": self.max_age_seconds,
+            "repeat_limit": self.repeat_limit,
+            "context_tokens": self.context_tokens,
+            "model_retry_budget": self.model_retry_budget,
+            "started_by": self.started_by,
+            "priority": self.priority,
+            "now": now,
+        }
 
 
 def admission(
@@ -80,8 +89,11 @@ def admission(
     server's defaults for those it leaves unset (max age: none)."""
     limits = json.loads(version["spec"]).get("limits", {})
     return Admission(
-        workspace_id=version["workspace_id"], agent_id=version["agent_id"],
-        agent_version=version["version"], input=input, request_id=request_id,
+        workspace_id=version["workspace_id"],
+        agent_id=version["agent_id"],
+        agent_version=version["version"],
+        input=input,
+        request_id=request_id,
         max_steps=limits.get("max_steps") or defaults.max_steps,
         max_tokens=limits.get("max_tokens") or defaults.max_tokens,
         max_tool_calls=limits.get("max_tool_calls") or defaults.max_tool_calls,
@@ -90,5 +102,7 @@ def admission(
         max_age_seconds=limits.get("max_age_seconds") or 0,
         repeat_limit=limits.get("repeat_limit") or defaults.repeat_limit,
         context_tokens=limits.get("context_tokens") or 0,
-        started_by=started_by, input_payload=input_payload, priority=priority,
-    )  # fmt: skip
+        started_by=started_by,
+        input_payload=input_payload,
+        priority=priority,
+    )

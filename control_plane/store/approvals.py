@@ -134,9 +134,14 @@ async def get(db: Any, workspace_id: str, approval_id: uuid.UUID) -> Approval | 
 
 
 async def list_page(
-    pool: asyncpg.pool.Pool, workspace_id: str, *, approver: str | None, state: str | None,
-    after: tuple[datetime, uuid.UUID] | None, limit: int,
-) -> tuple[list[Approval], bool]:  # fmt: skip
+    pool: asyncpg.pool.Pool,
+    workspace_id: str,
+    *,
+    approver: str | None,
+    state: str | None,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> tuple[list[Approval], bool]:
     created, last_id = after if after else (None, None)
     rows = await run(
         pool, "approval_list", workspace_id, approver, state, created, last_id, limit + 1
@@ -153,9 +158,13 @@ class Decision:
 
 
 async def decide(
-    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
-    step_payload: dict[str, Any], now: datetime | None = None,
-) -> Approval:  # fmt: skip
+    conn: asyncpg.Connection,
+    workspace_id: str,
+    approval_id: uuid.UUID,
+    d: Decision,
+    step_payload: dict[str, Any],
+    now: datetime | None = None,
+) -> Approval:
     """The compare-and-set plus its step and the run's wake, inside the caller's transaction.
 
     Raises DecisionLost when another decision won, RunNotWaiting when the run
@@ -165,10 +174,19 @@ async def decide(
     if current is None:
         raise LookupError(approval_id)
     lock = await run(conn, "approval_run_lock", workspace_id, current.run_id)
-    decided = _approval_or_none(await run(
-        conn, "approval_decide", workspace_id, approval_id, d.decision, d.decided_by,
-        d.reason, d.edited_arguments_json, now,
-    ))  # fmt: skip
+    decided = _approval_or_none(
+        await run(
+            conn,
+            "approval_decide",
+            workspace_id,
+            approval_id,
+            d.decision,
+            d.decided_by,
+            d.reason,
+            d.edited_arguments_json,
+            now,
+        )
+    )
     if decided is None:
         winner = await get(conn, workspace_id, approval_id)
         assert winner is not None  # locked above; approvals are never deleted
@@ -178,9 +196,16 @@ async def decide(
     assert decided.decided_at is not None  # the compare-and-set sets it
     payload = {**step_payload, "decided_at": decided.decided_at.isoformat()}
     await run(
-        conn, "approval_decision_step", workspace_id, decided.run_id, lock["next_seq"],
-        lock["lease_epoch"], decided.decision_seq, json.dumps(payload), now,
-    )  # fmt: skip
+        conn,
+        "approval_decision_step",
+        workspace_id,
+        decided.run_id,
+        lock["next_seq"],
+        lock["lease_epoch"],
+        decided.decision_seq,
+        json.dumps(payload),
+        now,
+    )
     return decided
 
 
@@ -191,21 +216,40 @@ async def lock_expired(
 
 
 async def extend(
-    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, *,
-    approvers: list[str] | None, escalate: bool, remind: bool, now: datetime | None = None,
-) -> Approval | None:  # fmt: skip
-    return _approval_or_none(await run(
-        conn, "approval_extend", workspace_id, approval_id, approvers, int(escalate),
-        int(remind), now,
-    ))  # fmt: skip
+    conn: asyncpg.Connection,
+    workspace_id: str,
+    approval_id: uuid.UUID,
+    *,
+    approvers: list[str] | None,
+    escalate: bool,
+    remind: bool,
+    now: datetime | None = None,
+) -> Approval | None:
+    return _approval_or_none(
+        await run(
+            conn,
+            "approval_extend",
+            workspace_id,
+            approval_id,
+            approvers,
+            int(escalate),
+            int(remind),
+            now,
+        )
+    )
 
 
 async def insert_token(
-    db: Any, workspace_id: str, token_sha256: bytes, approval_id: uuid.UUID, approver: str,
+    db: Any,
+    workspace_id: str,
+    token_sha256: bytes,
+    approval_id: uuid.UUID,
+    approver: str,
     expires_at: datetime,
-) -> None:  # fmt: skip
-    await run(db, "approval_token_insert", workspace_id, token_sha256, approval_id, approver,
-              expires_at)  # fmt: skip
+) -> None:
+    await run(
+        db, "approval_token_insert", workspace_id, token_sha256, approval_id, approver, expires_at
+    )
 
 
 async def peek_token(
@@ -221,9 +265,21 @@ async def use_token(
 
 
 async def close_without_step(
-    conn: asyncpg.Connection, workspace_id: str, approval_id: uuid.UUID, d: Decision,
+    conn: asyncpg.Connection,
+    workspace_id: str,
+    approval_id: uuid.UUID,
+    d: Decision,
     now: datetime | None = None,
-) -> Approval | None:  # fmt: skip
-    return _approval_or_none(await run(
-        conn, "approval_close", workspace_id, approval_id, d.decision, d.decided_by, d.reason, now
-    ))  # fmt: skip
+) -> Approval | None:
+    return _approval_or_none(
+        await run(
+            conn,
+            "approval_close",
+            workspace_id,
+            approval_id,
+            d.decision,
+            d.decided_by,
+            d.reason,
+            now,
+        )
+    )

@@ -81,25 +81,37 @@ class Flow:
 
 
 async def find(pool: Pool, workspace_id: str, provider: str, account: str) -> str | None:
-    row = await run(pool, "connection_find", workspace_id=workspace_id, provider=provider,
-                    account=account)  # fmt: skip
+    row = await run(
+        pool, "connection_find", workspace_id=workspace_id, provider=provider, account=account
+    )
     return None if row is None else str(row["connection_id"])
 
 
 async def upsert(
-    pool: Pool | Connection, workspace_id: str, provider: str, account: str, owner: str,
-    pair: NewPair, connection_id: str,
-) -> tuple[str, bool] | None:  # fmt: skip
+    pool: Pool | Connection,
+    workspace_id: str,
+    provider: str,
+    account: str,
+    owner: str,
+    pair: NewPair,
+    connection_id: str,
+) -> tuple[str, bool] | None:
     """Store a finished authorization whose tokens were sealed for `connection_id`;
     (connection id, whether it reconnected one), or None when the account's row has
     another id (a racing callback made it: seal for that one and try again)."""
     row = await run(
-        pool, "connection_insert", workspace_id=workspace_id,
+        pool,
+        "connection_insert",
+        workspace_id=workspace_id,
         connection_id=uuid.UUID(connection_id),
-        provider=provider, account=account, owner=owner, scopes=pair.scopes or [],
-        access_sealed=pair.access_sealed, refresh_sealed=pair.refresh_sealed,
+        provider=provider,
+        account=account,
+        owner=owner,
+        scopes=pair.scopes or [],
+        access_sealed=pair.access_sealed,
+        refresh_sealed=pair.refresh_sealed,
         expires_in=float(pair.expires_in),
-    )  # fmt: skip
+    )
     if row is None:
         return None
     return str(row["connection_id"]), bool(row["reconnected"])
@@ -109,9 +121,12 @@ async def get(
     conn: Pool | Connection, workspace_id: str, connection_id: str, margin: float = 0.0
 ) -> StoredConnection | None:
     row = await run(
-        conn, "connection_get", workspace_id=workspace_id,
-        connection_id=uuid.UUID(connection_id), margin=float(margin),
-    )  # fmt: skip
+        conn,
+        "connection_get",
+        workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id),
+        margin=float(margin),
+    )
     return None if row is None else StoredConnection.of(row)
 
 
@@ -127,8 +142,9 @@ async def lock_refresh(
     most `timeout_seconds` (then asyncpg's LockNotAvailableError)."""
     await run(conn, "connection_lock_timeout", timeout=f"{int(timeout_seconds * 1000)}ms")
     try:
-        await run(conn, "connection_refresh_lock", workspace_id=workspace_id,
-                  connection_id=connection_id)  # fmt: skip
+        await run(
+            conn, "connection_refresh_lock", workspace_id=workspace_id, connection_id=connection_id
+        )
     except asyncpg.exceptions.LockNotAvailableError:
         raise RefreshBusy(f"refresh of connection {connection_id} is taking too long") from None
 
@@ -138,11 +154,16 @@ async def store_pair(
 ) -> int | None:
     """Store a refreshed pair over `generation`; the new generation, or None (stale)."""
     row = await run(
-        pool, "connection_store_pair", workspace_id=workspace_id,
-        connection_id=uuid.UUID(connection_id), generation=generation,
-        access_sealed=pair.access_sealed, refresh_sealed=pair.refresh_sealed,
-        expires_in=float(pair.expires_in), scopes=pair.scopes,
-    )  # fmt: skip
+        pool,
+        "connection_store_pair",
+        workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id),
+        generation=generation,
+        access_sealed=pair.access_sealed,
+        refresh_sealed=pair.refresh_sealed,
+        expires_in=float(pair.expires_in),
+        scopes=pair.scopes,
+    )
     return None if row is None else int(row["token_generation"])
 
 
@@ -151,19 +172,29 @@ async def set_status(
 ) -> Record | None:
     """Mark a connection (its tokens dropped unless active); the row if it changed."""
     return await run(
-        pool, "connection_set_status", workspace_id=workspace_id,
-        connection_id=uuid.UUID(connection_id), status=status, reason=reason,
-    )  # fmt: skip
+        pool,
+        "connection_set_status",
+        workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id),
+        status=status,
+        reason=reason,
+    )
 
 
 async def insert_flow(pool: Pool, state_sha256: bytes, flow: Flow, ttl_seconds: float) -> None:
     await run(
-        pool, "connection_flow_insert", state_sha256=state_sha256,
-        workspace_id=flow.workspace_id, flow_id=uuid.UUID(flow.flow_id), provider=flow.provider,
-        owner=flow.owner, scopes=list(flow.scopes), verifier_sealed=flow.verifier_sealed,
+        pool,
+        "connection_flow_insert",
+        state_sha256=state_sha256,
+        workspace_id=flow.workspace_id,
+        flow_id=uuid.UUID(flow.flow_id),
+        provider=flow.provider,
+        owner=flow.owner,
+        scopes=list(flow.scopes),
+        verifier_sealed=flow.verifier_sealed,
         connection_id=uuid.UUID(flow.connection_id) if flow.connection_id else None,
         ttl=float(ttl_seconds),
-    )  # fmt: skip
+    )
 
 
 async def take_flow(pool: Pool, state_sha256: bytes) -> Flow | None:
@@ -173,17 +204,26 @@ async def take_flow(pool: Pool, state_sha256: bytes) -> Flow | None:
         return None
     cid = row["connection_id"]
     return Flow(
-        workspace_id=row["workspace_id"], flow_id=str(row["flow_id"]), provider=row["provider"],
-        owner=row["owner"], scopes=tuple(row["scopes"]), verifier_sealed=row["verifier_sealed"],
-        connection_id=str(cid) if cid else None, live=bool(row["live"]),
-    )  # fmt: skip
+        workspace_id=row["workspace_id"],
+        flow_id=str(row["flow_id"]),
+        provider=row["provider"],
+        owner=row["owner"],
+        scopes=tuple(row["scopes"]),
+        verifier_sealed=row["verifier_sealed"],
+        connection_id=str(cid) if cid else None,
+        live=bool(row["live"]),
+    )
 
 
 async def wake_waiting(pool: Pool, workspace_id: str, connection_id: str) -> list[str]:
     """Every run parked on the connection, made runnable now; their ids."""
     async with transaction(pool) as conn:
-        rows = await run(conn, "connection_wake_waiting", workspace_id=workspace_id,
-                         connection_id=uuid.UUID(connection_id))  # fmt: skip
+        rows = await run(
+            conn,
+            "connection_wake_waiting",
+            workspace_id=workspace_id,
+            connection_id=uuid.UUID(connection_id),
+        )
     return [str(row["run_id"]) for row in rows]
 
 
@@ -192,9 +232,13 @@ async def lease_allows(
 ) -> bool:
     """Whether the run is held under `epoch` and its agent version names the connection."""
     row = await run(
-        pool, "connection_lease_allows", workspace_id=workspace_id, run_id=uuid.UUID(run_id),
-        epoch=epoch, connection_id=connection_id,
-    )  # fmt: skip
+        pool,
+        "connection_lease_allows",
+        workspace_id=workspace_id,
+        run_id=uuid.UUID(run_id),
+        epoch=epoch,
+        connection_id=connection_id,
+    )
     return row is not None
 
 
@@ -203,6 +247,9 @@ async def mark_broken(
 ) -> Record | None:
     """A run waits on the connection; the row the first time since it last worked."""
     return await run(
-        conn, "connection_mark_broken", workspace_id=workspace_id,
-        connection_id=uuid.UUID(connection_id), reason=reason[:500],
-    )  # fmt: skip
+        conn,
+        "connection_mark_broken",
+        workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id),
+        reason=reason[:500],
+    )

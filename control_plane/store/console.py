@@ -43,10 +43,16 @@ class NewSession:
 async def insert_session(pool: Pool, s: NewSession) -> None:
     await run(pool, "console_session_purge")
     await run(
-        pool, "console_session_insert", session_sha256=s.session_sha256,
-        workspace_id=s.workspace_id, kind=s.kind, principal=s.principal, role=s.role,
-        credential_id=s.credential_id, ttl_seconds=s.ttl_seconds,
-    )  # fmt: skip
+        pool,
+        "console_session_insert",
+        session_sha256=s.session_sha256,
+        workspace_id=s.workspace_id,
+        kind=s.kind,
+        principal=s.principal,
+        role=s.role,
+        credential_id=s.credential_id,
+        ttl_seconds=s.ttl_seconds,
+    )
 
 
 async def get_session(pool: Pool, session_sha256: bytes) -> StoredSession | None:
@@ -79,10 +85,18 @@ class FoundRun:
 
 async def search_runs(pool: Pool, workspace_id: str, f: RunFilter, limit: int) -> list[FoundRun]:
     rows = await run(
-        pool, "console_run_search", workspace_id=workspace_id, status=f.status,
-        agent_id=f.agent_id, trigger_id=f.trigger_id, wait_reason=f.wait_reason,
-        created_from=f.created_from, created_to=f.created_to, search=f.search, limit=limit,
-    )  # fmt: skip
+        pool,
+        "console_run_search",
+        workspace_id=workspace_id,
+        status=f.status,
+        agent_id=f.agent_id,
+        trigger_id=f.trigger_id,
+        wait_reason=f.wait_reason,
+        created_from=f.created_from,
+        created_to=f.created_to,
+        search=f.search,
+        limit=limit,
+    )
     return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
 
 
@@ -108,7 +122,8 @@ class AwaitingPerson:
 async def awaiting_person(pool: Pool, workspace_id: str, limit: int) -> list[AwaitingPerson]:
     rows = await run(pool, "console_awaiting_person", workspace_id, limit)
     return [
-        AwaitingPerson(r["run_id"], r["agent_id"], r["seq"], json.loads(r["payload"]),
-                       r["step_created_at"])
+        AwaitingPerson(
+            r["run_id"], r["agent_id"], r["seq"], json.loads(r["payload"]), r["step_created_at"]
+        )
         for r in rows
-    ]  # fmt: skip
+    ]

@@ -63,8 +63,14 @@ async def reserve(
 ) -> Reservation | None:
     """Reserve the next chunk for a run held at `epoch` that owes one, or (if `may_stop`)
     stop the run. None: nothing owed or the workspace is unlimited. Safe to repeat."""
-    row = await run(db, "credits_reserve", workspace_id=workspace_id, run_id=run_id,
-                    epoch=epoch, may_stop=may_stop)  # fmt: skip
+    row = await run(
+        db,
+        "credits_reserve",
+        workspace_id=workspace_id,
+        run_id=run_id,
+        epoch=epoch,
+        may_stop=may_stop,
+    )
     if row is None:
         return None
     reason = None if row["status"] == "running" else row["error"] or _parked_reason(workspace_id)
@@ -90,9 +96,15 @@ async def grant(
         # The runs first, then the account: the lock order every credit statement keeps.
         await run(conn, "credits_wake_parked", workspace_id)
         row = await run(
-            conn, "credits_grant", workspace_id=workspace_id, amount=amount_micros,
-            chunk=chunk_micros, policy=out_of_credits, granted_by=granted_by, note=note,
-        )  # fmt: skip
+            conn,
+            "credits_grant",
+            workspace_id=workspace_id,
+            amount=amount_micros,
+            chunk=chunk_micros,
+            policy=out_of_credits,
+            granted_by=granted_by,
+            note=note,
+        )
     return Account.of(row)
 
 

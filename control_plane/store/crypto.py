@@ -70,9 +70,14 @@ async def not_under(pool: Pool, kms_key_version: str, limit: int) -> list[Stored
 async def rewrap(pool: Pool, old: StoredDataKey, kms_key_version: str, wrapped: bytes) -> bool:
     """Replace `old`'s wrapping; False when someone re-wrapped it first."""
     status = await run(
-        pool, "data_key_rewrap", old.workspace_id, old.version, old.kms_key_version,
-        kms_key_version, wrapped,
-    )  # fmt: skip
+        pool,
+        "data_key_rewrap",
+        old.workspace_id,
+        old.version,
+        old.kms_key_version,
+        kms_key_version,
+        wrapped,
+    )
     return bool(status.endswith(" 1"))
 
 

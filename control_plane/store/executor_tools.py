@@ -14,13 +14,24 @@ Pool: TypeAlias = asyncpg.pool.Pool
 
 
 async def record(
-    pool: Pool, executor_id: str, session_id: str, release: str,
-    scope: Iterable[str] | None, tools: Sequence[dict[str, Any]],
-) -> None:  # fmt: skip
+    pool: Pool,
+    executor_id: str,
+    session_id: str,
+    release: str,
+    scope: Iterable[str] | None,
+    tools: Sequence[dict[str, Any]],
+) -> None:
     """An executor connected (or reconnected) carrying `tools`."""
     allowed = sorted(scope) if scope is not None else None
-    await run(pool, "executor_tools_upsert", executor_id, session_id, release, allowed,
-              json.dumps(list(tools)))  # fmt: skip
+    await run(
+        pool,
+        "executor_tools_upsert",
+        executor_id,
+        session_id,
+        release,
+        allowed,
+        json.dumps(list(tools)),
+    )
 
 
 async def touch(pool: Pool, session_ids: list[str]) -> None:

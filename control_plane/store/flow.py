@@ -33,11 +33,19 @@ async def hold(
 ) -> Record | None:
     """The new pending event (counted in its group), or None on a redelivery."""
     return await run(
-        conn, "flow_event_hold", workspace_id=ev.workspace_id, event_id=uuid.uuid4(),
-        trigger_id=ev.trigger_id, dedupe_key=ev.dedupe_key,
-        event_payload=json.dumps(ev.payload), flow_key=ev.flow_key, mode=ev.mode,
-        wait_seconds=ev.wait_seconds, max_events=ev.max_events, now=now,
-    )  # fmt: skip
+        conn,
+        "flow_event_hold",
+        workspace_id=ev.workspace_id,
+        event_id=uuid.uuid4(),
+        trigger_id=ev.trigger_id,
+        dedupe_key=ev.dedupe_key,
+        event_payload=json.dumps(ev.payload),
+        flow_key=ev.flow_key,
+        mode=ev.mode,
+        wait_seconds=ev.wait_seconds,
+        max_events=ev.max_events,
+        now=now,
+    )
 
 
 async def claim_due(conn: Connection, limit: int, now: datetime | None = None) -> list[Record]:
@@ -54,9 +62,7 @@ async def consume(
     conn: Connection, event_ids: list[uuid.UUID], adm: Admission, now: datetime | None
 ) -> int:
     """Admit the run and mark the events accepted with it; how many it took."""
-    row = await run(
-        conn, "flow_consume", event_ids=event_ids, **adm.params(now)
-    )  # fmt: skip
+    row = await run(conn, "flow_consume", event_ids=event_ids, **adm.params(now))
     return int(row["consumed"])
 
 
@@ -64,6 +70,12 @@ async def settle(
     conn: Connection, group: Any, max_events: int, wait_seconds: int, now: datetime | None
 ) -> None:
     await run(
-        conn, "flow_group_settle", group["workspace_id"], group["trigger_id"],
-        group["flow_key"], max_events, wait_seconds, now,
-    )  # fmt: skip
+        conn,
+        "flow_group_settle",
+        group["workspace_id"],
+        group["trigger_id"],
+        group["flow_key"],
+        max_events,
+        wait_seconds,
+        now,
+    )

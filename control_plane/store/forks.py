@@ -33,9 +33,13 @@ async def admit_fork(
     """Admit the fork with its copied log and marker, then name its source and count its
     steps; in the caller's transaction (the two statements commit together)."""
     row = await run(
-        conn, "fork_admit", source_run_id=source_run_id, from_seq=from_seq,
-        marker=json.dumps(marker), **adm.params(now),
-    )  # fmt: skip
+        conn,
+        "fork_admit",
+        source_run_id=source_run_id,
+        from_seq=from_seq,
+        marker=json.dumps(marker),
+        **adm.params(now),
+    )
     assert row is not None, "a fork has no request_id, so its admission always inserts"
     marked = await run(conn, "fork_mark", adm.workspace_id, row["run_id"], source_run_id, from_seq)
     return Run.from_record(marked)
@@ -54,7 +58,14 @@ async def list_forks(
     """A page of a run's forks, newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
     rows = await run(
-        pool, "fork_list", workspace_id, source_run_id, created, run_id, agent_id, status,
+        pool,
+        "fork_list",
+        workspace_id,
+        source_run_id,
+        created,
+        run_id,
+        agent_id,
+        status,
         limit + 1,
-    )  # fmt: skip
+    )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)

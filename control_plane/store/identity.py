@@ -115,9 +115,19 @@ def _key_info(row: asyncpg.Record) -> KeyInfo:
 
 async def insert_key(conn: Conn, key: NewKeyRow, now: datetime | None = None) -> KeyInfo:
     row = await run(
-        conn, "api_key_insert", key.key_id, key.kind, key.workspace_id, key.role, key.principal,
-        key.scope, key.secret_sha256, key.created_by, key.expires_at, now,
-    )  # fmt: skip
+        conn,
+        "api_key_insert",
+        key.key_id,
+        key.kind,
+        key.workspace_id,
+        key.role,
+        key.principal,
+        key.scope,
+        key.secret_sha256,
+        key.created_by,
+        key.expires_at,
+        now,
+    )
     return _key_info(row)
 
 
@@ -192,9 +202,17 @@ async def audit(
 ) -> AuditEntry:
     """Append an audit row. Pass the connection of the write's own transaction."""
     row = await run(
-        conn, "audit_append", event.workspace_id, event.actor, event.action, event.object_kind,
-        event.object_id, event.request_id, json.dumps(event.detail or {}), now,
-    )  # fmt: skip
+        conn,
+        "audit_append",
+        event.workspace_id,
+        event.actor,
+        event.action,
+        event.object_kind,
+        event.object_id,
+        event.request_id,
+        json.dumps(event.detail or {}),
+        now,
+    )
     return _entry(row)
 
 

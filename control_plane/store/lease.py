@@ -148,9 +148,12 @@ class HeartbeatOutcome:
 
 
 async def heartbeat(
-    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], lease_seconds: float,
+    pool: asyncpg.pool.Pool,
+    owner: str,
+    leases: list[LeaseKey],
+    lease_seconds: float,
     now: datetime | None = None,
-) -> HeartbeatOutcome:  # fmt: skip
+) -> HeartbeatOutcome:
     """Renew the leases still held within the run's limits; fail those past a limit."""
     if not leases:
         return HeartbeatOutcome({}, set())
@@ -162,8 +165,9 @@ async def heartbeat(
     refused = [lease for lease in leases if lease not in renewed]
     failed = (
         await _retry_seq_race(pool, "run_fail_past_deadline", *_columns(refused), now)
-        if refused else []
-    )  # fmt: skip
+        if refused
+        else []
+    )
     past = {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["error"] for r in failed}
     return HeartbeatOutcome(
         renewed,
@@ -209,9 +213,12 @@ async def release_unassigned(
 
 
 async def release_on_break(
-    pool: asyncpg.pool.Pool, owner: str, leases: list[LeaseKey], after_seconds: float,
+    pool: asyncpg.pool.Pool,
+    owner: str,
+    leases: list[LeaseKey],
+    after_seconds: float,
     now: datetime | None = None,
-) -> list[LeaseKey]:  # fmt: skip
+) -> list[LeaseKey]:
     """Let these runs, still held by `owner` at these epochs, be taken over `after_seconds`
     from now (sooner if their lease lapses sooner): its stream ended. The ones moved."""
     if not leases:

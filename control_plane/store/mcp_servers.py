@@ -32,13 +32,25 @@ class McpServerRow:
 
 
 async def insert(
-    db: Db, workspace_id: str, server_id: str, url: str, connection: str, created_by: str,
+    db: Db,
+    workspace_id: str,
+    server_id: str,
+    url: str,
+    connection: str,
+    created_by: str,
     timeout_seconds: float = 0.0,
-) -> McpServerRow | None:  # fmt: skip
+) -> McpServerRow | None:
     """The new server, or None when the workspace already has one of this id."""
-    row = await run(db, "mcp_server_insert", workspace_id=workspace_id, server_id=server_id,
-                    url=url, connection=connection, created_by=created_by,
-                    timeout_seconds=timeout_seconds)  # fmt: skip
+    row = await run(
+        db,
+        "mcp_server_insert",
+        workspace_id=workspace_id,
+        server_id=server_id,
+        url=url,
+        connection=connection,
+        created_by=created_by,
+        timeout_seconds=timeout_seconds,
+    )
     return McpServerRow.from_row(row) if row is not None else None
 
 
@@ -56,6 +68,11 @@ async def synced(
     db: Db, workspace_id: str, server_id: str, timeout_seconds: float | None = None
 ) -> McpServerRow | None:
     """Record a sync that saved its diff (and the calls' new deadline, if given)."""
-    row = await run(db, "mcp_server_synced", workspace_id=workspace_id, server_id=server_id,
-                    timeout_seconds=timeout_seconds)  # fmt: skip
+    row = await run(
+        db,
+        "mcp_server_synced",
+        workspace_id=workspace_id,
+        server_id=server_id,
+        timeout_seconds=timeout_seconds,
+    )
     return McpServerRow.from_row(row) if row is not None else None

@@ -25,9 +25,15 @@ class Notification:
 
 async def insert(db: Any, note: Notification) -> None:
     await run(
-        db, "outbox_insert", note.workspace_id, note.notification_id, note.kind, note.channel,
-        note.recipient, json.dumps(note.payload),
-    )  # fmt: skip
+        db,
+        "outbox_insert",
+        note.workspace_id,
+        note.notification_id,
+        note.kind,
+        note.channel,
+        note.recipient,
+        json.dumps(note.payload),
+    )
 
 
 async def claim(

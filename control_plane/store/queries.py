@@ -140,9 +140,10 @@ async def run(
         return await _execute(conn, query, values)
     # One client span per statement, named by the query (never its values: they may be secret).
     with _tracer.start_as_current_span(
-        name, kind=SpanKind.CLIENT,
+        name,
+        kind=SpanKind.CLIENT,
         attributes={"db.system.name": "postgresql", "db.query.summary": name},
-    ):  # fmt: skip
+    ):
         return await _execute(conn, query, values)
 
 

@@ -107,10 +107,14 @@ async def move(pool: Pool, m: Move) -> str | None:
 
 async def _audit(conn: asyncpg.Connection, m: Move, was: str | None) -> None:
     event = identity.AuditEvent(
-        workspace_id=m.workspace_id, actor=m.actor, action="run.move_release",
-        object_kind="run", object_id=str(m.run_id), request_id=m.request_id,
+        workspace_id=m.workspace_id,
+        actor=m.actor,
+        action="run.move_release",
+        object_kind="run",
+        object_id=str(m.run_id),
+        request_id=m.request_id,
         detail={"from_release": was, "to_release": m.to_release},
-    )  # fmt: skip
+    )
     await identity.audit(conn, event)
 
 

@@ -143,9 +143,17 @@ async def list_runs(
     """A page of runs, newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
     rows = await run(
-        pool, "run_list", workspace_id, created, run_id, agent_id, status, limit + 1,
-        created_since, search,
-    )  # fmt: skip
+        pool,
+        "run_list",
+        workspace_id,
+        created,
+        run_id,
+        agent_id,
+        status,
+        limit + 1,
+        created_since,
+        search,
+    )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)
 
 

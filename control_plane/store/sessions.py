@@ -70,9 +70,13 @@ class TurnAdmission:
 async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None = None) -> Record:
     """Insert the turn's run, input step and turn row; the caller holds the session lock."""
     return await run(
-        conn, "session_turn_admit", session_id=adm.session_id, turn=adm.turn,
-        turn_request_id=adm.request_id, **adm.run.params(now),
-    )  # fmt: skip
+        conn,
+        "session_turn_admit",
+        session_id=adm.session_id,
+        turn=adm.turn,
+        turn_request_id=adm.request_id,
+        **adm.run.params(now),
+    )
 
 
 async def lock_unfinished(conn: Connection, workspace_id: str, session_id: uuid.UUID) -> None:
@@ -118,8 +122,9 @@ async def fast_lease(
     async with transaction(conn) as tx:
         if await run(tx, "fast_path_lock_workspace", workspace_id) is None:
             return None  # at its cap (or gone)
-        row = await run(tx, "fast_path_lease", workspace_id, run_id, owner, lease_seconds,
-                        tools, *routing)  # fmt: skip
+        row = await run(
+            tx, "fast_path_lease", workspace_id, run_id, owner, lease_seconds, tools, *routing
+        )
         if row is None:
             return None
         steps = await run(tx, "steps_for_runs", [workspace_id], [run_id])

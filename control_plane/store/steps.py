@@ -161,8 +161,9 @@ async def commit_many(
     except Exception as exc:  # noqa: BLE001 - each request's own error is found alone
         if transient(exc):  # the database is unreachable: each is told so, as alone
             return [exc for _ in reqs]
-        return await asyncio.gather(*(commit(pool, r, lease_seconds) for r in reqs),
-                                    return_exceptions=True)  # fmt: skip
+        return await asyncio.gather(
+            *(commit(pool, r, lease_seconds) for r in reqs), return_exceptions=True
+        )
     by_index = {row["i"]: row for row in rows}
     return await asyncio.gather(
         *(_settle(pool, r, by_index.get(i)) for i, r in enumerate(reqs, start=1)),
@@ -198,15 +199,24 @@ async def _apply(
     t = req.transition
     # What both statements bind: the fence, the steps and the counters.
     shared = {
-        "workspace_id": req.workspace_id, "run_id": req.run_id, "epoch": req.epoch,
-        "seqs": [s.seq for s in req.steps], "kinds": [s.kind for s in req.steps],
+        "workspace_id": req.workspace_id,
+        "run_id": req.run_id,
+        "epoch": req.epoch,
+        "seqs": [s.seq for s in req.steps],
+        "kinds": [s.kind for s in req.steps],
         "ref_seqs": [s.ref_seq for s in req.steps],
-        "payloads": [s.payload_json for s in req.steps], "model_calls": req.model_calls,
-        "tool_calls": req.tool_calls, "tokens": req.tokens,
-        "input_tokens": req.usage.input_tokens, "output_tokens": req.usage.output_tokens,
-        "cached_tokens": req.usage.cached_tokens, "reasoning_tokens": req.usage.reasoning_tokens,
-        "cost_micros": req.usage.cost_micros, "lease_seconds": lease_seconds, "now": now,
-    }  # fmt: skip
+        "payloads": [s.payload_json for s in req.steps],
+        "model_calls": req.model_calls,
+        "tool_calls": req.tool_calls,
+        "tokens": req.tokens,
+        "input_tokens": req.usage.input_tokens,
+        "output_tokens": req.usage.output_tokens,
+        "cached_tokens": req.usage.cached_tokens,
+        "reasoning_tokens": req.usage.reasoning_tokens,
+        "cost_micros": req.usage.cost_micros,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
     # The common case: a step appended, the lease kept as it is. No row: fenced, or the
     # renewal is due, which run_commit below tells apart (renewing, or fenced).
     if (
@@ -216,10 +226,17 @@ async def _apply(
     ):
         return row
     return await run(
-        db, "run_commit", **shared, status=t.status, wait_reason=t.wait_reason,
-        wake_at=t.wake_at, wake_after_seconds=t.wake_after_seconds, text=t.text,
-        waiting_connection_id=t.waiting_connection_id, renew_always=req.renew_always,
-    )  # fmt: skip
+        db,
+        "run_commit",
+        **shared,
+        status=t.status,
+        wait_reason=t.wait_reason,
+        wake_at=t.wake_at,
+        wake_after_seconds=t.wake_after_seconds,
+        text=t.text,
+        waiting_connection_id=t.waiting_connection_id,
+        renew_always=req.renew_always,
+    )
 
 
 async def _apply_many(
@@ -230,20 +247,33 @@ async def _apply_many(
     ts, us = [r.transition for r in reqs], [r.usage for r in reqs]
     steps = [(i, s) for i, r in enumerate(reqs, start=1) for s in r.steps]
     return await run(
-        db, "run_commit_many", workspace_ids=[r.workspace_id for r in reqs],
-        run_ids=[r.run_id for r in reqs], epochs=[r.epoch for r in reqs],
-        model_calls=[r.model_calls for r in reqs], tool_calls=[r.tool_calls for r in reqs],
-        tokens=[r.tokens for r in reqs], input_tokens=[u.input_tokens for u in us],
-        output_tokens=[u.output_tokens for u in us], cached_tokens=[u.cached_tokens for u in us],
-        reasoning_tokens=[u.reasoning_tokens for u in us], cost_micros=[u.cost_micros for u in us],
-        statuses=[t.status for t in ts], wait_reasons=[t.wait_reason for t in ts],
-        wake_ats=[t.wake_at for t in ts], wake_after_seconds=[t.wake_after_seconds for t in ts],
-        texts=[t.text for t in ts], waiting_connection_ids=[t.waiting_connection_id for t in ts],
+        db,
+        "run_commit_many",
+        workspace_ids=[r.workspace_id for r in reqs],
+        run_ids=[r.run_id for r in reqs],
+        epochs=[r.epoch for r in reqs],
+        model_calls=[r.model_calls for r in reqs],
+        tool_calls=[r.tool_calls for r in reqs],
+        tokens=[r.tokens for r in reqs],
+        input_tokens=[u.input_tokens for u in us],
+        output_tokens=[u.output_tokens for u in us],
+        cached_tokens=[u.cached_tokens for u in us],
+        reasoning_tokens=[u.reasoning_tokens for u in us],
+        cost_micros=[u.cost_micros for u in us],
+        statuses=[t.status for t in ts],
+        wait_reasons=[t.wait_reason for t in ts],
+        wake_ats=[t.wake_at for t in ts],
+        wake_after_seconds=[t.wake_after_seconds for t in ts],
+        texts=[t.text for t in ts],
+        waiting_connection_ids=[t.waiting_connection_id for t in ts],
         renew_always=[r.renew_always for r in reqs],
-        step_runs=[i for i, _ in steps], seqs=[s.seq for _, s in steps],
-        kinds=[s.kind for _, s in steps], ref_seqs=[s.ref_seq for _, s in steps],
-        payloads=[s.payload_json for _, s in steps], lease_seconds=lease_seconds,
-    )  # fmt: skip
+        step_runs=[i for i, _ in steps],
+        seqs=[s.seq for _, s in steps],
+        kinds=[s.kind for _, s in steps],
+        ref_seqs=[s.ref_seq for _, s in steps],
+        payloads=[s.payload_json for _, s in steps],
+        lease_seconds=lease_seconds,
+    )
 
 
 async def _already_committed(

@@ -57,9 +57,10 @@ def to_proto(row: Mapping[str, Any]) -> tool_pb2.Tool:
     """A registry row as the Tool message (workspace_id '' and builtin for shared entries)."""
     raw = row["definition"]
     tool = json_format.ParseDict(
-        json.loads(raw) if isinstance(raw, str) else raw, tool_pb2.Tool(),
+        json.loads(raw) if isinstance(raw, str) else raw,
+        tool_pb2.Tool(),
         ignore_unknown_fields=True,
-    )  # fmt: skip
+    )
     tool.workspace_id = row["workspace_id"]
     tool.name = row["name"]
     tool.version = row["version"]
@@ -85,8 +86,16 @@ async def save_tool_version(
         if latest is not None and json.loads(latest["definition"]) == stored:
             return to_proto(latest), False
         version = (latest["version"] if latest is not None else 0) + 1
-        row = await run(conn, "tool_insert", workspace_id, tool.name, version,
-                        json.dumps(stored), source, created_by)  # fmt: skip
+        row = await run(
+            conn,
+            "tool_insert",
+            workspace_id,
+            tool.name,
+            version,
+            json.dumps(stored),
+            source,
+            created_by,
+        )
     return to_proto(row), True
 
 
@@ -118,8 +127,14 @@ async def pinned(db: Db, workspace_id: str, pins: Sequence[Pin]) -> list[tool_pb
     """The definitions of these pins, only from the workspace itself or the shared entries."""
     if not pins:
         return []
-    rows = await run(db, "tool_pinned", workspace_id, [p.name for p in pins],
-                     [p.workspace_id for p in pins], [p.version for p in pins])  # fmt: skip
+    rows = await run(
+        db,
+        "tool_pinned",
+        workspace_id,
+        [p.name for p in pins],
+        [p.workspace_id for p in pins],
+        [p.version for p in pins],
+    )
     return [to_proto(r) for r in rows]
 
 

@@ -42,15 +42,30 @@ async def create_trigger(
     or None when the id is taken."""
     async with transaction(pool) as conn:
         row = await run(
-            conn, "trigger_insert", new.workspace_id, new.trigger_id, new.agent_id, new.kind,
-            new.scheme, json.dumps(new.config), json.dumps(new.filters), new.next_slot_at,
-            new.next_fire_at, new.last_history_id, now,
-        )  # fmt: skip
+            conn,
+            "trigger_insert",
+            new.workspace_id,
+            new.trigger_id,
+            new.agent_id,
+            new.kind,
+            new.scheme,
+            json.dumps(new.config),
+            json.dumps(new.filters),
+            new.next_slot_at,
+            new.next_fire_at,
+            new.last_history_id,
+            now,
+        )
         if row is not None and sealed_secret is not None:
             await run(
-                conn, "trigger_secret_insert", new.workspace_id, new.trigger_id,
-                FIRST_SECRET_ID, sealed_secret, now,
-            )  # fmt: skip
+                conn,
+                "trigger_secret_insert",
+                new.workspace_id,
+                new.trigger_id,
+                FIRST_SECRET_ID,
+                sealed_secret,
+                now,
+            )
         return row
 
 
@@ -144,11 +159,17 @@ async def admit_event(
     """The new event (its run and input step written with it), or None on a redelivery."""
     assert adm.run.workspace_id == adm.workspace_id
     return await run(
-        conn, "trigger_event_admit", event_id=uuid.uuid4(), trigger_id=adm.trigger_id,
-        dedupe_key=adm.dedupe_key, reason=adm.reason, scheduled_for=adm.scheduled_for,
-        chain_depth=adm.chain_depth, event_payload=json.dumps(adm.payload),
+        conn,
+        "trigger_event_admit",
+        event_id=uuid.uuid4(),
+        trigger_id=adm.trigger_id,
+        dedupe_key=adm.dedupe_key,
+        reason=adm.reason,
+        scheduled_for=adm.scheduled_for,
+        chain_depth=adm.chain_depth,
+        event_payload=json.dumps(adm.payload),
         **adm.run.params(now),
-    )  # fmt: skip
+    )
 
 
 async def event_by_key(

@@ -130,10 +130,11 @@ class _NotDecided(Exception):
 
 
 async def decide(
-    pool: asyncpg.pool.Pool, d: Decision,
+    pool: asyncpg.pool.Pool,
+    d: Decision,
     also: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
     now: datetime | None = None,
-) -> tuple[Run, Step]:  # fmt: skip
+) -> tuple[Run, Step]:
     """Record the decision exactly once: (the run, the decision step), or raise why not.
 
     `also` runs in the decision's transaction once it is recorded (the audit row).

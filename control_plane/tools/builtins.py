@@ -43,21 +43,31 @@ def from_catalogue(entry: Mapping[str, Any], retention: float | None) -> tool_pb
     if entry.get("moves_money") and "moves_money" not in capabilities:
         capabilities.append("moves_money")
     tool = tool_pb2.Tool(
-        name=entry["name"], description=entry["description"],
+        name=entry["name"],
+        description=entry["description"],
         parameters_json=json.dumps(entry["parameters"], sort_keys=True),
-        access=_ACCESS[entry["kind"]], connection=entry["provider"],
-        rate_bucket=entry.get("rate_bucket") or "", scopes=entry["scopes"],
-        capabilities=capabilities, needs_approval=entry["needs_approval"], builtin=True,
-    )  # fmt: skip
+        access=_ACCESS[entry["kind"]],
+        connection=entry["provider"],
+        rate_bucket=entry.get("rate_bucket") or "",
+        scopes=entry["scopes"],
+        capabilities=capabilities,
+        needs_approval=entry["needs_approval"],
+        builtin=True,
+    )
     if entry["kind"] == "write":
         tool.idempotency = CLASSES[entry["idempotency"] or "none"]
         tool.key_retention_hours = retention or 0.0
     if lookup := entry.get("lookup"):
-        tool.lookup.CopyFrom(tool_pb2.ToolLookup(
-            stamp_body_field=lookup["stamp"]["body_field"], stamp_name=lookup["stamp"]["name"],
-            url=lookup["path"], query=lookup["query"], matches=lookup["matches"],
-            settle_seconds=float(lookup.get("settle_seconds", 1.0)),
-        ))  # fmt: skip
+        tool.lookup.CopyFrom(
+            tool_pb2.ToolLookup(
+                stamp_body_field=lookup["stamp"]["body_field"],
+                stamp_name=lookup["stamp"]["name"],
+                url=lookup["path"],
+                query=lookup["query"],
+                matches=lookup["matches"],
+                settle_seconds=float(lookup.get("settle_seconds", 1.0)),
+            )
+        )
     return tool
 
 

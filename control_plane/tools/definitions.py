@@ -41,9 +41,16 @@ CAPABILITIES = ("reads_private", "reads_untrusted", "communicates_externally", "
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 BODIES = ("", "arguments")
 # Credentials come from the connection, never from the definition.
-CREDENTIAL_HEADERS = frozenset({
-    "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token",
-})  # fmt: skip
+CREDENTIAL_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "api-key",
+        "x-auth-token",
+    }
+)
 MAX_DEFINITION_BYTES = 64 * 1024
 MAX_DESCRIPTION_BYTES = 4 * 1024
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -56,8 +63,9 @@ MAX_ENTRIES = 50  # headers, query parameters, scopes, capabilities
 def validate(tool: tool_pb2.Tool) -> None:
     """Refuse (InvalidArgument naming the field) a definition that must not be saved."""
     if tool.ByteSize() > MAX_DEFINITION_BYTES:
-        raise InvalidArgument("tool", f"is {tool.ByteSize()} bytes; the limit is "
-                              f"{MAX_DEFINITION_BYTES}")  # fmt: skip
+        raise InvalidArgument(
+            "tool", f"is {tool.ByteSize()} bytes; the limit is {MAX_DEFINITION_BYTES}"
+        )
     if not NAME.match(tool.name):
         raise InvalidArgument("tool.name", "must be 1-64 letters, digits, '_' or '-'")
     if len(tool.description.encode()) > MAX_DESCRIPTION_BYTES:
@@ -108,8 +116,9 @@ def _check_class(tool: tool_pb2.Tool) -> None:
         _check_lookup(tool.lookup)
     keyed = tool.idempotency == tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY
     if tool.idempotency_header and not (keyed and HEADER_NAME.match(tool.idempotency_header)):
-        raise InvalidArgument("tool.idempotency_header", "must be a header name, with "
-                              "class PROVIDER_KEY only")  # fmt: skip
+        raise InvalidArgument(
+            "tool.idempotency_header", "must be a header name, with class PROVIDER_KEY only"
+        )
     if tool.idempotency_header.lower() in CREDENTIAL_HEADERS:
         raise InvalidArgument("tool.idempotency_header", "may not be a credential header")
     if not 0 <= tool.key_retention_hours <= MAX_RETENTION_HOURS:
@@ -159,8 +168,9 @@ def _check_http(tool: tool_pb2.Tool, arguments: frozenset[str]) -> None:
         if not HEADER_NAME.match(name):
             raise InvalidArgument(field, "is not a header name")
         if name.lower() in CREDENTIAL_HEADERS:
-            raise InvalidArgument(field, "carries credentials: name a connection and set "
-                                  "tool.http.auth instead")  # fmt: skip
+            raise InvalidArgument(
+                field, "carries credentials: name a connection and set tool.http.auth instead"
+            )
         if not value.isascii() or not value.isprintable():
             raise InvalidArgument(field, "must be printable ASCII")
         _placeholders(field, value, arguments)
@@ -184,12 +194,14 @@ def _check_auth(tool: tool_pb2.Tool) -> None:
     auth = tool.http.auth
     if not auth:
         if tool.connection:
-            raise InvalidArgument("tool.http.auth", 'is required with a connection: "bearer" '
-                                  'or "header:<Name>"')  # fmt: skip
+            raise InvalidArgument(
+                "tool.http.auth", 'is required with a connection: "bearer" or "header:<Name>"'
+            )
         return
     if not tool.connection:
-        raise InvalidArgument("tool.connection", "is required with tool.http.auth: it "
-                              "supplies the token")  # fmt: skip
+        raise InvalidArgument(
+            "tool.connection", "is required with tool.http.auth: it supplies the token"
+        )
     if auth == "bearer":
         return
     kind, _, name = auth.partition(":")

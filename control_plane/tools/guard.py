@@ -50,9 +50,12 @@ def _refuse_retired(spec: agent_pb2.AgentSpec, resolved: Mapping[str, tool_pb2.T
     for i, name in enumerate(spec.tools):
         tool = resolved.get(name)
         if tool is not None and tool.retired:
-            raise InvalidArgument(f"spec.tools[{i}]", f"tool {name!r} was retired in version "
-                                  f"{tool.version}: its MCP server {tool.mcp.server_id!r} no "
-                                  "longer lists it")  # fmt: skip
+            raise InvalidArgument(
+                f"spec.tools[{i}]",
+                f"tool {name!r} was retired in version "
+                f"{tool.version}: its MCP server {tool.mcp.server_id!r} no "
+                "longer lists it",
+            )
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,11 @@ class PublishGuard:
     trifecta_policy: str = "warn"
 
     async def check(
-        self, conn: Pool | Connection, workspace_id: str,
+        self,
+        conn: Pool | Connection,
+        workspace_id: str,
         request: agent_pb2.PublishAgentVersionRequest,
-    ) -> Checked:  # fmt: skip
+    ) -> Checked:
         """What to publish with, or InvalidArgument when the version must not be published.
 
         spec.tools resolve against the registry as the workspace sees it (its own entries
@@ -92,9 +97,11 @@ class PublishGuard:
         return Checked(warnings, pins, [name for name in spec.tools if name not in own])
 
     def _trifecta(
-        self, request: agent_pb2.PublishAgentVersionRequest,
-        capabilities: Mapping[str, frozenset[str]], warnings: list[PublishWarning],
-    ) -> list[PublishWarning]:  # fmt: skip
+        self,
+        request: agent_pb2.PublishAgentVersionRequest,
+        capabilities: Mapping[str, frozenset[str]],
+        warnings: list[PublishWarning],
+    ) -> list[PublishWarning]:
         spec = request.spec
         gated = {*spec.approval.tools, *spec.approval.high_risk_tools}
         found = trifecta.warning(capabilities, gated)

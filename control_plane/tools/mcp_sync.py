@@ -164,10 +164,11 @@ def _proposal(tool: McpTool, server_id: str, url: str, connection: str) -> tool_
         parameters_json=json.dumps(tool.input_schema, sort_keys=True),
         access=READ if read else WRITE,
         connection=connection,
-        mcp=tool_pb2.McpTarget(server_id=server_id, tool=tool.name, url=url,
-                               annotations_json=_hints(hints)),
+        mcp=tool_pb2.McpTarget(
+            server_id=server_id, tool=tool.name, url=url, annotations_json=_hints(hints)
+        ),
         source="mcp",
-    )  # fmt: skip
+    )
     if not read:
         proposed.idempotency = PROVIDER_KEY if hints and hints.idempotent_hint else NONE
     return proposed
@@ -205,8 +206,9 @@ def diff(
             fields = fields or ["class"]
         if before is not None and not fields:
             continue
-        change = tool_pb2.ToolChange(kind=CHANGED if before else ADDED, name=tool.name,
-                                     proposed=tool, fields=fields)  # fmt: skip
+        change = tool_pb2.ToolChange(
+            kind=CHANGED if before else ADDED, name=tool.name, proposed=tool, fields=fields
+        )
         if tool.access == WRITE:
             change.proposed_class = tool.idempotency
             change.needs_class = _carried(before, tool) is None
@@ -299,12 +301,18 @@ def _classed(tool: tool_pb2.Tool, stated: tool_pb2.WriteClass) -> tool_pb2.Tool:
         saved.idempotency = NONE
         return saved
     if stated.idempotency != PROVIDER_KEY:
-        raise InvalidArgument(f"{field}.idempotency", "must be PROVIDER_KEY or NONE for an MCP "
-                              "tool (an MCP server cannot be asked whether a call happened)")  # fmt: skip
+        raise InvalidArgument(
+            f"{field}.idempotency",
+            "must be PROVIDER_KEY or NONE for an MCP "
+            "tool (an MCP server cannot be asked whether a call happened)",
+        )
     argument = stated.idempotency_header
     if argument not in _properties(tool.parameters_json):
-        raise InvalidArgument(f"{field}.idempotency_header", "must name the argument the server "
-                              f"dedupes on, one of the tool's arguments (got {argument!r})")  # fmt: skip
+        raise InvalidArgument(
+            f"{field}.idempotency_header",
+            "must name the argument the server "
+            f"dedupes on, one of the tool's arguments (got {argument!r})",
+        )
     saved.idempotency = PROVIDER_KEY
     saved.key_retention_hours = stated.key_retention_hours
     saved.mcp.key_argument = argument
@@ -323,8 +331,11 @@ def _carried(before: tool_pb2.Tool | None, tool: tool_pb2.Tool) -> tool_pb2.Tool
     key = before.mcp.key_argument
     if before.idempotency == PROVIDER_KEY and key not in _properties(tool.parameters_json):
         return None
-    stated = tool_pb2.WriteClass(idempotency=before.idempotency, idempotency_header=key,
-                                 key_retention_hours=before.key_retention_hours)  # fmt: skip
+    stated = tool_pb2.WriteClass(
+        idempotency=before.idempotency,
+        idempotency_header=key,
+        key_retention_hours=before.key_retention_hours,
+    )
     return _classed(tool, stated)
 
 

@@ -355,9 +355,13 @@ def to_tool(document: Mapping[str, Any], op: Operation, spec: ImportSpec) -> too
         lambda m: "{" + args.renamed_path.get(m.group(1), m.group(1)) + "}", op.path
     )
     http = tool_pb2.HttpTemplate(
-        method=op.method.upper(), url=url, query=args.query, headers=args.headers, body=body,
+        method=op.method.upper(),
+        url=url,
+        query=args.query,
+        headers=args.headers,
+        body=body,
         auth=spec.auth or (_auth(document, op) if spec.connection else ""),
-    )  # fmt: skip
+    )
     tool = tool_pb2.Tool(
         name=_tool_name(op.name),
         description=_description(op),
@@ -476,8 +480,18 @@ def _object_parts(schema: Any) -> tuple[dict[str, Any] | None, set[str], bool]:
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("items", "not", "additionalProperties", "contains", "if", "then", "else",
-               "propertyNames", "unevaluatedProperties", "unevaluatedItems")  # fmt: skip
+_SCHEMA_ONE = (
+    "items",
+    "not",
+    "additionalProperties",
+    "contains",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 _NOT_JSON_SCHEMA = ("nullable", "example", "discriminator", "xml", "externalDocs")
 
 

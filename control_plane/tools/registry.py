@@ -56,9 +56,11 @@ def load_catalogue(path: str | Path | None = None) -> dict[str, frozenset[str]]:
 
 
 def check(
-    tools: Sequence[str], pools: Sequence[Pool], catalogue: Mapping[str, frozenset[str]],
+    tools: Sequence[str],
+    pools: Sequence[Pool],
+    catalogue: Mapping[str, frozenset[str]],
     portable: Mapping[str, frozenset[str]] | None = None,
-) -> ToolCheck:  # fmt: skip
+) -> ToolCheck:
     """Refuse (InvalidArgument naming spec.tools[i]) a set the connected pools cannot run.
 
     `portable`: the workspace's own registry tools (name -> capability marks): the executor
@@ -74,9 +76,11 @@ def check(
 
 
 def _against_pools(
-    tools: Sequence[str], code: Sequence[str], pools: Sequence[Pool],
+    tools: Sequence[str],
+    code: Sequence[str],
+    pools: Sequence[Pool],
     catalogue: Mapping[str, frozenset[str]],
-) -> ToolCheck:  # fmt: skip
+) -> ToolCheck:
     known = {name: caps for pool in pools for name, caps in pool.tools.items()}
     carried = ", ".join(sorted(known)) or "none"
     for i, name in enumerate(tools):

@@ -125,13 +125,23 @@ async def admit(
         return await _outcome(conn, event, row)
     payload = input_payload(event)
     adm = store.EventAdmission(
-        workspace_id=event.workspace_id, trigger_id=event.trigger_id,
-        dedupe_key=event.dedupe_key, payload=event.payload, reason=event.filtered,
+        workspace_id=event.workspace_id,
+        trigger_id=event.trigger_id,
+        dedupe_key=event.dedupe_key,
+        payload=event.payload,
+        reason=event.filtered,
         # Started by the trigger, not a person: four eyes excludes nobody for it.
-        run=admission(version, defaults, payload["text"], input_payload=payload,
-                      started_by=f"trigger:{event.trigger_id}", priority=event.priority),
-        scheduled_for=event.scheduled_for, chain_depth=event.chain_depth,
-    )  # fmt: skip
+        run=admission(
+            version,
+            defaults,
+            payload["text"],
+            input_payload=payload,
+            started_by=f"trigger:{event.trigger_id}",
+            priority=event.priority,
+        ),
+        scheduled_for=event.scheduled_for,
+        chain_depth=event.chain_depth,
+    )
     return await _outcome(conn, event, await store.admit_event(conn, adm, now))
 
 

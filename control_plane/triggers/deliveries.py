@@ -141,8 +141,9 @@ def webhook_event(settings: Settings, headers: Mapping[str, str], doc: Any) -> E
     """A webhook delivery as an event: deduped on its delivery id, filtered by the rules."""
     key = dedupe_key(settings, headers, doc)
     text = flow.webhook_text(settings.trigger_id, settings.scheme, key, doc)
-    held = flow.pending(settings.config, settings.workspace_id, settings.trigger_id, key,
-                        headers, doc)  # fmt: skip
+    held = flow.pending(
+        settings.config, settings.workspace_id, settings.trigger_id, key, headers, doc
+    )
     return settings.event(
         dedupe_key=key,
         payload=doc,

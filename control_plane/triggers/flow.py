@@ -77,21 +77,38 @@ def debounce_value(key: str, headers: Mapping[str, str], doc: Any) -> str:
 
 
 def pending(
-    config: Mapping[str, Any], workspace_id: str, trigger_id: str, dedupe_key: str,
-    headers: Mapping[str, str], doc: Any,
-) -> flow_store.PendingEvent | None:  # fmt: skip
+    config: Mapping[str, Any],
+    workspace_id: str,
+    trigger_id: str,
+    dedupe_key: str,
+    headers: Mapping[str, str],
+    doc: Any,
+) -> flow_store.PendingEvent | None:
     """The event as held for its group, or None when the trigger neither debounces nor
     batches."""
-    common = {"workspace_id": workspace_id, "trigger_id": trigger_id,
-              "dedupe_key": dedupe_key, "payload": doc}  # fmt: skip
+    common = {
+        "workspace_id": workspace_id,
+        "trigger_id": trigger_id,
+        "dedupe_key": dedupe_key,
+        "payload": doc,
+    }
     if deb := config.get("debounce"):
         value = debounce_value(deb["key"], headers, doc)[:512]
-        return flow_store.PendingEvent(**common, flow_key=value, mode="debounce",
-                                       wait_seconds=deb["quiet_seconds"], max_events=0)  # fmt: skip
+        return flow_store.PendingEvent(
+            **common,
+            flow_key=value,
+            mode="debounce",
+            wait_seconds=deb["quiet_seconds"],
+            max_events=0,
+        )
     if bat := config.get("batch"):
-        return flow_store.PendingEvent(**common, flow_key="", mode="batch",
-                                       wait_seconds=bat["max_seconds"],
-                                       max_events=bat["max_events"])  # fmt: skip
+        return flow_store.PendingEvent(
+            **common,
+            flow_key="",
+            mode="batch",
+            wait_seconds=bat["max_seconds"],
+            max_events=bat["max_events"],
+        )
     return None
 
 
@@ -107,8 +124,11 @@ def _payload(group: Any, events: list[Any]) -> dict[str, Any]:
     origin: dict[str, Any] = {"trigger_id": group["trigger_id"], "kind": group["kind"]}
     if group["mode"] == "debounce":
         last = events[-1]
-        origin |= {"dedupe_key": last["dedupe_key"], "chain_depth": 0,
-                   "debounce": {"key": group["flow_key"], "events": len(events)}}  # fmt: skip
+        origin |= {
+            "dedupe_key": last["dedupe_key"],
+            "chain_depth": 0,
+            "debounce": {"key": group["flow_key"], "events": len(events)},
+        }
         doc = json.loads(last["payload"])
         text = webhook_text(group["trigger_id"], group["scheme"], last["dedupe_key"], doc)
         return {"text": clip(text), "trigger": origin}
@@ -134,9 +154,15 @@ async def _flush(conn: store.Connection, group: Any, defaults: RunDefaults) -> b
             raise FailedPrecondition(f"agent {agent!r} has no published version")
         payload = _payload(group, events)
         key = f"flow:{group['trigger_id']}:{group['flow_key']}:{events[0]['flow_seq']}"
-        adm = admission(version, defaults, payload["text"], input_payload=payload,
-                        started_by=f"trigger:{group['trigger_id']}", request_id=key[:512],
-                        priority=int(cfg.get("priority", 0)))  # fmt: skip
+        adm = admission(
+            version,
+            defaults,
+            payload["text"],
+            input_payload=payload,
+            started_by=f"trigger:{group['trigger_id']}",
+            request_id=key[:512],
+            priority=int(cfg.get("priority", 0)),
+        )
         started = await flow_store.consume(conn, [e["event_id"] for e in events], adm, None) > 0
     faults.point("control_plane.trigger_flow.before_commit")
     await flow_store.settle(conn, group, size, int(wait), group["db_now"])
@@ -144,9 +170,12 @@ async def _flush(conn: store.Connection, group: Any, defaults: RunDefaults) -> b
 
 
 async def flush_due(
-    pool: store.Pool, defaults: RunDefaults, on_runnable: Callable[[], None],
-    now: datetime | None = None, limit: int = 100,
-) -> int:  # fmt: skip
+    pool: store.Pool,
+    defaults: RunDefaults,
+    on_runnable: Callable[[], None],
+    now: datetime | None = None,
+    limit: int = 100,
+) -> int:
     """One transaction: flush up to `limit` due groups; how many runs it started."""
     started = 0
     async with store.transaction(pool) as conn:
@@ -155,8 +184,14 @@ async def flush_due(
                 async with store.transaction(conn):  # a savepoint: one cannot stop the rest
                     started += await _flush(conn, group, defaults)
             except Exception as exc:  # noqa: BLE001 - logged; the group stays due
-                log.error("trigger %s/%s could not flush %s group %r: %s", group["workspace_id"],
-                          group["trigger_id"], group["mode"], group["flow_key"], exc)  # fmt: skip
+                log.error(
+                    "trigger %s/%s could not flush %s group %r: %s",
+                    group["workspace_id"],
+                    group["trigger_id"],
+                    group["mode"],
+                    group["flow_key"],
+                    exc,
+                )
     if started:
         on_runnable()
     return started

@@ -83,16 +83,22 @@ def _event(settings: Settings, slot: Slot, filtered: str | None = None) -> admis
     if slot.fire_at is not None:
         payload["fire_at"] = slot.fire_at.isoformat()
     return settings.event(
-        dedupe_key=slot.dedupe_key, payload=payload, filtered=filtered, scheduled_for=slot.at,
+        dedupe_key=slot.dedupe_key,
+        payload=payload,
+        filtered=filtered,
+        scheduled_for=slot.at,
         input_text=f"{settings.config.get('input') or 'Scheduled run'}\n\n"
         f"(scheduled for {slot.at.isoformat()})",
-    )  # fmt: skip
+    )
 
 
 async def admit(
-    conn: trigger_store.Connection, settings: Settings, slot: Slot, firing: Firing,
+    conn: trigger_store.Connection,
+    settings: Settings,
+    slot: Slot,
+    firing: Firing,
     filtered: str | None = None,
-) -> Fired:  # fmt: skip
+) -> Fired:
     """Record the slot's event (and its run unless `filtered`) once per dedupe key."""
     event = _event(settings, slot, filtered)
     outcome = await admission.admit(conn, event, firing.defaults, firing.now)
@@ -128,9 +134,13 @@ async def fire(
 
 
 async def _buffer_one(
-    conn: trigger_store.Connection, row: Any, settings: Settings, slot: Slot, going: bool,
+    conn: trigger_store.Connection,
+    row: Any,
+    settings: Settings,
+    slot: Slot,
+    going: bool,
     firing: Firing,
-) -> Fired:  # fmt: skip
+) -> Fired:
     buffered = row["buffered_slot_at"]
     if buffered is not None and not going:
         # The buffer's run may start now (a release this round has not made yet): it goes
@@ -158,9 +168,12 @@ async def release(conn: trigger_store.Connection, row: Any, firing: Firing) -> F
 
 
 async def _cancel(
-    conn: trigger_store.Connection, settings: Settings, slot: Slot,
-    going: list[tuple[uuid.UUID, str]], firing: Firing,
-) -> None:  # fmt: skip
+    conn: trigger_store.Connection,
+    settings: Settings,
+    slot: Slot,
+    going: list[tuple[uuid.UUID, str]],
+    firing: Firing,
+) -> None:
     reason = (
         f"cancelled by schedule {settings.trigger_id} (overlap policy cancel_other) for its "
         f"slot {slot.at.isoformat()}"
@@ -169,5 +182,10 @@ async def _cancel(
         ws = settings.workspace_id
         if await run_store.cancel_run(conn, ws, run_id, reason, firing.now) is not None:
             firing.cancelled.append((ws, run_id))
-        log.info("schedule %s/%s cancelled run %s for slot %s", settings.workspace_id,
-                 settings.trigger_id, run_id, slot.at.isoformat())  # fmt: skip
+        log.info(
+            "schedule %s/%s cancelled run %s for slot %s",
+            settings.workspace_id,
+            settings.trigger_id,
+            run_id,
+            slot.at.isoformat(),
+        )

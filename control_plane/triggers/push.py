@@ -128,8 +128,13 @@ class PushFetcher:
                 except Exception as exc:  # noqa: BLE001 - one source's failure is its own
                     # Whatever went wrong with this source, the others of the batch are
                     # still fetched now (they would wait out their lease otherwise).
-                    log.error("fetch for %s/%s failed unexpectedly: %s: %s", row["workspace_id"],
-                              row["trigger_id"], type(exc).__name__, exc)  # fmt: skip
+                    log.error(
+                        "fetch for %s/%s failed unexpectedly: %s: %s",
+                        row["workspace_id"],
+                        row["trigger_id"],
+                        type(exc).__name__,
+                        exc,
+                    )
                 done += 1
         return done
 

@@ -46,9 +46,14 @@ def schedule_of(row: Any) -> Schedule:
 
 
 async def update(
-    conn: Connection, ws: str, trigger_id: str, sched: Schedule, input_text: str,
-    now: datetime | None = None, priority: int | None = None,
-) -> Record:  # fmt: skip
+    conn: Connection,
+    ws: str,
+    trigger_id: str,
+    sched: Schedule,
+    input_text: str,
+    now: datetime | None = None,
+    priority: int | None = None,
+) -> Record:
     """Replace the schedule's spec; its next slot is the new spec's first after now. The
     priority of its runs becomes `priority` (None: stays)."""
     row = await locked(conn, ws, trigger_id, now)
@@ -65,9 +70,14 @@ async def update(
 
 
 async def set_paused(
-    conn: Connection, ws: str, trigger_id: str, *, enabled: bool, note: str | None,
+    conn: Connection,
+    ws: str,
+    trigger_id: str,
+    *,
+    enabled: bool,
+    note: str | None,
     now: datetime | None = None,
-) -> Record:  # fmt: skip
+) -> Record:
     """Pause or unpause any trigger with a note; an unpaused schedule skips what it missed."""
     row = await store.lock_any(conn, ws, trigger_id)
     if row is None:
@@ -91,9 +101,14 @@ class Backfilled:
 
 
 async def backfill(
-    conn: Connection, ws: str, trigger_id: str, start: datetime, end: datetime,
-    policy: str | None, firing: overlap.Firing,
-) -> Backfilled:  # fmt: skip
+    conn: Connection,
+    ws: str,
+    trigger_id: str,
+    start: datetime,
+    end: datetime,
+    policy: str | None,
+    firing: overlap.Firing,
+) -> Backfilled:
     """Fire each slot in [start, end) in order under `policy` (None: the schedule's)."""
     if end <= start:
         raise InvalidArgument("end_time", "must be after start_time")
@@ -121,9 +136,13 @@ class TriggeredNow:
 
 
 async def trigger_now(
-    conn: Connection, ws: str, trigger_id: str, request_id: str | None, policy: str | None,
+    conn: Connection,
+    ws: str,
+    trigger_id: str,
+    request_id: str | None,
+    policy: str | None,
     firing: overlap.Firing,
-) -> TriggeredNow:  # fmt: skip
+) -> TriggeredNow:
     """Fire the schedule once now (database time), deduped on `agent_id:now:<request_id>`."""
     row = await locked(conn, ws, trigger_id, firing.now)
     key = f"{row['agent_id']}:now:{request_id or uuid.uuid4().hex}"

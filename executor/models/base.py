@@ -92,11 +92,14 @@ def kept(reply: ModelReply) -> ModelReply:
     a step, a Commit's fields or a stream message."""
     text = storable.text
     calls = tuple(
-        ToolCall(text(c.id), text(c.name),
-                 None if c.arguments is None else storable.value(c.arguments),
-                 None if c.arguments_raw is None else text(c.arguments_raw))
+        ToolCall(
+            text(c.id),
+            text(c.name),
+            None if c.arguments is None else storable.value(c.arguments),
+            None if c.arguments_raw is None else text(c.arguments_raw),
+        )
         for c in reply.tool_calls
-    )  # fmt: skip
+    )
     return dataclasses.replace(
         reply,
         content=None if reply.content is None else text(reply.content),

@@ -48,8 +48,16 @@ from executor.models.base import (
 from executor.models.openai import TOKEN_LIMIT_FIELDS, OpenAIChatModel
 
 PROVIDERS = ("openai", "anthropic")
-_KEYS = {"provider", "base_url", "model", "api_key_env", "max_tokens", "timeout_seconds",
-         "token_limit_field", "api_version"}  # fmt: skip
+_KEYS = {
+    "provider",
+    "base_url",
+    "model",
+    "api_key_env",
+    "max_tokens",
+    "timeout_seconds",
+    "token_limit_field",
+    "api_version",
+}
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,19 @@ class ModelProfile:
         timeout = self.timeout_seconds or default_timeout
         if self.provider == "anthropic":
             return AnthropicMessagesModel(
-                self.base_url, self.api_key, timeout,
-                default_max_tokens=self.max_tokens, api_version=self.api_version,
-            )  # fmt: skip
+                self.base_url,
+                self.api_key,
+                timeout,
+                default_max_tokens=self.max_tokens,
+                api_version=self.api_version,
+            )
         return OpenAIChatModel(
-            self.base_url, self.api_key, timeout,
-            token_limit_field=self.token_limit_field, default_max_tokens=self.max_tokens,
-        )  # fmt: skip
+            self.base_url,
+            self.api_key,
+            timeout,
+            token_limit_field=self.token_limit_field,
+            default_max_tokens=self.max_tokens,
+        )
 
 
 def parse_profiles(raw: str, env: Mapping[str, str]) -> dict[str, ModelProfile]:
@@ -114,13 +128,16 @@ def _profile(name: str, spec: Any, env: Mapping[str, str]) -> ModelProfile:
     if key_env and key_env not in env:
         raise ValueError(f"{where}.api_key_env names {key_env}, which is not set")
     return ModelProfile(
-        name=name, provider=provider, base_url=base_url, model=str(spec.get("model") or ""),
+        name=name,
+        provider=provider,
+        base_url=base_url,
+        model=str(spec.get("model") or ""),
         api_key=env.get(key_env, "") if key_env else "",
         max_tokens=_number(spec, "max_tokens", where, int) or 0,
         timeout_seconds=_number(spec, "timeout_seconds", where, float),
         token_limit_field=spec.get("token_limit_field", "max_tokens"),
         api_version=str(spec.get("api_version") or API_VERSION),
-    )  # fmt: skip
+    )
 
 
 def _number(spec: Mapping[str, Any], key: str, where: str, kind: type) -> Any:

@@ -64,9 +64,12 @@ class ProviderHttp:
         (`failure`), ModelUnavailable when the provider cannot be reached."""
         try:
             async with self._http.get().post(
-                url, data=encoded(body), headers={**headers, **JSON_TYPE},
-                timeout=self._timeout_of(timeout_seconds), allow_redirects=False,
-            ) as response:  # fmt: skip
+                url,
+                data=encoded(body),
+                headers={**headers, **JSON_TYPE},
+                timeout=self._timeout_of(timeout_seconds),
+                allow_redirects=False,
+            ) as response:
                 answer = await read(response)
         except FAILED as exc:
             # Only the exception's class: its text may carry the URL, never headers,
@@ -89,9 +92,12 @@ class ProviderHttp:
         the stream breaks."""
         try:
             async with self._http.get().post(
-                url, data=encoded(body), headers={**headers, **JSON_TYPE},
-                timeout=self._timeout_of(timeout_seconds), allow_redirects=False,
-            ) as response:  # fmt: skip
+                url,
+                data=encoded(body),
+                headers={**headers, **JSON_TYPE},
+                timeout=self._timeout_of(timeout_seconds),
+                allow_redirects=False,
+            ) as response:
                 if response.status >= 400:
                     answer = await read(response)
                     raise self.failure(answer, error_of(answer))

@@ -81,8 +81,11 @@ class Chunks:
         }
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
-        return {**self.head, "choices": [{"index": 0, "finish_reason": self.finish,
-                                          "message": message}], "usage": self.usage}  # fmt: skip
+        return {
+            **self.head,
+            "choices": [{"index": 0, "finish_reason": self.finish, "message": message}],
+            "usage": self.usage,
+        }
 
 
 def listed(value: Any, what: str) -> list[Any]:

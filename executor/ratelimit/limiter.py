@@ -188,6 +188,9 @@ class RateLimiter:
         self._failures = min(self._failures + 1, 30)
         log.warning(
             "rate limiter unavailable (%s): %s call parked for %.2fs [%s]",
-            exc, tool.name, delay, self.metrics.summary(),
-        )  # fmt: skip
+            exc,
+            tool.name,
+            delay,
+            self.metrics.summary(),
+        )
         return RateLimited("unavailable", delay, f"rate limiter unavailable ({exc}): parked")

@@ -98,9 +98,13 @@ class TokenBuckets:
         """After a 429: block the bucket for `retry_after` s and slow it by `factor`
         for `cooldown` s. Returns how long the refused caller waits, in seconds."""
         args: list[str | float] = [
-            "penalize", round(retry_after * 1000), factor, round(cooldown * 1000),
-            bucket.rate, bucket.burst,
-        ]  # fmt: skip
+            "penalize",
+            round(retry_after * 1000),
+            factor,
+            round(cooldown * 1000),
+            bucket.rate,
+            bucket.burst,
+        ]
         _, wait_ms = await self._run([bucket.key], args)
         return wait_ms / 1000
 

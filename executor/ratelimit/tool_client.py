@@ -38,9 +38,12 @@ class RateLimitedToolClient(HttpToolClient):
         self._went_out: OrderedDict[str, None] = OrderedDict()
 
     async def send(
-        self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        idempotency_key: str,
         credential: Credential | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         def request() -> Awaitable[Any]:
             return HttpToolClient.send(self, tool, arguments, idempotency_key, credential)
 
@@ -59,9 +62,14 @@ class RateLimitedToolClient(HttpToolClient):
         )
 
     async def _limited(
-        self, tool: Tool, key: str, request: Callable[[], Awaitable[Any]], *, write: bool,
+        self,
+        tool: Tool,
+        key: str,
+        request: Callable[[], Awaitable[Any]],
+        *,
+        write: bool,
         credential: Credential | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         # The bucket is the real connection's (the shared default without one).
         connection_id = credential.connection_id if credential is not None else None
         try:

@@ -37,17 +37,27 @@ def from_proto(tool: tool_pb2.Tool) -> Tool:
     http, mcp = _transport(tool)
     named = tool.connection and tool.connection != TRIGGER
     return Tool(
-        name=tool.name, description=tool.description,
+        name=tool.name,
+        description=tool.description,
         provider=tool.connection if named else f"tool:{tool.name}",
-        method=tool.http.method if http else None, path=tool.http.url if http else None,
-        kind=kind, idempotency=_CLASSES.get(tool.idempotency) if kind == "write" else None,
-        parameters=json.loads(tool.parameters_json), scopes=tuple(tool.scopes),
-        moves_money="moves_money" in tool.capabilities, needs_approval=tool.needs_approval,
-        rate_bucket=tool.rate_bucket or tool.name, lookup=_lookup(tool),
-        key_retention_hours=tool.key_retention_hours or None, version=str(tool.version),
-        capabilities=tuple(tool.capabilities), http=http, mcp=mcp, connection=tool.connection,
+        method=tool.http.method if http else None,
+        path=tool.http.url if http else None,
+        kind=kind,
+        idempotency=_CLASSES.get(tool.idempotency) if kind == "write" else None,
+        parameters=json.loads(tool.parameters_json),
+        scopes=tuple(tool.scopes),
+        moves_money="moves_money" in tool.capabilities,
+        needs_approval=tool.needs_approval,
+        rate_bucket=tool.rate_bucket or tool.name,
+        lookup=_lookup(tool),
+        key_retention_hours=tool.key_retention_hours or None,
+        version=str(tool.version),
+        capabilities=tuple(tool.capabilities),
+        http=http,
+        mcp=mcp,
+        connection=tool.connection,
         idempotency_header=tool.idempotency_header or DEFAULT_KEY_HEADER,
-    )  # fmt: skip
+    )
 
 
 def _transport(tool: tool_pb2.Tool) -> tuple[HttpTemplate | None, McpTarget | None]:
@@ -55,11 +65,16 @@ def _transport(tool: tool_pb2.Tool) -> tuple[HttpTemplate | None, McpTarget | No
     if which == "http":
         h = tool.http
         return HttpTemplate(
-            method=h.method, url=h.url, headers=dict(h.headers), query=dict(h.query),
-            body=h.body, response_pointer=h.response_pointer,
-            max_response_bytes=h.max_response_bytes, timeout_seconds=h.timeout_seconds,
+            method=h.method,
+            url=h.url,
+            headers=dict(h.headers),
+            query=dict(h.query),
+            body=h.body,
+            response_pointer=h.response_pointer,
+            max_response_bytes=h.max_response_bytes,
+            timeout_seconds=h.timeout_seconds,
             auth=h.auth,
-        ), None  # fmt: skip
+        ), None
     if which == "mcp":
         m = tool.mcp
         return None, McpTarget(m.server_id, m.tool, m.url, m.key_argument, m.timeout_seconds)
@@ -71,10 +86,13 @@ def _lookup(tool: tool_pb2.Tool) -> Lookup | None:
         return None
     spec = tool.lookup
     return Lookup(
-        body_field=spec.stamp_body_field, header_name=spec.stamp_name, path=spec.url,
-        query=dict(spec.query), matches=spec.matches,
+        body_field=spec.stamp_body_field,
+        header_name=spec.stamp_name,
+        path=spec.url,
+        query=dict(spec.query),
+        matches=spec.matches,
         settle_seconds=spec.settle_seconds or 1.0,
-    )  # fmt: skip
+    )
 
 
 def for_run(catalogue: Catalogue, assigned: Iterable[tool_pb2.Tool]) -> Catalogue:

@@ -161,9 +161,13 @@ class ToolDelivery:
         )
 
     async def send(
-        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard,
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        key: str,
+        guard: Guard,
         credential: Credential | None = None,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """Send a call for the first time (or again, where its class allows), as the
         connected account of `credential` (None: the provider's unauthenticated default)."""
         call_class = tool.call_class
@@ -203,17 +207,23 @@ class ToolDelivery:
         return Outcome.unknown(NOT_RETRIED)
 
     async def _send_and_look_up(
-        self, tool: Tool, arguments: Mapping[str, Any], key: str, guard: Guard,
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        key: str,
+        guard: Guard,
         credential: Credential | None = None,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """Lookup class: a send that may have been applied is followed by a lookup,
         and sent again (same key) only when the provider says it has not got it."""
         assert tool.lookup is not None
         for tried in range(self._attempts):
             sent = await self._attempt(
-                "lookup", lambda: self._client.send(tool, arguments, key, credential), guard,
+                "lookup",
+                lambda: self._client.send(tool, arguments, key, credential),
+                guard,
                 exposed=tried > 0,
-            )  # fmt: skip
+            )
             if not (isinstance(sent, _Failed) and sent.failure is Failure.MAYBE_APPLIED):
                 return settle("lookup", sent)
             # Let a request that timed out finish at the provider before asking.
@@ -225,9 +235,13 @@ class ToolDelivery:
         return Outcome.pending(f"{why}; asking again later", Outcome.unknown(why))
 
     async def _look_up(
-        self, tool: Tool, key: str, guard: Guard, credential: Credential | None = None,
+        self,
+        tool: Tool,
+        key: str,
+        guard: Guard,
+        credential: Credential | None = None,
         exposed: bool = False,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """The outcome if the provider has the action with this key, else _NOT_FOUND
         (`exposed`: the call may have been sent before, as _attempt says)."""
         looked = await self._attempt(
@@ -242,9 +256,12 @@ class ToolDelivery:
         return Outcome("ok", output=looked.output, resolution=resolution)
 
     async def _attempt(
-        self, call_class: str, request: Callable[[], Awaitable[Any]], guard: Guard,
+        self,
+        call_class: str,
+        request: Callable[[], Awaitable[Any]],
+        guard: Guard,
         exposed: bool = False,
-    ) -> _Answered | _Failed:  # fmt: skip
+    ) -> _Answered | _Failed:
         """One request, repeated (same key) while its failures allow it, up to `attempts`.
 
         A refusal on our own side (horizon.Refused: the guard, the last-moment check, a

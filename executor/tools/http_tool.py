@@ -60,8 +60,12 @@ DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 # TLS handshake, connect timeout or no free pooled connection in time) or no valid URL.
 # Everything else (a reset, a timeout or a close after the request was written, a
 # keep-alive connection the server closed under the write) may have reached the provider.
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL,
-             aiohttp.NonHttpUrlClientError)  # fmt: skip
+_NOT_SENT = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.InvalidURL,
+    aiohttp.NonHttpUrlClientError,
+)
 
 
 class HttpToolClient:
@@ -78,18 +82,24 @@ class HttpToolClient:
         # (netguard.py) and go direct, never through a proxy that would resolve the name
         # past the check. The catalogue's providers are the operator's and are not.
         self._guarded = http_session.LazySession(
-            config.tool_timeout_seconds, request_class=http_session.LastMoment, retry_writes=False,
-            resolver=netguard.GuardedResolver, use_env_proxy=False,
-        )  # fmt: skip
+            config.tool_timeout_seconds,
+            request_class=http_session.LastMoment,
+            retry_writes=False,
+            resolver=netguard.GuardedResolver,
+            use_env_proxy=False,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
         await self._guarded.aclose()
 
     async def send(
-        self, tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        idempotency_key: str,
         credential: Credential | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Send the call; return the provider's JSON (or text) or raise a ToolSendError.
 
         Every request carries `Idempotency-Key`; a `lookup`-class tool also gets
@@ -136,9 +146,14 @@ class HttpToolClient:
         return found[0] if found else None
 
     async def _request(
-        self, provider: str, method: str, path: str, arguments: Mapping[str, Any], key: str,
+        self,
+        provider: str,
+        method: str,
+        path: str,
+        arguments: Mapping[str, Any],
+        key: str,
         credential: Credential | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         url = self._config.provider_url(provider) + path
         headers = {"Idempotency-Key": key, "Accept": "application/json"}
         if credential is not None:  # fetched now: the freshest token, on this request only
@@ -190,16 +205,24 @@ class HttpToolClient:
         if token is not None:
             name = "Authorization" if spec.auth == "bearer" else spec.auth.partition(":")[2]
             headers[name] = f"Bearer {token}" if spec.auth == "bearer" else token
-        request = _Request(rendered.method, rendered.url, rendered.params, headers,
-                           rendered.body, spec.timeout_seconds or self._config.tool_timeout_seconds)  # fmt: skip
+        request = _Request(
+            rendered.method,
+            rendered.url,
+            rendered.params,
+            headers,
+            rendered.body,
+            spec.timeout_seconds or self._config.tool_timeout_seconds,
+        )
         url = request.checked(tool.name)
         limit = spec.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
         response, too_large = await self._exchange(tool.name, url, request, limit)
         if credential is not None and response.status in (401, 403):
             raise _refused(credential, response)
         if too_large:
-            return {"error": f"the response was over the tool's {limit}-byte limit: not kept",
-                    "status": response.status}  # fmt: skip
+            return {
+                "error": f"the response was over the tool's {limit}-byte limit: not kept",
+                "status": response.status,
+            }
         answer = _parse(_redacted(response, token))
         return template.pointed(answer, spec.response_pointer)
 
@@ -218,17 +241,26 @@ class HttpToolClient:
         answered: aiohttp.ClientResponse | None = None
         try:
             async with self._guarded.get().request(
-                request.method, url, params=request.params or None, headers=request.headers,
-                data=request.data, timeout=http_session.timeout(request.seconds),
+                request.method,
+                url,
+                params=request.params or None,
+                headers=request.headers,
+                data=request.data,
+                timeout=http_session.timeout(request.seconds),
                 allow_redirects=False,
-            ) as answered:  # fmt: skip
+            ) as answered:
                 body = bytearray()
                 async for chunk in answered.content.iter_any():
                     body.extend(chunk)
                     if len(body) > limit:
                         return Answer(answered.status, answered.headers, b""), True
-                return Answer(answered.status, answered.headers, bytes(body),
-                              answered.charset, answered.reason or ""), False  # fmt: skip
+                return Answer(
+                    answered.status,
+                    answered.headers,
+                    bytes(body),
+                    answered.charset,
+                    answered.reason or "",
+                ), False
         except netguard.DestinationRefused as exc:
             raise Blocked(f"{name}: {exc}") from None
         except _NOT_SENT as exc:

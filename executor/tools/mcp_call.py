@@ -68,9 +68,12 @@ class _Progress:
 
 
 async def call(
-    tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
-    credential: Credential | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109
-) -> Any:  # fmt: skip
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    idempotency_key: str,
+    credential: Credential | None = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109
+) -> Any:
     """The executor's MCP transport (executor/tools/transport.py): call a registry tool's
     `mcp` target. A provider_key write carries the call's key in the argument the server
     dedupes on (`mcp.key_argument`), so a resend lands once; the connection's token goes on
@@ -83,8 +86,7 @@ async def call(
         sent[target.key_argument] = idempotency_key
     headers = {"Authorization": await credential.header()} if credential is not None else {}
     try:
-        return await call_mcp(target.url, target.tool, sent, headers=headers,
-                              timeout=timeout)  # fmt: skip
+        return await call_mcp(target.url, target.tool, sent, headers=headers, timeout=timeout)
     except ProviderError as exc:
         if credential is not None and exc.status in (401, 403):
             from executor.tools.credentials import ConnectionUnusable
@@ -123,9 +125,12 @@ async def call_mcp(
 
 
 async def _session_call(
-    url: str, tool: str, arguments: dict[str, Any], headers: Mapping[str, str] | None,
+    url: str,
+    tool: str,
+    arguments: dict[str, Any],
+    headers: Mapping[str, str] | None,
     progress: _Progress,
-) -> CallToolResult:  # fmt: skip
+) -> CallToolResult:
     async def on_response(response: httpx2.Response) -> None:
         if response.status_code >= 400:
             progress.status = response.status_code
@@ -141,8 +146,10 @@ async def _session_call(
     async with http, Client(streamable_http_client(url, http_client=http), cache=None) as client:
         listed = await client.list_tools()  # the server's schemas, for the checks of its result
         if all(t.name != tool for t in listed.tools) and listed.next_cursor is None:
-            raise ProviderError(NOT_OFFERED_STATUS, f"the MCP server no longer offers the "
-                                f"tool {tool!r}: nothing was called")  # fmt: skip
+            raise ProviderError(
+                NOT_OFFERED_STATUS,
+                f"the MCP server no longer offers the tool {tool!r}: nothing was called",
+            )
         # The run's last-moment check (executor/horizon.py), as for an HTTP tool: after
         # the session's set-up, right before the one request that acts.
         if (refusal := horizon.blocked_now()) is not None:

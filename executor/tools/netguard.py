@@ -149,9 +149,13 @@ class GuardedBackend:
         self._connect_error = connect_error
 
     async def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
-        local_address: str | None = None, socket_options: Iterable[Any] | None = None,
-    ) -> Any:  # fmt: skip
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> Any:
         try:
             with anyio.fail_after(timeout):
                 addresses = await allowed_addresses(host, port)
@@ -161,9 +165,12 @@ class GuardedBackend:
         for address in addresses:
             try:
                 return await self._inner.connect_tcp(
-                    address, port, timeout=timeout, local_address=local_address,
+                    address,
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
                     socket_options=socket_options,
-                )  # fmt: skip
+                )
             except self._connect_error as exc:
                 last = exc
         assert last is not None

@@ -48,9 +48,12 @@ def _import() -> ModuleType:
 
 
 async def call_mcp(
-    tool: Tool, arguments: Mapping[str, Any], idempotency_key: str,
-    credential: Credential | None = None, timeout: float = 30.0,  # noqa: ASYNC109
-) -> Any:  # fmt: skip
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    idempotency_key: str,
+    credential: Credential | None = None,
+    timeout: float = 30.0,  # noqa: ASYNC109
+) -> Any:
     """Call `tool.mcp` with these arguments (the key for a provider_key class: the server
     dedupes on `tool.mcp.key_argument`) within `timeout` seconds (the tool's own, else the
     platform's); the tool's result, or a ToolSendError."""

@@ -108,9 +108,12 @@ class ProviderSandbox:
             fault=mode,
             # With a bearer token: its account and which token (grant/generation), never
             # the token itself. Calls without one keep the entry as it always was.
-            **({"account": checked.account, "token_id": checked.token_id}
-               if checked.token_id else {}),
-        )  # fmt: skip
+            **(
+                {"account": checked.account, "token_id": checked.token_id}
+                if checked.token_id
+                else {}
+            ),
+        )
 
     async def requests(self, request: Request) -> Response:
         if request.method == "DELETE":

@@ -55,26 +55,43 @@ class ApprovalPages:
         if state not in (*STATES, "all"):
             raise InvalidArgument("state", f"must be one of {', '.join(STATES)} or all")
         rows, _ = await store.list_page(
-            self.c.pool, auth_context.workspace(""), approver=None,
-            state=None if state == "all" else state, after=None, limit=200,
-        )  # fmt: skip
+            self.c.pool,
+            auth_context.workspace(""),
+            approver=None,
+            state=None if state == "all" else state,
+            after=None,
+            limit=200,
+        )
         mine = {r.approval_id for r in rows if may_decide(r)}
         return render(request, "approvals.html", rows=rows, state=state, states=STATES, mine=mine)
 
     async def show(
-        self, request: Request, *, status: int = 200, error: str = "", edited: str = "",
+        self,
+        request: Request,
+        *,
+        status: int = 200,
+        error: str = "",
+        edited: str = "",
         note: str = "",
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         row = await self._approval(request)
         original = json.loads(row.arguments)
         review = timeline.diff(original, json.loads(edited)) if edited else []
         after = json.loads(row.edited_arguments) if row.edited_arguments else None
         return render(
-            request, "approval.html", status=status, a=row, arguments=timeline.pretty(original),
+            request,
+            "approval.html",
+            status=status,
+            a=row,
+            arguments=timeline.pretty(original),
             decided_diff=timeline.diff(original, after) if after is not None else [],
-            may_decide=may_decide(row), sign_in_only=decisions.needs_sign_in(row), error=error,
-            review=review, edited=edited, note=note,
-        )  # fmt: skip
+            may_decide=may_decide(row),
+            sign_in_only=decisions.needs_sign_in(row),
+            error=error,
+            review=review,
+            edited=edited,
+            note=note,
+        )
 
     async def decide(self, request: Request) -> Response:
         """approve | reject (with a reason) | review (an edit, shown as a diff) | edit."""
@@ -87,10 +104,14 @@ class ApprovalPages:
         if action == "reject" and not reason.strip():
             return await self.show(request, status=400, error="reason: say why you reject it")
         req = decisions.Request(
-            row.workspace_id, row.approval_id, decisions.Decider.of(auth_context.current()),
-            action, reason=reason, edited_arguments_json=form.get("arguments", ""),
+            row.workspace_id,
+            row.approval_id,
+            decisions.Decider.of(auth_context.current()),
+            action,
+            reason=reason,
+            edited_arguments_json=form.get("arguments", ""),
             note=validate.text("note", form.get("note", ""), max_bytes=MAX_REASON_BYTES),
-        )  # fmt: skip
+        )
         try:
             await decisions.decide(self.c.pool, req)
         except DomainError as exc:

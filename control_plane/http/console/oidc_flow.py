@@ -96,14 +96,20 @@ class CodeFlow:
     async def begin(self, workspace_id: str, redirect_uri: str) -> tuple[str, Flow]:
         """The IdP address to send the browser to, and the flow to keep in its cookie."""
         authorize, _ = await self._discover()
-        flow = Flow(security.new_token(), security.new_token(), security.new_token(),
-                    workspace_id)  # fmt: skip
+        flow = Flow(security.new_token(), security.new_token(), security.new_token(), workspace_id)
         challenge = _b64(hashlib.sha256(flow.verifier.encode()).digest())
-        query = urlencode({
-            "response_type": "code", "client_id": self.client_id, "redirect_uri": redirect_uri,
-            "scope": "openid email", "state": flow.state, "nonce": flow.nonce,
-            "code_challenge": challenge, "code_challenge_method": "S256",
-        })  # fmt: skip
+        query = urlencode(
+            {
+                "response_type": "code",
+                "client_id": self.client_id,
+                "redirect_uri": redirect_uri,
+                "scope": "openid email",
+                "state": flow.state,
+                "nonce": flow.nonce,
+                "code_challenge": challenge,
+                "code_challenge_method": "S256",
+            }
+        )
         return f"{authorize}?{query}", flow
 
     async def finish(self, flow: Flow, state: str, code: str, redirect_uri: str) -> Principal:
@@ -112,10 +118,17 @@ class CodeFlow:
         if not state or not security.same_text(state, flow.state):
             raise Unauthenticated("the sign-in's state does not match; start again")
         _, token_url = await self._discover()
-        answer = await self._call("POST", token_url, {
-            "grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
-            "client_id": self.client_id, "code_verifier": flow.verifier,
-        })  # fmt: skip
+        answer = await self._call(
+            "POST",
+            token_url,
+            {
+                "grant_type": "authorization_code",
+                "code": code,
+                "redirect_uri": redirect_uri,
+                "client_id": self.client_id,
+                "code_verifier": flow.verifier,
+            },
+        )
         id_token = answer.get("id_token")
         if not isinstance(id_token, str):
             raise Unauthenticated("the identity provider sent no ID token")

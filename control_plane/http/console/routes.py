@@ -23,8 +23,9 @@ STATIC = Path(__file__).parent / "static"
 def console_of(ctx: HttpContext) -> Console:
     resolver = ctx.credentials()
     flow = CodeFlow(ctx.verifier, resolver) if ctx.verifier is not None else None
-    return Console(ctx.pool, ctx.config, resolver, Sessions(ctx.pool, resolver), flow,
-                   ctx.on_runnable)  # fmt: skip
+    return Console(
+        ctx.pool, ctx.config, resolver, Sessions(ctx.pool, resolver), flow, ctx.on_runnable
+    )
 
 
 def routes(ctx: HttpContext) -> list[BaseRoute]:
@@ -39,7 +40,7 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
         Route("/runs/{run_id}/events", c.page(Need.READ, runs.events), methods=get),
         Route(
             "/runs/{run_id}/unknowns/{seq:int}", c.page(Need.OPERATE, runs.resolve), methods=post
-        ),  # fmt: skip
+        ),
         Route("/unknowns", c.page(Need.READ, runs.unknowns), methods=get),
         Route("/approvals", c.page(Need.READ, approvals.inbox), methods=get),
         Route("/approvals/{approval_id}", c.page(Need.READ, approvals.show), methods=get),

@@ -22,10 +22,26 @@ from control_plane.store import steps as step_store
 from control_plane.store import unknowns
 
 STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
-WAIT_REASONS = ("approval", "human", "repeat", "rate", "model", "sleep", "child", "connection",
-                "signal", "credits", "session", "executor_error")  # fmt: skip
-DECISIONS = {"happened": "it happened", "not_happened": "it did not happen",
-             "retry": "retry it", "fail_run": "fail the run"}  # fmt: skip
+WAIT_REASONS = (
+    "approval",
+    "human",
+    "repeat",
+    "rate",
+    "model",
+    "sleep",
+    "child",
+    "connection",
+    "signal",
+    "credits",
+    "session",
+    "executor_error",
+)
+DECISIONS = {
+    "happened": "it happened",
+    "not_happened": "it did not happen",
+    "retry": "retry it",
+    "fail_run": "fail the run",
+}
 MAX_STEPS_SHOWN = 2000
 MAX_SEQ = 2**31 - 1  # steps.seq is an int4
 
@@ -61,11 +77,13 @@ def run_filter(q: dict[str, str]) -> store.RunFilter:
 
     return store.RunFilter(
         status=_choice("status", q.get("status", ""), STATUSES),
-        agent_id=slug("agent"), trigger_id=slug("trigger"),
+        agent_id=slug("agent"),
+        trigger_id=slug("trigger"),
         wait_reason=_choice("wait_reason", q.get("wait_reason", ""), WAIT_REASONS),
-        created_from=_when("from", q.get("from", "")), created_to=_when("to", q.get("to", "")),
+        created_from=_when("from", q.get("from", "")),
+        created_to=_when("to", q.get("to", "")),
         search=validate.text("q", q.get("q", ""), max_bytes=200).strip() or None,
-    )  # fmt: skip
+    )
 
 
 class RunPages:
@@ -88,22 +106,29 @@ class RunPages:
         found = await store.search_runs(
             self.c.pool, auth_context.workspace(""), run_filter(query), 200
         )
-        return render(request, "runs.html", found=found, q=query, statuses=STATUSES,
-                      wait_reasons=WAIT_REASONS)  # fmt: skip
+        return render(
+            request, "runs.html", found=found, q=query, statuses=STATUSES, wait_reasons=WAIT_REASONS
+        )
 
     async def run(self, request: Request) -> Response:
         row = await self._run(request)
-        steps = await step_store.list_steps(self.c.pool, row.workspace_id, row.run_id, 0,
-                                            MAX_STEPS_SHOWN)  # fmt: skip
+        steps = await step_store.list_steps(
+            self.c.pool, row.workspace_id, row.run_id, 0, MAX_STEPS_SHOWN
+        )
         pending, _ = await approval_store.list_page(
             self.c.pool, row.workspace_id, approver=None, state="pending", after=None, limit=100
         )
         next_seq = steps[-1].seq + 1 if steps else 0
         return render(
-            request, "run.html", run=row, entries=timeline.entries(steps), next_seq=next_seq,
-            approvals=[a for a in pending if a.run_id == row.run_id], decisions=DECISIONS,
+            request,
+            "run.html",
+            run=row,
+            entries=timeline.entries(steps),
+            next_seq=next_seq,
+            approvals=[a for a in pending if a.run_id == row.run_id],
+            decisions=DECISIONS,
             run_id=row.run_id,
-        )  # fmt: skip
+        )
 
     async def events(self, request: Request) -> Response:
         """The run's timeline as server-sent events, from WatchRun's feed: `run` (the summary,
@@ -114,17 +139,19 @@ class RunPages:
         from_seq = min(last + 1, MAX_SEQ) if last is not None else asked
         who, csrf = request.state.who, request.state.csrf
         return StreamingResponse(
-            self._stream(row, from_seq, who, csrf), media_type="text/event-stream",
+            self._stream(row, from_seq, who, csrf),
+            media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )  # fmt: skip
+        )
 
     async def _stream(
         self, row: run_store.Run, from_seq: int, who: Principal, csrf: str
     ) -> AsyncIterator[str]:
         previous: step_store.Step | None = None
         if from_seq > 0:
-            earlier = await step_store.list_steps(self.c.pool, row.workspace_id, row.run_id,
-                                                  from_seq - 1, 1)  # fmt: skip
+            earlier = await step_store.list_steps(
+                self.c.pool, row.workspace_id, row.run_id, from_seq - 1, 1
+            )
             previous = earlier[0] if earlier else None
         values = {"csrf": csrf, "decisions": DECISIONS, "who": who, "run_id": row.run_id}
         # The workspace was the principal's (checked in `events`); the feed needs no more of
@@ -135,8 +162,11 @@ class RunPages:
                 continue
             entry = timeline.entry(item, previous)
             previous = item
-            yield sse("step", fragment("_timeline.html", "step_row", entry, **values),
-                      event_id=str(item.seq))  # fmt: skip
+            yield sse(
+                "step",
+                fragment("_timeline.html", "step_row", entry, **values),
+                event_id=str(item.seq),
+            )
         yield sse("end", "")
 
     async def resolve(self, request: Request) -> Response:

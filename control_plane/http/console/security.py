@@ -87,20 +87,32 @@ def _plain_loopback(request: Request) -> bool:
 
 
 def set_cookie(
-    response: Response, request: Request, name: str, value: str, max_age: int,
+    response: Response,
+    request: Request,
+    name: str,
+    value: str,
+    max_age: int,
     same_site: str = "strict",
-) -> None:  # fmt: skip
+) -> None:
     response.set_cookie(
-        name, value, max_age=max_age, path="/console", httponly=True,
-        secure=not _plain_loopback(request), samesite=same_site,  # type: ignore[arg-type]
-    )  # fmt: skip
+        name,
+        value,
+        max_age=max_age,
+        path="/console",
+        httponly=True,
+        secure=not _plain_loopback(request),
+        samesite=same_site,  # type: ignore[arg-type]
+    )
 
 
 def clear_cookie(response: Response, request: Request, name: str) -> None:
     response.delete_cookie(
-        name, path="/console", httponly=True, secure=not _plain_loopback(request),
+        name,
+        path="/console",
+        httponly=True,
+        secure=not _plain_loopback(request),
         samesite="strict",
-    )  # fmt: skip
+    )
 
 
 def origin(url: str) -> str:

@@ -30,10 +30,18 @@ class Sessions:
         """A new session for `who` (a key or a person of a workspace): its cookie token."""
         assert who.workspace_id is not None and who.role is not None and who.kind in KINDS
         token = security.new_token()
-        await store.insert_session(self.pool, store.NewSession(
-            security.digest(token), who.workspace_id, KINDS[who.kind], who.name, who.role,
-            who.credential_id, SESSION_SECONDS,
-        ))  # fmt: skip
+        await store.insert_session(
+            self.pool,
+            store.NewSession(
+                security.digest(token),
+                who.workspace_id,
+                KINDS[who.kind],
+                who.name,
+                who.role,
+                who.credential_id,
+                SESSION_SECONDS,
+            ),
+        )
         return token
 
     async def principal(self, request: Request) -> Principal | None:
@@ -48,10 +56,12 @@ class Sessions:
             role = await identity.member_role(self.pool, row.workspace_id, row.principal)
             if role is None:
                 return None
-            return Principal(Kind.PERSON, row.principal, row.workspace_id, role, None,
-                             row.credential_id)  # fmt: skip
-        who = Principal(Kind.KEY, row.principal, row.workspace_id, row.role, None,
-                        row.credential_id)  # fmt: skip
+            return Principal(
+                Kind.PERSON, row.principal, row.workspace_id, role, None, row.credential_id
+            )
+        who = Principal(
+            Kind.KEY, row.principal, row.workspace_id, row.role, None, row.credential_id
+        )
         return who if await self.resolver.still_valid(who) else None
 
     async def end(self, request: Request) -> None:

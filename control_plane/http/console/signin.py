@@ -47,10 +47,15 @@ class SignInPages:
     async def form(self, request: Request, *, status: int = 200, error: str = "") -> Response:
         cookie = request.cookies.get(security.SIGNIN_COOKIE) or security.new_token()
         response = render(
-            request, "signin.html", status=status, csrf=security.csrf_token(cookie), who=None,
-            sso=self.c.flow is not None, error=error,
+            request,
+            "signin.html",
+            status=status,
+            csrf=security.csrf_token(cookie),
+            who=None,
+            sso=self.c.flow is not None,
+            error=error,
             next=safe_next(request.query_params.get("next", "")),
-        )  # fmt: skip
+        )
         security.set_cookie(response, request, security.SIGNIN_COOKIE, cookie, SIGNIN_SECONDS)
         idp = security.origin(self.c.flow.verifier.issuer) if self.c.flow is not None else ""
         return security.harden(response, form_action=idp)

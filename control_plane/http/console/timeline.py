@@ -17,10 +17,15 @@ from typing import Any
 from control_plane.store.steps import Step
 
 LABELS = {
-    "input": "Input", "model_decision": "Model decision", "tool_started": "Tool call started",
-    "tool_result": "Tool result", "park": "Parked", "finish": "Finished",
-    "approval_requested": "Approval requested", "approval_decided": "Approval decided",
-}  # fmt: skip
+    "input": "Input",
+    "model_decision": "Model decision",
+    "tool_started": "Tool call started",
+    "tool_result": "Tool result",
+    "park": "Parked",
+    "finish": "Finished",
+    "approval_requested": "Approval requested",
+    "approval_decided": "Approval decided",
+}
 # Steps after which the run waited (or was decided for while waiting): the next epoch is a wake.
 WAITS = {"park", "approval_requested", "approval_decided"}
 
@@ -125,8 +130,13 @@ def _other(e: Entry, p: dict[str, Any]) -> None:
         e.code = pretty(p)
 
 
-FILL = {"model_decision": _decision, "tool_started": _started, "tool_result": _result,
-        "approval_requested": _approval, "approval_decided": _approval}  # fmt: skip
+FILL = {
+    "model_decision": _decision,
+    "tool_started": _started,
+    "tool_result": _result,
+    "approval_requested": _approval,
+    "approval_decided": _approval,
+}
 
 
 def implied(previous: Step | None, step: Step) -> str:
@@ -141,8 +151,14 @@ def implied(previous: Step | None, step: Step) -> str:
 
 
 def entry(step: Step, previous: Step | None = None) -> Entry:
-    e = Entry(step.seq, step.kind, step.epoch, step.ref_seq, step.created_at,
-              LABELS.get(step.kind, step.kind))  # fmt: skip
+    e = Entry(
+        step.seq,
+        step.kind,
+        step.epoch,
+        step.ref_seq,
+        step.created_at,
+        LABELS.get(step.kind, step.kind),
+    )
     try:
         payload = json.loads(step.payload)
     except ValueError:

@@ -29,8 +29,14 @@ class WorkspacePages:
         agents = await store.queue_by_agent(self.c.pool, ws)
         waits = await store.waits(self.c.pool, ws)
         rate_waits = sum(w["runs"] for w in waits if w["wait_reason"] == "rate")
-        return render(request, "queue.html", workspace=dict(row), agents=agents, waits=waits,
-                      rate_waits=rate_waits)  # fmt: skip
+        return render(
+            request,
+            "queue.html",
+            workspace=dict(row),
+            agents=agents,
+            waits=waits,
+            rate_waits=rate_waits,
+        )
 
     async def triggers(self, request: Request) -> Response:
         ws = auth_context.workspace("")
@@ -48,5 +54,11 @@ class WorkspacePages:
                 self.c.pool, ws, t["trigger_id"], None, EVENTS_SHOWN
             )
             events[t["trigger_id"]] = [e for e in found if not status or e["status"] == status]
-        return render(request, "triggers.html", triggers=rows, events=events, chosen=chosen,
-                      event_status=status)  # fmt: skip
+        return render(
+            request,
+            "triggers.html",
+            triggers=rows,
+            events=events,
+            chosen=chosen,
+            event_status=status,
+        )
