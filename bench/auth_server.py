@@ -31,7 +31,7 @@ from control_plane.auth import context
 from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.principal import Kind, Principal
 from control_plane.auth.resolver import Resolver
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start, write_port_file
 from telemetry import event_loop
 

@@ -34,7 +34,7 @@ from bench.postgres import BenchPostgres
 from bench.procs import Procs, workdir
 from bench.services import start_control_plane
 from bench.stats import ratio
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 
 REPLICAS = (1, 2)
 EXECUTORS_PER_REPLICA = 4

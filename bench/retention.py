@@ -7,7 +7,7 @@ that finished 40 days ago with the scenario's steps each (bulk-loaded with gener
 step_count set as every step-writing statement keeps it, then VACUUM ANALYZE), in BLOCKS
 slices an hour apart. Single-claim latency is measured as in `bench claim` (insert one due
 run, time one claim), in alternating blocks: a block with no deleter, then one while
-control_plane.retention (its defaults: statement size, rest between statements, step rows
+control_plane.runs.retention (its defaults: statement size, rest between statements, step rows
 a second) deletes the next slice until it is gone, and so on, and a last block with no
 deleter. A block with no deleter between two with it takes as many claims as the one
 before it, the first 1,000 (--quick: 200) and the last half the one before it: both p99s
@@ -35,7 +35,7 @@ from bench import report
 from bench.claim import seed
 from bench.postgres import BenchPostgres, bench_postgres, foreign_keys_unchecked
 from bench.stats import Summary, ratio
-from control_plane.retention import Retention
+from control_plane.runs.retention import Retention
 from control_plane.store.db import create_pool
 from control_plane.store.lease import claim_due
 
@@ -110,7 +110,7 @@ async def _busy_block(
 
 
 def _total_steps(quick: bool) -> int:
-    # The deleter's 25,000 step rows a second (control_plane.retention.STEPS_PER_SECOND)
+    # The deleter's 25,000 step rows a second (control_plane.runs.retention.STEPS_PER_SECOND)
     # take 16 s a scenario over 400k, and the blocks without it as long again.
     return 100_000 if quick else 400_000
 

@@ -36,7 +36,6 @@ from agentrun.v1 import (
     trigger_pb2,
     trigger_pb2_grpc,
 )
-from control_plane import logs, releases
 from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
@@ -55,7 +54,6 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
-from control_plane.config import ServerConfig
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.connections.revocation import Revocations
@@ -63,23 +61,26 @@ from control_plane.connections.tokens import ConnectionTokens
 from control_plane.credits.service import CreditServicer
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
+from control_plane.deploys import releases
 from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.session import ExecutorSession
-from control_plane.errors import ErrorInterceptor
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import ErrorInterceptor
 from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
-from control_plane.readiness import Readiness
-from control_plane.retention import Retention
-from control_plane.scheduler import Scheduler
+from control_plane.ops import logs
+from control_plane.ops.readiness import Readiness
+from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
+from control_plane.runs.retention import Retention
 from control_plane.store.db import Pool, create_pool
-from control_plane.tls import add_port, check_transport, http_files, server_credentials
 from control_plane.tools import builtins, registry
 from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
+from control_plane.triggers.scheduler import Scheduler
 from telemetry import event_loop, tracing
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The contract canary's executor side: a fixed protocol marker instead of a model call.
 
-`agentrun canary` (control_plane/canary.py) admits a run of the internal canary
+`agentrun canary` (control_plane/deploys/canary.py) admits a run of the internal canary
 workspace. It travels the whole path every run does — claim, the claim-time
 context (assignment, agent version, step log), this boundary, fence admission
 of every commit, a tool call's start and result commits, normal completion —
@@ -18,7 +18,7 @@ from typing import Any
 
 from executor.models.base import DEFAULT_SETTINGS, ModelReply, ModelSettings, ToolCall
 
-# Shared with control_plane/canary.py by value (the executor never imports the control plane).
+# Shared with control_plane/deploys/canary.py by value (the executor never imports the control plane).
 WORKSPACE = "agentrun-internal-canary"
 TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"

@@ -705,7 +705,7 @@ class RunLoop:
     async def _start_child(self, started: executor_pb2.NewStep) -> str:
         """Started and parked on the child in one commit; the control plane admits the child
         in that commit's transaction and writes its outcome as this call's result, waking
-        the run (control_plane/children.py)."""
+        the run (control_plane/runs/children.py)."""
         park = steps.park(started.seq + 1, CHILD_WAIT, None, "waiting for a child run")
         await self._commit(
             [started, park], park=steps.park_transition(CHILD_WAIT, None), tool_calls=1

@@ -2,7 +2,7 @@
 
 The call is committed as started together with a park (wait reason "signal"; wake time the
 call's timeout, or none). The control plane writes the signal as the call's result and wakes
-the run (control_plane/signals.py), in the park commit's own transaction when the signal came
+the run (control_plane/runs/signals.py), in the park commit's own transaction when the signal came
 first. So a run that resumes with the call still open either timed out or was woken early:
 the timeout (if any) is then the call's result, else it waits again.
 """

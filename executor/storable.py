@@ -25,7 +25,7 @@ from typing import Any
 
 REPLACEMENT = "\ufffd"
 # The deepest outside data may nest in a step: what a caller's JSON may be
-# (control_plane/api/validate.py MAX_JSON_DEPTH), since a tool call's arguments go back to
+# (control_plane/ground/validate.py MAX_JSON_DEPTH), since a tool call's arguments go back to
 # callers, who may edit and resend them (approvals); a commit's steps may nest up to 512
 # (control_plane/dispatch/session.py MAX_PAYLOAD_DEPTH). `value` recurses this deep at most.
 MAX_DEPTH = 64

@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 
 from agentrun_cli.devstack import EmbeddedPostgres, EmbeddedRedis
-from control_plane.config import ServerConfig
 from control_plane.dispatch import commits
+from control_plane.ground.config import ServerConfig
 from control_plane.server import RunningServer
 from control_plane.server import start as start_server
 from tests.harness import secrets_seen

@@ -16,12 +16,12 @@ import grpc
 
 from agentrun.v1 import admin_pb2 as pb
 from agentrun.v1 import admin_pb2_grpc
-from control_plane.api import convert, validate
 from control_plane.auth import audit, credentials
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import ROLES, Kind
-from control_plane.canary import CANARY_WORKSPACE
-from control_plane.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from control_plane.deploys.canary import CANARY_WORKSPACE
+from control_plane.ground import convert, validate
+from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import identity as store
 from control_plane.store import retention, workspaces
 from control_plane.store.db import Pool, transaction

@@ -7,12 +7,12 @@ import re
 import grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
-from control_plane.api import constraints, convert, model_parameters, validate
 from control_plane.api.admin import keyset_page, text_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
-from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
+from control_plane.ground import constraints, convert, model_parameters, validate
+from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import agents as store
 from control_plane.store.db import Pool, transaction
 from control_plane.tools import guard

@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
-from control_plane.api import convert, validate
 from control_plane.api.runs import decode_page_token, encode_page_token
 from control_plane.approvals import decisions
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
-from control_plane.errors import InvalidArgument, NotFound, PermissionDenied
+from control_plane.ground import convert, validate
+from control_plane.ground.errors import InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import approvals as store
 from control_plane.store.db import Pool
 

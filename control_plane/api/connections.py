@@ -8,11 +8,11 @@ import grpc
 
 from agentrun.v1 import connection_pb2 as pb
 from agentrun.v1 import connection_pb2_grpc, executor_pb2
-from control_plane.api import convert, validate
 from control_plane.auth import context as auth_context
 from control_plane.connections.revocation import Revocations
 from control_plane.connections.tokens import ConnectionTokens
-from control_plane.errors import NotFound, PermissionDenied
+from control_plane.ground import convert, validate
+from control_plane.ground.errors import NotFound, PermissionDenied
 from control_plane.store import connections as store
 from control_plane.store.connections import StoredConnection
 from control_plane.store.db import Pool

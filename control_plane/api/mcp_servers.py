@@ -22,12 +22,12 @@ from urllib.parse import urlsplit
 import grpc
 
 from agentrun.v1 import tool_pb2, tool_pb2_grpc
-from control_plane.api import convert
 from control_plane.api.tools import prepared, save
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections.tokens import ConnectionTokens
-from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground import convert
+from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import connections as connections_store
 from control_plane.store import mcp_servers as store
 from control_plane.store import tools as tools_store

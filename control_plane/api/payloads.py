@@ -13,7 +13,12 @@ import uuid
 
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.auth import context as auth_context
-from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from control_plane.ground.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from control_plane.store import payloads as payload_store
 from control_plane.store.db import Pool
 from control_plane.store.errors import Fenced

@@ -13,14 +13,15 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane import children, forks, releases
-from control_plane.api import convert, signals, validate
+from control_plane.api import signals
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.config import RunDefaults
 from control_plane.connections import triggering
+from control_plane.deploys import releases
 from control_plane.dispatch.fast_path import DeltaHub, with_deltas
-from control_plane.errors import (
+from control_plane.ground import convert, validate
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import (
     Aborted,
     DomainError,
     FailedPrecondition,
@@ -28,6 +29,7 @@ from control_plane.errors import (
     NotFound,
     PermissionDenied,
 )
+from control_plane.runs import children, forks
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as fork_store
 from control_plane.store import lease as lease_store

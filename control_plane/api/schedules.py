@@ -11,11 +11,11 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import trigger_pb2 as pb
-from control_plane.api import convert, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.config import RunDefaults
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground import convert, validate
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.store import schedules as store
 from control_plane.store.admission import MAX_INPUT_BYTES
 from control_plane.store.db import Pool, transaction

@@ -24,13 +24,13 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import session_pb2, session_pb2_grpc
-from control_plane.api import convert, validate
 from control_plane.api.runs import TERMINAL
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.config import RunDefaults
 from control_plane.dispatch import fast_path
-from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground import convert, validate
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import runs as run_store
 from control_plane.store import sessions as store

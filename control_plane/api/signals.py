@@ -1,13 +1,13 @@
-"""RunService.SignalRun: parse the request, send the signal (control_plane/signals.py), convert."""
+"""RunService.SignalRun: parse the request, send the signal (control_plane/runs/signals.py), convert."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from agentrun.v1 import run_pb2
-from control_plane import signals
-from control_plane.api import convert, validate
 from control_plane.auth import context as auth_context
+from control_plane.ground import convert, validate
+from control_plane.runs import signals
 from control_plane.store import runs as run_store
 from control_plane.store.db import Pool
 

@@ -7,11 +7,11 @@ import asyncio
 import grpc
 
 from agentrun.v1 import tool_pb2, tool_pb2_grpc
-from control_plane.api import validate
 from control_plane.api.admin import keyset_page, text_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.store import tools as store
 from control_plane.store.db import Connection, Pool, transaction
 from control_plane.tools import definitions, openapi

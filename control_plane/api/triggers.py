@@ -15,7 +15,6 @@ import grpc
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from control_plane.api import convert, validate
 from control_plane.api.runs import decode_page_token, encode_page_token
 from control_plane.api.schedules import (
     MAX_NOTE_BYTES,
@@ -25,9 +24,10 @@ from control_plane.api.schedules import (
 )
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.config import RunDefaults
 from control_plane.crypto.envelope import Envelope
-from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground import convert, validate
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import triggers as store
 from control_plane.store.db import transaction

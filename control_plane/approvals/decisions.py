@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import faults
-from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.approvals.policy import FALLBACK_APPROVER
 from control_plane.auth import audit
 from control_plane.auth.principal import Capability, Kind, Principal
-from control_plane.errors import (
+from control_plane.ground import validate
+from control_plane.ground.errors import (
     Aborted,
     FailedPrecondition,
     InvalidArgument,

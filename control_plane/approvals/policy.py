@@ -6,9 +6,9 @@ import uuid
 from typing import Any
 
 from agentrun.v1 import executor_pb2
-from control_plane.api import validate
 from control_plane.approvals.hashing import arguments_sha256
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 from control_plane.store.approvals import Approval, NewApproval
 from control_plane.store.outbox import Notification
 

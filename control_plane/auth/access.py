@@ -98,7 +98,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}McpServerService/GetMcpServer": Need.READ,
     f"{_V1}McpServerService/ListMcpServers": Need.READ,
     f"{_V1}McpServerService/SyncMcpServer": Need.ADMIN,
-    # Deploys (control_plane/releases.py, canary.py): the platform's operators.
+    # Deploys (control_plane/deploys/releases.py, canary.py): the platform's operators.
     f"{_V1}ReleaseService/ListReleases": Need.PLATFORM,
     f"{_V1}ReleaseService/GetRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/DrainRelease": Need.PLATFORM,

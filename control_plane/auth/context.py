@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from control_plane.auth.principal import Principal
-from control_plane.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from control_plane.ground.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 _CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "agentrun_principal", default=None

@@ -24,7 +24,7 @@ from control_plane.auth import access, audit, context
 from control_plane.auth.mtls import executor_from_peer
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import Resolver
-from control_plane.errors import DomainError, PermissionDenied, status_for
+from control_plane.ground.errors import DomainError, PermissionDenied, status_for
 
 log = logging.getLogger(__name__)
 

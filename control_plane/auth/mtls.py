@@ -1,7 +1,7 @@
 """Executor identity from a verified client certificate (mutual TLS), instead of a key.
 
 The executor listener requires client certificates signed by `AGENTRUN_TLS_CLIENT_CA`
-(control_plane/tls.py); grpc verifies the chain in the handshake and hands the peer's
+(control_plane/ops/tls.py); grpc verifies the chain in the handshake and hands the peer's
 identity to the call as `context.auth_context()`. A certificate names an executor by
 URI subject alternative names:
 

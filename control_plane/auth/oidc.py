@@ -34,7 +34,7 @@ import httpx
 import jwt
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from control_plane.errors import Unauthenticated
+from control_plane.ground.errors import Unauthenticated
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from control_plane.auth import keys
 from control_plane.auth.oidc import OidcVerifier, looks_like_jwt
 from control_plane.auth.principal import Kind, Principal
-from control_plane.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from control_plane.ground.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from control_plane.store import identity as store
 
 _KINDS = {"workspace": Kind.KEY, "executor": Kind.EXECUTOR, "platform": Kind.PLATFORM}

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from control_plane.api import validate
+from control_plane.ground import validate
 
 TIMEOUT_SECONDS = 10.0
 # A token's lifetime when the answer gives none that is a number of seconds, and the most

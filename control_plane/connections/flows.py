@@ -24,7 +24,7 @@ from control_plane.connections.client import (
 )
 from control_plane.connections.tokens import ConnectionTokens, ConnectionUnavailable
 from control_plane.crypto.envelope import CONNECTION_TOKEN, Envelope
-from control_plane.errors import FailedPrecondition, InvalidArgument
+from control_plane.ground.errors import FailedPrecondition, InvalidArgument
 from control_plane.store import connections as store
 from control_plane.store.connections import Flow
 from control_plane.store.db import Pool

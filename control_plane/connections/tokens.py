@@ -36,7 +36,7 @@ from control_plane.connections.client import (
     TokenAnswer,
 )
 from control_plane.crypto.envelope import CONNECTION_TOKEN, Envelope
-from control_plane.errors import DomainError, FailedPrecondition, NotFound
+from control_plane.ground.errors import DomainError, FailedPrecondition, NotFound
 from control_plane.store import connections as store
 from control_plane.store.connections import NewPair, RefreshBusy, StoredConnection
 from control_plane.store.db import Pool, transaction

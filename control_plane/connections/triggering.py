@@ -12,8 +12,8 @@ triggering connection (store/sql/connections.sql, connection_lease_allows).
 
 from __future__ import annotations
 
-from control_plane.api import validate
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 from control_plane.store import connections as store
 from control_plane.store.db import Pool
 

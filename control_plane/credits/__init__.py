@@ -1,7 +1,7 @@
 """Credits: a workspace's balance, its append-only ledger, and the runs' reservations.
 
 Every model call and tool call is priced when its step is committed
-(control_plane/pricing.py, a table of integer micro-credits) and summed on the run in
+(control_plane/credits/pricing.py, a table of integer micro-credits) and summed on the run in
 the commit's own statement. A workspace that has been granted credits has an account;
 one that never was is unlimited (its runs are priced, never stopped).
 

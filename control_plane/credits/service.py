@@ -6,10 +6,10 @@ import grpc
 
 from agentrun.v1 import credit_pb2 as pb
 from agentrun.v1 import credit_pb2_grpc
-from control_plane.api import convert, validate
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground import convert, validate
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.store import credits as store
 from control_plane.store import workspaces
 from control_plane.store.db import Pool, transaction

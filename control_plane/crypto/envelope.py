@@ -35,7 +35,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from control_plane.crypto.kms import KEY_BYTES, NONCE_BYTES, Kms, KmsError, WrappedKey
-from control_plane.errors import DomainError
+from control_plane.ground.errors import DomainError
 from control_plane.store import crypto as store
 from control_plane.store.crypto import StoredDataKey
 from control_plane.store.db import Pool

@@ -36,7 +36,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from agentrun.v1 import run_pb2
-from control_plane import metrics
+from control_plane.ops import metrics
 from control_plane.store.notify import MAX_PAYLOAD_BYTES, Listening
 
 log = logging.getLogger(__name__)

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 import faults
 from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import metrics, releases
-from control_plane.api import convert
-from control_plane.config import ServerConfig
 from control_plane.credits.claims import reserve_claimed
+from control_plane.deploys import releases
 from control_plane.dispatch import fast_path
 from control_plane.dispatch.liveness import release_on_break
+from control_plane.ground import convert
+from control_plane.ground.config import ServerConfig
+from control_plane.ops import metrics
 from control_plane.store import agents as agent_store
 from control_plane.store import executor_tools
 from control_plane.store import lease as lease_store
@@ -162,7 +163,7 @@ class Dispatcher:
 
         Executors carrying different tools claim apart, each only the runs whose
         agent version needs no tool it lacks; so do executors of different
-        releases (control_plane/releases.py). A draining stream claims nothing."""
+        releases (control_plane/deploys/releases.py). A draining stream claims nothing."""
         Key = tuple[tuple[str, ...] | None, frozenset[str], str, tuple[str, ...]]
         groups: dict[Key, list[ExecutorSession]] = {}
         for session in self._sessions.values():

@@ -56,10 +56,11 @@ from prometheus_client import Counter, Gauge
 
 from agentrun.v1 import agent_pb2, run_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import metrics, releases
-from control_plane.api import convert
 from control_plane.credits.claims import reserve_claimed
+from control_plane.deploys import releases
 from control_plane.dispatch.delta_relay import DeltaRelay, Key
+from control_plane.ground import convert
+from control_plane.ops import metrics
 from control_plane.store import sessions as session_store
 from control_plane.store.db import Connection, Pool
 from control_plane.store.runs import Run

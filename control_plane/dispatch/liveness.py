@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter
 
 from agentrun.v1 import executor_pb2 as pb
-from control_plane.config import ServerConfig
-from control_plane.metrics import REGISTRY
+from control_plane.ground.config import ServerConfig
+from control_plane.ops.metrics import REGISTRY
 from control_plane.store import lease as lease_store
 from control_plane.store.db import Pool
 

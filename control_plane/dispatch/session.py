@@ -15,18 +15,20 @@ from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane import children, metrics, pricing, signals
-from control_plane.api import convert, decoding, validate
 from control_plane.approvals import needs_help
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
-from control_plane.canary import CANARY_WORKSPACE
-from control_plane.config import ServerConfig
 from control_plane.connections import parks as connection_parks
+from control_plane.credits import pricing
+from control_plane.deploys.canary import CANARY_WORKSPACE
+from control_plane.deploys.releases import tell_draining
 from control_plane.dispatch import commits
 from control_plane.dispatch.liveness import Liveness
-from control_plane.errors import InvalidArgument, status_for
-from control_plane.releases import tell_draining
+from control_plane.ground import convert, decoding, validate
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import InvalidArgument, status_for
+from control_plane.ops import metrics
+from control_plane.runs import children, signals
 from control_plane.store import executor_tools, releases
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store

@@ -25,13 +25,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from control_plane.api import validate
 from control_plane.approvals import decisions, tokens
 from control_plane.auth import context as auth_context
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver, bearer
-from control_plane.config import ServerConfig
-from control_plane.errors import DomainError, InvalidArgument, PermissionDenied, Unauthenticated
+from control_plane.ground import validate
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import (
+    DomainError,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+)
 from control_plane.store import approvals as store
 from control_plane.store.db import Pool
 from control_plane.triggers import signatures

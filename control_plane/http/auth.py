@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from control_plane.auth import access, audit, context
 from control_plane.auth.resolver import Resolver
-from control_plane.errors import PermissionDenied
+from control_plane.ground.errors import PermissionDenied
 from control_plane.http.errors import Handler
 
 

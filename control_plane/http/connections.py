@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from control_plane.api import validate
 from control_plane.auth import context as auth_context
 from control_plane.auth.access import Need
 from control_plane.connections.flows import CALLBACK_PATH, ConnectionFlows, default_scopes
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import json_errors

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver
-from control_plane.config import ServerConfig
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.crypto.envelope import Envelope
-from control_plane.readiness import Readiness
+from control_plane.ground.config import ServerConfig
+from control_plane.ops.readiness import Readiness
 from control_plane.store.db import Pool
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Domain errors as HTTP answers, in one place (the HTTP twin of control_plane.errors).
+"""Domain errors as HTTP answers, in one place (the HTTP twin of control_plane.ground.errors).
 
 Route handlers raise the same DomainError subclasses the gRPC servicers do;
 `json_errors` turns them into a JSON body `{"error", "code"}` with the status
@@ -15,7 +15,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from control_plane.errors import DomainError, status_for
+from control_plane.ground.errors import DomainError, status_for
 
 log = logging.getLogger(__name__)
 

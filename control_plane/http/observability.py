@@ -2,7 +2,7 @@
 
 `/metrics` answers a caller with `AGENTRUN_METRICS_TOKEN` as its bearer token (a
 scrape-only secret; works while Postgres is down) or a platform key; its labels name
-workspaces, so no other credential may read it (control_plane/metrics.py).
+workspaces, so no other credential may read it (control_plane/ops/metrics.py).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from control_plane import metrics
 from control_plane.auth.principal import Kind
 from control_plane.auth.resolver import bearer
-from control_plane.errors import PermissionDenied
+from control_plane.ground.errors import PermissionDenied
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import json_errors
-from control_plane.readiness import Readiness
+from control_plane.ops import metrics
+from control_plane.ops.readiness import Readiness
 
 
 def routes(ctx: HttpContext) -> list[Route]:

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from control_plane.api import validate
 from control_plane.crypto.envelope import CannotOpen
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import error, json_errors
 from control_plane.store import triggers as store

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
 
 # A run's input text, at most (trigger sources clip to it, StartRun refuses more).
 MAX_INPUT_BYTES = 256 * 1024

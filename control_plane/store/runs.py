@@ -61,10 +61,10 @@ class Run:
     # A child run's parent and the seq of the start_child call that admitted it.
     parent_run_id: uuid.UUID | None
     parent_seq: int | None
-    # A fork's source run and the last seq copied from its log (control_plane/forks.py).
+    # A fork's source run and the last seq copied from its log (control_plane/runs/forks.py).
     forked_from_run_id: uuid.UUID | None
     forked_from_seq: int | None
-    # Usage and cost priced at commit (control_plane/pricing.py); credits this run reserved.
+    # Usage and cost priced at commit (control_plane/credits/pricing.py); credits this run reserved.
     input_tokens: int
     output_tokens: int
     cached_tokens: int

@@ -11,7 +11,7 @@ from datetime import datetime
 import asyncpg
 
 import faults
-from control_plane.pricing import Usage
+from control_plane.credits.pricing import Usage
 from control_plane.store import credits, records
 from control_plane.store.db import Lane, in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced, transient
@@ -75,7 +75,7 @@ class CommitRequest:
     model_calls: int = 0
     tool_calls: int = 0
     tokens: int = 0
-    # Tokens and cost of the steps, priced from the table (control_plane/pricing.py).
+    # Tokens and cost of the steps, priced from the table (control_plane/credits/pricing.py).
     usage: Usage = field(default_factory=Usage)
     # Renew the lease on every commit that keeps it (an executor that counts every commit
     # as a renewal); False: only once half of it or less is left (sql/lease.sql says why).

@@ -12,7 +12,7 @@ What it holds to (tool.proto says what each field means):
   headers, query and body) are arguments of the schema, no credential header of its own (the
   token comes from `connection` at call time, sent as `auth` says), bounded size and timeout;
 * an MCP target names its server, tool and streamable HTTP URL, and a bounded timeout;
-* no URL's host is a literal address tools may not reach (executor/tools/netguard.py:
+* no URL's host is a literal address tools may not reach (ground/netguard.py:
   link-local, multicast, unspecified; private and loopback when the operator denies them).
   Names are checked again, resolved, at every call.
 """
@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 from jsonschema import Draft202012Validator, SchemaError
 
 from agentrun.v1 import tool_pb2
-from control_plane.api.validate import json_value
-from control_plane.errors import InvalidArgument
-from executor.tools import netguard
+from control_plane.ground.errors import InvalidArgument
+from control_plane.ground.validate import json_value
+from ground import netguard
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CONNECTION = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentrun.v1 import agent_pb2, tool_pb2
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.store import executor_tools
 from control_plane.store import tools as tool_store
 from control_plane.store.db import Connection, Pool

@@ -19,7 +19,7 @@ offered; the versions agent versions pinned stay as they are). `digest` names on
 a caller can apply exactly the diff it was shown.
 
 The server's URL is the workspace's data: the control plane asks it only through the
-network guard (executor/tools/netguard.py), as the executor calls it.
+network guard (ground/netguard.py), as the executor calls it.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from agentrun.v1 import tool_pb2
-from control_plane.errors import InvalidArgument
-from executor.tools import netguard
+from control_plane.ground.errors import InvalidArgument
+from ground import netguard
 
 if TYPE_CHECKING:
     from mcp.types import Tool as McpTool

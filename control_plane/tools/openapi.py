@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from agentrun.v1 import tool_pb2
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.tools import definitions
 
 MAX_DOCUMENT_CHARS = 2_000_000

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 
 # The catalogue shipped with the executor, unless AGENTRUN_CATALOGUE names another.
 SHIPPED_CATALOGUE = Path(__file__).resolve().parents[2] / "executor" / "tools" / "catalogue.json"

@@ -7,7 +7,7 @@ A trigger belongs to one agent and has one source:
 * **mail_push** – a provider POSTs "something changed" with only a history id,
   and the control plane fetches the changes (`push.py`);
 * **schedule** – cron in a time zone, or an interval, fired by the scheduler
-  loop (`control_plane/scheduler.py`).
+  loop (`control_plane/triggers/scheduler.py`).
 
 The ingress does the minimum synchronously (senders retry when they do not
 get a fast 2xx, Stripe for up to three days): verify the signature

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from control_plane.config import RunDefaults
-from control_plane.errors import FailedPrecondition
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import FailedPrecondition
 from control_plane.store import agents as agent_store
 from control_plane.store import flow as flow_store
 from control_plane.store import triggers as store

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from control_plane.api import validate
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 from control_plane.triggers import filters, flow, mail
 from control_plane.triggers.admission import Event
 from control_plane.triggers.signatures import SCHEMES

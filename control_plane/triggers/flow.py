@@ -25,8 +25,8 @@ from datetime import datetime
 from typing import Any
 
 import faults
-from control_plane.config import RunDefaults
-from control_plane.errors import FailedPrecondition, InvalidArgument
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import FailedPrecondition, InvalidArgument
 from control_plane.store import agents as agent_store
 from control_plane.store import flow as flow_store
 from control_plane.store import triggers as store

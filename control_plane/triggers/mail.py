@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Any
 
-from control_plane.api import validate
+from control_plane.ground import validate
 
 MARKER_HEADER = "X-Agentrun-Origin"
 MARKER_VALUE = "agentrun"

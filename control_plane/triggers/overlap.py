@@ -1,7 +1,7 @@
 """Overlap policies: what one slot of a schedule does while runs it started are still going.
 
 Every way a slot fires comes here: the scheduler's due slots and released buffers
-(control_plane/scheduler.py), a backfill and a trigger-now (schedule_ops.py). The caller
+(control_plane/triggers/scheduler.py), a backfill and a trigger-now (schedule_ops.py). The caller
 holds the schedule's row locked (FOR UPDATE, or SKIP LOCKED in the scheduler), so for one
 schedule the check and the act below are never interleaved with another firing, on any
 replica. First the slot's dedupe key is looked up: a slot that already has its event
@@ -30,7 +30,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
 from control_plane.store import runs as run_store
 from control_plane.store import schedules as store
 from control_plane.store import triggers as trigger_store

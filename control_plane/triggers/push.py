@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries, mail
 from control_plane.triggers.deliveries import Settings

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground.errors import FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import schedules as store
 from control_plane.store import triggers as trigger_store
 from control_plane.store.db import Connection, Record

@@ -14,8 +14,9 @@ from executor import http_session
 from executor.config import ExecutorConfig
 from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.retry_after import retry_after
-from executor.tools import netguard, template
+from executor.tools import template
 from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
+from ground import netguard
 
 if TYPE_CHECKING:
     from executor.tools.credentials import Credential
@@ -30,7 +31,7 @@ class NotSent(ToolSendError):
 
 
 class Blocked(NotSent):
-    """The tool's host is one tools may not reach (executor/tools/netguard.py): refused
+    """The tool's host is one tools may not reach (ground/netguard.py): refused
     before anything left, and sending again would be refused again."""
 
 

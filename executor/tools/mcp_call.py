@@ -32,8 +32,8 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallTo
 
 from executor import horizon, storable
 from executor.retry_after import retry_after
-from executor.tools import netguard
 from executor.tools.http_tool import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
+from ground import netguard
 
 if TYPE_CHECKING:
     from executor.tools.catalogue import Tool

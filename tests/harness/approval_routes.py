@@ -19,7 +19,7 @@ import pytest
 from starlette.applications import Starlette
 
 from control_plane.auth import oidc
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.http.approvals import ApprovalRoutes
 from tests.harness.processes import SandboxServer
 

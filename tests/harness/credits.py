@@ -57,7 +57,7 @@ def _ceil_micros(tokens: int, per_million: int) -> int:
 
 
 def step_cost(step: LoggedStep, prices: dict[str, Any]) -> int:
-    """The price table applied to one recorded step, as control_plane/pricing.py documents it."""
+    """The price table applied to one recorded step, as control_plane/credits/pricing.py documents it."""
     if step.kind == "tool_started":
         tools = prices["tools"]
         return int(tools.get(step.payload["tool"], tools["default"]))

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable
 from typing import Any
 
-from control_plane.api import validate
+from control_plane.ground import validate
 from executor.steps import tool_result
 from executor.tools.http_tool import ToolSendError
 from tests.harness.invariants import stored_payload

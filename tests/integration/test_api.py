@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2, run_pb2_grpc
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.auth import workspace_key

@@ -21,7 +21,7 @@ from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
 from control_plane.approvals import decisions, expiry, relay
 from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
-from control_plane.errors import Aborted
+from control_plane.ground.errors import Aborted
 from control_plane.server import start
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced

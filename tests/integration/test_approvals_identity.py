@@ -20,7 +20,7 @@ from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api.approvals import decider_of
 from control_plane.approvals import decisions
 from control_plane.auth.principal import Kind, Principal
-from control_plane.errors import PermissionDenied
+from control_plane.ground.errors import PermissionDenied
 from control_plane.server import start
 from tests.harness.approval_routes import config_fixture, http_fixture, pool_fixture  # noqa: F401
 from tests.harness.idp import add_member, id_token

@@ -19,7 +19,7 @@ import asyncpg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
-from control_plane.canary import CANARY_WORKSPACE, MARKER
+from control_plane.deploys.canary import CANARY_WORKSPACE, MARKER
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, sandbox_effects, sandbox_requests
 from tests.harness.cli import agentrun

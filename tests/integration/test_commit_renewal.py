@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from agentrun.v1 import executor_pb2, executor_pb2_grpc, run_pb2
-from control_plane import pricing
+from control_plane.credits import pricing
 from control_plane.store import lease, queries, runs, steps
 from control_plane.store.errors import Fenced
 from executor.lease import LeaseKeeper

@@ -19,11 +19,11 @@ from starlette.routing import Route
 
 from agentrun.v1 import connection_pb2 as pb
 from agentrun.v1 import connection_pb2_grpc, executor_pb2, executor_pb2_grpc
-from control_plane.config import ServerConfig
 from control_plane.connections.client import OAuthClient, OAuthSettings, ProviderUnreachable
 from control_plane.connections.tokens import ConnectionTokens, ConnectionUnusable
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
+from control_plane.ground.config import ServerConfig
 from control_plane.server import RunningServer
 from control_plane.server import start as start_server
 from control_plane.store.db import create_pool

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from agentrun.v1 import approval_pb2, run_pb2, trigger_pb2
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, sent_mail

@@ -3,9 +3,9 @@ once: never recorded on the ended stream, whose break released what it held befo
 
 from __future__ import annotations
 
-from control_plane.config import ServerConfig
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.session import ExecutorSession
+from control_plane.ground.config import ServerConfig
 from control_plane.store import lease, runs, steps
 from tests import factories
 

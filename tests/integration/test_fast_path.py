@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.v1 import agent_pb2, run_pb2, session_pb2, session_pb2_grpc
 from agentrun_cli.stack import SANDBOX_ANTHROPIC, sandbox_profiles
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import secrets_seen
 from tests.harness.agentrun_api import Api, sandbox_requests

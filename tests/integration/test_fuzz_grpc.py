@@ -32,9 +32,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentrun.v1 import agent_pb2, agent_pb2_grpc
-from control_plane.api.decoding import Refused, guard_decoder
-from control_plane.config import ServerConfig
-from control_plane.errors import PER_ITEM_FIELDS
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.decoding import Refused, guard_decoder
+from control_plane.ground.errors import PER_ITEM_FIELDS
 from control_plane.server import RunningServer, start
 from tests.harness.connect_probe import CLIENT_WRITE_FAILED
 from tests.harness.fuzzing import (

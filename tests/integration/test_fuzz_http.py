@@ -24,7 +24,7 @@ import pytest
 from starlette.applications import Starlette
 
 from agentrun.v1 import session_pb2
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import RunningServer, start
 from sandbox import idp, mcp_server, model_server, providers
 from sandbox.serve import BackgroundServer

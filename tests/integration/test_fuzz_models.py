@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from control_plane.api import validate
+from control_plane.ground import validate
 from executor.models.anthropic import AnthropicMessagesModel
 from executor.models.base import ModelRejected, ModelReply, ModelSettings, ModelUnavailable
 from executor.models.openai import OpenAIChatModel

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2, tool_pb2, tool_pb2_grpc
-from control_plane.config import ServerConfig
-from control_plane.errors import InvalidArgument
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import InvalidArgument
 from control_plane.server import start as start_server
 from control_plane.tools import mcp_sync
 from executor.horizon import SEND_GATE, Refused

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from control_plane.auth.oidc import OidcVerifier, VerifiedPerson
-from control_plane.errors import Unauthenticated
+from control_plane.ground.errors import Unauthenticated
 from tests.harness.idp import id_token, rotate, stats
 from tests.harness.processes import start_sandbox
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from agentrun.v1 import agent_pb2, approval_pb2, executor_pb2, executor_pb2_grpc
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.agentrun_api import Api

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from control_plane.readiness import Readiness
+from control_plane.ops.readiness import Readiness
 from control_plane.store.db import create_pool
 from tests.harness.tcp_proxy import TcpProxy
 from tests.harness.waiting import eventually

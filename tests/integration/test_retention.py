@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
-from control_plane.retention import Retention
+from control_plane.deploys.canary import CANARY_KEEP, CANARY_WORKSPACE
+from control_plane.runs.retention import Retention
 from control_plane.store import lease, runs
 from control_plane.store import retention as store
 from tests import factories
@@ -127,9 +127,9 @@ async def test_each_statement_deletes_at_most_a_batch(pool, caplog):
     gone = [(await store.delete_batch(pool, "ws", cutoff, 3)).runs for _ in range(2)]
     assert gone == [3, 3]
     ids.append(await _finished(pool, at=T))
-    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    caplog.set_level(logging.INFO, logger="control_plane.runs.retention")
     assert await Retention(pool, batch=3).tick(now=T + 2 * DAY) == 2
-    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.retention"]
+    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.runs.retention"]
     assert batches == [2]
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE workspace_id = 'ws'") == 0
 
@@ -158,11 +158,11 @@ async def test_the_loop_rests_after_each_statement_for_its_duty_cycle(pool, capl
     for i in range(3):
         await _finished(pool, at=T + i * timedelta(minutes=1))
     await _keep(pool, "ws", 1)
-    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    caplog.set_level(logging.INFO, logger="control_plane.runs.retention")
     began = asyncio.get_running_loop().time()
     assert await Retention(pool, batch=1, duty=0.25).tick(now=T + 2 * DAY) == 3
     took = asyncio.get_running_loop().time() - began
-    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    logged = [r.args for r in caplog.records if r.name == "control_plane.runs.retention"]
     assert [a[0] for a in logged] == [1, 1, 1]
     for _, _, _, statement, rest in logged:
         assert rest == pytest.approx(3 * statement)
@@ -178,13 +178,13 @@ async def test_the_loop_deletes_no_more_step_rows_a_second_than_its_rate(pool, c
     for i in range(3):
         await _finished(pool, at=T + i * timedelta(minutes=1))
     await _keep(pool, "ws", 1)
-    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    caplog.set_level(logging.INFO, logger="control_plane.runs.retention")
     began = asyncio.get_running_loop().time()
     # duty 1: no rest for the duty cycle, so every rest is the rate's.
     deleter = Retention(pool, batch=1, duty=1, steps_per_second=20)
     assert await deleter.tick(now=T + 2 * DAY) == 3
     took = asyncio.get_running_loop().time() - began
-    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    logged = [r.args for r in caplog.records if r.name == "control_plane.runs.retention"]
     assert [a[0] for a in logged] == [1, 1, 1]
     steps = [a[1] for a in logged]
     assert min(steps) >= 2, steps
@@ -196,7 +196,7 @@ async def test_the_loop_deletes_no_more_step_rows_a_second_than_its_rate(pool, c
     caplog.clear()
     deleter = Retention(pool, batch=1, duty=0.25, steps_per_second=1e9)
     assert await deleter.tick(now=T + 2 * DAY) == 1
-    logged = [r.args for r in caplog.records if r.name == "control_plane.retention"]
+    logged = [r.args for r in caplog.records if r.name == "control_plane.runs.retention"]
     ((_, _, _, statement, rest),) = logged
     assert rest == pytest.approx(3 * statement)
     with pytest.raises(ValueError, match="steps_per_second"):
@@ -207,9 +207,9 @@ async def test_the_loop_deletes_a_backlog_in_bounded_statements(pool, caplog):
     for _ in range(8):
         await _finished(pool, at=T)
     await _keep(pool, "ws", 1)
-    caplog.set_level(logging.INFO, logger="control_plane.retention")
+    caplog.set_level(logging.INFO, logger="control_plane.runs.retention")
     assert await Retention(pool, batch=3).tick(now=T + 2 * DAY) == 8
-    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.retention"]
+    batches = [r.args[0] for r in caplog.records if r.name == "control_plane.runs.retention"]
     assert batches == [3, 3, 2]
 
 

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from control_plane.config import RunDefaults
-from control_plane.scheduler import Scheduler
+from control_plane.ground.config import RunDefaults
 from control_plane.store import lease, runs, steps
 from control_plane.store import triggers as store
 from control_plane.triggers import overlap, schedule_ops
 from control_plane.triggers.schedule import Schedule
+from control_plane.triggers.scheduler import Scheduler
 from tests import factories
 
 WS = "ws"

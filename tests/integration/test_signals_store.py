@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from control_plane import signals
-from control_plane.errors import AlreadyExists, FailedPrecondition, NotFound
+from control_plane.ground.errors import AlreadyExists, FailedPrecondition, NotFound
+from control_plane.runs import signals
 from control_plane.store import lease, runs, steps
 from tests import factories
 from tests.harness.waiting import eventually

@@ -22,7 +22,7 @@ from agentrun.v1 import agent_pb2, agent_pb2_grpc, run_pb2
 from agentrun_cli.credentials import open_channel as cli_channel
 from control_plane.auth.mtls import executor_from_peer
 from control_plane.auth.principal import Kind
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import RunningServer, start
 from executor.transport import ChannelSecurity, open_channel
 from tests.harness.agentrun_api import Api

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from agentrun.v1 import run_pb2, tool_pb2, tool_pb2_grpc
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start as start_server
 from tests.harness import auth
 from tests.harness.agentrun_api import (

@@ -23,11 +23,11 @@ from starlette.routing import Route
 from agentrun.v1 import tool_pb2, tool_pb2_grpc
 from control_plane.tools import mcp_sync
 from executor.config import ExecutorConfig
-from executor.tools import netguard
 from executor.tools.definitions import from_proto
 from executor.tools.delivery import ToolDelivery
 from executor.tools.http_tool import Blocked, HttpToolClient, MaybeSent, ProviderError
 from executor.tools.mcp_call import call_mcp
+from ground import netguard
 from sandbox.mcp_server import create_app
 from sandbox.serve import BackgroundServer
 from tests.harness import auth

@@ -15,10 +15,10 @@ import pytest
 
 from agentrun.v1 import trigger_pb2 as pb
 from control_plane.api.triggers import _webhook
-from control_plane.config import RunDefaults
-from control_plane.scheduler import Scheduler
+from control_plane.ground.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries
+from control_plane.triggers.scheduler import Scheduler
 from tests import factories
 from tests.harness import auth
 from tests.harness.cli import agentrun_async

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2
-from control_plane.config import ServerConfig
 from control_plane.crypto.kms import LocalKms, WrappedKey
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start
 from tests.harness.auth import workspace_key
 from tests.harness.triggers import TriggerApi, post, signed

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentrun.v1 import trigger_pb2
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, mail, push
 from sandbox.providers import create_app

@@ -10,11 +10,11 @@ import asyncpg
 import pytest
 
 from agentrun.v1 import trigger_pb2
-from control_plane.config import RunDefaults
-from control_plane.scheduler import Scheduler
+from control_plane.ground.config import RunDefaults
 from control_plane.store import triggers as store
 from control_plane.triggers import admission
 from control_plane.triggers.schedule import Schedule, dedupe_key
+from control_plane.triggers.scheduler import Scheduler
 from tests import factories
 from tests.harness.triggers import TriggerApi, seconds
 from tests.harness.waiting import eventually

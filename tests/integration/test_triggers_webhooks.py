@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 from control_plane.server import start
 from control_plane.triggers.signatures import sign
 from tests.harness.cli import agentrun_async

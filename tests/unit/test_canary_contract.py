@@ -6,7 +6,7 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime
 
-from control_plane import canary as cp_canary
+from control_plane.deploys import canary as cp_canary
 from control_plane.store.runs import Run
 from executor import canary
 

@@ -12,8 +12,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
-from control_plane.api import convert
 from control_plane.dispatch import fast_path
+from control_plane.ground import convert
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 

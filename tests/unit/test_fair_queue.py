@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrun.v1 import run_pb2
-from control_plane.api import convert
+from control_plane.ground import convert
 from control_plane.store.lease import QueuePosition
 
 

@@ -6,7 +6,7 @@ import json
 import uuid
 from datetime import UTC, datetime
 
-from control_plane.forks import fork_point_problem
+from control_plane.runs.forks import fork_point_problem
 from control_plane.store.steps import Step
 
 RUN = uuid.uuid4()

@@ -31,7 +31,7 @@ def test_regenerating_changes_nothing(tmp_path):
 
 def test_every_step_kind_has_a_stored_name():
     from agentrun.v1 import run_pb2
-    from control_plane.api import convert
+    from control_plane.ground import convert
 
     kinds = {v.number for v in run_pb2.StepKind.DESCRIPTOR.values if v.number}
     assert set(convert.KIND_TO_PROTO.values()) == kinds

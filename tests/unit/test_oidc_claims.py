@@ -6,7 +6,7 @@ import jwt
 import pytest
 
 from control_plane.auth import oidc
-from control_plane.errors import Unauthenticated
+from control_plane.ground.errors import Unauthenticated
 from sandbox.idp import SigningKey
 
 CLAIMS = {"iss": "https://idp", "sub": "s1", "aud": "agentrun", "email": "Ada@Example.com",

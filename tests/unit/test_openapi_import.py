@@ -16,7 +16,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from agentrun.v1 import tool_pb2
 from agentrun_cli.openapi_import import write_class
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.tools.openapi import ImportSpec, import_tools, json_schema
 from sandbox.providers import create_app
 from sandbox.providers.shop import openapi_document

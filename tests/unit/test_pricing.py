@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from control_plane import pricing
+from control_plane.credits import pricing
 
 PRICES = pricing.load()
 

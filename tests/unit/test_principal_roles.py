@@ -6,7 +6,7 @@ import pytest
 
 from control_plane.approvals import decisions
 from control_plane.auth.principal import Capability, Kind, Principal
-from control_plane.errors import PermissionDenied
+from control_plane.ground.errors import PermissionDenied
 
 
 def who(kind: Kind, role: str) -> Principal:

@@ -7,9 +7,9 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agentrun.v1 import approval_pb2, executor_pb2
-from control_plane.api import validate
-from control_plane.api.decoding import Refused, guard_decoder, nul_path
-from control_plane.errors import MAX_DETAILS, InvalidArgument, status_for
+from control_plane.ground import validate
+from control_plane.ground.decoding import Refused, guard_decoder, nul_path
+from control_plane.ground.errors import MAX_DETAILS, InvalidArgument, status_for
 from control_plane.store.errors import DataRefused
 
 

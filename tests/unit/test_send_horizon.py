@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from agentrun.v1 import executor_pb2, tool_pb2
-from control_plane.config import ServerConfig
 from control_plane.dispatch.liveness import Liveness
+from control_plane.ground.config import ServerConfig
 from executor.config import ExecutorConfig
 from executor.horizon import SEND_GATE, SESSION_GONE, STALE, Refused, SendHorizon
 from executor.lease import LEASE_UNSAFE, NOT_HELD, LeaseKeeper

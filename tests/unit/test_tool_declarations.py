@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.tools import registry, trifecta
 from executor.tools.catalogue import CAPABILITIES, Catalogue
 from executor.worker import declarations

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrun.v1 import tool_pb2
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.tools import definitions
 
 SCHEMA = {

@@ -1,4 +1,4 @@
-"""Where a workspace's tools may connect (executor/tools/netguard.py) and the save-time
+"""Where a workspace's tools may connect (ground/netguard.py) and the save-time
 check of literal addresses in definitions (control_plane/tools/definitions.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from agentrun.v1 import tool_pb2
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.tools import definitions
 from control_plane.tools.openapi import ImportSpec, import_tools
-from executor.tools import netguard
+from ground import netguard
 from sandbox.providers.shop import openapi_document
 
 ALWAYS = ["169.254.169.254", "169.254.0.1", "fe80::1", "0.0.0.0", "::", "224.0.0.1",

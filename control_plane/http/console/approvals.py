@@ -13,11 +13,11 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from control_plane.api import validate
 from control_plane.approvals import decisions
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Capability
-from control_plane.errors import DomainError, InvalidArgument, NotFound
+from control_plane.ground import validate
+from control_plane.ground.errors import DomainError, InvalidArgument, NotFound
 from control_plane.http.console import timeline
 from control_plane.http.console.web import Console, render, see_other
 from control_plane.http.errors import HTTP_STATUS

@@ -27,7 +27,7 @@ import jwt
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import Resolver
-from control_plane.errors import Unauthenticated
+from control_plane.ground.errors import Unauthenticated
 from control_plane.http.console import security
 
 FLOW_SECONDS = 600

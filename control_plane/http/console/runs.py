@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from control_plane.api import validate
 from control_plane.api.runs import MAX_NOTE_BYTES, decider, resolve_unknown, watch_feed
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.http.console import timeline
 from control_plane.http.console.web import Console, fragment, render, see_other
 from control_plane.store import approvals as approval_store

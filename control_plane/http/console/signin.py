@@ -11,9 +11,9 @@ from urllib.parse import unquote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from control_plane.api import validate
 from control_plane.auth.principal import Kind, Principal
-from control_plane.errors import DomainError, InvalidArgument, PermissionDenied
+from control_plane.ground import validate
+from control_plane.ground.errors import DomainError, InvalidArgument, PermissionDenied
 from control_plane.http.console import security
 from control_plane.http.console.oidc_flow import FLOW_SECONDS, Flow
 from control_plane.http.console.sessions import SESSION_SECONDS

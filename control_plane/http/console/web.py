@@ -25,8 +25,8 @@ from control_plane.auth import access, audit
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import Resolver
-from control_plane.config import ServerConfig
-from control_plane.errors import DomainError, status_for
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import DomainError, status_for
 from control_plane.http.console import security
 from control_plane.http.console.oidc_flow import CodeFlow
 from control_plane.http.console.sessions import Sessions

@@ -5,9 +5,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from control_plane.api import validate
 from control_plane.auth import context as auth_context
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.http.console.web import Console, render
 from control_plane.store import console as store
 from control_plane.store import triggers as trigger_store

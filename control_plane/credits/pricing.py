@@ -1,6 +1,6 @@
 """What a commit costs: the price table applied to the usage its steps record.
 
-The table is data (control_plane/prices.json), in integer micro-units of a credit
+The table is data (control_plane/credits/prices.json), in integer micro-units of a credit
 (1 credit = 1,000,000 micros): per million tokens for each model, per call for tools.
 No floats enter the ledger: every component of a model call is rounded up to a whole
 micro on its own, so a price is exact and repeatable from the step log alone.

@@ -8,7 +8,7 @@ import re
 import uuid
 from typing import Any
 
-from control_plane.errors import InvalidArgument
+from control_plane.ground.errors import InvalidArgument
 from control_plane.store.admission import PRIORITY_MAX, PRIORITY_MIN
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from agentrun.v1 import agent_pb2
-from control_plane.api import validate
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 
 MAX_CONSTRAINTS = 64
 MAX_KNOWN = 1000

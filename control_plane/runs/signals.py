@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 import faults
-from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import steps as step_store
 from control_plane.store.db import Connection, Pool, transaction
 from control_plane.store.queries import run

@@ -26,7 +26,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from control_plane.canary import CANARY_KEEP, CANARY_WORKSPACE
+from control_plane.deploys.canary import CANARY_KEEP, CANARY_WORKSPACE
 from control_plane.store import retention as store
 
 log = logging.getLogger(__name__)

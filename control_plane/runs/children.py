@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
 from control_plane.store import agents as agent_store
 from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from agentrun.v1 import release_pb2, release_pb2_grpc
-from control_plane.api import convert
 from control_plane.auth import context as auth_context
-from control_plane.errors import InvalidArgument
+from control_plane.ground import convert
+from control_plane.ground.errors import InvalidArgument
 from control_plane.store import agents as agent_store
 from control_plane.store import releases as release_store
 from control_plane.store import runs as run_store
@@ -48,7 +48,7 @@ CANARY_AGENT = "canary"
 CANARY_TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"
 # A finished canary run is the verdict of one deploy step and nobody's data: the retention
-# loop (control_plane/retention.py) deletes it this long after it finished.
+# loop (control_plane/runs/retention.py) deletes it this long after it finished.
 CANARY_KEEP = timedelta(hours=1)
 SPEC: dict[str, Any] = {
     "instructions": "agentrun contract canary: call canary_noop once, then answer the marker.",
@@ -107,7 +107,7 @@ def verdict(run: Run, nonce: str, elapsed: float, timeout: float) -> tuple[bool,
 
 async def nobody_to_run_it(dispatcher: Dispatcher, release: str | None) -> str | None:
     """Why no executor could take the canary now (None: one could): a FAIL at once."""
-    from control_plane import releases
+    from control_plane.deploys import releases
 
     states = await release_store.list_releases(
         dispatcher.pool, releases.live_seconds(dispatcher.config)
@@ -152,7 +152,7 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
     async def RunCanary(
         self, request: release_pb2.RunCanaryRequest, context: grpc.aio.ServicerContext
     ) -> release_pb2.RunCanaryResponse:
-        from control_plane.releases import release_name
+        from control_plane.deploys.releases import release_name
 
         release = release_name("release", request.release) if request.release else None
         timeout = DEFAULT_TIMEOUT

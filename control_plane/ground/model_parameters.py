@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 from agentrun.v1 import agent_pb2
-from control_plane.api import validate
-from control_plane.errors import InvalidArgument
+from control_plane.ground import validate
+from control_plane.ground.errors import InvalidArgument
 
 TOOL_CHOICES = ("auto", "none", "required")
 MAX_TIMEOUT_SECONDS = 3600

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from control_plane.config import ServerConfig
+from control_plane.ground.config import ServerConfig
 
 
 def check_transport(config: ServerConfig) -> None:

@@ -91,7 +91,7 @@ class ServerConfig:
     scheduler_poll_seconds: float = 1.0
     schedule_catchup_seconds: float = 600.0
     push_poll_seconds: float = 1.0
-    # Transport security (control_plane/tls.py): PEM files. With a certificate and key,
+    # Transport security (control_plane/ops/tls.py): PEM files. With a certificate and key,
     # gRPC and HTTP serve TLS only; with a client CA, the executor listener requires
     # client certificates it signed. An executor listener serves ExecutorService apart
     # from the public API (which then refuses it).

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agentrun.v1 import executor_pb2, release_pb2, release_pb2_grpc, run_pb2
-from control_plane.api import convert, validate
 from control_plane.auth import context as auth_context
-from control_plane.config import ServerConfig
-from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ground import convert, validate
+from control_plane.ground.config import ServerConfig
+from control_plane.ground.errors import FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import lease as lease_store
 from control_plane.store import releases as store
 from control_plane.store.db import Pool
@@ -212,7 +212,7 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
 
 def add_to_server(server: grpc.aio.Server, dispatcher: Dispatcher) -> None:
     """ReleaseService and CanaryService on `server`."""
-    from control_plane.canary import CanaryServicer
+    from control_plane.deploys.canary import CanaryServicer
 
     release_pb2_grpc.add_ReleaseServiceServicer_to_server(ReleaseServicer(dispatcher), server)
     release_pb2_grpc.add_CanaryServiceServicer_to_server(CanaryServicer(dispatcher), server)

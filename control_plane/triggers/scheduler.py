@@ -33,8 +33,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from control_plane import metrics
-from control_plane.config import RunDefaults
+from control_plane.ground.config import RunDefaults
+from control_plane.ops import metrics
 from control_plane.store import schedules as schedule_store
 from control_plane.store import triggers as store
 from control_plane.triggers import flow, overlap

@@ -10,7 +10,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2
-from control_plane.api import constraints, model_parameters
+from control_plane.ground import constraints, model_parameters
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
 

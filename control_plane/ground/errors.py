@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from control_plane.api.decoding import Refused, guard_decoder
+from control_plane.ground.decoding import Refused, guard_decoder
 from control_plane.store.errors import DataRefused, unavailable
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ PER_ITEM_FIELDS = frozenset({"commit", "commits"})
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Decodes every request without raising (control_plane.api.decoding), refuses the
+    """Decodes every request without raising (control_plane.ground.decoding), refuses the
     undecodable and NUL-bearing ones with INVALID_ARGUMENT, and maps exceptions raised by
     handlers to statuses: unary, server-streaming and bidi alike."""
 

@@ -35,8 +35,8 @@ from typing import Any
 
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.config import RunDefaults
-from control_plane.errors import InvalidArgument, NotFound
+from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as store
 from control_plane.store import runs as run_store
