@@ -25,6 +25,10 @@ from control_plane.store.errors import DataRefused
 from telemetry import tracing
 
 SQL_DIR = Path(__file__).parent / "sql"
+# The current schema in one file, for readers: no named queries, never run (the
+# migrations build every database; tests/integration/test_schema_file.py keeps the two
+# equal). load_all() skips it.
+SCHEMA_FILE = SQL_DIR / "schema.sql"
 _HEADER = re.compile(r"^-- name: (\w+) :(one|many|exec|fragment)\s*$", re.MULTILINE)
 # `:name` but not the `::type` of a cast (nor a `:` inside a word, such as a time literal).
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -96,10 +100,12 @@ def _expand(query: Query, fragments: dict[str, str]) -> Query:
 
 
 def load_all(directory: Path = SQL_DIR) -> dict[str, Query]:
-    """Every named query of every .sql file in the directory, fragments included and
-    names bound; names are unique."""
+    """Every named query of every .sql file in the directory but the schema file,
+    fragments included and names bound; names are unique."""
     found: dict[str, Query] = {}
     for path in sorted(directory.glob("*.sql")):
+        if path.name == SCHEMA_FILE.name:
+            continue
         for name, query in parse(path.read_text(), path.name).items():
             if name in found:
                 raise ValueError(f"query {name} defined in {found[name].source} and {path.name}")
