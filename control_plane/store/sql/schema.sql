@@ -1,0 +1,1963 @@
+-- agentrun's database as it is now: every table, index, sequence, function and
+-- trigger, in one file, by concept, for reading.
+--
+-- Nothing reads this file at run time. A database is built by the migrations
+-- alone (migrations/NNNN_what.sql, applied in order by
+-- control_plane/store/migrate.py), and control_plane/store/queries.py skips
+-- this file (it holds no named queries). This file builds the same database:
+-- tests/integration/test_schema_file.py builds one database each way and
+-- compares them through the catalog.
+--
+-- Changing the schema: a new migration carries only the change, and this file
+-- is changed to match in the same commit (migrations/README.md).
+--
+-- Two things here follow the migrations rather than the reader:
+--   * Columns are in the order the migrations leave them (a migration can only
+--     append a column), because row types follow it: the claim returns whole
+--     runs rows.
+--   * Function bodies are exactly as the migrations wrote them, comments
+--     included: the database keeps a body verbatim and the test compares it
+--     so. The comments between the statements are this file's own.
+--
+--   1. Plans and workspaces            8. Approvals and the outbox
+--   2. Agents and their tools          9. Triggers and schedules
+--   3. Runs and steps                 10. Sessions
+--   4. Children and signals           11. Connections
+--   5. Running counts and next wake   12. Credits
+--   6. Executors and releases         13. Identity, access and keys
+--   7. The claim
+--
+-- Every tenant table leads its keys with workspace_id, which is also the
+-- distribution column should these tables ever be sharded by workspace.
+
+
+-- ===========================================================================
+-- 1. Plans and workspaces
+-- ===========================================================================
+
+-- A plan caps how many runs of a workspace execute at once.
+CREATE TABLE plans (
+    plan             text PRIMARY KEY CONSTRAINT plans_plan_check CHECK (plan ~ '^[a-z][a-z0-9_-]{0,31}$'),
+    -- Runs executing at once; NULL: set per workspace (enterprise).
+    max_concurrency  integer CONSTRAINT plans_max_concurrency_check CHECK (max_concurrency > 0)
+);
+
+INSERT INTO plans (plan, max_concurrency) VALUES ('free', 2), ('team', 20), ('enterprise', NULL);
+
+-- A tenant. The fair claim takes turns between workspaces (section 7):
+-- last_served_at orders the line, next_wake_at says when the workspace may
+-- next have a run due, so that a workspace with nothing due costs the claim
+-- nothing.
+CREATE TABLE workspaces (
+    workspace_id     text PRIMARY KEY
+        CONSTRAINT workspaces_workspace_id_check CHECK (workspace_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    plan             text NOT NULL DEFAULT 'team' CONSTRAINT workspace_plan_known REFERENCES plans,
+    max_concurrency  integer NOT NULL DEFAULT 20
+        CONSTRAINT workspaces_max_concurrency_check CHECK (max_concurrency > 0),
+    -- When the fair claim last handed this workspace a run.
+    last_served_at   timestamptz NOT NULL DEFAULT '-infinity',
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    -- A lower bound on the earliest wake_at of the workspace's queued or
+    -- waiting runs (NULL: none has a wake time). Writers only lower it
+    -- (workspace_lower_next_wake); the claim raises it, under a lock that keeps
+    -- every writer that could lower it out (section 7, "Raising next_wake_at").
+    next_wake_at     timestamptz,
+    -- Finished runs (completed, failed, cancelled) are kept this many days
+    -- after they finished, then the retention loop (control_plane/runs/
+    -- retention.py) deletes them with everything that names them, a bounded
+    -- batch per statement. 0 keeps everything.
+    retention_days   integer NOT NULL DEFAULT 0
+        CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500)
+);
+
+-- Workspaces that may have something due, by when (the claim's step 1).
+CREATE INDEX workspaces_due ON workspaces (next_wake_at) WHERE next_wake_at IS NOT NULL;
+
+
+-- ===========================================================================
+-- 2. Agents and their tools
+-- ===========================================================================
+
+CREATE TABLE agents (
+    workspace_id     text NOT NULL REFERENCES workspaces,
+    agent_id         text NOT NULL
+        CONSTRAINT agents_agent_id_check CHECK (agent_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    display_name     text NOT NULL DEFAULT '',
+    latest_version   integer NOT NULL DEFAULT 0,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    -- Runs of this agent executing at once; NULL: no cap of its own (the
+    -- workspace's still applies).
+    max_concurrency  integer CONSTRAINT agents_max_concurrency_check CHECK (max_concurrency > 0),
+    PRIMARY KEY (workspace_id, agent_id)
+);
+
+-- Immutable once written: a run names (agent_id, version) and keeps it.
+CREATE TABLE agent_versions (
+    workspace_id   text NOT NULL,
+    agent_id       text NOT NULL,
+    version        integer NOT NULL CONSTRAINT agent_versions_version_check CHECK (version > 0),
+    spec           jsonb NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    -- The registry entries the version was published with: name ->
+    -- {"workspace_id": '' (shared) or its own, "version": n}; its runs use
+    -- exactly those.
+    tool_versions  jsonb,
+    -- The pinned built-ins (tools that need executor code): only executors
+    -- carrying all of them claim its runs. NULL on versions published before
+    -- the registry: the claim then checks every one of spec.tools.
+    code_tools     jsonb,
+    PRIMARY KEY (workspace_id, agent_id, version),
+    FOREIGN KEY (workspace_id, agent_id) REFERENCES agents
+);
+
+-- Tools as data: a workspace's own tools, versioned, beside the platform's
+-- shared built-in entries (workspace_id '', source 'builtin'), in one
+-- registry. A row is one immutable version of one tool: `definition` is the
+-- agentrun.v1.Tool message as JSON (proto field names) without the fields the
+-- key and the columns hold. No credential is ever part of a definition: a tool
+-- names a connection, and the token is fetched at call time.
+CREATE TABLE tools (
+    workspace_id  text NOT NULL,
+    name          text NOT NULL CONSTRAINT tool_name_shape CHECK (name ~ '^[A-Za-z0-9_-]{1,64}$'),
+    version       integer NOT NULL CONSTRAINT tool_version_positive CHECK (version > 0),
+    definition    jsonb NOT NULL,
+    source        text NOT NULL,
+    created_by    text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, name, version)
+);
+
+-- Remote MCP servers: a streamable HTTP endpoint and the connection that
+-- authenticates to it (a provider name, '' for none; the token is fetched
+-- from the connections when the server is asked, never stored here). Its
+-- tools/list is snapshotted into the registry (tools, source 'mcp').
+CREATE TABLE mcp_servers (
+    workspace_id     text NOT NULL REFERENCES workspaces,
+    server_id        text NOT NULL
+        CONSTRAINT mcp_server_id_shape CHECK (server_id ~ '^[a-z][a-z0-9_-]{0,62}$'),
+    url              text NOT NULL
+        CONSTRAINT mcp_server_url_shape CHECK (url ~ '^https?://' AND length(url) <= 2048),
+    connection       text NOT NULL DEFAULT '',
+    created_by       text NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    last_sync_at     timestamptz,
+    -- Each call's deadline in seconds (0: AGENTRUN_TOOL_TIMEOUT_SECONDS),
+    -- copied into the server's registry entries at every sync.
+    timeout_seconds  double precision NOT NULL DEFAULT 0
+        CONSTRAINT mcp_server_timeout_range CHECK (timeout_seconds >= 0 AND timeout_seconds <= 300),
+    PRIMARY KEY (workspace_id, server_id)
+);
+
+
+-- ===========================================================================
+-- 3. Runs and steps
+-- ===========================================================================
+
+-- A run: one agent version working through one input. Its state is this row
+-- and its append-only step log; an executor holds it under a lease (fenced by
+-- lease_epoch, which every guarded write names).
+CREATE TABLE runs (
+    workspace_id             text NOT NULL REFERENCES workspaces,
+    run_id                   uuid NOT NULL,
+    agent_id                 text NOT NULL,
+    agent_version            integer NOT NULL,
+    status                   text NOT NULL DEFAULT 'queued',
+    wait_reason              text,
+    -- Runnable at this time. While running it is the lease expiry; while
+    -- waiting on an event it is NULL until the event sets it to now().
+    wake_at                  timestamptz,
+    lease_owner              text,
+    lease_epoch              bigint NOT NULL DEFAULT 0,
+    attempt                  integer NOT NULL DEFAULT 0,
+    request_id               text,
+    input                    text NOT NULL,
+    output                   text,
+    error                    text,
+    -- Limits, copied from the agent version at admission like every limit
+    -- below, so that publishing a version never changes a run under way.
+    max_steps                integer NOT NULL,
+    max_tokens               bigint NOT NULL,
+    max_tool_calls           integer NOT NULL,
+    -- Active time allowed: the time executors hold the run (active_seconds),
+    -- not the wall clock; a run parked on an approval for hours keeps it.
+    deadline_seconds         integer NOT NULL,
+    -- Counters. step_count counts what the log holds: every statement that
+    -- inserts steps bumps it in the same statement (tests/unit/test_queries.py
+    -- checks that each does).
+    step_count               integer NOT NULL DEFAULT 0,
+    model_calls              integer NOT NULL DEFAULT 0,
+    tool_calls               integer NOT NULL DEFAULT 0,
+    tokens_used              bigint NOT NULL DEFAULT 0,
+    created_at               timestamptz NOT NULL DEFAULT now(),
+    updated_at               timestamptz NOT NULL DEFAULT now(),
+    started_at               timestamptz,
+    finished_at              timestamptz,
+    -- How many times in a row the model provider may fail before the run fails.
+    model_retry_budget       integer NOT NULL DEFAULT 30
+        CONSTRAINT runs_model_retry_budget_check CHECK (model_retry_budget >= 0),
+    -- Who started the run (four eyes: the starter may not approve its calls).
+    started_by               text,
+    -- The time of the run's holds that ended, and when the current hold began
+    -- (set by the claim; NULL unless running). While held, the active time so
+    -- far is active_seconds + run_held_seconds(held_since, wake_at, now); the
+    -- heartbeat refuses to renew a lease once that reaches deadline_seconds.
+    active_seconds           double precision NOT NULL DEFAULT 0
+        CONSTRAINT run_active_not_negative CHECK (active_seconds >= 0),
+    held_since               timestamptz,
+    -- Max age bounds the run as a whole, parked or not (0: none): it fails at
+    -- expires_at (admission + max age), held or not.
+    max_age_seconds          integer NOT NULL DEFAULT 0
+        CONSTRAINT run_max_age_not_negative CHECK (max_age_seconds >= 0),
+    expires_at               timestamptz,
+    -- The Nth call of the same tool with the same arguments is not started:
+    -- the run parks (wait_reason 'repeat') until a person decides.
+    repeat_limit             integer NOT NULL CONSTRAINT run_repeat_limit_positive CHECK (repeat_limit > 0),
+    -- Parked on a connection (wait_reason 'connection'): reconnecting wakes it.
+    waiting_connection_id    uuid,
+    -- A child run: its parent and the parent's start_child call (section 4).
+    parent_run_id            uuid,
+    parent_seq               integer,
+    -- Usage and cost, summed by each commit; credits this run reserved, in
+    -- credit_chunks reservations (0: not metered; section 12).
+    input_tokens             bigint NOT NULL DEFAULT 0,
+    output_tokens            bigint NOT NULL DEFAULT 0,
+    cached_tokens            bigint NOT NULL DEFAULT 0,
+    reasoning_tokens         bigint NOT NULL DEFAULT 0,
+    cost_micros              bigint NOT NULL DEFAULT 0,
+    credits_reserved_micros  bigint NOT NULL DEFAULT 0,
+    credit_chunks            integer NOT NULL DEFAULT 0,
+    -- Past this many estimated prompt tokens the executor summarises older
+    -- steps into a `summary` step (0: never).
+    context_tokens           integer NOT NULL DEFAULT 0
+        CONSTRAINT run_context_tokens_not_negative CHECK (context_tokens >= 0),
+    -- A fork: the run whose log it copied, up to which step. No foreign key:
+    -- retention may delete the source while its forks live on.
+    forked_from_run_id       uuid,
+    forked_from_seq          integer,
+    -- The release of the executor that first claimed the run; it is claimed
+    -- afterwards only by executors of that release or of one that continues it.
+    release                  text,
+    -- Higher goes first within the workspace's own share, never past another
+    -- workspace's turn; set at admission, never changed.
+    priority                 smallint NOT NULL DEFAULT 0
+        CONSTRAINT run_priority_range CHECK (priority BETWEEN -100 AND 100),
+    PRIMARY KEY (workspace_id, run_id),
+    FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
+    CONSTRAINT run_status_known CHECK (
+        status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled')),
+    CONSTRAINT run_running_has_lease CHECK (
+        status <> 'running' OR (lease_owner IS NOT NULL AND wake_at IS NOT NULL)),
+    CONSTRAINT run_waiting_has_reason CHECK ((status = 'waiting') = (wait_reason IS NOT NULL)),
+    CONSTRAINT run_terminal_is_final CHECK (
+        (status IN ('completed', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT run_output_or_error CHECK (output IS NULL OR error IS NULL),
+    CONSTRAINT run_held_while_running CHECK ((status = 'running') = (held_since IS NOT NULL)),
+    CONSTRAINT run_expires_with_max_age CHECK ((max_age_seconds > 0) = (expires_at IS NOT NULL)),
+    CONSTRAINT run_fork_origin_whole CHECK (
+        (forked_from_run_id IS NULL) = (forked_from_seq IS NULL)
+        AND (forked_from_seq IS NULL OR forked_from_seq >= 0))
+);
+
+-- Every run waiting for its turn, by agent and wake time: the earliest wake
+-- time of an agent's queue (the claim's raise of next_wake_at), with parked
+-- runs costing nothing at claim time.
+CREATE INDEX runs_due ON runs (workspace_id, agent_id, wake_at, run_id)
+    WHERE status IN ('queued', 'waiting');
+-- The claim's order within an agent's queue: highest priority, then oldest due
+-- (section 7 reads it by a skip scan or a walk over the priority levels).
+CREATE INDEX runs_due_by_priority ON runs (workspace_id, agent_id, priority DESC, wake_at, run_id)
+    WHERE status IN ('queued', 'waiting');
+-- Held runs by lease expiry: a lapsed lease is due whatever its workspace's cap
+-- (it holds its slot already). Small: only running runs are in it.
+CREATE INDEX runs_leases ON runs (wake_at) WHERE status = 'running';
+-- Runs that may outlive their max age, by when (the sweep reads it).
+CREATE INDEX runs_expiring ON runs (expires_at)
+    WHERE expires_at IS NOT NULL AND status IN ('queued', 'running', 'waiting');
+CREATE INDEX runs_by_created ON runs (workspace_id, created_at DESC, run_id DESC);
+-- A retried StartRun with the same request id finds the run it admitted.
+CREATE UNIQUE INDEX runs_request_id ON runs (workspace_id, agent_id, request_id)
+    WHERE request_id IS NOT NULL;
+CREATE INDEX runs_waiting_connection ON runs (workspace_id, waiting_connection_id)
+    WHERE waiting_connection_id IS NOT NULL;
+-- At most one child per start_child call, whatever retries happen.
+CREATE UNIQUE INDEX runs_child_of ON runs (workspace_id, parent_run_id, parent_seq)
+    WHERE parent_run_id IS NOT NULL;
+-- A source's forks (ListRuns(forked_from_run_id)).
+CREATE INDEX runs_forks_of ON runs (workspace_id, forked_from_run_id, created_at DESC, run_id DESC)
+    WHERE forked_from_run_id IS NOT NULL;
+-- A release's drain progress: its unfinished runs by status (held ones by
+-- when their hold began). The claim's release filter rides on runs_due and
+-- runs_leases instead.
+CREATE INDEX runs_by_release ON runs (release, status, held_since)
+    WHERE release IS NOT NULL AND status IN ('queued', 'running', 'waiting');
+-- Retention: old finished runs by workspace and finish time.
+CREATE INDEX runs_finished ON runs (workspace_id, finished_at) WHERE finished_at IS NOT NULL;
+
+-- The step log. Append-only: a step row is never updated or deleted (the
+-- one exception: a queued session turn's input step receives the transcript
+-- before the run is first claimed, section 10).
+CREATE TABLE steps (
+    workspace_id  text NOT NULL,
+    run_id        uuid NOT NULL,
+    seq           integer NOT NULL CONSTRAINT steps_seq_check CHECK (seq >= 0),
+    kind          text NOT NULL CONSTRAINT steps_kind_check CHECK (
+        kind IN ('forked', 'input', 'model_decision', 'tool_started', 'tool_result', 'park',
+                 'finish', 'approval_requested', 'approval_decided', 'summary')),
+    -- The lease epoch the step was written under (0 for the admission's steps).
+    epoch         bigint NOT NULL,
+    ref_seq       integer,
+    payload       jsonb NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, run_id, seq),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
+    CONSTRAINT step_ref_is_earlier CHECK (ref_seq IS NULL OR ref_seq < seq)
+);
+
+-- The tool_result steps that reference a payload, by its sha256: payloads are
+-- content-addressed, so another run (or a fork's copied steps) may reference
+-- one; retention hands such a payload over instead of deleting it.
+CREATE INDEX steps_payload_refs ON steps (workspace_id, ((payload -> 'payload' ->> 'sha256')))
+    WHERE kind = 'tool_result' AND payload ? 'payload';
+
+-- Active time. A hold ends when the run leaves 'running' (a commit that parks
+-- or finishes it, a cancel, a failure, a hand-back: the trigger below,
+-- whichever statement it is) or when another executor takes it over after its
+-- lease lapsed (the claim, section 7). Either adds the hold's time, from
+-- held_since to the earlier of now and the lease expiry (wake_at, while
+-- running): a lapsed holder is counted up to its lease expiry, the last moment
+-- it could have been working, and the time between the lapse and the takeover
+-- counts for nobody.
+
+-- Seconds of a hold that began at held_since, up to the earlier of the lease
+-- expiry and now (0 when there is no hold).
+CREATE FUNCTION run_held_seconds(held_since timestamptz, lease_expiry timestamptz,
+                                 now timestamptz) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN held_since IS NULL THEN 0
+                ELSE greatest(0, extract(epoch FROM least(lease_expiry, now) - held_since))
+           END::double precision
+$$;
+
+-- A hold ended (the run left 'running', whichever statement moved it): add
+-- its time and forget when it began.
+CREATE FUNCTION runs_count_active_time() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.active_seconds := OLD.active_seconds + run_held_seconds(OLD.held_since, OLD.wake_at, now());
+    NEW.held_since := NULL;
+    RETURN NEW;
+END $$;
+
+-- UPDATE OF status: an update that does not set status (a step commit, a
+-- heartbeat) skips the trigger outright, WHEN and all. No BEFORE trigger on
+-- runs writes status or wake_at.
+CREATE TRIGGER runs_active_time BEFORE UPDATE OF status ON runs FOR EACH ROW
+    WHEN (OLD.status = 'running' AND NEW.status <> 'running')
+    EXECUTE FUNCTION runs_count_active_time();
+
+-- Large tool results, stored apart from the step log: the step keeps a
+-- truncated view and a reference (sha256, size, media type), so no message on
+-- the executor stream grows with a tool's output. Content-addressed per
+-- workspace: the same bytes uploaded twice are one payload. Uploads arrive in
+-- chunks, appended in order; the chunk that completes the size is checked
+-- against the hash and only then is the payload row written. A payload never
+-- referenced (the executor died before its commit) is harmless.
+CREATE TABLE payload_chunks (
+    workspace_id  text NOT NULL REFERENCES workspaces,
+    sha256        text NOT NULL,
+    "offset"      bigint NOT NULL,
+    data          bytea NOT NULL,
+    PRIMARY KEY (workspace_id, sha256, "offset"),
+    CONSTRAINT payload_chunk_offset_not_negative CHECK ("offset" >= 0)
+);
+
+CREATE TABLE payloads (
+    workspace_id  text NOT NULL REFERENCES workspaces,
+    sha256        text NOT NULL,
+    size          bigint NOT NULL,
+    media_type    text NOT NULL,
+    -- The run whose executor completed the upload first.
+    run_id        uuid NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, sha256),
+    CONSTRAINT payload_sha256_is_hex CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    CONSTRAINT payload_size_not_negative CHECK (size >= 0)
+);
+
+-- Retention: a run's payloads.
+CREATE INDEX payloads_by_run ON payloads (workspace_id, run_id);
+
+
+-- ===========================================================================
+-- 4. Children and signals: results delivered into a parked run's log
+-- ===========================================================================
+--
+-- Both deliver a tool call's result to a run parked on it, exactly once,
+-- the same way: under the parked run's row lock, only while it still waits
+-- for that (status 'waiting' and its wait_reason) and the call has no result
+-- yet, they append the call's tool_result at the run's next seq under its
+-- last epoch and set wake_at = now(). A parked run has no holder, so no
+-- executor writes its log meanwhile, and a stale holder is fenced (its run is
+-- no longer 'running' at its epoch). The executor that claims the run next
+-- finds the result in its log like any other: the log stays the one source
+-- of truth.
+
+-- Child runs. A run's start_child call admits another agent's run in the very
+-- transaction that commits the call's tool_started step and the parent's park
+-- (wait_reason 'child', no wake_at): the child does not exist until the
+-- parent waits, a resent commit is acknowledged as a duplicate before
+-- admitting anything, and runs_child_of stops a second child for one call.
+-- A run reaches a terminal status once, and the trigger fires on that one
+-- transition whichever statement makes it; a parent that ended meanwhile gets
+-- nothing. Returns whether it delivered.
+CREATE FUNCTION run_deliver_child_result(
+    ws text, parent uuid, call_seq integer, child uuid, outcome text, result jsonb, err text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    held record;
+    started jsonb;
+    next_seq integer;
+BEGIN
+    SELECT lease_epoch INTO held FROM runs
+    WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps WHERE workspace_id = ws AND run_id = parent
+               AND kind = 'tool_result' AND ref_seq = call_seq) THEN
+        RETURN false;
+    END IF;
+    SELECT payload INTO started FROM steps
+    WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
+    SELECT coalesce(max(seq), -1) + 1 INTO next_seq FROM steps
+    WHERE workspace_id = ws AND run_id = parent;
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    VALUES (ws, parent, next_seq, 'tool_result', held.lease_epoch, call_seq,
+            jsonb_strip_nulls(jsonb_build_object(
+                'call_id', started ->> 'call_id', 'tool', 'start_child',
+                'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
+                'output', jsonb_build_object('child_run_id', child, 'status', outcome,
+                                             'output', result),
+                'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
+    UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
+    WHERE workspace_id = ws AND run_id = parent;
+    RETURN true;
+END $$;
+
+CREATE FUNCTION runs_child_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM run_deliver_child_result(NEW.workspace_id, NEW.parent_run_id, NEW.parent_seq,
+                                     NEW.run_id, NEW.status, to_jsonb(NEW.output), NEW.error);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_child_finish AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.parent_run_id IS NOT NULL
+          AND NEW.status IN ('completed', 'failed', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_child_on_finish();
+
+-- Signals. SignalRun delivers a named event to a run, idempotent by its event
+-- id; the run's wait_for_signal call parks it (wait_reason 'signal', no
+-- wake_at or the call's timeout) and a signal is that call's result, exactly
+-- once. A run's signals are a mailbox: each is stored when it arrives,
+-- whatever the run is doing, and answers at most one wait_for_signal call of
+-- its name, oldest first (consumed_seq names the call). Whatever arrives
+-- first:
+--   * Both writers hold the run row's lock when they deliver: SignalRun locks
+--     it (FOR NO KEY UPDATE) before it inserts the signal and delivers; the
+--     park commit's run_commit locks it, and the delivery runs in that same
+--     transaction (control_plane/runs/signals.py). Deliveries of a run are
+--     therefore serial.
+--   * A signal that arrives while the run is held (before it parks, or while
+--     its park commit is in flight) finds no waiting run and is only stored;
+--     the park commit, which waited for the row lock, then reads it (a new
+--     statement, a new snapshot) and delivers it.
+--   * A signal that arrives after the park finds the run waiting and delivers
+--     itself.
+--   * A timeout that woke the run first: its next executor records the
+--     timeout as the result; a signal arriving meanwhile stays in the mailbox
+--     and answers the next wait of its name.
+CREATE TABLE run_signals (
+    workspace_id    text NOT NULL,
+    run_id          uuid NOT NULL,
+    -- The sender's id for the event: a second SignalRun with it is the same event.
+    event_id        text NOT NULL
+        CONSTRAINT run_signals_event_id_check CHECK (length(event_id) BETWEEN 1 AND 200),
+    name            text NOT NULL
+        CONSTRAINT run_signals_name_check CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$'),
+    payload         jsonb NOT NULL,
+    payload_sha256  bytea NOT NULL
+        CONSTRAINT run_signals_payload_sha256_check CHECK (length(payload_sha256) = 32),
+    sent_by         text NOT NULL,
+    arrival         bigserial,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    -- The wait_for_signal call it answered (its tool_started seq), and its result's seq.
+    consumed_seq    integer,
+    result_seq      integer,
+    consumed_at     timestamptz,
+    PRIMARY KEY (workspace_id, run_id, event_id),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs ON DELETE CASCADE,
+    CONSTRAINT signal_consumed_whole CHECK (
+        (consumed_seq IS NULL) = (result_seq IS NULL) AND (consumed_seq IS NULL) = (consumed_at IS NULL))
+);
+
+-- The oldest unconsumed signal of a name, per run.
+CREATE INDEX run_signals_pending ON run_signals (workspace_id, run_id, name, arrival)
+    WHERE consumed_seq IS NULL;
+-- One signal per call.
+CREATE UNIQUE INDEX run_signals_one_per_call ON run_signals (workspace_id, run_id, consumed_seq)
+    WHERE consumed_seq IS NOT NULL;
+
+-- Deliver the oldest pending signal to the run's open wait_for_signal call,
+-- if the run waits on a signal and one of that call's name is pending.
+-- Returns the result's seq, or NULL. The caller holds the run row's lock (it
+-- is taken here too, for callers that do not).
+CREATE FUNCTION run_deliver_signal(ws text, rid uuid) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    held record;
+    call record;
+    sig record;
+    next_seq integer;
+BEGIN
+    SELECT lease_epoch INTO held FROM runs
+    WHERE workspace_id = ws AND run_id = rid AND status = 'waiting' AND wait_reason = 'signal'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The open call: the last wait_for_signal started, with no result yet.
+    SELECT s.seq, s.payload INTO call FROM steps s
+    WHERE s.workspace_id = ws AND s.run_id = rid AND s.kind = 'tool_started'
+      AND s.payload ->> 'tool' = 'wait_for_signal'
+      AND NOT EXISTS (SELECT 1 FROM steps r WHERE r.workspace_id = ws AND r.run_id = rid
+                      AND r.kind = 'tool_result' AND r.ref_seq = s.seq)
+    ORDER BY s.seq DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT event_id, name, payload, created_at INTO sig FROM run_signals
+    WHERE workspace_id = ws AND run_id = rid AND consumed_seq IS NULL
+      AND name = call.payload -> 'arguments' ->> 'name'
+    ORDER BY arrival LIMIT 1
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(max(seq), -1) + 1 INTO next_seq FROM steps
+    WHERE workspace_id = ws AND run_id = rid;
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    VALUES (ws, rid, next_seq, 'tool_result', held.lease_epoch, call.seq,
+            jsonb_build_object(
+                'call_id', call.payload ->> 'call_id', 'tool', 'wait_for_signal', 'status', 'ok',
+                'output', jsonb_build_object('name', sig.name, 'event_id', sig.event_id,
+                                             'payload', sig.payload, 'timed_out', false,
+                                             'sent_at', sig.created_at)));
+    UPDATE run_signals SET consumed_seq = call.seq, result_seq = next_seq, consumed_at = now()
+    WHERE workspace_id = ws AND run_id = rid AND event_id = sig.event_id;
+    UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
+    WHERE workspace_id = ws AND run_id = rid;
+    RETURN next_seq;
+END $$;
+
+
+-- ===========================================================================
+-- 5. Running counts and next wake
+-- ===========================================================================
+--
+-- So that the claim reads a few small rows instead of counting runs, the
+-- database keeps two summaries exact on every way a run changes:
+--   * the running counts: the runs executors hold, per workspace and per
+--     agent;
+--   * workspaces.next_wake_at: a lower bound on the earliest wake_at of the
+--     workspace's queued or waiting runs.
+--
+-- Each running count is the sum of a few small rows, split by who may write
+-- them:
+--   * shard 0 takes the increments. A run enters 'running' only by a claim
+--     or the fast path (sql/sessions.sql fast_path_lease), both under the
+--     workspace's row lock, so only the lock holder ever writes it:
+--     increments never wait for anyone, and the caps argument of section 7
+--     holds (a count only grows under that lock; the next claim's new
+--     statement sees it).
+--   * shards 1..8 take the decrements, by the writer's backend (pid mod 8):
+--     finishes never touch the workspace row or shard 0, so they wait neither
+--     for claims nor, mostly, for each other, and never deadlock with them. A
+--     decrement not yet committed only makes a claim more careful.
+-- A shard may go negative; the sum is exact. bigint: the sums stay small, the
+-- parts only grow, and they would take centuries to overflow. fillfactor 50:
+-- every change is an update of n, kept HOT.
+
+CREATE TABLE workspace_running_counts (
+    workspace_id  text NOT NULL,
+    shard         smallint NOT NULL
+        CONSTRAINT workspace_running_counts_shard_check CHECK (shard BETWEEN 0 AND 8),
+    n             bigint NOT NULL,
+    PRIMARY KEY (workspace_id, shard)
+) WITH (fillfactor = 50);
+
+CREATE TABLE agent_running_counts (
+    workspace_id  text NOT NULL,
+    agent_id      text NOT NULL,
+    shard         smallint NOT NULL
+        CONSTRAINT agent_running_counts_shard_check CHECK (shard BETWEEN 0 AND 8),
+    n             bigint NOT NULL,
+    PRIMARY KEY (workspace_id, agent_id, shard)
+) WITH (fillfactor = 50);
+
+-- The sums (the claim reads them inline: an index range of at most 9 rows).
+CREATE FUNCTION workspace_running(ws text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(n), 0)::bigint FROM workspace_running_counts WHERE workspace_id = ws
+$$;
+
+CREATE FUNCTION agent_running(ws text, agent text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(n), 0)::bigint FROM agent_running_counts
+    WHERE workspace_id = ws AND agent_id = agent
+$$;
+
+-- Move a workspace's and an agent's count by `delta` runs: increments to
+-- shard 0 (the workspace lock holder's), decrements to this backend's shard.
+CREATE FUNCTION running_counts_add(ws text, agent text, delta bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    s smallint := CASE WHEN delta > 0 THEN 0 ELSE 1 + pg_backend_pid() % 8 END;
+BEGIN
+    UPDATE workspace_running_counts SET n = n + delta WHERE workspace_id = ws AND shard = s;
+    IF NOT FOUND THEN
+        INSERT INTO workspace_running_counts AS c VALUES (ws, s, delta)
+        ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+    UPDATE agent_running_counts SET n = n + delta
+    WHERE workspace_id = ws AND agent_id = agent AND shard = s;
+    IF NOT FOUND THEN
+        INSERT INTO agent_running_counts AS c VALUES (ws, agent, s, delta)
+        ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+END $$;
+
+-- Lower a workspace's next_wake_at to `wake`. The KEY SHARE lock, held until
+-- the transaction ends, is what keeps a claim from raising next_wake_at past a
+-- run it cannot see yet (the claim raises only under FOR UPDATE, which
+-- conflicts with it); the UPDATE runs on a snapshot taken after the lock.
+CREATE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM workspaces WHERE workspace_id = ws FOR KEY SHARE;
+    UPDATE workspaces SET next_wake_at = wake
+    WHERE workspace_id = ws AND (next_wake_at IS NULL OR next_wake_at > wake);
+END $$;
+
+-- One run changed status or wake time: move the running counts, and lower
+-- next_wake_at for a run that waits with a wake time (as wake-ups do: KEY
+-- SHARE, then an update only when it lowers it; a finish does not write the
+-- workspace row at all).
+CREATE FUNCTION runs_fair_on_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    delta integer := (NEW.status = 'running')::int - (OLD.status = 'running')::int;
+    pending_wake timestamptz := CASE WHEN NEW.status IN ('queued', 'waiting') THEN NEW.wake_at END;
+BEGIN
+    IF delta <> 0 THEN
+        PERFORM running_counts_add(NEW.workspace_id, NEW.agent_id, delta);
+    END IF;
+    IF pending_wake IS NOT NULL THEN
+        PERFORM workspace_lower_next_wake(NEW.workspace_id, pending_wake);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Considered only by updates that set status or wake_at (UPDATE OF: every
+-- update that changes them sets them; a step commit that keeps its lease
+-- names neither and skips the trigger, WHEN and all). The runs a claim leases
+-- fresh are left out while agentrun.claim_counts is on: agentrun_claim()
+-- counts them itself, once per workspace and agent (section 7).
+CREATE TRIGGER runs_fair_update AFTER UPDATE OF status, wake_at ON runs FOR EACH ROW
+    WHEN ((OLD.status IS DISTINCT FROM NEW.status
+           OR (NEW.status IN ('queued', 'waiting') AND NEW.wake_at IS DISTINCT FROM OLD.wake_at))
+          AND NOT (NEW.status = 'running' AND OLD.status IS DISTINCT FROM 'running'
+                   AND coalesce(current_setting('agentrun.claim_counts', true), '') = 'on'))
+    EXECUTE FUNCTION runs_fair_on_update();
+
+-- Admissions, once per statement: a bulk import touches each workspace once.
+CREATE FUNCTION runs_fair_on_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    due record;
+BEGIN
+    FOR due IN
+        SELECT workspace_id, min(wake_at) AS wake FROM inserted
+        WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
+        GROUP BY workspace_id ORDER BY workspace_id
+    LOOP
+        PERFORM workspace_lower_next_wake(due.workspace_id, due.wake);
+    END LOOP;
+    -- Admission never inserts running runs; a bulk load might.
+    PERFORM running_counts_add(n.workspace_id, n.agent_id, n.held)
+    FROM (SELECT workspace_id, agent_id, count(*) AS held FROM inserted WHERE status = 'running'
+          GROUP BY workspace_id, agent_id ORDER BY workspace_id, agent_id) n;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_fair_insert AFTER INSERT ON runs REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION runs_fair_on_insert();
+
+-- A run deleted while running leaves the counts.
+CREATE FUNCTION runs_fair_on_delete() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM running_counts_add(OLD.workspace_id, OLD.agent_id, -1);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_fair_delete AFTER DELETE ON runs FOR EACH ROW
+    WHEN (OLD.status = 'running') EXECUTE FUNCTION runs_fair_on_delete();
+
+-- TRUNCATE fires no row triggers: with no runs left, nothing runs or is due.
+CREATE FUNCTION runs_fair_on_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM workspace_running_counts;
+    DELETE FROM agent_running_counts;
+    UPDATE workspaces SET next_wake_at = NULL WHERE next_wake_at IS NOT NULL;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_fair_truncate AFTER TRUNCATE ON runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runs_fair_on_truncate();
+
+
+-- ===========================================================================
+-- 6. Executors and releases
+-- ===========================================================================
+
+-- The executors connected now and the tools each carries, so that publishing
+-- an agent version with a tool nobody can run is refused on every replica.
+-- One row per executor (its id is stable for the process's life), written by
+-- its Hello and refreshed by the replica holding its stream every heartbeat
+-- interval; a clean disconnect deletes it. A row is live while last_seen is
+-- recent (control_plane/tools/registry.py): an executor killed -9 stops
+-- counting once its row goes stale. Not a tenant table: executors are the
+-- platform's; `scope` is the workspaces its credential serves (NULL: all).
+CREATE TABLE executor_tools (
+    executor_id   text PRIMARY KEY,
+    -- The stream (ExecutorSession.id) that wrote the row: a disconnect deletes
+    -- only its own row, never one a reconnect to another replica wrote since.
+    session_id    text NOT NULL,
+    release       text NOT NULL DEFAULT '',
+    scope         text[],
+    -- [{"name", "version", "schema_sha256", "capabilities": [...]}, ...]
+    tools         jsonb NOT NULL DEFAULT '[]'
+        CONSTRAINT executor_tools_tools_check CHECK (jsonb_typeof(tools) = 'array'),
+    connected_at  timestamptz NOT NULL DEFAULT now(),
+    last_seen     timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX executor_tools_live ON executor_tools (last_seen);
+CREATE INDEX executor_tools_by_release ON executor_tools (release, last_seen);
+
+-- Releases: runs finish on the release they started on. A run records the
+-- release of the executor that first claimed it (runs.release) and is claimed
+-- afterwards only by executors of that release, or of one that declares it
+-- continues it (Hello.continues). New runs go to the newest release with
+-- executors connected: the latest promoted one, else the one first seen last.
+-- A draining release takes no new runs. Moving a run to another release is an
+-- operator's explicit, audited act (ReleaseService.MoveRunRelease).
+CREATE TABLE releases (
+    release           text PRIMARY KEY CONSTRAINT releases_release_check CHECK (release <> ''),
+    -- When an executor of this release first connected: the default order of "newest".
+    first_seen_at     timestamptz NOT NULL DEFAULT now(),
+    -- An operator's explicit promote: a promoted release is newer than any first seen.
+    promoted_at       timestamptz,
+    -- A drain (ReleaseService.DrainRelease): its executors claim nothing new and
+    -- finish what they hold until drain_deadline, then hand back at a step boundary.
+    draining_since    timestamptz,
+    drain_deadline    timestamptz,
+    -- When a canary pinned to this release last passed. With
+    -- AGENTRUN_RELEASE_GATE=canary a release takes new runs only once promoted
+    -- or past a canary.
+    canary_passed_at  timestamptz
+);
+
+
+-- ===========================================================================
+-- 7. The claim
+-- ===========================================================================
+--
+-- run_claim (sql/lease.sql) hands runs to a dispatcher's free executor slots
+-- with one call of agentrun_claim(): one statement in its own transaction,
+-- one round trip. The claim proper, agentrun_claim_uncounted(), runs four
+-- steps as four statements, in this order:
+--
+--   1. take turns: lock the workspaces whose turn it is (least recently
+--      served first, with due runs and room under their cap, up to one per
+--      owner), FOR NO KEY UPDATE SKIP LOCKED;
+--   2. claim: lease lapsed runs first (they hold their slot already), then
+--      those workspaces' due runs, round robin, one per workspace per round,
+--      within the room of each workspace and of each agent; within a
+--      workspace, highest priority first, then oldest due. Mark the
+--      workspaces served;
+--   3. lock for the raise: of the workspaces the claim may have emptied (it
+--      took fewer runs than they had room for, and they keep no due run step
+--      2 read and did not pick: keeps_due), lock those no writer holds, FOR
+--      UPDATE SKIP LOCKED;
+--   4. raise next_wake_at: recompute it for them from their runs.
+--
+-- Each step is its own statement, so each takes a fresh snapshot (the
+-- function is VOLATILE and the transaction READ COMMITTED): "a new statement"
+-- below means a snapshot taken after the locks of the steps before it were
+-- granted. The locks are kept until the calling statement's transaction ends.
+-- Its SET clauses plan every statement generically, with nested loops only:
+-- the plans do not depend on the arrays given (every step is an index probe),
+-- a generic plan cannot know how few runs a claim takes (its LIMITs are
+-- parameters), and with a million parked runs a hash join might read the
+-- whole runs table for the final UPDATE.
+--
+-- Step 2 in detail. It reads each agent's share of the batch first (the
+-- batch over the workspaces in turn, rounded up, and one more, which tells a
+-- workspace that keeps due runs from one the claim may empty), and up to the
+-- whole batch only when that falls short (`short`): otherwise every run the
+-- round robin picks is among the first min(share, room) of its workspace,
+-- which the first pass read in full, so the picks are the same either way.
+-- An agent's due runs are read highest priority first, each level oldest
+-- first, without reading its parked runs (runs_due_by_priority): on Postgres
+-- 18 and later by one skip scan, which searches the index once per priority
+-- level up to the level's first run not yet due; before 18, by a walk over
+-- the levels, one index descent to find each level and one range probe that
+-- stops at its first run not yet due (the LIMIT stops the walk once it has
+-- enough: lower levels are not even looked up). The picks are cut from the
+-- candidates in order of their turn in their workspace, then of the
+-- workspace's place in the line, so a workspace's picks are its first turns:
+-- it keeps a due run unless its last candidate was picked. A workspace that
+-- got a run, or had none these owners could take (its agents at their caps,
+-- tools the owners do not carry, another release), goes to the back of the
+-- line; one that lost out only to a full batch keeps its place.
+--
+-- Why caps hold with any number of claimers. A workspace's running count only
+-- grows in step 2 and in the wrapper's count right after it, under the row
+-- lock taken in step 1 and kept until commit; step 2 is a new statement, so
+-- its snapshot sees every claim that held that lock before. Other claimers
+-- skip the locked rows (SKIP LOCKED) and never wait. Counts only shrink
+-- elsewhere (commits, cancels), which can only make a claim more careful than
+-- it needs to be, never less.
+--
+-- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
+-- SHARE on the workspace row until they commit (workspace_lower_next_wake),
+-- which step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
+-- holds claims up. Raising it is only safe with no such writer in flight, so
+-- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
+-- raise waits for a later claim), and step 4, a new statement, then sees every
+-- run those writers added; writers that come later wait for the claim to
+-- commit and lower the raised value again.
+--
+-- The counts. agentrun_claim() adds the runs step 2 leased fresh (a lapsed
+-- lease taken over was 'running' already) to shard 0 of their workspace's and
+-- their agent's running counts, by two statements in key order, right after
+-- the claim in the same transaction. That order cannot deadlock: shard 0 of a
+-- workspace is written only by the holder of the workspace's row lock, and a
+-- claim counts only runs of the workspaces it locked in step 1. While the
+-- wrapper runs, its SET clause turns agentrun.claim_counts on, and the row
+-- trigger runs_fair_update leaves the runs entering 'running' to it: each is
+-- counted once, and a batch costs two statements instead of two row updates
+-- per run. The setting is off again when the wrapper returns or fails, so
+-- every other status change, the fast path's lease and a direct call of
+-- agentrun_claim_uncounted() included, is counted by the trigger.
+--
+-- others_due. Step 1 passes over a workspace another claimer holds, so a
+-- claim may come back short while runs are due and executors idle. Before the
+-- claim, agentrun_claim() reads step 1's turns without the lock: the
+-- workspaces step 1 takes when no other claimer holds one. Step 2 marks every
+-- workspace whose turn it took served at the claim's clock (one value for the
+-- whole transaction) when it got runs or had none these owners could take;
+-- the one that lost out only to a full batch keeps its place, but then the
+-- claim was not short. So when the claim took fewer runs than it had owners,
+-- a workspace of that read which is not marked, and is still due with room,
+-- is one step 1 passed over because another claimer held it (or one that
+-- claimer served meanwhile and left with due runs): there is a run to take
+-- now. A last row, its run NULL and others_due true, says so, and the
+-- dispatcher claims again at once instead of waiting for its next poke or
+-- poll. Workspaces whose due runs these owners cannot take are served by
+-- every claim that takes their turn, so they never raise the flag, however
+-- many there are. The read after the claim is a new statement: it sees the
+-- other claimers' commits and step 4's raise. Neither read locks anything or
+-- changes a count, so the caps argument is untouched.
+--
+-- agentrun_claim_uncounted(): steps 1 to 4. Returns each claimed run (the
+-- runs row), its held seconds, whether it was taken over (its lease had
+-- lapsed) and whether its workspace keeps a due run. Parameters: the owners
+-- (run i to owner i), the lease in seconds, the clock (NULL: the database's),
+-- the executors' scope (NULL: every workspace), the tools they carry (JSON;
+-- NULL: any), then the release routing: the releases the owners continue
+-- (NULL: releases ignored), their own, how recently an executor must have
+-- been seen, and whether only promoted or canaried releases take new runs.
+--
+-- The DO block creates it with the read of an agent's due runs that the
+-- server can do best, chosen when the schema is built: the skip scan on
+-- Postgres 18 and later, the walk before 18 (docker-compose runs 17), or the
+-- walk on any version when the building session sets agentrun.claim_walk to
+-- 'levels' (tests run both: tests/harness/databases.py use_claim_walk). Both
+-- read the same runs in the same order.
+DO $claim_walk$
+DECLARE
+    -- Before Postgres 18: the walk over priority levels.
+    levels constant text := $levels$
+            WITH RECURSIVE levels(priority) AS (
+                (SELECT r.priority FROM runs r
+                 WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                   AND r.status IN ('queued', 'waiting')
+                 ORDER BY r.priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.priority FROM runs r
+                        WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                          AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
+                        ORDER BY r.priority DESC LIMIT 1)
+                FROM levels l WHERE l.priority IS NOT NULL
+            )
+            SELECT d.run_id, l.priority, d.wake_at
+            FROM levels l
+            CROSS JOIN LATERAL (
+                SELECT r.run_id, r.wake_at FROM runs r
+                WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.priority = l.priority
+                  AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+                  AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
+                       OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+                  AND ($5::jsonb IS NULL OR EXISTS (
+                      SELECT 1 FROM agent_versions v
+                      WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.version = r.agent_version
+                        AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
+                ORDER BY r.wake_at, r.run_id
+                LIMIT q.runs
+            ) d
+            LIMIT q.runs
+$levels$;
+    -- Postgres 18 and later: the same runs in the same order, by a skip scan
+    -- of runs_due_by_priority.
+    skip_scan constant text := $skip_scan$
+            SELECT r.run_id, r.priority, r.wake_at FROM runs r
+            WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+              AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
+                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+              AND ($5::jsonb IS NULL OR EXISTS (
+                  SELECT 1 FROM agent_versions v
+                  WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                    AND v.version = r.agent_version
+                    AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
+            ORDER BY r.priority DESC, r.wake_at, r.run_id
+            LIMIT q.runs
+$skip_scan$;
+BEGIN
+    EXECUTE replace($function$
+CREATE FUNCTION agentrun_claim_uncounted(
+    owners text[], lease_seconds double precision, at timestamptz, scope text[],
+    carried jsonb, continued text[], own_release text, live_seconds double precision,
+    gated boolean)
+RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $claim$
+-- The result's columns (run, held_seconds, taken_over, keeps_due) are variables
+-- too: in the statements the names mean the columns they always meant.
+#variable_conflict use_column
+DECLARE
+    turn_ids text[];
+    turn_rooms bigint[];
+    out_runs runs[];
+    out_held double precision[];
+    out_taken boolean[];
+    out_keeps boolean[];
+    maybe_empty text[];
+    locked text[];
+BEGIN
+    -- 1. The workspaces whose turn it is, least recently served first, with
+    -- their room under the cap (read before the lock: step 2 reads it again).
+    SELECT array_agg(t.workspace_id), array_agg(t.room) INTO turn_ids, turn_rooms
+    FROM (
+        SELECT w.workspace_id, w.max_concurrency - c.running AS room
+        FROM workspaces w
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+            WHERE c.workspace_id = w.workspace_id) c
+        WHERE w.next_wake_at <= coalesce($3, now())
+          AND c.running < w.max_concurrency
+          AND ($4 IS NULL OR w.workspace_id = ANY($4))
+        ORDER BY w.last_served_at, w.workspace_id
+        LIMIT cardinality($1)
+        FOR NO KEY UPDATE OF w SKIP LOCKED
+    ) t;
+    turn_ids := coalesce(turn_ids, '{}');
+    -- 2. Lapsed leases first, then the turns' due runs, round robin, within
+    -- each workspace's and agent's room (sql/lease.sql says how).
+    WITH clock AS MATERIALIZED (
+        SELECT coalesce($3::timestamptz, now()) AS now
+    ), routing AS MATERIALIZED (
+        SELECT $6::text[] IS NULL AS any_release, $7::text IS NOT DISTINCT FROM (
+            SELECT rl.release FROM releases rl
+            WHERE rl.draining_since IS NULL
+              AND (NOT $9::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
+              AND (rl.release = $7 OR EXISTS (  -- the claimers are connected themselves
+                SELECT 1 FROM executor_tools e
+                WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $8)))
+            ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
+            LIMIT 1) AS takes_new
+    ), lapsed AS (
+        SELECT r.workspace_id, r.run_id FROM runs r
+        WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
+          AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
+          AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
+               OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+          AND ($5::jsonb IS NULL OR EXISTS (
+              SELECT 1 FROM agent_versions v
+              WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                AND v.version = r.agent_version
+                AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
+        ORDER BY r.wake_at
+        LIMIT cardinality($1::text[])
+        FOR UPDATE SKIP LOCKED
+    ), turns AS (
+        -- The running counts (0027_running_counts.sql), read by this statement's
+        -- snapshot: it sees every claim that held the workspace's lock before.
+        SELECT w.workspace_id, l.ord, w.max_concurrency - c.running AS room
+        FROM unnest(turn_ids::text[]) WITH ORDINALITY AS l(workspace_id, ord)
+        JOIN workspaces w USING (workspace_id)
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+            WHERE c.workspace_id = w.workspace_id) c
+        WHERE c.running < w.max_concurrency
+    ), agent_rooms AS (
+        SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
+        FROM turns t
+        JOIN agents a ON a.workspace_id = t.workspace_id
+        -- NULL: no cap of its own (least() below then ignores it).
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
+                SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
+                WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
+        ) ar
+        WHERE ar.room IS NULL OR ar.room > 0
+    ), share AS MATERIALIZED (
+        -- The batch left after the lapsed leases, and the runs of each agent the round
+        -- robin can need when every workspace in turn has that many: the batch over the
+        -- workspaces, rounded up, and one more, which tells a workspace that keeps due
+        -- runs after this claim from one it may empty.
+        SELECT b.left, ceil(greatest(b.left, 1)::numeric / greatest(
+                   (SELECT count(*) FROM turns), 1))::int + 1 AS runs
+        FROM (SELECT cardinality($1::text[]) - (SELECT count(*) FROM lapsed) AS left) b
+    ), first_pass AS (
+        -- Each agent's first runs, up to its share: with 64 workspaces in turn and a batch
+        -- of 64, two runs each instead of 64 (never more than the batch: a workspace with
+        -- vast room must not make a one-run claim read its whole backlog).
+        SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
+        FROM (SELECT r.*, least(r.room, r.agent_room, (SELECT runs FROM share)) AS runs
+              FROM agent_rooms r) q
+        CROSS JOIN LATERAL (
+            /* the agent's due runs */
+        ) c
+    ), short AS MATERIALIZED (
+        -- Whether the first pass may have left out a run the round robin takes: it has
+        -- fewer than the batch left within min(share, room) of each workspace (some had
+        -- fewer due runs than their share). Otherwise every run picked is among the first
+        -- min(share, room) of its workspace, which the first pass read in full, so the
+        -- picks are exactly those a pass reading up to the batch would make.
+        SELECT coalesce(sum(least(f.n, f.room, (SELECT runs FROM share))), 0)
+               < (SELECT s.left FROM share s) AS short
+        FROM (SELECT workspace_id, room, count(*) AS n FROM first_pass
+              GROUP BY workspace_id, room) f
+    ), second_pass AS (
+        -- Only when short: every agent's first runs up to the batch (never more).
+        SELECT q.workspace_id, q.ord, q.room, c.run_id, c.priority, c.wake_at
+        FROM (SELECT r.*, least(r.room, r.agent_room, cardinality($1::text[])) AS runs
+              FROM agent_rooms r WHERE (SELECT short FROM short)) q
+        CROSS JOIN LATERAL (  -- the same as first_pass's
+            /* the agent's due runs */
+        ) c
+    ), candidates AS (
+        SELECT * FROM first_pass WHERE NOT (SELECT short FROM short)
+        UNION ALL
+        SELECT * FROM second_pass
+    ), picked AS (
+        -- turn: the candidate's place in its workspace; n: how many it has there.
+        SELECT workspace_id, run_id, turn, n FROM (
+            SELECT workspace_id, run_id, ord, room,
+                   row_number() OVER (PARTITION BY workspace_id
+                                      ORDER BY priority DESC, wake_at, run_id) AS turn,
+                   count(*) OVER (PARTITION BY workspace_id) AS n
+            FROM candidates
+        ) ranked
+        WHERE turn <= room
+        ORDER BY turn, ord
+        LIMIT cardinality($1::text[]) - (SELECT count(*) FROM lapsed)
+    ), fresh AS (
+        -- One primary-key probe per picked run, whatever the statistics say:
+        -- joined any other way, the planner may walk every due run instead.
+        SELECT r.workspace_id, r.run_id
+        FROM picked p
+        CROSS JOIN LATERAL (
+            SELECT r.workspace_id, r.run_id FROM runs r
+            WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+              AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+            FOR UPDATE SKIP LOCKED
+        ) r
+    ), kept AS (
+        -- The workspaces left with a due run this claim read and did not pick: they need
+        -- no new next_wake_at (lease.py skips raising it). A workspace's picks are its
+        -- first turns (picked cuts in order of turn), so it kept one unless its last
+        -- candidate (turn n) was picked.
+        SELECT workspace_id FROM candidates
+        EXCEPT
+        SELECT workspace_id FROM picked WHERE turn = n
+    ), due AS (
+        -- taken_over: the run's lease had lapsed (its executor died or stalled).
+        SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot,
+               workspace_id IN (SELECT workspace_id FROM kept) AS keeps_due
+        FROM (SELECT *, true AS taken_over FROM lapsed
+              UNION ALL SELECT *, false FROM fresh) d
+    ), served AS (
+        -- A workspace that got a run, or had none it could take (all its agents
+        -- at their caps), goes to the back of the line; one that lost out only
+        -- to a full batch keeps its place.
+        UPDATE workspaces w SET last_served_at = (SELECT now FROM clock)
+        WHERE w.workspace_id = ANY(turn_ids::text[])
+          AND (w.workspace_id IN (SELECT workspace_id FROM fresh)
+               OR w.workspace_id NOT IN (SELECT workspace_id FROM candidates))
+    ), leased AS (
+        UPDATE runs r SET
+            status = 'running',
+            wait_reason = NULL,
+            release = coalesce(r.release, $7::text),
+            lease_owner = ($1::text[])[due.slot],
+            lease_epoch = r.lease_epoch + 1,
+            attempt = r.attempt + (r.status = 'running')::int,
+            wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
+            -- A new hold begins; a takeover first counts the lapsed hold up to its
+            -- lease expiry (0006_run_limits.sql).
+            active_seconds = r.active_seconds + CASE WHEN r.status = 'running'
+                THEN run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) ELSE 0 END,
+            held_since = (SELECT now FROM clock),
+            started_at = coalesce(r.started_at, (SELECT now FROM clock)),
+            updated_at = now()
+        FROM due
+        WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
+        RETURNING r AS run, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
+            due.taken_over, due.keeps_due
+    )
+    SELECT array_agg(c.run), array_agg(c.held_seconds), array_agg(c.taken_over),
+           array_agg(c.keeps_due)
+    INTO out_runs, out_held, out_taken, out_keeps
+    FROM leased c;
+    -- 3. and 4. The workspaces that got fewer runs than they had room for and
+    -- kept no due run may be empty: raise their next_wake_at, skipping any an
+    -- admission or wake-up still holds KEY SHARE on.
+    SELECT array_agg(t.workspace_id) INTO maybe_empty
+    FROM unnest(turn_ids, turn_rooms) AS t(workspace_id, room)
+    WHERE t.room > (SELECT count(*) FROM unnest(out_runs) g WHERE g.workspace_id = t.workspace_id)
+      AND t.workspace_id NOT IN (
+          SELECT (out_runs[i]).workspace_id FROM generate_subscripts(out_runs, 1) i
+          WHERE out_keeps[i]);
+    IF maybe_empty IS NOT NULL THEN
+        SELECT array_agg(l.workspace_id) INTO locked FROM (
+            SELECT workspace_id FROM workspaces
+            WHERE workspace_id = ANY(maybe_empty)
+            ORDER BY workspace_id
+            FOR UPDATE SKIP LOCKED
+        ) l;
+    END IF;
+    IF locked IS NOT NULL THEN
+        -- The earliest wake_at of each workspace's queued or waiting runs (NULL:
+        -- none), one index probe per agent.
+        UPDATE workspaces w SET next_wake_at = (
+            SELECT min(first.wake_at)
+            FROM agents a
+            CROSS JOIN LATERAL (
+                SELECT r.wake_at FROM runs r
+                WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+                  AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+                ORDER BY r.wake_at
+                LIMIT 1
+            ) first
+            WHERE a.workspace_id = w.workspace_id
+        )
+        WHERE w.workspace_id = ANY(locked);
+    END IF;
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i]
+                 FROM generate_subscripts(out_runs, 1) i;
+END
+$claim$;
+$function$, '/* the agent''s due runs */',
+        CASE WHEN current_setting('server_version_num')::int >= 180000
+                  AND current_setting('agentrun.claim_walk', true) IS DISTINCT FROM 'levels'
+             THEN skip_scan ELSE levels END);
+END
+$claim_walk$;
+
+-- agentrun_claim(): the claim as run_claim calls it. Reads step 1's turns
+-- without the lock, runs the four steps, adds the fresh runs to the running
+-- counts, and adds the others_due row when the claim took fewer runs than it
+-- had owners while a workspace of that read is left unserved, still due with
+-- room.
+CREATE FUNCTION agentrun_claim(
+    owners text[], lease_seconds double precision, at timestamptz, scope text[],
+    carried jsonb, continued text[], own_release text, live_seconds double precision,
+    gated boolean)
+RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
+               others_due boolean)
+LANGUAGE plpgsql VOLATILE
+SET agentrun.claim_counts = 'on'
+AS $claim$
+#variable_conflict use_column
+DECLARE
+    claim_clock timestamptz := coalesce($3, now());
+    expected text[];
+    out_runs runs[];
+    out_held double precision[];
+    out_taken boolean[];
+    out_keeps boolean[];
+BEGIN
+    -- Step 1's turns, read without its lock (0031).
+    SELECT array_agg(t.workspace_id) INTO expected FROM (
+        SELECT w.workspace_id FROM workspaces w
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+            WHERE c.workspace_id = w.workspace_id) c
+        WHERE w.next_wake_at <= claim_clock
+          AND c.running < w.max_concurrency
+          AND ($4 IS NULL OR w.workspace_id = ANY($4))
+        ORDER BY w.last_served_at, w.workspace_id
+        LIMIT cardinality($1)
+    ) t;
+    -- The four steps (0029).
+    SELECT array_agg(c.run ORDER BY c.ord), array_agg(c.held_seconds ORDER BY c.ord),
+           array_agg(c.taken_over ORDER BY c.ord), array_agg(c.keeps_due ORDER BY c.ord)
+    INTO out_runs, out_held, out_taken, out_keeps
+    FROM agentrun_claim_uncounted(owners, lease_seconds, at, scope, carried, continued,
+                                  own_release, live_seconds, gated)
+         WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, ord);
+    -- The fresh runs (a run taken over was 'running' already) added to shard 0 of
+    -- their workspace's count and of their agent's.
+    INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
+    SELECT (out_runs[i]).workspace_id, 0, count(*)
+    FROM generate_subscripts(out_runs, 1) i
+    WHERE NOT out_taken[i]
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    INSERT INTO agent_running_counts AS c (workspace_id, agent_id, shard, n)
+    SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, 0, count(*)
+    FROM generate_subscripts(out_runs, 1) i
+    WHERE NOT out_taken[i]
+    GROUP BY 1, 2
+    ORDER BY 1, 2
+    ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false
+                 FROM generate_subscripts(out_runs, 1) i;
+    -- A workspace of that read left unserved, still due with room (0031).
+    IF coalesce(cardinality(out_runs), 0) < cardinality($1) AND EXISTS (
+        SELECT 1 FROM workspaces w
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
+            WHERE c.workspace_id = w.workspace_id) c
+        WHERE w.workspace_id = ANY(expected)
+          AND w.last_served_at IS DISTINCT FROM claim_clock
+          AND w.next_wake_at <= claim_clock
+          AND c.running < w.max_concurrency
+    ) THEN
+        RETURN QUERY SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean,
+                            true;
+    END IF;
+END
+$claim$;
+
+
+-- ===========================================================================
+-- 8. Approvals and the outbox
+-- ===========================================================================
+
+-- The approval a tool call waits on, with a hash of its exact arguments.
+CREATE TABLE approvals (
+    workspace_id      text NOT NULL,
+    approval_id       uuid NOT NULL,
+    run_id            uuid NOT NULL,
+    decision_seq      integer NOT NULL,
+    call_id           text NOT NULL,
+    tool              text NOT NULL,
+    arguments         jsonb NOT NULL,
+    arguments_sha256  text NOT NULL
+        CONSTRAINT approvals_arguments_sha256_check CHECK (arguments_sha256 ~ '^[0-9a-f]{64}$'),
+    approvers         text[] NOT NULL,
+    slack_approvers   text[] NOT NULL DEFAULT '{}',
+    high_risk         boolean NOT NULL DEFAULT false,
+    moves_money       boolean NOT NULL DEFAULT false,
+    expire_at         timestamptz NOT NULL,
+    expiry_seconds    integer NOT NULL CONSTRAINT approvals_expiry_seconds_check CHECK (expiry_seconds > 0),
+    on_expiry         text NOT NULL
+        CONSTRAINT approvals_on_expiry_check CHECK (on_expiry IN ('reject', 'escalate', 'remind')),
+    escalate_to       text[] NOT NULL DEFAULT '{}',
+    max_reminders     integer NOT NULL DEFAULT 2,
+    escalation_level  integer NOT NULL DEFAULT 0,
+    reminders_sent    integer NOT NULL DEFAULT 0,
+    -- NULL while pending; set exactly once by a compare-and-set.
+    decision          text CONSTRAINT approvals_decision_check
+        CHECK (decision IN ('approved', 'rejected', 'edited', 'expired')),
+    decided_by        text,
+    decided_at        timestamptz,
+    reason            text,
+    edited_arguments  jsonb,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, approval_id),
+    UNIQUE (workspace_id, run_id, call_id),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
+    CONSTRAINT approval_decided_fully CHECK (
+        (decision IS NULL) = (decided_at IS NULL) AND (decision IS NULL) = (decided_by IS NULL)),
+    CONSTRAINT approval_edit_has_arguments CHECK (
+        (decision = 'edited') = (edited_arguments IS NOT NULL)),
+    -- Money never moves without a human: expiry may not approve it, and no
+    -- policy can make it approve anything.
+    CONSTRAINT approval_money_needs_a_human CHECK (
+        NOT moves_money OR decision IS NULL OR decision <> 'approved' OR decided_by NOT LIKE 'system:%')
+);
+
+-- The expiry loop's index: pending approvals by expiry.
+CREATE INDEX approvals_pending_expiry ON approvals (expire_at) WHERE decision IS NULL;
+CREATE INDEX approvals_by_created ON approvals (workspace_id, created_at DESC, approval_id DESC);
+
+-- Capability links, single-use: only the SHA-256 of each token is stored.
+CREATE TABLE approval_tokens (
+    workspace_id  text NOT NULL,
+    token_sha256  bytea NOT NULL,
+    approval_id   uuid NOT NULL,
+    approver      text NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    used_at       timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, token_sha256),
+    FOREIGN KEY (workspace_id, approval_id) REFERENCES approvals
+);
+
+-- Retention: an approval's tokens.
+CREATE INDEX approval_tokens_by_approval ON approval_tokens (workspace_id, approval_id);
+
+-- The transactional outbox: written in the same transaction as what it
+-- announces, delivered afterwards by the relay (at least once, with a stable
+-- notification id so that a redelivery is recognisable).
+CREATE TABLE outbox (
+    workspace_id     text NOT NULL,
+    notification_id  uuid NOT NULL,
+    kind             text NOT NULL,
+    channel          text NOT NULL CONSTRAINT outbox_channel_check CHECK (channel IN ('mail', 'chat')),
+    recipient        text NOT NULL,
+    payload          jsonb NOT NULL,
+    attempts         integer NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    delivered_at     timestamptz,
+    last_error       text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, notification_id)
+);
+
+CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE delivered_at IS NULL;
+
+
+-- ===========================================================================
+-- 9. Triggers and schedules
+-- ===========================================================================
+--
+-- A trigger (signed webhook, schedule, inbound mail, mail push source) turns
+-- events into runs. Each event is recorded together with the run it starts,
+-- in one statement, under a unique (workspace_id, trigger_id, dedupe_key): a
+-- redelivered webhook, a second scheduler replica firing the same slot or a
+-- refetched mail lands on the first event and its run. Events that filters
+-- stop are recorded too, as filtered, with the reason and no run.
+
+CREATE TABLE triggers (
+    workspace_id          text NOT NULL REFERENCES workspaces,
+    trigger_id            text NOT NULL
+        CONSTRAINT triggers_trigger_id_check CHECK (trigger_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    agent_id              text NOT NULL,
+    kind                  text NOT NULL,
+    enabled               boolean NOT NULL DEFAULT true,
+    -- How HTTP deliveries are signed; NULL for schedules (nobody calls them).
+    scheme                text,
+    -- Kind-specific settings: replay window, dedupe source, cron and time
+    -- zone, interval, jitter, overlap policy, catch-up window, input text,
+    -- mailbox URL, chain depth limit, debounce or batch.
+    config                jsonb NOT NULL DEFAULT '{}',
+    -- Cheap rules applied before a run exists (control_plane/triggers/filters.py).
+    filters               jsonb NOT NULL DEFAULT '[]',
+    -- Schedules: the next slot (as the schedule says) and when it fires (the
+    -- slot plus the trigger's deterministic jitter).
+    next_slot_at          timestamptz,
+    next_fire_at          timestamptz,
+    -- Push sources: the newest history id announced, the last one whose
+    -- messages all committed, and when a fetch is due (while a fetcher holds
+    -- it: its lease expiry, as runs.wake_at is).
+    announced_history_id  bigint,
+    last_history_id       bigint,
+    fetch_due_at          timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    -- Schedules under the buffer_one policy: the one slot that came while the
+    -- schedule's run was still going, and the dedupe key its event will have;
+    -- the scheduler starts it once no run of the schedule is active.
+    buffered_slot_at      timestamptz,
+    buffered_dedupe_key   text,
+    -- Why the trigger was last paused or unpaused (SetTriggerEnabled's note).
+    note                  text,
+    PRIMARY KEY (workspace_id, trigger_id),
+    FOREIGN KEY (workspace_id, agent_id) REFERENCES agents,
+    CONSTRAINT trigger_kind_known CHECK (kind IN ('webhook', 'schedule', 'mail', 'mail_push')),
+    CONSTRAINT trigger_scheme_known CHECK (
+        scheme IN ('hmac_sha256', 'stripe', 'slack', 'github', 'standard_webhooks')),
+    CONSTRAINT trigger_http_is_signed CHECK ((kind = 'schedule') = (scheme IS NULL)),
+    CONSTRAINT trigger_schedule_has_slot CHECK (
+        (kind = 'schedule') = (next_slot_at IS NOT NULL AND next_fire_at IS NOT NULL)),
+    CONSTRAINT trigger_fire_not_before_slot CHECK (next_fire_at >= next_slot_at),
+    CONSTRAINT trigger_buffer_is_schedule CHECK (
+        (buffered_slot_at IS NULL) = (buffered_dedupe_key IS NULL)
+        AND (buffered_slot_at IS NULL OR kind = 'schedule'))
+);
+
+-- The scheduler's index: enabled schedules by fire time.
+CREATE INDEX triggers_schedule_due ON triggers (next_fire_at)
+    WHERE kind = 'schedule' AND enabled;
+-- Push sources with a fetch queued (or held by a fetcher until its lease lapses).
+CREATE INDEX triggers_fetch_due ON triggers (fetch_due_at)
+    WHERE fetch_due_at IS NOT NULL;
+-- Only schedules with a buffered slot: the pass that starts them costs
+-- nothing for the others.
+CREATE INDEX triggers_schedule_buffered ON triggers (buffered_slot_at)
+    WHERE buffered_slot_at IS NOT NULL;
+
+-- Signing secrets. Two may be active while a sender rotates; a rotated-out
+-- secret keeps working until expires_at, then never again. Never returned by
+-- any API after the response that created it. Sealed with the workspace's
+-- data key (control_plane/crypto/envelope.py, purpose "trigger_secret"):
+-- `secret` holds a plain value only on rows written before sealing existed,
+-- until the control plane's startup backfill seals it and clears it.
+CREATE TABLE trigger_secrets (
+    workspace_id  text NOT NULL,
+    trigger_id    text NOT NULL,
+    secret_id     integer NOT NULL CONSTRAINT trigger_secrets_secret_id_check CHECK (secret_id > 0),
+    secret        text CONSTRAINT trigger_secrets_secret_check CHECK (length(secret) BETWEEN 8 AND 512),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    expires_at    timestamptz,
+    sealed        bytea,
+    PRIMARY KEY (workspace_id, trigger_id, secret_id),
+    FOREIGN KEY (workspace_id, trigger_id) REFERENCES triggers,
+    CONSTRAINT trigger_secret_one_form CHECK ((secret IS NULL) <> (sealed IS NULL))
+);
+
+-- What the sealing backfill still has to seal (empty once it ran).
+CREATE INDEX trigger_secrets_plaintext ON trigger_secrets (workspace_id, trigger_id)
+    WHERE secret IS NOT NULL;
+
+-- An event of a trigger with a debounce or a batch (control_plane/triggers/
+-- flow.py) is recorded once per dedupe key too, but `pending`: no run yet,
+-- its flow key (the debounce key's value, or '' for the trigger's one batch)
+-- and its place in arrival order (flow_seq, from trigger_flow_seq).
+CREATE TABLE trigger_events (
+    workspace_id   text NOT NULL,
+    event_id       uuid NOT NULL,
+    trigger_id     text NOT NULL,
+    -- Whatever the source guarantees stable: the delivery id, the Message-ID,
+    -- agent_id:scheduled_for.
+    dedupe_key     text NOT NULL
+        CONSTRAINT trigger_events_dedupe_key_check CHECK (length(dedupe_key) BETWEEN 1 AND 512),
+    status         text NOT NULL,
+    -- Why a filtered event started no run.
+    reason         text,
+    run_id         uuid,
+    -- Schedules: the slot this event fires (before jitter).
+    scheduled_for  timestamptz,
+    -- Mail: how many agent hops the message has behind it (0 = a human's).
+    chain_depth    integer NOT NULL DEFAULT 0
+        CONSTRAINT trigger_events_chain_depth_check CHECK (chain_depth >= 0),
+    -- The event as received (a webhook's parsed body, a mail message).
+    payload        jsonb NOT NULL,
+    received_at    timestamptz NOT NULL DEFAULT now(),
+    flow_key       text,
+    flow_seq       bigint,
+    PRIMARY KEY (workspace_id, event_id),
+    FOREIGN KEY (workspace_id, trigger_id) REFERENCES triggers,
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
+    CONSTRAINT event_accepted_has_run CHECK ((status = 'accepted') = (run_id IS NOT NULL)),
+    CONSTRAINT event_filtered_has_reason CHECK ((status = 'filtered') = (reason IS NOT NULL)),
+    CONSTRAINT event_status_known CHECK (status IN ('accepted', 'filtered', 'pending')),
+    CONSTRAINT event_pending_has_flow_key CHECK (
+        status <> 'pending' OR (flow_key IS NOT NULL AND flow_seq IS NOT NULL))
+);
+
+-- The dedupe constraint: one event (and so at most one run) per stable key.
+CREATE UNIQUE INDEX trigger_events_dedupe ON trigger_events (workspace_id, trigger_id, dedupe_key);
+-- Which event started a run (the chain depth of mail our agents send).
+CREATE INDEX trigger_events_by_run ON trigger_events (run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX trigger_events_by_trigger
+    ON trigger_events (workspace_id, trigger_id, received_at DESC, event_id DESC);
+-- A flush takes a group's pending events in arrival order.
+CREATE INDEX trigger_events_pending
+    ON trigger_events (workspace_id, trigger_id, flow_key, flow_seq) WHERE status = 'pending';
+
+CREATE SEQUENCE trigger_flow_seq;
+
+-- When the pending events of one flow key are due: a debounce after its quiet
+-- period (every event pushes it back), a batch when it is full or its oldest
+-- event has waited max_seconds. The scheduler flushes a due group in one
+-- transaction that admits the run and marks the events it holds accepted with
+-- that run, so a crash at any point neither loses nor repeats one.
+CREATE TABLE trigger_flow_groups (
+    workspace_id  text NOT NULL,
+    trigger_id    text NOT NULL,
+    flow_key      text NOT NULL,
+    mode          text NOT NULL CONSTRAINT trigger_flow_groups_mode_check CHECK (mode IN ('debounce', 'batch')),
+    -- Pending events counted by arrivals (a flush sets it to those it left).
+    pending       integer NOT NULL CONSTRAINT trigger_flow_groups_pending_check CHECK (pending >= 0),
+    opened_at     timestamptz NOT NULL,
+    due_at        timestamptz NOT NULL,
+    PRIMARY KEY (workspace_id, trigger_id, flow_key),
+    FOREIGN KEY (workspace_id, trigger_id) REFERENCES triggers
+);
+
+-- The scheduler's flush pass: groups by due time.
+CREATE INDEX trigger_flow_groups_due ON trigger_flow_groups (due_at);
+
+
+-- ===========================================================================
+-- 10. Sessions
+-- ===========================================================================
+--
+-- A session is a conversation with one agent; each turn is a run. The
+-- session row is the lock that keeps two turns of one conversation from
+-- running at once. What a message sent while the previous turn still runs
+-- does is the session's strategy, overridable per message
+-- (control_plane/api/sessions.py):
+--   * reject     refused with ABORTED / HTTP 409 (the default);
+--   * enqueue    the turn is admitted at once but parked (status 'waiting',
+--                wait_reason 'session', no wake_at): the trigger below wakes
+--                it when the turn before it ends, in the very transaction
+--                that ends that turn's run, exactly once;
+--   * interrupt  the running turn's run is cancelled (its executor is fenced
+--                at its next commit) and the new turn starts with the
+--                transcript so far, the interrupted turn's committed
+--                decisions and tool results included;
+--   * rollback   as interrupt, but the cancelled turn is left out of every
+--                later transcript.
+--
+-- Why exactly once. A run reaches a terminal status once, and the trigger
+-- fires on that one transition whatever statement makes it. It wakes only the
+-- session's first unfinished turn, and only while that turn's run is still
+-- parked. A send racing the end of a turn holds the session row and then
+-- share locks on the runs of every unfinished turn (session_unfinished_lock):
+-- the ending transaction holds its run's row until it commits, so either the
+-- send sees that turn ended (and admits its own turn queued if none is left),
+-- or the ending transaction's trigger sees the parked turn and wakes it.
+
+CREATE TABLE sessions (
+    workspace_id  text NOT NULL REFERENCES workspaces,
+    session_id    uuid NOT NULL,
+    agent_id      text NOT NULL,
+    title         text NOT NULL DEFAULT '',
+    turn_count    integer NOT NULL DEFAULT 0 CONSTRAINT sessions_turn_count_check CHECK (turn_count >= 0),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    strategy      text NOT NULL DEFAULT 'reject' CONSTRAINT session_strategy_known
+        CHECK (strategy IN ('reject', 'enqueue', 'interrupt', 'rollback')),
+    PRIMARY KEY (workspace_id, session_id),
+    FOREIGN KEY (workspace_id, agent_id) REFERENCES agents
+);
+
+CREATE INDEX sessions_by_updated ON sessions (workspace_id, updated_at DESC, session_id DESC);
+
+-- One row per turn; the turn's run holds its input, status and answer.
+CREATE TABLE session_turns (
+    workspace_id  text NOT NULL,
+    session_id    uuid NOT NULL,
+    turn          integer NOT NULL CONSTRAINT session_turns_turn_check CHECK (turn > 0),
+    run_id        uuid NOT NULL,
+    -- Optional client-chosen key: a retried send returns the turn it created.
+    request_id    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    -- Why the turn ended early: 'interrupt' (its committed steps stay in the
+    -- transcript) or 'rollback' (the turn is left out of the transcript).
+    ended_by      text CONSTRAINT session_turn_ended_by_known CHECK (ended_by IN ('interrupt', 'rollback')),
+    PRIMARY KEY (workspace_id, session_id, turn),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions,
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs
+);
+
+CREATE UNIQUE INDEX session_turns_run ON session_turns (workspace_id, run_id);
+CREATE UNIQUE INDEX session_turns_request_id ON session_turns (workspace_id, session_id, request_id)
+    WHERE request_id IS NOT NULL;
+
+-- The transcript a session's turn `before_turn` carries: each earlier turn (at
+-- most the last 100, and whole turns dropped from the oldest to keep it within
+-- 256 KiB) as its user message, then the answer of a completed turn, or the
+-- committed decisions and tool results of an interrupted one. Rolled-back
+-- turns are left out.
+CREATE FUNCTION session_transcript(ws text, sid uuid, before_turn integer) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    WITH turns AS (
+        SELECT t.turn, t.run_id, t.ended_by, r.status, r.input, r.output
+        FROM session_turns t
+        JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
+        WHERE t.workspace_id = ws AND t.session_id = sid AND t.turn < before_turn
+          AND t.ended_by IS DISTINCT FROM 'rollback'
+        ORDER BY t.turn DESC
+        LIMIT 100
+    ), messages AS (
+        SELECT tu.turn, 0 AS seq, jsonb_build_object('role', 'user', 'content', tu.input) AS m
+        FROM turns tu
+        UNION ALL
+        SELECT tu.turn, 1, jsonb_build_object('role', 'assistant', 'content', tu.output)
+        FROM turns tu WHERE tu.status = 'completed' AND coalesce(tu.output, '') <> ''
+        UNION ALL
+        SELECT tu.turn, 1 + s.seq, jsonb_build_object('role', 'assistant', 'content',
+            CASE WHEN s.kind = 'model_decision' THEN s.payload ->> 'content'
+                 ELSE '[' || coalesce(s.payload ->> 'tool', 'tool') || ' returned] '
+                      || coalesce(s.payload ->> 'output', s.payload ->> 'error', '') END)
+        FROM turns tu
+        JOIN steps s ON s.workspace_id = ws AND s.run_id = tu.run_id
+        WHERE tu.ended_by = 'interrupt' AND s.kind IN ('model_decision', 'tool_result')
+          AND coalesce(s.payload ->> 'content', s.payload ->> 'output', '') <> ''
+    ), sized AS (
+        SELECT turn, sum(octet_length(m::text)) AS bytes FROM messages GROUP BY turn
+    ), kept AS (
+        SELECT turn FROM (
+            SELECT turn, sum(bytes) OVER (ORDER BY turn DESC) AS total FROM sized
+        ) x WHERE total <= 256 * 1024
+    )
+    SELECT coalesce(jsonb_agg(m ORDER BY turn, seq), '[]'::jsonb)
+    FROM messages WHERE turn IN (SELECT turn FROM kept)
+$$;
+
+-- Wake the session's first unfinished turn, if it is parked waiting for the
+-- turns before it (a run of the session, `rid`, just ended): its input step
+-- (never read yet: the run was never claimed) gets the transcript as of now.
+-- The first unfinished turn, not merely the next one: a parked turn cancelled
+-- by CancelRun ends too, and must neither wake the turn after it while an
+-- earlier one still runs nor leave that turn parked for ever.
+CREATE FUNCTION session_start_next(ws text, rid uuid) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    sid uuid;
+    nxt record;
+BEGIN
+    SELECT session_id INTO sid FROM session_turns WHERE workspace_id = ws AND run_id = rid;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT t.turn, t.run_id, r.status, r.wait_reason, r.wake_at INTO nxt FROM session_turns t
+    JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
+    WHERE t.workspace_id = ws AND t.session_id = sid
+      AND r.status IN ('queued', 'running', 'waiting')
+    ORDER BY t.turn
+    LIMIT 1
+    FOR NO KEY UPDATE OF r;
+    IF NOT FOUND OR nxt.status <> 'waiting' OR nxt.wait_reason <> 'session'
+       OR nxt.wake_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE steps SET payload = jsonb_set(payload, '{history}',
+                                         session_transcript(ws, sid, nxt.turn))
+    WHERE workspace_id = ws AND run_id = nxt.run_id AND seq = 0 AND kind = 'input';
+    UPDATE runs SET wake_at = now(), updated_at = now()
+    WHERE workspace_id = ws AND run_id = nxt.run_id;
+    RETURN true;
+END $$;
+
+CREATE FUNCTION runs_session_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM session_start_next(NEW.workspace_id, NEW.run_id);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_session_finish AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.status IN ('completed', 'failed', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_session_on_finish();
+
+
+-- ===========================================================================
+-- 11. Connections
+-- ===========================================================================
+
+-- Connected accounts: a workspace's OAuth grants at the tool providers, their
+-- tokens sealed by the workspace's data key (control_plane/crypto/envelope.py,
+-- purpose "connection_token"), never in plain text.
+--
+-- status: active (usable; the access token may still need a refresh),
+-- expired (the access token lapsed and no refresh token is held), revoked
+-- (the provider or a user revoked the grant), needs_reauth (a refresh was
+-- refused: the owner must connect again). token_generation counts stored
+-- pairs: a refresh stores generation n+1 only if it still reads n, so two
+-- writers can never interleave an old pair over a new one.
+CREATE TABLE connections (
+    workspace_id       text NOT NULL REFERENCES workspaces,
+    connection_id      uuid NOT NULL,
+    provider           text NOT NULL
+        CONSTRAINT connections_provider_check CHECK (provider ~ '^[a-z][a-z0-9_-]{0,62}$'),
+    account            text NOT NULL
+        CONSTRAINT connections_account_check CHECK (length(account) BETWEEN 1 AND 320),
+    -- The principal label (kind:name) that connected it: asked to reconnect when it breaks.
+    owner              text NOT NULL
+        CONSTRAINT connections_owner_check CHECK (length(owner) BETWEEN 1 AND 400),
+    scopes             text[] NOT NULL DEFAULT '{}',
+    status             text NOT NULL DEFAULT 'active' CONSTRAINT connections_status_check
+        CHECK (status IN ('active', 'expired', 'revoked', 'needs_reauth')),
+    access_sealed      bytea,
+    refresh_sealed     bytea,
+    access_expires_at  timestamptz,
+    token_generation   bigint NOT NULL DEFAULT 1,
+    -- Why the connection is not active (no token text ever: the provider's error code).
+    status_reason      text NOT NULL DEFAULT '',
+    -- When its owner was asked to reconnect (once per break; a reconnect clears it).
+    notified_at        timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, connection_id),
+    UNIQUE (workspace_id, provider, account),
+    CONSTRAINT connection_active_has_token CHECK (status <> 'active' OR access_sealed IS NOT NULL)
+);
+
+-- An authorization in flight: the state parameter (stored only as its
+-- SHA-256) and the PKCE verifier (sealed, bound to the flow's id), from the
+-- start link to the callback.
+CREATE TABLE connection_flows (
+    state_sha256     bytea PRIMARY KEY
+        CONSTRAINT connection_flows_state_sha256_check CHECK (length(state_sha256) = 32),
+    workspace_id     text NOT NULL REFERENCES workspaces,
+    flow_id          uuid NOT NULL,
+    provider         text NOT NULL,
+    owner            text NOT NULL,
+    scopes           text[] NOT NULL,
+    verifier_sealed  bytea NOT NULL,
+    -- A reconnect link names the connection it repairs.
+    connection_id    uuid,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    expires_at       timestamptz NOT NULL
+);
+
+CREATE INDEX connection_flows_expiry ON connection_flows (expires_at);
+
+
+-- ===========================================================================
+-- 12. Credits
+-- ===========================================================================
+--
+-- Every model call and tool call is priced at commit time
+-- (control_plane/credits/pricing.py) and summed on the run in the commit's
+-- own statement. A workspace with a credit account pays for its runs out of
+-- reservations: a run reserves a chunk before its first step (at claim) and
+-- tops up in chunks when its spend reaches what it reserved (at commit); each
+-- reservation is keyed (run_id, chunk), and the chunk number comes from the
+-- locked run row, so a retried claim or commit finds the reservation made and
+-- never takes a second one. When the run ends, whatever path ends it, the
+-- trigger below settles it in the same transaction: its spend moves to
+-- `spent` and the unused rest returns to the balance. A workspace without an
+-- account row is unlimited.
+--
+-- The identity the ledger keeps, at every commit (credits_balance): granted =
+-- balance + reserved + spent, where `reserved` is what live runs hold
+-- (including what they have spent so far) and `spent` is what ended runs
+-- used. The balance may go below zero by at most the step that crossed the
+-- line: a step already paid at the provider is always recorded.
+
+CREATE TABLE credit_accounts (
+    workspace_id     text PRIMARY KEY REFERENCES workspaces,
+    granted_micros   bigint NOT NULL DEFAULT 0,
+    balance_micros   bigint NOT NULL DEFAULT 0,
+    reserved_micros  bigint NOT NULL DEFAULT 0
+        CONSTRAINT credit_accounts_reserved_micros_check CHECK (reserved_micros >= 0),
+    spent_micros     bigint NOT NULL DEFAULT 0
+        CONSTRAINT credit_accounts_spent_micros_check CHECK (spent_micros >= 0),
+    -- How much a run reserves at a time.
+    chunk_micros     bigint NOT NULL DEFAULT 1000000
+        CONSTRAINT credit_accounts_chunk_micros_check CHECK (chunk_micros > 0),
+    -- What a run does when its reservation is spent and the balance is empty.
+    out_of_credits   text NOT NULL DEFAULT 'park'
+        CONSTRAINT credit_accounts_out_of_credits_check CHECK (out_of_credits IN ('park', 'fail')),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT credits_balance CHECK (granted_micros = balance_micros + reserved_micros + spent_micros)
+);
+
+-- Append-only. A grant moves granted and balance up; a reserve moves balance
+-- to reserved; a run's end writes its spend (reserved to spent) and its
+-- release (reserved back to balance; negative when the last step overdrew the
+-- reservation).
+CREATE TABLE credit_ledger (
+    workspace_id   text NOT NULL REFERENCES credit_accounts,
+    entry_id       bigint GENERATED ALWAYS AS IDENTITY,
+    kind           text NOT NULL
+        CONSTRAINT credit_ledger_kind_check CHECK (kind IN ('grant', 'reserve', 'spend', 'release')),
+    run_id         uuid,
+    chunk          integer NOT NULL DEFAULT 0,
+    amount_micros  bigint NOT NULL,
+    granted_by     text,
+    note           text NOT NULL DEFAULT '',
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, entry_id),
+    CONSTRAINT ledger_run_entries CHECK ((kind = 'grant') = (run_id IS NULL)),
+    CONSTRAINT ledger_grant_positive CHECK (kind <> 'grant' OR amount_micros > 0),
+    CONSTRAINT ledger_reserve_positive CHECK (kind <> 'reserve' OR (amount_micros > 0 AND chunk > 0))
+);
+
+-- The key that makes a retried reservation (or settlement) a no-op.
+CREATE UNIQUE INDEX credit_ledger_run_key ON credit_ledger (workspace_id, run_id, kind, chunk)
+    WHERE run_id IS NOT NULL;
+
+-- Settle a metered run when it ends, in the transaction that ends it. The
+-- ledger rows are written first and the account moves only by what they
+-- inserted, so a second settlement of the same run (it cannot end twice, but
+-- the key says so) moves nothing.
+CREATE FUNCTION runs_credits_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    settled integer;
+BEGIN
+    WITH entries AS (
+        INSERT INTO credit_ledger (workspace_id, kind, run_id, chunk, amount_micros)
+        VALUES (NEW.workspace_id, 'spend', NEW.run_id, 0, NEW.cost_micros),
+               (NEW.workspace_id, 'release', NEW.run_id, 0,
+                NEW.credits_reserved_micros - NEW.cost_micros)
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO settled FROM entries;
+    IF settled = 2 THEN
+        UPDATE credit_accounts SET
+            balance_micros = balance_micros + NEW.credits_reserved_micros - NEW.cost_micros,
+            reserved_micros = reserved_micros - NEW.credits_reserved_micros,
+            spent_micros = spent_micros + NEW.cost_micros,
+            updated_at = now()
+        WHERE workspace_id = NEW.workspace_id;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_credits_finish AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.credit_chunks > 0
+          AND NEW.status IN ('completed', 'failed', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_credits_on_finish();
+
+
+-- ===========================================================================
+-- 13. Identity, access and keys
+-- ===========================================================================
+--
+-- Credentials are API keys kept only as a SHA-256 of their 256-bit secret
+-- (the key text is shown once), each of one kind: a workspace key (one
+-- workspace, one role, a principal name), an executor credential (scoped to
+-- the workspaces its pool may serve; NULL scope: all) or a platform admin key
+-- (creates workspaces). People who sign in with OpenID Connect get their role
+-- in a workspace from workspace_members. Every privileged write appends to
+-- audit_log in the same transaction as the write itself.
+
+CREATE TABLE api_keys (
+    key_id         text PRIMARY KEY CONSTRAINT api_keys_key_id_check CHECK (key_id ~ '^[a-z0-9]{16}$'),
+    kind           text NOT NULL,
+    workspace_id   text REFERENCES workspaces,
+    role           text,
+    principal      text NOT NULL
+        CONSTRAINT api_keys_principal_check CHECK (length(principal) BETWEEN 1 AND 200),
+    scope          text[],
+    secret_sha256  bytea NOT NULL
+        CONSTRAINT api_keys_secret_sha256_check CHECK (length(secret_sha256) = 32),
+    created_by     text NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    expires_at     timestamptz,
+    revoked_at     timestamptz,
+    CONSTRAINT api_key_kind_known CHECK (kind IN ('workspace', 'executor', 'platform')),
+    CONSTRAINT api_key_workspace_iff_workspace_kind CHECK (
+        (kind = 'workspace') = (workspace_id IS NOT NULL)),
+    CONSTRAINT api_key_role_iff_workspace_kind CHECK ((kind = 'workspace') = (role IS NOT NULL)),
+    CONSTRAINT api_key_role_known CHECK (
+        role IS NULL OR role IN ('admin', 'operator', 'reader', 'approver')),
+    CONSTRAINT api_key_scope_only_for_executors CHECK (kind = 'executor' OR scope IS NULL),
+    CONSTRAINT api_key_expires_after_creation CHECK (expires_at IS NULL OR expires_at > created_at)
+);
+
+CREATE INDEX api_keys_by_workspace ON api_keys (workspace_id, created_at, key_id)
+    WHERE workspace_id IS NOT NULL;
+
+-- People who sign in (OpenID Connect), by verified email, and their role.
+CREATE TABLE workspace_members (
+    workspace_id  text NOT NULL REFERENCES workspaces,
+    person        text NOT NULL CONSTRAINT workspace_members_person_check
+        CHECK (length(person) BETWEEN 3 AND 320 AND person LIKE '%@%'),
+    role          text NOT NULL CONSTRAINT workspace_members_role_check
+        CHECK (role IN ('admin', 'operator', 'reader', 'approver')),
+    added_by      text NOT NULL,
+    added_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, person)
+);
+
+-- Append-only: who did what to which object, when, under which request.
+CREATE TABLE audit_log (
+    workspace_id  text NOT NULL,
+    audit_id      bigint GENERATED ALWAYS AS IDENTITY,
+    at            timestamptz NOT NULL DEFAULT now(),
+    actor         text NOT NULL,
+    action        text NOT NULL,
+    object_kind   text NOT NULL,
+    object_id     text NOT NULL,
+    request_id    text NOT NULL,
+    detail        jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (workspace_id, audit_id)
+);
+
+-- Retention: the audit rows of an object.
+CREATE INDEX audit_log_by_object ON audit_log (workspace_id, object_kind, object_id);
+
+-- Web console sessions: a browser that signed in (OpenID Connect for people,
+-- a pasted API key for operators) holds an opaque random token in an
+-- HttpOnly, SameSite=Strict cookie; the database keeps only its SHA-256. The
+-- row names the principal the console acts as, so every page reads through
+-- the same access rules as gRPC; a key session also names its key, so
+-- revoking the key ends it. Sessions end at expires_at or when signed out
+-- (the row is deleted).
+CREATE TABLE console_sessions (
+    session_sha256  bytea PRIMARY KEY
+        CONSTRAINT console_sessions_session_sha256_check CHECK (length(session_sha256) = 32),
+    workspace_id    text NOT NULL REFERENCES workspaces,
+    kind            text NOT NULL CONSTRAINT console_sessions_kind_check CHECK (kind IN ('key', 'person')),
+    principal       text NOT NULL,
+    role            text NOT NULL,
+    -- The key's id (kind key) or the person's OIDC subject (kind person); never a secret.
+    credential_id   text NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    CONSTRAINT console_sessions_check CHECK (expires_at > created_at)
+);
+
+CREATE INDEX console_sessions_expiry ON console_sessions (expires_at);
+
+-- Envelope encryption: per-workspace data keys, stored only wrapped by the
+-- KMS's key-encryption key (a key file outside the database, or a cloud KMS),
+-- never the key itself. New seals use the workspace's newest unretired
+-- version; retired versions still open what they sealed. Re-wrapping under a
+-- new KMS key version rewrites `wrapped` and `kms_key_version` only: nothing
+-- sealed is re-encrypted.
+CREATE TABLE workspace_data_keys (
+    workspace_id     text NOT NULL REFERENCES workspaces,
+    version          integer NOT NULL CONSTRAINT workspace_data_keys_version_check CHECK (version > 0),
+    kms_key_version  text NOT NULL CONSTRAINT workspace_data_keys_kms_key_version_check
+        CHECK (length(kms_key_version) BETWEEN 1 AND 512),
+    wrapped          bytea NOT NULL CONSTRAINT workspace_data_keys_wrapped_check
+        CHECK (length(wrapped) BETWEEN 32 AND 8192),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    -- Set when a newer version takes over new seals; the key still opens old ciphertexts.
+    retired_at       timestamptz,
+    PRIMARY KEY (workspace_id, version)
+);
+
+-- Re-wrapping finds the keys not yet under the KMS's current version.
+CREATE INDEX workspace_data_keys_by_kms_version ON workspace_data_keys (kms_key_version);
