@@ -6,10 +6,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import uuid
+from pathlib import Path
 
 import asyncpg
 
 from control_plane.store.migrate import migrate, migrations_dir
+from control_plane.store.queries import SCHEMA_FILE
 
 TEMPLATE_DB = "agentrun_template"
 
@@ -26,6 +28,13 @@ async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:
     async with conn.transaction():
         value = "levels" if walk == "levels" else ""
         await conn.execute("SELECT set_config('agentrun.claim_walk', $1, true)", value)
+        await conn.execute(sql)
+
+
+async def run_schema_file(conn: asyncpg.Connection, path: Path = SCHEMA_FILE) -> None:
+    """Build the schema in conn's empty database from a schema file, in one transaction."""
+    sql = await asyncio.to_thread(path.read_text)
+    async with conn.transaction():
         await conn.execute(sql)
 
 
