@@ -1,60 +1,25 @@
--- The fair claim is one short transaction of four statements, in this order,
--- all run by one call of agentrun_claim() (migrations/0029_claim_function.sql;
--- run_claim below; control_plane/store/lease.py calls it):
+-- The runs' leases: the fair claim that grants them, and the statements that
+-- renew, release and end them.
 --
---   1. take turns: lock the workspaces whose turn it is (least recently
---      served first, with due runs and room under their cap);
---   2. claim: lease lapsed runs, then those workspaces' oldest due runs,
---      round robin, within each workspace's and agent's room;
---   3. lock for the raise + 4. raise next_wake_at: for the workspaces the
---      claim may have emptied, recompute next_wake_at (none when step 2 saw a
---      due run it left in each: keeps_due).
+-- The fair claim is one call of agentrun_claim() (run_claim below;
+-- control_plane/store/lease.py calls it), a function of the schema:
+-- control_plane/store/sql/schema.sql, section 7 "The claim", has it with its
+-- argument beside it: its four steps (take turns, claim, lock for the raise,
+-- raise next_wake_at), why caps hold with any number of claimers, why raising
+-- next_wake_at is safe, how the running counts move, and what others_due says.
 --
--- Each step is its own statement inside the function, so each takes a fresh
--- snapshot (the function is VOLATILE and the transaction READ COMMITTED),
--- exactly as the four statements sent one by one did before 0029: "a new
--- statement" below holds inside the function as it did outside it.
---
--- Since 0030 (migrations/0030_claim_counts.sql) agentrun_claim() wraps those
--- steps (agentrun_claim_uncounted) and adds the runs step 2 leased fresh to the
--- running counts once per workspace and agent, right after them in the same
--- transaction, instead of the row trigger doing it once per run. Since 0031
--- (migrations/0031_claim_others_due.sql) it also says whether it passed over a
--- held workspace with due runs (run_claim below). Since 0032 those are one
--- wrapper, and the counts move by two statements, not a call per agent. Since
--- 0033 step 2 finds the workspaces that keep due runs from each candidate's
--- turn, not by counting each one's picks again. Since 0034 it reads each
--- agent's due runs by one skip scan on Postgres 18 and later (servers before
--- 18 keep the walk over priority levels; 0034 picks once, by version).
---
--- Step 2 reads each agent's share of the batch first (the batch over the
--- workspaces in turn, and one more), and up to the whole batch only if that
--- falls short; its picks are the same either way (see `short` in 0029).
---
--- Why caps hold with any number of claimers. A workspace's running count
--- only grows in step 2 (and the wrapper's count right after it), under the
--- row lock taken in step 1 and kept until commit; step 2 is a new statement, so its snapshot sees every claim that
--- held that lock before. Other claimers skip the locked rows (SKIP LOCKED)
--- and never wait. Counts only shrink elsewhere (commits, cancels), which can
--- only make a claim more careful than it needs to be, never less.
---
--- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
--- SHARE on the workspace row until they commit (0003_fairness.sql), which
--- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
--- holds claims up. Raising it is only safe with no such writer in flight, so
--- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
--- raise waits for a later claim), and step 4, a new statement, then sees
--- every run those writers added; writers that come later wait for the claim
--- to commit and lower the raised value again.
+-- The two arguments below are about the leases themselves: release on break
+-- (run_release_on_break, below) and renewing on commit (the commits of
+-- steps.sql).
 
 -- Release on break: why a broken stream's runs may be taken over within
 -- seconds (run_release_on_break) without any tool request still leaving from
--- the old holder, and why fencing is unchanged.
+-- the old holder, and why fencing does not change.
 --
 -- The promise. Whatever the old holder does, no tool request (or other
 -- external action) of a run starts after another executor may have claimed
--- it. Commits need no such promise: every one is fenced by the epoch in the
--- same transaction as before, and nothing here touches epochs.
+-- it. Commits need no such promise: every one is fenced by the epoch in its
+-- own transaction, and nothing here touches epochs.
 --
 -- The two clocks. The executor (executor/horizon.py) starts a tool request
 -- only while, on its own monotonic clock, now < s + H, where s is the *send*
@@ -98,16 +63,16 @@
 -- which a reconnect keeps. A handoff costs one claim.) An executor that
 -- never pings (an older release) is never released early; an executor told
 -- no horizon (AGENTRUN_SEND_HORIZON_SECONDS=0, or an older control plane)
--- relies on its lease alone, as before.
+-- relies on its lease alone.
 --
 -- What is left, honestly. The same residual the lease margin has always
 -- had: a process paused (SIGSTOP, a long GC or scheduling stall) after its
 -- last check and before the request's bytes leave may wake after the run
--- was taken over and send once. Before, the pause had to outlast what was
--- left of the lease after the check (at least its safety margin, 6 s by
--- default); now it has to outlast what is left of H + m (at least m, 0.5 s
--- by default). It is the same kind of window, smaller in time, and the
--- commit that follows is still fenced. A request that must first open a
+-- was taken over and send once. The pause has to outlast what is left of
+-- H + m after the check (at least m, 0.5 s by default); with the lease alone
+-- it would have to outlast what is left of the lease (at least its safety
+-- margin, 6 s by default). It is the same kind of window, smaller in time,
+-- and the commit that follows is still fenced. A request that must first open a
 -- new connection to its provider spends its connect time in that window
 -- too. Like every lease, the release trusts the database's clock not to
 -- jump forward (a step of it moves every wake_at alike).
@@ -132,11 +97,11 @@
 -- longer than the one recorded; at worst it stops itself earlier than it had
 -- to. The claim takes over only by wake_at, which a skipped renewal leaves
 -- earlier, never later, and a release on break still takes the least().
--- Fencing is untouched: the epoch check is the one it was, and the renewal
--- is decided on the row that check locked. An older executor counts every
+-- Fencing does not depend on it: the epoch check runs either way, and the
+-- renewal is decided on the row that check locked. An older executor counts every
 -- landed commit as a renewal; its Hello lacks the flag (read before any of
 -- the stream's commits; a commit sent again after a reconnect comes from
--- the same executor), so each of its commits renews as before; an older
+-- the same executor), so each of its commits renews; an older
 -- control plane ignores the flag, renews on every commit and sets
 -- lease_expire_time each time, which is then true. A retried commit
 -- acknowledged as a duplicate reports no renewal, whatever its first try
@@ -144,22 +109,11 @@
 -- renew every third of a lease by default, so commits seldom renew; should
 -- heartbeats stall, a commit renews while the executor may still have more
 -- than its safety margin (a fifth) left: a run committing more often than
--- every 0.3 leases (a half less the margin) keeps its lease without them
--- (before, every 0.8 did).
+-- every 0.3 leases (a half less the margin) keeps its lease without them.
 
 -- name: run_claim :many
--- The claim's four steps above in one call of agentrun_claim()
--- (migrations/0029_claim_function.sql), one statement in its own
--- transaction, one round trip. The function runs them as four statements,
--- each under a fresh snapshot (it is VOLATILE, the transaction READ
--- COMMITTED), so the caps argument above holds as it did for four separate
--- statements: step 2 still sees every claim that held a workspace's lock
--- before step 1 took it, and step 4 every run of the writers step 3 waited
--- out. Its SET clauses plan them generically with nested loops only: their
--- plans do not depend on the arrays given (every step is an index probe), a
--- generic plan cannot know how few runs a claim takes (its LIMITs are
--- parameters) and, with a million parked runs, might hash the whole runs
--- table for the final UPDATE.
+-- The fair claim in one call of agentrun_claim() (schema.sql, section 7,
+-- says how and why), one statement in its own transaction, one round trip.
 --
 -- Leases up to cardinality($1) runs, run i to owner $1[i]: lapsed leases
 -- first (they hold their slot already), then the due runs of the workspaces
@@ -178,20 +132,20 @@
 -- run goes to the back of the line like one at its caps (it had nothing this
 -- claim could take); that costs it its place only against the other
 -- workspaces, and keeps it from blocking a turn slot of every claim.
--- Releases (0020_releases.sql): with $6 (the releases these owners continue,
--- their own $7 among them; NULL: releases ignored) a run already on a
--- release is taken only if it is one of $6, and a run on none only if $7 is
+-- Releases: with $6 (the releases these owners continue, their own $7 among
+-- them; NULL: releases ignored) a run already on a release is taken only if
+-- it is one of $6, and a run on none only if $7 is
 -- the newest release with an executor seen within $8 seconds that is not
 -- draining (with $9, only among releases promoted or past a canary); the
--- claim records $7 on the runs it takes first. Since 0031 a last row, its
--- run NULL and others_due true, says the claim took fewer runs than it had
--- owners while a workspace whose turn it would have taken was held by another
--- claimer and still has due runs with room: the caller may claim again soon.
+-- claim records $7 on the runs it takes first. A last row, its run NULL and
+-- others_due true, says the claim took fewer runs than it had owners while a
+-- workspace whose turn it would have taken was held by another claimer and
+-- still has due runs with room: the caller may claim again soon.
 -- metered: the run's workspace has a credit account (control_plane/credits/
 -- claims.py reserves its chunk before the run is assigned), read here rather
 -- than by a statement of its own after the claim. This statement's snapshot
 -- predates the claim's, so a grant landing meanwhile meters the run from its
--- next claim on, as one landing right after that statement always did.
+-- next claim on, as one landing right after that statement would.
 SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due, c.others_due,
        EXISTS (SELECT 1 FROM credit_accounts a
                WHERE a.workspace_id = (c.run).workspace_id) AS metered
