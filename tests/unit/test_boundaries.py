@@ -84,7 +84,7 @@ class _ImportStatements(ast.NodeVisitor):
         self._how.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self._visit_under("in a function", [*node.decorator_list, *node.body])
+        self._visit_under("in a function", node.body)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
