@@ -29,27 +29,31 @@ spec that silently lacks a limit.
 from __future__ import annotations
 
 import argparse
-import difflib
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from agentrun.v1 import agent_pb2, tool_pb2
+from agentrun_cli import tool_files
 from agentrun_cli.admin_commands import duration
+from agentrun_cli.spec_files import Aliases, SpecFileError, unknown_keys
 
 # Keys of the file that are not in AgentSpec.
 FILE_KEYS = {"agent", "name", "acknowledge_trifecta"}
 _DURATIONS = {"deadline", "max_age"}
 _ENUM_PREFIX = {"rule": "CONSTRAINT_RULE_", "on_expiry": "EXPIRY_ACTION_"}
+# The approval policy's `expiry` is its expiry_seconds, given as a duration.
+_POLICY = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["approval"].message_type
+_ALIASES: Aliases = {_POLICY: {"expiry": "expiry_seconds"}}
 
 
-class AgentFileError(ValueError):
-    """The file cannot be read as an agent; the message names the file and what is wrong."""
+# The file cannot be read as an agent; the message names the file and what is wrong. It is the
+# error tool files raise too (ToolFileError is one): a tool written inside an agent file is
+# read by tool_files.py, and the CLI reports both alike.
+AgentFileError = SpecFileError
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def parse(doc: Any, source: str = "agent file") -> AgentFile:
         raise AgentFileError(f"{source}: expected a mapping of keys (agent, model, tools, ...)")
     spec_doc = {k: v for k, v in doc.items() if k not in FILE_KEYS}
     defined = _defined_tools(spec_doc, source)
-    unknown = unknown_keys(spec_doc, agent_pb2.AgentSpec.DESCRIPTOR, FILE_KEYS)
+    unknown = unknown_keys(spec_doc, agent_pb2.AgentSpec.DESCRIPTOR, FILE_KEYS, aliases=_ALIASES)
     if unknown:
         raise AgentFileError(f"{source}: unknown keys: {'; '.join(unknown)}")
     agent_id = doc.get("agent")
@@ -109,8 +113,6 @@ def parse(doc: Any, source: str = "agent file") -> AgentFile:
 
 def _defined_tools(spec_doc: dict[str, Any], source: str) -> tuple[tool_pb2.Tool, ...]:
     """The definitions among `tools` (replaced by their names in `spec_doc`)."""
-    from agentrun_cli import tool_files
-
     entries = spec_doc.get("tools")
     if not isinstance(entries, list):
         return ()
@@ -120,53 +122,6 @@ def _defined_tools(spec_doc: dict[str, Any], source: str) -> tuple[tool_pb2.Tool
             defined.append(tool_files.parse(entry, f"{source}: tools[{i}]"))
     spec_doc["tools"] = [e.get("name") if isinstance(e, dict) else e for e in entries]
     return tuple(defined)
-
-
-def unknown_keys(
-    value: dict[str, Any],
-    message: Descriptor,
-    extra: Collection[str] = (),
-    at: str = "",
-) -> list[str]:
-    """Every key under `value` that `message` (recursively) does not have, with a suggestion."""
-    found = []
-    for key, item in value.items():
-        name = _alias(key)
-        field = message.fields_by_name.get(name)
-        if field is None:
-            known = [*message.fields_by_name, *extra, *(_ALIASES if message is _POLICY else ())]
-            near = difflib.get_close_matches(str(key), known, n=1)
-            found.append(f"{at}{key}" + (f" (did you mean {at}{near[0]}?)" if near else ""))
-        elif _is_message(field) and not _is_map(field):
-            found += _nested(item, field, f"{at}{key}")
-    return found
-
-
-def _nested(item: Any, field: FieldDescriptor, at: str) -> list[str]:
-    items = item if isinstance(item, list) else [item]
-    found = []
-    for i, sub in enumerate(items):
-        if isinstance(sub, dict):
-            where = f"{at}[{i}]." if isinstance(item, list) else f"{at}."
-            assert field.message_type is not None
-            found += unknown_keys(sub, field.message_type, at=where)
-    return found
-
-
-def _is_message(field: FieldDescriptor) -> bool:
-    return field.type == FieldDescriptor.TYPE_MESSAGE
-
-
-def _is_map(field: FieldDescriptor) -> bool:
-    return field.message_type is not None and field.message_type.GetOptions().map_entry
-
-
-_POLICY = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["approval"].message_type
-_ALIASES = {"expiry": "expiry_seconds"}
-
-
-def _alias(key: str) -> str:
-    return _ALIASES.get(key, key)
 
 
 def _normalise(doc: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,10 @@ import sys
 import grpc
 
 from agentrun_cli import errors
-from agentrun_cli.agent_files import AgentFileError
 from agentrun_cli.demo import DemoError
 from agentrun_cli.parser import parse
 from agentrun_cli.profiles import ProfileError
+from agentrun_cli.spec_files import SpecFileError
 from agentrun_cli.supervisor import StackError
 
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         StackError,
         DemoError,
         ProfileError,
-        AgentFileError,
+        SpecFileError,
     ) as err:  # already readable: what failed and its log tail
         print(f"error: {err}", file=sys.stderr)
     except KeyboardInterrupt:

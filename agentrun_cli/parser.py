@@ -19,6 +19,7 @@ from agentrun_cli import (
     forks,
     launch,
     mcp,
+    openapi_import,
     output,
     profile_commands,
     profiles,
@@ -286,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)
-    tool_commands.add_commands(sub, common)
+    tool_actions = tool_commands.add_commands(sub, common)
+    openapi_import.add_commands(tool_actions, common)
     chat.add_command(sub, common)
     crypto_keys.add_commands(sub, common)
     admin_commands.add_commands(sub, common)

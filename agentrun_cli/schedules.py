@@ -20,17 +20,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
 from agentrun_cli import argtypes, credentials, render
+from agentrun_cli.render_triggers import POLICIES, trigger_lines
 
 TIMEOUT = 60.0
-POLICIES = {
-    pb.ScheduleOverlapPolicy.Name(v).removeprefix("SCHEDULE_OVERLAP_POLICY_").lower(): v
-    for v in pb.ScheduleOverlapPolicy.values()
-    if v
-}
-
-
-def policy_name(value: int) -> str:
-    return {v: k for k, v in POLICIES.items()}.get(value, "allow_all")
 
 
 def _seconds(value: float) -> Duration:
@@ -59,12 +51,6 @@ def _call(args: argparse.Namespace, method: str, req: Any) -> Any:
         channel.close()
 
 
-def _trigger_lines(t: pb.Trigger) -> list[str]:
-    from agentrun_cli.triggers import trigger_lines  # it adds these commands
-
-    return trigger_lines(t)
-
-
 def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
     print(render.to_json(value, indent=2) if args.json else "\n".join(lines))
 
@@ -77,7 +63,7 @@ def pause(args: argparse.Namespace) -> int:
         note=args.note,
     )
     t = _call(args, "SetTriggerEnabled", req).trigger
-    _print(args, t, _trigger_lines(t))
+    _print(args, t, trigger_lines(t))
     return 0
 
 
@@ -117,7 +103,7 @@ def update(args: argparse.Namespace) -> int:
     if args.priority is not None:
         req.priority = args.priority
     t = _call(args, "UpdateSchedule", req).trigger
-    _print(args, t, _trigger_lines(t))
+    _print(args, t, trigger_lines(t))
     return 0
 
 

@@ -32,7 +32,7 @@ import yaml
 from google.protobuf import json_format
 
 from agentrun.v1 import tool_pb2
-from agentrun_cli.agent_files import AgentFileError, unknown_keys
+from agentrun_cli.spec_files import SpecFileError, unknown_keys
 
 _ACCESS = {"read": "TOOL_ACCESS_READ", "write": "TOOL_ACCESS_WRITE"}
 _CLASSES = {
@@ -43,7 +43,7 @@ _CLASSES = {
 FILE_KEYS = {"parameters"}
 
 
-class ToolFileError(AgentFileError):
+class ToolFileError(SpecFileError):
     """The file cannot be read as tools; the message names the file and what is wrong (an
     AgentFileError: a tool inside an agent file is one, and the CLI reports both alike)."""
 

@@ -1,7 +1,8 @@
 """`agentrun tools create|list|show`: the workspace's tool registry (its own and the built-ins).
 
 `import-openapi`, `add-mcp` and `sync` are added to the same `tools` group by their modules
-(their `add_commands(actions, common)`), called from `add_commands` here.
+(openapi_import.py, mcp.py: their `add_commands`), which build on this one; parser.py calls
+them after this module's `add_commands`.
 """
 
 from __future__ import annotations
@@ -144,7 +145,4 @@ def add_commands(
     p.add_argument("name", metavar="NAME")
     p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
     p.set_defaults(handler=tools_show)
-    from agentrun_cli import openapi_import  # it builds on this module's stub and columns
-
-    openapi_import.add_commands(actions, common)
     return actions

@@ -18,8 +18,9 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import argtypes, credentials, output, render, schedules
+from agentrun_cli import argtypes, credentials, output, schedules
 from agentrun_cli.output import Column
+from agentrun_cli.render_triggers import POLICIES, event_line, source_line, trigger_lines
 
 TIMEOUT = 30.0
 SCHEMES = {
@@ -78,7 +79,7 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
         if args.every:
             sched.interval.CopyFrom(_seconds(args.every))
         sched.jitter.CopyFrom(_seconds(args.jitter))
-        sched.overlap_policy = schedules.POLICIES.get(args.overlap or "", 0)  # type: ignore[assignment]
+        sched.overlap_policy = POLICIES.get(args.overlap or "", 0)  # type: ignore[assignment]
         if args.catchup is not None:
             sched.catchup_window.CopyFrom(_seconds(args.catchup))
         return {"schedule": sched}
@@ -91,74 +92,6 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
             max_chain_depth=args.max_chain_depth,
         )
     }
-
-
-# --- output -----------------------------------------------------------------------------------
-
-
-def source_line(t: pb.Trigger) -> str:
-    kind = t.WhichOneof("source")
-    if kind == "webhook":
-        return f"webhook ({pb.SignatureScheme.Name(t.webhook.scheme).removeprefix('SIGNATURE_SCHEME_').lower()})"
-    if kind == "schedule":
-        s = t.schedule
-        when = (
-            f"cron '{s.cron}' {s.time_zone or 'UTC'}"
-            if s.cron
-            else (f"every {s.interval.ToTimedelta().total_seconds():g}s")
-        )
-        jitter = s.jitter.ToTimedelta().total_seconds()
-        return f"schedule {when}" + (f", jitter {jitter:g}s" if jitter else "")
-    if kind == "mail":
-        return f"mail {t.mail.address or ''} (max chain depth {t.mail.max_chain_depth})".replace(
-            "  ", " "
-        )
-    return f"mail push from {t.mail_push.history_url} (at history id {t.mail_push.last_history_id})"
-
-
-def trigger_lines(t: pb.Trigger) -> list[str]:
-    lines = [
-        f"trigger   {t.trigger_id} -> agent {t.agent_id} ({'enabled' if t.enabled else 'disabled'})",
-        f"source    {source_line(t)}",
-    ]
-    if t.url:
-        lines.append(f"url       POST {t.url}")
-    if t.note:
-        lines.append(f"note      {t.note}")
-    if t.priority:
-        lines.append(f"priority  {t.priority} (of the runs it starts)")
-    if t.webhook.HasField("debounce"):
-        deb = t.webhook.debounce
-        lines.append(f"flow      debounce on {deb.key}, quiet {deb.quiet_seconds}s")
-    if t.webhook.HasField("batch"):
-        lines.append(
-            f"flow      batch of {t.webhook.batch.max_events} or {t.webhook.batch.max_seconds}s"
-        )
-    if t.HasField("schedule"):
-        lines.append(
-            f"next      {render.timestamp(t.schedule.next_fire_time)} "
-            f"(slot {render.timestamp(t.schedule.next_slot_time)})"
-        )
-        lines.append(f"overlap   {schedules.policy_name(t.schedule.overlap_policy)}")
-        if t.schedule.HasField("buffered_slot_time"):
-            lines.append(f"buffered  slot {render.timestamp(t.schedule.buffered_slot_time)}")
-    for rule in t.filters:
-        operand = rule.value or ",".join(rule.values)
-        lines.append(
-            f"filter    {rule.field} {pb.FilterOp.Name(rule.op).removeprefix('FILTER_OP_').lower()} {operand}".rstrip()
-        )
-    for s in t.secrets:
-        until = (
-            f", retired at {render.timestamp(s.expire_time)}" if s.HasField("expire_time") else ""
-        )
-        lines.append(f"secret    #{s.secret_id} since {render.timestamp(s.create_time)}{until}")
-    return lines
-
-
-def event_line(e: pb.TriggerEvent) -> str:
-    status = pb.TriggerEventStatus.Name(e.status).removeprefix("TRIGGER_EVENT_STATUS_").lower()
-    outcome = f"run {e.run_id}" if e.run_id else e.reason
-    return f"{render.timestamp(e.receive_time)}  {status:<8}  {e.dedupe_key}  {outcome}"
 
 
 # --- handlers ---------------------------------------------------------------------------------

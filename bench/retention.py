@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from bench import report
-from bench.claim import seed
+from bench.claimers import seed
 from bench.postgres import BenchPostgres, bench_postgres, foreign_keys_unchecked
 from bench.stats import Summary, ratio
 from control_plane.runs.retention import Retention
@@ -61,7 +61,7 @@ SELECT r.workspace_id, r.run_id, s, 'model_decision', 1, '{"content": "x"}'
 FROM runs r, generate_series(0, $1::int - 1) AS s WHERE r.status = 'completed'
 """
 
-# One run due now (bench.claim's INSERT_RUNS predates repeat_limit's NOT NULL).
+# One run due now (bench.claimers' INSERT_RUNS predates repeat_limit's NOT NULL).
 INSERT_QUEUED = """
 INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, wake_at, input, max_steps,
                   max_tokens, max_tool_calls, deadline_seconds, repeat_limit)

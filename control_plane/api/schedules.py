@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import trigger_pb2 as pb
+from control_plane.api.trigger_events import event_message
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.ground import convert, validate
@@ -168,8 +169,6 @@ class ScheduleRpcs:
     async def TriggerScheduleNow(
         self, request: pb.TriggerScheduleNowRequest, context: grpc.aio.ServicerContext
     ) -> pb.TriggerScheduleNowResponse:
-        from control_plane.api.triggers import event_message  # it imports this module
-
         ws = auth_context.workspace(request.workspace_id)
         trigger_id = validate.slug("trigger_id", request.trigger_id)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None

@@ -22,6 +22,7 @@ from control_plane.api.schedules import (
     parse_schedule,
     schedule_source,
 )
+from control_plane.api.trigger_events import event_message
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.crypto.envelope import Envelope
@@ -47,11 +48,6 @@ OP_NAMES = {
     if value
 }
 OP_VALUES = {name: value for value, name in OP_NAMES.items()}
-EVENT_STATUS = {
-    "accepted": pb.TRIGGER_EVENT_STATUS_ACCEPTED,
-    "filtered": pb.TRIGGER_EVENT_STATUS_FILTERED,
-    "pending": pb.TRIGGER_EVENT_STATUS_PENDING,
-}
 HTTP_KINDS = ("webhook", "mail", "mail_push")
 DEFAULT_GRACE_SECONDS = 24 * 3600
 MAX_GRACE_SECONDS = 30 * 24 * 3600
@@ -271,23 +267,6 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
         msg.secrets.append(info)
     msg.create_time.CopyFrom(convert.timestamp(row["created_at"]))
     msg.update_time.CopyFrom(convert.timestamp(row["updated_at"]))
-    return msg
-
-
-def event_message(row: Any) -> pb.TriggerEvent:
-    msg = pb.TriggerEvent(
-        event_id=str(row["event_id"]),
-        trigger_id=row["trigger_id"],
-        dedupe_key=row["dedupe_key"],
-        status=EVENT_STATUS[row["status"]],
-        reason=row["reason"] or "",
-        run_id=str(row["run_id"] or ""),
-        chain_depth=row["chain_depth"],
-        payload_json=row["payload"],
-    )
-    if row["scheduled_for"] is not None:
-        msg.scheduled_time.CopyFrom(convert.timestamp(row["scheduled_for"]))
-    msg.receive_time.CopyFrom(convert.timestamp(row["received_at"]))
     return msg
 
 

@@ -28,6 +28,13 @@ from typing import Any
 import jsonschema
 from jsonschema import Draft202012Validator
 
+from executor.tools import template
+
+# ToolCallRejected and HttpTemplate live beside what raises and renders them (rejection.py,
+# template.py); check_call raises the one and a Tool holds the other, so both are named here too.
+from executor.tools.rejection import ToolCallRejected
+from executor.tools.template import HttpTemplate
+
 DEFAULT_PATH = Path(__file__).with_name("catalogue.json")
 PATH_VARIABLE = "AGENTRUN_CATALOGUE"
 
@@ -92,10 +99,6 @@ _TOOL_SCHEMA: dict[str, Any] = {
 }
 
 
-class ToolCallRejected(Exception):
-    """A tool call that must not be sent; the message is shown to the model."""
-
-
 @dataclass(frozen=True)
 class Lookup:
     """How to ask a `lookup`-class provider whether the action with our key happened.
@@ -126,21 +129,6 @@ class Lookup:
 
     def query_for(self, key: str) -> dict[str, str]:
         return {name: value.replace("{key}", key) for name, value in self.query.items()}
-
-
-@dataclass(frozen=True)
-class HttpTemplate:
-    """How one call of a registry tool becomes one HTTP request (tool.proto HttpTemplate)."""
-
-    method: str
-    url: str
-    headers: Mapping[str, str]
-    query: Mapping[str, str]
-    body: str = ""
-    response_pointer: str = ""
-    max_response_bytes: int = 0
-    timeout_seconds: float = 0.0
-    auth: str = ""
 
 
 @dataclass(frozen=True)
@@ -275,8 +263,6 @@ class Catalogue:
             details = "; ".join(_describe(e) for e in errors[:3])
             raise ToolCallRejected(f"invalid arguments for {name}: {details}")
         if tool.http is not None:  # a registry tool: the request must be possible to build
-            from executor.tools import template
-
             template.render(tool.http, arguments)
         return tool
 

@@ -16,42 +16,19 @@ from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.retry_after import retry_after
 from executor.tools import template
 from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
+
+# The send errors have their own module (the MCP transport raises them too); the delivery and
+# the rate limiter still name them from here.
+from executor.tools.send_errors import Blocked as Blocked
+from executor.tools.send_errors import MaybeSent as MaybeSent
+from executor.tools.send_errors import NotSent as NotSent
+from executor.tools.send_errors import ProviderError as ProviderError
+from executor.tools.send_errors import ToolSendError as ToolSendError
+from executor.tools.transport import call_mcp
 from ground import netguard
 
 if TYPE_CHECKING:
     from executor.tools.credentials import Credential
-
-
-class ToolSendError(Exception):
-    """A tool request that did not produce a usable response."""
-
-
-class NotSent(ToolSendError):
-    """The request never left: nothing can have happened at the provider."""
-
-
-class Blocked(NotSent):
-    """The tool's host is one tools may not reach (ground/netguard.py): refused
-    before anything left, and sending again would be refused again."""
-
-
-class MaybeSent(ToolSendError):
-    """The request may have reached the provider (timeout or reset after it was written)."""
-
-
-class ProviderError(ToolSendError):
-    """The provider answered with an HTTP error status."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
-
-    @property
-    def retryable(self) -> bool:
-        """429 and 5xx may succeed later; other 4xx will not."""
-        return self.status == 429 or self.status >= 500
 
 
 # The most of a registry HTTP tool's answer read when its template sets no limit.
@@ -108,8 +85,6 @@ class HttpToolClient:
         a `credential`, its token goes on the request's Authorization header.
         """
         if tool.mcp is not None:
-            from executor.tools.transport import call_mcp
-
             timeout = tool.mcp.timeout_seconds or self._config.tool_timeout_seconds
             return await call_mcp(tool, arguments, idempotency_key, credential, timeout)
         if tool.http is not None:

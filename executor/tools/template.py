@@ -21,10 +21,25 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from executor.tools.catalogue import HttpTemplate, ToolCallRejected
+from executor.tools.rejection import ToolCallRejected
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MISSING = object()
+
+
+@dataclass(frozen=True)
+class HttpTemplate:
+    """How one call of a registry tool becomes one HTTP request (tool.proto HttpTemplate)."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    body: str = ""
+    response_pointer: str = ""
+    max_response_bytes: int = 0
+    timeout_seconds: float = 0.0
+    auth: str = ""
 
 
 @dataclass(frozen=True)

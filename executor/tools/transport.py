@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from executor.tools.http_tool import NotSent
+from executor.tools.send_errors import NotSent
 
 if TYPE_CHECKING:
     from executor.tools.catalogue import Tool
