@@ -29,6 +29,7 @@ from executor import (
     replay,
     signal_wait,
     steps,
+    transcript,
     untrusted,
 )
 from executor import metrics as m
@@ -169,8 +170,8 @@ class RunLoop:
             workspace_id=run.workspace_id, run_id=run.run_id, epoch=run.lease_epoch
         )
         self.entries = replay.decode(assignment.steps)
-        # The turns' rendered messages, kept across this run's model calls (replay.py).
-        self._rendered = replay.RenderedTurns()
+        # The turns' rendered messages, kept across this run's model calls (transcript.py).
+        self._rendered = transcript.RenderedTurns()
         self._chain_depth = chain.run_depth(assignment.steps)
         self._deps = deps
         # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
@@ -341,7 +342,7 @@ class RunLoop:
         if ended := await self._summarise():
             return ended
         seq = replay.next_seq(self.entries)
-        messages = replay.build_messages(self.entries, self.spec.instructions, self._rendered)
+        messages = transcript.build_messages(self.entries, self.spec.instructions, self._rendered)
         try:
             with _span("agentrun.model", attributes={"agentrun.seq": seq}):
                 reply = await self._ask_model(seq, messages, self._tools(), self._streamed(seq))
