@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -12,8 +11,8 @@ import os
 import random
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from opentelemetry.trace import SpanKind
 
@@ -35,17 +34,16 @@ from executor import (
 from executor import metrics as m
 from executor.canary import TOOL as CANARY_TOOL
 from executor.canary import tool_output as canary_output
+from executor.held import HandBack, RunDeps, RunFenced, RunInvalid, child_span
 from executor.horizon import SEND_GATE
-from executor.lease import NOT_HELD, LeaseKeeper
+from executor.lease import NOT_HELD
 from executor.models import profiles
 from executor.models.base import (
-    ModelClient,
     ModelRejected,
     ModelReply,
     ModelSettings,
     ModelUnavailable,
 )
-from executor.models.retry import ModelRetry
 from executor.ratelimit import parks as rate_parks
 from executor.ratelimit.limiter import RateLimited
 from executor.replay import (
@@ -62,9 +60,8 @@ from executor.replay import (
 )
 from executor.stream import CommitReply, cancelling
 from executor.tools import chain, credentials, definitions, keys
-from executor.tools.catalogue import Catalogue, Tool, ToolCallRejected
-from executor.tools.credentials import Granted
-from executor.tools.delivery import Outcome, ToolDelivery, after_parks, pending_backoff
+from executor.tools.catalogue import Tool, ToolCallRejected
+from executor.tools.delivery import Outcome, after_parks, pending_backoff
 from telemetry import logs, tracing
 from telemetry.scrape import labelled
 
@@ -90,32 +87,6 @@ HANDOFFS_AT_ONCE = 3
 HANDOFF_WAIT_CAP = 60.0
 
 
-class _HandBack(Exception):
-    """The run may not ask the model under this lease any more (its stream is gone, or a
-    last-moment check held the request back): handed back, to be claimed afresh."""
-
-
-class RunFenced(Exception):
-    """The run is no longer ours: stop at once and write nothing more."""
-
-
-class RunInvalid(Exception):
-    """The control plane refused a commit as malformed: a bug, the run stops."""
-
-
-class Committer(Protocol):
-    async def commit(
-        self, commit: executor_pb2.Commit, reply_within: float | None = None
-    ) -> CommitReply: ...
-
-
-def _span(name: str, **options: Any) -> contextlib.AbstractContextManager[object]:
-    """A child span, or nothing when this process exports no spans (tracing.on())."""
-    if not tracing.on():
-        return contextlib.nullcontext()
-    return _tracer.start_as_current_span(name, **options)
-
-
 def model_backoff(parks: int, retry_after: float | None, rng: random.Random) -> float:
     """Seconds to park after the model provider failed `parks` times in a row already."""
     delay = min(MODEL_BACKOFF_CAP, MODEL_BACKOFF_START * 2**parks)
@@ -123,34 +94,6 @@ def model_backoff(parks: int, retry_after: float | None, rng: random.Random) -> 
     if retry_after is not None:
         delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
     return round(delay, 3)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunDeps:
-    """What every run loop shares with the worker."""
-
-    committer: Committer
-    leases: LeaseKeeper
-    model: ModelClient
-    delivery: ToolDelivery
-    catalogue: Catalogue
-    wall_clock: Callable[[], float] = time.time
-    rng: random.Random = dataclasses.field(default_factory=random.Random)
-    model_retry: ModelRetry = dataclasses.field(default_factory=ModelRetry)
-    # Named in the chain marker of the mail runs send (executor/tools/chain.py); "" = unnamed.
-    installation: str = ""
-    # Large tool results go here as payloads (executor/payloads.py); None: kept inline.
-    large_results: payloads.LargeResults | None = None
-    # The most a Commit may weigh; a heavier one fails its run rather than reach the stream.
-    max_commit_bytes: int = 4 * 1024 * 1024 - 1024
-    # (lease, connection id) -> the connection's access token, asked right before a tool
-    # call leaves (ExecutorService.GetConnectionToken); None: connections are not used.
-    connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
-    # Sends a fast-path run's model output on the stream (ConnectRequest.delta); None: never.
-    deltas: Callable[[executor_pb2.ModelDelta], object] | None = None
-    # The wait after the first time the run's task failed unexpectedly, doubled each time
-    # after (RunLoop._crashed).
-    crash_backoff: float = 5.0
 
 
 class RunLoop:
@@ -284,7 +227,7 @@ class RunLoop:
                 return await self._fail(error)
             try:
                 ended = await self._act(action)
-            except _HandBack as back:
+            except HandBack as back:
                 return await self._hand_back(str(back))
             if ended:
                 return ended
@@ -344,7 +287,7 @@ class RunLoop:
         seq = replay.next_seq(self.entries)
         messages = transcript.build_messages(self.entries, self.spec.instructions, self._rendered)
         try:
-            with _span("agentrun.model", attributes={"agentrun.seq": seq}):
+            with child_span("agentrun.model", attributes={"agentrun.seq": seq}):
                 reply = await self._ask_model(seq, messages, self._tools(), self._streamed(seq))
         except ModelUnavailable as exc:
             m.MODEL_CALLS.labels("unavailable").inc()
@@ -531,7 +474,7 @@ class RunLoop:
             # its send horizon must not ask again what its successor has asked already.
             await self._guard()
         except horizon.Refused as exc:
-            raise _HandBack(f"not asked: {exc}") from None
+            raise HandBack(f"not asked: {exc}") from None
         call = asyncio.ensure_future(
             profiles.ask(self._deps.model, self.spec, messages, tools, self.run_id, seq, on_delta)
         )
@@ -539,7 +482,7 @@ class RunLoop:
         try:
             return await call
         except horizon.Refused as exc:  # the last-moment check: nothing was written
-            raise _HandBack(f"not asked: {exc}") from None
+            raise HandBack(f"not asked: {exc}") from None
         except asyncio.CancelledError:
             if cancelling() or not self._handoff_now.is_set():
                 raise
@@ -627,7 +570,7 @@ class RunLoop:
         """Send a call whose `tool_started` step landed, under its key; record the outcome."""
         seq = started.seq
         try:
-            with _span(
+            with child_span(
                 "agentrun.tool",
                 kind=SpanKind.CLIENT,
                 attributes={"agentrun.seq": seq, "agentrun.tool": tool.name},
