@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -10,8 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from agentrun.v1 import executor_pb2
-from executor import payloads
+from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
+from executor import limits, payloads, replay
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
 from executor.models.retry import ModelRetry
@@ -79,3 +80,70 @@ class RunDeps:
     # The wait after the first time the run's task failed unexpectedly, doubled each time
     # after (RunLoop._crashed).
     crash_backoff: float = 5.0
+
+
+class Loop(Protocol):
+    """What the turns ask of the run loop (executor/run_loop.py): to commit steps under the
+    lease, to end the hold, and the send guard every request passes first."""
+
+    async def commit(
+        self,
+        new_steps: list[executor_pb2.NewStep],
+        *,
+        park: executor_pb2.Park | None = None,
+        complete: executor_pb2.Complete | None = None,
+        fail: executor_pb2.Fail | None = None,
+        approval_request: executor_pb2.ApprovalRequest | None = None,
+        model_calls: int = 0,
+        tool_calls: int = 0,
+        tokens: int = 0,
+    ) -> None: ...
+
+    async def park(self, reason: str, wake_after: float | None, note: str) -> str: ...
+
+    async def hand_back(self, note: str, unsent_seq: int | None = None) -> str: ...
+
+    async def fail(self, error: str) -> str: ...
+
+    async def guard(self) -> None: ...
+
+
+@dataclasses.dataclass(eq=False)
+class HeldRun:
+    """One run while this executor holds it. `entries` is its log as committed so far; only
+    the loop's commit extends it. The turns read the rest and never change it."""
+
+    run: run_pb2.Run
+    spec: agent_pb2.AgentSpec
+    lease: executor_pb2.Lease
+    entries: list[replay.Entry]
+    deps: RunDeps
+    # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
+    catalogue: Catalogue
+    loop: Loop
+    # How deep in a chain of mail-sent runs this one is (executor/tools/chain.py).
+    chain_depth: int
+    # This hold's start, for the active-time limit.
+    held_from: float
+    # Set by a drain: the run is handed back at its next step boundary.
+    handoff: asyncio.Event
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    def next_seq(self) -> int:
+        return replay.next_seq(self.entries)
+
+    def over_limit(self, entries: list[replay.Entry], action: replay.Action) -> str | None:
+        """The failure message if doing `action` after `entries` would break a limit."""
+        now = self.deps.wall_clock()
+        used = replay.counters(entries)
+        return limits.exceeded(self.run, used, action, now, now - self.held_from)
+
+    def carried_over(self) -> bool:
+        """The lease came over a reconnect: it may commit, never send (executor/horizon.py)."""
+        return self.deps.leases.carried_over(self.run_id)
+
+    def lease_safe(self) -> bool:
+        return self.deps.leases.is_safe(self.run_id)
