@@ -121,7 +121,7 @@ class HeldRun:
     # The built-ins and the workspace's registry tools the version pinned (Assignment.tools).
     catalogue: Catalogue
     loop: Loop
-    # How deep in a chain of mail-sent runs this one is (executor/tools/chain.py).
+    # The run's depth in a chain of agent-to-agent mail (executor/tools/chain.py).
     chain_depth: int
     # This hold's start, for the active-time limit.
     held_from: float
