@@ -1,7 +1,7 @@
 """The prompt the model reads: most stable first, and recaps in place of old steps.
 
 A stable prefix. A prompt is the agent's instructions (the system message), its
-tool schemas, then the run's steps as messages in seq order (replay.build_messages).
+tool schemas, then the run's steps as messages in seq order (transcript.build_messages).
 Each part is a pure function of the agent version and the recorded steps: tool
 schemas and call arguments serialised with sorted keys, tool results as recorded
 (a payload's truncated view verbatim), no clock and no per-request id anywhere.
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor import replay
+from executor import replay, transcript
 from executor.approval import canonical_json
 from executor.models.base import ModelReply
 from executor.replay import Entry
@@ -68,7 +68,7 @@ def stable_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def estimate_tokens(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Any] = (),
-    rendered: replay.RenderedTurns | None = None,
+    rendered: transcript.RenderedTurns | None = None,
 ) -> int:
     """The prompt's size in tokens, estimated: characters of compact JSON / 4, rounded up.
     A list's compact JSON is its items' joined by commas in brackets, so the length adds up
@@ -88,18 +88,18 @@ def plan(
     instructions: str,
     tools: Sequence[Any],
     threshold: int,
-    rendered: replay.RenderedTurns | None = None,
+    rendered: transcript.RenderedTurns | None = None,
 ) -> Span | None:
     """The span to recap before the next model call, or None: no threshold, the prompt
     fits, or nothing but the newest turn is left to recap. `rendered`: the run's turns as
-    rendered before (replay.RenderedTurns)."""
+    rendered before (transcript.RenderedTurns)."""
     if threshold <= 0:
         return None
-    messages = replay.build_messages(entries, instructions, rendered)
+    messages = transcript.build_messages(entries, instructions, rendered)
     size = estimate_tokens(messages, tools, rendered)
     if size <= threshold:
         return None
-    prior = replay.latest_summary(entries)
+    prior = transcript.latest_summary(entries)
     done = int(prior.payload["through_seq"]) if prior else -1
     open_turns = [t for t in replay.decision_turns(entries) if t.decision.seq > done]
     kept = _newest_within(open_turns, threshold // 2)
@@ -116,7 +116,7 @@ def _newest_within(turns: Sequence[Any], budget: int) -> int:
     """How many of the newest turns fit in `budget` estimated tokens (at least one)."""
     kept, used = 0, 0
     for turn in reversed(turns):
-        used += estimate_tokens(replay.turn_messages(turn))
+        used += estimate_tokens(transcript.turn_messages(turn))
         if kept and used > budget:
             break
         kept += 1
@@ -126,7 +126,10 @@ def _newest_within(turns: Sequence[Any], budget: int) -> int:
 def request_messages(entries: list[Entry], instructions: str, span: Span) -> list[dict[str, Any]]:
     """The summarisation request: the prompt up to the span's end, then the ask."""
     upto = [e for e in entries if e.seq <= span.through_seq or e.kind == replay.SUMMARY]
-    return [*replay.build_messages(upto, instructions), {"role": "user", "content": REQUEST_TEXT}]
+    return [
+        *transcript.build_messages(upto, instructions),
+        {"role": "user", "content": REQUEST_TEXT},
+    ]
 
 
 def recap_text(reply: ModelReply) -> str:

@@ -15,6 +15,7 @@ import pytest
 from agentrun.v1 import agent_pb2, run_pb2, session_pb2
 from control_plane.api.sessions import transcript
 from executor import replay
+from executor.transcript import build_messages
 from tests.harness import auth
 from tests.harness.agentrun_api import Api, clear_faults, sandbox_requests, set_fault
 from tests.harness.triggers import TriggerApi
@@ -210,7 +211,7 @@ def test_the_executor_puts_the_history_before_the_new_message():
                     {"role": "assistant", "content": "Hello Ada."},
                     {"role": "tool", "content": "ignored"}],
     })]  # fmt: skip
-    assert replay.build_messages(entries, "be brief") == [
+    assert build_messages(entries, "be brief") == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "I am Ada."},
         {"role": "assistant", "content": "Hello Ada."},

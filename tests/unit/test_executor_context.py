@@ -10,7 +10,7 @@ import json
 
 from agentrun.v1 import run_pb2
 from agentrun_cli.render import step_line
-from executor import context, replay, steps
+from executor import context, replay, steps, transcript
 from executor.models.base import ModelReply, ToolCall, Usage
 from executor.replay import Entry
 from sandbox import summaries
@@ -55,7 +55,7 @@ def add_turn(entries: list[Entry], text: str = PAD) -> None:
 
 def prompt(entries: list[Entry]) -> str:
     """The prompt as the sandbox records it: system message, tools, then the rest."""
-    messages = replay.build_messages(entries, INSTRUCTIONS)
+    messages = transcript.build_messages(entries, INSTRUCTIONS)
     return summaries.prompt_text(messages, context.stable_tools(TOOLS))
 
 
@@ -125,14 +125,14 @@ def test_the_estimate_is_characters_of_compact_json_over_four():
 
 def _threshold_between(entries: list[Entry], turns_short: int) -> int:
     """A threshold the run exceeds now but did not `turns_short` turns ago."""
-    size = context.estimate_tokens(replay.build_messages(entries, INSTRUCTIONS), TOOLS)
+    size = context.estimate_tokens(transcript.build_messages(entries, INSTRUCTIONS), TOOLS)
     return size - turns_short * 100
 
 
 def test_no_summary_without_a_threshold_or_under_it():
     entries = run_with(10)
     assert context.plan(entries, INSTRUCTIONS, TOOLS, 0) is None
-    size = context.estimate_tokens(replay.build_messages(entries, INSTRUCTIONS), TOOLS)
+    size = context.estimate_tokens(transcript.build_messages(entries, INSTRUCTIONS), TOOLS)
     assert context.plan(entries, INSTRUCTIONS, TOOLS, size) is None
     assert context.plan(entries, INSTRUCTIONS, TOOLS, size - 1) is not None
 
@@ -148,7 +148,7 @@ def test_past_the_threshold_the_older_turns_are_recapped_and_the_newest_kept():
     assert span.through_seq + 1 in decisions  # whole turns: the span ends before a decision
     assert 1 <= len(kept) < len(decisions) and span.turns == len(decisions) - len(kept)
     kept_size = sum(
-        context.estimate_tokens(replay.turn_messages(t))
+        context.estimate_tokens(transcript.turn_messages(t))
         for t in replay.decision_turns(entries)
         if t.decision.seq in kept
     )
@@ -161,7 +161,7 @@ def test_the_recap_stands_in_for_its_span_and_the_chat_stays_valid():
     span = context.plan(entries, INSTRUCTIONS, TOOLS, threshold)
     assert span is not None
     summarise(entries, span, "RECAP-TEXT")
-    messages = replay.build_messages(entries, INSTRUCTIONS)
+    messages = transcript.build_messages(entries, INSTRUCTIONS)
     assert messages[0] == {"role": "system", "content": INSTRUCTIONS}
     assert messages[1] == {"role": "user", "content": "check the ledger"}
     assert messages[2]["role"] == "user" and messages[2]["content"].endswith("\nRECAP-TEXT")
@@ -186,7 +186,7 @@ def test_a_later_summary_recaps_the_earlier_recap_with_the_turns_after_it():
     request = context.request_messages(entries, INSTRUCTIONS, second)
     assert any(m["content"] and m["content"].endswith("\nFIRST") for m in request)
     summarise(entries, second, "SECOND")
-    text = json.dumps(replay.build_messages(entries, INSTRUCTIONS))
+    text = json.dumps(transcript.build_messages(entries, INSTRUCTIONS))
     assert "SECOND" in text and "FIRST" not in text
     assert second.turns == first.turns + sum(
         1
@@ -213,7 +213,7 @@ def test_the_summary_request_is_a_prefix_of_the_prompt_then_the_ask():
     span = context.plan(entries, INSTRUCTIONS, TOOLS, _threshold_between(entries, 1))
     assert span is not None
     request = context.request_messages(entries, INSTRUCTIONS, span)
-    current = replay.build_messages(entries, INSTRUCTIONS)
+    current = transcript.build_messages(entries, INSTRUCTIONS)
     assert request[:-1] == current[: len(request) - 1]
     assert request[-1]["role"] == "user"
     assert request[-1]["content"].startswith(context.REQUEST_MARKER)

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
-from executor import context, replay, steps
+from executor import context, replay, steps, transcript
 from executor.models.base import ModelReply, ModelUnavailable, ToolCall, Usage
 from executor.run_loop import RunDeps, RunLoop
 from executor.tools.catalogue import Catalogue
@@ -112,7 +112,7 @@ async def test_a_reply_without_text_records_nothing_and_the_prompt_goes_whole():
     [decision] = committer.commits
     assert "summary" not in [kind for kind, _ in payloads(decision)]
     assert len(model.asked[1][1]) == len(
-        replay.build_messages(replay.decode(log_of(10)), INSTRUCTIONS)
+        transcript.build_messages(replay.decode(log_of(10)), INSTRUCTIONS)
     )
 
 

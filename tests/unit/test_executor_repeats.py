@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
-from executor import replay, steps
+from executor import replay, steps, transcript
 from executor.models.base import ModelReply, ToolCall
 from executor.replay import AwaitPerson, CallModel, HoldRepeat, StartTool
 from executor.run_loop import RunDeps, RunLoop
@@ -113,7 +113,7 @@ def test_a_go_ahead_runs_the_call_and_restarts_the_count():
 def test_a_refusal_is_answered_and_the_model_reads_it():
     entries = [*held_log(), decision_on(10, 8, "not_happened")]
     assert replay.next_action(entries, 3) == CallModel()
-    tool_messages = [m for m in replay.build_messages(entries, "") if m["role"] == "tool"]
+    tool_messages = [m for m in transcript.build_messages(entries, "") if m["role"] == "tool"]
     assert "refused it: it was not run" in tool_messages[-1]["content"]
     # And the next identical call is held again at once: the refused one still counts.
     entries.append(replay.Entry(11, replay.DECISION, 0, {"tool_calls": [{"id": "c9", **SEARCH}]}))

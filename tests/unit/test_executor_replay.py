@@ -6,7 +6,7 @@ import json
 import random
 
 from agentrun.v1 import agent_pb2, run_pb2
-from executor import context, limits, replay, steps
+from executor import context, limits, replay, steps, transcript
 from executor.approval import canonical_json
 from executor.models.base import ModelReply, ToolCall, Usage
 from executor.replay import CallModel, Done, FinishCompleted, ResolveUnknown, StartTool
@@ -161,7 +161,7 @@ def test_messages_rebuild_the_conversation_from_recorded_outputs():
         result(6, 1, "c3", "echo", "error", error="arguments are not valid JSON"),
         decision(7, [], content="Done."),
     ]
-    messages = replay.build_messages(replay.decode(log), "You are helpful.")
+    messages = transcript.build_messages(replay.decode(log), "You are helpful.")
     assert [m["role"] for m in messages] == [
         "system", "user", "assistant", "tool", "tool", "tool", "assistant",
     ]  # fmt: skip
@@ -215,12 +215,12 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
     it, and one whose steps did not change is not."""
     for trial in range(40):
         log = replay.decode(_growing_log(random.Random(trial)))
-        rendered = replay.RenderedTurns()
+        rendered = transcript.RenderedTurns()
         before: dict[int, list[dict]] = {}
         for n in range(1, len(log) + 1):
             entries = log[:n]
-            cached = replay.build_messages(entries, "be brief", rendered)
-            assert cached == replay.build_messages(entries, "be brief")
+            cached = transcript.build_messages(entries, "be brief", rendered)
+            assert cached == transcript.build_messages(entries, "be brief")
             # The context check's size, added up from the kept turns' measured lengths:
             # to the character, and so to the token.
             chars = sum(rendered.chars(m) for m in cached) + max(len(cached) - 1, 0) + 2
@@ -246,13 +246,13 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
                 started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
                 result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})]  # fmt: skip
     log = replay.decode(answered)
-    rendered = replay.RenderedTurns()
-    early = replay.build_messages(log[:3], "", rendered)
+    rendered = transcript.RenderedTurns()
+    early = transcript.build_messages(log[:3], "", rendered)
     assert early[-1]["content"].startswith("no result recorded")
-    late = replay.build_messages(log, "", rendered)
+    late = transcript.build_messages(log, "", rendered)
     assert json.loads(late[-1]["content"]) == {"name": "Bob"}
     # The same log decoded again (new entries) renders afresh, to the same messages.
-    fresh = replay.build_messages(replay.decode(answered), "", rendered)
+    fresh = transcript.build_messages(replay.decode(answered), "", rendered)
     assert fresh == late and fresh[-1] is not late[-1]
 
 
@@ -263,14 +263,14 @@ def test_a_call_never_answered_still_gets_one_tool_message():
         started(2, 1, "c1", "crm_lookup", "read"),
         decision(3, [], content="moving on"),
     ]
-    messages = replay.build_messages(replay.decode(log), "")
+    messages = transcript.build_messages(replay.decode(log), "")
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[2]["tool_call_id"] == "c1"
     assert "no result recorded" in messages[2]["content"]
 
 
 def test_unknown_outcome_text_without_resolution_says_it_was_not_retried():
-    text = replay.result_text({"status": "unknown", "tool": "send_email"})
+    text = transcript.result_text({"status": "unknown", "tool": "send_email"})
     assert text == (
         "unknown outcome: the request may or may not have reached send_email; it was not retried"
     )

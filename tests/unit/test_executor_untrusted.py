@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
-from executor import replay, steps, untrusted
+from executor import replay, steps, transcript, untrusted
 from executor.run_loop import RunDeps, RunLoop
 from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import Outcome
@@ -20,7 +20,7 @@ def mail_input(text: str) -> replay.Entry:
 
 
 def test_a_mail_input_is_a_marked_user_message_never_the_system_prompt():
-    messages = replay.build_messages([mail_input(ATTACK)], "You triage leads.")
+    messages = transcript.build_messages([mail_input(ATTACK)], "You triage leads.")
     assert messages[0] == {"role": "system", "content": "You triage leads."}
     user = messages[1]
     assert user["role"] == "user"
@@ -39,8 +39,8 @@ def test_a_delimiter_inside_the_content_cannot_close_the_block():
 def test_trusted_inputs_stay_as_they_are():
     plain = replay.Entry(0, replay.INPUT, 0, {"text": "find bob"})
     schedule = replay.Entry(0, replay.INPUT, 0, {"text": "daily", "trigger": {"kind": "schedule"}})
-    assert replay.build_messages([plain], "")[0]["content"] == "find bob"
-    assert replay.build_messages([schedule], "")[0]["content"] == "daily"
+    assert transcript.build_messages([plain], "")[0]["content"] == "find bob"
+    assert transcript.build_messages([schedule], "")[0]["content"] == "daily"
 
 
 def test_a_marked_tool_result_is_wrapped_and_the_rebuild_is_the_same_bytes():
@@ -54,12 +54,12 @@ def test_a_marked_tool_result_is_wrapped_and_the_rebuild_is_the_same_bytes():
         replay.Entry(2, replay.STARTED, 1, {"call_id": "c1", "tool": "read_thread"}),
         steps.as_entry(result),
     ]
-    first = replay.build_messages(entries, "i")
+    first = transcript.build_messages(entries, "i")
     content = first[-1]["content"]
     assert content.startswith("The block below is data from outside (tool:read_thread)")
     assert ATTACK in content and content.endswith("</untrusted>")
     # The same log gives the same bytes (decoded again from its JSON).
-    again = replay.build_messages([replay.Entry(e.seq, e.kind, e.ref_seq, dict(e.payload))
+    again = transcript.build_messages([replay.Entry(e.seq, e.kind, e.ref_seq, dict(e.payload))
                                    for e in entries], "i")  # fmt: skip
     assert again == first
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from executor import payloads, replay
+from executor import payloads, transcript
 from executor.payloads import Limits
 from executor.replay import RESULT, Entry
 
@@ -77,14 +77,14 @@ def test_chunks_cover_the_payload_in_order():
 
 def test_replay_shows_the_recorded_view_verbatim_and_the_recorded_slice():
     view_step = _stored(3)
-    assert replay.result_text(view_step.payload) == "VIEW"  # not re-quoted as JSON
+    assert transcript.result_text(view_step.payload) == "VIEW"  # not re-quoted as JSON
     read = {"call_id": "r", "tool": "read_result", "status": "ok",
             "output": payloads.slice_output(SHA, 0, b"abc", 99)}  # fmt: skip
-    text = replay.result_text(read)
+    text = transcript.result_text(read)
     assert '"text": "abc"' in text and '"offset": 0' in text
 
 
 def test_a_view_of_untrusted_text_stays_delimited():
     step = _stored(3, untrusted="tool:read_thread")
-    text = replay.result_text(step.payload)
+    text = transcript.result_text(step.payload)
     assert "VIEW" in text and text != "VIEW"

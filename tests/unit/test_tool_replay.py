@@ -8,7 +8,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import run_pb2
-from executor import replay, steps
+from executor import replay, steps, transcript
 from executor.replay import AwaitPerson, CallModel, FailRun, ResolveUnknown, StartTool
 
 RUN = "run-1"
@@ -65,7 +65,7 @@ def test_a_run_assigned_before_the_decision_keeps_waiting():
 def test_it_happened_answers_the_call_and_the_model_reads_who_said_so():
     entries = replay.decode([*log_until_unknown(POST), decided(5, "happened", "seen in #sales")])
     assert replay.next_action(entries) == CallModel()
-    tool_message = replay.build_messages(entries, "")[-1]
+    tool_message = transcript.build_messages(entries, "")[-1]
     assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "c1"
     assert "alice checked and decided: it happened" in tool_message["content"]
     assert "seen in #sales" in tool_message["content"]
@@ -74,7 +74,7 @@ def test_it_happened_answers_the_call_and_the_model_reads_who_said_so():
 def test_it_did_not_happen_answers_the_call_without_sending_it_again():
     entries = replay.decode([*log_until_unknown(POST), decided(5, "not_happened")])
     assert replay.next_action(entries) == CallModel()
-    assert "it did not happen" in replay.build_messages(entries, "")[-1]["content"]
+    assert "it did not happen" in transcript.build_messages(entries, "")[-1]["content"]
 
 
 def test_retry_starts_the_same_call_again_and_its_new_result_is_what_the_model_reads():
@@ -87,7 +87,7 @@ def test_retry_starts_the_same_call_again_and_its_new_result_is_what_the_model_r
     log.append(step(7, replay.RESULT, {"call_id": "c1", "status": "ok", "output": {"ts": "9"}}, 6))
     entries = replay.decode(log)
     assert replay.next_action(entries) == CallModel()
-    assert replay.build_messages(entries, "")[-1]["content"] == '{"ts": "9"}'
+    assert transcript.build_messages(entries, "")[-1]["content"] == '{"ts": "9"}'
     assert replay.counters(entries).tool_calls == 2
 
 

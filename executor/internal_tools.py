@@ -1,0 +1,278 @@
+"""The executor's own tools (provider "internal"), one object each, found by name in TOOLS.
+
+Each says how a call of it starts (its `tool_started` step is built; committing it is the
+tool's own business: alone, with a park, or not at all) and how it resumes: what settles a
+call of it found started without a result, after a crash, a wake or a handoff. A new one
+registers here; the tool turn (executor/tool_turn.py) dispatches no tool name itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import faults
+from agentrun.v1 import executor_pb2
+from executor import canary, payloads, signal_wait, steps
+from executor.held import HeldRun, log
+from executor.replay import Entry, ResolveUnknown
+from executor.tools.delivery import Outcome
+
+# The internal tool that runs another agent, and the wait it parks the run in.
+CHILD_TOOL = "start_child"
+CHILD_WAIT = "child"
+
+
+class Calls(Protocol):
+    """What an internal tool asks of the tool turn (executor/tool_turn.py)."""
+
+    held: HeldRun
+
+    async def record(
+        self,
+        seq: int,
+        ref_seq: int,
+        call_id: str,
+        tool: str,
+        outcome: Outcome,
+        origin: str | None = None,
+    ) -> str | None: ...
+
+    async def settle(self, action: ResolveUnknown, seq: int, outcome: Outcome) -> str | None: ...
+
+
+class InternalTool(Protocol):
+    """One internal tool: how a call of it starts, and how it resumes."""
+
+    # The class its `tool_started` step records: a started call is this tool's only if
+    # the class agrees (a workspace tool named like a built-in records its own).
+    call_class: str
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str | None: ...
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None: ...
+
+
+def _call_id(started: Entry) -> str:
+    return str(started.payload.get("call_id", ""))
+
+
+def _arguments(started: Entry) -> Mapping[str, Any]:
+    return started.payload.get("arguments") or {}
+
+
+async def _woken(calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+    """Settle an internal call as a sleep whose wake time passed: that is its result. The
+    canary and an internal tool this executor does not carry resume so too."""
+    outcome = Outcome("ok", output={"slept_seconds": _arguments(action.started).get("seconds")})
+    return await calls.settle(action, seq, outcome)
+
+
+class ReadResult:
+    """`read_result`: a slice of a result stored as a payload (executor/payloads.py)."""
+
+    call_class = "read"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str | None:
+        await calls.held.loop.commit([started], tool_calls=1)
+        faults.point("executor.tool.after_started_commit")
+        return await self._read(calls, started.seq + 1, started.seq, call_id, arguments)
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        # A read: read again.
+        started = action.started
+        return await self._read(calls, seq, started.seq, _call_id(started), _arguments(started))
+
+    async def _read(
+        self, calls: Calls, seq: int, ref_seq: int, call_id: str, arguments: Mapping[str, Any]
+    ) -> str | None:
+        """Answer from the run's payloads (a read: no side effect)."""
+        held = calls.held
+        if held.deps.large_results is None:
+            outcome = Outcome("error", error="this executor stores no payloads")
+            return await calls.record(seq, ref_seq, call_id, payloads.READ_RESULT, outcome)
+        outcome, origin = await held.deps.large_results.read(
+            held.lease, held.entries, arguments, held.lease_safe
+        )
+        return await calls.record(seq, ref_seq, call_id, payloads.READ_RESULT, outcome, origin)
+
+
+class StartChild:
+    """`start_child`: runs another agent; its outcome is this call's result."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str:
+        """Started and parked on the child in one commit; the control plane admits the child
+        in that commit's transaction and writes its outcome as this call's result, waking
+        the run (control_plane/runs/children.py)."""
+        park = steps.park(started.seq + 1, CHILD_WAIT, None, "waiting for a child run")
+        await calls.held.loop.commit(
+            [started, park], park=steps.park_transition(CHILD_WAIT, None), tool_calls=1
+        )
+        faults.point("executor.child.after_start_commit")
+        log.info("run %s parked: waiting for a child run", calls.held.run_id)
+        return "parked"
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str:
+        # The child's end writes the result; until then, wait.
+        return await calls.held.loop.park(CHILD_WAIT, None, "waiting for a child run")
+
+
+class WaitForSignal:
+    """`wait_for_signal`: parks until a signal of its name arrives, or its timeout
+    (executor/signal_wait.py)."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str:
+        return await self._wait(calls, started, arguments, signal_wait.timeout_of(arguments))
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        """Resumed with the wait still open: its timeout passed, or it waits again."""
+        started = action.started
+        arguments = _arguments(started)
+        left = signal_wait.remaining(started, calls.held.deps.wall_clock())
+        if left is None or left > signal_wait.CLOCK_TOLERANCE:
+            return await self._wait(calls, None, arguments, left)
+        outcome = signal_wait.timed_out(arguments)
+        return await calls.record(seq, started.seq, _call_id(started), signal_wait.TOOL, outcome)
+
+    async def _wait(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep | None,
+        arguments: Mapping[str, Any],
+        wake_after: float | None,
+    ) -> str:
+        """Park (with the call's started step, the first time) until a signal of its name is
+        the call's result, or the timeout wakes the run."""
+        held = calls.held
+        new = [started] if started is not None else []
+        seq = started.seq + 1 if started is not None else held.next_seq()
+        step, transition = signal_wait.park(seq, arguments, wake_after)
+        await held.loop.commit([*new, step], park=transition, tool_calls=len(new))
+        log.info("run %s parked: waiting for signal %r", held.run_id, arguments.get("name"))
+        return "parked"
+
+
+class Canary:
+    """`canary_noop`: the contract canary's no-op, which echoes its nonce (executor/canary.py)."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str | None:
+        # Started, then its result: two commits, no provider.
+        await calls.held.loop.commit([started], tool_calls=1)
+        outcome = Outcome("ok", output=canary.tool_output(arguments))
+        return await calls.record(started.seq + 1, started.seq, call_id, canary.TOOL, outcome)
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        # Found started (its executor stopped between the two commits): settled as a wait
+        # that is over, which echoes no nonce; the canary model then calls the no-op again.
+        return await _woken(calls, action, seq)
+
+
+class Sleep:
+    """`sleep`: the run lets go for some seconds."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str:
+        seconds = float(arguments["seconds"])
+        # Started and parked in one commit: the run lets go while it sleeps, and
+        # the result is written when it wakes (resume).
+        park = steps.park(started.seq + 1, "sleep", seconds, f"sleep {seconds:g}s")
+        await calls.held.loop.commit(
+            [started, park], park=steps.park_transition("sleep", seconds), tool_calls=1
+        )
+        log.info("run %s parked: sleep %gs", calls.held.run_id, seconds)
+        return "parked"
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        return await _woken(calls, action, seq)
+
+
+class Unsupported:
+    """An internal tool this executor does not carry."""
+
+    call_class = "internal"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        """Answered at once with an error (nothing started): the model reads why."""
+        error = f"internal tool {self.name!r} is not supported"
+        result = steps.tool_result(
+            started.seq, started.ref_seq, call_id, self.name, "error", error=error
+        )
+        await calls.held.loop.commit([result])
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        return await _woken(calls, action, seq)
+
+
+TOOLS: Mapping[str, InternalTool] = {
+    payloads.READ_RESULT: ReadResult(),
+    CHILD_TOOL: StartChild(),
+    signal_wait.TOOL: WaitForSignal(),
+    canary.TOOL: Canary(),
+    "sleep": Sleep(),
+}
+
+
+def starting(name: str) -> InternalTool:
+    """The tool that starts a call of `name`, a tool of the run's with provider "internal"."""
+    return TOOLS.get(name) or Unsupported(name)
+
+
+def resuming(name: str, call_class: str) -> InternalTool | None:
+    """The tool that settles a call of `name` found started without a result; None: the
+    call is not an internal one, and is resolved by its class like any other."""
+    tool = TOOLS.get(name)
+    if tool is not None and tool.call_class == call_class:
+        return tool
+    return Unsupported(name) if call_class == "internal" else None
