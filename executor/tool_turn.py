@@ -33,8 +33,9 @@ from executor.replay import (
     trailing_parks,
 )
 from executor.tools import chain, credentials, keys
-from executor.tools.catalogue import Tool, ToolCallRejected
+from executor.tools.catalogue import Tool
 from executor.tools.delivery import Outcome, after_parks, pending_backoff
+from executor.tools.rejection import ToolCallRejected
 
 
 class ToolTurn:

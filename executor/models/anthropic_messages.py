@@ -1,4 +1,4 @@
-"""The OpenAI-style conversation (executor/replay.py) as an Anthropic Messages request body.
+"""The OpenAI-style conversation (executor/transcript.py) as an Anthropic Messages request body.
 
 * `system` messages become the top-level `system` text blocks, in order;
 * an assistant message becomes `text` and `tool_use` blocks (arguments parsed

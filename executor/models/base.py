@@ -190,7 +190,7 @@ class ModelClient(Protocol):
     ) -> ModelReply:
         """Ask the model once; raise ModelUnavailable or ModelRejected on failure.
 
-        `messages` and `tools` are in the OpenAI chat format (executor/replay.py);
+        `messages` and `tools` are in the OpenAI chat format (executor/transcript.py);
         an adapter for another API converts them.
         """
         ...

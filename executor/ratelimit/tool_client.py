@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from executor.config import ExecutorConfig
 from executor.ratelimit.limiter import RateLimited, RateLimiter
 from executor.tools.catalogue import Tool
-from executor.tools.http_tool import HttpToolClient, NotSent, ProviderError, ToolSendError
+from executor.tools.http_tool import HttpToolClient
+from executor.tools.send_errors import NotSent, ProviderError, ToolSendError
 
 if TYPE_CHECKING:
     from executor.tools.credentials import Credential

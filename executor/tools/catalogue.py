@@ -29,9 +29,6 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from executor.tools import template
-
-# ToolCallRejected and HttpTemplate live beside what raises and renders them (rejection.py,
-# template.py); check_call raises the one and a Tool holds the other, so both are named here too.
 from executor.tools.rejection import ToolCallRejected
 from executor.tools.template import HttpTemplate
 

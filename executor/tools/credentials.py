@@ -16,7 +16,8 @@ from agentrun.v1 import executor_pb2
 from executor import steps
 from executor.ratelimit.parks import unsent_mark
 from executor.replay import INPUT, PARK, Entry
-from executor.tools.catalogue import Tool, ToolCallRejected
+from executor.tools.catalogue import Tool
+from executor.tools.rejection import ToolCallRejected
 
 WAIT_REASON = "connection"
 # `connections[provider] = "trigger"`: the tool acts as the account the run came in through,

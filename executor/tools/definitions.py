@@ -15,7 +15,8 @@ import logging
 from collections.abc import Iterable
 
 from agentrun.v1 import tool_pb2
-from executor.tools.catalogue import Catalogue, HttpTemplate, Lookup, McpTarget, Tool
+from executor.tools.catalogue import Catalogue, Lookup, McpTarget, Tool
+from executor.tools.template import HttpTemplate
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from executor.tools import keys
 from executor.tools.catalogue import Tool
 from executor.tools.credentials import Credential
 from executor.tools.failures import Failure, classify, may_resend
-from executor.tools.http_tool import Blocked, HttpToolClient, ProviderError, ToolSendError
+from executor.tools.http_tool import HttpToolClient
+from executor.tools.send_errors import Blocked, ProviderError, ToolSendError
 
 NOT_RETRIED = "not retried: tool has no idempotency key or lookup"
 ASK_A_PERSON = "waiting for a person to decide whether it happened"

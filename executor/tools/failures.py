@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from executor.tools.http_tool import MaybeSent, NotSent, ProviderError, ToolSendError
+from executor.tools.send_errors import MaybeSent, NotSent, ProviderError, ToolSendError
 
 
 class Failure(enum.Enum):

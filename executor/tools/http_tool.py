@@ -15,15 +15,9 @@ from executor.config import ExecutorConfig
 from executor.http_session import FAILED, JSON_TYPE, Answer, encoded, read
 from executor.retry_after import retry_after
 from executor.tools import template
-from executor.tools.catalogue import Lookup, Tool, ToolCallRejected
-
-# The send errors have their own module (the MCP transport raises them too); the delivery and
-# the rate limiter still name them from here.
-from executor.tools.send_errors import Blocked as Blocked
-from executor.tools.send_errors import MaybeSent as MaybeSent
-from executor.tools.send_errors import NotSent as NotSent
-from executor.tools.send_errors import ProviderError as ProviderError
-from executor.tools.send_errors import ToolSendError as ToolSendError
+from executor.tools.catalogue import Lookup, Tool
+from executor.tools.rejection import ToolCallRejected
+from executor.tools.send_errors import Blocked, MaybeSent, NotSent, ProviderError
 from executor.tools.transport import call_mcp
 from ground import netguard
 

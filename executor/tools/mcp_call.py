@@ -32,7 +32,7 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, CallTo
 
 from executor import horizon, storable
 from executor.retry_after import retry_after
-from executor.tools.http_tool import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
+from executor.tools.send_errors import Blocked, MaybeSent, NotSent, ProviderError, ToolSendError
 from ground import netguard
 
 if TYPE_CHECKING:

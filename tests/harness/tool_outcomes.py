@@ -16,7 +16,7 @@ from typing import Any
 
 from control_plane.ground import validate
 from executor.steps import tool_result
-from executor.tools.http_tool import ToolSendError
+from executor.tools.send_errors import ToolSendError
 from tests.harness.invariants import stored_payload
 
 

@@ -20,8 +20,8 @@ from control_plane.tools import mcp_sync
 from executor.horizon import SEND_GATE, Refused
 from executor.tools import definitions, mcp_call
 from executor.tools.credentials import ConnectionUnusable, Credential, Granted
-from executor.tools.http_tool import MaybeSent, NotSent, ProviderError
 from executor.tools.mcp_call import call_mcp
+from executor.tools.send_errors import MaybeSent, NotSent, ProviderError
 from sandbox.mcp_server import McpSandbox, create_app
 from sandbox.serve import BackgroundServer
 from tests.harness import auth, secrets_seen

@@ -25,8 +25,9 @@ from control_plane.tools import mcp_sync
 from executor.config import ExecutorConfig
 from executor.tools.definitions import from_proto
 from executor.tools.delivery import ToolDelivery
-from executor.tools.http_tool import Blocked, HttpToolClient, MaybeSent, ProviderError
+from executor.tools.http_tool import HttpToolClient
 from executor.tools.mcp_call import call_mcp
+from executor.tools.send_errors import Blocked, MaybeSent, ProviderError
 from ground import netguard
 from sandbox.mcp_server import create_app
 from sandbox.serve import BackgroundServer

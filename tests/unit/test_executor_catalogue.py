@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from executor.tools.catalogue import DEFAULT_PATH, Catalogue, ToolCallRejected
+from executor.tools.catalogue import DEFAULT_PATH, Catalogue
+from executor.tools.rejection import ToolCallRejected
 
 ALL = ["crm_lookup", "echo", "send_email", "sleep"]
 

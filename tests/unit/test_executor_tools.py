@@ -12,7 +12,8 @@ import pytest
 
 from executor.config import ExecutorConfig
 from executor.tools.catalogue import Catalogue
-from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent, ProviderError
+from executor.tools.http_tool import HttpToolClient
+from executor.tools.send_errors import MaybeSent, NotSent, ProviderError
 from tests.harness.http_stub import CUT, DROP, STALL, Stub, full_backlog, reply, serving
 
 CATALOGUE = Catalogue.load()

@@ -26,8 +26,8 @@ from executor.stream import ControlPlaneStream
 from executor.tools.catalogue import Catalogue
 from executor.tools.credentials import ConnectionUnusable
 from executor.tools.delivery import Outcome, ToolDelivery
-from executor.tools.http_tool import MaybeSent
 from executor.tools.mcp_call import call_mcp
+from executor.tools.send_errors import MaybeSent
 from tests.harness.http_stub import Reply, Seen, serving
 from tests.harness.run_loop_doubles import Committer, Leases
 

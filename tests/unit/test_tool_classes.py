@@ -22,7 +22,8 @@ from executor.tools.delivery import (
     pending_backoff,
 )
 from executor.tools.failures import Failure, classify, may_resend
-from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent, ProviderError
+from executor.tools.http_tool import HttpToolClient
+from executor.tools.send_errors import MaybeSent, NotSent, ProviderError
 from tests.harness.http_stub import DROP, STALL, Reply, Stub, reply, scripted
 
 CATALOGUE = Catalogue.load()

@@ -10,9 +10,12 @@ import pytest
 from agentrun.v1 import tool_pb2
 from executor.config import ExecutorConfig
 from executor.tools import credentials, definitions, template
-from executor.tools.catalogue import Catalogue, HttpTemplate, ToolCallRejected
+from executor.tools.catalogue import Catalogue
 from executor.tools.credentials import Credential, Granted
-from executor.tools.http_tool import HttpToolClient, MaybeSent, NotSent
+from executor.tools.http_tool import HttpToolClient
+from executor.tools.rejection import ToolCallRejected
+from executor.tools.send_errors import MaybeSent, NotSent
+from executor.tools.template import HttpTemplate
 from tests.harness.http_stub import DROP, reply, serving
 
 
