@@ -11,7 +11,6 @@ from datetime import datetime
 import asyncpg
 
 import faults
-from control_plane.credits.pricing import Usage
 from control_plane.store import credits, records
 from control_plane.store.db import Lane, in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced, transient
@@ -63,6 +62,28 @@ class Transition:
     text: str | None = None  # output (completed) or error (failed)
     # With wait_reason "connection": the connection the run waits for.
     waiting_connection_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens and cost of one commit (or, summed, of a run): what the commit statement adds
+    to the run's counters. Priced by the credits domain (control_plane/credits/pricing.py);
+    the store only carries it."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_micros: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cost_micros + other.cost_micros,
+        )
 
 
 @dataclass(frozen=True)
