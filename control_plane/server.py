@@ -27,6 +27,7 @@ from agentrun.v1 import (
     credit_pb2_grpc,
     executor_pb2,
     executor_pb2_grpc,
+    release_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
     session_pb2,
@@ -62,6 +63,7 @@ from control_plane.credits.service import CreditServicer
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
+from control_plane.deploys.canary import CANARY_WORKSPACE, CanaryServicer
 from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
@@ -144,7 +146,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.ConnectResponse]:
         who = auth_context.current()
-        session = ExecutorSession(self._dispatcher, scope=who.scope)
+        # Every executor may run the contract canary, whatever workspaces it serves.
+        scope = who.scope | {CANARY_WORKSPACE} if who.scope is not None else None
+        session = ExecutorSession(self._dispatcher, scope=scope)
         watch = asyncio.create_task(self._watch(session, who))
         try:
             async for msg in session.serve(request_iterator):
@@ -313,7 +317,10 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
     tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServerServicer(pool, p.tokens), server)
-    releases.add_to_server(server, dispatcher)
+    release_pb2_grpc.add_ReleaseServiceServicer_to_server(
+        releases.ReleaseServicer(dispatcher), server
+    )
+    release_pb2_grpc.add_CanaryServiceServicer_to_server(CanaryServicer(dispatcher), server)
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +20,9 @@ from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.policy import BadApprovalRequest
 from control_plane.connections import parks as connection_parks
 from control_plane.credits import pricing
-from control_plane.deploys.canary import CANARY_WORKSPACE
-from control_plane.deploys.releases import tell_draining
 from control_plane.dispatch import commits
 from control_plane.dispatch.liveness import Liveness
+from control_plane.dispatch.slots import Slots
 from control_plane.ground import convert, decoding, validate
 from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import InvalidArgument, status_for
@@ -169,15 +168,9 @@ class ExecutorSession:
     def __init__(self, dispatcher: Dispatcher, scope: frozenset[str] | None = None) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
-        # The workspaces this stream's executor credential serves (None: all).
-        self.scope = scope | {CANARY_WORKSPACE} if scope is not None else None
-        self.credits = 0
-        self.held: dict[uuid.UUID, int] = {}
-        # The tools the executor declared in its Hello: it is assigned only runs needing no others.
-        self.tools: frozenset[str] = frozenset()
-        # Its release and those it continues (Hello); told to drain, it is assigned nothing.
-        self.release = ""
-        self.continues: tuple[str, ...] = ()
+        # Credits, held runs and what it may be assigned (`scope`: the workspaces this
+        # stream's executor credential serves; None: all).
+        self.slots = Slots(scope)
         # The executor reads renewals off commit results (Hello.reads_commit_renewal): its
         # commits renew the lease only when it needs it. Else every commit renews it.
         self.reads_commit_renewal = False
@@ -185,7 +178,6 @@ class ExecutorSession:
         # batches): a claim's runs for this stream, and the commit results ready together,
         # may go in one message. Else one message each.
         self.reads_batches = False
-        self.draining = False
         self._dispatcher = dispatcher
         # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
         self.liveness = Liveness(dispatcher.config)
@@ -275,7 +267,7 @@ class ExecutorSession:
         if which == "hello":
             self._hello(req.hello)
         elif which == "ready":
-            self.credits = max(0, self.credits + req.ready.slots)
+            self.slots.ready(req.ready.slots)
             self._dispatcher.poke()
         elif which == "commit":
             self._spawn(self._commit(req.commit))
@@ -291,11 +283,7 @@ class ExecutorSession:
 
     def _hello(self, hello: pb.Hello) -> None:
         self.executor_id = hello.executor_id or f"anonymous-{self.id}"
-        for lease in hello.held:
-            self.held[uuid.UUID(lease.run_id)] = lease.epoch
-            self.liveness.workspaces[uuid.UUID(lease.run_id)] = lease.workspace_id
-        self.tools = frozenset(t.name for t in hello.tools)
-        self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
+        self.slots.declare(hello)
         self.reads_commit_renewal = hello.reads_commit_renewal
         self.reads_batches = hello.reads_batches
         self._opening.append(asyncio.create_task(self._open(hello)))
@@ -315,7 +303,7 @@ class ExecutorSession:
             # Bounded: a database that is down must not keep the executor from its Welcome.
             await asyncio.wait_for(
                 executor_tools.record(
-                    self._pool, self.executor_id, self.id, hello.release, self.scope, declared
+                    self._pool, self.executor_id, self.id, hello.release, self.slots.scope, declared
                 ),
                 RECORD_TIMEOUT,
             )
@@ -342,9 +330,7 @@ class ExecutorSession:
         )
         self._spawn(self.liveness.watch(self))
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
-            tell_draining(
-                [self], await asyncio.wait_for(releases.draining(self._pool), RECORD_TIMEOUT)
-            )
+            self.drain_if(await asyncio.wait_for(releases.draining(self._pool), RECORD_TIMEOUT))
         if self._ended:
             return
         self._dispatcher.register(self)
@@ -397,7 +383,7 @@ class ExecutorSession:
         try:
             _check_size(msg, self._dispatcher.config.max_message_bytes)
             req = commit_request(msg, renew_always=not self.reads_commit_renewal)
-            if self.scope is not None and req.workspace_id not in self.scope:
+            if not self.slots.serves(req.workspace_id):
                 raise ValueError("the lease's workspace is outside this credential's scope")
         except (ValueError, KeyError) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
@@ -410,14 +396,14 @@ class ExecutorSession:
             if done.stopped:  # landed, but the run may not go on (out of credits)
                 result.outcome = pb.COMMIT_OUTCOME_FENCED
                 result.message = done.stopped
-                self.held.pop(req.run_id, None)
+                self.slots.drop(req.run_id)
             elif done.status == "running" and done.wake_at is not None:
                 if done.renewed:  # else the lease stands as it was: the executor counts nothing
                     result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
             else:
-                self.held.pop(req.run_id, None)
+                self.slots.drop(req.run_id)
         except Fenced as exc:
-            self.held.pop(req.run_id, None)
+            self.slots.drop(req.run_id)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = str(exc)
         except (DataRefused, BadApprovalRequest) as exc:
@@ -504,7 +490,7 @@ class ExecutorSession:
             result.outcome = pb.COMMIT_OUTCOME_UNAVAILABLE
             result.message = message
             return
-        self.held.pop(req.run_id, None)
+        self.slots.drop(req.run_id)
         result.outcome = pb.COMMIT_OUTCOME_FENCED
         result.message = f"the run failed: {reason}" if failed else "the run is no longer held"
 
@@ -536,16 +522,26 @@ class ExecutorSession:
                 else "lost"
             )
             if renewed:
-                self.held[key.run_id] = key.epoch
+                self.slots.hold(key)
             else:
-                self.held.pop(key.run_id, None)
+                self.slots.drop(key.run_id)
                 if reason == "lost":  # not a run that reached a limit and failed
                     metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 
+    def drain_if(self, draining: Mapping[str, float]) -> None:
+        """Tell the executor to drain, once, when its release is draining (`draining`: the
+        seconds each draining release has left): it is assigned nothing more."""
+        seconds_left = self.slots.drain(draining)
+        if seconds_left is not None:
+            drain = pb.Drain(
+                release=self.slots.release, finish_within=convert.duration(seconds_left)
+            )
+            self.send(pb.ConnectResponse(drain=drain))
+
     def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str) -> None:
-        epoch = self.held.pop(run_id, None)
+        epoch = self.slots.drop(run_id)
         if epoch is not None:
             lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
             self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))
