@@ -151,3 +151,9 @@ def steps_usage(prices: PriceTable, steps: Iterable[tuple[str, str]]) -> Usage:
                 raise ValueError(f"{where}: is not an object")
             total += step_usage(prices, kind, payload, where)
     return total
+
+
+def priced(steps: Iterable[tuple[str, str]]) -> Usage:
+    """What a commit's (kind, payload JSON) steps cost by the server's table: the price the
+    commit pipeline is given where the server is assembled."""
+    return steps_usage(table(), steps)
