@@ -109,6 +109,7 @@ class CommitPipeline:
         self._parks.setdefault(wait_reason, []).append(effect)
 
     def after_commit(self, effect: AfterCommit) -> None:
+        """`effect` for every commit that lands, once it has (plain or not)."""
         self._after.append(effect)
 
     def request(self, msg: pb.Commit, renew_always: bool = True) -> CommitRequest:
