@@ -27,6 +27,7 @@ from agentrun.v1 import (
     credit_pb2_grpc,
     executor_pb2,
     executor_pb2_grpc,
+    release_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
     session_pb2,
@@ -46,7 +47,8 @@ from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
-from control_plane.approvals import expiry, relay
+from control_plane.approvals import expiry, needs_help, relay
+from control_plane.approvals.commit import ApprovalHold
 from control_plane.approvals.relay import RelayConfig
 from control_plane.auth import context as auth_context
 from control_plane.auth import oidc
@@ -54,17 +56,22 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
+from control_plane.connections import parks
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
 from control_plane.connections.revocation import Revocations
 from control_plane.connections.tokens import ConnectionTokens
+from control_plane.credits import pricing
 from control_plane.credits.service import CreditServicer
+from control_plane.credits.top_up import TopUp
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
+from control_plane.deploys.canary import CANARY_WORKSPACE, CanaryServicer
 from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
+from control_plane.dispatch.pipeline import CommitPipeline
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import ErrorInterceptor
@@ -74,6 +81,7 @@ from control_plane.http.server import HttpIngress
 from control_plane.ops import logs
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
+from control_plane.runs import children, signals
 from control_plane.runs.retention import Retention
 from control_plane.store.db import Pool, create_pool
 from control_plane.tools import builtins, registry
@@ -113,9 +121,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         dispatcher: Dispatcher,
         resolver: Resolver,
         tokens: ConnectionTokens,
+        pipeline: CommitPipeline,
         recheck_seconds: float = 2.0,
     ) -> None:
         self._dispatcher = dispatcher
+        self._pipeline = pipeline
         self._resolver = resolver
         self._tokens = tokens
         self._recheck = recheck_seconds
@@ -144,7 +154,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.ConnectResponse]:
         who = auth_context.current()
-        session = ExecutorSession(self._dispatcher, scope=who.scope)
+        # Every executor may run the contract canary, whatever workspaces it serves.
+        scope = who.scope | {CANARY_WORKSPACE} if who.scope is not None else None
+        session = ExecutorSession(self._dispatcher, scope, self._pipeline)
         watch = asyncio.create_task(self._watch(session, who))
         try:
             async for msg in session.serve(request_iterator):
@@ -163,6 +175,19 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                     log.info("executor credential %s revoked: ending its stream", who.name)
                     session.close()
                     return True
+
+
+def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) -> CommitPipeline:
+    """The replica's commit pipeline: commits are priced by the credits' table, and each
+    feature registers the effect of the commits that call for it (dispatch/pipeline.py)."""
+    pipeline = CommitPipeline(pool, price=pricing.priced, on_runnable=poke)
+    pipeline.on_field("approval_request", ApprovalHold())
+    pipeline.on_park(parks.WAIT_REASON, parks.ConnectionPark())
+    pipeline.on_park(needs_help.REPEAT_WAIT, needs_help.HeldRepeat())
+    pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
+    pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
+    pipeline.after_commit(TopUp())
+    return pipeline
 
 
 def publish_guard(config: ServerConfig) -> PublishGuard:
@@ -287,8 +312,9 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, dispatcher.deltas),
         server,
     )
+    pipeline = commit_pipeline(pool, cfg, dispatcher.poke)
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
-        ExecutorServicer(dispatcher, p.resolver, p.tokens), executors
+        ExecutorServicer(dispatcher, p.resolver, p.tokens, pipeline), executors
     )
     connection_pb2_grpc.add_ConnectionServiceServicer_to_server(
         ConnectionServicer(pool, cfg.public_url, Revocations(pool, p.envelope, p.tokens.client)),
@@ -313,7 +339,10 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
     tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServerServicer(pool, p.tokens), server)
-    releases.add_to_server(server, dispatcher)
+    release_pb2_grpc.add_ReleaseServiceServicer_to_server(
+        releases.ReleaseServicer(dispatcher), server
+    )
+    release_pb2_grpc.add_CanaryServiceServicer_to_server(CanaryServicer(dispatcher), server)
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:

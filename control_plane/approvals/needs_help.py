@@ -2,7 +2,8 @@
 
 When the executor holds a repeated call (a `tool_result` with status
 `repeated` and `"held": "repeat"`, committed with a park for `repeat`), the
-same transaction writes one notification per person the agent version names
+same transaction (HeldRepeat, an effect of the commit pipeline: dispatch/pipeline.py)
+writes one notification per person the agent version names
 as approvers (else the workspace's administrator), so nobody has to poll for
 runs that stopped. The relay delivers them as mail; the person decides with
 RunService.ResolveUnknownOutcome on the held step, or cancels the run.
@@ -10,14 +11,17 @@ RunService.ResolveUnknownOutcome on the held step, or cancels the run.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+from agentrun.v1 import executor_pb2 as pb
 from control_plane.approvals.policy import FALLBACK_APPROVER
+from control_plane.dispatch.pipeline import Work
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
 from control_plane.store import steps as step_store
-from control_plane.store.db import Pool
+from control_plane.store.db import Connection, Pool
 
 KIND = "run_needs_help"
 REPEAT_WAIT = "repeat"
@@ -54,19 +58,22 @@ def notifications(
     ]
 
 
-async def help_commit(
-    pool: Pool, req: step_store.CommitRequest, lease_seconds: float
-) -> step_store.CommitResult | None:
-    """Commit a held repeat with its notifications; None if `req` holds no repeat."""
-    found = held_repeat(req)
-    if found is None:
-        return None
-    spec = await approval_store.run_spec(pool, req.workspace_id, req.run_id)
-    notes = notifications(spec, req, *found)
-    result: step_store.CommitResult = await outbox.commit_with_notifications(
-        pool, req, lease_seconds, notes
-    )
-    return result
+class HeldRepeat:
+    """The effect of a park for REPEAT_WAIT (registered in control_plane/server.py)."""
+
+    async def prepare(self, db: Pool, req: step_store.CommitRequest, msg: pb.Commit) -> Work | None:
+        """The notifications of the held repeat this commit records; None if it holds none."""
+        found = held_repeat(req)
+        if found is None:
+            return None
+        spec = await approval_store.run_spec(db, req.workspace_id, req.run_id)
+        return Work(functools.partial(_notify, notifications(spec, req, *found)))
+
+
+async def _notify(notes: list[outbox.Notification], conn: Connection) -> bool:
+    for note in notes:
+        await outbox.insert(conn, note)
+    return False
 
 
 def mail_request(row: Any) -> tuple[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from agentrun.v1 import executor_pb2
 from control_plane.approvals.hashing import arguments_sha256
+from control_plane.dispatch.pipeline import CommitRefused
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument
 from control_plane.store.approvals import Approval, NewApproval
@@ -20,7 +21,7 @@ FALLBACK_APPROVER = "admin"
 EXPIRY_ACTIONS = {0: "reject", 1: "reject", 2: "escalate", 3: "remind"}
 
 
-class BadApprovalRequest(ValueError):
+class BadApprovalRequest(CommitRefused):
     """The executor asked for an approval that does not match its own arguments."""
 
 

@@ -3,7 +3,8 @@
 The executor parks a run as wait_reason "connection" (no wake time) before a tool call is
 sent when the connection cannot be used: the control plane refused its token (revoked,
 needs_reauth) or the provider refused the token before acting (401, or 403
-insufficient_scope). In the commit's transaction the connection becomes needs_reauth and,
+insufficient_scope). In the commit's transaction (ConnectionPark, an effect of the commit
+pipeline: dispatch/pipeline.py) the connection becomes needs_reauth and,
 the first time since it last worked, one notification to its owner goes into the outbox
 with the reconnect link. Reconnecting (control_plane/connections/flows.py) sets
 wake_at = now() on every run waiting on it.
@@ -11,13 +12,16 @@ wake_at = now() on every run waiting on it.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.dispatch.pipeline import Work
 from control_plane.store import connections as store
 from control_plane.store import outbox
 from control_plane.store import steps as step_store
-from control_plane.store.db import Pool
+from control_plane.store.db import Connection, Pool
 
 WAIT_REASON = "connection"
 KIND = "connection_reauth"
@@ -31,33 +35,30 @@ def recipient(owner: str) -> str:
     return name if kind == "person" and "@" in name else FALLBACK_RECIPIENT
 
 
-async def park_commit(
-    pool: Pool, req: step_store.CommitRequest, lease_seconds: float
-) -> step_store.CommitResult | None:
-    """Commit a connection park with its notification; None if `req` is no such park."""
-    t = req.transition
-    if t.status != "waiting" or t.wait_reason != WAIT_REASON or t.waiting_connection_id is None:
-        return None
-    cid = str(t.waiting_connection_id)
-    async with pool.acquire() as conn, conn.transaction():
-        result = await step_store.commit(conn, req, lease_seconds)
-        if result.duplicate:
-            return result
-        row = await store.mark_broken(conn, req.workspace_id, cid, "a run could not use it")
-        if row is not None:
-            payload = {
-                "kind": KIND,
-                "connection_id": cid,
-                "provider": row["provider"],
-                "account": row["account"],
-                "run_id": str(req.run_id),
-                "scopes": list(row["scopes"]),
-            }
-            note = outbox.Notification(
-                req.workspace_id, KIND, "mail", recipient(row["owner"]), payload
-            )
-            await outbox.insert(conn, note)
-    return result
+class ConnectionPark:
+    """The effect of a park for WAIT_REASON (registered in control_plane/server.py)."""
+
+    async def prepare(self, db: Pool, req: step_store.CommitRequest, msg: pb.Commit) -> Work | None:
+        """Mark the connection the run waits for, if the park names one."""
+        cid = req.transition.waiting_connection_id
+        return None if cid is None else Work(functools.partial(_mark_broken, req, str(cid)))
+
+
+async def _mark_broken(req: step_store.CommitRequest, cid: str, conn: Connection) -> bool:
+    """The connection needs_reauth and, the first time since it last worked, its owner asked."""
+    row = await store.mark_broken(conn, req.workspace_id, cid, "a run could not use it")
+    if row is not None:
+        payload = {
+            "kind": KIND,
+            "connection_id": cid,
+            "provider": row["provider"],
+            "account": row["account"],
+            "run_id": str(req.run_id),
+            "scopes": list(row["scopes"]),
+        }
+        note = outbox.Notification(req.workspace_id, KIND, "mail", recipient(row["owner"]), payload)
+        await outbox.insert(conn, note)
+    return False
 
 
 def mail_request(row: Any, public_url: str) -> tuple[str, dict[str, Any]]:

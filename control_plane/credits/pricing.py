@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from control_plane.store.steps import Usage
+
 TABLE_PATH = Path(__file__).parent / "prices.json"
 PER_MILLION = 1_000_000
 _USAGE_KEYS = (
@@ -55,26 +57,6 @@ class ModelPrice:
             cached_input=entry.get("cached_input", entry["input"]),
             cache_write=entry.get("cache_write", entry["input"]),
             reasoning=entry.get("reasoning", entry["output"]),
-        )
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Tokens and cost of one commit (or, summed, of a run)."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_micros: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            self.input_tokens + other.input_tokens,
-            self.output_tokens + other.output_tokens,
-            self.cached_tokens + other.cached_tokens,
-            self.reasoning_tokens + other.reasoning_tokens,
-            self.cost_micros + other.cost_micros,
         )
 
 
@@ -169,3 +151,9 @@ def steps_usage(prices: PriceTable, steps: Iterable[tuple[str, str]]) -> Usage:
                 raise ValueError(f"{where}: is not an object")
             total += step_usage(prices, kind, payload, where)
     return total
+
+
+def priced(steps: Iterable[tuple[str, str]]) -> Usage:
+    """What a commit's (kind, payload JSON) steps cost by the server's table: the price the
+    commit pipeline is given where the server is assembled."""
+    return steps_usage(table(), steps)

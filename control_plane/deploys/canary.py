@@ -30,6 +30,8 @@ import grpc
 
 from agentrun.v1 import release_pb2, release_pb2_grpc
 from control_plane.auth import context as auth_context
+from control_plane.deploys.releases import newest_of, release_name
+from control_plane.dispatch.slots import live_seconds
 from control_plane.ground import convert
 from control_plane.ground.errors import InvalidArgument
 from control_plane.store import agents as agent_store
@@ -107,12 +109,8 @@ def verdict(run: Run, nonce: str, elapsed: float, timeout: float) -> tuple[bool,
 
 async def nobody_to_run_it(dispatcher: Dispatcher, release: str | None) -> str | None:
     """Why no executor could take the canary now (None: one could): a FAIL at once."""
-    from control_plane.deploys import releases
-
-    states = await release_store.list_releases(
-        dispatcher.pool, releases.live_seconds(dispatcher.config)
-    )
-    if release is None and releases.newest_of(states, dispatcher.config.release_gate) is None:
+    states = await release_store.list_releases(dispatcher.pool, live_seconds(dispatcher.config))
+    if release is None and newest_of(states, dispatcher.config.release_gate) is None:
         return "FAIL canary: no release takes new runs (no executor connected)"
     if release is not None and not any(s.release == release and s.executors for s in states):
         return f"FAIL canary: no executor of release {release} is connected"
@@ -152,8 +150,6 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
     async def RunCanary(
         self, request: release_pb2.RunCanaryRequest, context: grpc.aio.ServicerContext
     ) -> release_pb2.RunCanaryResponse:
-        from control_plane.deploys.releases import release_name
-
         release = release_name("release", request.release) if request.release else None
         timeout = DEFAULT_TIMEOUT
         if request.HasField("timeout"):

@@ -23,25 +23,19 @@ run silently.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import grpc
 
-from agentrun.v1 import executor_pb2, release_pb2, release_pb2_grpc, run_pb2
+from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
 from control_plane.auth import context as auth_context
+from control_plane.dispatch.dispatcher import Dispatcher
+from control_plane.dispatch.slots import live_seconds
 from control_plane.ground import convert, validate
-from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import FailedPrecondition, InvalidArgument, NotFound
-from control_plane.store import lease as lease_store
 from control_plane.store import releases as store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
-
-if TYPE_CHECKING:
-    from control_plane.dispatch.dispatcher import Dispatcher
-    from control_plane.dispatch.session import ExecutorSession
 
 SERVICE_NAMES = (
     release_pb2.DESCRIPTOR.services_by_name["ReleaseService"].full_name,
@@ -55,20 +49,6 @@ LIVE_SECONDS = 30.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
 
-def live_seconds(config: ServerConfig) -> float:
-    """An executor seen within this long counts as connected (replicas touch every beat)."""
-    return 3 * config.heartbeat_seconds
-
-
-def claim_release(session: ExecutorSession, config: ServerConfig) -> lease_store.Release | None:
-    """What a session's claims are held to; None for an executor declaring no release."""
-    if not session.release:
-        return None
-    return lease_store.Release(
-        session.release, session.continues, live_seconds(config), gated=config.release_gate
-    )
-
-
 async def explain_wait(pool: Pool, run: Run, queue: run_pb2.QueuePosition) -> None:
     """A due run whose release has no executor connected says so (GetRun's queue cause)."""
     if queue.cause != run_pb2.QUEUE_WAIT_CAUSE_TURN or not run.release:
@@ -76,21 +56,6 @@ async def explain_wait(pool: Pool, run: Run, queue: run_pb2.QueuePosition) -> No
     if not await store.connected(pool, run.release, LIVE_SECONDS):
         queue.cause = run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE
         queue.release = run.release
-
-
-def drain_message(release: str, seconds_left: float) -> executor_pb2.ConnectResponse:
-    return executor_pb2.ConnectResponse(
-        drain=executor_pb2.Drain(release=release, finish_within=convert.duration(seconds_left))
-    )
-
-
-def tell_draining(sessions: Iterable[ExecutorSession], draining: dict[str, float]) -> None:
-    """Send Drain to each stream of a draining release not told yet; it gets no more work."""
-    for session in sessions:
-        if session.release in draining and not session.draining:
-            session.draining = True
-            session.credits = 0
-            session.send(drain_message(session.release, draining[session.release]))
 
 
 def release_name(field: str, value: str) -> str:
@@ -179,7 +144,8 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
                 raise InvalidArgument("finish_within", "must be between 0 and 24 hours")
         if not await store.drain(self._pool, name, seconds):
             raise NotFound(f"release {name!r} is not known (no executor ever declared it)")
-        tell_draining(self._dispatcher.sessions(), {name: seconds})
+        for session in self._dispatcher.sessions():
+            session.drain_if({name: seconds})
         return release_pb2.DrainReleaseResponse(release=await self._one(name))
 
     async def PromoteRelease(
@@ -208,11 +174,3 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
             ) from None
         self._dispatcher.poke()
         return release_pb2.MoveRunReleaseResponse(from_release=was or "", to_release=to or "")
-
-
-def add_to_server(server: grpc.aio.Server, dispatcher: Dispatcher) -> None:
-    """ReleaseService and CanaryService on `server`."""
-    from control_plane.deploys.canary import CanaryServicer
-
-    release_pb2_grpc.add_ReleaseServiceServicer_to_server(ReleaseServicer(dispatcher), server)
-    release_pb2_grpc.add_CanaryServiceServicer_to_server(CanaryServicer(dispatcher), server)

@@ -6,16 +6,16 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import faults
 from agentrun.v1 import agent_pb2, tool_pb2
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.credits.claims import reserve_claimed
-from control_plane.deploys import releases
-from control_plane.dispatch import fast_path
+from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.liveness import release_on_break
+from control_plane.dispatch.slots import ClaimGroup, Stream
 from control_plane.ground import convert
 from control_plane.ground.config import ServerConfig
 from control_plane.ops import metrics
@@ -29,9 +29,6 @@ from control_plane.store.db import Pool
 from control_plane.store.errors import transient
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
-
-if TYPE_CHECKING:
-    from control_plane.dispatch.session import ExecutorSession
 
 log = logging.getLogger(__name__)
 Pinned = tuple[agent_pb2.AgentVersion, list[tool_pb2.Tool]]
@@ -48,10 +45,10 @@ ASSIGNMENT_BATCH_BYTES = 1024 * 1024
 OTHERS_DUE_PAUSE, OTHERS_DUE_MAX_PAUSE = 0.005, 0.05
 
 
-def owner_slots(sessions: list[ExecutorSession], batch: int) -> list[str]:
+def owner_slots(sessions: list[Stream], batch: int) -> list[str]:
     """Round-robin one owner entry per wanted slot, at most `batch` in all."""
     owners: list[str] = []
-    wanted = {s.executor_id: s.credits for s in sessions if s.credits > 0}
+    wanted = {s.executor_id: s.slots.credits for s in sessions if s.slots.credits > 0}
     while wanted and len(owners) < batch:
         for executor_id in list(wanted):
             owners.append(executor_id)
@@ -69,7 +66,7 @@ class Dispatcher:
     def __init__(self, pool: Pool, config: ServerConfig) -> None:
         self.pool = pool
         self.config = config
-        self._sessions: dict[str, ExecutorSession] = {}
+        self._sessions: dict[str, Stream] = {}
         self._wake = asyncio.Event()
         # Agent versions and the registry tools they pinned are immutable: cached forever.
         self._versions: dict[tuple[str, str, int], Pinned] = {}
@@ -81,18 +78,19 @@ class Dispatcher:
         # runs (lease.Claimed.others_due); None: the poll interval.
         self._retry_in: float | None = None
         # Model output of fast-path runs, for this replica's WatchRun watchers.
-        self.deltas = fast_path.DeltaHub()
+        self.deltas = DeltaHub()
 
-    def register(self, session: ExecutorSession) -> None:
+    def register(self, session: Stream) -> None:
         # A reconnecting executor replaces its old session (same executor id).
         self._sessions[session.executor_id] = session
         self.poke()
 
-    def unregister(self, session: ExecutorSession) -> None:
+    def unregister(self, session: Stream) -> None:
         if self._sessions.get(session.executor_id) is session:
             del self._sessions[session.executor_id]
         # Its runs may be taken over within seconds, not at lease expiry.
-        self._in_background(release_on_break(self.pool, session, self.poke))
+        leases = session.slots.held_leases()
+        self._in_background(release_on_break(self.pool, session, leases, self.poke))
 
     def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -108,10 +106,12 @@ class Dispatcher:
         await executor_tools.touch(self.pool, [s.id for s in self._sessions.values()])
         # Releases known (a Hello's record may have failed); a drain asked of another
         # replica reaches this one's streams within a beat.
-        await release_store.seen(self.pool, *{s.release for s in self._sessions.values()})
-        releases.tell_draining(self.sessions(), await release_store.draining(self.pool))
+        await release_store.seen(self.pool, *{s.slots.release for s in self._sessions.values()})
+        draining = await release_store.draining(self.pool)
+        for session in self.sessions():
+            session.drain_if(draining)
 
-    def sessions(self) -> list[ExecutorSession]:
+    def sessions(self) -> list[Stream]:
         return list(self._sessions.values())
 
     def poke(self) -> None:
@@ -164,14 +164,11 @@ class Dispatcher:
         Executors carrying different tools claim apart, each only the runs whose
         agent version needs no tool it lacks; so do executors of different
         releases (control_plane/deploys/releases.py). A draining stream claims nothing."""
-        Key = tuple[tuple[str, ...] | None, frozenset[str], str, tuple[str, ...]]
-        groups: dict[Key, list[ExecutorSession]] = {}
+        groups: dict[ClaimGroup, list[Stream]] = {}
         for session in self._sessions.values():
-            if session.draining or session.liveness.dead:
+            if session.slots.draining or session.liveness.dead:
                 continue
-            scope = tuple(sorted(session.scope)) if session.scope is not None else None
-            key = (scope, session.tools, session.release, session.continues)
-            groups.setdefault(key, []).append(session)
+            groups.setdefault(session.slots.claim_group(), []).append(session)
         claimed, others_due = 0, False
         for (scope, tools, _, _), sessions in groups.items():
             rows = await self._claim_for(sessions, scope, tools)
@@ -180,7 +177,7 @@ class Dispatcher:
 
     async def _claim_for(
         self,
-        sessions: list[ExecutorSession],
+        sessions: list[Stream],
         scope: tuple[str, ...] | None,
         tools: frozenset[str],
     ) -> lease_store.Claimed:
@@ -195,7 +192,7 @@ class Dispatcher:
                 scope=scope,
                 carried=sorted(tools),
                 on_takeover=_taken_over,
-                release=releases.claim_release(sessions[0], self.config),
+                release=sessions[0].slots.claim_release(self.config),
             )
         for row in rows:
             metrics.claimed(row.workspace_id)
@@ -209,23 +206,22 @@ class Dispatcher:
             self._delivering.add_done_callback(self._background.discard)
         return rows
 
-    def _gone(self, session: ExecutorSession) -> bool:
+    def _gone(self, session: Stream) -> bool:
         """Whether `session` can take no run: declared dead, or ended. An ended stream's
         break released the runs it held then (unregister); a run recorded on it after that
         would wait out its whole lease instead of being handed back."""
         return session.liveness.dead or self._sessions.get(session.executor_id) is not session
 
-    def _take_slot(self, run: Run) -> ExecutorSession | None:
+    def _take_slot(self, run: Run) -> Stream | None:
         """The session a claimed run goes to, its credit for it taken; None: it cannot go
         (the stream went away, or spent the credit on a fast-path turn meanwhile)."""
         session = self._sessions.get(run.lease_owner or "")
-        if session is None or session.credits <= 0 or session.liveness.dead:
+        if session is None or session.liveness.dead or not session.slots.take():
             return None
-        session.credits -= 1
         return session
 
     async def _deliver_batch(
-        self, batch: list[tuple[ExecutorSession | None, Run]], metered: frozenset[str]
+        self, batch: list[tuple[Stream | None, Run]], metered: frozenset[str]
     ) -> None:
         """Reserve credits for the batch's metered runs (`metered`: their workspaces, read
         by the claim), read their step logs (both at once), then send each run to its
@@ -241,10 +237,10 @@ class Dispatcher:
                 )
             else:  # nothing to reserve: no query, no task
                 stopped, logs = set(), await logs_read
-            outgoing: dict[ExecutorSession, list[tuple[Run, list[Step]]]] = {}
+            outgoing: dict[Stream, list[tuple[Run, list[Step]]]] = {}
             for session, run in batch:
                 if session is not None and run.run_id in stopped:
-                    session.credits += 1  # stopped at claim (out of credits): not sent
+                    session.slots.give_back()  # stopped at claim (out of credits): not sent
                 elif session is None or self._gone(session):
                     # Its stream ended meanwhile: runnable again now, not at lease expiry.
                     await lease_store.release_unassigned(self.pool, _lease(run))
@@ -259,7 +255,7 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - undelivered runs lapse and are claimed again
             log.warning("delivering claimed runs failed: %s", exc)
 
-    async def assign(self, session: ExecutorSession, run: Run, steps: list[Step]) -> bool:
+    async def assign(self, session: Stream, run: Run, steps: list[Step]) -> bool:
         """Send a leased run to `session`, whose credit for it is taken already; False (the
         run handed back, runnable again) when the stream ended or was declared dead
         meanwhile."""
@@ -274,9 +270,7 @@ class Dispatcher:
         session.send(message)
         return True
 
-    async def _assign_together(
-        self, session: ExecutorSession, items: list[tuple[Run, list[Step]]]
-    ) -> None:
+    async def _assign_together(self, session: Stream, items: list[tuple[Run, list[Step]]]) -> None:
         """`assign` for several runs of one stream whose executor reads batches: as few
         messages as ASSIGNMENT_BATCH_BYTES allows instead of one a run (each message is a
         gRPC write with its own completion, on both ends of the stream). Each assignment is
@@ -313,7 +307,7 @@ class Dispatcher:
                 session.send(_alone_if_one(message))
 
     async def _built(
-        self, session: ExecutorSession, msg: pb.Assignment, run: Run, steps: list[Step]
+        self, session: Stream, msg: pb.Assignment, run: Run, steps: list[Step]
     ) -> bool:
         """The run's Assignment, written into the empty `msg` where it already is; False
         when it cannot be built. One such run must not hold up the others claimed with it
@@ -326,13 +320,11 @@ class Dispatcher:
         try:
             faults.raises("control_plane.dispatch.assignment")
             version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
-            fast_path.set_assignment(
-                msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools
-            )
+            set_assignment(msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools)
             return True
         except Exception as exc:  # noqa: BLE001 - this run's own failure, settled below
             failure = exc
-        session.credits += 1
+        session.slots.give_back()
         try:
             if transient(failure):
                 log.warning(
@@ -369,10 +361,30 @@ class Dispatcher:
         return self._versions[key]
 
 
-def _record(session: ExecutorSession, run: Run) -> None:
+def set_assignment(
+    msg: pb.Assignment,
+    run: Run,
+    version: agent_pb2.AgentVersion,
+    steps: list[Step],
+    heartbeat_seconds: float,
+    tools: Sequence[tool_pb2.Tool] = (),
+) -> None:
+    """The Assignment of a run (claimed or fast), with the registry tools its version pinned
+    (a fast-path version's says how often to renew), written into the empty `msg` where it
+    already is: a message given to a constructor, or appended to a repeated field, is
+    copied in."""
+    msg.agent_version.CopyFrom(version)
+    msg.tools.extend(tools)
+    convert.set_run(msg.run, run)
+    for s in steps:
+        convert.set_step(msg.steps.add(), s)
+    if version.spec.fast_path:
+        convert.set_duration(msg.heartbeat_interval, heartbeat_seconds)
+
+
+def _record(session: Stream, run: Run) -> None:
     """The run is the stream's now: recorded so that the stream's break releases it early."""
-    session.liveness.workspaces[run.run_id] = run.workspace_id
-    session.held[run.run_id] = run.lease_epoch
+    session.slots.hold(_lease(run))
 
 
 def _alone_if_one(message: pb.ConnectResponse) -> pb.ConnectResponse:
@@ -395,4 +407,4 @@ def _taken_over(run: Run) -> None:
     )
 
 
-__all__ = ["Dispatcher", "owner_slots"]
+__all__ = ["Dispatcher", "owner_slots", "set_assignment"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import Counter
 
@@ -22,9 +21,6 @@ from control_plane.ground.config import ServerConfig
 from control_plane.ops.metrics import REGISTRY
 from control_plane.store import lease as lease_store
 from control_plane.store.db import Pool
-
-if TYPE_CHECKING:
-    from control_plane.dispatch.session import ExecutorSession
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +38,20 @@ RELEASED = Counter(
 Clock = Callable[[], float]
 
 
+class Peer(Protocol):
+    """What liveness needs of its stream (the session of dispatch/session.py)."""
+
+    id: str
+    executor_id: str
+    liveness: Liveness
+
+    def send(self, msg: pb.ConnectResponse) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Liveness:
-    """When the stream's executor last pinged, whether the stream is dead, and the
-    workspace of each run it held (the release's key)."""
+    """When the stream's executor last pinged, and whether the stream is dead."""
 
     def __init__(self, config: ServerConfig, clock: Clock = time.monotonic) -> None:
         self.horizon = config.send_horizon_seconds
@@ -55,9 +62,8 @@ class Liveness:
         # is never declared silent, and its runs wait out their lease.
         self.last_ping: float | None = None
         self.dead = False
-        self.workspaces: dict[uuid.UUID, str] = {}
 
-    def on_ping(self, session: ExecutorSession, ping: pb.Ping) -> None:
+    def on_ping(self, session: Peer, ping: pb.Ping) -> None:
         """Note the time (before answering: the Pong must never outrun it), answer at once."""
         self.last_ping = self._clock()
         if not self.dead:
@@ -70,7 +76,7 @@ class Liveness:
             return None
         return max(0.0, self.last_ping + self.horizon + self.margin - self._clock())
 
-    async def watch(self, session: ExecutorSession) -> None:
+    async def watch(self, session: Peer) -> None:
         """Declare the stream dead once a pinging executor has been silent `dead_after`
         seconds: nothing more is assigned to it, and it is closed."""
         if self.horizon <= 0:
@@ -99,20 +105,16 @@ class Liveness:
             return
 
 
-async def release_on_break(pool: Pool, session: ExecutorSession, poke: Callable[[], None]) -> None:
-    """The stream ended: its runs may be taken over at `last Ping + H + margin`; the
-    dispatcher is woken then, so the claim follows at once."""
-    liveness = session.liveness
-    delay = liveness.release_in()
-    keys = [
-        lease_store.LeaseKey(ws, run_id, epoch)
-        for run_id, epoch in list(session.held.items())
-        if (ws := liveness.workspaces.get(run_id)) is not None
-    ]
-    if delay is None or not keys:
+async def release_on_break(
+    pool: Pool, session: Peer, leases: list[lease_store.LeaseKey], poke: Callable[[], None]
+) -> None:
+    """The stream ended: the runs it held (`leases`) may be taken over at `last Ping + H +
+    margin`; the dispatcher is woken then, so the claim follows at once."""
+    delay = session.liveness.release_in()
+    if delay is None or not leases:
         return
     try:
-        moved = await lease_store.release_on_break(pool, session.executor_id, keys, delay)
+        moved = await lease_store.release_on_break(pool, session.executor_id, leases, delay)
     except Exception as exc:  # noqa: BLE001 - the leases lapse on their own
         log.warning("could not release executor %s's leases early: %s", session.executor_id, exc)
         return

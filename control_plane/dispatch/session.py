@@ -1,4 +1,4 @@
-"""One executor's bidi stream: Hello, credits, fenced commits, heartbeats, cancels."""
+"""One executor's bidi stream: Hello, credits, commits (through the pipeline), heartbeats, cancels."""
 
 from __future__ import annotations
 
@@ -7,28 +7,21 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
-from datetime import UTC
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from control_plane.approvals import needs_help
-from control_plane.approvals.commit import approval_commit
-from control_plane.approvals.policy import BadApprovalRequest
-from control_plane.connections import parks as connection_parks
-from control_plane.credits import pricing
-from control_plane.deploys.canary import CANARY_WORKSPACE
-from control_plane.deploys.releases import tell_draining
-from control_plane.dispatch import commits
 from control_plane.dispatch.liveness import Liveness
-from control_plane.ground import convert, decoding, validate
+from control_plane.dispatch.pipeline import COMMIT_TRIES, CommitPipeline, CommitRefused
+from control_plane.dispatch.requests import check_size
+from control_plane.dispatch.slots import Slots
+from control_plane.ground import convert
 from control_plane.ground.config import ServerConfig
-from control_plane.ground.errors import InvalidArgument, status_for
+from control_plane.ground.errors import status_for
 from control_plane.ops import metrics
-from control_plane.runs import children, signals
 from control_plane.store import executor_tools, releases
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
@@ -55,15 +48,6 @@ _OUTCOMES = {
     pb.COMMIT_OUTCOME_INVALID: "invalid",
     pb.COMMIT_OUTCOME_UNAVAILABLE: "unavailable",
 }
-# Step payloads are the executor's (model messages, tool results): deeper than a caller's JSON
-# may be, but bounded before Postgres's recursive jsonb parser sees them.
-MAX_PAYLOAD_DEPTH = 512
-_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
-
-# An unexpected (not transient) error in the commit transaction is tried this
-# many times in all; then the run fails with the error's request id.
-COMMIT_TRIES = 3
-COMMIT_RETRY_PAUSE = 0.05
 # How long a Hello waits for its tools to be recorded before the Welcome goes anyway.
 RECORD_TIMEOUT = 2.0
 
@@ -82,102 +66,20 @@ def lease_key(lease: pb.Lease) -> lease_store.LeaseKey:
     return lease_store.LeaseKey(lease.workspace_id, uuid.UUID(lease.run_id), lease.epoch)
 
 
-def _payload(i: int, text: str) -> str:
-    """A step's payload, checked before Postgres parses it (size and depth bounded, no NUL)."""
-    try:
-        return validate.json_text(
-            f"commit.steps[{i}].payload_json",
-            text or "{}",
-            max_bytes=_MAX_PAYLOAD_BYTES,
-            max_depth=MAX_PAYLOAD_DEPTH,
-        )
-    except InvalidArgument as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _check_size(msg: pb.Commit, limit: int) -> None:
-    """A commit over the limit is refused for its run alone (large tool results go as
-    payloads: PutPayloadChunk); the stream and its other runs carry on."""
-    if (size := msg.ByteSize()) > limit:
-        raise ValueError(f"commit is {size} bytes, over the {limit}-byte limit")
-
-
-def commit_request(msg: pb.Commit, renew_always: bool = True) -> step_store.CommitRequest:
-    """The store's view of a Commit message (raises ValueError on bad fields); with
-    renew_always False, keeping the lease renews it only when it must (sql/lease.sql)."""
-    # The error interceptor leaves a commit's NULs to us: a per-run refusal, not a stream error.
-    if path := decoding.nul_path_of_decoded(msg, "commit."):
-        raise ValueError(f"{path}: contains a NUL character")
-    steps = [
-        step_store.NewStep(
-            seq=s.seq,
-            kind=convert.KIND_FROM_PROTO[s.kind],
-            ref_seq=s.ref_seq if s.ref_seq else None,
-            payload_json=_payload(i, s.payload_json),
-        )
-        for i, s in enumerate(msg.steps)
-    ]
-    return step_store.CommitRequest(
-        workspace_id=msg.lease.workspace_id,
-        run_id=uuid.UUID(msg.lease.run_id),
-        epoch=msg.lease.epoch,
-        steps=steps,
-        transition=transition(msg),
-        model_calls=msg.model_calls,
-        tool_calls=msg.tool_calls,
-        tokens=msg.tokens,
-        usage=pricing.steps_usage(pricing.table(), [(s.kind, s.payload_json) for s in steps]),
-        renew_always=renew_always,
-    )
-
-
-def transition(msg: pb.Commit) -> step_store.Transition:
-    which = msg.WhichOneof("transition")
-    if which == "complete":
-        return step_store.Transition(status="completed", text=msg.complete.output)
-    if which == "fail":
-        return step_store.Transition(status="failed", text=msg.fail.error)
-    if which == "park":
-        park = msg.park
-        if not park.wait_reason:
-            raise ValueError("park.wait_reason is required")
-        wake = park.WhichOneof("wake")
-        return step_store.Transition(
-            status="waiting",
-            wait_reason=park.wait_reason,
-            waiting_connection_id=_connection_id(park.connection_id),
-            wake_at=park.wake_time.ToDatetime(tzinfo=UTC) if wake == "wake_time" else None,
-            wake_after_seconds=park.wake_after.ToTimedelta().total_seconds()
-            if wake == "wake_after"
-            else None,
-        )
-    return step_store.Transition()
-
-
-def _connection_id(value: str) -> uuid.UUID | None:
-    if not value:
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise ValueError("park.connection_id: is not a UUID") from None
-
-
 class ExecutorSession:
     """Server side of one Connect stream."""
 
-    def __init__(self, dispatcher: Dispatcher, scope: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        scope: frozenset[str] | None = None,
+        pipeline: CommitPipeline | None = None,
+    ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.executor_id = ""
-        # The workspaces this stream's executor credential serves (None: all).
-        self.scope = scope | {CANARY_WORKSPACE} if scope is not None else None
-        self.credits = 0
-        self.held: dict[uuid.UUID, int] = {}
-        # The tools the executor declared in its Hello: it is assigned only runs needing no others.
-        self.tools: frozenset[str] = frozenset()
-        # Its release and those it continues (Hello); told to drain, it is assigned nothing.
-        self.release = ""
-        self.continues: tuple[str, ...] = ()
+        # Credits, held runs and what it may be assigned (`scope`: the workspaces this
+        # stream's executor credential serves; None: all).
+        self.slots = Slots(scope)
         # The executor reads renewals off commit results (Hello.reads_commit_renewal): its
         # commits renew the lease only when it needs it. Else every commit renews it.
         self.reads_commit_renewal = False
@@ -185,8 +87,10 @@ class ExecutorSession:
         # batches): a claim's runs for this stream, and the commit results ready together,
         # may go in one message. Else one message each.
         self.reads_batches = False
-        self.draining = False
         self._dispatcher = dispatcher
+        # Its commits go through the replica's pipeline (with the effects the features
+        # registered: control_plane/server.py); none given, plain commits only.
+        self._pipeline = pipeline or CommitPipeline(dispatcher.pool, on_runnable=dispatcher.poke)
         # Ping/Pong, a silent stream, release on break (dispatch/liveness.py).
         self.liveness = Liveness(dispatcher.config)
         self._pool: Pool = dispatcher.pool
@@ -275,7 +179,7 @@ class ExecutorSession:
         if which == "hello":
             self._hello(req.hello)
         elif which == "ready":
-            self.credits = max(0, self.credits + req.ready.slots)
+            self.slots.ready(req.ready.slots)
             self._dispatcher.poke()
         elif which == "commit":
             self._spawn(self._commit(req.commit))
@@ -291,11 +195,7 @@ class ExecutorSession:
 
     def _hello(self, hello: pb.Hello) -> None:
         self.executor_id = hello.executor_id or f"anonymous-{self.id}"
-        for lease in hello.held:
-            self.held[uuid.UUID(lease.run_id)] = lease.epoch
-            self.liveness.workspaces[uuid.UUID(lease.run_id)] = lease.workspace_id
-        self.tools = frozenset(t.name for t in hello.tools)
-        self.release, self.continues = hello.release, tuple(sorted(set(hello.continues)))
+        self.slots.declare(hello)
         self.reads_commit_renewal = hello.reads_commit_renewal
         self.reads_batches = hello.reads_batches
         self._opening.append(asyncio.create_task(self._open(hello)))
@@ -315,7 +215,7 @@ class ExecutorSession:
             # Bounded: a database that is down must not keep the executor from its Welcome.
             await asyncio.wait_for(
                 executor_tools.record(
-                    self._pool, self.executor_id, self.id, hello.release, self.scope, declared
+                    self._pool, self.executor_id, self.id, hello.release, self.slots.scope, declared
                 ),
                 RECORD_TIMEOUT,
             )
@@ -342,9 +242,7 @@ class ExecutorSession:
         )
         self._spawn(self.liveness.watch(self))
         with contextlib.suppress(Exception):  # the next beat tells it, if its release drains
-            tell_draining(
-                [self], await asyncio.wait_for(releases.draining(self._pool), RECORD_TIMEOUT)
-            )
+            self.drain_if(await asyncio.wait_for(releases.draining(self._pool), RECORD_TIMEOUT))
         if self._ended:
             return
         self._dispatcher.register(self)
@@ -395,87 +293,37 @@ class ExecutorSession:
     async def _commit_outcome(self, msg: pb.Commit) -> pb.CommitResult:
         result = pb.CommitResult(request_id=msg.request_id)
         try:
-            _check_size(msg, self._dispatcher.config.max_message_bytes)
-            req = commit_request(msg, renew_always=not self.reads_commit_renewal)
-            if self.scope is not None and req.workspace_id not in self.scope:
+            check_size(msg, self._dispatcher.config.max_message_bytes)
+            req = self._pipeline.request(msg, renew_always=not self.reads_commit_renewal)
+            if not self.slots.serves(req.workspace_id):
                 raise ValueError("the lease's workspace is outside this credential's scope")
         except (ValueError, KeyError) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"malformed commit: {exc}"
             return result
         try:
-            done = await self._commit_with_retries(req, msg)
+            done = await self._pipeline.commit(req, self._dispatcher.config.lease_seconds, msg)
             faults.point("control_plane.commit.before_reply")
             result.outcome = pb.COMMIT_OUTCOME_OK
             if done.stopped:  # landed, but the run may not go on (out of credits)
                 result.outcome = pb.COMMIT_OUTCOME_FENCED
                 result.message = done.stopped
-                self.held.pop(req.run_id, None)
+                self.slots.drop(req.run_id)
             elif done.status == "running" and done.wake_at is not None:
                 if done.renewed:  # else the lease stands as it was: the executor counts nothing
                     result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
             else:
-                self.held.pop(req.run_id, None)
+                self.slots.drop(req.run_id)
         except Fenced as exc:
-            self.held.pop(req.run_id, None)
+            self.slots.drop(req.run_id)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = str(exc)
-        except (DataRefused, BadApprovalRequest) as exc:
+        except (DataRefused, CommitRefused) as exc:
             result.outcome = pb.COMMIT_OUTCOME_INVALID
             result.message = f"rejected by the database: {exc}"
         except Exception as exc:  # noqa: BLE001 - per-run failure is a message
             await self._commit_failed(req, exc, result)
         return result
-
-    async def _commit_with_retries(
-        self, req: step_store.CommitRequest, msg: pb.Commit
-    ) -> step_store.CommitResult:
-        """The commit transaction, tried again (a few times) after an unexpected error."""
-        lease_seconds = self._dispatcher.config.lease_seconds
-        if faults.refuses("control_plane.commit.fence_admission"):  # a broken fence, for tests
-            raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
-        for attempt in range(1, COMMIT_TRIES + 1):
-            try:
-                return await self._commit_once(req, msg, lease_seconds)
-            except (Fenced, DataRefused, BadApprovalRequest):
-                raise
-            except Exception as exc:
-                if transient(exc) or attempt == COMMIT_TRIES:
-                    raise
-                log.warning(
-                    "commit of run %s failed (try %d of %d), trying again: %s",
-                    req.run_id,
-                    attempt,
-                    COMMIT_TRIES,
-                    type(exc).__name__,
-                )
-                await asyncio.sleep(COMMIT_RETRY_PAUSE * attempt)
-        raise AssertionError("unreachable")
-
-    async def _commit_once(
-        self, req: step_store.CommitRequest, msg: pb.Commit, lease_seconds: float
-    ) -> step_store.CommitResult:
-        """One try of the commit: the park, hold, child or signal path that owns it, else
-        the plain step commit."""
-        if msg.HasField("approval_request"):
-            return await approval_commit(self._pool, req, msg.approval_request, lease_seconds)
-        if parked := await connection_parks.park_commit(self._pool, req, lease_seconds):
-            return parked
-        if helped := await needs_help.help_commit(self._pool, req, lease_seconds):
-            return helped
-        if started := await children.child_commit(
-            self._pool,
-            req,
-            lease_seconds,
-            self._dispatcher.config.defaults,
-            self._dispatcher.poke,
-        ):
-            return started
-        if waits := await signals.signal_commit(
-            self._pool, req, lease_seconds, self._dispatcher.poke
-        ):
-            return waits
-        return await commits.groups_for(self._pool).commit(req, lease_seconds)
 
     async def _commit_failed(
         self, req: step_store.CommitRequest, exc: Exception, result: pb.CommitResult
@@ -504,7 +352,7 @@ class ExecutorSession:
             result.outcome = pb.COMMIT_OUTCOME_UNAVAILABLE
             result.message = message
             return
-        self.held.pop(req.run_id, None)
+        self.slots.drop(req.run_id)
         result.outcome = pb.COMMIT_OUTCOME_FENCED
         result.message = f"the run failed: {reason}" if failed else "the run is no longer held"
 
@@ -536,16 +384,26 @@ class ExecutorSession:
                 else "lost"
             )
             if renewed:
-                self.held[key.run_id] = key.epoch
+                self.slots.hold(key)
             else:
-                self.held.pop(key.run_id, None)
+                self.slots.drop(key.run_id)
                 if reason == "lost":  # not a run that reached a limit and failed
                     metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 
+    def drain_if(self, draining: Mapping[str, float]) -> None:
+        """Tell the executor to drain, once, when its release is draining (`draining`: the
+        seconds each draining release has left): it is assigned nothing more."""
+        seconds_left = self.slots.drain(draining)
+        if seconds_left is not None:
+            drain = pb.Drain(
+                release=self.slots.release, finish_within=convert.duration(seconds_left)
+            )
+            self.send(pb.ConnectResponse(drain=drain))
+
     def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str) -> None:
-        epoch = self.held.pop(run_id, None)
+        epoch = self.slots.drop(run_id)
         if epoch is not None:
             lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
             self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))

@@ -1,7 +1,8 @@
 """Child runs: a `start_child` call admits another agent's run with the parent's park.
 
 The executor commits the call's tool_started step and a park (wait_reason "child", no wake
-time) in one commit; here, in that commit's transaction, the child run is admitted through
+time) in one commit; here (StartChild, an effect of the commit pipeline: dispatch/
+pipeline.py), in that commit's transaction, the child run is admitted through
 the one admission path (store/admission.py, the run_admit fragment) and marked with its
 parent and the call's seq. A resent commit is a duplicate and admits nothing; the unique
 (workspace, parent_run_id, parent_seq) is the backstop. The child's end reaches the parent
@@ -14,17 +15,19 @@ priority (start_child has no priority of its own).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.dispatch.pipeline import Work
 from control_plane.ground.config import RunDefaults
 from control_plane.store import agents as agent_store
 from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
-from control_plane.store.db import Pool
+from control_plane.store.db import Connection, Pool
 from control_plane.store.queries import run
 
 TOOL = "start_child"
@@ -53,28 +56,26 @@ def child_call(req: step_store.CommitRequest) -> ChildCall | None:
     return None
 
 
-async def child_commit(
-    pool: Pool,
-    req: step_store.CommitRequest,
-    lease_seconds: float,
-    defaults: RunDefaults,
-    on_runnable: Callable[[], None],
-) -> step_store.CommitResult | None:
-    """Commit a start_child park and admit its child, atomically; None if `req` is no such
-    park. A child that cannot be admitted (no such agent, bad input) is the call's error
-    result at once, and the parent wakes."""
-    call = child_call(req)
-    if call is None:
-        return None
-    async with pool.acquire() as conn, conn.transaction():
-        result = await step_store.commit(conn, req, lease_seconds)
-        if result.duplicate:
-            return result
-        refusal = await _admit(conn, req, call, defaults)
+class StartChild:
+    """The effect of a park for WAIT_REASON (registered in control_plane/server.py)."""
+
+    def __init__(self, defaults: RunDefaults) -> None:
+        self._defaults = defaults
+
+    async def prepare(self, db: Pool, req: step_store.CommitRequest, msg: pb.Commit) -> Work | None:
+        """Admit the child of the start_child call the run parks on; None if it is none."""
+        call = child_call(req)
+        return None if call is None else Work(functools.partial(self._start, req, call))
+
+    async def _start(
+        self, req: step_store.CommitRequest, call: ChildCall, conn: Connection
+    ) -> bool:
+        """A child that cannot be admitted (no such agent, bad input) is the call's error
+        result at once, and the parent wakes: either way a run is runnable."""
+        refusal = await _admit(conn, req, call, self._defaults)
         if refusal is not None:
             await run(conn, "child_refused", req.workspace_id, req.run_id, call.seq, refusal)
-    on_runnable()
-    return result
+        return True
 
 
 async def _admit(

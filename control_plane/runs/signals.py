@@ -4,7 +4,8 @@
 A run's signals are a mailbox (table run_signals). SignalRun stores the signal under the
 run row's lock and, when the run waits on a signal of that name, writes it as the open
 call's tool_result and wakes the run. The executor parks a wait_for_signal call as wait
-reason "signal" (tool_started and park in one commit); here, in that commit's transaction,
+reason "signal" (tool_started and park in one commit); here (SignalWait, an effect of the
+commit pipeline: dispatch/pipeline.py), in that commit's transaction,
 a signal that arrived before the park (or while its commit was in flight) is delivered the
 same way. migrations/0016_signals.sql argues why each signal answers at most one call and
 each call at most one signal.
@@ -17,6 +18,7 @@ written. A signal to a run that ended is FAILED_PRECONDITION.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -27,6 +29,8 @@ from datetime import datetime
 from typing import Any
 
 import faults
+from agentrun.v1 import executor_pb2 as pb
+from control_plane.dispatch.pipeline import Work
 from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import steps as step_store
 from control_plane.store.db import Connection, Pool, transaction
@@ -156,25 +160,17 @@ def _again(first: Any, wanted: Outgoing) -> Sent:
     return Sent(Signal.of(first), created=False)
 
 
-async def signal_commit(
-    pool: Pool | Connection,
-    req: step_store.CommitRequest,
-    lease_seconds: float,
-    on_runnable: Callable[[], None],
-) -> step_store.CommitResult | None:
-    """Commit a park on a signal and, in its transaction, deliver a signal that is already
-    there; None if `req` is no such park."""
-    t = req.transition
-    if t.status != "waiting" or t.wait_reason != WAIT_REASON:
-        return None
-    async with transaction(pool) as conn:
-        result = await step_store.commit(conn, req, lease_seconds)
-        if result.duplicate:
-            return result
-        delivered = await run(conn, "signal_deliver", req.workspace_id, req.run_id)
-    if delivered["result_seq"] is not None:
-        on_runnable()
-    return result
+class SignalWait:
+    """The effect of a park for WAIT_REASON (registered in control_plane/server.py)."""
+
+    async def prepare(self, db: Pool, req: step_store.CommitRequest, msg: pb.Commit) -> Work:
+        """Deliver, in the park's transaction, a signal that is already there."""
+        return Work(functools.partial(_deliver_waiting, req))
+
+
+async def _deliver_waiting(req: step_store.CommitRequest, conn: Connection) -> bool:
+    delivered = await run(conn, "signal_deliver", req.workspace_id, req.run_id)
+    return bool(delivered["result_seq"] is not None)
 
 
 async def signals_of(pool: Pool, workspace_id: str, run_id: uuid.UUID) -> list[Signal]:

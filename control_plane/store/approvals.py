@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from control_plane.store import outbox, steps
+from control_plane.store import outbox
 from control_plane.store.errors import StoreError
 from control_plane.store.queries import run
 
@@ -92,24 +92,18 @@ async def run_spec(db: Any, workspace_id: str, run_id: uuid.UUID) -> dict[str, A
     return json.loads(row["spec"]) if row else None
 
 
-async def commit_with_approval(
-    pool: asyncpg.pool.Pool,
-    req: steps.CommitRequest,
-    lease_seconds: float,
+async def insert(
+    conn: asyncpg.Connection,
     approval: NewApproval,
     notify: list[outbox.Notification],
     now: datetime | None = None,
-) -> steps.CommitResult:
-    """One transaction: the fenced commit (steps + park), the approval, its notifications."""
-    async with pool.acquire() as conn, conn.transaction():
-        result = await steps.commit(conn, req, lease_seconds, now)
-        if result.duplicate:
-            return result
-        # NewApproval's fields are the statement's parameter names.
-        await run(conn, "approval_insert", **asdict(approval), now=now)
-        for note in notify:
-            await outbox.insert(conn, note)
-        return result
+) -> None:
+    """The approval and its notifications, in the caller's transaction: the commit's that
+    holds the proposed call (approvals/commit.py)."""
+    # NewApproval's fields are the statement's parameter names.
+    await run(conn, "approval_insert", **asdict(approval), now=now)
+    for note in notify:
+        await outbox.insert(conn, note)
 
 
 @dataclass(frozen=True)

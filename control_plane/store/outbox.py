@@ -51,22 +51,3 @@ async def failed(
     pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID, error: str
 ) -> None:
     await run(pool, "outbox_failed", workspace_id, notification_id, error[:500])
-
-
-async def commit_with_notifications(
-    pool: asyncpg.pool.Pool,
-    req: Any,  # steps.CommitRequest
-    lease_seconds: float,
-    notify: list[Notification],
-    now: datetime | None = None,
-) -> Any:
-    """One transaction: the fenced commit and the notifications it announces (none again
-    for a duplicate of a commit that already landed)."""
-    from control_plane.store import steps  # steps stays free of the outbox
-
-    async with pool.acquire() as conn, conn.transaction():
-        result = await steps.commit(conn, req, lease_seconds, now)
-        if not result.duplicate:
-            for note in notify:
-                await insert(conn, note)
-        return result

@@ -11,8 +11,7 @@ from datetime import datetime
 import asyncpg
 
 import faults
-from control_plane.credits.pricing import Usage
-from control_plane.store import credits, records
+from control_plane.store import records
 from control_plane.store.db import Lane, in_transaction, transaction
 from control_plane.store.errors import CommitConflict, Fenced, transient
 from control_plane.store.queries import run
@@ -66,6 +65,28 @@ class Transition:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens and cost of one commit (or, summed, of a run): what the commit statement adds
+    to the run's counters. Priced by the credits domain (control_plane/credits/pricing.py);
+    the store only carries it."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_micros: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.cost_micros + other.cost_micros,
+        )
+
+
+@dataclass(frozen=True)
 class CommitRequest:
     workspace_id: str
     run_id: uuid.UUID
@@ -91,6 +112,8 @@ class CommitResult:
     stopped: str | None = None
     # This commit renewed the lease, to wake_at (a duplicate says False: it cannot tell).
     renewed: bool = False
+    # The run has spent all it reserved (a metered run: control_plane/credits/top_up.py).
+    credits_due: bool = False
 
 
 async def commit(
@@ -126,13 +149,11 @@ async def _settle(
 ) -> CommitResult:
     """The outcome of a commit whose statement returned `row` (None: nothing landed)."""
     if row is not None:
-        result = CommitResult(row["status"], row["wake_at"], renewed=row["renewed"])
-        return await _top_up(pool, req, result) if row["credits_due"] else result
-    t = req.transition
+        return CommitResult(
+            row["status"], row["wake_at"], renewed=row["renewed"], credits_due=row["credits_due"]
+        )
     if req.steps and await _already_committed(pool, req):
-        duplicate = CommitResult(t.status or "running", None, duplicate=True)
-        # The first try may have landed without its top-up (a kill -9 between the two).
-        return await _top_up(pool, req, duplicate) if t.status is None else duplicate
+        return CommitResult(req.transition.status or "running", None, duplicate=True)
     raise Fenced(f"run {req.run_id} is not held at epoch {req.epoch}")
 
 
@@ -169,25 +190,6 @@ async def commit_many(
         *(_settle(pool, r, by_index.get(i)) for i, r in enumerate(reqs, start=1)),
         return_exceptions=True,
     )
-
-
-async def _top_up(
-    db: asyncpg.pool.Pool | asyncpg.Connection, req: CommitRequest, result: CommitResult
-) -> CommitResult:
-    """A metered run that spent its reservation reserves the next chunk before its next
-    step, or stops here (store/sql/credits.sql says why this is never charged twice)."""
-    if result.status != "running":
-        return result
-    # Committed, not topped up: a crash here is healed by the retried commit (a duplicate
-    # tops up) or by the next claim, which finds the run owing.
-    faults.point("control_plane.credits.before_top_up")
-    # A call committed as started is about to be sent: stopping now would make it an
-    # unknown outcome. The run goes on overdrawn and stops at its next commit.
-    may_stop = not (req.steps and req.steps[-1].kind == "tool_started")
-    outcome = await credits.reserve(db, req.workspace_id, req.run_id, req.epoch, may_stop=may_stop)
-    if outcome is None or outcome.status == "running":
-        return result
-    return CommitResult(outcome.status, None, result.duplicate, stopped=outcome.reason)
 
 
 async def _apply(

@@ -13,7 +13,7 @@ from agentrun.v1 import credit_pb2_grpc, run_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import TERMINAL, Api, LoggedStep
 
-PRICES = Path(__file__).parents[2] / "control_plane" / "prices.json"
+PRICES = Path(__file__).parents[2] / "control_plane" / "credits" / "prices.json"
 KIND = pb.CreditLedgerEntryKind
 
 

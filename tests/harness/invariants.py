@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from control_plane.dispatch.session import MAX_PAYLOAD_DEPTH
+from control_plane.dispatch.requests import MAX_PAYLOAD_DEPTH
 from control_plane.ground import validate
 from tests.harness.agentrun_api import LoggedStep
 

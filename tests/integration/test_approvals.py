@@ -19,7 +19,6 @@ import pytest
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc, executor_pb2
 from control_plane.approvals import decisions, expiry, relay
-from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.ground.errors import Aborted
 from control_plane.server import start
@@ -35,6 +34,7 @@ from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
     http_fixture,
     pool_fixture,
 )
+from tests.harness.commits import approval_commit
 from tests.harness.idp import add_member, id_token
 
 POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],

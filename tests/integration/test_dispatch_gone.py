@@ -14,7 +14,7 @@ async def test_a_run_whose_stream_ended_before_delivery_is_runnable_again_at_onc
     await factories.queued_runs(pool, 1)
     dispatcher = Dispatcher(pool, ServerConfig(database_url=""))
     session = ExecutorSession(dispatcher)
-    session.executor_id, session.credits = "ex-a", 1
+    session.executor_id, session.slots.credits = "ex-a", 1
     dispatcher.register(session)
     (run,) = await lease.claim_due(pool, ["ex-a"], 30)
     log = await steps.list_steps(pool, run.workspace_id, run.run_id, 0, 10)
@@ -23,7 +23,7 @@ async def test_a_run_whose_stream_ended_before_delivery_is_runnable_again_at_onc
     # which is nothing yet. The Assignment must not go out, nor the run be recorded on it.
     dispatcher.unregister(session)
     assert not await dispatcher.assign(session, run, log)
-    assert run.run_id not in session.held and session._out.empty()
+    assert run.run_id not in session.slots.held and session._out.empty()
 
     row = await runs.get_run(pool, run.workspace_id, run.run_id)
     assert row is not None

@@ -29,13 +29,13 @@ from agentrun.v1 import (
     session_pb2,
     session_pb2_grpc,
 )
-from control_plane.approvals.commit import approval_commit
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.server import RunningServer
 from control_plane.store import lease, runs, steps
 from control_plane.triggers.signatures import sign
 from tests import factories
 from tests.harness import auth
+from tests.harness.commits import approval_commit
 from tests.harness.fuzzing import Callers, table_counts
 from tests.harness.triggers import TriggerApi
 

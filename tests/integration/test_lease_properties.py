@@ -49,6 +49,7 @@ from hypothesis.stateful import (
 from control_plane.store import approvals, lease, runs, steps, unknowns, workspaces
 from control_plane.store.errors import Fenced
 from tests import factories
+from tests.harness.commits import commit_with_approval
 
 EXAMPLES = int(os.environ.get("LEASE_PROPERTY_EXAMPLES", "250"))
 STEPS = int(os.environ.get("LEASE_PROPERTY_STEPS", "40"))
@@ -406,7 +407,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """Send a commit; True when it landed (a duplicate is not a landing)."""
         try:
             if park == "approval":
-                result = self.call(approvals.commit_with_approval(
+                result = self.call(commit_with_approval(
                     self.pool, req, LEASE, _approval(req), [], now=now))  # fmt: skip
             else:
                 result = self.call(steps.commit(self.pool, req, LEASE, now=now))

@@ -15,6 +15,7 @@ from control_plane.ground.errors import AlreadyExists, FailedPrecondition, NotFo
 from control_plane.runs import signals
 from control_plane.store import lease, runs, steps
 from tests import factories
+from tests.harness.commits import signal_commit
 from tests.harness.waiting import eventually
 
 
@@ -68,7 +69,7 @@ async def test_a_signal_sent_while_the_park_commit_is_in_flight_is_delivered_onc
     woken: list[str] = []
     async with pool.acquire() as conn, conn.transaction():
         # The park commit, inside a transaction this test holds open: the run row is locked.
-        await signals.signal_commit(conn, park_request(run, epoch, 1, "go"), 30, lambda: None)
+        await signal_commit(conn, park_request(run, epoch, 1, "go"), 30, lambda: None)
         sending = asyncio.create_task(
             signals.send(pool, outgoing(run, "e1", {"ok": 1}), lambda: woken.append("s"))
         )
@@ -90,7 +91,7 @@ async def test_a_signal_that_holds_the_lock_first_is_delivered_by_the_park_commi
         # SignalRun inside a transaction this test holds open: stored, the run is running.
         sent = await signals.send(conn, outgoing(run, "e1", [1, 2]), lambda: woken.append("s"))
         assert sent.signal.consumed_seq is None
-        parking = asyncio.create_task(signals.signal_commit(
+        parking = asyncio.create_task(signal_commit(
             pool, park_request(run, epoch, 1, "go"), 30, lambda: woken.append("p")
         ))  # fmt: skip
         await eventually(lambda: blocked_on_a_lock(pool), timeout=10,
@@ -107,15 +108,15 @@ async def test_the_mailbox_answers_each_call_once_oldest_first_by_name(pool):
     run, epoch = await claimed(pool)
     for event_id, name in (("a", "go"), ("b", "other"), ("c", "go")):
         await signals.send(pool, outgoing(run, event_id, event_id, name), lambda: None)
-    await signals.signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
+    await signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
     (first,) = await results(pool, run)
     assert first["output"]["event_id"] == "a"
     # Resent park commit (its reply was lost): a duplicate, nothing delivered again.
-    again = await signals.signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
+    again = await signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
     assert again.duplicate and len(await results(pool, run)) == 1
     # The next claim, the next wait: "c" (the "other" one waits for its own name).
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
-    await signals.signal_commit(pool, park_request(run, held.lease_epoch, 5, "go"), 30,
+    await signal_commit(pool, park_request(run, held.lease_epoch, 5, "go"), 30,
                                 lambda: None)  # fmt: skip
     assert [r["output"]["event_id"] for r in await results(pool, run)] == ["a", "c"]
     by_id = {s.event_id: s for s in await signals.signals_of(pool, run.workspace_id, run.run_id)}
@@ -125,7 +126,7 @@ async def test_the_mailbox_answers_each_call_once_oldest_first_by_name(pool):
 
 async def test_event_ids_make_signals_idempotent_and_an_ended_run_refuses_new_ones(pool):
     run, epoch = await claimed(pool)
-    await signals.signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
+    await signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: None)
     first = await signals.send(pool, outgoing(run, "e1", {"a": 1, "b": 2}), lambda: None)
     # The same event again (keys in another order: the same JSON value): the first, unchanged.
     again = await signals.send(pool, outgoing(run, "e1", {"b": 2, "a": 1}), lambda: None)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from control_plane.store import approvals, lease, runs, steps
 from tests import factories
+from tests.harness.commits import commit_with_approval
 
 T = datetime(2031, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -69,7 +70,7 @@ async def test_approvals_and_their_tokens_follow_the_given_clock(pool):
         "ws", run.run_id, held.lease_epoch, [_step(1, "approval_requested")],
         steps.Transition("waiting", "approval"),
     )  # fmt: skip
-    await approvals.commit_with_approval(pool, req, 30, approval, [], now=at(10))
+    await commit_with_approval(pool, req, 30, approval, [], now=at(10))
     stored = await approvals.get(pool, "ws", approval.approval_id)
     assert stored.expire_at == at(610)
 

@@ -12,7 +12,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
-from control_plane.dispatch import fast_path
+from control_plane.dispatch import dispatcher
 from control_plane.ground import convert
 from control_plane.store.runs import Run
 from control_plane.store.steps import Step
@@ -175,7 +175,7 @@ def test_a_run_written_in_place_is_the_constructed_message(overrides: dict[str, 
     step_record = _values(Step, 5)
     step = Step(**step_record)  # type: ignore[arg-type]
     assignment = executor_pb2.Assignment()
-    fast_path.set_assignment(assignment, row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
+    dispatcher.set_assignment(assignment, row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
     assert assignment.run == expected
     constructed_step = run_pb2.Step(
         run_id=str(step.run_id), seq=step.seq, kind=run_pb2.STEP_KIND_INPUT, epoch=step.epoch,

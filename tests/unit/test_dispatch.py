@@ -5,10 +5,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from control_plane.dispatch.dispatcher import owner_slots
+from control_plane.dispatch.slots import Slots
 
 
 def session(executor_id: str, credits: int) -> SimpleNamespace:
-    return SimpleNamespace(executor_id=executor_id, credits=credits)
+    return SimpleNamespace(executor_id=executor_id, slots=Slots(credits=credits))
 
 
 def test_slots_round_robin_across_executors():

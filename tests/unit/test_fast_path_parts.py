@@ -18,8 +18,8 @@ from executor.lease import LeaseKeeper
 
 def stream(executor_id: str, credits: int, scope=None, tools=(), draining=False):
     session = ExecutorSession(Dispatcher(None, ServerConfig(database_url="")), scope)  # type: ignore[arg-type]
-    session.executor_id, session.credits = executor_id, credits
-    session.tools, session.draining = frozenset(tools), draining
+    session.executor_id, session.slots.credits = executor_id, credits
+    session.slots.tools, session.slots.draining = frozenset(tools), draining
     return session
 
 
@@ -40,7 +40,7 @@ def test_a_turn_goes_to_the_stream_with_most_room_that_a_claim_could_lease_it_to
 async def test_only_the_holder_at_that_epoch_reaches_the_watchers():
     hub, run_id = DeltaHub(), uuid.uuid4()
     holder, stale = stream("holder", 0), stream("stale", 0)
-    holder.held[run_id], stale.held[run_id] = 2, 1
+    holder.slots.held[run_id], stale.slots.held[run_id] = 2, 1
 
     def delta(epoch: int, text: str) -> pb.ModelDelta:
         lease = pb.Lease(workspace_id="ws", run_id=str(run_id), epoch=epoch)

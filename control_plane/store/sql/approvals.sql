@@ -44,10 +44,11 @@ RETURNING *;
 -- name: approval_decision_step :exec
 -- Record the decision in the run's log and make the run runnable now
 -- (database clock unless $7 fixes it).
-WITH step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    VALUES ($1, $2, $3, 'approval_decided', $4, $5, $6::jsonb)
-)
+WITH to_append AS (
+    SELECT $1::text AS workspace_id, $2::uuid AS run_id, $3::int AS seq,
+           'approval_decided' AS kind, $4::bigint AS epoch, $5::int AS ref_seq,
+           $6::jsonb AS payload, now() AS created_at
+), {{steps_append}}
 UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_count + 1,
                 updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;

@@ -1,6 +1,6 @@
 -- name: child_admit :one
 -- Admit a start_child call's run (run_admit), in the transaction of the parent's park commit
--- (control_plane/children.py); child_mark then names its parent. A used request_id
+-- (control_plane/runs/children.py, StartChild); child_mark then names its parent. A used request_id
 -- (child:<parent>:<seq>) admits nothing.
 WITH admit_if AS (SELECT), {{run_admit}}
 SELECT run_id FROM admitted;

@@ -52,18 +52,17 @@ WITH held AS (
            'out of credits: workspace ' || a.workspace_id
                || '''s credit balance cannot cover the next step' AS why
     FROM account a LEFT JOIN reserved r ON r.run_id = a.run_id
-), stop_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT d.workspace_id, d.run_id,
-           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-            WHERE s.workspace_id = d.workspace_id AND s.run_id = d.run_id),
-           CASE WHEN d.out_of_credits = 'park' THEN 'park' ELSE 'finish' END, d.lease_epoch,
+), to_append AS (  -- the stop step
+    SELECT d.workspace_id, d.run_id, run_next_seq(d.workspace_id, d.run_id) AS seq,
+           CASE WHEN d.out_of_credits = 'park' THEN 'park' ELSE 'finish' END AS kind,
+           d.lease_epoch AS epoch, NULL::int AS ref_seq,
            CASE WHEN d.out_of_credits = 'park'
                 THEN jsonb_build_object('wait_reason', 'credits', 'note', d.why)
-                ELSE jsonb_build_object('status', 'failed', 'error', d.why) END
+                ELSE jsonb_build_object('status', 'failed', 'error', d.why) END AS payload,
+           now() AS created_at
     FROM decided d
     WHERE NOT d.covered
-)
+), {{steps_append}}
 UPDATE runs r SET
     credits_reserved_micros = r.credits_reserved_micros + d.took,
     credit_chunks = r.credit_chunks + CASE WHEN d.took > 0 THEN 1 ELSE 0 END,

@@ -9,20 +9,18 @@ SELECT * FROM steps WHERE workspace_id = $1 AND run_id = $2 AND seq <= $3 ORDER 
 -- at :from_seq + 1, in one statement. fork_mark then counts them into step_count in the same
 -- transaction (this statement cannot update the run row it inserts).
 WITH admit_if AS (SELECT), {{run_admit}},
-copied AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at)
-    SELECT a.workspace_id, a.run_id, s.seq, s.kind, 0, s.ref_seq, s.payload, s.created_at
+to_append AS (
+    SELECT a.workspace_id, a.run_id, s.seq, s.kind, 0::bigint AS epoch, s.ref_seq, s.payload,
+           s.created_at
     FROM admitted a
     JOIN steps s ON s.workspace_id = a.workspace_id AND s.run_id = :source_run_id
     WHERE s.seq BETWEEN 1 AND :from_seq
-    RETURNING seq
-), marker AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, :marker::jsonb
+    UNION ALL  -- the marker
+    SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, NULL, :marker::jsonb, now()
     FROM admitted a
-    RETURNING seq
-)
-SELECT a.run_id, (SELECT count(*) FROM copied) AS copied FROM admitted a;
+), {{steps_append}}
+SELECT a.run_id, (SELECT count(*) FROM appended WHERE seq <= :from_seq) AS copied
+FROM admitted a;
 
 -- name: fork_mark :one
 -- Name the fork's source and count its log: step_count is every step it holds, and the

@@ -246,14 +246,13 @@ WITH clock AS MATERIALIZED (
     FROM past p
     WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
-), finish_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT f.workspace_id, f.run_id,
-           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-            WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
-           'finish', f.lease_epoch, jsonb_build_object('status', 'failed', 'error', f.error)
+), to_append AS (
+    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+           'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
+           jsonb_build_object('status', 'failed', 'error', f.error) AS payload,
+           now() AS created_at
     FROM failed f
-)
+), {{steps_append}}
 SELECT * FROM failed;
 
 -- name: run_fail_held :one
@@ -265,14 +264,13 @@ WITH failed AS (
                     step_count = step_count + 1, finished_at = now(), updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running'
     RETURNING workspace_id, run_id, lease_epoch
-), finish_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT f.workspace_id, f.run_id,
-           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-            WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
-           'finish', f.lease_epoch, jsonb_build_object('status', 'failed', 'error', $4::text)
+), to_append AS (
+    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+           'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
+           jsonb_build_object('status', 'failed', 'error', $4::text) AS payload,
+           now() AS created_at
     FROM failed f
-)
+), {{steps_append}}
 SELECT * FROM failed;
 
 -- name: run_fail_past_max_age :many
@@ -296,15 +294,13 @@ WITH clock AS MATERIALIZED (
     FROM expired e
     WHERE r.workspace_id = e.workspace_id AND r.run_id = e.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch
-), finish_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT f.workspace_id, f.run_id,
-           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-            WHERE s.workspace_id = f.workspace_id AND s.run_id = f.run_id),
-           'finish', f.lease_epoch,
-           jsonb_build_object('status', 'failed', 'error', 'max age exceeded')
+), to_append AS (
+    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+           'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
+           jsonb_build_object('status', 'failed', 'error', 'max age exceeded') AS payload,
+           now() AS created_at
     FROM failed f
-)
+), {{steps_append}}
 SELECT workspace_id, run_id, lease_epoch FROM failed;
 
 -- name: run_release_unassigned :exec

@@ -84,12 +84,11 @@ WITH cancelled AS (
     WHERE workspace_id = $1 AND run_id = $2
       AND status IN ('queued', 'running', 'waiting')
     RETURNING *
-), finish_step AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)
-    SELECT c.workspace_id, c.run_id,
-           (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-            WHERE s.workspace_id = c.workspace_id AND s.run_id = c.run_id),
-           'finish', c.lease_epoch, jsonb_build_object('status', 'cancelled', 'error', $3::text)
+), to_append AS (  -- the finish step
+    SELECT c.workspace_id, c.run_id, run_next_seq(c.workspace_id, c.run_id) AS seq,
+           'finish' AS kind, c.lease_epoch AS epoch, NULL::int AS ref_seq,
+           jsonb_build_object('status', 'cancelled', 'error', $3::text) AS payload,
+           now() AS created_at
     FROM cancelled c
-)
+), {{steps_append}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;

@@ -1,3 +1,19 @@
+-- name: steps_append :fragment
+-- The one shape of every append to a run's log by a named query (the database's own appends,
+-- a child's result and a signal's delivery, go through run_deliver_result of
+-- migrations/0036_step_appends.sql; admission's input step is run_admit's own, as a fragment
+-- cannot include another): the rows of the including statement's `to_append` CTE
+-- (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at) inserted as they
+-- are; a step where the log ends takes seq run_next_seq(workspace_id, run_id), under the
+-- run row's lock. `appended` returns each step's workspace_id, run_id and seq: the statement
+-- counts them into runs.step_count itself (0011: no trigger does). Unique (workspace_id,
+-- run_id, seq) is every writer's backstop.
+appended AS (
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at)
+    SELECT workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at FROM to_append
+    RETURNING workspace_id, run_id, seq
+)
+
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
 -- running under this epoch, append the steps, count them and bump the other
@@ -21,14 +37,13 @@ WITH locked AS (
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
     FOR NO KEY UPDATE
-), appended AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch, s.ref_seq, s.payload
+), to_append AS (
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch::bigint AS epoch, s.ref_seq,
+           s.payload, now() AS created_at
     FROM locked l,
          unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
              AS s(seq, kind, ref_seq, payload)
-    RETURNING seq
-)
+), {{steps_append}}
 UPDATE runs r SET
     step_count = r.step_count + (SELECT count(*) FROM appended),
     model_calls = r.model_calls + :model_calls,
@@ -84,13 +99,13 @@ WITH locked AS (
       AND wake_at > coalesce(:now::timestamptz, now())
                     + make_interval(secs => 0.5 * :lease_seconds::float8)
     FOR NO KEY UPDATE
-), appended AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch, s.ref_seq, s.payload
+), to_append AS (
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch::bigint AS epoch, s.ref_seq,
+           s.payload, now() AS created_at
     FROM locked l,
          unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
              AS s(seq, kind, ref_seq, payload)
-)
+), {{steps_append}}
 UPDATE runs r SET
     step_count = r.step_count + cardinality(:seqs::int[]),
     model_calls = r.model_calls + :model_calls,
@@ -163,14 +178,13 @@ WITH req AS (
     WHERE r.lease_epoch = q.epoch AND r.status = 'running'
     ORDER BY r.workspace_id, r.run_id
     FOR NO KEY UPDATE OF r
-), appended AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload
+), to_append AS (
+    SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload,
+           now() AS created_at
     FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
                 :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
     JOIN locked l ON l.i = s.i
-    RETURNING workspace_id, run_id
-), counted AS (
+), {{steps_append}}, counted AS (
     SELECT workspace_id, run_id, count(*) AS n FROM appended GROUP BY workspace_id, run_id
 )
 UPDATE runs r SET

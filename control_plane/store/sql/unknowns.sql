@@ -25,14 +25,12 @@ LIMIT 1;
 -- name: unknown_decision_insert :one
 -- Append the decision under the run's current epoch, at the next seq (the
 -- caller holds the run row's lock, so no other step can take that seq).
-WITH inserted AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    SELECT $1::text, $2::uuid, coalesce(max(seq), -1) + 1, 'tool_result', $4::bigint, $3::int,
-           $5::jsonb
-    FROM steps WHERE workspace_id = $1 AND run_id = $2
-    RETURNING *
-), counted AS (
+WITH to_append AS (
+    SELECT $1::text AS workspace_id, $2::uuid AS run_id, run_next_seq($1, $2) AS seq,
+           'tool_result' AS kind, $4::bigint AS epoch, $3::int AS ref_seq, $5::jsonb AS payload,
+           now() AS created_at
+), {{steps_append}}, counted AS (
     UPDATE runs r SET step_count = r.step_count + 1
-    FROM inserted i WHERE r.workspace_id = i.workspace_id AND r.run_id = i.run_id
+    FROM appended a WHERE r.workspace_id = a.workspace_id AND r.run_id = a.run_id
 )
-SELECT * FROM inserted;
+SELECT t.* FROM to_append t JOIN appended a USING (workspace_id, run_id, seq);
