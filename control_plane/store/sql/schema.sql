@@ -402,6 +402,33 @@ CREATE INDEX payloads_by_run ON payloads (workspace_id, run_id);
 -- finds the result in its log like any other: the log stays the one source
 -- of truth.
 
+-- The run's next seq: where a step appended at the end of its log goes. Its
+-- callers hold the run row's lock, so no other step can take that seq. The
+-- named queries that append at the log's end use it too (steps.sql's
+-- steps_append fragment is the other shared definition, for the fenced commits).
+CREATE FUNCTION run_next_seq(ws text, rid uuid) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT coalesce(max(seq), -1) + 1 FROM steps WHERE workspace_id = ws AND run_id = rid)
+$$;
+
+-- The one append both deliveries below make: the call's tool_result at the
+-- run's next seq under its last epoch, counted into step_count, and the run
+-- made runnable now. Returns the seq. The caller holds the run row's lock and
+-- has checked that the call has no result yet.
+CREATE FUNCTION run_deliver_result(
+    ws text, rid uuid, held_epoch bigint, call_seq integer, result jsonb
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    next_seq integer := run_next_seq(ws, rid);
+BEGIN
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+    VALUES (ws, rid, next_seq, 'tool_result', held_epoch, call_seq, result);
+    UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
+    WHERE workspace_id = ws AND run_id = rid;
+    RETURN next_seq;
+END $$;
+
 -- Child runs. A run's start_child call admits another agent's run in the very
 -- transaction that commits the call's tool_started step and the parent's park
 -- (wait_reason 'child', no wake_at): the child does not exist until the
@@ -417,7 +444,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     held record;
     started jsonb;
-    next_seq integer;
 BEGIN
     SELECT lease_epoch INTO held FROM runs
     WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
@@ -431,18 +457,13 @@ BEGIN
     END IF;
     SELECT payload INTO started FROM steps
     WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
-    SELECT coalesce(max(seq), -1) + 1 INTO next_seq FROM steps
-    WHERE workspace_id = ws AND run_id = parent;
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    VALUES (ws, parent, next_seq, 'tool_result', held.lease_epoch, call_seq,
+    PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
             jsonb_strip_nulls(jsonb_build_object(
                 'call_id', started ->> 'call_id', 'tool', 'start_child',
                 'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
                 'output', jsonb_build_object('child_run_id', child, 'status', outcome,
                                              'output', result),
                 'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
-    UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
-    WHERE workspace_id = ws AND run_id = parent;
     RETURN true;
 END $$;
 
@@ -522,7 +543,7 @@ DECLARE
     held record;
     call record;
     sig record;
-    next_seq integer;
+    answer_seq integer;
 BEGIN
     SELECT lease_epoch INTO held FROM runs
     WHERE workspace_id = ws AND run_id = rid AND status = 'waiting' AND wait_reason = 'signal'
@@ -548,20 +569,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT coalesce(max(seq), -1) + 1 INTO next_seq FROM steps
-    WHERE workspace_id = ws AND run_id = rid;
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
-    VALUES (ws, rid, next_seq, 'tool_result', held.lease_epoch, call.seq,
+    answer_seq := run_deliver_result(ws, rid, held.lease_epoch, call.seq,
             jsonb_build_object(
                 'call_id', call.payload ->> 'call_id', 'tool', 'wait_for_signal', 'status', 'ok',
                 'output', jsonb_build_object('name', sig.name, 'event_id', sig.event_id,
                                              'payload', sig.payload, 'timed_out', false,
                                              'sent_at', sig.created_at)));
-    UPDATE run_signals SET consumed_seq = call.seq, result_seq = next_seq, consumed_at = now()
+    UPDATE run_signals SET consumed_seq = call.seq, result_seq = answer_seq, consumed_at = now()
     WHERE workspace_id = ws AND run_id = rid AND event_id = sig.event_id;
-    UPDATE runs SET wake_at = now(), step_count = step_count + 1, updated_at = now()
-    WHERE workspace_id = ws AND run_id = rid;
-    RETURN next_seq;
+    RETURN answer_seq;
 END $$;
 
 
