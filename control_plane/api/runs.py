@@ -18,7 +18,7 @@ from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
 from control_plane.deploys import releases
-from control_plane.dispatch.fast_path import DeltaHub, with_deltas
+from control_plane.dispatch.deltas import DeltaHub, with_deltas
 from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import (

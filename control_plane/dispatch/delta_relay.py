@@ -10,7 +10,7 @@ another replica said it watches it in the last INTEREST_TTL_SECONDS; a run nobod
 watches elsewhere costs nothing. Deltas that come while a NOTIFY is on its way go
 out together in the next one: one NOTIFY in flight per replica, each under 8000
 bytes. A replica checks, before it publishes, what it checks for its own
-watchers (the stream holds the run at that epoch: fast_path.DeltaHub.offer); the
+watchers (the stream holds the run at that epoch: deltas.DeltaHub.offer); the
 receiving one drops a delta of an older epoch than one it delivered.
 
 Nothing of this is stored and nothing on the durable path waits for it; the

@@ -33,8 +33,7 @@ pokes the claim when one lapsed, so it is picked up within a scan however long
 the claim's poll is (AGENTRUN_CLAIM_POLL_SECONDS).
 
 Streaming. The executor forwards the model's text deltas on its stream; the replica's
-DeltaHub (dispatch/deltas.py) fans them out to WatchRun(deltas=true) watchers. The hub
-and `with_deltas` are named here too, where the API has always imported them from.
+DeltaHub (dispatch/deltas.py) fans them out to WatchRun(deltas=true) watchers.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from control_plane.credits.claims import reserve_claimed
-from control_plane.dispatch.deltas import DeltaHub, with_deltas
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.slots import Stream
 from control_plane.ops import metrics
@@ -203,10 +201,8 @@ async def recover_forever(pool: Pool, poke: Callable[[], None], every: float) ->
 
 
 __all__ = [
-    "DeltaHub",
     "FastPath",
     "Leased",
     "recover_forever",
     "wanted",
-    "with_deltas",
 ]

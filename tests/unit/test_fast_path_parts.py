@@ -9,8 +9,9 @@ import uuid
 from agentrun.v1 import executor_pb2 as pb
 from agentrun.v1 import run_pb2
 from control_plane.dispatch.delta_relay import DeltaRelay
+from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.dispatcher import Dispatcher
-from control_plane.dispatch.fast_path import DeltaHub, pick
+from control_plane.dispatch.fast_path import pick
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.ground.config import ServerConfig
 from executor.lease import LeaseKeeper
