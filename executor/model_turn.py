@@ -18,7 +18,7 @@ from executor import metrics as m
 from executor.held import HandBack, HeldRun, child_span, log
 from executor.models import profiles
 from executor.models.base import ModelRejected, ModelReply, ModelSettings, ModelUnavailable
-from executor.replay import StartTool
+from executor.replay import CallModel, StartTool
 from executor.stream import cancelling
 from executor.tool_turn import ToolTurn
 from executor.tools.catalogue import Tool
@@ -56,7 +56,9 @@ class ModelTurn:
         if self._call is not None:
             self._call.cancel()
 
-    async def call(self) -> str | None:
+    async def call(self, action: CallModel) -> str | None:
+        """Ask the model for the run's next decision (`action` says only that it is due) and
+        commit it; returns how the run ended, if it did."""
         held = self._held
         if ended := await self._summarise():
             return ended

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from opentelemetry.trace import SpanKind
 
@@ -19,7 +22,18 @@ from executor.internal_tools import CHILD_TOOL, CHILD_WAIT
 from executor.lease import NOT_HELD
 from executor.model_turn import ModelTurn, model_backoff
 from executor.ratelimit import parks as rate_parks
-from executor.replay import CallModel, Done, FailRun, FinishCompleted, ResolveUnknown, StartTool
+from executor.replay import (
+    AwaitApproval,
+    AwaitPerson,
+    CallModel,
+    Done,
+    FailRun,
+    FinishCompleted,
+    HoldRepeat,
+    RefuseCall,
+    ResolveUnknown,
+    StartTool,
+)
 from executor.stream import CommitReply
 from executor.tool_turn import ToolTurn
 from executor.tools import chain, definitions
@@ -87,6 +101,19 @@ class RunLoop:
         )
         self._tools = ToolTurn(self._held)
         self._model = ModelTurn(self._held, self._tools)
+        # What the loop does for each next action: one lookup, no chain of checks.
+        tools = self._tools
+        self._acts: dict[type, Callable[[Any], Awaitable[str | None]]] = {
+            CallModel: self._model.call,
+            FailRun: self._fail_as_told,
+            FinishCompleted: self._complete,
+            StartTool: tools.start,
+            HoldRepeat: tools.hold_repeat,
+            ResolveUnknown: tools.resolve_unknown,
+            AwaitApproval: tools.await_approval,
+            RefuseCall: tools.refuse,
+            AwaitPerson: tools.await_person,
+        }
 
     def request_handoff(self) -> None:
         """Drain: hand the run back at its next step boundary."""
@@ -184,20 +211,11 @@ class RunLoop:
             if error := held.over_limit(held.entries, action):
                 return await self.fail(error)
             try:
-                ended = await self._act(action)
+                ended = await self._acts[type(action)](action)
             except HandBack as back:
                 return await self.hand_back(str(back))
             if ended:
                 return ended
-
-    async def _act(self, action: replay.Action) -> str | None:
-        if isinstance(action, CallModel):
-            return await self._model.call()
-        if isinstance(action, FailRun):
-            return await self.fail(action.error)
-        if isinstance(action, FinishCompleted):
-            return await self._complete(action.output)
-        return await self._tools.act(action)
 
     def _unsent_call(self, action: replay.Action) -> int | None:
         """The seq of the started call `action` resolves, if it is known never to have left
@@ -220,11 +238,15 @@ class RunLoop:
 
     # -- how a hold ends ----------------------------------------------------
 
-    async def _complete(self, output: str) -> str:
+    async def _complete(self, action: FinishCompleted) -> str:
+        output = action.output
         finish = steps.finish_completed(self._held.next_seq(), output)
         await self.commit([finish], complete=executor_pb2.Complete(output=output))
         log.info("run %s completed", self.run_id)
         return "completed"
+
+    async def _fail_as_told(self, action: FailRun) -> str:
+        return await self.fail(action.error)
 
     async def fail(self, error: str) -> str:
         finish = steps.finish_failed(self._held.next_seq(), error)
@@ -283,7 +305,21 @@ class RunLoop:
             raise RunInvalid(
                 f"a commit of {size} bytes is over the {self._deps.max_commit_bytes}-byte limit"
             )
-        reply = await self._traced_send(message)
+        delay, clock = COMMIT_BACKOFF_START, asyncio.get_running_loop().time
+        with _commit_span(message):
+            # Sent until it lands. UNAVAILABLE: the database was unreachable; the very same
+            # commit may be sent again (idempotent by run, epoch and seq) while the lease lasts.
+            while True:
+                sent = clock()
+                reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
+                outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
+                labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
+                if self._accepted(reply):
+                    break
+                if not self._deps.leases.is_safe(self.run_id):
+                    raise RunFenced("lease would lapse while the control plane cannot commit")
+                await asyncio.sleep(self._deps.rng.uniform(delay / 2, delay))
+                delay = min(COMMIT_BACKOFF_CAP, delay * 2)
         if park is not None:
             m.PARKS.labels(park.wait_reason).inc()
         self._deps.leases.committed(self.run_id, self.lease.epoch, reply.result, reply.sent_at)
@@ -291,49 +327,6 @@ class RunLoop:
         if log.isEnabledFor(logging.DEBUG):
             kinds = ", ".join(replay.kind_name(step.kind) for step in new_steps)
             log.debug("run %s committed %s", self.run_id, kinds)
-
-    async def _traced_send(self, message: executor_pb2.Commit) -> CommitReply:
-        """A span per commit, which the control plane continues (the message carries its
-        traceparent), and inside it one span per step the commit landed. Without an
-        exporter (tracing.on() False) none is made: they would record nothing."""
-        if not tracing.on():
-            return await self._send_until_accepted(message)
-        attributes = {
-            "agentrun.steps.seq": [step.seq for step in message.steps],
-            "agentrun.transition": message.WhichOneof("transition") or "",
-        }
-        with _tracer.start_as_current_span(
-            "agentrun.commit", kind=SpanKind.CLIENT, attributes=attributes
-        ):
-            message.traceparent = tracing.current()
-            began = time.time_ns()
-            reply = await self._send_until_accepted(message)
-            for step in message.steps:
-                kind = replay.kind_name(step.kind)
-                _tracer.start_span(
-                    f"step {kind}",
-                    start_time=began,
-                    attributes={"agentrun.seq": step.seq, "agentrun.step.kind": kind},
-                ).end()
-            return reply
-
-    async def _send_until_accepted(self, message: executor_pb2.Commit) -> CommitReply:
-        """Send the commit until it lands; raises when the lease is lost or would lapse."""
-        delay = COMMIT_BACKOFF_START
-        clock = asyncio.get_running_loop().time
-        while True:
-            sent = clock()
-            reply = await self._deps.committer.commit(message, self._deps.leases.lease_duration)
-            outcome = m.OUTCOMES.get(reply.result.outcome, "unspecified")
-            labelled(m.COMMIT_SECONDS, outcome).observe(clock() - sent)
-            if self._accepted(reply):
-                return reply
-            # UNAVAILABLE: the database was unreachable; the very same commit may
-            # be sent again (idempotent by run, epoch and seq) while the lease lasts.
-            if not self._deps.leases.is_safe(self.run_id):
-                raise RunFenced("lease would lapse while the control plane cannot commit")
-            await asyncio.sleep(self._deps.rng.uniform(delay / 2, delay))
-            delay = min(COMMIT_BACKOFF_CAP, delay * 2)
 
     def _accepted(self, reply: CommitReply) -> bool:
         outcome = reply.result.outcome
@@ -344,6 +337,33 @@ class RunLoop:
         if outcome == executor_pb2.COMMIT_OUTCOME_INVALID:
             raise RunInvalid(reply.result.message)
         return False
+
+
+@contextlib.contextmanager
+def _commit_span(message: executor_pb2.Commit) -> Iterator[None]:
+    """A span per commit, which the control plane continues (the message carries its
+    traceparent), and inside it one span per step the commit landed. Without an exporter
+    (tracing.on() False) none is made: they would record nothing."""
+    if not tracing.on():
+        yield
+        return
+    attributes = {
+        "agentrun.steps.seq": [step.seq for step in message.steps],
+        "agentrun.transition": message.WhichOneof("transition") or "",
+    }
+    with _tracer.start_as_current_span(
+        "agentrun.commit", kind=SpanKind.CLIENT, attributes=attributes
+    ):
+        message.traceparent = tracing.current()
+        began = time.time_ns()
+        yield
+        for step in message.steps:
+            kind = replay.kind_name(step.kind)
+            _tracer.start_span(
+                f"step {kind}",
+                start_time=began,
+                attributes={"agentrun.seq": step.seq, "agentrun.step.kind": kind},
+            ).end()
 
 
 def _where(exc: BaseException) -> str:

@@ -16,7 +16,6 @@ from executor import (
     horizon,
     internal_tools,
     payloads,
-    replay,
     steps,
     untrusted,
 )
@@ -43,23 +42,6 @@ class ToolTurn:
 
     def __init__(self, held: HeldRun) -> None:
         self.held = held
-
-    async def act(self, action: replay.Action) -> str | None:
-        """The next step of a call of the last decision: start, hold, refuse, wait or resolve."""
-        if isinstance(action, StartTool):
-            return await self.start(action)
-        if isinstance(action, HoldRepeat):
-            return await self.hold_repeat(action)
-        if isinstance(action, ResolveUnknown):
-            return await self.resolve_unknown(action)
-        if isinstance(action, AwaitApproval):
-            return await self.await_approval(action)
-        if isinstance(action, RefuseCall):
-            await self.refuse(action)
-            return None
-        if isinstance(action, AwaitPerson):
-            return await self.await_person(action)
-        raise AssertionError(f"unexpected action {action!r}")
 
     async def start(self, action: StartTool) -> str | None:
         call = action.call
