@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind
@@ -255,75 +255,55 @@ class ExecutorSession:
         )
 
     async def _commit(self, msg: pb.Commit) -> None:
-        """Commit, inside the executor's trace (the message's traceparent) and its log context."""
+        """Commit, inside the executor's trace (the message's traceparent) and its log
+        context, and answer the executor: ok (with the renewed lease, if renewed), fenced,
+        invalid (its run alone), or unavailable (it sends the same commit again)."""
         lease, started = msg.lease, time.monotonic()
         # This task is the commit's own (_spawn): its log context goes with it, unreset.
         logs.bind_for_task(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch)
-        if tracing.on():
-            result = await self._traced_outcome(msg)
-        else:  # the hot path: not even a no-op span (as store/queries.py)
-            result = await self._commit_outcome(msg)
-        metrics.commit_outcome(
-            _OUTCOMES.get(result.outcome, "unspecified"), time.monotonic() - started
-        )
-        if result.outcome == pb.COMMIT_OUTCOME_FENCED:
-            metrics.FENCED.labels(lease.workspace_id, "commit").inc()
-        elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
-            metrics.PARKS.labels(lease.workspace_id, msg.park.wait_reason).inc()
+        result = pb.CommitResult(request_id=msg.request_id)
+        with _commit_span(msg, result):
+            try:
+                check_size(msg, self._dispatcher.config.max_message_bytes)
+                req = self._pipeline.request(msg, renew_always=not self.reads_commit_renewal)
+                if not self.slots.serves(req.workspace_id):
+                    raise ValueError("the lease's workspace is outside this credential's scope")
+            except (ValueError, KeyError) as exc:
+                result.outcome = pb.COMMIT_OUTCOME_INVALID
+                result.message = f"malformed commit: {exc}"
+            else:
+                try:
+                    done = await self._pipeline.commit(
+                        req, self._dispatcher.config.lease_seconds, msg
+                    )
+                    faults.point("control_plane.commit.before_reply")
+                    self._landed(req, done, result)
+                except Fenced as exc:
+                    self.slots.drop(req.run_id)
+                    result.outcome = pb.COMMIT_OUTCOME_FENCED
+                    result.message = str(exc)
+                except (DataRefused, CommitRefused) as exc:
+                    result.outcome = pb.COMMIT_OUTCOME_INVALID
+                    result.message = f"rejected by the database: {exc}"
+                except Exception as exc:  # noqa: BLE001 - per-run failure is a message
+                    await self._commit_failed(req, exc, result)
+        _count(msg, result, time.monotonic() - started)
         self.send(pb.ConnectResponse(commit_result=result))
 
-    async def _traced_outcome(self, msg: pb.Commit) -> pb.CommitResult:
-        lease = msg.lease
-        attributes = {
-            "agentrun.workspace": lease.workspace_id,
-            "agentrun.run": lease.run_id,
-            "agentrun.epoch": lease.epoch,
-            "agentrun.steps.seq": [step.seq for step in msg.steps],
-        }
-        with _tracer.start_as_current_span(
-            "agentrun.commit.apply",
-            context=tracing.context_of(msg.traceparent),
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-        ) as span:
-            result = await self._commit_outcome(msg)
-            span.set_attribute("agentrun.outcome", _OUTCOMES.get(result.outcome, "unspecified"))
-        return result
-
-    async def _commit_outcome(self, msg: pb.Commit) -> pb.CommitResult:
-        result = pb.CommitResult(request_id=msg.request_id)
-        try:
-            check_size(msg, self._dispatcher.config.max_message_bytes)
-            req = self._pipeline.request(msg, renew_always=not self.reads_commit_renewal)
-            if not self.slots.serves(req.workspace_id):
-                raise ValueError("the lease's workspace is outside this credential's scope")
-        except (ValueError, KeyError) as exc:
-            result.outcome = pb.COMMIT_OUTCOME_INVALID
-            result.message = f"malformed commit: {exc}"
-            return result
-        try:
-            done = await self._pipeline.commit(req, self._dispatcher.config.lease_seconds, msg)
-            faults.point("control_plane.commit.before_reply")
-            result.outcome = pb.COMMIT_OUTCOME_OK
-            if done.stopped:  # landed, but the run may not go on (out of credits)
-                result.outcome = pb.COMMIT_OUTCOME_FENCED
-                result.message = done.stopped
-                self.slots.drop(req.run_id)
-            elif done.status == "running" and done.wake_at is not None:
-                if done.renewed:  # else the lease stands as it was: the executor counts nothing
-                    result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
-            else:
-                self.slots.drop(req.run_id)
-        except Fenced as exc:
-            self.slots.drop(req.run_id)
+    def _landed(
+        self, req: step_store.CommitRequest, done: step_store.CommitResult, result: pb.CommitResult
+    ) -> None:
+        """The answer to a commit that landed; a run that may not go on leaves the slots."""
+        result.outcome = pb.COMMIT_OUTCOME_OK
+        if done.stopped:  # landed, but the run may not go on (out of credits)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
-            result.message = str(exc)
-        except (DataRefused, CommitRefused) as exc:
-            result.outcome = pb.COMMIT_OUTCOME_INVALID
-            result.message = f"rejected by the database: {exc}"
-        except Exception as exc:  # noqa: BLE001 - per-run failure is a message
-            await self._commit_failed(req, exc, result)
-        return result
+            result.message = done.stopped
+            self.slots.drop(req.run_id)
+        elif done.status == "running" and done.wake_at is not None:
+            if done.renewed:  # else the lease stands as it was: the executor counts nothing
+                result.lease_expire_time.CopyFrom(convert.timestamp(done.wake_at))
+        else:
+            self.slots.drop(req.run_id)
 
     async def _commit_failed(
         self, req: step_store.CommitRequest, exc: Exception, result: pb.CommitResult
@@ -407,3 +387,38 @@ class ExecutorSession:
         if epoch is not None:
             lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
             self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))
+
+
+def _count(msg: pb.Commit, result: pb.CommitResult, took: float) -> None:
+    """A commit's metrics: its outcome and time, a fence, a park."""
+    workspace = msg.lease.workspace_id
+    metrics.commit_outcome(_OUTCOMES.get(result.outcome, "unspecified"), took)
+    if result.outcome == pb.COMMIT_OUTCOME_FENCED:
+        metrics.FENCED.labels(workspace, "commit").inc()
+    elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
+        metrics.PARKS.labels(workspace, msg.park.wait_reason).inc()
+
+
+@contextlib.contextmanager
+def _commit_span(msg: pb.Commit, result: pb.CommitResult) -> Iterator[None]:
+    """The commit's span, continuing the executor's trace (the message's traceparent), with
+    its outcome; none when this process exports no spans (the hot path: not even a no-op
+    span, as store/queries.py)."""
+    if not tracing.on():
+        yield
+        return
+    lease = msg.lease
+    attributes = {
+        "agentrun.workspace": lease.workspace_id,
+        "agentrun.run": lease.run_id,
+        "agentrun.epoch": lease.epoch,
+        "agentrun.steps.seq": [step.seq for step in msg.steps],
+    }
+    with _tracer.start_as_current_span(
+        "agentrun.commit.apply",
+        context=tracing.context_of(msg.traceparent),
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+    ) as span:
+        yield
+        span.set_attribute("agentrun.outcome", _OUTCOMES.get(result.outcome, "unspecified"))

@@ -13,6 +13,7 @@ is never run by itself, and a query includes it with `{{name}}`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,28 +143,30 @@ async def run(
     """
     query = QUERIES[name]
     values = arguments(query, args, named)
-    if not tracing.on():  # the hot path: not even a no-op span
-        return await _execute(conn, query, values)
-    # One client span per statement, named by the query (never its values: they may be secret).
-    with _tracer.start_as_current_span(
+    with _span(name):
+        try:
+            if query.mode == "one":
+                return await conn.fetchrow(query.sql, *values)
+            if query.mode == "many":
+                return await conn.fetch(query.sql, *values)
+            return await conn.execute(query.sql, *values)
+        except asyncpg.DataError as exc:
+            raise DataRefused(f"{query.name}: {refusal(exc)}") from exc
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+def _span(name: str) -> contextlib.AbstractContextManager[object]:
+    """One client span per statement, named by the query (never its values: they may be
+    secret); none when this process exports no spans (the hot path: not even a no-op one)."""
+    if not tracing.on():
+        return _NO_SPAN
+    return _tracer.start_as_current_span(
         name,
         kind=SpanKind.CLIENT,
         attributes={"db.system.name": "postgresql", "db.query.summary": name},
-    ):
-        return await _execute(conn, query, values)
-
-
-async def _execute(
-    conn: asyncpg.pool.Pool | asyncpg.Connection, query: Query, values: tuple[Any, ...]
-) -> Any:
-    try:
-        if query.mode == "one":
-            return await conn.fetchrow(query.sql, *values)
-        if query.mode == "many":
-            return await conn.fetch(query.sql, *values)
-        return await conn.execute(query.sql, *values)
-    except asyncpg.DataError as exc:
-        raise DataRefused(f"{query.name}: {refusal(exc)}") from exc
+    )
 
 
 # asyncpg's own refusal of a value, before it is sent: "invalid input for query argument

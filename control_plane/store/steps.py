@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -129,19 +130,50 @@ async def commit(
     (same epoch, same seqs and kinds) is acknowledged as a duplicate. `via`: a connection
     the caller holds for its commits, for the statement itself (the rest uses `pool`).
     """
+    t, bound = req.transition, _bound(req, lease_seconds, now)
+    # One statement is its own transaction: no BEGIN/COMMIT round trips on the hottest
+    # path. An explicit one exists for the caller's savepoint and for the fault point
+    # that fails inside the transaction.
+    explicit = in_transaction(pool) or faults.active()
+    row = None
     try:
-        if in_transaction(pool) or faults.active():
-            async with transaction(pool) as conn:
-                row = await _apply(conn, req, lease_seconds, now)
+        async with transaction(pool) if explicit else _Alone(via or pool) as db:
+            # The common case: a step appended, the lease kept as it is. No row: fenced,
+            # or the renewal is due, which run_commit tells apart (renewing, or fenced).
+            if t.status is None and not req.renew_always:
+                row = await run(db, "run_commit_keep", **bound)
+            if row is None:
+                row = await run(
+                    db,
+                    "run_commit",
+                    **bound,
+                    status=t.status,
+                    wait_reason=t.wait_reason,
+                    wake_at=t.wake_at,
+                    wake_after_seconds=t.wake_after_seconds,
+                    text=t.text,
+                    waiting_connection_id=t.waiting_connection_id,
+                    renew_always=req.renew_always,
+                )
+            if explicit:
                 faults.point("control_plane.commit.in_transaction")
-        else:
-            # One statement is its own transaction: no BEGIN/COMMIT round trips on
-            # the hottest path. The explicit one above exists for the caller's
-            # savepoint and for the fault point that fails inside the transaction.
-            row = await _apply(via or pool, req, lease_seconds, now)
     except asyncpg.UniqueViolationError:
         row = None
     return await _settle(pool, req, row)
+
+
+class _Alone:
+    """`async with` over a pool or connection as it is: the statement is its own
+    transaction."""
+
+    def __init__(self, db: asyncpg.pool.Pool | asyncpg.Connection | Lane) -> None:
+        self.db = db
+
+    async def __aenter__(self) -> asyncpg.pool.Pool | asyncpg.Connection | Lane:
+        return self.db
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 async def _settle(
@@ -192,15 +224,9 @@ async def commit_many(
     )
 
 
-async def _apply(
-    db: asyncpg.pool.Pool | asyncpg.Connection | Lane,
-    req: CommitRequest,
-    lease_seconds: float,
-    now: datetime | None,
-) -> asyncpg.Record | None:
-    t = req.transition
-    # What both statements bind: the fence, the steps and the counters.
-    shared = {
+def _bound(req: CommitRequest, lease_seconds: float, now: datetime | None) -> dict[str, Any]:
+    """What both commit statements bind: the fence, the steps and the counters."""
+    return {
         "workspace_id": req.workspace_id,
         "run_id": req.run_id,
         "epoch": req.epoch,
@@ -219,26 +245,6 @@ async def _apply(
         "lease_seconds": lease_seconds,
         "now": now,
     }
-    # The common case: a step appended, the lease kept as it is. No row: fenced, or the
-    # renewal is due, which run_commit below tells apart (renewing, or fenced).
-    if (
-        t.status is None
-        and not req.renew_always
-        and (row := await run(db, "run_commit_keep", **shared)) is not None
-    ):
-        return row
-    return await run(
-        db,
-        "run_commit",
-        **shared,
-        status=t.status,
-        wait_reason=t.wait_reason,
-        wake_at=t.wake_at,
-        wake_after_seconds=t.wake_after_seconds,
-        text=t.text,
-        waiting_connection_id=t.waiting_connection_id,
-        renew_always=req.renew_always,
-    )
 
 
 async def _apply_many(
