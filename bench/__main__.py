@@ -23,14 +23,18 @@ LOOPS = ("asyncio", "uvloop")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "names", nargs="*", metavar="NAME",
+        "names",
+        nargs="*",
+        metavar="NAME",
         help=f"benchmarks to run ({', '.join(BENCHMARKS)}); all when none is named",
-    )  # fmt: skip
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument(
-        "--loop", default="", metavar="LOOPS",
+        "--loop",
+        default="",
+        metavar="LOOPS",
         help="comma-separated event loops (asyncio,uvloop) to run each benchmark's servers on",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:

@@ -48,9 +48,12 @@ async def start_servers(procs: Procs, dsn: str) -> tuple[int, int]:
     name = "control_plane_auth"
     port_file = procs.workdir / f"{name}.port"
     env = _env(
-        DATABASE_URL=dsn, AGENTRUN_LISTEN="127.0.0.1:0", AGENTRUN_HTTP_LISTEN="127.0.0.1:0",
-        AGENTRUN_LOG_LEVEL="WARNING", AGENTRUN_PORT_FILE=str(port_file),
-    )  # fmt: skip
+        DATABASE_URL=dsn,
+        AGENTRUN_LISTEN="127.0.0.1:0",
+        AGENTRUN_HTTP_LISTEN="127.0.0.1:0",
+        AGENTRUN_LOG_LEVEL="WARNING",
+        AGENTRUN_PORT_FILE=str(port_file),
+    )
     proc = procs.start(name, _python("bench.auth_server"), env, cwd=REPO)
     # The baseline's port file is written before the one this waits for.
     auth_port = await proc.wait_port(within=60)
@@ -92,8 +95,9 @@ async def _measure(dsn: str, procs: Procs, n: int) -> dict[str, Summary]:
             await ours.take_run()
             await api.start_run(setup, "auth", "held by the baseline stream")
             await theirs.take_run()
-            commits = await alternate({COMMIT_AUTH: ours.commit_one,
-                                       COMMIT_BASE: theirs.commit_one}, n, BLOCK)  # fmt: skip
+            commits = await alternate(
+                {COMMIT_AUTH: ours.commit_one, COMMIT_BASE: theirs.commit_one}, n, BLOCK
+            )
         finally:
             ours.close()
             theirs.close()
@@ -110,8 +114,10 @@ async def _measure(dsn: str, procs: Procs, n: int) -> dict[str, Summary]:
 
 def _print(results: dict[str, Summary]) -> None:
     report.table(report.LATENCY_HEADERS, [report.latency_row(k, v) for k, v in results.items()])
-    for what, ours, theirs in (("StartRun", START_AUTH, START_BASE),
-                               ("commit", COMMIT_AUTH, COMMIT_BASE)):  # fmt: skip
+    for what, ours, theirs in (
+        ("StartRun", START_AUTH, START_BASE),
+        ("commit", COMMIT_AUTH, COMMIT_BASE),
+    ):
         r = ratio(results[ours].p50, results[theirs].p50)
         report.target(f"{what} p50 auth/baseline", r, f"<= {TARGET:g}x", r <= TARGET)
         p99 = ratio(results[ours].p99, results[theirs].p99)

@@ -73,9 +73,17 @@ async def _pair(
         tally, elapsed = await claim_rate(dsn, claim, CLAIMERS, batch, target)
         s = Summary.of(tally.calls)
         rates[label] = tally.claimed / elapsed
-        rows.append([f"{where}: {label}", str(tally.claimed), f"{elapsed:.2f}",
-                     f"{rates[label]:,.0f}", str(tally.empty),
-                     report.ms(s.p50), report.ms(s.p99)])  # fmt: skip
+        rows.append(
+            [
+                f"{where}: {label}",
+                str(tally.claimed),
+                f"{elapsed:.2f}",
+                f"{rates[label]:,.0f}",
+                str(tally.empty),
+                report.ms(s.p50),
+                report.ms(s.p99),
+            ]
+        )
     rows[-1].append(f"{ratio(rates[FAIR], rates[RAW]):.2f}x")
     rows[0].append("")
     return rows
@@ -84,8 +92,10 @@ async def _pair(
 async def throughput(pg: BenchPostgres, quick: bool) -> None:
     queued = 2_000 if quick else QUEUED
     report.heading(f"claim: at the store, {queued:,} queued runs, {CLAIMERS} concurrent claimers")
-    report.note(f"raw: one UPDATE of LIMIT n FOR UPDATE SKIP LOCKED runs (no fairness, no caps);"
-                f" fair: claim_due, the dispatcher's claim; batch 1 claims {queued // 5:,}")  # fmt: skip
+    report.note(
+        f"raw: one UPDATE of LIMIT n FOR UPDATE SKIP LOCKED runs (no fairness, no caps);"
+        f" fair: claim_due, the dispatcher's claim; batch 1 claims {queued // 5:,}"
+    )
     rows: list[list[str]] = []
     for n_workspaces in LAYOUTS:
         dsn = await pg.create_database(f"claim_throughput_{n_workspaces}")
@@ -98,8 +108,7 @@ async def throughput(pg: BenchPostgres, quick: bool) -> None:
                 rows += await _pair(conn, dsn, n_workspaces, b, queued)
         finally:
             await conn.close()
-    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms",
-               "fair/raw")  # fmt: skip
+    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms", "fair/raw")
     report.table(headers, rows)
     report.note("p50/p99: latency of the claim calls that got runs; empty calls include the")
     report.note(f"raw claims Postgres aborted as deadlocked: {RAW_DEADLOCKS[0]} so far")

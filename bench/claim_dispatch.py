@@ -78,8 +78,9 @@ class CountingExecutor:
 
     async def open(self) -> None:
         # As the executor's own Hello (executor/worker.py): it reads batched assignments.
-        hello = pb.Hello(executor_id=self._id, release="bench", capacity=self._credits,
-                         reads_batches=True)  # fmt: skip
+        hello = pb.Hello(
+            executor_id=self._id, release="bench", capacity=self._credits, reads_batches=True
+        )
         await self._call.write(pb.ConnectRequest(hello=hello))
         msg = await self._call.read()
         if msg is grpc.aio.EOF or msg.WhichOneof("msg") != "welcome":
@@ -116,8 +117,9 @@ async def _deliver(ports: list[int], key: str, runs: int) -> tuple[Delivered, fl
     n = EXECUTORS_PER_REPLICA * len(ports)
     credits = math.ceil(runs / n)
     chans = [api.channel(port, None) for port in ports]
-    fleet = [CountingExecutor(chans[i % len(ports)], f"bench-claim-{i}", key, credits)
-             for i in range(n)]  # fmt: skip
+    fleet = [
+        CountingExecutor(chans[i % len(ports)], f"bench-claim-{i}", key, credits) for i in range(n)
+    ]
     tally = Delivered(runs)
     try:
         await asyncio.gather(*(e.open() for e in fleet))
@@ -216,21 +218,36 @@ class Row:
 
     @property
     def label(self) -> str:
-        return (f"{self.workspaces} workspace{'s' if self.workspaces > 1 else ''}, "
-                f"{self.replicas} replica{'s' if self.replicas > 1 else ''}")  # fmt: skip
+        return (
+            f"{self.workspaces} workspace{'s' if self.workspaces > 1 else ''}, "
+            f"{self.replicas} replica{'s' if self.replicas > 1 else ''}"
+        )
 
     def cells(self) -> list[str]:
         m, ratios = self.median, sorted(t.ratio for t in self.tries)
         spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
-        return [self.label, f"{m.raw_rate:,.0f}", f"{m.got.assignments:,}",
-                f"{m.got.messages:,}", f"{m.got.steps:,}", f"{m.seconds:.2f}", f"{m.rate:,.0f}",
-                f"{m.ratio:.2f}x{spread}"]  # fmt: skip
+        return [
+            self.label,
+            f"{m.raw_rate:,.0f}",
+            f"{m.got.assignments:,}",
+            f"{m.got.messages:,}",
+            f"{m.got.steps:,}",
+            f"{m.seconds:.2f}",
+            f"{m.rate:,.0f}",
+            f"{m.ratio:.2f}x{spread}",
+        ]
 
     def cpu_cells(self) -> list[str]:
         m = self.median
-        return [self.label, m.per_run(POSTGRES, raw=True), m.per_run(CLIENT, raw=True),
-                m.per_run(POSTGRES), m.per_run(CONTROL_PLANES), m.per_run(CLIENT),
-                m.cpu_ratio()]  # fmt: skip
+        return [
+            self.label,
+            m.per_run(POSTGRES, raw=True),
+            m.per_run(CLIENT, raw=True),
+            m.per_run(POSTGRES),
+            m.per_run(CONTROL_PLANES),
+            m.per_run(CLIENT),
+            m.cpu_ratio(),
+        ]
 
 
 async def _layout(
@@ -272,22 +289,34 @@ async def _layout(
 async def delivered(pg: BenchPostgres, quick: bool) -> None:
     queued = 2_000 if quick else QUEUED
     report.heading(f"claim: delivered as assignments, {queued:,} queued runs, batch {BATCH}")
-    report.note(f"agentrun: control plane replicas (one claim loop each) -> "
-                f"{EXECUTORS_PER_REPLICA} minimal executor streams per replica counting "
-                f"Assignments (run + step log; read in batches, as the executor reads them); "
-                f"raw: SKIP LOCKED UPDATE, batch {BATCH}, as many claimers as replicas, "
-                "no delivery")  # fmt: skip
+    report.note(
+        f"agentrun: control plane replicas (one claim loop each) -> "
+        f"{EXECUTORS_PER_REPLICA} minimal executor streams per replica counting "
+        f"Assignments (run + step log; read in batches, as the executor reads them); "
+        f"raw: SKIP LOCKED UPDATE, batch {BATCH}, as many claimers as replicas, "
+        "no delivery"
+    )
     rows: list[Row] = []
     with workdir("claim") as tmp, Procs(tmp) as procs:
         # Quick: the many-workspace layout only (the one fairness is for).
         for n_workspaces in claimers.LAYOUTS[-1:] if quick else claimers.LAYOUTS:
             rows += await _layout(pg, procs, n_workspaces, queued, 1 if quick else REPEATS)
-    headers = ("", "raw claims/s", "assignments", "messages", "steps in them", "seconds",
-               "delivered/s", "delivered/raw")  # fmt: skip
+    headers = (
+        "",
+        "raw claims/s",
+        "assignments",
+        "messages",
+        "steps in them",
+        "seconds",
+        "delivered/s",
+        "delivered/raw",
+    )
     report.table(headers, [row.cells() for row in rows])
     if not quick:
-        report.note(f"each row: the median of {REPEATS} tries (raw, then delivered, in turn), "
-                    "its ratio's range in brackets")  # fmt: skip
+        report.note(
+            f"each row: the median of {REPEATS} tries (raw, then delivered, in turn), "
+            "its ratio's range in brackets"
+        )
     report.note(
         f"raw claims aborted as deadlocked (asked again), in all: {claimers.RAW_DEADLOCKS[0]}"
     )
@@ -295,14 +324,23 @@ async def delivered(pg: BenchPostgres, quick: bool) -> None:
         f"CPU microseconds a run in the same tries, from opening connections or streams "
         f"to the last run: where this machine's {os.cpu_count()} cores went"
     )
-    cpu_headers = ("", "raw: Postgres", "raw: claimers", "delivered: Postgres",
-                   "control planes", "minimal executors", "raw/delivered CPU")  # fmt: skip
+    cpu_headers = (
+        "",
+        "raw: Postgres",
+        "raw: claimers",
+        "delivered: Postgres",
+        "control planes",
+        "minimal executors",
+        "raw/delivered CPU",
+    )
     report.table(cpu_headers, [row.cpu_cells() for row in rows])
-    report.note("raw/delivered CPU: raw's CPU a run over ours. When both sides keep the cores "
-                "busy throughout (several claimers on a small machine, a full run: --quick's "
-                "are short enough for opening the streams to weigh in), delivered/raw comes "
-                "out near it: the target there is reached by cutting CPU a run, not by "
-                "waiting less")  # fmt: skip
+    report.note(
+        "raw/delivered CPU: raw's CPU a run over ours. When both sides keep the cores "
+        "busy throughout (several claimers on a small machine, a full run: --quick's "
+        "are short enough for opening the streams to weigh in), delivered/raw comes "
+        "out near it: the target there is reached by cutting CPU a run, not by "
+        "waiting less"
+    )
     for row in rows:
         label = f"delivered/raw {row.workspaces}ws, {row.replicas} replica(s)"
         report.target(label, row.ratio, f">= {TARGET_RAW:g}x", row.ratio >= TARGET_RAW)

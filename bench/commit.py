@@ -66,13 +66,15 @@ RAW_INSERT = "INSERT INTO bench_raw_insert (run_id, seq, payload) VALUES ($1, $2
 
 def decision_payload(seq: int) -> str:
     """A small model_decision payload, as an executor would commit it."""
-    return json.dumps({
-        "content": f"thinking about step {seq}",
-        "tool_calls": [],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
-        "model": "bench",
-        "response_id": f"resp-{seq}",
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "content": f"thinking about step {seq}",
+            "tool_calls": [],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+            "model": "bench",
+            "response_id": f"resp-{seq}",
+        }
+    )
 
 
 class StreamExecutor:
@@ -101,8 +103,9 @@ class StreamExecutor:
     async def take_run(self) -> None:
         # As the executor's own Hello (executor/worker.py): it reads renewals off commit
         # results, so a commit renews the lease only once half of it is left (lease.sql).
-        hello = pb.Hello(executor_id=self._executor_id, release="bench", capacity=1,
-                         reads_commit_renewal=True)  # fmt: skip
+        hello = pb.Hello(
+            executor_id=self._executor_id, release="bench", capacity=1, reads_commit_renewal=True
+        )
         await self._call.write(pb.ConnectRequest(hello=hello))
         await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=1)))
         assignment = (await self._receive("assignment")).assignment
@@ -168,8 +171,9 @@ class StoreCommitter:
         step = step_store.NewStep(self._seq, "model_decision", None, decision_payload(self._seq))
         held = self._held
         # Renewing as the stream's commits do (an executor that reads renewals).
-        req = step_store.CommitRequest(held.workspace_id, held.run_id, held.lease_epoch, [step],
-                                       renew_always=False)  # fmt: skip
+        req = step_store.CommitRequest(
+            held.workspace_id, held.run_id, held.lease_epoch, [step], renew_always=False
+        )
         start = time.perf_counter()
         await step_store.commit(self._pool, req, 3600)
         self._seq += 1
@@ -203,11 +207,17 @@ def health_probe(chan: grpc.aio.Channel) -> Callable[[], Awaitable[float]]:
 
 def floor_probes(chan: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[float]]]:
     """Round trips to the bare server: a unary call, and one message on an open stream."""
-    body = pb.ConnectRequest(commit=pb.Commit(
-        request_id=1, lease=pb.Lease(workspace_id="bench", run_id=str(uuid.uuid4()), epoch=1),
-        steps=[pb.NewStep(seq=1, kind=run_pb2.STEP_KIND_MODEL_DECISION,
-                          payload_json=decision_payload(1))],
-    )).SerializeToString()  # fmt: skip
+    body = pb.ConnectRequest(
+        commit=pb.Commit(
+            request_id=1,
+            lease=pb.Lease(workspace_id="bench", run_id=str(uuid.uuid4()), epoch=1),
+            steps=[
+                pb.NewStep(
+                    seq=1, kind=run_pb2.STEP_KIND_MODEL_DECISION, payload_json=decision_payload(1)
+                )
+            ],
+        )
+    ).SerializeToString()
     unary = chan.unary_unary(grpc_floor.UNARY)
     stream = chan.stream_stream(grpc_floor.STREAM)()
 
@@ -291,9 +301,13 @@ async def _measure_with(
         raw = RawInserter(conn)
         series = {OURS: ours.commit_one, RAW: raw.insert_one}
         echo = floor[FLOOR_STREAM]
-        info = {DIRECT: direct.commit_one, DIRECT_AFTER_HOP: after_hop(direct.commit_one, echo),
-                RAW_AFTER_HOP: after_hop(raw.insert_one, echo), PING: health_probe(executor_chan),
-                **floor}  # fmt: skip
+        info = {
+            DIRECT: direct.commit_one,
+            DIRECT_AFTER_HOP: after_hop(direct.commit_one, echo),
+            RAW_AFTER_HOP: after_hop(raw.insert_one, echo),
+            PING: health_probe(executor_chan),
+            **floor,
+        }
         return await alternate({**series, **info}, n)
     finally:
         ours.close()
@@ -308,20 +322,26 @@ def _print(results: dict[str, Summary]) -> None:
     floor = results[FLOOR_STREAM]
     # A commit is at least a stream message round trip plus the INSERT's own round trip.
     reachable = ratio(floor.p50 + raw.p50, raw.p50)
-    report.note(f"how close the transport lets us get: a bare stream message round trip is "
-                f"{ratio(floor.p50, raw.p50):.2f}x the raw insert, so floor + insert = "
-                f"{reachable:.2f}x at best")  # fmt: skip
+    report.note(
+        f"how close the transport lets us get: a bare stream message round trip is "
+        f"{ratio(floor.p50, raw.p50):.2f}x the raw insert, so floor + insert = "
+        f"{reachable:.2f}x at best"
+    )
     direct, cold = results[DIRECT], results[DIRECT_AFTER_HOP]
-    report.note(f"where ours' p50 goes: the fenced store commit in-process {report.ms(direct.p50)} ms "
-                f"({ratio(direct.p50, raw.p50):.2f}x the raw insert: lease check, run row update and "
-                f"step insert); {report.ms(cold.p50)} ms each after a stream echo, as the control "
-                "plane makes it, the database idle between two statements (the raw insert so: "
-                f"{report.ms(results[RAW_AFTER_HOP].p50)} ms)")  # fmt: skip
+    report.note(
+        f"where ours' p50 goes: the fenced store commit in-process {report.ms(direct.p50)} ms "
+        f"({ratio(direct.p50, raw.p50):.2f}x the raw insert: lease check, run row update and "
+        f"step insert); {report.ms(cold.p50)} ms each after a stream echo, as the control "
+        "plane makes it, the database idle between two statements (the raw insert so: "
+        f"{report.ms(results[RAW_AFTER_HOP].p50)} ms)"
+    )
     rest = ours.p50 - floor.p50 - cold.p50
-    report.note(f"ours = the stream message {report.ms(floor.p50)} + that commit {report.ms(cold.p50)}"
-                f" + {report.ms(rest)} ms in the control plane (waking it, decoding, checks, pricing, "
-                "the result): 2x needs a commit path without that extra process and its hops, "
-                "which is not this architecture")  # fmt: skip
+    report.note(
+        f"ours = the stream message {report.ms(floor.p50)} + that commit {report.ms(cold.p50)}"
+        f" + {report.ms(rest)} ms in the control plane (waking it, decoding, checks, pricing, "
+        "the result): 2x needs a commit path without that extra process and its hops, "
+        "which is not this architecture"
+    )
 
 
 async def main(quick: bool = False) -> None:

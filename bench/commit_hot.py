@@ -146,10 +146,11 @@ async def measure(dsn: str, n: int) -> dict[str, Series]:
         assert len(held) == 4 * HELD, f"claimed {len(held)} runs"
         runs = [held[i * HELD : (i + 1) * HELD] for i in range(4)]
         series = {
-            EVERY: Series(True, runs[0]), LAZY: Series(False, runs[1]),
+            EVERY: Series(True, runs[0]),
+            LAZY: Series(False, runs[1]),
             NO_FLUSH + EVERY: Series(True, runs[2], durable=False),
             NO_FLUSH + LAZY: Series(False, runs[3], durable=False),
-        }  # fmt: skip
+        }
         report.note(f"indexes on runs: {await pool.fetchval(INDEXES)}")
         for s in series.values():
             await block(pool, s, WARMUP, record=False)
@@ -170,17 +171,41 @@ def show(series: dict[str, Series]) -> None:
     for label, s in series.items():
         summary = Summary.of(s.samples)
         share = s.hot / s.updates if s.updates else float("nan")
-        rows.append([label, str(summary.n), report.ms(summary.p50), report.ms(summary.p99),
-                     str(s.renewed), str(s.updates), str(s.hot), f"{share:.0%}",
-                     f"{s.wal_bytes / max(1, summary.n):.0f}"])  # fmt: skip
-    report.table(["series", "n", "p50 ms", "p99 ms", "renewed", "n_tup_upd", "n_tup_hot_upd",
-                  "HOT", "WAL B/commit"], rows)  # fmt: skip
+        rows.append(
+            [
+                label,
+                str(summary.n),
+                report.ms(summary.p50),
+                report.ms(summary.p99),
+                str(s.renewed),
+                str(s.updates),
+                str(s.hot),
+                f"{share:.0%}",
+                f"{s.wal_bytes / max(1, summary.n):.0f}",
+            ]
+        )
+    report.table(
+        [
+            "series",
+            "n",
+            "p50 ms",
+            "p99 ms",
+            "renewed",
+            "n_tup_upd",
+            "n_tup_hot_upd",
+            "HOT",
+            "WAL B/commit",
+        ],
+        rows,
+    )
     for prefix in ("", NO_FLUSH):
         every = Summary.of(series[prefix + EVERY].samples)
         lazy = Summary.of(series[prefix + LAZY].samples)
-        report.note(f"{prefix.strip(' ,') or 'durable'}: renewing only when needed is p50 "
-                    f"{lazy.p50 / every.p50:.2f}x, p99 {lazy.p99 / every.p99:.2f}x of renewing "
-                    "on every commit")  # fmt: skip
+        report.note(
+            f"{prefix.strip(' ,') or 'durable'}: renewing only when needed is p50 "
+            f"{lazy.p50 / every.p50:.2f}x, p99 {lazy.p99 / every.p99:.2f}x of renewing "
+            "on every commit"
+        )
     report.note(
         "a series' runs are renewed again once half the lease is gone: with no heartbeats "
         "here, a run committing for longer than 15 s renews about every 15 s (in service, "
@@ -190,8 +215,10 @@ def show(series: dict[str, Series]) -> None:
 
 async def main(quick: bool = False) -> None:
     n = 300 if quick else 2000
-    report.heading(f"commit_hot: {n} commits per series, lease {LEASE_SECONDS:.0f} s, "
-                   f"{HELD} held runs each, {PARKED} parked")  # fmt: skip
+    report.heading(
+        f"commit_hot: {n} commits per series, lease {LEASE_SECONDS:.0f} s, "
+        f"{HELD} held runs each, {PARKED} parked"
+    )
     async with bench_postgres() as pg:
         dsn = await pg.create_database("commit_hot")
         report.note(await durability(dsn))

@@ -75,9 +75,12 @@ async def http_only_run(text: str) -> str:
 
 
 async def _timed(
-    run: Callable[[str], Awaitable[str]], workflows: int, concurrency: int,
-    on_start: Callable[[], object], on_end: Callable[[], object],
-) -> tuple[list[str], int, float]:  # fmt: skip
+    run: Callable[[str], Awaitable[str]],
+    workflows: int,
+    concurrency: int,
+    on_start: Callable[[], object],
+    on_end: Callable[[], object],
+) -> tuple[list[str], int, float]:
     connector = aiohttp.TCPConnector(limit=concurrency * 2, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=60.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -103,9 +106,12 @@ async def _timed(
 
 
 def _run_timed(
-    run: Callable[[str], Awaitable[str]], workflows: int, concurrency: int,
-    on_start: Callable[[], object], on_end: Callable[[], object],
-) -> tuple[int, float]:  # fmt: skip
+    run: Callable[[str], Awaitable[str]],
+    workflows: int,
+    concurrency: int,
+    on_start: Callable[[], object],
+    on_end: Callable[[], object],
+) -> tuple[int, float]:
     """The timed runs on their own event loop of the executors' kind; (actions, seconds)."""
     factory = None
     if chosen() == "uvloop":
@@ -122,23 +128,40 @@ def _run_timed(
 
 
 def measure_async(
-    dsn: str, model_base: str, providers_base: str, workflows: int, concurrency: int,
-    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
-) -> DbosResult:  # fmt: skip
+    dsn: str,
+    model_base: str,
+    providers_base: str,
+    workflows: int,
+    concurrency: int,
+    on_start: Callable[[], object] = lambda: None,
+    on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:
     """Launch DBOS on `dsn`, run `workflows` async runs `concurrency` at a time, time them.
 
     Blocking: call it in a worker thread (it runs its own event loop there).
     """
     _urls(model_base, providers_base)
-    return launched(dsn, workflows, concurrency, lambda: _run_timed(
-        agent_run_async, workflows, concurrency, on_start, on_end))  # fmt: skip
+    return launched(
+        dsn,
+        workflows,
+        concurrency,
+        lambda: _run_timed(agent_run_async, workflows, concurrency, on_start, on_end),
+    )
 
 
 def measure_http_only(
-    model_base: str, providers_base: str, workflows: int, concurrency: int,
-    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
-) -> DbosResult:  # fmt: skip
+    model_base: str,
+    providers_base: str,
+    workflows: int,
+    concurrency: int,
+    on_start: Callable[[], object] = lambda: None,
+    on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:
     """The same runs, concurrency and aiohttp session as `measure_async`, without DBOS."""
     _urls(model_base, providers_base)
-    return launched(None, workflows, concurrency, lambda: _run_timed(
-        http_only_run, workflows, concurrency, on_start, on_end))  # fmt: skip
+    return launched(
+        None,
+        workflows,
+        concurrency,
+        lambda: _run_timed(http_only_run, workflows, concurrency, on_start, on_end),
+    )

@@ -120,17 +120,20 @@ def play(run_id: str, text: str, model: ModelCall, echo: EchoCall) -> str:
 
 
 async def play_async(
-    run_id: str, text: str, model: Callable[..., Awaitable[Any]],
+    run_id: str,
+    text: str,
+    model: Callable[..., Awaitable[Any]],
     echo: Callable[..., Awaitable[Any]],
-) -> str:  # fmt: skip
+) -> str:
     """One run's conversation with awaited calls."""
     talk = conversation(run_id, text)
     answer: Any = None
     try:
         while True:
             kind, first, second = talk.send(answer)
-            answer = await (model(run_id, first, second) if kind == "model"
-                            else echo(first, second))  # fmt: skip
+            answer = await (
+                model(run_id, first, second) if kind == "model" else echo(first, second)
+            )
     except StopIteration as done:
         return str(done.value)
 
@@ -175,9 +178,12 @@ def _config(dsn: str, threads: int) -> dict[str, Any]:
 
 
 def _timed(
-    run: Callable[[str], str], workflows: int, threads: int,
-    on_start: Callable[[], object], on_end: Callable[[], object],
-) -> tuple[int, float]:  # fmt: skip
+    run: Callable[[str], str],
+    workflows: int,
+    threads: int,
+    on_start: Callable[[], object],
+    on_end: Callable[[], object],
+) -> tuple[int, float]:
     """Warm up, then `workflows` runs on `threads` threads, timed; (actions, seconds)."""
     limits = httpx.Limits(max_connections=threads * 2, keepalive_expiry=2.0)
     with httpx.Client(limits=limits, timeout=60.0) as client, ThreadPoolExecutor(threads) as pool:
@@ -220,24 +226,38 @@ def launched(
 
 
 def measure(
-    dsn: str, model_base: str, providers_base: str, workflows: int, threads: int,
-    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
-) -> DbosResult:  # fmt: skip
+    dsn: str,
+    model_base: str,
+    providers_base: str,
+    workflows: int,
+    threads: int,
+    on_start: Callable[[], object] = lambda: None,
+    on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:
     """Launch DBOS on `dsn`, run `workflows` runs on `threads` threads, time them, shut down.
 
     Blocking (DBOS's sync API): call it in a worker thread. `on_start` and `on_end` are
     called right before and after the timed runs (launch and warm-up are not measured).
     """
     _urls(model_base, providers_base)
-    return launched(dsn, workflows, threads,
-                    lambda: _timed(agent_run, workflows, threads, on_start, on_end))  # fmt: skip
+    return launched(
+        dsn, workflows, threads, lambda: _timed(agent_run, workflows, threads, on_start, on_end)
+    )
 
 
 def measure_http_only(
-    model_base: str, providers_base: str, workflows: int, threads: int,
-    on_start: Callable[[], object] = lambda: None, on_end: Callable[[], object] = lambda: None,
-) -> DbosResult:  # fmt: skip
+    model_base: str,
+    providers_base: str,
+    workflows: int,
+    threads: int,
+    on_start: Callable[[], object] = lambda: None,
+    on_end: Callable[[], object] = lambda: None,
+) -> DbosResult:
     """The same runs, threads and httpx client as `measure`, without DBOS: the HTTP share."""
     _urls(model_base, providers_base)
-    return launched(None, workflows, threads,
-                    lambda: _timed(http_only_run, workflows, threads, on_start, on_end))  # fmt: skip
+    return launched(
+        None,
+        workflows,
+        threads,
+        lambda: _timed(http_only_run, workflows, threads, on_start, on_end),
+    )

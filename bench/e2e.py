@@ -76,8 +76,14 @@ FLEETS = ((1, 32), (1, 256), (1, 1024))
 FLEETS_QUICK = ((1, 32), (1, 256))  # --quick: a smoke run
 # DBOS's sweep: sync workflows on N threads with httpx's Client, and async workflows N at a
 # time on one event loop with aiohttp (the executor's client): (mode, N).
-DBOS_SWEEP = (("threads", 4), ("threads", 16), ("threads", 64),
-              ("async", 16), ("async", 64), ("async", 256))  # fmt: skip
+DBOS_SWEEP = (
+    ("threads", 4),
+    ("threads", 16),
+    ("threads", 64),
+    ("async", 16),
+    ("async", 64),
+    ("async", 256),
+)
 DBOS_QUICK = (("threads", 16), ("async", 32))  # --quick: a smoke run, one point of each
 # The bench workspace's cap: every executor slot, so the fleet is the limit, not the plan.
 WORKSPACE_CAP = max(n * capacity for n, capacity in FLEETS)
@@ -143,11 +149,19 @@ class Throughput:
     mode: str = ""  # DBOS's: "threads" or "async"
 
     def row(self) -> list[str]:
-        return [f"{self.side}, {self.config}", str(self.runs), str(self.actions),
-                f"{self.seconds:.2f}", f"{self.actions_per_second:,.0f}",
-                self.cpu_ms(OWN), self.cpu_ms(CONTROL_PLANE), self.cpu_ms(EXECUTORS),
-                self.cpu_ms(SANDBOX), self.cpu_ms(POSTGRES),
-                f"{ratio(self.cpu.get(WAL, math.nan), self.actions):,.0f}"]  # fmt: skip
+        return [
+            f"{self.side}, {self.config}",
+            str(self.runs),
+            str(self.actions),
+            f"{self.seconds:.2f}",
+            f"{self.actions_per_second:,.0f}",
+            self.cpu_ms(OWN),
+            self.cpu_ms(CONTROL_PLANE),
+            self.cpu_ms(EXECUTORS),
+            self.cpu_ms(SANDBOX),
+            self.cpu_ms(POSTGRES),
+            f"{ratio(self.cpu.get(WAL, math.nan), self.actions):,.0f}",
+        ]
 
     @property
     def actions_per_second(self) -> float:
@@ -176,8 +190,11 @@ class Stack:
     capacity: int = 0
 
     def cpu_meter(self, fleet: list[Proc]) -> CpuMeter:
-        groups = {CONTROL_PLANE: [self.control_plane.pid], EXECUTORS: [p.pid for p in fleet],
-                  SANDBOX: list(self.sandbox_pids)}  # fmt: skip
+        groups = {
+            CONTROL_PLANE: [self.control_plane.pid],
+            EXECUTORS: [p.pid for p in fleet],
+            SANDBOX: list(self.sandbox_pids),
+        }
         return CpuMeter(groups, "this process and other tenants", _postgres(self.postgres_pid))
 
     async def executors(self, n: int, capacity: int) -> list[Proc]:
@@ -281,9 +298,13 @@ async def unusual_logs(conn: asyncpg.Connection, agent_id: str) -> None:
 
 
 async def _phase(
-    stack: Stack, chan: grpc.aio.Channel, fleet_of: tuple[int, int], runs: int, deadline: float,
+    stack: Stack,
+    chan: grpc.aio.Channel,
+    fleet_of: tuple[int, int],
+    runs: int,
+    deadline: float,
     attempt: int,
-) -> Throughput:  # fmt: skip
+) -> Throughput:
     n_exec, capacity = fleet_of
     config = _config(fleet_of)
     fleet = await stack.executors(n_exec, capacity)
@@ -305,8 +326,9 @@ async def _phase(
     log_complaints([*fleet, stack.control_plane])
     await unusual_logs(stack.conn, agent_id)
     span = await stack.conn.fetchrow(SPAN, agent_id)
-    return Throughput("agentrun", config, runs, span["actions"], float(span["seconds"]), cpu,
-                      capacity)  # fmt: skip
+    return Throughput(
+        "agentrun", config, runs, span["actions"], float(span["seconds"]), cpu, capacity
+    )
 
 
 def _config(fleet_of: tuple[int, int]) -> str:
@@ -331,24 +353,36 @@ class Sandboxes:
 
 
 async def _median_phase(
-    stack: Stack, chan: grpc.aio.Channel, fleet_of: tuple[int, int], runs: int, deadline: float,
+    stack: Stack,
+    chan: grpc.aio.Channel,
+    fleet_of: tuple[int, int],
+    runs: int,
+    deadline: float,
     repeats: int,
-) -> Throughput:  # fmt: skip
+) -> Throughput:
     """`repeats` phases of one configuration, in turn; the one with the median actions/s."""
     tries = [await _phase(stack, chan, fleet_of, runs, deadline, i) for i in range(repeats)]
     middle = sorted(tries, key=lambda t: t.actions_per_second)[len(tries) // 2]
     if repeats > 1:
-        each = ", ".join(f"{t.actions_per_second:,.0f} actions/s at {t.cpu_ms(OWN)} ms"
-                         for t in tries)  # fmt: skip
-        report.note(f"agentrun, {middle.config}, {repeats} phases in turn: {each}; the row is "
-                    f"the median ({middle.actions_per_second:,.0f})")  # fmt: skip
+        each = ", ".join(
+            f"{t.actions_per_second:,.0f} actions/s at {t.cpu_ms(OWN)} ms" for t in tries
+        )
+        report.note(
+            f"agentrun, {middle.config}, {repeats} phases in turn: {each}; the row is "
+            f"the median ({middle.actions_per_second:,.0f})"
+        )
     return middle
 
 
 async def agentrun_half(
-    pg: BenchPostgres, procs: Procs, sandboxes: Sandboxes, runs: int, deadline: float,
-    repeats: int = REPEATS, fleets: tuple[tuple[int, int], ...] = FLEETS,
-) -> list[Throughput]:  # fmt: skip
+    pg: BenchPostgres,
+    procs: Procs,
+    sandboxes: Sandboxes,
+    runs: int,
+    deadline: float,
+    repeats: int = REPEATS,
+    fleets: tuple[tuple[int, int], ...] = FLEETS,
+) -> list[Throughput]:
     dsn = await pg.create_database("e2e")
     report.note(await durability(dsn))
     with redis_url() as redis:
@@ -356,13 +390,21 @@ async def agentrun_half(
         conn = await asyncpg.connect(dsn)
         keys = await api.mint_keys(dsn)
         await set_workspace_cap(dsn)
-        links = ExecutorLinks(cp_port, sandboxes.model_port, sandboxes.providers_port, redis,
-                              ECHO_UNLIMITED, keys.executor)  # fmt: skip
+        links = ExecutorLinks(
+            cp_port,
+            sandboxes.model_port,
+            sandboxes.providers_port,
+            redis,
+            ECHO_UNLIMITED,
+            keys.executor,
+        )
         stack = Stack(procs, cp, links, sandboxes.pids, pg.server_pid, conn)
         try:
             async with api.channel(cp_port, keys.admin) as chan:
-                phases = [await _median_phase(stack, chan, fleet_of, runs, deadline, repeats)
-                          for fleet_of in fleets]  # fmt: skip
+                phases = [
+                    await _median_phase(stack, chan, fleet_of, runs, deadline, repeats)
+                    for fleet_of in fleets
+                ]
             row_bytes = await conn.fetchval(STEP_ROW_BYTES)
             report.note(f"steps table with its indexes: {row_bytes:,.0f} bytes a step row")
             return phases
@@ -387,8 +429,11 @@ class TimedWindow:
 
     def start(self) -> None:
         self.lsn.append(self._lsn())
-        self.meter = CpuMeter({OWN: [os.getpid()], SANDBOX: list(self._sandboxes.pids)},
-                              "other tenants", _postgres(self._pg.server_pid))  # fmt: skip
+        self.meter = CpuMeter(
+            {OWN: [os.getpid()], SANDBOX: list(self._sandboxes.pids)},
+            "other tenants",
+            _postgres(self._pg.server_pid),
+        )
 
     def end(self) -> None:
         assert self.meter is not None
@@ -408,9 +453,15 @@ async def _dbos_phase(
     try:
         window = TimedWindow(pg, conn, sandboxes)
         result = await asyncio.to_thread(
-            measure, dsn, sandboxes.model_base, sandboxes.providers_base,
-            workflows, threads, window.start, window.end,
-        )  # fmt: skip
+            measure,
+            dsn,
+            sandboxes.model_base,
+            sandboxes.providers_base,
+            workflows,
+            threads,
+            window.start,
+            window.end,
+        )
         wal = await conn.fetchval(WAL_DIFF, window.lsn[1], window.lsn[0])
     finally:
         await conn.close()
@@ -429,8 +480,10 @@ async def dbos_half(
         return []
     sweep = DBOS_QUICK if quick else DBOS_SWEEP
     if quick:
-        report.note("--quick: DBOS on one point of each mode (the full run sweeps "
-                    f"{', '.join(f'{m} {n}' for m, n in DBOS_SWEEP)})")  # fmt: skip
+        report.note(
+            "--quick: DBOS on one point of each mode (the full run sweeps "
+            f"{', '.join(f'{m} {n}' for m, n in DBOS_SWEEP)})"
+        )
     results = []
     for mode, n in sweep:
         dsn = await pg.create_database(f"e2e_dbos_{mode}_{n}", migrated=False)
@@ -439,9 +492,14 @@ async def dbos_half(
 
 
 async def guarded_agentrun_half(
-    pg: BenchPostgres, procs: Procs, sandboxes: Sandboxes, runs: int, deadline: float,
-    repeats: int = REPEATS, fleets: tuple[tuple[int, int], ...] = FLEETS,
-) -> tuple[list[Throughput], Exception | None]:  # fmt: skip
+    pg: BenchPostgres,
+    procs: Procs,
+    sandboxes: Sandboxes,
+    runs: int,
+    deadline: float,
+    repeats: int = REPEATS,
+    fleets: tuple[tuple[int, int], ...] = FLEETS,
+) -> tuple[list[Throughput], Exception | None]:
     """The agentrun figures, or the failure (the DBOS half is still worth measuring)."""
     if not module_available("executor.__main__"):
         report.note("agentrun half skipped: `python -m executor` is missing")
@@ -458,8 +516,19 @@ def best(results: list[Throughput]) -> Throughput | None:
 
 
 def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) -> None:
-    headers = ("", "runs", "actions", "seconds", "actions/s", "own CPU ms/action",
-               "(control plane", "executors)", "sandbox", "Postgres", "WAL B/action")  # fmt: skip
+    headers = (
+        "",
+        "runs",
+        "actions",
+        "seconds",
+        "actions/s",
+        "own CPU ms/action",
+        "(control plane",
+        "executors)",
+        "sandbox",
+        "Postgres",
+        "WAL B/action",
+    )
     report.table(headers, [t.row() for t in (*ours, *dbos)])
     report.note("actions: model calls + tool calls (9 a run); CPU ms per action. Own: agentrun's")
     report.note("control plane + executors, DBOS's process; the sandbox servers' and Postgres's")
@@ -470,22 +539,28 @@ def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) 
         return
     first = ours[0]  # 1 executor x 32: the only capacity benchmarks before 2026-12-04 ran
     if first is not a:
-        report.note(f"at {first.config} (as benchmarked before the capacity sweep): "
-                    f"{ratio(first.actions_per_second, d.actions_per_second):.2f}x DBOS best's "
-                    f"actions/s, {ratio(first.cpu_per_action(), d.cpu_per_action()):.2f}x its "
-                    "CPU per action")  # fmt: skip
+        report.note(
+            f"at {first.config} (as benchmarked before the capacity sweep): "
+            f"{ratio(first.actions_per_second, d.actions_per_second):.2f}x DBOS best's "
+            f"actions/s, {ratio(first.cpu_per_action(), d.cpu_per_action()):.2f}x its "
+            "CPU per action"
+        )
     report.note(f"compared: agentrun best ({a.config}) with DBOS best ({d.config})")
     speed = ratio(a.actions_per_second, d.actions_per_second)
-    report.target("actions/s agentrun / DBOS best", speed, f">= {TARGET_SPEED:g}x",
-                  speed >= TARGET_SPEED)  # fmt: skip
+    report.target(
+        "actions/s agentrun / DBOS best", speed, f">= {TARGET_SPEED:g}x", speed >= TARGET_SPEED
+    )
     _speed_bound(a, d)
     cpu = ratio(a.cpu_per_action(), d.cpu_per_action())
     report.target("own CPU/action agentrun / DBOS", cpu, f"<= {TARGET_CPU:g}x", cpu <= TARGET_CPU)
     lean = min(dbos, key=lambda t: t.cpu_per_action())
-    report.note(f"(DBOS's leanest config, {lean.config}: {lean.cpu_ms(OWN)} ms/action; "
-                f"agentrun / that: {ratio(a.cpu_per_action(), lean.cpu_per_action()):.2f}x)")  # fmt: skip
-    report.note(f"what bounds the CPU target: each side's HTTP calls alone, against DBOS best "
-                f"({d.config}):")  # fmt: skip
+    report.note(
+        f"(DBOS's leanest config, {lean.config}: {lean.cpu_ms(OWN)} ms/action; "
+        f"agentrun / that: {ratio(a.cpu_per_action(), lean.cpu_per_action()):.2f}x)"
+    )
+    report.note(
+        f"what bounds the CPU target: each side's HTTP calls alone, against DBOS best ({d.config}):"
+    )
     http_share.explain(d.cpu_per_action(), a.cpu_per_action(), shares, TARGET_CPU)
 
 
@@ -499,10 +574,12 @@ def _speed_bound(a: Throughput, d: Throughput) -> None:
     theirs = d.cpu_per_action() + sum(d.cpu_per_action(g) for g in shared)
     ours_floor = sum(a.cpu_per_action(g) for g in shared)
     ours = a.cpu_per_action() + ours_floor
-    report.note(f"what bounds the speed target on this machine (CPU-bound, everything on its "
-                f"cores): an action costs DBOS {theirs * 1000:.2f} ms of CPU in all and agentrun "
-                f"{ours * 1000:.2f} (sandbox + Postgres {ours_floor * 1000:.2f}); with agentrun's "
-                f"own CPU at zero the best ratio would be {ratio(theirs, ours_floor):.1f}x")  # fmt: skip
+    report.note(
+        f"what bounds the speed target on this machine (CPU-bound, everything on its "
+        f"cores): an action costs DBOS {theirs * 1000:.2f} ms of CPU in all and agentrun "
+        f"{ours * 1000:.2f} (sandbox + Postgres {ours_floor * 1000:.2f}); with agentrun's "
+        f"own CPU at zero the best ratio would be {ratio(theirs, ours_floor):.1f}x"
+    )
 
 
 async def start_sandboxes(procs: Procs) -> Sandboxes:
@@ -514,8 +591,10 @@ async def start_sandboxes(procs: Procs) -> Sandboxes:
 async def main(quick: bool = False) -> None:
     runs = 50 if quick else RUNS
     deadline = 300.0 if quick else 1200.0
-    report.heading(f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
-                   "doing the same HTTP calls")  # fmt: skip
+    report.heading(
+        f"e2e: {runs} steps10 runs (5 model calls + 4 echo calls each) vs DBOS "
+        "doing the same HTTP calls"
+    )
     report.note("the machine is shared with other tenants: figures are noisy")
     if not module_available("sandbox.__main__"):
         report.note("e2e skipped: `python -m sandbox` is missing")
@@ -525,16 +604,24 @@ async def main(quick: bool = False) -> None:
             with Procs(tmp) as procs:
                 sandboxes = await start_sandboxes(procs)
                 ours, failure = await guarded_agentrun_half(
-                    pg, procs, sandboxes, runs, deadline, 1 if quick else REPEATS,
+                    pg,
+                    procs,
+                    sandboxes,
+                    runs,
+                    deadline,
+                    1 if quick else REPEATS,
                     FLEETS_QUICK if quick else FLEETS,
-                )  # fmt: skip
+                )
                 dbos = await dbos_half(pg, sandboxes, runs, quick)
                 # Each side's HTTP share is measured in its best configuration.
                 a, d = best(ours), best(dbos)
                 shares = await http_share.measure(
-                    sandboxes.model_base, sandboxes.providers_base, runs,
-                    (d.mode, d.workers) if d else None, a.workers if a else FLEETS[0][1],
-                )  # fmt: skip
+                    sandboxes.model_base,
+                    sandboxes.providers_base,
+                    runs,
+                    (d.mode, d.workers) if d else None,
+                    a.workers if a else FLEETS[0][1],
+                )
     _print(ours, dbos, shares)
     if failure is not None:
         raise RuntimeError("the agentrun half of e2e failed (see above)") from failure

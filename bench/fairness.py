@@ -145,8 +145,9 @@ class SimExecutor:
 
     async def _hold(self, row: runs.Run) -> None:
         await asyncio.sleep(HOLD)
-        finish = steps.NewStep(row.step_count, "finish", None,
-                               json.dumps({"status": "completed", "output": "ok"}))  # fmt: skip
+        finish = steps.NewStep(
+            row.step_count, "finish", None, json.dumps({"status": "completed", "output": "ok"})
+        )
         done = steps.Transition(status="completed", text="ok")
         req = steps.CommitRequest(row.workspace_id, row.run_id, row.lease_epoch, [finish], done)
         await steps.commit(self.pool, req, LEASE)
@@ -188,9 +189,16 @@ class Phase:
         return f">{value:.2f}" if self.pending and value >= min(self.pending) else f"{value:.3f}"
 
     def row(self) -> list[str]:
-        return [self.label, f"{len(self.waited)}/{len(self.everyone)}", self.shown(50),
-                self.shown(99), f"{max(self.everyone):.2f}", f"{self.big_peak} / {BIG_CAP}",
-                report.ms(self.claim.p50), report.ms(self.claim.p99)]  # fmt: skip
+        return [
+            self.label,
+            f"{len(self.waited)}/{len(self.everyone)}",
+            self.shown(50),
+            self.shown(99),
+            f"{max(self.everyone):.2f}",
+            f"{self.big_peak} / {BIG_CAP}",
+            report.ms(self.claim.p50),
+            report.ms(self.claim.p99),
+        ]
 
 
 async def _seed(conn: asyncpg.Connection, workspaces: list[str]) -> None:
@@ -275,8 +283,16 @@ async def fairness(pg: BenchPostgres, quick: bool) -> None:
     fifo = await phase(pg, "FIFO claim", fifo_claim, big_runs, 5.0 if quick else 15.0, arrivals)
     report.note("time to start of the small workspaces' runs, seconds (database clock); a run")
     report.note("not started when the phase ended counts with its age then (shown as '>')")
-    headers = ("", "started", "p50 s", "p99 s", "max s", "big peak/cap", "claim p50 ms",
-               "claim p99 ms")  # fmt: skip
+    headers = (
+        "",
+        "started",
+        "p50 s",
+        "p99 s",
+        "max s",
+        "big peak/cap",
+        "claim p50 ms",
+        "claim p99 ms",
+    )
     report.table(headers, [fair.row(), fifo.row()])
     p99 = percentile(fair.everyone, 99)
     verdict(f"fair: small runs' start p99 {p99:.3f}s", f"< {TARGET_P99:g}s", p99 < TARGET_P99)
@@ -320,8 +336,10 @@ class ScaleDatabase:
         finally:
             await conn.close()
         self._pool = await create_pool(dsn, min_size=1, max_size=1)
-        report.note(f"loaded {self.parked:,} parked runs over {self.WORKSPACES:,} workspaces "
-                    f"in {time.perf_counter() - began:.1f}s")  # fmt: skip
+        report.note(
+            f"loaded {self.parked:,} parked runs over {self.WORKSPACES:,} workspaces "
+            f"in {time.perf_counter() - began:.1f}s"
+        )
 
     async def claim_rounds(self, rounds: int, record: bool = True) -> None:
         assert self._pool is not None
@@ -340,9 +358,11 @@ class ScaleDatabase:
         into.append(time.perf_counter() - began)
         if len(got) != n:
             raise RuntimeError(f"a {n}-run claim took {len(got)} runs")
-        await self._pool.execute("UPDATE runs SET status = 'completed', wake_at = NULL, "
-                                 "finished_at = now() WHERE run_id = ANY($1::uuid[])",
-                                 [r.run_id for r in got])  # fmt: skip
+        await self._pool.execute(
+            "UPDATE runs SET status = 'completed', wake_at = NULL, "
+            "finished_at = now() WHERE run_id = ANY($1::uuid[])",
+            [r.run_id for r in got],
+        )
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -393,8 +413,9 @@ async def scale(pg: BenchPostgres, quick: bool) -> None:
     rows = []
     for db in dbs:
         for label, samples in (("1 run", db.single), ("64 runs", db.batch)):
-            rows.append(report.latency_row(f"{db.parked:,} parked, claim {label}",
-                                           Summary.of(samples)))  # fmt: skip
+            rows.append(
+                report.latency_row(f"{db.parked:,} parked, claim {label}", Summary.of(samples))
+            )
     report.table(report.LATENCY_HEADERS, rows)
     r = ratio(Summary.of(dbs[1].single).p99, Summary.of(dbs[0].single).p99)
     report.target(f"claim p99 {deep_n:,}/10,000 parked", r, "<= 1.5x", r <= 1.5)

@@ -79,13 +79,19 @@ class Bench:
             agent_pb2.CreateAgentRequest(workspace_id=api.WORKSPACE, agent_id=agent_id)
         )
         spec = agent_pb2.AgentSpec(model=model, instructions="benchmark", fast_path=fast)
-        await agents.PublishAgentVersion(agent_pb2.PublishAgentVersionRequest(
-            workspace_id=api.WORKSPACE, agent_id=agent_id, spec=spec))  # fmt: skip
+        await agents.PublishAgentVersion(
+            agent_pb2.PublishAgentVersionRequest(
+                workspace_id=api.WORKSPACE, agent_id=agent_id, spec=spec
+            )
+        )
 
     async def turn(self, agent_id: str) -> tuple[str, float]:
         """Send one message in a new session; (run id, wall time just before SendMessage)."""
-        created = await self.sessions.CreateSession(session_pb2.CreateSessionRequest(
-            workspace_id=api.WORKSPACE, agent_id=agent_id, title="bench"))  # fmt: skip
+        created = await self.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(
+                workspace_id=api.WORKSPACE, agent_id=agent_id, title="bench"
+            )
+        )
         request = session_pb2.SendMessageRequest(
             workspace_id=api.WORKSPACE, session_id=created.session.session_id, text="hello"
         )
@@ -160,16 +166,20 @@ async def measure(samples: int, streamed: int) -> None:
             _, providers_port = await start_sandbox(procs, "providers")
             cp, cp_port = await start_control_plane(procs, dsn)
             keys = await api.mint_keys(dsn)
-            links = ExecutorLinks(cp_port, model_port, providers_port, redis,
-                                  executor_key=keys.executor)  # fmt: skip
+            links = ExecutorLinks(
+                cp_port, model_port, providers_port, redis, executor_key=keys.executor
+            )
             executor = start_executor(procs, "bench-fast-path", links, capacity=4)
             await cp.wait_log(f"executor {executor.name} connected", watch=executor)
             conn = await asyncpg.connect(dsn)
             try:
                 async with api.channel(cp_port, keys.admin) as chan:
                     bench = Bench(chan, conn, f"http://127.0.0.1:{model_port}")
-                    for agent_id, model, fast in (("fast", "chat", True), ("normal", "chat", False),
-                                                  ("streamer", "fast_chat", True)):  # fmt: skip
+                    for agent_id, model, fast in (
+                        ("fast", "chat", True),
+                        ("normal", "chat", False),
+                        ("streamer", "fast_chat", True),
+                    ):
                         await bench.publish(agent_id, model, fast)
                     sides = await latencies(bench, samples)
                     deltas = [await first_delta(bench) for _ in range(streamed)]
@@ -181,23 +191,36 @@ async def measure(samples: int, streamed: int) -> None:
 def _print(sides: dict[str, list[float]], deltas: list[tuple[float, float]]) -> None:
     fast, normal = Summary.of(sides["fast"]), Summary.of(sides["normal"])
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    report.note(f"load average {load} on {os.cpu_count()} cores; {THINK_SECONDS * 1000:.0f} ms "
-                "between turns")  # fmt: skip
-    report.table(report.LATENCY_HEADERS, [
-        report.latency_row("fast path (SendMessage leases + assigns)", fast),
-        report.latency_row("normal path (poke -> claim loop -> assign)", normal),
-        report.latency_row("  SendMessage call, fast path", Summary.of(sides["fast reply"])),
-        report.latency_row("  SendMessage call, normal path", Summary.of(sides["normal reply"])),
-    ])  # fmt: skip
+    report.note(
+        f"load average {load} on {os.cpu_count()} cores; {THINK_SECONDS * 1000:.0f} ms "
+        "between turns"
+    )
+    report.table(
+        report.LATENCY_HEADERS,
+        [
+            report.latency_row("fast path (SendMessage leases + assigns)", fast),
+            report.latency_row("normal path (poke -> claim loop -> assign)", normal),
+            report.latency_row("  SendMessage call, fast path", Summary.of(sides["fast reply"])),
+            report.latency_row(
+                "  SendMessage call, normal path", Summary.of(sides["normal reply"])
+            ),
+        ],
+    )
     met = fast.p50 <= TARGET_P50
-    print(f"   fast path p50 {report.ms(fast.p50)} ms   target <= {TARGET_P50 * 1000:.0f} ms   "
-          f"{'MET' if met else 'NOT MET'}", flush=True)  # fmt: skip
+    print(
+        f"   fast path p50 {report.ms(fast.p50)} ms   target <= {TARGET_P50 * 1000:.0f} ms   "
+        f"{'MET' if met else 'NOT MET'}",
+        flush=True,
+    )
     first, decided = [d for d, _ in deltas], [c for _, c in deltas]
     before = sum(1 for d, c in deltas if d < c)
-    report.table(report.LATENCY_HEADERS, [
-        report.latency_row("first delta at the watcher", Summary.of(first)),
-        report.latency_row("decision step's commit began", Summary.of(decided)),
-    ])  # fmt: skip
+    report.table(
+        report.LATENCY_HEADERS,
+        [
+            report.latency_row("first delta at the watcher", Summary.of(first)),
+            report.latency_row("decision step's commit began", Summary.of(decided)),
+        ],
+    )
     report.note(f"first delta before the decision commit in {before} of {len(deltas)} turns")
 
 

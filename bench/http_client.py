@@ -75,8 +75,10 @@ RAW = "raw asyncio (floor)"
 
 def model_body() -> dict[str, Any]:
     """The first model request of a steps10 run, as the executor sends it."""
-    messages = [{"role": "system", "content": "benchmark"},
-                {"role": "user", "content": f"benchmark run {uuid.uuid4().hex[:6]}"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "benchmark"},
+        {"role": "user", "content": f"benchmark run {uuid.uuid4().hex[:6]}"},
+    ]
     return {"model": MODEL, "messages": messages, "tools": TOOLS}
 
 
@@ -181,9 +183,12 @@ class ReqwestClient(Client):
 
         self._t = targets
         self._client = (
-            ClientBuilder().timeout(timedelta(seconds=TIMEOUT)).follow_redirects(False)
-            .pool_idle_timeout(timedelta(seconds=KEEPALIVE)).build()
-        )  # fmt: skip
+            ClientBuilder()
+            .timeout(timedelta(seconds=TIMEOUT))
+            .follow_redirects(False)
+            .pool_idle_timeout(timedelta(seconds=KEEPALIVE))
+            .build()
+        )
 
     async def _post(self, url: str, body: Any, headers: dict[str, str]) -> Any:
         request = self._client.post(url).headers({**headers, **JSON_TYPE})
@@ -296,8 +301,10 @@ class RawClient(Client):
         address = (parts.hostname or "127.0.0.1", parts.port or 80)
         payload = json.dumps(body).encode()
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{lines}"
-                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")  # fmt: skip
+        head = (
+            f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{lines}"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
         idle = self._idle.setdefault(address, [])
         conn = await self._take(idle, address)
         status, answer = await conn.exchange(head.encode() + payload)
@@ -438,28 +445,38 @@ def _against_httpx(results: Results, name: str) -> str:
 
 def recommendation(results: Results) -> str:
     """The one line that follows from the figures."""
-    aio = [ratio(results.of(AIOHTTP, c).cpu_us(), results.of(HTTPX, c).cpu_us())
-           for c in CONCURRENCY]  # fmt: skip
+    aio = [
+        ratio(results.of(AIOHTTP, c).cpu_us(), results.of(HTTPX, c).cpu_us()) for c in CONCURRENCY
+    ]
     ours, bare, floor = (_against_httpx(results, n) for n in (EXECUTOR, AIOHTTP, RAW))
     if all(v <= MARKEDLY for v in aio):
-        return (f"the executor uses aiohttp, and should: bare aiohttp is {bare} httpx's CPU per "
-                f"request (markedly cheaper means <= {MARKEDLY:g}x at both), the executor's "
-                f"client as built {ours}; the raw floor is {floor}")  # fmt: skip
-    return (f"aiohttp measured {bare} httpx's CPU per request here, not markedly cheaper "
-            f"(<= {MARKEDLY:g}x at both): look again at the switch; the executor's client as "
-            f"built {ours}, the raw floor {floor}")  # fmt: skip
+        return (
+            f"the executor uses aiohttp, and should: bare aiohttp is {bare} httpx's CPU per "
+            f"request (markedly cheaper means <= {MARKEDLY:g}x at both), the executor's "
+            f"client as built {ours}; the raw floor is {floor}"
+        )
+    return (
+        f"aiohttp measured {bare} httpx's CPU per request here, not markedly cheaper "
+        f"(<= {MARKEDLY:g}x at both): look again at the switch; the executor's client as "
+        f"built {ours}, the raw floor {floor}"
+    )
 
 
 def candidate(results: Results) -> str | None:
     """What the figures say of the candidate against the executor's client as built."""
     if (REQWEST, CONCURRENCY[0]) not in results.tallies:
         return None
-    against = [ratio(results.of(REQWEST, c).cpu_us(), results.of(EXECUTOR, c).cpu_us())
-               for c in CONCURRENCY]  # fmt: skip
+    against = [
+        ratio(results.of(REQWEST, c).cpu_us(), results.of(EXECUTOR, c).cpu_us())
+        for c in CONCURRENCY
+    ]
     each = ", ".join(f"{v:.2f}x at {c}" for v, c in zip(against, CONCURRENCY, strict=True))
-    verdict = ("markedly cheaper: worth the switch (the send horizon's last-moment check, the "
-               "error classes and streaming move with it)" if all(v <= MARKEDLY for v in against)
-               else f"not markedly cheaper (<= {MARKEDLY:g}x at both)")  # fmt: skip
+    verdict = (
+        "markedly cheaper: worth the switch (the send horizon's last-moment check, the "
+        "error classes and streaming move with it)"
+        if all(v <= MARKEDLY for v in against)
+        else f"not markedly cheaper (<= {MARKEDLY:g}x at both)"
+    )
     return f"pyreqwest is {each} the executor's client's CPU per request: {verdict}"
 
 
@@ -469,12 +486,26 @@ def _print(results: Results) -> None:
         base = results.of(HTTPX, concurrency)
         for kind in clients():
             t = results.of(kind.name, concurrency)
-            rows.append([f"{kind.name}, concurrency {concurrency}", f"{t.requests:,}",
-                         f"{t.seconds:.2f}", f"{t.per_second:,.0f}", f"{t.cpu_us():.0f}",
-                         f"{ratio(t.cpu_us(), base.cpu_us()):.2f}x",
-                         f"{t.cpu_us('sandbox'):.0f}"])  # fmt: skip
-    headers = ("", "requests", "seconds", "requests/s", "client CPU us/req", "vs httpx",
-               "sandbox CPU us/req")  # fmt: skip
+            rows.append(
+                [
+                    f"{kind.name}, concurrency {concurrency}",
+                    f"{t.requests:,}",
+                    f"{t.seconds:.2f}",
+                    f"{t.per_second:,.0f}",
+                    f"{t.cpu_us():.0f}",
+                    f"{ratio(t.cpu_us(), base.cpu_us()):.2f}x",
+                    f"{t.cpu_us('sandbox'):.0f}",
+                ]
+            )
+    headers = (
+        "",
+        "requests",
+        "seconds",
+        "requests/s",
+        "client CPU us/req",
+        "vs httpx",
+        "sandbox CPU us/req",
+    )
     report.table(headers, rows)
     report.note("half model calls (chat completion, ~1 KB JSON each way), half echo tool calls;")
     report.note("client CPU: this process (the client and its event loop), all threads")
@@ -493,8 +524,10 @@ async def main(quick: bool) -> None:
     with workdir("http_client") as tmp, Procs(tmp) as procs:
         model, model_port = await start_sandbox(procs, "model")
         providers, providers_port = await start_sandbox(procs, "providers")
-        targets = Targets(f"http://127.0.0.1:{model_port}/v1/chat/completions",
-                          f"http://127.0.0.1:{providers_port}/echo")  # fmt: skip
+        targets = Targets(
+            f"http://127.0.0.1:{model_port}/v1/chat/completions",
+            f"http://127.0.0.1:{providers_port}/echo",
+        )
         results = await measure(targets, (model.pid, providers.pid), block, rounds)
     _print(results)
 
@@ -504,6 +537,8 @@ def run(quick: bool = False) -> None:
     if not module_available("sandbox.__main__"):
         report.note("http_client skipped: `python -m sandbox` is missing")
         return
-    report.note(f"event loop: {event_loop.chosen()} (the executor's); "
-                f"{os.cpu_count()} cores shared with other tenants")  # fmt: skip
+    report.note(
+        f"event loop: {event_loop.chosen()} (the executor's); "
+        f"{os.cpu_count()} cores shared with other tenants"
+    )
     event_loop.run(main(quick))

@@ -70,8 +70,9 @@ async def play(client: http_client.Client, text: str) -> int:
         calls = message.get("tool_calls") or []
         if not calls:
             return actions
-        messages.append({"role": "assistant", "content": message.get("content"),
-                         "tool_calls": calls})  # fmt: skip
+        messages.append(
+            {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
+        )
         for call in calls:
             arguments = json.loads(call["function"]["arguments"])
             result = await client.echo(arguments, f"{run_id}:{call['id']}")
@@ -96,8 +97,11 @@ async def _concurrent(client: http_client.Client, texts: list[str], concurrency:
 
 async def _executor_way(
     make: Callable[[http_client.Targets], http_client.Client],
-    targets: http_client.Targets, runs: int, concurrency: int, label: str,
-) -> Share:  # fmt: skip
+    targets: http_client.Targets,
+    runs: int,
+    concurrency: int,
+    label: str,
+) -> Share:
     client = make(targets)
     try:
         await _concurrent(client, [f"warm-up {i}" for i in range(concurrency)], concurrency)
@@ -113,8 +117,11 @@ async def _executor_way(
 
 def _executor_once(
     make: Callable[[http_client.Targets], http_client.Client],
-    targets: http_client.Targets, runs: int, concurrency: int, label: str,
-) -> Share:  # fmt: skip
+    targets: http_client.Targets,
+    runs: int,
+    concurrency: int,
+    label: str,
+) -> Share:
     """The executor's way on an event loop of its own (a fresh one each try)."""
     return event_loop.run(_executor_way(make, targets, runs, concurrency, label))
 
@@ -126,10 +133,13 @@ def _dbos_way(model_base: str, providers_base: str, runs: int, mode: str, thread
     meters: list[CpuMeter] = []
     alone = dbos_async.measure_http_only if mode == "async" else dbos_baseline.measure_http_only
     result = alone(
-        model_base, providers_base, runs, threads,
+        model_base,
+        providers_base,
+        runs,
+        threads,
         on_start=lambda: meters.append(CpuMeter({"own": [os.getpid()]}, "other")),
         on_end=lambda: meters[0].stop(),
-    )  # fmt: skip
+    )
     cpu = meters[0].used()["own"]
     return Share(_dbos_label(mode, threads), result.actions, result.seconds, cpu)
 
@@ -146,8 +156,9 @@ async def measure(
     concurrency: int,
 ) -> list[Share]:
     """The shares, each in its own timed window (threads and loops of their own)."""
-    targets = http_client.Targets(model_base.rstrip("/") + "/chat/completions",
-                                  providers_base.rstrip("/") + "/echo")  # fmt: skip
+    targets = http_client.Targets(
+        model_base.rstrip("/") + "/chat/completions", providers_base.rstrip("/") + "/echo"
+    )
     tries: list[tuple[str, Callable[[], Share]]] = []
     if dbos is not None and module_available("dbos"):
         mode, threads = dbos
@@ -175,8 +186,10 @@ async def _tried(label: str, once: Callable[[], Share]) -> Share | None:
         try:
             return await asyncio.to_thread(once)
         except Exception as exc:  # noqa: BLE001 - said in the output, then tried again
-            report.note(f"HTTP calls alone, {label}: try {attempt} of {TRIES} failed: "
-                        f"{type(exc).__name__}: {exc}")  # fmt: skip
+            report.note(
+                f"HTTP calls alone, {label}: try {attempt} of {TRIES} failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
     return None
 
 
@@ -187,30 +200,39 @@ def _ms(seconds: float) -> str:
 def explain(dbos_total: float, ours_total: float, shares: list[Share], target: float) -> None:
     """Print the arithmetic: DBOS = its HTTP share + the rest; what that leaves agentrun."""
     by = {s.label.split(" (")[0]: s for s in shares}
-    report.table(("HTTP calls alone (no durability)", "actions", "seconds", "CPU ms/action"),
-                 [[s.label, str(s.actions), f"{s.seconds:.2f}", _ms(s.per_action)]
-                  for s in shares])  # fmt: skip
+    report.table(
+        ("HTTP calls alone (no durability)", "actions", "seconds", "CPU ms/action"),
+        [[s.label, str(s.actions), f"{s.seconds:.2f}", _ms(s.per_action)] for s in shares],
+    )
     sync, ours = by.get(DBOS_SYNC) or by.get(DBOS_ASYNC), by.get(EXECUTOR)
     if sync is None or ours is None:
         return
     rest = dbos_total - sync.per_action
     budget = target * dbos_total
     ours_rest = ours_total - ours.per_action
-    report.note(f"CPU ms/action: DBOS {_ms(dbos_total)} = its HTTP calls ({sync.label}) "
-                f"{_ms(sync.per_action)}"
-                f" + DBOS's own work {_ms(rest)}; <= {target:g}x leaves agentrun's control "
-                f"plane + executors {_ms(budget)} in all")  # fmt: skip
-    report.note(f"agentrun {_ms(ours_total)} = the executors' HTTP calls (aiohttp) "
-                f"{_ms(ours.per_action)}"
-                f" + everything else {_ms(ours_rest)}: the client alone is "
-                f"{ratio(ours.per_action, budget):.1f}x that budget")  # fmt: skip
-    report.note(f"both sides on one client costing H a call: agentrun / DBOS >= H / (H + "
-                f"{_ms(rest)}) with all else of ours free; <= {target:g}x needs H <= "
-                f"{_ms(rest * target / (1 - target))} and our rest <= {target:g} x {_ms(rest)} - "
-                f"{1 - target:g} H:")  # fmt: skip
+    report.note(
+        f"CPU ms/action: DBOS {_ms(dbos_total)} = its HTTP calls ({sync.label}) "
+        f"{_ms(sync.per_action)}"
+        f" + DBOS's own work {_ms(rest)}; <= {target:g}x leaves agentrun's control "
+        f"plane + executors {_ms(budget)} in all"
+    )
+    report.note(
+        f"agentrun {_ms(ours_total)} = the executors' HTTP calls (aiohttp) "
+        f"{_ms(ours.per_action)}"
+        f" + everything else {_ms(ours_rest)}: the client alone is "
+        f"{ratio(ours.per_action, budget):.1f}x that budget"
+    )
+    report.note(
+        f"both sides on one client costing H a call: agentrun / DBOS >= H / (H + "
+        f"{_ms(rest)}) with all else of ours free; <= {target:g}x needs H <= "
+        f"{_ms(rest * target / (1 - target))} and our rest <= {target:g} x {_ms(rest)} - "
+        f"{1 - target:g} H:"
+    )
     for share in (s for s in shares if s is not sync):
         h = share.per_action
         room = target * rest - (1 - target) * h
         verdict = f"our rest must fit in {_ms(room)}" if room > 0 else "out of reach"
-        report.note(f"  {share.label}: H = {_ms(h)}, best ratio {ratio(h, h + rest):.2f}x; "
-                    f"{verdict} (today's rest: {_ms(ours_rest)})")  # fmt: skip
+        report.note(
+            f"  {share.label}: H = {_ms(h)}, best ratio {ratio(h, h + rest):.2f}x; "
+            f"{verdict} (today's rest: {_ms(ours_rest)})"
+        )

@@ -92,8 +92,10 @@ async def _load(dsn: str, conn: asyncpg.Connection, finished: int, per_run: int)
     )
     await conn.execute("VACUUM ANALYZE")
     steps = finished * per_run
-    report.note(f"loaded {finished:,} finished runs, {steps:,} steps in "
-                f"{time.perf_counter() - start:.1f}s, {BLOCKS} slices")  # fmt: skip
+    report.note(
+        f"loaded {finished:,} finished runs, {steps:,} steps in "
+        f"{time.perf_counter() - start:.1f}s, {BLOCKS} slices"
+    )
     return await conn.fetchval("SELECT min(finished_at) FROM runs WHERE status = 'completed'")
 
 
@@ -148,28 +150,34 @@ async def _measure(
 
 async def _scenario(pg: BenchPostgres, quick: bool, per_run: int) -> None:
     steps = _total_steps(quick)
-    report.heading(f"retention: single-claim latency while deleting {steps:,} steps, "
-                   f"{per_run:,} a run")  # fmt: skip
+    report.heading(
+        f"retention: single-claim latency while deleting {steps:,} steps, {per_run:,} a run"
+    )
     quiet, busy, took = await _measure(pg, quick, per_run)
     a, b = Summary.of(quiet), Summary.of(busy)
     report.table(
         report.LATENCY_HEADERS,
         [report.latency_row("no deleter", a), report.latency_row("deleter running", b)],
     )
-    report.note(f"the deleter took {took:.1f}s in {BLOCKS} blocks: "
-                f"{steps // per_run / took:,.0f} runs/s, {steps / took:,.0f} steps/s; "
-                f"{len(busy)} claims ran meanwhile")  # fmt: skip
+    report.note(
+        f"the deleter took {took:.1f}s in {BLOCKS} blocks: "
+        f"{steps // per_run / took:,.0f} runs/s, {steps / took:,.0f} steps/s; "
+        f"{len(busy)} claims ran meanwhile"
+    )
     r = ratio(b.p99, a.p99)
-    report.target(f"claim p99 deleter/none, {per_run:,} steps/run", r,
-                  f"<= {TARGET:g}x", r <= TARGET)  # fmt: skip
+    report.target(
+        f"claim p99 deleter/none, {per_run:,} steps/run", r, f"<= {TARGET:g}x", r <= TARGET
+    )
 
 
 async def main(quick: bool = False) -> None:
     # --quick keeps `make bench` short: the first scenario only.
     scenarios = STEPS_PER_RUN[:1] if quick else STEPS_PER_RUN
     if quick:
-        report.note(f"--quick: {scenarios[0]} steps a run only (the full run also measures "
-                    f"{', '.join(f'{n:,}' for n in STEPS_PER_RUN[1:])})")  # fmt: skip
+        report.note(
+            f"--quick: {scenarios[0]} steps a run only (the full run also measures "
+            f"{', '.join(f'{n:,}' for n in STEPS_PER_RUN[1:])})"
+        )
     async with bench_postgres() as pg:
         for per_run in scenarios:
             await _scenario(pg, quick, per_run)

@@ -28,18 +28,27 @@ async def agent_version(
 
 
 async def queued_runs(
-    pool: asyncpg.pool.Pool, n: int, workspace_id: str = "ws", agent_id: str = "agent",
+    pool: asyncpg.pool.Pool,
+    n: int,
+    workspace_id: str = "ws",
+    agent_id: str = "agent",
     deadline_seconds: int = 3600,
-) -> list[runs.Run]:  # fmt: skip
+) -> list[runs.Run]:
     """Admit n runs of a fresh agent version."""
     version = await agent_version(pool, workspace_id, agent_id)
     out = []
     for i in range(n):
         adm = runs.Admission(
-            workspace_id=workspace_id, agent_id=agent_id, agent_version=version,
-            input=f"input {i}", request_id=None, max_steps=50, max_tokens=100_000,
-            max_tool_calls=100, deadline_seconds=deadline_seconds,
-        )  # fmt: skip
+            workspace_id=workspace_id,
+            agent_id=agent_id,
+            agent_version=version,
+            input=f"input {i}",
+            request_id=None,
+            max_steps=50,
+            max_tokens=100_000,
+            max_tool_calls=100,
+            deadline_seconds=deadline_seconds,
+        )
         run = await runs.insert_run(pool, adm)
         assert run is not None
         out.append(run)

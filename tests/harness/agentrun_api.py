@@ -68,9 +68,13 @@ class Api:
         await self.channel.close()
 
     async def publish(
-        self, agent_id: str, model: str, tools: list[str],
-        approval: approval_pb2.ApprovalPolicy | None = None, **limits: Any,
-    ) -> int:  # fmt: skip
+        self,
+        agent_id: str,
+        model: str,
+        tools: list[str],
+        approval: approval_pb2.ApprovalPolicy | None = None,
+        **limits: Any,
+    ) -> int:
         try:
             await self.agents.CreateAgent(
                 agent_pb2.CreateAgentRequest(workspace_id=self.ws, agent_id=agent_id)
@@ -79,9 +83,12 @@ class Api:
             if err.code() != grpc.StatusCode.ALREADY_EXISTS:
                 raise
         spec = agent_pb2.AgentSpec(
-            model=model, instructions="test agent", tools=tools,
-            limits=agent_pb2.RunLimits(**limits), approval=approval,
-        )  # fmt: skip
+            model=model,
+            instructions="test agent",
+            tools=tools,
+            limits=agent_pb2.RunLimits(**limits),
+            approval=approval,
+        )
         resp = await self.agents.PublishAgentVersion(
             agent_pb2.PublishAgentVersionRequest(workspace_id=self.ws, agent_id=agent_id, spec=spec)
         )
@@ -111,7 +118,7 @@ class Api:
                     s.epoch,
                     s.ref_seq,
                     json.loads(s.payload_json),
-                )  # fmt: skip
+                )
                 for s in resp.steps
             ]
             if not resp.next_seq:
@@ -123,8 +130,9 @@ class Api:
             got = [await self.get(r) for r in run_ids]
             return got if all(r.status in TERMINAL for r in got) else None
 
-        return await eventually(all_done, timeout=within, interval=0.2,
-                                message=f"runs did not finish in {within}s")  # fmt: skip
+        return await eventually(
+            all_done, timeout=within, interval=0.2, message=f"runs did not finish in {within}s"
+        )
 
     async def resolve_unknown(
         self, run_id: str, seq: int, decision: str, decided_by: str = "tester", note: str = ""
@@ -133,10 +141,14 @@ class Api:
         value = run_pb2.OutcomeDecision.Value(f"OUTCOME_DECISION_{decision.upper()}")
         return await self.runs.ResolveUnknownOutcome(
             run_pb2.ResolveUnknownOutcomeRequest(
-                workspace_id=self.ws, run_id=run_id, seq=seq, decision=value,
-                decided_by=decided_by, note=note,
+                workspace_id=self.ws,
+                run_id=run_id,
+                seq=seq,
+                decision=value,
+                decided_by=decided_by,
+                note=note,
             )
-        )  # fmt: skip
+        )
 
     async def awaiting_person(self, run_id: str) -> LoggedStep | None:
         """The unknown outcome a run waits on a person for, found through the API, if any."""
@@ -146,10 +158,12 @@ class Api:
         steps = await self.steps(run_id)
         decided = {s.ref_seq for s in steps if s.kind == "tool_result" and "decision" in s.payload}
         pending = [
-            s for s in steps
-            if s.kind == "tool_result" and s.payload.get("awaiting") == "human"
+            s
+            for s in steps
+            if s.kind == "tool_result"
+            and s.payload.get("awaiting") == "human"
             and s.seq not in decided
-        ]  # fmt: skip
+        ]
         return pending[-1] if pending else None
 
 
@@ -169,8 +183,11 @@ async def pending_approval(
         run = await api.get(run_id)
         if run.status != run_pb2.RUN_STATUS_WAITING or run.wait_reason != "approval":
             return None
-        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id=api.ws, approver=approver, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+        resp = await approvals.ListApprovals(
+            approval_pb2.ListApprovalsRequest(
+                workspace_id=api.ws, approver=approver, state=approval_pb2.APPROVAL_STATE_PENDING
+            )
+        )
         mine = [a for a in resp.approvals if a.run_id == run_id]
         return mine[0] if mine else None
 
@@ -179,8 +196,11 @@ async def pending_approval(
 
 def sent_mail(providers_url: str, run_id: str) -> list[dict[str, Any]]:
     """The mail the provider sandbox was asked to send for `run_id` (by its idempotency key)."""
-    return [r for r in sandbox_requests(providers_url)
-            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+    return [
+        r
+        for r in sandbox_requests(providers_url)
+        if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)
+    ]
 
 
 def sandbox_effects(url: str, provider: str | None = None) -> list[dict[str, Any]]:
@@ -210,9 +230,14 @@ class AutoApprover:
     """
 
     def __init__(
-        self, api: Api, approver: str = "admin", interval: float = 0.1,
-        metadata: list[tuple[str, str]] | None = None, *, key: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        api: Api,
+        approver: str = "admin",
+        interval: float = 0.1,
+        metadata: list[tuple[str, str]] | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
         """`metadata`: a signed-in person's credential (money-moving tools need one);
         `key`: an approver key of the workspace; neither: the approver's own approver key."""
         self.api = api
@@ -250,16 +275,25 @@ class AutoApprover:
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(grpc.aio.AioRpcError):  # a control plane restarting
-                pending = await self.stub.ListApprovals(approval_pb2.ListApprovalsRequest(
-                    workspace_id=self.api.ws, approver=self.approver,
-                    state=approval_pb2.APPROVAL_STATE_PENDING, page_size=500,
-                ), metadata=self.metadata)  # fmt: skip
+                pending = await self.stub.ListApprovals(
+                    approval_pb2.ListApprovalsRequest(
+                        workspace_id=self.api.ws,
+                        approver=self.approver,
+                        state=approval_pb2.APPROVAL_STATE_PENDING,
+                        page_size=500,
+                    ),
+                    metadata=self.metadata,
+                )
                 for a in pending.approvals:
                     with contextlib.suppress(grpc.aio.AioRpcError):  # lost a race: fine
-                        await self.stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                            workspace_id=self.api.ws, approval_id=a.approval_id,
-                            approve=approval_pb2.Approve(),
-                        ), metadata=self.metadata)  # fmt: skip
+                        await self.stub.DecideApproval(
+                            approval_pb2.DecideApprovalRequest(
+                                workspace_id=self.api.ws,
+                                approval_id=a.approval_id,
+                                approve=approval_pb2.Approve(),
+                            ),
+                            metadata=self.metadata,
+                        )
                         self.approved += 1
             await asyncio.sleep(self.interval)  # a person's polling interval
 

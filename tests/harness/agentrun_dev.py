@@ -91,9 +91,13 @@ class DevProcess:
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [AGENTRUN, *args], env=self.cli_env(), cwd=REPO, capture_output=True, text=True,
+            [AGENTRUN, *args],
+            env=self.cli_env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
             timeout=timeout,
-        )  # fmt: skip
+        )
 
     def descendants(self) -> list[int]:
         """Every process below `agentrun dev` right now (children, their children...)."""
@@ -149,12 +153,20 @@ def running_dev(
     full_env = clean_env(PYTHONUNBUFFERED="1", **env)
     argv = [*AS_IN_A_TERMINAL, AGENTRUN, "dev", "--data-dir", str(data_dir), *args]
     proc = subprocess.Popen(
-        argv, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        argv,
+        env=full_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     tee = subprocess.Popen(
-        [*AS_IN_A_TERMINAL, "cat"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [*AS_IN_A_TERMINAL, "cat"],
+        stdin=proc.stdout,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()  # only `cat` reads agentrun's output now
     dev = DevProcess(proc, tee, data_dir, full_env)
     threading.Thread(target=dev._pump, daemon=True).start()

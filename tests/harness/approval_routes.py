@@ -39,9 +39,13 @@ def config_fixture(
     db_url: str, sandbox_providers: SandboxServer, sandbox_idp: SandboxServer
 ) -> ServerConfig:
     return ServerConfig(
-        database_url=db_url, listen="127.0.0.1:0", notify_url=sandbox_providers.url,
-        public_url=PUBLIC_URL, oidc_issuer=sandbox_idp.url, slack_signing_secret=SLACK_SECRET,
-    )  # fmt: skip
+        database_url=db_url,
+        listen="127.0.0.1:0",
+        notify_url=sandbox_providers.url,
+        public_url=PUBLIC_URL,
+        oidc_issuer=sandbox_idp.url,
+        slack_signing_secret=SLACK_SECRET,
+    )
 
 
 @pytest.fixture(name="http")

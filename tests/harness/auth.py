@@ -40,9 +40,12 @@ async def ensure_workspace(db_url: str, workspace: str) -> None:
 
 
 async def workspace_key(
-    db_url: str, workspace: str, role: str = "admin", principal: str = "tester",
+    db_url: str,
+    workspace: str,
+    role: str = "admin",
+    principal: str = "tester",
     expires_at: datetime | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """The text of a new `role` key of `workspace` (created if new) for `principal`."""
     req = KeyRequest("workspace", principal, "test-harness", workspace, role, None, expires_at)
     return await _issue(db_url, req, workspace)

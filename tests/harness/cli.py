@@ -18,8 +18,11 @@ def agentrun(
     where = ["--address", address, *(["--workspace", workspace] if workspace else [])]
     done = subprocess.run(
         [sys.executable, "-m", "agentrun_cli", *where, *args],
-        capture_output=True, text=True, env=env, timeout=timeout,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 

@@ -17,9 +17,10 @@ async def follow_start_link(
     """The callback's answer (it names the new connection) after following every redirect."""
     async with httpx.AsyncClient(base_url=http_url) as client:
         start = await client.get(
-            f"/connections/{workspace}/chat/start", params={"login_hint": account, **query},
+            f"/connections/{workspace}/chat/start",
+            params={"login_hint": account, **query},
             headers=bearer(key),
-        )  # fmt: skip
+        )
         assert start.status_code == 302, start.text
         consent = await client.get(start.headers["location"])
         assert consent.status_code == 302, consent.text

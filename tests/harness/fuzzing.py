@@ -57,10 +57,14 @@ class Rpc:
 def _rpc(method: MethodDescriptor) -> Rpc:
     service = method.containing_service.full_name
     return Rpc(
-        service=service, name=method.name, path=f"/{service}/{method.name}",
-        request=method.input_type, response=method.output_type,
-        client_streaming=method.client_streaming, server_streaming=method.server_streaming,
-    )  # fmt: skip
+        service=service,
+        name=method.name,
+        path=f"/{service}/{method.name}",
+        request=method.input_type,
+        response=method.output_type,
+        client_streaming=method.client_streaming,
+        server_streaming=method.server_streaming,
+    )
 
 
 def methods() -> list[Rpc]:
@@ -123,12 +127,18 @@ class Callers:
         forged = real[:-1] + ("A" if real[-1] != "A" else "B")
         unknown = keys.generate(rng.choice(("workspace", "executor", "platform"))).text
         choices: list[Metadata] = [
-            (), (("authorization", ""),), (("authorization", "Bearer "),),
-            (("authorization", f"Basic {real}"),), (("authorization", real),),
-            _bearer("not-a-key"), _bearer("agr_ws_0123456789abcdef_short"),
+            (),
+            (("authorization", ""),),
+            (("authorization", "Bearer "),),
+            (("authorization", f"Basic {real}"),),
+            (("authorization", real),),
+            _bearer("not-a-key"),
+            _bearer("agr_ws_0123456789abcdef_short"),
             _bearer("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"),
-            _bearer(unknown), _bearer(forged), _bearer(self.revoked),
-        ]  # fmt: skip
+            _bearer(unknown),
+            _bearer(forged),
+            _bearer(self.revoked),
+        ]
         return rng.choice(choices)
 
 
@@ -164,8 +174,17 @@ class Fuzzer:
             if roll < 0.35:
                 return nested_json(rng.choice((65, 500, 5000, 20_000)), rng)
             if roll < 0.6:
-                return rng.choice(('{"a": "\\u0000"}', '{"a": "\\ud83d"}', "NaN", "[1, 2", "{}",
-                                   '{"x": 1}', "null"))  # fmt: skip
+                return rng.choice(
+                    (
+                        '{"a": "\\u0000"}',
+                        '{"a": "\\ud83d"}',
+                        "NaN",
+                        "[1, 2",
+                        "{}",
+                        '{"x": 1}',
+                        "null",
+                    )
+                )
         return self._hostile_text(rng.random())
 
     def _hostile_text(self, roll: float) -> str:
@@ -196,8 +215,11 @@ class Fuzzer:
             return rng.choice(_UINTS[:3])
         if kind in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
             return rng.choice(_UINTS)
-        if kind in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64,
-                    FieldDescriptor.TYPE_SFIXED64):  # fmt: skip
+        if kind in (
+            FieldDescriptor.TYPE_INT64,
+            FieldDescriptor.TYPE_SINT64,
+            FieldDescriptor.TYPE_SFIXED64,
+        ):
             return rng.choice((*_INTS, 2**63 - 1, -(2**63)))
         return rng.choice(_INTS)
 

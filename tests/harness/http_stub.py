@@ -57,8 +57,14 @@ class Reply:
         return ("\r\n".join(head) + "\r\n\r\n").encode() + self.body
 
 
-def reply(status: int = 200, json: Any = None, *, text: str | None = None,
-          content: bytes | None = None, headers: dict[str, str] | None = None) -> Reply:  # fmt: skip
+def reply(
+    status: int = 200,
+    json: Any = None,
+    *,
+    text: str | None = None,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """An answer: `json` (the default), `text` or raw `content`."""
     extra = dict(headers or {})
     if content is not None:

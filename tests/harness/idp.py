@@ -45,14 +45,19 @@ async def add_member(db: Any, workspace_id: str, person: str, role: str) -> None
     await db.execute(
         "INSERT INTO workspace_members (workspace_id, person, role, added_by)"
         " VALUES ($1, $2, $3, 'test-harness')",
-        workspace_id, person.strip().lower(), role,
-    )  # fmt: skip
+        workspace_id,
+        person.strip().lower(),
+        role,
+    )
 
 
 async def member_signed_in(
-    db_url: str, idp_url: str, workspace_id: str = "ws", email: str = "approver@example.com",
+    db_url: str,
+    idp_url: str,
+    workspace_id: str = "ws",
+    email: str = "approver@example.com",
     role: str = "admin",
-) -> list[tuple[str, str]]:  # fmt: skip
+) -> list[tuple[str, str]]:
     """gRPC metadata of `email` signed in at the sandbox IdP, made a `role` member of the
     (existing) workspace first. An admin member matches a policy that names nobody."""
     conn = await asyncpg.connect(db_url)

@@ -286,9 +286,11 @@ class ControlPlane:
     def restart(self, timeout: float = READY_TIMEOUT, **env: object) -> ControlPlane:
         """Start again on the same port (executors reconnect to the address they know)."""
         self.process.restart(
-            timeout, AGENTRUN_LISTEN=self.address,
-            AGENTRUN_HTTP_LISTEN=f"{HOST}:{self.http_port}", **env,
-        )  # fmt: skip
+            timeout,
+            AGENTRUN_LISTEN=self.address,
+            AGENTRUN_HTTP_LISTEN=f"{HOST}:{self.http_port}",
+            **env,
+        )
         return self
 
 

@@ -50,10 +50,16 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
 
 
 _CA_USAGE = x509.KeyUsage(
-    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-    key_encipherment=False, data_encipherment=False, key_agreement=False,
-    encipher_only=False, decipher_only=False,
-)  # fmt: skip
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
 class Pki:

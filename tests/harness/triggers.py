@@ -76,10 +76,14 @@ class TriggerApi:
         secret = source.pop("secret", "")
         resp = await self.triggers.CreateTrigger(
             trigger_pb2.CreateTriggerRequest(
-                workspace_id=self.ws, trigger_id=trigger_id, agent_id=agent_id,
-                filters=filters, secret=secret, **source,
+                workspace_id=self.ws,
+                trigger_id=trigger_id,
+                agent_id=agent_id,
+                filters=filters,
+                secret=secret,
+                **source,
             )
-        )  # fmt: skip
+        )
         return resp.trigger, resp.secret
 
     async def webhook(self, trigger_id: str, agent_id: str, scheme: str, **kw: Any) -> str:

@@ -21,25 +21,52 @@ from control_plane.store import identity as store
 from tests.harness.auth import executor_key, platform_key, workspace_key
 
 CODE = grpc.StatusCode
-TABLES = ("workspaces", "agents", "agent_versions", "runs", "steps", "triggers",
-          "trigger_secrets", "sessions", "session_turns", "approvals", "api_keys",
-          "workspace_members", "audit_log", "credit_accounts", "credit_ledger")  # fmt: skip
+TABLES = (
+    "workspaces",
+    "agents",
+    "agent_versions",
+    "runs",
+    "steps",
+    "triggers",
+    "trigger_secrets",
+    "sessions",
+    "session_turns",
+    "approvals",
+    "api_keys",
+    "workspace_members",
+    "audit_log",
+    "credit_accounts",
+    "credit_ledger",
+)
 # A caller that holds everything but what the method needs.
 LACKING = {
-    Need.READ: "executor", Need.OPERATE: "reader", Need.ADMIN: "operator",
-    Need.DECIDE: "admin", Need.EXECUTOR: "admin", Need.PLATFORM: "admin",
+    Need.READ: "executor",
+    Need.OPERATE: "reader",
+    Need.ADMIN: "operator",
+    Need.DECIDE: "admin",
+    Need.EXECUTOR: "admin",
+    Need.PLATFORM: "admin",
     Need.ADMIN_OR_PLATFORM: "operator",
-}  # fmt: skip
+}
 ROLES_AND_KINDS = ("admin", "operator", "reader", "approver", "executor", "platform")
 ALLOWED = {
-    Need.READ: {"admin", "operator", "reader", "approver"}, Need.OPERATE: {"admin", "operator"},
-    Need.ADMIN: {"admin"}, Need.DECIDE: {"approver"}, Need.EXECUTOR: {"executor"},
-    Need.PLATFORM: {"platform"}, Need.ADMIN_OR_PLATFORM: {"admin", "platform"},
-}  # fmt: skip
+    Need.READ: {"admin", "operator", "reader", "approver"},
+    Need.OPERATE: {"admin", "operator"},
+    Need.ADMIN: {"admin"},
+    Need.DECIDE: {"approver"},
+    Need.EXECUTOR: {"executor"},
+    Need.PLATFORM: {"platform"},
+    Need.ADMIN_OR_PLATFORM: {"admin", "platform"},
+}
 RIGHT = {
-    Need.READ: "reader", Need.OPERATE: "operator", Need.ADMIN: "admin", Need.DECIDE: "approver",
-    Need.EXECUTOR: "executor", Need.PLATFORM: "platform", Need.ADMIN_OR_PLATFORM: "admin",
-}  # fmt: skip
+    Need.READ: "reader",
+    Need.OPERATE: "operator",
+    Need.ADMIN: "admin",
+    Need.DECIDE: "approver",
+    Need.EXECUTOR: "executor",
+    Need.PLATFORM: "platform",
+    Need.ADMIN_OR_PLATFORM: "admin",
+}
 
 
 def methods():
@@ -61,8 +88,12 @@ def test_the_table_says_what_the_issue_asks():
         "SendMessage",
         "SignalRun",
     } <= by_need[Need.OPERATE]
-    assert {"PublishAgentVersion", "CreateTrigger", "RotateTriggerSecret",
-            "SetTriggerEnabled"} <= by_need[Need.ADMIN]  # fmt: skip
+    assert {
+        "PublishAgentVersion",
+        "CreateTrigger",
+        "RotateTriggerSecret",
+        "SetTriggerEnabled",
+    } <= by_need[Need.ADMIN]
     assert by_need[Need.DECIDE] == {"DecideApproval"}
     assert by_need[Need.EXECUTOR] == {
         "Connect",
@@ -71,9 +102,17 @@ def test_the_table_says_what_the_issue_asks():
         "GetConnectionToken",
     }
     # Workspaces and credit grants; deploys (releases and the contract canary, issue 15).
-    assert {"CreateWorkspace", "SetWorkspacePlan", "GrantCredits", "ListReleases", "GetRelease",
-            "DrainRelease", "PromoteRelease", "MoveRunRelease",
-            "RunCanary"} == by_need[Need.PLATFORM]  # fmt: skip
+    assert {
+        "CreateWorkspace",
+        "SetWorkspacePlan",
+        "GrantCredits",
+        "ListReleases",
+        "GetRelease",
+        "DrainRelease",
+        "PromoteRelease",
+        "MoveRunRelease",
+        "RunCanary",
+    } == by_need[Need.PLATFORM]
 
 
 def test_every_rpc_is_classified_and_nothing_else_is():
@@ -85,8 +124,17 @@ def test_every_rpc_is_classified_and_nothing_else_is():
 async def expired_key(db_url: str) -> str:
     new = keys.generate("workspace")
     past = datetime.now(UTC) - timedelta(hours=1)
-    row = store.NewKeyRow(new.key_id, "workspace", "acme", "admin", "old", None, new.digest,
-                          "test", expires_at=past + timedelta(minutes=1))  # fmt: skip
+    row = store.NewKeyRow(
+        new.key_id,
+        "workspace",
+        "acme",
+        "admin",
+        "old",
+        None,
+        new.digest,
+        "test",
+        expires_at=past + timedelta(minutes=1),
+    )
     conn = await asyncpg.connect(db_url)
     try:
         await store.insert_key(conn, row, now=past)
@@ -97,8 +145,10 @@ async def expired_key(db_url: str) -> str:
 
 @pytest.fixture
 async def callers(db_url):
-    found = {role: await workspace_key(db_url, "acme", role=role)
-             for role in ("admin", "operator", "reader", "approver")}  # fmt: skip
+    found = {
+        role: await workspace_key(db_url, "acme", role=role)
+        for role in ("admin", "operator", "reader", "approver")
+    }
     found["executor"] = await executor_key(db_url)
     found["platform"] = await platform_key(db_url)
     found["other workspace"] = await workspace_key(db_url, "other")
@@ -151,10 +201,12 @@ async def counts(db) -> dict[str, int]:
 
 async def test_every_rpc_refuses_every_wrong_caller_and_serves_the_right_one(server, db, callers):
     expected_refusals = {
-        None: CODE.UNAUTHENTICATED, "garbage": CODE.UNAUTHENTICATED,
-        "revoked": CODE.UNAUTHENTICATED, "expired": CODE.UNAUTHENTICATED,
+        None: CODE.UNAUTHENTICATED,
+        "garbage": CODE.UNAUTHENTICATED,
+        "revoked": CODE.UNAUTHENTICATED,
+        "expired": CODE.UNAUTHENTICATED,
         "other workspace": CODE.PERMISSION_DENIED,
-    }  # fmt: skip
+    }
     before = await counts(db)
     got: dict[tuple[str, str], grpc.StatusCode] = {}
     want: dict[tuple[str, str], grpc.StatusCode] = {}

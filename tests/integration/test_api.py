@@ -96,10 +96,15 @@ async def test_a_start_of_the_latest_version_admits_the_one_published_last_on_an
     published since, here through another replica, is the one admitted next."""
 
     async def start(version: int = 0, request_id: str = "") -> run_pb2.StartRunResponse:
-        return await runs.StartRun(run_pb2.StartRunRequest(
-            workspace_id="acme", agent_id="triage", input="hi", agent_version=version,
-            request_id=request_id,
-        ))  # fmt: skip
+        return await runs.StartRun(
+            run_pb2.StartRunRequest(
+                workspace_id="acme",
+                agent_id="triage",
+                input="hi",
+                agent_version=version,
+                request_id=request_id,
+            )
+        )
 
     await publish(agents, max_steps=7)
     assert (await start()).run.agent_version == 1
@@ -173,8 +178,9 @@ async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(agents, runs):
     assert resp.run.error == "no longer needed"
     await expect_error(
         runs.CancelRun(run_pb2.CancelRunRequest(workspace_id="acme", run_id=run.run_id)),
-        grpc.StatusCode.FAILED_PRECONDITION, "already ended",
-    )  # fmt: skip
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "already ended",
+    )
 
 
 async def test_watch_run_streams_from_an_offset_and_ends_when_terminal(agents, runs):
@@ -210,54 +216,117 @@ async def test_other_workspaces_runs_are_not_found(agents, runs, server, db_url)
         for ws in ("other", ""):  # the credential's workspace, typed or not
             details = await expect_error(
                 other_runs.GetRun(run_pb2.GetRunRequest(workspace_id=ws, run_id=run.run_id)),
-                grpc.StatusCode.NOT_FOUND, run.run_id,
-            )  # fmt: skip
+                grpc.StatusCode.NOT_FOUND,
+                run.run_id,
+            )
             assert "acme" not in details
         # Typing the other workspace's id does not make the key act there.
         await expect_error(
             other_runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run.run_id)),
-            grpc.StatusCode.PERMISSION_DENIED, "workspace_id",
-        )  # fmt: skip
+            grpc.StatusCode.PERMISSION_DENIED,
+            "workspace_id",
+        )
 
 
 BAD_REQUESTS = [
     # An empty workspace_id means the credential's own workspace.
-    ("GetRun", run_pb2.GetRunRequest(run_id="00000000-0000-0000-0000-000000000000"),
-     grpc.StatusCode.NOT_FOUND, "not found"),
-    ("GetRun", run_pb2.GetRunRequest(workspace_id="acme", run_id="not-a-uuid"),
-     grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
-    ("GetRun", run_pb2.GetRunRequest(workspace_id="Acme!", run_id="x"),
-     grpc.StatusCode.PERMISSION_DENIED, "workspace_id"),
-    ("GetRun", run_pb2.GetRunRequest(workspace_id="a" * 64, run_id="x"),
-     grpc.StatusCode.INVALID_ARGUMENT, "workspace_id"),
-    ("GetRun", run_pb2.GetRunRequest(workspace_id="acme",
-                                     run_id="00000000-0000-0000-0000-000000000000"),
-     grpc.StatusCode.NOT_FOUND, "not found"),
-    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage"),
-     grpc.StatusCode.INVALID_ARGUMENT, "input"),
-    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="ghost", input="x"),
-     grpc.StatusCode.NOT_FOUND, "ghost"),
-    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage",
-                                         input="x" * (300 * 1024)),
-     grpc.StatusCode.INVALID_ARGUMENT, "input"),
-    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x",
-                                         agent_version=-1),
-     grpc.StatusCode.INVALID_ARGUMENT, "agent_version"),
-    ("StartRun", run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x",
-                                         agent_version=42),
-     grpc.StatusCode.NOT_FOUND, "42"),
-    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", page_size=10_000),
-     grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
-    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", page_token="garbage"),
-     grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
-    ("ListRuns", run_pb2.ListRunsRequest(workspace_id="acme", status=99),
-     grpc.StatusCode.INVALID_ARGUMENT, "status"),
-    ("ListRunSteps", run_pb2.ListRunStepsRequest(workspace_id="acme", run_id="x", from_seq=0),
-     grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
-    ("CancelRun", run_pb2.CancelRunRequest(workspace_id="acme",
-                                           run_id="00000000-0000-0000-0000-000000000000"),
-     grpc.StatusCode.NOT_FOUND, "not found"),
-]  # fmt: skip
+    (
+        "GetRun",
+        run_pb2.GetRunRequest(run_id="00000000-0000-0000-0000-000000000000"),
+        grpc.StatusCode.NOT_FOUND,
+        "not found",
+    ),
+    (
+        "GetRun",
+        run_pb2.GetRunRequest(workspace_id="acme", run_id="not-a-uuid"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "run_id",
+    ),
+    (
+        "GetRun",
+        run_pb2.GetRunRequest(workspace_id="Acme!", run_id="x"),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "workspace_id",
+    ),
+    (
+        "GetRun",
+        run_pb2.GetRunRequest(workspace_id="a" * 64, run_id="x"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "workspace_id",
+    ),
+    (
+        "GetRun",
+        run_pb2.GetRunRequest(workspace_id="acme", run_id="00000000-0000-0000-0000-000000000000"),
+        grpc.StatusCode.NOT_FOUND,
+        "not found",
+    ),
+    (
+        "StartRun",
+        run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input",
+    ),
+    (
+        "StartRun",
+        run_pb2.StartRunRequest(workspace_id="acme", agent_id="ghost", input="x"),
+        grpc.StatusCode.NOT_FOUND,
+        "ghost",
+    ),
+    (
+        "StartRun",
+        run_pb2.StartRunRequest(workspace_id="acme", agent_id="triage", input="x" * (300 * 1024)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input",
+    ),
+    (
+        "StartRun",
+        run_pb2.StartRunRequest(
+            workspace_id="acme", agent_id="triage", input="x", agent_version=-1
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "agent_version",
+    ),
+    (
+        "StartRun",
+        run_pb2.StartRunRequest(
+            workspace_id="acme", agent_id="triage", input="x", agent_version=42
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "42",
+    ),
+    (
+        "ListRuns",
+        run_pb2.ListRunsRequest(workspace_id="acme", page_size=10_000),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "page_size",
+    ),
+    (
+        "ListRuns",
+        run_pb2.ListRunsRequest(workspace_id="acme", page_token="garbage"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "page_token",
+    ),
+    (
+        "ListRuns",
+        run_pb2.ListRunsRequest(workspace_id="acme", status=99),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "status",
+    ),
+    (
+        "ListRunSteps",
+        run_pb2.ListRunStepsRequest(workspace_id="acme", run_id="x", from_seq=0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "run_id",
+    ),
+    (
+        "CancelRun",
+        run_pb2.CancelRunRequest(
+            workspace_id="acme", run_id="00000000-0000-0000-0000-000000000000"
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "not found",
+    ),
+]
 
 
 @pytest.mark.parametrize(("method", "request_msg", "code", "word"), BAD_REQUESTS)
@@ -274,9 +343,11 @@ BAD_SPECS = [
     (agent_pb2.AgentSpec(), "spec.model"),
     (agent_pb2.AgentSpec(model="m", tools=["Bad Tool"]), "spec.tools[0]"),
     (agent_pb2.AgentSpec(model="m", tools=["echo", "echo"]), "spec.tools"),
-    (agent_pb2.AgentSpec(model="m", limits=agent_pb2.RunLimits(max_steps=-1)),
-     "spec.limits.max_steps"),
-]  # fmt: skip
+    (
+        agent_pb2.AgentSpec(model="m", limits=agent_pb2.RunLimits(max_steps=-1)),
+        "spec.limits.max_steps",
+    ),
+]
 
 
 @pytest.mark.parametrize(("spec", "field"), BAD_SPECS)
@@ -286,8 +357,9 @@ async def test_bad_agent_specs_name_the_field(agents, db, spec, field):
         agents.PublishAgentVersion(
             agent_pb2.PublishAgentVersionRequest(workspace_id="acme", agent_id="a", spec=spec)
         ),
-        grpc.StatusCode.INVALID_ARGUMENT, field,
-    )  # fmt: skip
+        grpc.StatusCode.INVALID_ARGUMENT,
+        field,
+    )
     assert await db.fetchval("SELECT count(*) FROM agent_versions") == 0
 
 
@@ -332,8 +404,12 @@ async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(
     ).run
     addr = f"127.0.0.1:{server.port}"
     listed = (await grpcurl(addr, "list")).split()
-    for service in ("agentrun.v1.RunService", "agentrun.v1.AgentService",
-                    "agentrun.v1.ExecutorService", "grpc.health.v1.Health"):  # fmt: skip
+    for service in (
+        "agentrun.v1.RunService",
+        "agentrun.v1.AgentService",
+        "agentrun.v1.ExecutorService",
+        "grpc.health.v1.Health",
+    ):
         assert service in listed
     got = json.loads(
         await grpcurl(
@@ -343,7 +419,7 @@ async def test_grpcurl_lists_services_calls_get_run_and_health_is_serving(
             f"authorization: Bearer {acme_key}",
             addr,
             "agentrun.v1.RunService/GetRun",
-        )  # fmt: skip
+        )
     )
     assert got["run"]["run_id"] == run.run_id and got["run"]["input"] == "via grpcurl"
     health = json.loads(await grpcurl(addr, "grpc.health.v1.Health/Check"))

@@ -37,8 +37,12 @@ from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
 from tests.harness.commits import approval_commit
 from tests.harness.idp import add_member, id_token
 
-POLICY = {"approvers": ["alice@example.com", "bob@example.com"], "slack_approvers": ["U_ALICE"],
-          "on_expiry": "reject", "expiry_seconds": 3600}  # fmt: skip
+POLICY = {
+    "approvers": ["alice@example.com", "bob@example.com"],
+    "slack_approvers": ["U_ALICE"],
+    "on_expiry": "reject",
+    "expiry_seconds": 3600,
+}
 
 
 async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mailer", **flags):
@@ -51,15 +55,27 @@ async def hold(pool, policy=None, tool="send_email", arguments=None, agent="mail
     held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r.run_id == run.run_id]
     decision = {"content": None, "tool_calls": [{"id": "c1", "name": tool, "arguments": arguments}]}
     approval_id = uuid.uuid4()
-    req = steps.CommitRequest("ws", run.run_id, held[0].lease_epoch, [
-        steps.NewStep(1, "model_decision", None, json.dumps(decision)),
-        steps.NewStep(2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})),
-    ], steps.Transition(status="waiting", wait_reason="approval"))  # fmt: skip
+    req = steps.CommitRequest(
+        "ws",
+        run.run_id,
+        held[0].lease_epoch,
+        [
+            steps.NewStep(1, "model_decision", None, json.dumps(decision)),
+            steps.NewStep(
+                2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})
+            ),
+        ],
+        steps.Transition(status="waiting", wait_reason="approval"),
+    )
     ask = executor_pb2.ApprovalRequest(
-        approval_id=str(approval_id), decision_seq=1, call_id="c1", tool=tool,
-        arguments_json=canonical_json(arguments), arguments_sha256=arguments_sha256(arguments),
+        approval_id=str(approval_id),
+        decision_seq=1,
+        call_id="c1",
+        tool=tool,
+        arguments_json=canonical_json(arguments),
+        arguments_sha256=arguments_sha256(arguments),
         **flags,
-    )  # fmt: skip
+    )
     await approval_commit(pool, req, ask, 30)
     return run.run_id, approval_id
 
@@ -68,21 +84,36 @@ async def test_the_hold_is_one_transaction_and_a_fenced_hold_writes_nothing(pool
     run_id, approval_id = await hold(pool)
     run = await runs.get_run(pool, "ws", run_id)
     assert (run.status, run.wait_reason, run.lease_owner, run.wake_at) == (
-        "waiting", "approval", None, None,
-    )  # fmt: skip
+        "waiting",
+        "approval",
+        None,
+        None,
+    )
     approval = await pool.fetchrow("SELECT * FROM approvals WHERE approval_id = $1", approval_id)
     assert approval["decision"] is None and approval["call_id"] == "c1"
     assert approval["arguments_sha256"] == arguments_sha256(json.loads(approval["arguments"]))
     outbox = await pool.fetch("SELECT channel, recipient FROM outbox")
     assert {tuple(r) for r in outbox} == {
-        ("chat", "#approvals"), ("mail", "alice@example.com"), ("mail", "bob@example.com"),
-    }  # fmt: skip
+        ("chat", "#approvals"),
+        ("mail", "alice@example.com"),
+        ("mail", "bob@example.com"),
+    }
     # A stale epoch commits nothing: no step, no approval, no notification.
-    ask = executor_pb2.ApprovalRequest(approval_id=str(uuid.uuid4()), decision_seq=1,
-                                       call_id="c2", tool="send_email", arguments_json="{}",
-                                       arguments_sha256=arguments_sha256({}))  # fmt: skip
-    stale = steps.CommitRequest("ws", run_id, 1, [steps.NewStep(3, "approval_requested", 1, "{}")],
-                                steps.Transition(status="waiting", wait_reason="approval"))  # fmt: skip
+    ask = executor_pb2.ApprovalRequest(
+        approval_id=str(uuid.uuid4()),
+        decision_seq=1,
+        call_id="c2",
+        tool="send_email",
+        arguments_json="{}",
+        arguments_sha256=arguments_sha256({}),
+    )
+    stale = steps.CommitRequest(
+        "ws",
+        run_id,
+        1,
+        [steps.NewStep(3, "approval_requested", 1, "{}")],
+        steps.Transition(status="waiting", wait_reason="approval"),
+    )
     with pytest.raises(Fenced):
         await approval_commit(pool, stale, ask, 30)
     assert await pool.fetchval("SELECT count(*) FROM approvals") == 1
@@ -95,10 +126,13 @@ async def test_500_concurrent_decision_races_resolve_exactly_once(pool):
     async def race(approval_id):
         alice = decisions.Decider("alice@example.com", decisions.SIGNED_IN)
         bob = decisions.Decider("bob@example.com", decisions.KEY)
-        reqs = [decisions.Request("ws", approval_id, alice, "approve"),
-                decisions.Request("ws", approval_id, bob, "reject", reason="wrong price")]  # fmt: skip
-        return await asyncio.gather(*(decisions.decide(pool, r) for r in reqs),
-                                    return_exceptions=True)  # fmt: skip
+        reqs = [
+            decisions.Request("ws", approval_id, alice, "approve"),
+            decisions.Request("ws", approval_id, bob, "reject", reason="wrong price"),
+        ]
+        return await asyncio.gather(
+            *(decisions.decide(pool, r) for r in reqs), return_exceptions=True
+        )
 
     outcomes = await asyncio.gather(*(race(a) for _, a in held))
     for result in outcomes:
@@ -128,22 +162,37 @@ async def test_grpc_decision_race_tells_the_loser_who_won(pool, config, db_url):
     channels: list[grpc.aio.Channel] = []
     try:
         stub = await as_approver("alice@example.com")
-        first = await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-            workspace_id="ws", approval_id=str(approval_id), approver="alice@example.com",
-            approve=approval_pb2.Approve()))  # fmt: skip
+        first = await stub.DecideApproval(
+            approval_pb2.DecideApprovalRequest(
+                workspace_id="ws",
+                approval_id=str(approval_id),
+                approver="alice@example.com",
+                approve=approval_pb2.Approve(),
+            )
+        )
         assert first.approval.state == approval_pb2.APPROVAL_STATE_APPROVED
         stub = await as_approver("bob@example.com")
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                workspace_id="ws", approval_id=str(approval_id), approver="bob@example.com",
-                reject=approval_pb2.Reject(reason="no")))  # fmt: skip
+            await stub.DecideApproval(
+                approval_pb2.DecideApprovalRequest(
+                    workspace_id="ws",
+                    approval_id=str(approval_id),
+                    approver="bob@example.com",
+                    reject=approval_pb2.Reject(reason="no"),
+                )
+            )
         assert info.value.code() == grpc.StatusCode.ABORTED
         assert "approved by alice@example.com" in info.value.details()
         stub = await as_approver("mallory")
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-                workspace_id="ws", approval_id=str(approval_id), approver="mallory",
-                approve=approval_pb2.Approve()))  # fmt: skip
+            await stub.DecideApproval(
+                approval_pb2.DecideApprovalRequest(
+                    workspace_id="ws",
+                    approval_id=str(approval_id),
+                    approver="mallory",
+                    approve=approval_pb2.Approve(),
+                )
+            )
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         for channel in channels:
@@ -157,8 +206,11 @@ async def delivered_link(pool, config, approver="alice@example.com") -> str:
         await relay.relay_once(
             pool, client, relay.RelayConfig(config.notify_url, config.public_url)
         )
-    mails = [r for r in sandbox_requests(config.notify_url)
-             if r["path"] == "/mail/send" and r["body"]["to"] == approver]  # fmt: skip
+    mails = [
+        r
+        for r in sandbox_requests(config.notify_url)
+        if r["path"] == "/mail/send" and r["body"]["to"] == approver
+    ]
     link = re.search(r"http://approvals\.test(/approvals/\S+)", mails[-1]["body"]["body"])
     return link.group(1)
 
@@ -227,8 +279,10 @@ async def audited(pool) -> list[tuple[str, str, str]]:
     rows = await pool.fetch(
         "SELECT actor, detail FROM audit_log WHERE action = 'approval.decided' ORDER BY audit_id"
     )
-    return [(r["actor"], json.loads(r["detail"])["decision"], json.loads(r["detail"])["via"])
-            for r in rows]  # fmt: skip
+    return [
+        (r["actor"], json.loads(r["detail"])["decision"], json.loads(r["detail"])["via"])
+        for r in rows
+    ]
 
 
 def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> dict:
@@ -238,22 +292,27 @@ def slack_request(body: bytes, secret: bytes = SLACK_SECRET, age: float = 0) -> 
 
 
 def slack_body(user: str, approval_id, action="approve") -> bytes:
-    payload = {"type": "block_actions", "user": {"id": user},
-               "actions": [{"action_id": action, "value": f"ws:{approval_id}"}]}  # fmt: skip
+    payload = {
+        "type": "block_actions",
+        "user": {"id": user},
+        "actions": [{"action_id": action, "value": f"ws:{approval_id}"}],
+    }
     return httpx.QueryParams({"payload": json.dumps(payload)}).__str__().encode()
 
 
 async def test_slack_buttons_check_the_signature_the_window_and_the_user(pool, http):
     _, approval_id = await hold(pool)
     body = slack_body("U_ALICE", approval_id)
-    forged = await http.post("/slack/interactions", content=body,
-                             headers=slack_request(body, secret=b"not the secret"))  # fmt: skip
+    forged = await http.post(
+        "/slack/interactions", content=body, headers=slack_request(body, secret=b"not the secret")
+    )
     stale = await http.post(
         "/slack/interactions", content=body, headers=slack_request(body, age=600)
     )
     stranger_body = slack_body("U_MALLORY", approval_id)
-    stranger = await http.post("/slack/interactions", content=stranger_body,
-                               headers=slack_request(stranger_body))  # fmt: skip
+    stranger = await http.post(
+        "/slack/interactions", content=stranger_body, headers=slack_request(stranger_body)
+    )
     assert (forged.status_code, stale.status_code, stranger.status_code) == (401, 401, 403)
     assert await pool.fetchval("SELECT decision FROM approvals") is None
     ok = await http.post("/slack/interactions", content=body, headers=slack_request(body))
@@ -277,8 +336,10 @@ async def test_expiry_reject_decides_at_the_expiry_time_with_no_executor(pool):
     step = await pool.fetchrow("SELECT payload FROM steps WHERE kind = 'approval_decided'")
     payload = json.loads(step["payload"])
     assert (payload["reason"], payload["via"], payload["decided_by"]) == (
-        "approval expired", "expiry", "system:expiry",
-    )  # fmt: skip
+        "approval expired",
+        "expiry",
+        "system:expiry",
+    )
 
 
 async def test_expiry_escalates_once_then_rejects(pool):

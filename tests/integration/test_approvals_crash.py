@@ -27,13 +27,17 @@ async def check_consistent(db, run_id: str) -> None:
     for a in await approvals_of(db, run_id):
         step = await db.fetchval(
             "SELECT count(*) FROM steps WHERE run_id = $1 AND kind = 'approval_requested'"
-            " AND payload->>'approval_id' = $2", run_id, str(a["approval_id"]),
-        )  # fmt: skip
+            " AND payload->>'approval_id' = $2",
+            run_id,
+            str(a["approval_id"]),
+        )
         assert step == 1, f"approval {a['approval_id']} without its recorded step"
         decided = await db.fetchval(
             "SELECT count(*) FROM steps WHERE run_id = $1 AND kind = 'approval_decided'"
-            " AND payload->>'approval_id' = $2", run_id, str(a["approval_id"]),
-        )  # fmt: skip
+            " AND payload->>'approval_id' = $2",
+            run_id,
+            str(a["approval_id"]),
+        )
         assert decided == (1 if a["decision"] else 0)
 
     async def delivered() -> bool:
@@ -45,8 +49,11 @@ async def check_consistent(db, run_id: str) -> None:
 
 async def wait_pending(stub, run_id: str) -> approval_pb2.Approval:
     async def one():
-        resp = await stub.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+        resp = await stub.ListApprovals(
+            approval_pb2.ListApprovalsRequest(
+                workspace_id="ws", state=approval_pb2.APPROVAL_STATE_PENDING
+            )
+        )
         mine = [a for a in resp.approvals if a.run_id == run_id]
         return mine[0] if mine else None
 
@@ -55,8 +62,11 @@ async def wait_pending(stub, run_id: str) -> approval_pb2.Approval:
 
 async def approve(stub, approval_id: str):
     """Approve as the approver whose key `stub` calls with (the request names nobody)."""
-    return await stub.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()))  # fmt: skip
+    return await stub.DecideApproval(
+        approval_pb2.DecideApprovalRequest(
+            workspace_id="ws", approval_id=approval_id, approve=approval_pb2.Approve()
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -99,12 +109,18 @@ async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
         assert len(await approvals_of(db, run_id)) == 1
         await check_consistent(db, run_id)
-        sends = [r for r in sandbox_requests(sandbox_providers.url) if r["path"] == "/mail/send"
-                 and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+        sends = [
+            r
+            for r in sandbox_requests(sandbox_providers.url)
+            if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)
+        ]
         assert len(sends) == 1
         if "relay" in fault:  # redelivered under the same stable notification id
-            keys = [r["idempotency_key"] for r in sandbox_requests(sandbox_providers.url)
-                    if (r["idempotency_key"] or "").startswith("notification:")]  # fmt: skip
+            keys = [
+                r["idempotency_key"]
+                for r in sandbox_requests(sandbox_providers.url)
+                if (r["idempotency_key"] or "").startswith("notification:")
+            ]
             assert len(keys) > len(set(keys))
     finally:
         await approver.close()

@@ -56,8 +56,9 @@ async def stack(request, db_url, db, control_plane, sandbox_model, sandbox_provi
 
 
 async def decide(approvals, approval_id: str, **decision):
-    return await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval_id, **decision))  # fmt: skip
+    return await approvals.DecideApproval(
+        approval_pb2.DecideApprovalRequest(workspace_id="ws", approval_id=approval_id, **decision)
+    )
 
 
 @pytest.mark.parametrize("stack", ["key", "signed_in"], indirect=True)
@@ -87,8 +88,11 @@ async def test_a_rejection_reaches_the_model_as_a_result(
     run_id = await api.start("mailer", "email ada")
     executor_factory(cp)
     approval = await pending_approval(api, approvals, run_id, APPROVER)
-    await decide(approvals, approval.approval_id,
-                 reject=approval_pb2.Reject(reason="wrong price, use the 2026 list"))  # fmt: skip
+    await decide(
+        approvals,
+        approval.approval_id,
+        reject=approval_pb2.Reject(reason="wrong price, use the 2026 list"),
+    )
     (run,) = await api.wait_terminal([run_id])
     assert run.output == "The email tool said: rejected: wrong price, use the 2026 list"
     assert sent_mail(sandbox_providers.url, run_id) == []
@@ -102,8 +106,11 @@ async def test_an_edit_runs_the_humans_arguments_and_the_model_sees_it(
     executor_factory(cp)
     approval = await pending_approval(api, approvals, run_id, APPROVER)
     edited = {**json.loads(approval.arguments_json), "body": "Hi Ada, the 2026 price is 90."}
-    await decide(approvals, approval.approval_id, edit=approval_pb2.Edit(
-        arguments_json=json.dumps(edited), note="fix the price"))  # fmt: skip
+    await decide(
+        approvals,
+        approval.approval_id,
+        edit=approval_pb2.Edit(arguments_json=json.dumps(edited), note="fix the price"),
+    )
     (run,) = await api.wait_terminal([run_id])
     assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
     (mail,) = sent_mail(sandbox_providers.url, run_id)

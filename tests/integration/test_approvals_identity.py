@@ -93,8 +93,11 @@ async def test_a_signed_in_approver_on_the_list_decides_and_is_recorded(pool):
     run_id, approval_id = await hold_charge(pool)
     row = await decide_as(pool, approval_id, person(BOB), typed=BOB)  # repeating one's name is ok
     assert (row.decision, row.decided_by) == ("approved", BOB)
-    step = json.loads(await pool.fetchval(
-        "SELECT payload FROM steps WHERE run_id = $1 AND kind = 'approval_decided'", run_id))  # fmt: skip
+    step = json.loads(
+        await pool.fetchval(
+            "SELECT payload FROM steps WHERE run_id = $1 AND kind = 'approval_decided'", run_id
+        )
+    )
     assert (step["decided_by"], step["via"], step["decision"]) == (BOB, "signed_in", "approved")
 
 
@@ -133,12 +136,19 @@ async def test_the_signed_in_route_takes_the_person_from_the_id_token(pool, conf
             await post(
                 await id_token(iss, "mallory@example.com"), {"decision": "approve", "approver": BOB}
             )
-        ).status_code,  # fmt: skip
+        ).status_code,
     }
     assert refusals == {
-        "no token": 401, "on the list, not a member": 403, "forged": 401, "alg none": 401, "expired": 401, "other audience": 401,
-        "unverified email": 401, "not on the list": 403, "typed name ignored": 403,
-    }  # fmt: skip
+        "no token": 401,
+        "on the list, not a member": 403,
+        "forged": 401,
+        "alg none": 401,
+        "expired": 401,
+        "other audience": 401,
+        "unverified email": 401,
+        "not on the list": 403,
+        "typed name ignored": 403,
+    }
     await nothing_decided(pool)
     await add_member(pool, "ws", "Bob@Example.com", "approver")  # stored as sign-in names him
     token = await id_token(iss, "Bob@Example.com", alg="ES256")
@@ -169,9 +179,16 @@ async def test_four_eyes_refuses_the_runs_own_starter(pool):
     with pytest.raises(PermissionDenied, match="four eyes"):
         await decide_as(pool, approval_id, person(ALICE))
     with pytest.raises(PermissionDenied, match="four eyes"):
-        await decisions.decide(pool, decisions.Request(
-            "ws", approval_id, decisions.Decider(ALICE, decisions.SIGNED_IN), "edit",
-            edited_arguments_json=json.dumps(CHARGE)))  # fmt: skip
+        await decisions.decide(
+            pool,
+            decisions.Request(
+                "ws",
+                approval_id,
+                decisions.Decider(ALICE, decisions.SIGNED_IN),
+                "edit",
+                edited_arguments_json=json.dumps(CHARGE),
+            ),
+        )
     await nothing_decided(pool)
     row = await decide_as(pool, approval_id, person(BOB))
     assert (row.decision, row.decided_by) == ("approved", BOB)

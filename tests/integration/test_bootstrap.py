@@ -18,9 +18,12 @@ async def test_dev_credentials_are_created_once_and_work(db_url, db, server, tmp
     assert again == first and await db.fetchval("SELECT count(*) FROM api_keys") == 5
     roles = await db.fetch("SELECT kind, role, principal, scope FROM api_keys ORDER BY kind, role")
     assert {(r["kind"], r["role"]) for r in roles} == {
-        ("executor", None), ("platform", None), ("workspace", "admin"),
-        ("workspace", "approver"), ("workspace", "operator"),
-    }  # fmt: skip
+        ("executor", None),
+        ("platform", None),
+        ("workspace", "admin"),
+        ("workspace", "approver"),
+        ("workspace", "operator"),
+    }
     assert "manager@example.com" in {r["principal"] for r in roles}
     async with auth.channel(f"127.0.0.1:{server.port}", first.admin_key) as channel:
         agents = agent_pb2_grpc.AgentServiceStub(channel)

@@ -35,8 +35,9 @@ async def kinds_of(db_url: str, run_id: str) -> list[str]:
     try:
         rows = await conn.fetch(
             "SELECT kind, payload FROM steps WHERE workspace_id = $1 AND run_id = $2 ORDER BY seq",
-            CANARY_WORKSPACE, uuid.UUID(run_id),
-        )  # fmt: skip
+            CANARY_WORKSPACE,
+            uuid.UUID(run_id),
+        )
         return [r["kind"] for r in rows]
     finally:
         await conn.close()
@@ -73,8 +74,13 @@ async def test_the_canary_passes_on_a_healthy_stack_without_a_model_or_a_provide
     resp = await stub.RunCanary(release_pb2.RunCanaryRequest(release="dev"))
     assert resp.passed and resp.status == "completed" and resp.release == "dev"
     assert await kinds_of(db_url, resp.run_id) == [
-        "input", "model_decision", "tool_started", "tool_result", "model_decision", "finish",
-    ]  # fmt: skip
+        "input",
+        "model_decision",
+        "tool_started",
+        "tool_result",
+        "model_decision",
+        "finish",
+    ]
     # No model was asked and no provider touched, for any of the canaries.
     assert len(sandbox_requests(sandbox_model.url)) == models
     assert len(sandbox_effects(sandbox_providers.url)) == effects

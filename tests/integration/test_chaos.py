@@ -94,9 +94,14 @@ async def stack(db_url, control_plane, processes, sandbox_idp):
     await api.publish("chaos", "chaos", TOOLS)
     for seed, (provider, mode, probability, extra) in enumerate(FAULTS):
         set_fault(
-            providers.url, provider=provider, mode=mode, path=WRITES[provider],
-            probability=probability, seed=seed, **extra,
-        )  # fmt: skip
+            providers.url,
+            provider=provider,
+            mode=mode,
+            path=WRITES[provider],
+            probability=probability,
+            seed=seed,
+            **extra,
+        )
     md = await member_signed_in(db_url, sandbox_idp.url)
     async with AutoApprover(api, metadata=md):  # create_charge moves money: a person approves each
         yield cp, api, providers

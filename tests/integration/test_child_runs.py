@@ -93,8 +93,11 @@ async def test_a_missing_agent_is_the_calls_error_and_the_parent_goes_on(
         executor_factory(cp)
         (parent,) = await api2.wait_terminal([parent_id], within=60)
         assert parent.status == run_pb2.RUN_STATUS_COMPLETED, parent.error
-        results = [s for s in await api2.steps(parent_id)
-                   if s.kind == "tool_result" and s.payload["tool"] == "start_child"]  # fmt: skip
+        results = [
+            s
+            for s in await api2.steps(parent_id)
+            if s.kind == "tool_result" and s.payload["tool"] == "start_child"
+        ]
         assert len(results) == 3
         assert all(r.payload["status"] == "error" for r in results)
         assert "no published version" in results[0].payload["error"]

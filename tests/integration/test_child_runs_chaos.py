@@ -123,8 +123,9 @@ async def test_kill_9_of_parents_and_childrens_executors_at_random_moments(
         runs = [await api.get(r) for r in parent_ids]
         if all(r.status == run_pb2.RUN_STATUS_COMPLETED for r in runs):
             break
-        assert not any(r.status in (run_pb2.RUN_STATUS_FAILED, run_pb2.RUN_STATUS_CANCELLED)
-                       for r in runs), [r.error for r in runs]  # fmt: skip
+        assert not any(
+            r.status in (run_pb2.RUN_STATUS_FAILED, run_pb2.RUN_STATUS_CANCELLED) for r in runs
+        ), [r.error for r in runs]
         await chaos.step(db)
         await asyncio.sleep(0.05)  # a polling interval, not a synchronisation
     runs = await api.wait_terminal(parent_ids, within=30)
@@ -137,8 +138,11 @@ async def test_kill_9_of_parents_and_childrens_executors_at_random_moments(
     for parent_id in parent_ids:
         await check_family(api, db_url, parent_id, model_log, provider_log)
     kid_ids = {str(k["run_id"]) for p in parent_ids for k in await children_of(db_url, p)}
-    mails = [e for e in sandbox_effects(sandbox_providers.url, "mail")
-             if (e.get("key") or "").split(":")[0] in kid_ids]  # fmt: skip
+    mails = [
+        e
+        for e in sandbox_effects(sandbox_providers.url, "mail")
+        if (e.get("key") or "").split(":")[0] in kid_ids
+    ]
     assert len(mails) == len(kid_ids) == 3 * FAMILIES
     # And through the CLI: `runs show` names a parent's children and a child's parent.
     key = await auth.workspace_key(db_url, "ws", role="reader")

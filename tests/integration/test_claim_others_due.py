@@ -79,13 +79,19 @@ async def test_the_dispatcher_claims_a_held_workspace_soon_after_it_is_let_go(
             # The executor's connection wakes the dispatcher: its claim passes over the
             # held workspace, so it claims again, at growing pauses, while it is held.
             (executor,) = executor_factory(cp)
-            await eventually(lambda: logged(executor, "connected to control plane"),
-                             timeout=30, message="the executor never connected")  # fmt: skip
+            await eventually(
+                lambda: logged(executor, "connected to control plane"),
+                timeout=30,
+                message="the executor never connected",
+            )
             await asyncio.sleep(1.0)  # held a while: the pauses reach their longest
             assert await _epoch(db, run_id) == 0  # never claimed while it is held
             let_go = time.monotonic()
-        await eventually(lambda: _claimed(db, run_id), timeout=10,
-                         message="not claimed within 10 s of its workspace being let go")  # fmt: skip
+        await eventually(
+            lambda: _claimed(db, run_id),
+            timeout=10,
+            message="not claimed within 10 s of its workspace being let go",
+        )
         assert time.monotonic() - let_go < 5, "claimed only at the poll"
     finally:
         await api.close()

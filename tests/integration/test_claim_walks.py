@@ -60,15 +60,32 @@ def layout(seed: int) -> list[tuple]:
         for a in ("plain", "tooled"):
             for i in range(rng.randrange(6, 16)):
                 state = rng.choice(["due", "due", "due", "later", "none"])
-                wake = {"due": AT - timedelta(seconds=rng.randrange(1, 600)),
-                        "later": AT + timedelta(hours=1, seconds=i), "none": None}[state]  # fmt: skip
+                wake = {
+                    "due": AT - timedelta(seconds=rng.randrange(1, 600)),
+                    "later": AT + timedelta(hours=1, seconds=i),
+                    "none": None,
+                }[state]
                 status = "queued" if state == "due" and rng.random() < 0.7 else "waiting"
-                rows.append((
-                    f"w{w}", uuid.UUID(int=rng.getrandbits(128)), a, 0, status,
-                    None if status == "queued" else "sleep", wake, f"input {i}", 50, 1000,
-                    30, 3600, 3, rng.choice([-2, 0, 0, 0, 1, 5]),
-                    rng.choice([None, None, "r1", "r2"]), AT - timedelta(minutes=30),
-                ))  # fmt: skip
+                rows.append(
+                    (
+                        f"w{w}",
+                        uuid.UUID(int=rng.getrandbits(128)),
+                        a,
+                        0,
+                        status,
+                        None if status == "queued" else "sleep",
+                        wake,
+                        f"input {i}",
+                        50,
+                        1000,
+                        30,
+                        3600,
+                        3,
+                        rng.choice([-2, 0, 0, 0, 1, 5]),
+                        rng.choice([None, None, "r1", "r2"]),
+                        AT - timedelta(minutes=30),
+                    )
+                )
     return rows
 
 
@@ -102,9 +119,13 @@ async def claims(pool: asyncpg.pool.Pool) -> list[tuple[int, list[tuple[str, uui
     for turn in range(40):
         kind = KINDS[turn % len(KINDS)]
         got = await lease.claim_due(
-            pool, ["ex"] * kind["owners"], 3600, now=AT + timedelta(milliseconds=turn),
-            carried=kind.get("carried"), release=kind.get("release"),
-        )  # fmt: skip
+            pool,
+            ["ex"] * kind["owners"],
+            3600,
+            now=AT + timedelta(milliseconds=turn),
+            carried=kind.get("carried"),
+            release=kind.get("release"),
+        )
         out.append((kind["owners"], [(r.workspace_id, r.run_id) for r in got]))
     return out
 

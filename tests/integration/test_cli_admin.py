@@ -60,15 +60,26 @@ async def test_admin_commands_end_to_end(control_plane, db_url, tmp_path):
     assert again.returncode == 1 and "ALREADY_EXISTS" in again.stderr
 
     # A platform admin mints the workspace's first admin key; it goes into a profile.
-    admin = await cli.create_key("--workspace", "acme", "--role", "admin", "--name", "acme-admin",
-                                 key=platform)  # fmt: skip
-    await cli.run("profile", "set", "acme", "--address", cp.address, "--workspace", "acme",
-                  "--api-key-stdin", stdin=admin + "\n")  # fmt: skip
+    admin = await cli.create_key(
+        "--workspace", "acme", "--role", "admin", "--name", "acme-admin", key=platform
+    )
+    await cli.run(
+        "profile",
+        "set",
+        "acme",
+        "--address",
+        cp.address,
+        "--workspace",
+        "acme",
+        "--api-key-stdin",
+        stdin=admin + "\n",
+    )
     shown = (await cli.run("profile", "show", "acme")).stdout
     assert admin.split("_")[2] in shown  # the key id, never the secret
 
-    ops = await cli.create_key("--profile", "acme", "--role", "operator", "--name", "ci-bot",
-                               "--expires-in", "30d")  # fmt: skip
+    ops = await cli.create_key(
+        "--profile", "acme", "--role", "operator", "--name", "ci-bot", "--expires-in", "30d"
+    )
     ops_id = ops.split("_")[2]
     listed = (await cli.run("--profile", "acme", "apikeys", "list")).stdout
     row = next(line for line in listed.splitlines() if line.startswith(ops_id))
@@ -94,12 +105,12 @@ async def test_admin_commands_end_to_end(control_plane, db_url, tmp_path):
     await cli.run("--profile", "acme", "members", "remove", "ada@example.com")
 
     # Executor credentials: a platform admin's; listed among the platform's keys.
-    pool = await cli.create_key("--executor", "--name", "gpu-pool", "--scope", "acme",
-                                key=platform)  # fmt: skip
+    pool = await cli.create_key("--executor", "--name", "gpu-pool", "--scope", "acme", key=platform)
     platform_keys = (await cli.run("apikeys", "list", "--platform", key=platform)).stdout
     assert "gpu-pool" in platform_keys and "executor of acme" in platform_keys
-    refused_ws = await cli.run("--profile", "acme", "apikeys", "create", "--executor", "--name",
-                               "x", ok=False)  # fmt: skip
+    refused_ws = await cli.run(
+        "--profile", "acme", "apikeys", "create", "--executor", "--name", "x", ok=False
+    )
     assert "PERMISSION_DENIED" in refused_ws.stderr
 
     audit = (await cli.run("--profile", "acme", "audit")).stdout.splitlines()
@@ -127,6 +138,7 @@ async def test_admin_commands_end_to_end(control_plane, db_url, tmp_path):
 @pytest.mark.parametrize("bad", ["0d", "30", "1y"])
 async def test_expires_in_must_be_a_duration(bad, tmp_path):
     cli = Cli("127.0.0.1:1", tmp_path)
-    done = await cli.run("apikeys", "create", "--role", "reader", "--name", "n", "--expires-in",
-                         bad, ok=False)  # fmt: skip
+    done = await cli.run(
+        "apikeys", "create", "--role", "reader", "--name", "n", "--expires-in", bad, ok=False
+    )
     assert done.returncode == 2 and "--expires-in" in done.stderr

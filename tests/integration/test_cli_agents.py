@@ -22,9 +22,12 @@ class Cli:
     def __init__(self, address: str, key: str, tmp: Path) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
         self.env.update(
-            AGENTRUN_CONFIG=str(tmp / "config.toml"), AGENTRUN_DATA_DIR=str(tmp),
-            AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=address, AGENTRUN_WORKSPACE=WS,
-        )  # fmt: skip
+            AGENTRUN_CONFIG=str(tmp / "config.toml"),
+            AGENTRUN_DATA_DIR=str(tmp),
+            AGENTRUN_API_KEY=key,
+            AGENTRUN_ADDRESS=address,
+            AGENTRUN_WORKSPACE=WS,
+        )
 
     async def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "agentrun_cli", *args]
@@ -95,8 +98,17 @@ async def test_runs_list_filters_on_the_server_and_prints_a_plain_table_when_pip
     assert len(ada) == 1 and len(both) == 2 and ada[0] in both
     table = (await cli("runs", "list")).stdout.splitlines()
     assert table[0].split() == [
-        "RUN", "ID", "AGENT", "STATUS", "WAIT", "CREATED", "ELAPSED", "ACTIVE", "STEPS", "TOKENS"
-    ]  # fmt: skip
+        "RUN",
+        "ID",
+        "AGENT",
+        "STATUS",
+        "WAIT",
+        "CREATED",
+        "ELAPSED",
+        "ACTIVE",
+        "STEPS",
+        "TOKENS",
+    ]
     assert len(table) == 3 and "\x1b[" not in "".join(table)
     assert all(line == line.rstrip() for line in table)
     # The filters are the server's (ListRuns create_after and search), not the CLI's.

@@ -35,10 +35,13 @@ def test_a_taken_http_port_moves_and_links_name_the_port_really_bound(
     data_dir: Path, db_url: str, redis_server: EmbeddedRedis, taken_port: int
 ) -> None:
     with running_dev(
-        data_dir, "--address", "127.0.0.1:0",
-        DATABASE_URL=db_url, REDIS_URL=redis_server.url,
+        data_dir,
+        "--address",
+        "127.0.0.1:0",
+        DATABASE_URL=db_url,
+        REDIS_URL=redis_server.url,
         AGENTRUN_HTTP_LISTEN=f"127.0.0.1:{taken_port}",
-    ) as dev:  # fmt: skip
+    ) as dev:
         assert f"port {taken_port} is taken" in dev.output()
         assert dev.http_url and dev.http_url != f"http://127.0.0.1:{taken_port}"
         assert httpx.get(f"{dev.http_url}/healthz", timeout=5).status_code == 200
@@ -47,8 +50,9 @@ def test_a_taken_http_port_moves_and_links_name_the_port_really_bound(
             ("agents", "publish", "triage", "--model", "demo", "--tool", "crm_lookup"),
         ):
             assert dev.cli(*argv).returncode == 0
-        made = dev.cli("triggers", "create", "paid", "--agent", "triage", "--webhook", "stripe",
-                       "-o", "json")  # fmt: skip
+        made = dev.cli(
+            "triggers", "create", "paid", "--agent", "triage", "--webhook", "stripe", "-o", "json"
+        )
         assert made.returncode == 0, made.stderr
         url = json.loads(made.stdout)["trigger"]["url"]
         assert url == f"{dev.http_url}/hooks/default/paid"

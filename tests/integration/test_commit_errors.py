@@ -33,8 +33,9 @@ async def test_an_error_inside_the_commit_fails_the_run_after_bounded_tries(
     (executor,) = executor_factory(cp)
     (run,) = await api.wait_terminal([run_id], within=30)
     assert run.status == run_pb2.RUN_STATUS_FAILED
-    assert re.fullmatch(r"internal error while committing a step \(request [0-9a-f]{12}\)",
-                        run.error), run.error  # fmt: skip
+    assert re.fullmatch(
+        r"internal error while committing a step \(request [0-9a-f]{12}\)", run.error
+    ), run.error
     assert "fault point" not in run.error  # internals stay in the log
     steps = await api.steps(run_id)
     assert [s.kind for s in steps] == ["input", "finish"]  # the failed commit wrote nothing

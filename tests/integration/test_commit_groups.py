@@ -45,19 +45,29 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
     park = steps.Transition(status="waiting", wait_reason="sleep", wake_after_seconds=600)
     done = steps.Transition(status="completed", text="the end")
     results = await asyncio.gather(
-        groups.commit(request(renewing, [step(1), step(2, "tool_started")], model_calls=1,
-                              tool_calls=1, tokens=12), 30),
+        groups.commit(
+            request(
+                renewing, [step(1), step(2, "tool_started")], model_calls=1, tool_calls=1, tokens=12
+            ),
+            30,
+        ),
         groups.commit(request(parking, [step(1), step(2, "park")], transition=park), 30),
-        groups.commit(request(finishing, [step(1), step(2, "finish")], transition=done, tokens=5), 30),
-    )  # fmt: skip
+        groups.commit(
+            request(finishing, [step(1), step(2, "finish")], transition=done, tokens=5), 30
+        ),
+    )
     assert (groups.statements, groups.grouped) == (1, 3)
     assert [r.status for r in results] == ["running", "waiting", "completed"]
-    rows = [await runs.get_run(pool, r.workspace_id, r.run_id) for r in (renewing, parking,
-                                                                         finishing)]  # fmt: skip
+    rows = [
+        await runs.get_run(pool, r.workspace_id, r.run_id) for r in (renewing, parking, finishing)
+    ]
     renewed, parked, finished = rows
     assert (renewed.step_count, renewed.model_calls, renewed.tool_calls, renewed.tokens_used) == (
-        3, 1, 1, 12,
-    )  # fmt: skip
+        3,
+        1,
+        1,
+        12,
+    )
     assert renewed.lease_owner == "ex-a" and results[0].wake_at == renewed.wake_at
     assert renewed.wake_at - renewed.updated_at == timedelta(seconds=30)
     assert (parked.wait_reason, parked.lease_owner) == ("sleep", None)
@@ -66,9 +76,10 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
     assert finished.finished_at is not None
     log = await steps.list_steps(pool, renewing.workspace_id, renewing.run_id, 0, 10)
     assert [(s.seq, s.kind, s.epoch) for s in log] == [
-        (0, "input", 0), (1, "model_decision", renewing.lease_epoch),
+        (0, "input", 0),
+        (1, "model_decision", renewing.lease_epoch),
         (2, "tool_started", renewing.lease_epoch),
-    ]  # fmt: skip
+    ]
 
 
 async def test_a_fenced_run_in_the_group_fails_alone(pool, groups):
@@ -103,8 +114,10 @@ async def test_a_duplicate_or_refused_commit_in_the_group_leaves_the_others_land
     assert results[0].status == "running" and not results[0].duplicate
     assert results[1].duplicate
     assert isinstance(results[2], DataRefused)
-    counts = [(await runs.get_run(pool, r.workspace_id, r.run_id)).step_count
-              for r in (first, retried, refused)]  # fmt: skip
+    counts = [
+        (await runs.get_run(pool, r.workspace_id, r.run_id)).step_count
+        for r in (first, retried, refused)
+    ]
     assert counts == [2, 2, 1]
 
 
@@ -128,8 +141,10 @@ async def test_the_lane_is_held_between_statements_replaced_when_broken_and_hand
     await groups.commit(request(run, [step(2)]), 30)
     assert pool.get_size() - pool.get_idle_size() == 1  # one connection kept for the next
     # Postgres ends every backend of the pool, the lane's too (a restart, a failover).
-    await db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
+    await db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
     errors = []
     for _ in range(3):  # the broken lane may fail the one commit sent before it is noticed
         try:
@@ -148,7 +163,10 @@ async def test_an_idle_lane_goes_back_to_the_pool_on_its_own(pool, groups, monke
     (run,) = await held_runs(pool, 1)
     await groups.commit(request(run, [step(1)]), 30)
     assert pool.get_size() - pool.get_idle_size() == 1
-    await eventually(lambda: pool.get_idle_size() == pool.get_size(), timeout=5,
-                     message="the idle lane was never handed back")  # fmt: skip
+    await eventually(
+        lambda: pool.get_idle_size() == pool.get_size(),
+        timeout=5,
+        message="the idle lane was never handed back",
+    )
     await groups.commit(request(run, [step(2)]), 30)  # a new lane, taken as the first was
     assert (await runs.get_run(pool, run.workspace_id, run.run_id)).step_count == 3

@@ -35,8 +35,9 @@ def step(seq: int) -> steps.NewStep:
 
 
 def request(run: runs.Run, seq: int, renew_always: bool = False) -> steps.CommitRequest:
-    return steps.CommitRequest(run.workspace_id, run.run_id, run.lease_epoch, [step(seq)],
-                               renew_always=renew_always)  # fmt: skip
+    return steps.CommitRequest(
+        run.workspace_id, run.run_id, run.lease_epoch, [step(seq)], renew_always=renew_always
+    )
 
 
 async def claimed(pool, n: int = 1) -> tuple[list[runs.Run], datetime]:
@@ -55,8 +56,10 @@ async def test_a_commit_renews_only_once_half_the_lease_is_left_and_is_hot_befor
     (run,), t0 = await claimed(pool)
     async with pool.acquire() as conn, conn.transaction():
         before = await conn.fetchrow(HOT)  # may hold this backend's earlier, unflushed counts
-        early = [await steps.commit(conn, request(run, seq), LEASE, now=at(t0, s))
-                 for seq, s in ((1, 1), (2, 14.9))]  # fmt: skip
+        early = [
+            await steps.commit(conn, request(run, seq), LEASE, now=at(t0, s))
+            for seq, s in ((1, 1), (2, 14.9))
+        ]
         after = await conn.fetchrow(HOT)
     assert [(r.renewed, r.wake_at) for r in early] == [(False, run.wake_at)] * 2
     # Both updates were HOT: no index entry written.
@@ -96,17 +99,43 @@ async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_state
     sql = queries.QUERIES["run_commit"]
     for seq, t in ((1, 1.0), (2, 16.0)):  # more than half the lease left, then not
         usage = pricing.Usage(11, 7, 3, 2, 55)
-        args = dict(workspace_id=general.workspace_id, run_id=general.run_id,
-                    epoch=general.lease_epoch, seqs=[seq], kinds=["model_decision"],
-                    ref_seqs=[None], payloads=[json.dumps({"content": f"s{seq}"})],
-                    model_calls=1, tool_calls=2, tokens=18, input_tokens=11, output_tokens=7,
-                    cached_tokens=3, reasoning_tokens=2, cost_micros=55, status=None,
-                    wait_reason=None, wake_at=None, wake_after_seconds=None,
-                    lease_seconds=LEASE, text=None, now=at(t0, t),
-                    waiting_connection_id=None, renew_always=False)  # fmt: skip
+        args = dict(
+            workspace_id=general.workspace_id,
+            run_id=general.run_id,
+            epoch=general.lease_epoch,
+            seqs=[seq],
+            kinds=["model_decision"],
+            ref_seqs=[None],
+            payloads=[json.dumps({"content": f"s{seq}"})],
+            model_calls=1,
+            tool_calls=2,
+            tokens=18,
+            input_tokens=11,
+            output_tokens=7,
+            cached_tokens=3,
+            reasoning_tokens=2,
+            cost_micros=55,
+            status=None,
+            wait_reason=None,
+            wake_at=None,
+            wake_after_seconds=None,
+            lease_seconds=LEASE,
+            text=None,
+            now=at(t0, t),
+            waiting_connection_id=None,
+            renew_always=False,
+        )
         row = await pool.fetchrow(sql.sql, *queries.arguments(sql, (), args))
-        req = steps.CommitRequest(keep.workspace_id, keep.run_id, keep.lease_epoch, [step(seq)],
-                                  model_calls=1, tool_calls=2, tokens=18, usage=usage)  # fmt: skip
+        req = steps.CommitRequest(
+            keep.workspace_id,
+            keep.run_id,
+            keep.lease_epoch,
+            [step(seq)],
+            model_calls=1,
+            tool_calls=2,
+            tokens=18,
+            usage=usage,
+        )
         result = await steps.commit(pool, replace(req, renew_always=False), LEASE, now=at(t0, t))
         expected = (row["status"], row["wake_at"], row["renewed"])
         assert (result.status, result.wake_at, result.renewed) == expected
@@ -138,10 +167,16 @@ async def test_an_executor_that_commits_without_heartbeats_never_outlives_its_le
     the run is taken over only when wake_at passes, and the old holder's commit is fenced."""
     (run,), t0 = await claimed(pool)
     clock, fenced = Clock(), []
-    keeper = LeaseKeeper(_no_heartbeat, lambda run_id, why: fenced.append(run_id), clock=clock,
-                         lease_duration=LEASE, heartbeat_interval=10)  # fmt: skip
-    grant = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=str(run.run_id),
-                               epoch=run.lease_epoch)  # fmt: skip
+    keeper = LeaseKeeper(
+        _no_heartbeat,
+        lambda run_id, why: fenced.append(run_id),
+        clock=clock,
+        lease_duration=LEASE,
+        heartbeat_interval=10,
+    )
+    grant = executor_pb2.Lease(
+        workspace_id=run.workspace_id, run_id=str(run.run_id), epoch=run.lease_epoch
+    )
     keeper.hold(grant)
     renewals, wake_at = 0, run.wake_at
     for seq, t in enumerate(range(3, 61, 3), start=1):
@@ -175,10 +210,12 @@ async def commit_over_stream(address: str, key: str, run: runs.Run, hello: execu
         call = stub.Connect(metadata=(("authorization", f"Bearer {key}"),), timeout=20)
         await call.write(executor_pb2.ConnectRequest(hello=hello))
         assert (await call.read()).HasField("welcome")
-        grant = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=str(run.run_id),
-                                   epoch=run.lease_epoch)  # fmt: skip
-        new = executor_pb2.NewStep(seq=1, kind=run_pb2.STEP_KIND_MODEL_DECISION,
-                                   payload_json=json.dumps({"content": "hi"}))  # fmt: skip
+        grant = executor_pb2.Lease(
+            workspace_id=run.workspace_id, run_id=str(run.run_id), epoch=run.lease_epoch
+        )
+        new = executor_pb2.NewStep(
+            seq=1, kind=run_pb2.STEP_KIND_MODEL_DECISION, payload_json=json.dumps({"content": "hi"})
+        )
         commit = executor_pb2.Commit(request_id=1, lease=grant, steps=[new])
         await call.write(executor_pb2.ConnectRequest(commit=commit))
         while not (reply := await call.read()).HasField("commit_result"):

@@ -84,9 +84,10 @@ async def test_the_pkce_flow_stores_a_sealed_connection_and_the_api_never_shows_
     # The token works at the provider, as the connected account.
     async with httpx.AsyncClient(base_url=oauth_sandbox.url) as client:
         posted = await client.post(
-            "/chat/messages", json={"channel": "#general", "text": "hi"},
+            "/chat/messages",
+            json={"channel": "#general", "text": "hi"},
             headers={"Authorization": f"Bearer {token.access_token}"},
-        )  # fmt: skip
+        )
     assert posted.status_code == 200
     async with channel(f"127.0.0.1:{cp.port}", key) as ch:
         stub = connection_pb2_grpc.ConnectionServiceStub(ch)
@@ -184,11 +185,16 @@ async def carried(oauth_sandbox: BackgroundServer, tokens: list[str]) -> set[str
     """Post with every token; the token ids (grant/generation) the provider saw."""
     async with httpx.AsyncClient(base_url=oauth_sandbox.url) as client:
         await client.delete("/_sandbox/requests")
-        answers = await asyncio.gather(*(
-            client.post("/chat/messages", json={"channel": "#general", "text": "x"},
-                        headers={"Authorization": f"Bearer {t}"})
-            for t in tokens
-        ))  # fmt: skip
+        answers = await asyncio.gather(
+            *(
+                client.post(
+                    "/chat/messages",
+                    json={"channel": "#general", "text": "x"},
+                    headers={"Authorization": f"Bearer {t}"},
+                )
+                for t in tokens
+            )
+        )
         assert [a.status_code for a in answers] == [200] * len(tokens)
         log = (await client.get("/_sandbox/requests")).json()["requests"]
     return {entry["token_id"] for entry in log}
@@ -241,8 +247,9 @@ async def test_a_refresher_that_dies_holding_the_lock_strands_nothing(
     await doomed.execute("BEGIN")
     await doomed.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('connection_refresh:' || $1 || ':' || $2, 0))",
-        WS, cid,
-    )  # fmt: skip
+        WS,
+        cid,
+    )
     pid = doomed.get_server_pid()
     call = asyncio.create_task(tokens_for(cp.pool, oauth_sandbox).for_call(WS, cid))
     await asyncio.wait({call}, timeout=0.5)

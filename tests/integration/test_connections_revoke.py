@@ -27,8 +27,11 @@ def oauth(sandbox: BackgroundServer, method: str, path: str, body: Any = None) -
 
 
 def grant_of(sandbox: BackgroundServer, account: str) -> dict[str, Any]:
-    (grant,) = [g for g in oauth(sandbox, "GET", "/_sandbox/oauth/stats")["grants"]
-                if g["account"] == account]  # fmt: skip
+    (grant,) = [
+        g
+        for g in oauth(sandbox, "GET", "/_sandbox/oauth/stats")["grants"]
+        if g["account"] == account
+    ]
     return grant
 
 
@@ -47,8 +50,9 @@ async def audited(db_url: str, connection_id: str) -> list[dict[str, Any]]:
         rows = await conn.fetch(
             "SELECT action, detail::text AS detail FROM audit_log"
             " WHERE workspace_id = $1 AND object_id = $2 AND action = 'connection.revoked'",
-            WS, connection_id,
-        )  # fmt: skip
+            WS,
+            connection_id,
+        )
     finally:
         await conn.close()
     return [{"action": r["action"], "detail": json.loads(r["detail"])} for r in rows]

@@ -110,8 +110,12 @@ async def test_a_revoked_connection_parks_runs_unsent_and_reconnecting_wakes_the
     )
     run_ids = [await api.start("poster-b", f"go {i}") for i in range(3)]
     executor_factory(cp)
-    await eventually(lambda: waiting_on_connection(api, run_ids), timeout=60, interval=0.2,
-                     message="runs did not park on the connection")  # fmt: skip
+    await eventually(
+        lambda: waiting_on_connection(api, run_ids),
+        timeout=60,
+        interval=0.2,
+        message="runs did not park on the connection",
+    )
     assert mine(sandbox_providers.url, run_ids) == []  # nothing was sent
     conn = await asyncpg.connect(db_url)
     try:
@@ -142,8 +146,12 @@ async def test_a_connection_without_the_tools_scope_parks_before_sending(
     await publish_poster(api, "poster-c", cid)
     run_id = await api.start("poster-c", "go")
     executor_factory(cp)
-    await eventually(lambda: waiting_on_connection(api, [run_id]), timeout=60, interval=0.2,
-                     message="the run did not park on the connection")  # fmt: skip
+    await eventually(
+        lambda: waiting_on_connection(api, [run_id]),
+        timeout=60,
+        interval=0.2,
+        message="the run did not park on the connection",
+    )
     assert mine(sandbox_providers.url, [run_id]) == []
     park = (await api.steps(run_id))[-1]
     assert park.kind == "park" and "chat:write" in park.payload["note"]
@@ -156,8 +164,17 @@ async def test_the_cli_lists_shows_links_and_revokes_connections(stack, db_url) 
     env = {**os.environ, "AGENTRUN_API_KEY": await workspace_key(db_url, WS, role="admin")}
 
     async def cli(*args: str) -> str:
-        argv = [sys.executable, "-m", "agentrun_cli", "--address", cp.address,
-                "--workspace", WS, "connections", *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "agentrun_cli",
+            "--address",
+            cp.address,
+            "--workspace",
+            WS,
+            "connections",
+            *args,
+        ]
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
         )
@@ -215,16 +232,21 @@ async def test_a_grant_revoked_at_the_provider_parks_runs_and_asks_the_owner_onc
     sandbox_call("POST", f"{url}/_sandbox/oauth/revoke", {"provider": "chat", "account": account})
     run_ids = [await api.start("poster-i", f"go {i}") for i in range(3)]
     executor_factory(cp)
-    await eventually(lambda: waiting_on_connection(api, run_ids), timeout=60, interval=0.2,
-                     message="runs did not park on the connection")  # fmt: skip
+    await eventually(
+        lambda: waiting_on_connection(api, run_ids),
+        timeout=60,
+        interval=0.2,
+        message="runs did not park on the connection",
+    )
     # Each call was refused (401) before the provider acted: no post exists.
     assert {e["status"] for e in mine(url, run_ids)} == {401}
     effects = sandbox_call("GET", f"{url}/_sandbox/effects?provider=chat")["effects"]
     assert not [e for e in effects if (e["key"] or "").split(":")[0] in run_ids]
     conn = await asyncpg.connect(db_url)
     try:
-        status = await conn.fetchval("SELECT status FROM connections WHERE connection_id = $1",
-                                     uuid.UUID(cid))  # fmt: skip
+        status = await conn.fetchval(
+            "SELECT status FROM connections WHERE connection_id = $1", uuid.UUID(cid)
+        )
         notes = await conn.fetchval(
             "SELECT count(*) FROM outbox WHERE kind = 'connection_reauth' AND payload->>'connection_id' = $1",
             cid,

@@ -25,8 +25,9 @@ async def stack(db_url, control_plane):
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, WS)
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id=AGENT))
-    spec = agent_pb2.AgentSpec(model="poster", instructions="post", tools=["chat_post"],
-                               connections={"chat": "trigger"})  # fmt: skip
+    spec = agent_pb2.AgentSpec(
+        model="poster", instructions="post", tools=["chat_post"], connections={"chat": "trigger"}
+    )
     await api.agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(workspace_id=WS, agent_id=AGENT, spec=spec)
     )
@@ -35,10 +36,14 @@ async def stack(db_url, control_plane):
 
 
 async def start(api: Api, connection_id: str = "") -> str:
-    resp = await api.runs.StartRun(run_pb2.StartRunRequest(
-        workspace_id=WS, agent_id=AGENT, input="post the update",
-        trigger_connection_id=connection_id,
-    ))  # fmt: skip
+    resp = await api.runs.StartRun(
+        run_pb2.StartRunRequest(
+            workspace_id=WS,
+            agent_id=AGENT,
+            input="post the update",
+            trigger_connection_id=connection_id,
+        )
+    )
     return resp.run.run_id
 
 
@@ -50,8 +55,18 @@ async def test_each_run_acts_as_the_account_it_came_in_through(
     cids = [await connect(cp, db_url, account) for account in accounts]
     # One through the API, one through `agentrun runs start --trigger-connection`.
     key = await workspace_key(db_url, WS, role="operator")
-    done = await cli(cp.address, key, "runs", "start", AGENT, "--input", "post the update",
-                     "--trigger-connection", cids[1], "--json")  # fmt: skip
+    done = await cli(
+        cp.address,
+        key,
+        "runs",
+        "start",
+        AGENT,
+        "--input",
+        "post the update",
+        "--trigger-connection",
+        cids[1],
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     came_in = [await start(api, cids[0]), json.loads(done.stdout)["run"]["run_id"]]
     through_none = await start(api)
@@ -88,15 +103,21 @@ async def test_a_triggering_connection_must_be_one_of_the_workspace(stack, db_ur
         await other.publish(AGENT, "poster", ["chat_post"])
         theirs = await connect(cp, db_url, f"eve-{uuid.uuid4().hex[:6]}@acme")
         with pytest.raises(grpc.aio.AioRpcError) as foreign:
-            await other.runs.StartRun(run_pb2.StartRunRequest(
-                workspace_id="ws-other", agent_id=AGENT, input="x", trigger_connection_id=theirs,
-            ))  # fmt: skip
+            await other.runs.StartRun(
+                run_pb2.StartRunRequest(
+                    workspace_id="ws-other",
+                    agent_id=AGENT,
+                    input="x",
+                    trigger_connection_id=theirs,
+                )
+            )
         assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await other.close()
     # The sentinel is spelled exactly `trigger`.
-    spec = agent_pb2.AgentSpec(model="poster", instructions="post", tools=["chat_post"],
-                               connections={"chat": "Trigger"})  # fmt: skip
+    spec = agent_pb2.AgentSpec(
+        model="poster", instructions="post", tools=["chat_post"], connections={"chat": "Trigger"}
+    )
     with pytest.raises(grpc.aio.AioRpcError) as spelled:
         await api.agents.PublishAgentVersion(
             agent_pb2.PublishAgentVersionRequest(workspace_id=WS, agent_id=AGENT, spec=spec)
@@ -105,8 +126,17 @@ async def test_a_triggering_connection_must_be_one_of_the_workspace(stack, db_ur
     assert "spec.connections[chat]" in (spelled.value.details() or "")
     # The CLI publishes the mapping: `--connection chat=trigger`.
     admin = await workspace_key(db_url, WS, role="admin")
-    argv = ["agents", "publish", AGENT, "--model", "poster", "--instructions", "post",
-            "--tool", "chat_post"]  # fmt: skip
+    argv = [
+        "agents",
+        "publish",
+        AGENT,
+        "--model",
+        "poster",
+        "--instructions",
+        "post",
+        "--tool",
+        "chat_post",
+    ]
     done = await cli(cp.address, admin, *argv, "--connection", "chat=trigger", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["spec"]["connections"] == {"chat": "trigger"}

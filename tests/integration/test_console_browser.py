@@ -140,8 +140,11 @@ async def test_an_operator_settles_an_unknown_outcome_from_the_page(
     key = await auth.workspace_key(db_url, "ws", role="operator", principal="ops-alice")
     try:
         executor_factory(cp)
-        unknown = await eventually(lambda: api.awaiting_person(run_id), timeout=30,
-                                   message="the run never waited for a person")  # fmt: skip
+        unknown = await eventually(
+            lambda: api.awaiting_person(run_id),
+            timeout=30,
+            message="the run never waited for a person",
+        )
         async with chromium(cp.http_url) as b:
             await b.sign_in_with_key(key)
             page = b.page

@@ -75,8 +75,9 @@ async def sso(client: httpx.AsyncClient, idp_url: str, email: str) -> httpx.Resp
     go = await client.post("/console/signin/oidc", data={"csrf": csrf_of(form), "workspace": "ws"})
     params = {k: v[0] for k, v in parse_qs(urlsplit(go.headers["location"]).query).items()}
     async with httpx.AsyncClient(base_url=idp_url) as idp:
-        back = await idp.post("/authorize", data={**{k: params[k] for k in FLOW_FIELDS},
-                                                  "email": email})  # fmt: skip
+        back = await idp.post(
+            "/authorize", data={**{k: params[k] for k in FLOW_FIELDS}, "email": email}
+        )
     return await client.get(back.headers["location"])
 
 
@@ -104,8 +105,11 @@ async def test_the_session_cookie_is_httponly_and_strict_and_the_key_is_never_sh
         form = await client.get("/console/signin")
         resp = await client.post("/console/signin/key", data={"csrf": csrf_of(form), "key": key})
         assert resp.status_code == 303
-        cookie = next(v for k, v in resp.headers.multi_items() if k == "set-cookie"
-                      and v.startswith("agentrun_console="))  # fmt: skip
+        cookie = next(
+            v
+            for k, v in resp.headers.multi_items()
+            if k == "set-cookie" and v.startswith("agentrun_console=")
+        )
         attributes = cookie.lower()
         assert "httponly" in attributes and "samesite=strict" in attributes
         assert "path=/console" in attributes and key not in cookie
@@ -195,8 +199,12 @@ async def test_the_runs_list_filters_and_names_a_bad_filter(stack, db_url):
         assert await listed(trigger="nightly") == set()
         assert await listed(**{"from": "2000-01-01T00:00", "to": "2999-01-01T00:00"}) == {ada, bob}
         assert await listed(**{"to": "2000-01-01T00:00"}) == set()
-        for bad, field in (({"status": "done"}, "status"), ({"from": "yesterday"}, "from"),
-                           ({"agent": "Not A Slug"}, "agent"), ({"q": "inv\x00oice"}, "q")):  # fmt: skip
+        for bad, field in (
+            ({"status": "done"}, "status"),
+            ({"from": "yesterday"}, "from"),
+            ({"agent": "Not A Slug"}, "agent"),
+            ({"q": "inv\x00oice"}, "q"),
+        ):
             resp = await client.get("/console/runs", params=bad)
             assert resp.status_code == 400 and field in resp.text, resp.text
 
@@ -220,8 +228,9 @@ async def test_a_person_signs_in_through_the_code_flow(stack, db, sandbox_idp):
     await add_member(db, "ws", "ada@example.com", "operator")
     async with httpx.AsyncClient(base_url=cp.http_url, timeout=10) as client:
         form = await client.get("/console/signin")
-        go = await client.post("/console/signin/oidc",
-                               data={"csrf": csrf_of(form), "workspace": "ws"})  # fmt: skip
+        go = await client.post(
+            "/console/signin/oidc", data={"csrf": csrf_of(form), "workspace": "ws"}
+        )
         assert go.status_code == 303
         authorize = urlsplit(go.headers["location"])
         params = {k: v[0] for k, v in parse_qs(authorize.query).items()}
@@ -272,7 +281,7 @@ async def test_the_queue_page_shows_caps_running_and_queued_counts(stack, db_url
             r"<td>(\d+)</td><td>(\d+)</td>",
             page.text,
         )
-    }  # fmt: skip
+    }
     assert rows == {"mailer": [0, 2, 2], "poster": [0, 1, 1]}  # running, queued, due
 
 

@@ -128,9 +128,15 @@ async def test_grants_are_for_platform_admins_and_bad_ones_name_the_field(stack)
         (pb.GrantCreditsRequest(workspace_id="ws", amount_micros=0), "amount_micros"),
         (pb.GrantCreditsRequest(workspace_id="ws", amount_micros=-3), "amount_micros"),
         (pb.GrantCreditsRequest(workspace_id="", amount_micros=5), "workspace_id"),
-        (pb.GrantCreditsRequest(workspace_id="ws", amount_micros=5, chunk_micros=-1), "chunk_micros"),
-        (pb.GrantCreditsRequest(workspace_id="ws", amount_micros=5, out_of_credits=9), "out_of_credits"),
-    ]:  # fmt: skip
+        (
+            pb.GrantCreditsRequest(workspace_id="ws", amount_micros=5, chunk_micros=-1),
+            "chunk_micros",
+        ),
+        (
+            pb.GrantCreditsRequest(workspace_id="ws", amount_micros=5, out_of_credits=9),
+            "out_of_credits",
+        ),
+    ]:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await credits.admin.GrantCredits(request)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -179,8 +185,19 @@ async def test_the_cli_grants_shows_the_balance_the_ledger_and_a_runs_cost(stack
     reader = await auth.workspace_key(db_url, "ws", role="reader")
     out = await _cli(api.channel_target, reader, "credits", "balance")
     assert "unlimited" in out
-    out = await _cli(api.channel_target, platform, "credits", "grant", "2.5", "--chunk", "0.001",
-                     "--when-out", "fail", "--note", "trial")  # fmt: skip
+    out = await _cli(
+        api.channel_target,
+        platform,
+        "credits",
+        "grant",
+        "2.5",
+        "--chunk",
+        "0.001",
+        "--when-out",
+        "fail",
+        "--note",
+        "trial",
+    )
     assert "balance   2.5" in out and "when out: fail" in out
     run_id = await api.start("echoer")
     (run,) = await api.wait_terminal([run_id])

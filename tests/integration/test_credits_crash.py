@@ -105,9 +105,11 @@ async def test_the_ledger_balances_after_reservations_retried_through_kill_9(
     # Every run reserved at its claim and topped up after (its decision and the echo's
     # tool_started land in one commit, so one top-up covers both).
     assert all(r.credit_chunks >= 2 for r in runs), sorted(r.credit_chunks for r in runs)[:5]
-    print(f"\n{RUNS} runs: {kills.control_plane} control-plane and {kills.executors} executor "
-          f"kills, {len(entries)} ledger entries, {sum(r.counters.cost_micros for r in runs)} "
-          "micro-credits spent; the ledger balances")  # fmt: skip
+    print(
+        f"\n{RUNS} runs: {kills.control_plane} control-plane and {kills.executors} executor "
+        f"kills, {len(entries)} ledger entries, {sum(r.counters.cost_micros for r in runs)} "
+        "micro-credits spent; the ledger balances"
+    )
     await credits.close()
     await api.close()
 

@@ -51,9 +51,13 @@ async def check_run(api, run_id, sandbox_model, sandbox_providers):
     assert_log_well_formed(steps)
     assert_no_reask(run_id, steps, sandbox_requests(sandbox_model.url))
     assert_writes_at_most_once(
-        [r for r in sandbox_requests(sandbox_providers.url)
-         if (r["idempotency_key"] or "").startswith(run_id)], "/mail/send",
-    )  # fmt: skip
+        [
+            r
+            for r in sandbox_requests(sandbox_providers.url)
+            if (r["idempotency_key"] or "").startswith(run_id)
+        ],
+        "/mail/send",
+    )
     return steps
 
 
@@ -87,8 +91,11 @@ async def test_kill_at_each_point_of_a_step_resumes_on_another_executor(
     steps = await check_run(api, run_id, sandbox_model, sandbox_providers)
     assert max(s.epoch for s in steps) > crashed_at
 
-    sends = [r for r in sandbox_requests(sandbox_providers.url)
-             if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+    sends = [
+        r
+        for r in sandbox_requests(sandbox_providers.url)
+        if r["path"] == "/mail/send" and (r["idempotency_key"] or "").startswith(run_id)
+    ]
     mail_result = next(
         s for s in steps if s.kind == "tool_result" and s.payload["tool"] == "send_email"
     )
@@ -99,12 +106,18 @@ async def test_kill_at_each_point_of_a_step_resumes_on_another_executor(
     assert len(sends) == 1
     found_by_lookup = "lookup" in (mail_result.payload.get("resolution") or "")
     assert found_by_lookup == (point == "executor.tool.after_response")
-    lookups = [r for r in sandbox_requests(sandbox_providers.url)
-               if r["path"] == "/mail/search" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+    lookups = [
+        r
+        for r in sandbox_requests(sandbox_providers.url)
+        if r["path"] == "/mail/search" and (r["idempotency_key"] or "").startswith(run_id)
+    ]
     # A decision that calls a tool right away commits with that call's tool_started (one
     # commit): killed after it, the call is cut off just as after tool.after_started_commit.
-    cut_off = point in ("executor.decision.after_commit", "executor.tool.after_started_commit",
-                        "executor.tool.after_response")  # fmt: skip
+    cut_off = point in (
+        "executor.decision.after_commit",
+        "executor.tool.after_started_commit",
+        "executor.tool.after_response",
+    )
     assert len(lookups) == (1 if cut_off else 0)
 
 

@@ -57,8 +57,11 @@ async def runs_with(api: Api, status: int) -> list[run_pb2.Run]:
     found: list[run_pb2.Run] = []
     token = ""
     while True:
-        resp = await api.runs.ListRuns(run_pb2.ListRunsRequest(
-            workspace_id=api.ws, page_size=500, page_token=token, status=status))  # fmt: skip
+        resp = await api.runs.ListRuns(
+            run_pb2.ListRunsRequest(
+                workspace_id=api.ws, page_size=500, page_token=token, status=status
+            )
+        )
         found += resp.runs
         if not (token := resp.next_page_token):
             return found
@@ -108,8 +111,10 @@ async def test_two_scoped_pools_of_real_executors_never_run_outside_their_scope(
         return sum(map(len, done)) == len(workspace_of)
 
     await eventually(all_completed, timeout=240, interval=1, message="not every run completed")
-    print(f"\n{len(workspace_of)} runs over {len(WORKSPACES)} workspaces completed in "
-          f"{time.monotonic() - started:.1f}s")  # fmt: skip
+    print(
+        f"\n{len(workspace_of)} runs over {len(WORKSPACES)} workspaces completed in "
+        f"{time.monotonic() - started:.1f}s"
+    )
 
     # The executors' own record: which process was handed which run, of which workspace.
     pools_of = claimed_by(pools, workspace_of)

@@ -42,7 +42,7 @@ async def counters_match(pool) -> None:
                (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
                 AND r.agent_id = a.agent_id AND r.status = 'running')
         FROM agents a
-    """)  # fmt: skip
+    """)
     assert [tuple(r) for r in bad if r["running"] != r["actual"]] == []
 
 
@@ -132,8 +132,9 @@ async def test_counters_follow_every_way_in_and_out_of_running(pool):
     await finish(pool, held[1], status="waiting")  # parked
     await runs.cancel_run(pool, "ws", held[2].run_id, "stop")
     await lease.release_unassigned(pool, lease.LeaseKey("ws", held[3].run_id, held[3].lease_epoch))
-    await pool.execute("UPDATE runs SET active_seconds = deadline_seconds WHERE run_id = $1",
-                       held[4].run_id)  # fmt: skip
+    await pool.execute(
+        "UPDATE runs SET active_seconds = deadline_seconds WHERE run_id = $1", held[4].run_id
+    )
     await lease.heartbeat(
         pool, "ex", [lease.LeaseKey("ws", held[4].run_id, held[4].lease_epoch)], 30
     )
@@ -180,8 +181,10 @@ async def test_next_wake_at_is_raised_only_where_the_claim_may_have_emptied_the_
         await pool.execute(mark, ws, datetime(2000, 1, 1, tzinfo=UTC) + timedelta(seconds=i))
     got = Counter(r.workspace_id for r in await claim(pool, 3))
     assert got == {"full": 1, "kept": 1, "emptied": 1}
-    wakes = {r["workspace_id"]: r["next_wake_at"] for r in await pool.fetch(
-        "SELECT workspace_id, next_wake_at FROM workspaces")}  # fmt: skip
+    wakes = {
+        r["workspace_id"]: r["next_wake_at"]
+        for r in await pool.fetch("SELECT workspace_id, next_wake_at FROM workspaces")
+    }
     old = datetime(2000, 1, 1, tzinfo=UTC)
     assert (wakes["full"], wakes["kept"], wakes["emptied"]) == (old, old, None)
 

@@ -25,8 +25,12 @@ from tests import factories
 from tests.harness.waiting import eventually
 
 # workspace -> (plan, cap given for enterprise)
-PLANS = {"free-a": ("free", None), "free-b": ("free", None), "team": ("enterprise", 5),
-         "big": ("enterprise", 7)}  # fmt: skip
+PLANS = {
+    "free-a": ("free", None),
+    "free-b": ("free", None),
+    "team": ("enterprise", 5),
+    "big": ("enterprise", 7),
+}
 AGENT_CAPS = {("team", "capped"): 1, ("big", "capped"): 2}
 RUNS_PER_AGENT = 40
 ADMITTED_LATER = 160
@@ -135,9 +139,16 @@ class Race:
 
 async def _admit(pool: asyncpg.pool.Pool, ws: str, agent: str, text: str) -> None:
     adm = runs.Admission(
-        workspace_id=ws, agent_id=agent, agent_version=1, input=text, request_id=None,
-        max_steps=50, max_tokens=100_000, max_tool_calls=100, deadline_seconds=3600,
-    )  # fmt: skip
+        workspace_id=ws,
+        agent_id=agent,
+        agent_version=1,
+        input=text,
+        request_id=None,
+        max_steps=50,
+        max_tokens=100_000,
+        max_tool_calls=100,
+        deadline_seconds=3600,
+    )
     await runs.insert_run(pool, adm)
 
 

@@ -89,10 +89,13 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
     # Short leases; a claim only when poked (no poll for a minute): after the kill, only
     # the recovery scanner can wake the claim that takes the lapsed run over.
     cp = control_plane(
-        db_url, AGENTRUN_METRICS_TOKEN=TOKEN, AGENTRUN_LEASE_SECONDS=3,
-        AGENTRUN_HEARTBEAT_SECONDS=1, AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS=0.5,
+        db_url,
+        AGENTRUN_METRICS_TOKEN=TOKEN,
+        AGENTRUN_LEASE_SECONDS=3,
+        AGENTRUN_HEARTBEAT_SECONDS=1,
+        AGENTRUN_FAST_PATH_HEARTBEAT_SECONDS=0.5,
         AGENTRUN_CLAIM_POLL_SECONDS=60,
-    )  # fmt: skip
+    )
     api = await Api.connect(cp.address, db_url, WS)
     # A second replica on the same database, in this process: no executor connects to it.
     other = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0"))
@@ -106,9 +109,11 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         # Two slots: one is free whenever the next message comes. Its third decision
         # commit (the mail turn's tool call, below) kills it.
         (doomed,) = executor_factory(
-            cp, AGENTRUN_CAPACITY=2, AGENTRUN_FAULTS="executor.decision.after_commit=kill@4",
+            cp,
+            AGENTRUN_CAPACITY=2,
+            AGENTRUN_FAULTS="executor.decision.after_commit=kill@4",
             AGENTRUN_MODEL_PROFILES=sandbox_profiles(f"{sandbox_model.url}/v1"),
-        )  # fmt: skip
+        )
         await api.wait_terminal([first.run_id], within=30)
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
         await free_slot(cp)
@@ -116,8 +121,10 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         second = await send(api, session_id, "again")
         assert second.status == run_pb2.RUN_STATUS_RUNNING  # as it is, not as admitted
         # Watched on the executor's replica and on the other one, both streamed to.
-        await asyncio.gather(streams_before_it_commits(api, second.run_id),
-                             streams_before_it_commits(elsewhere, second.run_id))  # fmt: skip
+        await asyncio.gather(
+            streams_before_it_commits(api, second.run_id),
+            streams_before_it_commits(elsewhere, second.run_id),
+        )
         # Dispatched by SendMessage itself: the claim never leased it.
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
         assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 1
@@ -125,8 +132,9 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         assert [r["stream"] for r in asked] == ["usage"]
         await streams_on_the_anthropic_api(cp, api, elsewhere, sandbox_model)
 
-        await killed_and_taken_over(api, cp, doomed, executor_factory, sandbox_model,
-                                    sandbox_providers)  # fmt: skip
+        await killed_and_taken_over(
+            api, cp, doomed, executor_factory, sandbox_model, sandbox_providers
+        )
     finally:
         await api.close()
         await elsewhere.close()
@@ -190,9 +198,13 @@ async def killed_and_taken_over(api, cp, doomed, executor_factory, sandbox_model
     assert_log_well_formed(steps)
     assert_no_reask(turn.run_id, steps, sandbox_requests(sandbox_model.url))
     sends = assert_writes_at_most_once(
-        [r for r in sandbox_requests(providers.url)
-         if (r["idempotency_key"] or "").startswith(turn.run_id)], "/mail/send",
-    )  # fmt: skip
+        [
+            r
+            for r in sandbox_requests(providers.url)
+            if (r["idempotency_key"] or "").startswith(turn.run_id)
+        ],
+        "/mail/send",
+    )
     assert sum(sends.values()) == 1
     decision = next(s for s in steps if s.kind == "model_decision")
     assert decision.epoch == 1 and steps[-1].epoch == 2  # fast-path lease, then takeover

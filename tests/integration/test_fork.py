@@ -101,8 +101,10 @@ async def test_a_fork_never_resends_a_call_before_its_point_and_asks_only_after_
     assert keyed(providers, source_id) == sent
 
     model = sandbox_requests(sandbox_model.url)
-    for fork_id, steps, at in ((first.run_id, steps_one, email.seq),
-                               (second.run_id, steps_two, lookup.seq)):  # fmt: skip
+    for fork_id, steps, at in (
+        (first.run_id, steps_one, email.seq),
+        (second.run_id, steps_two, lookup.seq),
+    ):
         asked = sorted(r["seq"] for r in model if r.get("run_id") == fork_id)
         decided = [s.seq for s in steps if s.kind == "model_decision" and s.seq > at]
         assert asked == decided and min(asked) > at + 1, (asked, decided)
@@ -160,8 +162,9 @@ async def test_fork_points_that_would_resend_a_call_are_refused_and_write_nothin
     conn = await asyncpg.connect(db_url)
     try:
         assert await conn.fetchval("SELECT count(*) FROM runs") == 2
-        assert await conn.fetchval(
-            "SELECT count(*) FROM audit_log WHERE action = 'run.forked'") == 0  # fmt: skip
+        assert (
+            await conn.fetchval("SELECT count(*) FROM audit_log WHERE action = 'run.forked'") == 0
+        )
     finally:
         await conn.close()
 

@@ -50,12 +50,40 @@ def _values(folder: Path) -> list[str]:
     garbage.write_bytes(b"\xff\xfe{not json")
     listed.write_text('[1, "x", null]')
     return [
-        "", "x", "default", "a" * 300, "é", "\udcff", "-1", "0", "-100", "2147483648",
-        "99999999999999999999", "1.5", "nan", "inf", "{}", "[]", '{"a":', "null",
-        "00000000-0000-0000-0000-000000000000", "not-a-uuid", "2020-13-45", "1h", "-5s",
-        "*/0 * * * *", "http://", "ftp://x", "key=value", "=", "a,b,,c", "/nonexistent/file",
-        str(garbage), str(listed), str(folder),
-    ]  # fmt: skip
+        "",
+        "x",
+        "default",
+        "a" * 300,
+        "é",
+        "\udcff",
+        "-1",
+        "0",
+        "-100",
+        "2147483648",
+        "99999999999999999999",
+        "1.5",
+        "nan",
+        "inf",
+        "{}",
+        "[]",
+        '{"a":',
+        "null",
+        "00000000-0000-0000-0000-000000000000",
+        "not-a-uuid",
+        "2020-13-45",
+        "1h",
+        "-5s",
+        "*/0 * * * *",
+        "http://",
+        "ftp://x",
+        "key=value",
+        "=",
+        "a,b,,c",
+        "/nonexistent/file",
+        str(garbage),
+        str(listed),
+        str(folder),
+    ]
 
 
 def _value(rng: random.Random, choices: list[str], values: list[str]) -> str:
@@ -66,8 +94,13 @@ def _argv(path: list[str], parser: Any, rng: random.Random, values: list[str]) -
     argv = list(path)
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction) or action.dest in (
-            "address", "profile", "workspace", "output", "data_dir", "follow",
-        ):  # fmt: skip
+            "address",
+            "profile",
+            "workspace",
+            "output",
+            "data_dir",
+            "follow",
+        ):
             continue
         choices = [str(c) for c in action.choices or ()]
         if not action.option_strings:

@@ -66,9 +66,12 @@ def _identity(data: bytes) -> bytes:
 async def quiet_server(db_url: str) -> AsyncIterator[RunningServer]:
     """A control plane whose background loops do not write during the test (long polls)."""
     config = ServerConfig(
-        database_url=db_url, listen="127.0.0.1:0", scheduler_poll_seconds=3600,
-        push_poll_seconds=3600, approval_poll_seconds=3600,
-    )  # fmt: skip
+        database_url=db_url,
+        listen="127.0.0.1:0",
+        scheduler_poll_seconds=3600,
+        push_poll_seconds=3600,
+        approval_poll_seconds=3600,
+    )
     running = await start(config)
     yield running
     await running.stop(grace=0)
@@ -110,12 +113,17 @@ class Ledger:
             self.reached[rpc.name] += 1
 
     def garbage(
-        self, rpc: Rpc, code: grpc.StatusCode, expected: grpc.StatusCode, what: str,
+        self,
+        rpc: Rpc,
+        code: grpc.StatusCode,
+        expected: grpc.StatusCode,
+        what: str,
         details: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if code != expected:
-            self.bad.append(f"{rpc.path} {code.name} (not {expected.name}) {details[:160]!r} "
-                            f"for garbage {what}")  # fmt: skip
+            self.bad.append(
+                f"{rpc.path} {code.name} (not {expected.name}) {details[:160]!r} for garbage {what}"
+            )
         elif code == grpc.StatusCode.UNAUTHENTICATED:
             self.shut_out[rpc.name] += 1
 
@@ -265,9 +273,12 @@ async def _fuzz(
 
 
 async def test_every_rpc_survives_generated_and_undecodable_requests(
-    quiet_server: RunningServer, channel: grpc.aio.Channel, callers: Callers, db: Any,
+    quiet_server: RunningServer,
+    channel: grpc.aio.Channel,
+    callers: Callers,
+    db: Any,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     caplog.set_level(logging.INFO)
     await _seed_agent(channel, callers)
     assert len(RPCS) >= 35, [r.path for r in RPCS]
@@ -292,8 +303,10 @@ async def test_every_rpc_survives_generated_and_undecodable_requests(
         assert ledger.reached[rpc.name] >= MESSAGES_PER_METHOD // 2, rpc.path
         assert ledger.shut_out[rpc.name] >= 5, rpc.path
     await _still_serving(channel, callers)
-    print(f"fuzzed {len(RPCS)} RPCs in {elapsed:.1f}s ({counts.recounted} recounts): "
-          f"{sorted(ledger.codes.items())}")  # fmt: skip
+    print(
+        f"fuzzed {len(RPCS)} RPCs in {elapsed:.1f}s ({counts.recounted} recounts): "
+        f"{sorted(ledger.codes.items())}"
+    )
 
 
 async def _still_serving(channel: grpc.aio.Channel, callers: Callers) -> None:
@@ -303,6 +316,7 @@ async def _still_serving(channel: grpc.aio.Channel, callers: Callers) -> None:
     agents = agent_pb2_grpc.AgentServiceStub(channel)
     got = await agents.GetAgent(
         agent_pb2.GetAgentRequest(workspace_id="ws", agent_id="agent"),
-        timeout=DEADLINE, metadata=callers.metadata("/agentrun.v1.AgentService/GetAgent"),
-    )  # fmt: skip
+        timeout=DEADLINE,
+        metadata=callers.metadata("/agentrun.v1.AgentService/GetAgent"),
+    )
     assert got.agent.agent_id == "agent"

@@ -81,8 +81,9 @@ async def stack(db_url: str, sandbox_idp) -> AsyncIterator[tuple[RunningServer, 
 
 async def _send(client: httpx.AsyncClient, req: Request) -> httpx.Response | None:
     try:
-        return await client.request(req.method, req.path, params=req.params,
-                                    headers=req.headers, **req.body)  # fmt: skip
+        return await client.request(
+            req.method, req.path, params=req.params, headers=req.headers, **req.body
+        )
     except UNSENDABLE:
         return None
 
@@ -115,7 +116,7 @@ async def test_every_ingress_route_answers_hostile_requests_below_500(stack, cap
     async with (
         httpx.AsyncClient(base_url=base, timeout=30) as signed_in,
         httpx.AsyncClient(base_url=base, timeout=30) as anonymous,
-    ):  # fmt: skip
+    ):
         csrf = await _console_tokens(signed_in, objects.key, objects.run_id)
         for n, (template, methods) in enumerate(table * REQUESTS_PER_ROUTE):
             client = signed_in if n % 2 else anonymous
@@ -129,8 +130,9 @@ async def test_every_ingress_route_answers_hostile_requests_below_500(stack, cap
                 continue
             codes[(template, resp.status_code)] += 1
             if resp.status_code >= 500:
-                errors.append(f"{resp.status_code} {req.method} {req.path[:100]} -> "
-                              f"{resp.text[:200]}")  # fmt: skip
+                errors.append(
+                    f"{resp.status_code} {req.method} {req.path[:100]} -> {resp.text[:200]}"
+                )
         assert (await anonymous.get("/healthz")).status_code == 200
     assert not errors, "\n".join(errors[:30])
     assert not _tracebacks(caplog.records), "\n".join(_tracebacks(caplog.records)[:10])
@@ -142,7 +144,7 @@ async def test_every_ingress_route_answers_hostile_requests_below_500(stack, cap
 
 async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_below_500(
     stack, caplog
-) -> None:  # fmt: skip
+) -> None:
     """Past the signature and the key: the handlers' own reading of hostile JSON."""
     caplog.set_level(logging.INFO)
     running, objects = stack
@@ -155,8 +157,9 @@ async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_be
                 doc = fuzz.json()
                 if n % 2 and isinstance(doc, dict):  # with the delivery ids Stripe and Slack send
                     doc.update(id=f"evt_{n}", event_id=f"Ev{n}")
-                body, headers = signed(scheme, objects.secrets[trigger_id], doc,
-                                       f"delivery-{trigger_id}-{n}")  # fmt: skip
+                body, headers = signed(
+                    scheme, objects.secrets[trigger_id], doc, f"delivery-{trigger_id}-{n}"
+                )
                 resp = await client.post(f"/hooks/ws/{trigger_id}", content=body, headers=headers)
                 codes[(scheme, resp.status_code)] += 1
         url = f"/v1/workspaces/ws/sessions/{objects.session_id}/messages"
@@ -176,8 +179,11 @@ async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_be
     assert sum(n for (source, code), n in codes.items() if source != "session" and code < 300)
 
 
-FACTORIES = {"model": model_server.create_app, "providers": providers.create_app,
-             "idp": idp.create_app}  # fmt: skip
+FACTORIES = {
+    "model": model_server.create_app,
+    "providers": providers.create_app,
+    "idp": idp.create_app,
+}
 SANDBOXES = (*FACTORIES, "mcp")
 
 
@@ -201,8 +207,9 @@ def test_every_sandbox_route_answers_hostile_requests_below_500(name: str) -> No
         for template, methods in table * REQUESTS_PER_ROUTE:
             req = fuzz.request(template, methods, ())
             try:
-                resp = client.request(req.method, req.path, params=req.params,
-                                      headers=req.headers, **req.body)  # fmt: skip
+                resp = client.request(
+                    req.method, req.path, params=req.params, headers=req.headers, **req.body
+                )
             except UNSENDABLE:
                 continue
             except (httpx.ReadError, httpx.RemoteProtocolError) as exc:  # dropped mid-answer
@@ -211,8 +218,10 @@ def test_every_sandbox_route_answers_hostile_requests_below_500(name: str) -> No
             if template == "/_sandbox/faults" and req.method == "POST":
                 client.delete(template)  # a fault it took would fail the requests after it
             if resp.status_code >= 500:
-                errors.append(f"{resp.status_code} {req.method} {req.path[:80]} "
-                              f"{str(req.body)[:200]} -> {resp.text[:200]}")  # fmt: skip
+                errors.append(
+                    f"{resp.status_code} {req.method} {req.path[:80]} "
+                    f"{str(req.body)[:200]} -> {resp.text[:200]}"
+                )
         still = "/.well-known/openid-configuration" if name == "idp" else "/healthz"
         assert client.get(still).status_code == 200
     assert not errors, "\n".join(errors[:30])

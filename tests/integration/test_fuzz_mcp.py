@@ -31,8 +31,16 @@ from tests.harness.tool_outcomes import ToolOutcomes
 CALLS = 240
 TOOL = "lookup"
 STATUSES = (200,) * 6 + (202, 400, 401, 404, 429, 500, 503)
-RETRY_AFTER = ("1", "-1", "x", "1e999", "nan", "inf", "999999999999",
-               "Wed, 21 Oct 2015 07:28:00 GMT")  # fmt: skip
+RETRY_AFTER = (
+    "1",
+    "-1",
+    "x",
+    "1e999",
+    "nan",
+    "inf",
+    "999999999999",
+    "Wed, 21 Oct 2015 07:28:00 GMT",
+)
 
 
 SOUND = {
@@ -57,9 +65,21 @@ def _block(rng: random.Random) -> Any:
     """A content block: a text one of any text, or any other shape."""
     roll = rng.random()
     if roll < 0.5:
-        return {"type": "text", "text": rng.choice(
-            ['{"ok": true}', "plain", "a\x00b", "half \ud83d", '{"n": NaN}',
-             "[" * 50_000 + "]" * 50_000, '{"x": "\\ud83d"}', "x" * 5000])}  # fmt: skip
+        return {
+            "type": "text",
+            "text": rng.choice(
+                [
+                    '{"ok": true}',
+                    "plain",
+                    "a\x00b",
+                    "half \ud83d",
+                    '{"n": NaN}',
+                    "[" * 50_000 + "]" * 50_000,
+                    '{"x": "\\ud83d"}',
+                    "x" * 5000,
+                ]
+            ),
+        }
     if roll < 0.6:
         return {"type": "image", "data": "aGk=", "mimeType": "image/png"}
     return _value(rng)
@@ -70,9 +90,11 @@ def _result(rng: random.Random, method: str) -> Any:
     if rng.random() < 0.15:
         return _value(rng)
     if method == "initialize":
-        return {"protocolVersion": rng.choice(["2025-06-18", "2025-11-25", "1999-01-01", 7]),
-                "capabilities": rng.choice([{"tools": {}}, {}, {"tools": 5}]),
-                "serverInfo": {"name": "fuzz", "version": "1"}}  # fmt: skip
+        return {
+            "protocolVersion": rng.choice(["2025-06-18", "2025-11-25", "1999-01-01", 7]),
+            "capabilities": rng.choice([{"tools": {}}, {}, {"tools": 5}]),
+            "serverInfo": {"name": "fuzz", "version": "1"},
+        }
     if method == "tools/list":
         schema = rng.choice([{"type": "object"}, {"type": "object", "properties": 5}, {}])
         tools = [{"name": TOOL, "inputSchema": schema}]
@@ -95,8 +117,10 @@ def _result(rng: random.Random, method: str) -> Any:
 
 def _message(rng: random.Random, method: str, rpc_id: Any) -> Any:
     if rng.random() < 0.15:
-        error: Any = {"code": rng.choice([-32603, -32601, -32000, "x", 1e999, None]),
-                      "message": _value(rng)}  # fmt: skip
+        error: Any = {
+            "code": rng.choice([-32603, -32601, -32000, "x", 1e999, None]),
+            "message": _value(rng),
+        }
         if rng.random() < 0.3:
             error["data"] = _value(rng)
         return {"jsonrpc": "2.0", "id": rpc_id, "error": rng.choice([error, _value(rng)])}
@@ -119,8 +143,11 @@ def _answer(seen: Seen) -> Reply | str:
     if rpc_id is None:  # a notification
         return Reply(202)
     if method == "server/discover":  # a server of the initialize era
-        body = {"jsonrpc": "2.0", "id": rpc_id,
-                "error": {"code": -32601, "message": "Method not found"}}  # fmt: skip
+        body = {
+            "jsonrpc": "2.0",
+            "id": rpc_id,
+            "error": {"code": -32601, "message": "Method not found"},
+        }
         return Reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
     rng = random.Random(f"{seen.headers.get('x-seed', '')}:{method}")
     if rng.random() > (0.8 if method == "tools/call" else 0.2):  # a sound answer
@@ -142,9 +169,12 @@ def _mutated(rng: random.Random, method: str, rpc_id: Any) -> Reply | str:
         body = text.encode()
     elif roll < 0.75:
         headers["Content-Type"] = "text/event-stream"
-        events = [f"event: message\ndata: {text}\n\n",
-                  f"data: {rng.choice(['junk', '{', text[:40]])}\n\n" + f"data: {text}\n\n",
-                  f"event: other\ndata: {text}\n\n", "data: \x00\n\n"]  # fmt: skip
+        events = [
+            f"event: message\ndata: {text}\n\n",
+            f"data: {rng.choice(['junk', '{', text[:40]])}\n\n" + f"data: {text}\n\n",
+            f"event: other\ndata: {text}\n\n",
+            "data: \x00\n\n",
+        ]
         body = rng.choice(events).encode("utf-8", "surrogatepass")
     elif roll < 0.85:
         headers["Content-Type"] = rng.choice(["application/json", "text/event-stream", ""])
@@ -161,8 +191,9 @@ async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable()
     async with serving(_answer) as server:
         for n in range(CALLS):
             seed = f"fuzz:{n}"
-            call = call_mcp(f"{server.url}/mcp", TOOL, {"q": "ada"}, headers={"x-seed": seed},
-                            timeout=2.0)  # fmt: skip
+            call = call_mcp(
+                f"{server.url}/mcp", TOOL, {"q": "ada"}, headers={"x-seed": seed}, timeout=2.0
+            )
             failure = await outcomes.judge(seed, TOOL, call)
             wait = getattr(failure, "retry_after", None)
             if wait is not None and not 0 <= wait < float("inf"):  # NaN fails both

@@ -38,47 +38,123 @@ from sandbox.serve import BackgroundServer
 from tests.harness.invariants import stored_payload
 
 CALLS = 120  # per adapter, streamed and not
-ECHO = {"type": "function", "function": {"name": "echo", "description": "Echo text.",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}  # fmt: skip
-USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
-         "prompt_tokens_details": {"cached_tokens": 1},
-         "completion_tokens_details": {"reasoning_tokens": 1}}  # fmt: skip
-OPENAI = {"id": "c1", "object": "chat.completion", "model": "m", "usage": USAGE, "choices": [
-    {"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "hi", "refusal": None, "tool_calls": [
-            {"id": "t1", "type": "function",
-             "function": {"name": "echo", "arguments": '{"text": "x"}'}}]}}]}  # fmt: skip
-ANTHROPIC = {"id": "m1", "type": "message", "role": "assistant", "model": "m",
-             "stop_reason": "tool_use", "stop_sequence": None, "content": [
-                 {"type": "thinking", "thinking": "hmm", "signature": "s"},
-                 {"type": "text", "text": "hi"},
-                 {"type": "tool_use", "id": "t1", "name": "echo", "input": {"text": "x"}}],
-             "usage": {"input_tokens": 5, "output_tokens": 3, "cache_read_input_tokens": 1,
-                       "cache_creation_input_tokens": 1}}  # fmt: skip
+ECHO = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Echo text.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+}
+USAGE = {
+    "prompt_tokens": 5,
+    "completion_tokens": 3,
+    "total_tokens": 8,
+    "prompt_tokens_details": {"cached_tokens": 1},
+    "completion_tokens_details": {"reasoning_tokens": 1},
+}
+OPENAI = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "m",
+    "usage": USAGE,
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": "hi",
+                "refusal": None,
+                "tool_calls": [
+                    {
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": '{"text": "x"}'},
+                    }
+                ],
+            },
+        }
+    ],
+}
+ANTHROPIC = {
+    "id": "m1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "content": [
+        {"type": "thinking", "thinking": "hmm", "signature": "s"},
+        {"type": "text", "text": "hi"},
+        {"type": "tool_use", "id": "t1", "name": "echo", "input": {"text": "x"}},
+    ],
+    "usage": {
+        "input_tokens": 5,
+        "output_tokens": 3,
+        "cache_read_input_tokens": 1,
+        "cache_creation_input_tokens": 1,
+    },
+}
 OPENAI_CHUNKS = [
     {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "h"}}]},
-    {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t1",
-        "type": "function", "function": {"name": "echo", "arguments": '{"te'}}]}}]},
-    {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
-        {"index": 0, "function": {"arguments": 'xt": "x"}'}}]}}]},
-    {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
-     "usage": USAGE},
-]  # fmt: skip
+    {
+        "id": "c",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "t1",
+                            "type": "function",
+                            "function": {"name": "echo", "arguments": '{"te'},
+                        }
+                    ]
+                },
+            }
+        ],
+    },
+    {
+        "id": "c",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'xt": "x"}'}}]},
+            }
+        ],
+    },
+    {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+        "usage": USAGE,
+    },
+]
 ANTHROPIC_EVENTS = [
     {"type": "message_start", "message": {**ANTHROPIC, "content": [], "stop_reason": None}},
     {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
     {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
     {"type": "content_block_stop", "index": 0},
-    {"type": "content_block_start", "index": 1,
-     "content_block": {"type": "tool_use", "id": "t1", "name": "echo", "input": {}}},
-    {"type": "content_block_delta", "index": 1,
-     "delta": {"type": "input_json_delta", "partial_json": '{"text": '}},
-    {"type": "content_block_delta", "index": 1,
-     "delta": {"type": "input_json_delta", "partial_json": '"x"}'}},
+    {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "t1", "name": "echo", "input": {}},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '{"text": '},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '"x"}'},
+    },
     {"type": "content_block_stop", "index": 1},
     {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}},
     {"type": "message_stop"},
-]  # fmt: skip
+]
 STATUSES = (200,) * 10 + (400, 401, 404, 408, 429, 500, 503, 529, 302, 418)
 RETRY_AFTER = ("1", "-5", "abc", "1e999", "nan", "99999999999", "Wed, 21 Oct 2015 07:28:00 GMT")
 CONTENT_TYPES = ("application/json",) * 4 + (

@@ -37,9 +37,15 @@ TOOLS = {  # a read and writes of each way the catalogue sends arguments
 }
 STATUSES = (200,) * 8 + (201, 204, 301, 400, 401, 404, 409, 422, 429, 500, 502, 503)
 RETRY_AFTER = ("1", "-1", "x", "1e999", "nan", "999999999999", "Wed, 21 Oct 2015 07:28:00 GMT")
-CONTENT_TYPES = ("application/json", "application/problem+json", "text/plain", "",
-                 "text/html; charset=latin-1", "application/json; charset=utf-16",
-                 "text/plain; charset=no-such-charset")  # fmt: skip
+CONTENT_TYPES = (
+    "application/json",
+    "application/problem+json",
+    "text/plain",
+    "",
+    "text/html; charset=latin-1",
+    "application/json; charset=utf-16",
+    "text/plain; charset=no-such-charset",
+)
 
 
 KEYS = ("error", "message", "detail", "data", "id", "code", "\x00")
@@ -73,9 +79,10 @@ async def test_any_answer_is_a_result_or_a_send_error_and_its_step_is_storable()
     outcomes = ToolOutcomes()
     async with serving(_answer) as provider:
         config = ExecutorConfig(
-            providers_url=provider.url, provider_urls={"crm": f"{provider.url}/crm-base/"},
+            providers_url=provider.url,
+            provider_urls={"crm": f"{provider.url}/crm-base/"},
             tool_timeout_seconds=2.0,
-        )  # fmt: skip
+        )
         client = HttpToolClient(config)
         try:
             for n in range(CALLS):

@@ -73,16 +73,30 @@ async def pending_approval(server: RunningServer) -> uuid.UUID:
     held = [r for r in await lease.claim_due(pool, ["ex"], 30) if r.run_id == run.run_id]
     arguments = {"to": "ada@example.com"}
     approval_id = uuid.uuid4()
-    decision = {"content": None, "tool_calls": [{"id": "c1", "name": "send_email",
-                                                 "arguments": arguments}]}  # fmt: skip
-    req = steps.CommitRequest(WS, run.run_id, held[0].lease_epoch, [
-        steps.NewStep(1, "model_decision", None, json.dumps(decision)),
-        steps.NewStep(2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})),
-    ], steps.Transition(status="waiting", wait_reason="approval"))  # fmt: skip
+    decision = {
+        "content": None,
+        "tool_calls": [{"id": "c1", "name": "send_email", "arguments": arguments}],
+    }
+    req = steps.CommitRequest(
+        WS,
+        run.run_id,
+        held[0].lease_epoch,
+        [
+            steps.NewStep(1, "model_decision", None, json.dumps(decision)),
+            steps.NewStep(
+                2, "approval_requested", 1, json.dumps({"approval_id": str(approval_id)})
+            ),
+        ],
+        steps.Transition(status="waiting", wait_reason="approval"),
+    )
     ask = executor_pb2.ApprovalRequest(
-        approval_id=str(approval_id), decision_seq=1, call_id="c1", tool="send_email",
-        arguments_json=canonical_json(arguments), arguments_sha256=arguments_sha256(arguments),
-    )  # fmt: skip
+        approval_id=str(approval_id),
+        decision_seq=1,
+        call_id="c1",
+        tool="send_email",
+        arguments_json=canonical_json(arguments),
+        arguments_sha256=arguments_sha256(arguments),
+    )
     await approval_commit(pool, req, ask, 30)
     return approval_id
 
@@ -114,24 +128,48 @@ def _requests(w: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     """field path -> (method, request holding a NUL in that field)."""
     ap = {"workspace_id": WS, "approval_id": w["approval_id"], "approver": "alice@example.com"}
     return {
-        "display_name": ("AgentService/CreateAgent", agent_pb2.CreateAgentRequest(
-            workspace_id=WS, agent_id="other", display_name="Ada\x00")),
-        "request_id": ("RunService/StartRun", run_pb2.StartRunRequest(
-            workspace_id=WS, agent_id="agent", input="hi", request_id="r-\x001")),
-        "input": ("RunService/StartRun", run_pb2.StartRunRequest(
-            workspace_id=WS, agent_id="agent", input="hi\x00")),
-        "reason": ("RunService/CancelRun", run_pb2.CancelRunRequest(
-            workspace_id=WS, run_id=w["run_id"], reason="stop\x00")),
-        "title": ("SessionService/CreateSession", session_pb2.CreateSessionRequest(
-            workspace_id=WS, agent_id="agent", title="chat\x00")),
-        "text": ("SessionService/SendMessage", session_pb2.SendMessageRequest(
-            workspace_id=WS, session_id=w["session_id"], text="hello\x00")),
-        "reject.reason": ("ApprovalService/DecideApproval", approval_pb2.DecideApprovalRequest(
-            **ap, reject=approval_pb2.Reject(reason="no\x00"))),
-        "edit.note": ("ApprovalService/DecideApproval", approval_pb2.DecideApprovalRequest(
-            **ap, edit=approval_pb2.Edit(arguments_json='{"to": "bob@example.com"}',
-                                         note="changed\x00"))),
-    }  # fmt: skip
+        "display_name": (
+            "AgentService/CreateAgent",
+            agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="other", display_name="Ada\x00"),
+        ),
+        "request_id": (
+            "RunService/StartRun",
+            run_pb2.StartRunRequest(
+                workspace_id=WS, agent_id="agent", input="hi", request_id="r-\x001"
+            ),
+        ),
+        "input": (
+            "RunService/StartRun",
+            run_pb2.StartRunRequest(workspace_id=WS, agent_id="agent", input="hi\x00"),
+        ),
+        "reason": (
+            "RunService/CancelRun",
+            run_pb2.CancelRunRequest(workspace_id=WS, run_id=w["run_id"], reason="stop\x00"),
+        ),
+        "title": (
+            "SessionService/CreateSession",
+            session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="agent", title="chat\x00"),
+        ),
+        "text": (
+            "SessionService/SendMessage",
+            session_pb2.SendMessageRequest(
+                workspace_id=WS, session_id=w["session_id"], text="hello\x00"
+            ),
+        ),
+        "reject.reason": (
+            "ApprovalService/DecideApproval",
+            approval_pb2.DecideApprovalRequest(**ap, reject=approval_pb2.Reject(reason="no\x00")),
+        ),
+        "edit.note": (
+            "ApprovalService/DecideApproval",
+            approval_pb2.DecideApprovalRequest(
+                **ap,
+                edit=approval_pb2.Edit(
+                    arguments_json='{"to": "bob@example.com"}', note="changed\x00"
+                ),
+            ),
+        ),
+    }
 
 
 def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -161,9 +199,14 @@ async def _unary(
     ],
 )
 async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
-    server: RunningServer, channel: grpc.aio.Channel, world: dict[str, Any], db: Any,
-    caplog: pytest.LogCaptureFixture, field: str, callers: Callers,
-) -> None:  # fmt: skip
+    server: RunningServer,
+    channel: grpc.aio.Channel,
+    world: dict[str, Any],
+    db: Any,
+    caplog: pytest.LogCaptureFixture,
+    field: str,
+    callers: Callers,
+) -> None:
     method, request = _requests(world)[field]
     before = await table_counts(db)
     err = await _unary(channel, callers, method, request)
@@ -176,14 +219,20 @@ async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
 
 
 async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
-    server: RunningServer, channel: grpc.aio.Channel, world: dict[str, Any], db: Any,
-    caplog: pytest.LogCaptureFixture, callers: Callers,
-) -> None:  # fmt: skip
+    server: RunningServer,
+    channel: grpc.aio.Channel,
+    world: dict[str, Any],
+    db: Any,
+    caplog: pytest.LogCaptureFixture,
+    callers: Callers,
+) -> None:
     deep = '{"to": ' + "[" * 5000 + "]" * 5000 + "}"
     request = approval_pb2.DecideApprovalRequest(
-        workspace_id=WS, approval_id=world["approval_id"], approver="alice@example.com",
+        workspace_id=WS,
+        approval_id=world["approval_id"],
+        approver="alice@example.com",
         edit=approval_pb2.Edit(arguments_json=deep, note="deeper"),
-    )  # fmt: skip
+    )
     before = await table_counts(db)
     stub = approval_pb2_grpc.ApprovalServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -206,12 +255,18 @@ async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
     ],
 )
 async def test_undecodable_bytes_are_invalid_argument_with_one_log_line_and_no_traceback(
-    server: RunningServer, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture,
-    data: bytes, problem: str, callers: Callers,
-) -> None:  # fmt: skip
+    server: RunningServer,
+    channel: grpc.aio.Channel,
+    caplog: pytest.LogCaptureFixture,
+    data: bytes,
+    problem: str,
+    callers: Callers,
+) -> None:
     caplog.set_level(logging.INFO)
-    for method, name in (("AgentService/CreateAgent", "CreateAgentRequest"),
-                         ("RunService/WatchRun", "WatchRunRequest")):  # fmt: skip
+    for method, name in (
+        ("AgentService/CreateAgent", "CreateAgentRequest"),
+        ("RunService/WatchRun", "WatchRunRequest"),
+    ):
         caplog.clear()
         if method.endswith("WatchRun"):
             call: Any = channel.unary_stream(f"/agentrun.v1.{method}", None, bytes)
@@ -254,9 +309,11 @@ def _frame(**msg: Any) -> bytes:
 
 
 async def test_a_garbage_frame_ends_that_executor_stream_only(
-    server: RunningServer, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture,
+    server: RunningServer,
+    channel: grpc.aio.Channel,
+    caplog: pytest.LogCaptureFixture,
     callers: Callers,
-) -> None:  # fmt: skip
+) -> None:
     good, bad = _connect(channel, callers), _connect(channel, callers)
     for stream, name in ((good, "ex-good"), (bad, "ex-bad")):
         await stream.write(_frame(hello=executor_pb2.Hello(executor_id=name, capacity=1)))
@@ -289,9 +346,12 @@ async def test_a_garbage_frame_ends_that_executor_stream_only(
 
 
 async def test_session_message_nested_100000_deep_is_400_and_stores_nothing(
-    server: RunningServer, world: dict[str, Any], db: Any, caplog: pytest.LogCaptureFixture,
+    server: RunningServer,
+    world: dict[str, Any],
+    db: Any,
+    caplog: pytest.LogCaptureFixture,
     callers: Callers,
-) -> None:  # fmt: skip
+) -> None:
     body = ("[" * 100_000 + "]" * 100_000).encode()  # 200 KB, under the body limit
     url = f"http://127.0.0.1:{server.http_port}/v1/workspaces/{WS}/sessions/{world['session_id']}/messages"
     before = await table_counts(db)
@@ -321,10 +381,15 @@ async def test_webhook_nested_40000_objects_deep_is_400_and_stores_nothing(
     before = await table_counts(db)
     url = f"http://127.0.0.1:{server.http_port}/hooks/{WS}/hook"
     async with httpx.AsyncClient(timeout=10) as http:
-        for n, (body, problem) in enumerate(((deep, "body: is nested deeper than 64 levels"),
-                                             (nul, "body: contains a NUL character"))):  # fmt: skip
-            headers = sign("hmac_sha256", secret, body, timestamp=int(time.time()),
-                           delivery_id=f"d-{n}")  # fmt: skip
+        for n, (body, problem) in enumerate(
+            (
+                (deep, "body: is nested deeper than 64 levels"),
+                (nul, "body: contains a NUL character"),
+            )
+        ):
+            headers = sign(
+                "hmac_sha256", secret, body, timestamp=int(time.time()), delivery_id=f"d-{n}"
+            )
             headers |= {"content-type": "application/json", "x-webhook-id": f"d-{n}"}
             reply = await http.post(url, content=body, headers=headers)
             assert reply.status_code == 400, reply.text

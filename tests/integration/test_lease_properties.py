@@ -66,11 +66,21 @@ LIVE = ("queued", "running", "waiting")
 # commit's two outcomes are one group: which of them a run draws varies (CI drew no
 # "kept", another run no "kept_renewed"); test_commit_renewal.py pins both, at the boundary.
 EXERCISED = (
-    ("claim",), ("takeover",), ("renewed",), ("beat_refused", "stale_beat"),
-    ("commit_refused", "stale_commit", "stale_finish"), ("stale_collide",), ("duplicate",),
-    ("renew",), ("kept", "kept_renewed"), ("sleep", "until"), ("approval_woke_True", "unknown_woke_True"),
-    ("completed", "failed"), ("handed_back",), ("cancel_running",),
-)  # fmt: skip
+    ("claim",),
+    ("takeover",),
+    ("renewed",),
+    ("beat_refused", "stale_beat"),
+    ("commit_refused", "stale_commit", "stale_finish"),
+    ("stale_collide",),
+    ("duplicate",),
+    ("renew",),
+    ("kept", "kept_renewed"),
+    ("sleep", "until"),
+    ("approval_woke_True", "unknown_woke_True"),
+    ("completed", "failed"),
+    ("handed_back",),
+    ("cancel_running",),
+)
 RESET = """
 DELETE FROM approval_tokens; DELETE FROM outbox; DELETE FROM approvals;
 DELETE FROM steps; DELETE FROM runs;
@@ -170,8 +180,17 @@ SKEW = st.sampled_from([0, 0, 0, 0, -500, -2500])  # ms the reader's clock is be
 PICK = st.integers(0, 1 << 16)
 AROUND_THE_LEASE = st.integers(LEASE * 1000 - 3_000, LEASE * 1000 + 5_000)  # ms
 AROUND_HALF = st.integers(LEASE * 500 - 1_000, LEASE * 500 + 1_000)  # where "keep" renews
-PARKS = ("renew", "renew", "sleep", "until", "approval", "human", "completed", "failed",
-         "hand_back")  # fmt: skip
+PARKS = (
+    "renew",
+    "renew",
+    "sleep",
+    "until",
+    "approval",
+    "human",
+    "completed",
+    "failed",
+    "hand_back",
+)
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -215,9 +234,10 @@ class LeaseMachine(RuleBasedStateMachine):
     @initialize(
         cap=st.integers(1, 3),
         agent_caps=st.lists(st.sampled_from([None, 1, 2]), min_size=4, max_size=4),
-        admitted=st.lists(st.tuples(st.sampled_from(WORKSPACES), st.sampled_from(AGENTS)),
-                          max_size=6),
-    )  # fmt: skip
+        admitted=st.lists(
+            st.tuples(st.sampled_from(WORKSPACES), st.sampled_from(AGENTS)), max_size=6
+        ),
+    )
     def setup(
         self, cap: int, agent_caps: list[int | None], admitted: list[tuple[str, str]]
     ) -> None:
@@ -235,8 +255,11 @@ class LeaseMachine(RuleBasedStateMachine):
         self.call(workspaces.set_plan(self.pool, "wa", "enterprise", cap))
         self.caps[("wa", None)] = cap
 
-    @rule(ws=st.sampled_from(WORKSPACES), agent=st.sampled_from(AGENTS),
-          cap=st.sampled_from([None, 1, 2]))  # fmt: skip
+    @rule(
+        ws=st.sampled_from(WORKSPACES),
+        agent=st.sampled_from(AGENTS),
+        cap=st.sampled_from([None, 1, 2]),
+    )
     def set_agent_cap(self, ws: str, agent: str, cap: int | None) -> None:
         self.call(workspaces.set_agent_cap(self.pool, ws, agent, cap))
         self.caps[(ws, agent)] = cap
@@ -247,14 +270,24 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         now = self.now(skew)
         adm = runs.Admission(
-            workspace_id=ws, agent_id=agent, agent_version=1, input="go", request_id=None,
-            max_steps=1000, max_tokens=10**9, max_tool_calls=1000, deadline_seconds=86400,
-        )  # fmt: skip
+            workspace_id=ws,
+            agent_id=agent,
+            agent_version=1,
+            input="go",
+            request_id=None,
+            max_steps=1000,
+            max_tokens=10**9,
+            max_tool_calls=1000,
+            deadline_seconds=86400,
+        )
         row = self.call(runs.insert_run(self.pool, adm, now=now))
         self.runs[row.run_id] = Run(ws, agent, row.run_id, wake_at=now)
 
-    @rule(ms=st.one_of(st.integers(0, 5_000), AROUND_HALF, AROUND_THE_LEASE,
-                       st.integers(60_000, 200_000)))  # fmt: skip
+    @rule(
+        ms=st.one_of(
+            st.integers(0, 5_000), AROUND_HALF, AROUND_THE_LEASE, st.integers(60_000, 200_000)
+        )
+    )
     def advance_clock(self, ms: int) -> None:
         self.clock += timedelta(milliseconds=ms)
 
@@ -297,12 +330,17 @@ class LeaseMachine(RuleBasedStateMachine):
     def _takeable(self, now: datetime) -> list[uuid.UUID]:
         """Due runs waiting for their turn whose workspace and agent both have room."""
         return [
-            r.run_id for r in self.runs.values()
-            if r.status in ("queued", "waiting") and r.wake_at is not None and r.wake_at <= now
+            r.run_id
+            for r in self.runs.values()
+            if r.status in ("queued", "waiting")
+            and r.wake_at is not None
+            and r.wake_at <= now
             and self.running(r.ws) < self.caps[(r.ws, None)]
-            and (self.caps[(r.ws, r.agent)] is None
-                 or self.running(r.ws, r.agent) < self.caps[(r.ws, r.agent)])
-        ]  # fmt: skip
+            and (
+                self.caps[(r.ws, r.agent)] is None
+                or self.running(r.ws, r.agent) < self.caps[(r.ws, r.agent)]
+            )
+        ]
 
     def _claimed(self, row: runs.Run, owner: str, now: datetime) -> bool:
         """Check one claimed run against the model and take it; True for a takeover."""
@@ -327,8 +365,9 @@ class LeaseMachine(RuleBasedStateMachine):
         now = self.now(skew)
         keys = [
             lease.LeaseKey(self.runs[run_id].ws, run_id, epoch)
-            for (who, run_id), (epoch, _) in self.held.items() if who == owner
-        ]  # fmt: skip
+            for (who, run_id), (epoch, _) in self.held.items()
+            if who == owner
+        ]
         out = self.call(lease.heartbeat(self.pool, owner, keys, LEASE, now=now))
         expected = {k for k in keys if self.runs[k.run_id].held_at(k.epoch)}
         assert set(out.renewed) == expected and not out.past_deadline
@@ -340,14 +379,25 @@ class LeaseMachine(RuleBasedStateMachine):
             else:  # the executor learns it lost the lease
                 del self.held[(owner, key.run_id)]
 
-    @rule(pick=PICK, park=st.sampled_from(PARKS), n=st.integers(1, 2),
-          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW, lazy=st.booleans())  # fmt: skip
-    def commit_again(self, pick: int, park: str, n: int, wait: int, skew: int,
-                     lazy: bool) -> None:  # fmt: skip
+    @rule(
+        pick=PICK,
+        park=st.sampled_from(PARKS),
+        n=st.integers(1, 2),
+        wait=st.sampled_from([0, 5, 45, 120]),
+        skew=SKEW,
+        lazy=st.booleans(),
+    )
+    def commit_again(self, pick: int, park: str, n: int, wait: int, skew: int, lazy: bool) -> None:
         self.commit(pick, park, n, wait, skew, lazy)
 
-    @rule(pick=PICK, park=st.sampled_from(PARKS), n=st.integers(1, 2),
-          wait=st.sampled_from([0, 5, 45, 120]), skew=SKEW, lazy=st.booleans())  # fmt: skip
+    @rule(
+        pick=PICK,
+        park=st.sampled_from(PARKS),
+        n=st.integers(1, 2),
+        wait=st.sampled_from([0, 5, 45, 120]),
+        skew=SKEW,
+        lazy=st.booleans(),
+    )
     def commit(self, pick: int, park: str, n: int, wait: int, skew: int, lazy: bool) -> None:
         """One executor's next write on a run it believes it holds (it may be wrong). A lazy
         one goes on running for an executor that reads renewals off the result ("keep": it
@@ -378,18 +428,25 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             del self.held[(owner, run_id)]
 
-    def _request(self, m: Run, epoch: int, seq: int, n: int, park: str, wait: int,
-                 now: datetime) -> steps.CommitRequest:  # fmt: skip
+    def _request(
+        self, m: Run, epoch: int, seq: int, n: int, park: str, wait: int, now: datetime
+    ) -> steps.CommitRequest:
         kinds = ["model_decision"] * n
         payloads = [{"content": "thinking", "tool_calls": []}] * n
         if park == "approval":
             kinds[-1], payloads[-1] = "approval_requested", {"call_id": "pay"}
         if park == "human":
             kinds[-1] = "tool_result"
-            payloads[-1] = {"call_id": "c1", "tool": "wire", "status": "unknown",
-                            "awaiting": "human"}  # fmt: skip
-        new = [steps.NewStep(seq + i, k, None, json.dumps(p))
-               for i, (k, p) in enumerate(zip(kinds, payloads, strict=True))]  # fmt: skip
+            payloads[-1] = {
+                "call_id": "c1",
+                "tool": "wire",
+                "status": "unknown",
+                "awaiting": "human",
+            }
+        new = [
+            steps.NewStep(seq + i, k, None, json.dumps(p))
+            for i, (k, p) in enumerate(zip(kinds, payloads, strict=True))
+        ]
         transition = {
             "renew": steps.Transition(),
             "keep": steps.Transition(),
@@ -399,16 +456,18 @@ class LeaseMachine(RuleBasedStateMachine):
             "human": steps.Transition("waiting", "human"),
             "completed": steps.Transition("completed", text="done"),
             "failed": steps.Transition("failed", text="gave up"),
-        }[park]  # fmt: skip
-        return steps.CommitRequest(m.ws, m.run_id, epoch, new, transition,
-                                   renew_always=park != "keep")  # fmt: skip
+        }[park]
+        return steps.CommitRequest(
+            m.ws, m.run_id, epoch, new, transition, renew_always=park != "keep"
+        )
 
     def _send(self, req: steps.CommitRequest, park: str, now: datetime) -> bool:
         """Send a commit; True when it landed (a duplicate is not a landing)."""
         try:
             if park == "approval":
-                result = self.call(commit_with_approval(
-                    self.pool, req, LEASE, _approval(req), [], now=now))  # fmt: skip
+                result = self.call(
+                    commit_with_approval(self.pool, req, LEASE, _approval(req), [], now=now)
+                )
             else:
                 result = self.call(steps.commit(self.pool, req, LEASE, now=now))
         except Fenced:
@@ -463,8 +522,11 @@ class LeaseMachine(RuleBasedStateMachine):
             m.release("waiting", "handoff", now)
             self.env.seen["handed_back"] += 1
 
-    @rule(pick=PICK, how=st.sampled_from(["commit", "collide", "finish", "beat", "hand_back"]),
-          skew=SKEW)  # fmt: skip
+    @rule(
+        pick=PICK,
+        how=st.sampled_from(["commit", "collide", "finish", "beat", "hand_back"]),
+        skew=SKEW,
+    )
     def stale_write(self, pick: int, how: str, skew: int) -> None:
         """A writer whose epoch is gone (taken over, parked, finished, cancelled) is refused."""
         stale = [g for g in self.grants if not self.runs[g.run_id].held_at(g.epoch)]
@@ -536,8 +598,16 @@ class LeaseMachine(RuleBasedStateMachine):
         assert {r["run_id"] for r in rows} == set(self.runs)
         for row in rows:
             m = self.runs[row["run_id"]]
-            want = (m.status, m.wait_reason, m.wake_at, m.owner, m.epoch, m.attempt,
-                    m.started_at, m.finished_at)  # fmt: skip
+            want = (
+                m.status,
+                m.wait_reason,
+                m.wake_at,
+                m.owner,
+                m.epoch,
+                m.attempt,
+                m.started_at,
+                m.finished_at,
+            )
             assert tuple(row)[1:] == want, f"run {m.run_id}: {dict(row)} != model {want}"
             assert row["lease_epoch"] >= self.seen_epochs.get(m.run_id, 0), "epoch went back"
             self.seen_epochs[m.run_id] = row["lease_epoch"]
@@ -564,14 +634,19 @@ class LeaseMachine(RuleBasedStateMachine):
 
     async def _snapshot(self) -> tuple[list[asyncpg.Record], ...]:
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
-            return (await conn.fetch(RUNS), await conn.fetch(STEP_LOG),
-                    await conn.fetch(COUNTS))  # fmt: skip
+            return (await conn.fetch(RUNS), await conn.fetch(STEP_LOG), await conn.fetch(COUNTS))
 
     @invariant()
     def at_most_one_live_holder(self) -> None:
         for m in self.runs.values():
-            live = {g.owner for g in self.grants if g.run_id == m.run_id and m.held_at(g.epoch)
-                    and m.wake_at is not None and m.wake_at > self.clock}  # fmt: skip
+            live = {
+                g.owner
+                for g in self.grants
+                if g.run_id == m.run_id
+                and m.held_at(g.epoch)
+                and m.wake_at is not None
+                and m.wake_at > self.clock
+            }
             assert len(live) <= 1 and live <= {m.owner}, f"run {m.run_id} held by {live}"
             epochs = [g.epoch for g in self.grants if g.run_id == m.run_id]
             assert epochs == sorted(set(epochs)), "epochs did not strictly increase"
@@ -582,11 +657,21 @@ def _approval(req: steps.CommitRequest) -> approvals.NewApproval:
     return approvals.NewApproval(
         workspace_id=req.workspace_id,
         approval_id=uuid.uuid5(req.run_id, f"approval-{req.epoch}-{req.steps[0].seq}"),
-        run_id=req.run_id, decision_seq=req.steps[-1].seq, call_id=f"pay-{req.epoch}-{req.steps[0].seq}",
-        tool="pay", arguments_json="{}", arguments_sha256="0" * 64, approvers=["pat"],
-        slack_approvers=[], high_risk=False, moves_money=False, expiry_seconds=3600,
-        on_expiry="reject", escalate_to=[], max_reminders=0,
-    )  # fmt: skip
+        run_id=req.run_id,
+        decision_seq=req.steps[-1].seq,
+        call_id=f"pay-{req.epoch}-{req.steps[0].seq}",
+        tool="pay",
+        arguments_json="{}",
+        arguments_sha256="0" * 64,
+        approvers=["pat"],
+        slack_approvers=[],
+        high_risk=False,
+        moves_money=False,
+        expiry_seconds=3600,
+        on_expiry="reject",
+        escalate_to=[],
+        max_reminders=0,
+    )
 
 
 async def _decide(pool: asyncpg.pool.Pool, ws: str, approval_id: uuid.UUID, now: datetime) -> bool:

@@ -64,8 +64,12 @@ async def test_a_call_reads_writes_and_says_how_it_failed(mcp):
     assert [t["id"] for t in listed["tickets"]] == [created["ticket"]["id"]]
 
     with pytest.raises(ProviderError) as refused:  # the tool ran and said no (isError)
-        await call_mcp(endpoint, "add_note", {"ticket_id": "T-404", "text": "x",
-                                              "idempotency_key": "k0"}, timeout=10)  # fmt: skip
+        await call_mcp(
+            endpoint,
+            "add_note",
+            {"ticket_id": "T-404", "text": "x", "idempotency_key": "k0"},
+            timeout=10,
+        )
     assert refused.value.status == 422 and "no ticket 'T-404'" in refused.value.message
     with pytest.raises(NotSent):  # nothing listens: nothing can have happened
         await call_mcp("http://127.0.0.1:9/mcp", "create_ticket", {"title": "x"}, timeout=5)
@@ -82,8 +86,9 @@ async def test_a_call_reads_writes_and_says_how_it_failed(mcp):
     assert [e["ticket_id"] for e in effects(url, "create_ticket")] == ["T-1", "T-2"]
     calls = [r for r in app.log.entries() if r["rpc"] == "tools/call"]
     assert [(r["tool"], r["fault"]) for r in calls][-2:] == [
-        ("create_ticket", "error"), ("create_ticket", "drop_response")
-    ]  # fmt: skip
+        ("create_ticket", "error"),
+        ("create_ticket", "drop_response"),
+    ]
 
 
 async def test_a_keyed_write_resent_under_its_key_lands_once(mcp):
@@ -146,12 +151,14 @@ async def test_a_token_server_refuses_a_call_without_it_and_never_logs_it():
         ready = mcp_sync.confirm(mcp_sync.diff([], proposed), [], {"add_note": KEYED}).ready
         note = definitions.from_proto(next(t for t in ready if t.name == "desk__add_note"))
         app.desk.create_ticket("Keyed")
-        made = await mcp_call.call(note, {"ticket_id": "T-1", "text": "hi"}, "run-9:3",
-                                   credential(TOKEN))  # fmt: skip
+        made = await mcp_call.call(
+            note, {"ticket_id": "T-1", "text": "hi"}, "run-9:3", credential(TOKEN)
+        )
         assert made["note"]["key"] == "run-9:3"
         with pytest.raises(ConnectionUnusable, match="conn-1 was refused by the MCP server"):
-            await mcp_call.call(note, {"ticket_id": "T-1", "text": "hi"}, "run-9:4",
-                                credential("revoked-token"))  # fmt: skip
+            await mcp_call.call(
+                note, {"ticket_id": "T-1", "text": "hi"}, "run-9:4", credential("revoked-token")
+            )
         log = app.log.entries()
     assert log[0]["status"] == 401 and log[0]["authorized"] is False
     assert [e["key"] for e in app.desk.effects if e["tool"] == "add_note"] == ["run-9:3"]
@@ -168,11 +175,15 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     proposed = await mcp_sync.snapshot(f"{url}/mcp", None, server_id="desk", connection="desk")
     by_name = {t.name: t for t in proposed}
     assert sorted(by_name) == ["desk__add_note", "desk__create_ticket", "desk__list_tickets"]
-    read, opened, noted = (by_name[f"desk__{n}"] for n in ("list_tickets", "create_ticket",
-                                                          "add_note"))  # fmt: skip
+    read, opened, noted = (
+        by_name[f"desk__{n}"] for n in ("list_tickets", "create_ticket", "add_note")
+    )
     assert read.access == tool_pb2.TOOL_ACCESS_READ and not read.idempotency
-    assert (read.mcp.server_id, read.mcp.tool, read.mcp.url) == ("desk", "list_tickets",
-                                                                 f"{url}/mcp")  # fmt: skip
+    assert (read.mcp.server_id, read.mcp.tool, read.mcp.url) == (
+        "desk",
+        "list_tickets",
+        f"{url}/mcp",
+    )
     assert read.source == "mcp" and read.connection == "desk"
     assert "status" in json.loads(read.parameters_json)["properties"]
     assert opened.idempotency == mcp_sync.NONE and noted.idempotency == mcp_sync.PROVIDER_KEY
@@ -180,10 +191,12 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     changes = mcp_sync.diff([], proposed)
     assert {c.name: c.kind for c in changes} == dict.fromkeys(by_name, mcp_sync.ADDED)
     assert {c.name: c.proposed_class for c in changes if c.needs_class} == {
-        "desk__create_ticket": mcp_sync.NONE, "desk__add_note": mcp_sync.PROVIDER_KEY,
-    }  # fmt: skip
-    keyed = tool_pb2.WriteClass(idempotency=mcp_sync.PROVIDER_KEY,
-                                idempotency_header="idempotency_key")  # fmt: skip
+        "desk__create_ticket": mcp_sync.NONE,
+        "desk__add_note": mcp_sync.PROVIDER_KEY,
+    }
+    keyed = tool_pb2.WriteClass(
+        idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="idempotency_key"
+    )
     first = mcp_sync.confirm(changes, [], {"add_note": keyed})
     assert sorted(t.name for t in first.ready) == ["desk__add_note", "desk__list_tickets"]
     assert [c.name for c in first.pending] == ["desk__create_ticket"]
@@ -193,8 +206,15 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     assert "idempotency_key" not in json.loads(saved_note.parameters_json)["required"]
 
     with pytest.raises(InvalidArgument, match=r"classes\[create_ticket\].idempotency_header"):
-        mcp_sync.confirm(changes, [], {"create_ticket": tool_pb2.WriteClass(
-            idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="nope")})  # fmt: skip
+        mcp_sync.confirm(
+            changes,
+            [],
+            {
+                "create_ticket": tool_pb2.WriteClass(
+                    idempotency=mcp_sync.PROVIDER_KEY, idempotency_header="nope"
+                )
+            },
+        )
     with pytest.raises(InvalidArgument, match=r"classes\[list_tickets\]"):
         mcp_sync.confirm(changes, [], {"list_tickets": keyed})
 
@@ -211,15 +231,22 @@ async def _snapshot_diff_confirm(url: str, app: McpSandbox) -> None:
     assert sorted((c.name, c.kind, list(c.fields)) for c in changes) == [
         ("desk__add_note", mcp_sync.REMOVED, []),
         ("desk__create_ticket", mcp_sync.ADDED, []),
-        ("desk__list_tickets", mcp_sync.CHANGED, ["description", "parameters", "access",
-                                                   "annotations"]),
-    ]  # fmt: skip
+        (
+            "desk__list_tickets",
+            mcp_sync.CHANGED,
+            ["description", "parameters", "access", "annotations"],
+        ),
+    ]
 
 
 async def test_an_unreachable_server_is_named_without_its_credentials():
     with pytest.raises(mcp_sync.McpUnreachable, match="could not be asked") as failed:
-        await mcp_sync.snapshot("http://127.0.0.1:9/mcp", {"Authorization": f"Bearer {TOKEN}"},
-                                server_id="gone", timeout=5)  # fmt: skip
+        await mcp_sync.snapshot(
+            "http://127.0.0.1:9/mcp",
+            {"Authorization": f"Bearer {TOKEN}"},
+            server_id="gone",
+            timeout=5,
+        )
     assert TOKEN not in str(failed.value)
 
 
@@ -242,26 +269,34 @@ async def test_a_server_is_added_and_synced_and_no_write_is_saved_unconfirmed(
     url, _ = mcp
     channel, servers, tools = await stubs(server, db_url, "acme")
     async with channel:
-        added = await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
-            server_id="desk", url=f"{url}/mcp", classes={"add_note": KEYED}))  # fmt: skip
+        added = await servers.AddMcpServer(
+            tool_pb2.AddMcpServerRequest(
+                server_id="desk", url=f"{url}/mcp", classes={"add_note": KEYED}
+            )
+        )
         assert sorted(t.name for t in added.tools) == ["desk__add_note", "desk__list_tickets"]
         assert [(p.name, p.needs_class, p.proposed_class) for p in added.pending] == [
             ("desk__create_ticket", True, mcp_sync.NONE)
-        ]  # fmt: skip
+        ]
         assert list(added.server.tools) == ["desk__add_note", "desk__list_tickets"]
         note = (await tools.GetTool(tool_pb2.GetToolRequest(name="desk__add_note"))).tool
         assert (note.source, note.idempotency, note.mcp.key_argument) == (
-            "mcp", mcp_sync.PROVIDER_KEY, "idempotency_key"
-        )  # fmt: skip
+            "mcp",
+            mcp_sync.PROVIDER_KEY,
+            "idempotency_key",
+        )
         assert note.created_by.startswith("key:") and note.workspace_id == "acme"
 
         looked = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
         assert [(c.kind, c.name, c.needs_class) for c in looked.changes] == [
             (mcp_sync.ADDED, "desk__create_ticket", True)
-        ]  # fmt: skip
+        ]
         assert not looked.tools
-        applied = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
-            server_id="desk", apply=True, classes={"create_ticket": NO_KEY}))  # fmt: skip
+        applied = await servers.SyncMcpServer(
+            tool_pb2.SyncMcpServerRequest(
+                server_id="desk", apply=True, classes={"create_ticket": NO_KEY}
+            )
+        )
         assert [t.name for t in applied.tools] == ["desk__create_ticket"]
         assert not applied.changes[0].needs_class
         settled = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
@@ -278,16 +313,33 @@ REFUSALS = [
     ({"server_id": "Desk!", "url": "{url}"}, CODE.INVALID_ARGUMENT, "server_id"),
     ({"server_id": "desk", "url": "ftp://x/mcp"}, CODE.INVALID_ARGUMENT, "url"),
     ({"server_id": "desk", "url": "mcp.example/mcp"}, CODE.INVALID_ARGUMENT, "url"),
-    ({"server_id": "desk", "url": "http://127.0.0.1:9/mcp"}, CODE.FAILED_PRECONDITION,
-     "could not be asked for its tools"),
-    ({"server_id": "desk", "url": "{url}", "connection": "tracker"},
-     CODE.FAILED_PRECONDITION, "no active connection for provider 'tracker'"),
-    ({"server_id": "desk", "url": "{url}", "classes": {"create_ticket": tool_pb2.WriteClass(
-        idempotency=tool_pb2.IDEMPOTENCY_CLASS_LOOKUP)}},
-     CODE.INVALID_ARGUMENT, "classes[create_ticket].idempotency"),
-    ({"server_id": "desk", "url": "{url}", "classes": {"nope": NO_KEY}},
-     CODE.INVALID_ARGUMENT, "classes[nope]"),
-]  # fmt: skip
+    (
+        {"server_id": "desk", "url": "http://127.0.0.1:9/mcp"},
+        CODE.FAILED_PRECONDITION,
+        "could not be asked for its tools",
+    ),
+    (
+        {"server_id": "desk", "url": "{url}", "connection": "tracker"},
+        CODE.FAILED_PRECONDITION,
+        "no active connection for provider 'tracker'",
+    ),
+    (
+        {
+            "server_id": "desk",
+            "url": "{url}",
+            "classes": {
+                "create_ticket": tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_LOOKUP)
+            },
+        },
+        CODE.INVALID_ARGUMENT,
+        "classes[create_ticket].idempotency",
+    ),
+    (
+        {"server_id": "desk", "url": "{url}", "classes": {"nope": NO_KEY}},
+        CODE.INVALID_ARGUMENT,
+        "classes[nope]",
+    ),
+]
 
 
 async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, db):
@@ -295,13 +347,16 @@ async def test_a_refused_add_names_why_and_writes_nothing(mcp, server, db_url, d
     channel, servers, _ = await stubs(server, db_url, "acme")
     async with channel:
         for request_fields, code, names in REFUSALS:
-            fields = {k: v.replace("{url}", f"{url}/mcp") if k == "url" else v
-                      for k, v in request_fields.items()}  # fmt: skip
+            fields = {
+                k: v.replace("{url}", f"{url}/mcp") if k == "url" else v
+                for k, v in request_fields.items()
+            }
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(**fields))
             assert (refused.value.code(), names in refused.value.details()) == (code, True), (
-                fields, refused.value.details()
-            )  # fmt: skip
+                fields,
+                refused.value.details(),
+            )
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(server_id="desk"))
         assert missing.value.code() == CODE.NOT_FOUND
@@ -319,17 +374,22 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
     """...and a third run reads a server that honours only the workspace's chat token: the
     executor calls it with the connection's token, which is in no step, answer or log."""
     url, app = mcp
-    server = await start_server(ServerConfig(database_url=db_url, listen="127.0.0.1:0",
-                                             oauth_url=sandbox_providers.url))  # fmt: skip
+    server = await start_server(
+        ServerConfig(database_url=db_url, listen="127.0.0.1:0", oauth_url=sandbox_providers.url)
+    )
     address = f"127.0.0.1:{server.port}"
     api = await Api.connect(address, db_url)
     vault = Vault(api, server.http_port, sandbox_providers.url)
     try:
         await vault.open()
         await tool_pb2_grpc.McpServerServiceStub(api.channel).AddMcpServer(
-            tool_pb2.AddMcpServerRequest(workspace_id=api.ws, server_id="desk", url=f"{url}/mcp",
-                                         classes={"add_note": KEYED, "create_ticket": NO_KEY})
-        )  # fmt: skip
+            tool_pb2.AddMcpServerRequest(
+                workspace_id=api.ws,
+                server_id="desk",
+                url=f"{url}/mcp",
+                classes={"add_note": KEYED, "create_ticket": NO_KEY},
+            )
+        )
         await api.publish("desk", "mcp_desk", ["desk__list_tickets", "desk__create_ticket"])
         await api.publish("noter", "mcp_note", ["desk__add_note"])
         ticket = (await call_mcp(f"{url}/mcp", "create_ticket", {"title": "Known"}))["ticket"]
@@ -337,16 +397,21 @@ async def test_runs_call_synced_mcp_tools_and_a_lost_answer_is_settled_by_its_cl
         noted = await api.start("noter", ticket["id"])
         # Both answers are lost after the effect: the ticket opened, the note added.
         set_fault(url, tool="create_ticket", mode="drop_response", delay_ms=0, count=1)
-        set_fault(url, tool="add_note", mode="drop_response", delay_ms=0, count=1,
-                  key_prefix=f"{noted}:")  # fmt: skip
+        set_fault(
+            url, tool="add_note", mode="drop_response", delay_ms=0, count=1, key_prefix=f"{noted}:"
+        )
         executor = executor_factory(address, AGENTRUN_EXECUTOR_KEY=await auth.executor_key(db_url))
 
         # class none: nothing may settle it but a person; it is never sent again.
-        unknown = await eventually(lambda: api.awaiting_person(opened), timeout=90,
-                                   message="the lost create never waited for a person")  # fmt: skip
+        unknown = await eventually(
+            lambda: api.awaiting_person(opened),
+            timeout=90,
+            message="the lost create never waited for a person",
+        )
         assert (unknown.payload["status"], unknown.payload["tool"]) == (
-            "unknown", "desk__create_ticket"
-        )  # fmt: skip
+            "unknown",
+            "desk__create_ticket",
+        )
         read = next(s for s in await api.steps(opened) if s.kind == "tool_result")
         assert (read.payload["tool"], read.payload["status"]) == ("desk__list_tickets", "ok")
         assert len(effects(url, "create_ticket")) == 2  # the test's own, and the lost one
@@ -380,24 +445,38 @@ class Vault:
         self.served: BackgroundServer | None = None
 
     async def open(self) -> None:
-        owner = await auth.workspace_key(self.api.db_url, self.api.ws, role="operator",
-                                         principal="owner")  # fmt: skip
+        owner = await auth.workspace_key(
+            self.api.db_url, self.api.ws, role="operator", principal="owner"
+        )
         account = f"vault-{uuid.uuid4().hex[:6]}@example"
-        linked = await follow_start_link(f"http://127.0.0.1:{self.http_port}", self.api.ws,
-                                         owner, account)  # fmt: skip
+        linked = await follow_start_link(
+            f"http://127.0.0.1:{self.http_port}", self.api.ws, owner, account
+        )
         self.tokens = [secrets_seen.remember(t) for t in tokens_of(self.providers_url, account)]
         self.app = create_app(token=self.tokens[-1])
         self.served = BackgroundServer(self.app).start()
         self.added = await tool_pb2_grpc.McpServerServiceStub(self.api.channel).AddMcpServer(
-            tool_pb2.AddMcpServerRequest(workspace_id=self.api.ws, server_id="vault",
-                                         url=f"{self.served.url}/mcp", connection="chat"))  # fmt: skip
-        await self.api.agents.CreateAgent(agent_pb2.CreateAgentRequest(
-            workspace_id=self.api.ws, agent_id="vaulted"))  # fmt: skip
-        spec = agent_pb2.AgentSpec(model="mcp_vault", instructions="read",
-                                   tools=["vault__list_tickets"],
-                                   connections={"chat": str(linked["connection_id"])})  # fmt: skip
-        await self.api.agents.PublishAgentVersion(agent_pb2.PublishAgentVersionRequest(
-            workspace_id=self.api.ws, agent_id="vaulted", spec=spec))  # fmt: skip
+            tool_pb2.AddMcpServerRequest(
+                workspace_id=self.api.ws,
+                server_id="vault",
+                url=f"{self.served.url}/mcp",
+                connection="chat",
+            )
+        )
+        await self.api.agents.CreateAgent(
+            agent_pb2.CreateAgentRequest(workspace_id=self.api.ws, agent_id="vaulted")
+        )
+        spec = agent_pb2.AgentSpec(
+            model="mcp_vault",
+            instructions="read",
+            tools=["vault__list_tickets"],
+            connections={"chat": str(linked["connection_id"])},
+        )
+        await self.api.agents.PublishAgentVersion(
+            agent_pb2.PublishAgentVersionRequest(
+                workspace_id=self.api.ws, agent_id="vaulted", spec=spec
+            )
+        )
         self.run_id = await self.api.start("vaulted")
 
     async def check(self, executor_log: str) -> None:
@@ -425,8 +504,9 @@ async def test_a_server_behind_a_connection_is_asked_with_its_token_and_never_sh
 ):
     """The control plane asks with the workspace's connection's token (from the connections
     store, refreshed as needed); the token is in no answer and no saved definition."""
-    config = ServerConfig(database_url=db_url, listen="127.0.0.1:0",
-                          oauth_url=sandbox_providers.url)  # fmt: skip
+    config = ServerConfig(
+        database_url=db_url, listen="127.0.0.1:0", oauth_url=sandbox_providers.url
+    )
     cp = await start_server(config)
     try:
         owner = await auth.workspace_key(db_url, "acme", role="operator", principal="owner")
@@ -437,8 +517,11 @@ async def test_a_server_behind_a_connection_is_asked_with_its_token_and_never_sh
         with BackgroundServer(app) as served:
             channel, servers, tools = await stubs(cp, db_url, "acme")
             async with channel:
-                added = await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
-                    server_id="desk", url=f"{served.url}/mcp", connection="chat"))  # fmt: skip
+                added = await servers.AddMcpServer(
+                    tool_pb2.AddMcpServerRequest(
+                        server_id="desk", url=f"{served.url}/mcp", connection="chat"
+                    )
+                )
                 listed = await tools.ListTools(tool_pb2.ListToolsRequest())
         assert [t.name for t in added.tools] == ["desk__list_tickets"]
         assert all(t.connection == "chat" for t in added.tools)

@@ -38,9 +38,10 @@ class Scrape:
     def value(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples whose labels include `labels` (0 when none)."""
         return sum(
-            v for n, got, v in self.samples
+            v
+            for n, got, v in self.samples
             if n == name and all(got.get(k) == want for k, want in labels.items())
-        )  # fmt: skip
+        )
 
     def names(self) -> set[str]:
         return {n for n, _, _ in self.samples}
@@ -94,8 +95,14 @@ async def test_metrics_scraped_during_a_load_follow_the_runs(
         await api.publish("poster", "poster", ["chat_post"])
         sleepers = [await api.start("sleeper") for _ in range(SLEEPERS)]
         poster = await api.start("poster")
-        set_fault(sandbox_providers.url, provider="chat", mode="rate_limit", retry_after=1,
-                  count=1, key_prefix=f"{poster}:")  # fmt: skip
+        set_fault(
+            sandbox_providers.url,
+            provider="chat",
+            mode="rate_limit",
+            retry_after=1,
+            count=1,
+            key_prefix=f"{poster}:",
+        )
 
         async def queued() -> bool:
             figures = await scrape(cp.http_url)
@@ -176,8 +183,9 @@ async def test_a_killed_executor_shows_as_lease_takeovers_and_unknown_outcomes(
             runs = [await api.get(r) for r in posters]
             held = await api.get(charger)
             assert held.status == run_pb2.RUN_STATUS_WAITING and held.wait_reason == "approval"
-            assert all(r.status == run_pb2.RUN_STATUS_COMPLETED or r in _awaiting(runs)
-                       for r in runs)  # fmt: skip
+            assert all(
+                r.status == run_pb2.RUN_STATUS_COMPLETED or r in _awaiting(runs) for r in runs
+            )
             return [*runs, held]
 
         runs = await eventually(settled, timeout=40, message="the runs never settled")

@@ -37,8 +37,16 @@ from sandbox.scenario import DEFAULT_DIR
 from sandbox.serve import BackgroundServer
 
 KEY = "sk-sandbox-adapter-key-0123456789"
-SHIPPED = ("cut_off", "content_filtered", "refuses", "out_of_quota", "overloaded",
-           "paused_turn", "reasoner", "demo")  # fmt: skip
+SHIPPED = (
+    "cut_off",
+    "content_filtered",
+    "refuses",
+    "out_of_quota",
+    "overloaded",
+    "paused_turn",
+    "reasoner",
+    "demo",
+)
 RETRY_DATE_SECONDS = 120
 
 
@@ -92,22 +100,37 @@ def requests_of(server: BackgroundServer, run_id: str) -> list[dict[str, Any]]:
     return [e for e in entries if e["run_id"] == run_id]
 
 
-ECHO = {"type": "function", "function": {"name": "echo", "description": "Echo text.",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}  # fmt: skip
+ECHO = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Echo text.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+}
 SYSTEM = {"role": "system", "content": "You are a careful test agent."}
 USER = {"role": "user", "content": "hello adapters"}
 
 
 async def ask(
-    server: BackgroundServer, api: str, scenario: str, messages: list[dict[str, Any]] | None = None,
-    run_id: str = "r-1", settings: ModelSettings | None = None, **options: Any,
-) -> Any:  # fmt: skip
+    server: BackgroundServer,
+    api: str,
+    scenario: str,
+    messages: list[dict[str, Any]] | None = None,
+    run_id: str = "r-1",
+    settings: ModelSettings | None = None,
+    **options: Any,
+) -> Any:
     model = adapter(server, api, **options)
     try:
         return await model.complete(
-            scenario, messages or [SYSTEM, USER], [ECHO], run_id, 1,
+            scenario,
+            messages or [SYSTEM, USER],
+            [ECHO],
+            run_id,
+            1,
             settings=settings or ModelSettings(),
-        )  # fmt: skip
+        )
     finally:
         await model.aclose()
 
@@ -120,10 +143,22 @@ async def test_a_tool_call_and_its_result_round_trip_through_both_apis(server, a
     [call] = first.tool_calls
     assert (call.name, call.arguments) == ("echo", {"text": "hello adapters"})
     # The conversation as executor/replay.py rebuilds it: assistant tool_calls, role=tool.
-    history = [SYSTEM, USER, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call.id, "type": "function",
-         "function": {"name": "echo", "arguments": json.dumps(call.arguments)}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"echoed": "hello adapters"}'}]  # fmt: skip
+    history = [
+        SYSTEM,
+        USER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "echo", "arguments": json.dumps(call.arguments)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": '{"echoed": "hello adapters"}'},
+    ]
     second = await ask(server, api, "reasoner", history, run_id=run_id)
     assert second.content == 'Echoed: {"echoed": "hello adapters"}'
     assert second.ending == COMPLETE and second.tool_calls == ()
@@ -225,21 +260,30 @@ async def test_model_parameters_reach_the_provider(server, api):
     [entry] = requests_of(server, run_id)
     if api == "openai":
         assert entry["params"] == {
-            "max_tokens": 321, "temperature": 0.25, "parallel_tool_calls": False,
+            "max_tokens": 321,
+            "temperature": 0.25,
+            "parallel_tool_calls": False,
             "tool_choice": {"type": "function", "function": {"name": "echo"}},
-        }  # fmt: skip
+        }
     else:
         assert entry["params"] == {
-            "max_tokens": 321, "temperature": 0.25,
+            "max_tokens": 321,
+            "temperature": 0.25,
             "tool_choice": {"type": "tool", "name": "echo", "disable_parallel_tool_use": True},
-        }  # fmt: skip
+        }
 
 
 async def test_openai_output_limit_field_and_anthropic_default_max_tokens(server, api):
     run_id = f"limits-{api}"
     if api == "openai":
-        await ask(server, api, "demo", run_id=run_id, token_limit_field="max_completion_tokens",
-                  default_max_tokens=99)  # fmt: skip
+        await ask(
+            server,
+            api,
+            "demo",
+            run_id=run_id,
+            token_limit_field="max_completion_tokens",
+            default_max_tokens=99,
+        )
         assert requests_of(server, run_id)[0]["params"] == {"max_completion_tokens": 99}
     else:  # max_tokens is required by the Messages API: always sent
         await ask(server, api, "demo", run_id=run_id)
@@ -263,26 +307,40 @@ async def test_a_wrong_key_is_rejected_and_never_echoed(server, api):
 async def test_the_router_calls_each_profile_on_its_api_with_its_model(server):
     env = {"SANDBOX_KEY": KEY}
     configured = profiles.parse_profiles(
-        json.dumps({
-            "claude": {"provider": "anthropic", "base_url": server.url, "model": "demo",
-                       "api_key_env": "SANDBOX_KEY"},
-            "gpt": {"provider": "openai", "base_url": f"{server.url}/v1",
-                    "api_key_env": "SANDBOX_KEY"},
-        }),
+        json.dumps(
+            {
+                "claude": {
+                    "provider": "anthropic",
+                    "base_url": server.url,
+                    "model": "demo",
+                    "api_key_env": "SANDBOX_KEY",
+                },
+                "gpt": {
+                    "provider": "openai",
+                    "base_url": f"{server.url}/v1",
+                    "api_key_env": "SANDBOX_KEY",
+                },
+            }
+        ),
         env,
-    )  # fmt: skip
+    )
     default = OpenAIChatModel(f"{server.url}/v1", KEY, 5.0)
     router = profiles.ModelRouter(default, configured, 5.0)
     try:
         for profile in ("claude", "gpt", ""):
             reply = await router.complete(
-                "reasoner", [SYSTEM, USER], [ECHO], f"route-{profile or 'default'}", 1,
+                "reasoner",
+                [SYSTEM, USER],
+                [ECHO],
+                f"route-{profile or 'default'}",
+                1,
                 settings=ModelSettings(profile=profile),
-            )  # fmt: skip
+            )
             assert reply.ending == COMPLETE
         with pytest.raises(ModelUnavailable, match="'other' is not configured"):
-            await router.complete("demo", [USER], [], "route-x", 1,
-                                  settings=ModelSettings(profile="other"))  # fmt: skip
+            await router.complete(
+                "demo", [USER], [], "route-x", 1, settings=ModelSettings(profile="other")
+            )
     finally:
         await router.aclose()
     seen = {

@@ -20,8 +20,13 @@ from agentrun.v1 import agent_pb2, run_pb2
 from agentrun_cli.stack import sandbox_profiles
 from tests.harness.agentrun_api import Api, sandbox_requests
 
-USAGE_KEYS = {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
-              "cache_write_tokens"}  # fmt: skip
+USAGE_KEYS = {
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cache_write_tokens",
+}
 
 
 @pytest.fixture
@@ -29,26 +34,35 @@ async def stack(db_url, control_plane, executor_factory, sandbox_model):
     cp = control_plane(db_url)
     executor_factory(
         # The profiles `agentrun dev` gives its executor: one per API, both on the sandbox.
-        cp, AGENTRUN_MODEL_PROFILES=sandbox_profiles(f"{sandbox_model.url}/v1"),
+        cp,
+        AGENTRUN_MODEL_PROFILES=sandbox_profiles(f"{sandbox_model.url}/v1"),
         AGENTRUN_MODEL_BACKOFF_CAP_SECONDS="0.5",
-    )  # fmt: skip
+    )
     api = await Api.connect(cp.address, db_url)
     yield api
     await api.close()
 
 
 async def publish(
-    api: Api, agent_id: str, model: str, profile: str = "", tools: tuple[str, ...] = ("echo",),
-    retry_budget: int = 0, **parameters: Any,
-) -> agent_pb2.AgentVersion:  # fmt: skip
+    api: Api,
+    agent_id: str,
+    model: str,
+    profile: str = "",
+    tools: tuple[str, ...] = ("echo",),
+    retry_budget: int = 0,
+    **parameters: Any,
+) -> agent_pb2.AgentVersion:
     await api.agents.CreateAgent(
         agent_pb2.CreateAgentRequest(workspace_id=api.ws, agent_id=agent_id)
     )
     spec = agent_pb2.AgentSpec(
-        model=model, instructions=f"agent {agent_id}", tools=list(tools), model_profile=profile,
+        model=model,
+        instructions=f"agent {agent_id}",
+        tools=list(tools),
+        model_profile=profile,
         model_parameters=agent_pb2.ModelParameters(**parameters) if parameters else None,
         limits=agent_pb2.RunLimits(model_retry_budget=retry_budget),
-    )  # fmt: skip
+    )
     resp = await api.agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(workspace_id=api.ws, agent_id=agent_id, spec=spec)
     )
@@ -62,8 +76,15 @@ async def decisions(api: Api, run_id: str) -> list[dict[str, Any]]:
 async def test_one_agent_on_each_api_completes_in_the_same_stack(stack, sandbox_model):
     api = stack
     await publish(api, "on-openai", "reasoner", "sandbox-openai", temperature=0.2)
-    await publish(api, "on-anthropic", "reasoner", "sandbox-anthropic", max_tokens=333,
-                  tool_choice="auto", parallel_tool_calls=False)  # fmt: skip
+    await publish(
+        api,
+        "on-anthropic",
+        "reasoner",
+        "sandbox-anthropic",
+        max_tokens=333,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+    )
     runs = {name: await api.start(name, "ping") for name in ("on-openai", "on-anthropic")}
     for run in await api.wait_terminal(list(runs.values()), within=30):
         assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
@@ -75,8 +96,9 @@ async def test_one_agent_on_each_api_completes_in_the_same_stack(stack, sandbox_
     # The version's parameters, and each profile's way of naming the output limit.
     assert seen["on-openai"][0]["params"] == {"temperature": 0.2}
     assert seen["on-anthropic"][0]["params"] == {
-        "max_tokens": 333, "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
-    }  # fmt: skip
+        "max_tokens": 333,
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+    }
     openai = await decisions(api, runs["on-openai"])
     anthropic = await decisions(api, runs["on-anthropic"])
     for decision in openai + anthropic:
@@ -118,9 +140,16 @@ async def test_replies_that_are_no_answer_fail_their_runs(stack):
 async def test_profile_and_parameters_are_validated_and_kept(stack):
     api = stack
     version = await publish(
-        api, "kept", "", "sandbox-anthropic", max_tokens=100, temperature=0.0,
-        tool_choice="echo", parallel_tool_calls=True, timeout=duration_pb2.Duration(seconds=9),
-    )  # fmt: skip
+        api,
+        "kept",
+        "",
+        "sandbox-anthropic",
+        max_tokens=100,
+        temperature=0.0,
+        tool_choice="echo",
+        parallel_tool_calls=True,
+        timeout=duration_pb2.Duration(seconds=9),
+    )
     got = await api.agents.GetAgentVersion(
         agent_pb2.GetAgentVersionRequest(workspace_id=api.ws, agent_id="kept")
     )

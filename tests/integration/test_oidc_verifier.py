@@ -106,13 +106,17 @@ async def test_garbage_kids_do_not_make_it_hammer_the_issuer(own_idp):
 async def test_discovery_is_fetched_once_and_the_jwks_is_cached(own_idp):
     verifier = OidcVerifier(own_idp.url, "agentrun")
     try:
-        tokens = [await id_token(own_idp.url, f"p{i}@example.com", alg=a)
-                  for i, a in enumerate(["RS256", "ES256"] * 10)]  # fmt: skip
+        tokens = [
+            await id_token(own_idp.url, f"p{i}@example.com", alg=a)
+            for i, a in enumerate(["RS256", "ES256"] * 10)
+        ]
         for token in tokens:
             await verifier.verify(token)
         assert {k: v for k, v in (await stats(own_idp.url)).items() if k != "published"} == {
-            "discovery": 1, "jwks": 1, "tokens": 20,
-        }  # fmt: skip
+            "discovery": 1,
+            "jwks": 1,
+            "tokens": 20,
+        }
     finally:
         await verifier.close()
 

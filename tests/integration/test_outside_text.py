@@ -26,14 +26,18 @@ from sandbox.serve import BackgroundServer
 from tests.harness.agentrun_api import Api
 
 # JSON text as the server writes it: the escapes are what reach the executor's reader.
-CALL = ('{"id": "c1", "object": "chat.completion", "model": "odd", "choices": [{"index": 0, '
-        '"finish_reason": "tool_calls", "message": {"role": "assistant", '
-        '"content": "thinking\\u0000", "tool_calls": [{"id": "t1", "type": "function", '
-        '"function": {"name": "echo", "arguments": "{\\"text\\": \\"a\\\\u0000b \\\\ud83d c\\"}"}}]}}], '
-        '"usage": {"prompt_tokens": NaN, "completion_tokens": 3}}')  # fmt: skip
-DONE = ('{"id": "c2", "object": "chat.completion", "model": "odd", "choices": [{"index": 0, '
-        '"finish_reason": "stop", "message": {"role": "assistant", '
-        '"content": "done \\u0000 \\ud83d"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}')  # fmt: skip
+CALL = (
+    '{"id": "c1", "object": "chat.completion", "model": "odd", "choices": [{"index": 0, '
+    '"finish_reason": "tool_calls", "message": {"role": "assistant", '
+    '"content": "thinking\\u0000", "tool_calls": [{"id": "t1", "type": "function", '
+    '"function": {"name": "echo", "arguments": "{\\"text\\": \\"a\\\\u0000b \\\\ud83d c\\"}"}}]}}], '
+    '"usage": {"prompt_tokens": NaN, "completion_tokens": 3}}'
+)
+DONE = (
+    '{"id": "c2", "object": "chat.completion", "model": "odd", "choices": [{"index": 0, '
+    '"finish_reason": "stop", "message": {"role": "assistant", '
+    '"content": "done \\u0000 \\ud83d"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}'
+)
 KEPT = "\ufffd"
 
 

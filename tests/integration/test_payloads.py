@@ -46,8 +46,11 @@ async def _check_big_run(api, db, run_id, sandbox_model):
     assert_no_reask(run_id, steps, model_log)
     blob = _result(steps, "blob")
     ref = blob.payload["payload"]
-    assert ref == {"sha256": hashlib.sha256(PAYLOAD).hexdigest(), "size": len(PAYLOAD),
-                   "media_type": "application/json"}  # fmt: skip
+    assert ref == {
+        "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+        "size": len(PAYLOAD),
+        "media_type": "application/json",
+    }
     view = blob.payload["output"]
     assert len(view.encode()) < 16 * 1024 and view.startswith(PAYLOAD[:8192].decode())
     assert f'read_result(ref="{ref["sha256"]}", offset=8192' in view
@@ -110,6 +113,9 @@ async def test_kill_between_payload_write_and_commit_resumes_and_reads_again(
     assert run.attempt == 1  # taken over once
     await _check_big_run(api, db, run_id, sandbox_model)
     # A read cut off by the crash is simply read again.
-    blob_calls = [r for r in sandbox_requests(sandbox_providers.url)
-                  if r["path"] == "/echo/blob" and (r["idempotency_key"] or "").startswith(run_id)]  # fmt: skip
+    blob_calls = [
+        r
+        for r in sandbox_requests(sandbox_providers.url)
+        if r["path"] == "/echo/blob" and (r["idempotency_key"] or "").startswith(run_id)
+    ]
     assert len(blob_calls) == 2

@@ -45,10 +45,17 @@ async def admit(pool, priorities: list[int], workspace_id: str = WS) -> list[run
     out = []
     for i, priority in enumerate(priorities):
         adm = runs.Admission(
-            workspace_id=workspace_id, agent_id="agent", agent_version=version,
-            input=f"input {i}", request_id=None, max_steps=50, max_tokens=100_000,
-            max_tool_calls=100, deadline_seconds=3600, priority=priority,
-        )  # fmt: skip
+            workspace_id=workspace_id,
+            agent_id="agent",
+            agent_version=version,
+            input=f"input {i}",
+            request_id=None,
+            max_steps=50,
+            max_tokens=100_000,
+            max_tool_calls=100,
+            deadline_seconds=3600,
+            priority=priority,
+        )
         row = await runs.insert_run(pool, adm)
         assert row is not None and row.priority == priority
         out.append(row)
@@ -202,12 +209,21 @@ async def test_priority_through_the_api_and_bad_ones_write_nothing(api, server, 
     assert (await api.triggers.GetTrigger(get)).trigger.priority == 9
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
-    env.update(AGENTRUN_API_KEY=api.key or "", AGENTRUN_WORKSPACE=WS,
-               AGENTRUN_CONFIG=str(tmp_path / "config.toml"))  # fmt: skip
+    env.update(
+        AGENTRUN_API_KEY=api.key or "",
+        AGENTRUN_WORKSPACE=WS,
+        AGENTRUN_CONFIG=str(tmp_path / "config.toml"),
+    )
 
     async def cli(*args: str) -> str:
-        argv = [sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-                *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "agentrun_cli",
+            "--address",
+            f"127.0.0.1:{server.port}",
+            *args,
+        ]
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
         )
@@ -220,11 +236,13 @@ async def test_priority_through_the_api_and_bad_ones_write_nothing(api, server, 
     # A fork without --priority keeps the source's; with it, takes its own, shown by runs show.
     out = await cli("--json", "runs", "fork", started["run_id"], "--from-seq", "0")
     assert json.loads(out)["priority"] == -3
-    out = await cli("--json", "runs", "fork", started["run_id"], "--from-seq", "0",
-                    "--priority", "20")  # fmt: skip
+    out = await cli(
+        "--json", "runs", "fork", started["run_id"], "--from-seq", "0", "--priority", "20"
+    )
     assert "priority  20" in await cli("runs", "show", json.loads(out)["run_id"])
-    out = await cli("triggers", "create", "urgent", "--agent", "digest", "--every", "3600",
-                    "--priority", "50")  # fmt: skip
+    out = await cli(
+        "triggers", "create", "urgent", "--agent", "digest", "--every", "3600", "--priority", "50"
+    )
     assert "priority  50" in out
 
 
@@ -233,8 +251,10 @@ async def test_a_session_message_over_http_takes_a_priority_as_send_message_does
     path = f"/v1/workspaces/{WS}/sessions/{session.session.session_id}/messages"
     base = f"http://127.0.0.1:{server.http_port}"
     async with httpx.AsyncClient(base_url=base, timeout=10, headers=bearer(api.key)) as http:
-        bad = [await http.post(path, json={"text": "hi", "priority": p})
-               for p in (101, -101, "5", 1.5, True)]  # fmt: skip
+        bad = [
+            await http.post(path, json={"text": "hi", "priority": p})
+            for p in (101, -101, "5", 1.5, True)
+        ]
         assert [(b.status_code, b.json()["error"].split(":")[0]) for b in bad] == [
             (400, "priority")
         ] * 5

@@ -94,9 +94,11 @@ async def publish(
     except grpc.aio.AioRpcError as err:
         assert err.code() == grpc.StatusCode.ALREADY_EXISTS
     request = agent_pb2.PublishAgentVersionRequest(
-        workspace_id=WS, agent_id=agent_id, acknowledge_trifecta=acknowledge,
+        workspace_id=WS,
+        agent_id=agent_id,
+        acknowledge_trifecta=acknowledge,
         spec=agent_pb2.AgentSpec(model="writer", tools=list(tools), **spec),
-    )  # fmt: skip
+    )
     return await api.agents.PublishAgentVersion(request)
 
 
@@ -206,8 +208,12 @@ async def test_publishing_a_trifecta_agent_returns_the_warning(api):
     assert resp.version.version == 1  # published regardless
     trifecta = next(w for w in resp.warnings if w.code == "lethal_trifecta")
     assert list(trifecta.tools) == ["send_email"]
-    for words in ("private data (read_thread, crm_lookup)", "untrusted content (read_thread)",
-                  "external communication (send_email)", "Gate send_email behind approval"):  # fmt: skip
+    for words in (
+        "private data (read_thread, crm_lookup)",
+        "untrusted content (read_thread)",
+        "external communication (send_email)",
+        "Gate send_email behind approval",
+    ):
         assert words in trifecta.message
 
 
@@ -223,10 +229,22 @@ async def test_the_cli_prints_the_trifecta_warning(server, api, db_url):
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="triage"))
     tools = [arg for name in TRIFECTA for arg in ("--tool", name)]
     argv = [
-        sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-        "--workspace", WS, "agents", "publish", "triage", "--model", "writer",
-        "--instructions", "triage leads", *tools,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "agentrun_cli",
+        "--address",
+        f"127.0.0.1:{server.port}",
+        "--workspace",
+        WS,
+        "agents",
+        "publish",
+        "triage",
+        "--model",
+        "writer",
+        "--instructions",
+        "triage leads",
+        *tools,
+    ]
     env = {**os.environ, "AGENTRUN_API_KEY": await auth.workspace_key(db_url, WS)}
     done = await asyncio.to_thread(
         subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env

@@ -78,8 +78,11 @@ async def test_the_provider_bucket_binds_across_connections_all_or_nothing(bucke
     a = Bucket(connection_key(provider, "a"), 100, 100)
     b = Bucket(connection_key(provider, "b"), 100, 100)
     assert [(await buckets.take([c, shared])).granted for c in (a, b, a, b)] == [
-        True, True, False, False,
-    ]  # fmt: skip
+        True,
+        True,
+        False,
+        False,
+    ]
     # The refused takes did not spend the connections' tokens.
     assert float(await redis_client.hget(a.key, "tokens")) == pytest.approx(99, abs=0.5)
 
@@ -115,10 +118,11 @@ async def stack(db_url, control_plane, redis_client):
 def provider_log(url: str, run_ids: list[str], path: str | None = None) -> list[dict]:
     """The provider requests of these runs (their keys start with the run id), in order."""
     return [
-        r for r in sandbox_requests(url)
+        r
+        for r in sandbox_requests(url)
         if (r["idempotency_key"] or "").split(":")[0] in run_ids
         and (path is None or r["path"] == path)
-    ]  # fmt: skip
+    ]
 
 
 def assert_within_rate(times: list[float], rate: float, burst: float) -> None:
@@ -136,7 +140,9 @@ async def rate_parks(api: Api, run_ids: list[str]) -> dict[str, list[dict]]:
     out = {}
     for run_id in run_ids:
         steps = await api.steps(run_id)
-        out[run_id] = [s.payload for s in steps if s.kind == "park" and s.payload.get("wait_reason") == "rate"]  # fmt: skip
+        out[run_id] = [
+            s.payload for s in steps if s.kind == "park" and s.payload.get("wait_reason") == "rate"
+        ]
     return out
 
 
@@ -191,8 +197,14 @@ async def test_a_429_with_retry_after_resumes_the_run_no_earlier(
     cp, api = stack
     await api.publish("poster", "poster", ["chat_post"])
     run_id = await api.start("poster")  # queued: no executor yet
-    set_fault(sandbox_providers.url, provider="chat", mode="rate_limit", retry_after=3,
-              count=1, key_prefix=f"{run_id}:")  # fmt: skip
+    set_fault(
+        sandbox_providers.url,
+        provider="chat",
+        mode="rate_limit",
+        retry_after=3,
+        count=1,
+        key_prefix=f"{run_id}:",
+    )
     try:
         executor_factory(cp, AGENTRUN_RATE_COOLDOWN_SECONDS="5")
         (run,) = await api.wait_terminal([run_id], within=30)
@@ -220,14 +232,17 @@ async def test_redis_killed_mid_load_no_call_bypasses_the_limit(
     for agent in ("a", "b", "c"):
         await api.publish(f"sender-{agent}", "demo", ["crm_lookup", "send_email"])
     executors = executor_factory(
-        cp, count=2, AGENTRUN_RATE_LIMITS=f"mail={RATE:g}/s:1",
+        cp,
+        count=2,
+        AGENTRUN_RATE_LIMITS=f"mail={RATE:g}/s:1",
         AGENTRUN_REDIS_BACKOFF_CAP_SECONDS="1",
-    )  # fmt: skip
+    )
     run_ids = [await api.start(f"sender-{a}") for a in ("a", "b", "c") for _ in range(4)]
     await eventually(
         lambda: len(provider_log(sandbox_providers.url, run_ids, "/mail/send")) >= 3,
-        timeout=20, message="no email went out",
-    )  # fmt: skip
+        timeout=20,
+        message="no email went out",
+    )
 
     embedded_redis.kill()
     killed = time.time()
@@ -240,9 +255,10 @@ async def test_redis_killed_mid_load_no_call_bypasses_the_limit(
     assert {r.status for r in runs} == {run_pb2.RUN_STATUS_COMPLETED}, [r.error for r in runs]
     # A request that had its token just before the kill may land just after it; none later.
     during = [
-        r for r in provider_log(sandbox_providers.url, run_ids)
+        r
+        for r in provider_log(sandbox_providers.url, run_ids)
         if killed + JITTER < r["time"] < restarting
-    ]  # fmt: skip
+    ]
     assert during == [], "requests went out while the limiter was down"
     sends = provider_log(sandbox_providers.url, run_ids, "/mail/send")
     assert len(sends) == len(run_ids)

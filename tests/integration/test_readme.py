@@ -111,8 +111,10 @@ def test_the_documents_have_blocks_to_run_and_skip_few() -> None:
 
 @pytest.fixture(scope="module")
 def dev() -> Iterator[DevProcess]:
-    with scratch_dir("agentrun-readme-") as data_dir, running_dev(data_dir, "--address",
-                                                                   "127.0.0.1:0") as dev:  # fmt: skip
+    with (
+        scratch_dir("agentrun-readme-") as data_dir,
+        running_dev(data_dir, "--address", "127.0.0.1:0") as dev,
+    ):
         yield dev
 
 
@@ -135,9 +137,13 @@ def _env(dev: DevProcess) -> dict[str, str]:
 def test_block_runs_as_written(block: Block, dev: DevProcess) -> None:
     script = _as_run_here(block.body, dev)
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=_env(dev),
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=REPO,
+        env=_env(dev),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     shown = f"--- {block.name}\n{script}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert done.returncode == 0, shown
     assert "Traceback" not in done.stderr, shown

@@ -105,13 +105,15 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     on_b = [await api.start("worker", f"b {n}") for n in range(3)]
     await eventually(lambda: held_by(api, on_b, "B"), timeout=30, message="B never took new runs")
 
-    drain = await asyncio.to_thread(cli, cp.address, key, "releases", "drain", "A",
-                                    "--finish-within", str(DRAIN_SECONDS))  # fmt: skip
+    drain = await asyncio.to_thread(
+        cli, cp.address, key, "releases", "drain", "A", "--finish-within", str(DRAIN_SECONDS)
+    )
     assert drain.returncode == 0, drain.stderr
     held = re.search(r"held=(\d+)", drain.stdout)
     assert held and int(held.group(1)) > 0, drain.stdout  # A was holding runs when told
-    waited = await asyncio.to_thread(cli, cp.address, key, "releases", "wait-drained", "A",
-                                     "--timeout", "45")  # fmt: skip
+    waited = await asyncio.to_thread(
+        cli, cp.address, key, "releases", "wait-drained", "A", "--timeout", "45"
+    )
     assert waited.returncode == 0, waited.stdout + waited.stderr
     # A's executors exited on their own after their last run.
     for process in team_a:
@@ -119,8 +121,9 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     done = await api.wait_terminal(on_a + on_b, within=40)
     assert {r.status for r in done} == {run_pb2.RUN_STATUS_COMPLETED}
     assert {r.run_id: r.release for r in done} == {
-        **dict.fromkeys(on_a, "A"), **dict.fromkeys(on_b, "B"),
-    }  # fmt: skip
+        **dict.fromkeys(on_a, "A"),
+        **dict.fromkeys(on_b, "B"),
+    }
 
     # Every run's steps carry one release only: its own.
     claims = release_of_claims(team_a + team_b)
@@ -180,8 +183,9 @@ async def test_a_run_whose_release_disappeared_waits_visibly_until_an_operator_m
     assert (await release(stub, "A")).runs_waiting == 1
     epoch = left.lease_epoch
 
-    moved = await asyncio.to_thread(cli, cp.address, key, "--workspace", "acme", "releases",
-                                    "move", run_id, "--release", "B")  # fmt: skip
+    moved = await asyncio.to_thread(
+        cli, cp.address, key, "--workspace", "acme", "releases", "move", run_id, "--release", "B"
+    )
     assert moved.returncode == 0, moved.stderr
     assert "A -> B" in moved.stdout
     (done,) = await api.wait_terminal([run_id], within=40)

@@ -34,11 +34,17 @@ async def claim(pool, owner: str, release: lease.Release):
 async def hand_back(pool, run) -> None:
     """The holder commits one step and parks the run (a drain's hand-back)."""
     payload = json.dumps({"content": "work", "tool_calls": []})
-    await steps.commit(pool, steps.CommitRequest(
-        run.workspace_id, run.run_id, run.lease_epoch,
-        [steps.NewStep(run.step_count, "model_decision", None, payload)],
-        steps.Transition(status="waiting", wait_reason="handoff", wake_after_seconds=0),
-    ), 30)  # fmt: skip
+    await steps.commit(
+        pool,
+        steps.CommitRequest(
+            run.workspace_id,
+            run.run_id,
+            run.lease_epoch,
+            [steps.NewStep(run.step_count, "model_decision", None, payload)],
+            steps.Transition(status="waiting", wait_reason="handoff", wake_after_seconds=0),
+        ),
+        30,
+    )
 
 
 async def test_runs_stay_on_the_release_that_first_claimed_them(pool):
@@ -74,8 +80,9 @@ async def test_an_undelivered_claim_of_a_run_that_never_ran_gives_its_release_ba
     await connect(pool, "a1", "A")
     await factories.queued_runs(pool, 1)
     (claimed,) = await claim(pool, "a1", of("A"))
-    await lease.release_unassigned(pool, lease.LeaseKey(claimed.workspace_id, claimed.run_id,
-                                                        claimed.lease_epoch))  # fmt: skip
+    await lease.release_unassigned(
+        pool, lease.LeaseKey(claimed.workspace_id, claimed.run_id, claimed.lease_epoch)
+    )
     await connect(pool, "b1", "B")
     (retaken,) = await claim(pool, "b1", of("B"))
     assert retaken.run_id == claimed.run_id and retaken.release == "B"

@@ -29,9 +29,16 @@ DAY = timedelta(days=1)
 async def _queued(pool, ws: str = "ws", at: datetime = T, agent: str = "agent") -> uuid.UUID:
     version = await factories.agent_version(pool, ws, agent)
     adm = runs.Admission(
-        workspace_id=ws, agent_id=agent, agent_version=version, input="go", request_id=None,
-        max_steps=50, max_tokens=1000, max_tool_calls=10, deadline_seconds=3600,
-    )  # fmt: skip
+        workspace_id=ws,
+        agent_id=agent,
+        agent_version=version,
+        input="go",
+        request_id=None,
+        max_steps=50,
+        max_tokens=1000,
+        max_tool_calls=10,
+        deadline_seconds=3600,
+    )
     run = await runs.insert_run(pool, adm, now=at)
     assert run is not None
     return run.run_id
@@ -51,30 +58,55 @@ async def _with_everything(pool, ws: str, run_id: uuid.UUID) -> None:
     """A trigger event, a payload and its chunk, an approval and its token, an audit row."""
     await pool.execute(
         "INSERT INTO triggers (workspace_id, trigger_id, agent_id, kind, scheme)"
-        " VALUES ($1, 'hook', 'agent', 'webhook', 'hmac_sha256') ON CONFLICT DO NOTHING", ws)  # fmt: skip
+        " VALUES ($1, 'hook', 'agent', 'webhook', 'hmac_sha256') ON CONFLICT DO NOTHING",
+        ws,
+    )
     await pool.execute(
         "INSERT INTO trigger_events (workspace_id, event_id, trigger_id, dedupe_key, status,"
         " run_id, payload) VALUES ($1, $2, 'hook', $3, 'accepted', $4, '{}')",
-        ws, uuid.uuid4(), str(run_id), run_id)  # fmt: skip
+        ws,
+        uuid.uuid4(),
+        str(run_id),
+        run_id,
+    )
     sha = uuid.uuid4().hex * 2
     await pool.execute(
         "INSERT INTO payload_chunks (workspace_id, sha256, \"offset\", data) VALUES ($1, $2, 0, 'x')",
-        ws, sha)  # fmt: skip
+        ws,
+        sha,
+    )
     await pool.execute(
         "INSERT INTO payloads (workspace_id, sha256, size, media_type, run_id)"
-        " VALUES ($1, $2, 1, 'text/plain', $3)", ws, sha, run_id)  # fmt: skip
+        " VALUES ($1, $2, 1, 'text/plain', $3)",
+        ws,
+        sha,
+        run_id,
+    )
     approval = uuid.uuid4()
     await pool.execute(
         "INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool,"
         " arguments, arguments_sha256, approvers, expire_at, expiry_seconds, on_expiry)"
         " VALUES ($1, $2, $3, 1, 'c1', 'pay', '{}', $4, '{pat}', $5, 60, 'reject')",
-        ws, approval, run_id, "0" * 64, T)  # fmt: skip
+        ws,
+        approval,
+        run_id,
+        "0" * 64,
+        T,
+    )
     await pool.execute(
         "INSERT INTO approval_tokens (workspace_id, token_sha256, approval_id, approver,"
-        " expires_at) VALUES ($1, $2, $3, 'pat', $4)", ws, uuid.uuid4().bytes, approval, T)  # fmt: skip
+        " expires_at) VALUES ($1, $2, $3, 'pat', $4)",
+        ws,
+        uuid.uuid4().bytes,
+        approval,
+        T,
+    )
     await pool.execute(
         "INSERT INTO audit_log (workspace_id, actor, action, object_kind, object_id, request_id)"
-        " VALUES ($1, 'key:ops', 'run.cancelled', 'run', $2, 'r1')", ws, str(run_id))  # fmt: skip
+        " VALUES ($1, 'key:ops', 'run.cancelled', 'run', $2, 'r1')",
+        ws,
+        str(run_id),
+    )
 
 
 async def _rows(pool, ws: str, run_id: uuid.UUID) -> dict[str, int]:
@@ -82,10 +114,14 @@ async def _rows(pool, ws: str, run_id: uuid.UUID) -> dict[str, int]:
     counts = {}
     for table in ("runs", "steps", "trigger_events", "payloads", "approvals"):
         counts[table] = await pool.fetchval(
-            f"SELECT count(*) FROM {table} WHERE workspace_id = $1 AND run_id = $2", ws, run_id)  # fmt: skip
+            f"SELECT count(*) FROM {table} WHERE workspace_id = $1 AND run_id = $2", ws, run_id
+        )
     counts["audit_log"] = await pool.fetchval(
         "SELECT count(*) FROM audit_log WHERE workspace_id = $1 AND object_kind = 'run'"
-        " AND object_id = $2", ws, str(run_id))  # fmt: skip
+        " AND object_id = $2",
+        ws,
+        str(run_id),
+    )
     counts["payload_chunks"] = await pool.fetchval(
         "SELECT count(*) FROM payload_chunks WHERE workspace_id = $1", ws
     )
@@ -123,7 +159,7 @@ async def test_old_finished_runs_go_with_their_rows_and_nothing_else_does(pool):
 async def test_each_statement_deletes_at_most_a_batch(pool, caplog):
     ids = [await _finished(pool, at=T) for _ in range(7)]
     await _keep(pool, "ws", 1)
-    (_, cutoff), = await store.due_workspaces(pool, T + 2 * DAY)  # fmt: skip
+    ((_, cutoff),) = await store.due_workspaces(pool, T + 2 * DAY)
     gone = [(await store.delete_batch(pool, "ws", cutoff, 3)).runs for _ in range(2)]
     assert gone == [3, 3]
     ids.append(await _finished(pool, at=T))
@@ -141,7 +177,7 @@ async def test_a_statement_deletes_runs_while_their_steps_stay_under_the_budget(
     counts = [await pool.fetchval("SELECT step_count FROM runs WHERE run_id = $1", i) for i in ids]
     assert min(counts) >= 2, counts
     await _keep(pool, "ws", 1)
-    (_, cutoff), = await store.due_workspaces(pool, T + 2 * DAY)  # fmt: skip
+    ((_, cutoff),) = await store.due_workspaces(pool, T + 2 * DAY)
     # Runs 0 and 1 fit; run 2 would start past the budget.
     gone = await store.delete_batch(pool, "ws", cutoff, 500, steps=counts[0] + counts[1])
     assert (gone.runs, gone.steps) == (2, counts[0] + counts[1])
@@ -245,7 +281,10 @@ async def test_a_payload_a_kept_run_references_is_handed_over_not_deleted(pool):
     ref = json.dumps({"output": "…", "payload": {"sha256": sha, "size": 1}})
     await pool.execute(
         "INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, payload)"
-        " VALUES ('ws', $1, 50, 'tool_result', 1, $2::jsonb)", kept, ref)  # fmt: skip
+        " VALUES ('ws', $1, 50, 'tool_result', 1, $2::jsonb)",
+        kept,
+        ref,
+    )
     await _keep(pool, "ws", 30)
     assert await Retention(pool).tick(now=T + 31 * DAY) == 1
     assert await pool.fetchval("SELECT run_id FROM payloads WHERE sha256 = $1", sha) == kept

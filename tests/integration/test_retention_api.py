@@ -38,8 +38,10 @@ async def test_admins_set_retention_and_bad_values_name_the_field(server, db_url
                 )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "retention_days" in err.value.details()
-        assert await db.fetchval("SELECT retention_days FROM workspaces WHERE workspace_id = $1",
-                                 WS) == 0  # fmt: skip
+        assert (
+            await db.fetchval("SELECT retention_days FROM workspaces WHERE workspace_id = $1", WS)
+            == 0
+        )
         req = admin_pb2.SetWorkspaceRetentionRequest(retention_days=30)
         assert (await admin.SetWorkspaceRetention(req)).workspace.retention_days == 30
         got = await admin.GetWorkspace(admin_pb2.GetWorkspaceRequest())
@@ -59,10 +61,16 @@ async def _run_with_steps(db_url: str, count: int) -> str:
     try:
         version = await factories.agent_version(pool, WS, "agent")
         adm = runs.Admission(
-            workspace_id=WS, agent_id="agent", agent_version=version, input="go",
-            request_id=None, max_steps=count + 10, max_tokens=1000, max_tool_calls=10,
+            workspace_id=WS,
+            agent_id="agent",
+            agent_version=version,
+            input="go",
+            request_id=None,
+            max_steps=count + 10,
+            max_tokens=1000,
+            max_tool_calls=10,
             deadline_seconds=3600,
-        )  # fmt: skip
+        )
         run = await runs.insert_run(pool, adm)
         assert run is not None
         (held,) = await lease.claim_due(pool, ["ex"], 30)
@@ -77,9 +85,12 @@ async def _run_with_steps(db_url: str, count: int) -> str:
 def _env(server, key: str, tmp_path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
     env.update(
-        AGENTRUN_CONFIG=str(tmp_path / "config.toml"), AGENTRUN_DATA_DIR=str(tmp_path),
-        AGENTRUN_API_KEY=key, AGENTRUN_ADDRESS=f"127.0.0.1:{server.port}", AGENTRUN_WORKSPACE=WS,
-    )  # fmt: skip
+        AGENTRUN_CONFIG=str(tmp_path / "config.toml"),
+        AGENTRUN_DATA_DIR=str(tmp_path),
+        AGENTRUN_API_KEY=key,
+        AGENTRUN_ADDRESS=f"127.0.0.1:{server.port}",
+        AGENTRUN_WORKSPACE=WS,
+    )
     return env
 
 

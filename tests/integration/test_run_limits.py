@@ -52,9 +52,14 @@ async def test_an_approval_decided_after_the_deadline_still_runs_the_call(
     executor_factory(cp)
     approval = await pending_approval(api, approvals, run_id, APPROVER)
     await asyncio.sleep(6)  # parked for twice the deadline: time passing is the subject
-    await approvals.DecideApproval(approval_pb2.DecideApprovalRequest(
-        workspace_id="ws", approval_id=approval.approval_id, approver=APPROVER,
-        approve=approval_pb2.Approve()))  # fmt: skip
+    await approvals.DecideApproval(
+        approval_pb2.DecideApprovalRequest(
+            workspace_id="ws",
+            approval_id=approval.approval_id,
+            approver=APPROVER,
+            approve=approval_pb2.Approve(),
+        )
+    )
     (run,) = await api.wait_terminal([run_id])
     assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
     assert len(sent_mail(sandbox_providers.url, run_id)) == 1

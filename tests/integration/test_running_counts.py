@@ -74,8 +74,9 @@ async def test_a_claim_counts_its_runs_by_agent_and_takeovers_not_at_all(pool):
     await assert_counts_exact(pool)
     # Three leases lapse; the next claim takes them over (still 'running') and fresh ones.
     lapsed = [r.run_id for r in held[:3]]
-    await pool.execute("UPDATE runs SET wake_at = now() - interval '1 second' "
-                       "WHERE run_id = ANY($1)", lapsed)  # fmt: skip
+    await pool.execute(
+        "UPDATE runs SET wake_at = now() - interval '1 second' WHERE run_id = ANY($1)", lapsed
+    )
     again = await lease.claim_due(pool, ["ex"] * 6, 30)
     assert {r.run_id for r in again} >= set(lapsed) and len(again) == 6
     await assert_counts_exact(pool)

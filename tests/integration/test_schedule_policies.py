@@ -42,10 +42,16 @@ async def pool(pools):
 async def add_schedule(pool, trigger_id: str, policy: str, slot: datetime = T) -> None:
     sched = Schedule(interval_seconds=60, overlap=policy)
     new = store.NewTrigger(
-        workspace_id=WS, trigger_id=trigger_id, agent_id="agent", kind="schedule", scheme=None,
-        config={**sched.to_json(), "input": "digest"}, filters=[],
-        next_slot_at=slot, next_fire_at=sched.fire_time(slot, WS, trigger_id),
-    )  # fmt: skip
+        workspace_id=WS,
+        trigger_id=trigger_id,
+        agent_id="agent",
+        kind="schedule",
+        scheme=None,
+        config={**sched.to_json(), "input": "digest"},
+        filters=[],
+        next_slot_at=slot,
+        next_fire_at=sched.fire_time(slot, WS, trigger_id),
+    )
     assert await store.create_trigger(pool, new, None) is not None
 
 
@@ -101,7 +107,9 @@ async def test_buffer_one_keeps_one_slot_and_starts_it_when_the_run_ends(pool, d
     assert await db.fetchval("SELECT buffered_slot_at FROM triggers") == T + MINUTE
     got = await events(db)
     assert [(e["scheduled_for"], e["status"]) for e in got] == [
-        (T, "accepted"), (T + 2 * MINUTE, "filtered")]  # fmt: skip
+        (T, "accepted"),
+        (T + 2 * MINUTE, "filtered"),
+    ]
     assert f"slot {(T + MINUTE).isoformat()} is already buffered" in got[1]["reason"]
     # Nothing is released while the run goes on; once it ends, the buffered slot starts.
     await scheduler(pool).tick(T + 2.2 * MINUTE)
@@ -110,7 +118,10 @@ async def test_buffer_one_keeps_one_slot_and_starts_it_when_the_run_ends(pool, d
     await scheduler(pool).tick(T + 2.6 * MINUTE)
     got = await events(db)
     assert [(e["scheduled_for"], e["status"], e["run_status"]) for e in got][2] == (
-        T + MINUTE, "accepted", "queued")  # fmt: skip
+        T + MINUTE,
+        "accepted",
+        "queued",
+    )
     assert await db.fetchval("SELECT buffered_slot_at FROM triggers") is None
     # The next slot finds that run going: it is buffered in turn.
     await scheduler(pool).tick(T + 3 * MINUTE)
@@ -126,7 +137,10 @@ async def test_cancel_other_cancels_the_run_going_and_fences_its_holder(pool, db
         await scheduler(pool, cancelled).tick(T + m * MINUTE)
     got = await events(db)
     assert [(e["status"], e["run_status"]) for e in got] == [
-        ("accepted", "cancelled"), ("accepted", "cancelled"), ("accepted", "queued")]  # fmt: skip
+        ("accepted", "cancelled"),
+        ("accepted", "cancelled"),
+        ("accepted", "queued"),
+    ]
     assert "cancel_other" in got[0]["error"] and (T + MINUTE).isoformat() in got[0]["error"]
     assert cancelled == [got[0]["run_id"], got[1]["run_id"]]  # the executor is told, too
     decision = steps.NewStep(1, "model_decision", None, json.dumps({"content": "late"}))
@@ -202,10 +216,16 @@ async def test_the_catch_up_window_is_the_schedules_own(pool, db):
     await add_schedule(pool, "sched", "allow_all")
     short = Schedule(interval_seconds=60, catchup_seconds=120)
     new = store.NewTrigger(
-        workspace_id=WS, trigger_id="short", agent_id="agent", kind="schedule", scheme=None,
-        config={**short.to_json(), "input": "digest"}, filters=[],
-        next_slot_at=T, next_fire_at=T,
-    )  # fmt: skip
+        workspace_id=WS,
+        trigger_id="short",
+        agent_id="agent",
+        kind="schedule",
+        scheme=None,
+        config={**short.to_json(), "input": "digest"},
+        filters=[],
+        next_slot_at=T,
+        next_fire_at=T,
+    )
     assert await store.create_trigger(pool, new, None) is not None
     now = T + 30 * MINUTE
     await scheduler(pool).tick(now)
@@ -238,8 +258,9 @@ async def test_two_replicas_agree_on_every_policy(pools, db):
     assert started["skip"] == [T + m * MINUTE for m in (0, 3, 6, 9)]
     # Slot 1 waited for slot 0's run, 3 for 1's, 6 for 3's; 9 waits for 6's (ended at 11.5).
     assert started["buffer_one"] == [T + m * MINUTE for m in (0, 1, 3, 6)]
-    buffered = await db.fetchval("SELECT buffered_slot_at FROM triggers WHERE trigger_id = $1",
-                                 "buffer_one")  # fmt: skip
+    buffered = await db.fetchval(
+        "SELECT buffered_slot_at FROM triggers WHERE trigger_id = $1", "buffer_one"
+    )
     assert buffered == T + 9 * MINUTE
     cancelled_by_policy = await db.fetchval(
         "SELECT count(*) FROM runs WHERE error LIKE '%cancel_other%'"

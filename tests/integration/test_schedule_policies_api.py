@@ -80,9 +80,11 @@ async def test_schedule_rpcs_update_pause_backfill_trigger_now_and_delete(api, d
     # A backfill of ten hourly slots, twice: ten runs. The schedule's skip policy applies
     # unless the request overrides it (here every slot should start its run).
     fill = pb.BackfillScheduleRequest(
-        trigger_id="hourly", start_time=at(start), end_time=at(start + timedelta(hours=10)),
+        trigger_id="hourly",
+        start_time=at(start),
+        end_time=at(start + timedelta(hours=10)),
         overlap_policy=ALLOW_ALL,
-    )  # fmt: skip
+    )
     first, second = [await t.BackfillSchedule(fill) for _ in range(2)]
     assert (first.slots, first.started, first.already_fired) == (10, 10, 0)
     assert (second.slots, second.started, second.already_fired) == (10, 0, 10)
@@ -103,8 +105,9 @@ async def test_schedule_rpcs_update_pause_backfill_trigger_now_and_delete(api, d
 
     # Update in place: same trigger and events, the new spec, its next slot.
     daily = pb.ScheduleSource(cron="0 9 * * *", time_zone="Europe/Paris", input="daily digest")
-    updated = (await t.UpdateSchedule(
-        pb.UpdateScheduleRequest(trigger_id="hourly", schedule=daily))).trigger  # fmt: skip
+    updated = (
+        await t.UpdateSchedule(pb.UpdateScheduleRequest(trigger_id="hourly", schedule=daily))
+    ).trigger
     assert updated.schedule.cron == "0 9 * * *" and updated.schedule.time_zone == "Europe/Paris"
     assert updated.schedule.overlap_policy == ALLOW_ALL  # the spec is replaced whole
     assert updated.create_time == created.create_time
@@ -112,8 +115,11 @@ async def test_schedule_rpcs_update_pause_backfill_trigger_now_and_delete(api, d
     assert len(await api.events("hourly")) == 12
 
     # Pause and unpause with a note (audited).
-    paused = (await t.SetTriggerEnabled(pb.SetTriggerEnabledRequest(
-        trigger_id="hourly", enabled=False, note="quarter close"))).trigger  # fmt: skip
+    paused = (
+        await t.SetTriggerEnabled(
+            pb.SetTriggerEnabledRequest(trigger_id="hourly", enabled=False, note="quarter close")
+        )
+    ).trigger
     assert (paused.enabled, paused.note) == (False, "quarter close")
     notes = await db.fetch(
         "SELECT action, detail->>'note' AS note FROM audit_log WHERE object_id = 'hourly'"
@@ -141,12 +147,22 @@ async def test_schedule_rpcs_update_pause_backfill_trigger_now_and_delete(api, d
 async def test_the_cli_pauses_updates_backfills_triggers_now_and_deletes(api, server, tmp_path, db):
     await api.create("nightly", "digest", schedule=pb.ScheduleSource(interval=seconds(HOUR)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRUN_")}
-    env.update(AGENTRUN_API_KEY=api.key or "", AGENTRUN_WORKSPACE=WS,
-               AGENTRUN_CONFIG=str(tmp_path / "config.toml"))  # fmt: skip
+    env.update(
+        AGENTRUN_API_KEY=api.key or "",
+        AGENTRUN_WORKSPACE=WS,
+        AGENTRUN_CONFIG=str(tmp_path / "config.toml"),
+    )
 
     async def cli(*args: str) -> str:
-        argv = [sys.executable, "-m", "agentrun_cli", "--address", f"127.0.0.1:{server.port}",
-                "triggers", *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "agentrun_cli",
+            "--address",
+            f"127.0.0.1:{server.port}",
+            "triggers",
+            *args,
+        ]
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, timeout=60, env=env
         )

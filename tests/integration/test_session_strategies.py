@@ -55,17 +55,24 @@ async def test_messages_sent_during_a_turn_become_the_next_turns_in_order_each_o
     finally:
         clear_faults(sandbox_model.url)
     assert [(t.turn, t.status) for t in (second, third)] == [
-        (2, run_pb2.RUN_STATUS_WAITING), (3, run_pb2.RUN_STATUS_WAITING)]  # fmt: skip
+        (2, run_pb2.RUN_STATUS_WAITING),
+        (3, run_pb2.RUN_STATUS_WAITING),
+    ]
     done = await runs.wait_terminal([first.run_id, second.run_id, third.run_id])
     assert [r.status for r in done] == [run_pb2.RUN_STATUS_COMPLETED] * 3
     # Each turn asked the model once, in turn order: the next began after the previous ended.
-    order = [r["run_id"] for r in sandbox_requests(sandbox_model.url)
-             if r["run_id"] in (first.run_id, second.run_id, third.run_id)]  # fmt: skip
+    order = [
+        r["run_id"]
+        for r in sandbox_requests(sandbox_model.url)
+        if r["run_id"] in (first.run_id, second.run_id, third.run_id)
+    ]
     assert order == [first.run_id, second.run_id, third.run_id]
     ends = {r.run_id: r.finish_time.ToDatetime() for r in done}
     claims = await db.fetch(
         "SELECT run_id::text, min(created_at) AS at FROM steps WHERE run_id = ANY($1::uuid[])"
-        " AND seq > 0 GROUP BY run_id", [second.run_id, third.run_id])  # fmt: skip
+        " AND seq > 0 GROUP BY run_id",
+        [second.run_id, third.run_id],
+    )
     firsts = {r["run_id"]: r["at"].replace(tzinfo=None) for r in claims}
     assert firsts[second.run_id] >= ends[first.run_id]
     assert firsts[third.run_id] >= ends[second.run_id]
@@ -111,8 +118,11 @@ async def test_a_new_message_cancels_the_running_turn_which_writes_nothing_after
         at_cancel = await runs.steps(first.run_id)
         assert at_cancel[-1].kind == "finish" and at_cancel[-1].payload["status"] == "cancelled"
         # Turn 1's second model call was in flight: it returns, and its commit is fenced.
-        await eventually(lambda: len(requests_of(sandbox_model.url, first.run_id)) >= 2,
-                         timeout=30, message="turn 1's in-flight model call returned")  # fmt: skip
+        await eventually(
+            lambda: len(requests_of(sandbox_model.url, first.run_id)) >= 2,
+            timeout=30,
+            message="turn 1's in-flight model call returned",
+        )
     finally:
         clear_faults(sandbox_model.url)
     (answer,) = await runs.wait_terminal([second.run_id])
@@ -184,5 +194,7 @@ async def test_a_parked_turn_waits_for_every_turn_before_it_even_when_one_is_can
     assert await woken(third.run_id)  # woken in the transaction that ended turn 1
     (input_step,) = [s for s in await runs.steps(third.run_id) if s.kind == "input"]
     assert input_step.payload["history"] == [
-        {"role": "user", "content": "one"}, {"role": "user", "content": "two"}]  # fmt: skip
+        {"role": "user", "content": "one"},
+        {"role": "user", "content": "two"},
+    ]
     await runs.close()

@@ -104,8 +104,11 @@ async def test_a_second_message_waits_for_the_turn_and_the_next_turn_sees_the_fi
     ]
     sizes = {r["run_id"]: r["n_messages"] for r in sandbox_requests(sandbox_model.url)}
     assert (sizes[first.run_id], sizes[second.turn.run_id]) == (2, 4)  # system+user; +2 history
-    session = (await api.sessions.GetSession(
-        session_pb2.GetSessionRequest(workspace_id=WS, session_id=session_id))).session  # fmt: skip
+    session = (
+        await api.sessions.GetSession(
+            session_pb2.GetSessionRequest(workspace_id=WS, session_id=session_id)
+        )
+    ).session
     assert session.turn_count == 2 and session.last_turn.output == answer.output
     await api.close()
     await runs.close()
@@ -149,8 +152,13 @@ async def test_a_retried_send_with_its_request_id_returns_the_same_turn(api, ser
     base = f"http://127.0.0.1:{server.http_port}"
     over_http = await http_send(base, session_id, {"text": "hello", "request_id": "r-1"}, api.key)
     assert over_http.status_code == 202
-    assert over_http.json() == {"turn": 1, "run_id": first.turn.run_id, "status": "queued",
-                                "priority": 0, "created": False}  # fmt: skip
+    assert over_http.json() == {
+        "turn": 1,
+        "run_id": first.turn.run_id,
+        "status": "queued",
+        "priority": 0,
+        "created": False,
+    }
 
 
 async def test_bad_messages_are_refused_naming_the_field_and_store_nothing(api, server, db):
@@ -174,11 +182,17 @@ async def test_bad_messages_are_refused_naming_the_field_and_store_nothing(api, 
     ]
     assert [a.status_code for a in answers] == [400, 400, 400, 404, 400]
     assert [a.json()["error"].split(":")[0] for a in answers] == [
-        "text", "text", "session_id", "session 00000000-0000-0000-0000-000000000000 not found",
+        "text",
+        "text",
+        "session_id",
+        "session 00000000-0000-0000-0000-000000000000 not found",
         "body",
-    ]  # fmt: skip
-    unknown_agent = await refused(api.sessions.CreateSession(
-        session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="nobody")))  # fmt: skip
+    ]
+    unknown_agent = await refused(
+        api.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="nobody")
+        )
+    )
     assert unknown_agent.code() == grpc.StatusCode.NOT_FOUND
     assert await db.fetchval("SELECT count(*) FROM runs") == 0
 
@@ -187,17 +201,23 @@ async def test_bad_messages_are_refused_naming_the_field_and_store_nothing(api, 
 
 
 def turn(n: int, status: str = "completed", output: str | None = None) -> dict:
-    return {"turn": n, "input": f"question {n}", "status": status,
-            "output": output if output is not None else f"answer {n}"}  # fmt: skip
+    return {
+        "turn": n,
+        "input": f"question {n}",
+        "status": status,
+        "output": output if output is not None else f"answer {n}",
+    }
 
 
 def test_transcript_keeps_answers_of_completed_turns_and_drops_the_oldest_to_fit():
     history = transcript([turn(1), turn(2, "failed", ""), turn(3)])
     assert history == [
-        {"role": "user", "content": "question 1"}, {"role": "assistant", "content": "answer 1"},
+        {"role": "user", "content": "question 1"},
+        {"role": "assistant", "content": "answer 1"},
         {"role": "user", "content": "question 2"},
-        {"role": "user", "content": "question 3"}, {"role": "assistant", "content": "answer 3"},
-    ]  # fmt: skip
+        {"role": "user", "content": "question 3"},
+        {"role": "assistant", "content": "answer 3"},
+    ]
     one_turn = len(json.dumps(history[:2]).encode())
     assert transcript([turn(1), turn(2), turn(3)], max_bytes=one_turn * 2)[0]["content"] == (
         "question 2"
@@ -205,12 +225,21 @@ def test_transcript_keeps_answers_of_completed_turns_and_drops_the_oldest_to_fit
 
 
 def test_the_executor_puts_the_history_before_the_new_message():
-    entries = [replay.Entry(0, replay.INPUT, 0, {
-        "text": "What is my name?",
-        "history": [{"role": "user", "content": "I am Ada."},
+    entries = [
+        replay.Entry(
+            0,
+            replay.INPUT,
+            0,
+            {
+                "text": "What is my name?",
+                "history": [
+                    {"role": "user", "content": "I am Ada."},
                     {"role": "assistant", "content": "Hello Ada."},
-                    {"role": "tool", "content": "ignored"}],
-    })]  # fmt: skip
+                    {"role": "tool", "content": "ignored"},
+                ],
+            },
+        )
+    ]
     assert build_messages(entries, "be brief") == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "I am Ada."},
@@ -227,11 +256,22 @@ async def test_agentrun_chat_streams_each_turn_and_remembers_the_conversation(
     await api.publish("chatter", model="chat")
     executor_factory(cp)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "--address", cp.address, "--workspace", WS,
-        "chat", "chatter", "--priority", "5",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "AGENTRUN_API_KEY": api.key},
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "agentrun_cli",
+        "--address",
+        cp.address,
+        "--workspace",
+        WS,
+        "chat",
+        "chatter",
+        "--priority",
+        "5",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "AGENTRUN_API_KEY": api.key},
+    )
     out, err = await asyncio.wait_for(proc.communicate(b"I am Grace.\nWho am I?\n"), timeout=120)
     text = out.decode()
     assert proc.returncode == 0, err.decode()
@@ -264,8 +304,10 @@ async def test_a_turn_copies_every_limit_of_the_agent_version_at_admission(db_ur
     turn = (await send(api, await new_session(api), "hello")).turn
     run = await runs.get(turn.run_id)
     assert (run.limits.max_steps, run.limits.max_tool_calls, run.limits.model_retry_budget) == (
-        7, 9, 4,
-    )  # fmt: skip
+        7,
+        9,
+        4,
+    )
     await runs.close()
 
 
@@ -284,8 +326,11 @@ async def test_the_http_session_route_needs_an_operating_key_and_stores_nothing_
         "other workspace": await http_send(base, session_id, {"text": "hi"}, other),
     }
     assert {k: a.status_code for k, a in answers.items()} == {
-        "none": 401, "garbage": 401, "reader": 403, "other workspace": 403,
-    }  # fmt: skip
+        "none": 401,
+        "garbage": 401,
+        "reader": 403,
+        "other workspace": 403,
+    }
     after = [await db.fetchval(f"SELECT count(*) FROM {t}") for t in ("runs", "session_turns")]
     assert after == before
     assert (await http_send(base, session_id, {"text": "hi"}, api.key)).status_code == 202

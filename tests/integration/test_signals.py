@@ -35,10 +35,15 @@ async def stack(db_url, control_plane, sandbox_model, sandbox_providers):
 async def signal(
     api: Api, run_id: str, name: str, event_id: str, payload: object
 ) -> run_pb2.SignalRunResponse:
-    return await api.runs.SignalRun(run_pb2.SignalRunRequest(
-        workspace_id=api.ws, run_id=run_id, signal_name=name, event_id=event_id,
-        payload_json=json.dumps(payload),
-    ))  # fmt: skip
+    return await api.runs.SignalRun(
+        run_pb2.SignalRunRequest(
+            workspace_id=api.ws,
+            run_id=run_id,
+            signal_name=name,
+            event_id=event_id,
+            payload_json=json.dumps(payload),
+        )
+    )
 
 
 def waits(steps) -> tuple[list, list]:
@@ -66,14 +71,27 @@ async def test_signals_before_and_after_the_park_each_answer_one_wait(
     early = await signal(api, run_id, "step", "e1", {"n": 1})
     assert early.created and early.signal.consumed_seq == 0
     executor_factory(cp)
-    await eventually(lambda: waiting_on_second_call(api, run_id), timeout=30,
-                     message="the run never waited on its second signal")  # fmt: skip
+    await eventually(
+        lambda: waiting_on_second_call(api, run_id),
+        timeout=30,
+        message="the run never waited on its second signal",
+    )
     parked = await api.get(run_id)
     assert parked.status == run_pb2.RUN_STATUS_WAITING and not parked.HasField("wake_time")
     # Sent while it waits, through the CLI: the call's result at once, and the run wakes.
     key = await auth.workspace_key(db_url, "ws", role="operator")
-    done = await cli(cp.address, key, "runs", "signal", run_id, "step", "--event-id", "e2",
-                     "--payload", '{"n": 2}')  # fmt: skip
+    done = await cli(
+        cp.address,
+        key,
+        "runs",
+        "signal",
+        run_id,
+        "step",
+        "--event-id",
+        "e2",
+        "--payload",
+        '{"n": 2}',
+    )
     assert done.returncode == 0, done.stderr
     assert "answered call" in done.stdout
     (run,) = await api.wait_terminal([run_id], within=30)

@@ -32,8 +32,11 @@ async def test_a_signal_resent_after_a_crash_is_delivered_once(
         await api.publish("waiter", "signal_twice", [TOOL])
         run_id = await api.start("waiter", "go")
         executor_factory(cp)
-        await eventually(lambda: waiting_on_first_call(api, run_id), timeout=30,
-                         message="the run never waited on its first signal")  # fmt: skip
+        await eventually(
+            lambda: waiting_on_first_call(api, run_id),
+            timeout=30,
+            message="the run never waited on its first signal",
+        )
         with pytest.raises(grpc.aio.AioRpcError):  # the replica dies inside SignalRun
             await signal(api, run_id, "step", "e1", {"n": 1})
         await eventually(lambda: not cp.process.alive, timeout=10, message="fault never fired")

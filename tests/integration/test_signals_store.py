@@ -20,8 +20,12 @@ from tests.harness.waiting import eventually
 
 
 def started(seq: int, name: str, call_id: str = "c1") -> steps.NewStep:
-    payload = {"call_id": call_id, "tool": "wait_for_signal", "class": "internal",
-               "arguments": {"name": name}}  # fmt: skip
+    payload = {
+        "call_id": call_id,
+        "tool": "wait_for_signal",
+        "class": "internal",
+        "arguments": {"name": name},
+    }
     return steps.NewStep(seq, "tool_started", seq - 1, json.dumps(payload))
 
 
@@ -34,10 +38,12 @@ def park_request(run: runs.Run, epoch: int, seq: int, name: str) -> steps.Commit
     """The executor's wait_for_signal commit: decision, started call and park at once."""
     park = steps.NewStep(seq + 2, "park", None, json.dumps({"wait_reason": "signal"}))
     return steps.CommitRequest(
-        run.workspace_id, run.run_id, epoch,
+        run.workspace_id,
+        run.run_id,
+        epoch,
         [decision(seq), started(seq + 1, name, f"c{seq}"), park],
         steps.Transition(status="waiting", wait_reason="signal"),
-    )  # fmt: skip
+    )
 
 
 def outgoing(run: runs.Run, event_id: str, payload: object, name: str = "go") -> signals.Outgoing:
@@ -52,8 +58,11 @@ async def claimed(pool) -> tuple[runs.Run, int]:
 
 async def results(pool, run: runs.Run) -> list[dict]:
     log = await steps.list_steps(pool, run.workspace_id, run.run_id, 0, 100)
-    return [{"seq": s.seq, "ref": s.ref_seq, **json.loads(s.payload)}
-            for s in log if s.kind == "tool_result"]  # fmt: skip
+    return [
+        {"seq": s.seq, "ref": s.ref_seq, **json.loads(s.payload)}
+        for s in log
+        if s.kind == "tool_result"
+    ]
 
 
 async def blocked_on_a_lock(pool) -> bool:
@@ -73,8 +82,11 @@ async def test_a_signal_sent_while_the_park_commit_is_in_flight_is_delivered_onc
         sending = asyncio.create_task(
             signals.send(pool, outgoing(run, "e1", {"ok": 1}), lambda: woken.append("s"))
         )
-        await eventually(lambda: blocked_on_a_lock(pool), timeout=10,
-                         message="SignalRun never waited for the park's row lock")  # fmt: skip
+        await eventually(
+            lambda: blocked_on_a_lock(pool),
+            timeout=10,
+            message="SignalRun never waited for the park's row lock",
+        )
     sent = await sending
     assert sent.created and sent.signal.consumed_seq == 2 and woken == ["s"]
     (result,) = await results(pool, run)
@@ -91,11 +103,14 @@ async def test_a_signal_that_holds_the_lock_first_is_delivered_by_the_park_commi
         # SignalRun inside a transaction this test holds open: stored, the run is running.
         sent = await signals.send(conn, outgoing(run, "e1", [1, 2]), lambda: woken.append("s"))
         assert sent.signal.consumed_seq is None
-        parking = asyncio.create_task(signal_commit(
-            pool, park_request(run, epoch, 1, "go"), 30, lambda: woken.append("p")
-        ))  # fmt: skip
-        await eventually(lambda: blocked_on_a_lock(pool), timeout=10,
-                         message="the park commit never waited for SignalRun's row lock")  # fmt: skip
+        parking = asyncio.create_task(
+            signal_commit(pool, park_request(run, epoch, 1, "go"), 30, lambda: woken.append("p"))
+        )
+        await eventually(
+            lambda: blocked_on_a_lock(pool),
+            timeout=10,
+            message="the park commit never waited for SignalRun's row lock",
+        )
     committed = await parking
     assert committed.status == "waiting" and woken == ["p"]
     (result,) = await results(pool, run)
@@ -116,8 +131,7 @@ async def test_the_mailbox_answers_each_call_once_oldest_first_by_name(pool):
     assert again.duplicate and len(await results(pool, run)) == 1
     # The next claim, the next wait: "c" (the "other" one waits for its own name).
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
-    await signal_commit(pool, park_request(run, held.lease_epoch, 5, "go"), 30,
-                                lambda: None)  # fmt: skip
+    await signal_commit(pool, park_request(run, held.lease_epoch, 5, "go"), 30, lambda: None)
     assert [r["output"]["event_id"] for r in await results(pool, run)] == ["a", "c"]
     by_id = {s.event_id: s for s in await signals.signals_of(pool, run.workspace_id, run.run_id)}
     assert by_id["b"].consumed_seq is None

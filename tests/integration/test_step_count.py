@@ -40,8 +40,11 @@ async def pending_approval(api: Api, run_id: str) -> approval_pb2.Approval:
     approvals = approval_pb2_grpc.ApprovalServiceStub(api.channel)
 
     async def one():
-        resp = await approvals.ListApprovals(approval_pb2.ListApprovalsRequest(
-            workspace_id="ws", approver=APPROVER, state=approval_pb2.APPROVAL_STATE_PENDING))  # fmt: skip
+        resp = await approvals.ListApprovals(
+            approval_pb2.ListApprovalsRequest(
+                workspace_id="ws", approver=APPROVER, state=approval_pb2.APPROVAL_STATE_PENDING
+            )
+        )
         mine = [a for a in resp.approvals if a.run_id == run_id]
         run = await api.get(run_id)
         return mine[0] if mine and run.wait_reason == "approval" else None
@@ -59,8 +62,12 @@ async def test_a_run_through_an_approval_counts_every_step(api, executor_factory
     async with auth.channel(api.channel_target, key) as own:
         await approval_pb2_grpc.ApprovalServiceStub(own).DecideApproval(
             approval_pb2.DecideApprovalRequest(
-                workspace_id="ws", approval_id=approval.approval_id, approver=APPROVER,
-                approve=approval_pb2.Approve()))  # fmt: skip
+                workspace_id="ws",
+                approval_id=approval.approval_id,
+                approver=APPROVER,
+                approve=approval_pb2.Approve(),
+            )
+        )
     (run,) = await api.wait_terminal([run_id])
     assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
     kinds = [s.kind for s in await api.steps(run_id)]
@@ -72,11 +79,18 @@ async def test_a_run_through_an_unknown_outcome_counts_every_step(
     api, executor_factory, sandbox_providers
 ):
     run_id = await api.start("poster")
-    set_fault(sandbox_providers.url, provider="chat", key_prefix=f"{run_id}:", count=1,
-              mode="error", status=500)  # fmt: skip
+    set_fault(
+        sandbox_providers.url,
+        provider="chat",
+        key_prefix=f"{run_id}:",
+        count=1,
+        mode="error",
+        status=500,
+    )
     executor_factory(api.cp)
-    unknown = await eventually(lambda: api.awaiting_person(run_id), timeout=30,
-                               message="run never waited for a person")  # fmt: skip
+    unknown = await eventually(
+        lambda: api.awaiting_person(run_id), timeout=30, message="run never waited for a person"
+    )
     await assert_counted(api, run_id)
     await api.resolve_unknown(run_id, unknown.seq, "not_happened")
     await assert_counted(api, run_id)  # the person's decision is a step of the log

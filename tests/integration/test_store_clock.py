@@ -24,10 +24,16 @@ def at(seconds: float) -> datetime:
 async def _admitted(pool) -> runs.Run:
     version = await factories.agent_version(pool)
     adm = runs.Admission(
-        workspace_id="ws", agent_id="agent", agent_version=version, input="go",
-        request_id=None, max_steps=50, max_tokens=1000, max_tool_calls=10,
+        workspace_id="ws",
+        agent_id="agent",
+        agent_version=version,
+        input="go",
+        request_id=None,
+        max_steps=50,
+        max_tokens=1000,
+        max_tool_calls=10,
         deadline_seconds=3600,
-    )  # fmt: skip
+    )
     return await runs.insert_run(pool, adm, now=T)
 
 
@@ -61,15 +67,30 @@ async def test_approvals_and_their_tokens_follow_the_given_clock(pool):
     run = await _admitted(pool)
     (held,) = await lease.claim_due(pool, ["ex"], 30, now=at(1))
     approval = approvals.NewApproval(
-        workspace_id="ws", approval_id=uuid.uuid4(), run_id=run.run_id, decision_seq=1,
-        call_id="c1", tool="pay", arguments_json="{}", arguments_sha256="0" * 64,
-        approvers=["pat"], slack_approvers=[], high_risk=False, moves_money=False,
-        expiry_seconds=600, on_expiry="reject", escalate_to=[], max_reminders=0,
-    )  # fmt: skip
+        workspace_id="ws",
+        approval_id=uuid.uuid4(),
+        run_id=run.run_id,
+        decision_seq=1,
+        call_id="c1",
+        tool="pay",
+        arguments_json="{}",
+        arguments_sha256="0" * 64,
+        approvers=["pat"],
+        slack_approvers=[],
+        high_risk=False,
+        moves_money=False,
+        expiry_seconds=600,
+        on_expiry="reject",
+        escalate_to=[],
+        max_reminders=0,
+    )
     req = steps.CommitRequest(
-        "ws", run.run_id, held.lease_epoch, [_step(1, "approval_requested")],
+        "ws",
+        run.run_id,
+        held.lease_epoch,
+        [_step(1, "approval_requested")],
         steps.Transition("waiting", "approval"),
-    )  # fmt: skip
+    )
     await commit_with_approval(pool, req, 30, approval, [], now=at(10))
     stored = await approvals.get(pool, "ws", approval.approval_id)
     assert stored.expire_at == at(610)

@@ -40,8 +40,10 @@ async def test_every_named_query_prepares(db):
 
 async def test_the_typed_rows_name_every_column_of_their_tables(db):
     """A column a migration adds must reach Run and Approval (from_record reads by name)."""
-    for table, row_type, computed in (("runs", runs.Run, {"held_seconds"}),
-                                      ("approvals", approvals.Approval, set())):  # fmt: skip
+    for table, row_type, computed in (
+        ("runs", runs.Run, {"held_seconds"}),
+        ("approvals", approvals.Approval, set()),
+    ):
         columns = await db.fetch(
             "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
         )
@@ -84,16 +86,24 @@ async def test_retried_commit_is_acknowledged_once(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
     req = steps.CommitRequest(
-        run.workspace_id, run.run_id, held.lease_epoch, [step(1)],
-        steps.Transition(status="completed", text="done"), model_calls=1, tokens=10,
-    )  # fmt: skip
+        run.workspace_id,
+        run.run_id,
+        held.lease_epoch,
+        [step(1)],
+        steps.Transition(status="completed", text="done"),
+        model_calls=1,
+        tokens=10,
+    )
     first = await steps.commit(pool, req, 30)
     again = await steps.commit(pool, req, 30)
     assert (first.duplicate, again.duplicate) == (False, True)
     row = await runs.get_run(pool, run.workspace_id, run.run_id)
     assert (row.status, row.output, row.model_calls, row.tokens_used) == (
-        "completed", "done", 1, 10,
-    )  # fmt: skip
+        "completed",
+        "done",
+        1,
+        10,
+    )
 
 
 async def test_commit_with_a_taken_seq_from_another_epoch_is_fenced(pool):
@@ -200,18 +210,42 @@ async def test_a_value_postgres_refuses_is_a_store_error_and_nothing_is_written(
 async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(pool):
     version = await factories.agent_version(pool, "ws", "adm")
     adm = runs.Admission(
-        "ws", "adm", version, "hello", "req-1", 7, 8, 9, 10, model_retry_budget=11,
-        max_age_seconds=12, started_by="key:ci",
-    )  # fmt: skip
+        "ws",
+        "adm",
+        version,
+        "hello",
+        "req-1",
+        7,
+        8,
+        9,
+        10,
+        model_retry_budget=11,
+        max_age_seconds=12,
+        started_by="key:ci",
+    )
     row = await runs.insert_run(pool, adm)
     assert row.run_id == adm.run_id
-    copied = ("max_steps", "max_tokens", "max_tool_calls", "deadline_seconds",
-              "model_retry_budget", "max_age_seconds", "started_by", "input")  # fmt: skip
+    copied = (
+        "max_steps",
+        "max_tokens",
+        "max_tool_calls",
+        "deadline_seconds",
+        "model_retry_budget",
+        "max_age_seconds",
+        "started_by",
+        "input",
+    )
     got = {k: getattr(row, k) for k in copied}
     assert got == {
-        "max_steps": 7, "max_tokens": 8, "max_tool_calls": 9, "deadline_seconds": 10,
-        "model_retry_budget": 11, "max_age_seconds": 12, "started_by": "key:ci", "input": "hello",
-    }  # fmt: skip
+        "max_steps": 7,
+        "max_tokens": 8,
+        "max_tool_calls": 9,
+        "deadline_seconds": 10,
+        "model_retry_budget": 11,
+        "max_age_seconds": 12,
+        "started_by": "key:ci",
+        "input": "hello",
+    }
     assert row.expires_at - row.created_at == timedelta(seconds=12)
     (first,) = await steps.list_steps(pool, "ws", row.run_id, 0, 10)
     assert (first.seq, first.kind, json.loads(first.payload)) == (
@@ -248,8 +282,11 @@ async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_de
             lease.heartbeat(pool, "ex-a", [key(h) for h in reversed(held)], 30)
         )
         # Asked on a connection of the pool: inside a transaction, pg_stat_activity is a snapshot.
-        await eventually(lambda: pool.fetchval(BLOCKED_BEHIND, other.get_server_pid()),
-                         timeout=5, message="the heartbeat waits for the held row")  # fmt: skip
+        await eventually(
+            lambda: pool.fetchval(BLOCKED_BEHIND, other.get_server_pid()),
+            timeout=5,
+            message="the heartbeat waits for the held row",
+        )
         assert not beat.done()
         try:
             for h in held[1:]:
@@ -280,8 +317,9 @@ async def test_the_step_logs_of_a_claimed_batch_are_each_runs_own_log_in_order(p
     queued = await factories.queued_runs(pool, 3)
     held = await lease.claim_due(pool, ["ex-a"] * 3, 30)
     for n, run in enumerate(held):  # 1, 2 and 3 steps after the input
-        req = steps.CommitRequest(run.workspace_id, run.run_id, run.lease_epoch,
-                                  [step(seq) for seq in range(1, n + 2)])  # fmt: skip
+        req = steps.CommitRequest(
+            run.workspace_id, run.run_id, run.lease_epoch, [step(seq) for seq in range(1, n + 2)]
+        )
         await steps.commit(pool, req, 30)
     keys = [(r.workspace_id, r.run_id) for r in reversed(queued)]
     logs = await steps.steps_for_runs(pool, keys)

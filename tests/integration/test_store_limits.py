@@ -27,11 +27,21 @@ def decision(seq: int) -> steps.NewStep:
 
 async def admit(pool, deadline_seconds: int = 60, max_age_seconds: int = 0):
     version = await factories.agent_version(pool)
-    return await runs.insert_run(pool, runs.Admission(
-        workspace_id="ws", agent_id="agent", agent_version=version, input="hi",
-        request_id=None, max_steps=50, max_tokens=100_000, max_tool_calls=100,
-        deadline_seconds=deadline_seconds, max_age_seconds=max_age_seconds,
-    ))  # fmt: skip
+    return await runs.insert_run(
+        pool,
+        runs.Admission(
+            workspace_id="ws",
+            agent_id="agent",
+            agent_version=version,
+            input="hi",
+            request_id=None,
+            max_steps=50,
+            max_tokens=100_000,
+            max_tool_calls=100,
+            deadline_seconds=deadline_seconds,
+            max_age_seconds=max_age_seconds,
+        ),
+    )
 
 
 async def get(pool, run):
@@ -97,8 +107,9 @@ async def test_the_sweep_fails_parked_runs_past_max_age_and_only_those(pool):
     # Parked on an event that never comes (wake_at NULL), past its max age.
     await pool.execute(
         "UPDATE runs SET status = 'waiting', wait_reason = 'human', wake_at = NULL,"
-        " expires_at = now() - interval '1 s' WHERE run_id = $1", old.run_id,
-    )  # fmt: skip
+        " expires_at = now() - interval '1 s' WHERE run_id = $1",
+        old.run_id,
+    )
     freed = []
     assert await max_age.sweep(pool, lambda: freed.append(1)) == 1
     assert freed == [1]
@@ -118,9 +129,7 @@ async def test_fail_held_is_fenced_by_the_epoch(pool):
     assert await lease.fail_held(pool, stale, "nope") is False
     assert await lease.fail_held(pool, key(held), "internal error (request abc)") is True
     row = await get(pool, run)
-    assert (row.status, row.error, row.step_count) == (
-        "failed", "internal error (request abc)", 2
-    )  # fmt: skip
+    assert (row.status, row.error, row.step_count) == ("failed", "internal error (request abc)", 2)
     assert await lease.fail_held(pool, key(held), "again") is False
 
 
@@ -129,8 +138,11 @@ async def test_the_step_counter_counts_every_step_of_the_log(pool):
     assert run.step_count == 1  # the input step, counted by the admission itself
     assert (await get(pool, run)).step_count == 1  # the input step
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)
-    await steps.commit(pool, steps.CommitRequest(
-        "ws", run.run_id, held.lease_epoch, [decision(1), decision(2)]), 30)  # fmt: skip
+    await steps.commit(
+        pool,
+        steps.CommitRequest("ws", run.run_id, held.lease_epoch, [decision(1), decision(2)]),
+        30,
+    )
     await runs.cancel_run(pool, "ws", run.run_id, "stop")
     row = await get(pool, run)
     assert row.step_count == len(await steps.list_steps(pool, "ws", run.run_id, 0, 10)) == 4

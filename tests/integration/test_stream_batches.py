@@ -29,8 +29,10 @@ from tests.harness import auth
 RUNS = 5
 # The tools of the factories' agent version: an executor is assigned only runs whose tools
 # it carries.
-TOOLS = [executor_pb2.ToolDeclaration(name=t, version="1", schema_sha256="0" * 64)
-         for t in factories.DEFAULT_SPEC["tools"]]  # fmt: skip
+TOOLS = [
+    executor_pb2.ToolDeclaration(name=t, version="1", schema_sha256="0" * 64)
+    for t in factories.DEFAULT_SPEC["tools"]
+]
 
 
 async def connect(address: str, key: str, hello: executor_pb2.Hello, slots: int):
@@ -75,11 +77,14 @@ def assigned(messages: list[executor_pb2.ConnectResponse]) -> list[executor_pb2.
 
 def next_commit(request_id: int, a: executor_pb2.Assignment, text: str) -> executor_pb2.Commit:
     run = a.run
-    lease = executor_pb2.Lease(workspace_id=run.workspace_id, run_id=run.run_id,
-                               epoch=run.lease_epoch)  # fmt: skip
-    step = executor_pb2.NewStep(seq=max(s.seq for s in a.steps) + 1,
-                                kind=run_pb2.STEP_KIND_MODEL_DECISION,
-                                payload_json=json.dumps({"content": text}))  # fmt: skip
+    lease = executor_pb2.Lease(
+        workspace_id=run.workspace_id, run_id=run.run_id, epoch=run.lease_epoch
+    )
+    step = executor_pb2.NewStep(
+        seq=max(s.seq for s in a.steps) + 1,
+        kind=run_pb2.STEP_KIND_MODEL_DECISION,
+        payload_json=json.dumps({"content": text}),
+    )
     return executor_pb2.Commit(request_id=request_id, lease=lease, steps=[step])
 
 
@@ -104,8 +109,9 @@ async def test_an_executor_that_reads_batches_gets_a_claims_runs_in_one_message(
 ):
     queued = await factories.queued_runs(pool, RUNS)
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
-    hello = executor_pb2.Hello(executor_id="ex-batch", tools=TOOLS, capacity=RUNS,
-                               reads_batches=True)  # fmt: skip
+    hello = executor_pb2.Hello(
+        executor_id="ex-batch", tools=TOOLS, capacity=RUNS, reads_batches=True
+    )
     channel, call, _ = await connect(address, key, hello, RUNS)
     try:
         messages = await receive(call, RUNS)
@@ -149,8 +155,9 @@ async def test_the_size_bound_splits_a_claim_over_several_messages(
 ):
     await factories.queued_runs(pool, RUNS + 1)
     address, key = f"127.0.0.1:{server.port}", await auth.executor_key(db_url)
-    hello = executor_pb2.Hello(executor_id="ex-small", tools=TOOLS, capacity=RUNS + 1,
-                               reads_batches=True)  # fmt: skip
+    hello = executor_pb2.Hello(
+        executor_id="ex-small", tools=TOOLS, capacity=RUNS + 1, reads_batches=True
+    )
     channel, call, _ = await connect(address, key, hello, 1)
     try:
         (first,) = assigned(await receive(call, 1))  # one credit: one run, alone
@@ -159,8 +166,9 @@ async def test_the_size_bound_splits_a_claim_over_several_messages(
         monkeypatch.setattr(dispatcher, "ASSIGNMENT_BATCH_BYTES", bound)
         await call.write(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=RUNS)))
         messages = await receive(call, RUNS)
-        counts = [len(m.assignments.assignments) if m.HasField("assignments") else 1
-                  for m in messages]  # fmt: skip
+        counts = [
+            len(m.assignments.assignments) if m.HasField("assignments") else 1 for m in messages
+        ]
         assert sorted(counts) == [1, 2, 2]
         for m in messages:
             assert sum(a.ByteSize() for a in assigned([m])) <= bound
@@ -202,18 +210,24 @@ async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server
     queued = await factories.queued_runs(pool, RUNS)
     refused = str(queued[2].run_id)
     handler = Recording(refuse=refused)
-    hello = executor_pb2.Hello(executor_id="ex-stream", tools=TOOLS, capacity=RUNS,
-                               reads_batches=True)  # fmt: skip
-    stream = ControlPlaneStream(f"127.0.0.1:{server.port}", lambda: hello, handler,
-                                credential=await auth.executor_key(db_url))  # fmt: skip
+    hello = executor_pb2.Hello(
+        executor_id="ex-stream", tools=TOOLS, capacity=RUNS, reads_batches=True
+    )
+    stream = ControlPlaneStream(
+        f"127.0.0.1:{server.port}",
+        lambda: hello,
+        handler,
+        credential=await auth.executor_key(db_url),
+    )
     stream.start()
     try:
         await asyncio.wait_for(handler.welcomed.wait(), 10)
         assert stream.ready(RUNS)
         await asyncio.wait_for(handler.all_handled.wait(), 10)
         # The refused run (in the middle of the batch) did not keep the others from starting.
-        assert sorted(handler.started) == sorted(str(r.run_id) for r in queued if
-                                                 str(r.run_id) != refused)  # fmt: skip
+        assert sorted(handler.started) == sorted(
+            str(r.run_id) for r in queued if str(r.run_id) != refused
+        )
     finally:
         await stream.close(grace=0.5)
 
@@ -221,8 +235,9 @@ async def test_the_executors_stream_starts_each_run_of_a_batch_on_its_own(server
 async def held_stream(server, db_url, pool, executor_id: str, reads_batches: bool):
     """A stream holding RUNS runs; the channel, the call, the Welcome and the assignments."""
     await factories.queued_runs(pool, RUNS)
-    hello = executor_pb2.Hello(executor_id=executor_id, tools=TOOLS, capacity=RUNS,
-                               reads_batches=reads_batches)  # fmt: skip
+    hello = executor_pb2.Hello(
+        executor_id=executor_id, tools=TOOLS, capacity=RUNS, reads_batches=reads_batches
+    )
     channel, call, welcome = await connect(
         f"127.0.0.1:{server.port}", await auth.executor_key(db_url), hello, RUNS
     )

@@ -77,8 +77,9 @@ async def holders(db, run_ids: list[str]) -> dict[str, tuple[str, int, int]]:
     """run id -> (lease owner, epoch, attempt) of the running ones."""
     rows = await db.fetch(
         "SELECT run_id::text, lease_owner, lease_epoch, attempt FROM runs "
-        "WHERE run_id = ANY($1::uuid[]) AND status = 'running'", run_ids,
-    )  # fmt: skip
+        "WHERE run_id = ANY($1::uuid[]) AND status = 'running'",
+        run_ids,
+    )
     return {r["run_id"]: (r["lease_owner"], r["lease_epoch"], r["attempt"]) for r in rows}
 
 
@@ -89,8 +90,11 @@ async def check_all(api, run_ids, sandbox_model, sandbox_providers) -> None:
     assert {r.status for r in runs} == {run_pb2.RUN_STATUS_COMPLETED}, [r.error for r in runs]
     for run_id in run_ids:
         await check_run(api, run_id, sandbox_model, sandbox_providers)
-    mail = [e for e in sandbox_effects(sandbox_providers.url, "mail")
-            if any((e["key"] or "").startswith(r) for r in run_ids)]  # fmt: skip
+    mail = [
+        e
+        for e in sandbox_effects(sandbox_providers.url, "mail")
+        if any((e["key"] or "").startswith(r) for r in run_ids)
+    ]
     assert_effects_at_most_once(mail, "mail")
 
 
@@ -103,8 +107,11 @@ async def test_a_black_holed_stream_is_noticed_both_ways_and_its_runs_move_on(
         (cut,) = executor_factory(cp, AGENTRUN_CONTROL_PLANE=proxy.address, AGENTRUN_CAPACITY=2)
         (other,) = executor_factory(cp, AGENTRUN_CAPACITY=4)
         for proc in (cut, other):
-            await eventually(lambda proc=proc: logged(proc, "connected to control plane"),
-                             timeout=30, message=f"{proc.name} never connected")  # fmt: skip
+            await eventually(
+                lambda proc=proc: logged(proc, "connected to control plane"),
+                timeout=30,
+                message=f"{proc.name} never connected",
+            )
         set_fault(sandbox_model.url, delay_ms=1000)  # runs held for seconds
         all_ids = [await api.start("writer", f"lead {i}") for i in range(4)]
 
@@ -116,25 +123,35 @@ async def test_a_black_holed_stream_is_noticed_both_ways_and_its_runs_move_on(
         run_ids = list(epochs)
         opened = time.monotonic()
         proxy.black_hole()
-        await eventually(lambda: logged(cut, "control plane stream silent"), timeout=10,
-                         message="the executor never noticed the silent stream")  # fmt: skip
+        await eventually(
+            lambda: logged(cut, "control plane stream silent"),
+            timeout=10,
+            message="the executor never noticed the silent stream",
+        )
         executor_noticed = time.monotonic() - opened
-        await eventually(lambda: logged(cp.process, "declared dead"), timeout=10,
-                         message="the control plane never noticed the silent stream")  # fmt: skip
+        await eventually(
+            lambda: logged(cp.process, "declared dead"),
+            timeout=10,
+            message="the control plane never noticed the silent stream",
+        )
         control_noticed = time.monotonic() - opened
 
         async def taken_over() -> bool:
             held = await holders(db, run_ids)
-            return all(held.get(r, ("", 0, 0))[0] == "executor-2" and held[r][1] > epochs[r]
-                       for r in run_ids)  # fmt: skip
+            return all(
+                held.get(r, ("", 0, 0))[0] == "executor-2" and held[r][1] > epochs[r]
+                for r in run_ids
+            )
 
         # Runs started after the control plane noticed go to the live executor on their first
         # claim: nothing was claimed for (or assigned into) the dead stream.
         late = [await api.start("writer", "late lead")]
         await eventually(taken_over, timeout=15, message="the runs were not taken over")
         took = time.monotonic() - opened
-        print(f"black hole: executor noticed in {executor_noticed:.2f}s, control plane in "
-              f"{control_noticed:.2f}s, runs taken over in {took:.2f}s")  # fmt: skip
+        print(
+            f"black hole: executor noticed in {executor_noticed:.2f}s, control plane in "
+            f"{control_noticed:.2f}s, runs taken over in {took:.2f}s"
+        )
         assert executor_noticed <= NOTICE_BOUND
         assert control_noticed <= NOTICE_BOUND
         assert took <= P99_BOUND
@@ -142,8 +159,11 @@ async def test_a_black_holed_stream_is_noticed_both_ways_and_its_runs_move_on(
         # The partition lasts its whole length, then heals (a scenario's length, not a wait).
         await asyncio.sleep(max(0.0, BLACKHOLE_SECONDS - (time.monotonic() - opened)))
         proxy.heal()
-        await eventually(lambda: logged(cut, "connected to control plane") >= 2, timeout=20,
-                         message="the cut executor never reconnected after the heal")  # fmt: skip
+        await eventually(
+            lambda: logged(cut, "connected to control plane") >= 2,
+            timeout=20,
+            message="the cut executor never reconnected after the heal",
+        )
         await check_all(api, all_ids + late, sandbox_model, sandbox_providers)
         for run_id in late:
             run = await api.get(run_id)
@@ -191,10 +211,12 @@ async def _fault_and_measure(db, run_ids, fleet, spawn, stop: bool) -> list[Take
         rows = await db.fetch(
             "SELECT run_id::text, lease_epoch, attempt, held_since, status, now() AS now, "
             "wake_at <= now() AS released "
-            "FROM runs WHERE run_id = ANY($1::uuid[])", list(mine),
-        )  # fmt: skip
-        pending = [r for r in rows
-                   if r["lease_epoch"] == mine[r["run_id"]][1] and r["status"] == "running"]  # fmt: skip
+            "FROM runs WHERE run_id = ANY($1::uuid[])",
+            list(mine),
+        )
+        pending = [
+            r for r in rows if r["lease_epoch"] == mine[r["run_id"]][1] and r["status"] == "running"
+        ]
         if released is None and any(r["released"] for r in pending):
             released = pending[0]["now"]
         return None if pending else rows
@@ -210,10 +232,18 @@ async def _fault_and_measure(db, run_ids, fleet, spawn, stop: bool) -> list[Take
             claimable = min(released or row["held_since"], row["held_since"])
             ahead = await db.fetchval(
                 "SELECT count(*) FROM runs WHERE run_id = ANY($1::uuid[]) "
-                "AND started_at > $2 AND started_at < $3", run_ids, claimable, row["held_since"],
-            )  # fmt: skip
-            taken.append(Takeover((claimable - struck).total_seconds(),
-                                  (row["held_since"] - struck).total_seconds(), ahead))  # fmt: skip
+                "AND started_at > $2 AND started_at < $3",
+                run_ids,
+                claimable,
+                row["held_since"],
+            )
+            taken.append(
+                Takeover(
+                    (claimable - struck).total_seconds(),
+                    (row["held_since"] - struck).total_seconds(),
+                    ahead,
+                )
+            )
     return taken
 
 
@@ -223,9 +253,15 @@ def _percentiles(latencies: list[float]) -> tuple[float, float]:
 
 
 async def _takeover_under_faults(
-    stack, executor_factory, sandbox_model, sandbox_providers, db, faults: int, runs: int,
+    stack,
+    executor_factory,
+    sandbox_model,
+    sandbox_providers,
+    db,
+    faults: int,
+    runs: int,
     pause: tuple[float, float],
-) -> None:  # fmt: skip
+) -> None:
     cp, api = stack
     run_ids = [await api.start("writer", f"lead {i}") for i in range(runs)]
     fleet = list(executor_factory(cp, count=3, AGENTRUN_CAPACITY=2))
@@ -241,8 +277,9 @@ async def _takeover_under_faults(
     while n < faults or (not all(taken.values()) and n < faults + 6):
         if not await db.fetchval(
             "SELECT count(*) FROM runs WHERE run_id = ANY($1::uuid[]) "
-            "AND status NOT IN ('completed', 'failed', 'cancelled')", run_ids,
-        ):  # fmt: skip
+            "AND status NOT IN ('completed', 'failed', 'cancelled')",
+            run_ids,
+        ):
             break  # every run is done: nothing left to strike
         # Every third fault (the second first) is a SIGSTOP: a paused holder, taken over
         # early, woken later.
@@ -257,9 +294,11 @@ async def _takeover_under_faults(
         assert runs_taken, f"no {kind} caught a run mid-hold in {n} faults: nothing measured"
         p50, p99 = _percentiles([t.claimed for t in runs_taken])
         free_p50, _ = _percentiles([t.claimable for t in runs_taken])
-        print(f"takeover after {kind} (lease 30 s): n={len(runs_taken)} p50={p50:.2f}s "
-              f"p99={p99:.2f}s max={max(t.claimed for t in runs_taken):.2f}s; claimable "
-              f"p50={free_p50:.2f}s")  # fmt: skip
+        print(
+            f"takeover after {kind} (lease 30 s): n={len(runs_taken)} p50={p50:.2f}s "
+            f"p99={p99:.2f}s max={max(t.claimed for t in runs_taken):.2f}s; claimable "
+            f"p50={free_p50:.2f}s"
+        )
         # Whenever a taken-over run waited for a free slot, it went first: no run of the
         # load was started between its release and its claim (lapsed leases come first).
         assert [t.started_ahead for t in runs_taken] == [0] * len(runs_taken), runs_taken
@@ -281,8 +320,16 @@ async def _takeover_under_faults(
 async def test_kill_and_stop_take_over_within_seconds_not_the_lease(
     stack, executor_factory, sandbox_model, sandbox_providers, db
 ):
-    await _takeover_under_faults(stack, executor_factory, sandbox_model, sandbox_providers, db,
-                                 faults=FAULTS, runs=6, pause=(0.5, 1.0))  # fmt: skip
+    await _takeover_under_faults(
+        stack,
+        executor_factory,
+        sandbox_model,
+        sandbox_providers,
+        db,
+        faults=FAULTS,
+        runs=6,
+        pause=(0.5, 1.0),
+    )
 
 
 @pytest.mark.chaos
@@ -291,5 +338,13 @@ async def test_takeover_latency_under_the_fault_suites_load(
 ):
     faults = int(os.environ.get("AGENTRUN_CHAOS_TAKEOVER_FAULTS", "20"))
     set_fault(sandbox_model.url, delay_ms=1000)  # enough work to outlast the faults
-    await _takeover_under_faults(stack, executor_factory, sandbox_model, sandbox_providers, db,
-                                 faults=faults, runs=80, pause=(2.0, 5.0))  # fmt: skip
+    await _takeover_under_faults(
+        stack,
+        executor_factory,
+        sandbox_model,
+        sandbox_providers,
+        db,
+        faults=faults,
+        runs=80,
+        pause=(2.0, 5.0),
+    )

@@ -153,8 +153,10 @@ async def test_executor_service_is_served_on_its_own_listener_only(db_url, runni
         assert await connect_code(channel, key) == grpc.StatusCode.OK
         assert await health(channel, EXECUTOR_SERVICE) == health_pb2.HealthCheckResponse.SERVING
         assert await listed_services(channel) == {
-            EXECUTOR_SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-        }  # fmt: skip
+            EXECUTOR_SERVICE,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        }
         agents = agent_pb2_grpc.AgentServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await agents.GetAgent(agent_pb2.GetAgentRequest(workspace_id="ws", agent_id="a"))

@@ -40,10 +40,11 @@ async def stack(db_url, control_plane, sandbox_providers, sandbox_idp):
 def mine(entries: list[dict], run_id: str, path: str | None = None) -> list[dict]:
     """The run's entries of a sandbox log or effect list (by their key), at `path` if given."""
     return [
-        e for e in entries
+        e
+        for e in entries
         if (e.get("idempotency_key") or e.get("key") or "").startswith(f"{run_id}:")
         and (path is None or e.get("path") == path)
-    ]  # fmt: skip
+    ]
 
 
 async def test_a_charge_whose_key_is_still_in_use_is_sent_again_until_the_replay_answers(

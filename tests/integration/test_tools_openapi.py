@@ -103,8 +103,10 @@ async def test_a_refused_import_names_the_field_and_saves_nothing(
     server, db_url, db, sandbox_providers
 ):
     document = shop_document(sandbox_providers.url)
-    asks = [(tool_pb2.ImportOpenApiRequest(document=document, **fields), field)
-            for fields, field in REFUSALS]  # fmt: skip
+    asks = [
+        (tool_pb2.ImportOpenApiRequest(document=document, **fields), field)
+        for fields, field in REFUSALS
+    ]
     asks += [(tool_pb2.ImportOpenApiRequest(document=bad), "document") for bad in BAD_DOCUMENTS]
     channel, tools = await stub(server, db_url)
     async with channel:
@@ -122,8 +124,16 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shop.openapi.yaml"
 
 
 async def cli(server, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await agentrun_async(f"127.0.0.1:{server.port}", key, "tools", "import-openapi",
-                                str(EXAMPLE), *args, workspace="acme", timeout=60)  # fmt: skip
+    return await agentrun_async(
+        f"127.0.0.1:{server.port}",
+        key,
+        "tools",
+        "import-openapi",
+        str(EXAMPLE),
+        *args,
+        workspace="acme",
+        timeout=60,
+    )
 
 
 async def test_the_cli_proposes_then_imports(server, db_url, db):
@@ -156,8 +166,13 @@ CHAOS_RUNS = int(os.environ.get("AGENTRUN_OPENAPI_CHAOS_RUNS", "40"))
 async def shop(db_url, sandbox_providers):
     """A control plane (in this process: only executors die here) whose workspace imported
     the shop and published an agent ordering there; the address and key executors use."""
-    config = ServerConfig(database_url=db_url, listen="127.0.0.1:0", lease_seconds=3,
-                          heartbeat_seconds=1, claim_poll_seconds=0.1)  # fmt: skip
+    config = ServerConfig(
+        database_url=db_url,
+        listen="127.0.0.1:0",
+        lease_seconds=3,
+        heartbeat_seconds=1,
+        claim_poll_seconds=0.1,
+    )
     running = await start_server(config)
     address = f"127.0.0.1:{running.port}"
     api = await Api.connect(address, db_url)
@@ -202,8 +217,15 @@ async def test_the_imported_write_lands_once_per_run_through_kills_and_dropped_r
     url = sandbox_providers.url
     run_ids = [await api.start("orderer", f"buyer-{i}") for i in range(3)]
     for run_id in run_ids:  # each run's first order is placed, and its answer lost (a reset)
-        set_fault(url, provider="shop", mode="drop_response", path=ORDERS,
-                  key_prefix=f"{run_id}:", count=1, delay_ms=0)  # fmt: skip
+        set_fault(
+            url,
+            provider="shop",
+            mode="drop_response",
+            path=ORDERS,
+            key_prefix=f"{run_id}:",
+            count=1,
+            delay_ms=0,
+        )
     # SIGKILLed from inside once its first order call returned, before its result is committed.
     (doomed,) = executor_factory(cp, AGENTRUN_FAULTS="executor.tool.after_response=kill@1", **key)
 
@@ -231,8 +253,15 @@ async def test_chaos_over_the_imported_write(shop, executor_factory, sandbox_pro
     points and at random moments; every run completes with exactly one order."""
     cp, key, api = shop
     url = sandbox_providers.url
-    set_fault(url, provider="shop", mode="drop_response", path=ORDERS, probability=0.3, seed=18,
-              delay_ms=0)  # fmt: skip
+    set_fault(
+        url,
+        provider="shop",
+        mode="drop_response",
+        path=ORDERS,
+        probability=0.3,
+        seed=18,
+        delay_ms=0,
+    )
     run_ids = [await api.start("orderer", f"buyer-{i:03d}") for i in range(CHAOS_RUNS)]
     rng, serial = random.Random(18), iter(range(1, 10_000))
 
@@ -257,6 +286,8 @@ async def test_chaos_over_the_imported_write(shop, executor_factory, sandbox_pro
     assert [r.run_id for r in runs if r.status != COMPLETED] == []
     orders = assert_one_order_per_run(url, run_ids)
     dropped = sum(r["fault"] == "drop_response" for r in order_requests(url, run_ids))
-    print(f"\nopenapi chaos: runs={len(run_ids)} kills={kills} dropped={dropped} "
-          f"orders={len(orders)} duplicates=0")  # fmt: skip
+    print(
+        f"\nopenapi chaos: runs={len(run_ids)} kills={kills} dropped={dropped} "
+        f"orders={len(orders)} duplicates=0"
+    )
     assert kills > 0 and dropped > 0, "nothing was exercised"

@@ -43,15 +43,23 @@ READ = tool_pb2.TOOL_ACCESS_READ
 
 
 def http_tool(url: str) -> tool_pb2.Tool:
-    return tool_pb2.Tool(name="fetch", version=1, parameters_json='{"type": "object"}',
-                         access=READ, http=tool_pb2.HttpTemplate(method="GET", url=url))  # fmt: skip
+    return tool_pb2.Tool(
+        name="fetch",
+        version=1,
+        parameters_json='{"type": "object"}',
+        access=READ,
+        http=tool_pb2.HttpTemplate(method="GET", url=url),
+    )
 
 
 def mcp_tool(url: str, tool: str, timeout: float = 0.0) -> tool_pb2.Tool:
     return tool_pb2.Tool(
-        name=f"desk__{tool}", version=1, parameters_json='{"type": "object"}', access=READ,
+        name=f"desk__{tool}",
+        version=1,
+        parameters_json='{"type": "object"}',
+        access=READ,
         mcp=tool_pb2.McpTarget(server_id="desk", tool=tool, url=url, timeout_seconds=timeout),
-    )  # fmt: skip
+    )
 
 
 def echo_app(hosts: list[str]) -> Starlette:
@@ -76,8 +84,11 @@ async def test_a_tool_reaches_a_named_host_but_never_a_refused_address(monkeypat
             assert hosts == [f"localhost:{served.port}"]
 
             # Saved before (or around) the save-time check: refused when called.
-            for url in ("http://169.254.169.254/latest/meta-data/",
-                        "http://[::ffff:169.254.169.254]/latest", f"http://0.0.0.0:{served.port}/echo"):  # fmt: skip
+            for url in (
+                "http://169.254.169.254/latest/meta-data/",
+                "http://[::ffff:169.254.169.254]/latest",
+                f"http://0.0.0.0:{served.port}/echo",
+            ):
                 with pytest.raises(Blocked, match="not reachable for tools"):
                     await client.send(from_proto(http_tool(url)), {}, "k2")
 
@@ -110,8 +121,10 @@ async def test_through_the_guard_tls_verifies_the_name_and_sni_and_host_carry_it
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         heads.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 12\r\nConnection: close\r\n\r\n{\"ok\": true}")  # fmt: skip
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 12\r\nConnection: close\r\n\r\n{"ok": true}'
+        )
         await writer.drain()
         writer.close()
 
@@ -171,16 +184,27 @@ async def test_a_sync_retires_a_dropped_tool_and_a_pinned_version_fails_clearly(
     try:
         with BackgroundServer(app) as served:
             url = f"{served.url}/mcp"
-            for fields, named in (({"url": url, "timeout_seconds": 301.0}, "timeout_seconds"),
-                                  ({"url": "http://169.254.169.254/mcp"}, "url")):  # fmt: skip
+            for fields, named in (
+                ({"url": url, "timeout_seconds": 301.0}, "timeout_seconds"),
+                ({"url": "http://169.254.169.254/mcp"}, "url"),
+            ):
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
-                        workspace_id=api.ws, server_id="desk", **fields))  # fmt: skip
+                    await servers.AddMcpServer(
+                        tool_pb2.AddMcpServerRequest(
+                            workspace_id=api.ws, server_id="desk", **fields
+                        )
+                    )
                 assert refused.value.code() == CODE.INVALID_ARGUMENT
                 assert named in refused.value.details()
-            added = await servers.AddMcpServer(tool_pb2.AddMcpServerRequest(
-                workspace_id=api.ws, server_id="desk", url=url, timeout_seconds=2.5,
-                classes={"add_note": KEYED, "create_ticket": NO_KEY}))  # fmt: skip
+            added = await servers.AddMcpServer(
+                tool_pb2.AddMcpServerRequest(
+                    workspace_id=api.ws,
+                    server_id="desk",
+                    url=url,
+                    timeout_seconds=2.5,
+                    classes={"add_note": KEYED, "create_ticket": NO_KEY},
+                )
+            )
             assert added.server.timeout_seconds == 2.5
             assert {t.mcp.timeout_seconds for t in added.tools} == {2.5} and len(added.tools) == 3
             await api.publish("desk", "mcp_desk", ["desk__list_tickets", "desk__create_ticket"])
@@ -188,26 +212,40 @@ async def test_a_sync_retires_a_dropped_tool_and_a_pinned_version_fails_clearly(
             # The server drops a tool and now says its create is idempotent.
             app.mcp.remove_tool("list_tickets")
             app.mcp.remove_tool("create_ticket")
-            app.mcp.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True),
-                         description="Open a new ticket (every call opens another).",
-                         name="create_ticket")(app.desk.create_ticket)  # fmt: skip
-            shown = await agentrun_async(f"127.0.0.1:{server.port}",
-                                         await auth.workspace_key(db_url, api.ws, role="admin"),
-                                         "tools", "sync", "desk", workspace=api.ws)  # fmt: skip
+            app.mcp.tool(
+                annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True),
+                description="Open a new ticket (every call opens another).",
+                name="create_ticket",
+            )(app.desk.create_ticket)
+            shown = await agentrun_async(
+                f"127.0.0.1:{server.port}",
+                await auth.workspace_key(db_url, api.ws, role="admin"),
+                "tools",
+                "sync",
+                "desk",
+                workspace=api.ws,
+            )
             assert shown.returncode == 0, shown.stderr
             await _diff_then_apply(servers, api.ws, db, shown.stdout)
             await _retired_is_not_offered(api, tools)
 
             # The agent version published before keeps its pin: its call fails as a tool
             # error, nothing called, while the server does not serve the tool.
-            pinned = (await tools.GetTool(tool_pb2.GetToolRequest(
-                workspace_id=api.ws, name="desk__list_tickets", version=1))).tool  # fmt: skip
+            pinned = (
+                await tools.GetTool(
+                    tool_pb2.GetToolRequest(
+                        workspace_id=api.ws, name="desk__list_tickets", version=1
+                    )
+                )
+            ).tool
             with pytest.raises(ProviderError, match="no longer offers") as gone:
                 await client.send(from_proto(pinned), {}, "k1")
             assert gone.value.status == 404 and not gone.value.retryable
         pins = await db.fetchval(
             "SELECT tool_versions FROM agent_versions WHERE workspace_id = $1 AND agent_id = "
-            "'desk'", api.ws)  # fmt: skip
+            "'desk'",
+            api.ws,
+        )
         assert '"desk__list_tickets": {"version": 1' in pins
     finally:
         await client.aclose()
@@ -218,8 +256,9 @@ async def _diff_then_apply(
     servers: tool_pb2_grpc.McpServerServiceStub, ws: str, db, shown: str
 ) -> None:
     """The diff (as `agentrun tools sync` showed it), a stale apply, then the shown one."""
-    looked = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
-        workspace_id=ws, server_id="desk"))  # fmt: skip
+    looked = await servers.SyncMcpServer(
+        tool_pb2.SyncMcpServerRequest(workspace_id=ws, server_id="desk")
+    )
     assert (
         "~ desk__create_ticket  annotations  write, proposed provider_key: needs --class" in shown
     )
@@ -228,23 +267,38 @@ async def _diff_then_apply(
     assert [(c.kind, c.name, list(c.fields), c.needs_class) for c in looked.changes] == [
         (mcp_sync.CHANGED, "desk__create_ticket", ["annotations"], True),
         (mcp_sync.REMOVED, "desk__list_tickets", [], False),
-    ], "a changed hint asks the person again; the dropped tool shows as removed"  # fmt: skip
+    ], "a changed hint asks the person again; the dropped tool shows as removed"
     count = "SELECT count(*) FROM tools WHERE workspace_id = $1"
     before = await db.fetchval(count, ws)
     with pytest.raises(grpc.aio.AioRpcError) as stale:
-        await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
-            workspace_id=ws, server_id="desk", apply=True, expect_digest="0" * 16,
-            classes={"create_ticket": NO_KEY}))  # fmt: skip
+        await servers.SyncMcpServer(
+            tool_pb2.SyncMcpServerRequest(
+                workspace_id=ws,
+                server_id="desk",
+                apply=True,
+                expect_digest="0" * 16,
+                classes={"create_ticket": NO_KEY},
+            )
+        )
     assert stale.value.code() == CODE.FAILED_PRECONDITION and "sync again" in stale.value.details()
     assert await db.fetchval(count, ws) == before, "a stale diff saves nothing"
-    applied = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
-        workspace_id=ws, server_id="desk", apply=True, expect_digest=looked.digest,
-        classes={"create_ticket": NO_KEY}))  # fmt: skip
+    applied = await servers.SyncMcpServer(
+        tool_pb2.SyncMcpServerRequest(
+            workspace_id=ws,
+            server_id="desk",
+            apply=True,
+            expect_digest=looked.digest,
+            classes={"create_ticket": NO_KEY},
+        )
+    )
     assert applied.digest == looked.digest
     assert [(t.name, t.version, t.retired) for t in applied.tools] == [
-        ("desk__create_ticket", 2, False), ("desk__list_tickets", 2, True)]  # fmt: skip
-    again = await servers.SyncMcpServer(tool_pb2.SyncMcpServerRequest(
-        workspace_id=ws, server_id="desk"))  # fmt: skip
+        ("desk__create_ticket", 2, False),
+        ("desk__list_tickets", 2, True),
+    ]
+    again = await servers.SyncMcpServer(
+        tool_pb2.SyncMcpServerRequest(workspace_id=ws, server_id="desk")
+    )
     assert list(again.changes) == [], "a retired tool is not reported again"
 
 
@@ -253,8 +307,9 @@ async def _retired_is_not_offered(api: Api, tools: tool_pb2_grpc.ToolServiceStub
     names = {t.name for t in listed.tools}
     assert {"desk__create_ticket", "desk__add_note"} <= names
     assert "desk__list_tickets" not in names
-    latest = (await tools.GetTool(tool_pb2.GetToolRequest(
-        workspace_id=api.ws, name="desk__list_tickets"))).tool  # fmt: skip
+    latest = (
+        await tools.GetTool(tool_pb2.GetToolRequest(workspace_id=api.ws, name="desk__list_tickets"))
+    ).tool
     assert (latest.version, latest.retired) == (2, True)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await api.publish("lister", "mcp_desk", ["desk__list_tickets"])

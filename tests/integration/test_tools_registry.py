@@ -18,11 +18,14 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required"
 
 def http_tool(name: str, url: str, **fields) -> tool_pb2.Tool:
     return tool_pb2.Tool(
-        name=name, description=fields.pop("description", "read a thing"),
-        parameters_json=json.dumps(SCHEMA), access=fields.pop("access", tool_pb2.TOOL_ACCESS_READ),
-        connection="tracker", http=tool_pb2.HttpTemplate(method="GET", url=url, auth="bearer"),
+        name=name,
+        description=fields.pop("description", "read a thing"),
+        parameters_json=json.dumps(SCHEMA),
+        access=fields.pop("access", tool_pb2.TOOL_ACCESS_READ),
+        connection="tracker",
+        http=tool_pb2.HttpTemplate(method="GET", url=url, auth="bearer"),
         **fields,
-    )  # fmt: skip
+    )
 
 
 async def stub(server, db_url: str, ws: str, role: str = "admin"):
@@ -34,12 +37,17 @@ async def stub(server, db_url: str, ws: str, role: str = "admin"):
 async def test_versions_are_saved_once_each_and_shadow_shared_entries(server, db_url, db):
     channel, tools = await stub(server, db_url, "acme")
     async with channel:
-        first = await tools.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("thing_get", "https://a.example/things/{id}")))  # fmt: skip
-        again = await tools.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("thing_get", "https://a.example/things/{id}")))  # fmt: skip
-        second = await tools.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("thing_get", "https://a.example/v2/things/{id}")))  # fmt: skip
+        first = await tools.CreateTool(
+            tool_pb2.CreateToolRequest(tool=http_tool("thing_get", "https://a.example/things/{id}"))
+        )
+        again = await tools.CreateTool(
+            tool_pb2.CreateToolRequest(tool=http_tool("thing_get", "https://a.example/things/{id}"))
+        )
+        second = await tools.CreateTool(
+            tool_pb2.CreateToolRequest(
+                tool=http_tool("thing_get", "https://a.example/v2/things/{id}")
+            )
+        )
         assert (first.created, first.tool.version) == (True, 1)
         assert (again.created, again.tool.version) == (False, 1)
         assert (second.created, second.tool.version) == (True, 2)
@@ -47,8 +55,9 @@ async def test_versions_are_saved_once_each_and_shadow_shared_entries(server, db
         got = await tools.GetTool(tool_pb2.GetToolRequest(name="thing_get", version=1))
         assert got.tool.http.url == "https://a.example/things/{id}"
         # A workspace tool named like a built-in shadows it, for this workspace only.
-        await tools.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("echo", "https://a.example/echo/{id}")))  # fmt: skip
+        await tools.CreateTool(
+            tool_pb2.CreateToolRequest(tool=http_tool("echo", "https://a.example/echo/{id}"))
+        )
         listed = await tools.ListTools(tool_pb2.ListToolsRequest())
         by_name = {t.name: t for t in listed.tools}
         assert by_name["echo"].workspace_id == "acme" and not by_name["echo"].builtin
@@ -61,10 +70,16 @@ async def test_two_workspaces_never_see_each_others_tools(server, db_url, db):
     a_channel, a = await stub(server, db_url, "acme")
     b_channel, b = await stub(server, db_url, "globex")
     async with a_channel, b_channel:
-        await a.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("lookup", "https://acme.example/{id}", description="acme's")))  # fmt: skip
-        await b.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("lookup", "https://globex.example/{id}", description="globex's")))  # fmt: skip
+        await a.CreateTool(
+            tool_pb2.CreateToolRequest(
+                tool=http_tool("lookup", "https://acme.example/{id}", description="acme's")
+            )
+        )
+        await b.CreateTool(
+            tool_pb2.CreateToolRequest(
+                tool=http_tool("lookup", "https://globex.example/{id}", description="globex's")
+            )
+        )
         got_a = (await a.GetTool(tool_pb2.GetToolRequest(name="lookup"))).tool
         got_b = (await b.GetTool(tool_pb2.GetToolRequest(name="lookup"))).tool
         assert (got_a.workspace_id, got_a.http.url) == ("acme", "https://acme.example/{id}")
@@ -104,8 +119,9 @@ async def test_publishing_a_tool_the_workspace_cannot_see_is_refused_naming_it(s
     a_channel, a = await stub(server, db_url, "acme")
     b_key = await auth.workspace_key(db_url, "globex", role="admin")
     async with a_channel, auth.channel(f"127.0.0.1:{server.port}", b_key) as b_channel:
-        await a.CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("acme_only", "https://acme.example/{id}")))  # fmt: skip
+        await a.CreateTool(
+            tool_pb2.CreateToolRequest(tool=http_tool("acme_only", "https://acme.example/{id}"))
+        )
         agents = agent_pb2_grpc.AgentServiceStub(b_channel)
         await agents.CreateAgent(agent_pb2.CreateAgentRequest(agent_id="bot"))
         for tools, field in ((["echo", "acme_only"], "spec.tools[1]"), (["nope"], "spec.tools[0]")):
@@ -119,8 +135,9 @@ async def test_publishing_a_tool_the_workspace_cannot_see_is_refused_naming_it(s
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.details().startswith(field), refused.value.details()
         # Its own tool of a connection the spec does not name is refused too, naming that.
-        await (tool_pb2_grpc.ToolServiceStub(b_channel)).CreateTool(tool_pb2.CreateToolRequest(
-            tool=http_tool("globex_get", "https://globex.example/{id}")))  # fmt: skip
+        await (tool_pb2_grpc.ToolServiceStub(b_channel)).CreateTool(
+            tool_pb2.CreateToolRequest(tool=http_tool("globex_get", "https://globex.example/{id}"))
+        )
         spec = agent_pb2.AgentSpec(model="demo", tools=["globex_get"])
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await agents.PublishAgentVersion(

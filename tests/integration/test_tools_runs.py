@@ -34,28 +34,47 @@ SCHEMA = {
 
 def history_tool(sandbox_url: str, pointer: str) -> tool_pb2.Tool:
     return tool_pb2.Tool(
-        name="channel_history", description="The latest posts of a chat channel.",
-        parameters_json=json.dumps(SCHEMA), access=tool_pb2.TOOL_ACCESS_READ,
-        connection="chat", capabilities=["reads_private"],
+        name="channel_history",
+        description="The latest posts of a chat channel.",
+        parameters_json=json.dumps(SCHEMA),
+        access=tool_pb2.TOOL_ACCESS_READ,
+        connection="chat",
+        capabilities=["reads_private"],
         http=tool_pb2.HttpTemplate(
-            method="GET", url=sandbox_url + "/chat/channels/{channel}/messages",
-            query={"limit": "{limit}"}, auth="bearer", response_pointer=pointer,
+            method="GET",
+            url=sandbox_url + "/chat/channels/{channel}/messages",
+            query={"limit": "{limit}"},
+            auth="bearer",
+            response_pointer=pointer,
         ),
-    )  # fmt: skip
+    )
 
 
 def charge_tool(sandbox_url: str) -> tool_pb2.Tool:
     """A keyed write (the payments sandbox dedupes on Idempotency-Key)."""
-    schema = {"type": "object", "required": ["amount", "currency", "customer"],
-              "properties": {"amount": {"type": "integer"}, "currency": {"type": "string"},
-                             "customer": {"type": "string"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "required": ["amount", "currency", "customer"],
+        "properties": {
+            "amount": {"type": "integer"},
+            "currency": {"type": "string"},
+            "customer": {"type": "string"},
+        },
+    }
     return tool_pb2.Tool(
-        name="charge_customer", description="Charge a customer.",
-        parameters_json=json.dumps(schema), access=tool_pb2.TOOL_ACCESS_WRITE,
-        idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY, key_retention_hours=24,
-        http=tool_pb2.HttpTemplate(method="POST", url=sandbox_url + "/payments/charges",
-                                   body="arguments", timeout_seconds=5),
-    )  # fmt: skip
+        name="charge_customer",
+        description="Charge a customer.",
+        parameters_json=json.dumps(schema),
+        access=tool_pb2.TOOL_ACCESS_WRITE,
+        idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+        key_retention_hours=24,
+        http=tool_pb2.HttpTemplate(
+            method="POST",
+            url=sandbox_url + "/payments/charges",
+            body="arguments",
+            timeout_seconds=5,
+        ),
+    )
 
 
 async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str, *extra):
@@ -72,9 +91,11 @@ async def workspace(cp, db_url: str, ws: str, sandbox_url: str, pointer: str, *e
         await tools.CreateTool(tool_pb2.CreateToolRequest(tool=tool))
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(agent_id="reader"))
     spec = agent_pb2.AgentSpec(
-        model="history_charger" if extra else "history_reader", instructions="read",
-        tools=["channel_history", *(t.name for t in extra)], connections={"chat": cid},
-    )  # fmt: skip
+        model="history_charger" if extra else "history_reader",
+        instructions="read",
+        tools=["channel_history", *(t.name for t in extra)],
+        connections={"chat": cid},
+    )
     published = await api.agents.PublishAgentVersion(
         agent_pb2.PublishAgentVersionRequest(agent_id="reader", spec=spec)
     )
@@ -114,8 +135,14 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
     later = await acme_tools.CreateTool(tool_pb2.CreateToolRequest(tool=newer))
     assert later.tool.version == 2
     runs = {"acme": await acme.start("reader", "go"), "globex": await globex.start("reader", "go")}
-    drop = {"provider": "payments", "mode": "drop_response", "path": "/payments/charges",
-            "key_prefix": f"{runs['acme']}:", "count": 1, "delay_ms": 0}  # fmt: skip
+    drop = {
+        "provider": "payments",
+        "mode": "drop_response",
+        "path": "/payments/charges",
+        "key_prefix": f"{runs['acme']}:",
+        "count": 1,
+        "delay_ms": 0,
+    }
     sandbox("POST", f"{url}/_sandbox/faults", json=drop)
     executor = executor_factory(cp)[0]
     finished = {
@@ -125,8 +152,11 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
     assert all(r.status == run_pb2.RUN_STATUS_COMPLETED for r in finished.values()), finished
 
     # "#sales" went as one escaped path segment (unescaped, '#' would have cut the URL).
-    sent = {e["idempotency_key"].split(":")[0]: e for e in sandbox_requests(url)
-            if e["path"] == "/chat/channels/%23sales/messages" and e.get("idempotency_key")}  # fmt: skip
+    sent = {
+        e["idempotency_key"].split(":")[0]: e
+        for e in sandbox_requests(url)
+        if e["path"] == "/chat/channels/%23sales/messages" and e.get("idempotency_key")
+    }
     assert sent[runs["acme"]]["account"] == acme_account  # each as its own connection
     assert sent[runs["globex"]]["account"] == globex_account
     assert sent[runs["acme"]]["query"] == {"limit": "5"} and sent[runs["acme"]]["status"] == 200
@@ -135,8 +165,11 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
         for ws, api in (("acme", acme), ("globex", globex))
     }
     # The keyed write: its response dropped, resent under the same key, charged once.
-    charges = [e for e in sandbox_requests(url) if e["path"] == "/payments/charges"
-               and e["idempotency_key"].startswith(f"{runs['acme']}:")]  # fmt: skip
+    charges = [
+        e
+        for e in sandbox_requests(url)
+        if e["path"] == "/payments/charges" and e["idempotency_key"].startswith(f"{runs['acme']}:")
+    ]
     assert [e["fault"] for e in charges] == ["drop_response", None]
     assert len({e["idempotency_key"] for e in charges}) == 1
     effects = sandbox("GET", f"{url}/_sandbox/effects", params={"provider": "payments"})
@@ -150,11 +183,14 @@ async def test_each_workspace_calls_its_own_tool_as_its_own_account_and_the_toke
     seen = [
         json.dumps([s.payload for s in await acme.steps(runs["acme"])]),
         json.dumps([s.payload for s in await globex.steps(runs["globex"])]),
-        str(finished), str(saved), str(later), str(published),
+        str(finished),
+        str(saved),
+        str(later),
+        str(published),
         str(await acme_tools.ListTools(tool_pb2.ListToolsRequest())),
         cp.process.log_path.read_text(errors="replace"),
         executor.log_path.read_text(errors="replace"),
-    ]  # fmt: skip
+    ]
     assert not [t for t in tokens if any(t in text for text in seen)]
     for api in (acme, globex):
         await api.close()

@@ -78,8 +78,10 @@ async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
     unknown = await parked_unknown(api, run_id)
     run = await api.get(run_id)
     assert (run.status, run.wait_reason, run.lease_owner) == (
-        run_pb2.RUN_STATUS_WAITING, "human", ""
-    )  # fmt: skip
+        run_pb2.RUN_STATUS_WAITING,
+        "human",
+        "",
+    )
     assert not run.HasField("wake_time"), "a person's wait has no wake time"
     assert unknown.payload["status"] == "unknown" and unknown.payload["tool"] == "chat_post"
     assert len(posts(url, run_id)) == (1 if fault is LOST else 0)  # never sent twice by itself
@@ -97,11 +99,16 @@ async def test_an_unknown_post_waits_for_a_person_and_goes_on_as_decided(
     assert_log_well_formed(steps)
     decision_step = next(s for s in steps if s.payload.get("decision"))
     assert decision_step.payload | {"resolution": None} == {
-        "call_id": unknown.payload["call_id"], "tool": "chat_post",
-        "status": "ok" if decision == "happened" else "error", "output": None,
-        "resolution": None, "decision": decision, "decided_by": "key:ops-alice", "note": "checked",
+        "call_id": unknown.payload["call_id"],
+        "tool": "chat_post",
+        "status": "ok" if decision == "happened" else "error",
+        "output": None,
+        "resolution": None,
+        "decision": decision,
+        "decided_by": "key:ops-alice",
+        "note": "checked",
         **({} if decision == "happened" else {"error": decision_step.payload["error"]}),
-    }  # fmt: skip
+    }
     started = [s for s in steps if s.kind == "tool_started"]
     assert len(started) == (2 if decision == "retry" else 1)
     if decision == "retry":  # a new attempt is a new step, so a new key
@@ -123,10 +130,12 @@ async def test_two_people_deciding_at_once_resolve_it_exactly_once(
     people = [f"person-{i}" for i in range(6)]
     callers = [await as_operator(cp, db_url, api.ws, who) for who in people]
     outcomes = await asyncio.gather(
-        *(c.resolve_unknown(run_id, unknown.seq, "happened", who)
-          for c, who in zip(callers, people, strict=True)),
+        *(
+            c.resolve_unknown(run_id, unknown.seq, "happened", who)
+            for c, who in zip(callers, people, strict=True)
+        ),
         return_exceptions=True,
-    )  # fmt: skip
+    )
     won = [o for o in outcomes if isinstance(o, run_pb2.ResolveUnknownOutcomeResponse)]
     lost = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     assert len(won) == 1 and len(lost) == len(people) - 1, outcomes
@@ -155,9 +164,13 @@ async def test_bad_decisions_are_refused_naming_the_problem(
 
     async def refused(code, *words, caller=api, **fields):
         request = {
-            "workspace_id": caller.ws, "run_id": run_id, "seq": unknown.seq,
-            "decided_by": "tester", "decision": run_pb2.OUTCOME_DECISION_HAPPENED, **fields,
-        }  # fmt: skip
+            "workspace_id": caller.ws,
+            "run_id": run_id,
+            "seq": unknown.seq,
+            "decided_by": "tester",
+            "decision": run_pb2.OUTCOME_DECISION_HAPPENED,
+            **fields,
+        }
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await caller.runs.ResolveUnknownOutcome(run_pb2.ResolveUnknownOutcomeRequest(**request))
         assert err.value.code() == code, err.value.details()
@@ -213,10 +226,23 @@ async def test_the_cli_decides_an_unknown_outcome(
     executor_factory(cp)
     unknown = await parked_unknown(api, run_id)
     argv = [
-        sys.executable, "-m", "agentrun_cli", "--address", cp.address, "--workspace", api.ws,
-        "runs", "resolve", run_id, str(unknown.seq), "happened", "--by", "cli-user",
-        "--note", "saw it",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "agentrun_cli",
+        "--address",
+        cp.address,
+        "--workspace",
+        api.ws,
+        "runs",
+        "resolve",
+        run_id,
+        str(unknown.seq),
+        "happened",
+        "--by",
+        "cli-user",
+        "--note",
+        "saw it",
+    ]
     key = await workspace_key(db_url, api.ws, "operator", "cli-user")
     env = {**os.environ, "AGENTRUN_API_KEY": key}
     done = await asyncio.to_thread(

@@ -83,7 +83,7 @@ class OtlpReceiver:
                             s.span_id.hex(),
                             s.parent_span_id.hex(),
                             {a.key: _value(a.value) for a in s.attributes},
-                        )  # fmt: skip
+                        )
                         for s in scope.spans
                     ]
 
@@ -131,8 +131,10 @@ async def test_one_run_is_one_trace_with_a_span_per_step_joined_across_processes
 
     def whole() -> list[Span]:
         spans = otlp.of_trace(trace_id)
-        assert sorted(s.attributes["agentrun.seq"] for s in spans if s.name.startswith("step ")
-                      ) == written  # fmt: skip
+        assert (
+            sorted(s.attributes["agentrun.seq"] for s in spans if s.name.startswith("step "))
+            == written
+        )
         assert len([s for s in spans if s.name == "agentrun.commit.apply"]) == len(
             [s for s in spans if s.name == "agentrun.commit"]
         )
@@ -152,8 +154,9 @@ async def test_one_run_is_one_trace_with_a_span_per_step_joined_across_processes
     # Every executor commit is continued by the control plane, which wraps its SQL.
     commits = [s for s in spans if s.name == "agentrun.commit"]
     for commit in commits:
-        (applied,) = [s for s in spans if s.parent_id == commit.span_id
-                      and s.name == "agentrun.commit.apply"]  # fmt: skip
+        (applied,) = [
+            s for s in spans if s.parent_id == commit.span_id and s.name == "agentrun.commit.apply"
+        ]
         assert applied.service == "agentrun-control-plane"
         assert applied.attributes["agentrun.run"] == run_id
         sql = [s for s in spans if s.parent_id == applied.span_id]
@@ -167,8 +170,11 @@ async def test_one_run_is_one_trace_with_a_span_per_step_joined_across_processes
 
     # The executor's log lines are JSON objects naming the run, its workspace and epoch,
     # and joined to the trace.
-    lines = [json.loads(line) for line in executor.log_path.read_text().splitlines()
-             if line.startswith("{")]  # fmt: skip
+    lines = [
+        json.loads(line)
+        for line in executor.log_path.read_text().splitlines()
+        if line.startswith("{")
+    ]
     about_run = [line for line in lines if line.get("run") == run_id]
     assert about_run, "no log line carries the run"
     assert all(line["workspace"] == api.ws and line["epoch"] in (1, 2) for line in about_run)

@@ -40,8 +40,15 @@ async def pool(db_url):
 
 async def webhook(pool, trigger_id: str, source: pb.WebhookSource) -> deliveries.Settings:
     scheme, config = _webhook(source)
-    new = store.NewTrigger(workspace_id=WS, trigger_id=trigger_id, agent_id="agent",
-                           kind="webhook", scheme=scheme, config=config, filters=[])  # fmt: skip
+    new = store.NewTrigger(
+        workspace_id=WS,
+        trigger_id=trigger_id,
+        agent_id="agent",
+        kind="webhook",
+        scheme=scheme,
+        config=config,
+        filters=[],
+    )
     row = await store.create_trigger(pool, new, None)
     assert row is not None
     return deliveries.Settings.of(row)
@@ -58,8 +65,9 @@ async def deliver(pool, settings, n: int, now: datetime | None = None) -> None:
 async def runs_of(db, trigger_id: str) -> list[asyncpg.Record]:
     return await db.fetch(
         "SELECT r.run_id, s.payload FROM runs r JOIN steps s USING (workspace_id, run_id)"
-        " WHERE r.started_by = $1 AND s.seq = 0 ORDER BY r.created_at", f"trigger:{trigger_id}"
-    )  # fmt: skip
+        " WHERE r.started_by = $1 AND s.seq = 0 ORDER BY r.created_at",
+        f"trigger:{trigger_id}",
+    )
 
 
 def source(**flow: object) -> pb.WebhookSource:
@@ -81,9 +89,8 @@ async def test_a_debounced_burst_starts_one_run_carrying_its_last_event(pool, db
     assert payload["trigger"]["debounce"] == {"key": "c1", "events": EVENTS}
     assert f'"n": {EVENTS - 1}' in payload["text"]
     statuses = await db.fetch(
-        "SELECT status, run_id, count(*) FROM trigger_events WHERE trigger_id = 'deb'"
-        " GROUP BY 1, 2"
-    )  # fmt: skip
+        "SELECT status, run_id, count(*) FROM trigger_events WHERE trigger_id = 'deb' GROUP BY 1, 2"
+    )
     assert [(r["status"], r["run_id"], r["count"]) for r in statuses] == [
         ("accepted", run["run_id"], EVENTS)
     ]
@@ -104,8 +111,9 @@ async def test_a_partial_batch_runs_once_its_wait_is_over(pool, db):
     assert await db.fetchval("SELECT count(*) FROM trigger_flow_groups") == 0
 
 
-async def test_batches_hold_every_event_once_through_a_kill_mid_flush(pool, db, db_url,
-                                                                      control_plane):  # fmt: skip
+async def test_batches_hold_every_event_once_through_a_kill_mid_flush(
+    pool, db, db_url, control_plane
+):
     size = max(2, EVENTS // 10)
     cp = control_plane(db_url, AGENTRUN_FAULTS="control_plane.trigger_flow.before_commit=kill@4")
     bat = pb.TriggerBatch(max_events=size, max_seconds=3600)
@@ -123,8 +131,9 @@ async def test_batches_hold_every_event_once_through_a_kill_mid_flush(pool, db, 
     found = await eventually(all_flushed, timeout=30)
     held = [k for r in found for k in json.loads(r["payload"])["trigger"]["batch"]["dedupe_keys"]]
     assert sorted(held) == sorted(f"evt-{i}" for i in range(EVENTS))  # each exactly once
-    assert all(len(json.loads(r["payload"])["trigger"]["batch"]["dedupe_keys"]) == size
-               for r in found)  # fmt: skip
+    assert all(
+        len(json.loads(r["payload"])["trigger"]["batch"]["dedupe_keys"]) == size for r in found
+    )
     pending = await db.fetchval("SELECT count(*) FROM trigger_events WHERE status = 'pending'")
     assert pending == 0
 
@@ -169,14 +178,21 @@ async def test_debounce_through_the_http_ingress_per_header_key(api, server, db)
     ("flow", "field"),
     [
         ({"debounce": pb.TriggerDebounce(key="", quiet_seconds=5)}, "webhook.debounce.key"),
-        ({"debounce": pb.TriggerDebounce(key="a", quiet_seconds=-1)},
-         "webhook.debounce.quiet_seconds"),
+        (
+            {"debounce": pb.TriggerDebounce(key="a", quiet_seconds=-1)},
+            "webhook.debounce.quiet_seconds",
+        ),
         ({"batch": pb.TriggerBatch(max_events=5000, max_seconds=5)}, "webhook.batch.max_events"),
         ({"batch": pb.TriggerBatch(max_events=5, max_seconds=0)}, "webhook.batch.max_seconds"),
-        ({"batch": pb.TriggerBatch(max_events=5, max_seconds=5),
-          "debounce": pb.TriggerDebounce(key="a", quiet_seconds=5)}, "webhook.batch"),
+        (
+            {
+                "batch": pb.TriggerBatch(max_events=5, max_seconds=5),
+                "debounce": pb.TriggerDebounce(key="a", quiet_seconds=5),
+            },
+            "webhook.batch",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_bad_flow_values_are_refused_naming_the_field(api, db, flow, field):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await api.webhook("bad", "triage", "hmac_sha256", **flow)
@@ -197,8 +213,16 @@ async def test_the_cli_creates_batched_and_debounced_triggers(api, server, db):
         server, api.key, *create, "b", "--batch-size", "3", "--batch-seconds", "60"
     )
     assert code == 0 and "flow      batch of 3 or 60s" in out, out
-    code, out = await cli(server, api.key, *create, "d", "--debounce-key", "header:X-Customer",
-                          "--debounce-seconds", "5")  # fmt: skip
+    code, out = await cli(
+        server,
+        api.key,
+        *create,
+        "d",
+        "--debounce-key",
+        "header:X-Customer",
+        "--debounce-seconds",
+        "5",
+    )
     assert code == 0 and "flow      debounce on header:X-Customer, quiet 5s" in out, out
     code, out = await cli(
         server, api.key, *create, "x", "--batch-size", "1", "--batch-seconds", "9"

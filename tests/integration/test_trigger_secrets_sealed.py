@@ -127,10 +127,15 @@ async def test_a_sealed_secret_copied_to_another_workspace_does_not_verify(
 
 async def run_cli(db_url: str, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun_cli", "kms", *args,
+        sys.executable,
+        "-m",
+        "agentrun_cli",
+        "kms",
+        *args,
         env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, out.decode()
     return out.decode()

@@ -51,10 +51,14 @@ def mailbox():
 
 def message(n: int, **overrides) -> dict:
     return {
-        "message_id": f"<m{n}@mail.test>", "from": f"Sender {n} <sender{n}@example.com>",
-        "to": [INBOX], "subject": f"Message {n}", "text": f"body {n}", "headers": {},
+        "message_id": f"<m{n}@mail.test>",
+        "from": f"Sender {n} <sender{n}@example.com>",
+        "to": [INBOX],
+        "subject": f"Message {n}",
+        "text": f"body {n}",
+        "headers": {},
         **overrides,
-    }  # fmt: skip
+    }
 
 
 async def mail_trigger(api, trigger_id, agent, **source) -> str:
@@ -89,9 +93,10 @@ async def test_each_message_delivered_three_times_starts_one_run(api, http, db):
 
 async def test_mail_from_known_senders_is_filtered_before_a_run(api, http, db):
     in_crm = trigger_pb2.FilterRule(
-        field="from_address", op=trigger_pb2.FILTER_OP_NOT_IN,
+        field="from_address",
+        op=trigger_pb2.FILTER_OP_NOT_IN,
         values=["sender1@example.com", "sender2@example.com"],
-    )  # fmt: skip
+    )
     _, secret = await api.create("leads", "triage", mail=trigger_pb2.MailSource(), filters=[in_crm])
     known = (await deliver(http, "leads", secret, message(1))).json()
     new = (await deliver(http, "leads", secret, message(3))).json()
@@ -125,8 +130,11 @@ async def test_an_agent_to_agent_mail_loop_stops_at_the_configured_depth(api, ht
         msg = message(hop + 1, subject="Re: ping", headers=mail.outbound_headers(depth))
         to = peer[to]
     assert hops == [
-        ("alice", "accepted"), ("bob", "accepted"), ("alice", "accepted"), ("bob", "filtered"),
-    ]  # fmt: skip
+        ("alice", "accepted"),
+        ("bob", "accepted"),
+        ("alice", "accepted"),
+        ("bob", "filtered"),
+    ]
     assert reply["reason"] == "agent-to-agent loop stopped: chain depth 3 exceeds 2"
     depths = sorted(
         [await run_depth(db, str(r["run_id"])) for r in await db.fetch("SELECT run_id FROM runs")]
@@ -152,8 +160,10 @@ async def push_trigger(api, mailbox, trigger_id="gmail") -> str:
 
 def pubsub(history_id: int) -> dict:
     data = json.dumps({"emailAddress": INBOX, "historyId": history_id}).encode()
-    return {"message": {"data": base64.b64encode(data).decode(), "messageId": "2070443601311540"},
-            "subscription": "projects/p/subscriptions/s"}  # fmt: skip
+    return {
+        "message": {"data": base64.b64encode(data).decode(), "messageId": "2070443601311540"},
+        "subscription": "projects/p/subscriptions/s",
+    }
 
 
 async def test_a_replayed_push_notification_starts_one_run_per_message(api, http, db, mailbox):
@@ -274,9 +284,13 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
                 if network != "headers untouched":
                     del headers["X-Agentrun-Key"]
                 inbound = {
-                    "message_id": sent["message_id"], "from": sent["from"], "to": [sent["to"]],
-                    "subject": sent["subject"], "text": sent["body"], "headers": headers,
-                }  # fmt: skip
+                    "message_id": sent["message_id"],
+                    "from": sent["from"],
+                    "to": [sent["to"]],
+                    "subject": sent["subject"],
+                    "text": sent["body"],
+                    "headers": headers,
+                }
                 to = peer[sender]
                 assert (await deliver(http, f"{to}-inbox", secrets[to], inbound)).status_code == 202
                 delivered.add(sent["message_id"])
@@ -287,9 +301,11 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
         "SELECT trigger_id, status, chain_depth, reason FROM trigger_events ORDER BY received_at"
     )
     assert [(r["trigger_id"], r["status"], r["chain_depth"]) for r in rows] == [
-        ("alice-inbox", "accepted", 0), ("bob-inbox", "accepted", 1),
-        ("alice-inbox", "accepted", 2), ("bob-inbox", "filtered", 3),
-    ]  # fmt: skip
+        ("alice-inbox", "accepted", 0),
+        ("bob-inbox", "accepted", 1),
+        ("alice-inbox", "accepted", 2),
+        ("bob-inbox", "filtered", 3),
+    ]
     assert rows[-1]["reason"] == "agent-to-agent loop stopped: chain depth 3 exceeds 2"
     assert await count(db, "runs") == 3 and len(delivered) == 3
     await api.close()

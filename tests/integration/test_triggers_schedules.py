@@ -36,10 +36,16 @@ async def add_schedule(
     pool, trigger_id: str, sched: Schedule, slot: datetime, agent="agent"
 ) -> None:
     new = store.NewTrigger(
-        workspace_id=WS, trigger_id=trigger_id, agent_id=agent, kind="schedule", scheme=None,
-        config={**sched.to_json(), "input": "morning digest"}, filters=[],
-        next_slot_at=slot, next_fire_at=sched.fire_time(slot, WS, trigger_id),
-    )  # fmt: skip
+        workspace_id=WS,
+        trigger_id=trigger_id,
+        agent_id=agent,
+        kind="schedule",
+        scheme=None,
+        config={**sched.to_json(), "input": "morning digest"},
+        filters=[],
+        next_slot_at=slot,
+        next_fire_at=sched.fire_time(slot, WS, trigger_id),
+    )
     assert await store.create_trigger(pool, new, None) is not None
 
 
@@ -82,10 +88,15 @@ async def test_a_slot_fired_twice_past_the_lock_still_starts_one_run(pools, db):
     """The dedupe key is the backstop should two replicas ever both fire a slot."""
     await factories.agent_version(pools[0], WS, "agent")
     event = admission.Event(
-        workspace_id=WS, trigger_id="sched", agent_id="agent", kind="schedule",
-        dedupe_key=dedupe_key("agent", MONDAY_9), payload={}, input_text="digest",
+        workspace_id=WS,
+        trigger_id="sched",
+        agent_id="agent",
+        kind="schedule",
+        dedupe_key=dedupe_key("agent", MONDAY_9),
+        payload={},
+        input_text="digest",
         scheduled_for=MONDAY_9,
-    )  # fmt: skip
+    )
     await add_schedule(pools[0], "sched", Schedule(interval_seconds=60), MONDAY_9)
     outcomes = await asyncio.gather(
         *(admission.admit(p, event, RunDefaults()) for p in (*pools, *pools))
@@ -136,9 +147,10 @@ async def test_two_control_plane_replicas_fire_an_interval_schedule_once_per_slo
     api = await TriggerApi.connect(replicas[0].address, db_url, WS)
     await api.publish("ticker")
     await api.create(
-        "every-second", "ticker",
+        "every-second",
+        "ticker",
         schedule=trigger_pb2.ScheduleSource(interval=seconds(1), input="tick"),
-    )  # fmt: skip
+    )
 
     async def enough_slots():
         return await db.fetchval("SELECT count(*) FROM trigger_events") >= 6
@@ -166,8 +178,10 @@ async def test_after_an_outage_only_the_catch_up_window_is_fired(pools, db):
     await add_schedule(pools[0], "minutely", Schedule(interval_seconds=60), MONDAY_9)
     now = MONDAY_9 + timedelta(hours=3)  # no replica ran for three hours
     fired = await replica(pools[0], catchup_seconds=600).tick(now)
-    slots = [r["scheduled_for"] for r in await db.fetch(
-        "SELECT scheduled_for FROM trigger_events ORDER BY scheduled_for")]  # fmt: skip
+    slots = [
+        r["scheduled_for"]
+        for r in await db.fetch("SELECT scheduled_for FROM trigger_events ORDER BY scheduled_for")
+    ]
     # The three-hour-old slot is skipped; the last ten minutes' slots fire, once each.
     assert slots == [now - timedelta(minutes=m) for m in range(9, -1, -1)]
     assert fired == 11  # ten slots fired plus the stale one skipped

@@ -90,8 +90,11 @@ async def test_the_run_gets_the_event_as_input_and_its_origin(api, http, db):
     payload = json.loads(row["payload"])
     assert (row["status"], row["started_by"]) == ("queued", "trigger:gh")
     assert payload["trigger"] == {
-        "trigger_id": "gh", "kind": "webhook", "dedupe_key": "72d3162e-cc78", "chain_depth": 0,
-    }  # fmt: skip
+        "trigger_id": "gh",
+        "kind": "webhook",
+        "dedupe_key": "72d3162e-cc78",
+        "chain_depth": 0,
+    }
     assert '"action": "opened"' in payload["text"]
 
 
@@ -113,8 +116,11 @@ async def test_forged_stale_and_rotated_out_signatures_are_refused(api, http, db
 
     new = await api.rotate("stripe", grace=3600)  # both verify during the grace period
     assert [(await deliver(s, n)).status_code for n, s in ((4, old), (5, new))] == [202, 202]
-    trigger = (await api.triggers.GetTrigger(
-        trigger_pb2.GetTriggerRequest(workspace_id=WS, trigger_id="stripe"))).trigger  # fmt: skip
+    trigger = (
+        await api.triggers.GetTrigger(
+            trigger_pb2.GetTriggerRequest(workspace_id=WS, trigger_id="stripe")
+        )
+    ).trigger
     assert [s.secret_id for s in trigger.secrets] == [1, 2] and trigger.secrets[0].HasField(
         "expire_time"
     )
@@ -137,14 +143,21 @@ async def test_refusals_store_nothing(api, http, db):
     big_body, big_headers = signed("hmac_sha256", secret, {"pad": "x" * 5000}, "d-2")
     too_big = await post(http, WS, "hook", big_body, big_headers)
     raw = b"{not json"
-    garbage_headers = {**sign("hmac_sha256", secret, raw, timestamp=int(time.time())),
-                       "X-Webhook-Id": "d-3"}  # fmt: skip
+    garbage_headers = {
+        **sign("hmac_sha256", secret, raw, timestamp=int(time.time())),
+        "X-Webhook-Id": "d-3",
+    }
     garbage = await post(http, WS, "hook", raw, garbage_headers)
     no_id = {k: v for k, v in headers.items() if k != "X-Webhook-Id"}
     missing_id = await post(http, WS, "hook", body, no_id)
     assert [r.status_code for r in (unknown, other_ws, bad_id, too_big, garbage, missing_id)] == [
-        404, 404, 404, 413, 400, 400,
-    ]  # fmt: skip
+        404,
+        404,
+        404,
+        413,
+        400,
+        400,
+    ]
     assert garbage.json()["error"] == "body: is not valid JSON"
     assert "X-Webhook-Id".lower() in missing_id.json()["error"]
     assert await count(db, "trigger_events") == 0 and await count(db, "runs") == 0
@@ -175,8 +188,10 @@ async def test_filtered_events_are_recorded_visibly_and_start_no_run(api, http, 
     accepted = await post(http, WS, "stripe", body, headers)
     assert replies[0].content == replies[1].content
     assert replies[0].json() | {"event_id": ""} == {
-        "event_id": "", "status": "filtered", "reason": "filters[0]: type equals invoice.paid",
-    }  # fmt: skip
+        "event_id": "",
+        "status": "filtered",
+        "reason": "filters[0]: type equals invoice.paid",
+    }
     assert accepted.json()["status"] == "accepted"
     events = {e.dedupe_key: e for e in await api.events("stripe")}
     assert events["evt_2"].status == trigger_pb2.TRIGGER_EVENT_STATUS_FILTERED
@@ -187,7 +202,11 @@ async def test_filtered_events_are_recorded_visibly_and_start_no_run(api, http, 
 
 async def test_slack_url_verification_echoes_the_challenge_and_stores_nothing(api, http, db):
     secret = await api.webhook("slack", "triage", "slack")
-    doc = {"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"}  # fmt: skip
+    doc = {
+        "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+        "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+        "type": "url_verification",
+    }
     body, headers = signed("slack", secret, doc, "")
     reply = await post(http, WS, "slack", body, headers)
     assert (reply.status_code, reply.json()) == (200, {"challenge": doc["challenge"]})
@@ -198,8 +217,11 @@ async def test_secrets_never_appear_in_reads_errors_or_logs(api, http, caplog):
     caplog.set_level(logging.DEBUG)
     secret = await api.webhook("hook", "triage", "github", secret="s3cr3t-github-hook-key")
     assert secret == "s3cr3t-github-hook-key"
-    trigger = (await api.triggers.GetTrigger(
-        trigger_pb2.GetTriggerRequest(workspace_id=WS, trigger_id="hook"))).trigger  # fmt: skip
+    trigger = (
+        await api.triggers.GetTrigger(
+            trigger_pb2.GetTriggerRequest(workspace_id=WS, trigger_id="hook")
+        )
+    ).trigger
     listed = await api.triggers.ListTriggers(trigger_pb2.ListTriggersRequest(workspace_id=WS))
     body, headers = signed("github", "some-other-secret", {"a": 1}, "d-1")
     refused = await post(http, WS, "hook", body, headers)
@@ -213,15 +235,24 @@ async def test_secrets_never_appear_in_reads_errors_or_logs(api, http, caplog):
     [
         ({"webhook": trigger_pb2.WebhookSource()}, "webhook.scheme"),
         ({"webhook": trigger_pb2.WebhookSource(scheme=2, untimed=True)}, "webhook.untimed"),
-        ({"webhook": trigger_pb2.WebhookSource(scheme=1, tolerance=seconds(0.5))}, "webhook.tolerance"),
+        (
+            {"webhook": trigger_pb2.WebhookSource(scheme=1, tolerance=seconds(0.5))},
+            "webhook.tolerance",
+        ),
         ({"webhook": trigger_pb2.WebhookSource(scheme=5), "secret": "not base64!!"}, "secret"),
         ({}, "source"),
         ({"schedule": trigger_pb2.ScheduleSource(cron="* *")}, "schedule.cron"),
         ({"mail_push": trigger_pb2.MailPushSource(history_url="ftp://x")}, "mail_push.history_url"),
         ({"mail": trigger_pb2.MailSource(max_chain_depth=99)}, "mail.max_chain_depth"),
-        ({"webhook": trigger_pb2.WebhookSource(scheme=1), "filters": [trigger_pb2.FilterRule(field="a")]}, "filters[0]"),
+        (
+            {
+                "webhook": trigger_pb2.WebhookSource(scheme=1),
+                "filters": [trigger_pb2.FilterRule(field="a")],
+            },
+            "filters[0]",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_bad_trigger_definitions_are_refused_naming_the_field(api, db, source, field):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await api.create("bad", "triage", **source)
@@ -249,9 +280,19 @@ async def cli(server, key: str, *argv: str) -> str:
 
 
 async def test_the_triggers_cli_creates_lists_and_shows_events(api, http, server):
-    created = await cli(server, api.key, "triggers", "create", "gh", "--agent", "triage", "--webhook", "github",
-        "--filter", "action equals opened",
-    )  # fmt: skip
+    created = await cli(
+        server,
+        api.key,
+        "triggers",
+        "create",
+        "gh",
+        "--agent",
+        "triage",
+        "--webhook",
+        "github",
+        "--filter",
+        "action equals opened",
+    )
     secret = re.search(r"signing secret \(shown once\): (\S+)", created).group(1)
     assert "url       POST http://" in created and "/hooks/ws/gh" in created
     for n, action in enumerate(["opened", "closed"]):

@@ -19,8 +19,10 @@ def input_step(payload: dict) -> run_pb2.Step:
 
 def test_both_sides_name_the_same_headers():
     assert (chain.MARKER_HEADER, chain.MARKER_VALUE, chain.DEPTH_HEADER) == (
-        mail.MARKER_HEADER, mail.MARKER_VALUE, mail.DEPTH_HEADER,
-    )  # fmt: skip
+        mail.MARKER_HEADER,
+        mail.MARKER_VALUE,
+        mail.DEPTH_HEADER,
+    )
     assert chain.headers(2) == mail.outbound_headers(2)
 
 
@@ -36,9 +38,11 @@ def test_mail_sends_carry_the_marker_one_hop_deeper_and_other_tools_nothing():
     send = CATALOGUE.tools["send_email"]
     stamped = chain.stamp(send, {**MAIL, "headers": {"X-Agentrun-Key": "r:4"}}, 2, "eu-1")
     assert stamped["headers"] == {
-        "X-Agentrun-Key": "r:4", "X-Agentrun-Origin": "agentrun",
-        "X-Agentrun-Chain-Depth": "3", "X-Agentrun-Installation": "eu-1",
-    }  # fmt: skip
+        "X-Agentrun-Key": "r:4",
+        "X-Agentrun-Origin": "agentrun",
+        "X-Agentrun-Chain-Depth": "3",
+        "X-Agentrun-Installation": "eu-1",
+    }
     received = mail.parse_message(
         {"message_id": "<m@x>", "from": "alice@acme.test", "headers": stamped["headers"]}
     )

@@ -32,8 +32,13 @@ def test_show_names_the_profile():
 
 
 def test_a_decision_line_shows_cache_and_reasoning_tokens_and_a_failed_ending():
-    usage = {"prompt_tokens": 100, "completion_tokens": 20, "cached_tokens": 80,
-             "reasoning_tokens": 12, "cache_write_tokens": 0}  # fmt: skip
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 20,
+        "cached_tokens": 80,
+        "reasoning_tokens": 12,
+        "cache_write_tokens": 0,
+    }
     assert render._decision({"content": "hi", "usage": usage}) == (
         'says "hi" [100+20 tokens, 80 cached, 12 reasoning]'
     )

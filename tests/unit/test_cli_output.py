@@ -90,9 +90,15 @@ def test_version(capsys) -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(None, "-"), (0.25, "250ms"), (12.34, "12.3s"), (245, "4m05s"), (7380, "2h03m"),
-     (3 * 86400 + 4 * 3600, "3d04h")],
-)  # fmt: skip
+    [
+        (None, "-"),
+        (0.25, "250ms"),
+        (12.34, "12.3s"),
+        (245, "4m05s"),
+        (7380, "2h03m"),
+        (3 * 86400 + 4 * 3600, "3d04h"),
+    ],
+)
 def test_durations(seconds, text) -> None:
     assert render.duration(seconds) == text
 
@@ -124,23 +130,34 @@ def test_connections_and_numbers_of_seconds() -> None:
 
 def test_unknown_keys_are_all_named_with_the_nearest_known_one() -> None:
     doc = {
-        "agent": "a", "model": "m", "tool": ["x"], "limits": {"max_step": 3},
+        "agent": "a",
+        "model": "m",
+        "tool": ["x"],
+        "limits": {"max_step": 3},
         "constraints": [{"tool": "x", "rul": "amount_at_most"}],
-    }  # fmt: skip
+    }
     with pytest.raises(AgentFileError) as err:
         agent_files.parse(doc, "a.yaml")
     message = str(err.value)
     assert message.startswith("a.yaml: unknown keys: ")
-    for part in ("tool (did you mean tools?)", "limits.max_step (did you mean limits.max_steps?)",
-                 "constraints[0].rul (did you mean constraints[0].rule?)"):  # fmt: skip
+    for part in (
+        "tool (did you mean tools?)",
+        "limits.max_step (did you mean limits.max_steps?)",
+        "constraints[0].rul (did you mean constraints[0].rule?)",
+    ):
         assert part in message
 
 
 @pytest.mark.parametrize(
     "doc",
-    [[1, 2], {"model": "m"}, {"agent": "a", "limits": {"deadline": "soon"}},
-     {"agent": "a", "limits": {"max_steps": "many"}}, {"agent": "a", "approval": {"on_expiry": "x"}}],
-)  # fmt: skip
+    [
+        [1, 2],
+        {"model": "m"},
+        {"agent": "a", "limits": {"deadline": "soon"}},
+        {"agent": "a", "limits": {"max_steps": "many"}},
+        {"agent": "a", "approval": {"on_expiry": "x"}},
+    ],
+)
 def test_bad_files_are_refused_with_a_reason(doc) -> None:
     with pytest.raises(AgentFileError, match="f.yaml: "):
         agent_files.parse(doc, "f.yaml")
@@ -166,8 +183,15 @@ def test_a_file_nested_past_the_reader_is_one_error_line(tmp_path, levels) -> No
 
 def test_arguments_nested_past_the_reader_are_one_error_line() -> None:
     levels = 50_000  # past Python's JSON reader (the server refuses past 64 itself)
-    args = ["approvals", "edit", "a1", "--address", "127.0.0.1:1",
-            "--arguments", "[" * levels + "]" * levels]  # fmt: skip
+    args = [
+        "approvals",
+        "edit",
+        "a1",
+        "--address",
+        "127.0.0.1:1",
+        "--arguments",
+        "[" * levels + "]" * levels,
+    ]
     with pytest.raises(SystemExit, match="--arguments is nested too deeply"):
         main(args)
 
@@ -187,8 +211,10 @@ class Failed(grpc.RpcError):
 
 
 def test_every_failure_is_a_line_and_a_hint() -> None:
-    down = errors.lines(Failed(grpc.StatusCode.UNAVAILABLE, "connection refused"),
-                        argparse.Namespace(address="127.0.0.1:1"))  # fmt: skip
+    down = errors.lines(
+        Failed(grpc.StatusCode.UNAVAILABLE, "connection refused"),
+        argparse.Namespace(address="127.0.0.1:1"),
+    )
     assert down[0] == "error: cannot reach the control plane at 127.0.0.1:1 (connection refused)"
     assert "agentrun dev" in down[1]
     for code in grpc.StatusCode:

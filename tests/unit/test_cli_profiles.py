@@ -22,8 +22,14 @@ DEV_KEY = "agr_ws_2222222222222222_" + "D" * 43
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A config file and dev data dir of the test's own; no AGENTRUN_* from outside."""
-    for name in ("AGENTRUN_API_KEY", "AGENTRUN_ADDRESS", "AGENTRUN_WORKSPACE", "AGENTRUN_PROFILE",
-                 "AGENTRUN_TLS_CA", "AGENTRUN_TLS_SERVER_NAME"):  # fmt: skip
+    for name in (
+        "AGENTRUN_API_KEY",
+        "AGENTRUN_ADDRESS",
+        "AGENTRUN_WORKSPACE",
+        "AGENTRUN_PROFILE",
+        "AGENTRUN_TLS_CA",
+        "AGENTRUN_TLS_SERVER_NAME",
+    ):
         monkeypatch.delenv(name, raising=False)
     config = tmp_path / "config.toml"
     monkeypatch.setenv("AGENTRUN_CONFIG", str(config))
@@ -137,8 +143,10 @@ def test_profile_set_changes_only_what_is_given(isolated: Path) -> None:
     assert main(["profile", "set", "p", "--address", "a:1", "--workspace", "w"]) == 0
     assert main(["profile", "set", "p", "--api-key-env", "K"]) == 0
     assert profiles.load(isolated)["p"].settings() == {
-        "address": "a:1", "workspace": "w", "api_key_env": "K",
-    }  # fmt: skip
+        "address": "a:1",
+        "workspace": "w",
+        "api_key_env": "K",
+    }
 
 
 class _Lines:

@@ -291,10 +291,24 @@ def test_dev_listen_port_and_redacted_urls() -> None:
 
 
 def test_approval_steps_say_what_was_asked_and_who_decided():
-    asked = run_pb2.Step(seq=5, kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED, payload_json=json.dumps(
-        {"tool": "send_email", "arguments": {"to": "ada@example.com"}, "approval_id": "a1",
-         "arguments_sha256": "ab" * 32}))  # fmt: skip
-    decided = run_pb2.Step(seq=6, kind=run_pb2.STEP_KIND_APPROVAL_DECIDED, payload_json=json.dumps(
-        {"decision": "rejected", "decided_by": "bob", "via": "link", "reason": "wrong price"}))  # fmt: skip
+    asked = run_pb2.Step(
+        seq=5,
+        kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED,
+        payload_json=json.dumps(
+            {
+                "tool": "send_email",
+                "arguments": {"to": "ada@example.com"},
+                "approval_id": "a1",
+                "arguments_sha256": "ab" * 32,
+            }
+        ),
+    )
+    decided = run_pb2.Step(
+        seq=6,
+        kind=run_pb2.STEP_KIND_APPROVAL_DECIDED,
+        payload_json=json.dumps(
+            {"decision": "rejected", "decided_by": "bob", "via": "link", "reason": "wrong price"}
+        ),
+    )
     assert render.step_summary(asked).startswith('send_email {"to": "ada@example.com"} sha256=abab')
     assert render.step_summary(decided) == "rejected by bob via link: wrong price"

@@ -16,9 +16,13 @@ TOOL = {
     "idempotency_header": "X-Request-Key",
     "parameters": {"type": "object", "properties": {"title": {"type": "string"}}},
     "connection": "tracker",
-    "http": {"method": "POST", "url": "https://t.example/issues", "auth": "bearer",
-             "body": {"issue": {"title": "{title}"}}},
-}  # fmt: skip
+    "http": {
+        "method": "POST",
+        "url": "https://t.example/issues",
+        "auth": "bearer",
+        "body": {"issue": {"title": "{title}"}},
+    },
+}
 
 
 def test_a_tool_file_reads_as_the_message():

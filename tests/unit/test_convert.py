@@ -37,8 +37,11 @@ def test_timestamp_is_what_from_datetime_gives() -> None:
         moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
             microseconds=rng.randrange(-(10**16), 10**16)
         )
-        values += [moment, moment.replace(tzinfo=None),
-                    moment.astimezone(timezone(timedelta(minutes=rng.randrange(-720, 720))))]  # fmt: skip
+        values += [
+            moment,
+            moment.replace(tzinfo=None),
+            moment.astimezone(timezone(timedelta(minutes=rng.randrange(-720, 720)))),
+        ]
     for value in values:
         assert convert.timestamp(value) == _library(value), value
 
@@ -97,42 +100,78 @@ def _constructed_run(row: Run) -> run_pb2.Run:
     """The Run message as the constructors and the library build it, field by field."""
     ts = lambda v: _library(v) if v is not None else None  # noqa: E731
     return run_pb2.Run(
-        workspace_id=row.workspace_id, run_id=str(row.run_id), agent_id=row.agent_id,
-        agent_version=row.agent_version, status=convert.STATUS_TO_PROTO[row.status],
-        wait_reason=row.wait_reason or "", lease_owner=row.lease_owner or "",
-        lease_epoch=row.lease_epoch, attempt=row.attempt,
+        workspace_id=row.workspace_id,
+        run_id=str(row.run_id),
+        agent_id=row.agent_id,
+        agent_version=row.agent_version,
+        status=convert.STATUS_TO_PROTO[row.status],
+        wait_reason=row.wait_reason or "",
+        lease_owner=row.lease_owner or "",
+        lease_epoch=row.lease_epoch,
+        attempt=row.attempt,
         limits=agent_pb2.RunLimits(
-            max_steps=row.max_steps, deadline=_library_duration(row.deadline_seconds),
-            max_tokens=row.max_tokens, max_tool_calls=row.max_tool_calls,
+            max_steps=row.max_steps,
+            deadline=_library_duration(row.deadline_seconds),
+            max_tokens=row.max_tokens,
+            max_tool_calls=row.max_tool_calls,
             model_retry_budget=row.model_retry_budget,
             max_age=_library_duration(row.max_age_seconds) if row.max_age_seconds else None,
-            repeat_limit=row.repeat_limit, context_tokens=row.context_tokens),
+            repeat_limit=row.repeat_limit,
+            context_tokens=row.context_tokens,
+        ),
         counters=run_pb2.RunCounters(
-            steps=row.step_count, model_calls=row.model_calls, tool_calls=row.tool_calls,
-            tokens=row.tokens_used, input_tokens=row.input_tokens,
-            output_tokens=row.output_tokens, cached_tokens=row.cached_tokens,
-            reasoning_tokens=row.reasoning_tokens, cost_micros=row.cost_micros),
-        input=row.input, output=row.output or "", error=row.error or "",
+            steps=row.step_count,
+            model_calls=row.model_calls,
+            tool_calls=row.tool_calls,
+            tokens=row.tokens_used,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cached_tokens=row.cached_tokens,
+            reasoning_tokens=row.reasoning_tokens,
+            cost_micros=row.cost_micros,
+        ),
+        input=row.input,
+        output=row.output or "",
+        error=row.error or "",
         active_duration=_library_duration(row.active_seconds + row.held_seconds),
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
         parent_seq=row.parent_seq or 0,
         forked_from_run_id=str(row.forked_from_run_id) if row.forked_from_run_id else "",
         forked_from_seq=row.forked_from_seq or 0,
-        credits_reserved_micros=row.credits_reserved_micros, credit_chunks=row.credit_chunks,
-        release=row.release or "", priority=row.priority,
-        wake_time=ts(row.wake_at), expire_time=ts(row.expires_at),
-        create_time=ts(row.created_at), update_time=ts(row.updated_at),
+        credits_reserved_micros=row.credits_reserved_micros,
+        credit_chunks=row.credit_chunks,
+        release=row.release or "",
+        priority=row.priority,
+        wake_time=ts(row.wake_at),
+        expire_time=ts(row.expires_at),
+        create_time=ts(row.created_at),
+        update_time=ts(row.updated_at),
         finish_time=ts(row.finished_at),
-    )  # fmt: skip
+    )
 
 
 OPTIONAL_NONE = {
-    "wait_reason": None, "wake_at": None, "lease_owner": None, "request_id": None,
-    "output": None, "error": None, "expires_at": None, "held_since": None, "started_by": None,
-    "waiting_connection_id": None, "parent_run_id": None, "parent_seq": None,
-    "forked_from_run_id": None, "forked_from_seq": None, "release": None, "started_at": None,
-    "finished_at": None, "max_age_seconds": 0, "active_seconds": 0.0, "held_seconds": 0.0,
-}  # fmt: skip
+    "wait_reason": None,
+    "wake_at": None,
+    "lease_owner": None,
+    "request_id": None,
+    "output": None,
+    "error": None,
+    "expires_at": None,
+    "held_since": None,
+    "started_by": None,
+    "waiting_connection_id": None,
+    "parent_run_id": None,
+    "parent_seq": None,
+    "forked_from_run_id": None,
+    "forked_from_seq": None,
+    "release": None,
+    "started_at": None,
+    "finished_at": None,
+    "max_age_seconds": 0,
+    "active_seconds": 0.0,
+    "held_seconds": 0.0,
+}
 
 
 def test_a_duration_is_what_from_nanoseconds_gives() -> None:
@@ -149,11 +188,25 @@ def test_a_duration_is_what_from_nanoseconds_gives() -> None:
 
 # A fresh run: every count, the attempt, the priority and the credits at 0 as well.
 ZEROS = {
-    **OPTIONAL_NONE, "attempt": 0, "priority": 0, "step_count": 0, "model_calls": 0,
-    "tool_calls": 0, "tokens_used": 0, "input_tokens": 0, "output_tokens": 0,
-    "cached_tokens": 0, "reasoning_tokens": 0, "cost_micros": 0, "credits_reserved_micros": 0,
-    "credit_chunks": 0, "context_tokens": 0, "input": "", "wait_reason": "", "release": "",
-}  # fmt: skip
+    **OPTIONAL_NONE,
+    "attempt": 0,
+    "priority": 0,
+    "step_count": 0,
+    "model_calls": 0,
+    "tool_calls": 0,
+    "tokens_used": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "cached_tokens": 0,
+    "reasoning_tokens": 0,
+    "cost_micros": 0,
+    "credits_reserved_micros": 0,
+    "credit_chunks": 0,
+    "context_tokens": 0,
+    "input": "",
+    "wait_reason": "",
+    "release": "",
+}
 
 
 @pytest.mark.parametrize(
@@ -178,9 +231,13 @@ def test_a_run_written_in_place_is_the_constructed_message(overrides: dict[str, 
     dispatcher.set_assignment(assignment, row, agent_pb2.AgentVersion(version=3), [step, step], 1.0)
     assert assignment.run == expected
     constructed_step = run_pb2.Step(
-        run_id=str(step.run_id), seq=step.seq, kind=run_pb2.STEP_KIND_INPUT, epoch=step.epoch,
-        ref_seq=step.ref_seq or 0, payload_json=step.payload,
+        run_id=str(step.run_id),
+        seq=step.seq,
+        kind=run_pb2.STEP_KIND_INPUT,
+        epoch=step.epoch,
+        ref_seq=step.ref_seq or 0,
+        payload_json=step.payload,
         create_time=_library(step.created_at),
-    )  # fmt: skip
+    )
     assert list(assignment.steps) == [constructed_step, constructed_step]
     assert convert.step(step) == constructed_step

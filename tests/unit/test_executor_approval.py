@@ -10,9 +10,13 @@ REQUESTED = {"arguments": ARGS, "arguments_sha256": arguments_sha256(ARGS)}
 
 
 def decided(decision: str, arguments=ARGS, **extra):
-    return {"decision": decision, "arguments": arguments,
-            "arguments_sha256": arguments_sha256(arguments),
-            "approved_sha256": REQUESTED["arguments_sha256"], **extra}  # fmt: skip
+    return {
+        "decision": decision,
+        "arguments": arguments,
+        "arguments_sha256": arguments_sha256(arguments),
+        "approved_sha256": REQUESTED["arguments_sha256"],
+        **extra,
+    }
 
 
 def test_hash_is_canonical_over_key_order():
@@ -52,9 +56,12 @@ def test_rejections_and_expiry_are_results_not_errors():
 def test_executor_and_control_plane_hash_arguments_identically():
     """The two sides may not share code (gRPC is their only link), so they must agree here."""
     cases = [
-        {}, {"b": 1, "a": [1, 2.5, None, True]}, {"to": "zoë@example.com", "body": "naïve ✓"},
-        {"nested": {"z": {"y": "x"}, "a": []}}, {"amount": 10**20, "ratio": 0.1},
-    ]  # fmt: skip
+        {},
+        {"b": 1, "a": [1, 2.5, None, True]},
+        {"to": "zoë@example.com", "body": "naïve ✓"},
+        {"nested": {"z": {"y": "x"}, "a": []}},
+        {"amount": 10**20, "ratio": 0.1},
+    ]
     for args in cases:
         assert hashing.canonical_json(args) == canonical_json(args)
         assert hashing.arguments_sha256(args) == arguments_sha256(args)

@@ -12,8 +12,14 @@ from executor.tools.delivery import Outcome
 from tests.unit.test_tool_run_loop import RUN, Committer, Delivery, Leases, Model, payloads
 
 R = agent_pb2
-MAIL = {"message_id": "<m1@x.test>", "thread_id": "t-1", "from": "Lead <lead@corp.test>",
-        "to": ["triage@acme.test"], "cc": ["boss@corp.test"], "attachments": ["a1"]}  # fmt: skip
+MAIL = {
+    "message_id": "<m1@x.test>",
+    "thread_id": "t-1",
+    "from": "Lead <lead@corp.test>",
+    "to": ["triage@acme.test"],
+    "cc": ["boss@corp.test"],
+    "attachments": ["a1"],
+}
 
 
 def input_entry(mail: dict | None = MAIL) -> replay.Entry:
@@ -70,8 +76,10 @@ def test_attachments_only_from_the_thread():
 
 
 def test_an_unknown_recipient_needs_approval_a_known_one_does_not():
-    known = rule(R.CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL,
-                 known_recipients=["ops@acme.test", "@partner.test"])  # fmt: skip
+    known = rule(
+        R.CONSTRAINT_RULE_RECIPIENT_KNOWN_OR_APPROVAL,
+        known_recipients=["ops@acme.test", "@partner.test"],
+    )
     assert check([known], {"to": "ops@acme.test"}).approval is None
     assert check([known], {"to": "anyone@partner.test"}).approval is None
     assert check([known], {"to": "lead@corp.test"}).approval is None  # on the thread
@@ -97,14 +105,16 @@ def assignment(arguments: dict, rules: list) -> executor_pb2.Assignment:
     trigger = {"kind": "mail", "trigger_id": "inbox", "mail": MAIL}
     call = {"id": "c1", "name": "send_email", "arguments": arguments}
     log = [
-        run_pb2.Step(seq=0, kind=replay.INPUT, payload_json=json.dumps({"text": "x",
-                                                                       "trigger": trigger})),
+        run_pb2.Step(
+            seq=0, kind=replay.INPUT, payload_json=json.dumps({"text": "x", "trigger": trigger})
+        ),
         run_pb2.Step(seq=1, kind=replay.DECISION, payload_json=json.dumps({"tool_calls": [call]})),
-    ]  # fmt: skip
+    ]
     spec = agent_pb2.AgentSpec(model="m", tools=["send_email"], constraints=rules)
     run = run_pb2.Run(run_id=RUN, workspace_id="ws", lease_epoch=1)
-    return executor_pb2.Assignment(run=run, agent_version=agent_pb2.AgentVersion(spec=spec),
-                                   steps=log)  # fmt: skip
+    return executor_pb2.Assignment(
+        run=run, agent_version=agent_pb2.AgentVersion(spec=spec), steps=log
+    )
 
 
 async def test_the_run_loop_commits_the_refusal_as_an_error_result_and_sends_nothing():

@@ -49,14 +49,22 @@ def log_of(turns: int) -> list[run_pb2.Step]:
             steps.tool_started(seq + 1, seq, call.id, "echo", call.arguments or {}, RUN, "read"),
             steps.tool_result(seq + 2, seq + 1, call.id, "echo", "ok", output={"echo": "ok"}),
         ]
-    return [run_pb2.Step(run_id=RUN, seq=s.seq, kind=s.kind, ref_seq=s.ref_seq,
-                         payload_json=s.payload_json) for s in new]  # fmt: skip
+    return [
+        run_pb2.Step(
+            run_id=RUN, seq=s.seq, kind=s.kind, ref_seq=s.ref_seq, payload_json=s.payload_json
+        )
+        for s in new
+    ]
 
 
 async def run_once(log: list[run_pb2.Step], model: Model, threshold: int) -> tuple[str, Committer]:
     committer = Committer()
-    run = run_pb2.Run(workspace_id="ws", run_id=RUN, lease_epoch=2,
-                      limits=agent_pb2.RunLimits(context_tokens=threshold))  # fmt: skip
+    run = run_pb2.Run(
+        workspace_id="ws",
+        run_id=RUN,
+        lease_epoch=2,
+        limits=agent_pb2.RunLimits(context_tokens=threshold),
+    )
     spec = agent_pb2.AgentSpec(model="m", instructions=INSTRUCTIONS, tools=["echo"])
     assignment = executor_pb2.Assignment(
         run=run, agent_version=agent_pb2.AgentVersion(spec=spec), steps=log
@@ -89,8 +97,12 @@ async def test_a_run_whose_recap_is_recorded_never_asks_for_it_again():
     first = Model()
     _, committer = await run_once(log_of(10), first, THRESHOLD)
     recorded = committer.commits[0].steps[0]
-    log = [*log_of(10), run_pb2.Step(run_id=RUN, seq=recorded.seq, kind=recorded.kind,
-                                     payload_json=recorded.payload_json)]  # fmt: skip
+    log = [
+        *log_of(10),
+        run_pb2.Step(
+            run_id=RUN, seq=recorded.seq, kind=recorded.kind, payload_json=recorded.payload_json
+        ),
+    ]
     again = Model(recap=AssertionError("asked for a recap again"))
     ended, committer = await run_once(log, again, THRESHOLD)
     assert ended == "completed"

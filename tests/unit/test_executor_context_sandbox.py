@@ -28,19 +28,23 @@ def turn(i: int) -> dict[str, Any]:
 
 @pytest.fixture
 def client(tmp_path: Path) -> TestClient:
-    doc = {"turns": [turn(i) for i in range(6)], "summary": {"content": "R-{{nonce}}"},
-           "record_prompts": True}  # fmt: skip
+    doc = {
+        "turns": [turn(i) for i in range(6)],
+        "summary": {"content": "R-{{nonce}}"},
+        "record_prompts": True,
+    }
     (tmp_path / "recaps.json").write_text(json.dumps(doc))
     (tmp_path / "plain.json").write_text(json.dumps({"turns": [turn(0)]}))
     return TestClient(create_app(scenarios_dir=tmp_path))
 
 
 def chat(assistant_turns: int, start: int = 0) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"},
-                                      {"role": "user", "content": "go"}]  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "go"},
+    ]
     for i in range(start, start + assistant_turns):
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "echo", "arguments": "{}"}}  # fmt: skip
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "echo", "arguments": "{}"}}
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "{}"})
     return messages

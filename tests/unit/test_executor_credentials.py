@@ -35,16 +35,31 @@ def providers() -> Iterator[BackgroundServer]:
 def grant(url: str, account: str, scope: str) -> dict[str, Any]:
     """A token pair from the sandbox's OAuth server (the control plane's part, done by hand)."""
     verifier = "v" * 48
-    consent = httpx.get(f"{url}/oauth/chat/authorize", params={
-        "response_type": "code", "client_id": CLIENT_ID, "redirect_uri": REDIRECT,
-        "scope": scope, "state": "s", "code_challenge": s256(verifier),
-        "code_challenge_method": "S256", "login_hint": account,
-    })  # fmt: skip
+    consent = httpx.get(
+        f"{url}/oauth/chat/authorize",
+        params={
+            "response_type": "code",
+            "client_id": CLIENT_ID,
+            "redirect_uri": REDIRECT,
+            "scope": scope,
+            "state": "s",
+            "code_challenge": s256(verifier),
+            "code_challenge_method": "S256",
+            "login_hint": account,
+        },
+    )
     code = httpx.URL(consent.headers["location"]).params["code"]
-    pair = httpx.post(f"{url}/oauth/chat/token", data={
-        "grant_type": "authorization_code", "code": code, "code_verifier": verifier,
-        "redirect_uri": REDIRECT, "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
-    })  # fmt: skip
+    pair = httpx.post(
+        f"{url}/oauth/chat/token",
+        data={
+            "grant_type": "authorization_code",
+            "code": code,
+            "code_verifier": verifier,
+            "redirect_uri": REDIRECT,
+            "client_id": CLIENT_ID,
+            "client_secret": CLIENT_SECRET,
+        },
+    )
     return pair.json()
 
 

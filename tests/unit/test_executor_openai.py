@@ -142,8 +142,9 @@ async def test_connection_failure_is_unavailable_and_names_no_secret():
     assert str(err.value) == "model provider unreachable: ClientConnectorError"
 
 
-@pytest.mark.parametrize(("fault", "named"), [(STALL, "SocketTimeoutError"),
-                                              (DROP, "ServerDisconnectedError")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "named"), [(STALL, "SocketTimeoutError"), (DROP, "ServerDisconnectedError")]
+)
 async def test_a_timeout_or_a_dropped_connection_is_unavailable(fault, named):
     with pytest.raises(ModelUnavailable, match=named):
         await ask(lambda r: fault)
@@ -172,15 +173,19 @@ async def test_usage_details_and_endings_are_read():
 @pytest.mark.parametrize(
     ("status", "headers", "body", "error"),
     [
-        (429, {}, {"error": {"type": "insufficient_quota", "code": "insufficient_quota"}},
-         ModelRejected),
+        (
+            429,
+            {},
+            {"error": {"type": "insufficient_quota", "code": "insufficient_quota"}},
+            ModelRejected,
+        ),
         (429, {}, {"error": {"type": "requests", "code": "rate_limit_exceeded"}}, ModelUnavailable),
         (408, {}, {"error": {}}, ModelUnavailable),
         (409, {}, {"error": {}}, ModelUnavailable),
         (400, {"x-should-retry": "true"}, {"error": {}}, ModelUnavailable),
         (503, {"x-should-retry": "false"}, {"error": {}}, ModelRejected),
     ],
-)  # fmt: skip
+)
 async def test_which_failures_are_transient(status, headers, body, error):
     with pytest.raises(error):
         await ask(lambda r: reply(status, body, headers=headers))

@@ -30,10 +30,17 @@ def searched(times: int, query: str = "invoice") -> list[run_pb2.Step]:
         call = {"id": f"c{n}", "name": "search_email", "arguments": {"query": query}}
         log.append(step(seq, replay.DECISION, {"tool_calls": [call], "usage": {}}))
         if n < times - 1:
-            log.append(step(seq + 1, replay.STARTED, {"call_id": f"c{n}", "tool": "search_email"},
-                            seq))  # fmt: skip
-            log.append(step(seq + 2, replay.RESULT, {"call_id": f"c{n}", "tool": "search_email",
-                                                     "status": "ok", "output": []}, seq + 1))  # fmt: skip
+            log.append(
+                step(seq + 1, replay.STARTED, {"call_id": f"c{n}", "tool": "search_email"}, seq)
+            )
+            log.append(
+                step(
+                    seq + 2,
+                    replay.RESULT,
+                    {"call_id": f"c{n}", "tool": "search_email", "status": "ok", "output": []},
+                    seq + 1,
+                )
+            )
     return log
 
 
@@ -83,8 +90,14 @@ def held_log() -> list[replay.Entry]:
 
 
 def decision_on(seq: int, ref: int, decision: str) -> replay.Entry:
-    payload = {"call_id": "c2", "tool": "search_email", "status": "error", "held": "repeat",
-               "decision": decision, "decided_by": "person:ada"}  # fmt: skip
+    payload = {
+        "call_id": "c2",
+        "tool": "search_email",
+        "status": "error",
+        "held": "repeat",
+        "decision": decision,
+        "decided_by": "person:ada",
+    }
     return replay.Entry(seq, replay.RESULT, ref, payload)
 
 
@@ -130,8 +143,9 @@ class Model:
 
 
 async def test_the_run_loop_commits_the_hold_with_a_repeat_park_and_sends_nothing():
-    run = run_pb2.Run(run_id=RUN, workspace_id="ws", lease_epoch=1,
-                      limits=agent_pb2.RunLimits(repeat_limit=3))  # fmt: skip
+    run = run_pb2.Run(
+        run_id=RUN, workspace_id="ws", lease_epoch=1, limits=agent_pb2.RunLimits(repeat_limit=3)
+    )
     spec = agent_pb2.AgentSpec(model="m", tools=["search_email"])
     assignment = executor_pb2.Assignment(
         run=run, agent_version=agent_pb2.AgentVersion(spec=spec), steps=searched(3)

@@ -163,8 +163,14 @@ def test_messages_rebuild_the_conversation_from_recorded_outputs():
     ]
     messages = transcript.build_messages(replay.decode(log), "You are helpful.")
     assert [m["role"] for m in messages] == [
-        "system", "user", "assistant", "tool", "tool", "tool", "assistant",
-    ]  # fmt: skip
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "tool",
+        "assistant",
+    ]
     assert messages[0]["content"] == "You are helpful."
     assert messages[1]["content"] == "email bob"
     assistant = messages[2]
@@ -189,8 +195,10 @@ def _growing_log(rng: random.Random) -> list[run_pb2.Step]:
     (ok, error, unknown), an approval now and then, a summary once, a final answer."""
     log, seq = [input_step("go")], 1
     for turn in range(rng.randint(3, 12)):
-        calls = [{"id": f"t{turn}c{i}", "name": "echo", "arguments": {"text": f"{turn}.{i}"}}
-                 for i in range(rng.randint(1, 3))]  # fmt: skip
+        calls = [
+            {"id": f"t{turn}c{i}", "name": "echo", "arguments": {"text": f"{turn}.{i}"}}
+            for i in range(rng.randint(1, 3))
+        ]
         log.append(decision(seq, calls, content=f"turn {turn}"))
         d, seq = seq, seq + 1
         for call in calls:
@@ -242,9 +250,12 @@ def test_rendered_turns_give_the_same_messages_as_rendering_afresh_as_the_log_gr
                     assert got is before[seq]  # unchanged: not rendered again
                 before[seq] = got
     # A step joining a turn renders it again: its call's result replaces "no result".
-    answered = [input_step(), decision(1, [CRM]),
-                started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
-                result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"})]  # fmt: skip
+    answered = [
+        input_step(),
+        decision(1, [CRM]),
+        started(2, 1, "c1", "crm_lookup", "read", email="bob@example.com"),
+        result(3, 2, "c1", "crm_lookup", "ok", output={"name": "Bob"}),
+    ]
     log = replay.decode(answered)
     rendered = transcript.RenderedTurns()
     early = transcript.build_messages(log[:3], "", rendered)

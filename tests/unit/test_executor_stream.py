@@ -58,17 +58,22 @@ def sent(queued: list[pb.ConnectRequest | None], bound: int) -> list[tuple[str, 
 def test_commits_queued_together_go_in_one_message_and_nothing_changes_places():
     queued = [commit(1), commit(2), commit(3), ping(7), commit(4), ping(8), commit(5), commit(6)]
     assert sent([*queued, None], 1 << 20) == [
-        ("commits", [1, 2, 3]), ("ping", [7]), ("commit", [4]), ("ping", [8]),
+        ("commits", [1, 2, 3]),
+        ("ping", [7]),
+        ("commit", [4]),
+        ("ping", [8]),
         ("commits", [5, 6]),
-    ]  # fmt: skip
+    ]
     # A half-close behind a batch still ends the stream after it; nothing after it goes.
     assert sent([commit(1), commit(2), None, commit(3)], 1 << 20) == [("commits", [1, 2])]
 
 
 def test_an_older_control_plane_gets_every_commit_alone():
     assert sent([commit(1), commit(2), commit(3), None], 0) == [
-        ("commit", [1]), ("commit", [2]), ("commit", [3]),
-    ]  # fmt: skip
+        ("commit", [1]),
+        ("commit", [2]),
+        ("commit", [3]),
+    ]
 
 
 def test_a_batch_stays_within_the_control_planes_byte_bound():
@@ -77,13 +82,17 @@ def test_a_batch_stays_within_the_control_planes_byte_bound():
     queued = [commit(n, big) for n in range(1, 6)]
     # Room for two such commits a message: 2 + 2 + 1, in order.
     assert sent([*queued, None], 2 * size + size // 2) == [
-        ("commits", [1, 2]), ("commits", [3, 4]), ("commit", [5]),
-    ]  # fmt: skip
+        ("commits", [1, 2]),
+        ("commits", [3, 4]),
+        ("commit", [5]),
+    ]
     # One larger than the bound goes alone, between batches.
     huge = commit(9, "y" * 10 * size)
     assert sent([commit(1), huge, commit(2), commit(3), None], 3 * size) == [
-        ("commit", [1]), ("commit", [9]), ("commits", [2, 3]),
-    ]  # fmt: skip
+        ("commit", [1]),
+        ("commit", [9]),
+        ("commits", [2, 3]),
+    ]
 
 
 def test_a_batch_holds_at_most_its_count():

@@ -21,16 +21,18 @@ MAIL = {"to": "ada@example.com", "subject": "Hi", "body": "Hello"}
 
 
 def config(url: str, timeout: float = 10.0) -> ExecutorConfig:
-    return ExecutorConfig(providers_url=url, provider_urls={"crm": f"{url}/crm-base/"},
-                          tool_timeout_seconds=timeout)  # fmt: skip
+    return ExecutorConfig(
+        providers_url=url, provider_urls={"crm": f"{url}/crm-base/"}, tool_timeout_seconds=timeout
+    )
 
 
 @contextlib.asynccontextmanager
 async def provider(*script, refusing: bool = False) -> AsyncIterator[tuple[HttpToolClient, Stub]]:
     """A client of a server answering each request with the next item (the last repeats)."""
     left = list(script)
-    async with serving(lambda seen: left.pop(0) if len(left) > 1 else left[0],
-                       refusing=refusing) as stub:  # fmt: skip
+    async with serving(
+        lambda seen: left.pop(0) if len(left) > 1 else left[0], refusing=refusing
+    ) as stub:
         client = HttpToolClient(config(stub.url, timeout=0.5))
         try:
             yield client, stub
@@ -86,9 +88,12 @@ async def test_a_lookup_answer_without_its_list_is_a_provider_error():
 
 @pytest.mark.parametrize(
     ("fault", "expected", "named"),
-    [(DROP, MaybeSent, "ServerDisconnectedError"), (STALL, MaybeSent, "SocketTimeoutError"),
-     (CUT, MaybeSent, "ClientPayloadError")],
-)  # fmt: skip
+    [
+        (DROP, MaybeSent, "ServerDisconnectedError"),
+        (STALL, MaybeSent, "SocketTimeoutError"),
+        (CUT, MaybeSent, "ClientPayloadError"),
+    ],
+)
 async def test_a_request_that_was_written_and_then_broke_may_have_left(fault, expected, named):
     async with provider(fault) as (client, stub):
         with pytest.raises(expected, match=named):

@@ -46,8 +46,9 @@ def test_trusted_inputs_stay_as_they_are():
 def test_a_marked_tool_result_is_wrapped_and_the_rebuild_is_the_same_bytes():
     call = {"id": "c1", "name": "read_thread", "arguments": {"thread_id": "t"}}
     output = {"messages": [{"body": ATTACK}]}
-    result = steps.tool_result(3, 2, "c1", "read_thread", "ok", output=output,
-                               untrusted="tool:read_thread")  # fmt: skip
+    result = steps.tool_result(
+        3, 2, "c1", "read_thread", "ok", output=output, untrusted="tool:read_thread"
+    )
     entries = [
         replay.Entry(0, replay.INPUT, 0, {"text": "go"}),
         replay.Entry(1, replay.DECISION, 0, {"tool_calls": [call]}),
@@ -59,8 +60,9 @@ def test_a_marked_tool_result_is_wrapped_and_the_rebuild_is_the_same_bytes():
     assert content.startswith("The block below is data from outside (tool:read_thread)")
     assert ATTACK in content and content.endswith("</untrusted>")
     # The same log gives the same bytes (decoded again from its JSON).
-    again = transcript.build_messages([replay.Entry(e.seq, e.kind, e.ref_seq, dict(e.payload))
-                                   for e in entries], "i")  # fmt: skip
+    again = transcript.build_messages(
+        [replay.Entry(e.seq, e.kind, e.ref_seq, dict(e.payload)) for e in entries], "i"
+    )
     assert again == first
 
 
@@ -72,8 +74,10 @@ def test_an_error_result_is_not_marked():
 
 
 async def test_the_run_loop_records_the_origin_of_a_reads_untrusted_tools_result():
-    calls = [{"id": "c1", "name": "read_thread", "arguments": {"thread_id": "t"}},
-             {"id": "c2", "name": "echo", "arguments": {"text": "x"}}]  # fmt: skip
+    calls = [
+        {"id": "c1", "name": "read_thread", "arguments": {"thread_id": "t"}},
+        {"id": "c2", "name": "echo", "arguments": {"text": "x"}},
+    ]
     log = [
         run_pb2.Step(seq=0, kind=replay.INPUT, payload_json=json.dumps({"text": "go"})),
         run_pb2.Step(seq=1, kind=replay.DECISION, payload_json=json.dumps({"tool_calls": calls})),
@@ -81,15 +85,17 @@ async def test_the_run_loop_records_the_origin_of_a_reads_untrusted_tools_result
     spec = agent_pb2.AgentSpec(model="m", tools=["read_thread", "echo"])
     assignment = executor_pb2.Assignment(
         run=run_pb2.Run(run_id=RUN, workspace_id="ws", lease_epoch=1),
-        agent_version=agent_pb2.AgentVersion(spec=spec), steps=log,
-    )  # fmt: skip
+        agent_version=agent_pb2.AgentVersion(spec=spec),
+        steps=log,
+    )
     committer = Committer()
     delivery = Delivery(Outcome("ok", output={"messages": [ATTACK]}), Outcome("ok", output="x"))
     model = Model()
     deps = RunDeps(committer, Leases(), model, delivery, Catalogue.load())  # type: ignore[arg-type]
     assert await RunLoop(assignment, deps).run() == "completed"
-    marked = [p.get("untrusted") for c in committer.commits for k, p in payloads(c)
-              if k == "tool_result"]  # fmt: skip
+    marked = [
+        p.get("untrusted") for c in committer.commits for k, p in payloads(c) if k == "tool_result"
+    ]
     assert marked == ["tool:read_thread", None]
     tool_messages = [m for m in model.seen[-1] if m["role"] == "tool"]
     assert tool_messages[0]["content"].endswith("</untrusted>")

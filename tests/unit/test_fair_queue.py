@@ -31,8 +31,10 @@ def test_the_cause_is_what_holds_the_run_back_now(pos, reason, cause):
     msg = convert.queue_position(pos, reason)
     assert msg is not None and msg.cause == cause
     assert (msg.runs_ahead, msg.workspace_running, msg.workspace_max_concurrency) == (
-        pos.runs_ahead, pos.workspace_running, pos.workspace_max_concurrency,
-    )  # fmt: skip
+        pos.runs_ahead,
+        pos.workspace_running,
+        pos.workspace_max_concurrency,
+    )
 
 
 def test_a_sleep_is_no_queue():

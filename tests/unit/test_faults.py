@@ -37,8 +37,10 @@ def test_unarmed_points_are_inert():
 
 def test_parse_raise_actions():
     assert faults._parse_actions("a=raise, b=raise@2, c") == {
-        "a": ("raise", 1), "b": ("raise", 2), "c": ("kill", 1)
-    }  # fmt: skip
+        "a": ("raise", 1),
+        "b": ("raise", 2),
+        "c": ("kill", 1),
+    }
 
 
 def test_a_point_armed_to_raise_raises_at_every_hit_from_the_nth():

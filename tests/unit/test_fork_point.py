@@ -20,10 +20,16 @@ def log(*entries: tuple[str, dict, int | None]) -> list[Step]:
     ]
 
 
-DECISION = ("model_decision", {"tool_calls": [
-    {"id": "c1", "name": "crm_lookup", "arguments": {}},
-    {"id": "c2", "name": "send_email", "arguments": {}},
-]}, None)  # fmt: skip
+DECISION = (
+    "model_decision",
+    {
+        "tool_calls": [
+            {"id": "c1", "name": "crm_lookup", "arguments": {}},
+            {"id": "c2", "name": "send_email", "arguments": {}},
+        ]
+    },
+    None,
+)
 STARTED_1 = ("tool_started", {"call_id": "c1", "tool": "crm_lookup"}, 1)
 RESULT_1 = ("tool_result", {"call_id": "c1", "tool": "crm_lookup", "status": "ok"}, 2)
 STARTED_2 = ("tool_started", {"call_id": "c2", "tool": "send_email"}, 1)

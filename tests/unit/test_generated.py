@@ -15,16 +15,29 @@ def test_regenerating_changes_nothing(tmp_path):
     protos = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proto").rglob("*.proto"))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", "proto",
-         f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
-         f"--mypy_out={tmp_path}", f"--mypy_grpc_out={tmp_path}", *protos],
-        cwd=ROOT, check=True, env=env, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            "proto",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--mypy_out={tmp_path}",
+            f"--mypy_grpc_out={tmp_path}",
+            *protos,
+        ],
+        cwd=ROOT,
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     fresh = tmp_path / "agentrun" / "v1"
     committed = ROOT / "generated" / "agentrun" / "v1"
     names = sorted(p.name for p in fresh.iterdir())
-    assert names == sorted(p.name for p in committed.iterdir() if p.name != "__init__.py"
-                           and p.name != "__pycache__")  # fmt: skip
+    assert names == sorted(
+        p.name for p in committed.iterdir() if p.name != "__init__.py" and p.name != "__pycache__"
+    )
     _, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
     assert (mismatch, errors) == ([], []), "run `make gen` and commit generated/"
 

@@ -36,11 +36,17 @@ print(json.dumps({"loaded": "grpc" in sys.modules, "at_import": seen[:1],
 
 
 def _probe(module: str, **env: str) -> dict[str, object]:
-    environ = {k: v for k, v in os.environ.items()
-               if k not in (grpc_core.ENV, grpc_core.FORK_ENV)}  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if k not in (grpc_core.ENV, grpc_core.FORK_ENV)}
     environ.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "generated")]))
-    done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, module],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -48,8 +54,11 @@ def _probe(module: str, **env: str) -> dict[str, object]:
     "module", ["control_plane.server", "executor.__main__", "agentrun_cli.main", "bench.grpc_floor"]
 )
 def test_each_entry_point_sets_the_experiments_before_grpc_loads(module: str) -> None:
-    assert _probe(module) == {"loaded": True, "at_import": [grpc_core.EXPERIMENTS],
-                              "fork_support": ["false"]}  # fmt: skip
+    assert _probe(module) == {
+        "loaded": True,
+        "at_import": [grpc_core.EXPERIMENTS],
+        "fork_support": ["false"],
+    }
 
 
 def test_an_operators_setting_wins_even_an_empty_one() -> None:

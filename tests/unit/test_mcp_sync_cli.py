@@ -10,17 +10,22 @@ from agentrun_cli import mcp
 SHOWN = pb.SyncMcpServerResponse(
     changes=[
         pb.ToolChange(kind=pb.ToolChange.KIND_REMOVED, name="desk__list_tickets"),
-        pb.ToolChange(kind=pb.ToolChange.KIND_CHANGED, name="desk__create_ticket",
-                      fields=["annotations"], needs_class=True,
-                      proposed=pb.Tool(access=pb.TOOL_ACCESS_WRITE),
-                      proposed_class=pb.IDEMPOTENCY_CLASS_PROVIDER_KEY),
+        pb.ToolChange(
+            kind=pb.ToolChange.KIND_CHANGED,
+            name="desk__create_ticket",
+            fields=["annotations"],
+            needs_class=True,
+            proposed=pb.Tool(access=pb.TOOL_ACCESS_WRITE),
+            proposed_class=pb.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+        ),
     ],
     digest="0123456789abcdef",
-)  # fmt: skip
+)
 
 
-@pytest.mark.parametrize(("answer", "saved"), [("y", True), ("YES", True), ("", False),
-                                              ("n", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("answer", "saved"), [("y", True), ("YES", True), ("", False), ("n", False)]
+)
 def test_the_diff_is_shown_and_saved_only_on_yes(answer, saved, monkeypatch, capsys):
     asked: list[str] = []
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or answer)

@@ -19,12 +19,20 @@ from executor.retry_after import retry_after
 
 SECRET = "sk-ant-very-secret-key"
 PROFILES = {
-    "claude": {"provider": "anthropic", "base_url": "https://api.anthropic.com",
-               "model": "claude-sonnet-4-5", "api_key_env": "ANTHROPIC_API_KEY",
-               "max_tokens": 2048, "timeout_seconds": 90},
-    "local": {"provider": "openai", "base_url": "http://127.0.0.1:11434/v1",
-              "token_limit_field": "max_completion_tokens"},
-}  # fmt: skip
+    "claude": {
+        "provider": "anthropic",
+        "base_url": "https://api.anthropic.com",
+        "model": "claude-sonnet-4-5",
+        "api_key_env": "ANTHROPIC_API_KEY",
+        "max_tokens": 2048,
+        "timeout_seconds": 90,
+    },
+    "local": {
+        "provider": "openai",
+        "base_url": "http://127.0.0.1:11434/v1",
+        "token_limit_field": "max_completion_tokens",
+    },
+}
 
 
 def test_profiles_come_from_inline_json_or_a_file_with_keys_from_the_environment(tmp_path):
@@ -39,8 +47,10 @@ def test_profiles_come_from_inline_json_or_a_file_with_keys_from_the_environment
     assert (claude.max_tokens, claude.timeout_seconds) == (2048, 90.0)
     local = config.model_profiles["local"]
     assert (local.provider, local.api_key, local.token_limit_field) == (
-        "openai", "", "max_completion_tokens",
-    )  # fmt: skip
+        "openai",
+        "",
+        "max_completion_tokens",
+    )
     assert SECRET not in repr(config)  # the key never reaches a log line through the config
     path = tmp_path / "profiles.json"
     path.write_text(json.dumps(PROFILES))
@@ -68,30 +78,50 @@ def test_bad_profiles_are_refused_at_startup_naming_the_field(profile, message):
 def test_settings_of_a_spec_and_the_default_for_a_spec_without_them():
     assert profiles.settings_of(agent_pb2.AgentSpec(model="m")) == DEFAULT_SETTINGS
     spec = agent_pb2.AgentSpec(
-        model="m", model_profile="claude",
+        model="m",
+        model_profile="claude",
         model_parameters=agent_pb2.ModelParameters(
-            max_tokens=64, temperature=0.0, tool_choice="required", parallel_tool_calls=False,
+            max_tokens=64,
+            temperature=0.0,
+            tool_choice="required",
+            parallel_tool_calls=False,
             timeout=duration_pb2.Duration(seconds=2, nanos=500_000_000),
         ),
-    )  # fmt: skip
+    )
     assert profiles.settings_of(spec) == ModelSettings(
-        profile="claude", max_tokens=64, temperature=0.0, tool_choice="required",
-        parallel_tool_calls=False, timeout_seconds=2.5,
-    )  # fmt: skip
+        profile="claude",
+        max_tokens=64,
+        temperature=0.0,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        timeout_seconds=2.5,
+    )
 
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "look up ada"},
-    {"role": "assistant", "content": "Looking.", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "crm_lookup",
-                                                      "arguments": '{"email": "ada@x"}'}},
-        {"id": "c2", "type": "function", "function": {"name": "echo", "arguments": "{oops"}}]},
+    {
+        "role": "assistant",
+        "content": "Looking.",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "crm_lookup", "arguments": '{"email": "ada@x"}'},
+            },
+            {"id": "c2", "type": "function", "function": {"name": "echo", "arguments": "{oops"}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": '{"name": "Ada"}'},
     {"role": "tool", "tool_call_id": "c2", "content": "error: arguments are not JSON"},
-]  # fmt: skip
-TOOLS = [{"type": "function", "function": {"name": "echo", "description": "Echo.",
-          "parameters": {"type": "object"}}}]  # fmt: skip
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "echo", "description": "Echo.", "parameters": {"type": "object"}},
+    }
+]
 
 
 def test_the_openai_conversation_becomes_an_anthropic_messages_body():
@@ -104,23 +134,50 @@ def test_the_openai_conversation_becomes_an_anthropic_messages_body():
         "max_tokens": 4096,
         "temperature": 0.5,
         "system": [{"type": "text", "text": "Be brief.", "cache_control": ephemeral}],
-        "tools": [{"name": "echo", "description": "Echo.", "input_schema": {"type": "object"},
-                   "cache_control": ephemeral}],
+        "tools": [
+            {
+                "name": "echo",
+                "description": "Echo.",
+                "input_schema": {"type": "object"},
+                "cache_control": ephemeral,
+            }
+        ],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "look up ada"}]},
-            {"role": "assistant", "content": [
-                {"type": "text", "text": "Looking."},
-                {"type": "tool_use", "id": "c1", "name": "crm_lookup", "input": {"email": "ada@x"}},
-                {"type": "tool_use", "id": "c2", "name": "echo",
-                 "input": {"arguments_raw": "{oops"}}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Looking."},
+                    {
+                        "type": "tool_use",
+                        "id": "c1",
+                        "name": "crm_lookup",
+                        "input": {"email": "ada@x"},
+                    },
+                    {
+                        "type": "tool_use",
+                        "id": "c2",
+                        "name": "echo",
+                        "input": {"arguments_raw": "{oops"},
+                    },
+                ],
+            },
             # Both results in one user message, right after the tool_use turn.
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "c1", "content": '{"name": "Ada"}'},
-                {"type": "tool_result", "tool_use_id": "c2",
-                 "content": "error: arguments are not JSON", "cache_control": ephemeral}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "c1", "content": '{"name": "Ada"}'},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "c2",
+                        "content": "error: arguments are not JSON",
+                        "cache_control": ephemeral,
+                    },
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(

@@ -95,13 +95,16 @@ async def test_a_stream_cut_short_is_unavailable_and_an_error_answer_is_read_who
 async def test_a_streamed_line_may_be_longer_than_aiohttp_reads_a_line():
     """A chunk of 300 KiB of text in one event (aiohttp's own line reader stops at 128 KiB)."""
     long = "x" * 300_000
-    events = [{"choices": [{"index": 0, "delta": {"content": long}}]},
-              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]  # fmt: skip
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": long}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
     text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
     told: list[str] = []
     async with serving(lambda r: reply(text=text)) as stub, closing(openai_at(stub.url)) as model:
-        answer = await model.complete("m", MESSAGES, [], "r", 1,
-                                      settings=ModelSettings(on_delta=told.append))  # fmt: skip
+        answer = await model.complete(
+            "m", MESSAGES, [], "r", 1, settings=ModelSettings(on_delta=told.append)
+        )
     assert told == [long] and answer.content == long
 
 
@@ -131,9 +134,11 @@ async def test_a_streamed_anthropic_message_is_the_unstreamed_one_told_piece_by_
 async def test_an_anthropic_stream_assembles_exactly_the_message_it_streams():
     """Every field of the reply, ids and usage included, from the same message both ways."""
     body = anthropic_api.message_response(
-        "m", Reply(content="Two words.", tool_calls=(RenderedCall("echo", '{"text": "x"}'),)),
-        CacheUse(total=40, read=30, written=10), 7,
-    )  # fmt: skip
+        "m",
+        Reply(content="Two words.", tool_calls=(RenderedCall("echo", '{"text": "x"}'),)),
+        CacheUse(total=40, read=30, written=10),
+        7,
+    )
 
     def answer(request: Seen):
         if request.json().get("stream"):
@@ -144,8 +149,9 @@ async def test_an_anthropic_stream_assembles_exactly_the_message_it_streams():
 
     told: list[str] = []
     async with anthropic_answering(answer) as model:
-        streamed = await model.complete("m", MESSAGES, [], "r", 1,
-                                        settings=ModelSettings(on_delta=told.append))  # fmt: skip
+        streamed = await model.complete(
+            "m", MESSAGES, [], "r", 1, settings=ModelSettings(on_delta=told.append)
+        )
         assert streamed == await model.complete("m", MESSAGES, [], "r", 1)
     assert told == ["Two", " words."] and streamed.tool_calls[0].arguments == {"text": "x"}
     assert (streamed.usage.prompt_tokens, streamed.usage.completion_tokens) == (40, 7)
@@ -154,10 +160,13 @@ async def test_an_anthropic_stream_assembles_exactly_the_message_it_streams():
 async def test_an_anthropic_stream_cut_short_or_failing_midway_is_unavailable():
     start = {"type": "message_start", "message": {"id": "msg_1", "content": [], "usage": {}}}
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
-    for events, reason in (([start], "ended before the reply did"),
-                           ([start, overloaded], "overloaded_error")):  # fmt: skip
+    for events, reason in (
+        ([start], "ended before the reply did"),
+        ([start, overloaded], "overloaded_error"),
+    ):
         text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
         async with anthropic_answering(lambda r, t=text: reply(text=t)) as model:
             with pytest.raises(ModelUnavailable, match=reason):
-                await model.complete("m", MESSAGES, [], "r", 1,
-                                     settings=ModelSettings(on_delta=lambda t: None))  # fmt: skip
+                await model.complete(
+                    "m", MESSAGES, [], "r", 1, settings=ModelSettings(on_delta=lambda t: None)
+                )

@@ -9,8 +9,13 @@ from control_plane.auth import oidc
 from control_plane.ground.errors import Unauthenticated
 from sandbox.idp import SigningKey
 
-CLAIMS = {"iss": "https://idp", "sub": "s1", "aud": "agentrun", "email": "Ada@Example.com",
-          "email_verified": True}  # fmt: skip
+CLAIMS = {
+    "iss": "https://idp",
+    "sub": "s1",
+    "aud": "agentrun",
+    "email": "Ada@Example.com",
+    "email_verified": True,
+}
 
 
 def test_api_keys_are_not_mistaken_for_id_tokens():
@@ -43,8 +48,10 @@ def test_jwks_keeps_only_signing_keys_whose_alg_fits_their_type():
     keys = oidc.parse_jwks(doc)
     assert set(keys) == {rsa["kid"], ec["kid"], "bare"}
     assert (keys[rsa["kid"]].alg, keys[ec["kid"]].alg, keys["bare"].alg) == (
-        "RS256", "ES256", "RS256",
-    )  # fmt: skip
+        "RS256",
+        "ES256",
+        "RS256",
+    )
     assert oidc.parse_jwks({"keys": "nope"}) == {} and oidc.parse_jwks([]) == {}
 
 

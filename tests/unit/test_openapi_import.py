@@ -152,9 +152,11 @@ def test_a_stated_provider_key_header_and_retention_are_kept() -> None:
 
 @pytest.mark.parametrize(
     ("classes", "field"),
-    [({"getProduct": PROVIDER_KEY}, "classes[getProduct]"),
-     ({"createOrdr": PROVIDER_KEY}, "classes[createOrdr]")],
-)  # fmt: skip
+    [
+        ({"getProduct": PROVIDER_KEY}, "classes[getProduct]"),
+        ({"createOrdr": PROVIDER_KEY}, "classes[createOrdr]"),
+    ],
+)
 def test_a_class_for_a_read_or_an_unknown_operation_is_refused(classes, field) -> None:
     assert refused(shop_text(), ImportSpec(classes=classes)).field == field
 
@@ -190,18 +192,29 @@ def test_two_operations_with_one_tool_name_are_refused() -> None:
 def test_a_body_property_named_like_a_parameter_becomes_body_name() -> None:
     body = {
         "required": True,
-        "content": {"application/json": {"schema": {
-            "type": "object", "required": ["id", "name"],
-            "properties": {"id": {"type": "string"}, "name": {"type": "string"}},
-        }}},
-    }  # fmt: skip
-    path = {"put": op("putUser", requestBody=body, parameters=[
-        {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}},
-        {"name": "X-Trace-Id", "in": "header", "schema": {"type": "string"}},
-        {"name": "Authorization", "in": "header", "schema": {"type": "string"}},
-        {"name": "X-API-Key", "in": "header", "schema": {"type": "string"}},
-        {"name": "2fa", "in": "query", "schema": {"type": "string"}},
-    ])}  # fmt: skip
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["id", "name"],
+                    "properties": {"id": {"type": "string"}, "name": {"type": "string"}},
+                }
+            }
+        },
+    }
+    path = {
+        "put": op(
+            "putUser",
+            requestBody=body,
+            parameters=[
+                {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}},
+                {"name": "X-Trace-Id", "in": "header", "schema": {"type": "string"}},
+                {"name": "Authorization", "in": "header", "schema": {"type": "string"}},
+                {"name": "X-API-Key", "in": "header", "schema": {"type": "string"}},
+                {"name": "2fa", "in": "query", "schema": {"type": "string"}},
+            ],
+        )
+    }
     classes = {"putUser": tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_NONE)}
     (tool,) = import_tools(doc({"/users/{id}": path}), ImportSpec(classes=classes))
     schema = params(tool)

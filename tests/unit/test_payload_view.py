@@ -31,14 +31,20 @@ def test_reference_names_the_bytes_by_their_hash():
     data = payloads.encode({"blob": "x" * 3})
     assert data == b'{"blob": "xxx"}'
     assert payloads.reference(data) == {
-        "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
         "media_type": "application/json",
-    }  # fmt: skip
+    }
 
 
 def _stored(seq: int, sha: str = SHA, untrusted: str | None = None) -> Entry:
-    payload = {"call_id": "c", "tool": "blob", "status": "ok", "output": "VIEW",
-               "payload": {"sha256": sha, "size": 99, "media_type": "application/json"}}  # fmt: skip
+    payload = {
+        "call_id": "c",
+        "tool": "blob",
+        "status": "ok",
+        "output": "VIEW",
+        "payload": {"sha256": sha, "size": 99, "media_type": "application/json"},
+    }
     if untrusted:
         payload["untrusted"] = untrusted
     return Entry(seq, RESULT, seq - 1, payload)
@@ -62,8 +68,7 @@ def test_read_arguments_are_checked_and_the_length_capped():
 
 def test_a_slice_says_where_it_lies_in_the_whole():
     out = payloads.slice_output(SHA, 10, b"klmno", 20)
-    assert out == {"ref": SHA, "offset": 10, "length": 5, "size": 20, "text": "klmno",
-                   "more": True}  # fmt: skip
+    assert out == {"ref": SHA, "offset": 10, "length": 5, "size": 20, "text": "klmno", "more": True}
     assert payloads.slice_output(SHA, 15, b"pqrst", 20)["more"] is False
 
 
@@ -78,8 +83,12 @@ def test_chunks_cover_the_payload_in_order():
 def test_replay_shows_the_recorded_view_verbatim_and_the_recorded_slice():
     view_step = _stored(3)
     assert transcript.result_text(view_step.payload) == "VIEW"  # not re-quoted as JSON
-    read = {"call_id": "r", "tool": "read_result", "status": "ok",
-            "output": payloads.slice_output(SHA, 0, b"abc", 99)}  # fmt: skip
+    read = {
+        "call_id": "r",
+        "tool": "read_result",
+        "status": "ok",
+        "output": payloads.slice_output(SHA, 0, b"abc", 99),
+    }
     text = transcript.result_text(read)
     assert '"text": "abc"' in text and '"offset": 0' in text
 

@@ -13,11 +13,17 @@ PRICES = pricing.load()
 
 def test_a_call_is_priced_per_kind_of_token_and_rounded_up_per_component():
     price = PRICES.model("gpt-4o")
-    counts = {"prompt_tokens": 1000, "completion_tokens": 300, "cached_tokens": 400,
-              "reasoning_tokens": 100, "cache_write_tokens": 0}  # fmt: skip
+    counts = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 300,
+        "cached_tokens": 400,
+        "reasoning_tokens": 100,
+        "cache_write_tokens": 0,
+    }
     usage = pricing.model_call(PRICES, "gpt-4o", counts)
-    expected = (600 * price.input + 400 * price.cached_input + 200 * price.output
-                + 100 * price.reasoning) // 1_000_000  # fmt: skip
+    expected = (
+        600 * price.input + 400 * price.cached_input + 200 * price.output + 100 * price.reasoning
+    ) // 1_000_000
     assert usage.cost_micros == expected
     assert (usage.input_tokens, usage.output_tokens) == (1000, 300)
     assert (usage.cached_tokens, usage.reasoning_tokens) == (400, 100)
@@ -35,8 +41,10 @@ def test_an_unknown_model_is_priced_as_the_default_and_an_unknown_tool_as_tools_
 def test_commit_steps_sum_and_only_priced_kinds_count():
     decision = json.dumps({"model": "demo", "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
     started = json.dumps({"tool": "send_email"})
-    total = pricing.steps_usage(PRICES, [("model_decision", decision), ("tool_started", started),
-                                         ("tool_result", "not even json")])  # fmt: skip
+    total = pricing.steps_usage(
+        PRICES,
+        [("model_decision", decision), ("tool_started", started), ("tool_result", "not even json")],
+    )
     demo = PRICES.model("demo")
     assert total.cost_micros == -(-10 * demo.input // 10**6) - (
         -5 * demo.output // 10**6

@@ -34,5 +34,8 @@ def test_an_admin_key_is_refused_as_a_decider_and_a_signed_in_admin_is_one():
         decisions.Decider.of(who(Kind.KEY, "admin"))
     d = decisions.Decider.of(who(Kind.PERSON, "admin"))
     assert (d.name, d.via, d.role, d.actor) == (
-        "ada@example.com", decisions.SIGNED_IN, "admin", "person:ada@example.com",
-    )  # fmt: skip
+        "ada@example.com",
+        decisions.SIGNED_IN,
+        "admin",
+        "person:ada@example.com",
+    )

@@ -83,9 +83,14 @@ def test_every_admission_includes_the_one_run_admit_shape():
     SQL shape."""
     inserting = {n for n, q in queries.QUERIES.items() if "INSERT INTO runs" in q.sql}
     assert inserting == {
-        "run_insert", "run_insert_latest", "trigger_event_admit", "session_turn_admit",
-        "child_admit", "fork_admit", "flow_consume",
-    }  # fmt: skip
+        "run_insert",
+        "run_insert_latest",
+        "trigger_event_admit",
+        "session_turn_admit",
+        "child_admit",
+        "fork_admit",
+        "flow_consume",
+    }
     for name in inserting:
         assert queries.QUERIES[name].sql.count("INSERT INTO runs") == 1
         assert "admitted_input AS" in queries.QUERIES[name].sql

@@ -30,8 +30,11 @@ def test_depth_is_counted_outside_strings_only() -> None:
 
 
 def test_deep_bodies_never_reach_the_recursive_parser() -> None:
-    for text in ("[" * 100_000 + "]" * 100_000, '{"a":' * 40_000 + "1" + "}" * 40_000,
-                 "[" * 100_000):  # fmt: skip
+    for text in (
+        "[" * 100_000 + "]" * 100_000,
+        '{"a":' * 40_000 + "1" + "}" * 40_000,
+        "[" * 100_000,
+    ):
         assert refusal(text) == "f: is nested deeper than 64 levels"
 
 
@@ -50,8 +53,9 @@ def test_nul_escapes_nan_size_and_encoding_are_refused() -> None:
 def test_the_nul_walk_names_nested_repeated_and_map_fields() -> None:
     edit = approval_pb2.DecideApprovalRequest(edit=approval_pb2.Edit(note="a\x00"))
     assert nul_path(edit) == "edit.note"
-    commit = executor_pb2.Commit(steps=[executor_pb2.NewStep(), executor_pb2.NewStep(
-        payload_json="\x00")])  # fmt: skip
+    commit = executor_pb2.Commit(
+        steps=[executor_pb2.NewStep(), executor_pb2.NewStep(payload_json="\x00")]
+    )
     assert nul_path(commit) == "steps[1].payload_json"
     doc = struct_pb2.Struct()
     doc.update({"ok": "fine", "inner": {"deep": ["x", "y\x00"]}})

@@ -24,8 +24,12 @@ def client() -> TestClient:
 
 
 def send(client: TestClient, headers: dict[str, str] = HEADERS, **body: Any):
-    request = {"model": "demo", "max_tokens": 100,
-               "messages": [{"role": "user", "content": "hi"}], **body}  # fmt: skip
+    request = {
+        "model": "demo",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}],
+        **body,
+    }
     return client.post("/v1/messages", json=request, headers=headers)
 
 
@@ -35,11 +39,17 @@ def test_an_answer_in_the_messages_shape(client: TestClient) -> None:
     assert reply["stop_reason"] == "tool_use"
     [call] = reply["content"]
     assert (call["type"], call["name"], call["input"]) == (
-        "tool_use", "crm_lookup", {"email": "ada@example.com"},
-    )  # fmt: skip
+        "tool_use",
+        "crm_lookup",
+        {"email": "ada@example.com"},
+    )
     usage = reply["usage"]
-    assert set(usage) == {"input_tokens", "output_tokens", "cache_read_input_tokens",
-                          "cache_creation_input_tokens"}  # fmt: skip
+    assert set(usage) == {
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    }
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
 
 
@@ -48,13 +58,23 @@ def test_an_answer_in_the_messages_shape(client: TestClient) -> None:
     [
         ({"max_tokens": None}, "max_tokens"),
         ({"messages": [{"role": "assistant", "content": "hi"}]}, "alternate"),
-        ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [USE]},
-                       {"role": "user", "content": "no result"}]}, "without tool_result"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": [USE]},
+                    {"role": "user", "content": "no result"},
+                ]
+            },
+            "without tool_result",
+        ),
         ({"tools": [{"name": "echo"}]}, "input_schema"),
-        ({"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}] * 5},
-         "maximum of 4"),
+        (
+            {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}] * 5},
+            "maximum of 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_the_real_api_refuses_is_400(client: TestClient, change, message) -> None:
     response = send(client, **change)
     assert response.status_code == 400
@@ -64,8 +84,11 @@ def test_what_the_real_api_refuses_is_400(client: TestClient, change, message) -
 
 
 def test_a_tool_use_answered_by_its_result_plays_the_next_turn(client: TestClient) -> None:
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": [USE]},
-                {"role": "user", "content": [RESULT]}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": [USE]},
+        {"role": "user", "content": [RESULT]},
+    ]
     assert send(client, messages=messages).status_code == 200
     assert client.get("/_sandbox/requests").json()["requests"][-1]["turn"] == 1
 
@@ -90,7 +113,10 @@ def test_an_exhausted_quota_is_a_billing_error(client: TestClient) -> None:
     response = send(client, model="out_of_quota")
     assert response.status_code == 402
     assert response.json()["error"]["type"] == "billing_error"
-    openai = client.post("/v1/chat/completions", headers={"authorization": "Bearer sk-a"},
-                         json={"model": "out_of_quota", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    openai = client.post(
+        "/v1/chat/completions",
+        headers={"authorization": "Bearer sk-a"},
+        json={"model": "out_of_quota", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert openai.status_code == 429
     assert openai.json()["error"]["code"] == "insufficient_quota"

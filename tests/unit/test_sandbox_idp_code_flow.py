@@ -21,12 +21,21 @@ ISSUER = "http://idp.test"
 
 
 def granted(idp: IdentityProvider, verifier: str = "v" * 43) -> tuple[str, dict[str, str]]:
-    form = {"email": "ada@example.com", "client_id": "agentrun", "state": "s", "nonce": "n1",
-            "redirect_uri": "http://cp.test/console/callback",
-            "code_challenge": pkce_challenge(verifier)}  # fmt: skip
+    form = {
+        "email": "ada@example.com",
+        "client_id": "agentrun",
+        "state": "s",
+        "nonce": "n1",
+        "redirect_uri": "http://cp.test/console/callback",
+        "code_challenge": pkce_challenge(verifier),
+    }
     code = grant_code(idp, form)
-    return code, {"code": code, "client_id": "agentrun", "code_verifier": verifier,
-                  "redirect_uri": form["redirect_uri"]}  # fmt: skip
+    return code, {
+        "code": code,
+        "client_id": "agentrun",
+        "code_verifier": verifier,
+        "redirect_uri": form["redirect_uri"],
+    }
 
 
 def test_a_code_gives_the_users_id_token_with_the_nonce_once() -> None:
@@ -60,8 +69,12 @@ def test_a_code_is_refused_for_another_verifier_client_or_redirect(change, words
 
 def test_a_sign_in_without_pkce_or_an_email_gets_no_code() -> None:
     idp = IdentityProvider(ISSUER)
-    base = {"email": "ada@example.com", "client_id": "agentrun",
-            "redirect_uri": "http://cp.test/cb", "code_challenge": "c"}  # fmt: skip
+    base = {
+        "email": "ada@example.com",
+        "client_id": "agentrun",
+        "redirect_uri": "http://cp.test/cb",
+        "code_challenge": "c",
+    }
     for missing, words in (("code_challenge", "PKCE"), ("email", "email")):
         with pytest.raises(BadTokenRequest, match=words):
             grant_code(idp, {k: v for k, v in base.items() if k != missing})
@@ -71,12 +84,24 @@ def test_a_sign_in_without_pkce_or_an_email_gets_no_code() -> None:
 def test_a_challenge_or_verifier_in_any_characters_is_refused_not_a_crash() -> None:
     """compare_digest raises TypeError for non-ASCII text: the exchange must say no instead."""
     idp = IdentityProvider(ISSUER)
-    form = {"email": "ada@example.com", "client_id": "agentrun", "redirect_uri": "http://cp.test/cb",
-            "code_challenge": "défi-ü"}  # fmt: skip
+    form = {
+        "email": "ada@example.com",
+        "client_id": "agentrun",
+        "redirect_uri": "http://cp.test/cb",
+        "code_challenge": "défi-ü",
+    }
     code = grant_code(idp, form)
     with pytest.raises(BadTokenRequest, match="code_verifier"):
-        redeem_code(idp, {"code": code, "client_id": "agentrun", "redirect_uri": form["redirect_uri"],
-                          "code_verifier": "vérifier"}, ISSUER)  # fmt: skip
+        redeem_code(
+            idp,
+            {
+                "code": code,
+                "client_id": "agentrun",
+                "redirect_uri": form["redirect_uri"],
+                "code_verifier": "vérifier",
+            },
+            ISSUER,
+        )
 
 
 def test_a_malformed_rotation_is_refused_and_keeps_the_keys() -> None:
@@ -85,8 +110,15 @@ def test_a_malformed_rotation_is_refused_and_keeps_the_keys() -> None:
         from starlette.testclient import TestClient
     client = TestClient(create_app(ISSUER))
     published = client.get("/jwks.json").json()
-    for body in (b"\xff\xfe", b"not json", b"[]", b"null", b'{"alg": ["RS256"]}',
-                 b'{"grace_seconds": "soon"}', b'{"grace_seconds": -1}'):  # fmt: skip
+    for body in (
+        b"\xff\xfe",
+        b"not json",
+        b"[]",
+        b"null",
+        b'{"alg": ["RS256"]}',
+        b'{"grace_seconds": "soon"}',
+        b'{"grace_seconds": -1}',
+    ):
         refused = client.post("/_sandbox/rotate", content=body)
         assert refused.status_code == 400 and refused.json()["error"], body
     assert client.get("/jwks.json").json() == published

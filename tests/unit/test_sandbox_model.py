@@ -233,8 +233,10 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     # by importing its OpenAPI document).
     registry = {"channel_history", "charge_customer"} | SHOP_TOOLS
     assert used - CATALOGUE - registry == {
-        "delete_everything", "list_invoices", "crm_export_contacts",
-    }  # fmt: skip
+        "delete_everything",
+        "list_invoices",
+        "crm_export_contacts",
+    }
 
 
 @pytest.mark.parametrize(

@@ -29,12 +29,17 @@ def authorize(client: TestClient, scope: str = "chat:write", verifier: str = "v"
     answer = client.get(
         "/oauth/chat/authorize",
         params={
-            "response_type": "code", "client_id": CLIENT_ID, "redirect_uri": REDIRECT,
-            "scope": scope, "state": "st8", "code_challenge": s256(verifier),
-            "code_challenge_method": "S256", "login_hint": "ada@acme",
+            "response_type": "code",
+            "client_id": CLIENT_ID,
+            "redirect_uri": REDIRECT,
+            "scope": scope,
+            "state": "st8",
+            "code_challenge": s256(verifier),
+            "code_challenge_method": "S256",
+            "login_hint": "ada@acme",
         },
         follow_redirects=False,
-    )  # fmt: skip
+    )
     assert answer.status_code == 302
     query = parse_qs(urlsplit(answer.headers["location"]).query)
     assert query["state"] == ["st8"]
@@ -49,9 +54,12 @@ def token(client: TestClient, **form: str) -> Any:
 def connect(client: TestClient, scope: str = "chat:write") -> dict[str, Any]:
     code = authorize(client, scope)
     answer = token(
-        client, grant_type="authorization_code", code=code,
-        code_verifier="v" * 50, redirect_uri=REDIRECT,
-    )  # fmt: skip
+        client,
+        grant_type="authorization_code",
+        code=code,
+        code_verifier="v" * 50,
+        redirect_uri=REDIRECT,
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -76,18 +84,35 @@ def test_code_flow_with_pkce_issues_a_token_the_provider_accepts(client: TestCli
 
 def test_a_wrong_verifier_or_a_reused_code_is_refused(client: TestClient) -> None:
     code = authorize(client)
-    wrong = token(client, grant_type="authorization_code", code=code,
-                  code_verifier="w" * 50, redirect_uri=REDIRECT)  # fmt: skip
+    wrong = token(
+        client,
+        grant_type="authorization_code",
+        code=code,
+        code_verifier="w" * 50,
+        redirect_uri=REDIRECT,
+    )
     assert wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant"
-    again = token(client, grant_type="authorization_code", code=code,
-                  code_verifier="v" * 50, redirect_uri=REDIRECT)  # fmt: skip
+    again = token(
+        client,
+        grant_type="authorization_code",
+        code=code,
+        code_verifier="v" * 50,
+        redirect_uri=REDIRECT,
+    )
     assert again.status_code == 400  # the code was consumed by the first attempt
 
 
 def test_plain_pkce_is_refused(client: TestClient) -> None:
-    answer = client.get("/oauth/chat/authorize", params={
-        "response_type": "code", "client_id": CLIENT_ID, "redirect_uri": REDIRECT,
-        "code_challenge": "x", "code_challenge_method": "plain"})  # fmt: skip
+    answer = client.get(
+        "/oauth/chat/authorize",
+        params={
+            "response_type": "code",
+            "client_id": CLIENT_ID,
+            "redirect_uri": REDIRECT,
+            "code_challenge": "x",
+            "code_challenge_method": "plain",
+        },
+    )
     assert answer.status_code == 400
 
 

@@ -51,8 +51,13 @@ def test_a_repeated_key_replays_the_order_instead_of_placing_another(client) -> 
 
 
 def test_a_dropped_response_still_places_the_order(client) -> None:
-    spec = {"provider": "shop", "mode": "drop_response", "path": "/shop/orders", "count": 1,
-            "delay_ms": 0}  # fmt: skip
+    spec = {
+        "provider": "shop",
+        "mode": "drop_response",
+        "path": "/shop/orders",
+        "count": 1,
+        "delay_ms": 0,
+    }
     assert client.post("/_sandbox/faults", json=spec).status_code == 200
     with pytest.raises(ConnectionDropped):
         order(client, "run-2:4")

@@ -160,12 +160,17 @@ async def test_a_silent_stream_is_declared_dead_and_closed():
 
 def _registry_tool(url: str) -> Tool:
     """A workspace's HTTP tool from a template (executor/tools/template.py), no credential."""
-    return definitions.from_proto(tool_pb2.Tool(
-        name="notify", version=1, parameters_json='{"type": "object"}',
-        access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
-        idempotency_header="Idempotency-Key",
-        http=tool_pb2.HttpTemplate(method="POST", url=f"{url}/notify"),
-    ))  # fmt: skip
+    return definitions.from_proto(
+        tool_pb2.Tool(
+            name="notify",
+            version=1,
+            parameters_json='{"type": "object"}',
+            access=tool_pb2.TOOL_ACCESS_WRITE,
+            idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+            idempotency_header="Idempotency-Key",
+            http=tool_pb2.HttpTemplate(method="POST", url=f"{url}/notify"),
+        )
+    )
 
 
 @pytest.mark.parametrize("registry", [False, True], ids=["catalogue", "registry-template"])

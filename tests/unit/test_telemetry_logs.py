@@ -48,8 +48,11 @@ def test_stdlib_calls_become_json_with_the_bound_context(stream):
     first, second = lines(stream)
     assert first["message"] == "run r-1 parked (sleep)"
     assert (first["workspace"], first["run"], first["epoch"]) == ("acme", "r-1", 3)
-    assert (first["level"], first["logger"], first["service"]) == ("info", "executor.run_loop",
-                                                                   "executor")  # fmt: skip
+    assert (first["level"], first["logger"], first["service"]) == (
+        "info",
+        "executor.run_loop",
+        "executor",
+    )
     assert "timestamp" in first
     assert second["level"] == "warning" and "run" not in second
 

@@ -24,9 +24,15 @@ SEND_EMAIL = CATALOGUE.get("send_email")
 
 @pytest.mark.parametrize(
     ("text", "rate", "burst"),
-    [("5/s", 5, 5), ("300/min", 5, 5), ("1/min", 1 / 60, 1), ("5/s:10", 5, 10), ("0.5/s", 0.5, 1),
-     ("7200/h", 2, 2)],
-)  # fmt: skip
+    [
+        ("5/s", 5, 5),
+        ("300/min", 5, 5),
+        ("1/min", 1 / 60, 1),
+        ("5/s:10", 5, 10),
+        ("0.5/s", 0.5, 1),
+        ("7200/h", 2, 2),
+    ],
+)
 def test_rates_parse(text, rate, burst):
     assert Rate.parse(text) == Rate(pytest.approx(rate), burst)
 
@@ -85,8 +91,11 @@ class Buckets:
 
 
 def limiter(buckets: Buckets | None) -> RateLimiter:
-    settings = LimiterSettings(rates=RateTable.parse("mail=5/s"), unavailable_backoff_start=1.0,
-                               unavailable_backoff_cap=8.0)  # fmt: skip
+    settings = LimiterSettings(
+        rates=RateTable.parse("mail=5/s"),
+        unavailable_backoff_start=1.0,
+        unavailable_backoff_cap=8.0,
+    )
     return RateLimiter(buckets, settings, rng=random.Random(1))  # type: ignore[arg-type]
 
 

@@ -22,8 +22,11 @@ from tests.harness.run_loop_doubles import Committer, Leases
 
 RUN = "00000000-0000-4000-8000-000000000006"
 EPOCH = 5
-MAIL = {"id": "c1", "name": "send_email",
-        "arguments": {"to": "ada@example.com", "subject": "hi", "body": "hello"}}  # fmt: skip
+MAIL = {
+    "id": "c1",
+    "name": "send_email",
+    "arguments": {"to": "ada@example.com", "subject": "hi", "body": "hello"},
+}
 
 
 class Model:
@@ -61,8 +64,9 @@ class Delivery:
 
 
 def step(seq: int, kind: int, payload: dict, ref_seq: int = 0) -> run_pb2.Step:
-    return run_pb2.Step(run_id=RUN, seq=seq, kind=kind, ref_seq=ref_seq,
-                        payload_json=json.dumps(payload))  # fmt: skip
+    return run_pb2.Step(
+        run_id=RUN, seq=seq, kind=kind, ref_seq=ref_seq, payload_json=json.dumps(payload)
+    )
 
 
 def decided_to_mail() -> list[run_pb2.Step]:
@@ -71,10 +75,21 @@ def decided_to_mail() -> list[run_pb2.Step]:
 
 
 def started_and_parked(park_epoch: int) -> list[run_pb2.Step]:
-    started = {"call_id": "c1", "tool": "send_email", "arguments": MAIL["arguments"],
-               "idempotency_key": f"{RUN}:2", "class": "none"}  # fmt: skip
-    park = {"wait_reason": "rate", "wake_after_seconds": 0.4, "note": "no token",
-            "cause": "empty", "unsent_call_seq": 2, "epoch": park_epoch}  # fmt: skip
+    started = {
+        "call_id": "c1",
+        "tool": "send_email",
+        "arguments": MAIL["arguments"],
+        "idempotency_key": f"{RUN}:2",
+        "class": "none",
+    }
+    park = {
+        "wait_reason": "rate",
+        "wake_after_seconds": 0.4,
+        "note": "no token",
+        "cause": "empty",
+        "unsent_call_seq": 2,
+        "epoch": park_epoch,
+    }
     return [*decided_to_mail(), step(2, replay.STARTED, started, 1), step(3, replay.PARK, park)]
 
 
@@ -82,16 +97,25 @@ async def run_once(
     log: list[run_pb2.Step], delivery: Delivery, model: Model | None = None, budget: int = 0
 ) -> tuple[str, Committer]:
     committer = Committer()
-    run = run_pb2.Run(workspace_id="ws", run_id=RUN, lease_epoch=EPOCH,
-                      limits=agent_pb2.RunLimits(model_retry_budget=budget))  # fmt: skip
+    run = run_pb2.Run(
+        workspace_id="ws",
+        run_id=RUN,
+        lease_epoch=EPOCH,
+        limits=agent_pb2.RunLimits(model_retry_budget=budget),
+    )
     spec = agent_pb2.AgentSpec(tools=["send_email"])
     assignment = executor_pb2.Assignment(
         run=run, agent_version=agent_pb2.AgentVersion(spec=spec), steps=log
     )
     deps = RunDeps(
-        committer=committer, leases=Leases(), model=model or Model(), delivery=delivery,  # type: ignore[arg-type]
-        catalogue=Catalogue.load(), rng=random.Random(0), model_retry=ModelRetry(cap=4.0),
-    )  # fmt: skip
+        committer=committer,
+        leases=Leases(),
+        model=model or Model(),
+        delivery=delivery,  # type: ignore[arg-type]
+        catalogue=Catalogue.load(),
+        rng=random.Random(0),
+        model_retry=ModelRetry(cap=4.0),
+    )
     return await RunLoop(assignment, deps).run(), committer
 
 
@@ -107,8 +131,11 @@ async def test_no_token_parks_the_run_saying_the_call_never_went_out():
     assert [k for k, _ in payloads(started)] == ["tool_started"]
     ((kind, park),) = payloads(parked)
     assert (kind, park["wait_reason"], park["unsent_call_seq"], park["epoch"]) == (
-        "park", "rate", 2, EPOCH,
-    )  # fmt: skip
+        "park",
+        "rate",
+        2,
+        EPOCH,
+    )
     assert parked.park.wait_reason == "rate"
     assert parked.park.wake_after.ToTimedelta().total_seconds() == 0.4
 

@@ -118,10 +118,12 @@ async def test_a_read_is_retried_through_5xx_and_timeouts_with_the_same_key():
 
 
 async def test_the_waits_between_sends_grow_exponentially_with_jitter_up_to_the_cap():
-    async with Setup(echo=[status(503), status(503), status(503), status(503),
-                           ok({"echo": "x"})]) as s:  # fmt: skip
-        s.delivery = ToolDelivery(s.client, attempts=5, initial_wait=0.2, max_wait=1.0,
-                                  sleep=s.sleep)  # fmt: skip
+    async with Setup(
+        echo=[status(503), status(503), status(503), status(503), ok({"echo": "x"})]
+    ) as s:
+        s.delivery = ToolDelivery(
+            s.client, attempts=5, initial_wait=0.2, max_wait=1.0, sleep=s.sleep
+        )
         outcome = await s.delivery.send(READ, ECHO_ARGS, "r:1", guard)
         assert outcome == Outcome("ok", output={"echo": "x"})
         assert s.keys("/echo") == ["r:1"] * 5

@@ -25,10 +25,13 @@ def good(**changes) -> tool_pb2.Tool:
         access=tool_pb2.TOOL_ACCESS_READ,
         connection="tracker",
         http=tool_pb2.HttpTemplate(
-            method="GET", url="https://api.example.com/repos/{repo}/issues/{number}",
-            query={"fields": "all"}, auth="bearer", response_pointer="/issue",
+            method="GET",
+            url="https://api.example.com/repos/{repo}/issues/{number}",
+            query={"fields": "all"},
+            auth="bearer",
+            response_pointer="/issue",
         ),
-    )  # fmt: skip
+    )
     for name, value in changes.items():
         target, _, leaf = name.rpartition("__")
         holder = getattr(tool, target) if target else tool
@@ -47,9 +50,14 @@ def refused(tool: tool_pb2.Tool) -> str:
 
 def test_a_good_read_and_keyed_write_pass():
     definitions.validate(good())
-    definitions.validate(good(access=tool_pb2.TOOL_ACCESS_WRITE, http__method="POST",
-                              idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
-                              idempotency_header="X-Request-Key"))  # fmt: skip
+    definitions.validate(
+        good(
+            access=tool_pb2.TOOL_ACCESS_WRITE,
+            http__method="POST",
+            idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+            idempotency_header="X-Request-Key",
+        )
+    )
 
 
 @pytest.mark.parametrize(

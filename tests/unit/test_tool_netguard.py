@@ -15,11 +15,28 @@ from control_plane.tools.openapi import ImportSpec, import_tools
 from ground import netguard
 from sandbox.providers.shop import openapi_document
 
-ALWAYS = ["169.254.169.254", "169.254.0.1", "fe80::1", "0.0.0.0", "::", "224.0.0.1",
-          "ff02::1", "255.255.255.255", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe",
-          "2002:a9fe:a9fe::1"]  # fmt: skip
-PRIVATE = ["127.0.0.1", "::1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "fd00::1",
-           "::ffff:127.0.0.1"]  # fmt: skip
+ALWAYS = [
+    "169.254.169.254",
+    "169.254.0.1",
+    "fe80::1",
+    "0.0.0.0",
+    "::",
+    "224.0.0.1",
+    "ff02::1",
+    "255.255.255.255",
+    "::ffff:169.254.169.254",
+    "64:ff9b::a9fe:a9fe",
+    "2002:a9fe:a9fe::1",
+]
+PRIVATE = [
+    "127.0.0.1",
+    "::1",
+    "10.1.2.3",
+    "172.16.0.9",
+    "192.168.1.1",
+    "fd00::1",
+    "::ffff:127.0.0.1",
+]
 PUBLIC = ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"]
 
 
@@ -44,24 +61,35 @@ def test_private_and_loopback_are_refused_only_when_the_operator_says_so(monkeyp
 
 def http_tool(url: str, lookup_url: str = "") -> tool_pb2.Tool:
     tool = tool_pb2.Tool(
-        name="fetch", parameters_json='{"type": "object"}', access=tool_pb2.TOOL_ACCESS_READ,
+        name="fetch",
+        parameters_json='{"type": "object"}',
+        access=tool_pb2.TOOL_ACCESS_READ,
         http=tool_pb2.HttpTemplate(method="GET", url=url),
-    )  # fmt: skip
+    )
     if lookup_url:
         tool.access, tool.idempotency = (
             tool_pb2.TOOL_ACCESS_WRITE,
             tool_pb2.IDEMPOTENCY_CLASS_LOOKUP,
         )
-        tool.lookup.CopyFrom(tool_pb2.ToolLookup(stamp_body_field="m", stamp_name="k",
-                             url=lookup_url, query={"k": "{key}"}, matches="found"))  # fmt: skip
+        tool.lookup.CopyFrom(
+            tool_pb2.ToolLookup(
+                stamp_body_field="m",
+                stamp_name="k",
+                url=lookup_url,
+                query={"k": "{key}"},
+                matches="found",
+            )
+        )
     return tool
 
 
 def mcp_tool(url: str, timeout: float = 0.0) -> tool_pb2.Tool:
     return tool_pb2.Tool(
-        name="desk__list", parameters_json='{"type": "object"}', access=tool_pb2.TOOL_ACCESS_READ,
+        name="desk__list",
+        parameters_json='{"type": "object"}',
+        access=tool_pb2.TOOL_ACCESS_READ,
         mcp=tool_pb2.McpTarget(server_id="desk", tool="list", url=url, timeout_seconds=timeout),
-    )  # fmt: skip
+    )
 
 
 def refusal(tool: tool_pb2.Tool) -> str:
@@ -98,8 +126,12 @@ def test_an_openapi_import_refuses_a_server_the_tools_may_not_reach(monkeypatch)
         import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True))
     assert str(refused.value).startswith("base_url")  # the document's servers[0]
     with pytest.raises(InvalidArgument, match="^base_url"):
-        import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
-                                          base_url="http://[fe80::1]/shop"))  # fmt: skip
-    tools = import_tools(document, ImportSpec(operations=["getProduct"], dry_run=True,
-                                              base_url="https://shop.example"))  # fmt: skip
+        import_tools(
+            document,
+            ImportSpec(operations=["getProduct"], dry_run=True, base_url="http://[fe80::1]/shop"),
+        )
+    tools = import_tools(
+        document,
+        ImportSpec(operations=["getProduct"], dry_run=True, base_url="https://shop.example"),
+    )
     assert tools[0].http.url.startswith("https://shop.example/")

@@ -85,9 +85,13 @@ def test_a_request_failing_validation_is_not_saved_with_its_key(client):
 
 def request(key: str, processing: Processing | None = None) -> ProviderRequest:
     return ProviderRequest(
-        "POST", "/payments/charges", {}, {"idempotency-key": key}, CHARGE,
+        "POST",
+        "/payments/charges",
+        {},
+        {"idempotency-key": key},
+        CHARGE,
         processing or Processing(),
-    )  # fmt: skip
+    )
 
 
 class Held(Processing):

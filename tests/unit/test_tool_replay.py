@@ -26,9 +26,12 @@ def log_until_unknown(*calls: dict) -> list[run_pb2.Step]:
     """input, a decision with `calls`, the first one started, its outcome unknown, a park."""
     decision = {"content": None, "tool_calls": list(calls), "usage": {}, "response_id": "r1"}
     started = {
-        "call_id": "c1", "tool": "chat_post", "arguments": POST["arguments"],
-        "idempotency_key": f"{RUN}:2", "class": "none",
-    }  # fmt: skip
+        "call_id": "c1",
+        "tool": "chat_post",
+        "arguments": POST["arguments"],
+        "idempotency_key": f"{RUN}:2",
+        "class": "none",
+    }
     unknown = steps.as_entry(
         steps.tool_result(3, 2, "c1", "chat_post", "unknown", resolution="not retried")
     )
@@ -43,10 +46,15 @@ def log_until_unknown(*calls: dict) -> list[run_pb2.Step]:
 
 def decided(seq: int, decision: str, note: str = "", unknown_seq: int = 3) -> run_pb2.Step:
     payload = {
-        "call_id": "c1", "tool": "chat_post", "output": None, "decision": decision,
-        "status": "ok" if decision == "happened" else "error", "decided_by": "alice",
-        "resolution": f"{decision} (alice)", **({"note": note} if note else {}),
-    }  # fmt: skip
+        "call_id": "c1",
+        "tool": "chat_post",
+        "output": None,
+        "decision": decision,
+        "status": "ok" if decision == "happened" else "error",
+        "decided_by": "alice",
+        "resolution": f"{decision} (alice)",
+        **({"note": note} if note else {}),
+    }
     return step(seq, replay.RESULT, payload, ref_seq=unknown_seq)
 
 

@@ -74,9 +74,14 @@ async def run_once(
         steps=log,
     )
     deps = RunDeps(
-        committer=committer, leases=Leases(), model=model or Model(), delivery=delivery,  # type: ignore[arg-type]
-        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
-    )  # fmt: skip
+        committer=committer,
+        leases=Leases(),
+        model=model or Model(),
+        delivery=delivery,  # type: ignore[arg-type]
+        catalogue=Catalogue.load(),
+        wall_clock=lambda: 1_000_000.0,
+        rng=random.Random(0),
+    )
     return await RunLoop(assignment, deps).run(), committer
 
 
@@ -184,9 +189,14 @@ async def test_a_commit_refused_as_invalid_fails_the_run_instead_of_looping_fore
         steps=decided_to_post(),
     )
     deps = RunDeps(
-        committer=committer, leases=Leases(), model=Model(), delivery=Delivery(),  # type: ignore[arg-type]
-        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
-    )  # fmt: skip
+        committer=committer,
+        leases=Leases(),
+        model=Model(),
+        delivery=Delivery(),  # type: ignore[arg-type]
+        catalogue=Catalogue.load(),
+        wall_clock=lambda: 1_000_000.0,
+        rng=random.Random(0),
+    )
     assert await RunLoop(assignment, deps).run() == "failed"
     last = committer.commits[-1]
     assert last.WhichOneof("transition") == "fail"
@@ -213,9 +223,14 @@ async def test_a_run_the_control_plane_failed_on_a_commit_error_stops_at_once():
         steps=[step(0, replay.INPUT, {"text": "go"})],
     )
     deps = RunDeps(
-        committer=committer, leases=Leases(), model=model, delivery=Delivery(),  # type: ignore[arg-type]
-        catalogue=Catalogue.load(), wall_clock=lambda: 1_000_000.0, rng=random.Random(0),
-    )  # fmt: skip
+        committer=committer,
+        leases=Leases(),
+        model=model,
+        delivery=Delivery(),  # type: ignore[arg-type]
+        catalogue=Catalogue.load(),
+        wall_clock=lambda: 1_000_000.0,
+        rng=random.Random(0),
+    )
     assert await RunLoop(assignment, deps).run() == "fenced"
     assert len(committer.commits) == 1 and len(model.seen) == 1  # sent once, asked once
 
@@ -251,8 +266,13 @@ async def test_a_decision_that_calls_a_tool_commits_with_the_first_started_in_on
     # of the decision is started on its own, as before.
     assert delivery.calls == [("send", f"{RUN}:2"), ("send", f"{RUN}:4")]
     kinds = [[kind for kind, _ in payloads(c)] for c in committer.commits]
-    assert kinds == [["model_decision", "tool_started"], ["tool_result"], ["tool_started"],
-                     ["tool_result"], ["model_decision", "finish"]]  # fmt: skip
+    assert kinds == [
+        ["model_decision", "tool_started"],
+        ["tool_result"],
+        ["tool_started"],
+        ["tool_result"],
+        ["model_decision", "finish"],
+    ]
 
 
 async def test_a_decision_whose_first_call_is_refused_is_committed_alone():

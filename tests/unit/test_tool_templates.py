@@ -20,8 +20,12 @@ from tests.harness.http_stub import DROP, reply, serving
 
 
 def tpl(**fields) -> HttpTemplate:
-    base = {"method": "POST", "url": "https://api.example/repos/{repo}/issues", "headers": {},
-            "query": {}}  # fmt: skip
+    base = {
+        "method": "POST",
+        "url": "https://api.example/repos/{repo}/issues",
+        "headers": {},
+        "query": {},
+    }
     return HttpTemplate(**{**base, **fields})
 
 
@@ -33,8 +37,11 @@ def test_a_path_argument_is_escaped_as_one_segment():
 
 
 def test_headers_query_and_the_body_take_what_they_name():
-    t = tpl(headers={"X-Trace": "t-{trace}", "Accept-Language": "en"},
-            query={"state": "{state}", "page": "{page}"}, body="arguments")  # fmt: skip
+    t = tpl(
+        headers={"X-Trace": "t-{trace}", "Accept-Language": "en"},
+        query={"state": "{state}", "page": "{page}"},
+        body="arguments",
+    )
     rendered = template.render(t, {"repo": "r", "trace": "9", "state": "open", "title": "Bug"})
     assert rendered.headers == {"X-Trace": "t-9", "Accept-Language": "en"}
     assert rendered.params == {"state": "open"}  # page: no argument, left out
@@ -53,15 +60,20 @@ def test_the_pointer_picks_the_result():
 
 
 def registry_tool(
-    name: str = "issue_create", mcp: tool_pb2.McpTarget | None = None,
+    name: str = "issue_create",
+    mcp: tool_pb2.McpTarget | None = None,
     url: str = "https://t.example/issues",
-):  # fmt: skip
+):
     tool = tool_pb2.Tool(
-        name=name, version=3, parameters_json='{"type": "object"}',
-        access=tool_pb2.TOOL_ACCESS_WRITE, idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
-        idempotency_header="X-Request-Key", connection="tracker",
+        name=name,
+        version=3,
+        parameters_json='{"type": "object"}',
+        access=tool_pb2.TOOL_ACCESS_WRITE,
+        idempotency=tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
+        idempotency_header="X-Request-Key",
+        connection="tracker",
         http=tool_pb2.HttpTemplate(method="POST", url=url, auth="bearer"),
-    )  # fmt: skip
+    )
     if mcp is not None:
         tool.mcp.CopyFrom(mcp)
     return tool
@@ -70,8 +82,10 @@ def registry_tool(
 def test_a_definition_becomes_a_tool_that_shadows_a_builtin_for_its_run():
     tool = definitions.from_proto(registry_tool())
     assert (tool.call_class, tool.idempotency_header, tool.provider) == (
-        "provider_key", "X-Request-Key", "tracker",
-    )  # fmt: skip
+        "provider_key",
+        "X-Request-Key",
+        "tracker",
+    )
     assert credentials.required_scope(tool) == "tracker:write"
     shadow = registry_tool(name="echo")
     run = definitions.for_run(Catalogue.load(), [shadow])

@@ -12,11 +12,17 @@ from control_plane.triggers.deliveries import BadDelivery, Settings
 
 
 def settings(kind="webhook", scheme="stripe", config=None, rules=()) -> Settings:
-    return Settings.of({
-        "workspace_id": "ws", "trigger_id": "t1", "agent_id": "triage", "kind": kind,
-        "scheme": scheme, "config": json.dumps(config or {}),
-        "filters": json.dumps([r.to_json() for r in rules]),
-    })  # fmt: skip
+    return Settings.of(
+        {
+            "workspace_id": "ws",
+            "trigger_id": "t1",
+            "agent_id": "triage",
+            "kind": kind,
+            "scheme": scheme,
+            "config": json.dumps(config or {}),
+            "filters": json.dumps([r.to_json() for r in rules]),
+        }
+    )
 
 
 # --- bodies and dedupe keys --------------------------------------------------------------------
@@ -40,14 +46,22 @@ def test_json_and_form_bodies_parse_and_garbage_is_refused():
     [
         ("stripe", {}, {"id": "evt_1", "type": "invoice.paid"}, "evt_1"),
         ("slack", {}, {"event_id": "Ev01", "type": "event_callback"}, "Ev01"),
-        ("slack", {}, {"command": "/x", "trigger_id": "13345224609.738474920.8088930838d88f008e0"},
-         "13345224609.738474920.8088930838d88f008e0"),
-        ("github", {"x-github-delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"}, {},
-         "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        (
+            "slack",
+            {},
+            {"command": "/x", "trigger_id": "13345224609.738474920.8088930838d88f008e0"},
+            "13345224609.738474920.8088930838d88f008e0",
+        ),
+        (
+            "github",
+            {"x-github-delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"},
+            {},
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        ),
         ("standard_webhooks", {"webhook-id": "msg_p5jX"}, {}, "msg_p5jX"),
         ("hmac_sha256", {"x-webhook-id": "d-9"}, {}, "d-9"),
     ],
-)  # fmt: skip
+)
 def test_each_scheme_takes_the_delivery_id_its_sender_keeps_stable(scheme, headers, doc, key):
     assert deliveries.dedupe_key(settings(scheme=scheme), headers, doc) == key
 
@@ -115,9 +129,13 @@ def test_a_filtered_webhook_event_carries_its_reason():
 
 def message(**overrides):
     doc = {
-        "message_id": "<m1@mail.test>", "from": "Ada Lovelace <ADA@example.com>",
-        "to": ["triage@acme.test"], "subject": "Hello", "text": "Call me", "headers": {},
-    }  # fmt: skip
+        "message_id": "<m1@mail.test>",
+        "from": "Ada Lovelace <ADA@example.com>",
+        "to": ["triage@acme.test"],
+        "subject": "Hello",
+        "text": "Call me",
+        "headers": {},
+    }
     return deliveries.parse_mail({**doc, **overrides})
 
 

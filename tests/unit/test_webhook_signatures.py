@@ -102,9 +102,12 @@ def test_standard_webhooks_published_vector():
     )
     verify("standard_webhooks", d, [STANDARD_SECRET], now=STANDARD_TIMESTAMP, tolerance=300)
     signed = sign(
-        "standard_webhooks", STANDARD_SECRET, STANDARD_BODY,
-        timestamp=STANDARD_TIMESTAMP, delivery_id=STANDARD_ID,
-    )  # fmt: skip
+        "standard_webhooks",
+        STANDARD_SECRET,
+        STANDARD_BODY,
+        timestamp=STANDARD_TIMESTAMP,
+        delivery_id=STANDARD_ID,
+    )
     assert signed["webhook-signature"] == STANDARD_SIGNATURE
     # A sender may list several signatures (space-separated); one valid is enough.
     several = delivery(
@@ -130,8 +133,13 @@ def stripe_header(timestamp: int, secret: str = STRIPE_SECRET, scheme: str = "v1
 def test_stripe_valid_header_and_extra_unreadable_signature():
     header = stripe_header(NOW)
     assert sign("stripe", STRIPE_SECRET, STRIPE_BODY, timestamp=NOW) == {"Stripe-Signature": header}
-    verify("stripe", delivery(STRIPE_BODY, Stripe_Signature=header), [STRIPE_SECRET], now=NOW,
-           tolerance=300)  # fmt: skip
+    verify(
+        "stripe",
+        delivery(STRIPE_BODY, Stripe_Signature=header),
+        [STRIPE_SECRET],
+        now=NOW,
+        tolerance=300,
+    )
     with_bad = delivery(STRIPE_BODY, Stripe_Signature=header + ",v1=bad_signature")
     verify("stripe", with_bad, [STRIPE_SECRET], now=NOW, tolerance=300)
 
@@ -155,8 +163,13 @@ def test_stripe_refusals():
     assert "tolerance" in refused("stripe", old, [STRIPE_SECRET], tolerance=10)
     verify("stripe", old, [STRIPE_SECRET], now=NOW, tolerance=20)
     # The 300 s default: just inside passes, just outside does not.
-    verify("stripe", delivery(STRIPE_BODY, Stripe_Signature=stripe_header(NOW - 300)),
-           [STRIPE_SECRET], now=NOW, tolerance=300)  # fmt: skip
+    verify(
+        "stripe",
+        delivery(STRIPE_BODY, Stripe_Signature=stripe_header(NOW - 300)),
+        [STRIPE_SECRET],
+        now=NOW,
+        tolerance=300,
+    )
     stale = delivery(STRIPE_BODY, Stripe_Signature=stripe_header(NOW - 301))
     assert "tolerance" in refused("stripe", stale, [STRIPE_SECRET])
 
