@@ -262,7 +262,7 @@ class ExecutorSession:
         # This task is the commit's own (_spawn): its log context goes with it, unreset.
         logs.bind_for_task(workspace=lease.workspace_id, run=lease.run_id, epoch=lease.epoch)
         result = pb.CommitResult(request_id=msg.request_id)
-        with _commit_span(msg, result):
+        with _commit_span(msg, result) if tracing.on() else _NO_SPAN:
             try:
                 check_size(msg, self._dispatcher.config.max_message_bytes)
                 req = self._pipeline.request(msg, renew_always=not self.reads_commit_renewal)
@@ -399,14 +399,15 @@ def _count(msg: pb.Commit, result: pb.CommitResult, took: float) -> None:
         metrics.PARKS.labels(workspace, msg.park.wait_reason).inc()
 
 
+# The commit's span when this process exports none: the hot path makes not even a no-op
+# span (as store/queries.py), nor a generator for one.
+_NO_SPAN = contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _commit_span(msg: pb.Commit, result: pb.CommitResult) -> Iterator[None]:
     """The commit's span, continuing the executor's trace (the message's traceparent), with
-    its outcome; none when this process exports no spans (the hot path: not even a no-op
-    span, as store/queries.py)."""
-    if not tracing.on():
-        yield
-        return
+    its outcome."""
     lease = msg.lease
     attributes = {
         "agentrun.workspace": lease.workspace_id,
