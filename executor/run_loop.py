@@ -21,7 +21,6 @@ from executor.horizon import SEND_GATE
 from executor.internal_tools import CHILD_TOOL, CHILD_WAIT
 from executor.lease import NOT_HELD
 from executor.model_turn import ModelTurn, model_backoff
-from executor.ratelimit import parks as rate_parks
 from executor.replay import (
     AwaitApproval,
     AwaitPerson,
@@ -219,11 +218,11 @@ class RunLoop:
 
     def _unsent_call(self, action: replay.Action) -> int | None:
         """The seq of the started call `action` resolves, if it is known never to have left
-        (executor/ratelimit/parks.py's `unsent`); else None."""
+        (steps.known_unsent); else None."""
         if not isinstance(action, ResolveUnknown):
             return None
         seq = action.started.seq
-        return seq if rate_parks.unsent(self._held.entries, seq, self.lease.epoch) else None
+        return seq if steps.known_unsent(self._held.entries, seq, self.lease.epoch) else None
 
     async def guard(self) -> None:
         """Self-fencing: never send a request under a lease that may lapse meanwhile, nor
@@ -260,8 +259,12 @@ class RunLoop:
         to have left, which the next holder sends under its key whatever its class."""
         seq = self._held.next_seq()
         parks = replay.trailing_parks(self._held.entries, "handoff")
-        wait = 0.0 if parks < HANDOFFS_AT_ONCE else min(HANDOFF_WAIT_CAP, 2.0 ** (parks - 3))
-        mark = None if unsent_seq is None else rate_parks.unsent_mark(unsent_seq, self.lease.epoch)
+        wait = (
+            0.0
+            if parks < HANDOFFS_AT_ONCE
+            else min(HANDOFF_WAIT_CAP, 2.0 ** (parks - HANDOFFS_AT_ONCE))
+        )
+        mark = None if unsent_seq is None else steps.unsent_mark(unsent_seq, self.lease.epoch)
         park = steps.park(seq, "handoff", wait, note, mark)
         await self.commit([park], park=steps.park_transition("handoff", wait))
         log.info("run %s handed back (%s)", self.run_id, note)

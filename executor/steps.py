@@ -221,6 +221,23 @@ def park(
     return new_step(seq, PARK, payload)
 
 
+def unsent_mark(call_seq: int, epoch: int) -> dict[str, int]:
+    """A park's fields saying the call started at `call_seq` never left under lease `epoch`
+    (a rate limit, a connection that could not be used, our own side holding it back)."""
+    return {"unsent_call_seq": call_seq, "epoch": epoch}
+
+
+def known_unsent(entries: list[Entry], started_seq: int, epoch: int) -> bool:
+    """True when the call started at `started_seq` is known never to have reached its
+    provider: the log ends in a park marking it so, under the lease just before `epoch`.
+    On resume it is then sent under its key whatever its class; once another executor held
+    the run since, it could have been sent, and it is resolved by its class as usual."""
+    if not entries or entries[-1].kind != PARK:
+        return False
+    payload = entries[-1].payload
+    return payload.get("unsent_call_seq") == started_seq and payload.get("epoch") == epoch - 1
+
+
 def park_transition(wait_reason: str, wake_after: float | None) -> executor_pb2.Park:
     """Park until `wake_after` seconds from now (database clock), or until an event."""
     if wake_after is None:

@@ -209,7 +209,7 @@ class ToolTurn:
         internal = internal_tools.resuming(name, action.call_class)
         if internal is not None:
             return await internal.resume(self, action, seq)
-        unsent = rate_parks.unsent(self.held.entries, started.seq, self.held.lease.epoch)
+        unsent = steps.known_unsent(self.held.entries, started.seq, self.held.lease.epoch)
         try:
             outcome = await self._resend(
                 action, name, started.payload.get("arguments") or {}, unsent

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from agentrun.v1 import executor_pb2
 from executor import steps
-from executor.ratelimit.parks import unsent_mark
 from executor.replay import INPUT, PARK, Entry
 from executor.tools.catalogue import Tool
 from executor.tools.rejection import ToolCallRejected
@@ -144,12 +143,12 @@ def park_step(
 ) -> executor_pb2.NewStep:
     """The park on a connection. With `call_seq`, it records that call as never sent under
     lease `epoch`, so it goes out on resume whatever its class (None: it may have left under
-    an earlier lease; resolved by its class then). See executor/ratelimit/parks.py."""
+    an earlier lease; resolved by its class then). See executor/steps.py's known_unsent."""
     payload: dict[str, object] = {
         "wait_reason": WAIT_REASON,
         "note": str(exc),
         "connection_id": exc.connection_id,
     }
     if call_seq is not None:
-        payload |= unsent_mark(call_seq, epoch)
+        payload |= steps.unsent_mark(call_seq, epoch)
     return steps.new_step(seq, PARK, payload)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from executor import steps
 from executor.config import ExecutorConfig
 from executor.ratelimit import parks
 from executor.ratelimit.limiter import LimiterSettings, RateLimited, RateLimiter
@@ -185,10 +186,10 @@ def test_a_call_parked_unsent_may_go_out_only_under_the_next_lease():
     park = parks.park_step(5, limited, call_seq=4, epoch=7)
     logged = [entry(4, 3, {}), entry(5, PARK, json.loads(park.payload_json))]
     assert logged[-1].payload["wait_reason"] == "rate"
-    assert parks.unsent(logged, 4, epoch=8)
-    assert not parks.unsent(logged, 4, epoch=9)  # someone held it since: it may have gone out
-    assert not parks.unsent(logged, 3, epoch=8)
-    assert not parks.unsent([*logged, entry(6, RESULT, {})], 4, epoch=8)
+    assert steps.known_unsent(logged, 4, epoch=8)
+    assert not steps.known_unsent(logged, 4, epoch=9)  # someone held it since: it may have gone out
+    assert not steps.known_unsent(logged, 3, epoch=8)
+    assert not steps.known_unsent([*logged, entry(6, RESULT, {})], 4, epoch=8)
 
 
 async def test_a_lookup_refused_after_a_send_that_may_have_applied_is_not_unsent():
