@@ -1,12 +1,15 @@
-"""`agentrun releases list|show|drain|wait-drained|promote|move` and `agentrun canary`.
+"""`agentrun releases list|show|drain|wait-drained|promote|ramp|rollback|move` and
+`agentrun canary`.
 
 A deploy script, with a platform admin key (AGENTRUN_API_KEY):
 
     agentrun canary --release B || exit 1           # the new release works end to end
-    agentrun releases promote B                      # new runs go to B
-    agentrun releases drain A --finish-within 600    # A finishes what it holds, then exits
-    agentrun releases wait-drained A --timeout 900   # exit 0 once A holds nothing
-    agentrun releases move RUN_ID --release B        # a run left waiting on A, explicitly
+    agentrun releases ramp B 10                      # 10 % of new runs go to B
+    agentrun releases list                           # B's and A's completed/failed side by side
+    agentrun releases promote B                      # all new runs, and parked runs, go to B
+    agentrun releases drain A                        # A hands its runs back between turns
+    agentrun releases wait-drained A --timeout 900   # exit 0 once nothing is held or waits on A
+    agentrun releases rollback B                     # or: back to A, nothing stranded
 """
 
 from __future__ import annotations
@@ -49,10 +52,22 @@ def release_line(r: pb.Release) -> str:
         if r.executors
         else "idle"
     )
+    if r.HasField("ramp_percent") and not r.draining:
+        state = f"ramp {r.ramp_percent}%"
     oldest = r.oldest_held.ToNanoseconds() / 1e9
     return (
         f"{r.name:<20} {state:<9} executors={len(r.executors)} held={r.runs_held} "
-        f"oldest={oldest:.0f}s waiting={r.runs_waiting}"
+        f"oldest={oldest:.0f}s waiting={r.runs_waiting} "
+        f"completed={r.runs_completed} failed={r.runs_failed}"
+    )
+
+
+def runs_lines(r: pb.Release) -> str:
+    """The runs a release holds or that wait on it, one a line."""
+    return "".join(
+        f"\n  run {x.run_id} workspace={x.workspace_id} {x.status}"
+        + (f" ({x.wait_reason})" if x.wait_reason else "")
+        for x in r.runs
     )
 
 
@@ -76,12 +91,15 @@ def show(args: argparse.Namespace) -> int:
             .GetRelease(pb.GetReleaseRequest(name=args.name), timeout=TIMEOUT)
             .release
         )
-    _print(args, r, release_line(r) + "".join(f"\n  executor {e}" for e in r.executors))
+    executors = "".join(f"\n  executor {e}" for e in r.executors)
+    _print(args, r, release_line(r) + executors + runs_lines(r))
     return 0
 
 
 def drain(args: argparse.Namespace) -> int:
-    req = pb.DrainReleaseRequest(name=args.name, finish_within=_seconds(args.finish_within))
+    req = pb.DrainReleaseRequest(name=args.name, force=args.force)
+    if args.finish_within is not None:
+        req.finish_within.CopyFrom(_seconds(args.finish_within))
     with _channel(args) as channel:
         r = release_pb2_grpc.ReleaseServiceStub(channel).DrainRelease(req, timeout=TIMEOUT)
     _print(args, r, release_line(r.release))
@@ -97,8 +115,27 @@ def promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def ramp(args: argparse.Namespace) -> int:
+    req = pb.RampReleaseRequest(name=args.name, percent=args.percent)
+    with _channel(args) as channel:
+        r = release_pb2_grpc.ReleaseServiceStub(channel).RampRelease(req, timeout=TIMEOUT)
+    _print(args, r, release_line(r.release))
+    return 0
+
+
+def rollback(args: argparse.Namespace) -> int:
+    req = pb.RollbackReleaseRequest(name=args.name)
+    if args.finish_within is not None:
+        req.finish_within.CopyFrom(_seconds(args.finish_within))
+    with _channel(args) as channel:
+        r = release_pb2_grpc.ReleaseServiceStub(channel).RollbackRelease(req, timeout=TIMEOUT)
+    _print(args, r, release_line(r.release))
+    return 0
+
+
 def wait_drained(args: argparse.Namespace) -> int:
-    """Exit 0 once the release is drained (no executor left, no run held); 1 at the timeout."""
+    """Exit 0 once the release is drained (no executor left, no run held, no run waiting
+    on it); 1 at the timeout, naming the runs still held or waiting."""
     deadline = time.monotonic() + args.timeout
     with _channel(args) as channel:
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
@@ -110,7 +147,7 @@ def wait_drained(args: argparse.Namespace) -> int:
     if r.drained:
         print(f"drained: {release_line(r)}")
         return 0
-    print(f"not drained after {args.timeout:g}s: {release_line(r)}", file=sys.stderr)
+    print(f"not drained after {args.timeout:g}s: {release_line(r)}{runs_lines(r)}", file=sys.stderr)
     return 1
 
 
@@ -136,9 +173,30 @@ def canary(args: argparse.Namespace) -> int:
     return 0 if r.passed else 1
 
 
+def _percent(value: str) -> int:
+    try:
+        percent = int(value.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a percentage (0 to 100)") from None
+    if not 0 <= percent <= 100:
+        raise argparse.ArgumentTypeError(f"{value!r} is not between 0 and 100")
+    return percent
+
+
+def _finish_within_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--finish-within",
+        type=argtypes.seconds,
+        default=None,
+        metavar="SECONDS",
+        help="time its executors work on held runs before handing each back at its next "
+        "turn boundary (default: each executor's longest turn)",
+    )
+
+
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     actions = sub.add_parser(
-        "releases", help="blue-green releases: list, drain, promote, move runs"
+        "releases", help="releases: list, ramp, promote, drain, roll back, move runs"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser("list", help="every release, newest first", parents=[common])
     p.set_defaults(handler=list_releases)
@@ -147,16 +205,17 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=show)
     p = actions.add_parser("drain", help="drain a release's executors", parents=[common])
     p.add_argument("name", metavar="RELEASE")
+    _finish_within_option(p)
     p.add_argument(
-        "--finish-within",
-        type=argtypes.seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="time to finish held runs before handing them back (default 60)",
+        "--force",
+        action="store_true",
+        help="hand back turns in progress too (they wait for an executor of the release)",
     )
     p.set_defaults(handler=drain)
     p = actions.add_parser(
-        "wait-drained", help="wait until a release holds nothing", parents=[common]
+        "wait-drained",
+        help="wait until nothing is held by or waits on a release",
+        parents=[common],
     )
     p.add_argument("name", metavar="RELEASE")
     p.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="SECONDS")
@@ -164,6 +223,18 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = actions.add_parser("promote", help="send new runs to a release", parents=[common])
     p.add_argument("name", metavar="RELEASE")
     p.set_defaults(handler=promote)
+    p = actions.add_parser(
+        "ramp", help="send a percentage of new runs to a release", parents=[common]
+    )
+    p.add_argument("name", metavar="RELEASE")
+    p.add_argument("percent", type=_percent, metavar="PERCENT", help="0 to 100 (10 or 10%%)")
+    p.set_defaults(handler=ramp)
+    p = actions.add_parser(
+        "rollback", help="end a release's ramp or promotion and drain it", parents=[common]
+    )
+    p.add_argument("name", metavar="RELEASE")
+    _finish_within_option(p)
+    p.set_defaults(handler=rollback)
     p = actions.add_parser("move", help="move a waiting run to another release", parents=[common])
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--release", default="", help="the release (default: none, the newest)")

@@ -27,8 +27,16 @@ def main() -> None:
 async def _serve(config: ExecutorConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    worker = Worker(config)
+
+    def on_signal() -> None:
+        # The first drains (turns finish); a second forces the drain (turns handed back).
+        if stop.is_set():
+            worker.force()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     log.info(
         "executor %s (release %s, capacity %d) serving control plane %s",
         config.executor_id,
@@ -40,7 +48,7 @@ async def _serve(config: ExecutorConfig) -> None:
     if listener is not None:
         await listener.start()
     try:
-        await Worker(config).run(stop)
+        await worker.run(stop)
     finally:
         if listener is not None:
             await listener.stop()

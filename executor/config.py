@@ -43,7 +43,9 @@ class ExecutorConfig:
     providers_url: str = "http://127.0.0.1:8020"
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
-    drain_seconds: float = 10.0
+    # How long a drain gives held runs to reach a turn boundary (AGENTRUN_DRAIN_SECONDS);
+    # None: the longest turn of the runs held (model call timeout plus slowest tool's).
+    drain_seconds: float | None = None
     # Stream liveness (executor/stream.py): a Ping this often once the control plane
     # announced a send horizon; no Pong for stream_dead_seconds declares the stream dead.
     ping_seconds: float = 0.5
@@ -98,7 +100,7 @@ class ExecutorConfig:
             tool_timeout_seconds=_positive_float(
                 env, "AGENTRUN_TOOL_TIMEOUT_SECONDS", defaults.tool_timeout_seconds
             ),
-            drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", defaults.drain_seconds),
+            drain_seconds=_positive_float(env, "AGENTRUN_DRAIN_SECONDS", 0.0) or None,
             ping_seconds=_positive_float(env, "AGENTRUN_PING_SECONDS", defaults.ping_seconds),
             stream_dead_seconds=_positive_float(
                 env, "AGENTRUN_STREAM_DEAD_SECONDS", defaults.stream_dead_seconds

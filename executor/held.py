@@ -125,7 +125,8 @@ class HeldRun:
     chain_depth: int
     # This hold's start, for the active-time limit.
     held_from: float
-    # Set by a drain: the run is handed back at its next step boundary.
+    # Set by a drain: the run is handed back at its next turn boundary (at its next step
+    # boundary when forced).
     handoff: asyncio.Event
 
     @property
@@ -140,6 +141,27 @@ class HeldRun:
         now = self.deps.wall_clock()
         used = replay.counters(entries)
         return limits.exceeded(self.run, used, action, now, now - self.held_from)
+
+    def turn_seconds(self, model_default: float, tool_default: float) -> float:
+        """How long one turn of this run may take: its model call's timeout plus its
+        slowest tool's (the defaults where the version or the tool sets none). A drain
+        gives its runs this long to reach a turn boundary (executor/worker.py)."""
+        params = self.spec.model_parameters
+        model = model_default
+        if params.HasField("timeout") and params.timeout.ToNanoseconds() > 0:
+            model = params.timeout.ToNanoseconds() / 1e9
+        tools = [
+            target.timeout_seconds or tool_default
+            for tool in self.catalogue.tools.values()
+            if (target := tool.http or tool.mcp) is not None
+        ]
+        return model + max(tools, default=tool_default)
+
+    def between_turns(self) -> bool:
+        """Nothing of a turn is in flight: the next thing to do is to ask the model (or to
+        finish), so no decided call waits to start or to be resolved."""
+        action = replay.next_action(self.entries, self.run.limits.repeat_limit)
+        return isinstance(action, (replay.CallModel, replay.FinishCompleted))
 
     def carried_over(self) -> bool:
         """The lease came over a reconnect: it may commit, never send (executor/horizon.py)."""

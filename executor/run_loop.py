@@ -66,6 +66,11 @@ MAX_CRASHES = 5
 # refusing must not spin through claims.
 HANDOFFS_AT_ONCE = 3
 HANDOFF_WAIT_CAP = 60.0
+# The parks that may leave a turn in progress (a call decided or started and not resolved):
+# they say between_turns only when the log says so. Every other park (a sleep, an approval,
+# a rate limit, a child, a signal, a person, the model's outage) waits between turns, and
+# the run continues on the newest release when it wakes (control_plane/deploys/releases.py).
+MID_TURN_PARKS = frozenset({"handoff", CRASH_WAIT})
 
 
 class RunLoop:
@@ -86,6 +91,7 @@ class RunLoop:
         )
         self._deps = deps
         self._handoff = asyncio.Event()
+        self._forced = False
         self._held = HeldRun(
             run=run,
             spec=assignment.agent_version.spec,
@@ -114,14 +120,25 @@ class RunLoop:
             AwaitPerson: tools.await_person,
         }
 
-    def request_handoff(self) -> None:
-        """Drain: hand the run back at its next step boundary."""
+    def request_handoff(self, force: bool = False) -> None:
+        """Drain: hand the run back at its next turn boundary, when nothing of a turn is in
+        flight (it then waits on no release and the newest continues it); `force`: at its
+        next step boundary, even mid-turn (it then waits for an executor of this release)."""
+        self._forced = self._forced or force
         self._handoff.set()
 
     def interrupt(self) -> None:
-        """Drain deadline: also abandon an in-flight model call (nothing of it is committed)."""
+        """Drain deadline: also abandon an in-flight model call (nothing of it is committed,
+        so the run is between turns again)."""
         self._handoff.set()
         self._model.interrupt()
+
+    def turn_seconds(self, model_default: float, tool_default: float) -> float:
+        return self._held.turn_seconds(model_default, tool_default)
+
+    def mid_turn(self) -> bool:
+        """A turn is in progress: a decided call waits to start or to be resolved."""
+        return not self._held.between_turns()
 
     async def run(self) -> str:
         """Drive the run; one span (and the log context) per hold, each commit a child."""
@@ -202,7 +219,7 @@ class RunLoop:
             if isinstance(action, Done):
                 log.warning("run %s was assigned but its log is finished", self.run_id)
                 return "done"
-            if self._handoff.is_set() and not isinstance(action, FinishCompleted):
+            if self._handoff.is_set() and (isinstance(action, CallModel) or self._forced):
                 return await self.hand_back("executor draining: handed back")
             if isinstance(action, (StartTool, ResolveUnknown)) and held.carried_over():
                 note = "stream replaced since the lease was granted: handed back to send under a fresh one"
@@ -293,6 +310,10 @@ class RunLoop:
         tokens: int = 0,
     ) -> None:
         """Commit steps (and a transition) under this lease; return only once they landed."""
+        if park is not None:
+            park.between_turns = (
+                park.wait_reason not in MID_TURN_PARKS or self._held.between_turns()
+            )
         message = executor_pb2.Commit(
             lease=self.lease,
             steps=new_steps,

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from agentrun.v1 import executor_pb2
 from executor import canary, metrics
@@ -24,6 +25,12 @@ from executor.tools.catalogue import Catalogue
 from executor.tools.delivery import ToolDelivery
 
 log = logging.getLogger(__name__)
+
+# A forced drain: how long tool calls in flight get to return before their runs are
+# abandoned to their leases.
+FORCED_GRACE = 5.0
+# A drain waiting for turns in progress says which, this often.
+STILL_HOLDING_EVERY = 10.0
 
 
 @dataclass
@@ -94,7 +101,10 @@ class Worker:
         self._draining = False
         # Set by run(); a release drain (the control plane's Drain) sets it too.
         self._stop_event: asyncio.Event | None = None
-        self._finish_within = 0.0
+        # A drain's explicit time to work on before handing back (None: none, hand back at
+        # the next turn boundary); set: hand back even a turn in progress (forced).
+        self._finish_within: float | None = None
+        self._forced = asyncio.Event()
 
     def _run_deps(self, config: ExecutorConfig, catalogue: Catalogue) -> RunDeps:
         """What every run this executor drives shares."""
@@ -135,40 +145,106 @@ class Worker:
                 await self._model.aclose()
 
     async def drain(self) -> None:
-        """Stop asking for work; runs finish within the release drain's deadline (none on
-        SIGTERM), then park (handoff) at their next step boundary or finish."""
+        """Stop asking for work and hand every held run back at its next turn boundary
+        (executor/run_loop.py request_handoff): on no release, so the newest continues it.
+        A drain's finish_within lets them work that long first. Past the longest turn held
+        (AGENTRUN_DRAIN_SECONDS overrides it) a model call still in flight is abandoned
+        (nothing of it is committed); a tool call in flight is waited for, however long,
+        unless the drain is forced (force(): a second SIGTERM, or a forced Drain). Forced,
+        runs are handed back at their next step boundary, turns in progress included (those
+        wait for an executor of this release), and what is still held after FORCED_GRACE is
+        abandoned to its lease."""
         self._draining = True
         # Credits granted earlier would bring handed-back runs straight back here.
         if self._stream.withdraw(self._credits):
             self._credits = 0
         clock = asyncio.get_running_loop().time
+        if self._finish_within:
+            log.info(
+                "draining: %d runs held, working on them for %.1fs",
+                len(self._runs),
+                self._finish_within,
+            )
+            if await self._wait_runs(clock() + self._finish_within, until_forced=True):
+                return
+        budget = self._turn_budget()
         log.info(
-            "draining: %d runs held, %.1fs to finish them", len(self._runs), self._finish_within
+            "draining: %d runs held, each handed back at its next turn boundary (%.1fs)",
+            len(self._runs),
+            budget,
         )
-        if await self._wait_runs(clock() + self._finish_within):
-            return
-        start, budget = clock(), self._config.drain_seconds
         for held in self._runs.values():
             held.loop.request_handoff()
-        if await self._wait_runs(start + budget * 0.6):
+        if await self._wait_runs(clock() + budget, until_forced=True):
             return
-        # Still in a model call: abandon it (nothing of it is committed) and hand back.
         for held in self._runs.values():
             held.loop.interrupt()
-        if await self._wait_runs(start + budget * 0.9):
+        while not self._forced.is_set():
+            if await self._wait_runs(clock() + STILL_HOLDING_EVERY, until_forced=True):
+                return
+            if not self._forced.is_set():
+                log.warning(
+                    "draining: still holding %d turns in progress (%s); they are handed back "
+                    "when their tool calls return (a second SIGTERM forces)",
+                    len(self._runs),
+                    ", ".join(sorted(self._runs)),
+                )
+        await self._drain_forced()
+
+    async def _drain_forced(self) -> None:
+        clock = asyncio.get_running_loop().time
+        log.warning(
+            "forced drain: handing back %d runs at their next step boundary; a turn in "
+            "progress waits for an executor of release %s",
+            len(self._runs),
+            self._config.release,
+        )
+        for held in self._runs.values():
+            held.loop.request_handoff(force=True)
+            held.loop.interrupt()
+        if await self._wait_runs(clock() + FORCED_GRACE):
             return
         for run_id, held in list(self._runs.items()):
             log.warning("run %s abandoned mid-step; its lease will lapse", run_id)
             held.task.cancel()
         await self._wait_runs(clock() + 0.5)
 
-    async def _wait_runs(self, deadline: float) -> bool:
-        """Wait until every held run ended (or the loop time `deadline`); True if none is left."""
+    def force(self) -> None:
+        """Force the drain (a second SIGTERM, a forced Drain): see drain()."""
+        if not self._forced.is_set():
+            log.warning("drain forced: turns in progress are handed back too")
+        self._forced.set()
+        self._draining = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    def _turn_budget(self) -> float:
+        """How long the held runs get to reach a turn boundary (drain())."""
+        if self._config.drain_seconds is not None:
+            return self._config.drain_seconds
+        model, tool = self._config.model_timeout_seconds, self._config.tool_timeout_seconds
+        turns = [held.loop.turn_seconds(model, tool) for held in self._runs.values()]
+        return max(turns, default=model + tool)
+
+    async def _wait_runs(self, deadline: float, until_forced: bool = False) -> bool:
+        """Wait until every held run ended (or the loop time `deadline`, or with
+        `until_forced` a forced drain); True if none is left."""
         clock = asyncio.get_running_loop().time
-        while self._runs and clock() < deadline:
-            # Re-read the runs each time: an assignment may arrive while draining.
-            tasks = [held.task for held in self._runs.values()]
-            await asyncio.wait(tasks, timeout=deadline - clock())
+        forced = asyncio.ensure_future(self._forced.wait()) if until_forced else None
+        try:
+            while self._runs and clock() < deadline:
+                if forced is not None and forced.done():
+                    break
+                # Re-read the runs each time: an assignment may arrive while draining.
+                tasks: list[asyncio.Future[Any]] = [held.task for held in self._runs.values()]
+                if forced is not None:
+                    tasks.append(forced)
+                await asyncio.wait(
+                    tasks, timeout=deadline - clock(), return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            if forced is not None:
+                forced.cancel()
         return not self._runs
 
     # -- StreamHandler ------------------------------------------------------
@@ -195,7 +271,8 @@ class Worker:
         interval = assignment.heartbeat_interval.ToNanoseconds() / 1e9  # fast path: 2 s
         self._leases.hold(loop.lease, interval if assignment.HasField("heartbeat_interval") else 0)
         if self._draining or len(self._runs) >= self._config.capacity:
-            loop.request_handoff()  # more than we asked for: give it straight back
+            # More than we asked for: give it straight back (draining: once its turn is done).
+            loop.request_handoff(force=self._forced.is_set() or not self._draining)
         task = asyncio.create_task(loop.run(), name=f"run-{run.run_id}")
         self._runs[run.run_id] = _Held(loop, task)
         metrics.ASSIGNMENTS.inc()
@@ -212,14 +289,18 @@ class Worker:
         )
 
     def on_drain(self, drain: executor_pb2.Drain) -> None:
-        """The release drains: claim nothing new, finish what is held, then exit."""
+        """The release drains: claim nothing new, hand held runs back at their turn
+        boundaries (drain()), then exit; a forced drain hands back turns in progress too."""
+        if drain.force:
+            self.force()
         if self._draining:
             return
-        self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
+        if drain.HasField("finish_within"):
+            self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
         log.info(
-            "release %s drains: finishing held runs within %.1fs, then exiting",
+            "release %s drains%s: handing held runs back at their turn boundaries, then exiting",
             drain.release,
-            self._finish_within,
+            " (forced)" if drain.force else "",
         )
         self._draining = True
         if self._stream.withdraw(self._credits):

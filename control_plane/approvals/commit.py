@@ -38,7 +38,10 @@ class ApprovalHold:
         approval = policy.resolve(spec, req.workspace_id, req.run_id, ask)
         notes = policy.notifications(approval, "approval_request")
         held = dataclasses.replace(
-            req, transition=steps.Transition(status="waiting", wait_reason="approval")
+            req,
+            transition=steps.Transition(
+                status="waiting", wait_reason="approval", between_turns=True
+            ),
         )
         return Work(functools.partial(_insert, approval, notes), held)
 

@@ -107,6 +107,11 @@ class Dispatcher:
         # Releases known (a Hello's record may have failed); a drain asked of another
         # replica reaches this one's streams within a beat.
         await release_store.seen(self.pool, *{s.slots.release for s in self._sessions.values()})
+        await self.tell_drains()
+
+    async def tell_drains(self) -> None:
+        """Tell this replica's streams of the releases draining now (deploys/releases.py);
+        another replica's streams learn within a heartbeat interval."""
         draining = await release_store.draining(self.pool)
         for session in self.sessions():
             session.drain_if(draining)

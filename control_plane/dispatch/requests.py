@@ -89,6 +89,7 @@ def transition(msg: pb.Commit) -> Transition:
             status="waiting",
             wait_reason=park.wait_reason,
             waiting_connection_id=_connection_id(park.connection_id),
+            between_turns=park.between_turns,
             wake_at=park.wake_time.ToDatetime(tzinfo=UTC) if wake == "wake_time" else None,
             wake_after_seconds=park.wake_after.ToTimedelta().total_seconds()
             if wake == "wake_after"

@@ -27,6 +27,7 @@ from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Pool
 from control_plane.store.errors import DataRefused, Fenced, transient
+from control_plane.store.releases import DrainOrder
 from telemetry import logs, tracing
 
 if TYPE_CHECKING:
@@ -372,14 +373,14 @@ class ExecutorSession:
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 
-    def drain_if(self, draining: Mapping[str, float]) -> None:
-        """Tell the executor to drain, once, when its release is draining (`draining`: the
-        seconds each draining release has left): it is assigned nothing more."""
-        seconds_left = self.slots.drain(draining)
-        if seconds_left is not None:
-            drain = pb.Drain(
-                release=self.slots.release, finish_within=convert.duration(seconds_left)
-            )
+    def drain_if(self, draining: Mapping[str, DrainOrder]) -> None:
+        """Tell the executor to drain, once (again if the drain is forced later), when its
+        release is draining: it is assigned nothing more."""
+        order = self.slots.drain(draining)
+        if order is not None:
+            drain = pb.Drain(release=self.slots.release, force=order.force)
+            if order.seconds_left is not None:
+                drain.finish_within.CopyFrom(convert.duration(order.seconds_left))
             self.send(pb.ConnectResponse(drain=drain))
 
     def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str) -> None:

@@ -17,6 +17,7 @@ from agentrun.v1 import executor_pb2 as pb
 from control_plane.dispatch.liveness import Peer
 from control_plane.ground.config import ServerConfig
 from control_plane.store.lease import LeaseKey, Release
+from control_plane.store.releases import DrainOrder
 
 # What a claim groups executors by: scope, tools, release and the releases it continues.
 ClaimGroup = tuple[tuple[str, ...] | None, frozenset[str], str, tuple[str, ...]]
@@ -44,6 +45,7 @@ class Slots:
     release: str = ""
     continues: tuple[str, ...] = ()
     draining: bool = False
+    forced: bool = False
 
     def declare(self, hello: pb.Hello) -> None:
         """What the executor says it carries and holds (a reconnect keeps its leases)."""
@@ -96,13 +98,20 @@ class Slots:
             and tools <= self.tools
         )
 
-    def drain(self, draining: Mapping[str, float]) -> float | None:
-        """Its release drains: no more credits, nothing more assigned. The seconds it has
-        to finish, the first time only (None: not its release, or told already)."""
-        if self.release not in draining or self.draining:
+    def drain(self, draining: Mapping[str, DrainOrder]) -> DrainOrder | None:
+        """Its release drains: no more credits, nothing more assigned. What to tell the
+        executor, the first time, and again if the drain became forced (None: not its
+        release, or told already). An executor not yet told is told only once no run
+        pinned to its release waits for one of its executors: one that connects to a
+        draining release (after a forced stop, say) first serves those runs (its claims
+        take no others: release_share gives a draining release no share)."""
+        order = draining.get(self.release)
+        if order is None or (self.draining and (self.forced or not order.force)):
             return None
-        self.draining, self.credits = True, 0
-        return draining[self.release]
+        if not self.draining and order.waiting:
+            return None
+        self.draining, self.forced, self.credits = True, order.force, 0
+        return order
 
     def claim_group(self) -> ClaimGroup:
         scope = tuple(sorted(self.scope)) if self.scope is not None else None
@@ -124,4 +133,4 @@ class Stream(Peer, Protocol):
 
     def cancel(self, workspace_id: str, run_id: uuid.UUID, reason: str) -> None: ...
 
-    def drain_if(self, draining: Mapping[str, float]) -> None: ...
+    def drain_if(self, draining: Mapping[str, DrainOrder]) -> None: ...

@@ -238,6 +238,7 @@ def set_step(msg: run_pb2.Step, row: Step) -> None:
     msg.ref_seq = row.ref_seq or 0
     msg.payload_json = row.payload
     _set_timestamp(msg.create_time, row.created_at)
+    msg.release = row.release or ""
 
 
 def agent(row: Any) -> agent_pb2.Agent:

@@ -1,7 +1,9 @@
-"""Releases (migrations/0020_releases.sql): known releases, drains, explicit moves.
+"""Releases (migrations/0020_releases.sql, 0037_release_pins.sql): known releases, drains,
+ramps, rollbacks and explicit moves.
 
-A run is on the release of the executor that first claimed it (the claim,
-sql/lease.sql, records it); these are the operator's side of it.
+A run is pinned to the release of the executor that holds it while a turn is in progress
+(the claim, sql/lease.sql, records it; a park between turns clears it, sql/steps.sql);
+these are the operator's side of it.
 """
 
 from __future__ import annotations
@@ -29,16 +31,49 @@ class ReleaseState:
     draining_since: datetime | None
     drain_deadline: datetime | None
     canary_passed_at: datetime | None
+    canary_failed_at: datetime | None
+    canary_failure: str | None
+    ramp_percent: int | None
+    rolled_back_at: datetime | None
     executors: list[str]
     runs_held: int
     oldest_held_since: datetime | None
     runs_waiting: int
+    runs_completed: int
+    runs_failed: int
     now: datetime
 
     @property
     def drained(self) -> bool:
-        """A drain is done when none of its executors is left and it holds no run."""
-        return self.draining_since is not None and not self.executors and not self.runs_held
+        """A drain is done when none of its executors is left, it holds no run and no run
+        waits pinned to it (a turn handed back in progress waits for one of its executors:
+        until one returns, or an operator moves it, the drain is not done)."""
+        return (
+            self.draining_since is not None
+            and not self.executors
+            and not self.runs_held
+            and not self.runs_waiting
+        )
+
+
+@dataclass(frozen=True)
+class DrainOrder:
+    """What a draining release's executors are told: the seconds left to its deadline
+    (None: each executor's own, the longest turn it holds) and whether it is forced;
+    `waiting`: runs pinned to it that wait for one of its executors (a turn handed back
+    in progress, a lapsed lease), which an executor of it serves before it drains."""
+
+    seconds_left: float | None = None
+    force: bool = False
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class ReleaseRun:
+    workspace_id: str
+    run_id: uuid.UUID
+    status: str
+    wait_reason: str | None
 
 
 async def seen(pool: Pool, *names: str) -> None:
@@ -54,18 +89,36 @@ async def list_releases(
     return [ReleaseState(**{**dict(r), "executors": list(r["executors"])}) for r in rows]
 
 
-async def drain(pool: Pool, release: str, deadline_seconds: float) -> bool:
-    """Start (or re-time) a drain; False when the release is unknown."""
-    return await run(pool, "release_drain", release, deadline_seconds) is not None
+async def runs_of(pool: Pool, release: str, limit: int) -> list[ReleaseRun]:
+    """The runs the release holds or that wait pinned to it, oldest first."""
+    return [ReleaseRun(**dict(r)) for r in await run(pool, "release_runs", release, limit)]
+
+
+async def drain(
+    pool: Pool, release: str, deadline_seconds: float | None, force: bool = False
+) -> bool:
+    """Start (or re-time, or force) a drain; False when the release is unknown."""
+    return await run(pool, "release_drain", release, deadline_seconds, force) is not None
 
 
 async def promote(pool: Pool, release: str) -> bool:
     return await run(pool, "release_promote", release) is not None
 
 
-async def draining(pool: Pool) -> dict[str, float]:
-    """The releases draining now: seconds left to each one's deadline."""
-    return {r["release"]: r["seconds_left"] for r in await run(pool, "releases_draining")}
+async def ramp(pool: Pool, release: str, percent: int) -> bool:
+    return await run(pool, "release_ramp", release, percent) is not None
+
+
+async def rollback(pool: Pool, release: str, deadline_seconds: float | None) -> bool:
+    return await run(pool, "release_rollback", release, deadline_seconds) is not None
+
+
+async def draining(pool: Pool) -> dict[str, DrainOrder]:
+    """The releases draining now, each with what its executors are told."""
+    return {
+        r["release"]: DrainOrder(r["seconds_left"], r["forced"], r["waiting"])
+        for r in await run(pool, "releases_draining")
+    }
 
 
 async def canary_passed(pool: Pool, release: str) -> None:

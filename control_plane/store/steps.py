@@ -30,6 +30,7 @@ class Step:
     ref_seq: int | None
     payload: str  # JSON text, as the executor wrote it
     created_at: datetime
+    release: str | None = None  # the release that wrote it (None: the platform)
 
     @classmethod
     def of(cls, row: asyncpg.Record) -> Step:
@@ -63,6 +64,8 @@ class Transition:
     text: str | None = None  # output (completed) or error (failed)
     # With wait_reason "connection": the connection the run waits for.
     waiting_connection_id: uuid.UUID | None = None
+    # A park with nothing of a turn in flight: the run waits on no release (Park.between_turns).
+    between_turns: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ async def commit(
                     text=t.text,
                     waiting_connection_id=t.waiting_connection_id,
                     renew_always=req.renew_always,
+                    between_turns=t.between_turns,
                 )
             if explicit:
                 faults.point("control_plane.commit.in_transaction")
@@ -275,6 +279,7 @@ async def _apply_many(
         texts=[t.text for t in ts],
         waiting_connection_ids=[t.waiting_connection_id for t in ts],
         renew_always=[r.renew_always for r in reqs],
+        between_turns=[t.between_turns for t in ts],
         step_runs=[i for i, _ in steps],
         seqs=[s.seq for _, s in steps],
         kinds=[s.kind for _, s in steps],

@@ -18,13 +18,16 @@ TEMPLATE_DB = "agentrun_template"
 
 # The migration that picks how the claim reads each agent's due runs (a skip scan on
 # Postgres 18 and later, a walk over priority levels before).
-CLAIM_WALK_MIGRATION = "0034_claim_skip_scan.sql"
+# The last migration that (re)creates the claim function; use_claim_walk runs its DO block.
+CLAIM_WALK_MIGRATION = "0037_release_pins.sql"
 
 
 async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:
-    """Replace the claim function as CLAIM_WALK_MIGRATION makes it: with the walk over
-    priority levels forced ('levels'), or as the server's version picks ('default')."""
-    sql = (migrations_dir() / CLAIM_WALK_MIGRATION).read_text()
+    """Replace the claim function as CLAIM_WALK_MIGRATION's DO block makes it: with the walk
+    over priority levels forced ('levels'), or as the server's version picks ('default')."""
+    text = (migrations_dir() / CLAIM_WALK_MIGRATION).read_text()
+    begin = text.index("DO $claim_walk$")
+    sql = text[begin : text.index("$claim_walk$;", begin + 1) + len("$claim_walk$;")]
     async with conn.transaction():
         value = "levels" if walk == "levels" else ""
         await conn.execute("SELECT set_config('agentrun.claim_walk', $1, true)", value)

@@ -124,6 +124,7 @@ async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_state
             now=at(t0, t),
             waiting_connection_id=None,
             renew_always=False,
+            between_turns=False,
         )
         row = await pool.fetchrow(sql.sql, *queries.arguments(sql, (), args))
         req = steps.CommitRequest(

@@ -1,16 +1,17 @@
-"""Blue-green releases with real processes (issue 15).
+"""Releases with real processes (issues 15 and 41).
 
 Executors of release A hold runs; release B starts and takes the new runs; A is
 drained (`agentrun releases drain A`): its executors claim nothing more, finish
 what they hold and exit, and `agentrun releases wait-drained A` returns 0. Every
 run's steps were written under one release only, as the executors' own logs
-(`claimed run <id> … (epoch N …) on release R`, one line per assignment) show.
+(`claimed run <id> … (epoch N …) on release R`, one line per assignment) and the
+steps' own release show.
 
-A run whose release disappeared (A drained with no time to finish: handed back at
-a step boundary, A's executors gone) waits visibly — GetRun's queue cause
-RELEASE_UNAVAILABLE naming A — while B's executors serve other work, and completes
-on B only after an operator moves it (`agentrun releases move`), which the
-workspace's audit log records.
+A run parked between turns waits on no release: drained under it, A leaves it to
+B, which continues it when it wakes, with no operator. A turn in progress stays
+on its release: forced, A hands one back mid-turn, and the run waits visibly
+(GetRun's queue cause RELEASE_UNAVAILABLE, GetRelease's runs, `wait-drained`
+exiting 1) until an executor of A returns and finishes the turn.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-from collections import defaultdict
 from itertools import pairwise
 
-from google.protobuf.duration_pb2 import Duration
-
-from agentrun.v1 import admin_pb2, admin_pb2_grpc, release_pb2, release_pb2_grpc, run_pb2
+from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
 from tests.harness import auth
-from tests.harness.agentrun_api import Api
+from tests.harness.agentrun_api import Api, clear_faults, set_fault
 from tests.harness.cli import agentrun
 from tests.harness.processes import ManagedProcess
 from tests.harness.waiting import eventually
@@ -143,64 +141,116 @@ async def test_two_releases_side_by_side_a_drained_release_finishes_its_runs_and
     await channel.close()
 
 
-async def test_a_run_whose_release_disappeared_waits_visibly_until_an_operator_moves_it(
+async def logged_steps(api: Api, run_id: str) -> list[run_pb2.Step]:
+    resp = await api.runs.ListRunSteps(
+        run_pb2.ListRunStepsRequest(workspace_id=api.ws, run_id=run_id, page_size=1000)
+    )
+    return list(resp.steps)
+
+
+async def test_a_run_sleeping_on_a_drained_release_wakes_on_the_new_one_with_no_operator(
     db_url, control_plane, executor_factory
 ):
+    """A park between turns leaves the run on no release: A is drained while the run
+    sleeps, and when the sleep ends B's executors take it within a claim; the steps after
+    the park carry B, those before it A; `wait-drained A` is done at once."""
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, "acme")
-    await api.publish(*WORKER)
+    await api.publish("sleeper", "deploy_sleep", ["sleep", "echo"])
     key = await auth.platform_key(db_url)
     channel = auth.channel(cp.address, key)
     stub = release_pb2_grpc.ReleaseServiceStub(channel)
 
     (a,) = executor_factory(cp, AGENTRUN_RELEASE="A")
-    run_id = await api.start("worker", "left behind")
+    run_id = await api.start("sleeper", "sleep through a deploy")
 
-    # A ran a step of it: a run claimed for A but never delivered (A's stream went away
-    # first) has run nothing on A and is on no release yet, so it may rightly go to B.
-    async def a_ran_a_step() -> bool:
-        return await held_by(api, [run_id], "A") and len(await api.steps(run_id)) > 1
+    async def parked() -> run_pb2.Run | None:
+        run = await api.get(run_id)
+        return run if run.status == run_pb2.RUN_STATUS_WAITING else None
 
-    await eventually(a_ran_a_step, timeout=30, message="A never ran a step of it")
-    # No time to finish: handed back at the next step boundary, on A; then A exits.
-    await stub.DrainRelease(release_pb2.DrainReleaseRequest(name="A", finish_within=Duration()))
+    asleep = await eventually(parked, timeout=30, message="the run never parked")
+    assert asleep.release == "", asleep  # waiting between turns: on no release
+    (b,) = executor_factory(cp, AGENTRUN_RELEASE="B")
+    await eventually(lambda: connected(stub, "B"), timeout=30, message="B never connected")
+    drain = await asyncio.to_thread(cli, cp.address, key, "releases", "drain", "A")
+    assert drain.returncode == 0, drain.stderr
+    assert await asyncio.to_thread(a.wait, 30) == 0  # it held nothing: it exits at once
+    waited = await asyncio.to_thread(
+        cli, cp.address, key, "releases", "wait-drained", "A", "--timeout", "20"
+    )
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+
+    (done,) = await api.wait_terminal([run_id], within=40)
+    assert done.status == run_pb2.RUN_STATUS_COMPLETED and done.release == "B", done
+    steps = await logged_steps(api, run_id)
+    (park,) = [s for s in steps if s.kind == run_pb2.STEP_KIND_PARK]
+    before = {s.release for s in steps if 0 < s.seq < park.seq and s.epoch}
+    after = {s.release for s in steps if s.seq > park.seq and s.epoch}
+    assert before == {"A"} and park.release == "A" and after == {"B"}, steps
+    # Within one claim of waking: the first step after the park came right after its end.
+    woke = park.create_time.ToDatetime().timestamp() + 8.0
+    first_after = min(s.create_time.ToDatetime().timestamp() for s in steps if s.seq > park.seq)
+    print(f"first step on B {first_after - woke:.2f}s after the sleep ended")
+    assert first_after - woke < 3.0
+    assert b.alive
+    await api.close()
+    await channel.close()
+
+
+async def test_a_forced_drain_leaves_a_turn_in_progress_on_its_release_until_one_returns(
+    db_url, control_plane, executor_factory, sandbox_providers
+):
+    """Forced, A hands back a turn in progress (one echo done, the second to start): the
+    run waits on A, visibly (GetRun's cause, GetRelease's runs, `wait-drained` exits 1
+    naming it) while B serves; an executor of A coming back finishes the turn on A."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, "acme")
+    await api.publish("twice", "two_echoes", ["echo"])
+    key = await auth.platform_key(db_url)
+    channel = auth.channel(cp.address, key)
+    stub = release_pb2_grpc.ReleaseServiceStub(channel)
+    set_fault(sandbox_providers.url, provider="echo", mode="delay", delay_ms=3000, count=1)
+    try:
+        (a,) = executor_factory(cp, AGENTRUN_RELEASE="A")
+        run_id = await api.start("twice", "a turn of two calls")
+
+        async def first_call_out() -> bool:
+            return any(s.kind == "tool_started" for s in await api.steps(run_id))
+
+        await eventually(first_call_out, timeout=30, message="the first call never started")
+    finally:
+        clear_faults(sandbox_providers.url)
+    (b,) = executor_factory(cp, AGENTRUN_RELEASE="B")
+    await eventually(lambda: connected(stub, "B"), timeout=30, message="B never connected")
+    forced = await asyncio.to_thread(cli, cp.address, key, "releases", "drain", "A", "--force")
+    assert forced.returncode == 0, forced.stderr
     assert await asyncio.to_thread(a.wait, 30) == 0
 
-    (b,) = executor_factory(cp, AGENTRUN_RELEASE="B")
-    # B serves: the canary on B passes (so B's claims run), yet the run stays on A, waiting.
-    canary = release_pb2_grpc.CanaryServiceStub(channel)
-
-    async def b_serves() -> bool:
-        reply = await canary.RunCanary(release_pb2.RunCanaryRequest(release="B"))
-        return reply.passed
-
-    await eventually(b_serves, timeout=30, message="B never passed the canary")
-    resp = await api.runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run_id))
-    left = resp.run
+    left = await api.get(run_id)
     assert left.status == run_pb2.RUN_STATUS_WAITING and left.release == "A", left
-    assert left.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE
-    assert left.queue.release == "A"
-    assert (await release(stub, "A")).runs_waiting == 1
-    epoch = left.lease_epoch
-
-    moved = await asyncio.to_thread(
-        cli, cp.address, key, "--workspace", "acme", "releases", "move", run_id, "--release", "B"
+    resp = await api.runs.GetRun(run_pb2.GetRunRequest(workspace_id="acme", run_id=run_id))
+    assert resp.run.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE
+    shown = await release(stub, "A")
+    assert shown.runs_waiting == 1 and not shown.drained
+    assert [(r.run_id, r.wait_reason) for r in shown.runs] == [(run_id, "handoff")]
+    waited = await asyncio.to_thread(
+        cli, cp.address, key, "releases", "wait-drained", "A", "--timeout", "2"
     )
-    assert moved.returncode == 0, moved.stderr
-    assert "A -> B" in moved.stdout
+    assert waited.returncode == 1 and run_id in waited.stderr, waited.stderr
+    # B serves other runs meanwhile, and leaves this one alone.
+    (other,) = await api.wait_terminal([await api.start("twice", "new work")], within=30)
+    assert other.release == "B"
+    assert (await api.get(run_id)).release == "A"
+
+    (back,) = executor_factory(cp, AGENTRUN_RELEASE="A")
     (done,) = await api.wait_terminal([run_id], within=40)
-    assert done.status == run_pb2.RUN_STATUS_COMPLETED and done.release == "B"
-    # The steps before the move were A's, those after it B's: the move is the only switch.
-    claims = release_of_claims([a, b])
-    by_release: dict[str, list[int]] = defaultdict(list)
-    for step in await api.steps(run_id):
-        if step.epoch:
-            by_release[claims[(run_id, step.epoch)]].append(step.epoch)
-    assert max(by_release["A"]) <= epoch < min(by_release["B"])
-    admin = admin_pb2_grpc.WorkspaceAdminServiceStub(api.channel)
-    audit = await admin.ListAuditLog(admin_pb2.ListAuditLogRequest(workspace_id="acme"))
-    (entry,) = [e for e in audit.entries if e.action == "run.move_release"]
-    assert entry.object_id == run_id and "platform-admin" in entry.actor
+    assert done.status == run_pb2.RUN_STATUS_COMPLETED and done.release == "A", done
+    steps = await logged_steps(api, run_id)
+    decision = min(s.seq for s in steps if s.kind == run_pb2.STEP_KIND_MODEL_DECISION)
+    (answer,) = [s for s in steps if s.kind == run_pb2.STEP_KIND_FINISH]
+    turn = {s.release for s in steps if decision <= s.seq < answer.seq and s.epoch}
+    assert turn == {"A"}, steps  # the turn ran on A only, across the hand-back
+    assert back.alive and b.alive
     await api.close()
     await channel.close()
 

@@ -238,6 +238,7 @@ def test_a_run_written_in_place_is_the_constructed_message(overrides: dict[str, 
         ref_seq=step.ref_seq or 0,
         payload_json=step.payload,
         create_time=_library(step.created_at),
+        release=step.release or "",
     )
     assert list(assignment.steps) == [constructed_step, constructed_step]
     assert convert.step(step) == constructed_step

@@ -47,7 +47,7 @@ RETURNING *;
 WITH to_append AS (
     SELECT $1::text AS workspace_id, $2::uuid AS run_id, $3::int AS seq,
            'approval_decided' AS kind, $4::bigint AS epoch, $5::int AS ref_seq,
-           $6::jsonb AS payload, now() AS created_at
+           $6::jsonb AS payload, now() AS created_at, NULL::text AS release
 ), {{steps_append}}
 UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_count + 1,
                 updated_at = now()

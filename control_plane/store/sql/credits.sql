@@ -59,7 +59,7 @@ WITH held AS (
            CASE WHEN d.out_of_credits = 'park'
                 THEN jsonb_build_object('wait_reason', 'credits', 'note', d.why)
                 ELSE jsonb_build_object('status', 'failed', 'error', d.why) END AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
     FROM decided d
     WHERE NOT d.covered
 ), {{steps_append}}

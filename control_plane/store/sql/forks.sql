@@ -4,19 +4,20 @@ SELECT * FROM steps WHERE workspace_id = $1 AND run_id = $2 AND seq <= $3 ORDER 
 
 -- name: fork_admit :one
 -- Admit a fork (run_admit, the one admission shape; its input step is the source's seq 0),
--- copy the source's steps 1..:from_seq into its log as they are (kind, ref_seq, payload and
--- time; epoch 0, written at admission like the input step) and append the 'forked' marker
+-- copy the source's steps 1..:from_seq into its log as they are (kind, ref_seq, payload,
+-- time and release; epoch 0, written at admission like the input step) and append the 'forked' marker
 -- at :from_seq + 1, in one statement. fork_mark then counts them into step_count in the same
 -- transaction (this statement cannot update the run row it inserts).
 WITH admit_if AS (SELECT), {{run_admit}},
 to_append AS (
     SELECT a.workspace_id, a.run_id, s.seq, s.kind, 0::bigint AS epoch, s.ref_seq, s.payload,
-           s.created_at
+           s.created_at, s.release
     FROM admitted a
     JOIN steps s ON s.workspace_id = a.workspace_id AND s.run_id = :source_run_id
     WHERE s.seq BETWEEN 1 AND :from_seq
     UNION ALL  -- the marker
-    SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, NULL, :marker::jsonb, now()
+    SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, NULL, :marker::jsonb, now(),
+           NULL
     FROM admitted a
 ), {{steps_append}}
 SELECT a.run_id, (SELECT count(*) FROM appended WHERE seq <= :from_seq) AS copied

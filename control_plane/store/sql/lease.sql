@@ -250,7 +250,7 @@ WITH clock AS MATERIALIZED (
     SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', f.error) AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
     FROM failed f
 ), {{steps_append}}
 SELECT * FROM failed;
@@ -268,7 +268,7 @@ WITH failed AS (
     SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', $4::text) AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
     FROM failed f
 ), {{steps_append}}
 SELECT * FROM failed;
@@ -298,7 +298,7 @@ WITH clock AS MATERIALIZED (
     SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', 'max age exceeded') AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
     FROM failed f
 ), {{steps_append}}
 SELECT workspace_id, run_id, lease_epoch FROM failed;

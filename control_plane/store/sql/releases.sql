@@ -8,10 +8,11 @@ ON CONFLICT DO NOTHING;
 
 -- name: release_list :many
 -- Every known release ($1 NULL) or one, newest first, with its executors seen
--- within $2 seconds, the runs it holds (and when the oldest hold began) and
--- the runs on it that wait for one of its executors.
+-- within $2 seconds, the runs it holds (and when the oldest hold began), the runs
+-- pinned to it that wait for one of its executors, and the runs that finished on it.
 SELECT rl.release, rl.first_seen_at, rl.promoted_at, rl.draining_since, rl.drain_deadline,
-       rl.canary_passed_at,
+       rl.canary_passed_at, rl.canary_failed_at, rl.canary_failure, rl.ramp_percent,
+       rl.rolled_back_at,
        coalesce((SELECT array_agg(e.executor_id ORDER BY e.executor_id) FROM executor_tools e
                  WHERE e.release = rl.release
                    AND e.last_seen > now() - make_interval(secs => $2)), '{}') AS executors,
@@ -21,29 +22,71 @@ SELECT rl.release, rl.first_seen_at, rl.promoted_at, rl.draining_since, rl.drain
         WHERE r.release = rl.release AND r.status = 'running') AS oldest_held_since,
        (SELECT count(*) FROM runs r
         WHERE r.release = rl.release AND r.status IN ('queued', 'waiting')) AS runs_waiting,
+       (SELECT count(*) FROM runs r
+        WHERE r.release = rl.release AND r.status = 'completed') AS runs_completed,
+       (SELECT count(*) FROM runs r
+        WHERE r.release = rl.release AND r.status = 'failed') AS runs_failed,
        now() AS now
 FROM releases rl
 WHERE $1::text IS NULL OR rl.release = $1
 ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC;
 
+-- name: release_runs :many
+-- The runs release $1 holds or that wait pinned to it, oldest hold or wait first
+-- (at most $2): what an operator looks at when a drain is not done.
+SELECT workspace_id, run_id, status, wait_reason FROM runs
+WHERE release = $1 AND status IN ('queued', 'running', 'waiting')
+ORDER BY held_since NULLS LAST, run_id
+LIMIT $2;
+
 -- name: release_drain :one
--- Start draining a release (again: a new deadline, $2 seconds from now).
+-- Start draining a release (again: a new deadline, $2 seconds from now; NULL: each
+-- executor's own, the longest turn it holds), forced ($3) or not. A forced drain
+-- stays forced.
 UPDATE releases SET draining_since = coalesce(draining_since, now()),
-                    drain_deadline = now() + make_interval(secs => $2)
+                    drain_deadline = now() + make_interval(secs => $2),
+                    drain_forced = drain_forced OR $3
 WHERE release = $1
 RETURNING release, draining_since, drain_deadline;
 
+-- name: release_ramp :one
+-- Route $2 percent of the runs on no release to release $1 (release_share): a ramp
+-- ends its drain or rollback, as a promote does, and leaves it unpromoted.
+UPDATE releases SET ramp_percent = $2, promoted_at = NULL, draining_since = NULL,
+                    drain_deadline = NULL, drain_forced = false, rolled_back_at = NULL
+WHERE release = $1
+RETURNING release;
+
+-- name: release_rollback :one
+-- Roll release $1 back: no ramp, no promote, drained (its turns finish, its parked
+-- runs continue on the newest other release), deadline as release_drain's.
+UPDATE releases SET ramp_percent = NULL, promoted_at = NULL, rolled_back_at = now(),
+                    draining_since = coalesce(draining_since, now()),
+                    drain_deadline = now() + make_interval(secs => $2)
+WHERE release = $1
+RETURNING release;
+
 -- name: release_promote :one
 -- Make a release the newest (new runs go to it while it has executors); a
--- promote ends a drain of it.
-UPDATE releases SET promoted_at = now(), draining_since = NULL, drain_deadline = NULL
+-- promote ends a drain, a ramp or a rollback of it.
+UPDATE releases SET promoted_at = now(), draining_since = NULL, drain_deadline = NULL,
+                    drain_forced = false, ramp_percent = NULL, rolled_back_at = NULL
 WHERE release = $1
 RETURNING release, promoted_at;
 
 -- name: releases_draining :many
--- The releases draining now, with the seconds left to their deadline.
-SELECT release, greatest(0, extract(epoch FROM drain_deadline - now()))::float8 AS seconds_left
-FROM releases WHERE draining_since IS NOT NULL;
+-- The releases draining now, with the seconds left to their deadline (NULL: each
+-- executor's own), whether the drain is forced, and how many runs pinned to the
+-- release wait for one of its executors (handed back mid-turn, or their lease
+-- lapsed): an executor of it that connects serves those before it is told to drain.
+SELECT rl.release,
+       greatest(0, extract(epoch FROM rl.drain_deadline - now()))::float8 AS seconds_left,
+       rl.drain_forced AS forced,
+       (SELECT count(*) FROM runs r
+        WHERE r.release = rl.release
+          AND (r.status IN ('queued', 'waiting')
+               OR (r.status = 'running' AND r.wake_at <= now()))) AS waiting
+FROM releases rl WHERE rl.draining_since IS NOT NULL;
 
 -- name: release_connected :one
 -- Whether an executor of release $1 was seen within $2 seconds.

@@ -88,7 +88,7 @@ WITH cancelled AS (
     SELECT c.workspace_id, c.run_id, run_next_seq(c.workspace_id, c.run_id) AS seq,
            'finish' AS kind, c.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'cancelled', 'error', $3::text) AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
     FROM cancelled c
 ), {{steps_append}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;

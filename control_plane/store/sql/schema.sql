@@ -234,8 +234,10 @@ CREATE TABLE runs (
     -- retention may delete the source while its forks live on.
     forked_from_run_id       uuid,
     forked_from_seq          integer,
-    -- The release of the executor that first claimed the run; it is claimed
-    -- afterwards only by executors of that release or of one that continues it.
+    -- The release the run is pinned to while a turn is in progress on it: the
+    -- claiming executor's, recorded by the claim; while set, only executors of
+    -- that release (or of one that continues it) take the run. A park between
+    -- turns clears it (run_commit): a parked run continues on the newest release.
     release                  text,
     -- Higher goes first within the workspace's own share, never past another
     -- workspace's turn; set at admission, never changed.
@@ -290,6 +292,10 @@ CREATE INDEX runs_forks_of ON runs (workspace_id, forked_from_run_id, created_at
 -- runs_leases instead.
 CREATE INDEX runs_by_release ON runs (release, status, held_since)
     WHERE release IS NOT NULL AND status IN ('queued', 'running', 'waiting');
+-- The runs that finished on each release (their last turn ran there): `releases
+-- list`'s completed and failed counts, which a ramp is judged on.
+CREATE INDEX runs_finished_by_release ON runs (release, status)
+    WHERE release IS NOT NULL AND status IN ('completed', 'failed');
 -- Retention: old finished runs by workspace and finish time.
 CREATE INDEX runs_finished ON runs (workspace_id, finished_at) WHERE finished_at IS NOT NULL;
 
@@ -310,7 +316,10 @@ CREATE TABLE steps (
     created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (workspace_id, run_id, seq),
     FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
-    CONSTRAINT step_ref_is_earlier CHECK (ref_seq IS NULL OR ref_seq < seq)
+    CONSTRAINT step_ref_is_earlier CHECK (ref_seq IS NULL OR ref_seq < seq),
+    -- The release of the executor that wrote the step (its run's pin then);
+    -- NULL for the platform's own steps (the input, a decision, a cancel).
+    release       text
 );
 
 -- The tool_result steps that reference a payload, by its sha256: payloads are
@@ -777,27 +786,35 @@ CREATE TABLE executor_tools (
 CREATE INDEX executor_tools_live ON executor_tools (last_seen);
 CREATE INDEX executor_tools_by_release ON executor_tools (release, last_seen);
 
--- Releases: runs finish on the release they started on. A run records the
--- release of the executor that first claimed it (runs.release) and is claimed
--- afterwards only by executors of that release, or of one that declares it
--- continues it (Hello.continues). New runs go to the newest release with
--- executors connected: the latest promoted one, else the one first seen last.
--- A draining release takes no new runs. Moving a run to another release is an
--- operator's explicit, audited act (ReleaseService.MoveRunRelease).
+-- Releases. A run is pinned to a release (runs.release) only while a turn is
+-- in progress on it; a parked run waits on none and continues on the newest
+-- open release: connected, not draining, and under the canary gate past its
+-- canary (release_opened); the latest promoted one, else the one first seen
+-- last; a ramped release takes its percentage of the runs on none
+-- (release_share). Moving a pinned run to another release is an operator's
+-- explicit, audited act (ReleaseService.MoveRunRelease).
 CREATE TABLE releases (
     release           text PRIMARY KEY CONSTRAINT releases_release_check CHECK (release <> ''),
     -- When an executor of this release first connected: the default order of "newest".
     first_seen_at     timestamptz NOT NULL DEFAULT now(),
     -- An operator's explicit promote: a promoted release is newer than any first seen.
     promoted_at       timestamptz,
-    -- A drain (ReleaseService.DrainRelease): its executors claim nothing new and
-    -- finish what they hold until drain_deadline, then hand back at a step boundary.
+    -- A drain (ReleaseService.DrainRelease): its executors claim nothing new, work
+    -- on what they hold until drain_deadline (NULL: each one's longest turn), then
+    -- hand each run back at its next turn boundary (drain_forced: even mid-turn).
     draining_since    timestamptz,
     drain_deadline    timestamptz,
-    -- When a canary pinned to this release last passed. With
-    -- AGENTRUN_RELEASE_GATE=canary a release takes new runs only once promoted
-    -- or past a canary.
-    canary_passed_at  timestamptz
+    -- When a canary pinned to this release last passed, and last failed (with the
+    -- failing stage and why). With AGENTRUN_RELEASE_GATE=canary (the default) a
+    -- release takes new runs only once past a canary since its last failure.
+    canary_passed_at  timestamptz,
+    canary_failed_at  timestamptz,
+    canary_failure    text,
+    -- RampRelease: the share of the runs on no release it takes (release_share).
+    ramp_percent      integer
+        CONSTRAINT releases_ramp_percent_check CHECK (ramp_percent BETWEEN 0 AND 100),
+    rolled_back_at    timestamptz,
+    drain_forced      boolean NOT NULL DEFAULT false
 );
 
 
@@ -903,6 +920,58 @@ CREATE TABLE releases (
 -- other claimers' commits and step 4's raise. Neither read locks anything or
 -- changes a count, so the caps argument is untouched.
 --
+-- Whether a release is open to new runs under the canary gate: past a canary (or
+-- promoted) since its last canary failure.
+CREATE FUNCTION release_opened(passed timestamptz, failed timestamptz, promoted timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN failed IS NULL THEN passed IS NOT NULL OR promoted IS NOT NULL
+                ELSE coalesce(greatest(passed, promoted) > failed, false) END
+$$;
+
+-- The share [lo, hi) of the runs on no release (by release_takes' bucket) that the
+-- executors of release `own` take: the newest open release not ramped takes all but
+-- the ramped one's percentage, the newest ramped release takes its percentage (all,
+-- if no release is open besides it), every other release none. Open: connected (seen
+-- within `live` seconds; the claimers themselves count), not draining, and with
+-- `gated`, past its canary (release_opened). Always exactly one row.
+CREATE FUNCTION release_share(own text, live double precision, gated boolean)
+RETURNS TABLE (lo integer, hi integer) LANGUAGE sql STABLE
+AS $$
+    WITH open AS (
+        SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
+        FROM releases rl
+        WHERE rl.draining_since IS NULL
+          AND (NOT gated OR release_opened(rl.canary_passed_at, rl.canary_failed_at,
+                                           rl.promoted_at))
+          AND (rl.release = own OR EXISTS (
+            SELECT 1 FROM executor_tools e
+            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => live)))
+    ), main AS (
+        SELECT release FROM open WHERE ramp_percent IS NULL
+        ORDER BY since DESC, release DESC LIMIT 1
+    ), ramp AS (
+        SELECT release, ramp_percent FROM open WHERE ramp_percent IS NOT NULL
+        ORDER BY since DESC, release DESC LIMIT 1
+    )
+    SELECT CASE WHEN own = (SELECT release FROM main)
+                THEN coalesce((SELECT ramp_percent FROM ramp), 0) ELSE 0 END,
+           CASE WHEN own = (SELECT release FROM main) THEN 100
+                WHEN own = (SELECT release FROM ramp)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
+                          ELSE 100 END
+                ELSE 0 END
+$$;
+
+-- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
+-- hash of its id, so a run keeps its side of a ramp for as long as the ramp stands.
+CREATE FUNCTION release_takes(run_id uuid, lo integer, hi integer)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT lo < hi AND (hi - lo >= 100 OR (hashtext(run_id::text) & 2147483647) % 100 >= lo
+                                          AND (hashtext(run_id::text) & 2147483647) % 100 < hi)
+$$;
+
 -- agentrun_claim_uncounted(): steps 1 to 4. Returns each claimed run (the
 -- runs row), its held seconds, whether it was taken over (its lease had
 -- lapsed) and whether its workspace keeps a due run. Parameters: the owners
@@ -910,7 +979,8 @@ CREATE TABLE releases (
 -- the executors' scope (NULL: every workspace), the tools they carry (JSON;
 -- NULL: any), then the release routing: the releases the owners continue
 -- (NULL: releases ignored), their own, how recently an executor must have
--- been seen, and whether only promoted or canaried releases take new runs.
+-- been seen, and whether only releases past their canary take new runs (a
+-- run on no release is theirs when in their release_share).
 --
 -- The DO block creates it with the read of an agent's due runs that the
 -- server can do best, chosen when the schema is built: the skip scan on
@@ -942,7 +1012,8 @@ DECLARE
                   AND r.priority = l.priority
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
-                       OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+                       OR (r.release IS NULL
+                           AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
                   AND ($5::jsonb IS NULL OR EXISTS (
                       SELECT 1 FROM agent_versions v
                       WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -960,7 +1031,8 @@ $levels$;
             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
-                   OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+                   OR (r.release IS NULL
+                       AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
               AND ($5::jsonb IS NULL OR EXISTS (
                   SELECT 1 FROM agent_versions v
                   WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -1016,21 +1088,16 @@ BEGIN
     WITH clock AS MATERIALIZED (
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
-        SELECT $6::text[] IS NULL AS any_release, $7::text IS NOT DISTINCT FROM (
-            SELECT rl.release FROM releases rl
-            WHERE rl.draining_since IS NULL
-              AND (NOT $9::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
-              AND (rl.release = $7 OR EXISTS (  -- the claimers are connected themselves
-                SELECT 1 FROM executor_tools e
-                WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $8)))
-            ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
-            LIMIT 1) AS takes_new
+        -- The share of the runs on no release that these owners take (release_share).
+        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi
+        FROM release_share($7, $8, $9) s
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
         WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
           AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
-               OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+               OR (r.release IS NULL
+                   AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
           AND ($5::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id

@@ -100,20 +100,12 @@ FOR NO KEY UPDATE;
 -- claim would (lease.sql run_claim, 0029): only a queued run that is due, under
 -- its agent's cap, whose version is a fast-path one needing only tools among
 -- $5 (a JSON array; NULL: any), on the owner's releases $6 (its own $7 among
--- them; NULL: releases ignored), a run on none only if $7 is the newest
--- connected release ($8 seconds; $9: only promoted or canaried ones).
+-- them; NULL: releases ignored), a run on none only in $7's share of them
+-- (release_share: $8 seconds connected; $9: only open releases, past their canary).
 -- Epoch + 1, the release recorded, the hold begun; `metered`: the workspace has a
 -- credit account (credits are reserved then, as after a claim). No row: the claim's.
 WITH routing AS MATERIALIZED (
-    SELECT $6::text[] IS NULL AS any_release, $7::text IS NOT DISTINCT FROM (
-        SELECT rl.release FROM releases rl
-        WHERE rl.draining_since IS NULL
-          AND (NOT $9::boolean OR rl.promoted_at IS NOT NULL OR rl.canary_passed_at IS NOT NULL)
-          AND (rl.release = $7 OR EXISTS (
-            SELECT 1 FROM executor_tools e
-            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => $8)))
-        ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC
-        LIMIT 1) AS takes_new
+    SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi FROM release_share($7, $8, $9) s
 ), target AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     JOIN workspaces w ON w.workspace_id = r.workspace_id
@@ -129,7 +121,8 @@ WITH routing AS MATERIALIZED (
       AND ($5::jsonb IS NULL
            OR coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
       AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
-           OR (r.release IS NULL AND (SELECT takes_new FROM routing)))
+           OR (r.release IS NULL
+               AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
     FOR UPDATE OF r
 )
 UPDATE runs r SET

@@ -3,14 +3,17 @@
 -- a child's result and a signal's delivery, go through run_deliver_result of
 -- migrations/0036_step_appends.sql; admission's input step is run_admit's own, as a fragment
 -- cannot include another): the rows of the including statement's `to_append` CTE
--- (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at) inserted as they
+-- (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at, release: the
+-- release that wrote it, NULL for the database's own steps) inserted as they
 -- are; a step where the log ends takes seq run_next_seq(workspace_id, run_id), under the
 -- run row's lock. `appended` returns each step's workspace_id, run_id and seq: the statement
 -- counts them into runs.step_count itself (0011: no trigger does). Unique (workspace_id,
 -- run_id, seq) is every writer's backstop.
 appended AS (
-    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at)
-    SELECT workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at FROM to_append
+    INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at,
+                       release)
+    SELECT workspace_id, run_id, seq, kind, epoch, ref_seq, payload, created_at, release
+    FROM to_append
     RETURNING workspace_id, run_id, seq
 )
 
@@ -29,7 +32,7 @@ appended AS (
 -- goes through run_commit_keep (below), this statement narrowed to the case
 -- where nothing is renewed, and comes here when that finds the renewal due.
 WITH locked AS (
-    SELECT workspace_id, run_id,
+    SELECT workspace_id, run_id, release,
            :status::text IS NULL AND (:renew_always::boolean OR coalesce(
                wake_at <= coalesce(:now::timestamptz, now())
                           + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
@@ -39,7 +42,7 @@ WITH locked AS (
     FOR NO KEY UPDATE
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch::bigint AS epoch, s.ref_seq,
-           s.payload, now() AS created_at
+           s.payload, now() AS created_at, l.release
     FROM locked l,
          unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
              AS s(seq, kind, ref_seq, payload)
@@ -58,6 +61,9 @@ UPDATE runs r SET
     status = coalesce(:status, r.status),
     wait_reason = CASE WHEN :status = 'waiting' THEN :wait_reason END,
     waiting_connection_id = CASE WHEN :status = 'waiting' THEN :waiting_connection_id::uuid END,
+    -- A park between turns leaves the run on no release: it continues on the newest.
+    release = CASE WHEN :status = 'waiting' AND :between_turns::boolean THEN NULL
+                   ELSE r.release END,
     wake_at = CASE
         WHEN locked.renews
             THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
@@ -92,7 +98,7 @@ RETURNING r.status, r.wake_at, locked.renews AS renewed,
 -- the caller then commits through run_commit, which renews or fences.
 -- Database clock unless :now fixes it.
 WITH locked AS (
-    SELECT workspace_id, run_id
+    SELECT workspace_id, run_id, release
     FROM runs
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
@@ -101,7 +107,7 @@ WITH locked AS (
     FOR NO KEY UPDATE
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch::bigint AS epoch, s.ref_seq,
-           s.payload, now() AS created_at
+           s.payload, now() AS created_at, l.release
     FROM locked l,
          unnest(:seqs::int[], :kinds::text[], :ref_seqs::int[], :payloads::jsonb[])
              AS s(seq, kind, ref_seq, payload)
@@ -166,12 +172,14 @@ WITH req AS (
         :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
         :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
         :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
-        :waiting_connection_ids::uuid[], :renew_always::boolean[]
+        :waiting_connection_ids::uuid[], :renew_always::boolean[],
+        :between_turns::boolean[]
     ) WITH ORDINALITY AS q(workspace_id, run_id, epoch, model_calls, tool_calls, tokens,
         input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
-        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always, i)
+        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always,
+        between_turns, i)
 ), locked AS (
-    SELECT q.*, q.status IS NULL AND (q.renew_always OR coalesce(
+    SELECT q.*, r.release, q.status IS NULL AND (q.renew_always OR coalesce(
                r.wake_at <= now() + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
     FROM runs r
     JOIN req q ON r.workspace_id = q.workspace_id AND r.run_id = q.run_id
@@ -180,7 +188,7 @@ WITH req AS (
     FOR NO KEY UPDATE OF r
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload,
-           now() AS created_at
+           now() AS created_at, l.release
     FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
                 :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
     JOIN locked l ON l.i = s.i
@@ -200,6 +208,7 @@ UPDATE runs r SET
     status = coalesce(l.status, r.status),
     wait_reason = CASE WHEN l.status = 'waiting' THEN l.wait_reason END,
     waiting_connection_id = CASE WHEN l.status = 'waiting' THEN l.waiting_connection_id END,
+    release = CASE WHEN l.status = 'waiting' AND l.between_turns THEN NULL ELSE r.release END,
     wake_at = CASE
         WHEN l.renews THEN now() + make_interval(secs => :lease_seconds)
         WHEN l.status IS NULL THEN r.wake_at

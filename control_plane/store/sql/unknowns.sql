@@ -28,7 +28,7 @@ LIMIT 1;
 WITH to_append AS (
     SELECT $1::text AS workspace_id, $2::uuid AS run_id, run_next_seq($1, $2) AS seq,
            'tool_result' AS kind, $4::bigint AS epoch, $3::int AS ref_seq, $5::jsonb AS payload,
-           now() AS created_at
+           now() AS created_at, NULL::text AS release
 ), {{steps_append}}, counted AS (
     UPDATE runs r SET step_count = r.step_count + 1
     FROM appended a WHERE r.workspace_id = a.workspace_id AND r.run_id = a.run_id

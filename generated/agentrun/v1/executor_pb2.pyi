@@ -591,12 +591,20 @@ class Park(_message.Message):
     WAKE_AFTER_FIELD_NUMBER: _builtins.int
     WAKE_TIME_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    BETWEEN_TURNS_FIELD_NUMBER: _builtins.int
     wait_reason: _builtins.str
     connection_id: _builtins.str
     """With wait_reason "connection": the connection the run waits for (revoked,
     refused, or short of a scope the tool needs). It is marked needs_reauth,
     its owner is notified once through the outbox, and reconnecting it wakes
     every run waiting on it.
+    """
+    between_turns: _builtins.bool
+    """Nothing of a turn is in flight: no tool call open (decided calls all
+    resolved, or waiting on this park's event), no model turn half done. The
+    run is then on no release while parked and continues on the newest
+    routable one when it wakes. False (and from older executors): it stays
+    on this release, for an executor of it to finish the turn.
     """
     @_builtins.property
     def wake_after(self) -> _duration_pb2.Duration:
@@ -611,10 +619,11 @@ class Park(_message.Message):
         wake_after: _duration_pb2.Duration | None = ...,
         wake_time: _timestamp_pb2.Timestamp | None = ...,
         connection_id: _builtins.str = ...,
+        between_turns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["between_turns", b"between_turns", "connection_id", b"connection_id", "wait_reason", b"wait_reason", "wake", b"wake", "wake_after", b"wake_after", "wake_time", b"wake_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_wake: _TypeAlias = _typing.Literal["wake_after", "wake_time"]  # noqa: Y015
     _WhichOneofArgType_wake: _TypeAlias = _typing.Literal["wake", b"wake"]  # noqa: Y015
@@ -1143,27 +1152,34 @@ Global___Cancel: _TypeAlias = Cancel  # noqa: Y015
 @_typing.final
 class Drain(_message.Message):
     """Drain tells the executor its release is draining (ReleaseService.DrainRelease):
-    claim nothing new, finish the runs it holds within `finish_within`, then hand
-    back at a step boundary those still held (to executors of the same release),
-    and exit once it holds none.
+    claim nothing new, work on the runs it holds for `finish_within`, then hand
+    each back at its next turn boundary (between_turns: the newest release
+    continues it), and exit once it holds none; a turn in progress is handed
+    back (and stays on this release) only when forced.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     RELEASE_FIELD_NUMBER: _builtins.int
     FINISH_WITHIN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     release: _builtins.str
+    force: _builtins.bool
+    """Hand back even a turn in progress at the next step boundary, and stop."""
     @_builtins.property
-    def finish_within(self) -> _duration_pb2.Duration: ...
+    def finish_within(self) -> _duration_pb2.Duration:
+        """Unset: the executor's own default (the longest turn of what it holds)."""
+
     def __init__(
         self,
         *,
         release: _builtins.str = ...,
         finish_within: _duration_pb2.Duration | None = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "force", b"force", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,6 +37,11 @@ class Release(_message.Message):
     RUNS_WAITING_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
     CANARY_PASS_TIME_FIELD_NUMBER: _builtins.int
+    RAMP_PERCENT_FIELD_NUMBER: _builtins.int
+    RUNS_COMPLETED_FIELD_NUMBER: _builtins.int
+    RUNS_FAILED_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    ROLLBACK_TIME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     newest: _builtins.bool
     """Whether new runs go to this release now."""
@@ -44,9 +49,18 @@ class Release(_message.Message):
     runs_held: _builtins.int
     """Runs executors of this release hold now, and how long the oldest hold lasts."""
     runs_waiting: _builtins.int
-    """Runs on this release that wait (queued or parked) for one of its executors."""
+    """Runs pinned to this release that wait (queued, or handed back with a turn
+    in progress) for one of its executors.
+    """
     drained: _builtins.bool
-    """Draining, and no executor left and no run held."""
+    """Draining, with no executor left, no run held and no run waiting on it."""
+    ramp_percent: _builtins.int
+    """The share of new runs a ramped release takes (RampRelease); unset when
+    not ramped.
+    """
+    runs_completed: _builtins.int
+    """Runs that finished on this release (their last turn ran on it)."""
+    runs_failed: _builtins.int
     @_builtins.property
     def first_seen_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -68,6 +82,12 @@ class Release(_message.Message):
         or past a canary).
         """
 
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReleaseRun]:
+        """The runs behind runs_held and runs_waiting (at most 100, oldest first)."""
+
+    @_builtins.property
+    def rollback_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -84,14 +104,53 @@ class Release(_message.Message):
         runs_waiting: _builtins.int = ...,
         drained: _builtins.bool = ...,
         canary_pass_time: _timestamp_pb2.Timestamp | None = ...,
+        ramp_percent: _builtins.int | None = ...,
+        runs_completed: _builtins.int = ...,
+        runs_failed: _builtins.int = ...,
+        runs: _abc.Iterable[Global___ReleaseRun] | None = ...,
+        rollback_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time", "runs", b"runs", "runs_completed", b"runs_completed", "runs_failed", b"runs_failed", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ramp_percent: _TypeAlias = _typing.Literal["ramp_percent"]  # noqa: Y015
+    _WhichOneofArgType__ramp_percent: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ramp_percent) -> _WhichOneofReturnType__ramp_percent | None: ...
+
+Global___Release: _TypeAlias = Release  # noqa: Y015
+
+@_typing.final
+class ReleaseRun(_message.Message):
+    """A run held by a release, or waiting for one of its executors."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    WAIT_REASON_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    status: _builtins.str
+    """"running" (held, or its lease lapsed), "queued" or "waiting"."""
+    wait_reason: _builtins.str
+    """For a waiting run: why (e.g. "handoff": handed back with a turn in progress)."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        wait_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "status", b"status", "wait_reason", b"wait_reason", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Release: _TypeAlias = Release  # noqa: Y015
+Global___ReleaseRun: _TypeAlias = ReleaseRun  # noqa: Y015
 
 @_typing.final
 class ListReleasesRequest(_message.Message):
@@ -173,11 +232,18 @@ class DrainReleaseRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     FINISH_WITHIN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    force: _builtins.bool
+    """Hand back at the next step boundary even a turn in progress (it then
+    waits on this release for one of its executors), and stop.
+    """
     @_builtins.property
     def finish_within(self) -> _duration_pb2.Duration:
-        """How long its executors finish what they hold before handing it back
-        (default 60 s, at most 24 h).
+        """How long its executors work on what they hold before handing each run
+        back at its next turn boundary (at most 24 h). Unset: each executor's
+        own default, the longest turn of the runs it holds (its model call
+        timeout plus its longest tool timeout).
         """
 
     def __init__(
@@ -185,10 +251,11 @@ class DrainReleaseRequest(_message.Message):
         *,
         name: _builtins.str = ...,
         finish_within: _duration_pb2.Duration | None = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "force", b"force", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -252,6 +319,94 @@ class PromoteReleaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PromoteReleaseResponse: _TypeAlias = PromoteReleaseResponse  # noqa: Y015
+
+@_typing.final
+class RampReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PERCENT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    percent: _builtins.int
+    """0 to 100."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        percent: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "percent", b"percent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RampReleaseRequest: _TypeAlias = RampReleaseRequest  # noqa: Y015
+
+@_typing.final
+class RampReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def release(self) -> Global___Release: ...
+    def __init__(
+        self,
+        *,
+        release: Global___Release | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RampReleaseResponse: _TypeAlias = RampReleaseResponse  # noqa: Y015
+
+@_typing.final
+class RollbackReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    FINISH_WITHIN_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def finish_within(self) -> _duration_pb2.Duration:
+        """As DrainReleaseRequest.finish_within."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        finish_within: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_within", b"finish_within", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackReleaseRequest: _TypeAlias = RollbackReleaseRequest  # noqa: Y015
+
+@_typing.final
+class RollbackReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def release(self) -> Global___Release: ...
+    def __init__(
+        self,
+        *,
+        release: Global___Release | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackReleaseResponse: _TypeAlias = RollbackReleaseResponse  # noqa: Y015
 
 @_typing.final
 class MoveRunReleaseRequest(_message.Message):

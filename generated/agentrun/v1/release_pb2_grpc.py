@@ -28,12 +28,16 @@ if _version_not_supported:
 class ReleaseServiceStub:
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -59,6 +63,16 @@ class ReleaseServiceStub:
                 request_serializer=agentrun_dot_v1_dot_release__pb2.DrainReleaseRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_release__pb2.DrainReleaseResponse.FromString,
                 _registered_method=True)
+        self.RampRelease = channel.unary_unary(
+                '/agentrun.v1.ReleaseService/RampRelease',
+                request_serializer=agentrun_dot_v1_dot_release__pb2.RampReleaseRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_release__pb2.RampReleaseResponse.FromString,
+                _registered_method=True)
+        self.RollbackRelease = channel.unary_unary(
+                '/agentrun.v1.ReleaseService/RollbackRelease',
+                request_serializer=agentrun_dot_v1_dot_release__pb2.RollbackReleaseRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_release__pb2.RollbackReleaseResponse.FromString,
+                _registered_method=True)
         self.PromoteRelease = channel.unary_unary(
                 '/agentrun.v1.ReleaseService/PromoteRelease',
                 request_serializer=agentrun_dot_v1_dot_release__pb2.PromoteReleaseRequest.SerializeToString,
@@ -74,12 +88,16 @@ class ReleaseServiceStub:
 class ReleaseServiceServicer:
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -100,9 +118,31 @@ class ReleaseServiceServicer:
 
     def DrainRelease(self, request, context):
         """DrainRelease tells every executor of the release to drain: claim nothing
-        new, finish the runs it holds within `finish_within`, then hand back at a
-        step boundary those still held, and exit. A draining release takes no new
-        runs. Idempotent (a second call sets a new deadline).
+        new, work on the runs it holds for `finish_within`, then hand each back
+        at its next turn boundary (on no release: the newest continues it), and
+        exit once it holds none. It never hands back a turn in progress unless
+        forced (`force`, or a second SIGTERM): such a run stays on its release,
+        and the release is not drained while it waits there (Release.waiting).
+        A draining release takes no new runs. Idempotent (a second call sets a
+        new deadline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RampRelease(self, request, context):
+        """RampRelease routes `percent` of the new runs (and of the runs on no
+        release) to the release, the rest to the newest release not ramped.
+        Promote it to give it all of them; roll it back to give it none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackRelease(self, request, context):
+        """RollbackRelease ends a release's ramp or promotion and drains it: new
+        runs go to the newest other release; its held turns finish and hand back
+        at their turn boundaries, and its parked runs continue on that release.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -143,6 +183,16 @@ def add_ReleaseServiceServicer_to_server(servicer, server):
                     request_deserializer=agentrun_dot_v1_dot_release__pb2.DrainReleaseRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_release__pb2.DrainReleaseResponse.SerializeToString,
             ),
+            'RampRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RampRelease,
+                    request_deserializer=agentrun_dot_v1_dot_release__pb2.RampReleaseRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_release__pb2.RampReleaseResponse.SerializeToString,
+            ),
+            'RollbackRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackRelease,
+                    request_deserializer=agentrun_dot_v1_dot_release__pb2.RollbackReleaseRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_release__pb2.RollbackReleaseResponse.SerializeToString,
+            ),
             'PromoteRelease': grpc.unary_unary_rpc_method_handler(
                     servicer.PromoteRelease,
                     request_deserializer=agentrun_dot_v1_dot_release__pb2.PromoteReleaseRequest.FromString,
@@ -164,12 +214,16 @@ def add_ReleaseServiceServicer_to_server(servicer, server):
 class ReleaseService:
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -245,6 +299,60 @@ class ReleaseService:
             '/agentrun.v1.ReleaseService/DrainRelease',
             agentrun_dot_v1_dot_release__pb2.DrainReleaseRequest.SerializeToString,
             agentrun_dot_v1_dot_release__pb2.DrainReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RampRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ReleaseService/RampRelease',
+            agentrun_dot_v1_dot_release__pb2.RampReleaseRequest.SerializeToString,
+            agentrun_dot_v1_dot_release__pb2.RampReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ReleaseService/RollbackRelease',
+            agentrun_dot_v1_dot_release__pb2.RollbackReleaseRequest.SerializeToString,
+            agentrun_dot_v1_dot_release__pb2.RollbackReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

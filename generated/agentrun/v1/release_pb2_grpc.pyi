@@ -29,12 +29,16 @@ GRPC_VERSION: str
 class ReleaseServiceStub:
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -49,9 +53,23 @@ class ReleaseServiceStub:
     """GetRelease reports one release (NOT_FOUND if no executor ever declared it)."""
     DrainRelease: _grpc.UnaryUnaryMultiCallable[_release_pb2.DrainReleaseRequest, _release_pb2.DrainReleaseResponse]
     """DrainRelease tells every executor of the release to drain: claim nothing
-    new, finish the runs it holds within `finish_within`, then hand back at a
-    step boundary those still held, and exit. A draining release takes no new
-    runs. Idempotent (a second call sets a new deadline).
+    new, work on the runs it holds for `finish_within`, then hand each back
+    at its next turn boundary (on no release: the newest continues it), and
+    exit once it holds none. It never hands back a turn in progress unless
+    forced (`force`, or a second SIGTERM): such a run stays on its release,
+    and the release is not drained while it waits there (Release.waiting).
+    A draining release takes no new runs. Idempotent (a second call sets a
+    new deadline).
+    """
+    RampRelease: _grpc.UnaryUnaryMultiCallable[_release_pb2.RampReleaseRequest, _release_pb2.RampReleaseResponse]
+    """RampRelease routes `percent` of the new runs (and of the runs on no
+    release) to the release, the rest to the newest release not ramped.
+    Promote it to give it all of them; roll it back to give it none.
+    """
+    RollbackRelease: _grpc.UnaryUnaryMultiCallable[_release_pb2.RollbackReleaseRequest, _release_pb2.RollbackReleaseResponse]
+    """RollbackRelease ends a release's ramp or promotion and drains it: new
+    runs go to the newest other release; its held turns finish and hand back
+    at their turn boundaries, and its parked runs continue on that release.
     """
     PromoteRelease: _grpc.UnaryUnaryMultiCallable[_release_pb2.PromoteReleaseRequest, _release_pb2.PromoteReleaseResponse]
     """PromoteRelease makes a release the newest: new runs go to it (while it has
@@ -67,12 +85,16 @@ class ReleaseServiceStub:
 class ReleaseServiceAsyncStub(ReleaseServiceStub):
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -84,9 +106,23 @@ class ReleaseServiceAsyncStub(ReleaseServiceStub):
     """GetRelease reports one release (NOT_FOUND if no executor ever declared it)."""
     DrainRelease: _aio.UnaryUnaryMultiCallable[_release_pb2.DrainReleaseRequest, _release_pb2.DrainReleaseResponse]  # type: ignore[assignment]
     """DrainRelease tells every executor of the release to drain: claim nothing
-    new, finish the runs it holds within `finish_within`, then hand back at a
-    step boundary those still held, and exit. A draining release takes no new
-    runs. Idempotent (a second call sets a new deadline).
+    new, work on the runs it holds for `finish_within`, then hand each back
+    at its next turn boundary (on no release: the newest continues it), and
+    exit once it holds none. It never hands back a turn in progress unless
+    forced (`force`, or a second SIGTERM): such a run stays on its release,
+    and the release is not drained while it waits there (Release.waiting).
+    A draining release takes no new runs. Idempotent (a second call sets a
+    new deadline).
+    """
+    RampRelease: _aio.UnaryUnaryMultiCallable[_release_pb2.RampReleaseRequest, _release_pb2.RampReleaseResponse]  # type: ignore[assignment]
+    """RampRelease routes `percent` of the new runs (and of the runs on no
+    release) to the release, the rest to the newest release not ramped.
+    Promote it to give it all of them; roll it back to give it none.
+    """
+    RollbackRelease: _aio.UnaryUnaryMultiCallable[_release_pb2.RollbackReleaseRequest, _release_pb2.RollbackReleaseResponse]  # type: ignore[assignment]
+    """RollbackRelease ends a release's ramp or promotion and drains it: new
+    runs go to the newest other release; its held turns finish and hand back
+    at their turn boundaries, and its parked runs continue on that release.
     """
     PromoteRelease: _aio.UnaryUnaryMultiCallable[_release_pb2.PromoteReleaseRequest, _release_pb2.PromoteReleaseResponse]  # type: ignore[assignment]
     """PromoteRelease makes a release the newest: new runs go to it (while it has
@@ -101,12 +137,16 @@ class ReleaseServiceAsyncStub(ReleaseServiceStub):
 class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
     """ReleaseService: blue-green deploys of the executor fleet.
 
-    A run is on the release of the executor that first claimed it and is
-    continued only by executors of that release (or of one that declares it
-    continues it, Hello.continues). New runs go to the newest release with
-    executors connected: the one promoted last, else the one whose executors
-    were first seen last. Nothing moves a run to another release but
-    MoveRunRelease, which the workspace's audit log records.
+    A run is pinned to a release only while a turn is in progress on it: held
+    by an executor of that release, or handed back with a tool call open. Then
+    only executors of that release (or of one that declares it continues it,
+    Hello.continues) take it. A run that parks between turns (a sleep, an
+    approval, a rate limit, a child, a signal...) is on no release while it
+    waits, and continues on the newest open release when it wakes. New runs,
+    and runs on no release, go to the newest open release (connected, not
+    draining, past its canary): the one promoted last, else the one whose
+    executors were first seen last; a ramped release takes its percentage of
+    them. Each step records the release that wrote it (Step.release).
 
     Every method needs a platform admin key (control_plane/auth/access.py).
     """
@@ -134,9 +174,35 @@ class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_release_pb2.DrainReleaseResponse, _abc.Awaitable[_release_pb2.DrainReleaseResponse]]:
         """DrainRelease tells every executor of the release to drain: claim nothing
-        new, finish the runs it holds within `finish_within`, then hand back at a
-        step boundary those still held, and exit. A draining release takes no new
-        runs. Idempotent (a second call sets a new deadline).
+        new, work on the runs it holds for `finish_within`, then hand each back
+        at its next turn boundary (on no release: the newest continues it), and
+        exit once it holds none. It never hands back a turn in progress unless
+        forced (`force`, or a second SIGTERM): such a run stays on its release,
+        and the release is not drained while it waits there (Release.waiting).
+        A draining release takes no new runs. Idempotent (a second call sets a
+        new deadline).
+        """
+
+    @_abc_1.abstractmethod
+    def RampRelease(
+        self,
+        request: _release_pb2.RampReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_release_pb2.RampReleaseResponse, _abc.Awaitable[_release_pb2.RampReleaseResponse]]:
+        """RampRelease routes `percent` of the new runs (and of the runs on no
+        release) to the release, the rest to the newest release not ramped.
+        Promote it to give it all of them; roll it back to give it none.
+        """
+
+    @_abc_1.abstractmethod
+    def RollbackRelease(
+        self,
+        request: _release_pb2.RollbackReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_release_pb2.RollbackReleaseResponse, _abc.Awaitable[_release_pb2.RollbackReleaseResponse]]:
+        """RollbackRelease ends a release's ramp or promotion and drains it: new
+        runs go to the newest other release; its held turns finish and hand back
+        at their turn boundaries, and its parked runs continue on that release.
         """
 
     @_abc_1.abstractmethod

@@ -504,6 +504,7 @@ class Step(_message.Message):
     REF_SEQ_FIELD_NUMBER: _builtins.int
     PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     seq: _builtins.int
     kind: Global___StepKind.ValueType
@@ -514,6 +515,10 @@ class Step(_message.Message):
     payload_json: _builtins.str
     """The step's content as a JSON object; its shape depends on kind
     (docs/steps.md).
+    """
+    release: _builtins.str
+    """The release of the executor that wrote the step; empty for the steps the
+    platform writes itself (the input, a person's decision, a cancel).
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
@@ -527,10 +532,11 @@ class Step(_message.Message):
         ref_seq: _builtins.int = ...,
         payload_json: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        release: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "epoch", b"epoch", "kind", b"kind", "payload_json", b"payload_json", "ref_seq", b"ref_seq", "run_id", b"run_id", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "epoch", b"epoch", "kind", b"kind", "payload_json", b"payload_json", "ref_seq", b"ref_seq", "release", b"release", "run_id", b"run_id", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
