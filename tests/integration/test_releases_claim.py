@@ -114,3 +114,75 @@ async def test_a_claimer_whose_hello_was_not_recorded_still_takes_new_runs(pool)
     (run,) = await factories.queued_runs(pool, 1)
     (claimed,) = await claim(pool, "a1", of("A"))
     assert claimed.run_id == run.run_id and claimed.release == "A"
+
+
+async def park_between_turns(pool, run) -> None:
+    """The holder commits one step and parks between turns (a sleep, say): the run waits
+    on no release."""
+    payload = json.dumps({"content": "work", "tool_calls": []})
+    await steps.commit(
+        pool,
+        steps.CommitRequest(
+            run.workspace_id,
+            run.run_id,
+            run.lease_epoch,
+            [steps.NewStep(run.step_count, "model_decision", None, payload)],
+            steps.Transition(
+                status="waiting", wait_reason="sleep", wake_after_seconds=0, between_turns=True
+            ),
+        ),
+        30,
+    )
+
+
+async def share(pool, release: str) -> tuple[int, int]:
+    row = await pool.fetchrow("SELECT lo, hi FROM release_share($1, 30, false)", release)
+    return row["lo"], row["hi"]
+
+
+async def test_a_run_parked_between_turns_continues_on_the_newest_release(pool):
+    await connect(pool, "a1", "A")
+    (run,) = await factories.queued_runs(pool, 1)
+    (held,) = await claim(pool, "a1", of("A"))
+    await park_between_turns(pool, held)
+    row = await pool.fetchrow("SELECT release FROM runs WHERE run_id = $1", run.run_id)
+    assert row["release"] is None  # waiting on no release
+    await connect(pool, "b1", "B")  # first seen last: the newest
+    assert await claim(pool, "a1", of("A")) == []
+    (woke,) = await claim(pool, "b1", of("B"))
+    assert woke.run_id == run.run_id and woke.release == "B"
+
+
+async def test_a_ramp_sends_its_share_of_new_runs_and_a_rollback_strands_none(pool):
+    """`releases ramp B 10`: of 1,000 new runs, B takes those whose bucket (a hash of the
+    run id) is under 10, A the rest, every run exactly one of them; a rollback gives A all
+    of them again, the runs B parked between turns included."""
+    await connect(pool, "b1", "B")
+    await connect(pool, "a1", "A")
+    assert await store.promote(pool, "A")
+    assert await store.ramp(pool, "B", 10)
+    assert await share(pool, "A") == (10, 100) and await share(pool, "B") == (0, 10)
+    runs = await factories.queued_runs(pool, 1000)
+    counts = await pool.fetchrow(
+        """SELECT count(*) FILTER (WHERE release_takes(run_id, 0, 10)) AS b,
+                  count(*) FILTER (WHERE release_takes(run_id, 10, 100)) AS a
+           FROM unnest($1::uuid[]) AS r(run_id)""",
+        [r.run_id for r in runs],
+    )
+    print(f"ramp 10%: B {counts['b']} of 1000, A {counts['a']}")
+    assert 70 <= counts["b"] <= 130 and counts["a"] + counts["b"] == 1000
+    (on_b,) = await claim(pool, "b1", of("B"))
+    bucket = await pool.fetchval("SELECT release_takes($1, 0, 10)", on_b.run_id)
+    assert on_b.release == "B" and bucket
+    await park_between_turns(pool, on_b)
+    (state_b,) = await store.list_releases(pool, 30, "B")
+    assert state_b.ramp_percent == 10
+
+    assert await store.rollback(pool, "B", None)
+    assert await share(pool, "B") == (0, 0) and await share(pool, "A") == (0, 100)
+    assert await claim(pool, "b1", of("B")) == []
+    taken = await lease.claim_due(pool, [f"a{i}" for i in range(8)], 30, release=of("A"))
+    assert len(taken) == 8 and {r.release for r in taken} == {"A"}
+    (state_b,) = await store.list_releases(pool, 30, "B")
+    assert state_b.ramp_percent is None and state_b.rolled_back_at is not None
+    assert state_b.runs_waiting == 0  # nothing stranded on B
