@@ -34,6 +34,11 @@ from executor.tools import keys
 
 # The wait of a run whose repeated call is held for a person.
 REPEAT_WAIT = "repeat"
+# The step log's shape this executor writes (Hello.log_version), and the oldest it reads
+# (Hello.log_reads_from): raise LOG_VERSION when a step's payload changes in a way an older
+# executor cannot read, and LOG_READS_FROM when this one stops reading an old shape.
+LOG_VERSION = 1
+LOG_READS_FROM = 1
 
 
 def new_step(

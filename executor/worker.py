@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.v1 import executor_pb2
-from executor import canary, metrics
+from executor import canary, metrics, steps
 from executor.config import ExecutorConfig
 from executor.lease import LeaseKeeper
 from executor.models.base import ModelClient
@@ -332,6 +332,8 @@ class Worker:
             # A claim's runs for this stream may come in one message (Stream._assign_each),
             # and commit results several to a message.
             reads_batches=True,
+            log_version=steps.LOG_VERSION,
+            log_reads_from=steps.LOG_READS_FROM,
         )
 
     def _fence(self, run_id: str, reason: str) -> None:

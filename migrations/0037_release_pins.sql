@@ -22,13 +22,21 @@
 
 ALTER TABLE steps ADD COLUMN release text;
 
+-- The step log's shape: the version the run's log was last written in (by the claim, the
+-- version its claimer's release writes), and per release the version it writes and the
+-- oldest it reads (Hello.log_version, Hello.log_reads_from). A run on no release goes
+-- only to a release that reads its log's version.
+ALTER TABLE runs ADD COLUMN log_version integer NOT NULL DEFAULT 1;
+
 ALTER TABLE releases
     ADD COLUMN canary_failed_at timestamptz,
     ADD COLUMN canary_failure   text,
     ADD COLUMN ramp_percent     integer
         CONSTRAINT releases_ramp_percent_check CHECK (ramp_percent BETWEEN 0 AND 100),
     ADD COLUMN rolled_back_at   timestamptz,
-    ADD COLUMN drain_forced     boolean NOT NULL DEFAULT false;
+    ADD COLUMN drain_forced     boolean NOT NULL DEFAULT false,
+    ADD COLUMN log_version      integer NOT NULL DEFAULT 1,
+    ADD COLUMN log_reads_from   integer NOT NULL DEFAULT 1;
 
 CREATE INDEX runs_finished_by_release ON runs (release, status)
     WHERE release IS NOT NULL AND status IN ('completed', 'failed');
@@ -43,13 +51,14 @@ AS $$
 $$;
 
 -- The share [lo, hi) of the runs on no release (by release_takes' bucket) that the
--- executors of release `own` take: the newest open release not ramped takes all but
--- the ramped one's percentage, the newest ramped release takes its percentage (all,
--- if no release is open besides it), every other release none. Open: connected (seen
--- within `live` seconds; the claimers themselves count), not draining, and with
--- `gated`, past its canary (release_opened). Always exactly one row.
+-- executors of release `own` take, and the step-log versions it reads (reads_from to
+-- writes): the newest open release not ramped takes all but the ramped one's
+-- percentage, the newest ramped release takes its percentage (all, if no release is
+-- open besides it), every other release none. Open: connected (seen within `live`
+-- seconds; the claimers themselves count), not draining, and with `gated`, past its
+-- canary (release_opened). Always exactly one row (own NULL: no share, every version).
 CREATE FUNCTION release_share(own text, live double precision, gated boolean)
-RETURNS TABLE (lo integer, hi integer) LANGUAGE sql STABLE
+RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE sql STABLE
 AS $$
     WITH open AS (
         SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
@@ -73,7 +82,9 @@ AS $$
                 WHEN own = (SELECT release FROM ramp)
                 THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
                           ELSE 100 END
-                ELSE 0 END
+                ELSE 0 END,
+           coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
+           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
 $$;
 
 -- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
@@ -85,7 +96,8 @@ AS $$
                                           AND (hashtext(run_id::text) & 2147483647) % 100 < hi)
 $$;
 
--- The claim as 0034 made it, its routing now through release_share().
+-- The claim as 0034 made it, its routing now through release_share(), and the log
+-- version of the claimer's release recorded on the run.
 DO $claim_walk$
 DECLARE
     -- Before Postgres 18: the walk over priority levels.
@@ -111,7 +123,9 @@ DECLARE
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                        OR (r.release IS NULL
-                           AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                           AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                           AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                                 AND (SELECT writes FROM routing)))
                   AND ($5::jsonb IS NULL OR EXISTS (
                       SELECT 1 FROM agent_versions v
                       WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -130,7 +144,9 @@ $levels$;
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                    OR (r.release IS NULL
-                       AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                       AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                       AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                             AND (SELECT writes FROM routing)))
               AND ($5::jsonb IS NULL OR EXISTS (
                   SELECT 1 FROM agent_versions v
                   WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -187,7 +203,7 @@ BEGIN
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
         -- The share of the runs on no release that these owners take (release_share).
-        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi
+        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
         FROM release_share($7, $8, $9) s
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
@@ -195,7 +211,9 @@ BEGIN
           AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                OR (r.release IS NULL
-                   AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                   AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                   AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                         AND (SELECT writes FROM routing)))
           AND ($5::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -315,6 +333,8 @@ BEGIN
             status = 'running',
             wait_reason = NULL,
             release = coalesce(r.release, $7::text),
+            log_version = greatest(r.log_version, coalesce(
+                (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
             lease_owner = ($1::text[])[due.slot],
             lease_epoch = r.lease_epoch + 1,
             attempt = r.attempt + (r.status = 'running')::int,

@@ -82,6 +82,12 @@ async def seen(pool: Pool, *names: str) -> None:
         await run(pool, "release_seen", list(names))
 
 
+async def log_versions(pool: Pool, release: str, writes: int, reads_from: int) -> None:
+    """The step-log versions the release's executors write and read (Hello)."""
+    if release:
+        await run(pool, "release_log_versions", release, writes, reads_from)
+
+
 async def list_releases(
     pool: Pool, live_seconds: float, release: str | None = None
 ) -> list[ReleaseState]:

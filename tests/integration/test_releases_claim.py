@@ -186,3 +186,22 @@ async def test_a_ramp_sends_its_share_of_new_runs_and_a_rollback_strands_none(po
     (state_b,) = await store.list_releases(pool, 30, "B")
     assert state_b.ramp_percent is None and state_b.rolled_back_at is not None
     assert state_b.runs_waiting == 0  # nothing stranded on B
+
+
+async def test_a_run_whose_log_is_newer_than_a_release_reads_is_never_given_to_it(pool):
+    """B writes step-log version 2; rolled back to A, which reads only version 1, the run
+    B parked waits for a release that reads version 2 (C), and never goes to A."""
+    await connect(pool, "a1", "A")
+    await connect(pool, "b1", "B")
+    await store.log_versions(pool, "B", 2, 1)
+    (run,) = await factories.queued_runs(pool, 1)
+    (on_b,) = await claim(pool, "b1", of("B"))
+    row = await pool.fetchrow("SELECT log_version FROM runs WHERE run_id = $1", run.run_id)
+    assert row["log_version"] == 2  # the claim records what its claimer writes
+    await park_between_turns(pool, on_b)
+    assert await store.rollback(pool, "B", None)
+    assert await claim(pool, "a1", of("A")) == []  # A reads version 1 only
+    await connect(pool, "c1", "C")
+    await store.log_versions(pool, "C", 2, 1)
+    (on_c,) = await claim(pool, "c1", of("C"))
+    assert on_c.run_id == run.run_id and on_c.release == "C"

@@ -6,6 +6,11 @@ INSERT INTO releases (release)
 SELECT DISTINCT r FROM unnest($1::text[]) AS r WHERE r <> ''
 ON CONFLICT DO NOTHING;
 
+-- name: release_log_versions :exec
+-- The step-log versions release $1's executors write ($2) and read from ($3).
+UPDATE releases SET log_version = $2, log_reads_from = $3
+WHERE release = $1 AND (log_version, log_reads_from) IS DISTINCT FROM ($2, $3);
+
 -- name: release_list :many
 -- Every known release ($1 NULL) or one, newest first, with its executors seen
 -- within $2 seconds, the runs it holds (and when the oldest hold began), the runs

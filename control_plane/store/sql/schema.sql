@@ -243,6 +243,9 @@ CREATE TABLE runs (
     -- workspace's turn; set at admission, never changed.
     priority                 smallint NOT NULL DEFAULT 0
         CONSTRAINT run_priority_range CHECK (priority BETWEEN -100 AND 100),
+    -- The step log's shape version it was last written in: the claim records its
+    -- claimer's release's (releases.log_version).
+    log_version              integer NOT NULL DEFAULT 1,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (
@@ -814,7 +817,11 @@ CREATE TABLE releases (
     ramp_percent      integer
         CONSTRAINT releases_ramp_percent_check CHECK (ramp_percent BETWEEN 0 AND 100),
     rolled_back_at    timestamptz,
-    drain_forced      boolean NOT NULL DEFAULT false
+    drain_forced      boolean NOT NULL DEFAULT false,
+    -- The step-log versions its executors write and read from (Hello): a run on no
+    -- release goes only to a release that reads its log (release_share).
+    log_version       integer NOT NULL DEFAULT 1,
+    log_reads_from    integer NOT NULL DEFAULT 1
 );
 
 
@@ -930,13 +937,14 @@ AS $$
 $$;
 
 -- The share [lo, hi) of the runs on no release (by release_takes' bucket) that the
--- executors of release `own` take: the newest open release not ramped takes all but
--- the ramped one's percentage, the newest ramped release takes its percentage (all,
--- if no release is open besides it), every other release none. Open: connected (seen
--- within `live` seconds; the claimers themselves count), not draining, and with
--- `gated`, past its canary (release_opened). Always exactly one row.
+-- executors of release `own` take, and the step-log versions it reads (reads_from to
+-- writes): the newest open release not ramped takes all but the ramped one's
+-- percentage, the newest ramped release takes its percentage (all, if no release is
+-- open besides it), every other release none. Open: connected (seen within `live`
+-- seconds; the claimers themselves count), not draining, and with `gated`, past its
+-- canary (release_opened). Always exactly one row (own NULL: no share, every version).
 CREATE FUNCTION release_share(own text, live double precision, gated boolean)
-RETURNS TABLE (lo integer, hi integer) LANGUAGE sql STABLE
+RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE sql STABLE
 AS $$
     WITH open AS (
         SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
@@ -960,7 +968,9 @@ AS $$
                 WHEN own = (SELECT release FROM ramp)
                 THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
                           ELSE 100 END
-                ELSE 0 END
+                ELSE 0 END,
+           coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
+           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
 $$;
 
 -- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
@@ -1013,7 +1023,9 @@ DECLARE
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                        OR (r.release IS NULL
-                           AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                           AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                           AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                                 AND (SELECT writes FROM routing)))
                   AND ($5::jsonb IS NULL OR EXISTS (
                       SELECT 1 FROM agent_versions v
                       WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -1032,7 +1044,9 @@ $levels$;
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                    OR (r.release IS NULL
-                       AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                       AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                       AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                             AND (SELECT writes FROM routing)))
               AND ($5::jsonb IS NULL OR EXISTS (
                   SELECT 1 FROM agent_versions v
                   WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -1089,7 +1103,7 @@ BEGIN
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
         -- The share of the runs on no release that these owners take (release_share).
-        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi
+        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
         FROM release_share($7, $8, $9) s
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
@@ -1097,7 +1111,9 @@ BEGIN
           AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                OR (r.release IS NULL
-                   AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+                   AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+                   AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                         AND (SELECT writes FROM routing)))
           AND ($5::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
@@ -1217,6 +1233,8 @@ BEGIN
             status = 'running',
             wait_reason = NULL,
             release = coalesce(r.release, $7::text),
+            log_version = greatest(r.log_version, coalesce(
+                (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
             lease_owner = ($1::text[])[due.slot],
             lease_epoch = r.lease_epoch + 1,
             attempt = r.attempt + (r.status = 'running')::int,

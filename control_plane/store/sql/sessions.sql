@@ -105,7 +105,8 @@ FOR NO KEY UPDATE;
 -- Epoch + 1, the release recorded, the hold begun; `metered`: the workspace has a
 -- credit account (credits are reserved then, as after a claim). No row: the claim's.
 WITH routing AS MATERIALIZED (
-    SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi FROM release_share($7, $8, $9) s
+    SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
+    FROM release_share($7, $8, $9) s
 ), target AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     JOIN workspaces w ON w.workspace_id = r.workspace_id
@@ -122,13 +123,17 @@ WITH routing AS MATERIALIZED (
            OR coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
       AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
            OR (r.release IS NULL
-               AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))))
+               AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
+               AND r.log_version BETWEEN (SELECT reads_from FROM routing)
+                                     AND (SELECT writes FROM routing)))
     FOR UPDATE OF r
 )
 UPDATE runs r SET
     status = 'running',
     wait_reason = NULL,
     release = coalesce(r.release, $7::text),
+    log_version = greatest(r.log_version, coalesce(
+        (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
     lease_owner = $3,
     lease_epoch = r.lease_epoch + 1,
     wake_at = now() + make_interval(secs => $4),

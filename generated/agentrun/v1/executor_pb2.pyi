@@ -422,6 +422,8 @@ class Hello(_message.Message):
     CONTINUES_FIELD_NUMBER: _builtins.int
     READS_COMMIT_RENEWAL_FIELD_NUMBER: _builtins.int
     READS_BATCHES_FIELD_NUMBER: _builtins.int
+    LOG_VERSION_FIELD_NUMBER: _builtins.int
+    LOG_READS_FROM_FIELD_NUMBER: _builtins.int
     executor_id: _builtins.str
     """Stable for the executor process's life; written as lease_owner."""
     release: _builtins.str
@@ -443,6 +445,13 @@ class Hello(_message.Message):
     of one message each. Unset (an older executor): one Assignment or
     CommitResult message each, always.
     """
+    log_version: _builtins.int
+    """The version of the step log's shape this executor writes, and the oldest
+    it reads (0: 1). A run whose log was last written in a version outside
+    that range is not given to it when the run waits on no release (a
+    rollback to a release that cannot read what a newer one wrote).
+    """
+    log_reads_from: _builtins.int
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
         """Runs this executor still holds from before a reconnect; they stay its
@@ -474,10 +483,12 @@ class Hello(_message.Message):
         continues: _abc.Iterable[_builtins.str] | None = ...,
         reads_commit_renewal: _builtins.bool = ...,
         reads_batches: _builtins.bool = ...,
+        log_version: _builtins.int = ...,
+        log_reads_from: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "reads_batches", b"reads_batches", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "continues", b"continues", "executor_id", b"executor_id", "held", b"held", "log_reads_from", b"log_reads_from", "log_version", b"log_version", "reads_batches", b"reads_batches", "reads_commit_renewal", b"reads_commit_renewal", "release", b"release", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
