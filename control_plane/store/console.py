@@ -108,6 +108,12 @@ async def waits(pool: Pool, workspace_id: str) -> list[dict[str, Any]]:
     return [dict(r) for r in await run(pool, "console_waits", workspace_id)]
 
 
+async def release_waits(pool: Pool, workspace_id: str, live_seconds: float) -> list[dict[str, Any]]:
+    """The workspace's runs pinned to a release none of whose executors is connected."""
+    rows = await run(pool, "console_release_waits", workspace_id, live_seconds)
+    return [dict(r) for r in rows]
+
+
 @dataclass(frozen=True)
 class AwaitingPerson:
     """An unknown outcome a person must decide: the run and its tool_result step."""

@@ -27,6 +27,7 @@ from tests.harness.agentrun_api import Api, clear_faults, set_fault
 from tests.harness.cli import agentrun
 from tests.harness.processes import ManagedProcess
 from tests.harness.waiting import eventually
+from tests.integration.test_console_http import signed_in
 
 CLAIMED = re.compile(
     r"claimed run (\S+) of workspace \S+ \(epoch (\d+), .*\) on release ([^\s\"]+)"
@@ -237,6 +238,13 @@ async def test_a_forced_drain_leaves_a_turn_in_progress_on_its_release_until_one
         cli, cp.address, key, "releases", "wait-drained", "A", "--timeout", "2"
     )
     assert waited.returncode == 1 and run_id in waited.stderr, waited.stderr
+    # The workspace's console lists it under "Waiting for a release", with A.
+    ws_key = await auth.workspace_key(db_url, "acme", role="admin")
+    async with signed_in(cp.http_url, ws_key) as console:
+        page = await console.get("/console/queue")
+    assert page.status_code == 200
+    waits = page.text[page.text.index('id="release-waits"') :]
+    assert run_id in waits and ">A<" in waits, waits
     # B serves other runs meanwhile, and leaves this one alone.
     (other,) = await api.wait_terminal([await api.start("twice", "new work")], within=30)
     assert other.release == "B"

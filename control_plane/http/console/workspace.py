@@ -15,6 +15,8 @@ from control_plane.store import workspaces
 
 EVENT_STATUSES = ("accepted", "filtered")
 EVENTS_SHOWN = 50
+# An executor seen this recently counts as connected (deploys/releases.py LIVE_SECONDS).
+RELEASE_LIVE_SECONDS = 30.0
 
 
 class WorkspacePages:
@@ -29,6 +31,7 @@ class WorkspacePages:
         agents = await store.queue_by_agent(self.c.pool, ws)
         waits = await store.waits(self.c.pool, ws)
         rate_waits = sum(w["runs"] for w in waits if w["wait_reason"] == "rate")
+        stranded = await store.release_waits(self.c.pool, ws, RELEASE_LIVE_SECONDS)
         return render(
             request,
             "queue.html",
@@ -36,6 +39,7 @@ class WorkspacePages:
             agents=agents,
             waits=waits,
             rate_waits=rate_waits,
+            stranded=stranded,
         )
 
     async def triggers(self, request: Request) -> Response:
