@@ -103,6 +103,8 @@ ACCESS: dict[str, Need] = {
     f"{_V1}ReleaseService/GetRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/DrainRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/PromoteRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/RampRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/RollbackRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/MoveRunRelease": Need.PLATFORM,
     f"{_V1}CanaryService/RunCanary": Need.PLATFORM,
 }

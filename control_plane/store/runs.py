@@ -81,6 +81,8 @@ class Run:
     release: str | None = None
     # Higher goes first within its workspace's fair share (0026_run_priority.sql).
     priority: int = 0
+    # The step-log version it was last written in (0037_release_pins.sql).
+    log_version: int = 1
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

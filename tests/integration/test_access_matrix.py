@@ -101,7 +101,7 @@ def test_the_table_says_what_the_issue_asks():
         "GetPayloadSlice",
         "GetConnectionToken",
     }
-    # Workspaces and credit grants; deploys (releases and the contract canary, issue 15).
+    # Workspaces and credit grants; deploys (releases and the contract canary, issues 15, 41).
     assert {
         "CreateWorkspace",
         "SetWorkspacePlan",
@@ -110,6 +110,8 @@ def test_the_table_says_what_the_issue_asks():
         "GetRelease",
         "DrainRelease",
         "PromoteRelease",
+        "RampRelease",
+        "RollbackRelease",
         "MoveRunRelease",
         "RunCanary",
     } == by_need[Need.PLATFORM]
