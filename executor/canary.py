@@ -13,9 +13,10 @@ with the nonce the tool echoed. Only that exact output passes the canary.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
+import faults
 from executor.models.base import DEFAULT_SETTINGS, ModelReply, ModelSettings, ToolCall
 
 # Shared with control_plane/deploys/canary.py by value (the executor never imports the control plane).
@@ -23,10 +24,20 @@ WORKSPACE = "agentrun-internal-canary"
 TOOL = "canary_noop"
 MARKER = "AGENTRUN-CANARY-OK/v1"
 _NONCE = re.compile(r"canary-nonce:([0-9a-f]{32})")
+# The fault points a canary run hits: only its own (faults.within).
+FAULTS = "executor.canary."
+T = TypeVar("T")
 
 
 def is_canary(workspace_id: str) -> bool:
     return workspace_id == WORKSPACE
+
+
+async def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Drive a canary run: the fault points a test armed for customer runs are inert in
+    it (each executor's connect may start a canary), only `executor.canary.*` ones hit."""
+    with faults.within(FAULTS):
+        return await coro
 
 
 def answer(nonce: str) -> str:

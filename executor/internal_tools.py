@@ -194,6 +194,7 @@ class Canary:
     ) -> str | None:
         # Started, then its result: two commits, no provider.
         await calls.held.loop.commit([started], tool_calls=1)
+        faults.point("executor.canary.after_tool_started")
         outcome = Outcome("ok", output=canary.tool_output(arguments))
         return await calls.record(started.seq + 1, started.seq, call_id, canary.TOOL, outcome)
 

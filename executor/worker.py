@@ -266,14 +266,16 @@ class Worker:
                 log.warning("ignoring stale assignment of run %s", run.run_id)
                 return
             self._stop(run.run_id, "reassigned at a newer epoch")
-        deps = self._canary_deps if canary.is_canary(run.workspace_id) else self._deps
-        loop = RunLoop(assignment, deps)
+        is_canary = canary.is_canary(run.workspace_id)
+        loop = RunLoop(assignment, self._canary_deps if is_canary else self._deps)
         interval = assignment.heartbeat_interval.ToNanoseconds() / 1e9  # fast path: 2 s
         self._leases.hold(loop.lease, interval if assignment.HasField("heartbeat_interval") else 0)
         if self._draining or len(self._runs) >= self._config.capacity:
             # More than we asked for: give it straight back (draining: once its turn is done).
             loop.request_handoff(force=self._forced.is_set() or not self._draining)
-        task = asyncio.create_task(loop.run(), name=f"run-{run.run_id}")
+        task = asyncio.create_task(
+            canary.run(loop.run()) if is_canary else loop.run(), name=f"run-{run.run_id}"
+        )
         self._runs[run.run_id] = _Held(loop, task)
         metrics.ASSIGNMENTS.inc()
         metrics.RUNS_HELD.set(len(self._runs))

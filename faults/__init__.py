@@ -25,15 +25,24 @@ control plane's fence admission has one (a mixed-version fence failure that
 passes every health check, which only the contract canary notices):
 
     AGENTRUN_FAULTS="control_plane.commit.fence_admission=refuse"
+
+Code run `within(prefix)` hits only the points named under `prefix`; every other point is
+inert there, neither counted nor fired (random faults included). The executor drives canary
+runs so (executor/worker.py): the self-check canary that each executor's connect starts
+takes none of the hits a test armed for customer runs, and `executor.canary.*` points
+break the canary alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 _hits: Counter[str] = Counter()
 
@@ -65,6 +74,24 @@ _random_p = float(os.environ.get("AGENTRUN_FAULTS_RANDOM", "0") or 0)
 _rng = random.Random(os.environ.get("AGENTRUN_FAULTS_SEED"))
 
 
+_within: ContextVar[str | None] = ContextVar("agentrun_faults_within", default=None)
+
+
+@contextlib.contextmanager
+def within(prefix: str) -> Iterator[None]:
+    """Only points named under `prefix` count and fire in the enclosed code (its task)."""
+    token = _within.set(prefix)
+    try:
+        yield
+    finally:
+        _within.reset(token)
+
+
+def _inert(name: str) -> bool:
+    prefix = _within.get()
+    return prefix is not None and not name.startswith(prefix)
+
+
 def active() -> bool:
     """Whether any point can fire in this process (a test armed one, or random faults)."""
     return bool(_armed or _random_p)
@@ -72,7 +99,7 @@ def active() -> bool:
 
 def point(name: str) -> None:
     """Crash (or raise) here if a test armed this point (or random faults are on)."""
-    if not _armed and not _random_p:
+    if (not _armed and not _random_p) or _inert(name):
         return
     _hits[name] += 1
     verb, nth = _actions.get(name, ("kill", 0))
@@ -87,7 +114,7 @@ def point(name: str) -> None:
 
 def refuses(name: str) -> bool:
     """True if a test armed this check point with `refuse` (from its nth hit on)."""
-    if not _armed:
+    if not _armed or _inert(name):
         return False
     verb, nth = _actions.get(name, ("kill", 0))
     if verb != "refuse":
@@ -100,7 +127,7 @@ def raises(name: str) -> None:
     """`point` for a place where only a bug is interesting, not a crash: raises
     `InjectedFault` from its nth hit on if a test armed it with `raise`, and never kills
     (random faults pass it by)."""
-    if not _armed:
+    if not _armed or _inert(name):
         return
     verb, nth = _actions.get(name, ("kill", 0))
     if verb != "raise":
