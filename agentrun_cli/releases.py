@@ -58,7 +58,7 @@ def release_line(r: pb.Release) -> str:
     return (
         f"{r.name:<20} {state:<9} executors={len(r.executors)} held={r.runs_held} "
         f"oldest={oldest:.0f}s waiting={r.runs_waiting} "
-        f"completed={r.runs_completed} failed={r.runs_failed}"
+        f"completed={r.runs_completed} failed={r.runs_failed} canary={canary_state(r)}"
     )
 
 
@@ -69,6 +69,21 @@ def runs_lines(r: pb.Release) -> str:
         + (f" ({x.wait_reason})" if x.wait_reason else "")
         for x in r.runs
     )
+
+
+def canary_state(r: pb.Release) -> str:
+    """passed, failed (naming the stage) or none yet."""
+    if r.canary_failed_stage:
+        return f"failed:{r.canary_failed_stage.replace(' ', '-')}"
+    return "passed" if r.HasField("canary_pass_time") else "none"
+
+
+def canary_failure(r: pb.Release) -> str:
+    """`releases show`'s line on a failing canary ("" when its last canary did not fail)."""
+    if not r.canary_failed_stage:
+        return ""
+    at = r.canary_fail_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%SZ")
+    return f"\n  canary failed at {at}, stage '{r.canary_failed_stage}': {r.canary_failure_reason}"
 
 
 def _print(args: argparse.Namespace, value: Any, line: str) -> None:
@@ -92,7 +107,7 @@ def show(args: argparse.Namespace) -> int:
             .release
         )
     executors = "".join(f"\n  executor {e}" for e in r.executors)
-    _print(args, r, release_line(r) + executors + runs_lines(r))
+    _print(args, r, release_line(r) + canary_failure(r) + executors + runs_lines(r))
     return 0
 
 

@@ -67,7 +67,8 @@ from control_plane.credits.top_up import TopUp
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
-from control_plane.deploys.canary import CANARY_WORKSPACE, CanaryServicer
+from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryReleases, CanaryServicer
+from control_plane.deploys.self_check import SelfCheck
 from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
@@ -250,6 +251,21 @@ class _Parts:
     envelope: Envelope
     resolver: Resolver
     tokens: ConnectionTokens
+    canary: Canary
+    # The release self-check on each executor's connect; None with the gate off.
+    self_check: SelfCheck | None
+
+
+def _deploys(
+    pool: Pool, config: ServerConfig, dispatcher: Dispatcher
+) -> tuple[Canary, SelfCheck | None]:
+    """The contract canary, and with the release gate on the self-check each executor's
+    connect starts (a callback the dispatcher calls as it registers the stream)."""
+    canary = Canary(dispatcher)
+    self_check = SelfCheck(canary, pool) if config.release_gate else None
+    if self_check is not None:
+        dispatcher.on_register(self_check.connected)
+    return canary, self_check
 
 
 async def start(
@@ -273,7 +289,10 @@ async def start(
     verifier = oidc.from_settings(config.oidc_issuer, config.oidc_audience)
     resolver = Resolver(pool, verifier, ttl=config.key_cache_seconds)
     oauth, tokens = _connections(config, pool, envelope)
-    parts = _Parts(config, pool, Dispatcher(pool, config), envelope, resolver, tokens)
+    dispatcher = Dispatcher(pool, config)
+    parts = _Parts(
+        config, pool, dispatcher, envelope, resolver, tokens, *_deploys(pool, config, dispatcher)
+    )
     # Both gRPC servers (public, executor) run the same interceptors; the error
     # interceptor outside, so it maps what the identity one raises.
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(), identity(resolver)]
@@ -339,17 +358,19 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
     tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServerServicer(pool, p.tokens), server)
-    release_pb2_grpc.add_ReleaseServiceServicer_to_server(
-        releases.ReleaseServicer(dispatcher), server
+    release_pb2_grpc.add_ReleaseServiceServicer_to_server(CanaryReleases(dispatcher), server)
+    release_pb2_grpc.add_CanaryServiceServicer_to_server(
+        CanaryServicer(p.canary, dispatcher), server
     )
-    release_pb2_grpc.add_CanaryServiceServicer_to_server(CanaryServicer(dispatcher), server)
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
     """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep,
-    retention, fast-path recovery and the delta relay."""
+    retention, fast-path recovery, the delta relay and the release self-check."""
     cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
+    checks = [p.self_check.run_forever()] if p.self_check is not None else []
     return [
+        *(asyncio.create_task(check, name="release-self-check") for check in checks),
         asyncio.create_task(p.dispatcher.run(), name="dispatcher"),
         asyncio.create_task(
             expiry.run_forever(pool, cfg.approval_poll_seconds, poke), name="approval-expiry"
@@ -506,6 +527,16 @@ async def serve(config: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
     running = await start(config)
     log.info("control plane serving on %s (port %d)", config.listen, running.port)
+    if config.release_gate:
+        log.info(
+            "release gate on: a release takes new runs only once its canary passed (each "
+            "executor's connect runs one while it has not)"
+        )
+    else:
+        log.warning(
+            "release gate OFF (AGENTRUN_RELEASE_GATE=off): releases take new runs as soon as "
+            "their executors connect, with no canary"
+        )
     log.info("HTTP ingress on port %d", running.http_port)
     if running.executor_server is not None:
         log.info("executor service on %s (port %d)", config.executor_listen, running.executor_port)

@@ -32,6 +32,7 @@ from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
+from control_plane.store import canary as canary_store
 from control_plane.store import runs as run_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
@@ -124,17 +125,19 @@ class Conversations:
         request_id: str | None,
         strategy: str | None = None,
         priority: int = 0,
+        release: str | None = None,
     ) -> tuple[Any, bool]:
         """The turn this message started (and True), or the one its request_id started.
 
-        A queued turn of a fast-path version is leased in the same transaction (its own
+        With `release` (the contract canary's, deploys/canary.py) the turn is on that
+        release from its admission, and only a stream of it may take it. A queued turn of a fast-path version is leased in the same transaction (its own
         savepoint: a refused lease leaves the turn queued) and handed to the executor
         once that committed (control_plane/dispatch/fast_path.py); the turn returned is
         then read again, so it shows what happened (running, or further along)."""
         leased: list[fast_path.Leased] = []
         try:
             row, cancelled = await self._admit(
-                workspace_id, session_id, text, request_id, strategy, leased, priority
+                workspace_id, session_id, text, request_id, strategy, leased, priority, release
             )
         except BaseException:
             for lease in leased:  # nothing committed: the slot is free again
@@ -160,6 +163,7 @@ class Conversations:
         strategy: str | None,
         leased: list[fast_path.Leased],
         priority: int = 0,
+        release: str | None = None,
     ) -> tuple[Any, list[uuid.UUID] | None]:
         """The admission transaction: the turn and the turns it cancelled (None: the turn
         its request_id started before); a fast-path lease taken goes into `leased`."""
@@ -181,12 +185,16 @@ class Conversations:
                 cancelled = await _cancel_turns(conn, session, unfinished, how)
             adm, version = await self._admission(conn, session, text, request_id, priority)
             row = await store.admit_turn(conn, adm)
+            if release is not None:
+                await canary_store.pin(conn, workspace_id, row["run_id"], release)
             if unfinished and how == ENQUEUE:
                 await store.park_turn(conn, workspace_id, row["run_id"])
                 (row,) = await store.list_turns(conn, workspace_id, session_id, adm.turn, 1)
             elif self._fast_path is not None and fast_path.wanted(version):
                 tools = fast_path.code_tools(version)
-                leased += await self._fast_path.lease_in(conn, workspace_id, row["run_id"], tools)
+                leased += await self._fast_path.lease_in(
+                    conn, workspace_id, row["run_id"], tools, release
+                )
         return row, cancelled
 
     async def _admission(

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import faults
@@ -79,11 +79,22 @@ class Dispatcher:
         self._retry_in: float | None = None
         # Model output of fast-path runs, for this replica's WatchRun watchers.
         self.deltas = DeltaHub()
+        # Told of every stream registered (on_register).
+        self._on_register: list[Callable[[Stream], None]] = []
+
+    def on_register(self, callback: Callable[[Stream], None]) -> None:
+        """`callback` for every stream registered, once its executor is welcomed: a feature
+        that acts on an executor's connect (the release self-check, deploys/self_check.py)
+        registers here, as commit effects do on the pipeline, not in the session. It must
+        not block: it starts its work elsewhere."""
+        self._on_register.append(callback)
 
     def register(self, session: Stream) -> None:
         # A reconnecting executor replaces its old session (same executor id).
         self._sessions[session.executor_id] = session
         self.poke()
+        for callback in self._on_register:
+            callback(session)
 
     def unregister(self, session: Stream) -> None:
         if self._sessions.get(session.executor_id) is session:

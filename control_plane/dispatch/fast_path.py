@@ -92,13 +92,19 @@ def code_tools(version: Any) -> list[str]:
     return list(spec_of(version).get("tools") or [])
 
 
-def pick(sessions: Sequence[Stream], workspace_id: str, tools: Sequence[str]) -> Any:
-    """The stream with the most free credits that a claim could lease this turn to."""
+def pick(
+    sessions: Sequence[Stream], workspace_id: str, tools: Sequence[str], release: str | None = None
+) -> Any:
+    """The stream with the most free credits that a claim could lease this turn to (one of
+    `release`'s, for a turn on it already)."""
     needed = set(tools)
     fits = [
         s
         for s in sessions
-        if s.executor_id and not s.liveness.dead and s.slots.fits(workspace_id, needed)
+        if s.executor_id
+        and not s.liveness.dead
+        and s.slots.fits(workspace_id, needed)
+        and release in (None, s.slots.release)
     ]
     return max(fits, key=lambda s: s.slots.credits, default=None)
 
@@ -126,12 +132,18 @@ class FastPath:
         FREE_SLOTS.set_function(lambda: sum(s.slots.credits for s in dispatcher.sessions()))
 
     async def lease_in(
-        self, conn: Connection, workspace_id: str, run_id: uuid.UUID, tools: Sequence[str]
+        self,
+        conn: Connection,
+        workspace_id: str,
+        run_id: uuid.UUID,
+        tools: Sequence[str],
+        release: str | None = None,
     ) -> list[Leased]:
         """In the admission's transaction (a savepoint of its own): lease the turn just
-        admitted to the stream with the most free slots; [] (the turn stays queued, for
-        the claim) when none has one or the lease is refused."""
-        session = pick(self._dispatcher.sessions(), workspace_id, tools)
+        admitted (on `release` already, if given) to the stream with the most free slots;
+        [] (the turn stays queued, for the claim) when none has one or the lease is
+        refused."""
+        session = pick(self._dispatcher.sessions(), workspace_id, tools, release)
         if session is None:
             FAST_PATH.labels("queued").inc()
             return []

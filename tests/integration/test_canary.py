@@ -109,11 +109,14 @@ async def test_a_broken_fence_admission_passes_every_health_check_and_fails_the_
         return any(r.name == "dev" and r.executors for r in listed.releases)
 
     await eventually(connected, timeout=30, message="the executor never connected")
-    done = await asyncio.to_thread(cli, cp.address, key, "canary", "--timeout", "4")
+    done = await asyncio.to_thread(
+        cli, cp.address, key, "canary", "--release", "dev", "--timeout", "4"
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = done.stdout.strip().splitlines()
     print(f"\n{line} (exit {done.returncode})")
-    assert line.startswith("FAIL canary run") and "not completed" in line, line
+    # Every commit is refused, the first one the model's decision: no tool ever starts.
+    assert line.startswith("FAIL canary run") and "at stage 'tool started'" in line, line
     assert MARKER not in line
     # ...while the health checks are still green.
     reply = await health.Check(health_pb2.HealthCheckRequest(service=""))

@@ -821,7 +821,12 @@ CREATE TABLE releases (
     -- The step-log versions its executors write and read from (Hello): a run on no
     -- release goes only to a release that reads its log (release_share).
     log_version       integer NOT NULL DEFAULT 1,
-    log_reads_from    integer NOT NULL DEFAULT 1
+    log_reads_from    integer NOT NULL DEFAULT 1,
+    -- A replica runs the release's self-check canary until this time (NULL or
+    -- past: nobody does), started by the connect of executor canary_check_by
+    -- (control_plane/deploys/self_check.py): one check at a time per release.
+    canary_check_until timestamptz,
+    canary_check_by   text
 );
 
 

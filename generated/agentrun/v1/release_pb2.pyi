@@ -42,6 +42,9 @@ class Release(_message.Message):
     RUNS_FAILED_FIELD_NUMBER: _builtins.int
     RUNS_FIELD_NUMBER: _builtins.int
     ROLLBACK_TIME_FIELD_NUMBER: _builtins.int
+    CANARY_FAIL_TIME_FIELD_NUMBER: _builtins.int
+    CANARY_FAILED_STAGE_FIELD_NUMBER: _builtins.int
+    CANARY_FAILURE_REASON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     newest: _builtins.bool
     """Whether new runs go to this release now."""
@@ -61,6 +64,8 @@ class Release(_message.Message):
     runs_completed: _builtins.int
     """Runs that finished on this release (their last turn ran on it)."""
     runs_failed: _builtins.int
+    canary_failed_stage: _builtins.str
+    canary_failure_reason: _builtins.str
     @_builtins.property
     def first_seen_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -78,8 +83,8 @@ class Release(_message.Message):
     @_builtins.property
     def canary_pass_time(self) -> _timestamp_pb2.Timestamp:
         """When a canary on this release last passed (with the control plane's
-        AGENTRUN_RELEASE_GATE=canary, a release takes new runs only once promoted
-        or past a canary).
+        AGENTRUN_RELEASE_GATE=canary, the default, a release takes new runs only
+        once past a canary; each executor's connect runs one while it has not).
         """
 
     @_builtins.property
@@ -88,6 +93,13 @@ class Release(_message.Message):
 
     @_builtins.property
     def rollback_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def canary_fail_time(self) -> _timestamp_pb2.Timestamp:
+        """Set while the release's last canary failed (after its last pass, or it
+        never passed one): when, the stage it failed at ("tool result", "session
+        turn", …) and why. The gate routes such a release no new runs.
+        """
+
     def __init__(
         self,
         *,
@@ -109,10 +121,13 @@ class Release(_message.Message):
         runs_failed: _builtins.int = ...,
         runs: _abc.Iterable[Global___ReleaseRun] | None = ...,
         rollback_time: _timestamp_pb2.Timestamp | None = ...,
+        canary_fail_time: _timestamp_pb2.Timestamp | None = ...,
+        canary_failed_stage: _builtins.str = ...,
+        canary_failure_reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_fail_time", b"canary_fail_time", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "first_seen_time", b"first_seen_time", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time", "runs", b"runs", "runs_completed", b"runs_completed", "runs_failed", b"runs_failed", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent", "canary_fail_time", b"canary_fail_time", "canary_failed_stage", b"canary_failed_stage", "canary_failure_reason", b"canary_failure_reason", "canary_pass_time", b"canary_pass_time", "drain_deadline", b"drain_deadline", "drain_start_time", b"drain_start_time", "drained", b"drained", "draining", b"draining", "executors", b"executors", "first_seen_time", b"first_seen_time", "name", b"name", "newest", b"newest", "oldest_held", b"oldest_held", "promote_time", b"promote_time", "ramp_percent", b"ramp_percent", "rollback_time", b"rollback_time", "runs", b"runs", "runs_completed", b"runs_completed", "runs_failed", b"runs_failed", "runs_held", b"runs_held", "runs_waiting", b"runs_waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__ramp_percent: _TypeAlias = _typing.Literal["ramp_percent"]  # noqa: Y015
     _WhichOneofArgType__ramp_percent: _TypeAlias = _typing.Literal["_ramp_percent", b"_ramp_percent"]  # noqa: Y015
@@ -492,6 +507,8 @@ class RunCanaryResponse(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     ELAPSED_FIELD_NUMBER: _builtins.int
+    FAILED_STAGE_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
     passed: _builtins.bool
     verdict: _builtins.str
     """One line for a deploy script: PASS or FAIL and why."""
@@ -500,6 +517,12 @@ class RunCanaryResponse(_message.Message):
     """The run's status when the canary stopped waiting."""
     release: _builtins.str
     """The release of the executor that claimed it."""
+    failed_stage: _builtins.str
+    """On a FAIL: the first stage not passed ("admitted", "claimed on release B",
+    "tool started", "tool result", "completed with the marker", "session
+    turn", "fast-path turn") and why.
+    """
+    failure_reason: _builtins.str
     @_builtins.property
     def elapsed(self) -> _duration_pb2.Duration: ...
     def __init__(
@@ -511,10 +534,12 @@ class RunCanaryResponse(_message.Message):
         status: _builtins.str = ...,
         release: _builtins.str = ...,
         elapsed: _duration_pb2.Duration | None = ...,
+        failed_stage: _builtins.str = ...,
+        failure_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed", "passed", b"passed", "release", b"release", "run_id", b"run_id", "status", b"status", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed", "failed_stage", b"failed_stage", "failure_reason", b"failure_reason", "passed", b"passed", "release", b"release", "run_id", b"run_id", "status", b"status", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

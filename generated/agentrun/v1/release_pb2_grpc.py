@@ -443,9 +443,11 @@ class CanaryServiceServicer:
         """RunCanary creates an isolated canary run (an internal workspace and
         agent, in no customer's lists, caps or credits) and waits for it: the
         claim, the claim-time context, the executor boundary, fence admission, a
-        no-op internal tool's start and commit, and normal completion. The
-        executor answers with a fixed protocol marker instead of calling a model.
-        Only a completed run whose output is exactly that marker passes.
+        no-op internal tool's start and commit, and normal completion; then a
+        session turn and a fast-path turn on the same release. The executor
+        answers with a fixed protocol marker instead of calling a model. Only
+        runs completed with exactly that marker pass. The outcome is recorded on
+        the release (Release.canary_pass_time, or its canary failure).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -239,9 +239,11 @@ class CanaryServiceStub:
     """RunCanary creates an isolated canary run (an internal workspace and
     agent, in no customer's lists, caps or credits) and waits for it: the
     claim, the claim-time context, the executor boundary, fence admission, a
-    no-op internal tool's start and commit, and normal completion. The
-    executor answers with a fixed protocol marker instead of calling a model.
-    Only a completed run whose output is exactly that marker passes.
+    no-op internal tool's start and commit, and normal completion; then a
+    session turn and a fast-path turn on the same release. The executor
+    answers with a fixed protocol marker instead of calling a model. Only
+    runs completed with exactly that marker pass. The outcome is recorded on
+    the release (Release.canary_pass_time, or its canary failure).
     """
 
 @_typing.type_check_only
@@ -253,9 +255,11 @@ class CanaryServiceAsyncStub(CanaryServiceStub):
     """RunCanary creates an isolated canary run (an internal workspace and
     agent, in no customer's lists, caps or credits) and waits for it: the
     claim, the claim-time context, the executor boundary, fence admission, a
-    no-op internal tool's start and commit, and normal completion. The
-    executor answers with a fixed protocol marker instead of calling a model.
-    Only a completed run whose output is exactly that marker passes.
+    no-op internal tool's start and commit, and normal completion; then a
+    session turn and a fast-path turn on the same release. The executor
+    answers with a fixed protocol marker instead of calling a model. Only
+    runs completed with exactly that marker pass. The outcome is recorded on
+    the release (Release.canary_pass_time, or its canary failure).
     """
 
 class CanaryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -270,9 +274,11 @@ class CanaryServiceServicer(metaclass=_abc_1.ABCMeta):
         """RunCanary creates an isolated canary run (an internal workspace and
         agent, in no customer's lists, caps or credits) and waits for it: the
         claim, the claim-time context, the executor boundary, fence admission, a
-        no-op internal tool's start and commit, and normal completion. The
-        executor answers with a fixed protocol marker instead of calling a model.
-        Only a completed run whose output is exactly that marker passes.
+        no-op internal tool's start and commit, and normal completion; then a
+        session turn and a fast-path turn on the same release. The executor
+        answers with a fixed protocol marker instead of calling a model. Only
+        runs completed with exactly that marker pass. The outcome is recorded on
+        the release (Release.canary_pass_time, or its canary failure).
         """
 
 def add_CanaryServiceServicer_to_server(servicer: CanaryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
