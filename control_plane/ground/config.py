@@ -60,9 +60,11 @@ class ServerConfig:
     stream_dead_seconds: float = 3.0
     claim_batch: int = 64
     release: str = "dev"
-    # AGENTRUN_RELEASE_GATE=canary: a release takes new runs only once promoted or past a
-    # canary pinned to it (`agentrun canary --release R`); off, once its executors connect.
-    release_gate: bool = False
+    # AGENTRUN_RELEASE_GATE=canary (the default): a release takes new runs only once a
+    # canary on it passed (each executor's connect runs one while it has not:
+    # deploys/self_check.py), and none while its last canary failed; =off (explicit, and
+    # said in the log at start): as soon as its executors connect.
+    release_gate: bool = True
     max_message_bytes: int = 4 * 1024 * 1024
     # The executor service's own listener (AGENTRUN_EXECUTOR_LISTEN) receives messages up to
     # this size, so a Commit over `max_message_bytes` reaches the commit handler and is refused
@@ -146,7 +148,7 @@ class ServerConfig:
             claim_poll_seconds=_float("AGENTRUN_CLAIM_POLL_SECONDS", cls.claim_poll_seconds),
             **cls._liveness_from_env(),
             release=os.environ.get("AGENTRUN_RELEASE", cls.release),
-            release_gate=_choice("AGENTRUN_RELEASE_GATE", ("off", "canary")) == "canary",
+            release_gate=_choice("AGENTRUN_RELEASE_GATE", ("canary", "off")) == "canary",
             public_url=os.environ.get("AGENTRUN_PUBLIC_URL", cls.public_url).rstrip("/"),
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
             **cls._secrets_from_env(),
