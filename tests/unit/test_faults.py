@@ -74,3 +74,29 @@ def test_a_raises_point_raises_when_armed_to_and_random_faults_never_kill_there(
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["0 ok", "1 fault point p", "2 fault point p"]
+
+
+def test_within_a_prefix_only_its_points_count_and_fire_and_others_wait_their_turn():
+    # The executor drives canary runs within "executor.canary.": a customer point armed
+    # for its 2nd hit is neither hit nor fired by a canary, even with random faults on.
+    code = (
+        "import faults\n"
+        "with faults.within('executor.canary.'):\n"
+        "    for _ in range(3):\n"
+        "        faults.point('executor.tool.x')\n"
+        "    try:\n"
+        "        faults.point('executor.canary.y')\n"
+        "    except faults.InjectedFault as exc:\n"
+        "        print(exc, flush=True)\n"
+        "faults.point('executor.tool.x')\n"
+        "print('first customer hit passed', flush=True)\n"
+        "faults.point('executor.tool.x')\n"
+    )
+    env = {
+        **os.environ,
+        "AGENTRUN_FAULTS": "executor.tool.x=kill@2,executor.canary.y=raise",
+        "AGENTRUN_FAULTS_RANDOM": "0",
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == -9, out.stderr
+    assert out.stdout.splitlines() == ["fault point executor.canary.y", "first customer hit passed"]
