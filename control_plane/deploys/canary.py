@@ -142,6 +142,9 @@ class Canary:
             self._fast,
         )
 
+    async def nobody_to_run_it(self, release: str | None) -> Failed | None:
+        return await nobody_to_run_it(self._dispatcher, release)
+
     async def run(self, release: str | None, wait_for: float) -> Outcome:
         """One canary (pinned to `release`; None: the newest takes it), its outcome recorded
         on the release it ran on."""
@@ -306,11 +309,18 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
 
 
 class CanaryReleases(ReleaseServicer):
-    """ReleaseService, each release with its last canary failure (when it failed after its
-    last pass): the time, the stage and why."""
+    """ReleaseService, each release with its last canary failure while that keeps it closed
+    (no pass or promote since): the time, the stage and why. (ReleaseState carries the
+    columns since 0037; deploys/releases.py's to_proto could set these fields itself.)"""
 
     async def _releases(self) -> list[release_pb2.Release]:
-        listed = await super()._releases()
+        return await self._with_failures(await super()._releases())
+
+    async def _one(self, name: str) -> release_pb2.Release:
+        (found,) = await self._with_failures([await super()._one(name)])
+        return found
+
+    async def _with_failures(self, listed: list[release_pb2.Release]) -> list[release_pb2.Release]:
         failures = await canary_store.failures(self._pool)
         for msg in listed:
             if (failure := failures.get(msg.name)) is not None:

@@ -12,10 +12,12 @@ recorded on the release like any canary's; a failure names the stage.
 One check at a time per release, across replicas: a replica takes the check in
 the database with a conditional UPDATE (sql/canary.sql release_canary_check_take)
 that holds it for the check's time plus a margin, so a replica that crashed
-mid-check holds it no longer than that. A connect that finds the check taken
-does nothing more (the check running covers the release); an executor of a
-failing release that connected while this replica was checking it is tried
-again when that check ends.
+mid-check holds it no longer than that. A connect that finds the check held by
+another replica looks again once that hold is over (the check may have passed,
+or its replica died with it); an executor that connected while this replica was
+checking its release is looked at again when that check ends. A check finds an
+executor of the release connected before it runs (else it waits for the next
+connect, and records nothing: no executor is not the release's failure).
 
 An executor that declares no release takes any run (the claim ignores releases
 for it) and is never checked; with the gate off nothing is checked either.
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 
 # How long a self-check waits for its three runs, and how much longer its claim holds.
 CHECK_SECONDS = 30.0
-CLAIM_MARGIN_SECONDS = 30.0
+CLAIM_MARGIN_SECONDS = 5.0
 
 
 class SelfCheck:
@@ -72,6 +74,17 @@ class SelfCheck:
             for task in list(self._tasks):
                 task.cancel()
 
+    def _later(self, seconds: float, release: str, executor_id: str) -> None:
+        """Look at this connect again in `seconds`."""
+
+        async def again() -> None:
+            await asyncio.sleep(seconds + 0.1)
+            self._connected.put_nowait((release, executor_id))
+
+        task = asyncio.create_task(again())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _check(self, release: str, executor_id: str) -> None:
         try:
             await self._check_once(release, executor_id)
@@ -85,9 +98,14 @@ class SelfCheck:
                 self._connected.put_nowait((release, other))
 
     async def _check_once(self, release: str, executor_id: str) -> None:
+        if await self._canary.nobody_to_run_it(release) is not None:
+            return  # gone already: the next connect checks the release
         hold = self._seconds + CLAIM_MARGIN_SECONDS
-        if not await canary_store.take_check(self._pool, release, hold, executor_id):
-            return  # passed already, checked by another replica now, or failing for this one
+        check = await canary_store.take_check(self._pool, release, hold, executor_id)
+        if check.held_for is not None:  # by another replica: look again once that is over
+            self._later(check.held_for, release, executor_id)
+        if not check.taken:
+            return  # passed already, checked elsewhere now, or failing for this executor
         log.info("release %s: self-check canary for executor %s's connect", release, executor_id)
         try:
             out = await self._canary.run(release, self._seconds)

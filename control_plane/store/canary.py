@@ -25,12 +25,21 @@ class Failure:
         return cls(at, stage, reason)
 
 
+@dataclass(frozen=True)
+class Check:
+    """Whether this replica runs a release's self-check now; if not, for how many seconds
+    another replica still holds it (None: nobody does, and none is needed)."""
+
+    taken: bool
+    held_for: float | None = None
+
+
 async def take_check(
     pool: Pool, release: str, seconds: float, executor_id: str, now: datetime | None = None
-) -> bool:
-    """Whether this replica runs `release`'s self-check now (for `seconds` at most)."""
+) -> Check:
+    """Take `release`'s self-check (for `seconds` at most), if it needs one and is free."""
     row = await run(pool, "release_canary_check_take", release, seconds, executor_id, now)
-    return row is not None
+    return Check(row["taken"], None if row["taken"] else row["held_for"])
 
 
 async def check_done(pool: Pool, release: str, executor_id: str) -> None:

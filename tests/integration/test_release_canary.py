@@ -205,20 +205,38 @@ async def test_the_gate_off_is_explicit_said_at_start_and_runs_no_canary(
 async def test_one_self_check_at_a_time_per_release_and_a_crashed_checker_blocks_nobody(pool):
     t = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
     await release_store.seen(pool, "B")
-    assert await canary_store.take_check(pool, "B", 60, "e1", now=t)
-    # Another replica (another executor's connect) finds it taken...
-    assert not await canary_store.take_check(pool, "B", 60, "e2", now=t + timedelta(seconds=59))
+    assert (await canary_store.take_check(pool, "B", 60, "e1", now=t)).taken
+    # Another replica (another executor's connect) finds it held, and for how long...
+    held = await canary_store.take_check(pool, "B", 60, "e2", now=t + timedelta(seconds=50))
+    assert not held.taken and held.held_for == 10
     # ...until its holder's time is over (that replica crashed mid-check).
-    assert await canary_store.take_check(pool, "B", 60, "e2", now=t + timedelta(seconds=61))
+    later = t + timedelta(seconds=61)
+    assert (await canary_store.take_check(pool, "B", 60, "e2", now=later)).taken
     await canary_store.check_done(pool, "B", "e2")
     # A failure: checked again for another executor, not for the one that checked it last.
     await canary_store.failed(pool, "B", "tool result", "no result")
-    assert not await canary_store.take_check(pool, "B", 60, "e2")
-    assert await canary_store.take_check(pool, "B", 60, "e3")
+    assert await canary_store.take_check(pool, "B", 60, "e2") == canary_store.Check(False)
+    assert (await canary_store.take_check(pool, "B", 60, "e3")).taken
     await canary_store.check_done(pool, "B", "e3")
     (failure,) = (await canary_store.failures(pool)).values()
     assert (failure.stage, failure.reason) == ("tool result", "no result")
     # Passed: no more checks, and no failure shown.
     await release_store.canary_passed(pool, "B")
-    assert not await canary_store.take_check(pool, "B", 60, "e4")
+    assert await canary_store.take_check(pool, "B", 60, "e4") == canary_store.Check(False)
     assert await canary_store.failures(pool) == {}
+
+
+async def test_executors_of_one_release_connecting_to_two_replicas_at_once_make_one_check(
+    db_url, control_plane, executor_factory
+):
+    replicas = [control_plane(db_url), control_plane(db_url)]
+    api = await Api.connect(replicas[0].address, db_url, "acme")
+    await api.publish("echo", "echo_input", ["echo"])
+    for cp in replicas:
+        executor_factory(cp, AGENTRUN_RELEASE="B")
+    (done,) = await api.wait_terminal([await api.start("echo", "two replicas")], within=30)
+    assert done.release == "B"
+    assert await canary_runs(db_url) == 3  # one check: its run and its two turns
+    checked = [cp for cp in replicas if said(cp, "release B: self-check canary")]
+    assert len(checked) == 1
+    await api.close()
