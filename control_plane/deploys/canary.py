@@ -166,6 +166,7 @@ class Canary:
     async def _record(self, release: str, failed: Failed | None) -> None:
         if failed is None:
             await release_store.canary_passed(self._pool, release)
+            self._dispatcher.poke()  # runs waiting for an open release: claim them now
         else:
             await canary_store.failed(self._pool, release, failed.stage, failed.reason)
 

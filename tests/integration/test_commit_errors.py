@@ -19,9 +19,13 @@ from tests.harness.waiting import eventually
 FAULT = "control_plane.commit.in_transaction=raise"
 
 
+# Every commit fails on purpose: the self-check canary would fail too and (rightly) keep the
+# release from new runs. This test is about what a failing commit does to a run: gate off.
 @pytest.fixture
 async def stack(db_url, control_plane, sandbox_model):
-    async with echo_stack(control_plane, db_url, AGENTRUN_FAULTS=FAULT) as started:
+    async with echo_stack(
+        control_plane, db_url, AGENTRUN_FAULTS=FAULT, AGENTRUN_RELEASE_GATE="off"
+    ) as started:
         yield started
 
 

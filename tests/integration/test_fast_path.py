@@ -116,6 +116,10 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         )
         await api.wait_terminal([first.run_id], within=30)
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
+        # The executor's connect ran the release's self-check before the claim took `first`
+        # (the gate): its fast-path turn is the one dispatched so far.
+        canary = await counter(cp, "agentrun_fast_path_turns", outcome="dispatched")
+        assert canary == 1
         await free_slot(cp)
 
         second = await send(api, session_id, "again")
@@ -127,7 +131,7 @@ async def test_fast_path_turns_skip_the_claim_stream_before_commit_and_survive_k
         )
         # Dispatched by SendMessage itself: the claim never leased it.
         assert await counter(cp, "agentrun_claimed_runs", workspace=WS) == 1
-        assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 1
+        assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == canary + 1
         asked = [r for r in sandbox_requests(sandbox_model.url) if r["run_id"] == second.run_id]
         assert [r["stream"] for r in asked] == ["usage"]
         await streams_on_the_anthropic_api(cp, api, elsewhere, sandbox_model)
@@ -208,5 +212,5 @@ async def killed_and_taken_over(api, cp, doomed, executor_factory, sandbox_model
     assert sum(sends.values()) == 1
     decision = next(s for s in steps if s.kind == "model_decision")
     assert decision.epoch == 1 and steps[-1].epoch == 2  # fast-path lease, then takeover
-    assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 3
+    assert await counter(cp, "agentrun_fast_path_turns", outcome="dispatched") == 1 + 3  # canary
     assert await counter(cp, "agentrun_lease_takeovers", workspace=WS) == 1
