@@ -24,6 +24,9 @@ from tests.harness.waiting import eventually
 TOKEN = secrets_seen.remember(f"scrape-{secrets.token_hex(16)}")
 SLEEPERS = 4
 
+# The release self-check's runs (deploys/canary.py): the contract run and two turns.
+CANARY_RUNS = 3
+
 
 class Scrape:
     """One exposition, parsed."""
@@ -145,13 +148,16 @@ async def test_metrics_scraped_during_a_load_follow_the_runs(
     port = int((tmp_path / "executor-1.metrics-port").read_text())
     mine = await scrape(f"http://127.0.0.1:{port}")
     assert mine.value("agentrun_executor_commit_seconds_count", outcome="ok") == commits
-    assert mine.value("agentrun_executor_assignments_total") == sum(r.lease_epoch for r in runs)
+    # The executor's connect ran its release's self-check first: three canary runs more.
+    assert mine.value("agentrun_executor_assignments_total") == CANARY_RUNS + sum(
+        r.lease_epoch for r in runs
+    )
     assert mine.value("agentrun_executor_rate_limit_total", provider="chat", outcome="429") == 1
     assert mine.value("agentrun_executor_rate_limit_total", outcome="granted") >= 2
     assert mine.value("agentrun_executor_parks_total", reason="sleep") == SLEEPERS
     assert mine.value("agentrun_executor_parks_total", reason="rate") == 1
     assert mine.value("agentrun_executor_runs_held") == 0
-    assert mine.value("agentrun_executor_runs_released_total", how="completed") == 5
+    assert mine.value("agentrun_executor_runs_released_total", how="completed") == 5 + CANARY_RUNS
     assert mine.value("agentrun_executor_model_calls_total", outcome="ok") >= 5 * 2
     async with httpx.AsyncClient(timeout=10) as http:
         assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 401
