@@ -54,8 +54,9 @@ class SelfCheck:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def connected(self, stream: Stream) -> None:
-        """The dispatcher's on_register callback: never blocks, never raises."""
-        if stream.slots.release:
+        """The dispatcher's on_register callback: never blocks, never raises. A draining
+        executor (its release drains) claims nothing, so it checks nothing either."""
+        if stream.slots.release and not stream.slots.draining:
             self._connected.put_nowait((stream.slots.release, stream.executor_id))
 
     async def run_forever(self) -> None:
@@ -98,16 +99,17 @@ class SelfCheck:
                 self._connected.put_nowait((release, other))
 
     async def _check_once(self, release: str, executor_id: str) -> None:
-        if await self._canary.nobody_to_run_it(release) is not None:
-            return  # gone already: the next connect checks the release
+        # The claim first: one UPDATE says "passed already" for most connects.
         hold = self._seconds + CLAIM_MARGIN_SECONDS
         check = await canary_store.take_check(self._pool, release, hold, executor_id)
         if check.held_for is not None:  # by another replica: look again once that is over
             self._later(check.held_for, release, executor_id)
         if not check.taken:
             return  # passed already, checked elsewhere now, or failing for this executor
-        log.info("release %s: self-check canary for executor %s's connect", release, executor_id)
         try:
+            if await self._canary.nobody_to_run_it(release) is not None:
+                return  # gone already: the next connect checks the release
+            log.info("release %s: self-check canary for %s's connect", release, executor_id)
             out = await self._canary.run(release, self._seconds)
         finally:
             with contextlib.suppress(Exception):  # else its claim lapses on its own

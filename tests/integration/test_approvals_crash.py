@@ -81,7 +81,10 @@ async def approve(stub, approval_id: str):
 async def test_a_crash_anywhere_leaves_one_approval_delivered_and_decided_once(
     db_url, db, control_plane, executor_factory, sandbox_providers, where, fault
 ):
-    cp = control_plane(db_url, **({"AGENTRUN_FAULTS": fault} if where == "control_plane" else {}))
+    # A control-plane point counts every commit, assignment and send: with the release gate
+    # on, the self-check canary's would take the hits this test aims at the approval's.
+    armed = {"AGENTRUN_FAULTS": fault, "AGENTRUN_RELEASE_GATE": "off"}
+    cp = control_plane(db_url, **(armed if where == "control_plane" else {}))
     api = await Api.connect(cp.address, db_url)
     key = await workspace_key(db_url, "ws", role="approver", principal=APPROVER)
     approver = Api(cp.address, "ws", key)  # the approver's own key decides (an ordinary tool)

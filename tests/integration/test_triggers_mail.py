@@ -307,7 +307,7 @@ async def test_a_real_agent_to_agent_mail_loop_stops_at_the_configured_depth(
         ("bob-inbox", "filtered", 3),
     ]
     assert rows[-1]["reason"] == "agent-to-agent loop stopped: chain depth 3 exceeds 2"
-    assert await count(db, "runs") == 3 and len(delivered) == 3
+    assert await count(db, "runs", workspace_id=WS) == 3 and len(delivered) == 3
     await api.close()
 
 
