@@ -67,7 +67,7 @@ from control_plane.credits.top_up import TopUp
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
-from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryReleases, CanaryServicer
+from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryServicer
 from control_plane.deploys.self_check import SelfCheck
 from control_plane.dispatch import commits, fast_path, max_age
 from control_plane.dispatch.dispatcher import Dispatcher
@@ -358,7 +358,9 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
     tool_pb2_grpc.add_McpServerServiceServicer_to_server(McpServerServicer(pool, p.tokens), server)
-    release_pb2_grpc.add_ReleaseServiceServicer_to_server(CanaryReleases(dispatcher), server)
+    release_pb2_grpc.add_ReleaseServiceServicer_to_server(
+        releases.ReleaseServicer(dispatcher), server
+    )
     release_pb2_grpc.add_CanaryServiceServicer_to_server(
         CanaryServicer(p.canary, dispatcher), server
     )

@@ -51,7 +51,7 @@ from control_plane.api.sessions import INTERRUPT, Conversations
 from control_plane.auth import context as auth_context
 from control_plane.deploys import canary_stages as stages
 from control_plane.deploys.canary_stages import MARKER, TOOL, Failed
-from control_plane.deploys.releases import ReleaseServicer, newest_of, release_name
+from control_plane.deploys.releases import newest_of, release_name
 from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.slots import live_seconds
 from control_plane.ground import convert
@@ -307,25 +307,3 @@ class CanaryServicer(release_pb2_grpc.CanaryServiceServicer):
         if out.failed is not None:
             resp.failed_stage, resp.failure_reason = out.failed.stage, out.failed.reason
         return resp
-
-
-class CanaryReleases(ReleaseServicer):
-    """ReleaseService, each release with its last canary failure while that keeps it closed
-    (no pass or promote since): the time, the stage and why. (ReleaseState carries the
-    columns since 0037; deploys/releases.py's to_proto could set these fields itself.)"""
-
-    async def _releases(self) -> list[release_pb2.Release]:
-        return await self._with_failures(await super()._releases())
-
-    async def _one(self, name: str) -> release_pb2.Release:
-        (found,) = await self._with_failures([await super()._one(name)])
-        return found
-
-    async def _with_failures(self, listed: list[release_pb2.Release]) -> list[release_pb2.Release]:
-        failures = await canary_store.failures(self._pool)
-        for msg in listed:
-            if (failure := failures.get(msg.name)) is not None:
-                msg.canary_fail_time.CopyFrom(convert.timestamp(failure.at))
-                msg.canary_failed_stage = failure.stage
-                msg.canary_failure_reason = failure.reason
-        return listed

@@ -42,6 +42,7 @@ from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.slots import live_seconds
 from control_plane.ground import convert, validate
 from control_plane.ground.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.store import canary as canary_store
 from control_plane.store import releases as store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
@@ -97,6 +98,12 @@ def to_proto(
     )
     if state.ramp_percent is not None:
         msg.ramp_percent = state.ramp_percent
+    if state.canary_failed_at is not None and not opened(state):
+        # Closed by its last canary failure (no pass or promote since): when, where, why.
+        failure = canary_store.Failure.parse(state.canary_failed_at, state.canary_failure or "")
+        msg.canary_fail_time.CopyFrom(convert.timestamp(failure.at))
+        msg.canary_failed_stage = failure.stage
+        msg.canary_failure_reason = failure.reason
     for r in runs:
         msg.runs.add(
             workspace_id=r.workspace_id,

@@ -50,12 +50,6 @@ async def failed(pool: Pool, release: str, stage: str, reason: str) -> None:
     await run(pool, "release_canary_failed", release, f"{stage}: {reason}")
 
 
-async def failures(pool: Pool) -> dict[str, Failure]:
-    """The releases whose last canary failed, by name."""
-    rows = await run(pool, "release_canary_failures")
-    return {r["release"]: Failure.parse(r["canary_failed_at"], r["canary_failure"]) for r in rows}
-
-
 async def pin(conn: Connection, workspace_id: str, run_id: uuid.UUID, release: str) -> None:
     """Put a canary turn just admitted (in the caller's transaction) on `release`."""
     await run(conn, "run_pin_release", workspace_id, run_id, release)

@@ -27,6 +27,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
+from control_plane.deploys import releases
 from control_plane.deploys.canary import CANARY_WORKSPACE
 from control_plane.store import canary as canary_store
 from control_plane.store import releases as release_store
@@ -218,12 +219,14 @@ async def test_one_self_check_at_a_time_per_release_and_a_crashed_checker_blocks
     assert await canary_store.take_check(pool, "B", 60, "e2") == canary_store.Check(False)
     assert (await canary_store.take_check(pool, "B", 60, "e3")).taken
     await canary_store.check_done(pool, "B", "e3")
-    (failure,) = (await canary_store.failures(pool)).values()
-    assert (failure.stage, failure.reason) == ("tool result", "no result")
+    (state,) = await release_store.list_releases(pool, 30, "B")
+    shown = releases.to_proto(state, newest=False)
+    assert (shown.canary_failed_stage, shown.canary_failure_reason) == ("tool result", "no result")
     # Passed: no more checks, and no failure shown.
     await release_store.canary_passed(pool, "B")
     assert await canary_store.take_check(pool, "B", 60, "e4") == canary_store.Check(False)
-    assert await canary_store.failures(pool) == {}
+    (state,) = await release_store.list_releases(pool, 30, "B")
+    assert not releases.to_proto(state, newest=False).HasField("canary_fail_time")
 
 
 async def test_executors_of_one_release_connecting_to_two_replicas_at_once_make_one_check(

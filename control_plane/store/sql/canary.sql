@@ -1,4 +1,4 @@
--- The contract canary's outcomes on a release, and its self-check (0039_release_self_check.sql).
+-- The contract canary's outcomes on a release, and its self-check (0038_release_self_check.sql).
 
 -- name: release_canary_check_take :one
 -- Take release $1's self-check canary for $2 seconds, for the connect of executor
@@ -30,10 +30,3 @@ UPDATE releases SET canary_check_until = NULL WHERE release = $1 AND canary_chec
 -- name: release_canary_failed :exec
 -- A canary on release $1 failed: now, with the failing stage and why ($2, "stage: reason").
 UPDATE releases SET canary_failed_at = now(), canary_failure = $2 WHERE release = $1;
-
--- name: release_canary_failures :many
--- The releases closed by a canary failure (no pass or promote since, as the gate reads
--- it: release_opened): when it failed, and the stage and why.
-SELECT release, canary_failed_at, canary_failure FROM releases
-WHERE canary_failed_at IS NOT NULL
-  AND NOT release_opened(canary_passed_at, canary_failed_at, promoted_at);
