@@ -1,0 +1,234 @@
+"""A Citus cluster for tests: fresh databases on every node, and a planner probe.
+
+The cluster is not ours to start: AGENTRUN_TEST_CITUS_URL names a database on its
+coordinator (with the citus extension and the workers added). `fresh_database` makes a
+new database on the coordinator and on every worker the coordinator knows, adds the
+workers to it, and returns its DSN; `probe` asks the coordinator's planner about every
+named statement.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from control_plane.store.queries import QUERIES, Query
+from tests.harness.databases import new_database_name
+from tests.harness.servers import dsn_with_database
+
+CITUS_URL_VAR = "AGENTRUN_TEST_CITUS_URL"
+SKIP_REASON = (
+    f"{CITUS_URL_VAR} is not set: these tests need a Citus coordinator "
+    "(a DSN to a database with the citus extension and its workers added)"
+)
+
+# The statements whose path every run takes, by what they do. Each should be on one shard.
+HOT = {
+    "run_claim": "claim",
+    "run_commit": "commit",
+    "run_commit_keep": "commit",
+    "run_commit_many": "commit",
+    "run_heartbeat": "heartbeat",
+    "run_insert": "admission",
+    "run_insert_latest": "admission",
+    "approval_lock": "approval decision",
+    "approval_run_lock": "approval decision",
+    "approval_decide": "approval decision",
+    "approval_decision_step": "approval decision",
+}
+
+
+def citus_url() -> str | None:
+    return os.environ.get(CITUS_URL_VAR) or None
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+async def _nodes(url: str) -> list[tuple[str, int]]:
+    """(host, port) of every worker the coordinator at `url` has, coordinator excluded."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive"
+        )
+    finally:
+        await conn.close()
+    return [(row["nodename"], row["nodeport"]) for row in rows]
+
+
+def _node_url(url: str, host: str, port: int, dbname: str) -> str:
+    parts = re.match(r"^(?P<scheme>\w+://)(?:(?P<user>[^@/]*)@)?[^/]*", url)
+    assert parts is not None, url
+    user = f"{parts['user']}@" if parts["user"] else ""
+    return f"{parts['scheme']}{user}{host}:{port}/{dbname}"
+
+
+async def _run_on(url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for sql in statements:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def fresh_database(url: str, prefix: str = "citus") -> str:
+    """A new, empty database with citus on the coordinator and every worker; its DSN."""
+    name = new_database_name(prefix)
+    coordinator = urlparts(url)
+    workers = await _nodes(url)
+    for host, port in [coordinator, *workers]:
+        await _run_on(_node_url(url, host, port, "postgres"), f"CREATE DATABASE {_quoted(name)}")
+        await _run_on(_node_url(url, host, port, name), "CREATE EXTENSION citus")
+    new_url = dsn_with_database(url, name)
+    host, port = coordinator
+    adds = [f"SELECT citus_set_coordinator_host('{host}', {port})"]
+    adds += [f"SELECT citus_add_node('{h}', {p})" for h, p in workers]
+    await _run_on(new_url, *adds)
+    return new_url
+
+
+async def drop_database(url: str) -> None:
+    """Drop a database made by fresh_database, on the workers first."""
+    name = url.rsplit("/", 1)[1].split("?", 1)[0]
+    coordinator = urlparts(url)
+    workers = await _nodes(url)
+    for host, port in [*workers, coordinator]:
+        await _run_on(
+            _node_url(url, host, port, "postgres"),
+            f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)",
+        )
+
+
+def urlparts(url: str) -> tuple[str, int]:
+    match = re.match(r"^\w+://(?:[^@/]*@)?(?P<host>[^:/]+)(?::(?P<port>\d+))?", url)
+    assert match is not None, url
+    return match["host"], int(match["port"] or 5432)
+
+
+# --- the planner probe -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the coordinator's planner says about one named statement."""
+
+    name: str
+    # The planner's error, or None when it plans (and runs on empty tables) the statement.
+    refused: str | None
+    # The largest task count of any distributed scan in its plan (0: none, coordinator only).
+    tasks: int
+
+    @property
+    def multi_shard(self) -> bool:
+        return self.tasks > 1
+
+
+_TASKS = re.compile(r"Task Count: (\d+)")
+_NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+async def two_workspaces(conn: asyncpg.Connection) -> tuple[str, str]:
+    """Two workspace ids whose shards sit on different workers (or at least differ)."""
+    sql = """
+        SELECT s.shardid, p.nodeport FROM pg_dist_shard s
+        JOIN pg_dist_placement pl USING (shardid) JOIN pg_dist_node p USING (groupid)
+        WHERE s.shardid = get_shard_id_for_distribution_column('workspaces', $1::text)
+    """
+    first = await conn.fetchrow(sql, "ws-a")
+    for i in range(200):
+        other = await conn.fetchrow(sql, f"ws-b{i}")
+        if other["nodeport"] != first["nodeport"]:
+            return "ws-a", f"ws-b{i}"
+    raise AssertionError("no second worker holds a shard")
+
+
+def _value(type_name: str, workspaces: tuple[str, str]) -> Any:
+    scalar: dict[str, Any] = {
+        "text": workspaces[0],
+        "varchar": workspaces[0],
+        "bpchar": workspaces[0],
+        "name": workspaces[0],
+        "int2": 1,
+        "int4": 1,
+        "int8": 1,
+        "numeric": Decimal(1),
+        "float4": 1.0,
+        "float8": 1.0,
+        "bool": False,
+        "timestamptz": _NOW,
+        "timestamp": _NOW.replace(tzinfo=None),
+        "date": _NOW.date(),
+        "interval": datetime.timedelta(seconds=30),
+        "jsonb": "{}",
+        "json": "{}",
+        "bytea": b"x",
+        "uuid": uuid.UUID(int=1),
+    }
+    if type_name.startswith("_"):
+        element = type_name[1:]
+        if element in ("text", "varchar"):
+            return list(workspaces)
+        if element == "uuid":
+            return [uuid.UUID(int=1), uuid.UUID(int=2)]
+        if element in ("int4", "int8"):
+            return [1, 2]
+        return [scalar.get(element)] * 2
+    return scalar.get(type_name)
+
+
+async def probe_one(conn: asyncpg.Connection, query: Query, workspaces: tuple[str, str]) -> Verdict:
+    """Plan the statement (EXPLAIN with sample values), then run it on empty tables, both in
+    a transaction rolled back: the planner's refusals show at either step."""
+    try:
+        statement = await conn.prepare(query.sql)
+    except asyncpg.PostgresError as exc:
+        return Verdict(query.name, f"prepare: {exc}", 0)
+    args = [_value(t.name, workspaces) for t in statement.get_parameters()]
+    try:
+        plan = await _rolled_back(conn, f"EXPLAIN (COSTS OFF) {query.sql}", args)
+    except asyncpg.PostgresError as exc:
+        return Verdict(query.name, f"plan: {_one_line(exc)}", 0)
+    tasks = max((int(n) for row in plan for n in _TASKS.findall(row[0])), default=0)
+    try:
+        await _rolled_back(conn, query.sql, args)
+    except asyncpg.PostgresError as exc:
+        if _is_refusal(exc):
+            return Verdict(query.name, f"run: {_one_line(exc)}", tasks)
+    return Verdict(query.name, None, tasks)
+
+
+async def _rolled_back(conn: asyncpg.Connection, sql: str, args: list[Any]) -> list[Any]:
+    # Each in a transaction of its own: a failed EXPLAIN of a remote task leaves the
+    # worker's side of the transaction aborted.
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await transaction.rollback()
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _is_refusal(exc: asyncpg.PostgresError) -> bool:
+    """A refusal by Citus, not the sample values failing a constraint or a check."""
+    # Data, integrity, a function's RAISE, serialization: the sample values, not Citus.
+    return not (exc.sqlstate or "").startswith(("22", "23", "P0", "40"))
+
+
+async def probe(conn: asyncpg.Connection) -> dict[str, Verdict]:
+    """Every named statement's verdict on the coordinator at `conn`."""
+    workspaces = await two_workspaces(conn)
+    return {name: await probe_one(conn, q, workspaces) for name, q in sorted(QUERIES.items())}
