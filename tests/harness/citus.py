@@ -13,9 +13,11 @@ import datetime
 import os
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -30,6 +32,10 @@ SKIP_REASON = (
 )
 
 # The statements whose path every run takes, by what they do. Each should be on one shard.
+# Shards per distributed table in the suite's databases (two a worker on two workers):
+# enough to route, few enough to copy a database per test quickly.
+TEST_SHARD_COUNT = 4
+
 HOT = {
     "run_claim": "claim",
     "run_commit": "commit",
@@ -53,26 +59,12 @@ def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-async def _nodes(url: str) -> list[tuple[str, int]]:
-    """(host, port) of every worker the coordinator at `url` has, coordinator excluded."""
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch(
-            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive"
-        )
-    finally:
-        await conn.close()
-    return [(row["nodename"], row["nodeport"]) for row in rows]
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or 5432
 
 
-def _node_url(url: str, host: str, port: int, dbname: str) -> str:
-    parts = re.match(r"^(?P<scheme>\w+://)(?:(?P<user>[^@/]*)@)?[^/]*", url)
-    assert parts is not None, url
-    user = f"{parts['user']}@" if parts["user"] else ""
-    return f"{parts['scheme']}{user}{host}:{port}/{dbname}"
-
-
-async def _run_on(url: str, *statements: str) -> None:
+async def _execute(url: str, *statements: str) -> None:
     conn = await asyncpg.connect(url)
     try:
         for sql in statements:
@@ -81,38 +73,69 @@ async def _run_on(url: str, *statements: str) -> None:
         await conn.close()
 
 
-async def fresh_database(url: str, prefix: str = "citus") -> str:
-    """A new, empty database with citus on the coordinator and every worker; its DSN."""
-    name = new_database_name(prefix)
-    coordinator = urlparts(url)
-    workers = await _nodes(url)
-    for host, port in [coordinator, *workers]:
-        await _run_on(_node_url(url, host, port, "postgres"), f"CREATE DATABASE {_quoted(name)}")
-        await _run_on(_node_url(url, host, port, name), "CREATE EXTENSION citus")
-    new_url = dsn_with_database(url, name)
-    host, port = coordinator
+async def worker_urls(url: str) -> tuple[str, ...]:
+    """A DSN to each worker of the coordinator whose database `url` names (to its
+    `postgres` database, as `url`'s user); () when that database has no Citus."""
+    conn = await asyncpg.connect(url)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'citus'"):
+            return ()
+        rows = await conn.fetch(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive"
+            " ORDER BY nodeid"
+        )
+    finally:
+        await conn.close()
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    return tuple(
+        urlunsplit(
+            parts._replace(netloc=f"{user}{r['nodename']}:{r['nodeport']}", path="/postgres")
+        )
+        for r in rows
+    )
+
+
+async def create_cluster_database(admin_url: str, workers: Sequence[str], name: str) -> None:
+    """A new database `name` with citus on the coordinator (`admin_url`'s server) and on
+    every worker, the workers added to it."""
+    for url in (*workers, admin_url):
+        await _execute(url, f"CREATE DATABASE {_quoted(name)}")
+        await _execute(dsn_with_database(url, name), "CREATE EXTENSION citus")
+    host, port = _host_port(admin_url)
     adds = [f"SELECT citus_set_coordinator_host('{host}', {port})"]
-    adds += [f"SELECT citus_add_node('{h}', {p})" for h, p in workers]
-    await _run_on(new_url, *adds)
-    return new_url
+    adds += ["SELECT citus_add_node('{}', {})".format(*_host_port(w)) for w in workers]
+    await _execute(dsn_with_database(admin_url, name), *adds)
 
 
-async def drop_database(url: str) -> None:
-    """Drop a database made by fresh_database, on the workers first."""
-    name = url.rsplit("/", 1)[1].split("?", 1)[0]
-    coordinator = urlparts(url)
-    workers = await _nodes(url)
-    for host, port in [*workers, coordinator]:
-        await _run_on(
-            _node_url(url, host, port, "postgres"),
-            f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)",
+async def close_to_connections(admin_url: str, workers: Sequence[str], name: str) -> None:
+    """Make `name` copyable on every node: no new connections, the open ones (Citus's
+    maintenance daemon and its connections between nodes) ended."""
+    for url in (admin_url, *workers):
+        await _execute(
+            url,
+            f"ALTER DATABASE {_quoted(name)} WITH ALLOW_CONNECTIONS false",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{name}' AND pid <> pg_backend_pid()",
         )
 
 
-def urlparts(url: str) -> tuple[str, int]:
-    match = re.match(r"^\w+://(?:[^@/]*@)?(?P<host>[^:/]+)(?::(?P<port>\d+))?", url)
-    assert match is not None, url
-    return match["host"], int(match["port"] or 5432)
+async def fresh_database(url: str, prefix: str = "citus") -> str:
+    """A new, empty database with citus on the coordinator and every worker; its DSN."""
+    name = new_database_name(prefix)
+    await create_cluster_database(url, await worker_urls(url), name)
+    return dsn_with_database(url, name)
+
+
+async def drop_database(url: str) -> None:
+    """Drop a database made by fresh_database, on the coordinator and every worker."""
+    name = urlsplit(url).path.lstrip("/")
+    workers = await worker_urls(url)
+    for node in (url, *workers):
+        await _execute(
+            dsn_with_database(node, "postgres"),
+            f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)",
+        )
 
 
 # --- the planner probe -------------------------------------------------------------------
