@@ -70,10 +70,12 @@ WITH left_over AS (
     WHERE workspace_id = $1 AND trigger_id = $2 AND flow_key = $3
       AND (SELECT n FROM left_over) = 0
 )
+-- (The clock as a subquery: Citus refuses now() inside coalesce or CASE in a write.)
 UPDATE trigger_flow_groups SET
     pending = (SELECT n FROM left_over),
-    opened_at = coalesce($6::timestamptz, now()),
-    due_at = CASE WHEN (SELECT n FROM left_over) >= $4 THEN coalesce($6::timestamptz, now())
-                  ELSE coalesce($6::timestamptz, now()) + make_interval(secs => $5::int) END
+    opened_at = (SELECT coalesce($6::timestamptz, now())),
+    due_at = (SELECT coalesce($6::timestamptz, now()))
+             + CASE WHEN (SELECT n FROM left_over) >= $4 THEN interval '0'
+                    ELSE make_interval(secs => $5::int) END
 WHERE workspace_id = $1 AND trigger_id = $2 AND flow_key = $3
   AND (SELECT n FROM left_over) > 0;

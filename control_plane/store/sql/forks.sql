@@ -40,7 +40,7 @@ FROM (
     FROM steps WHERE workspace_id = $1 AND run_id = $2
 ) c
 WHERE r.workspace_id = $1 AND r.run_id = $2
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds;
+RETURNING r.*, (SELECT run_held_seconds(r.held_since, r.wake_at, now())) AS held_seconds;
 
 -- name: fork_list :many
 -- A page of the forks of run $2, newest first, after a keyset cursor (as run_list).

@@ -113,5 +113,6 @@ SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
 -- name: workspace_set_retention :one
 -- Keep a workspace's finished runs for :days days (0: forever).
 UPDATE workspaces SET retention_days = :days WHERE workspace_id = :ws
-RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running,
+-- (A function reading another table is a subquery in RETURNING, as Citus asks.)
+RETURNING workspace_id, plan, max_concurrency, (SELECT workspace_running(workspace_id)) AS running,
           retention_days;

@@ -151,8 +151,9 @@ WHERE workspace_id = $1 AND trigger_id = $2 AND next_slot_at = $3;
 -- itself again if it missed this one). Database clock unless $4.
 UPDATE triggers SET
     announced_history_id = greatest(announced_history_id, $3),
+    -- (The clock as a subquery: Citus refuses now() inside coalesce or CASE in a write.)
     fetch_due_at = CASE WHEN $3 > coalesce(last_history_id, -1)
-                        THEN coalesce(fetch_due_at, coalesce($4::timestamptz, now()))
+                        THEN coalesce(fetch_due_at, (SELECT coalesce($4::timestamptz, now())))
                         ELSE fetch_due_at END,
     updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2 AND kind = 'mail_push'
@@ -180,7 +181,7 @@ RETURNING t.*;
 UPDATE triggers SET
     last_history_id = greatest(last_history_id, $3),
     fetch_due_at = CASE WHEN announced_history_id > greatest(last_history_id, $3)
-                        THEN coalesce($4::timestamptz, now()) END,
+                        THEN (SELECT coalesce($4::timestamptz, now())) END,
     updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2
 RETURNING last_history_id, announced_history_id, fetch_due_at;

@@ -18,4 +18,6 @@ FROM workspaces WHERE workspace_id = $1;
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).
 UPDATE agents SET max_concurrency = $3
 WHERE workspace_id = $1 AND agent_id = $2
-RETURNING workspace_id, agent_id, max_concurrency, agent_running(workspace_id, agent_id) AS running;
+-- (A function reading another table is a subquery in RETURNING, as Citus asks.)
+RETURNING workspace_id, agent_id, max_concurrency,
+          (SELECT agent_running(workspace_id, agent_id)) AS running;
