@@ -140,6 +140,60 @@ async def set_citus_ddl_settings(conn: asyncpg.Connection, *, local: bool) -> No
         await conn.execute("SELECT set_config($1, $2, $3)", name, value, local)
 
 
+# What can hold a `;` that does not end a statement, and the `;` that does.
+_TOKEN = re.compile(r"--[^\n]*|/\*|'|\"|\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$|;")
+_COMMENT_MARK = re.compile(r"/\*|\*/")
+
+
+def split_statements(sql: str) -> list[str]:
+    """A migration's statements, one string each (quotes, dollar-quoted bodies and comments
+    kept whole). A Citus coordinator needs them one at a time: DDL on a distributed table
+    inside a multi-statement string fails there ("cannot insert multiple commands into a
+    prepared statement")."""
+    statements: list[str] = []
+    start = i = 0
+    while match := _TOKEN.search(sql, i):
+        token = match.group()
+        if token == ";":
+            statements.append(sql[start : match.end()])
+            start = i = match.end()
+        elif token.startswith("--"):
+            i = match.end()
+        elif token == "/*":
+            i = _block_comment_end(sql, match.end())
+        elif token in ("'", '"'):
+            i = _quote_end(sql, match.end(), token)
+        else:  # a dollar quote: up to the same tag
+            end = sql.find(token, match.end())
+            if end < 0:
+                raise MigrationError(f"unterminated dollar quote {token}")
+            i = end + len(token)
+    statements.append(sql[start:])
+    return [s for s in statements if s.strip()]
+
+
+def _quote_end(sql: str, i: int, quote: str) -> int:
+    while True:
+        end = sql.find(quote, i)
+        if end < 0:
+            raise MigrationError(f"unterminated {quote} quote")
+        if sql.startswith(quote, end + 1):  # a doubled quote stands for itself
+            i = end + 2
+            continue
+        return end + 1
+
+
+def _block_comment_end(sql: str, i: int) -> int:
+    depth = 1  # block comments nest in PostgreSQL
+    while depth:
+        match = _COMMENT_MARK.search(sql, i)
+        if match is None:
+            raise MigrationError("unterminated /* comment")
+        depth += 1 if match.group() == "/*" else -1
+        i = match.end()
+    return i
+
+
 async def _on_citus(conn: asyncpg.Connection) -> bool:
     return bool(await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'citus'"))
 
@@ -194,7 +248,10 @@ async def _apply(conn: asyncpg.Connection, migration: Migration, on_citus: bool)
         async with conn.transaction():
             if on_citus:
                 await set_citus_ddl_settings(conn, local=True)
-            await conn.execute(migration.sql)
+                for statement in split_statements(migration.sql):
+                    await conn.execute(statement)
+            else:
+                await conn.execute(migration.sql)
             await conn.execute(_RECORD, migration.version, migration.name, migration.checksum)
     except asyncpg.PostgresError as exc:
         raise MigrationError(f"migration {migration.label} failed: {exc}") from exc
