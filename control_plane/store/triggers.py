@@ -123,9 +123,17 @@ async def rotate_secret(
         return row
 
 
-async def plaintext_secrets(conn: Connection, limit: int) -> list[Record]:
-    """Up to `limit` secrets still in plain text, locked for the caller's transaction."""
-    return await run(conn, "trigger_secrets_plaintext", limit)
+async def plaintext_workspaces(conn: Connection | Pool, limit: int) -> list[str]:
+    """Up to `limit` workspaces with a secret still in plain text (no lock)."""
+    return [
+        r["workspace_id"] for r in await run(conn, "trigger_secrets_plaintext_workspaces", limit)
+    ]
+
+
+async def plaintext_secrets(conn: Connection, workspace_id: str, limit: int) -> list[Record]:
+    """Up to `limit` of a workspace's secrets still in plain text, locked for the caller's
+    transaction."""
+    return await run(conn, "trigger_secrets_plaintext", limit, workspace_id)
 
 
 async def replace_plaintext(

@@ -61,12 +61,20 @@ INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, sealed, create
 VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
 RETURNING secret_id, created_at, expires_at;
 
--- name: trigger_secrets_plaintext :many
--- Up to $1 secrets still in plain text (written before sealing existed), locked for the
--- caller's transaction, skipping those another replica is sealing.
-SELECT workspace_id, trigger_id, secret_id, secret FROM trigger_secrets
+-- name: trigger_secrets_plaintext_workspaces :many
+-- Up to $1 workspaces that have a secret still in plain text (written before sealing
+-- existed). No lock: on Citus this reads every shard, which a locking read may not.
+SELECT DISTINCT workspace_id FROM trigger_secrets
 WHERE secret IS NOT NULL
-ORDER BY workspace_id, trigger_id, secret_id
+ORDER BY workspace_id
+LIMIT $1;
+
+-- name: trigger_secrets_plaintext :many
+-- Up to $1 of workspace $2's secrets still in plain text, locked for the caller's
+-- transaction, skipping those another replica is sealing (one workspace: one shard).
+SELECT workspace_id, trigger_id, secret_id, secret FROM trigger_secrets
+WHERE workspace_id = $2 AND secret IS NOT NULL
+ORDER BY trigger_id, secret_id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
