@@ -57,11 +57,22 @@ UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_co
                 updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;
 
--- name: approvals_expired :many
--- Lock up to $1 pending approvals whose expiry passed (skipping ones another
--- replica is handling). Database clock unless $2 fixes it.
-SELECT * FROM approvals
+-- name: approvals_expired_workspaces :many
+-- Up to $1 workspaces with a pending approval whose expiry passed, the longest
+-- overdue first. No lock: on Citus this reads every shard, which a locking read may
+-- not. Database clock unless $2 fixes it.
+SELECT workspace_id FROM approvals
 WHERE decision IS NULL AND expire_at <= coalesce($2::timestamptz, now())
+GROUP BY workspace_id
+ORDER BY min(expire_at)
+LIMIT $1;
+
+-- name: approvals_expired :many
+-- Lock up to $1 of workspace $3's pending approvals whose expiry passed (skipping
+-- ones another replica is handling; one workspace: one shard on Citus). Database
+-- clock unless $2 fixes it.
+SELECT * FROM approvals
+WHERE workspace_id = $3 AND decision IS NULL AND expire_at <= coalesce($2::timestamptz, now())
 ORDER BY expire_at
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
