@@ -138,12 +138,24 @@ WHERE workspace_id = $1 AND trigger_id = $2
 ORDER BY received_at DESC, event_id DESC
 LIMIT $5;
 
+-- name: schedule_due_workspaces :many
+-- Up to $2 workspaces with an enabled schedule whose fire time has come, the longest
+-- overdue first. No lock: on Citus this reads every shard, which a locking read may not.
+-- Database clock unless $1.
+SELECT workspace_id FROM triggers
+WHERE kind = 'schedule' AND enabled AND next_fire_at <= coalesce($1::timestamptz, now())
+GROUP BY workspace_id
+ORDER BY min(next_fire_at)
+LIMIT $2;
+
 -- name: schedule_claim_due :many
--- Lock up to $2 enabled schedules whose fire time has come, skipping those another replica
--- holds, until the caller's transaction commits the slots it fired. Database clock unless $1.
+-- Lock up to $2 of workspace $3's enabled schedules whose fire time has come, skipping
+-- those another replica holds, until the caller's transaction commits the slots it fired
+-- (one workspace: one shard on Citus). Database clock unless $1.
 SELECT t.*, coalesce($1::timestamptz, now()) AS db_now
 FROM triggers t
-WHERE t.kind = 'schedule' AND t.enabled AND t.next_fire_at <= coalesce($1::timestamptz, now())
+WHERE t.workspace_id = $3
+  AND t.kind = 'schedule' AND t.enabled AND t.next_fire_at <= coalesce($1::timestamptz, now())
 ORDER BY t.next_fire_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
@@ -167,20 +179,35 @@ UPDATE triggers SET
 WHERE workspace_id = $1 AND trigger_id = $2 AND kind = 'mail_push'
 RETURNING announced_history_id, last_history_id, fetch_due_at;
 
+-- name: push_due_workspaces :many
+-- Up to $2 workspaces with a push source whose fetch is due, the longest waiting first.
+-- No lock: on Citus this reads every shard, which a locking read may not. Database clock
+-- unless $1.
+SELECT workspace_id FROM triggers
+WHERE fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
+GROUP BY workspace_id
+ORDER BY min(fetch_due_at)
+LIMIT $2;
+
 -- name: push_claim_due :many
--- Take up to $2 push sources with a fetch due, each leased for $3 seconds: a fetcher that
--- dies leaves the fetch due again when its lease lapses. Database clock unless $1.
-UPDATE triggers t SET
-    fetch_due_at = coalesce($1::timestamptz, now()) + make_interval(secs => $3),
-    updated_at = now()
-FROM (
+-- Take up to $2 of workspace $4's push sources with a fetch due, each leased for $3
+-- seconds: a fetcher that dies leaves the fetch due again when its lease lapses (one
+-- workspace: one shard on Citus; the lease's end is one subquery, as Citus asks of a
+-- write). Database clock unless $1.
+WITH due AS (
     SELECT workspace_id, trigger_id FROM triggers
-    WHERE fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
+    WHERE workspace_id = $4
+      AND fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
     ORDER BY fetch_due_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) due
-WHERE t.workspace_id = due.workspace_id AND t.trigger_id = due.trigger_id
+)
+UPDATE triggers t SET
+    fetch_due_at = (SELECT coalesce($1::timestamptz, now()) + make_interval(secs => $3)),
+    updated_at = now()
+FROM due
+WHERE t.workspace_id = $4
+  AND t.workspace_id = due.workspace_id AND t.trigger_id = due.trigger_id
 RETURNING t.*;
 
 -- name: push_advance :one
