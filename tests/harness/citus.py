@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from control_plane.store.queries import QUERIES, Query
+from tests import factories
 from tests.harness.databases import new_database_name
 from tests.harness.servers import dsn_with_database
 
@@ -175,7 +176,36 @@ async def two_workspaces(conn: asyncpg.Connection) -> tuple[str, str]:
     raise AssertionError("no second worker holds a shard")
 
 
-def _value(type_name: str, workspaces: tuple[str, str]) -> Any:
+@dataclass(frozen=True)
+class Samples:
+    """The values a statement is probed with: two workspaces on different workers, each
+    with an agent of the same name (text parameters name both) and one running run."""
+
+    workspaces: tuple[str, str]
+    runs: tuple[uuid.UUID, uuid.UUID]
+
+
+async def seed(conn: asyncpg.Connection) -> Samples:
+    """Rows for the sample values to find, so that a statement also runs on data: some
+    refusals come only when a row matches (a function reading a distributed table from a
+    shard)."""
+    workspaces = await two_workspaces(conn)
+    runs = []
+    for workspace_id in workspaces:
+        run = (await factories.queued_runs(conn, 1, workspace_id, workspace_id))[0]
+        await conn.execute(
+            "UPDATE runs SET status = 'running', lease_owner = $1, lease_epoch = 1,"
+            " held_since = now(), wake_at = now() + interval '1 hour'"
+            " WHERE workspace_id = $1 AND run_id = $2",
+            workspace_id,
+            run.run_id,
+        )
+        runs.append(run.run_id)
+    return Samples(workspaces, (runs[0], runs[1]))
+
+
+def _value(type_name: str, samples: Samples) -> Any:
+    workspaces = samples.workspaces
     scalar: dict[str, Any] = {
         "text": workspaces[0],
         "varchar": workspaces[0],
@@ -195,28 +225,28 @@ def _value(type_name: str, workspaces: tuple[str, str]) -> Any:
         "jsonb": "{}",
         "json": "{}",
         "bytea": b"x",
-        "uuid": uuid.UUID(int=1),
+        "uuid": samples.runs[0],
     }
     if type_name.startswith("_"):
         element = type_name[1:]
         if element in ("text", "varchar"):
             return list(workspaces)
         if element == "uuid":
-            return [uuid.UUID(int=1), uuid.UUID(int=2)]
+            return list(samples.runs)
         if element in ("int4", "int8"):
             return [1, 2]
         return [scalar.get(element)] * 2
     return scalar.get(type_name)
 
 
-async def probe_one(conn: asyncpg.Connection, query: Query, workspaces: tuple[str, str]) -> Verdict:
+async def probe_one(conn: asyncpg.Connection, query: Query, samples: Samples) -> Verdict:
     """Plan the statement (EXPLAIN with sample values), then run it on empty tables, both in
     a transaction rolled back: the planner's refusals show at either step."""
     try:
         statement = await conn.prepare(query.sql)
     except asyncpg.PostgresError as exc:
         return Verdict(query.name, f"prepare: {exc}", 0)
-    args = [_value(t.name, workspaces) for t in statement.get_parameters()]
+    args = [_value(t.name, samples) for t in statement.get_parameters()]
     try:
         plan = await _rolled_back(conn, f"EXPLAIN (COSTS OFF) {query.sql}", args)
     except asyncpg.PostgresError as exc:
@@ -252,6 +282,7 @@ def _is_refusal(exc: asyncpg.PostgresError) -> bool:
 
 
 async def probe(conn: asyncpg.Connection) -> dict[str, Verdict]:
-    """Every named statement's verdict on the coordinator at `conn`."""
-    workspaces = await two_workspaces(conn)
-    return {name: await probe_one(conn, q, workspaces) for name, q in sorted(QUERIES.items())}
+    """Every named statement's verdict on the coordinator at `conn` (a database of its
+    own: it is seeded with sample rows first)."""
+    samples = await seed(conn)
+    return {name: await probe_one(conn, q, samples) for name, q in sorted(QUERIES.items())}

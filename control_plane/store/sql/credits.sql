@@ -57,7 +57,11 @@ WITH held AS (
            now() AS now
     FROM account a LEFT JOIN reserved r ON r.run_id = a.run_id
 ), to_append AS (  -- the stop step
-    SELECT d.workspace_id, d.run_id, run_next_seq(d.workspace_id, d.run_id) AS seq,
+    -- (run_next_seq() inlined: on Citus this runs on the shard, where a function
+    -- reading a distributed table is refused.)
+    SELECT d.workspace_id, d.run_id,
+           (SELECT coalesce(max(s.seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = :workspace_id AND s.run_id = :run_id) AS seq,
            CASE WHEN d.out_of_credits = 'park' THEN 'park' ELSE 'finish' END AS kind,
            d.lease_epoch AS epoch, NULL::int AS ref_seq,
            CASE WHEN d.out_of_credits = 'park'

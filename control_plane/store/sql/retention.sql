@@ -113,6 +113,9 @@ SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
 -- name: workspace_set_retention :one
 -- Keep a workspace's finished runs for :days days (0: forever).
 UPDATE workspaces SET retention_days = :days WHERE workspace_id = :ws
--- (A function reading another table is a subquery in RETURNING, as Citus asks.)
-RETURNING workspace_id, plan, max_concurrency, (SELECT workspace_running(workspace_id)) AS running,
+-- (The running count is read by a subquery here, not workspace_running(): on Citus the
+-- statement runs on the shard, where a function reading a distributed table is refused.)
+RETURNING workspace_id, plan, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+           WHERE c.workspace_id = :ws) AS running,
           retention_days;

@@ -36,6 +36,7 @@ WITH to_append AS (
            now() AS created_at, NULL::text AS release
 ), {{steps_append}}, counted AS (
     UPDATE runs r SET step_count = r.step_count + 1
-    FROM appended a WHERE r.workspace_id = a.workspace_id AND r.run_id = a.run_id
+    FROM appended a
+    WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.run_id = a.run_id
 )
 SELECT t.* FROM to_append t JOIN appended a USING (workspace_id, run_id, seq);
