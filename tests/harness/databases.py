@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,8 @@ from control_plane.store.citus import migrate_and_distribute
 from control_plane.store.migrate import migrate, migrations_dir
 from control_plane.store.queries import SCHEMA_FILE
 
-TEMPLATE_DB = "agentrun_template"
+# AGENTRUN_TEST_TEMPLATE_DB names it otherwise, for two sessions sharing a DATABASE_URL server.
+TEMPLATE_DB = os.environ.get("AGENTRUN_TEST_TEMPLATE_DB") or "agentrun_template"
 
 
 # The migration that picks how the claim reads each agent's due runs (a skip scan on
