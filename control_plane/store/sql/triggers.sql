@@ -33,18 +33,19 @@ RETURNING *;
 -- name: trigger_for_delivery :one
 -- An enabled HTTP trigger with the secrets that verify deliveries now, newest first: their
 -- ids, sealed values and (rows the startup backfill has not sealed yet) plain values, index
--- for index. Database clock unless $3.
+-- for index. Database clock unless $3. (The secrets are named by $1 and $2, not by the
+-- outer row: so Citus plans the statement on one shard.)
 SELECT t.*,
        array(SELECT s.secret_id FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS secret_ids,
        array(SELECT s.sealed FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS sealed_secrets,
        array(SELECT s.secret FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS plain_secrets
 FROM triggers t
