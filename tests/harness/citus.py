@@ -4,7 +4,8 @@ The cluster is not ours to start: AGENTRUN_TEST_CITUS_URL names a database on it
 coordinator (with the citus extension and the workers added). `fresh_database` makes a
 new database on the coordinator and on every worker the coordinator knows, adds the
 workers to it, and returns its DSN; `probe` asks the coordinator's planner about every
-named statement.
+named statement. When DATABASE_URL names such a coordinator instead, the whole suite runs
+there (tests/harness/databases.py uses `create_cluster_database` for its template).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ SKIP_REASON = (
     "(a DSN to a database with the citus extension and its workers added)"
 )
 
-# The statements whose path every run takes, by what they do. Each should be on one shard.
 # Shards per distributed table in the suite's databases (two a worker on two workers):
 # enough to route, few enough to copy a database per test quickly.
 TEST_SHARD_COUNT = 4
 
+# The statements whose path every run takes, by what they do. Each should be on one shard.
 HOT = {
     "run_claim": "claim",
     "run_commit": "commit",
