@@ -87,14 +87,17 @@ WHERE workspace_id = $1 AND trigger_id = $2 AND secret_id = $3 AND secret IS NOT
 -- name: trigger_secrets_retire :exec
 -- Rotation: the newest active secret keeps verifying for $3 more seconds, any older one
 -- stops now, so at most two are active once the new one is added. Database clock unless $4.
+-- (The times are columns of a subquery, which the CASE picks: Citus refuses now() inside
+-- coalesce or CASE in a write.)
 UPDATE trigger_secrets s SET expires_at = least(
     coalesce(s.expires_at, 'infinity'),
-    coalesce($4::timestamptz, now()) + CASE
-        WHEN s.secret_id = (SELECT max(m.secret_id) FROM trigger_secrets m
-                            WHERE m.workspace_id = $1 AND m.trigger_id = $2)
-        THEN make_interval(secs => $3) ELSE interval '0' END)
+    CASE WHEN s.secret_id = c.newest THEN c.grace_end ELSE c.now END)
+FROM (SELECT coalesce($4::timestamptz, now()) AS now,
+             coalesce($4::timestamptz, now()) + make_interval(secs => $3) AS grace_end,
+             (SELECT max(m.secret_id) FROM trigger_secrets m
+              WHERE m.workspace_id = $1 AND m.trigger_id = $2) AS newest) c
 WHERE s.workspace_id = $1 AND s.trigger_id = $2
-  AND (s.expires_at IS NULL OR s.expires_at > coalesce($4::timestamptz, now()));
+  AND (s.expires_at IS NULL OR s.expires_at > c.now);
 
 -- name: trigger_secrets_active :many
 -- The secrets that verify deliveries now, described (never their values), oldest first.
