@@ -43,8 +43,10 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 def migrate(args: argparse.Namespace) -> int:
     url = stack.database_url(_data_dir(args))
-    stack.migrate(url)
+    placed = stack.migrate(url, citus=args.citus)
     print(f"migrated {stack.redact(url)}")
+    if args.citus:
+        print(f"distributed by {stack.citus_summary(placed)}")
     return 0
 
 

@@ -84,6 +84,12 @@ def _add_processes(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     p.set_defaults(handler=launch.executor)
     p = sub.add_parser("migrate", help="apply database migrations", parents=[common])
     _data_dir(p)
+    p.add_argument(
+        "--citus",
+        action="store_true",
+        help="then distribute the schema over the Citus cluster whose coordinator "
+        "DATABASE_URL names (control_plane/store/citus.py holds the plan)",
+    )
     p.set_defaults(handler=launch.migrate)
     p = sub.add_parser(
         "dev", help="the whole local stack as processes, until Ctrl-C", parents=[common]

@@ -53,11 +53,30 @@ def _store_url(kind: str, data_dir: Path) -> str:
         raise StackError(f"embedded {kind} did not start: {err}") from err
 
 
-def migrate(url: str) -> None:
-    """Apply every pending migration to the database at `url`."""
+def migrate(url: str, *, citus: bool = False) -> list[str]:
+    """Apply every pending migration to the database at `url`; with `citus`, then place
+    its tables on the Citus cluster and return the tables placed now."""
+    from control_plane.store import citus as citus_plan
     from control_plane.store import migrate as migrations
 
-    asyncio.run(migrations.migrate_url(url))
+    if not citus:
+        asyncio.run(migrations.migrate_url(url))
+        return []
+    try:
+        return asyncio.run(citus_plan.migrate_and_distribute(url))
+    except citus_plan.CitusError as err:
+        raise StackError(str(err)) from err
+
+
+def citus_summary(placed: list[str]) -> str:
+    """What `migrate --citus` did, in one line."""
+    from control_plane.store import citus as citus_plan
+
+    if not placed:
+        return "workspace_id: every table was already placed"
+    return (
+        f"{citus_plan.DISTRIBUTION_COLUMN}; placed {len(placed)} table(s) now ({', '.join(placed)})"
+    )
 
 
 CREDENTIALS = "credentials.json"

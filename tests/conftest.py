@@ -74,10 +74,11 @@ def embedded_pg(pg: EmbeddedPostgres | ExternalPostgres) -> Iterator[EmbeddedPos
 @pytest.fixture(scope="session")
 async def template_db(pg: EmbeddedPostgres | ExternalPostgres) -> AsyncIterator[str]:
     """The name of a database migrated once per session, copied by every `db_url`."""
-    await create_template(pg.url, pg.url_for(TEMPLATE_DB))
+    workers = getattr(pg, "workers", ())
+    await create_template(pg.url, pg.url_for(TEMPLATE_DB), workers)
     yield TEMPLATE_DB
     _ensure_running(pg)
-    await drop_database(pg.url, TEMPLATE_DB)
+    await drop_database(pg.url, TEMPLATE_DB, workers)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +86,7 @@ def spare_databases(
     pg: EmbeddedPostgres | ExternalPostgres, template_db: str
 ) -> Iterator[SpareDatabases]:
     """Copies of the template made one test ahead, while the test before runs."""
-    spares = SpareDatabases(pg.url, template_db)
+    spares = SpareDatabases(pg.url, template_db, getattr(pg, "workers", ()))
     yield spares
     _ensure_running(pg)
     spares.close()

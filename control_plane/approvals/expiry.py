@@ -66,10 +66,17 @@ async def _apply(conn: Connection, row: store.Approval, now: datetime | None) ->
 
 
 async def expire_once(pool: Pool, now: datetime | None = None) -> list[str]:
-    """Apply the policy to every pending approval whose expiry passed; returns the actions."""
-    async with transaction(pool) as conn:
-        rows = await store.lock_expired(conn, BATCH, now)
-        return [await _apply(conn, row, now) for row in rows]
+    """Apply the policy to up to BATCH pending approvals whose expiry passed; returns the
+    actions. A transaction per workspace, the longest overdue first: each names one
+    workspace, so on Citus it stays on one shard (no two-phase commit between workers)."""
+    actions: list[str] = []
+    for workspace_id in await store.expired_workspaces(pool, BATCH, now):
+        if len(actions) >= BATCH:
+            break
+        async with transaction(pool) as conn:
+            rows = await store.lock_expired(conn, workspace_id, BATCH - len(actions), now)
+            actions += [await _apply(conn, row, now) for row in rows]
+    return actions
 
 
 async def run_forever(pool: Pool, interval: float, poke: Any) -> None:

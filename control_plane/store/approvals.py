@@ -203,10 +203,19 @@ async def decide(
     return decided
 
 
+async def expired_workspaces(
+    conn: asyncpg.Connection | asyncpg.pool.Pool, limit: int, now: datetime | None = None
+) -> list[str]:
+    """Up to `limit` workspaces with a pending approval past its expiry (no lock)."""
+    return [r["workspace_id"] for r in await run(conn, "approvals_expired_workspaces", limit, now)]
+
+
 async def lock_expired(
-    conn: asyncpg.Connection, limit: int, now: datetime | None = None
+    conn: asyncpg.Connection, workspace_id: str, limit: int, now: datetime | None = None
 ) -> list[Approval]:
-    return [Approval.from_record(r) for r in await run(conn, "approvals_expired", limit, now)]
+    """Up to `limit` of a workspace's expired pending approvals, locked."""
+    rows = await run(conn, "approvals_expired", limit, now, workspace_id)
+    return [Approval.from_record(r) for r in rows]
 
 
 async def extend(

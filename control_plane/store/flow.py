@@ -48,8 +48,18 @@ async def hold(
     )
 
 
-async def claim_due(conn: Connection, limit: int, now: datetime | None = None) -> list[Record]:
-    return await run(conn, "flow_claim_due", now, limit)
+async def due_workspaces(
+    conn: Connection | Pool, limit: int, now: datetime | None = None
+) -> list[str]:
+    """Up to `limit` workspaces with a group due, the longest overdue first (no lock)."""
+    return [r["workspace_id"] for r in await run(conn, "flow_due_workspaces", now, limit)]
+
+
+async def claim_due(
+    conn: Connection, workspace_id: str, limit: int, now: datetime | None = None
+) -> list[Record]:
+    """Lock a workspace's due groups for the caller's transaction."""
+    return await run(conn, "flow_claim_due", now, limit, workspace_id)
 
 
 async def take(conn: Connection, group: Any, limit: int) -> list[Record]:

@@ -33,6 +33,18 @@ _SELECT_APPLIED = "SELECT version, name, checksum FROM schema_migrations"
 _RECORD = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
 _RENUMBER = "UPDATE schema_migrations SET version = $1 WHERE version = $2 AND checksum = $3"
 
+# What DDL on a Citus cluster's distributed tables needs (control_plane/store/citus.py
+# distributes them), set for the distribution and for every later migration there.
+CITUS_DDL_SETTINGS = {
+    # Triggers on `runs` write other tables (running counts, next wake, sessions,
+    # credits, parents). On a shard they fire on the worker and reach those tables
+    # through Citus, which it calls unsafe and refuses unless told; the rows they write
+    # are co-located, so each such write stays on the worker that fired it.
+    "citus.enable_unsafe_triggers": "on",
+    # DDL in one transaction after reading reference tables and dropping keys.
+    "citus.multi_shard_modify_mode": "sequential",
+}
+
 
 class MigrationError(RuntimeError):
     """The migrations cannot be applied as they are."""
@@ -104,8 +116,9 @@ async def migrate(
         for old_version, migration in _renumbered(migrations, applied):
             await conn.execute(_RENUMBER, migration.version, old_version, migration.checksum)
         pending = _pending(migrations, await conn.fetch(_SELECT_APPLIED))
+        on_citus = bool(pending) and await _on_citus(conn)
         for migration in pending:
-            await _apply(conn, migration)
+            await _apply(conn, migration, on_citus)
         return [m.label for m in pending]
     finally:
         if not conn.is_closed():
@@ -119,6 +132,70 @@ async def migrate_url(dsn: str, directory: Path | None = None) -> list[str]:
         return await migrate(conn, directory)
     finally:
         await conn.close()
+
+
+async def set_citus_ddl_settings(conn: asyncpg.Connection, *, local: bool) -> None:
+    """CITUS_DDL_SETTINGS, for the transaction (`local`) or the session."""
+    for name, value in CITUS_DDL_SETTINGS.items():
+        await conn.execute("SELECT set_config($1, $2, $3)", name, value, local)
+
+
+# What can hold a `;` that does not end a statement, and the `;` that does.
+_TOKEN = re.compile(r"--[^\n]*|/\*|'|\"|\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$|;")
+_COMMENT_MARK = re.compile(r"/\*|\*/")
+
+
+def split_statements(sql: str) -> list[str]:
+    """A migration's statements, one string each (quotes, dollar-quoted bodies and comments
+    kept whole). A Citus coordinator needs them one at a time: DDL on a distributed table
+    inside a multi-statement string fails there ("cannot insert multiple commands into a
+    prepared statement")."""
+    statements: list[str] = []
+    start = i = 0
+    while match := _TOKEN.search(sql, i):
+        token = match.group()
+        if token == ";":
+            statements.append(sql[start : match.end()])
+            start = i = match.end()
+        elif token.startswith("--"):
+            i = match.end()
+        elif token == "/*":
+            i = _block_comment_end(sql, match.end())
+        elif token in ("'", '"'):
+            i = _quote_end(sql, match.end(), token)
+        else:  # a dollar quote: up to the same tag
+            end = sql.find(token, match.end())
+            if end < 0:
+                raise MigrationError(f"unterminated dollar quote {token}")
+            i = end + len(token)
+    statements.append(sql[start:])
+    return [s for s in statements if s.strip()]
+
+
+def _quote_end(sql: str, i: int, quote: str) -> int:
+    while True:
+        end = sql.find(quote, i)
+        if end < 0:
+            raise MigrationError(f"unterminated {quote} quote")
+        if sql.startswith(quote, end + 1):  # a doubled quote stands for itself
+            i = end + 2
+            continue
+        return end + 1
+
+
+def _block_comment_end(sql: str, i: int) -> int:
+    depth = 1  # block comments nest in PostgreSQL
+    while depth:
+        match = _COMMENT_MARK.search(sql, i)
+        if match is None:
+            raise MigrationError("unterminated /* comment")
+        depth += 1 if match.group() == "/*" else -1
+        i = match.end()
+    return i
+
+
+async def _on_citus(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'citus'"))
 
 
 def _pending(migrations: list[Migration], applied_rows: list[asyncpg.Record]) -> list[Migration]:
@@ -166,10 +243,15 @@ def _renumbered(
     return sorted(moves, key=lambda move: move[1].version)
 
 
-async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
+async def _apply(conn: asyncpg.Connection, migration: Migration, on_citus: bool) -> None:
     try:
         async with conn.transaction():
-            await conn.execute(migration.sql)
+            if on_citus:
+                await set_citus_ddl_settings(conn, local=True)
+                for statement in split_statements(migration.sql):
+                    await conn.execute(statement)
+            else:
+                await conn.execute(migration.sql)
             await conn.execute(_RECORD, migration.version, migration.name, migration.checksum)
     except asyncpg.PostgresError as exc:
         raise MigrationError(f"migration {migration.label} failed: {exc}") from exc

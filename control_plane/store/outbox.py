@@ -39,8 +39,17 @@ async def insert(db: Any, note: Notification) -> None:
 async def claim(
     pool: asyncpg.pool.Pool, limit: int, backoff_seconds: float, now: datetime | None = None
 ) -> list[asyncpg.Record]:
-    """Due notifications, each with its next attempt already pushed out."""
-    return await run(pool, "outbox_claim", limit, backoff_seconds, now)
+    """Up to `limit` due notifications, each with its next attempt already pushed out.
+
+    Workspace by workspace, the longest waiting first: each claim names one workspace, so
+    on Citus it is one statement on one shard (a locking read may not span shards)."""
+    rows: list[asyncpg.Record] = []
+    for due in await run(pool, "outbox_due_workspaces", limit, now):
+        left = limit - len(rows)
+        if left <= 0:
+            break
+        rows += await run(pool, "outbox_claim", left, backoff_seconds, now, due["workspace_id"])
+    return rows
 
 
 async def delivered(pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID) -> None:

@@ -37,9 +37,17 @@ async def unbuffer(conn: Connection, workspace_id: str, trigger_id: str) -> None
     await run(conn, "schedule_unbuffer", workspace_id, trigger_id)
 
 
-async def claim_buffered(conn: Connection, limit: int, now: datetime | None = None) -> list[Record]:
-    """Lock schedules whose buffered slot may fire now (no run of theirs still going)."""
-    return await run(conn, "schedule_claim_buffered", now, limit)
+async def buffered_workspaces(conn: Connection | Pool, limit: int) -> list[str]:
+    """Up to `limit` workspaces with a buffered slot that may fire now (no lock)."""
+    return [r["workspace_id"] for r in await run(conn, "schedule_buffered_workspaces", limit)]
+
+
+async def claim_buffered(
+    conn: Connection, workspace_id: str, limit: int, now: datetime | None = None
+) -> list[Record]:
+    """Lock a workspace's schedules whose buffered slot may fire now (no run of theirs
+    still going)."""
+    return await run(conn, "schedule_claim_buffered", now, limit, workspace_id)
 
 
 async def update(

@@ -123,9 +123,17 @@ async def rotate_secret(
         return row
 
 
-async def plaintext_secrets(conn: Connection, limit: int) -> list[Record]:
-    """Up to `limit` secrets still in plain text, locked for the caller's transaction."""
-    return await run(conn, "trigger_secrets_plaintext", limit)
+async def plaintext_workspaces(conn: Connection | Pool, limit: int) -> list[str]:
+    """Up to `limit` workspaces with a secret still in plain text (no lock)."""
+    return [
+        r["workspace_id"] for r in await run(conn, "trigger_secrets_plaintext_workspaces", limit)
+    ]
+
+
+async def plaintext_secrets(conn: Connection, workspace_id: str, limit: int) -> list[Record]:
+    """Up to `limit` of a workspace's secrets still in plain text, locked for the caller's
+    transaction."""
+    return await run(conn, "trigger_secrets_plaintext", limit, workspace_id)
 
 
 async def replace_plaintext(
@@ -201,11 +209,17 @@ async def list_events(
 # --- schedules --------------------------------------------------------------------------------
 
 
+async def due_schedule_workspaces(pool: Pool, limit: int, now: datetime | None = None) -> list[str]:
+    """Up to `limit` workspaces with a schedule due, the longest overdue first (no lock)."""
+    return [r["workspace_id"] for r in await run(pool, "schedule_due_workspaces", now, limit)]
+
+
 async def claim_due_schedules(
-    conn: Connection, limit: int, now: datetime | None = None
+    conn: Connection, workspace_id: str, limit: int, now: datetime | None = None
 ) -> list[Record]:
-    """Lock due schedules for the caller's transaction; each row carries `db_now`."""
-    return await run(conn, "schedule_claim_due", now, limit)
+    """Lock a workspace's due schedules for the caller's transaction; each row carries
+    `db_now`."""
+    return await run(conn, "schedule_claim_due", now, limit, workspace_id)
 
 
 async def advance_schedule(
@@ -243,7 +257,16 @@ async def announce(
 async def claim_due_fetches(
     pool: Pool, limit: int, lease_seconds: float, now: datetime | None = None
 ) -> list[Record]:
-    return await run(pool, "push_claim_due", now, limit, lease_seconds)
+    """Up to `limit` push sources with a fetch due, each leased for `lease_seconds`:
+    workspace by workspace, the longest waiting first, each claim one statement that names
+    its workspace (on Citus: one shard)."""
+    rows: list[Record] = []
+    for due in await run(pool, "push_due_workspaces", now, limit):
+        if len(rows) >= limit:
+            break
+        left = limit - len(rows)
+        rows += await run(pool, "push_claim_due", now, left, lease_seconds, due["workspace_id"])
+    return rows
 
 
 async def advance_push(

@@ -176,22 +176,34 @@ async def flush_due(
     now: datetime | None = None,
     limit: int = 100,
 ) -> int:
-    """One transaction: flush up to `limit` due groups; how many runs it started."""
-    started = 0
-    async with store.transaction(pool) as conn:
-        for group in await flow_store.claim_due(conn, limit, now):
-            try:
-                async with store.transaction(conn):  # a savepoint: one cannot stop the rest
-                    started += await _flush(conn, group, defaults)
-            except Exception as exc:  # noqa: BLE001 - logged; the group stays due
-                log.error(
-                    "trigger %s/%s could not flush %s group %r: %s",
-                    group["workspace_id"],
-                    group["trigger_id"],
-                    group["mode"],
-                    group["flow_key"],
-                    exc,
-                )
+    """Flush up to `limit` due groups, a transaction per workspace, the longest overdue
+    first (on Citus each stays on one shard); how many runs it started."""
+    started = flushed = 0
+    for workspace_id in await flow_store.due_workspaces(pool, limit, now):
+        if flushed >= limit:
+            break
+        async with store.transaction(pool) as conn:
+            groups = await flow_store.claim_due(conn, workspace_id, limit - flushed, now)
+            flushed += len(groups)
+            for group in groups:
+                started += await _flush_isolated(conn, group, defaults)
     if started:
         on_runnable()
     return started
+
+
+async def _flush_isolated(conn: store.Connection, group: Any, defaults: RunDefaults) -> int:
+    """Flush one group inside a savepoint, so one cannot stop the rest; runs started."""
+    try:
+        async with store.transaction(conn):
+            return await _flush(conn, group, defaults)
+    except Exception as exc:  # noqa: BLE001 - logged; the group stays due
+        log.error(
+            "trigger %s/%s could not flush %s group %r: %s",
+            group["workspace_id"],
+            group["trigger_id"],
+            group["mode"],
+            group["flow_key"],
+            exc,
+        )
+        return 0

@@ -97,10 +97,19 @@ class Scheduler:
     async def release_buffers(self, now: datetime | None = None) -> int:
         """One transaction: fire the buffered slots of up to `batch` schedules that no longer
         have a run going (buffer_one)."""
+        released = 0
+        for workspace_id in await schedule_store.buffered_workspaces(self._pool, self._batch):
+            if released >= self._batch:
+                break
+            released += await self._release_workspace(workspace_id, self._batch - released, now)
+        return released
+
+    async def _release_workspace(self, workspace_id: str, limit: int, now: datetime | None) -> int:
+        """One workspace's transaction of release_buffers (on Citus: one shard)."""
         firing = overlap.Firing(self._defaults, now)
         released = 0
         async with store.transaction(self._pool) as conn:
-            for row in await schedule_store.claim_buffered(conn, self._batch, now):
+            for row in await schedule_store.claim_buffered(conn, workspace_id, limit, now):
                 try:
                     async with store.transaction(conn):  # a savepoint: one cannot stop the rest
                         await overlap.release(conn, row, firing)
@@ -116,14 +125,20 @@ class Scheduler:
         return released
 
     async def fire_batch(self, now: datetime | None = None) -> int:
-        """One transaction: lock up to `batch` due schedules, fire each one's slot, advance."""
-        firing = overlap.Firing(self._defaults, now)
-        async with store.transaction(self._pool) as conn:
-            rows = await store.claim_due_schedules(conn, self._batch, now)
-            for row in rows:
-                await self._fire_isolated(conn, row, firing)
-        firing.committed(self._on_runnable, self._on_cancel)
-        return len(rows)
+        """Lock up to `batch` due schedules, fire each one's slot, advance: a transaction
+        per workspace, the longest overdue first (on Citus each stays on one shard)."""
+        fired = 0
+        for workspace_id in await store.due_schedule_workspaces(self._pool, self._batch, now):
+            if fired >= self._batch:
+                break
+            firing = overlap.Firing(self._defaults, now)
+            async with store.transaction(self._pool) as conn:
+                rows = await store.claim_due_schedules(conn, workspace_id, self._batch - fired, now)
+                for row in rows:
+                    await self._fire_isolated(conn, row, firing)
+            firing.committed(self._on_runnable, self._on_cancel)
+            fired += len(rows)
+        return fired
 
     async def _fire_isolated(
         self, conn: store.Connection, row: Any, firing: overlap.Firing

@@ -90,11 +90,31 @@ async def for_delivery(
 
 
 async def backfill(pool: store.Pool, envelope: Envelope, batch: int = 100) -> int:
-    """Seal every secret still stored in plain text and clear it; how many this call sealed."""
+    """Seal every secret still stored in plain text and clear it; how many this call sealed.
+
+    Workspace by workspace, so that each locking read names one workspace (on Citus: one
+    shard). A round that seals nothing left the rest to the replicas holding it."""
+    sealed = 0
+    while True:
+        workspaces = await store.plaintext_workspaces(pool, batch)
+        this_round = 0
+        for workspace_id in workspaces:
+            this_round += await _backfill_workspace(pool, envelope, workspace_id, batch)
+        sealed += this_round
+        if len(workspaces) < batch or not this_round:
+            break
+    if sealed:
+        log.info("sealed %d trigger signing secret(s) stored in plain text", sealed)
+    return sealed
+
+
+async def _backfill_workspace(
+    pool: store.Pool, envelope: Envelope, workspace_id: str, batch: int
+) -> int:
     sealed = 0
     while True:
         async with store.transaction(pool) as conn:
-            rows = await store.plaintext_secrets(conn, batch)
+            rows = await store.plaintext_secrets(conn, workspace_id, batch)
             for r in rows:
                 value = await seal(
                     envelope, r["workspace_id"], r["trigger_id"], r["secret_id"], r["secret"]
@@ -104,7 +124,4 @@ async def backfill(pool: store.Pool, envelope: Envelope, batch: int = 100) -> in
                 )
         sealed += len(rows)
         if len(rows) < batch:
-            break
-    if sealed:
-        log.info("sealed %d trigger signing secret(s) stored in plain text", sealed)
-    return sealed
+            return sealed

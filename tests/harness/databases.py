@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import asyncpg
 
+from control_plane.store.citus import migrate_and_distribute
 from control_plane.store.migrate import migrate, migrations_dir
 from control_plane.store.queries import SCHEMA_FILE
 
-TEMPLATE_DB = "agentrun_template"
+# AGENTRUN_TEST_TEMPLATE_DB names it otherwise, for two sessions sharing a DATABASE_URL server.
+TEMPLATE_DB = os.environ.get("AGENTRUN_TEST_TEMPLATE_DB") or "agentrun_template"
 
 
 # The migration that picks how the claim reads each agent's due runs (a skip scan on
@@ -50,40 +54,58 @@ def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-async def create_database(admin_url: str, name: str, template: str | None = None) -> None:
-    """CREATE DATABASE name [TEMPLATE template], through a connection to admin_url."""
-    sql = f"CREATE DATABASE {_quoted(name)}"
-    if template is not None:
-        sql += f" TEMPLATE {_quoted(template)}"
-    conn = await asyncpg.connect(admin_url)
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url)
     try:
         await conn.execute(sql)
     finally:
         await conn.close()
 
 
-async def drop_database(admin_url: str, name: str) -> None:
+async def create_database(
+    admin_url: str, name: str, template: str | None = None, workers: Sequence[str] = ()
+) -> None:
+    """CREATE DATABASE name [TEMPLATE template], through a connection to admin_url (and,
+    on a Citus cluster, to each worker: a copy of a distributed template is one on every
+    node, shards included, with the same metadata)."""
+    sql = f"CREATE DATABASE {_quoted(name)}"
+    if template is not None:
+        sql += f" TEMPLATE {_quoted(template)}"
+    for url in (*workers, admin_url):
+        await _execute(url, sql)
+
+
+async def drop_database(admin_url: str, name: str, workers: Sequence[str] = ()) -> None:
     """DROP DATABASE IF EXISTS name WITH (FORCE): connections left open are terminated."""
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
-    finally:
-        await conn.close()
+    for url in (admin_url, *workers):
+        await _execute(url, f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
 
 
-async def create_template(admin_url: str, template_url: str) -> list[str]:
-    """(Re)create TEMPLATE_DB and migrate it; return the migrations applied.
+async def create_template(
+    admin_url: str, template_url: str, workers: Sequence[str] = ()
+) -> list[str]:
+    """(Re)create TEMPLATE_DB and migrate it; return the migrations applied (on Citus,
+    the tables placed).
 
     migrate() closes its connection, as it must: PostgreSQL refuses to copy a template that
-    anyone is connected to.
+    anyone is connected to. On a Citus cluster the template is made on every node,
+    migrated and distributed (`agentrun migrate --citus`), then closed to connections:
+    Citus's maintenance daemon would otherwise hold it open.
     """
-    await drop_database(admin_url, TEMPLATE_DB)
-    await create_database(admin_url, TEMPLATE_DB)
-    return await migrate(template_url)
+    await drop_database(admin_url, TEMPLATE_DB, workers)
+    if not workers:
+        await create_database(admin_url, TEMPLATE_DB)
+        return await migrate(template_url)
+    from tests.harness import citus
+
+    await citus.create_cluster_database(admin_url, workers, TEMPLATE_DB)
+    applied = await migrate_and_distribute(template_url, citus.TEST_SHARD_COUNT)
+    await citus.close_to_connections(admin_url, workers, TEMPLATE_DB)
+    return applied
 
 
-async def _copied(admin_url: str, name: str, template: str) -> str:
-    await create_database(admin_url, name, template=template)
+async def _copied(admin_url: str, name: str, template: str, workers: Sequence[str]) -> str:
+    await create_database(admin_url, name, template=template, workers=workers)
     return name
 
 
@@ -96,15 +118,16 @@ class SpareDatabases:
     database of its own that nobody else touched: only the moment it was copied moved.
     """
 
-    def __init__(self, admin_url: str, template: str) -> None:
+    def __init__(self, admin_url: str, template: str, workers: Sequence[str] = ()) -> None:
         self.admin_url = admin_url
         self.template = template
+        self.workers = tuple(workers)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "spare-database")
         self._next: concurrent.futures.Future[str] | None = None
         self._drops: list[tuple[str, concurrent.futures.Future[None]]] = []
 
     def _copy(self) -> concurrent.futures.Future[str]:
-        copy = _copied(self.admin_url, new_database_name(), self.template)
+        copy = _copied(self.admin_url, new_database_name(), self.template, self.workers)
         return self._thread.submit(asyncio.run, copy)
 
     async def take(self) -> str:
@@ -115,13 +138,13 @@ class SpareDatabases:
             with contextlib.suppress(Exception):  # made again below, where errors do show
                 name = await asyncio.wrap_future(spare)
         if name is None:
-            name = await _copied(self.admin_url, new_database_name(), self.template)
+            name = await _copied(self.admin_url, new_database_name(), self.template, self.workers)
         self._next = self._copy()
         return name
 
     def drop(self, name: str) -> None:
         """Drop a test's database in the background (while the next test runs)."""
-        drop = self._thread.submit(asyncio.run, drop_database(self.admin_url, name))
+        drop = self._thread.submit(asyncio.run, drop_database(self.admin_url, name, self.workers))
         self._drops.append((name, drop))
 
     def close(self) -> None:
@@ -132,5 +155,7 @@ class SpareDatabases:
                 self.drop(spare.result())
         for name, drop in self._drops:
             if drop.exception() is not None:
-                self._thread.submit(asyncio.run, drop_database(self.admin_url, name)).result()
+                self._thread.submit(
+                    asyncio.run, drop_database(self.admin_url, name, self.workers)
+                ).result()
         self._thread.shutdown()

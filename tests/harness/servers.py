@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -25,10 +26,16 @@ def dsn_with_database(url: str, dbname: str) -> str:
 
 
 class ExternalPostgres:
-    """A PostgreSQL server named by DATABASE_URL: databases come and go, the server stays."""
+    """A PostgreSQL server named by DATABASE_URL: databases come and go, the server stays.
 
-    def __init__(self, url: str) -> None:
+    When DATABASE_URL names a database of a Citus coordinator (the extension installed and
+    workers added), `workers` holds a DSN to each worker, and every test database is made
+    on all of them and distributed (tests/harness/databases.py).
+    """
+
+    def __init__(self, url: str, workers: tuple[str, ...] = ()) -> None:
         self.url = url
+        self.workers = workers
 
     def __repr__(self) -> str:
         return f"ExternalPostgres({urlsplit(self.url).hostname}:{urlsplit(self.url).port})"
@@ -63,7 +70,9 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 def session_postgres() -> Iterator[EmbeddedPostgres | ExternalPostgres]:
     """DATABASE_URL's server, or a fast (no fsync) embedded one for the duration."""
     if url := os.environ.get("DATABASE_URL"):
-        yield ExternalPostgres(url)
+        from tests.harness.citus import worker_urls
+
+        yield ExternalPostgres(url, asyncio.run(worker_urls(url)))
         return
     with scratch_dir("agentrun-test-pg-") as root:
         server = EmbeddedPostgres(root / "data", fast=True)

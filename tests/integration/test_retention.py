@@ -253,7 +253,9 @@ async def test_a_run_another_transaction_holds_is_skipped_not_waited_on(pool):
     locked, free = await _finished(pool, at=T), await _finished(pool, at=T)
     await _keep(pool, "ws", 1)
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", locked)
+        await conn.execute(
+            "SELECT 1 FROM runs WHERE workspace_id = 'ws' AND run_id = $1 FOR UPDATE", locked
+        )
         deleted = await asyncio.wait_for(Retention(pool).tick(now=T + 2 * DAY), 10)
         assert deleted == 1
     assert (await runs.get_run(pool, "ws", free)) is None

@@ -13,9 +13,12 @@ import httpx
 import pytest
 
 from agentrun.v1 import trigger_pb2
+from control_plane.crypto.envelope import Envelope
 from control_plane.crypto.kms import LocalKms, WrappedKey
 from control_plane.ground.config import ServerConfig
 from control_plane.server import start
+from control_plane.triggers import sealed_secrets
+from tests import factories
 from tests.harness.auth import workspace_key
 from tests.harness.triggers import TriggerApi, post, signed
 
@@ -194,3 +197,25 @@ async def test_the_control_plane_log_holds_no_secret_or_data_key(
         assert secret.encode() not in log
     for form in (data_key, data_key.hex().encode(), base64.b64encode(data_key)):
         assert form not in log
+
+
+async def test_the_backfill_goes_workspace_by_workspace_in_batches(pool, db, key_file):
+    # Seven workspaces with three plain secrets each, sealed in batches of two: the
+    # backfill lists workspaces a batch at a time and seals each one's rows in batches.
+    for n in range(7):
+        ws = f"legacy-{n}"
+        await factories.agent_version(pool, ws)
+        await db.execute(
+            "INSERT INTO triggers (workspace_id, trigger_id, agent_id, kind, scheme)"
+            " VALUES ($1, 'hook', 'agent', 'webhook', 'hmac_sha256')",
+            ws,
+        )
+        await db.executemany(
+            "INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, secret)"
+            " VALUES ($1, 'hook', $2, $3)",
+            [(ws, i, f"{LEGACY}-{i}") for i in (1, 2, 3)],
+        )
+    envelope = Envelope(pool, LocalKms(key_file))
+    assert await sealed_secrets.backfill(pool, envelope, batch=2) == 21
+    assert await db.fetchval("SELECT count(*) FROM trigger_secrets WHERE secret IS NULL") == 21
+    assert await sealed_secrets.backfill(pool, envelope, batch=2) == 0

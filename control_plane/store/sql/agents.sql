@@ -25,9 +25,13 @@ WITH bumped AS (
     WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id, latest_version
 )
-INSERT INTO agent_versions (workspace_id, agent_id, version, spec, tool_versions, code_tools)
-SELECT workspace_id, agent_id, latest_version, $3::jsonb, $4::jsonb, $5::jsonb FROM bumped
-RETURNING workspace_id, agent_id, version, spec, created_at, tool_versions;
+-- (The insert is a CTE too: Citus cannot plan an INSERT … SELECT from a writing CTE.)
+, published AS (
+    INSERT INTO agent_versions (workspace_id, agent_id, version, spec, tool_versions, code_tools)
+    SELECT workspace_id, agent_id, latest_version, $3::jsonb, $4::jsonb, $5::jsonb FROM bumped
+    RETURNING workspace_id, agent_id, version, spec, created_at, tool_versions
+)
+SELECT * FROM published;
 
 -- name: agent_version_get :one
 -- One published version; version 0 means the latest.

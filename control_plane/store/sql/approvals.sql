@@ -28,15 +28,19 @@ LIMIT $6;
 -- name: approval_run_lock :one
 -- Lock the run an approval belongs to, so the decision and the run's wake
 -- are one step; reports whether it still waits for this approval.
+-- The steps are named by $1 and $2, not by the outer row: a Citus coordinator routes a
+-- locking statement to one shard only when every table in it names the workspace.
 SELECT status, wait_reason, lease_epoch,
        (SELECT coalesce(max(seq), -1) + 1 FROM steps s
-        WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS next_seq
+        WHERE s.workspace_id = $1 AND s.run_id = $2) AS next_seq
 FROM runs r WHERE workspace_id = $1 AND run_id = $2
 FOR UPDATE;
 
 -- name: approval_decide :one
--- The compare-and-set: exactly one decision wins.
-UPDATE approvals SET decision = $3, decided_by = $4, decided_at = coalesce($7::timestamptz, now()),
+-- The compare-and-set: exactly one decision wins. The clock is a subquery: Citus
+-- refuses now() inside coalesce or CASE in a write (it evaluates it on the coordinator).
+UPDATE approvals SET decision = $3, decided_by = $4,
+                     decided_at = (SELECT coalesce($7::timestamptz, now())),
                      reason = $5, edited_arguments = $6::jsonb
 WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
 RETURNING *;
@@ -53,11 +57,22 @@ UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_co
                 updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;
 
--- name: approvals_expired :many
--- Lock up to $1 pending approvals whose expiry passed (skipping ones another
--- replica is handling). Database clock unless $2 fixes it.
-SELECT * FROM approvals
+-- name: approvals_expired_workspaces :many
+-- Up to $1 workspaces with a pending approval whose expiry passed, the longest
+-- overdue first. No lock: on Citus this reads every shard, which a locking read may
+-- not. Database clock unless $2 fixes it.
+SELECT workspace_id FROM approvals
 WHERE decision IS NULL AND expire_at <= coalesce($2::timestamptz, now())
+GROUP BY workspace_id
+ORDER BY min(expire_at)
+LIMIT $1;
+
+-- name: approvals_expired :many
+-- Lock up to $1 of workspace $3's pending approvals whose expiry passed (skipping
+-- ones another replica is handling; one workspace: one shard on Citus). Database
+-- clock unless $2 fixes it.
+SELECT * FROM approvals
+WHERE workspace_id = $3 AND decision IS NULL AND expire_at <= coalesce($2::timestamptz, now())
 ORDER BY expire_at
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
@@ -68,7 +83,8 @@ UPDATE approvals SET
     approvers = coalesce($3::text[], approvers),
     escalation_level = escalation_level + $4,
     reminders_sent = reminders_sent + $5,
-    expire_at = coalesce($6::timestamptz, now()) + make_interval(secs => expiry_seconds)
+    -- (One subquery: Citus refuses a stable timestamptz + interval over a column in a write.)
+    expire_at = (SELECT coalesce($6::timestamptz, now()) + make_interval(secs => expiry_seconds))
 WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
 RETURNING *;
 
@@ -86,9 +102,9 @@ FROM approval_tokens t WHERE t.workspace_id = $1 AND t.token_sha256 = $2;
 
 -- name: approval_token_use :one
 -- Use a token once: it must be unused and unexpired (database clock unless $3 fixes it).
-UPDATE approval_tokens SET used_at = coalesce($3::timestamptz, now())
+UPDATE approval_tokens SET used_at = (SELECT coalesce($3::timestamptz, now()))
 WHERE workspace_id = $1 AND token_sha256 = $2 AND used_at IS NULL
-  AND expires_at > coalesce($3::timestamptz, now())
+  AND expires_at > (SELECT coalesce($3::timestamptz, now()))
 RETURNING approval_id, approver;
 
 -- name: run_agent_spec :one
@@ -104,8 +120,8 @@ SELECT * FROM approvals WHERE workspace_id = $1 AND approval_id = $2 FOR UPDATE;
 
 -- name: approval_close :one
 -- Close an approval whose run no longer waits (no step, no wake).
-UPDATE approvals SET decision = $3, decided_by = $4, decided_at = coalesce($6::timestamptz, now()),
-                     reason = $5
+UPDATE approvals SET decision = $3, decided_by = $4,
+                     decided_at = (SELECT coalesce($6::timestamptz, now())), reason = $5
 WHERE workspace_id = $1 AND approval_id = $2 AND decision IS NULL
 RETURNING *;
 

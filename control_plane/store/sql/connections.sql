@@ -1,15 +1,16 @@
 -- name: connection_insert :one
 -- A new connection from a finished authorization (or the reconnected one: same workspace,
 -- provider and account), tokens sealed; its id.
+-- (updated_at comes in through EXCLUDED: Citus refuses now() in DO UPDATE SET.)
 INSERT INTO connections (workspace_id, connection_id, provider, account, owner, scopes, status,
-                         access_sealed, refresh_sealed, access_expires_at)
+                         access_sealed, refresh_sealed, access_expires_at, updated_at)
 VALUES (:workspace_id, :connection_id, :provider, :account, :owner, :scopes, 'active',
-        :access_sealed, :refresh_sealed, now() + make_interval(secs => :expires_in))
+        :access_sealed, :refresh_sealed, now() + make_interval(secs => :expires_in), now())
 ON CONFLICT (workspace_id, provider, account) DO UPDATE
 SET owner = EXCLUDED.owner, scopes = EXCLUDED.scopes, status = 'active', status_reason = '',
     access_sealed = EXCLUDED.access_sealed, refresh_sealed = EXCLUDED.refresh_sealed,
     access_expires_at = EXCLUDED.access_expires_at, notified_at = NULL,
-    token_generation = connections.token_generation + 1, updated_at = now()
+    token_generation = connections.token_generation + 1, updated_at = EXCLUDED.updated_at
 -- The tokens were sealed for this id: a row of another id (a racing callback) is left alone.
 WHERE connections.connection_id = EXCLUDED.connection_id
 RETURNING connection_id, (xmax <> 0) AS reconnected;
@@ -98,8 +99,10 @@ WHERE r.workspace_id = :workspace_id AND r.run_id = :run_id AND r.status = 'runn
               WHERE c.value = :connection_id
                  -- `trigger`: the run's triggering account, recorded in its input step.
                  OR (c.value = 'trigger' AND EXISTS (
+                     -- Named by the parameters, not the outer row: Citus takes no
+                     -- correlated subquery beside a set-returning function.
                      SELECT 1 FROM steps i
-                     WHERE i.workspace_id = r.workspace_id AND i.run_id = r.run_id AND i.seq = 0
+                     WHERE i.workspace_id = :workspace_id AND i.run_id = :run_id AND i.seq = 0
                        AND i.payload ->> 'trigger_connection_id' = :connection_id)));
 
 -- name: connection_mark_broken :one

@@ -68,14 +68,18 @@ ORDER BY agent_id, wait_reason;
 -- name: console_release_waits :many
 -- The runs of a workspace that wait pinned to a release (a turn handed back in progress, a
 -- lapsed lease, a run moved there) while no executor of it was seen within $2 seconds:
--- nothing continues them until one returns or an operator moves them. At most 100.
+-- nothing continues them until one returns or an operator moves them. At most 100. (The
+-- releases seen are a CTE: Citus joins a coordinator-local table such as executor_tools
+-- with a distributed one only through one.)
+WITH seen AS MATERIALIZED (
+    SELECT DISTINCT e.release FROM executor_tools e
+    WHERE e.release IS NOT NULL AND e.last_seen > now() - make_interval(secs => $2)
+)
 SELECT r.run_id, r.agent_id, r.release, r.status, r.wait_reason, r.updated_at
 FROM runs r
 WHERE r.workspace_id = $1 AND r.release IS NOT NULL
   AND (r.status IN ('queued', 'waiting') OR (r.status = 'running' AND r.wake_at <= now()))
-  AND NOT EXISTS (
-      SELECT 1 FROM executor_tools e
-      WHERE e.release = r.release AND e.last_seen > now() - make_interval(secs => $2))
+  AND NOT EXISTS (SELECT 1 FROM seen WHERE seen.release = r.release)
 ORDER BY r.updated_at, r.run_id
 LIMIT 100;
 

@@ -20,7 +20,9 @@
 -- why. With :may_stop false (the commit ends with a tool call committed as started:
 -- its request is about to leave, and stopping would leave it an unknown outcome) the
 -- run goes on overdrawn and stops at its next commit. No row: nothing owed, or the
--- workspace is unlimited (no account).
+-- workspace is unlimited (no account). Every table is filtered by :workspace_id, not only
+-- joined to it, and the stop time comes from `decided`: so a Citus coordinator routes the
+-- statement to one shard (it refuses now() inside CASE in a write).
 WITH held AS (
     SELECT r.workspace_id, r.run_id, r.lease_epoch, r.credit_chunks + 1 AS chunk,
            r.cost_micros - r.credits_reserved_micros AS owed
@@ -33,6 +35,7 @@ WITH held AS (
            -- What it owes, then up to a chunk ahead out of what the balance has left.
            h.owed + greatest(0, least(a.chunk_micros, a.balance_micros - h.owed)) AS amount
     FROM held h JOIN credit_accounts a ON a.workspace_id = h.workspace_id
+    WHERE a.workspace_id = :workspace_id
     FOR NO KEY UPDATE OF a
 ), reserved AS (
     INSERT INTO credit_ledger (workspace_id, kind, run_id, chunk, amount_micros)
@@ -45,15 +48,20 @@ WITH held AS (
         reserved_micros = a.reserved_micros + r.amount_micros,
         updated_at = now()
     FROM reserved r
-    WHERE a.workspace_id = r.workspace_id
+    WHERE a.workspace_id = :workspace_id AND a.workspace_id = r.workspace_id
 ), decided AS (
     SELECT a.*, coalesce(r.amount_micros, 0) AS took,
            coalesce(r.amount_micros, 0) > a.owed OR NOT :may_stop AS covered,
            'out of credits: workspace ' || a.workspace_id
-               || '''s credit balance cannot cover the next step' AS why
+               || '''s credit balance cannot cover the next step' AS why,
+           now() AS now
     FROM account a LEFT JOIN reserved r ON r.run_id = a.run_id
 ), to_append AS (  -- the stop step
-    SELECT d.workspace_id, d.run_id, run_next_seq(d.workspace_id, d.run_id) AS seq,
+    -- (run_next_seq() inlined: on Citus this runs on the shard, where a function
+    -- reading a distributed table is refused.)
+    SELECT d.workspace_id, d.run_id,
+           (SELECT coalesce(max(s.seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = :workspace_id AND s.run_id = :run_id) AS seq,
            CASE WHEN d.out_of_credits = 'park' THEN 'park' ELSE 'finish' END AS kind,
            d.lease_epoch AS epoch, NULL::int AS ref_seq,
            CASE WHEN d.out_of_credits = 'park'
@@ -74,12 +82,12 @@ UPDATE runs r SET
     wake_at = CASE WHEN d.covered THEN r.wake_at END,
     lease_owner = CASE WHEN d.covered THEN r.lease_owner END,
     error = CASE WHEN NOT d.covered AND d.out_of_credits = 'fail' THEN d.why ELSE r.error END,
-    finished_at = CASE WHEN NOT d.covered AND d.out_of_credits = 'fail' THEN now()
+    finished_at = CASE WHEN NOT d.covered AND d.out_of_credits = 'fail' THEN d.now
                        ELSE r.finished_at END,
     step_count = r.step_count + CASE WHEN d.covered THEN 0 ELSE 1 END,
     updated_at = now()
 FROM decided d
-WHERE r.workspace_id = d.workspace_id AND r.run_id = d.run_id
+WHERE r.workspace_id = :workspace_id AND r.workspace_id = d.workspace_id AND r.run_id = d.run_id
 RETURNING r.status, r.error, d.took AS reserved_micros;
 
 -- name: credits_wake_parked :exec
@@ -91,16 +99,17 @@ WHERE workspace_id = $1 AND status = 'waiting' AND wait_reason = 'credits';
 -- Add :amount to the workspace's account (creating it: from now on it is metered) and
 -- record the grant; :chunk and :policy change the account's settings when not NULL.
 WITH account AS (
+    -- (updated_at comes in through excluded: Citus refuses now() in DO UPDATE SET.)
     INSERT INTO credit_accounts AS a (workspace_id, granted_micros, balance_micros,
-                                      chunk_micros, out_of_credits)
+                                      chunk_micros, out_of_credits, updated_at)
     VALUES (:workspace_id, :amount, :amount, coalesce(:chunk::bigint, 1000000),
-            coalesce(:policy::text, 'park'))
+            coalesce(:policy::text, 'park'), now())
     ON CONFLICT (workspace_id) DO UPDATE SET
         granted_micros = a.granted_micros + excluded.granted_micros,
         balance_micros = a.balance_micros + excluded.balance_micros,
         chunk_micros = coalesce(:chunk::bigint, a.chunk_micros),
         out_of_credits = coalesce(:policy::text, a.out_of_credits),
-        updated_at = now()
+        updated_at = excluded.updated_at
     RETURNING a.*
 ), entry AS (
     INSERT INTO credit_ledger (workspace_id, kind, amount_micros, granted_by, note)

@@ -35,7 +35,8 @@ VALUES ($1, $2, $3, $4);
 
 -- name: data_key_retire_older :exec
 -- Older versions stop sealing (they keep opening). Database clock unless $3.
-UPDATE workspace_data_keys SET retired_at = coalesce($3::timestamptz, now())
+-- The clock as a subquery: Citus refuses now() inside coalesce in a write.
+UPDATE workspace_data_keys SET retired_at = (SELECT coalesce($3::timestamptz, now()))
 WHERE workspace_id = $1 AND version < $2 AND retired_at IS NULL;
 
 -- name: data_key_not_under :many

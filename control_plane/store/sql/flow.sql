@@ -26,13 +26,26 @@ WITH event AS (
 )
 SELECT * FROM event;
 
+-- name: flow_due_workspaces :many
+-- Up to $2 workspaces with a group whose time has come, the longest overdue first. No
+-- lock: on Citus this reads every shard, which a locking read may not. Database clock
+-- unless $1.
+SELECT g.workspace_id
+FROM trigger_flow_groups g JOIN triggers t USING (workspace_id, trigger_id)
+WHERE g.due_at <= coalesce($1::timestamptz, now()) AND t.enabled
+GROUP BY g.workspace_id
+ORDER BY min(g.due_at)
+LIMIT $2;
+
 -- name: flow_claim_due :many
--- Lock up to $2 groups whose time has come, skipping those another replica holds, until the
--- caller's transaction commits their flush. Database clock unless $1.
+-- Lock up to $2 of workspace $3's groups whose time has come, skipping those another
+-- replica holds, until the caller's transaction commits their flush (one workspace: one
+-- shard on Citus). Database clock unless $1.
 SELECT g.*, t.agent_id, t.kind, t.scheme, t.config, t.filters, t.enabled,
        coalesce($1::timestamptz, now()) AS db_now
 FROM trigger_flow_groups g JOIN triggers t USING (workspace_id, trigger_id)
-WHERE g.due_at <= coalesce($1::timestamptz, now()) AND t.enabled
+WHERE g.workspace_id = $3 AND t.workspace_id = $3
+  AND g.due_at <= coalesce($1::timestamptz, now()) AND t.enabled
 ORDER BY g.due_at
 LIMIT $2
 FOR UPDATE OF g SKIP LOCKED;
@@ -70,10 +83,12 @@ WITH left_over AS (
     WHERE workspace_id = $1 AND trigger_id = $2 AND flow_key = $3
       AND (SELECT n FROM left_over) = 0
 )
+-- (The clock as a subquery: Citus refuses now() inside coalesce or CASE in a write.)
 UPDATE trigger_flow_groups SET
     pending = (SELECT n FROM left_over),
-    opened_at = coalesce($6::timestamptz, now()),
-    due_at = CASE WHEN (SELECT n FROM left_over) >= $4 THEN coalesce($6::timestamptz, now())
-                  ELSE coalesce($6::timestamptz, now()) + make_interval(secs => $5::int) END
+    opened_at = (SELECT coalesce($6::timestamptz, now())),
+    due_at = (SELECT coalesce($6::timestamptz, now()))
+             + CASE WHEN (SELECT n FROM left_over) >= $4 THEN interval '0'
+                    ELSE make_interval(secs => $5::int) END
 WHERE workspace_id = $1 AND trigger_id = $2 AND flow_key = $3
   AND (SELECT n FROM left_over) > 0;

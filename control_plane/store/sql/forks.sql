@@ -13,7 +13,8 @@ to_append AS (
     SELECT a.workspace_id, a.run_id, s.seq, s.kind, 0::bigint AS epoch, s.ref_seq, s.payload,
            s.created_at, s.release
     FROM admitted a
-    JOIN steps s ON s.workspace_id = a.workspace_id AND s.run_id = :source_run_id
+    -- (The source's steps named by :workspace_id: so Citus plans this on one shard.)
+    JOIN steps s ON s.workspace_id = :workspace_id AND s.run_id = :source_run_id
     WHERE s.seq BETWEEN 1 AND :from_seq
     UNION ALL  -- the marker
     SELECT a.workspace_id, a.run_id, :from_seq + 1, 'forked', 0, NULL, :marker::jsonb, now(),
@@ -40,7 +41,7 @@ FROM (
     FROM steps WHERE workspace_id = $1 AND run_id = $2
 ) c
 WHERE r.workspace_id = $1 AND r.run_id = $2
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds;
+RETURNING r.*, (SELECT run_held_seconds(r.held_since, r.wake_at, now())) AS held_seconds;
 
 -- name: fork_list :many
 -- A page of the forks of run $2, newest first, after a keyset cursor (as run_list).

@@ -81,7 +81,17 @@ LIMIT $3;
 -- name: workspace_create :one
 -- Create a workspace on a plan (its cap the plan's unless $3 gives one).
 -- Nothing when it exists already or the plan does not.
-INSERT INTO workspaces (workspace_id, plan, max_concurrency)
-SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
-ON CONFLICT (workspace_id) DO NOTHING
-RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running, created_at;
+-- (The running count is read by a subquery here, not workspace_running(): on Citus
+-- the statement runs on the shard, where a function reading a distributed table is
+-- refused.)
+WITH created AS (
+    INSERT INTO workspaces (workspace_id, plan, max_concurrency)
+    SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
+    ON CONFLICT (workspace_id) DO NOTHING
+    RETURNING workspace_id, plan, max_concurrency, created_at
+)
+SELECT workspace_id, plan, max_concurrency,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+        WHERE c.workspace_id = $1) AS running,
+       created_at
+FROM created;

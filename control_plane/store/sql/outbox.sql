@@ -3,21 +3,34 @@
 INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb);
 
+-- name: outbox_due_workspaces :many
+-- Up to $1 workspaces with a notification due, the longest waiting first. No lock:
+-- on Citus this reads every shard, which a locking read may not.
+SELECT workspace_id FROM outbox
+WHERE delivered_at IS NULL AND next_attempt_at <= coalesce($2::timestamptz, now())
+GROUP BY workspace_id
+ORDER BY min(next_attempt_at)
+LIMIT $1;
+
 -- name: outbox_claim :many
--- Take up to $1 due notifications and push their next attempt out, so a
--- relay that dies mid-delivery leaves them to be retried, not lost.
+-- Take up to $1 of workspace $4's due notifications and push their next attempt out,
+-- so a relay that dies mid-delivery leaves them to be retried, not lost. (One workspace:
+-- one shard on Citus; the next attempt is one subquery because Citus refuses a stable
+-- timestamptz + interval over a column in a write.)
 WITH due AS (
     SELECT workspace_id, notification_id FROM outbox
-    WHERE delivered_at IS NULL AND next_attempt_at <= coalesce($3::timestamptz, now())
+    WHERE workspace_id = $4
+      AND delivered_at IS NULL AND next_attempt_at <= coalesce($3::timestamptz, now())
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox o SET attempts = o.attempts + 1,
-    next_attempt_at = coalesce($3::timestamptz, now())
-                      + make_interval(secs => least($2 * power(2, o.attempts), 300))
+    next_attempt_at = (SELECT coalesce($3::timestamptz, now())
+                              + make_interval(secs => least($2 * power(2, o.attempts), 300)))
 FROM due
-WHERE o.workspace_id = due.workspace_id AND o.notification_id = due.notification_id
+WHERE o.workspace_id = $4
+  AND o.workspace_id = due.workspace_id AND o.notification_id = due.notification_id
 RETURNING o.*;
 
 -- name: outbox_delivered :exec

@@ -17,6 +17,8 @@ FROM workspaces WHERE retention_days > 0 ORDER BY workspace_id;
 -- the same oldest runs), the statement deletes none and this round ends; that replica
 -- goes on. A finished parent with a child still going is kept until the child ends (the
 -- child's end looks it up).
+-- Every table is filtered by :ws itself, not only joined to a row that is: so Citus runs
+-- the statement on the workspace's shard.
 -- Foreign keys to runs are NO ACTION, checked at the statement's end, when the referencing
 -- rows are gone too (run_signals cascade). Payloads are those the deleted runs uploaded,
 -- and their chunks, unless a kept run's step references one (a second upload of the same
@@ -38,7 +40,8 @@ WITH candidates AS (
         WHERE r.workspace_id = :ws AND r.finished_at IS NOT NULL AND r.finished_at < :cutoff
           AND NOT EXISTS (
               SELECT 1 FROM runs c
-              WHERE c.workspace_id = r.workspace_id AND c.parent_run_id = r.run_id
+              WHERE c.workspace_id = :ws AND c.workspace_id = r.workspace_id
+                AND c.parent_run_id = r.run_id
                 AND c.finished_at IS NULL)
         ORDER BY r.finished_at
         LIMIT :batch) o
@@ -51,56 +54,60 @@ WITH candidates AS (
     FOR UPDATE OF r SKIP LOCKED
 ), gone_steps AS (
     DELETE FROM steps s USING chosen c
-    WHERE s.workspace_id = c.workspace_id AND s.run_id = c.run_id
+    WHERE s.workspace_id = :ws AND s.workspace_id = c.workspace_id AND s.run_id = c.run_id
     RETURNING 1
 ), gone_events AS (
     DELETE FROM trigger_events e USING chosen c
-    WHERE e.workspace_id = c.workspace_id AND e.run_id = c.run_id
+    WHERE e.workspace_id = :ws AND e.workspace_id = c.workspace_id AND e.run_id = c.run_id
     RETURNING 1
 ), gone_turns AS (
     DELETE FROM session_turns t USING chosen c
-    WHERE t.workspace_id = c.workspace_id AND t.run_id = c.run_id
+    WHERE t.workspace_id = :ws AND t.workspace_id = c.workspace_id AND t.run_id = c.run_id
     RETURNING 1
 ), gone_approvals AS (
     DELETE FROM approvals a USING chosen c
-    WHERE a.workspace_id = c.workspace_id AND a.run_id = c.run_id
+    WHERE a.workspace_id = :ws AND a.workspace_id = c.workspace_id AND a.run_id = c.run_id
     RETURNING a.workspace_id, a.approval_id
 ), gone_tokens AS (
     DELETE FROM approval_tokens k USING gone_approvals a
-    WHERE k.workspace_id = a.workspace_id AND k.approval_id = a.approval_id
+    WHERE k.workspace_id = :ws AND k.workspace_id = a.workspace_id
+      AND k.approval_id = a.approval_id
     RETURNING 1
 ), referenced AS (
     -- The deleted runs' payloads that a step of a run kept still references, and one such run.
     SELECT p.workspace_id, p.sha256, min(s.run_id::text)::uuid AS heir
     FROM payloads p
-    JOIN chosen c ON p.workspace_id = c.workspace_id AND p.run_id = c.run_id
-    JOIN steps s ON s.workspace_id = p.workspace_id AND s.kind = 'tool_result'
+    JOIN chosen c ON p.workspace_id = :ws AND p.workspace_id = c.workspace_id
+                  AND p.run_id = c.run_id
+    JOIN steps s ON s.workspace_id = :ws AND s.workspace_id = p.workspace_id
+        AND s.kind = 'tool_result'
         AND s.payload ? 'payload' AND (s.payload -> 'payload' ->> 'sha256') = p.sha256
     WHERE NOT EXISTS (
         SELECT 1 FROM chosen d WHERE d.workspace_id = s.workspace_id AND d.run_id = s.run_id)
     GROUP BY p.workspace_id, p.sha256
 ), handed_over AS (
     UPDATE payloads p SET run_id = r.heir FROM referenced r
-    WHERE p.workspace_id = r.workspace_id AND p.sha256 = r.sha256
+    WHERE p.workspace_id = :ws AND p.workspace_id = r.workspace_id AND p.sha256 = r.sha256
     RETURNING 1
 ), gone_payloads AS (
     DELETE FROM payloads p USING chosen c
-    WHERE p.workspace_id = c.workspace_id AND p.run_id = c.run_id
+    WHERE p.workspace_id = :ws AND p.workspace_id = c.workspace_id AND p.run_id = c.run_id
       AND NOT EXISTS (
-          SELECT 1 FROM referenced r WHERE r.workspace_id = p.workspace_id AND r.sha256 = p.sha256)
+          SELECT 1 FROM referenced r
+          WHERE r.workspace_id = :ws AND r.workspace_id = p.workspace_id AND r.sha256 = p.sha256)
     RETURNING p.workspace_id, p.sha256
 ), gone_chunks AS (
     DELETE FROM payload_chunks k USING gone_payloads p
-    WHERE k.workspace_id = p.workspace_id AND k.sha256 = p.sha256
+    WHERE k.workspace_id = :ws AND k.workspace_id = p.workspace_id AND k.sha256 = p.sha256
     RETURNING 1
 ), gone_audit AS (
     DELETE FROM audit_log l USING chosen c
-    WHERE l.workspace_id = c.workspace_id AND l.object_kind = 'run'
+    WHERE l.workspace_id = :ws AND l.workspace_id = c.workspace_id AND l.object_kind = 'run'
       AND l.object_id = c.run_id::text
     RETURNING 1
 ), gone_runs AS (
     DELETE FROM runs r USING chosen c
-    WHERE r.workspace_id = c.workspace_id AND r.run_id = c.run_id
+    WHERE r.workspace_id = :ws AND r.workspace_id = c.workspace_id AND r.run_id = c.run_id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
@@ -113,5 +120,9 @@ SELECT (SELECT count(*) FROM gone_runs)::integer AS runs,
 -- name: workspace_set_retention :one
 -- Keep a workspace's finished runs for :days days (0: forever).
 UPDATE workspaces SET retention_days = :days WHERE workspace_id = :ws
-RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running,
+-- (The running count is read by a subquery here, not workspace_running(): on Citus the
+-- statement runs on the shard, where a function reading a distributed table is refused.)
+RETURNING workspace_id, plan, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+           WHERE c.workspace_id = :ws) AS running,
           retention_days;

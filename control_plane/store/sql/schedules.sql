@@ -26,15 +26,32 @@ WHERE workspace_id = $1 AND trigger_id = $2 AND buffered_slot_at IS NULL;
 UPDATE triggers SET buffered_slot_at = NULL, buffered_dedupe_key = NULL, updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2;
 
--- name: schedule_claim_buffered :many
--- Lock up to $2 enabled schedules with a buffered slot and no run still going, skipping those
--- another replica holds: their buffered slot fires now. Database clock unless $1.
-SELECT t.*, coalesce($1::timestamptz, now()) AS db_now FROM triggers t
+-- name: schedule_buffered_workspaces :many
+-- Up to $1 workspaces with an enabled schedule holding a buffered slot and no run of it
+-- still going, the longest buffered first. No lock: on Citus this reads every shard,
+-- which a locking read may not.
+SELECT t.workspace_id FROM triggers t
 WHERE t.buffered_slot_at IS NOT NULL AND t.enabled AND t.kind = 'schedule'
   AND NOT EXISTS (
       SELECT 1 FROM runs r
       JOIN trigger_events e ON e.workspace_id = r.workspace_id AND e.run_id = r.run_id
       WHERE r.workspace_id = t.workspace_id AND r.agent_id = t.agent_id
+        AND e.trigger_id = t.trigger_id AND r.status IN ('queued', 'running', 'waiting'))
+GROUP BY t.workspace_id
+ORDER BY min(t.buffered_slot_at)
+LIMIT $1;
+
+-- name: schedule_claim_buffered :many
+-- Lock up to $2 of workspace $3's enabled schedules with a buffered slot and no run still
+-- going, skipping those another replica holds: their buffered slot fires now (one
+-- workspace: one shard on Citus). Database clock unless $1.
+SELECT t.*, coalesce($1::timestamptz, now()) AS db_now FROM triggers t
+WHERE t.workspace_id = $3
+  AND t.buffered_slot_at IS NOT NULL AND t.enabled AND t.kind = 'schedule'
+  AND NOT EXISTS (
+      SELECT 1 FROM runs r
+      JOIN trigger_events e ON e.workspace_id = r.workspace_id AND e.run_id = r.run_id
+      WHERE r.workspace_id = $3 AND e.workspace_id = $3 AND r.agent_id = t.agent_id
         AND e.trigger_id = t.trigger_id AND r.status IN ('queued', 'running', 'waiting'))
 ORDER BY t.buffered_slot_at
 LIMIT $2

@@ -47,5 +47,6 @@ LIMIT $3;
 SELECT t.workspace_id, t.name, t.version, t.definition, t.source, t.created_by, t.created_at
 FROM unnest($2::text[], $3::text[], $4::int[]) AS p(name, owner, version)
 JOIN tools t ON t.name = p.name AND t.version = p.version AND t.workspace_id = p.owner
-WHERE p.owner IN ($1, '')
+-- (t's filter repeats p's, so that Citus reads two shards, the workspace's and the shared one.)
+WHERE p.owner IN ($1, '') AND t.workspace_id IN ($1, '')
 ORDER BY t.name;

@@ -33,18 +33,19 @@ RETURNING *;
 -- name: trigger_for_delivery :one
 -- An enabled HTTP trigger with the secrets that verify deliveries now, newest first: their
 -- ids, sealed values and (rows the startup backfill has not sealed yet) plain values, index
--- for index. Database clock unless $3.
+-- for index. Database clock unless $3. (The secrets are named by $1 and $2, not by the
+-- outer row: so Citus plans the statement on one shard.)
 SELECT t.*,
        array(SELECT s.secret_id FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS secret_ids,
        array(SELECT s.sealed FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS sealed_secrets,
        array(SELECT s.secret FROM trigger_secrets s
-             WHERE s.workspace_id = t.workspace_id AND s.trigger_id = t.trigger_id
+             WHERE s.workspace_id = $1 AND s.trigger_id = $2
                AND (s.expires_at IS NULL OR s.expires_at > coalesce($3::timestamptz, now()))
              ORDER BY s.secret_id DESC) AS plain_secrets
 FROM triggers t
@@ -61,12 +62,20 @@ INSERT INTO trigger_secrets (workspace_id, trigger_id, secret_id, sealed, create
 VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()))
 RETURNING secret_id, created_at, expires_at;
 
--- name: trigger_secrets_plaintext :many
--- Up to $1 secrets still in plain text (written before sealing existed), locked for the
--- caller's transaction, skipping those another replica is sealing.
-SELECT workspace_id, trigger_id, secret_id, secret FROM trigger_secrets
+-- name: trigger_secrets_plaintext_workspaces :many
+-- Up to $1 workspaces that have a secret still in plain text (written before sealing
+-- existed). No lock: on Citus this reads every shard, which a locking read may not.
+SELECT DISTINCT workspace_id FROM trigger_secrets
 WHERE secret IS NOT NULL
-ORDER BY workspace_id, trigger_id, secret_id
+ORDER BY workspace_id
+LIMIT $1;
+
+-- name: trigger_secrets_plaintext :many
+-- Up to $1 of workspace $2's secrets still in plain text, locked for the caller's
+-- transaction, skipping those another replica is sealing (one workspace: one shard).
+SELECT workspace_id, trigger_id, secret_id, secret FROM trigger_secrets
+WHERE workspace_id = $2 AND secret IS NOT NULL
+ORDER BY trigger_id, secret_id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
@@ -78,14 +87,17 @@ WHERE workspace_id = $1 AND trigger_id = $2 AND secret_id = $3 AND secret IS NOT
 -- name: trigger_secrets_retire :exec
 -- Rotation: the newest active secret keeps verifying for $3 more seconds, any older one
 -- stops now, so at most two are active once the new one is added. Database clock unless $4.
+-- (The times are columns of a subquery, which the CASE picks: Citus refuses now() inside
+-- coalesce or CASE in a write.)
 UPDATE trigger_secrets s SET expires_at = least(
     coalesce(s.expires_at, 'infinity'),
-    coalesce($4::timestamptz, now()) + CASE
-        WHEN s.secret_id = (SELECT max(m.secret_id) FROM trigger_secrets m
-                            WHERE m.workspace_id = $1 AND m.trigger_id = $2)
-        THEN make_interval(secs => $3) ELSE interval '0' END)
+    CASE WHEN s.secret_id = c.newest THEN c.grace_end ELSE c.now END)
+FROM (SELECT coalesce($4::timestamptz, now()) AS now,
+             coalesce($4::timestamptz, now()) + make_interval(secs => $3) AS grace_end,
+             (SELECT max(m.secret_id) FROM trigger_secrets m
+              WHERE m.workspace_id = $1 AND m.trigger_id = $2) AS newest) c
 WHERE s.workspace_id = $1 AND s.trigger_id = $2
-  AND (s.expires_at IS NULL OR s.expires_at > coalesce($4::timestamptz, now()));
+  AND (s.expires_at IS NULL OR s.expires_at > c.now);
 
 -- name: trigger_secrets_active :many
 -- The secrets that verify deliveries now, described (never their values), oldest first.
@@ -130,12 +142,24 @@ WHERE workspace_id = $1 AND trigger_id = $2
 ORDER BY received_at DESC, event_id DESC
 LIMIT $5;
 
+-- name: schedule_due_workspaces :many
+-- Up to $2 workspaces with an enabled schedule whose fire time has come, the longest
+-- overdue first. No lock: on Citus this reads every shard, which a locking read may not.
+-- Database clock unless $1.
+SELECT workspace_id FROM triggers
+WHERE kind = 'schedule' AND enabled AND next_fire_at <= coalesce($1::timestamptz, now())
+GROUP BY workspace_id
+ORDER BY min(next_fire_at)
+LIMIT $2;
+
 -- name: schedule_claim_due :many
--- Lock up to $2 enabled schedules whose fire time has come, skipping those another replica
--- holds, until the caller's transaction commits the slots it fired. Database clock unless $1.
+-- Lock up to $2 of workspace $3's enabled schedules whose fire time has come, skipping
+-- those another replica holds, until the caller's transaction commits the slots it fired
+-- (one workspace: one shard on Citus). Database clock unless $1.
 SELECT t.*, coalesce($1::timestamptz, now()) AS db_now
 FROM triggers t
-WHERE t.kind = 'schedule' AND t.enabled AND t.next_fire_at <= coalesce($1::timestamptz, now())
+WHERE t.workspace_id = $3
+  AND t.kind = 'schedule' AND t.enabled AND t.next_fire_at <= coalesce($1::timestamptz, now())
 ORDER BY t.next_fire_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
@@ -151,27 +175,43 @@ WHERE workspace_id = $1 AND trigger_id = $2 AND next_slot_at = $3;
 -- itself again if it missed this one). Database clock unless $4.
 UPDATE triggers SET
     announced_history_id = greatest(announced_history_id, $3),
+    -- (The clock as a subquery: Citus refuses now() inside coalesce or CASE in a write.)
     fetch_due_at = CASE WHEN $3 > coalesce(last_history_id, -1)
-                        THEN coalesce(fetch_due_at, coalesce($4::timestamptz, now()))
+                        THEN coalesce(fetch_due_at, (SELECT coalesce($4::timestamptz, now())))
                         ELSE fetch_due_at END,
     updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2 AND kind = 'mail_push'
 RETURNING announced_history_id, last_history_id, fetch_due_at;
 
+-- name: push_due_workspaces :many
+-- Up to $2 workspaces with a push source whose fetch is due, the longest waiting first.
+-- No lock: on Citus this reads every shard, which a locking read may not. Database clock
+-- unless $1.
+SELECT workspace_id FROM triggers
+WHERE fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
+GROUP BY workspace_id
+ORDER BY min(fetch_due_at)
+LIMIT $2;
+
 -- name: push_claim_due :many
--- Take up to $2 push sources with a fetch due, each leased for $3 seconds: a fetcher that
--- dies leaves the fetch due again when its lease lapses. Database clock unless $1.
-UPDATE triggers t SET
-    fetch_due_at = coalesce($1::timestamptz, now()) + make_interval(secs => $3),
-    updated_at = now()
-FROM (
+-- Take up to $2 of workspace $4's push sources with a fetch due, each leased for $3
+-- seconds: a fetcher that dies leaves the fetch due again when its lease lapses (one
+-- workspace: one shard on Citus; the lease's end is one subquery, as Citus asks of a
+-- write). Database clock unless $1.
+WITH due AS (
     SELECT workspace_id, trigger_id FROM triggers
-    WHERE fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
+    WHERE workspace_id = $4
+      AND fetch_due_at <= coalesce($1::timestamptz, now()) AND kind = 'mail_push' AND enabled
     ORDER BY fetch_due_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) due
-WHERE t.workspace_id = due.workspace_id AND t.trigger_id = due.trigger_id
+)
+UPDATE triggers t SET
+    fetch_due_at = (SELECT coalesce($1::timestamptz, now()) + make_interval(secs => $3)),
+    updated_at = now()
+FROM due
+WHERE t.workspace_id = $4
+  AND t.workspace_id = due.workspace_id AND t.trigger_id = due.trigger_id
 RETURNING t.*;
 
 -- name: push_advance :one
@@ -180,7 +220,7 @@ RETURNING t.*;
 UPDATE triggers SET
     last_history_id = greatest(last_history_id, $3),
     fetch_due_at = CASE WHEN announced_history_id > greatest(last_history_id, $3)
-                        THEN coalesce($4::timestamptz, now()) END,
+                        THEN (SELECT coalesce($4::timestamptz, now())) END,
     updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2
 RETURNING last_history_id, announced_history_id, fetch_due_at;

@@ -4,10 +4,15 @@
 -- decision can move wake_at off NULL; a concurrent one waits on the row lock,
 -- re-checks, and finds nothing to update. Database clock unless $3 fixes it.
 -- A repeated call held by the repetition guard waits the same way ('repeat').
-UPDATE runs SET wake_at = coalesce($3::timestamptz, now()), updated_at = now()
-WHERE workspace_id = $1 AND run_id = $2
-  AND status = 'waiting' AND wait_reason IN ('human', 'repeat') AND wake_at IS NULL
-RETURNING *, run_held_seconds(held_since, wake_at, now()) AS held_seconds;
+-- (The clock as a subquery and now() outside the write's RETURNING: Citus refuses
+-- non-immutable functions inside coalesce or in RETURNING.)
+WITH decided AS (
+    UPDATE runs SET wake_at = (SELECT coalesce($3::timestamptz, now())), updated_at = now()
+    WHERE workspace_id = $1 AND run_id = $2
+      AND status = 'waiting' AND wait_reason IN ('human', 'repeat') AND wake_at IS NULL
+    RETURNING *
+)
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM decided;
 
 -- name: unknown_step_get :one
 -- The step a decision names (it must be an unknown tool_result awaiting a person).
@@ -31,6 +36,7 @@ WITH to_append AS (
            now() AS created_at, NULL::text AS release
 ), {{steps_append}}, counted AS (
     UPDATE runs r SET step_count = r.step_count + 1
-    FROM appended a WHERE r.workspace_id = a.workspace_id AND r.run_id = a.run_id
+    FROM appended a
+    WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.run_id = a.run_id
 )
 SELECT t.* FROM to_append t JOIN appended a USING (workspace_id, run_id, seq);

@@ -2,15 +2,29 @@
 -- Put a workspace (created if new) on a plan: its cap becomes the plan's, or
 -- $3 when given (required for a plan without one, such as enterprise).
 -- Nothing when the plan does not exist.
-INSERT INTO workspaces (workspace_id, plan, max_concurrency)
-SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
-ON CONFLICT (workspace_id) DO UPDATE
-    SET plan = excluded.plan, max_concurrency = excluded.max_concurrency
-RETURNING workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running;
+-- (The running count is read by a subquery here, not workspace_running(): on Citus
+-- the statement runs on the shard, where a function reading a distributed table is
+-- refused.)
+WITH placed AS (
+    INSERT INTO workspaces (workspace_id, plan, max_concurrency)
+    SELECT $1, p.plan, coalesce($3::int, p.max_concurrency) FROM plans p WHERE p.plan = $2
+    ON CONFLICT (workspace_id) DO UPDATE
+        SET plan = excluded.plan, max_concurrency = excluded.max_concurrency
+    RETURNING workspace_id, plan, max_concurrency
+)
+SELECT workspace_id, plan, max_concurrency,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+        WHERE c.workspace_id = $1) AS running
+FROM placed;
 
 -- name: workspace_get :one
 -- A workspace's plan, cap and what it runs now.
-SELECT workspace_id, plan, max_concurrency, workspace_running(workspace_id) AS running,
+-- (The running count is read by a subquery here, not workspace_running(): on Citus
+-- the statement runs on the shard, where a function reading a distributed table is
+-- refused.)
+SELECT workspace_id, plan, max_concurrency,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+        WHERE c.workspace_id = $1) AS running,
        next_wake_at, last_served_at, retention_days
 FROM workspaces WHERE workspace_id = $1;
 
@@ -18,4 +32,8 @@ FROM workspaces WHERE workspace_id = $1;
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).
 UPDATE agents SET max_concurrency = $3
 WHERE workspace_id = $1 AND agent_id = $2
-RETURNING workspace_id, agent_id, max_concurrency, agent_running(workspace_id, agent_id) AS running;
+-- (The running count is read by a subquery here, not agent_running(): on Citus the
+-- statement runs on the shard, where a function reading a distributed table is refused.)
+RETURNING workspace_id, agent_id, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM agent_running_counts c
+           WHERE c.workspace_id = $1 AND c.agent_id = $2) AS running;
