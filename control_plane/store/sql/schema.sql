@@ -1594,7 +1594,7 @@ CREATE TABLE trigger_events (
     PRIMARY KEY (workspace_id, event_id),
     FOREIGN KEY (workspace_id, trigger_id) REFERENCES triggers,
     -- Checked at commit: trigger_event_admit inserts the event before its run, in one
-    -- statement, which a Citus coordinator runs as several (0040).
+    -- statement, which a Citus coordinator runs as several (0039).
     FOREIGN KEY (workspace_id, run_id) REFERENCES runs DEFERRABLE INITIALLY DEFERRED,
     CONSTRAINT event_accepted_has_run CHECK ((status = 'accepted') = (run_id IS NOT NULL)),
     CONSTRAINT event_filtered_has_reason CHECK ((status = 'filtered') = (reason IS NOT NULL)),
