@@ -17,7 +17,13 @@ from executor.retry_after import retry_after
 from executor.tools import template
 from executor.tools.catalogue import Lookup, Tool
 from executor.tools.rejection import ToolCallRejected
-from executor.tools.send_errors import Blocked, MaybeSent, NotSent, ProviderError
+from executor.tools.send_errors import (
+    Blocked,
+    MaybeSent,
+    NotSent,
+    ProviderError,
+    UnusableAnswer,
+)
 from executor.tools.transport import call_mcp
 from ground import netguard
 
@@ -194,7 +200,12 @@ class HttpToolClient:
                 "status": response.status,
             }
         answer = _parse(_redacted(response, token))
-        return template.pointed(answer, spec.response_pointer)
+        try:
+            return template.pointed(answer, spec.response_pointer)
+        except template.NothingAtPointer as exc:
+            raise UnusableAnswer(
+                f"{tool.name}: the provider answered {response.status}, but {exc}"
+            ) from None
 
     async def _token(self, tool: Tool, credential: Credential | None) -> str | None:
         assert tool.http is not None
