@@ -6,10 +6,10 @@ negative numbers, enum values out of range, oversized strings, deep JSON in JSON
 and undecodable bytes (random bytes, invalid UTF-8 in a string field, truncated fields).
 Each call carries a credential its access-table entry admits (tests/harness/fuzzing.py
 `Callers`), so the messages reach the handlers; a share of the calls instead carry a
-missing, malformed, unknown, forged or revoked credential and must be UNAUTHENTICATED
-(undecodable or NUL-bearing requests excepted: decoding refuses them before
-authentication, INVALID_ARGUMENT; a stream authenticates when it opens, so the executor
-stream is UNAUTHENTICATED whatever its frames hold).
+missing, malformed, unknown, forged or revoked credential and must be UNAUTHENTICATED,
+undecodable and NUL-bearing requests too: the credential is checked before the request's
+content is judged (a stream authenticates when it opens, so the executor stream is
+UNAUTHENTICATED whatever its frames hold).
 Promised: no INTERNAL or UNKNOWN, no hang (every call has a deadline), no row written by
 a refused request, no traceback in the log, and the server still serving at the end.
 (A refused executor stream may have read a valid Hello before the refused frame: that
@@ -181,17 +181,10 @@ async def _call(ch: grpc.aio.Channel, rpc: Rpc, frames: list[bytes], metadata: M
 
 
 def _before_authentication(rpc: Rpc, frames: list[bytes]) -> grpc.StatusCode:
-    """What a call with a garbage credential gets: unary and server-streaming requests are
-    decoded (and refused when undecodable or NUL-bearing) before authentication; a stream
-    is authenticated when it opens, before any frame is read."""
-    if rpc.client_streaming:
-        return grpc.StatusCode.UNAUTHENTICATED
-    if len(frames[0]) > ServerConfig.max_message_bytes:
+    """What a call with a garbage credential gets: UNAUTHENTICATED, whatever its request
+    holds (only a message over the transport's size limit is refused before any handler)."""
+    if not rpc.client_streaming and len(frames[0]) > ServerConfig.max_message_bytes:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
-    decode = guard_decoder(rpc.request_class().FromString)
-    assert decode is not None
-    if isinstance(decode(frames[0]), Refused):
-        return grpc.StatusCode.INVALID_ARGUMENT
     return grpc.StatusCode.UNAUTHENTICATED
 
 
