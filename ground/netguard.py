@@ -117,6 +117,13 @@ def address_of(host: str) -> IpAddress | None:
         return None  # a name
 
 
+def canonical_host(host: str) -> str:
+    """The host as it is connected to: the dotted form of a numeric IPv4 spelling (as a
+    browser sends it), anything else unchanged. Call it on a host refuse_literal let pass."""
+    ip = address_of(host)
+    return str(ip) if isinstance(ip, ipaddress.IPv4Address) else host
+
+
 def literal_refusal(host: str | None) -> str | None:
     """For a save-time check: why a URL's host, when it is a literal address in any spelling,
     is refused (None for a name, or an address tools may reach)."""

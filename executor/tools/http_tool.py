@@ -268,7 +268,8 @@ class _Request:
 
     def checked(self, name: str) -> yarl.URL:
         """The URL, once it parses, its body encodes and its host is not a literal
-        address tools may not reach (a name is checked when it is resolved)."""
+        address tools may not reach (a name is checked when it is resolved); a numeric
+        IPv4 spelling (`127.1`) becomes the dotted address it was judged as."""
         try:
             url = yarl.URL(self.url)
             self.data  # noqa: B018 - a body that cannot be encoded is refused now
@@ -279,6 +280,8 @@ class _Request:
             netguard.refuse_literal(url.host)
         except netguard.DestinationRefused as exc:
             raise Blocked(f"{name}: {exc}") from None
+        if url.host and (host := netguard.canonical_host(url.host)) != url.host:
+            url = url.with_host(host)
         return url
 
 

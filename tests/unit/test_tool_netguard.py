@@ -158,14 +158,14 @@ def test_every_numeric_ipv4_spelling_is_judged_as_its_dotted_address(
     monkeypatch, spelled, dotted, policy
 ):
     monkeypatch.setenv(netguard.ENV, policy)
-    assert netguard.address_of(spelled) == ipaddress.ip_address(dotted)
-    assert netguard.literal_refusal(spelled) == netguard.literal_refusal(dotted)
     tool = http_tool(f"http://{spelled}:8080/latest/meta-data")
     if netguard.literal_refusal(dotted) is None:
         definitions.validate(tool)
     else:
         assert refusal(tool) == f"tool.http.url: {netguard.literal_refusal(dotted)}"
         assert "tool.mcp.url" in refusal(mcp_tool(f"http://{spelled}/mcp"))
+    assert netguard.literal_refusal(spelled) == netguard.literal_refusal(dotted)
+    assert netguard.address_of(spelled) == ipaddress.ip_address(dotted)
 
 
 def test_a_host_ending_in_a_number_that_spells_no_address_is_refused(monkeypatch):
@@ -199,3 +199,21 @@ async def test_a_numeric_spelling_is_refused_at_send_time_like_its_dotted_form(
             await client.send(executor_definitions.from_proto(proto), {}, "run:1")
         await client.aclose()
     assert stub.seen == []
+
+
+async def test_an_allowed_numeric_spelling_is_sent_to_the_address_it_was_judged_as(monkeypatch):
+    """With loopback allowed, `127.1` is 127.0.0.1 for the guard and for the connection alike
+    (aiohttp alone refuses it as no canonical address)."""
+    from executor.config import ExecutorConfig
+    from executor.tools import definitions as executor_definitions
+    from executor.tools.http_tool import HttpToolClient
+    from tests.harness.http_stub import reply, serving
+
+    monkeypatch.setenv(netguard.ENV, "allow")
+    async with serving(lambda r: reply(json={"ok": True})) as stub:
+        port = stub.url.rsplit(":", 1)[1].split("/", 1)[0]
+        proto = http_tool(f"http://127.1:{port}/x")
+        client = HttpToolClient(ExecutorConfig())
+        answer = await client.send(executor_definitions.from_proto(proto), {}, "run:2")
+        await client.aclose()
+    assert answer == {"ok": True} and [s.target for s in stub.seen] == ["/x"]
