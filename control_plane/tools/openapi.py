@@ -56,8 +56,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+import jsonpointer
 import yaml
 from jsonschema_path.loaders import JsonschemaSafeLoader
 
@@ -258,16 +259,15 @@ class _Resolver:
         return {**target, **siblings} if isinstance(target, dict) else target
 
     def _target(self, ref: str) -> Any:
-        node: Any = self.document
-        for part in ref.removeprefix("#").strip("/").split("/") if ref != "#" else []:
-            key = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise InvalidArgument("document", f"$ref {ref!r} points at nothing")
-        return node
+        """The node a local `$ref` names: its fragment, percent-decoded, as an RFC 6901
+        pointer (jsonpointer)."""
+        try:
+            node = jsonpointer.resolve_pointer(self.document, unquote(ref.removeprefix("#")))
+            if not isinstance(node, jsonpointer.EndOfList):  # "-": past a list's end
+                return node
+        except jsonpointer.JsonPointerException:
+            pass
+        raise InvalidArgument("document", f"$ref {ref!r} points at nothing")
 
 
 # -- operations ------------------------------------------------------------------------
