@@ -2,7 +2,9 @@
 
 Each line you type is sent to the session (SessionService.SendMessage); the
 server starts the turn's run and the chat streams its steps (WatchRun) until
-the run ends, then prints the answer and asks for the next line. The server
+the run ends, then prints the answer and asks for the next line. A turn that
+waits for a person's approval says so: the held call, who may decide, until when, and
+the commands that decide it. The server
 refuses a message while a turn is still running (ABORTED), which a second
 terminal on the same session (`--session ID`) would see. Ctrl-D ends the chat;
 the session stays and can be resumed with `--session`.
@@ -11,13 +13,14 @@ the session stays and can be resumed with `--session`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from typing import TextIO
 
 import grpc
 
-from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
+from agentrun.v1 import approval_pb2, approval_pb2_grpc, run_pb2, session_pb2, session_pb2_grpc
 from agentrun_cli import render, triggers
 from agentrun_cli.client import Client
 
@@ -43,6 +46,7 @@ class Chat:
         # The priority of each turn's run (--priority).
         self.priority = priority
         self.sessions = session_pb2_grpc.SessionServiceStub(client.channel)
+        self.approvals = approval_pb2_grpc.ApprovalServiceStub(client.channel)
         self.out = out
 
     def open(self, agent_id: str, session_id: str, title: str) -> str:
@@ -76,9 +80,12 @@ class Chat:
                 return None
             raise
         watch = self.client.watch(turn.run_id)
+        told: set[str] = set()  # approvals already announced
         for event in watch:
             if event.HasField("step") and event.step.kind != run_pb2.STEP_KIND_INPUT:
                 self._say(f"  · {render.step_summary(event.step)}")
+            elif event.HasField("run") and _waits_for_approval(event.run):
+                self._announce_approvals(event.run.run_id, told)
         run = watch.run
         if run is not None and run.status == run_pb2.RUN_STATUS_COMPLETED:
             self._say(f"agent> {run.output}")
@@ -96,8 +103,49 @@ class Chat:
             if line:
                 self.turn(session_id, line)
 
+    def _announce_approvals(self, run_id: str, told: set[str]) -> None:
+        """Say what the turn waits for: each pending approval of its run, once."""
+        req = approval_pb2.ListApprovalsRequest(
+            workspace_id=self.client.workspace,
+            state=approval_pb2.APPROVAL_STATE_PENDING,
+            page_size=500,
+        )
+        found = self.approvals.ListApprovals(req, timeout=TIMEOUT).approvals
+        waiting = [a for a in found if a.run_id == run_id and a.approval_id not in told]
+        if not waiting and not told:
+            self._say("(waiting for an approval: `agentrun approvals list` shows it)")
+        for approval in waiting:
+            told.add(approval.approval_id)
+            for line in approval_lines(approval):
+                self._say(line)
+
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+def _waits_for_approval(run: run_pb2.Run) -> bool:
+    return run.status == run_pb2.RUN_STATUS_WAITING and run.wait_reason.startswith("approval")
+
+
+def approval_lines(a: approval_pb2.Approval) -> list[str]:
+    """What a chat says while its turn waits for `a`: the call held, who may decide it, until
+    when, and how (a high-risk or money-moving call needs a signed-in approver)."""
+    arguments = render.short(json.loads(a.arguments_json or "null"), 80)
+    who = ", ".join(a.approvers) or "the workspace's admins"
+    until = f" until {render.timestamp(a.expire_time)}" if a.HasField("expire_time") else ""
+    signed_in = a.high_risk or a.moves_money
+    how = (
+        "signed in: in the console, or"
+        if signed_in
+        else "in the console, or with an approver's key:"
+    )
+    token = " --token ID_TOKEN" if signed_in else ""
+    return [
+        f"(waiting for approval {a.approval_id}: {a.tool} {arguments})",
+        f"  who may decide: {who}{until}; {how}",
+        f"    agentrun approvals approve {a.approval_id}{token}",
+        f"    agentrun approvals reject {a.approval_id}{token} --reason '…'",
+    ]
 
 
 def _read_line(prompt: str) -> str:

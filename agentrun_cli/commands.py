@@ -109,6 +109,7 @@ def agents_apply(args: argparse.Namespace) -> int:
     """Create the agent if missing; publish the file's spec unless the latest version has it."""
     file = agent_files.load(args.file)
     with _client(args) as client:
+        _check_name(client, file, args.file)  # before anything is saved
         saved = _save_tools(client, file)
         created = _ensure_agent(client, file)
         agent = client.get_agent(file.agent_id)
@@ -130,6 +131,30 @@ def agents_apply(args: argparse.Namespace) -> int:
     _emit(args, value, lines)
     _warn(warnings)
     return 0
+
+
+def _check_name(client: Client, file: agent_files.AgentFile, path: str) -> None:
+    """A file's `name:` names the agent when it is created; an agent that exists under
+    another name is an error naming both (it used to be ignored without a word)."""
+    if not file.display_name:
+        return
+    try:
+        agent = client.get_agent(file.agent_id)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return
+    if agent.display_name == file.display_name:
+        return
+    named, fix = (
+        (f"is named {agent.display_name!r}", f"write name: {agent.display_name!r} or leave it out")
+        if agent.display_name
+        else ("has no name", "leave name: out")
+    )
+    raise agent_files.AgentFileError(
+        f"{path}: name: {file.display_name!r}, but agent {file.agent_id!r} {named}; apply "
+        f"names an agent only when it creates it: {fix}"
+    )
 
 
 def _save_tools(client: Client, file: agent_files.AgentFile) -> list[tool_pb2.Tool]:

@@ -54,7 +54,17 @@ def describe(err: grpc.RpcError, args: argparse.Namespace | None = None) -> tupl
         what = f"cannot reach the control plane at {address} ({detail})"
     else:
         what = f"{code.name}: {detail}"
-    return what, _HINTS.get(code, "")
+    hint = _HINTS.get(code, "")
+    if address and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED):
+        hint = f"{_dialled(address, args)}; {hint}"
+    return what, hint
+
+
+def _dialled(address: str, args: argparse.Namespace | None) -> str:
+    """Which control plane was asked, and why that one: a key refused by another checkout's
+    stack on 50051 looks like a bad key otherwise."""
+    source = getattr(args, "address_from", None)
+    return f"dialled {address}" + (f" ({source})" if source else "")
 
 
 def lines(err: grpc.RpcError, args: argparse.Namespace | None = None) -> list[str]:

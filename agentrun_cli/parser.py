@@ -330,6 +330,30 @@ def resolve(args: argparse.Namespace) -> None:
     ):
         if getattr(args, name, None) is None:
             setattr(args, name, os.environ.get(env) or getattr(profile, name, None) or default)
+        elif name == "address":
+            args.address_from = "--address"
+    if getattr(args, "address_from", None) is None:
+        args.address_from = _address_source(args, profile)
+
+
+def _address_source(args: argparse.Namespace, profile: profiles.Profile | None) -> str:
+    """Where the address came from, for errors; with none given, a client command dials the
+    address this checkout's dev stack recorded (`agentrun dev` binds another port when
+    50051 is taken), else the default."""
+    if os.environ.get("AGENTRUN_ADDRESS"):
+        return "AGENTRUN_ADDRESS"
+    if profile is not None and profile.address:
+        return f"profile {profile.name!r}"
+    if args.command in PASSTHROUGH or args.command == "dev":
+        return "the default"
+    from agentrun_cli.stack import default_data_dir, recorded_address
+
+    data_dir = default_data_dir()
+    recorded = recorded_address(data_dir)
+    if recorded is None:
+        return f"the default; no `agentrun dev` with data dir {data_dir} is running"
+    args.address = recorded[0]
+    return f"where `agentrun dev` with data dir {data_dir} listens, per run/{recorded[1].name}"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

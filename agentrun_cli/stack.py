@@ -80,6 +80,17 @@ def citus_summary(placed: list[str]) -> str:
 
 
 CREDENTIALS = "credentials.json"
+# Where `agentrun dev` records the gRPC port its control plane bound (AGENTRUN_PORT_FILE): a
+# second checkout's stack moves off a taken 50051, and its CLI must follow it there.
+CONTROL_PLANE_PORT_FILE = Path("run") / "control-plane.port"
+
+
+def recorded_address(data_dir: Path | None = None) -> tuple[str, Path] | None:
+    """The gRPC address the dev stack of `data_dir` (default: this checkout's) bound, and the
+    file that says so; None when no stack of that data dir is up (it removes the file)."""
+    path = (data_dir or default_data_dir()) / CONTROL_PLANE_PORT_FILE
+    port = _read_port_file(path)
+    return (f"127.0.0.1:{port}", path) if port else None
 
 
 def dev_credentials(url: str, data_dir: Path) -> str:
@@ -153,6 +164,8 @@ class DevStack:
     def stop(self) -> None:
         """Stop the children (newest first), then the embedded stores, so nothing is left behind."""
         self.supervisor.stop_all()
+        # No stack, no address: the CLI must not dial a port someone else may have taken.
+        (self.data_dir / CONTROL_PLANE_PORT_FILE).unlink(missing_ok=True)
         while self.embedded:
             name = self.embedded.pop()
             try:

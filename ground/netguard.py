@@ -12,6 +12,12 @@ so on a shared platform it is checked like any untrusted input:
   ``allow``: self-hosted providers and the sandbox servers live there. Any other value
   counts as ``deny`` (a typo fails closed).
 
+A host is read as a WHATWG URL parser reads it (`ada-url`, the parser behind Node's URL) before
+it is judged: the numeric IPv4 spellings that browsers and C's inet_aton accept (`2852039166`,
+`0251.0376.0251.0376`, `0xa9.0xfe.0xa9.0xfe`, `127.1`, `0`) are the addresses they spell and
+are refused by the same rule as the dotted form; a host that ends in a number but spells no
+IPv4 address (`1.2.3.4.5`, `09`) is refused too, the standard makes such a URL invalid.
+
 The check runs when a definition is saved (`literal_refusal`: a URL whose host is a
 literal address) and at every connection (`GuardedResolver` for the executor's aiohttp
 tool client, with `refuse_literal` for a literal address, which aiohttp connects to
@@ -33,6 +39,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+import ada_url
 import anyio
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
@@ -80,16 +87,53 @@ def refused(ip: IpAddress) -> bool:
     return private_denied() and (ip.is_private or ip.is_loopback)
 
 
+class NotAHost(ValueError):
+    """A host no URL may name: it ends in a number but spells no IPv4 address, or holds a
+    character no host may (the WHATWG URL standard's host parser fails on it)."""
+
+
+# Characters that end a host in a URL: a string holding one is not a host on its own.
+_DELIMITERS = frozenset("/\\?#@")
+
+
+def address_of(host: str) -> IpAddress | None:
+    """The address a URL's host spells, in any of its spellings (`[::1]`, `169.254.169.254`,
+    `2852039166`, `0xa9.0xfe.0xa9.0xfe`, `127.1`), or None for a name; NotAHost when a URL
+    parser would refuse the host."""
+    bare = host.strip("[]").split("%", 1)[0]
+    try:
+        return ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    if ":" in bare or _DELIMITERS.intersection(bare):
+        return None  # not an IPv4 spelling; the URL's own parser judged its form
+    try:
+        parsed = ada_url.URL(f"http://{bare}/").hostname
+    except ValueError:
+        raise NotAHost(host) from None
+    try:
+        return ipaddress.ip_address(parsed)
+    except ValueError:
+        return None  # a name
+
+
+def canonical_host(host: str) -> str:
+    """The host as it is connected to: the dotted form of a numeric IPv4 spelling (as a
+    browser sends it), anything else unchanged. Call it on a host refuse_literal let pass."""
+    ip = address_of(host)
+    return str(ip) if isinstance(ip, ipaddress.IPv4Address) else host
+
+
 def literal_refusal(host: str | None) -> str | None:
-    """For a save-time check: why a URL's host, when it is a literal address, is refused
-    (None for a name, or an address tools may reach)."""
+    """For a save-time check: why a URL's host, when it is a literal address in any spelling,
+    is refused (None for a name, or an address tools may reach)."""
     if not host:
         return None
     try:
-        ip = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
-    except ValueError:
-        return None
-    if not refused(ip):
+        ip = address_of(host)
+    except NotAHost:
+        return "has a host that is neither a name nor an address (WHATWG URL host parsing)"
+    if ip is None or not refused(ip):
         return None
     if private_denied() and (_unwrapped(ip).is_private or _unwrapped(ip).is_loopback):
         return f"may not point at a private or loopback address ({ENV}=deny)"
@@ -99,6 +143,7 @@ def literal_refusal(host: str | None) -> str | None:
 async def allowed_addresses(host: str, port: int) -> list[str]:
     """The addresses of `host` a tool may connect to, in resolver order; DestinationRefused
     when it has none (OSError when it does not resolve)."""
+    refuse_literal(host)  # a numeric spelling is judged as the address it spells
     infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     found = list(dict.fromkeys(str(info[4][0]) for info in infos))
     allowed = [a for a in found if not refused(ipaddress.ip_address(a.split("%", 1)[0]))]
@@ -127,6 +172,7 @@ class GuardedResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
+        refuse_literal(host)  # a numeric spelling is judged as the address it spells
         found = await self._inner.resolve(host, port, family)
         allowed = [r for r in found if not refused(ipaddress.ip_address(r["host"].split("%")[0]))]
         if not allowed:

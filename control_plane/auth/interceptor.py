@@ -6,6 +6,11 @@ handler inside `context.acting_as(principal)`. Health and reflection stay
 open; a method missing from the table is refused. Streams, the bidi
 `ExecutorService.Connect` included, are authenticated once, when they open.
 
+A request that did not decode (undecodable bytes, a NUL in a string: ground/decoding.py)
+reaches this interceptor as a `Refused`: the credential (and the method's capability) is
+checked first, so a bad key is UNAUTHENTICATED whatever it sent, and only a caller who may
+call the method learns what is wrong with the request (INVALID_ARGUMENT).
+
 Order: `interceptors=[ErrorInterceptor(), IdentityInterceptor(...)]`, so the
 error interceptor wraps this one and maps its domain errors for unary and
 server-streaming calls. It leaves client-streaming calls alone, so this
@@ -14,6 +19,7 @@ interceptor aborts those itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -24,7 +30,14 @@ from control_plane.auth import access, audit, context
 from control_plane.auth.mtls import executor_from_peer
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import Resolver
-from control_plane.ground.errors import DomainError, PermissionDenied, status_for
+from control_plane.ground.decoding import Refused, credential_first
+from control_plane.ground.errors import (
+    DomainError,
+    InvalidArgument,
+    PermissionDenied,
+    RequestRefused,
+    status_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +69,16 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         if not access.allows(need, who):
             raise PermissionDenied(f"a {who.kind.value} credential may not call {method}")
         return who
+
+    async def refuse_after_credential(
+        self, method: str, need: access.Need | None, ctx: grpc.aio.ServicerContext, bad: Refused
+    ) -> None:
+        """Raise for a request that did not decode: UNAUTHENTICATED or PERMISSION_DENIED for
+        its caller first, else INVALID_ARGUMENT naming what is wrong with it."""
+        # A person's verified token with no workspace to read it against: the request decides.
+        with contextlib.suppress(InvalidArgument):
+            await self.authorize(method, need, ctx, None)
+        raise RequestRefused(bad)
 
     async def _stream_caller(
         self, method: str, need: access.Need | None, ctx: grpc.aio.ServicerContext
@@ -108,8 +131,11 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
     def _unary(
         self, method: str, need: access.Need | None, behavior: Callable[..., Awaitable[Any]]
     ) -> Callable[..., Awaitable[Any]]:
+        @credential_first
         async def wrapper(request: Any, ctx: grpc.aio.ServicerContext) -> Any:
             with audit.request(audit.new_request_id(_metadata(ctx, "x-request-id"))):
+                if isinstance(request, Refused):
+                    await self.refuse_after_credential(method, need, ctx, request)
                 who = await self.authorize(method, need, ctx, request)
                 with context.acting_as(who):
                     return await behavior(request, ctx)
@@ -119,8 +145,11 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
     def _server_stream(
         self, method: str, need: access.Need | None, behavior: Callable[..., AsyncIterator[Any]]
     ) -> Callable[..., AsyncIterator[Any]]:
+        @credential_first
         async def wrapper(request: Any, ctx: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             with audit.request(audit.new_request_id(_metadata(ctx, "x-request-id"))):
+                if isinstance(request, Refused):
+                    await self.refuse_after_credential(method, need, ctx, request)
                 who = await self.authorize(method, need, ctx, request)
                 with context.acting_as(who):
                     async for item in behavior(request, ctx):

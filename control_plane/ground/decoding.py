@@ -8,6 +8,10 @@ naming what is wrong, and the error interceptor answers INVALID_ARGUMENT with on
 line. A decoded message is then walked once for NUL characters in its strings, which
 Postgres refuses in text columns: `edit.note` rather than an INTERNAL from the driver.
 
+A method behind the credential check (control_plane/auth/interceptor.py) is handed its
+Refused request, marked `credential_first`: the caller's credential is checked before the
+request's content is judged, so a bad key is UNAUTHENTICATED whatever the bytes it sent.
+
 The walk is cheap enough for the commit stream: protobuf writes a NUL character as a
 0x00 byte, so a message whose wire bytes hold no 0x00 (the common case) is not walked
 at all; otherwise each string is tested with one C-level `in`.
@@ -36,6 +40,17 @@ class Refused:
 
     def __repr__(self) -> str:
         return f"Refused({self.problem!r})"
+
+
+def credential_first(behavior: Any) -> Any:
+    """Marks a method behavior that is handed a Refused request itself, to check the caller's
+    credential before refusing it (the error interceptor refuses it first otherwise)."""
+    behavior.credential_first = True
+    return behavior
+
+
+def takes_refused(behavior: Any) -> bool:
+    return getattr(behavior, "credential_first", False) is True
 
 
 def _kind(field: FieldDescriptor) -> tuple[int, Descriptor | None] | None:

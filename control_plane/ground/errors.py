@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from control_plane.ground.decoding import Refused, guard_decoder
+from control_plane.ground.decoding import Refused, guard_decoder, takes_refused
 from control_plane.store.errors import DataRefused, unavailable
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,17 @@ class ResourceExhausted(DomainError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class RequestRefused(DomainError):
+    """A request that did not decode (decoding.Refused), refused once its caller's credential
+    was checked (control_plane/auth/interceptor.py)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(refused.problem)
+        self.refused = refused
+
+
 # A status message travels as a trailer, and clients refuse trailers over 16 KiB (the
 # whole call then fails with a transport error): no message may quote that much input.
 MAX_DETAILS = 2_000
@@ -99,13 +110,17 @@ def _refuse(method: str, refused: Refused) -> tuple[grpc.StatusCode, str]:
 def _wrap_unary(
     behavior: Callable[..., Awaitable[Any]], method: str
 ) -> Callable[..., Awaitable[Any]]:
+    refuses_itself = takes_refused(behavior)
+
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, Refused):
+        if isinstance(request, Refused) and not refuses_itself:
             await context.abort(*_refuse(method, request))
         try:
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
+        except RequestRefused as exc:
+            await context.abort(*_refuse(method, exc.refused))
         except Exception as exc:  # noqa: BLE001 - this is the one place that maps them
             code, message = status_for(exc)
             await context.abort(code, message)
@@ -116,14 +131,18 @@ def _wrap_unary(
 def _wrap_stream(
     behavior: Callable[..., AsyncIterator[Any]], method: str
 ) -> Callable[..., AsyncIterator[Any]]:
+    refuses_itself = takes_refused(behavior)
+
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        if isinstance(request, Refused):
+        if isinstance(request, Refused) and not refuses_itself:
             await context.abort(*_refuse(method, request))
         try:
             async for item in behavior(request, context):
                 yield item
         except grpc.aio.AbortError:
             raise
+        except RequestRefused as exc:
+            await context.abort(*_refuse(method, exc.refused))
         except Exception as exc:  # noqa: BLE001
             code, message = status_for(exc)
             await context.abort(code, message)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonpointer
 from jsonschema import Draft202012Validator, SchemaError
 
 from agentrun.v1 import tool_pb2
@@ -177,8 +178,7 @@ def _check_http(tool: tool_pb2.Tool, arguments: frozenset[str]) -> None:
     for name, value in http.query.items():
         _placeholders(f"tool.http.query[{name}]", value, arguments)
     _check_body(http.body, arguments)
-    if http.response_pointer and not http.response_pointer.startswith("/"):
-        raise InvalidArgument("tool.http.response_pointer", "must be a JSON Pointer ('/a/0')")
+    _check_pointer(http.response_pointer)
     if not 0 <= http.max_response_bytes <= MAX_RESPONSE_BYTES:
         raise InvalidArgument(
             "tool.http.max_response_bytes", f"must be between 0 and {MAX_RESPONSE_BYTES}"
@@ -188,6 +188,20 @@ def _check_http(tool: tool_pb2.Tool, arguments: frozenset[str]) -> None:
             "tool.http.timeout_seconds", f"must be between 0 and {MAX_TIMEOUT_SECONDS:g}"
         )
     _check_auth(tool)
+
+
+def _check_pointer(pointer: str) -> None:
+    """A response_pointer parses as RFC 6901 ('/a/0', '~0' and '~1' the only escapes). Whether
+    an answer has something there is known only when one comes: a call whose answer has
+    nothing there fails naming the pointer (executor/tools/template.py)."""
+    if not pointer:
+        return
+    try:
+        jsonpointer.JsonPointer(pointer)
+    except jsonpointer.JsonPointerException as exc:
+        raise InvalidArgument(
+            "tool.http.response_pointer", f"must be a JSON Pointer ('/a/0'): {exc}"
+        ) from None
 
 
 def _check_auth(tool: tool_pb2.Tool) -> None:

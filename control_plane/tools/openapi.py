@@ -1,8 +1,9 @@
 """Import from OpenAPI 3: each chosen operation of a document becomes an HTTP-template tool.
 
-The document (JSON or YAML text, OpenAPI 3.0 or 3.1) is validated by
-openapi-spec-validator; a bad one is refused as INVALID_ARGUMENT naming
-`document` with the first line of the validator's message. Only local
+The document (JSON or YAML text, OpenAPI 3.0 or 3.1) is read as openapi-spec-validator
+reads a file (jsonschema-path's YAML loader, then JSON's data model: an unquoted `200:`
+response key is the string "200", as in JSON) and validated by it; a bad one is refused as
+INVALID_ARGUMENT naming `document` with the first line of the validator's message. Only local
 `$ref`s (`#/...`) are resolved, never files or URLs; a recursive schema is cut
 where it recurses (that branch accepts any value).
 
@@ -55,9 +56,11 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+import jsonpointer
 import yaml
+from jsonschema_path.loaders import JsonschemaSafeLoader
 
 from agentrun.v1 import tool_pb2
 from control_plane.ground.errors import InvalidArgument
@@ -147,24 +150,13 @@ def _check_definition(tool: tool_pb2.Tool) -> None:
 # -- the document ----------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe YAML, but timestamps stay strings (a JSON document has none)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
 def load_document(text: str) -> dict[str, Any]:
     """Parse and validate an OpenAPI 3.0/3.1 document; InvalidArgument('document') if it is not."""
     if not text.strip():
         raise InvalidArgument("document", "is empty")
     if len(text) > MAX_DOCUMENT_CHARS:
         raise InvalidArgument("document", f"is larger than {MAX_DOCUMENT_CHARS} characters")
-    document = _parse(text)
-    _only_local_refs(document)
+    document = _as_json(_parse(text))
     version = document.get("openapi")
     if not isinstance(version, str) or version[:3] not in _VERSIONS:
         found = "Swagger 2.0" if "swagger" in document else repr(version)
@@ -196,9 +188,24 @@ def _json_or_yaml(text: str) -> Any:
     except ValueError:
         pass
     try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader
+        # openapi-spec-validator's own loader (its readers' file handler): safe, timestamps
+        # left as strings, 1e3 a float as in JSON.
+        return yaml.load(text, Loader=JsonschemaSafeLoader)
     except yaml.YAMLError as exc:
         raise InvalidArgument("document", f"neither JSON nor YAML: {_first_line(exc)}") from None
+
+
+def _as_json(document: dict[str, Any]) -> dict[str, Any]:
+    """The document in JSON's data model, as openapi-spec-validator's reader makes it (a
+    round trip through JSON): mapping keys become strings (YAML's `200:` is an integer,
+    and OpenAPI's response codes are strings). The node count and depth are checked first,
+    on the tree as loaded, before YAML aliases are expanded by the copy."""
+    _only_local_refs(document)
+    try:
+        copied = json.loads(json.dumps(document))
+    except (TypeError, ValueError) as exc:  # keys JSON has no form for, !!binary values
+        raise InvalidArgument("document", f"is not JSON data: {_first_line(exc)}") from None
+    return copied
 
 
 def _first_line(exc: BaseException) -> str:
@@ -252,16 +259,15 @@ class _Resolver:
         return {**target, **siblings} if isinstance(target, dict) else target
 
     def _target(self, ref: str) -> Any:
-        node: Any = self.document
-        for part in ref.removeprefix("#").strip("/").split("/") if ref != "#" else []:
-            key = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            elif isinstance(node, dict) and key in node:
-                node = node[key]
-            else:
-                raise InvalidArgument("document", f"$ref {ref!r} points at nothing")
-        return node
+        """The node a local `$ref` names: its fragment, percent-decoded, as an RFC 6901
+        pointer (jsonpointer)."""
+        try:
+            node = jsonpointer.resolve_pointer(self.document, unquote(ref.removeprefix("#")))
+            if not isinstance(node, jsonpointer.EndOfList):  # "-": past a list's end
+                return node
+        except jsonpointer.JsonPointerException:
+            pass
+        raise InvalidArgument("document", f"$ref {ref!r} points at nothing")
 
 
 # -- operations ------------------------------------------------------------------------

@@ -119,6 +119,8 @@ def settle(call_class: str, sent: _Answered | _Failed) -> Outcome:
         error = sent.error
         assert isinstance(error, ProviderError)
         return Outcome("error", error=f"provider returned {error.status}: {error.message}")
+    if sent.failure is Failure.UNUSABLE_ANSWER:  # answered and applied: a failed call, told so
+        return Outcome("error", error=str(sent.error))
     if sent.failure is Failure.KEY_IN_USE:
         return Outcome.pending(
             f"the key is still in use at the provider ({sent.tries}); retrying it later",

@@ -10,14 +10,23 @@
   5xx: it may have been applied. Reads and ``provider_key`` writes are sent
   again; a ``lookup`` write asks the provider first; a ``none`` write never;
 * ``refused`` — any other 4xx: the provider did not act on it, and the same
-  request would fail again.
+  request would fail again;
+* ``unusable_answer`` — a success whose answer has nothing at the tool's
+  response_pointer: the provider acted, so it is never sent again, and the
+  call fails saying so (the tool's definition does not fit its provider).
 """
 
 from __future__ import annotations
 
 import enum
 
-from executor.tools.send_errors import MaybeSent, NotSent, ProviderError, ToolSendError
+from executor.tools.send_errors import (
+    MaybeSent,
+    NotSent,
+    ProviderError,
+    ToolSendError,
+    UnusableAnswer,
+)
 
 
 class Failure(enum.Enum):
@@ -26,6 +35,7 @@ class Failure(enum.Enum):
     KEY_IN_USE = "key_in_use"
     MAYBE_APPLIED = "maybe_applied"
     REFUSED = "refused"
+    UNUSABLE_ANSWER = "unusable_answer"
 
 
 def classify(exc: ToolSendError, call_class: str) -> Failure:
@@ -34,6 +44,8 @@ def classify(exc: ToolSendError, call_class: str) -> Failure:
         return Failure.NOT_SENT
     if isinstance(exc, MaybeSent):
         return Failure.MAYBE_APPLIED
+    if isinstance(exc, UnusableAnswer):
+        return Failure.UNUSABLE_ANSWER
     if isinstance(exc, ProviderError):
         if exc.status == 429:
             return Failure.RATE_LIMITED

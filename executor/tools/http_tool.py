@@ -17,7 +17,13 @@ from executor.retry_after import retry_after
 from executor.tools import template
 from executor.tools.catalogue import Lookup, Tool
 from executor.tools.rejection import ToolCallRejected
-from executor.tools.send_errors import Blocked, MaybeSent, NotSent, ProviderError
+from executor.tools.send_errors import (
+    Blocked,
+    MaybeSent,
+    NotSent,
+    ProviderError,
+    UnusableAnswer,
+)
 from executor.tools.transport import call_mcp
 from ground import netguard
 
@@ -194,7 +200,12 @@ class HttpToolClient:
                 "status": response.status,
             }
         answer = _parse(_redacted(response, token))
-        return template.pointed(answer, spec.response_pointer)
+        try:
+            return template.pointed(answer, spec.response_pointer)
+        except template.NothingAtPointer as exc:
+            raise UnusableAnswer(
+                f"{tool.name}: the provider answered {response.status}, but {exc}"
+            ) from None
 
     async def _token(self, tool: Tool, credential: Credential | None) -> str | None:
         assert tool.http is not None
@@ -257,7 +268,8 @@ class _Request:
 
     def checked(self, name: str) -> yarl.URL:
         """The URL, once it parses, its body encodes and its host is not a literal
-        address tools may not reach (a name is checked when it is resolved)."""
+        address tools may not reach (a name is checked when it is resolved); a numeric
+        IPv4 spelling (`127.1`) becomes the dotted address it was judged as."""
         try:
             url = yarl.URL(self.url)
             self.data  # noqa: B018 - a body that cannot be encoded is refused now
@@ -268,6 +280,8 @@ class _Request:
             netguard.refuse_literal(url.host)
         except netguard.DestinationRefused as exc:
             raise Blocked(f"{name}: {exc}") from None
+        if url.host and (host := netguard.canonical_host(url.host)) != url.host:
+            url = url.with_host(host)
         return url
 
 

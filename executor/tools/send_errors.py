@@ -1,6 +1,7 @@
 """What can go wrong sending one tool call, by what it means at the provider: the request never
-left (NotSent, Blocked), it may have been applied (MaybeSent), or the provider answered with an
-error (ProviderError). The delivery (delivery.py) settles a call by these classes, whether it
+left (NotSent, Blocked), it may have been applied (MaybeSent), the provider answered with an
+error (ProviderError), or it answered with success but not with what the tool takes from its
+answer (UnusableAnswer). The delivery (delivery.py) settles a call by these classes, whether it
 went over HTTP (http_tool.py) or to an MCP server (transport.py, mcp_call.py)."""
 
 from __future__ import annotations
@@ -36,3 +37,9 @@ class ProviderError(ToolSendError):
     def retryable(self) -> bool:
         """429 and 5xx may succeed later; other 4xx will not."""
         return self.status == 429 or self.status >= 500
+
+
+class UnusableAnswer(ToolSendError):
+    """The provider answered with success, but its answer has nothing where the tool's
+    definition takes its result (response_pointer): the request was applied, and the same
+    request would get the same kind of answer. The message names the pointer, not the answer."""

@@ -7,7 +7,9 @@
 * the JSON body is none, "arguments" (every argument the URL, headers and query did not use),
   or an object template whose string leaves `{name}` become the argument's value (a leaf that
   is exactly `{name}` keeps the value's JSON type; one whose argument is absent is left out);
-* the answer is cut to `response_pointer` (RFC 6901).
+* the answer is cut to `response_pointer` (RFC 6901, by the `jsonpointer` package); an answer
+  with nothing there is not the answer the tool was defined for, and is refused naming the
+  pointer, never passed on whole.
 
 A call whose URL needs an argument it lacks is refused before anything is sent.
 """
@@ -21,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import jsonpointer
+
 from executor.tools.rejection import ToolCallRejected
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MISSING = object()
+_NOTHING = object()
 
 
 @dataclass(frozen=True)
@@ -115,17 +120,33 @@ def _leaf(value: Any, arguments: Mapping[str, Any]) -> Any:
     return PLACEHOLDER.sub(lambda m: text(arguments[m.group(1)]), value)
 
 
+class NothingAtPointer(ValueError):
+    """The answer has nothing at the tool's `response_pointer`; the message names the pointer
+    and how far it got, never the answer itself."""
+
+
 def pointed(document: Any, pointer: str) -> Any:
-    """The part of `document` at the JSON Pointer (RFC 6901); the whole when it is not there."""
+    """The part of `document` at the JSON Pointer (RFC 6901): the whole for the empty pointer,
+    NothingAtPointer when the answer has nothing there."""
     if not pointer:
         return document
+    try:
+        parsed = jsonpointer.JsonPointer(pointer)
+    except jsonpointer.JsonPointerException as exc:  # saved tools are checked: not expected
+        raise NothingAtPointer(
+            f"response_pointer {pointer!r} is not a JSON Pointer: {exc}"
+        ) from None
     found = document
-    for raw in pointer.split("/")[1:]:
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(found, dict) and token in found:
-            found = found[token]
-        elif isinstance(found, list) and token.isdigit() and int(token) < len(found):
-            found = found[int(token)]
-        else:
-            return document
+    for depth, part in enumerate(parsed.parts):
+        try:
+            found = parsed.walk(found, part)
+        except (jsonpointer.JsonPointerException, TypeError):
+            found = _NOTHING
+        # "-" names the place past a list's end: no member of the answer.
+        if found is _NOTHING or isinstance(found, jsonpointer.EndOfList):
+            reached = jsonpointer.JsonPointer.from_parts(parsed.parts[:depth]).path
+            raise NothingAtPointer(
+                f"the answer has nothing at response_pointer {pointer!r} "
+                f"(no {part!r} in {reached or 'its top level'})"
+            )
     return found

@@ -7,7 +7,10 @@ IdP as a member of the workspace.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 
 import grpc
 import pytest
@@ -150,3 +153,48 @@ async def test_a_second_decision_is_aborted_naming_the_winner(stack, executor_fa
         await decide(approvals, approval.approval_id, reject=approval_pb2.Reject(reason="late"))
     assert info.value.code() == grpc.StatusCode.ABORTED
     assert f"approved by {APPROVER}" in info.value.details()
+
+
+async def test_agentrun_chat_says_what_its_turn_waits_for_and_goes_on_once_decided(
+    stack, db_url, executor_factory, sandbox_providers
+):
+    """A chat turn held at an approval used to print nothing and sit there: it names the
+    call, who may decide it, until when and the commands that do; then, approved, the
+    turn ends with the answer."""
+    cp, api, approvals = stack
+    executor_factory(cp)
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="chatter")
+    env = {**os.environ, "AGENTRUN_API_KEY": key}
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "agentrun_cli", "--address", cp.address, "--workspace", "ws"),
+        *("chat", "mailer"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"write to Ada\n")
+    await proc.stdin.drain()
+    said: list[str] = []
+    while not any(line.startswith("    agentrun approvals reject") for line in said):
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        assert line, f"the chat ended: {said}"
+        said.append(line.decode().rstrip("\n"))
+    waiting = [line for line in said if line.startswith("(waiting for approval")]
+    assert len(waiting) == 1, said
+    approval_id = waiting[0].split()[3].rstrip(":")
+    assert waiting[0].startswith(f"(waiting for approval {approval_id}: send_email {{"), said
+    assert '"to": "ada@example.com"' in waiting[0]
+    who = said[said.index(waiting[0]) + 1]
+    assert who.startswith(f"  who may decide: {APPROVER} until ") and who.endswith(
+        "in the console, or with an approver's key:"
+    ), who
+    assert said[-2:] == [
+        f"    agentrun approvals approve {approval_id}",
+        f"    agentrun approvals reject {approval_id} --reason '…'",
+    ]
+    await decide(approvals, approval_id, approve=approval_pb2.Approve())
+    out, err = await asyncio.wait_for(proc.communicate(b""), timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert "agent> The email tool said:" in out.decode(), out.decode()

@@ -82,6 +82,58 @@ async def test_agents_apply_creates_publishes_only_changes_and_names_unknown_key
     assert json.loads(lines[0])["latest_version"] == 2
 
 
+async def test_a_name_that_is_not_the_existing_agents_is_an_error_naming_both(
+    server, db_url, tmp_path
+):
+    cli = await _cli(server, db_url, tmp_path)
+    await cli("agents", "apply", "-f", str(EXAMPLE))  # creates triage, "Triage desk"
+    renamed = tmp_path / "renamed.yaml"
+    text = EXAMPLE.read_text().replace("name: Triage desk", "name: Support desk")
+    text = text.replace("max_steps: 20", "max_steps: 21")
+    renamed.write_text(text)
+    refused = await cli("agents", "apply", "-f", str(renamed), ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"error: {renamed}: name: 'Support desk', but agent 'triage' is named 'Triage desk'; "
+        "apply names an agent only when it creates it: write name: 'Triage desk' or leave it out"
+    )
+    shown = json.loads((await cli("agents", "show", "triage", "-o", "json")).stdout)
+    assert shown["version"]["version"] == 1  # nothing published by the refused file
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text("\n".join(line for line in text.splitlines() if "name:" not in line))
+    assert "published triage v2" in (await cli("agents", "apply", "-f", str(unnamed))).stdout
+
+
+async def test_without_an_address_the_cli_dials_where_its_dev_stack_listens(
+    server, db_url, tmp_path
+):
+    """A second checkout's `agentrun dev` binds another port when 50051 is taken and records
+    it in its data dir (run/control-plane.port): that checkout's CLI dials it, and an error
+    names the address it dialled and where that came from."""
+    cli = await _cli(server, db_url, tmp_path)
+    del cli.env["AGENTRUN_ADDRESS"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "control-plane.port").write_text(f"127.0.0.1:{server.port}\n")
+    listed = await cli("agents", "list", "-o", "json")
+    assert json.loads(listed.stdout) == []
+    cli.env["AGENTRUN_API_KEY"] = "not-a-key"
+    refused = await cli("agents", "list", ok=False)
+    assert refused.stderr.splitlines()[0].startswith("error: UNAUTHENTICATED")
+    assert refused.stderr.splitlines()[1].startswith(
+        f"hint: dialled 127.0.0.1:{server.port} (where `agentrun dev` with data dir "
+        f"{tmp_path} listens, per run/control-plane.port); set AGENTRUN_API_KEY"
+    ), refused.stderr
+    (tmp_path / "run" / "control-plane.port").unlink()  # a stopped stack removes it
+    refused = await cli("agents", "list", ok=False)
+    assert (
+        f"hint: dialled 127.0.0.1:50051 (the default; no `agentrun dev` with data dir "
+        f"{tmp_path} is running)" in refused.stderr
+    ), refused.stderr
+    cli.env["AGENTRUN_ADDRESS"] = f"127.0.0.1:{server.port}"
+    refused = await cli("agents", "list", ok=False)
+    assert f"hint: dialled 127.0.0.1:{server.port} (AGENTRUN_ADDRESS); " in refused.stderr
+
+
 async def test_runs_list_filters_on_the_server_and_prints_a_plain_table_when_piped(
     server, db_url, tmp_path
 ):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from agentrun_cli.devstack import EmbeddedRedis
-from tests.harness.agentrun_dev import alive, running_dev
+from tests.harness.agentrun_dev import AGENTRUN, alive, running_dev
 from tests.harness.servers import scratch_dir
 from tests.harness.waiting import eventually_sync
 
@@ -44,6 +45,15 @@ def test_a_taken_http_port_moves_and_links_name_the_port_really_bound(
     ) as dev:
         assert f"port {taken_port} is taken" in dev.output()
         assert dev.http_url and dev.http_url != f"http://127.0.0.1:{taken_port}"
+        # A CLI told nothing of the address dials the port this stack really bound.
+        found = subprocess.run(
+            [AGENTRUN, "agents", "list", "-o", "json"],
+            env={k: v for k, v in dev.cli_env().items() if k != "AGENTRUN_ADDRESS"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert found.returncode == 0 and json.loads(found.stdout) == [], found.stderr
         assert httpx.get(f"{dev.http_url}/healthz", timeout=5).status_code == 200
         for argv in (
             ("agents", "create", "triage"),
@@ -73,3 +83,5 @@ def test_ctrl_c_stops_every_child_even_when_stdout_is_a_closed_pipe(data_dir: Pa
         assert dev.tee.wait(10) != 0  # cat was interrupted, not at the end of its input
         eventually_sync(lambda: not alive(children), timeout=10, message="children gone")
         assert code == 0
+    # Stopped, it leaves no address behind for a CLI to dial.
+    assert not (data_dir / "run" / "control-plane.port").exists()

@@ -298,6 +298,43 @@ class _Raw:
         return self.data
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="x", display_name="Ada\x00"),
+        _Raw(b"\x0a\x02\xc3\x28"),  # invalid UTF-8 in workspace_id
+        _Raw(b"\xff\xff\xff\xff"),
+    ],
+    ids=["nul", "invalid-utf8", "random-bytes"],
+)
+async def test_the_credential_is_checked_before_the_request_is_decoded(
+    channel: grpc.aio.Channel, callers: Callers, data: Any
+) -> None:
+    """README and docs/api.md: no credential, or a bad one, is UNAUTHENTICATED, whatever the
+    request holds; one whose role may not call the method is PERMISSION_DENIED; only a
+    caller who may call it hears what is wrong with the request."""
+    method = "/agentrun.v1.AgentService/CreateAgent"
+    call = channel.unary_unary(method, lambda m: m.SerializeToString(), bytes)
+    real = callers.texts["admin"]
+    forged = real[:-1] + ("A" if real[-1] != "A" else "B")
+    for metadata in [
+        (),
+        (("authorization", "Bearer nope"),),
+        (("authorization", f"Bearer {forged}"),),
+        (("authorization", f"Bearer {callers.revoked}"),),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(data, timeout=10, metadata=metadata)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
+    reader = (("authorization", f"Bearer {callers.texts['reader']}"),)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(data, timeout=10, metadata=reader)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(data, timeout=10, metadata=(("authorization", f"Bearer {real}"),))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def _connect(channel: grpc.aio.Channel, callers: Callers) -> Any:
     return channel.stream_stream(CONNECT, None, executor_pb2.ConnectResponse.FromString)(
         timeout=20, metadata=callers.metadata(CONNECT)

@@ -89,6 +89,31 @@ async def test_the_shop_document_imports_as_two_reads_and_one_keyed_write(
     assert await saved_count(db) == 3
 
 
+PETSTORE = Path(__file__).resolve().parents[1] / "data" / "openapi"
+NOT_KEYED = tool_pb2.WriteClass(idempotency=tool_pb2.IDEMPOTENCY_CLASS_NONE)
+
+
+@pytest.mark.parametrize(("version", "ws"), [("3.0", "acme"), ("3.1", "globex")])
+async def test_the_canonical_petstore_documents_import(server, db_url, db, version, ws):
+    """openapi-spec-validator's Petstore test data; 3.1's unquoted `200:` key is a YAML
+    integer, which used to come back as "document: expected string or bytes-like object"."""
+    document = (PETSTORE / f"petstore-{version}.yaml").read_text()
+    channel, tools = await stub(server, db_url, ws)
+    async with channel:
+        imported = await tools.ImportOpenApi(
+            tool_pb2.ImportOpenApiRequest(document=document, classes={"createPets": NOT_KEYED})
+        )
+    urls = {t.name: (t.access, t.http.method, t.http.url) for t in imported.tools}
+    base = "http://petstore.swagger.io/v1/pets"
+    assert urls == {
+        "listPets": (tool_pb2.TOOL_ACCESS_READ, "GET", base),
+        "createPets": (tool_pb2.TOOL_ACCESS_WRITE, "POST", base),
+        "showPetById": (tool_pb2.TOOL_ACCESS_READ, "GET", base + "/{petId}"),
+    }
+    saved = "SELECT count(*) FROM tools WHERE workspace_id = $1 AND source = 'openapi'"
+    assert await db.fetchval(saved, ws) == 3
+
+
 REFUSALS = [
     ({}, "classes[createOrder]"),  # the write, without its class
     ({"operations": ["getProduct", "nope"]}, "operations[1]"),
@@ -96,7 +121,12 @@ REFUSALS = [
     ({"base_url": "ftp://shop"}, "base_url"),
     ({"connection": "Shop Inc", "classes": {"createOrder": KEYED}}, "tool.connection"),
 ]
-BAD_DOCUMENTS = ["openapi: 3.0.3\ninfo: {title: t}\npaths: {}\n", "{[", "swagger: '2.0'"]
+BAD_DOCUMENTS = [
+    "openapi: 3.0.3\ninfo: {title: t}\npaths: {}\n",
+    "{[",
+    "swagger: '2.0'",
+    "openapi: 3.1.0\ninfo: {title: t, version: '1'}\npaths: {}\nx: !!binary aGk=\n",
+]
 
 
 async def test_a_refused_import_names_the_field_and_saves_nothing(

@@ -256,6 +256,25 @@ def test_yaml_documents_import_too() -> None:
     assert len(import_tools(text, ImportSpec(dry_run=True))) == 3
 
 
+@pytest.mark.parametrize("version", ["3.0", "3.1"])
+def test_the_canonical_petstore_documents_import_alike(version: str) -> None:
+    """openapi-spec-validator's Petstore test data (tests/data/openapi): 3.1 writes its
+    response code unquoted (`200:`, a YAML integer) and its path item as a $ref."""
+    text = (REPO / "tests" / "data" / "openapi" / f"petstore-{version}.yaml").read_text()
+    tools = by_name(import_tools(text, ImportSpec(dry_run=True)))
+    assert list(tools) == ["listPets", "createPets", "showPetById"]
+    assert tools["showPetById"].http.url == "http://petstore.swagger.io/v1/pets/{petId}"
+    assert params(tools["listPets"])["properties"]["limit"]["type"] == "integer"
+    assert params(tools["showPetById"])["required"] == ["petId"]
+
+
+def test_yaml_keys_json_has_no_form_for_are_refused_naming_the_document() -> None:
+    error = refused("openapi: 3.1.0\n? [1, 2]\n: x\n")
+    assert error.field == "document" and "neither JSON nor YAML" in str(error)
+    error = refused("openapi: 3.1.0\nx: !!binary aGk=\n")
+    assert str(error) == "document: is not JSON data: Object of type bytes is not JSON serializable"
+
+
 def test_a_recursive_schema_is_cut_where_it_recurses() -> None:
     node = {"type": "object", "properties": {"child": {"$ref": "#/components/schemas/Node"}}}
     body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Node"}}}}

@@ -90,6 +90,7 @@ def test_a_good_read_and_keyed_write_pass():
         ({"http__timeout_seconds": 1000.0}, "tool.http.timeout_seconds"),
         ({"http__max_response_bytes": 10**9}, "tool.http.max_response_bytes"),
         ({"http__response_pointer": "issue"}, "tool.http.response_pointer"),
+        ({"http__response_pointer": "/a~2b"}, "tool.http.response_pointer"),
         ({"capabilities": ["reads_minds"]}, "tool.capabilities[0]"),
     ],
 )

@@ -135,3 +135,85 @@ def test_an_openapi_import_refuses_a_server_the_tools_may_not_reach(monkeypatch)
         ImportSpec(operations=["getProduct"], dry_run=True, base_url="https://shop.example"),
     )
     assert tools[0].http.url.startswith("https://shop.example/")
+
+
+# Each numeric spelling (WHATWG URL / inet_aton) with the dotted address it spells.
+SPELLINGS = [
+    ("2852039166", "169.254.169.254"),
+    ("0251.0376.0251.0376", "169.254.169.254"),
+    ("0xa9.0xfe.0xa9.0xfe", "169.254.169.254"),
+    ("0xA9FEA9FE", "169.254.169.254"),
+    ("169.16689662", "169.254.169.254"),
+    ("0", "0.0.0.0"),
+    ("127.1", "127.0.0.1"),
+    ("0x7f.1", "127.0.0.1"),
+    ("2130706433", "127.0.0.1"),
+    ("10.1", "10.0.0.1"),
+]
+
+
+@pytest.mark.parametrize(("spelled", "dotted"), SPELLINGS)
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_every_numeric_ipv4_spelling_is_judged_as_its_dotted_address(
+    monkeypatch, spelled, dotted, policy
+):
+    monkeypatch.setenv(netguard.ENV, policy)
+    tool = http_tool(f"http://{spelled}:8080/latest/meta-data")
+    if netguard.literal_refusal(dotted) is None:
+        definitions.validate(tool)
+    else:
+        assert refusal(tool) == f"tool.http.url: {netguard.literal_refusal(dotted)}"
+        assert "tool.mcp.url" in refusal(mcp_tool(f"http://{spelled}/mcp"))
+    assert netguard.literal_refusal(spelled) == netguard.literal_refusal(dotted)
+    assert netguard.address_of(spelled) == ipaddress.ip_address(dotted)
+
+
+def test_a_host_ending_in_a_number_that_spells_no_address_is_refused(monkeypatch):
+    monkeypatch.delenv(netguard.ENV, raising=False)
+    for host in ("1.2.3.4.5", "09", "256.1.1.1", "0x1.0x100000000"):
+        assert "tool.http.url" in refusal(http_tool(f"http://{host}/x")), host
+    for name in ("metadata.example", "localhost", "a0.example", "v1.api.example"):
+        assert netguard.address_of(name) is None, name
+        definitions.validate(http_tool(f"https://{name}/x"))
+
+
+@pytest.mark.parametrize("spelled", ["127.1", "2130706433", "0x7f.0.0.1", "0177.0.0.1"])
+async def test_a_numeric_spelling_is_refused_at_send_time_like_its_dotted_form(
+    monkeypatch, spelled
+):
+    """A definition saved before this check (or by a bug) is stopped when sent: a real
+    server listens on 127.0.0.1, and a loopback refused by the operator is refused
+    whichever way the tool's URL spells it."""
+    from executor.config import ExecutorConfig
+    from executor.tools import definitions as executor_definitions
+    from executor.tools.http_tool import HttpToolClient
+    from executor.tools.send_errors import Blocked
+    from tests.harness.http_stub import reply, serving
+
+    monkeypatch.setenv(netguard.ENV, "deny")
+    async with serving(lambda r: reply(json={"ok": True})) as stub:
+        port = stub.url.rsplit(":", 1)[1].split("/", 1)[0]
+        proto = http_tool(f"http://{spelled}:{port}/x")
+        client = HttpToolClient(ExecutorConfig())
+        with pytest.raises(Blocked, match=repr(spelled)):
+            await client.send(executor_definitions.from_proto(proto), {}, "run:1")
+        await client.aclose()
+    assert stub.seen == []
+
+
+async def test_an_allowed_numeric_spelling_is_sent_to_the_address_it_was_judged_as(monkeypatch):
+    """With loopback allowed, `127.1` is 127.0.0.1 for the guard and for the connection alike
+    (aiohttp alone refuses it as no canonical address)."""
+    from executor.config import ExecutorConfig
+    from executor.tools import definitions as executor_definitions
+    from executor.tools.http_tool import HttpToolClient
+    from tests.harness.http_stub import reply, serving
+
+    monkeypatch.setenv(netguard.ENV, "allow")
+    async with serving(lambda r: reply(json={"ok": True})) as stub:
+        port = stub.url.rsplit(":", 1)[1].split("/", 1)[0]
+        proto = http_tool(f"http://127.1:{port}/x")
+        client = HttpToolClient(ExecutorConfig())
+        answer = await client.send(executor_definitions.from_proto(proto), {}, "run:2")
+        await client.aclose()
+    assert answer == {"ok": True} and [s.target for s in stub.seen] == ["/x"]

@@ -12,6 +12,7 @@ from executor.config import ExecutorConfig
 from executor.tools import credentials, definitions, template
 from executor.tools.catalogue import Catalogue
 from executor.tools.credentials import Credential, Granted
+from executor.tools.delivery import ToolDelivery
 from executor.tools.http_tool import HttpToolClient
 from executor.tools.rejection import ToolCallRejected
 from executor.tools.send_errors import MaybeSent, NotSent
@@ -55,8 +56,50 @@ def test_headers_query_and_the_body_take_what_they_name():
 def test_the_pointer_picks_the_result():
     document = {"data": {"items": [{"a/b": 1}, {"x": 2}]}}
     assert template.pointed(document, "/data/items/0/a~1b") == 1
+    assert template.pointed(document, "/data/items/1") == {"x": 2}
     assert template.pointed(document, "") == document
-    assert template.pointed(document, "/nope") == document
+
+
+@pytest.mark.parametrize(
+    ("pointer", "where"),
+    [
+        ("/nope", "no 'nope' in its top level"),
+        ("/data/items/2", "no '2' in /data/items"),
+        ("/data/items/-", "no '-' in /data/items"),  # past the end: no member
+        ("/data/items/01", "no '01' in /data/items"),  # RFC 6901: no leading zeros
+        ("/data/items/0/a~1b/c", "no 'c' in /data/items/0/a~1b"),
+    ],
+)
+def test_a_pointer_with_nothing_there_is_refused_naming_it_never_the_whole_answer(pointer, where):
+    document = {"data": {"items": [{"a/b": 1}, {"x": 2}]}}
+    with pytest.raises(template.NothingAtPointer) as refused:
+        template.pointed(document, pointer)
+    assert str(refused.value) == (
+        f"the answer has nothing at response_pointer {pointer!r} ({where})"
+    )
+
+
+async def test_an_answer_without_the_pointer_fails_the_call_once_and_shows_none_of_it():
+    """A real provider answers 200 without the member the tool's pointer names: the call was
+    applied, so it is not sent again, and it fails naming the pointer; the model never sees
+    the answer (a typo in a pointer used to hand it the whole body)."""
+    async with serving(lambda r: reply(json={"items": [{"secret": "s" * 50}]})) as stub:
+        proto = registry_tool(url=f"{stub.url}/issues")
+        proto.http.auth, proto.http.response_pointer = "", "/data/id"
+        client = HttpToolClient(ExecutorConfig())
+        delivery = ToolDelivery(client, sleep=_no_wait)
+        outcome = await delivery.send(definitions.from_proto(proto), {}, "run:8", lambda: None)
+        await client.aclose()
+    assert len(stub.seen) == 1
+    assert outcome.status == "error" and outcome.output is None
+    assert outcome.error == (
+        "issue_create: the provider answered 200, but the answer has nothing at "
+        "response_pointer '/data/id' (no 'data' in its top level)"
+    )
+
+
+async def _no_wait(seconds: float) -> None:
+    return None
 
 
 def registry_tool(
