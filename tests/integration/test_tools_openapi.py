@@ -114,6 +114,36 @@ async def test_the_canonical_petstore_documents_import(server, db_url, db, versi
     assert await db.fetchval(saved, ws) == 3
 
 
+PETS = [{"id": 1, "name": "Rex", "tag": "dog"}, {"id": 2, "name": "Tom"}]
+
+
+async def test_an_agent_calls_the_imported_petstore_against_a_local_server(
+    db_url, control_plane, executor_factory
+):
+    """The Petstore 3.1 document imported with its server pointed at a local HTTP server: an
+    agent's run calls listPets there with the model's arguments and reports the answer."""
+    from tests.harness.http_stub import reply, serving
+
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, "pets")
+    document = (PETSTORE / "petstore-3.1.yaml").read_text()
+    async with serving(lambda r: reply(json=PETS)) as petstore:
+        async with auth.channel(cp.address, await auth.workspace_key(db_url, "pets")) as ch:
+            await tool_pb2_grpc.ToolServiceStub(ch).ImportOpenApi(
+                tool_pb2.ImportOpenApiRequest(
+                    document=document, operations=["listPets"], base_url=f"{petstore.url}/v1"
+                )
+            )
+        await api.publish("keeper", "petstore", ["listPets"])
+        executor_factory(cp)
+        run_id = await api.start("keeper", "which pets?")
+        (run,) = await api.wait_terminal([run_id], within=60)
+    await api.close()
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    assert [(s.method, s.target) for s in petstore.seen] == [("GET", "/v1/pets?limit=2")]
+    assert json.loads(run.output.removeprefix("The pets: ")) == PETS
+
+
 REFUSALS = [
     ({}, "classes[createOrder]"),  # the write, without its class
     ({"operations": ["getProduct", "nope"]}, "operations[1]"),
