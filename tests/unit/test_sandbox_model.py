@@ -230,8 +230,8 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     # Deliberate unknown tools: bad_tool's, and the injection scenarios' attempts at tools
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
     # not built-ins: the tests that call them add them to their workspace first (the shop's
-    # by importing its OpenAPI document).
-    registry = {"channel_history", "charge_customer"} | SHOP_TOOLS
+    # by importing its OpenAPI document; petstore's listPets, from the Petstore document).
+    registry = {"channel_history", "charge_customer", "listPets"} | SHOP_TOOLS
     assert used - CATALOGUE - registry == {
         "delete_everything",
         "list_invoices",

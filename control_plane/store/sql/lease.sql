@@ -310,7 +310,7 @@ SELECT workspace_id, run_id, lease_epoch FROM failed;
 -- input) is on no release yet: the claim that could not deliver it set one.
 UPDATE runs SET status = 'waiting', wait_reason = 'handoff', lease_owner = NULL,
                 release = CASE WHEN step_count <= 1 THEN NULL ELSE release END,
-                wake_at = coalesce($4::timestamptz, now()), updated_at = now()
+                wake_at = (SELECT coalesce($4::timestamptz, now())), updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'running';
 
 -- name: run_release_on_break :many

@@ -48,7 +48,7 @@ LIMIT $2;
 -- Start draining a release (again: a new deadline, $2 seconds from now; NULL: each
 -- executor's own, the longest turn it holds), forced ($3) or not. A forced drain
 -- stays forced.
-UPDATE releases SET draining_since = coalesce(draining_since, now()),
+UPDATE releases SET draining_since = coalesce(draining_since, (SELECT now())),
                     drain_deadline = now() + make_interval(secs => $2),
                     drain_forced = drain_forced OR $3
 WHERE release = $1
@@ -66,7 +66,7 @@ RETURNING release;
 -- Roll release $1 back: no ramp, no promote, drained (its turns finish, its parked
 -- runs continue on the newest other release), deadline as release_drain's.
 UPDATE releases SET ramp_percent = NULL, promoted_at = NULL, rolled_back_at = now(),
-                    draining_since = coalesce(draining_since, now()),
+                    draining_since = coalesce(draining_since, (SELECT now())),
                     drain_deadline = now() + make_interval(secs => $2)
 WHERE release = $1
 RETURNING release;
@@ -84,14 +84,20 @@ RETURNING release, promoted_at;
 -- executor's own), whether the drain is forced, and how many runs pinned to the
 -- release wait for one of its executors (handed back mid-turn, or their lease
 -- lapsed): an executor of it that connects serves those before it is told to drain.
+-- (The waiting runs are counted in a grouped CTE, which Citus plans; a correlated
+-- subquery beside the reference table `releases` it refuses.)
+WITH waiting AS (
+    SELECT r.release, count(*) AS n FROM runs r
+    WHERE r.release IS NOT NULL
+      AND (r.status IN ('queued', 'waiting') OR (r.status = 'running' AND r.wake_at <= now()))
+    GROUP BY r.release
+)
 SELECT rl.release,
        greatest(0, extract(epoch FROM rl.drain_deadline - now()))::float8 AS seconds_left,
        rl.drain_forced AS forced,
-       (SELECT count(*) FROM runs r
-        WHERE r.release = rl.release
-          AND (r.status IN ('queued', 'waiting')
-               OR (r.status = 'running' AND r.wake_at <= now()))) AS waiting
-FROM releases rl WHERE rl.draining_since IS NOT NULL;
+       coalesce(w.n, 0) AS waiting
+FROM releases rl LEFT JOIN waiting w ON w.release = rl.release
+WHERE rl.draining_since IS NOT NULL;
 
 -- name: release_connected :one
 -- Whether an executor of release $1 was seen within $2 seconds.
