@@ -250,6 +250,7 @@ async def test_a_forced_drain_leaves_a_turn_in_progress_on_its_release_until_one
     async with signed_in(cp.http_url, ws_key) as console:
         page = await console.get("/console/queue")
     assert page.status_code == 200
+    assert page.text.count('id="release-waits"') == 1  # one table, in the page's body
     waits = page.text[page.text.index('id="release-waits"') :]
     assert run_id in waits and ">A<" in waits, waits
     # B serves other runs meanwhile, and leaves this one alone.

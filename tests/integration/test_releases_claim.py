@@ -31,9 +31,11 @@ async def claim(pool, owner: str, release: lease.Release):
     return await lease.claim_due(pool, [owner], 30, release=release)
 
 
-async def hand_back(pool, run) -> None:
-    """The holder commits one step and parks the run (a drain's hand-back)."""
+async def hand_back(pool, run, between_turns: bool = False) -> None:
+    """The holder commits one step and parks the run: a drain's hand-back of a turn in
+    progress (it stays on its release), or `between_turns` (a sleep, say: on no release)."""
     payload = json.dumps({"content": "work", "tool_calls": []})
+    reason = "sleep" if between_turns else "handoff"
     await steps.commit(
         pool,
         steps.CommitRequest(
@@ -41,7 +43,12 @@ async def hand_back(pool, run) -> None:
             run.run_id,
             run.lease_epoch,
             [steps.NewStep(run.step_count, "model_decision", None, payload)],
-            steps.Transition(status="waiting", wait_reason="handoff", wake_after_seconds=0),
+            steps.Transition(
+                status="waiting",
+                wait_reason=reason,
+                wake_after_seconds=0,
+                between_turns=between_turns,
+            ),
         ),
         30,
     )
@@ -117,22 +124,7 @@ async def test_a_claimer_whose_hello_was_not_recorded_still_takes_new_runs(pool)
 
 
 async def park_between_turns(pool, run) -> None:
-    """The holder commits one step and parks between turns (a sleep, say): the run waits
-    on no release."""
-    payload = json.dumps({"content": "work", "tool_calls": []})
-    await steps.commit(
-        pool,
-        steps.CommitRequest(
-            run.workspace_id,
-            run.run_id,
-            run.lease_epoch,
-            [steps.NewStep(run.step_count, "model_decision", None, payload)],
-            steps.Transition(
-                status="waiting", wait_reason="sleep", wake_after_seconds=0, between_turns=True
-            ),
-        ),
-        30,
-    )
+    await hand_back(pool, run, between_turns=True)
 
 
 async def share(pool, release: str) -> tuple[int, int]:
