@@ -136,10 +136,6 @@ class RunLoop:
     def turn_seconds(self, model_default: float, tool_default: float) -> float:
         return self._held.turn_seconds(model_default, tool_default)
 
-    def mid_turn(self) -> bool:
-        """A turn is in progress: a decided call waits to start or to be resolved."""
-        return not self._held.between_turns()
-
     async def run(self) -> str:
         """Drive the run; one span (and the log context) per hold, each commit a child."""
         lease = self.lease

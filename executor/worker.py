@@ -102,8 +102,9 @@ class Worker:
         # Set by run(); a release drain (the control plane's Drain) sets it too.
         self._stop_event: asyncio.Event | None = None
         # A drain's explicit time to work on before handing back (None: none, hand back at
-        # the next turn boundary); set: hand back even a turn in progress (forced).
+        # the next turn boundary).
         self._finish_within: float | None = None
+        # Set by force(): hand back even a turn in progress.
         self._forced = asyncio.Event()
 
     def _run_deps(self, config: ExecutorConfig, catalogue: Catalogue) -> RunDeps:
@@ -292,23 +293,24 @@ class Worker:
 
     def on_drain(self, drain: executor_pb2.Drain) -> None:
         """The release drains: claim nothing new, hand held runs back at their turn
-        boundaries (drain()), then exit; a forced drain hands back turns in progress too."""
+        boundaries (drain()), then exit; a forced drain hands back turns in progress too
+        (it may come first, or after a drain that was not forced)."""
+        if not self._draining:
+            if drain.HasField("finish_within"):
+                self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
+            log.info(
+                "release %s drains%s: handing held runs back at their turn boundaries, "
+                "then exiting",
+                drain.release,
+                " (forced)" if drain.force else "",
+            )
+            self._draining = True
+            if self._stream.withdraw(self._credits):
+                self._credits = 0
+            if self._stop_event is not None:
+                self._stop_event.set()
         if drain.force:
             self.force()
-        if self._draining:
-            return
-        if drain.HasField("finish_within"):
-            self._finish_within = drain.finish_within.ToNanoseconds() / 1e9
-        log.info(
-            "release %s drains%s: handing held runs back at their turn boundaries, then exiting",
-            drain.release,
-            " (forced)" if drain.force else "",
-        )
-        self._draining = True
-        if self._stream.withdraw(self._credits):
-            self._credits = 0
-        if self._stop_event is not None:
-            self._stop_event.set()
 
     def on_cancel(self, cancel: executor_pb2.Cancel) -> None:
         held = self._runs.get(cancel.lease.run_id)

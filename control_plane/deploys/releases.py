@@ -98,8 +98,8 @@ def to_proto(
     )
     if state.ramp_percent is not None:
         msg.ramp_percent = state.ramp_percent
-    if state.canary_failed_at is not None and not opened(state):
-        # Closed by its last canary failure (no pass or promote since): when, where, why.
+    if state.canary_failed_at is not None and closed_by_canary(state):
+        # When, where and why its last canary failed.
         failure = canary_store.Failure.parse(state.canary_failed_at, state.canary_failure or "")
         msg.canary_fail_time.CopyFrom(convert.timestamp(failure.at))
         msg.canary_failed_stage = failure.stage
@@ -130,6 +130,12 @@ def opened(state: store.ReleaseState) -> bool:
     if state.canary_failed_at is None:
         return bool(passed)
     return bool(passed) and max(passed) > state.canary_failed_at
+
+
+def closed_by_canary(state: store.ReleaseState) -> bool:
+    """Its last canary failed, and no pass or promote came since: under the gate it takes
+    no new run, and no work by hand either."""
+    return state.canary_failed_at is not None and not opened(state)
 
 
 def routable(state: store.ReleaseState, gated: bool) -> bool:
@@ -190,17 +196,11 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
         """Under the canary gate, a release whose last canary failed is not given work by
         hand either: its canary must pass first."""
         states = await store.list_releases(self._pool, self._live, name)
-        if not self._gated or not states:
-            return
-        state = states[0]
-        failed = state.canary_failed_at
-        if failed is not None and (
-            state.canary_passed_at is None or state.canary_passed_at < failed
-        ):
+        if self._gated and states and closed_by_canary(states[0]):
             raise FailedPrecondition(
                 f"release {name!r} cannot be {done}: its last canary failed "
-                f"({state.canary_failure or 'no reason recorded'}); it takes work once a "
-                "canary passes (agentrun canary --release " + name + ")"
+                f"({states[0].canary_failure or 'no reason recorded'}); it takes work once a "
+                f"canary passes (agentrun canary --release {name})"
             )
 
     async def DrainRelease(

@@ -225,10 +225,9 @@ class ExecutorSession:
         if self._ended:  # the stream ended meanwhile: it never connected
             return
         with contextlib.suppress(Exception):  # else the dispatcher's next beat records it
-            await asyncio.wait_for(releases.seen(self._pool, hello.release), RECORD_TIMEOUT)
             versions = hello.log_version or 1, hello.log_reads_from or 1
             await asyncio.wait_for(
-                releases.log_versions(self._pool, hello.release, *versions), RECORD_TIMEOUT
+                releases.declared(self._pool, hello.release, *versions), RECORD_TIMEOUT
             )
         if self._ended:  # the stream ended meanwhile: nothing to welcome or assign into
             return

@@ -82,10 +82,11 @@ async def seen(pool: Pool, *names: str) -> None:
         await run(pool, "release_seen", list(names))
 
 
-async def log_versions(pool: Pool, release: str, writes: int, reads_from: int) -> None:
-    """The step-log versions the release's executors write and read (Hello)."""
+async def declared(pool: Pool, release: str, writes: int = 1, reads_from: int = 1) -> None:
+    """An executor of `release` connected (Hello), writing step-log version `writes` and
+    reading from `reads_from`: the release is known, with those versions, in one statement."""
     if release:
-        await run(pool, "release_log_versions", release, writes, reads_from)
+        await run(pool, "release_declared", release, writes, reads_from)
 
 
 async def list_releases(

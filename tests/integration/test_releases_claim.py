@@ -185,7 +185,7 @@ async def test_a_run_whose_log_is_newer_than_a_release_reads_is_never_given_to_i
     B parked waits for a release that reads version 2 (C), and never goes to A."""
     await connect(pool, "a1", "A")
     await connect(pool, "b1", "B")
-    await store.log_versions(pool, "B", 2, 1)
+    await store.declared(pool, "B", 2, 1)
     (run,) = await factories.queued_runs(pool, 1)
     (on_b,) = await claim(pool, "b1", of("B"))
     row = await pool.fetchrow("SELECT log_version FROM runs WHERE run_id = $1", run.run_id)
@@ -194,6 +194,6 @@ async def test_a_run_whose_log_is_newer_than_a_release_reads_is_never_given_to_i
     assert await store.rollback(pool, "B", None)
     assert await claim(pool, "a1", of("A")) == []  # A reads version 1 only
     await connect(pool, "c1", "C")
-    await store.log_versions(pool, "C", 2, 1)
+    await store.declared(pool, "C", 2, 1)
     (on_c,) = await claim(pool, "c1", of("C"))
     assert on_c.run_id == run.run_id and on_c.release == "C"

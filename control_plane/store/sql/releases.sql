@@ -6,10 +6,15 @@ INSERT INTO releases (release)
 SELECT DISTINCT r FROM unnest($1::text[]) AS r WHERE r <> ''
 ON CONFLICT DO NOTHING;
 
--- name: release_log_versions :exec
--- The step-log versions release $1's executors write ($2) and read from ($3).
-UPDATE releases SET log_version = $2, log_reads_from = $3
-WHERE release = $1 AND (log_version, log_reads_from) IS DISTINCT FROM ($2, $3);
+-- name: release_declared :exec
+-- An executor of release $1 connected, writing step-log version $2 and reading from $3:
+-- the release is known from now on (release_seen), with those versions.
+INSERT INTO releases AS rl (release, log_version, log_reads_from)
+VALUES ($1, $2, $3)
+ON CONFLICT (release) DO UPDATE
+SET log_version = EXCLUDED.log_version, log_reads_from = EXCLUDED.log_reads_from
+WHERE (rl.log_version, rl.log_reads_from)
+      IS DISTINCT FROM (EXCLUDED.log_version, EXCLUDED.log_reads_from);
 
 -- name: release_list :many
 -- Every known release ($1 NULL) or one, newest first, with its executors seen
