@@ -23,13 +23,15 @@ the file has one. A key is never printed: listings show `agr_ws_<id>_…`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+import tomlkit
+from tomlkit.items import AbstractTable
 
 FIELDS = (
     "address",
@@ -140,16 +142,24 @@ def select(name: str | None, path: Path | None = None) -> Profile | None:
 
 
 def save(profile: Profile, path: Path | None = None) -> Path:
-    """Add or replace `profile` in the file, written mode 0600 (it may hold a key)."""
+    """Add or change `profile` in the file, written mode 0600 (it may hold a key).
+
+    The file is edited, not rewritten: tomlkit keeps the user's comments, layout, other
+    profiles and any other tables as they were; only this profile's settings change.
+    """
     if not NAME.match(profile.name):
         raise ProfileError(f"profile name {profile.name!r}: use letters, digits, _ and -")
     path = path or config_path()
-    every = load(path)
-    every[profile.name] = profile
-    text = dumps(every)
+    load(path)  # refuse to edit a file the CLI cannot read (it names what is wrong)
+    try:
+        doc = tomlkit.parse(path.read_text())
+    except FileNotFoundError:
+        doc = tomlkit.document()
+        doc.add(tomlkit.comment("agentrun CLI profiles (agentrun profile set/list/show)"))
+    text = tomlkit.dumps(_edited(doc, profile))
     try:  # never replace a readable file with one the next command cannot read
-        tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        tomllib.loads(text.encode().decode())
+    except (UnicodeError, tomllib.TOMLDecodeError) as exc:
         raise ProfileError(f"profile {profile.name!r}: a value cannot be saved ({exc})") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -161,10 +171,25 @@ def save(profile: Profile, path: Path | None = None) -> Path:
     return path
 
 
-def dumps(every: dict[str, Profile]) -> str:
-    """TOML text for the profiles (strings only; JSON string escapes are valid TOML)."""
-    out = ["# agentrun CLI profiles (agentrun profile set/list/show)"]
-    for name in sorted(every):
-        out.append(f"\n[profile.{name}]")
-        out += [f"{k} = {json.dumps(v)}" for k, v in every[name].settings().items()]
-    return "\n".join(out) + "\n"
+def _edited(doc: tomlkit.TOMLDocument, profile: Profile) -> tomlkit.TOMLDocument:
+    """`doc` with [profile.NAME] holding exactly `profile`'s settings, each kept in place."""
+    if "profile" not in doc:
+        doc.add(tomlkit.nl())
+        doc["profile"] = tomlkit.table(is_super_table=True)
+    tables = doc["profile"]
+    assert isinstance(tables, AbstractTable)  # load() refused any other shape
+    table = tables.get(profile.name)
+    new = table is None
+    if new:
+        table = tomlkit.table()
+    assert isinstance(table, AbstractTable)
+    settings = profile.settings()
+    for key in FIELDS:  # an existing key is changed in place, keeping its comment
+        if key in settings:
+            table[key] = settings[key]
+        elif key in table:
+            del table[key]
+    if new:  # after the last profile, a blank line after it
+        table.add(tomlkit.nl())
+        tables[profile.name] = table
+    return doc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,6 +148,48 @@ def test_profile_set_changes_only_what_is_given(isolated: Path) -> None:
         "workspace": "w",
         "api_key_env": "K",
     }
+
+
+HAND_WRITTEN = """\
+# my agentrun settings: keep this line
+editor = "vim"   # not agentrun's, but the file is mine
+
+[profile.prod]
+# production: ask Ada before changing
+address = "cp.acme:443"  # the load balancer
+workspace = "acme"
+
+[profile.staging]
+address = "staging:443"   # staging's comment
+
+[aliases]
+rl = "runs list"
+"""
+
+
+def test_profile_set_keeps_comments_other_profiles_and_unknown_tables(isolated: Path) -> None:
+    isolated.write_text(HAND_WRITTEN)
+    assert main(["profile", "set", "prod", "--workspace", "acme2", "--api-key-env", "K"]) == 0
+    assert main(["profile", "set", "dev", "--address", "127.0.0.1:50052"]) == 0
+    text = isolated.read_text()
+    # Every line the user wrote is still there but the one value changed, comments included.
+    changed = HAND_WRITTEN.replace('workspace = "acme"', 'workspace = "acme2"')
+    kept = [line for line in changed.splitlines() if line]
+    assert [line for line in text.splitlines() if line in kept] == kept
+    assert 'api_key_env = "K"' in text and "[profile.dev]" in text
+    data = tomllib.loads(text)
+    assert data["editor"] == "vim" and data["aliases"] == {"rl": "runs list"}
+    assert data["profile"]["prod"] == {
+        "address": "cp.acme:443",
+        "workspace": "acme2",
+        "api_key_env": "K",
+    }
+    assert data["profile"]["staging"] == {"address": "staging:443"}
+    assert data["profile"]["dev"] == {"address": "127.0.0.1:50052"}
+    # A setting emptied is removed, not left behind.
+    assert main(["profile", "set", "prod", "--api-key-env", ""]) == 0
+    assert "api_key_env" not in isolated.read_text()
+    assert "# production: ask Ada before changing" in isolated.read_text()
 
 
 class _Lines:
