@@ -300,7 +300,29 @@ def build_parser() -> argparse.ArgumentParser:
     admin_commands.add_commands(sub, common)
     profile_commands.add_commands(sub, common)
     mcp.add_commands(sub, common)  # after any `tools` module: it adds add-mcp and sync to it
+    _add_completion(sub)
     return parser
+
+
+COMPLETION_SHELLS = ("bash", "zsh", "fish", "tcsh")
+
+
+def _add_completion(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script: "
+        "`source <(agentrun completion bash)`, or save it where your shell loads completions",
+    )
+    p.add_argument("shell", choices=COMPLETION_SHELLS)
+    p.set_defaults(handler=_completion)
+
+
+def _completion(args: argparse.Namespace) -> int:
+    """The script shtab generates from this very parser: static, so a TAB runs no Python."""
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell), end="")
+    return 0
 
 
 def _version() -> str:
@@ -315,9 +337,10 @@ def _version() -> str:
 def resolve(args: argparse.Namespace) -> None:
     """Address, workspace and key: flag > environment > profile > dev credentials/defaults.
 
-    `profile ...` commands edit the file, so they do not select a profile.
+    `profile ...` commands edit the file, and `completion` prints a script, so neither
+    selects a profile.
     """
-    if args.command == "profile":
+    if args.command in ("profile", "completion"):
         output.settle(args)
         credentials.activate(None)
         return
