@@ -18,7 +18,6 @@ acts on the platform's own keys (executor and platform) and audit log.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -30,20 +29,10 @@ from google.protobuf import timestamp_pb2
 
 from agentrun.v1 import admin_pb2 as pb
 from agentrun.v1 import admin_pb2_grpc
-from agentrun_cli import argtypes, credentials, output, render, render_admin
+from agentrun_cli import argtypes, credentials, durations, output, render, render_admin
 
 TIMEOUT = 30.0
 ROLES = ["admin", "operator", "reader", "approver"]
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
-
-
-def duration(text: str) -> timedelta:
-    """`90s`, `15m`, `12h`, `30d`, `2w` as a timedelta (argparse type)."""
-    found = _DURATION.match(text.strip())
-    if not found or int(found.group(1)) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected N followed by s, m, h, d or w")
-    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
 
 
 Stub: TypeAlias = admin_pb2_grpc.WorkspaceAdminServiceStub
@@ -123,7 +112,7 @@ def _key_request(args: argparse.Namespace) -> pb.CreateApiKeyRequest:
         )
     if args.expires_in is not None:
         expire = timestamp_pb2.Timestamp()
-        expire.FromDatetime(datetime.now(UTC) + args.expires_in)
+        expire.FromDatetime(datetime.now(UTC) + timedelta(seconds=args.expires_in))
         req.expire_time.CopyFrom(expire)
     return req
 
@@ -299,7 +288,9 @@ def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         help="the person or service it acts as (an approver: their email)",
     )
     p.add_argument("--role", choices=ROLES, help="a workspace key's role")
-    p.add_argument("--expires-in", type=duration, metavar="DURATION", help="e.g. 12h, 30d")
+    p.add_argument(
+        "--expires-in", type=durations.positive_arg, metavar="DURATION", help="e.g. 12h, 30d"
+    )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--executor", action="store_true", help="an executor credential")
     kind.add_argument("--platform", action="store_true", help="a platform admin key")
@@ -340,6 +331,6 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = sub.add_parser("audit", help="the audit log: who did what, when", parents=[common])
     p.add_argument("--limit", type=argtypes.int32, default=50, metavar="N", help="default 50")
     p.add_argument("--follow", action="store_true", help="then print new entries until Ctrl-C")
-    p.add_argument("--interval", type=argtypes.seconds, default=2.0, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=durations.arg, default=2.0, help=argparse.SUPPRESS)
     p.add_argument("--platform", action="store_true", help="the platform's own log")
     p.set_defaults(handler=audit)

@@ -19,8 +19,9 @@ An entry of `tools` may also be a whole tool definition (agentrun_cli/tool_files
 `name`): `apply` saves it to the workspace's registry first (a new version only if it
 changed), then publishes with its name.
 
-Field names are the proto's (agent.proto); durations take `90s`, `10m`, `12h`,
-`7d` or a number of seconds; enums take their short lower-case names
+Field names are the proto's (agent.proto); durations take what the CLI's flags take
+(agentrun_cli/durations.py: `90s`, `10m`, `1.5h`, `1d2h`, `PT1H` or a number of seconds;
+`approval.expiry` is whole seconds, rounded up); enums take their short lower-case names
 (`reply_to_trigger_thread`, `escalate`). A key the spec does not have is an
 error naming it (and the nearest known key), so a typo never publishes a
 spec that silently lacks a limit.
@@ -28,7 +29,7 @@ spec that silently lacks a limit.
 
 from __future__ import annotations
 
-import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,7 @@ import yaml
 from google.protobuf import json_format
 
 from agentrun.v1 import agent_pb2, tool_pb2
-from agentrun_cli import tool_files
-from agentrun_cli.admin_commands import duration
+from agentrun_cli import durations, tool_files
 from agentrun_cli.spec_files import Aliases, SpecFileError, unknown_keys
 
 # Keys of the file that are not in AgentSpec.
@@ -129,12 +129,16 @@ def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
     limits = out.get("limits")
     if isinstance(limits, dict):
-        out["limits"] = {k: _seconds(v) if k in _DURATIONS else v for k, v in limits.items()}
+        out["limits"] = {
+            k: _proto_duration(durations.field(v, f"limits.{k}")) if k in _DURATIONS else v
+            for k, v in limits.items()
+        }
     approval = out.get("approval")
     if isinstance(approval, dict):
         approval = dict(approval)
         if "expiry" in approval:
-            approval["expiry_seconds"] = int(_seconds(approval.pop("expiry")).removesuffix("s"))
+            expiry = durations.field(approval.pop("expiry"), "approval.expiry")
+            approval["expiry_seconds"] = math.ceil(expiry)
         out["approval"] = _enum(approval, "on_expiry")
     constraints = out.get("constraints")
     if isinstance(constraints, list):
@@ -142,17 +146,9 @@ def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _seconds(value: Any) -> str:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration")
-    if isinstance(value, int | float):
-        return f"{int(value)}s"
-    if isinstance(value, str) and value.isdigit():
-        return f"{value}s"
-    try:
-        return f"{int(duration(str(value)).total_seconds())}s"
-    except argparse.ArgumentTypeError as err:
-        raise ValueError(f"{value!r} is not a duration (90s, 10m, 12h, 7d)") from err
+def _proto_duration(seconds: float) -> str:
+    """protobuf's JSON form of a Duration: `600s`, `0.5s`."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 def _enum(item: dict[str, Any], key: str) -> dict[str, Any]:

@@ -14,8 +14,6 @@ import math
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
-# google.protobuf.Duration's range: 10,000 years.
-MAX_SECONDS = 315_576_000_000
 
 
 def _whole(text: str, low: int, high: int) -> int:
@@ -46,12 +44,4 @@ def finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def seconds(text: str) -> float:
-    """A length of time in seconds: a finite number, >= 0, that a Duration can hold."""
-    value = finite(text)
-    if not 0 <= value <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r} seconds must be between 0 and {MAX_SECONDS}")
     return value

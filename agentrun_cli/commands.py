@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
 from agentrun.v1 import agent_pb2, run_pb2, tool_pb2, tool_pb2_grpc
-from agentrun_cli import agent_files, output, render
-from agentrun_cli.admin_commands import duration
+from agentrun_cli import agent_files, durations, output, render
 from agentrun_cli.client import Client, RunWatch
 from agentrun_cli.output import Column
 
@@ -271,7 +270,11 @@ RUN_COLUMNS = [
 
 def runs_list(args: argparse.Namespace) -> int:
     status = render.status_value(args.status) if args.status else 0
-    since = datetime.now(UTC) - duration(args.since) if args.since else None
+    since = (
+        datetime.now(UTC) - timedelta(seconds=durations.positive(args.since))
+        if args.since
+        else None
+    )
     with _client(args) as client:
         runs = list(client.list_runs(args.agent, status, args.limit, since, args.search or ""))
     if args.quiet:  # ids only, for scripts: RUN=$(agentrun runs list -q --limit 1)

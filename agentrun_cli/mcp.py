@@ -28,7 +28,7 @@ import grpc
 
 from agentrun.v1 import tool_pb2 as pb
 from agentrun.v1 import tool_pb2_grpc
-from agentrun_cli import argtypes, credentials, output
+from agentrun_cli import credentials, durations, output
 
 TIMEOUT = 60.0  # the control plane asks the MCP server while we wait
 _CLASSES = {"none": pb.IDEMPOTENCY_CLASS_NONE, "provider_key": pb.IDEMPOTENCY_CLASS_PROVIDER_KEY}
@@ -175,9 +175,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--connection", metavar="PROVIDER", help="the connection that authenticates")
     p.add_argument(
         "--timeout",
-        type=argtypes.seconds,
-        metavar="SECONDS",
-        help="each call's deadline, 0-300 (default: the platform's)",
+        type=durations.arg,
+        metavar="DURATION",
+        help="each call's deadline, up to 300s (default: the platform's)",
     )
     p.add_argument(
         "--class",
@@ -205,9 +205,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--yes", action="store_true", help="with --apply: do not ask")
     p.add_argument(
         "--timeout",
-        type=argtypes.seconds,
-        metavar="SECONDS",
-        help="a new deadline for each call, 0-300",
+        type=durations.arg,
+        metavar="DURATION",
+        help="a new deadline for each call, up to 300s",
     )
     p.add_argument(
         "--class",

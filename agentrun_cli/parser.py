@@ -16,6 +16,7 @@ from agentrun_cli import (
     credentials,
     credits,
     crypto_keys,
+    durations,
     forks,
     launch,
     mcp,
@@ -172,8 +173,8 @@ def _add_publish(agents: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("--max-steps", type=argtypes.int32, default=0, metavar="N")
     p.add_argument(
         "--deadline",
-        type=argtypes.seconds,
-        metavar="SECONDS",
+        type=durations.arg,
+        metavar="DURATION",
         help="active-time budget (time held by executors; parked time does not count)",
     )
     p.add_argument(
@@ -190,7 +191,7 @@ def _quiet(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _age(text: str) -> str:
-    admin_commands.duration(text)  # checked here, converted by the handler
+    durations.positive_arg(text)  # checked here, converted by the handler
     return text
 
 

@@ -24,7 +24,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import release_pb2 as pb
 from agentrun.v1 import release_pb2_grpc
-from agentrun_cli import argtypes, credentials, render
+from agentrun_cli import credentials, durations, render
 
 TIMEOUT = 30.0
 POLL_SECONDS = 0.5
@@ -201,9 +201,9 @@ def _percent(value: str) -> int:
 def _finish_within_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--finish-within",
-        type=argtypes.seconds,
+        type=durations.arg,
         default=None,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="time its executors work on held runs before handing each back at its next "
         "turn boundary (default: each executor's longest turn)",
     )
@@ -233,7 +233,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         parents=[common],
     )
     p.add_argument("name", metavar="RELEASE")
-    p.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=durations.arg, default=600.0, metavar="DURATION")
     p.set_defaults(handler=wait_drained)
     p = actions.add_parser("promote", help="send new runs to a release", parents=[common])
     p.add_argument("name", metavar="RELEASE")
@@ -256,5 +256,5 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(handler=move)
     p = sub.add_parser("canary", help="the contract canary: exit 0 on PASS", parents=[common])
     p.add_argument("--release", default="", help="only executors of this release may take it")
-    p.add_argument("--timeout", type=argtypes.seconds, default=10.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=durations.arg, default=10.0, metavar="DURATION")
     p.set_defaults(handler=canary)

@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import argtypes, credentials, render
+from agentrun_cli import argtypes, credentials, durations, render
 from agentrun_cli.render_triggers import POLICIES, trigger_lines
 
 TIMEOUT = 60.0
@@ -155,7 +155,7 @@ def delete(args: argparse.Namespace) -> int:
 def add_schedule_options(p: argparse.ArgumentParser) -> None:
     """--overlap and --catchup (create and update)."""
     p.add_argument("--overlap", choices=POLICIES, help="while a run goes on (default allow_all)")
-    p.add_argument("--catchup", type=argtypes.seconds, metavar="SECONDS", help="catch-up window")
+    p.add_argument("--catchup", type=durations.arg, metavar="DURATION", help="catch-up window")
 
 
 def _update_parser(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -163,9 +163,9 @@ def _update_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("trigger_id", metavar="ID")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--cron", metavar="EXPR")
-    when.add_argument("--every", type=argtypes.seconds, metavar="SECONDS")
+    when.add_argument("--every", type=durations.arg, metavar="DURATION")
     p.add_argument("--time-zone", metavar="TZ")
-    p.add_argument("--jitter", type=argtypes.seconds, metavar="SECONDS")
+    p.add_argument("--jitter", type=durations.arg, metavar="DURATION")
     p.add_argument("--input", metavar="TEXT")
     p.add_argument(
         "--priority", type=argtypes.int32, metavar="N", help="of the runs it starts, -100..100"

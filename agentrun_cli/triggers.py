@@ -18,7 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
-from agentrun_cli import argtypes, credentials, output, schedules
+from agentrun_cli import argtypes, credentials, durations, output, schedules
 from agentrun_cli.output import Column
 from agentrun_cli.render_triggers import POLICIES, event_line, source_line, trigger_lines
 
@@ -224,18 +224,16 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
         "--webhook", choices=SCHEMES, help="signed HTTP deliveries with this scheme"
     )
     source.add_argument("--cron", metavar="EXPR", help="five-field cron expression")
-    source.add_argument(
-        "--every", type=argtypes.seconds, metavar="SECONDS", help="interval schedule"
-    )
+    source.add_argument("--every", type=durations.arg, metavar="DURATION", help="interval schedule")
     source.add_argument("--mail", nargs="?", const="", metavar="ADDRESS", help="inbound mail")
     source.add_argument("--mail-push", metavar="HISTORY_URL", help="push notifications + fetch")
     p.add_argument("--time-zone", default="", metavar="TZ", help="IANA zone of --cron")
     p.add_argument(
-        "--jitter", type=argtypes.seconds, default=0.0, metavar="SECONDS", help="spread window"
+        "--jitter", type=durations.arg, default=0.0, metavar="DURATION", help="spread window"
     )
     p.add_argument("--input", default="", metavar="TEXT", help="schedules: the run's input")
     p.add_argument("--secret", default="", help="the sender's signing secret (default: generate)")
-    p.add_argument("--tolerance", type=argtypes.seconds, metavar="SECONDS", help="replay window")
+    p.add_argument("--tolerance", type=durations.arg, metavar="DURATION", help="replay window")
     p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
     p.add_argument("--max-chain-depth", type=argtypes.int32, default=0, metavar="N")
     p.add_argument("--start-history-id", type=argtypes.int64, default=0, metavar="N")
@@ -281,7 +279,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("trigger_id", metavar="ID")
     p.add_argument("--secret", default="", help="the new secret (default: generate)")
     p.add_argument(
-        "--grace", type=argtypes.seconds, metavar="SECONDS", help="old secret valid (default 24h)"
+        "--grace", type=durations.arg, metavar="DURATION", help="old secret valid (default 24h)"
     )
     p.set_defaults(handler=rotate)
     for name, enabled in (("enable", True), ("disable", False)):
