@@ -194,11 +194,8 @@ class HttpToolClient:
         response, too_large = await self._exchange(tool.name, url, request, limit)
         if credential is not None and response.status in (401, 403):
             raise _refused(credential, response)
-        if too_large:
-            return {
-                "error": f"the response was over the tool's {limit}-byte limit: not kept",
-                "status": response.status,
-            }
+        if too_large:  # the provider's answer, classified: the model is told why it has none
+            return {"error": _over_limit(response, limit), "status": response.status}
         answer = _parse(_redacted(response, token))
         try:
             return template.pointed(answer, spec.response_pointer)
@@ -249,6 +246,13 @@ class HttpToolClient:
         except FAILED as exc:
             what = "no response" if answered is None else "response cut off"
             raise MaybeSent(f"{what} for {name}: {type(exc).__name__}") from exc
+
+
+def _over_limit(response: Answer, limit: int) -> str:
+    """Why an answer was not kept: its size (as declared; reading stops past the limit)."""
+    declared = response.headers.get("Content-Length", "")
+    size = f"{declared} bytes" if declared.isdigit() else f"more than {limit} bytes"
+    return f"the response was {size}, over the tool's max_response_bytes {limit}: not kept"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -192,7 +192,12 @@ async def test_a_header_auth_sends_the_bare_token_and_a_long_answer_is_not_kept(
         await client.aclose()
     seen = stub.seen
     assert seen[0].headers["x-api-token"] == "tok-9" and "authorization" not in seen[0].headers
-    assert "1000-byte limit" in out["error"]
+    size = len(big.body)
+    assert out == {
+        "error": f"the response was {size} bytes, over the tool's max_response_bytes 1000: "
+        "not kept",
+        "status": 200,
+    }
 
 
 def test_a_call_whose_url_cannot_be_built_is_refused_before_it_starts():
