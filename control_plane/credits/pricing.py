@@ -1,9 +1,18 @@
 """What a commit costs: the price table applied to the usage its steps record.
 
-The table is data (control_plane/credits/prices.json), in integer micro-units of a credit
-(1 credit = 1,000,000 micros): per million tokens for each model, per call for tools.
-No floats enter the ledger: every component of a model call is rounded up to a whole
-micro on its own, so a price is exact and repeatable from the step log alone.
+The models' prices come from a maintained source, the `genai-prices` package (pydantic's,
+pinned in pyproject.toml): the snapshot its wheel ships, read once at start, never fetched
+(no network at run time). On top go our overrides, control_plane/credits/prices.json: the
+sandbox's scenario models (`sandbox_models`, all at `sandbox_price`), any name or correction
+of our own (`models`, which wins over the source), the `default_model` and the tools.
+Everything is turned into one dict of integer micro-units of a credit (1 credit = 1,000,000
+micros = one US dollar) per million tokens, so a lookup is a dict lookup. No floats enter
+the ledger: every component of a model call is rounded up to a whole micro on its own, so a
+price is exact and repeatable from the step log alone.
+
+A source model is known by its id, each exact name its entry matches (`gpt-4o-2024-08-06`),
+and `PROVIDER/NAME` (`openai/gpt-4o`); where providers share a name (a model resold by a
+cloud), its maker's price is taken. A source price in tiers is priced at its base tier.
 
 Usage follows the OpenAI meaning, as the executor records it in a model_decision's
 `usage`: `prompt_tokens` is the whole prompt, of which `cached_tokens` were read from
@@ -11,9 +20,9 @@ the provider's cache and `cache_write_tokens` written to it; `completion_tokens`
 whole answer, of which `reasoning_tokens` were reasoning. Missing keys are 0. Reasoning
 is priced as output and cache writes as input unless the model's entry lists them.
 
-A model the table does not name is priced as `default_model` (a deliberate, high
-price: a new model is never free by accident). A tool call is priced when it is
-committed as started (once per seq, however often its outcome is retried); a tool
+A model neither the source nor the overrides name is priced as `default_model` (a
+deliberate, high price: a new model is never free by accident). A tool call is priced when
+it is committed as started (once per seq, however often its outcome is retried); a tool
 the table does not name costs `tools.default`.
 """
 
@@ -21,8 +30,11 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +91,79 @@ def _micros(tokens: int, per_million: int) -> int:
     return -(-tokens * per_million // PER_MILLION)
 
 
-def load(path: Path = TABLE_PATH) -> PriceTable:
+def load(path: Path = TABLE_PATH, source: Mapping[str, ModelPrice] | None = None) -> PriceTable:
+    """The source's prices (`source_prices()` unless given) with the overrides at `path`."""
     data = json.loads(path.read_text())
     tools = dict(data["tools"])
     default_tool = tools.pop("default")
+    sandbox = ModelPrice.of(data["sandbox_price"])
+    models = dict(source_prices() if source is None else source)
+    models.update(dict.fromkeys(data["sandbox_models"], sandbox))
+    models.update({name: ModelPrice.of(entry) for name, entry in data["models"].items()})
     return PriceTable(
-        models={name: ModelPrice.of(entry) for name, entry in data["models"].items()},
+        models=models,
         default_model=ModelPrice.of(data["default_model"]),
         tools=tools,
         default_tool=default_tool,
     )
+
+
+# Makers first: where a name is also a cloud's or a reseller's, the maker's price is taken.
+_MAKERS = ("openai", "anthropic", "google", "mistral", "deepseek", "x-ai", "cohere", "meta")
+
+
+@functools.cache
+def source_prices() -> dict[str, ModelPrice]:
+    """Every model the genai-prices snapshot prices per token, by each name it is known by.
+
+    Read from the package's own data module (never its network updater); prices in effect
+    now, in micros per million tokens, each rounded up to a whole micro."""
+    from genai_prices import data  # ~0.3 s, once; only the control plane prices
+
+    now = datetime.now(UTC)
+    order = {maker: i for i, maker in enumerate(_MAKERS)}
+    providers = sorted(data.providers, key=lambda p: order.get(p.id, len(_MAKERS)))
+    prices: dict[str, ModelPrice] = {}
+    for provider in providers:
+        for model in provider.models:
+            price = _from_source(model.get_prices(now))
+            if price is None:
+                continue
+            for name in (model.id, *_exact_names(model.match)):
+                prices.setdefault(name, price)
+                prices.setdefault(f"{provider.id}/{name}", price)
+    return prices
+
+
+def _from_source(price: Any) -> ModelPrice | None:
+    """A source price (US dollars per million tokens) in micros; None if not per token."""
+
+    def micros(key: str) -> int | None:
+        value = getattr(price, key, None)
+        value = getattr(value, "base", value)  # tiers: the base tier
+        return None if value is None else math.ceil(Decimal(value) * PER_MILLION)
+
+    entry = {
+        ours: found
+        for ours, theirs in (
+            ("input", "input_mtok"),
+            ("output", "output_mtok"),
+            ("cached_input", "cache_read_mtok"),
+            ("cache_write", "cache_write_mtok"),
+        )
+        if (found := micros(theirs)) is not None
+    }
+    if "input" not in entry or "output" not in entry:
+        return None  # embeddings, images, audio: not what a model_decision is
+    return ModelPrice.of(entry)
+
+
+def _exact_names(match: Any) -> Iterator[str]:
+    """The names a source entry's match logic accepts exactly (its `equals` clauses)."""
+    if isinstance(equals := getattr(match, "equals", None), str):
+        yield equals
+    for clause in getattr(match, "or_", ()):
+        yield from _exact_names(clause)
 
 
 @functools.cache

@@ -57,14 +57,19 @@ def _ceil_micros(tokens: int, per_million: int) -> int:
 
 
 def step_cost(step: LoggedStep, prices: dict[str, Any]) -> int:
-    """The price table applied to one recorded step, as control_plane/credits/pricing.py documents it."""
+    """The price table applied to one recorded step, as control_plane/credits/pricing.py documents
+    it, from the overrides file alone: the tests run the sandbox's models, which it prices."""
     if step.kind == "tool_started":
         tools = prices["tools"]
         return int(tools.get(step.payload["tool"], tools["default"]))
     if step.kind != "model_decision":
         return 0
     usage = step.payload.get("usage") or {}
-    price = prices["models"].get(step.payload.get("model"), prices["default_model"])
+    model = step.payload.get("model")
+    if model in prices["sandbox_models"]:  # what the tests run: the sandbox's models
+        price = prices["sandbox_price"]
+    else:
+        price = prices["models"].get(model, prices["default_model"])
     prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
     cached, written = usage.get("cached_tokens", 0), usage.get("cache_write_tokens", 0)
     reasoning = usage.get("reasoning_tokens", 0)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 
+import genai_prices
 import pytest
 
 from control_plane.credits import pricing
@@ -57,3 +59,51 @@ def test_bad_usage_is_refused_naming_the_field(bad):
     decision = json.dumps({"model": "demo", "usage": {"prompt_tokens": bad}})
     with pytest.raises(ValueError, match=r"commit\.steps\[0\]\.payload_json\.usage\.prompt_tokens"):
         pricing.steps_usage(PRICES, [("model_decision", decision)])
+
+
+@pytest.mark.parametrize(
+    ("model", "provider"), [("gpt-4o", "openai"), ("claude-sonnet-4", "anthropic")]
+)
+def test_a_known_model_costs_what_the_maintained_source_says(model, provider):
+    """genai-prices' own calculator, a million tokens of each kind, against our table."""
+    ours = PRICES.model(model)
+    assert ours != PRICES.default_model
+
+    def source(**tokens: int) -> int:
+        found = genai_prices.calc_price(genai_prices.Usage(**tokens), model, provider_id=provider)
+        return int(found.total_price * 1_000_000)
+
+    million = 1_000_000
+    assert ours.input == source(input_tokens=million)
+    assert ours.output == source(output_tokens=million)
+    assert ours.cached_input == source(input_tokens=million, cache_read_tokens=million)
+    assert PRICES.model(f"{provider}/{model}") == ours  # the provider-qualified name too
+
+
+def test_our_overrides_win_over_the_source_and_the_sandbox_models_share_one_price(tmp_path):
+    overrides = json.loads(pricing.TABLE_PATH.read_text())
+    overrides["models"]["gpt-4o"] = {"input": 1, "output": 2}
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps(overrides))
+    table = pricing.load(path)
+    assert table.model("gpt-4o") == pricing.ModelPrice.of({"input": 1, "output": 2})
+    assert table.model("gpt-4o-mini") == PRICES.model("gpt-4o-mini")  # the rest: the source
+    assert table.model("gpt-4o-2024-08-06") == PRICES.model("gpt-4o")  # a name it matches exactly
+    # A name of our own the source does not know, kept in the overrides file.
+    assert PRICES.model("claude-haiku-3.5") != PRICES.default_model
+    sandbox = pricing.ModelPrice.of(overrides["sandbox_price"])
+    assert {PRICES.model(name) for name in overrides["sandbox_models"]} == {sandbox}
+    assert "demo" in overrides["sandbox_models"]
+
+
+def test_the_source_is_read_from_the_installed_package_without_the_network(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("the price source tried the network")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    pricing.source_prices.cache_clear()
+    try:
+        assert pricing.load().model("gpt-4o") == PRICES.model("gpt-4o")
+    finally:
+        pricing.source_prices.cache_clear()
