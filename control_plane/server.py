@@ -181,7 +181,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
 def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) -> CommitPipeline:
     """The replica's commit pipeline: commits are priced by the credits' table, and each
     feature registers the effect of the commits that call for it (dispatch/pipeline.py)."""
-    pricing.table()  # the price source's snapshot is read now (~0.3 s), not at a first commit
     pipeline = CommitPipeline(pool, price=pricing.priced, on_runnable=poke)
     pipeline.on_field("approval_request", ApprovalHold())
     pipeline.on_park(parks.WAIT_REASON, parks.ConnectionPark())

@@ -1,12 +1,12 @@
 """What a commit costs: the price table applied to the usage its steps record.
 
 The models' prices come from a maintained source, the `genai-prices` package (pydantic's,
-pinned in pyproject.toml): the snapshot its wheel ships, read once at start, never fetched
+pinned in pyproject.toml): the snapshot its wheel ships, read once a process, never fetched
 (no network at run time). On top go our overrides, control_plane/credits/prices.json: the
 sandbox's scenario models (`sandbox_models`, all at `sandbox_price`), any name or correction
 of our own (`models`, which wins over the source), the `default_model` and the tools.
-Everything is turned into one dict of integer micro-units of a credit (1 credit = 1,000,000
-micros = one US dollar) per million tokens, so a lookup is a dict lookup. No floats enter
+Both are dicts of integer micro-units of a credit (1 credit = 1,000,000 micros = one US
+dollar) per million tokens, so a lookup is a dict lookup or two. No floats enter
 the ledger: every component of a model call is rounded up to a whole micro on its own, so a
 price is exact and repeatable from the step log alone.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -74,13 +74,20 @@ class ModelPrice:
 
 @dataclass(frozen=True)
 class PriceTable:
+    """`models`: our overrides; `source`: the maintained table, read at its first use."""
+
     models: Mapping[str, ModelPrice]
     default_model: ModelPrice
     tools: Mapping[str, int]
     default_tool: int
+    source: Callable[[], Mapping[str, ModelPrice]] = dict
 
     def model(self, name: str) -> ModelPrice:
-        return self.models.get(name, self.default_model)
+        """An override, else the source's price, else `default_model`: dict lookups."""
+        found = self.models.get(name)
+        if found is None:
+            found = self.source().get(name, self.default_model)
+        return found
 
     def tool(self, name: str) -> int:
         return self.tools.get(name, self.default_tool)
@@ -91,20 +98,21 @@ def _micros(tokens: int, per_million: int) -> int:
     return -(-tokens * per_million // PER_MILLION)
 
 
-def load(path: Path = TABLE_PATH, source: Mapping[str, ModelPrice] | None = None) -> PriceTable:
-    """The source's prices (`source_prices()` unless given) with the overrides at `path`."""
+def load(
+    path: Path = TABLE_PATH, source: Callable[[], Mapping[str, ModelPrice]] | None = None
+) -> PriceTable:
+    """Our overrides at `path` over the source's prices (`source_prices` unless given)."""
     data = json.loads(path.read_text())
     tools = dict(data["tools"])
     default_tool = tools.pop("default")
-    sandbox = ModelPrice.of(data["sandbox_price"])
-    models = dict(source_prices() if source is None else source)
-    models.update(dict.fromkeys(data["sandbox_models"], sandbox))
+    models = dict.fromkeys(data["sandbox_models"], ModelPrice.of(data["sandbox_price"]))
     models.update({name: ModelPrice.of(entry) for name, entry in data["models"].items()})
     return PriceTable(
         models=models,
         default_model=ModelPrice.of(data["default_model"]),
         tools=tools,
         default_tool=default_tool,
+        source=source_prices if source is None else source,
     )
 
 
@@ -116,9 +124,11 @@ _MAKERS = ("openai", "anthropic", "google", "mistral", "deepseek", "x-ai", "cohe
 def source_prices() -> dict[str, ModelPrice]:
     """Every model the genai-prices snapshot prices per token, by each name it is known by.
 
-    Read from the package's own data module (never its network updater); prices in effect
-    now, in micros per million tokens, each rounded up to a whole micro."""
-    from genai_prices import data  # ~0.3 s, once; only the control plane prices
+    Read from the package's own data module (never its network updater) the first time a
+    model the overrides do not name is priced (~0.3 s, once a process; a stack that runs
+    only the sandbox's models never pays it); prices in effect then, in micros per million
+    tokens, each rounded up to a whole micro."""
+    from genai_prices import data
 
     now = datetime.now(UTC)
     order = {maker: i for i, maker in enumerate(_MAKERS)}

@@ -95,6 +95,12 @@ def test_our_overrides_win_over_the_source_and_the_sandbox_models_share_one_pric
     assert {PRICES.model(name) for name in overrides["sandbox_models"]} == {sandbox}
     assert "demo" in overrides["sandbox_models"]
 
+    def unread() -> dict[str, pricing.ModelPrice]:
+        raise AssertionError("the source was read for a name the overrides hold")
+
+    # An override is found without reading the source (a sandbox stack never pays for it).
+    assert pricing.load(path, source=unread).model("demo") == sandbox
+
 
 def test_the_source_is_read_from_the_installed_package_without_the_network(monkeypatch):
     def no_network(*args, **kwargs):
