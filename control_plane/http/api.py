@@ -457,6 +457,10 @@ async def _watch(services: Services, request: Request) -> Response:
         first: run_pb2.WatchRunResponse | None = await anext(feed)
     except StopAsyncIteration:
         first = None
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if request.method == "HEAD":  # the answer a GET would start with, no stream held open
+        await feed.aclose()
+        return Response(status_code=200, media_type="text/event-stream", headers=headers)
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -470,11 +474,7 @@ async def _watch(services: Services, request: Request) -> Response:
         finally:
             await feed.aclose()
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
 # --- routes -----------------------------------------------------------------------------------
