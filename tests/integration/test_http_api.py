@@ -18,10 +18,11 @@ import pytest
 from openapi_spec_validator import validate as validate_openapi
 from starlette.routing import Route
 
-from agentrun.v1 import run_pb2
+from agentrun.v1 import approval_pb2, run_pb2
 from control_plane.http import jsonmap, openapi
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
+from tests.harness.waiting import eventually
 
 WS = "ws"
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,3 +329,82 @@ def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_th
     summary = done.stdout[done.stdout.rfind("SUMMARY") :] or done.stdout[-20000:]
     print(summary)  # the counts: operations, test cases generated and passed, failures
     assert done.returncode == 0, summary + done.stderr[-3000:]
+
+
+async def test_an_approval_is_listed_and_decided_over_http_by_its_approver_only(
+    stack, executor_factory, db_url
+):
+    cp, api, operator = stack
+    policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=["alice@example.com"])
+    await api.publish("asker", "approval", ["send_email"], approval=policy)
+    executor_factory(cp)
+    started = await operator.post("runs", {"agent_id": "asker", "input": "Email Ada"})
+    run_id = started.json()["run_id"]
+    alice = Http(
+        cp.http_url,
+        await auth.workspace_key(db_url, WS, role="approver", principal="alice@example.com"),
+    )
+    try:
+
+        async def pending() -> list[dict[str, Any]]:
+            page = await alice.get("approvals", params={"state": "pending"})
+            assert page.status_code == 200, page.text
+            return page.json()["approvals"]
+
+        (approval,) = await eventually(pending, timeout=30, message="no approval was requested")
+        assert approval["run_id"] == run_id and approval["tool"] == "send_email"
+        assert approval["arguments"]["to"] == "ada@example.com"  # a JSON value, not a string
+        assert approval["edited_arguments"] is None
+        path = f"approvals/{approval['approval_id']}"
+        assert (await alice.get(path)).json() == approval
+
+        # The operator may not decide (DecideApproval needs `decide`); a body naming two
+        # decisions is a 400; the approver's decision is recorded as the approver's.
+        assert problem(await operator.post(f"{path}/decision", {"approve": {}}), 403)
+        two = {"approve": {}, "reject": {"reason": "no"}}
+        assert problem(await alice.post(f"{path}/decision", two), 400)["field"] == "reject"
+        decided = await alice.post(f"{path}/decision", {"approve": {}})
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["state"] == "approved"
+        assert decided.json()["decided_by"] == "alice@example.com"
+        assert problem(await alice.post(f"{path}/decision", {"reject": {}}), 409)["code"] == (
+            "ABORTED"
+        )
+
+        async def finished() -> dict[str, Any] | None:
+            run = (await operator.get(f"runs/{run_id}")).json()
+            return run if run["status"] in ("completed", "failed", "cancelled") else None
+
+        assert (await eventually(finished, timeout=30))["status"] == "completed"
+    finally:
+        await alice.close()
+
+
+async def test_sessions_and_agents_over_http(stack):
+    cp, api, http = stack
+    await api.publish("chatter", "chat", [])
+    created = await http.post("sessions", {"agent_id": "chatter", "strategy": "enqueue"})
+    assert created.status_code == 201, created.text
+    session = created.json()
+    assert (session["agent_id"], session["strategy"], session["turn_count"]) == (
+        "chatter",
+        "enqueue",
+        0,
+    )
+    sid = session["session_id"]
+    sent = await http.post(f"sessions/{sid}/messages", {"text": "Hello"})
+    assert sent.status_code == 202, sent.text
+    turns = (await http.get(f"sessions/{sid}/turns")).json()
+    assert [(t["turn"], t["input"]) for t in turns["turns"]] == [(1, "Hello")]
+    assert turns["next_turn"] == 0
+    got = (await http.get(f"sessions/{sid}")).json()
+    assert got["turn_count"] == 1 and got["last_turn"]["run_id"] == sent.json()["run_id"]
+
+    agents = (await http.get("agents")).json()
+    assert [a["agent_id"] for a in agents["agents"]] == ["chatter", "mailer"]
+    assert (await http.get("agents/mailer")).json()["latest_version"] == 1
+    version = (await http.get("agents/mailer/versions/0")).json()
+    assert version["version"] == 1 and version["spec"]["tools"] == ["crm_lookup", "send_email"]
+    assert problem(await http.get("agents/nobody"), 404)["code"] == "NOT_FOUND"
+    # Read only: publishing stays with gRPC and the CLI.
+    assert problem(await http.post("agents/mailer"), 405)
