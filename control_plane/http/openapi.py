@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agentrun.v1 import run_pb2
 from control_plane.http import jsonmap
 from control_plane.http.api import IDEMPOTENCY_KEY, LAST_EVENT_ID, OPS, SLUG, Op
 from control_plane.http.problems import MEDIA_TYPE, TITLES, problem
@@ -186,8 +187,8 @@ def _operation(op: Op, components: _Components) -> dict[str, Any]:
 
 
 def _events(components: _Components) -> dict[str, Any]:
-    """WatchRun's events (each one; OpenAPI 3.1 has `schema` describe an event)."""
-    from agentrun.v1 import run_pb2
+    """WatchRun's events (each one; OpenAPI 3.1 has `schema` describe an event); a comment
+    line (`: keep-alive`) is no event."""
 
     def event(name: str, data: dict[str, Any], with_id: bool = False) -> dict[str, Any]:
         props = {

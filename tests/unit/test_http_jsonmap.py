@@ -1,14 +1,16 @@
 """The HTTP API's JSON mapping (control_plane/http/jsonmap.py): what an answer holds, and what a
-request may not (each refusal naming the field as the API names it)."""
+request may not (each refusal naming the field as the API names it); a quiet watch's keep-alive."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import approval_pb2, run_pb2
 from control_plane.ground.errors import InvalidArgument
-from control_plane.http import jsonmap
+from control_plane.http import api, jsonmap
 from control_plane.http.api import OPS
 
 
@@ -93,3 +95,15 @@ def test_every_enum_the_api_speaks_has_short_names_by_its_prefix():
         walk(op.request.DESCRIPTOR)
         walk(op.response.DESCRIPTOR)
     assert "agentrun.v1.Run" in seen
+
+
+async def test_a_quiet_watch_sends_keep_alive_comments_between_its_events(monkeypatch):
+    monkeypatch.setattr(api, "KEEP_ALIVE_SECONDS", 0.01)
+
+    async def feed():
+        await asyncio.sleep(0.1)  # a run waiting for a person
+        yield run_pb2.WatchRunResponse(step=run_pb2.Step(seq=3))
+
+    sent = [text async for text in api._kept_alive(feed())]
+    assert sent[0] == ": keep-alive\n\n" and len(sent) >= 3
+    assert sent[-1].startswith("event: step\nid: 3\ndata: {")
