@@ -324,7 +324,10 @@ def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_th
         str(report),
     ]
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env)
+    # Its cache (.schemathesis/) goes to the test's directory, not the checkout.
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path
+    )
     (tmp_path / "schemathesis.out").write_text(done.stdout + done.stderr)
     summary = done.stdout[done.stdout.rfind("SUMMARY") :] or done.stdout[-20000:]
     print(summary)  # the counts: operations, test cases generated and passed, failures
