@@ -27,6 +27,7 @@ from tests.harness.waiting import eventually
 WS = "ws"
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "openapi.json"
+APP_ORIGIN = "https://app.example"  # a web front end allowed to call the API (CORS)
 
 
 class Http:
@@ -53,7 +54,7 @@ class Http:
 async def stack(db_url, control_plane):
     """A control plane, an admin gRPC Api, the demo agent "mailer" (a lookup, an email, an
     answer), and an operator's HTTP client."""
-    cp = control_plane(db_url)
+    cp = control_plane(db_url, AGENTRUN_HTTP_CORS_ORIGINS=APP_ORIGIN)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("mailer", "demo", ["crm_lookup", "send_email"])
     http = Http(cp.http_url, await auth.workspace_key(db_url, WS, role="operator"))
@@ -222,6 +223,23 @@ async def test_idempotency_roles_and_errors_are_those_of_grpc(stack, db_url):
         "status"
     ] == "cancelled"
     assert problem(await http.post(f"runs/{run_id}/cancel"), 409)["code"] == ("FAILED_PRECONDITION")
+    # A page of the allowed origin may call the API from a browser (a preflight, then the
+    # call); another origin, or the console, is not answered for.
+    preflight = {
+        "Origin": APP_ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
+    }
+    allowed = await http.client.options(http.base + "runs", headers=preflight)
+    assert allowed.status_code == 200, allowed.text
+    assert allowed.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    called = await http.get(f"runs/{run_id}", headers={"Origin": APP_ORIGIN})
+    assert called.headers["access-control-allow-origin"] == APP_ORIGIN
+    evil = await http.get(f"runs/{run_id}", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in evil.headers
+    console = await http.client.get(f"{cp.http_url}/console/", headers={"Origin": APP_ORIGIN})
+    assert "access-control-allow-origin" not in console.headers
     # Unknown paths and methods under /v1/ are problems too, never a bare text page.
     problem(await http.get("nothing-here"), 404)
     assert problem(await http.client.delete(http.base + "runs"), 405)

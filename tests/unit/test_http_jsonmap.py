@@ -1,5 +1,6 @@
 """The HTTP API's JSON mapping (control_plane/http/jsonmap.py): what an answer holds, and what a
-request may not (each refusal naming the field as the API names it); a quiet watch's keep-alive."""
+request may not (each refusal naming the field as the API names it); a quiet watch's keep-alive;
+the CORS origins' setting."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentrun.v1 import approval_pb2, run_pb2
+from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import InvalidArgument
 from control_plane.http import api, jsonmap
 from control_plane.http.api import OPS
@@ -107,3 +109,15 @@ async def test_a_quiet_watch_sends_keep_alive_comments_between_its_events(monkey
     sent = [text async for text in api._kept_alive(feed())]
     assert sent[0] == ": keep-alive\n\n" and len(sent) >= 3
     assert sent[-1].startswith("event: step\nid: 3\ndata: {")
+
+
+def test_the_cors_origins_are_origins_or_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://unused")
+    monkeypatch.setenv("AGENTRUN_HTTP_CORS_ORIGINS", "https://app.example, http://localhost:5173/")
+    assert ServerConfig.from_env().http_cors_origins == (
+        "https://app.example",
+        "http://localhost:5173",
+    )
+    monkeypatch.setenv("AGENTRUN_HTTP_CORS_ORIGINS", "app.example")
+    with pytest.raises(SystemExit, match="AGENTRUN_HTTP_CORS_ORIGINS: 'app.example'"):
+        ServerConfig.from_env()
