@@ -1,8 +1,9 @@
 """The HTTP/JSON API's OpenAPI 3.1 document, written from the route table (api.OPS) and the
 proto descriptors, served at GET /v1/openapi.json and checked in as docs/openapi.json.
 
-`python -m control_plane.http.openapi > docs/openapi.json` writes the file again after a
-route or a message changes; tests/integration/test_http_api.py fails while it differs.
+`make gen` (or `python -m control_plane.http.openapi > docs/openapi.json`) writes the file
+again after a route or a message changes; tests/integration/test_http_api.py fails while it
+differs.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ async def test_the_document_describes_every_route_and_is_the_checked_in_file(
     async with httpx.AsyncClient() as client:
         served = (await client.get(f"{cp.http_url}{openapi.PATH}")).json()
     assert served == json.loads(DOC.read_text()), (
-        "docs/openapi.json is stale: python -m control_plane.http.openapi > docs/openapi.json"
+        "docs/openapi.json is stale: make gen writes it again"
     )
     validate_openapi(served)
 
