@@ -179,6 +179,16 @@ async def test_idempotency_roles_and_errors_are_those_of_grpc(stack, db_url):
     assert first.json()["input"] == '{"ask":"a JSON value as input"}'
     other = await http.post("runs", body, headers={"Idempotency-Key": "order-8"})
     assert other.status_code == 201 and other.json()["run_id"] != first.json()["run_id"]
+    # Paged newest first, as ListRuns pages: the token leads to the next page, "" at the end.
+    page = (await http.get("runs", params={"page_size": 1})).json()
+    rest = (
+        await http.get("runs", params={"page_size": 1, "page_token": page["next_page_token"]})
+    ).json()
+    assert [r["run_id"] for r in page["runs"] + rest["runs"]] == [
+        other.json()["run_id"],
+        first.json()["run_id"],
+    ]
+    assert rest["next_page_token"] == ""
 
     # 401 without a credential, 403 for a reader starting a run (reading is allowed).
     anonymous = Http(cp.http_url, None)
