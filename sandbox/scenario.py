@@ -10,7 +10,9 @@ A scenario is a scripted model. The request's ``model`` names a file
 The turn played is the number of assistant messages already in the request
 (past the last turn, the last one is played again). Inside a turn:
 
-* ``"{{input}}"`` in any string becomes the text of the first user message and
+* ``"{{input}}"`` in any string becomes the text of the first user message,
+  ``"{{instructions}}"`` that of the system message (the agent's instructions, so a
+  scenario can show which version of an agent ran) and
   ``"{{last_tool_result}}"`` the content of the last tool message (and
   ``"{{last_payload_ref}}"`` the payload its truncated view names);
 * ``{"$choice": [a, b]}`` becomes one of its elements (also usable for a whole
@@ -184,6 +186,7 @@ def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: rando
     """Resolve templates, choices and nonces of one turn against the conversation."""
     fills = {
         "{{input}}": _first_text(messages, "user"),
+        "{{instructions}}": _first_text(messages, "system"),
         "{{last_tool_result}}": _last_text(messages, "tool"),
         "{{last_payload_ref}}": payload_ref(_last_text(messages, "tool")),
     }
