@@ -32,7 +32,7 @@ def _make(target: str, venv: Path) -> str:
 
 def test_make_run_installs_the_runtime_only_and_make_test_adds_the_dev_tools(tmp_path):
     run = _make("run", tmp_path / "venv")
-    assert "pip install -q --disable-pip-version-check -e . " in run
+    assert "pip install -q --disable-pip-version-check --no-compile -e . " in run
     assert ".[dev]" not in run and "agentrun dev --demo" in run
     test = _make("test", tmp_path / "venv")
     # From nothing: the runtime first, then the dev extra, then pytest.
