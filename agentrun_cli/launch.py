@@ -120,13 +120,13 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
     for line in endpoints.lines():
         say(line)
     supervisor = dev_stack.supervisor
+    loop = _dev_loop(args, endpoints.control_plane, dev_stack)  # applied before the demo too
     if args.demo:
         from agentrun_cli import demo
 
         return demo.run_demo(
             endpoints.control_plane, args.workspace, supervisor, dev_stack.data_dir
         )
-    loop = _dev_loop(args, endpoints.control_plane, dev_stack)
     say(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
     if loop is None:
         supervisor.failed.wait()
