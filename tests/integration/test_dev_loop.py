@@ -126,6 +126,12 @@ def test_the_loop_applies_at_start_reloads_on_change_and_survives_bad_files(
         dev.wait_line("forecaster.yaml: published forecaster v3")
         assert "published forecaster v3" not in "\n".join(dev.lines[:-1])
         assert "published forecaster v2" in dev.output()
+
+        # A new version of the tool needs a new version of the agents that use it.
+        tool = agents / "weather.yaml"
+        _write(tool, tool.read_text().replace("in a city.", "in any city."))
+        dev.wait_line("weather.yaml: saved tool weather v2")
+        dev.wait_line("forecaster.yaml: published forecaster v4")
         assert "Traceback" not in dev.output()
 
 
