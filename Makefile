@@ -1,7 +1,13 @@
 # agentrun — `make help` lists the targets.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+# Two stamps, both named by pyproject.toml's hash: the runtime (`pip install -e .`, all that
+# `make run` needs) and the dev extra on top (test, lint and codegen tools: `make test`,
+# `make lint`, `make gen`). A demo never waits for pytest, mypy or Playwright (issue 47).
+HASH   := $(shell sha1sum pyproject.toml | cut -c1-12)
+RUNTIME := $(VENV)/.runtime-$(HASH)
+DEV    := $(VENV)/.dev-$(HASH)
 PROTOS := $(wildcard proto/agentrun/v1/*.proto)
 
 .DEFAULT_GOAL := help
@@ -10,24 +16,29 @@ PROTOS := $(wildcard proto/agentrun/v1/*.proto)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# --no-compile: byte-compiling every installed module cost 8-13 s of the first `make run` and
+# 48 MB; Python compiles (and caches) the modules a process imports when it first imports them.
+$(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' >$(VENV)/pip.log 2>&1 \
-	  || { cat $(VENV)/pip.log; exit 1; }
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+	$(PIP) --no-compile -e . >$(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	rm -f $(VENV)/.runtime-* $(VENV)/.dev-* $(VENV)/.installed-* && touch $(RUNTIME)
 
-venv: $(STAMP) ## create .venv and install pinned dependencies
+$(DEV): $(RUNTIME)
+	$(PIP) -e '.[dev]' >$(VENV)/pip-dev.log 2>&1 || { cat $(VENV)/pip-dev.log; exit 1; }
+	touch $(DEV)
 
-run: $(STAMP) ## the demo: embedded Postgres/Redis, control plane, executor, sandboxes, one agent run
+venv: $(DEV) ## create .venv and install pinned dependencies, dev tools included
+
+run: $(RUNTIME) ## the demo: embedded Postgres/Redis, control plane, executor, sandboxes, one agent run
 	$(VENV)/bin/agentrun dev --demo
 
-test: $(STAMP) ## the whole suite against real Postgres, Redis and sandbox servers (not chaos)
+test: $(DEV) ## the whole suite against real Postgres, Redis and sandbox servers (not chaos)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" $(PYTEST_ARGS)
 
-test-unit: $(STAMP) ## pure-logic tests only
+test-unit: $(DEV) ## pure-logic tests only
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
-gen: $(STAMP) ## regenerate generated/ from proto/ (committed)
+gen: $(DEV) ## regenerate generated/ from proto/ (committed)
 	rm -rf generated/agentrun && mkdir -p generated
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto \
 	  --python_out=generated --grpc_python_out=generated \
@@ -36,22 +47,22 @@ gen: $(STAMP) ## regenerate generated/ from proto/ (committed)
 	# The HTTP/JSON API's document follows the messages (control_plane/http/openapi.py).
 	PYTHONPATH=generated:. $(PY) -m control_plane.http.openapi > docs/openapi.json
 
-lint: $(STAMP) ## ruff (lint + format check), mypy and buf lint
+lint: $(DEV) ## ruff (lint + format check), mypy and buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy control_plane executor faults ground sandbox agentrun_cli telemetry
 	$(VENV)/bin/buf lint
 
-fmt: $(STAMP) ## apply ruff format and fixes
+fmt: $(DEV) ## apply ruff format and fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP) ## benchmarks: printed figures and ratios (BENCH_ARGS="--quick" or "commit claim")
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]' >$(VENV)/pip-bench.log 2>&1 \
+bench: $(DEV) ## benchmarks: printed figures and ratios (BENCH_ARGS="--quick" or "commit claim")
+	$(PIP) -e '.[dev,bench]' >$(VENV)/pip-bench.log 2>&1 \
 	  || { cat $(VENV)/pip-bench.log; exit 1; }
 	$(PY) -m bench $(BENCH_ARGS)
 
-chaos: $(STAMP) ## the chaos test: 200 runs, 4 providers, kill -9 and dropped responses
+chaos: $(DEV) ## the chaos test: 200 runs, 4 providers, kill -9 and dropped responses
 	$(PY) -m pytest -q -s -p no:cacheprovider -m chaos tests
 
 clean: ## remove the virtualenv and local data

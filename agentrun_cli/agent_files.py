@@ -36,8 +36,9 @@ from typing import Any
 
 import yaml
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
-from agentrun.v1 import agent_pb2, tool_pb2
+from agentrun.v1 import agent_pb2, approval_pb2, tool_pb2
 from agentrun_cli import durations, tool_files
 from agentrun_cli.spec_files import Aliases, SpecFileError, unknown_keys
 
@@ -160,5 +161,29 @@ def _enum(item: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def same_spec(a: agent_pb2.AgentSpec, b: agent_pb2.AgentSpec) -> bool:
-    """Whether two specs say the same (what `apply` compares before publishing)."""
-    return a == b
+    """Whether two specs say the same (what `apply` compares before publishing).
+
+    A stored version holds what the server filled in (an empty `limits.deadline`, an approval
+    policy expiring to `reject`), which a file that leaves them out means all the same: a
+    plain `==` published a new, identical version at every apply (`agentrun dev --agents`
+    applies at every change of its directory)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(spec: agent_pb2.AgentSpec) -> agent_pb2.AgentSpec:
+    out = agent_pb2.AgentSpec()
+    out.CopyFrom(spec)
+    if out.approval.on_expiry == approval_pb2.EXPIRY_ACTION_REJECT:  # what unspecified means
+        out.approval.on_expiry = approval_pb2.EXPIRY_ACTION_UNSPECIFIED
+    _drop_empty(out)
+    return out
+
+
+def _drop_empty(message: Message) -> None:
+    """Clear every message field (at any depth) that holds nothing but defaults."""
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE or field.is_repeated:
+            continue
+        _drop_empty(value)
+        if value.ByteSize() == 0:
+            message.ClearField(field.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -108,28 +109,57 @@ def agents_apply(args: argparse.Namespace) -> int:
     """Create the agent if missing; publish the file's spec unless the latest version has it."""
     file = agent_files.load(args.file)
     with _client(args) as client:
-        _check_name(client, file, args.file)  # before anything is saved
-        saved = _save_tools(client, file)
-        created = _ensure_agent(client, file)
-        agent = client.get_agent(file.agent_id)
-        latest = client.get_version(file.agent_id) if agent.latest_version else None
-        # A new version of a tool the file defines needs a new agent version to be used.
-        if latest is not None and not saved and agent_files.same_spec(latest.spec, file.spec):
-            version, warnings, published = latest, [], False
-        else:
-            resp = client.publish_version(file.agent_id, file.spec, file.acknowledge_trifecta)
-            version, warnings, published = resp.version, list(resp.warnings), True
-    lines = [f"saved tool {t.name} v{t.version}" for t in saved]
-    lines += [f"created agent {file.agent_id}"] if created else []
-    lines.append(
-        f"published {file.agent_id} v{version.version}"
-        if published
-        else f"{file.agent_id} v{version.version} already has this spec; nothing published"
-    )
-    value = {"agent": agent, "version": version, "created": created, "published": published}
-    _emit(args, value, lines)
-    _warn(warnings)
+        applied = apply_agent(client, file, args.file)
+    value = {
+        "agent": applied.agent,
+        "version": applied.version,
+        "created": applied.created,
+        "published": applied.published,
+    }
+    _emit(args, value, applied.lines())
+    _warn(applied.warnings)
     return 0
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying one agent file did."""
+
+    agent_id: str
+    agent: agent_pb2.Agent
+    version: agent_pb2.AgentVersion
+    saved: list[tool_pb2.Tool]
+    created: bool
+    published: bool
+    warnings: list[str]
+
+    def lines(self) -> list[str]:
+        lines = [f"saved tool {t.name} v{t.version}" for t in self.saved]
+        lines += [f"created agent {self.agent_id}"] if self.created else []
+        lines.append(
+            f"published {self.agent_id} v{self.version.version}"
+            if self.published
+            else f"{self.agent_id} v{self.version.version} already has this spec; nothing published"
+        )
+        return lines
+
+
+def apply_agent(
+    client: Client, file: agent_files.AgentFile, path: str, tools_changed: bool = False
+) -> Applied:
+    """`agents apply` of one loaded file (also `agentrun dev --agents`); `tools_changed`: a
+    tool it uses has a new version, which only a new agent version picks up."""
+    _check_name(client, file, path)  # before anything is saved
+    saved = _save_tools(client, file)
+    created = _ensure_agent(client, file)
+    agent = client.get_agent(file.agent_id)
+    latest = client.get_version(file.agent_id) if agent.latest_version else None
+    # A new version of a tool the file defines needs a new agent version to be used.
+    unchanged = not saved and not tools_changed
+    if latest is not None and unchanged and agent_files.same_spec(latest.spec, file.spec):
+        return Applied(file.agent_id, agent, latest, saved, created, False, [])
+    resp = client.publish_version(file.agent_id, file.spec, file.acknowledge_trifecta)
+    return Applied(file.agent_id, agent, resp.version, saved, created, True, list(resp.warnings))
 
 
 def _check_name(client: Client, file: agent_files.AgentFile, path: str) -> None:

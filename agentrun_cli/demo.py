@@ -18,6 +18,8 @@ AGENT_ID = "demo-followup"
 APPROVER = "manager@example.com"
 SPEC = agent_pb2.AgentSpec(
     model="demo",
+    # The sandbox plays the demo even when a provider key gives the other agents a real model.
+    model_profile="sandbox-openai",
     tools=["crm_lookup", "send_email", "echo", "sleep"],
     instructions="You follow up with leads.",
     # Outbound mail is irreversible: a manager approves the exact message first.

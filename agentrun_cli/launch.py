@@ -12,9 +12,13 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentrun_cli import stack
 from agentrun_cli.supervisor import StackError, Supervisor
+
+if TYPE_CHECKING:
+    from agentrun_cli.dev_loop import DevLoop
 
 
 def server(args: argparse.Namespace) -> int:
@@ -67,8 +71,18 @@ def admin_bootstrap(args: argparse.Namespace) -> int:
 
 def dev(args: argparse.Namespace) -> int:
     """Bring the stack up; then the demo (--demo) or wait for Ctrl-C; always stop it all."""
+    from agentrun_cli import dev_loop
+
+    agents, scenarios = _dir(args, "agents"), _dir(args, "scenarios")
+    try:
+        dev_loop.check_directory("--agents", agents)
+        dev_loop.check_directory("--scenarios", scenarios)
+    except ValueError as err:
+        raise StackError(str(err)) from None
     data_dir = _data_dir(args)
-    dev_stack = stack.DevStack(data_dir, Supervisor(data_dir / "logs"), port=_port(args.address))
+    dev_stack = stack.DevStack(
+        data_dir, Supervisor(data_dir / "logs"), port=_port(args.address), scenarios=scenarios
+    )
     with _sigterm_as_interrupt():
         try:
             return _serve(args, dev_stack)
@@ -79,6 +93,11 @@ def dev(args: argparse.Namespace) -> int:
             return 1
         finally:
             _shutdown(dev_stack)
+
+
+def _dir(args: argparse.Namespace, name: str) -> Path | None:
+    value = getattr(args, name, None)
+    return Path(value).absolute() if value else None
 
 
 def say(text: str) -> None:
@@ -101,6 +120,7 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
     for line in endpoints.lines():
         say(line)
     supervisor = dev_stack.supervisor
+    loop = _dev_loop(args, endpoints.control_plane, dev_stack)  # applied before the demo too
     if args.demo:
         from agentrun_cli import demo
 
@@ -108,9 +128,46 @@ def _serve(args: argparse.Namespace, dev_stack: stack.DevStack) -> int:
             endpoints.control_plane, args.workspace, supervisor, dev_stack.data_dir
         )
     say(f"try: agentrun --address {endpoints.control_plane} runs list    (Ctrl-C stops all)")
-    supervisor.failed.wait()
+    if loop is None:
+        supervisor.failed.wait()
+    else:
+        watched = dict.fromkeys(str(d) for d in (loop.agents, loop.scenarios) if d)
+        say(f"watching {', '.join(watched)} for changes")
+        while not supervisor.failed.wait(loop.poll_seconds):
+            loop.poll()
     assert supervisor.failure is not None
     raise StackError(supervisor.failure.describe_exit())
+
+
+def _dev_loop(args: argparse.Namespace, address: str, dev_stack: stack.DevStack) -> DevLoop | None:
+    """With --agents or --scenarios: the loop, its first pass applied (before `try:`)."""
+    from agentrun_cli import credentials, dev_loop
+    from agentrun_cli.client import Client
+
+    agents, scenarios = _dir(args, "agents"), _dir(args, "scenarios")
+    if agents is None and scenarios is None:
+        return None
+    key = credentials.api_key("admin", dev_stack.data_dir)
+    loop = dev_loop.DevLoop(
+        lambda: Client(address, args.workspace, key=key), say, agents, dev_stack.scenarios
+    )
+    loop.poll()
+    return loop
+
+
+def dev_options(parser: argparse.ArgumentParser) -> None:
+    """`agentrun dev`'s options for a user's own agents (agentrun_cli/dev_loop.py)."""
+    parser.add_argument(
+        "--agents",
+        metavar="DIR",
+        help="apply the agent and tool files of DIR at start and whenever one changes",
+    )
+    parser.add_argument(
+        "--scenarios",
+        metavar="DIR",
+        help="scenario files the model sandbox plays (model: <file name>), before the "
+        "built-in ones; read again when changed",
+    )
 
 
 def _shutdown(dev_stack: stack.DevStack) -> None:

@@ -97,6 +97,7 @@ def _add_processes(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     )
     _data_dir(p)
     p.add_argument("--demo", action="store_true", help="run the demo agent once, then stop")
+    launch.dev_options(p)
     p.set_defaults(handler=launch.dev)
     admin = sub.add_parser("admin", help="deployment administration").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -9,8 +9,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -124,6 +124,8 @@ class Endpoints:
     executor_pid: int
     log_dir: Path
     console_url: str = ""  # the web console on the HTTP ingress
+    model: str = ""
+    """Which model serves the agents that name no model_profile, when not the sandbox."""
     http_url: str = ""
     """The HTTP ingress as bound (webhooks, approval links, sessions)."""
 
@@ -133,6 +135,7 @@ class Endpoints:
             f"  postgres       {redact(self.database_url)}",
             f"  redis          {redact(self.redis_url)}",
             f"  model sandbox  {self.model_url}",
+            *([f"  model          {self.model}"] if self.model else []),
             f"  providers      {self.providers_url}",
             f'  sign-in (OIDC) {self.idp_url}  (POST /token {{"email": ...}} for an ID token)',
             f"  control plane  {self.control_plane} (gRPC)",
@@ -152,8 +155,11 @@ class DevStack:
         supervisor: Supervisor,
         port: int = DEFAULT_PORT,
         timeout: float = STARTUP_TIMEOUT,
+        scenarios: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.scenarios = scenarios
+        """The user's scenario directory, served before the built-in scenarios."""
         self.supervisor = supervisor
         self.port = port
         self.timeout = timeout
@@ -191,7 +197,8 @@ class DevStack:
         say("starting sandboxes, control plane and executor")
         model, providers, idp = self._sandboxes()
         control_plane, http_url = self._control_plane(db, providers, idp, say)
-        executor = self._executor(control_plane, model, providers, redis, executor_key)
+        real = real_model(os.environ)
+        executor = self._executor(control_plane, model, providers, redis, executor_key, real)
         return Endpoints(
             db,
             redis,
@@ -203,6 +210,7 @@ class DevStack:
             self.supervisor.log_dir,
             http_url=http_url,
             console_url=f"{http_url}/console/",
+            model=real.describe() if real else "",
         )
 
     def _sandboxes(self) -> tuple[str, str, str]:
@@ -247,22 +255,38 @@ class DevStack:
         return address, f"http://127.0.0.1:{bound}"
 
     def _executor(
-        self, control_plane: str, model: str, providers: str, redis: str, key: str
+        self,
+        control_plane: str,
+        model: str,
+        providers: str,
+        redis: str,
+        key: str,
+        real: RealModel | None = None,
     ) -> Child:
+        # Agents may name either API: both sandbox profiles play the same scenarios.
+        profiles = json.loads(sandbox_profiles(model))
         env = {
             "AGENTRUN_EXECUTOR_KEY": key,
             "AGENTRUN_CONTROL_PLANE": control_plane,
             "AGENTRUN_MODEL_BASE_URL": model,
-            # Agents may name either API: both profiles play the same sandbox scenarios.
-            "AGENTRUN_MODEL_PROFILES": sandbox_profiles(model),
+            "AGENTRUN_MODEL_DEFAULT_PROFILE": "",
             "AGENTRUN_PROVIDERS_URL": providers,
             "REDIS_URL": redis,
         }
+        if real is not None:  # a provider the user's environment names serves the others
+            profiles.update(real.profiles)
+            env["AGENTRUN_MODEL_BASE_URL"] = real.base_url or model
+            env["AGENTRUN_MODEL_DEFAULT_PROFILE"] = real.default_profile
+        env["AGENTRUN_MODEL_PROFILES"] = json.dumps(profiles)
         return self._python("executor", ["-m", "executor"], env=env)
 
     def _sandbox(self, which: str) -> Child:
         port_file = self._port_file(which)
         argv = ["-m", "sandbox", which, "--port", "0", "--port-file", str(port_file)]
+        if which == "model" and self.scenarios is not None:
+            from sandbox.scenario import DEFAULT_DIR
+
+            argv += ["--scenarios", str(self.scenarios), "--scenarios", str(DEFAULT_DIR)]
         return self._python(which, argv, port_file=port_file)
 
     def _python(
@@ -303,6 +327,57 @@ def sandbox_profiles(model_url: str) -> str:
             SANDBOX_ANTHROPIC: {"provider": "anthropic", "base_url": base},
         }
     )
+
+
+OPENAI_URL = "https://api.openai.com/v1"
+ANTHROPIC_URL = "https://api.anthropic.com"
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """The model provider the user's environment names, for the agents that name no
+    model_profile: AGENTRUN_MODEL_BASE_URL (any OpenAI-compatible server, its key in
+    AGENTRUN_MODEL_API_KEY), else OPENAI_API_KEY, else ANTHROPIC_API_KEY. Keys stay in the
+    environment: the executor reads them by name (api_key_env), nothing here holds one."""
+
+    default_profile: str = ""
+    """The profile serving versions that name none; empty: the default endpoint."""
+    base_url: str = ""
+    """The default endpoint (AGENTRUN_MODEL_BASE_URL), when it is the one."""
+    profiles: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.base_url:
+            return f"{self.base_url} (AGENTRUN_MODEL_BASE_URL) for agents without model_profile"
+        named = self.profiles[self.default_profile]
+        return (
+            f"{named['base_url']} ({named['api_key_env']}, profile {self.default_profile}) "
+            "for agents without model_profile; sandbox-openai plays scenarios"
+        )
+
+
+def real_model(env: Mapping[str, str]) -> RealModel | None:
+    """What serves the dev stack's agents when the environment names a provider (None: the
+    model sandbox, playing scenario files)."""
+    profiles: dict[str, dict[str, str]] = {}
+    if env.get("OPENAI_API_KEY"):
+        url = env.get("OPENAI_BASE_URL") or OPENAI_URL
+        profiles["openai"] = {
+            "provider": "openai",
+            "base_url": url,
+            "api_key_env": "OPENAI_API_KEY",
+        }
+    if env.get("ANTHROPIC_API_KEY"):
+        profiles["anthropic"] = {
+            "provider": "anthropic",
+            "base_url": env.get("ANTHROPIC_BASE_URL") or ANTHROPIC_URL,
+            "api_key_env": "ANTHROPIC_API_KEY",
+        }
+    if base_url := env.get("AGENTRUN_MODEL_BASE_URL"):
+        return RealModel(base_url=base_url, profiles=profiles)
+    if profiles:
+        return RealModel(default_profile=next(iter(profiles)), profiles=profiles)
+    return None
 
 
 def _http_port(say: Callable[[str], None]) -> int:

@@ -40,6 +40,10 @@ class ExecutorConfig:
     # Named model profiles (executor/models/profiles.py, AGENTRUN_MODEL_PROFILES); their
     # keys come from the environment and are excluded from repr like model_api_key.
     model_profiles: Mapping[str, ModelProfile] = field(default_factory=dict)
+    # The profile that serves versions naming none (AGENTRUN_MODEL_DEFAULT_PROFILE); empty:
+    # the default endpoint above. `agentrun dev` sets it when a provider key is in its
+    # environment, so the user's agents call the real model.
+    model_default_profile: str = ""
     providers_url: str = "http://127.0.0.1:8020"
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
@@ -90,7 +94,7 @@ class ExecutorConfig:
             model_timeout_seconds=_positive_float(
                 env, "AGENTRUN_MODEL_TIMEOUT_SECONDS", defaults.model_timeout_seconds
             ),
-            model_profiles=parse_profiles(env.get("AGENTRUN_MODEL_PROFILES", ""), env),
+            **_models_from_env(env),
             providers_url=env.get("AGENTRUN_PROVIDERS_URL") or defaults.providers_url,
             provider_urls={
                 name[len(prefix) :].lower(): url
@@ -126,6 +130,19 @@ class ExecutorConfig:
     def provider_url(self, provider: str) -> str:
         """Base URL of one provider: its own override, else the shared providers URL."""
         return self.provider_urls.get(provider.lower(), self.providers_url).rstrip("/")
+
+
+def _models_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The model profiles and the one (if any) that serves versions naming none."""
+    profiles = parse_profiles(env.get("AGENTRUN_MODEL_PROFILES", ""), env)
+    default = env.get("AGENTRUN_MODEL_DEFAULT_PROFILE", "").strip()
+    if default and default not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ValueError(
+            f"AGENTRUN_MODEL_DEFAULT_PROFILE names {default!r}, which AGENTRUN_MODEL_PROFILES "
+            f"does not define (it defines: {known})"
+        )
+    return {"model_profiles": profiles, "model_default_profile": default}
 
 
 def _limits_from_env(env: Mapping[str, str], defaults: ExecutorConfig) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class Worker:
             ),
             config.model_profiles,
             config.model_timeout_seconds,
+            default_profile=config.model_default_profile,
         )
         self._stream = ControlPlaneStream(
             config.control_plane,

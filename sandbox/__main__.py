@@ -15,7 +15,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model = servers.add_parser("model", help="OpenAI-compatible model server playing scenarios")
     _add_listen_args(model)
     model.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
-    model.add_argument("--scenarios", type=Path, default=DEFAULT_DIR, help="scenario directory")
+    model.add_argument(
+        "--scenarios",
+        type=Path,
+        action="append",
+        help="scenario directory; again for more, the first holding a name serves it "
+        "(default: the built-in ones)",
+    )
     _add_listen_args(
         servers.add_parser(
             "providers", help="fake tool providers (payments, mail, chat, CRM, echo)"
@@ -42,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     app: ASGIApp
     if args.server == "model":
-        app = model_server.create_app(scenarios_dir=args.scenarios, api_key=args.api_key)
+        app = model_server.create_app(
+            scenarios_dir=args.scenarios or [DEFAULT_DIR], api_key=args.api_key
+        )
     elif args.server == "idp":
         app = idp.create_app(issuer=args.issuer)
     elif args.server == "mcp":

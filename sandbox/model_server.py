@@ -19,7 +19,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ class ModelSandbox:
 
     def __init__(
         self,
-        scenarios_dir: Path = DEFAULT_DIR,
+        scenarios_dir: Path | Sequence[Path] = DEFAULT_DIR,
         api_key: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -258,12 +258,13 @@ class ModelSandbox:
 
 
 def create_app(
-    scenarios_dir: Path | str | None = None,
+    scenarios_dir: Path | str | Sequence[Path] | None = None,
     api_key: str | None = None,
     rng: random.Random | None = None,
 ) -> Starlette:
     """The model sandbox app; its state is reachable as `app.state.sandbox`."""
-    sandbox = ModelSandbox(Path(scenarios_dir or DEFAULT_DIR), api_key=api_key, rng=rng)
+    dirs = [Path(scenarios_dir)] if isinstance(scenarios_dir, str | Path) else scenarios_dir
+    sandbox = ModelSandbox(dirs or DEFAULT_DIR, api_key=api_key, rng=rng)
     app = Starlette(routes=sandbox.routes())
     app.state.sandbox = sandbox
     return app

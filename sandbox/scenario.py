@@ -10,7 +10,9 @@ A scenario is a scripted model. The request's ``model`` names a file
 The turn played is the number of assistant messages already in the request
 (past the last turn, the last one is played again). Inside a turn:
 
-* ``"{{input}}"`` in any string becomes the text of the first user message and
+* ``"{{input}}"`` in any string becomes the text of the first user message,
+  ``"{{instructions}}"`` that of the system message (the agent's instructions, so a
+  scenario can show which version of an agent ran) and
   ``"{{last_tool_result}}"`` the content of the last tool message (and
   ``"{{last_payload_ref}}"`` the payload its truncated view names);
 * ``{"$choice": [a, b]}`` becomes one of its elements (also usable for a whole
@@ -43,6 +45,7 @@ sandbox/anthropic_api.py):
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,39 +134,59 @@ def parse_scenario(name: str, data: Any) -> Scenario:
 
 
 class ScenarioStore:
-    """Scenario files of one directory, parsed once and reloaded when a file changes."""
+    """Scenario files of one directory or several, parsed once and reloaded when a file
+    changes. With several, the first that holds `<name>.json` serves it: `agentrun dev
+    --scenarios DIR` puts the user's directory before the built-in one."""
 
-    def __init__(self, directory: Path = DEFAULT_DIR) -> None:
-        self.directory = Path(directory)
-        self._cache: dict[str, tuple[int, Scenario]] = {}
+    def __init__(self, directory: Path | Sequence[Path] = DEFAULT_DIR) -> None:
+        found = [directory] if isinstance(directory, str | Path) else list(directory)
+        self.directories = tuple(Path(d) for d in found) or (DEFAULT_DIR,)
+        self._cache: dict[Path, tuple[int, Scenario]] = {}
+
+    @property
+    def directory(self) -> Path:
+        return self.directories[0]
 
     def get(self, name: str) -> Scenario:
         if not isinstance(name, str) or not _NAME.match(name):
             raise UnknownScenario(name)
-        path = self.directory / f"{name}.json"
-        try:
-            mtime = path.stat().st_mtime_ns
-        except FileNotFoundError:
-            raise UnknownScenario(name) from None
-        cached = self._cache.get(name)
+        for directory in self.directories:
+            path = directory / f"{name}.json"
+            try:
+                mtime = path.stat().st_mtime_ns
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            return self._load(name, path, mtime)
+        raise UnknownScenario(name)
+
+    def _load(self, name: str, path: Path, mtime: int) -> Scenario:
+        cached = self._cache.get(path)
         if cached and cached[0] == mtime:
             return cached[1]
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ScenarioError(f"scenario {name!r}: invalid JSON: {exc}") from None
-        scenario = parse_scenario(name, data)
-        self._cache[name] = (mtime, scenario)
+        scenario = load_file(name, path)
+        self._cache[path] = (mtime, scenario)
         return scenario
 
     def names(self) -> list[str]:
-        return sorted(p.stem for p in self.directory.glob("*.json") if _NAME.match(p.stem))
+        return sorted(
+            {p.stem for d in self.directories for p in d.glob("*.json") if _NAME.match(p.stem)}
+        )
+
+
+def load_file(name: str, path: Path) -> Scenario:
+    """One scenario file, checked; ScenarioError names it and what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"scenario {name!r}: invalid JSON: {exc}") from None
+    return parse_scenario(name, data)
 
 
 def render_turn(turn: dict[str, Any], messages: list[dict[str, Any]], rng: random.Random) -> Reply:
     """Resolve templates, choices and nonces of one turn against the conversation."""
     fills = {
         "{{input}}": _first_text(messages, "user"),
+        "{{instructions}}": _first_text(messages, "system"),
         "{{last_tool_result}}": _last_text(messages, "tool"),
         "{{last_payload_ref}}": payload_ref(_last_text(messages, "tool")),
     }

@@ -193,9 +193,12 @@ class ModelRouter:
         default: ModelClient,
         profiles: Mapping[str, ModelProfile],
         default_timeout: float = 60.0,
+        default_profile: str = "",
     ) -> None:
         self._default = default
         self._profiles = dict(profiles)
+        # Serves versions that name no profile, in place of `default` (when set).
+        self._default_profile = default_profile
         self._timeout = default_timeout
         self._clients: dict[str, ModelClient] = {}
 
@@ -209,15 +212,14 @@ class ModelRouter:
         *,
         settings: ModelSettings = DEFAULT_SETTINGS,
     ) -> ModelReply:
-        if not settings.profile:
+        name = settings.profile or self._default_profile
+        if not name:
             return await self._default.complete(
                 model, messages, tools, run_id, seq, settings=settings
             )
-        profile = self._profiles.get(settings.profile)
+        profile = self._profiles.get(name)
         if profile is None:
-            raise ModelUnavailable(
-                f"model profile {settings.profile!r} is not configured on this executor"
-            )
+            raise ModelUnavailable(f"model profile {name!r} is not configured on this executor")
         client = self._clients.get(profile.name)
         if client is None:
             client = self._clients[profile.name] = profile.client(self._timeout)

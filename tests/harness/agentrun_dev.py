@@ -29,12 +29,18 @@ _GRPC = re.compile(r"^\s+control plane\s+(\S+) \(gRPC\)")
 _HTTP = re.compile(r"^\s+http\s+(http://\S+)")
 
 
+# A provider's key or address in the developer's environment makes `agentrun dev` call that
+# model (agentrun_cli/stack.py real_model): never in a test that did not ask for it.
+MODEL_KEYS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without the developer's agentrun settings, plus `extra`."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("AGENTRUN_") and k not in ("DATABASE_URL", "REDIS_URL", "NO_COLOR")
+        if not k.startswith("AGENTRUN_")
+        and k not in ("DATABASE_URL", "REDIS_URL", "NO_COLOR", *MODEL_KEYS)
     }
     return {**env, **extra}
 
@@ -77,6 +83,22 @@ class DevProcess:
                 self.http_url = m.group(1)
             if line.startswith("try:"):
                 return
+
+    def wait_line(self, text: str, timeout: float = 30) -> str:
+        """Read lines until one holds `text` (the ones read before it stay in `lines`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no line with {text!r} in {timeout}s:\n{self.output()}"
+                ) from None
+            if line is None:
+                raise AssertionError("agentrun dev exited:\n" + self.output())
+            self.lines.append(line)
+            if text in line:
+                return line
 
     def output(self) -> str:
         return "\n".join(self.lines)

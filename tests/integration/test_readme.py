@@ -66,6 +66,13 @@ EXPECTED = {
         '"field":"priority"',
         "/v1/openapi.json",
     ],
+    'export PATH="$PWD/.venv/bin:$PATH"': [
+        "published forecaster v1",
+        "weather ok",
+        "Weather report: ",
+        "published forecaster v2",
+        "Today in Lisbon: ",
+    ],
     "SHOP=http://127.0.0.1": [
         "write (provider_key, Idempotency-Key)",
         "dry run: nothing saved",
@@ -130,13 +137,20 @@ def _as_run_here(body: str, dev: DevProcess) -> str:
     return body.replace("127.0.0.1:50051", dev.address).replace("127.0.0.1:8080", http)
 
 
+# A block that starts a stack of its own (README "Your own agent") needs longer than the rest.
+TIMEOUTS = {'export PATH="$PWD/.venv/bin:$PATH"': 240}
+
+
 def _env(dev: DevProcess) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
+    tmp = dev.data_dir / "tmp"  # mktemp -d in a block: removed with the stack's data dir
+    tmp.mkdir(exist_ok=True)
     return {
         **dev.cli_env(),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "AGENTRUN_CONFIG": str(dev.data_dir / "cli-config.toml"),  # profiles, not ~/.config
         "NO_COLOR": "1",
+        "TMPDIR": str(tmp),
     }
 
 
@@ -149,7 +163,7 @@ def test_block_runs_as_written(block: Block, dev: DevProcess) -> None:
         env=_env(dev),
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=max([90, *(t for key, t in TIMEOUTS.items() if key in block.body)]),
     )
     shown = f"--- {block.name}\n{script}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert done.returncode == 0, shown
