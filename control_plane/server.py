@@ -76,10 +76,10 @@ from control_plane.dispatch.pipeline import CommitPipeline
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import ErrorInterceptor
-from control_plane.http.api import Services
 from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
+from control_plane.http.services import Services
 from control_plane.ops import logs
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials

@@ -25,10 +25,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentrun.v1 import agent_pb2, approval_pb2, run_pb2, session_pb2
-from control_plane.api.agents import AgentServicer
-from control_plane.api.approvals import ApprovalServicer
-from control_plane.api.runs import RunServicer
-from control_plane.api.sessions import SessionServicer
 from control_plane.auth import access
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument
@@ -36,32 +32,13 @@ from control_plane.http import jsonmap
 from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.problems import from_exception, problem, problem_errors
+from control_plane.http.services import Services
 from control_plane.http.webhooks import TooLarge, read_body
 
 PREFIX = "/v1/workspaces/{workspace_id}/"
 MAX_BODY_BYTES = validate.MAX_JSON_BYTES
 _PARAM = re.compile(r"{([a-z_]+)}")
 INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Services:
-    """The servicers the gRPC server serves, shared with the HTTP API (the same instances)."""
-
-    runs: RunServicer
-    approvals: ApprovalServicer
-    sessions: SessionServicer
-    agents: AgentServicer
-
-    def method(self, rpc: str) -> Callable[..., Any]:
-        service, name = rpc.split("/")
-        servicer = {
-            "RunService": self.runs,
-            "ApprovalService": self.approvals,
-            "SessionService": self.sessions,
-            "AgentService": self.agents,
-        }[service]
-        return cast(Callable[..., Any], getattr(servicer, name))
 
 
 @dataclass(frozen=True)

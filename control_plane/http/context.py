@@ -16,7 +16,7 @@ from control_plane.store.db import Pool
 
 if TYPE_CHECKING:
     from control_plane.dispatch.fast_path import FastPath
-    from control_plane.http.api import Services
+    from control_plane.http.services import Services
 
 
 def _nothing() -> None:

@@ -287,8 +287,8 @@ async def test_the_document_describes_every_route_and_is_the_checked_in_file(
 def _bare_context() -> Any:
     """An HttpContext whose routes can be listed (never called): no pool is opened."""
     from control_plane.ground.config import ServerConfig
-    from control_plane.http.api import Services
     from control_plane.http.context import HttpContext
+    from control_plane.http.services import Services
 
     class Unused:
         def __getattr__(self, name: str) -> Any:

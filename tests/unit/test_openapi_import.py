@@ -324,7 +324,9 @@ def test_openapi_30_quirks_become_json_schema() -> None:
 def test_a_bad_document_is_refused_naming_it(text: str, says: str) -> None:
     error = refused(text)
     assert error.field == "document"
-    assert says in str(error)
+    # The validator quotes a key '…' or "…" as its backend is jsonschema or jsonschema-rs
+    # (schemathesis, a dev tool, brings the latter).
+    assert says.replace("'", '"') in str(error).replace("'", '"')
     assert "\n" not in str(error)  # the first line only
 
 
