@@ -44,7 +44,7 @@ gen: $(STAMP) ## regenerate generated/ from proto/ (committed)
 lint: $(STAMP) ## ruff (lint + format check), mypy and buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy control_plane executor faults ground sandbox agentrun_cli telemetry
+	$(VENV)/bin/mypy control_plane executor faults ground sandbox agentrun_cli telemetry clients/python/agentrun_client
 	$(VENV)/bin/buf lint
 
 fmt: $(STAMP) ## apply ruff format and fixes

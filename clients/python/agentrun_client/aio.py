@@ -57,7 +57,7 @@ class AsyncClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._ops = Requests(self.settings.workspace)
-        self._channel = aio_channel(self.settings)
+        self._channel = aio_channel(self.settings, self.retry.channel_options())
         self.runs = run_pb2_grpc.RunServiceStub(self._channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
         self._stubs: dict[str, Any] = {

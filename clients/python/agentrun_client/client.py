@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -59,7 +59,7 @@ class Client:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._ops = Requests(self.settings.workspace)
-        self._channel = sync_channel(self.settings)
+        self._channel = sync_channel(self.settings, self.retry.channel_options())
         self.runs = run_pb2_grpc.RunServiceStub(self._channel)
         self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
         self._stubs: dict[str, Any] = {
@@ -98,7 +98,14 @@ class Client:
                 attempt += 1
                 if err.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.attempts:
                     raise from_rpc_error(err) from None
-                time.sleep(self.retry.delay(attempt - 1))
+                self._pause(self.retry.delay(attempt - 1))
+
+    def _pause(self, delay: float) -> None:
+        """Wait `delay` seconds, or less if the channel connects first. Watching the channel
+        also drives its reconnection: without a call in progress, a blocking channel may not
+        notice for seconds that the control plane is back."""
+        with contextlib.suppress(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(self._channel).result(timeout=delay)
 
     def _pages(self, first: Call[Page[T]], again: Any) -> Iterator[T]:
         page = self._do(first)
@@ -215,6 +222,7 @@ class Client:
             retry_for=self.retry.watch_for,
             retry_unopened=True,
             deltas=deltas,
+            channel=self._channel,
         )
         try:
             for event in watch:

@@ -222,8 +222,9 @@ class _Bearer(
         return continuation(self._with_key(details), requests)
 
 
-class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """The same for an asyncio channel."""
+class _AioBearer:
+    """The same for an asyncio channel: one interceptor object per kind of call, since
+    grpc.aio files an interceptor under the first kind it implements only."""
 
     def __init__(self, key: str) -> None:
         self._pair = ("authorization", f"Bearer {key}")
@@ -232,9 +233,13 @@ class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClien
         metadata = grpc.aio.Metadata(*(details.metadata or ()), self._pair)
         return details._replace(metadata=metadata)
 
+
+class _AioUnaryBearer(_AioBearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_key(details), request)
 
+
+class _AioStreamBearer(_AioBearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_key(details), request)
 
@@ -254,7 +259,8 @@ def aio_channel(settings: Settings, options: Sequence[tuple[str, Any]] = ()) -> 
     """An asyncio channel that sends the settings' key (when there is one) on every call."""
     creds = settings.tls.credentials()
     opts = [*options, *settings.tls.options()]
-    interceptors = [_AioBearer(settings.api_key)] if settings.api_key else None
+    key = settings.api_key
+    interceptors: list[Any] | None = [_AioUnaryBearer(key), _AioStreamBearer(key)] if key else None
     if creds is None:
         return grpc.aio.insecure_channel(settings.address, opts, interceptors=interceptors)
     return grpc.aio.secure_channel(settings.address, creds, opts, interceptors=interceptors)

@@ -22,6 +22,16 @@ class RetryPolicy:
     watch_for: float = 60.0
     """How long a watch keeps reconnecting while the control plane cannot be reached."""
 
+    def channel_options(self) -> list[tuple[str, int]]:
+        """gRPC reconnects a failed channel on its own backoff (1 s, then 1.6 times more, to
+        2 minutes), failing calls at once meanwhile: kept within this policy's, so that a
+        retry finds a control plane that came back. (Not grpc.min_reconnect_backoff_ms: gRPC
+        takes it as the connect timeout too.)"""
+        return [
+            ("grpc.initial_reconnect_backoff_ms", int(self.initial * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(self.maximum * 1000)),
+        ]
+
     def delay(self, attempt: int) -> float:
         """The pause after failed attempt `attempt` (0-based)."""
         ceiling = min(self.maximum, self.initial * 2**attempt)

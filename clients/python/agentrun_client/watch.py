@@ -4,6 +4,7 @@ twice or missed)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +37,11 @@ class RunWatch:
         retry_for: float = 60.0,
         retry_unopened: bool = False,
         deltas: bool = False,
+        channel: grpc.Channel | None = None,
     ) -> None:
+        """`channel`: the stub's, watched while waiting to reconnect (see Client._pause)."""
         self._stub = stub
+        self._channel = channel
         self._request = run_pb2.WatchRunRequest(
             workspace_id=workspace, run_id=run_id, from_seq=from_seq, deltas=deltas
         )
@@ -82,8 +86,15 @@ class RunWatch:
                 if self._on_retry is not None:
                     self._on_retry(err, delay)
                 self.reconnects += 1
-                self._cancelled.wait(delay)
+                self._pause(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _pause(self, delay: float) -> None:
+        if self._channel is None:
+            self._cancelled.wait(delay)
+            return
+        with contextlib.suppress(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(self._channel).result(timeout=delay)
 
     def _open(self) -> Iterator[run_pb2.WatchRunResponse]:
         remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 0)
