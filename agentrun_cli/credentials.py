@@ -3,7 +3,7 @@
 `agentrun dev` writes its credentials to `<data dir>/credentials.json`
 (mode 0600); the CLI picks the admin key (the demo's approvals use the
 approver key) from there, so the README's commands work as written. A profile
-(`--profile`, AGENTRUN_PROFILE; agentrun_cli/profiles.py) comes between the two:
+(`--profile`, AGENTRUN_PROFILE; agentrun_client/profiles.py) comes between the two:
 `activate` makes it this process's, once the arguments are parsed.
 """
 
