@@ -15,6 +15,7 @@ import pytest
 from agentrun_client import (
     AsyncClient,
     Client,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     RetryPolicy,
@@ -263,3 +264,47 @@ def test_unavailable_is_retried_and_a_watch_resumes_where_it_was(
     finally:
         via.close()
         proxy.down()
+
+
+async def test_the_async_client_rides_out_unavailable_too(
+    dev: DevProcess, creds: dict[str, Any]
+) -> None:
+    proxy = Forwarder(dev.address, _free_port())
+    retry = RetryPolicy(attempts=10, initial=0.1, maximum=1.0)
+    via = AsyncClient(
+        f"127.0.0.1:{proxy.port}", workspace="default", api_key=creds["admin_key"], retry=retry
+    )
+    try:
+        threading.Timer(1.0, proxy.up).start()
+        run = await via.start_run("worker", "async through the proxy")
+        seqs = []
+        async for step in via.watch(run.run_id):
+            seqs.append(step.seq)
+            if step.seq == 3:
+                proxy.down()
+                threading.Timer(0.5, proxy.up).start()
+            if step.seq >= 9:
+                break
+        assert seqs == list(range(10)), seqs
+        assert proxy.connections >= 2
+    finally:
+        await via.close()
+        proxy.down()
+
+
+def test_sessions_forks_and_signals(client: Client) -> None:
+    session = client.create_session("quick", title="py", strategy="enqueue")
+    assert session.strategy == "enqueue" and session.title == "py"
+    turn = client.send_message(session.session_id, "hello", request_id="py-turn-1")
+    again = client.send_message(session.session_id, "hello", request_id="py-turn-1")
+    assert turn.created and not again.created and again.run_id == turn.run_id
+    answered = client.wait(turn.run_id, timeout=60)
+    assert answered.status == RunStatus.COMPLETED and answered.output == ECHOED
+    # A fork right after a tool result: the model answers that result again.
+    results = [s for s in client.list_steps(turn.run_id) if s.kind == StepKind.TOOL_RESULT]
+    fork = client.fork_run(turn.run_id, results[0].seq)
+    assert fork.forked_from_run_id == turn.run_id and fork.forked_from_seq == results[0].seq
+    assert [r.run_id for r in client.list_runs(forked_from=turn.run_id)] == [fork.run_id]
+    # A signal to a run that ended is refused, naming why.
+    with pytest.raises(FailedPrecondition):
+        client.signal_run(turn.run_id, "nudge", {"n": 1}, event_id="e1")
