@@ -135,29 +135,49 @@ class Settings:
         """The settings, by the CLI's precedence. `role`: which of a dev stack's keys to use
         when nothing else names one (approver keys decide approvals)."""
         chosen = profile if isinstance(profile, Profile) else profiles.select(profile)
-        found_address, source = _address(address, chosen, data_dir)
+        found_address, source = resolve_address(address, chosen, data_dir)
         return cls(
             address=found_address,
-            workspace=workspace
-            or os.environ.get("AGENTRUN_WORKSPACE")
-            or (chosen.workspace if chosen else None)
-            or DEFAULT_WORKSPACE,
+            workspace=resolve_workspace(workspace, chosen),
             api_key=api_key or resolve_key(chosen, role, data_dir),
             tls=tls_settings(chosen),
             address_from=source,
         )
 
 
-def _address(given: str | None, profile: Profile | None, data_dir: Path | None) -> tuple[str, str]:
+def resolve_address(
+    given: str | None,
+    profile: Profile | None,
+    data_dir: Path | None = None,
+    *,
+    dev_stack: bool = True,
+) -> tuple[str, str]:
+    """The address and where it came from (for errors): `given`, AGENTRUN_ADDRESS, the
+    profile's, then (with `dev_stack`) the port the dev stack of `data_dir` recorded
+    (`agentrun dev` binds another port when 50051 is taken), else the default."""
     if given:
         return given, "the address given"
     if env := os.environ.get("AGENTRUN_ADDRESS"):
         return env, "AGENTRUN_ADDRESS"
     if profile is not None and profile.address:
         return profile.address, f"profile {profile.name!r}"
+    if not dev_stack:
+        return DEFAULT_ADDRESS, "the default"
+    data_dir = data_dir or default_data_dir()
     if recorded := recorded_address(data_dir):
-        return recorded[0], f"where `agentrun dev` listens, per {recorded[1]}"
-    return DEFAULT_ADDRESS, "the default"
+        where = f"run/{recorded[1].name}"
+        return recorded[0], f"where `agentrun dev` with data dir {data_dir} listens, per {where}"
+    return DEFAULT_ADDRESS, f"the default; no `agentrun dev` with data dir {data_dir} is running"
+
+
+def resolve_workspace(given: str | None, profile: Profile | None) -> str:
+    """`given`, AGENTRUN_WORKSPACE, the profile's, else `default`."""
+    return (
+        given
+        or os.environ.get("AGENTRUN_WORKSPACE")
+        or (profile.workspace if profile else None)
+        or DEFAULT_WORKSPACE
+    )
 
 
 def resolve_key(
