@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from agentrun_cli import (
@@ -28,12 +27,13 @@ from agentrun_cli import (
     triggers,
 )
 from agentrun_cli import tools as tool_commands
+from agentrun_client import config
 
 # Commands whose further arguments belong to the process they run.
 PASSTHROUGH = frozenset({"server", "executor"})
 STATUSES = ["queued", "running", "waiting", "completed", "failed", "cancelled"]
-DEFAULT_ADDRESS = "127.0.0.1:50051"
-DEFAULT_WORKSPACE = "default"
+DEFAULT_ADDRESS = config.DEFAULT_ADDRESS
+DEFAULT_WORKSPACE = config.DEFAULT_WORKSPACE
 
 
 def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -337,10 +337,12 @@ def _version() -> str:
 
 
 def resolve(args: argparse.Namespace) -> None:
-    """Address, workspace and key: flag > environment > profile > dev credentials/defaults.
+    """Address, workspace and key: flag > environment > profile > dev credentials/defaults,
+    by the client package's rules (agentrun_client/config.py), which programs follow too.
 
     `profile ...` commands edit the file, and `completion` prints a script, so neither
-    selects a profile.
+    selects a profile. Only a client command dials the address this checkout's dev stack
+    recorded.
     """
     if args.command in ("profile", "completion"):
         output.settle(args)
@@ -349,36 +351,16 @@ def resolve(args: argparse.Namespace) -> None:
     output.settle(args)
     profile = profiles.select(getattr(args, "profile", None))
     credentials.activate(profile)
-    for name, env, default in (
-        ("address", "AGENTRUN_ADDRESS", DEFAULT_ADDRESS),
-        ("workspace", "AGENTRUN_WORKSPACE", DEFAULT_WORKSPACE),
-    ):
-        if getattr(args, name, None) is None:
-            setattr(args, name, os.environ.get(env) or getattr(profile, name, None) or default)
-        elif name == "address":
-            args.address_from = "--address"
-    if getattr(args, "address_from", None) is None:
-        args.address_from = _address_source(args, profile)
+    args.workspace = config.resolve_workspace(getattr(args, "workspace", None), profile)
+    given = getattr(args, "address", None)
+    dev_stack = args.command not in PASSTHROUGH and args.command != "dev"
+    data_dir = None
+    if dev_stack:
+        from agentrun_cli.stack import default_data_dir
 
-
-def _address_source(args: argparse.Namespace, profile: profiles.Profile | None) -> str:
-    """Where the address came from, for errors; with none given, a client command dials the
-    address this checkout's dev stack recorded (`agentrun dev` binds another port when
-    50051 is taken), else the default."""
-    if os.environ.get("AGENTRUN_ADDRESS"):
-        return "AGENTRUN_ADDRESS"
-    if profile is not None and profile.address:
-        return f"profile {profile.name!r}"
-    if args.command in PASSTHROUGH or args.command == "dev":
-        return "the default"
-    from agentrun_cli.stack import default_data_dir, recorded_address
-
-    data_dir = default_data_dir()
-    recorded = recorded_address(data_dir)
-    if recorded is None:
-        return f"the default; no `agentrun dev` with data dir {data_dir} is running"
-    args.address = recorded[0]
-    return f"where `agentrun dev` with data dir {data_dir} listens, per run/{recorded[1].name}"
+        data_dir = default_data_dir()
+    args.address, source = config.resolve_address(given, profile, data_dir, dev_stack=dev_stack)
+    args.address_from = "--address" if given else source
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -87,10 +87,11 @@ CONTROL_PLANE_PORT_FILE = Path("run") / "control-plane.port"
 
 def recorded_address(data_dir: Path | None = None) -> tuple[str, Path] | None:
     """The gRPC address the dev stack of `data_dir` (default: this checkout's) bound, and the
-    file that says so; None when no stack of that data dir is up (it removes the file)."""
-    path = (data_dir or default_data_dir()) / CONTROL_PLANE_PORT_FILE
-    port = _read_port_file(path)
-    return (f"127.0.0.1:{port}", path) if port else None
+    file that says so; None when no stack of that data dir is up (it removes the file).
+    agentrun_client finds a dev stack the same way."""
+    from agentrun_client.config import recorded_address as found
+
+    return found(data_dir or default_data_dir())
 
 
 def dev_credentials(url: str, data_dir: Path) -> str:

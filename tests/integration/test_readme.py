@@ -47,6 +47,11 @@ EXPECTED = {
         "status: cancelled",
     ],
     "agents apply -f examples/triage.yaml": ["published triage v2", "nothing published"],
+    ".venv/bin/python examples/python_quickstart.py": [
+        "approval_requested",
+        "send_email to ada@example.com: approved",
+        "completed: ",
+    ],
     "PROVIDERS=http://127.0.0.1": [
         "created tool channel_history v1",
         "nothing saved",
