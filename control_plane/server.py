@@ -76,6 +76,7 @@ from control_plane.dispatch.pipeline import CommitPipeline
 from control_plane.dispatch.session import ExecutorSession
 from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import ErrorInterceptor
+from control_plane.http.api import Services
 from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
@@ -298,14 +299,14 @@ async def start(
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(), identity(resolver)]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
-    _add_servicers(parts, server, executors)
+    services = _add_servicers(parts, server, executors)
     healths: list[_Health] = []
     port, executor_port = await _listen(config, server, executors, healths)
     flows = ConnectionFlows(pool, envelope, oauth, tokens, config.public_url)
     # One readiness per replica: /readyz and the gRPC health service say the same.
     readiness = Readiness(pool)
     http, trigger_tasks = await _start_triggers(
-        pool, config, parts.dispatcher, envelope, resolver, flows, readiness
+        pool, config, parts.dispatcher, envelope, resolver, flows, readiness, services
     )
     watch = asyncio.create_task(readiness.watch(healths), name="readiness")
     return RunningServer(
@@ -321,16 +322,22 @@ async def start(
     )
 
 
-def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Server) -> None:
-    """Every public service on `server`; ExecutorService on `executors` (maybe the same)."""
+def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Server) -> Services:
+    """Every public service on `server`; ExecutorService on `executors` (maybe the same).
+    Returns those the HTTP/JSON API serves too (control_plane/http/api.py)."""
     cfg, pool, dispatcher = p.config, p.pool, p.dispatcher
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(pool, publish_guard(cfg)), server
+    services = Services(
+        runs=RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, dispatcher.deltas),
+        approvals=ApprovalServicer(pool),
+        sessions=SessionServicer(
+            Conversations(
+                pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, FastPath(dispatcher)
+            )
+        ),
+        agents=AgentServicer(pool, publish_guard(cfg)),
     )
-    run_pb2_grpc.add_RunServiceServicer_to_server(
-        RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, dispatcher.deltas),
-        server,
-    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(services.agents, server)
+    run_pb2_grpc.add_RunServiceServicer_to_server(services.runs, server)
     pipeline = commit_pipeline(pool, cfg, dispatcher.poke)
     executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorServicer(dispatcher, p.resolver, p.tokens, pipeline), executors
@@ -339,21 +346,14 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         ConnectionServicer(pool, cfg.public_url, Revocations(pool, p.envelope, p.tokens.client)),
         server,
     )
-    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(pool), server)
+    approval_pb2_grpc.add_ApprovalServiceServicer_to_server(services.approvals, server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
         TriggerServicer(
             pool, cfg.public_url, p.envelope, cfg.defaults, dispatcher.poke, dispatcher.cancel
         ),
         server,
     )
-    session_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(
-            Conversations(
-                pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, FastPath(dispatcher)
-            )
-        ),
-        server,
-    )
+    session_pb2_grpc.add_SessionServiceServicer_to_server(services.sessions, server)
     admin_pb2_grpc.add_WorkspaceAdminServiceServicer_to_server(AdminServicer(pool), server)
     credit_pb2_grpc.add_CreditServiceServicer_to_server(CreditServicer(pool), server)
     tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pool), server)
@@ -364,6 +364,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     release_pb2_grpc.add_CanaryServiceServicer_to_server(
         CanaryServicer(p.canary, dispatcher), server
     )
+    return services
 
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
@@ -484,6 +485,7 @@ async def _start_triggers(
     resolver: Resolver,
     flows: ConnectionFlows | None = None,
     readiness: Readiness | None = None,
+    services: Services | None = None,
 ) -> tuple[HttpIngress, list[asyncio.Task[None]]]:
     """The HTTP ingress, the scheduler and the push fetcher of this replica."""
     scheduler = Scheduler(
@@ -508,6 +510,7 @@ async def _start_triggers(
         connections=flows,
         readiness=readiness,
         fast_path=FastPath(dispatcher),
+        services=services,
     )
     http = HttpIngress(build_app(ctx), config.http_listen, tls=http_files(config))
     await http.start()

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from control_plane.http import connections, observability, sessions, webhooks
+from control_plane.http import api, connections, observability, openapi, sessions, webhooks
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.http.console import routes as console
 from control_plane.http.context import HttpContext
@@ -32,6 +32,8 @@ ROUTE_MODULES: tuple[Callable[[HttpContext], Sequence[BaseRoute]], ...] = (
     connections.routes,
     observability.routes,
     console.routes,  # the web console under /console/ (control_plane/http/console/)
+    api.routes,  # the HTTP/JSON API under /v1/workspaces/ (control_plane/http/api.py)
+    lambda ctx: openapi.routes(),  # its OpenAPI document, GET /v1/openapi.json
 )
 
 
@@ -46,4 +48,5 @@ def build_app(ctx: HttpContext, extra: Iterable[BaseRoute] = ()) -> Starlette:
     for module_routes in ROUTE_MODULES:
         routes += list(module_routes(ctx))
     routes += list(extra)
+    routes.append(openapi.fallback())  # the rest of /v1/: problem details, never text
     return Starlette(routes=routes)

@@ -16,6 +16,7 @@ from control_plane.store.db import Pool
 
 if TYPE_CHECKING:
     from control_plane.dispatch.fast_path import FastPath
+    from control_plane.http.api import Services
 
 
 def _nothing() -> None:
@@ -43,6 +44,9 @@ class HttpContext:
     readiness: Readiness | None = None
     # Fast-path session turns go straight to an executor (control_plane/dispatch/fast_path.py).
     fast_path: FastPath | None = None
+    # The gRPC server's servicers, which the HTTP/JSON API calls (control_plane/http/api.py);
+    # None: no API routes.
+    services: Services | None = None
 
     def credentials(self) -> Resolver:
         if self.resolver is not None:

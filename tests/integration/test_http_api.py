@@ -1,0 +1,301 @@
+"""The HTTP/JSON API (control_plane/http/api.py) on a real control plane and executor: the
+same runs as gRPC, its errors, idempotency, the SSE watch, and its OpenAPI document, which
+matches the routes, the checked-in docs/openapi.json, and what schemathesis finds served."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openapi_spec_validator import validate as validate_openapi
+from starlette.routing import Route
+
+from agentrun.v1 import run_pb2
+from control_plane.http import jsonmap, openapi
+from tests.harness import auth
+from tests.harness.agentrun_api import Api
+
+WS = "ws"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "openapi.json"
+
+
+class Http:
+    """The API over httpx with one key, paths relative to /v1/workspaces/ws/."""
+
+    def __init__(self, base: str, key: str | None) -> None:
+        headers = auth.bearer(key) if key else {}
+        self.base = f"{base}/v1/workspaces/{WS}/"
+        self.client = httpx.AsyncClient(headers=headers, timeout=30)
+
+    async def get(self, path: str, **kw: Any) -> httpx.Response:
+        return await self.client.get(self.base + path, **kw)
+
+    async def post(self, path: str, body: Any = None, **kw: Any) -> httpx.Response:
+        if isinstance(body, bytes):
+            return await self.client.post(self.base + path, content=body, **kw)
+        return await self.client.post(self.base + path, json=body or {}, **kw)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+@pytest.fixture
+async def stack(db_url, control_plane):
+    """A control plane, an admin gRPC Api, the demo agent "mailer" (a lookup, an email, an
+    answer), and an operator's HTTP client."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("mailer", "demo", ["crm_lookup", "send_email"])
+    http = Http(cp.http_url, await auth.workspace_key(db_url, WS, role="operator"))
+    yield cp, api, http
+    await http.close()
+    await api.close()
+
+
+def problem(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/problem+json", resp.headers
+    body = resp.json()
+    assert body["status"] == status and body["title"] and body["detail"], body
+    return body
+
+
+async def sse_events(http: Http, path: str, **headers: str) -> list[tuple[str, str, Any]]:
+    """(event, id, data) of a watch, read until the stream ends."""
+    events, event, event_id, data = [], "", "", ""
+    async with http.client.stream("GET", http.base + path, headers=headers) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith(
+            "text/event-stream"
+        )
+        async for line in resp.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                data = line[6:]
+            elif line == "" and event:
+                events.append((event, event_id, json.loads(data)))
+                event, event_id, data = "", "", ""
+    return events
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+async def test_http_and_grpc_give_the_same_run_and_steps_and_the_watch_streams_them_in_order(
+    stack, executor_factory
+):
+    cp, api, http = stack
+    started = await http.post(
+        "runs", {"agent_id": "mailer", "input": "Follow up with ada@example.com"}
+    )
+    assert started.status_code == 201, started.text
+    run_id = started.json()["run_id"]
+    executor_factory(cp)
+
+    # Watched live from the start: the run first, then every step in seq order, then `end`.
+    events = await sse_events(http, f"runs/{run_id}/watch")
+    assert events[0][0] == "run" and events[-1][0] == "end"
+    steps = [(e_id, data) for kind, e_id, data in events if kind == "step"]
+    assert [d["seq"] for _, d in steps] == list(range(len(steps)))
+    assert [int(e_id) for e_id, _ in steps] == [d["seq"] for _, d in steps]
+    runs = [data for kind, _, data in events if kind == "run"]
+    assert runs[-1]["status"] == "completed", runs[-1]
+
+    got = await http.get(f"runs/{run_id}")
+    assert got.status_code == 200
+    over_http = got.json()
+    over_grpc = jsonmap.to_json(await api.get(run_id))
+    assert differences(over_http, over_grpc) == []
+    assert over_http["status"] == "completed" and over_http["counters"]["tool_calls"] == 2
+    assert isinstance(over_http["counters"]["tokens"], int)  # int64 as a number
+
+    listed = await http.get(f"runs/{run_id}/steps")
+    assert listed.status_code == 200
+    grpc_steps = (
+        await api.runs.ListRunSteps(run_pb2.ListRunStepsRequest(workspace_id=WS, run_id=run_id))
+    ).steps
+    assert listed.json() == {"steps": [jsonmap.to_json(s) for s in grpc_steps], "next_seq": 0}
+    assert [d for _, d in steps] == listed.json()["steps"]
+    kinds = [s["kind"] for s in listed.json()["steps"]]
+    assert kinds.count("tool_result") == 2 and kinds[-1] == "finish", kinds
+    # JSON values are JSON: a step's payload is an object, not a string holding one.
+    assert all(isinstance(s["payload"], dict) for s in listed.json()["steps"])
+
+    # Resumed from Last-Event-ID (an EventSource reconnecting) or after_seq: the later steps.
+    last = steps[2][0]
+    resumed = await sse_events(http, f"runs/{run_id}/watch", **{"Last-Event-ID": last})
+    assert [d["seq"] for k, _, d in resumed if k == "step"] == list(range(3, len(steps)))
+    after = await sse_events(http, f"runs/{run_id}/watch?after_seq=4")
+    assert [d["seq"] for k, _, d in after if k == "step"] == list(range(5, len(steps)))
+
+    page = await http.get("runs", params={"status": "completed", "page_size": 1})
+    assert page.status_code == 200
+    assert [r["run_id"] for r in page.json()["runs"]] == [run_id]
+
+
+async def test_idempotency_roles_and_errors_are_those_of_grpc(stack, db_url):
+    cp, api, http = stack
+    body = {"agent_id": "mailer", "input": {"ask": "a JSON value as input"}}
+    first = await http.post("runs", body, headers={"Idempotency-Key": "order-7"})
+    again = await http.post("runs", body, headers={"Idempotency-Key": "order-7"})
+    by_body = await http.post("runs", {**body, "request_id": "order-7"})
+    assert (first.status_code, again.status_code, by_body.status_code) == (201, 200, 200)
+    assert first.json()["run_id"] == again.json()["run_id"] == by_body.json()["run_id"]
+    assert first.json()["input"] == '{"ask":"a JSON value as input"}'
+    other = await http.post("runs", body, headers={"Idempotency-Key": "order-8"})
+    assert other.status_code == 201 and other.json()["run_id"] != first.json()["run_id"]
+
+    # 401 without a credential, 403 for a reader starting a run (reading is allowed).
+    anonymous = Http(cp.http_url, None)
+    reader = Http(cp.http_url, await auth.workspace_key(db_url, WS, role="reader"))
+    try:
+        assert problem(await anonymous.get("runs"), 401)["code"] == "UNAUTHENTICATED"
+        assert problem(await reader.post("runs", body), 403)["code"] == "PERMISSION_DENIED"
+        assert (await reader.get(f"runs/{first.json()['run_id']}")).status_code == 200
+    finally:
+        await anonymous.close()
+        await reader.close()
+
+    # 400 naming the field, as the HTTP API names it.
+    cases = [
+        ({"agent_id": "mailer"}, "input"),
+        ({**body, "priority": "high"}, "priority"),
+        ({**body, "priority": 101}, "priority"),
+        ({**body, "colour": "red"}, "colour"),
+        ({**body, "agent_id": "Not A Slug"}, "agent_id"),
+    ]
+    for bad, field in cases:
+        assert problem(await http.post("runs", bad), 400)["field"] == field, bad
+    assert problem(await http.post("runs", b"{not json"), 400)["field"] == "body"
+    run_id = first.json()["run_id"]
+    # SignalRun names `payload_json`; the HTTP API's field is `payload`.
+    signal = {"signal_name": "go", "event_id": "e1", "payload": "x" * 300_000}
+    assert problem(await http.post(f"runs/{run_id}/signals", signal), 400)["field"] == "payload"
+    surrogate = b'{"agent_id": "mailer", "input": "\\ud800"}'
+    assert problem(await http.post("runs", surrogate), 400)["field"] == "body"
+    assert problem(await http.get("runs", params={"status": "done"}), 400)["field"] == "status"
+    assert problem(await http.get("runs", params={"page_size": 501}), 400)["field"] == ("page_size")
+    assert problem(await http.get("runs/not-a-uuid"), 400)["field"] == "run_id"
+
+    # 404 for an unknown run (and for its watch, before any stream starts).
+    unknown = str(uuid.uuid4())
+    assert problem(await http.get(f"runs/{unknown}"), 404)["code"] == "NOT_FOUND"
+    assert problem(await http.get(f"runs/{unknown}/watch"), 404)["code"] == "NOT_FOUND"
+    # A signal's payload is a JSON value and comes back as one; a cancel is 409 the second time.
+    sent = await http.post(f"runs/{run_id}/signals", {**signal, "payload": {"n": 1}})
+    assert sent.status_code == 201 and sent.json()["signal"]["payload"] == {"n": 1}
+    assert (await http.post(f"runs/{run_id}/cancel", {"reason": "test"})).json()[
+        "status"
+    ] == "cancelled"
+    assert problem(await http.post(f"runs/{run_id}/cancel"), 409)["code"] == ("FAILED_PRECONDITION")
+    # Unknown paths and methods under /v1/ are problems too, never a bare text page.
+    problem(await http.get("nothing-here"), 404)
+    assert problem(await http.client.delete(http.base + "runs"), 405)
+    assert (await http.client.delete(http.base + "runs")).headers["allow"] == "GET, POST"
+
+
+async def test_the_document_describes_every_route_and_is_the_checked_in_file(
+    stack,
+):
+    cp, _, _ = stack
+    async with httpx.AsyncClient() as client:
+        served = (await client.get(f"{cp.http_url}{openapi.PATH}")).json()
+    assert served == json.loads(DOC.read_text()), (
+        "docs/openapi.json is stale: python -m control_plane.http.openapi > docs/openapi.json"
+    )
+    validate_openapi(served)
+
+    # Every route under /v1/ is in the document with its methods, and every path there has
+    # its route (the app the ingress serves, without a database).
+    from control_plane.http.app import build_app
+
+    documented = {(p, m.upper()) for p, ops in served["paths"].items() for m in ops}
+    app = build_app(_bare_context())
+    routed = set()
+    for route in app.routes:
+        if isinstance(route, Route) and route.path.startswith("/v1/") and "{rest" not in route.path:
+            methods = route.methods or set()
+            for op_path, method in documented:
+                if op_path == route.path and method in methods:
+                    routed.add((op_path, method))
+            assert any(p == route.path for p, _ in documented), f"{route.path} is not documented"
+    assert documented == routed, documented ^ routed
+
+
+def _bare_context() -> Any:
+    """An HttpContext whose routes can be listed (never called): no pool is opened."""
+    from control_plane.ground.config import ServerConfig
+    from control_plane.http.api import Services
+    from control_plane.http.context import HttpContext
+
+    class Unused:
+        def __getattr__(self, name: str) -> Any:
+            return None
+
+    fake: Any = Unused()
+    services = Services(runs=fake, approvals=fake, sessions=fake, agents=fake)
+    return HttpContext(
+        fake, ServerConfig(database_url="postgresql://unused"), fake, services=services
+    )
+
+
+SCHEMATHESIS_CONFIG = """
+[parameters]
+"path.workspace_id" = "ws"
+
+[phases.fuzzing]
+enabled = true
+"""
+
+
+def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_the_document(
+    stack, tmp_path
+):
+    cp, _, http = stack
+    key = http.client.headers["authorization"].removeprefix("Bearer ")
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(SCHEMATHESIS_CONFIG)
+    report = tmp_path / "report.json"
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "--config-file",
+        str(config),
+        "run",
+        f"{cp.http_url}{openapi.PATH}",
+        "--header",
+        f"Authorization: Bearer {key}",
+        "--checks",
+        "not_a_server_error,status_code_conformance,content_type_conformance,"
+        "response_schema_conformance,negative_data_rejection,ignored_auth,unsupported_method",
+        "--max-examples",
+        "12",
+        "--seed",
+        "44",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--workers",
+        "2",
+        "--request-timeout",
+        "10",
+        "--no-shrink",
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report),
+    ]
+    env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env)
+    summary = done.stdout[-6000:]
+    print(summary)
+    assert done.returncode == 0, summary + done.stderr[-3000:]
