@@ -117,6 +117,9 @@ def test_the_typescript_client_against_agentrun_dev(
     shown = _shown(tested)
     assert tested.returncode == 0, shown
     passed = re.findall(r"^ok \d+ - (.+)$", tested.stdout, re.M)
+    print(
+        "\n".join(["node:test passed:", *passed, *re.findall(r"^# \w+ \d.*$", tested.stdout, re.M)])
+    )
     for name in MUST_PASS:
         assert any(p.startswith(name) for p in passed), f"not passed: {name}\n{shown}"
     assert not re.search(r"^not ok ", tested.stdout, re.M), shown

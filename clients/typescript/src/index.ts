@@ -11,10 +11,14 @@ import { parseSse } from "./sse.js";
 import type {
   Agent,
   AgentVersion,
+  Answer,
   Approval,
   ApprovalState,
+  Body,
   JsonValue,
+  OperationId,
   OutcomeDecision,
+  Query,
   Run,
   RunDelta,
   RunStatus,
@@ -75,7 +79,7 @@ export interface StartRunOptions {
 
 export interface StartRunResult {
   run: Run;
-  /** False when the idempotency key named a run started before. */
+  /** False when the idempotency key named a run started before (the answer was 200, not 201). */
   created: boolean;
 }
 
@@ -87,15 +91,17 @@ export type WatchEvent =
 export interface WatchOptions {
   /** The first step to send (steps before it are skipped); default 0: every step. */
   fromSeq?: number;
+  /** Also the model's answer as it streams, `{type: "delta"}` events (default false). */
+  deltas?: boolean;
   /** Stop watching (the iterator ends). */
   signal?: AbortSignal;
   /** How many times in a row a dropped stream is resumed before giving up (default 5). */
   maxReconnects?: number;
 }
 
-interface CallOptions {
-  query?: Record<string, string | number | undefined>;
-  body?: unknown;
+interface CallOptions<K extends OperationId> {
+  query?: Query<K>;
+  body?: Body<K>;
   headers?: Record<string, string>;
   /** Safe to send again after a network failure (the server may have acted on the first). */
   idempotent?: boolean;
@@ -151,27 +157,28 @@ export class AgentRun {
 
   // ---- runs
 
-  /** Start a run of `agentId` with `input` (text, or any JSON value). Always carries an
-   * Idempotency-Key, so a retry (the client's or yours, with the same key) starts it once. */
+  /** Start a run of `agentId` with `input` (text, or any JSON value: the run gets its JSON
+   * text). Always carries an Idempotency-Key, so a retry (the client's, or yours with the same
+   * key) starts it once. */
   async startRun(
     agentId: string,
     input: JsonValue,
     options: StartRunOptions = {},
   ): Promise<StartRunResult> {
     const key = options.idempotencyKey ?? crypto.randomUUID();
-    const body: Record<string, unknown> = { agent_id: agentId, input };
+    const body: Body<"StartRun"> = { agent_id: agentId, input };
     if (options.agentVersion !== undefined) body.agent_version = options.agentVersion;
     if (options.priority !== undefined) body.priority = options.priority;
-    const got = await this.#call<{ run: Run; created?: boolean }>("POST", "runs", {
+    const { data, status } = await this.#op("StartRun", "POST", "runs", {
       body,
       headers: { "Idempotency-Key": key },
       idempotent: true,
     });
-    return { run: got.run, created: got.created ?? false };
+    return { run: data, created: status === 201 };
   }
 
   async getRun(runId: string): Promise<Run> {
-    return (await this.#call<{ run: Run }>("GET", `runs/${enc(runId)}`)).run;
+    return (await this.#op("GetRun", "GET", `runs/${enc(runId)}`)).data;
   }
 
   /** Every run that matches, newest first, fetching pages as the loop asks for them. */
@@ -183,7 +190,7 @@ export class AgentRun {
   async listRunsPage(filter: RunFilter = {}, pageToken = ""): Promise<Page<Run>> {
     const createAfter =
       filter.createAfter instanceof Date ? filter.createAfter.toISOString() : filter.createAfter;
-    const got = await this.#call<{ runs?: Run[]; next_page_token?: string }>("GET", "runs", {
+    const { data } = await this.#op("ListRuns", "GET", "runs", {
       query: {
         agent_id: filter.agentId,
         status: filter.status,
@@ -194,15 +201,13 @@ export class AgentRun {
         page_token: pageToken || undefined,
       },
     });
-    return { items: got.runs ?? [], nextPageToken: got.next_page_token ?? "" };
+    return { items: data.runs, nextPageToken: data.next_page_token };
   }
 
   async cancelRun(runId: string, reason = ""): Promise<Run> {
-    const got = await this.#call<{ run: Run }>("POST", `runs/${enc(runId)}/cancel`, {
-      body: { reason },
-      idempotent: true,
-    });
-    return got.run;
+    const path = `runs/${enc(runId)}/cancel`;
+    return (await this.#op("CancelRun", "POST", path, { body: { reason }, idempotent: true }))
+      .data;
   }
 
   /** A new run that replays `runId`'s log up to `fromSeq` and goes on from there. */
@@ -210,11 +215,11 @@ export class AgentRun {
     runId: string,
     options: { fromSeq?: number; agentVersion?: number; priority?: number } = {},
   ): Promise<Run> {
-    const body: Record<string, unknown> = {};
+    const body: Body<"ForkRun"> = {};
     if (options.fromSeq !== undefined) body.from_seq = options.fromSeq;
     if (options.agentVersion !== undefined) body.agent_version = options.agentVersion;
     if (options.priority !== undefined) body.priority = options.priority;
-    return (await this.#call<{ run: Run }>("POST", `runs/${enc(runId)}/fork`, { body })).run;
+    return (await this.#op("ForkRun", "POST", `runs/${enc(runId)}/fork`, { body })).data;
   }
 
   /** Send a signal; `eventId` (a random UUID when not given) makes a resend a no-op. */
@@ -223,16 +228,12 @@ export class AgentRun {
     signalName: string,
     payload: JsonValue = null,
     options: { eventId?: string } = {},
-  ): Promise<{ signal: Signal; created: boolean; run: Run | undefined }> {
-    const got = await this.#call<{ signal: Signal; created?: boolean; run?: Run }>(
-      "POST",
-      `runs/${enc(runId)}/signals`,
-      {
-        body: { signal_name: signalName, event_id: options.eventId ?? crypto.randomUUID(), payload },
-        idempotent: true,
-      },
-    );
-    return { signal: got.signal, created: got.created ?? false, run: got.run };
+  ): Promise<{ signal: Signal | undefined; created: boolean; run: Run | undefined }> {
+    const { data } = await this.#op("SignalRun", "POST", `runs/${enc(runId)}/signals`, {
+      body: { signal_name: signalName, event_id: options.eventId ?? crypto.randomUUID(), payload },
+      idempotent: true,
+    });
+    return { signal: data.signal, created: data.created, run: data.run };
   }
 
   /** A run's steps in order from `fromSeq`, fetching pages as the loop asks for them. */
@@ -242,42 +243,34 @@ export class AgentRun {
   ): AsyncGenerator<Step> {
     let fromSeq = options.fromSeq ?? 0;
     for (;;) {
-      const got = await this.#call<{ steps?: Step[]; next_seq?: number }>(
-        "GET",
-        `runs/${enc(runId)}/steps`,
-        { query: { from_seq: fromSeq || undefined, page_size: options.pageSize } },
-      );
-      yield* got.steps ?? [];
-      if (!got.next_seq) return;
-      fromSeq = got.next_seq;
+      const { data } = await this.#op("ListRunSteps", "GET", `runs/${enc(runId)}/steps`, {
+        query: { from_seq: fromSeq || undefined, page_size: options.pageSize },
+      });
+      yield* data.steps;
+      if (!data.next_seq) return;
+      fromSeq = data.next_seq;
     }
   }
 
   /**
-   * A run's steps from `fromSeq` as they commit, and the run whenever its state changes,
-   * until it ends (server-sent events). A dropped connection is resumed where it stopped
-   * (Last-Event-ID), so no step is missed or repeated.
+   * The run (its state now), its steps from `fromSeq` as they commit, and the run again
+   * whenever its state changes, until it ends (server-sent events). A dropped connection is
+   * resumed where it stopped (Last-Event-ID), so no step is missed or repeated.
    */
   async *watch(runId: string, options: WatchOptions = {}): AsyncGenerator<WatchEvent> {
     let lastSeq = (options.fromSeq ?? 0) - 1; // the last step seen: resume after it
     let reconnects = 0;
     const maxReconnects = options.maxReconnects ?? 5;
     for (;;) {
+      const resume = lastSeq >= 0 ? String(lastSeq) : undefined;
       let response: Response;
       try {
-        response = await this.#send(
-          "GET",
-          `runs/${enc(runId)}/watch`,
-          {
-            query: { after_seq: lastSeq >= 0 ? lastSeq : undefined },
-            headers: {
-              Accept: "text/event-stream",
-              ...(lastSeq >= 0 ? { "Last-Event-ID": String(lastSeq) } : {}),
-            },
-            idempotent: true,
-            signal: options.signal,
-          },
-        );
+        response = await this.#send("GET", `runs/${enc(runId)}/watch`, {
+          query: { after_seq: resume, deltas: options.deltas ? "true" : undefined },
+          headers: { Accept: "text/event-stream", ...(resume ? { "Last-Event-ID": resume } : {}) },
+          idempotent: true,
+          signal: options.signal,
+        });
       } catch (err) {
         if (options.signal?.aborted) return;
         throw err;
@@ -285,22 +278,23 @@ export class AgentRun {
       let ended = false;
       try {
         for await (const message of parseSse(response.body!)) {
+          if (message.event === "end") {
+            ended = true;
+            break;
+          }
+          if (message.event === "error") throw problemIn(message.data, response.status);
           const event = watchEvent(message.event, message.data);
           if (!event) continue;
           reconnects = 0;
           if (event.type === "step") lastSeq = Math.max(lastSeq, event.step.seq);
-          else if (message.id !== undefined && /^\d+$/.test(message.id)) {
-            lastSeq = Math.max(lastSeq, Number(message.id));
-          }
           yield event;
-          if (event.type === "run" && TERMINAL.has(event.run.status)) ended = true;
         }
       } catch (err) {
         if (options.signal?.aborted) return;
-        if (!(err instanceof TypeError) && !isNetworkError(err)) throw err;
+        if (err instanceof AgentRunError) throw err;
+        // Otherwise the body broke off (a dropped connection, a proxy's timeout): resume.
       }
       if (ended || options.signal?.aborted) return;
-      // The stream closed before the run ended: a proxy's timeout, a restart. Resume.
       reconnects += 1;
       if (reconnects > maxReconnects) {
         throw new AgentRunError({
@@ -320,12 +314,11 @@ export class AgentRun {
     seq: number,
     decision: OutcomeDecision,
     options: { note?: string } = {},
-  ): Promise<{ run: Run; step: Step }> {
-    return this.#call<{ run: Run; step: Step }>(
-      "POST",
-      `runs/${enc(runId)}/unknown-outcomes/${seq}/resolve`,
-      { body: { decision, note: options.note ?? "" } },
-    );
+  ): Promise<{ run: Run | undefined; step: Step | undefined }> {
+    const path = `runs/${enc(runId)}/unknown-outcomes/${seq}/resolve`;
+    const body = { decision, note: options.note ?? "" };
+    const { data } = await this.#op("ResolveUnknownOutcome", "POST", path, { body });
+    return { run: data.run, step: data.step };
   }
 
   /** Start a run and wait for it to end (completed, failed or cancelled); the final run.
@@ -345,30 +338,25 @@ export class AgentRun {
 
   // ---- approvals
 
-  /** Every approval that matches (pending ones by default), paging automatically. */
+  /** Every approval that matches, newest first, paging automatically. */
   listApprovals(
     filter: { state?: ApprovalState; approver?: string; pageSize?: number } = {},
   ): AsyncGenerator<Approval> {
     return this.#pages(async (token) => {
-      const got = await this.#call<{ approvals?: Approval[]; next_page_token?: string }>(
-        "GET",
-        "approvals",
-        {
-          query: {
-            state: filter.state,
-            approver: filter.approver,
-            page_size: filter.pageSize,
-            page_token: token || undefined,
-          },
+      const { data } = await this.#op("ListApprovals", "GET", "approvals", {
+        query: {
+          state: filter.state,
+          approver: filter.approver,
+          page_size: filter.pageSize,
+          page_token: token || undefined,
         },
-      );
-      return { items: got.approvals ?? [], nextPageToken: got.next_page_token ?? "" };
+      });
+      return { items: data.approvals, nextPageToken: data.next_page_token };
     });
   }
 
   async getApproval(approvalId: string): Promise<Approval> {
-    return (await this.#call<{ approval: Approval }>("GET", `approvals/${enc(approvalId)}`))
-      .approval;
+    return (await this.#op("GetApproval", "GET", `approvals/${enc(approvalId)}`)).data;
   }
 
   /** Approve the call as this key's person (an approver key, named on the approval). */
@@ -390,9 +378,9 @@ export class AgentRun {
     return this.#decide(approvalId, { edit: { arguments: args, note } });
   }
 
-  async #decide(approvalId: string, decision: object): Promise<Approval> {
+  async #decide(approvalId: string, body: Body<"DecideApproval">): Promise<Approval> {
     const path = `approvals/${enc(approvalId)}/decision`;
-    return (await this.#call<{ approval: Approval }>("POST", path, { body: decision })).approval;
+    return (await this.#op("DecideApproval", "POST", path, { body })).data;
   }
 
   // ---- sessions
@@ -401,14 +389,14 @@ export class AgentRun {
     agentId: string,
     options: { title?: string; strategy?: SessionStrategy } = {},
   ): Promise<Session> {
-    const body: Record<string, unknown> = { agent_id: agentId };
+    const body: Body<"CreateSession"> = { agent_id: agentId };
     if (options.title !== undefined) body.title = options.title;
     if (options.strategy !== undefined) body.strategy = options.strategy;
-    return (await this.#call<{ session: Session }>("POST", "sessions", { body })).session;
+    return (await this.#op("CreateSession", "POST", "sessions", { body })).data;
   }
 
   async getSession(sessionId: string): Promise<Session> {
-    return (await this.#call<{ session: Session }>("GET", `sessions/${enc(sessionId)}`)).session;
+    return (await this.#op("GetSession", "GET", `sessions/${enc(sessionId)}`)).data;
   }
 
   /** The session's next message: a turn (a run). `requestId` (random when not given) makes a
@@ -417,33 +405,27 @@ export class AgentRun {
     sessionId: string,
     text: string,
     options: { requestId?: string; strategy?: SessionStrategy; priority?: number } = {},
-  ): Promise<{ turn: Turn; created: boolean }> {
-    const body: Record<string, unknown> = {
+  ): Promise<Answer<"SendMessage">> {
+    const body: Body<"SendMessage"> = {
       text,
       request_id: options.requestId ?? crypto.randomUUID(),
     };
     if (options.strategy !== undefined) body.strategy = options.strategy;
     if (options.priority !== undefined) body.priority = options.priority;
-    const got = await this.#call<{ turn: Turn; created?: boolean }>(
-      "POST",
-      `sessions/${enc(sessionId)}/messages`,
-      { body, idempotent: true },
-    );
-    return { turn: got.turn, created: got.created ?? false };
+    const path = `sessions/${enc(sessionId)}/messages`;
+    return (await this.#op("SendMessage", "POST", path, { body, idempotent: true })).data;
   }
 
   /** A session's turns in order from `fromTurn`, paging automatically. */
   async *listTurns(sessionId: string, options: { fromTurn?: number } = {}): AsyncGenerator<Turn> {
     let fromTurn = options.fromTurn ?? 0;
     for (;;) {
-      const got = await this.#call<{ turns?: Turn[]; next_turn?: number }>(
-        "GET",
-        `sessions/${enc(sessionId)}/turns`,
-        { query: { from_turn: fromTurn || undefined } },
-      );
-      yield* got.turns ?? [];
-      if (!got.next_turn) return;
-      fromTurn = got.next_turn;
+      const { data } = await this.#op("ListTurns", "GET", `sessions/${enc(sessionId)}/turns`, {
+        query: { from_turn: fromTurn || undefined },
+      });
+      yield* data.turns;
+      if (!data.next_turn) return;
+      fromTurn = data.next_turn;
     }
   }
 
@@ -451,22 +433,21 @@ export class AgentRun {
 
   listAgents(options: { pageSize?: number } = {}): AsyncGenerator<Agent> {
     return this.#pages(async (token) => {
-      const got = await this.#call<{ agents?: Agent[]; next_page_token?: string }>(
-        "GET",
-        "agents",
-        { query: { page_size: options.pageSize, page_token: token || undefined } },
-      );
-      return { items: got.agents ?? [], nextPageToken: got.next_page_token ?? "" };
+      const { data } = await this.#op("ListAgents", "GET", "agents", {
+        query: { page_size: options.pageSize, page_token: token || undefined },
+      });
+      return { items: data.agents, nextPageToken: data.next_page_token };
     });
   }
 
   async getAgent(agentId: string): Promise<Agent> {
-    return (await this.#call<{ agent: Agent }>("GET", `agents/${enc(agentId)}`)).agent;
+    return (await this.#op("GetAgent", "GET", `agents/${enc(agentId)}`)).data;
   }
 
-  async getAgentVersion(agentId: string, version: number): Promise<AgentVersion> {
+  /** A published version of an agent (0: the latest). */
+  async getAgentVersion(agentId: string, version = 0): Promise<AgentVersion> {
     const path = `agents/${enc(agentId)}/versions/${version}`;
-    return (await this.#call<{ version: AgentVersion }>("GET", path)).version;
+    return (await this.#op("GetAgentVersion", "GET", path)).data;
   }
 
   // ---- plumbing
@@ -480,15 +461,24 @@ export class AgentRun {
     } while (token);
   }
 
-  async #call<T>(method: string, path: string, options: CallOptions = {}): Promise<T> {
-    const response = await this.#send(method, path, options);
-    if (response.status === 204) return {} as T;
-    return (await response.json()) as T;
+  /** Operation `op` (its types from the OpenAPI document): its answer and status. */
+  async #op<K extends OperationId>(
+    op: K,
+    method: "GET" | "POST",
+    path: string,
+    options: CallOptions<K> = {},
+  ): Promise<{ data: Answer<K>; status: number }> {
+    const response = await this.#send(method, path, options as CallOptions<OperationId>);
+    return { data: (await response.json()) as Answer<K>, status: response.status };
   }
 
   /** Send with retries: a 503 always (the server did nothing), a network failure only when
    * `idempotent` (the request may have been applied). Non-2xx answers throw. */
-  async #send(method: string, path: string, options: CallOptions): Promise<Response> {
+  async #send(
+    method: string,
+    path: string,
+    options: { query?: object; body?: unknown } & Omit<CallOptions<never>, "query" | "body">,
+  ): Promise<Response> {
     const url = new URL(`${this.address}/v1/workspaces/${enc(this.workspaceId)}/${path}`);
     for (const [name, value] of Object.entries(options.query ?? {})) {
       if (value !== undefined && value !== "") url.searchParams.set(name, String(value));
@@ -550,24 +540,27 @@ function describe(err: unknown): string {
   return String(err);
 }
 
-function isNetworkError(err: unknown): boolean {
-  return err instanceof Error && /terminated|socket|ECONNRESET|network/i.test(err.message);
+/** The AgentRunError an `event: error` of the stream carries (a problem after it began). */
+function problemIn(data: string, status: number): AgentRunError {
+  let body: Record<string, unknown> = {};
+  try {
+    body = JSON.parse(data) as Record<string, unknown>;
+  } catch {
+    body = { detail: data };
+  }
+  const str = (v: unknown) => (typeof v === "string" && v ? v : undefined);
+  return new AgentRunError({
+    status: typeof body.status === "number" ? body.status : status,
+    title: str(body.title) ?? "watch failed",
+    detail: str(body.detail),
+    field: str(body.field),
+    code: str(body.code),
+    type: str(body.type),
+  });
 }
 
+/** A `step`, `run` or `delta` event of the stream (others, added later, are skipped). */
 function watchEvent(name: string, data: string): WatchEvent | undefined {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(data);
-  } catch {
-    return undefined;
-  }
-  if (!parsed || typeof parsed !== "object") return undefined;
-  const obj = parsed as Record<string, unknown>;
-  for (const type of ["step", "run", "delta"] as const) {
-    if (name === type || (name === "message" && type in obj)) {
-      const value = (type in obj && typeof obj[type] === "object" ? obj[type] : obj) as never;
-      return { type, [type]: value } as unknown as WatchEvent;
-    }
-  }
-  return undefined;
+  if (name !== "step" && name !== "run" && name !== "delta") return undefined;
+  return { type: name, [name]: JSON.parse(data) } as unknown as WatchEvent;
 }

@@ -72,7 +72,7 @@ test("start: a 503 is retried with backoff; a 400 is not, and names the field", 
 
   const refused = recording();
   const err = await client({ fetch: refused.fetch })
-    .startRun("ts-echo", "x", { priority: -5 })
+    .startRun("ts-echo", "x", { priority: 500 })
     .then(() => assert.fail("a negative priority was accepted"))
     .catch((e) => e);
   assert.ok(err instanceof AgentRunError, String(err));
@@ -117,22 +117,23 @@ test("watch from an offset: the steps from that seq on, then the finished run", 
 
   const from = all[2].seq;
   const events = await collect(ar.watch(done.run_id, { fromSeq: from }));
+  // The run as it is now first, then its steps from `from` on; the stream ends with the run.
+  assert.equal(events[0].type, "run");
+  assert.equal(events[0].run.status, "completed");
   const steps = events.filter((e) => e.type === "step").map((e) => e.step);
   assert.deepEqual(
     steps.map((s) => s.seq),
     all.filter((s) => s.seq >= from).map((s) => s.seq),
   );
   assert.deepEqual(steps.at(-1), all.at(-1));
-  const last = events.at(-1);
-  assert.equal(last.type, "run");
-  assert.equal(last.run.status, "completed");
 });
 
 test("watch: a dropped stream resumes with Last-Event-ID, no step missed or repeated", async () => {
   const ar = client();
   const done = await ar.startAndWait("ts-echo", tag());
   const all = await collect(ar.listSteps(done.run_id));
-  // The first connection dies after its second event, as behind a proxy that cuts streams.
+  // The first connection dies after its second event (the run, then the first step), as
+  // behind a proxy that cuts streams.
   const cutting = recording(async (send, n) => (n === 1 ? cutAfter(await send(), 2) : send()));
   const events = await collect(client({ fetch: cutting.fetch }).watch(done.run_id));
   const seqs = events.filter((e) => e.type === "step").map((e) => e.step.seq);
@@ -142,8 +143,9 @@ test("watch: a dropped stream resumes with Last-Event-ID, no step missed or repe
   );
   assert.equal(cutting.requests.length, 2);
   const resumed = cutting.requests[1].headers["Last-Event-ID"];
-  assert.equal(resumed, String(all[1].seq));
-  assert.equal(events.at(-1).run.status, "completed");
+  assert.equal(resumed, String(all[0].seq));
+  const runs = events.filter((e) => e.type === "run");
+  assert.equal(runs.length, 2, "each connection opens with the run");
 });
 
 test("approve: the run waits for the approver, who approves; it completes", async () => {
@@ -206,8 +208,7 @@ test("cancel: a working run is cancelled and its watch ends", async () => {
       assert.equal(cancelled.run_id, run.run_id);
     }
   }
-  const last = events.at(-1);
-  assert.equal(last.type, "run");
+  const last = events.filter((e) => e.type === "run").at(-1);
   assert.equal(last.run.status, "cancelled");
   assert.equal((await ar.getRun(run.run_id)).status, "cancelled");
 });
