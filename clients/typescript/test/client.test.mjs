@@ -176,25 +176,76 @@ test("approve: the run waits for the approver, who approves; it completes", asyn
   assert.equal((await ar.getApproval(approval.approval_id)).state, "approved");
 });
 
-test("deny: a rejected call is not made; the run goes on", async () => {
+test("deny: the approver rejects with a reason, the run goes on; a second decision loses", async () => {
   const ar = client();
   const approver = client({ apiKey: process.env.AGENTRUN_APPROVER_KEY });
   const { run } = await ar.startRun("triage", `Follow up with ada@example.com (${tag()})`);
   let approval;
+  let last;
   for await (const event of ar.watch(run.run_id)) {
-    if (event.type === "run" && event.run.status === "waiting") {
+    if (event.type !== "run") continue;
+    last = event.run;
+    if (event.run.status === "waiting" && !approval) {
       const pending = await collect(ar.listApprovals({ state: "pending" }));
       approval = pending.find((a) => a.run_id === run.run_id);
       const decided = await approver.deny(approval.approval_id, "not today");
       assert.equal(decided.state, "rejected");
       assert.equal(decided.reason, "not today");
-      break;
     }
   }
   assert.ok(approval, "the run never waited for approval");
+  assert.equal(last.status, "completed", "the run went on without the call");
   const again = await approver.approve(approval.approval_id).catch((e) => e);
   assert.ok(again instanceof AgentRunError, String(again));
   assert.equal(again.status, 409, "a second decision loses");
+});
+
+test("the rest: agents, forks, sessions, signals, unknown outcomes", async () => {
+  const ar = client();
+  const agents = await collect(ar.listAgents({ pageSize: 2 }));
+  for (const id of ["triage", "ts-echo", "ts-slow", "ts-bulk"]) {
+    assert.ok(agents.some((a) => a.agent_id === id), `${id} not listed`);
+  }
+  assert.equal((await ar.getAgent("ts-echo")).latest_version, 1);
+  assert.equal((await ar.getAgentVersion("ts-echo")).spec.model, "echo_input");
+
+  const done = await ar.startAndWait("ts-echo", tag());
+  const steps = await collect(ar.listSteps(done.run_id));
+  const closed = steps.find((s) => s.kind === "tool_result");
+  const fork = await ar.forkRun(done.run_id, { fromSeq: closed.seq });
+  assert.equal(fork.forked_from_run_id, done.run_id);
+  assert.equal(fork.forked_from_seq, closed.seq);
+  assert.notEqual(fork.run_id, done.run_id);
+
+  const session = await ar.createSession("ts-echo", { title: "from TypeScript" });
+  assert.equal(session.title, "from TypeScript");
+  const requestId = crypto.randomUUID();
+  const first = await ar.sendMessage(session.session_id, "hello", { requestId });
+  const again = await ar.sendMessage(session.session_id, "hello", { requestId });
+  assert.equal(first.created, true);
+  assert.equal(again.created, false);
+  assert.equal(again.run_id, first.run_id);
+  assert.deepEqual(
+    (await collect(ar.listTurns(session.session_id))).map((t) => t.run_id),
+    [first.run_id],
+  );
+  assert.equal((await ar.getSession(session.session_id)).turn_count, 1);
+
+  const { run } = await ar.startRun("ts-slow", tag());
+  const eventId = crypto.randomUUID();
+  const sent = await ar.signalRun(run.run_id, "nudge", { n: 1 }, { eventId });
+  assert.equal(sent.created, true);
+  assert.deepEqual(sent.signal.payload, { n: 1 });
+  const resent = await ar.signalRun(run.run_id, "nudge", { n: 1 }, { eventId });
+  assert.equal(resent.created, false);
+  await ar.cancelRun(run.run_id, "done with it");
+
+  const unknown = await ar.resolveUnknownOutcome(done.run_id, 1, "happened").catch((e) => e);
+  assert.ok(unknown instanceof AgentRunError, String(unknown));
+  assert.ok(unknown.status >= 400 && unknown.status < 500, unknown.message);
+  const bad = await ar.resolveUnknownOutcome(done.run_id, 1, "perhaps").catch((e) => e);
+  assert.equal(bad.status, 400);
+  assert.equal(bad.field, "decision");
 });
 
 test("cancel: a working run is cancelled and its watch ends", async () => {
