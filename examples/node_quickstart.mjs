@@ -9,7 +9,7 @@ const { run } = await client.startRun("triage", "Follow up with ada@example.com"
 console.log(`started ${run.run_id}`);
 for await (const event of client.watch(run.run_id)) {
   if (event.type === "step") console.log(`step ${event.step.seq}: ${event.step.kind}`);
-  if (event.type === "run") console.log(`status: ${event.run.status} ${event.run.wait_reason ?? ""}`);
+  if (event.type === "run") console.log(`status: ${event.run.status} ${event.run.wait_reason}`.trim());
   if (event.type !== "run" || event.run.status !== "waiting") continue;
   for await (const approval of client.listApprovals({ state: "pending" })) {
     if (approval.run_id !== run.run_id) continue;
