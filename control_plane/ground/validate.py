@@ -11,7 +11,7 @@ from typing import Any
 from control_plane.ground.errors import InvalidArgument
 from control_plane.store.admission import PRIORITY_MAX, PRIORITY_MIN
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")  # \Z: `$` would also take "id\n"
 
 
 def slug(field: str, value: str) -> str:

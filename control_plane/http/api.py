@@ -84,6 +84,8 @@ class Op:
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Body fields that take any JSON value: a string as is, anything else as its JSON text.
     any_json: tuple[str, ...] = ()
+    # What the document says of a field beyond its type, as the servicer checks it.
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Served as text/event-stream (WatchRun): see `_watch`.
     stream: bool = False
     # Served by another module (its document entry is written by openapi.py).
@@ -111,6 +113,7 @@ class Op:
 
 
 _PAGE_500 = {"page_size": (0, 500)}
+SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}
 _NON_NEGATIVE = (0, INT32_MAX)
 
 OPS: tuple[Op, ...] = (
@@ -126,6 +129,7 @@ OPS: tuple[Op, ...] = (
         required=("agent_id", "input"),
         ranges={"priority": (-100, 100), "agent_version": _NON_NEGATIVE},
         any_json=("input",),
+        extra={"agent_id": SLUG},
     ),
     Op(
         "GET",
@@ -178,6 +182,10 @@ OPS: tuple[Op, ...] = (
         run_pb2.SignalRunResponse,
         created="created",
         required=("signal_name", "event_id"),
+        extra={
+            "signal_name": {"pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
+            "event_id": {"minLength": 1},
+        },
     ),
     Op(
         "GET",
@@ -244,6 +252,7 @@ OPS: tuple[Op, ...] = (
         unwrap="session",
         status=201,
         required=("agent_id",),
+        extra={"agent_id": SLUG},
     ),
     Op(
         "GET",
@@ -371,6 +380,8 @@ def _idempotency(msg: run_pb2.StartRunRequest, request: Request) -> None:
     key = request.headers.get(IDEMPOTENCY_KEY.lower())
     if key is None:
         return
+    if not 1 <= len(key) <= 200:
+        raise InvalidArgument(IDEMPOTENCY_KEY, "must be 1-200 characters")
     if msg.request_id and msg.request_id != key:
         raise InvalidArgument("request_id", f"differs from the {IDEMPOTENCY_KEY} header")
     msg.request_id = key

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from control_plane.http import jsonmap
-from control_plane.http.api import IDEMPOTENCY_KEY, LAST_EVENT_ID, OPS, Op
+from control_plane.http.api import IDEMPOTENCY_KEY, LAST_EVENT_ID, OPS, SLUG, Op
 from control_plane.http.problems import MEDIA_TYPE, TITLES, problem
 
 PATH = "/v1/openapi.json"
@@ -32,7 +32,6 @@ DESCRIPTION = (
 )
 # Identifiers the servicers check: the schema says what they accept.
 _UUID_FIELDS = frozenset({"run_id", "approval_id", "session_id"})
-_SLUG = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"}
 _ERRORS_READ = ("400", "401", "403", "404", "503")
 _ERRORS_WRITE = ("400", "401", "403", "404", "409", "429", "503")
 
@@ -77,8 +76,9 @@ def _param_schema(op: Op, name: str) -> dict[str, Any]:
     field = op.request.DESCRIPTOR.fields_by_name[name]
     if name in _UUID_FIELDS:
         return {"type": "string", "format": "uuid"}
-    if name in ("agent_id", "workspace_id"):
-        return dict(_SLUG)
+    if name == "agent_id":
+        return dict(SLUG)
+    # workspace_id: any text; the credential's workspace, else 403 (a typo is no 400).
     return jsonmap.field_schema(field, lambda d: {}, request=True, ranges=op.ranges)
 
 
@@ -130,6 +130,8 @@ def _body(op: Op) -> dict[str, Any]:
     schema = jsonmap.request_schema(
         op.request.DESCRIPTOR, skip=op.skip, required=op.required, ranges=op.ranges
     )
+    for name, keywords in op.extra.items():
+        schema["properties"][name].update(keywords)
     for name in op.any_json:
         schema["properties"][name] = {
             "description": "A string as it is; any other JSON value as its JSON text."
@@ -165,7 +167,7 @@ def _operation(op: Op, components: _Components) -> dict[str, Any]:
                 "description": "Server-sent events: `run` (the run, first and whenever its "
                 "state changes), `step` (id: its seq), `delta`, then `end`; `error` if the "
                 "stream fails after it started.",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": _events(components)}},
             }
         }
     else:
@@ -181,6 +183,34 @@ def _operation(op: Op, components: _Components) -> dict[str, Any]:
     errors = _ERRORS_WRITE if op.method == "POST" else _ERRORS_READ
     out["responses"] = {**ok, **_errors(errors)}
     return out
+
+
+def _events(components: _Components) -> dict[str, Any]:
+    """WatchRun's events (each one; OpenAPI 3.1 has `schema` describe an event)."""
+    from agentrun.v1 import run_pb2
+
+    def event(name: str, data: dict[str, Any], with_id: bool = False) -> dict[str, Any]:
+        props = {
+            "event": {"const": name},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": data,
+            },
+        }
+        if with_id:
+            props["id"] = {"type": "string", "pattern": "^[0-9]+$"}
+        return {"type": "object", "required": ["event", "data"], "properties": props}
+
+    return {
+        "oneOf": [
+            event("run", components.ref(run_pb2.Run.DESCRIPTOR)),
+            event("step", components.ref(run_pb2.Step.DESCRIPTOR), with_id=True),
+            event("delta", components.ref(run_pb2.RunDelta.DESCRIPTOR)),
+            event("end", {"type": "object"}),
+            event("error", {"$ref": _REF + "Problem"}),
+        ]
+    }
 
 
 def _messages_operation(op: Op) -> dict[str, Any]:

@@ -41,7 +41,7 @@ WAIT_REASON = "signal"
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_EVENT_ID_BYTES = 200
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")  # \Z: `$` would also take "name\n"
 
 
 @dataclass(frozen=True)

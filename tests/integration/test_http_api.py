@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from openapi_spec_validator import validate as validate_openapi
 from starlette.routing import Route
@@ -88,6 +89,24 @@ async def sse_events(http: Http, path: str, **headers: str) -> list[tuple[str, s
     return events
 
 
+def conforms(value: Any, schema: dict[str, Any]) -> None:
+    """`value` is valid against `schema`, a schema of docs/openapi.json (its $refs resolved)."""
+    document = json.loads(DOC.read_text())
+    jsonschema.Draft202012Validator({**schema, "components": document["components"]}).validate(
+        value
+    )
+
+
+def watch_event_schemas() -> dict[str, dict[str, Any]]:
+    """Each watch event's data schema in the document, by event name."""
+    paths = json.loads(DOC.read_text())["paths"]
+    op = paths["/v1/workspaces/{workspace_id}/runs/{run_id}/watch"]["get"]
+    events = op["responses"]["200"]["content"]["text/event-stream"]["schema"]["oneOf"]
+    return {
+        e["properties"]["event"]["const"]: e["properties"]["data"]["contentSchema"] for e in events
+    }
+
+
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
@@ -111,6 +130,9 @@ async def test_http_and_grpc_give_the_same_run_and_steps_and_the_watch_streams_t
     assert [int(e_id) for e_id, _ in steps] == [d["seq"] for _, d in steps]
     runs = [data for kind, _, data in events if kind == "run"]
     assert runs[-1]["status"] == "completed", runs[-1]
+    schemas = watch_event_schemas()
+    for kind, _, data in events:  # what schemathesis leaves out (a stream that may not end)
+        conforms(data, schemas[kind])
 
     got = await http.get(f"runs/{run_id}")
     assert got.status_code == 200
@@ -284,8 +306,14 @@ def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_th
         "44",
         "--phases",
         "examples,coverage,fuzzing",
+        # One worker: hypothesis's lambda-source parsing on two threads trips CPython 3.11's
+        # "AST constructor recursion depth mismatch" (a Runtime Error of the tool, not ours).
         "--workers",
-        "2",
+        "1",
+        # A watch of a run that does not end is a stream that does not end: the SSE watch is
+        # checked against the document by the test above, event by event.
+        "--exclude-operation-id",
+        "WatchRun",
         "--request-timeout",
         "10",
         "--no-shrink",
@@ -296,6 +324,7 @@ def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_th
     ]
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env)
-    summary = done.stdout[-6000:]
-    print(summary)
+    (tmp_path / "schemathesis.out").write_text(done.stdout + done.stderr)
+    summary = done.stdout[done.stdout.rfind("SUMMARY") :] or done.stdout[-20000:]
+    print(summary)  # the counts: operations, test cases generated and passed, failures
     assert done.returncode == 0, summary + done.stderr[-3000:]
