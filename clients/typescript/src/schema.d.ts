@@ -617,6 +617,15 @@ export interface components {
             /** Format: int64 */
             cost_micros: number;
         };
+        RunDelta: {
+            /** Format: int64 */
+            epoch: number;
+            /** Format: int32 */
+            seq: number;
+            /** Format: int32 */
+            index: number;
+            text: string;
+        };
         RunLimits: {
             /** Format: int32 */
             max_steps: number;
@@ -1384,7 +1393,28 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": {
+                        /** @constant */
+                        event: "run";
+                        data: string;
+                    } | {
+                        /** @constant */
+                        event: "step";
+                        data: string;
+                        id?: string;
+                    } | {
+                        /** @constant */
+                        event: "delta";
+                        data: string;
+                    } | {
+                        /** @constant */
+                        event: "end";
+                        data: string;
+                    } | {
+                        /** @constant */
+                        event: "error";
+                        data: string;
+                    };
                 };
             };
             /** @description Bad Request */

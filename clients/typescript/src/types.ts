@@ -25,13 +25,8 @@ export type OutcomeDecision = Exclude<
   "unspecified" | undefined
 >;
 
-/** A streamed piece of a model's answer (`watch(..., {deltas: true})`): its text, in order. */
-export interface RunDelta {
-  epoch: number;
-  seq: number;
-  index: number;
-  text: string;
-}
+/** A streamed piece of a model's answer (`watch(..., {deltas: true})`). */
+export type RunDelta = Schemas["RunDelta"];
 
 export type JsonValue =
   | string
