@@ -288,6 +288,7 @@ export class AgentRun {
           reconnects = 0;
           if (event.type === "step") lastSeq = Math.max(lastSeq, event.step.seq);
           yield event;
+          if (options.signal?.aborted) return; // not another event already read
         }
       } catch (err) {
         if (options.signal?.aborted) return;

@@ -238,6 +238,17 @@ test("the rest: agents, forks, sessions, signals, unknown outcomes", async () =>
   assert.deepEqual(sent.signal.payload, { n: 1 });
   const resent = await ar.signalRun(run.run_id, "nudge", { n: 1 }, { eventId });
   assert.equal(resent.created, false);
+  // A watch stopped by its AbortSignal ends quietly.
+  const stop = new AbortController();
+  const seen = [];
+  for await (const event of ar.watch(run.run_id, { signal: stop.signal })) {
+    seen.push(event);
+    stop.abort();
+  }
+  assert.deepEqual(
+    seen.map((e) => e.type),
+    ["run"],
+  );
   await ar.cancelRun(run.run_id, "done with it");
 
   const unknown = await ar.resolveUnknownOutcome(done.run_id, 1, "happened").catch((e) => e);
@@ -292,6 +303,15 @@ test("list: paging past 200 runs, every run once, in pages", async () => {
   // The default page size (50) pages too, without being told a size.
   const again = await collect(ar.listRuns({ search: batch }));
   assert.equal(again.length, total);
+
+  // Filters: the cap of one keeps most of them queued; all were created in the last hour.
+  const queued = await collect(
+    ar.listRuns({ search: batch, status: "queued", createAfter: new Date(Date.now() - 3600e3) }),
+  );
+  assert.ok(queued.length >= total - 2, `${queued.length} queued`);
+  assert.ok(queued.every((r) => r.status === "queued" && r.agent_id === "ts-bulk"));
+  const future = await ar.listRunsPage({ search: batch, createAfter: "2999-01-01T00:00:00Z" });
+  assert.deepEqual(future.items, []);
 
   const first = await ar.listRunsPage({ search: batch, pageSize: 200 });
   assert.equal(first.items.length, 200);
