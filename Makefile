@@ -33,6 +33,8 @@ gen: $(STAMP) ## regenerate generated/ from proto/ (committed)
 	  --python_out=generated --grpc_python_out=generated \
 	  --mypy_out=generated --mypy_grpc_out=generated $(PROTOS)
 	touch generated/agentrun/__init__.py generated/agentrun/v1/__init__.py
+	# The HTTP/JSON API's document follows the messages (control_plane/http/openapi.py).
+	PYTHONPATH=generated:. $(PY) -m control_plane.http.openapi > docs/openapi.json
 
 lint: $(STAMP) ## ruff (lint + format check), mypy and buf lint
 	$(VENV)/bin/ruff check .

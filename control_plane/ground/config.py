@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,18 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise SystemExit(f"{name}={raw!r} is not one of {', '.join(choices)}")
     return raw
+
+
+_ORIGIN = re.compile(r"^(\*|https?://[^/\s]+)\Z")
+
+
+def _origins(name: str) -> tuple[str, ...]:
+    """Comma-separated web origins (`https://app.example.com`), or `*` for any."""
+    found = tuple(o.strip().rstrip("/") for o in os.environ.get(name, "").split(",") if o.strip())
+    for origin in found:
+        if not _ORIGIN.match(origin):
+            raise SystemExit(f"{name}: {origin!r} is not an origin (scheme://host[:port]) or *")
+    return found
 
 
 def _secret(name: str) -> bytes | None:
@@ -88,6 +101,9 @@ class ServerConfig:
     http_listen: str = "127.0.0.1:0"
     http_port_file: str | None = None
     webhook_max_body_bytes: int = 256 * 1024
+    # Web origins whose pages may call the HTTP/JSON API (/v1/) from a browser (CORS);
+    # empty: none but the ingress's own.
+    http_cors_origins: tuple[str, ...] = ()
     # Triggers: how often the scheduler and the push fetcher look for due work,
     # and how far back a schedule catches up on slots missed while no replica ran.
     scheduler_poll_seconds: float = 1.0
@@ -158,6 +174,7 @@ class ServerConfig:
             webhook_max_body_bytes=int(
                 _float("AGENTRUN_WEBHOOK_MAX_BYTES", cls.webhook_max_body_bytes)
             ),
+            http_cors_origins=_origins("AGENTRUN_HTTP_CORS_ORIGINS"),
             scheduler_poll_seconds=_float(
                 "AGENTRUN_SCHEDULER_POLL_SECONDS", cls.scheduler_poll_seconds
             ),

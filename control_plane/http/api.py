@@ -11,6 +11,8 @@ Errors are problem details (problems.py). The same table writes the OpenAPI docu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -314,6 +316,7 @@ OPS: tuple[Op, ...] = (
 # WatchRun's query parameters (its own, not the request message's): see `_watch`.
 WATCH_QUERY = ("after_seq", "deltas")
 IDEMPOTENCY_KEY = "Idempotency-Key"
+KEEP_ALIVE_SECONDS = 15.0
 LAST_EVENT_ID = "Last-Event-ID"
 
 
@@ -446,6 +449,31 @@ def sse(item: run_pb2.WatchRunResponse) -> str:
     return f"event: {kind}\n{event_id}data: {data}\n\n"
 
 
+async def _kept_alive(
+    feed: AsyncGenerator[run_pb2.WatchRunResponse, None],
+) -> AsyncIterator[str]:
+    """The feed's events, and a comment line whenever it is quiet for KEEP_ALIVE_SECONDS (a
+    run waiting hours for an approval), so proxies keep the connection open. The next item
+    is awaited in a task of its own: a timeout cancels the wait, never the feed."""
+    while True:
+        pending = asyncio.ensure_future(anext(feed))
+        try:
+            while not pending.done():
+                await asyncio.wait({pending}, timeout=KEEP_ALIVE_SECONDS)
+                if not pending.done():
+                    yield ": keep-alive\n\n"
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+        finally:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await pending
+        yield sse(item)
+
+
 async def _watch(services: Services, request: Request) -> Response:
     """The run's events; the first is read here, so a bad request or an unknown run is a
     problem answer, not a stream. The feed reads no caller context after its first event."""
@@ -457,24 +485,24 @@ async def _watch(services: Services, request: Request) -> Response:
         first: run_pb2.WatchRunResponse | None = await anext(feed)
     except StopAsyncIteration:
         first = None
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if request.method == "HEAD":  # the answer a GET would start with, no stream held open
+        await feed.aclose()
+        return Response(status_code=200, media_type="text/event-stream", headers=headers)
 
     async def events() -> AsyncIterator[str]:
         try:
             if first is not None:
                 yield sse(first)
-            async for item in feed:
-                yield sse(item)
+            async for text in _kept_alive(feed):
+                yield text
             yield "event: end\ndata: {}\n\n"
         except Exception as exc:  # noqa: BLE001 - the stream has started: say it in the stream
             yield f"event: error\ndata: {bytes(from_exception(exc).body).decode()}\n\n"
         finally:
             await feed.aclose()
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
 # --- routes -----------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from control_plane.http import api, connections, observability, openapi, sessions, webhooks
 from control_plane.http.approvals import ApprovalRoutes
@@ -42,6 +44,28 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+class ApiCors:
+    """CORS for the HTTP/JSON API only (/v1/), for the origins AGENTRUN_HTTP_CORS_ORIGINS
+    names: a page there may call it with a bearer credential (never cookies); the console,
+    webhooks and approval links answer no other origin."""
+
+    def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
+        self.app = app
+        self.cors = CORSMiddleware(
+            app,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+            max_age=600,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            await self.cors(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
 def build_app(ctx: HttpContext, extra: Iterable[BaseRoute] = ()) -> Starlette:
     """The ingress app with every module's routes (and `extra`, for tests)."""
     routes: list[BaseRoute] = [Route("/healthz", healthz, methods=["GET"])]
@@ -49,4 +73,7 @@ def build_app(ctx: HttpContext, extra: Iterable[BaseRoute] = ()) -> Starlette:
         routes += list(module_routes(ctx))
     routes += list(extra)
     routes.append(openapi.fallback())  # the rest of /v1/: problem details, never text
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    if ctx.config.http_cors_origins:
+        app.add_middleware(ApiCors, origins=ctx.config.http_cors_origins)
+    return app

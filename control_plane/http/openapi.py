@@ -1,8 +1,9 @@
 """The HTTP/JSON API's OpenAPI 3.1 document, written from the route table (api.OPS) and the
 proto descriptors, served at GET /v1/openapi.json and checked in as docs/openapi.json.
 
-`python -m control_plane.http.openapi > docs/openapi.json` writes the file again after a
-route or a message changes; tests/integration/test_http_api.py fails while it differs.
+`make gen` (or `python -m control_plane.http.openapi > docs/openapi.json`) writes the file
+again after a route or a message changes; tests/integration/test_http_api.py fails while it
+differs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agentrun.v1 import run_pb2
 from control_plane.http import jsonmap
 from control_plane.http.api import IDEMPOTENCY_KEY, LAST_EVENT_ID, OPS, SLUG, Op
 from control_plane.http.problems import MEDIA_TYPE, TITLES, problem
@@ -186,8 +188,8 @@ def _operation(op: Op, components: _Components) -> dict[str, Any]:
 
 
 def _events(components: _Components) -> dict[str, Any]:
-    """WatchRun's events (each one; OpenAPI 3.1 has `schema` describe an event)."""
-    from agentrun.v1 import run_pb2
+    """WatchRun's events (each one; OpenAPI 3.1 has `schema` describe an event); a comment
+    line (`: keep-alive`) is no event."""
 
     def event(name: str, data: dict[str, Any], with_id: bool = False) -> dict[str, Any]:
         props = {

@@ -18,14 +18,16 @@ import pytest
 from openapi_spec_validator import validate as validate_openapi
 from starlette.routing import Route
 
-from agentrun.v1 import run_pb2
+from agentrun.v1 import approval_pb2, run_pb2
 from control_plane.http import jsonmap, openapi
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
+from tests.harness.waiting import eventually
 
 WS = "ws"
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "openapi.json"
+APP_ORIGIN = "https://app.example"  # a web front end allowed to call the API (CORS)
 
 
 class Http:
@@ -52,7 +54,7 @@ class Http:
 async def stack(db_url, control_plane):
     """A control plane, an admin gRPC Api, the demo agent "mailer" (a lookup, an email, an
     answer), and an operator's HTTP client."""
-    cp = control_plane(db_url)
+    cp = control_plane(db_url, AGENTRUN_HTTP_CORS_ORIGINS=APP_ORIGIN)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("mailer", "demo", ["crm_lookup", "send_email"])
     http = Http(cp.http_url, await auth.workspace_key(db_url, WS, role="operator"))
@@ -177,6 +179,16 @@ async def test_idempotency_roles_and_errors_are_those_of_grpc(stack, db_url):
     assert first.json()["input"] == '{"ask":"a JSON value as input"}'
     other = await http.post("runs", body, headers={"Idempotency-Key": "order-8"})
     assert other.status_code == 201 and other.json()["run_id"] != first.json()["run_id"]
+    # Paged newest first, as ListRuns pages: the token leads to the next page, "" at the end.
+    page = (await http.get("runs", params={"page_size": 1})).json()
+    rest = (
+        await http.get("runs", params={"page_size": 1, "page_token": page["next_page_token"]})
+    ).json()
+    assert [r["run_id"] for r in page["runs"] + rest["runs"]] == [
+        other.json()["run_id"],
+        first.json()["run_id"],
+    ]
+    assert rest["next_page_token"] == ""
 
     # 401 without a credential, 403 for a reader starting a run (reading is allowed).
     anonymous = Http(cp.http_url, None)
@@ -221,6 +233,23 @@ async def test_idempotency_roles_and_errors_are_those_of_grpc(stack, db_url):
         "status"
     ] == "cancelled"
     assert problem(await http.post(f"runs/{run_id}/cancel"), 409)["code"] == ("FAILED_PRECONDITION")
+    # A page of the allowed origin may call the API from a browser (a preflight, then the
+    # call); another origin, or the console, is not answered for.
+    preflight = {
+        "Origin": APP_ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
+    }
+    allowed = await http.client.options(http.base + "runs", headers=preflight)
+    assert allowed.status_code == 200, allowed.text
+    assert allowed.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    called = await http.get(f"runs/{run_id}", headers={"Origin": APP_ORIGIN})
+    assert called.headers["access-control-allow-origin"] == APP_ORIGIN
+    evil = await http.get(f"runs/{run_id}", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in evil.headers
+    console = await http.client.get(f"{cp.http_url}/console/", headers={"Origin": APP_ORIGIN})
+    assert "access-control-allow-origin" not in console.headers
     # Unknown paths and methods under /v1/ are problems too, never a bare text page.
     problem(await http.get("nothing-here"), 404)
     assert problem(await http.client.delete(http.base + "runs"), 405)
@@ -234,7 +263,7 @@ async def test_the_document_describes_every_route_and_is_the_checked_in_file(
     async with httpx.AsyncClient() as client:
         served = (await client.get(f"{cp.http_url}{openapi.PATH}")).json()
     assert served == json.loads(DOC.read_text()), (
-        "docs/openapi.json is stale: python -m control_plane.http.openapi > docs/openapi.json"
+        "docs/openapi.json is stale: make gen writes it again"
     )
     validate_openapi(served)
 
@@ -323,8 +352,90 @@ def test_schemathesis_finds_no_server_error_and_no_response_or_acceptance_off_th
         str(report),
     ]
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env)
+    # Its cache (.schemathesis/) goes to the test's directory, not the checkout.
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path
+    )
     (tmp_path / "schemathesis.out").write_text(done.stdout + done.stderr)
     summary = done.stdout[done.stdout.rfind("SUMMARY") :] or done.stdout[-20000:]
     print(summary)  # the counts: operations, test cases generated and passed, failures
     assert done.returncode == 0, summary + done.stderr[-3000:]
+
+
+async def test_an_approval_is_listed_and_decided_over_http_by_its_approver_only(
+    stack, executor_factory, db_url
+):
+    cp, api, operator = stack
+    policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=["alice@example.com"])
+    await api.publish("asker", "approval", ["send_email"], approval=policy)
+    executor_factory(cp)
+    started = await operator.post("runs", {"agent_id": "asker", "input": "Email Ada"})
+    run_id = started.json()["run_id"]
+    alice = Http(
+        cp.http_url,
+        await auth.workspace_key(db_url, WS, role="approver", principal="alice@example.com"),
+    )
+    try:
+
+        async def pending() -> list[dict[str, Any]]:
+            page = await alice.get("approvals", params={"state": "pending"})
+            assert page.status_code == 200, page.text
+            return page.json()["approvals"]
+
+        (approval,) = await eventually(pending, timeout=30, message="no approval was requested")
+        assert approval["run_id"] == run_id and approval["tool"] == "send_email"
+        assert approval["arguments"]["to"] == "ada@example.com"  # a JSON value, not a string
+        assert approval["edited_arguments"] is None
+        path = f"approvals/{approval['approval_id']}"
+        assert (await alice.get(path)).json() == approval
+
+        # The operator may not decide (DecideApproval needs `decide`); a body naming two
+        # decisions is a 400; the approver's decision is recorded as the approver's.
+        assert problem(await operator.post(f"{path}/decision", {"approve": {}}), 403)
+        two = {"approve": {}, "reject": {"reason": "no"}}
+        assert problem(await alice.post(f"{path}/decision", two), 400)["field"] == "reject"
+        decided = await alice.post(f"{path}/decision", {"approve": {}})
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["state"] == "approved"
+        assert decided.json()["decided_by"] == "alice@example.com"
+        assert problem(await alice.post(f"{path}/decision", {"reject": {}}), 409)["code"] == (
+            "ABORTED"
+        )
+
+        async def finished() -> dict[str, Any] | None:
+            run = (await operator.get(f"runs/{run_id}")).json()
+            return run if run["status"] in ("completed", "failed", "cancelled") else None
+
+        assert (await eventually(finished, timeout=30))["status"] == "completed"
+    finally:
+        await alice.close()
+
+
+async def test_sessions_and_agents_over_http(stack):
+    cp, api, http = stack
+    await api.publish("chatter", "chat", [])
+    created = await http.post("sessions", {"agent_id": "chatter", "strategy": "enqueue"})
+    assert created.status_code == 201, created.text
+    session = created.json()
+    assert (session["agent_id"], session["strategy"], session["turn_count"]) == (
+        "chatter",
+        "enqueue",
+        0,
+    )
+    sid = session["session_id"]
+    sent = await http.post(f"sessions/{sid}/messages", {"text": "Hello"})
+    assert sent.status_code == 202, sent.text
+    turns = (await http.get(f"sessions/{sid}/turns")).json()
+    assert [(t["turn"], t["input"]) for t in turns["turns"]] == [(1, "Hello")]
+    assert turns["next_turn"] == 0
+    got = (await http.get(f"sessions/{sid}")).json()
+    assert got["turn_count"] == 1 and got["last_turn"]["run_id"] == sent.json()["run_id"]
+
+    agents = (await http.get("agents")).json()
+    assert [a["agent_id"] for a in agents["agents"]] == ["chatter", "mailer"]
+    assert (await http.get("agents/mailer")).json()["latest_version"] == 1
+    version = (await http.get("agents/mailer/versions/0")).json()
+    assert version["version"] == 1 and version["spec"]["tools"] == ["crm_lookup", "send_email"]
+    assert problem(await http.get("agents/nobody"), 404)["code"] == "NOT_FOUND"
+    # Read only: publishing stays with gRPC and the CLI.
+    assert problem(await http.post("agents/mailer"), 405)

@@ -59,6 +59,13 @@ EXPECTED = {
         "nothing saved: apply exactly this diff with agentrun tools sync desk --apply --expect ",
         "saved desk__create_ticket v1  write (none)",
     ],
+    "API=http://127.0.0.1:8080/v1/workspaces/default": [
+        "event: step",
+        "event: end",
+        '"status": "completed"',
+        '"field":"priority"',
+        "/v1/openapi.json",
+    ],
     "SHOP=http://127.0.0.1": [
         "write (provider_key, Idempotency-Key)",
         "dry run: nothing saved",
