@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from agentrun.v1 import agent_pb2 as _agent_pb2
+from agentrun.v1 import approval_pb2 as _approval_pb2
 from agentrun.v1 import run_pb2 as _run_pb2
 from agentrun.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
@@ -769,6 +770,7 @@ class ApprovalRequest(_message.Message):
     ARGUMENTS_SHA256_FIELD_NUMBER: _builtins.int
     MOVES_MONEY_FIELD_NUMBER: _builtins.int
     HIGH_RISK_FIELD_NUMBER: _builtins.int
+    ARGUMENT_ORIGINS_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     decision_seq: _builtins.int
     """The model decision step and the call within it."""
@@ -779,6 +781,10 @@ class ApprovalRequest(_message.Message):
     arguments_sha256: _builtins.str
     moves_money: _builtins.bool
     high_risk: _builtins.bool
+    @_builtins.property
+    def argument_origins(self) -> _containers.RepeatedCompositeFieldContainer[_approval_pb2.ArgumentOrigin]:
+        """Where untrusted argument values came from (UNTRUSTED_VALUE holds)."""
+
     def __init__(
         self,
         *,
@@ -790,10 +796,11 @@ class ApprovalRequest(_message.Message):
         arguments_sha256: _builtins.str = ...,
         moves_money: _builtins.bool = ...,
         high_risk: _builtins.bool = ...,
+        argument_origins: _abc.Iterable[_approval_pb2.ArgumentOrigin] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "decision_seq", b"decision_seq", "high_risk", b"high_risk", "moves_money", b"moves_money", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "argument_origins", b"argument_origins", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "decision_seq", b"decision_seq", "high_risk", b"high_risk", "moves_money", b"moves_money", "tool", b"tool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
