@@ -3,11 +3,13 @@
 -- policy was resolved from the run's agent version. Database clock unless :now.
 INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool, arguments,
                        arguments_sha256, approvers, slack_approvers, high_risk, moves_money,
-                       expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders)
+                       expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders,
+                       argument_origins)
 VALUES (:workspace_id, :approval_id, :run_id, :decision_seq, :call_id, :tool,
         :arguments_json::jsonb, :arguments_sha256, :approvers, :slack_approvers, :high_risk,
         :moves_money, coalesce(:now::timestamptz, now()) + make_interval(secs => :expiry_seconds),
-        :expiry_seconds, :on_expiry, :escalate_to, :max_reminders)
+        :expiry_seconds, :on_expiry, :escalate_to, :max_reminders,
+        :argument_origins_json::jsonb)
 ON CONFLICT (workspace_id, run_id, call_id) DO NOTHING
 RETURNING *;
 

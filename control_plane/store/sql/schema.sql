@@ -1418,6 +1418,8 @@ CREATE TABLE approvals (
     reason            text,
     edited_arguments  jsonb,
     created_at        timestamptz NOT NULL DEFAULT now(),
+    -- Where untrusted argument values first appeared (ArgumentOrigin objects; issue 48).
+    argument_origins  jsonb NOT NULL DEFAULT '[]',
     PRIMARY KEY (workspace_id, approval_id),
     UNIQUE (workspace_id, run_id, call_id),
     FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
