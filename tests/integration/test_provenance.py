@@ -24,6 +24,7 @@ from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2, too
 from tests.harness import secrets_seen
 from tests.harness.agentrun_api import Api, pending_approval, sandbox_effects, sandbox_requests
 from tests.harness.auth import channel, workspace_key
+from tests.harness.browser import chromium, require_chromium
 from tests.harness.cli import agentrun_async
 from tests.harness.invariants import assert_log_well_formed
 from tests.harness.waiting import eventually
@@ -220,6 +221,35 @@ async def test_values_from_a_tool_result_are_refused_or_held_and_the_task_still_
     assert_log_well_formed(steps)
     assert results(steps)["chat_post"].payload["status"] == "ok"
     assert outbound(url) == before, "no attacker value ever reached a provider"
+
+
+async def test_the_console_approval_page_warns_and_names_each_values_origin(
+    stack, db_url, sandbox_providers
+):
+    """In a real browser (Debian's chromium): the inbox marks the approval, its page opens
+    with the warning and links the origin step."""
+    require_chromium()
+    cp, api, approvals = stack
+    await publish_bookkeeper(api, "books3")
+    run_id = await api.start("books3", "Read the supplier thread and report in #finance.")
+    held = await pending_approval(api, approvals, run_id, APPROVER)
+    thread = results(await api.steps(run_id))["read_thread"]
+    async with chromium(cp.http_url) as b:
+        await b.sign_in_with_key(await workspace_key(db_url, WS, "approver", APPROVER))
+        page = b.page
+        await b.goto("/console/approvals")
+        row = page.locator("#approvals tr", has=page.locator(f"a[href$='{held.approval_id}']"))
+        assert await row.locator(".untrusted").inner_text() == "untrusted values"
+        await b.goto(f"/console/approvals/{held.approval_id}")
+        warning = await page.inner_text("#untrusted-values")
+        assert "Untrusted values." in warning
+        assert f"iban {IBAN}: first appeared in the result of read_thread step {thread.seq}" in (
+            " ".join(warning.split())
+        )
+        link = page.locator("#untrusted-values a")
+        assert await link.get_attribute("href") == f"/console/runs/{run_id}#step-{thread.seq}"
+        await b.snap("approval-untrusted-values")
+        assert b.errors == []
 
 
 async def test_the_same_values_given_in_the_input_pass(stack, sandbox_providers):
