@@ -239,11 +239,34 @@ _ITEM_CHECKS: dict[str, ItemCheck] = {
 }
 
 
-def _allowed(c: agent_pb2.ToolConstraint, args: Mapping[str, Any], mail: TriggerMail | None) -> str:
+def normalise(kind: str, raw: str) -> str:
+    """A value as allowlists hold it: an IBAN without spaces, upper case; a URL as its
+    host; an id as it is; the rest lower case."""
+    if kind == "iban":
+        return provenance.iban(raw) or raw.replace(" ", "").upper()
+    if kind == "url":
+        return provenance.host(raw) or raw.strip().lower()
+    if kind == "id":
+        return raw
+    return raw.strip().lower()
+
+
+def _allowed(
+    c: agent_pb2.ToolConstraint,
+    args: Mapping[str, Any],
+    mail: TriggerMail | None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None = None,
+) -> str:
     """Why the argument is not on the rule's allowlist ("" when it is); fails closed."""
     kind = KINDS.get(c.value_kind, "")
     name = c.argument or DEFAULT_ARGUMENT.get(kind, "")
     raw, allowed = args.get(name), list(c.allowed)
+    if c.or_seen_before and seen:
+        before = seen.get((c.tool, name), ())
+        if kind == "email":
+            allowed += [a for v in before for a in addresses(v)]
+        else:
+            allowed += [normalise(kind, str(v)) for v in before]
     if kind == "email":
         return _email_allowed(name, raw, allowed, mail)
     item_check = _ITEM_CHECKS.get(kind)
@@ -300,11 +323,12 @@ def _valued(
     arguments: Mapping[str, Any],
     mail: TriggerMail | None,
     ledger: provenance.Ledger | None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None,
 ) -> Verdict | None:
     """The verdict of a value_allowed or untrusted_value rule; None when it has nothing."""
     if name == "untrusted_value":
         return _untrusted(c, tool, arguments, ledger)
-    why = _allowed(c, arguments, mail)
+    why = _allowed(c, arguments, mail, seen)
     if not why:
         return None
     if c.action == agent_pb2.CONSTRAINT_ACTION_HOLD:
@@ -318,18 +342,20 @@ def check(
     arguments: Mapping[str, Any],
     mail: TriggerMail | None,
     ledger: provenance.Ledger | None = None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None = None,
 ) -> Verdict:
     """The first refusal of the tool's rules; else the first reason to hold for approval.
 
     `ledger`: the run's trusted and untrusted text, for untrusted_value rules (without
-    one they find nothing marked)."""
+    one they find nothing marked); `seen`: values the workspace's earlier ok calls sent,
+    by (tool, argument), for value_allowed rules with or_seen_before."""
     approval = None
     for c in rules:
         if c.tool != tool:
             continue
         name = rule_name(c.rule)
         if name in ("value_allowed", "untrusted_value"):
-            verdict = _valued(c, name, tool, arguments, mail, ledger)
+            verdict = _valued(c, name, tool, arguments, mail, ledger, seen)
             if verdict is not None and verdict.refused:
                 return verdict
             if verdict is not None and (approval is None or not approval.origins):

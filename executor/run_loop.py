@@ -103,6 +103,7 @@ class RunLoop:
             chain_depth=chain.run_depth(assignment.steps),
             held_from=deps.wall_clock(),
             handoff=self._handoff,
+            seen={(v.tool, v.argument): tuple(v.values) for v in assignment.seen_values},
         )
         self._tools = ToolTurn(self._held)
         self._model = ModelTurn(self._held, self._tools)

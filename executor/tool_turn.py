@@ -122,7 +122,12 @@ class ToolTurn:
         if any(c.rule == agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE for c in rules):
             ledger = provenance.Ledger(held.spec.instructions, held.entries)
         verdict = constraints.check(
-            rules, tool.name, call.arguments or {}, constraints.trigger_mail(held.entries), ledger
+            rules,
+            tool.name,
+            call.arguments or {},
+            constraints.trigger_mail(held.entries),
+            ledger,
+            held.seen,
         )
         if verdict.refusal is not None and held.spec.on_refusal == agent_pb2.ON_REFUSAL_ASK:
             if action.approval is not None:  # a person was asked, and said yes

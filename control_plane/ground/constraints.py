@@ -17,6 +17,15 @@ from control_plane.ground.errors import InvalidArgument
 
 MAX_CONSTRAINTS = 64
 MAX_KNOWN = 1000
+# The argument a VALUE_ALLOWED rule reads when it names none (executor/constraints.py's
+# DEFAULT_ARGUMENT; the control plane needs it to look up "seen before" values).
+DEFAULT_ARGUMENT = {
+    agent_pb2.VALUE_KIND_IBAN: "iban",
+    agent_pb2.VALUE_KIND_EMAIL: "to",
+    agent_pb2.VALUE_KIND_URL: "url",
+    agent_pb2.VALUE_KIND_CHAT: "channel",
+    agent_pb2.VALUE_KIND_ID: "id",
+}
 RULES = {
     agent_pb2.CONSTRAINT_RULE_REPLY_TO_TRIGGER_THREAD: "reply_to_trigger_thread",
     agent_pb2.CONSTRAINT_RULE_ATTACHMENTS_FROM_TRIGGER_THREAD: "attachments_from_trigger_thread",
@@ -91,13 +100,17 @@ def _validate_valued(where: str, c: agent_pb2.ToolConstraint) -> None:
     if c.action and c.action not in ACTIONS:
         raise InvalidArgument(f"{where}.action", "must be refuse, hold or allow")
     if c.rule == agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE:
+        if c.or_seen_before:
+            raise InvalidArgument(f"{where}.or_seen_before", "is for VALUE_ALLOWED")
         return
     if c.action == agent_pb2.CONSTRAINT_ACTION_ALLOW:
         raise InvalidArgument(f"{where}.action", "allow makes no sense for VALUE_ALLOWED")
     if c.value_kind not in KINDS:
         raise InvalidArgument(f"{where}.value_kind", "must name a value kind for VALUE_ALLOWED")
-    if not c.allowed and c.value_kind != agent_pb2.VALUE_KIND_EMAIL:
-        raise InvalidArgument(f"{where}.allowed", "must list at least one value")
+    if not c.allowed and not c.or_seen_before and c.value_kind != agent_pb2.VALUE_KIND_EMAIL:
+        raise InvalidArgument(
+            f"{where}.allowed", "must list at least one value (or or_seen_before)"
+        )
     if len(c.allowed) > MAX_KNOWN:
         raise InvalidArgument(f"{where}.allowed", f"has more than {MAX_KNOWN}")
     ok, what = _ENTRY_OK[c.value_kind]
@@ -126,7 +139,7 @@ def _validate_one(spec: agent_pb2.AgentSpec, where: str, c: agent_pb2.ToolConstr
         agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE,
     ):
         _validate_valued(where, c)
-    elif c.allowed or c.value_kind or c.action:
+    elif c.allowed or c.value_kind or c.action or c.or_seen_before:
         raise InvalidArgument(
             f"{where}.allowed", "value_kind, allowed and action are for VALUE_ALLOWED"
         )
@@ -155,6 +168,7 @@ def to_json(constraints: Iterable[agent_pb2.ToolConstraint]) -> list[dict[str, A
                 else {}
             ),
             **({"action": ACTIONS[c.action]} if c.action else {}),
+            **({"or_seen_before": True} if c.or_seen_before else {}),
         }
         for c in constraints
     ]
@@ -171,6 +185,18 @@ def from_json(data: list[dict[str, Any]]) -> list[agent_pb2.ToolConstraint]:
             value_kind=KIND_VALUES.get(c.get("value_kind", ""), 0),  # type: ignore[arg-type]
             allowed=c.get("allowed", []),
             action=ACTION_VALUES.get(c.get("action", ""), 0),  # type: ignore[arg-type]
+            or_seen_before=bool(c.get("or_seen_before", False)),
         )
         for c in data
     ]
+
+
+def seen_before_lookups(spec: agent_pb2.AgentSpec) -> list[tuple[str, str]]:
+    """(tool, argument) of each VALUE_ALLOWED rule that also passes values seen before."""
+    return sorted(
+        {
+            (c.tool, c.argument or DEFAULT_ARGUMENT.get(c.value_kind, ""))
+            for c in spec.constraints
+            if c.rule == agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED and c.or_seen_before
+        }
+    )

@@ -320,3 +320,45 @@ async def test_a_run_whose_only_call_was_refused_fails_saying_so_and_is_counted(
         and labels == {"workspace": WS, "rule": "value_allowed"}
     ]
     assert runs == [1.0] and calls == [1.0]
+
+
+async def test_a_payee_paid_before_passes_and_a_new_one_is_refused(stack, sandbox_providers):
+    """value_allowed with or_seen_before: the workspace's earlier ok payments are the list."""
+    _, api, _ = stack
+    await publish(api, "payer", "pay_input", ["pay_supplier"])
+    first = await api.start("payer", IBAN)
+    (run,) = await api.wait_terminal([first], within=60)
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    payees = agent_pb2.ToolConstraint(
+        tool="pay_supplier",
+        rule=agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED,
+        value_kind=agent_pb2.VALUE_KIND_IBAN,
+        or_seen_before=True,
+    )
+    await api.agents.PublishAgentVersion(
+        agent_pb2.PublishAgentVersionRequest(
+            workspace_id=WS,
+            agent_id="payer",
+            spec=agent_pb2.AgentSpec(
+                model="pay_input",
+                instructions=INSTRUCTIONS,
+                tools=["pay_supplier"],
+                constraints=[payees],
+                on_refusal=agent_pb2.ON_REFUSAL_FAIL,
+            ),
+        )
+    )
+    again, new = await api.start("payer", IBAN), await api.start("payer", "DE89370400440532013000")
+    paid, refused = await api.wait_terminal([again, new], within=60)
+    assert paid.status == run_pb2.RUN_STATUS_COMPLETED, paid.error
+    assert refused.status == run_pb2.RUN_STATUS_FAILED
+    assert refused.error == (
+        "refused by constraint value_allowed on pay_supplier: iban DE89370400440532013000 is "
+        "not an allowed payee; nothing was sent"
+    )
+    transfers = [
+        e for e in sandbox_effects(sandbox_providers.url, "payments") if e["effect"] == "transfer"
+    ]
+    assert [
+        t["iban"] for t in transfers if t["key"] and t["key"].split(":")[0] in (first, again, new)
+    ] == [IBAN, IBAN]

@@ -151,3 +151,22 @@ def test_allowlists_pass_listed_values_and_fail_closed_naming_rule_and_value():
         action=R.CONSTRAINT_ACTION_HOLD,
     )
     assert not held.refused and "@mallory" in (held.approval or "")
+
+
+def test_values_seen_before_pass_a_value_allowed_rule_that_asks_for_them():
+    rule = agent_pb2.ToolConstraint(
+        tool="t",
+        rule=R.CONSTRAINT_RULE_VALUE_ALLOWED,
+        value_kind=R.VALUE_KIND_IBAN,
+        or_seen_before=True,
+    )  # type: ignore[arg-type]
+    seen = {("t", "iban"): ["gb33 bukb 2020 1555 5555 55"]}
+    assert not constraints.check([rule], "t", {"iban": IBAN}, None, None, seen).refused
+    assert constraints.check(
+        [rule], "t", {"iban": "DE89370400440532013000"}, None, None, seen
+    ).refused
+    # Seen values count only for a rule that asks for them.
+    strict = agent_pb2.ToolConstraint(
+        tool="t", rule=R.CONSTRAINT_RULE_VALUE_ALLOWED, value_kind=R.VALUE_KIND_IBAN, allowed=["X"]
+    )  # type: ignore[arg-type]
+    assert constraints.check([strict], "t", {"iban": IBAN}, None, None, seen).refused

@@ -288,6 +288,7 @@ class ToolConstraint(_message.Message):
     VALUE_KIND_FIELD_NUMBER: _builtins.int
     ALLOWED_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
+    OR_SEEN_BEFORE_FIELD_NUMBER: _builtins.int
     tool: _builtins.str
     """One of spec.tools."""
     rule: Global___ConstraintRule.ValueType
@@ -301,6 +302,12 @@ class ToolConstraint(_message.Message):
     """VALUE_ALLOWED: how the value is read and compared."""
     action: Global___ConstraintAction.ValueType
     """VALUE_ALLOWED and UNTRUSTED_VALUE: what a violation does."""
+    or_seen_before: _builtins.bool
+    """VALUE_ALLOWED: a value this workspace's earlier calls of the same tool
+    sent in the same argument, with an ok result ("payees I have paid
+    before"), passes too. The control plane looks them up when it assigns
+    the run (Assignment.seen_values); the executor never reads the database.
+    """
     @_builtins.property
     def known_recipients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """RECIPIENT_KNOWN_OR_APPROVAL: known addresses, or "@domain" for a domain."""
@@ -322,10 +329,11 @@ class ToolConstraint(_message.Message):
         value_kind: Global___ValueKind.ValueType = ...,
         allowed: _abc.Iterable[_builtins.str] | None = ...,
         action: Global___ConstraintAction.ValueType = ...,
+        or_seen_before: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "allowed", b"allowed", "argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "rule", b"rule", "tool", b"tool", "value_kind", b"value_kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "allowed", b"allowed", "argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "or_seen_before", b"or_seen_before", "rule", b"rule", "tool", b"tool", "value_kind", b"value_kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
