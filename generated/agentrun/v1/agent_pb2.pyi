@@ -147,7 +147,9 @@ class _ConstraintActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Cons
     CONSTRAINT_ACTION_HOLD: _ConstraintAction.ValueType  # 2
     """Held for a person's approval, the reason and origins on the approval."""
     CONSTRAINT_ACTION_ALLOW: _ConstraintAction.ValueType  # 3
-    """Sent; an UNTRUSTED_VALUE match is still recorded on the call's step."""
+    """Sent as is (UNTRUSTED_VALUE only: a rule kept in the version while its
+    effect is reviewed, say).
+    """
 
 class ConstraintAction(_ConstraintAction, metaclass=_ConstraintActionEnumTypeWrapper):
     """ConstraintAction is what a rule violation does to the call."""
@@ -161,7 +163,9 @@ says what the run does next).
 CONSTRAINT_ACTION_HOLD: ConstraintAction.ValueType  # 2
 """Held for a person's approval, the reason and origins on the approval."""
 CONSTRAINT_ACTION_ALLOW: ConstraintAction.ValueType  # 3
-"""Sent; an UNTRUSTED_VALUE match is still recorded on the call's step."""
+"""Sent as is (UNTRUSTED_VALUE only: a rule kept in the version while its
+effect is reviewed, say).
+"""
 Global___ConstraintAction: _TypeAlias = ConstraintAction  # noqa: Y015
 
 class _OnRefusal:
