@@ -94,6 +94,12 @@ REFUSED_RUNS = Counter(
     ["workspace"],
     registry=REGISTRY,
 )
+APPROVERS_FLAGGED = Counter(
+    "agentrun_approvers_flagged",
+    "Approvers flagged to their admins for approving too fast (the workspace's watch)",
+    ["workspace"],
+    registry=REGISTRY,
+)
 SCHEDULE_LAG = Histogram(
     "agentrun_schedule_fire_lag_seconds",
     "How late a schedule slot fired, after its fire time (database clock)",

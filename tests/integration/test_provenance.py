@@ -362,3 +362,46 @@ async def test_a_payee_paid_before_passes_and_a_new_one_is_refused(stack, sandbo
     assert [
         t["iban"] for t in transfers if t["key"] and t["key"].split(":")[0] in (first, again, new)
     ] == [IBAN, IBAN]
+
+
+async def test_an_approver_who_approves_fast_and_often_is_flagged_to_the_admins(
+    stack, db_url, sandbox_providers
+):
+    cp, api, approvals = stack
+    admin = await workspace_key(db_url, WS, "admin")
+    watch = await agentrun_async(
+        cp.address, admin, "workspaces", "set-approval-watch", "2", "1h", "60s", workspace=WS
+    )
+    assert watch.returncode == 0, watch.stderr
+    assert "watch      2 approvals in 3600s, each within 60s: approver flagged" in watch.stdout
+    policy = approval_pb2.ApprovalPolicy(tools=["send_email"], approvers=[APPROVER])
+    await publish(api, "mailer", "approval", ["send_email"], approval=policy)
+    for _ in range(2):
+        run_id = await api.start("mailer", "email ada")
+        held = await pending_approval(api, approvals, run_id, APPROVER)
+        await approvals.DecideApproval(
+            approval_pb2.DecideApprovalRequest(
+                workspace_id=WS,
+                approval_id=held.approval_id,
+                approver=APPROVER,
+                approve=approval_pb2.Approve(),
+            )
+        )
+
+    async def flagged() -> list[dict] | None:
+        mails = [
+            e
+            for e in sandbox_effects(sandbox_providers.url, "mail")
+            if e["subject"] == f"Approver flagged: {APPROVER} approves quickly"
+            and held.approval_id in e["body"]
+        ]
+        return mails or None
+
+    (mail,) = await eventually(flagged, timeout=30, message="the admins were never told")
+    assert mail["to"] == "admin"
+    assert f"{APPROVER} approved 2 tool calls within 3600s, each within 60s" in mail["body"]
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.get(
+            f"{cp.http_url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}
+        )
+    assert 'agentrun_approvers_flagged_total{workspace="acme"} 1.0' in reply.text

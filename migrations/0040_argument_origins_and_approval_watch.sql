@@ -7,3 +7,8 @@
 -- run's log and sends them with the ApprovalRequest; they are kept with the approval,
 -- as a JSON array of ArgumentOrigin objects ([] for every other approval).
 ALTER TABLE approvals ADD COLUMN argument_origins jsonb NOT NULL DEFAULT '[]';
+
+-- An approver who approves everything quickly is flagged to the workspace's admins
+-- (issue 48, "approvers are warned"): the workspace sets the rate as
+-- {"approvals", "window_seconds", "max_decide_seconds"} (NULL: no watch).
+ALTER TABLE workspaces ADD COLUMN approval_watch jsonb;
