@@ -177,6 +177,15 @@ class _Text:
         return v.value in self.lower
 
 
+def _participants(payload: Mapping[str, Any]) -> str:
+    """The sender and recipients of the mail that triggered the run, as one text."""
+    trigger = payload.get("trigger")
+    mail = trigger.get("mail") if isinstance(trigger, Mapping) else None
+    if not isinstance(mail, Mapping):
+        return ""
+    return " ".join(_dump(mail.get(k) or "") for k in ("from", "to", "cc"))
+
+
 def _dump(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -208,6 +217,9 @@ class Ledger:
                 else:
                     text = _Text.of(_dump(dict(payload)))
                     self._untrusted.append(_Source(entry.seq, "input", "", text))
+                    # Replying to the triggering mail's people is the normal task (the thread
+                    # rules govern it): its envelope is not an injected value.
+                    trusted.append(_participants(payload))
             elif entry.kind == RESULT:
                 if payload.get("refused_by") or payload.get("decided_by"):
                     # Our own refusal, or a person's decision on an unknown outcome.
