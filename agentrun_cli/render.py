@@ -168,7 +168,12 @@ def _park(p: dict[str, Any]) -> str:
 def _finish(p: dict[str, Any]) -> str:
     if p.get("error"):
         return f"{p.get('status', '?')}: {p['error']}"
-    return f"{p.get('status', '?')} {short(p.get('output', ''))}"
+    line = f"{p.get('status', '?')} {short(p.get('output', ''))}"
+    refused = p.get("refused_calls") or []
+    if refused:
+        rules = ", ".join(sorted({f"{r.get('rule')} on {r.get('tool')}" for r in refused}))
+        line += f" ({len(refused)} call(s) refused by constraints: {rules})"
+    return line
 
 
 def _approval_requested(p: dict[str, Any]) -> str:

@@ -253,7 +253,8 @@ class RunLoop:
 
     async def _complete(self, action: FinishCompleted) -> str:
         output = action.output
-        finish = steps.finish_completed(self._held.next_seq(), output)
+        refused = steps.refused_calls(self._held.entries)
+        finish = steps.finish_completed(self._held.next_seq(), output, refused)
         await self.commit([finish], complete=executor_pb2.Complete(output=output))
         log.info("run %s completed", self.run_id)
         return "completed"

@@ -221,6 +221,13 @@ async def test_values_from_a_tool_result_are_refused_or_held_and_the_task_still_
     assert_log_well_formed(steps)
     assert results(steps)["chat_post"].payload["status"] == "ok"
     assert outbound(url) == before, "no attacker value ever reached a provider"
+    # Completed, but not silently: the finish step lists the refused calls.
+    finish = steps[-1].payload
+    assert [(r["tool"], r["rule"]) for r in finish["refused_calls"]] == [
+        ("send_email", "untrusted_value"),
+        ("fetch_page", "untrusted_value"),
+        ("chat_dm", "untrusted_value"),
+    ]
 
 
 async def test_the_console_approval_page_warns_and_names_each_values_origin(
@@ -270,6 +277,7 @@ async def test_the_same_values_given_in_the_input_pass(stack, sandbox_providers)
         assert results(steps)[tool].payload["status"] == "ok", tool
     after = outbound(url)
     assert all(after[path] == before[path] + 1 for path in OUTBOUND), (before, after)
+    assert "refused_calls" not in steps[-1].payload
 
 
 async def test_a_run_whose_only_call_was_refused_fails_saying_so_and_is_counted(stack):
