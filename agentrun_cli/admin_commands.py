@@ -3,6 +3,7 @@
     agentrun workspaces create acme --plan team          # a platform admin key
     agentrun workspaces set-plan acme enterprise --max-concurrency 200
     agentrun workspaces set-retention 30               # finished runs kept 30 days (0: forever)
+    agentrun workspaces set-approval-watch 20 1h 30s   # 20 approvals in 1h, each in 30s: flagged
     agentrun apikeys create --role operator --name ci-bot --expires-in 90d   # shown once
     agentrun apikeys create --executor --name gpu-pool --scope acme,globex   # platform key
     agentrun apikeys list
@@ -90,6 +91,23 @@ def workspaces_set_plan(args: argparse.Namespace) -> int:
 def workspaces_set_retention(args: argparse.Namespace) -> int:
     req = pb.SetWorkspaceRetentionRequest(workspace_id=args.id, retention_days=args.days)
     ws = _call(args, "SetWorkspaceRetention", req).workspace
+    _emit(args, ws, render_admin.workspace_lines(ws))
+    return 0
+
+
+def workspaces_set_approval_watch(args: argparse.Namespace) -> int:
+    req = pb.SetApprovalWatchRequest(workspace_id=args.id)
+    if not args.off:
+        if args.approvals is None or args.window is None or args.max_decide is None:
+            raise SystemExit("give APPROVALS WINDOW MAX_DECIDE (e.g. 20 1h 30s), or --off")
+        req.watch.CopyFrom(
+            pb.ApprovalWatch(
+                approvals=args.approvals,
+                window_seconds=int(args.window.total_seconds()),
+                max_decide_seconds=int(args.max_decide.total_seconds()),
+            )
+        )
+    ws = _call(args, "SetApprovalWatch", req).workspace
     _emit(args, ws, render_admin.workspace_lines(ws))
     return 0
 
@@ -274,6 +292,17 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("days", metavar="DAYS", type=argtypes.int32)
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_retention)
+    p = actions.add_parser(
+        "set-approval-watch",
+        help="flag an approver to the admins for approving too fast",
+        parents=[common],
+    )
+    p.add_argument("approvals", metavar="APPROVALS", type=argtypes.int32, nargs="?")
+    p.add_argument("window", metavar="WINDOW", type=duration, nargs="?")
+    p.add_argument("max_decide", metavar="MAX_DECIDE", type=duration, nargs="?")
+    p.add_argument("--off", action="store_true", help="no watch")
+    p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
+    p.set_defaults(handler=workspaces_set_approval_watch)
 
 
 def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -12,6 +12,8 @@
     max_concurrency: 5
     constraints:
       - {tool: send_email, rule: recipient_known_or_approval, known_recipients: ["@example.com"]}
+      - {tool: send_email, rule: untrusted_value, action: hold}   # docs/tools.md
+    on_refusal: fail              # retry (default), fail or ask
     connections: {mail: 8f7c…}    # provider -> connection id
     acknowledge_trifecta: false
 
@@ -45,7 +47,13 @@ from agentrun_cli.spec_files import Aliases, SpecFileError, unknown_keys
 # Keys of the file that are not in AgentSpec.
 FILE_KEYS = {"agent", "name", "acknowledge_trifecta"}
 _DURATIONS = {"deadline", "max_age"}
-_ENUM_PREFIX = {"rule": "CONSTRAINT_RULE_", "on_expiry": "EXPIRY_ACTION_"}
+_ENUM_PREFIX = {
+    "rule": "CONSTRAINT_RULE_",
+    "on_expiry": "EXPIRY_ACTION_",
+    "value_kind": "VALUE_KIND_",
+    "action": "CONSTRAINT_ACTION_",
+    "on_refusal": "ON_REFUSAL_",
+}
 # The approval policy's `expiry` is its expiry_seconds, given as a duration.
 _POLICY = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["approval"].message_type
 _ALIASES: Aliases = {_POLICY: {"expiry": "expiry_seconds"}}
@@ -143,13 +151,22 @@ def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
         out["approval"] = _enum(approval, "on_expiry")
     constraints = out.get("constraints")
     if isinstance(constraints, list):
-        out["constraints"] = [_enum(c, "rule") if isinstance(c, dict) else c for c in constraints]
+        out["constraints"] = [_rule(c) if isinstance(c, dict) else c for c in constraints]
+    if "on_refusal" in out:
+        out = _enum(out, "on_refusal")
     return out
 
 
 def _proto_duration(seconds: float) -> str:
     """protobuf's JSON form of a Duration: `600s`, `0.5s`."""
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
+
+
+def _rule(item: dict[str, Any]) -> dict[str, Any]:
+    for key in ("rule", "value_kind", "action"):
+        if key in item:
+            item = _enum(item, key)
+    return item
 
 
 def _enum(item: dict[str, Any], key: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def line(a: approval_pb2.Approval) -> str:
     state = approval_pb2.ApprovalState.Name(a.state).removeprefix("APPROVAL_STATE_").lower()
     who = f" by {a.decided_by}" if a.decided_by else f" (approvers: {', '.join(a.approvers)})"
     risk = " HIGH-RISK" if a.high_risk else ""
+    risk += " UNTRUSTED-VALUES" if a.argument_origins else ""
     return f"{a.approval_id}  {state:<8} {a.tool}{risk} run {a.run_id}{who}"
 
 
@@ -47,6 +48,9 @@ def details(a: approval_pb2.Approval) -> list[str]:
         out.append(f"  edited to  {a.edited_arguments_json}")
     if a.reason:
         out.append(f"  reason     {a.reason}")
+    if a.argument_origins:
+        out.append("  WARNING    these values came from untrusted content, not from a person:")
+        out.extend(f"  origin     {o.argument} {o.value}: {o.summary}" for o in a.argument_origins)
     return out
 
 
@@ -57,7 +61,14 @@ def _state(a: approval_pb2.Approval) -> str:
 COLUMNS = [
     Column("approval id", lambda a: a.approval_id),
     Column("state", _state),
-    Column("tool", lambda a: a.tool + (" (high risk)" if a.high_risk else "")),
+    Column(
+        "tool",
+        lambda a: (
+            a.tool
+            + (" (high risk)" if a.high_risk else "")
+            + (" (untrusted values)" if a.argument_origins else "")
+        ),
+    ),
     Column("arguments", lambda a: render.short(json.loads(a.arguments_json or "null"), 50)),
     Column("run id", lambda a: a.run_id),
     Column("created", lambda a: render.timestamp(a.create_time)),

@@ -168,7 +168,12 @@ def _park(p: dict[str, Any]) -> str:
 def _finish(p: dict[str, Any]) -> str:
     if p.get("error"):
         return f"{p.get('status', '?')}: {p['error']}"
-    return f"{p.get('status', '?')} {short(p.get('output', ''))}"
+    line = f"{p.get('status', '?')} {short(p.get('output', ''))}"
+    refused = p.get("refused_calls") or []
+    if refused:
+        rules = ", ".join(sorted({f"{r.get('rule')} on {r.get('tool')}" for r in refused}))
+        line += f" ({len(refused)} call(s) refused by constraints: {rules})"
+    return line
 
 
 def _approval_requested(p: dict[str, Any]) -> str:
@@ -360,12 +365,29 @@ def _policy_lines(spec: agent_pb2.AgentSpec) -> list[str]:
         )
     if spec.max_concurrency:
         lines.append(f"cap       {spec.max_concurrency} runs at once")
-    for c in spec.constraints:
-        rule = agent_pb2.ConstraintRule.Name(c.rule).removeprefix("CONSTRAINT_RULE_").lower()
-        lines.append(f"constraint {c.tool}: {rule}")
+    lines.extend(_constraint_line(c) for c in spec.constraints)
+    if spec.on_refusal:
+        name = agent_pb2.OnRefusal.Name(spec.on_refusal).removeprefix("ON_REFUSAL_").lower()
+        lines.append(f"on refusal {name}")
     for provider, connection in sorted(spec.connections.items()):
         lines.append(f"connection {provider} -> {connection}")
     return lines
+
+
+def _constraint_line(c: agent_pb2.ToolConstraint) -> str:
+    """`constraint send_email: value_allowed email [@acme.test] (hold)`, say."""
+    rule = agent_pb2.ConstraintRule.Name(c.rule).removeprefix("CONSTRAINT_RULE_").lower()
+    line = f"constraint {c.tool}: {rule}"
+    if c.value_kind:
+        line += " " + agent_pb2.ValueKind.Name(c.value_kind).removeprefix("VALUE_KIND_").lower()
+    if c.allowed:
+        line += " " + short(list(c.allowed), 60)
+    if c.or_seen_before:
+        line += " or seen before"
+    if c.action:
+        action = agent_pb2.ConstraintAction.Name(c.action).removeprefix("CONSTRAINT_ACTION_")
+        line += f" ({action.lower()})"
+    return line
 
 
 def publish_warning(warning: agent_pb2.PublishWarning) -> str:

@@ -16,6 +16,14 @@ def workspace_lines(ws: pb.Workspace) -> list[str]:
         f"cap        {ws.max_concurrency} concurrent runs",
         f"running    {ws.running}",
         f"retention  {f'{ws.retention_days} days' if ws.retention_days else 'forever'}",
+        *(
+            [
+                f"watch      {w.approvals} approvals in {w.window_seconds}s, each within "
+                f"{w.max_decide_seconds}s: approver flagged"
+            ]
+            if (w := ws.approval_watch).approvals
+            else []
+        ),
     ]
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
+from agentrun.v1 import agent_pb2, approval_pb2, executor_pb2, run_pb2
 from executor.models.base import ToolCall
 from executor.tools.catalogue import Tool
 
@@ -51,12 +51,14 @@ def hold(
     tool: Tool,
     spec: agent_pb2.AgentSpec,
     reason: str | None = None,
+    origins: list[dict[str, Any]] | None = None,
 ) -> Hold:
-    """`reason`: why a rule (not the tool or the policy) asks for approval, for the step."""
+    """`reason`: why a rule (not the tool or the policy) asks for approval, for the step;
+    `origins`: where untrusted argument values first appeared (provenance.Origin.as_dict)."""
     arguments = dict(call.arguments or {})
     digest = arguments_sha256(arguments)
     approval_id = str(uuid.uuid4())
-    payload = {
+    payload: dict[str, Any] = {
         "approval_id": approval_id,
         "call_id": call.id,
         "tool": call.name,
@@ -65,6 +67,8 @@ def hold(
     }
     if reason:
         payload["reason"] = reason
+    if origins:
+        payload["origins"] = origins
     step = executor_pb2.NewStep(
         seq=seq,
         kind=run_pb2.STEP_KIND_APPROVAL_REQUESTED,
@@ -80,6 +84,7 @@ def hold(
         arguments_sha256=digest,
         moves_money=tool.moves_money,
         high_risk=tool.name in spec.approval.high_risk_tools,
+        argument_origins=[approval_pb2.ArgumentOrigin(**o) for o in origins or []],
     )
     return Hold(step, request, executor_pb2.Park(wait_reason="approval"))
 

@@ -12,6 +12,15 @@ attachments). A pure function of (rules, call, trigger mail):
 * `recipient_known_or_approval`: a recipient neither on the thread nor known
   (`known_recipients`: addresses or `@domain`) needs a human's approval.
 * `amount_at_most`: the amount is a number no larger than `max_amount`.
+* `value_allowed`: the argument, read as its `value_kind` (an IBAN, mail
+  addresses, a URL's host, a chat user or channel, an id), is in `allowed`
+  (for addresses also: on the triggering thread; for ids: the triggering
+  mail's attachments). A missing or malformed value fails closed. `action`
+  HOLD asks a person instead of refusing.
+* `untrusted_value`: a value of the arguments that appeared only in untrusted
+  content (executor/provenance.py) holds the call for approval (default),
+  refuses it, or is let through, as `action` says; the approval carries each
+  value's origin step.
 
 A refusal is an error result the model reads, naming the rule; nothing is sent.
 These hold only together with least privilege: the attacker who sent the mail
@@ -27,6 +36,7 @@ from email.utils import getaddresses
 from typing import Any
 
 from agentrun.v1 import agent_pb2, run_pb2
+from executor import provenance
 
 RECIPIENT_FIELDS = ("to", "cc", "bcc")
 
@@ -48,6 +58,8 @@ class Verdict:
     refusal: str | None = None
     rule: str | None = None
     approval: str | None = None
+    # Values that appeared only in untrusted content (untrusted_value rules).
+    origins: tuple[provenance.Origin, ...] = ()
 
     @property
     def refused(self) -> bool:
@@ -157,6 +169,115 @@ def _amount(c: agent_pb2.ToolConstraint, args: Mapping[str, Any], mail: TriggerM
     return ""
 
 
+KINDS = {
+    agent_pb2.VALUE_KIND_IBAN: "iban",
+    agent_pb2.VALUE_KIND_EMAIL: "email",
+    agent_pb2.VALUE_KIND_URL: "url",
+    agent_pb2.VALUE_KIND_CHAT: "chat",
+    agent_pb2.VALUE_KIND_ID: "id",
+}
+DEFAULT_ARGUMENT = {"iban": "iban", "email": "to", "url": "url", "chat": "channel", "id": "id"}
+
+
+def _items(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [] if value is None else [value]
+
+
+def _short(value: Any) -> str:
+    return repr(str(value)[:100])
+
+
+def _domain_ok(host: str, allowed: Sequence[str]) -> bool:
+    return any(host == d or host.endswith("." + d) for d in allowed)
+
+
+def _email_allowed(name: str, raw: Any, allowed: Sequence[str], mail: TriggerMail | None) -> str:
+    found = addresses(raw)
+    if not found:
+        return f"{name} is missing: no address to check against the allowlist"
+    for who in found:
+        on_thread = mail is not None and who in mail.participants
+        if not on_thread and who not in allowed and "@" + who.rpartition("@")[2] not in allowed:
+            return f"{name} {who} is not an allowed recipient"
+    return ""
+
+
+def _iban_item(name: str, item: Any, allowed: Sequence[str], mail: TriggerMail | None) -> str:
+    account = provenance.iban(item) if isinstance(item, str) else None
+    if account is None:
+        return f"{name} {_short(item)} is not a valid IBAN"
+    return "" if account in allowed else f"{name} {account} is not an allowed payee"
+
+
+def _url_item(name: str, item: Any, allowed: Sequence[str], mail: TriggerMail | None) -> str:
+    host = provenance.host(item) if isinstance(item, str) else None
+    if host is None:
+        return f"{name} {_short(item)} is not an http(s) URL"
+    if not _domain_ok(host, allowed):
+        return f"{name} {_short(item)} is not on an allowed domain ({host})"
+    return ""
+
+
+def _chat_item(name: str, item: Any, allowed: Sequence[str], mail: TriggerMail | None) -> str:
+    if str(item).strip().lower() in allowed:
+        return ""
+    return f"{name} {_short(item)} is not an allowed chat user or channel"
+
+
+def _id_item(name: str, item: Any, allowed: Sequence[str], mail: TriggerMail | None) -> str:
+    if (mail is not None and str(item) in mail.attachments) or str(item) in allowed:
+        return ""
+    return f"{name} {_short(item)} is not an allowed id"
+
+
+ItemCheck = Callable[[str, Any, Sequence[str], "TriggerMail | None"], str]
+_ITEM_CHECKS: dict[str, ItemCheck] = {
+    "iban": _iban_item,
+    "url": _url_item,
+    "chat": _chat_item,
+    "id": _id_item,
+}
+
+
+def normalise(kind: str, raw: str) -> str:
+    """A value as allowlists hold it: an IBAN without spaces, upper case; a URL as its
+    host; an id as it is; the rest lower case."""
+    if kind == "iban":
+        return provenance.iban(raw) or raw.replace(" ", "").upper()
+    if kind == "url":
+        return provenance.host(raw) or raw.strip().lower()
+    if kind == "id":
+        return raw
+    return raw.strip().lower()
+
+
+def _allowed(
+    c: agent_pb2.ToolConstraint,
+    args: Mapping[str, Any],
+    mail: TriggerMail | None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None = None,
+) -> str:
+    """Why the argument is not on the rule's allowlist ("" when it is); fails closed."""
+    kind = KINDS.get(c.value_kind, "")
+    name = c.argument or DEFAULT_ARGUMENT.get(kind, "")
+    raw, allowed = args.get(name), list(c.allowed)
+    if c.or_seen_before and seen:
+        before = seen.get((c.tool, name), ())
+        if kind == "email":
+            allowed += [a for v in before for a in addresses(v)]
+        else:
+            allowed += [normalise(kind, str(v)) for v in before]
+    if kind == "email":
+        return _email_allowed(name, raw, allowed, mail)
+    item_check = _ITEM_CHECKS.get(kind)
+    if item_check is None:
+        return f"the rule has no value kind to read {name} as"
+    items = _items(raw)
+    if not items or any(i is None or str(i).strip() == "" for i in items):
+        return f"{name} is missing: nothing to check against the allowlist"
+    return next((why for item in items if (why := item_check(name, item, allowed, mail))), "")
+
+
 Check = Callable[[agent_pb2.ToolConstraint, Mapping[str, Any], TriggerMail | None], str]
 _REFUSING: dict[str, Check] = {
     "reply_to_trigger_thread": _thread,
@@ -166,21 +287,82 @@ _REFUSING: dict[str, Check] = {
 _APPROVING: dict[str, Check] = {"recipient_known_or_approval": _recipient}
 
 
+def _refused(name: str, tool: str, why: str) -> Verdict:
+    return Verdict(
+        refusal=f"refused by constraint {name} on {tool}: {why}; nothing was sent", rule=name
+    )
+
+
+def _untrusted(
+    c: agent_pb2.ToolConstraint,
+    tool: str,
+    arguments: Mapping[str, Any],
+    ledger: provenance.Ledger | None,
+) -> Verdict | None:
+    """An untrusted_value rule's verdict, or None: nothing marked (or ALLOW)."""
+    if ledger is None:
+        return None
+    marked = tuple(ledger.marked(arguments, c.argument))
+    if not marked or c.action == agent_pb2.CONSTRAINT_ACTION_ALLOW:
+        return None
+    first = marked[0]
+    why = (
+        f"{first.value.argument} {first.value.value} {first.summary}, not in the "
+        "instructions, the input or a person's message"
+    )
+    if c.action == agent_pb2.CONSTRAINT_ACTION_REFUSE:
+        refused = _refused("untrusted_value", tool, why)
+        return Verdict(refusal=refused.refusal, rule=refused.rule, origins=marked)
+    return Verdict(approval=f"untrusted_value: {why}", rule="untrusted_value", origins=marked)
+
+
+def _valued(
+    c: agent_pb2.ToolConstraint,
+    name: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+    mail: TriggerMail | None,
+    ledger: provenance.Ledger | None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None,
+) -> Verdict | None:
+    """The verdict of a value_allowed or untrusted_value rule; None when it has nothing."""
+    if name == "untrusted_value":
+        return _untrusted(c, tool, arguments, ledger)
+    why = _allowed(c, arguments, mail, seen)
+    if not why:
+        return None
+    if c.action == agent_pb2.CONSTRAINT_ACTION_HOLD:
+        return Verdict(approval=f"{name}: {why}", rule=name)
+    return _refused(name, tool, why)
+
+
 def check(
     rules: Iterable[agent_pb2.ToolConstraint],
     tool: str,
     arguments: Mapping[str, Any],
     mail: TriggerMail | None,
+    ledger: provenance.Ledger | None = None,
+    seen: Mapping[tuple[str, str], Sequence[str]] | None = None,
 ) -> Verdict:
-    """The first refusal of the tool's rules; else the first reason to hold for approval."""
+    """The first refusal of the tool's rules; else the first reason to hold for approval.
+
+    `ledger`: the run's trusted and untrusted text, for untrusted_value rules (without
+    one they find nothing marked); `seen`: values the workspace's earlier ok calls sent,
+    by (tool, argument), for value_allowed rules with or_seen_before."""
     approval = None
     for c in rules:
         if c.tool != tool:
             continue
         name = rule_name(c.rule)
+        if name in ("value_allowed", "untrusted_value"):
+            verdict = _valued(c, name, tool, arguments, mail, ledger, seen)
+            if verdict is not None and verdict.refused:
+                return verdict
+            if verdict is not None and (approval is None or not approval.origins):
+                approval = verdict
+            continue
         if name in _REFUSING and (why := _REFUSING[name](c, arguments, mail)):
-            text = f"refused by constraint {name} on {tool}: {why}; nothing was sent"
-            return Verdict(refusal=text, rule=name)
+            return _refused(name, tool, why)
         if (
             name in _APPROVING
             and approval is None

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agentrun.v1 import agent_pb2, executor_pb2, run_pb2
@@ -128,6 +128,9 @@ class HeldRun:
     # Set by a drain: the run is handed back at its next turn boundary (at its next step
     # boundary when forced).
     handoff: asyncio.Event
+    # Values the workspace's earlier ok calls sent, by (tool, argument), for VALUE_ALLOWED
+    # rules with or_seen_before (Assignment.seen_values).
+    seen: Mapping[tuple[str, str], Sequence[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

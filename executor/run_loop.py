@@ -103,6 +103,7 @@ class RunLoop:
             chain_depth=chain.run_depth(assignment.steps),
             held_from=deps.wall_clock(),
             handoff=self._handoff,
+            seen={(v.tool, v.argument): tuple(v.values) for v in assignment.seen_values},
         )
         self._tools = ToolTurn(self._held)
         self._model = ModelTurn(self._held, self._tools)
@@ -252,7 +253,8 @@ class RunLoop:
 
     async def _complete(self, action: FinishCompleted) -> str:
         output = action.output
-        finish = steps.finish_completed(self._held.next_seq(), output)
+        refused = steps.refused_calls(self._held.entries)
+        finish = steps.finish_completed(self._held.next_seq(), output, refused)
         await self.commit([finish], complete=executor_pb2.Complete(output=output))
         log.info("run %s completed", self.run_id)
         return "completed"

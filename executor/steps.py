@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from google.protobuf import duration_pb2
 
-from agentrun.v1 import executor_pb2
+from agentrun.v1 import executor_pb2, run_pb2
 from executor import context, storable
 from executor.models.base import (
     COMPLETE,
@@ -252,8 +252,24 @@ def park_transition(wait_reason: str, wake_after: float | None) -> executor_pb2.
     return executor_pb2.Park(wait_reason=wait_reason, wake_after=delay)
 
 
-def finish_completed(seq: int, output: str) -> executor_pb2.NewStep:
-    return new_step(seq, FINISH, {"status": "completed", "output": output})
+def finish_completed(
+    seq: int, output: str, refused: list[dict[str, Any]] | None = None
+) -> executor_pb2.NewStep:
+    """`refused`: the calls constraints refused on the way (issue 48): a run that
+    completed regardless says so in its finish step, never silently."""
+    payload: dict[str, Any] = {"status": "completed", "output": output}
+    if refused:
+        payload["refused_calls"] = refused
+    return new_step(seq, FINISH, payload)
+
+
+def refused_calls(entries: Iterable[Any]) -> list[dict[str, Any]]:
+    """The calls an argument constraint refused in the run's log: seq, tool and rule."""
+    return [
+        {"seq": e.seq, "tool": e.payload.get("tool"), "rule": e.payload["refused_by"]}
+        for e in entries
+        if e.kind == run_pb2.STEP_KIND_TOOL_RESULT and e.payload.get("refused_by")
+    ]
 
 
 def finish_failed(seq: int, error: str) -> executor_pb2.NewStep:

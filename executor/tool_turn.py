@@ -9,13 +9,14 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 import faults
-from agentrun.v1 import executor_pb2
+from agentrun.v1 import agent_pb2, executor_pb2
 from executor import (
     approval,
     constraints,
     horizon,
     internal_tools,
     payloads,
+    provenance,
     steps,
     untrusted,
 )
@@ -37,6 +38,11 @@ from executor.tools.delivery import Outcome, after_parks, pending_backoff
 from executor.tools.rejection import ToolCallRejected
 
 
+class RunFailed(Exception):
+    """A constraint refused a call and the agent's on_refusal is FAIL: the run was failed
+    (the refusal and the failure committed together); nothing more is done in this hold."""
+
+
 class ToolTurn:
     """Acts on the tool calls of the held run's last decision; one per hold."""
 
@@ -44,6 +50,12 @@ class ToolTurn:
         self.held = held
 
     async def start(self, action: StartTool) -> str | None:
+        try:
+            return await self._start(action)
+        except RunFailed:
+            return "failed"
+
+    async def _start(self, action: StartTool) -> str | None:
         call = action.call
         vetted = await self._vet(action)
         if vetted is None:
@@ -54,7 +66,7 @@ class ToolTurn:
         if action.approval is None and (
             verdict.approval is not None or approval.needs_approval(tool, self.held.spec)
         ):
-            return await self._hold(action, tool, verdict.approval)
+            return await self._hold(action, tool, verdict)
         started = steps.tool_started(
             seq,
             action.decision_seq,
@@ -76,12 +88,15 @@ class ToolTurn:
         error result committed; nothing is sent, the model reads why on its next turn)."""
         checked = self.check(action, self.held.next_seq())
         if isinstance(checked, executor_pb2.NewStep):
-            log.info(
-                "run %s: tool call %s refused: %s",
-                self.held.run_id,
-                action.call.id,
-                steps.as_entry(checked).payload.get("error"),
-            )
+            payload = steps.as_entry(checked).payload
+            error = str(payload.get("error"))
+            log.info("run %s: tool call %s refused: %s", self.held.run_id, action.call.id, error)
+            if payload.get("refused_by") and self.held.spec.on_refusal == agent_pb2.ON_REFUSAL_FAIL:
+                # The agent says a refusal ends the run: the refusal and the failure land
+                # together, so a resumed run never asks the model again.
+                finish = steps.finish_failed(checked.seq + 1, error)
+                await self.held.loop.commit([checked, finish], fail=executor_pb2.Fail(error=error))
+                raise RunFailed(error)
             await self.held.loop.commit([checked])
             return None
         return checked
@@ -102,12 +117,24 @@ class ToolTurn:
             return steps.tool_result(
                 seq, action.decision_seq, call.id, call.name, "error", error=str(exc)
             )
+        rules = [c for c in held.spec.constraints if c.tool == tool.name]
+        ledger = None
+        if any(c.rule == agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE for c in rules):
+            ledger = provenance.Ledger(held.spec.instructions, held.entries)
         verdict = constraints.check(
-            held.spec.constraints,
+            rules,
             tool.name,
             call.arguments or {},
             constraints.trigger_mail(held.entries),
+            ledger,
+            held.seen,
         )
+        if verdict.refusal is not None and held.spec.on_refusal == agent_pb2.ON_REFUSAL_ASK:
+            if action.approval is not None:  # a person was asked, and said yes
+                return tool, constraints.Verdict()
+            return tool, constraints.Verdict(
+                approval=verdict.refusal, rule=verdict.rule, origins=verdict.origins
+            )
         if verdict.refusal is not None:
             return steps.tool_result(
                 seq,
@@ -149,11 +176,17 @@ class ToolTurn:
 
     # -- holds: a person decides first -----------------------------------------
 
-    async def _hold(self, action: StartTool, tool: Tool, reason: str | None = None) -> str:
+    async def _hold(self, action: StartTool, tool: Tool, verdict: constraints.Verdict) -> str:
         """Hold the call for a human: step, approval and park in one commit; then let go."""
         held = self.held
         hold = approval.hold(
-            held.next_seq(), action.decision_seq, action.call, tool, held.spec, reason
+            held.next_seq(),
+            action.decision_seq,
+            action.call,
+            tool,
+            held.spec,
+            verdict.approval,
+            [o.as_dict() for o in verdict.origins],
         )
         await held.loop.commit([hold.step], park=hold.park, approval_request=hold.request)
         log.info(

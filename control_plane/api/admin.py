@@ -16,6 +16,7 @@ import grpc
 
 from agentrun.v1 import admin_pb2 as pb
 from agentrun.v1 import admin_pb2_grpc
+from control_plane.approvals import watch
 from control_plane.auth import audit, credentials
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import ROLES, Kind
@@ -49,6 +50,7 @@ def workspace_message(row: Any) -> pb.Workspace:
         max_concurrency=row["max_concurrency"],
         running=row["running"],
         retention_days=row.get("retention_days", 0),
+        approval_watch=watch.from_json(row.get("approval_watch")),
     )
 
 
@@ -227,6 +229,23 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                 workspace_id=ws,
             )
         return pb.SetWorkspaceRetentionResponse(workspace=workspace_message(row))
+
+    async def SetApprovalWatch(
+        self, request: pb.SetApprovalWatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetApprovalWatchResponse:
+        ws = target_workspace(request.workspace_id)
+        if ws is None:
+            raise InvalidArgument("workspace_id", "is required")
+        stored = watch.to_json(request.watch if request.HasField("watch") else None)
+        async with transaction(self._pool) as conn:
+            row = await workspaces.set_approval_watch(conn, ws, stored)
+            if row is None:
+                raise NotFound(f"workspace {ws!r} not found")
+            detail = {"approval_watch": json.loads(stored) if stored else None}
+            await audit.record(
+                conn, "workspace.approval_watch_changed", "workspace", ws, detail, workspace_id=ws
+            )
+        return pb.SetApprovalWatchResponse(workspace=workspace_message(row))
 
     async def CreateApiKey(
         self, request: pb.CreateApiKeyRequest, context: grpc.aio.ServicerContext

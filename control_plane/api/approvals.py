@@ -6,7 +6,7 @@ import grpc
 
 from agentrun.v1 import approval_pb2, approval_pb2_grpc
 from control_plane.api.runs import decode_page_token, encode_page_token
-from control_plane.approvals import decisions
+from control_plane.approvals import decisions, policy
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.ground import convert, validate
@@ -50,6 +50,7 @@ def to_proto(row: store.Approval) -> approval_pb2.Approval:
         decided_by=row.decided_by or "",
         reason=row.reason or "",
         edited_arguments_json=row.edited_arguments or "",
+        argument_origins=[approval_pb2.ArgumentOrigin(**o) for o in policy.origins_of(row)],
     )
     for field, value in (
         ("expire_time", row.expire_at),

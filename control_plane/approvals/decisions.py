@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faults
+from control_plane.approvals import watch
 from control_plane.approvals.hashing import arguments_sha256, canonical_json
 from control_plane.approvals.policy import FALLBACK_APPROVER
 from control_plane.auth import audit
@@ -200,6 +201,8 @@ async def decide(pool: Pool, req: Request) -> store.Approval:
         try:
             decided = await store.decide(conn, req.workspace_id, req.approval_id, d, payload)
             await _audit(conn, req, row, decision)
+            if decision == "approved":
+                await watch.after_approval(conn, req.workspace_id, who, req.approval_id)
             faults.point("control_plane.approval.before_commit")
             return decided
         except store.DecisionLost as lost:

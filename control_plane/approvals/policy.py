@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
-from agentrun.v1 import executor_pb2
+from agentrun.v1 import approval_pb2, executor_pb2
 from control_plane.approvals.hashing import arguments_sha256
 from control_plane.dispatch.pipeline import CommitRefused
 from control_plane.ground import validate
@@ -19,6 +21,7 @@ DEFAULT_MAX_REMINDERS = 2
 # member with the admin role matches this entry; see decisions.on_list).
 FALLBACK_APPROVER = "admin"
 EXPIRY_ACTIONS = {0: "reject", 1: "reject", 2: "escalate", 3: "remind"}
+MAX_ORIGINS = 32
 
 
 class BadApprovalRequest(CommitRefused):
@@ -55,7 +58,32 @@ def resolve(
         on_expiry=on_expiry,
         escalate_to=escalate_to,
         max_reminders=pol.get("max_reminders") or DEFAULT_MAX_REMINDERS,
+        argument_origins_json=origins_json(req.argument_origins),
     )
+
+
+def origins_json(origins: Iterable[approval_pb2.ArgumentOrigin]) -> str:
+    """The executor's argument origins as stored with the approval (bounded, like any
+    executor-supplied text)."""
+    out = [
+        {
+            "argument": o.argument[:200],
+            "value": o.value[:500],
+            "seq": o.seq,
+            "step_kind": o.step_kind[:40],
+            "tool": o.tool[:100],
+            "untrusted": o.untrusted,
+            "summary": o.summary[:300],
+        }
+        for o in list(origins)[:MAX_ORIGINS]
+    ]
+    return json.dumps(out)
+
+
+def origins_of(row: NewApproval | Approval) -> list[dict[str, Any]]:
+    text = row.argument_origins_json if isinstance(row, NewApproval) else row.argument_origins
+    data = json.loads(text or "[]")
+    return data if isinstance(data, list) else []
 
 
 def _parse(text: str) -> Any:
@@ -82,6 +110,9 @@ def notifications(
         "high_risk": row.high_risk,
         "moves_money": row.moves_money,
     }
+    origins = origins_of(row)
+    if origins:  # the approver is warned: values an outsider put there, and where from
+        summary["origins"] = origins
     ws = row.workspace_id
     notes = [
         Notification(ws, kind, "mail", approver, summary)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 import faults
-from control_plane.approvals import needs_help, tokens
+from control_plane.approvals import needs_help, policy, tokens, watch
 from control_plane.connections import parks as connection_parks
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
@@ -54,15 +54,24 @@ async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: approval_store
 
 def _text(approval: approval_store.Approval, kind: str) -> str:
     verb = {"approval_reminder": "Reminder: ", "approval_escalation": "Escalated: "}.get(kind, "")
-    return (
+    text = (
         f"{verb}agent run {approval.run_id} wants to call {approval.tool} with "
         f"{json.dumps(json.loads(approval.arguments), sort_keys=True)}"
     )
+    origins = policy.origins_of(approval)
+    if not origins:
+        return text
+    # The warning comes first: a value an outsider supplied is what an approver must see.
+    lines = [f"- {o.get('argument')} {o.get('value')}: {o.get('summary')}" for o in origins]
+    warning = "WARNING: UNTRUSTED VALUES. These arguments came from outside content, not from you:"
+    return "\n".join([warning, *lines, "", text])
 
 
 async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["kind"] == needs_help.KIND:
         return needs_help.mail_request(row)
+    if row["kind"] == watch.KIND:
+        return watch.mail_request(row)
     if row["kind"] == connection_parks.KIND:
         return connection_parks.mail_request(row, cfg.public_url)
     payload = json.loads(row["payload"])

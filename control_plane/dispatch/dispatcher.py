@@ -16,7 +16,7 @@ from control_plane.credits.claims import reserve_claimed
 from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.liveness import release_on_break
 from control_plane.dispatch.slots import ClaimGroup, Stream
-from control_plane.ground import convert
+from control_plane.ground import constraints, convert
 from control_plane.ground.config import ServerConfig
 from control_plane.ops import metrics
 from control_plane.store import agents as agent_store
@@ -36,6 +36,8 @@ Pinned = tuple[agent_pb2.AgentVersion, list[tool_pb2.Tool]]
 # larger assignment goes alone, as to any executor): far under the executor's 64 MiB
 # receive limit, and small enough that one message never holds a stream's others long.
 ASSIGNMENT_BATCH_BYTES = 1024 * 1024
+# The most "seen before" values an assignment carries per rule (issue 48).
+SEEN_LIMIT = 1000
 # A claim that passed over a workspace with due runs because another claimer held it
 # (another replica's claim, most often: lease.Claimed.others_due) is tried again this soon,
 # then at twice the pause while it keeps taking nothing, up to the longest pause (or the
@@ -337,6 +339,11 @@ class Dispatcher:
             faults.raises("control_plane.dispatch.assignment")
             version, tools = await self._version(run.workspace_id, run.agent_id, run.agent_version)
             set_assignment(msg, run, version, steps, self.config.fast_path_heartbeat_seconds, tools)
+            for tool, argument in constraints.seen_before_lookups(version.spec):
+                values = await step_store.seen_values(
+                    self.pool, run.workspace_id, tool, argument, SEEN_LIMIT
+                )
+                msg.seen_values.add(tool=tool, argument=argument, values=values)
             return True
         except Exception as exc:  # noqa: BLE001 - this run's own failure, settled below
             failure = exc

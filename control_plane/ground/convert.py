@@ -267,6 +267,11 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         **model_parameters.to_json(spec),
         # Only when set: other specs keep their stored form.
         **({"fast_path": True} if spec.fast_path else {}),
+        **(
+            {"on_refusal": constraints.ON_REFUSAL[spec.on_refusal]}
+            if spec.on_refusal in constraints.ON_REFUSAL
+            else {}
+        ),
     }
 
 
@@ -324,6 +329,9 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         connections=data.get("connections") or {},
         **model_parameters.from_json(data),
         fast_path=bool(data.get("fast_path", False)),
+        on_refusal=constraints.ON_REFUSAL_VALUES.get(  # type: ignore[arg-type]
+            data.get("on_refusal", ""), 0
+        ),
     )
 
 

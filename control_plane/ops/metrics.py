@@ -82,6 +82,24 @@ PARKS = Counter(
     ["workspace", "reason"],
     registry=REGISTRY,
 )
+REFUSED_CALLS = Counter(
+    "agentrun_refused_calls",
+    "Tool calls a constraint refused before they started, by rule (issue 48)",
+    ["workspace", "rule"],
+    registry=REGISTRY,
+)
+REFUSED_RUNS = Counter(
+    "agentrun_refused_runs",
+    "Runs that ended failed because a constraint refused a call (on_refusal: fail)",
+    ["workspace"],
+    registry=REGISTRY,
+)
+APPROVERS_FLAGGED = Counter(
+    "agentrun_approvers_flagged",
+    "Approvers flagged to their admins for approving too fast (the workspace's watch)",
+    ["workspace"],
+    registry=REGISTRY,
+)
 SCHEDULE_LAG = Histogram(
     "agentrun_schedule_fire_lag_seconds",
     "How late a schedule slot fired, after its fire time (database clock)",

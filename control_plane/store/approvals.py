@@ -44,6 +44,8 @@ class Approval:
     reason: str | None
     edited_arguments: str | None  # JSON text of an edit
     created_at: datetime
+    # JSON text: where untrusted argument values first appeared ("[]" for most).
+    argument_origins: str = "[]"
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Approval:
@@ -85,6 +87,7 @@ class NewApproval:
     on_expiry: str
     escalate_to: list[str]
     max_reminders: int
+    argument_origins_json: str = "[]"
 
 
 async def run_spec(db: Any, workspace_id: str, run_id: uuid.UUID) -> dict[str, Any] | None:

@@ -312,6 +312,14 @@ async def list_steps(
     return Step.of_rows(rows)
 
 
+async def seen_values(
+    db: Any, workspace_id: str, tool: str, argument: str, limit: int
+) -> list[str]:
+    """Values `argument` took in the workspace's earlier ok calls of `tool` (issue 48)."""
+    rows = await run(db, "steps_seen_values", workspace_id, tool, argument, limit)
+    return [r["value"] for r in rows]
+
+
 async def steps_for_runs(
     pool: asyncpg.pool.Pool, keys: list[tuple[str, uuid.UUID]]
 ) -> dict[uuid.UUID, list[Step]]:

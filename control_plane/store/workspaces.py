@@ -33,6 +33,13 @@ async def get(
     return await run(pool, "workspace_get", workspace_id)
 
 
+async def set_approval_watch(
+    conn: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str, watch_json: str | None
+) -> asyncpg.Record | None:
+    """Set (None: clear) the workspace's approval watch; None if there is no workspace."""
+    return await run(conn, "workspace_set_approval_watch", workspace_id, watch_json)
+
+
 async def set_agent_cap(
     pool: asyncpg.pool.Pool, workspace_id: str, agent_id: str, max_concurrency: int | None
 ) -> asyncpg.Record | None:

@@ -25,6 +25,7 @@ from sandbox.providers.echo import EchoProvider
 from sandbox.providers.mail import MailProvider
 from sandbox.providers.payments import PaymentsProvider
 from sandbox.providers.shop import ShopProvider
+from sandbox.providers.web import WebProvider
 from sandbox.request_log import RequestLog
 
 # The registry: a new provider is a new module plus one line here.
@@ -35,6 +36,7 @@ PROVIDERS: tuple[Callable[[], Provider], ...] = (
     MailProvider,
     PaymentsProvider,
     ShopProvider,
+    WebProvider,
 )
 
 

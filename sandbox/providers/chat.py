@@ -16,6 +16,7 @@ from sandbox.json_http import JSONResponse
 from sandbox.providers.base import Endpoint, ProviderRequest, error, missing_string_field
 
 CHANNEL = re.compile(r"^#[a-z0-9_-]{1,80}$")
+USER = re.compile(r"^@[a-z0-9._-]{1,80}$")
 
 
 class ChatProvider:
@@ -27,6 +28,7 @@ class ChatProvider:
     def endpoints(self) -> list[Endpoint]:
         return [
             Endpoint("POST", "/chat/messages", self.post),
+            Endpoint("POST", "/chat/dm", self.direct),
             # A read with the channel in its path (a registry tool's templated path).
             Endpoint("GET", "/chat/channels/{channel}/messages", self.history),
         ]
@@ -36,9 +38,28 @@ class ChatProvider:
 
     def effects(self) -> list[dict[str, Any]]:
         return [
-            {"provider": self.name, "effect": "post", "key": p["idempotency_key"], **p}
+            {
+                "provider": self.name,
+                "effect": "dm" if "user" in p else "post",
+                "key": p["idempotency_key"],
+                **p,
+            }
             for p in self.posts
         ]
+
+    async def direct(self, request: ProviderRequest) -> Response:
+        """A direct message to a user (`{user: "@name", text}`), like Slack's DM."""
+        if problem := missing_string_field(request.body, ("user", "text")):
+            return error(400, problem)
+        user, text = request.body["user"], request.body["text"]
+        if not USER.match(user):
+            return error(404, "user_not_found")
+        await request.work()
+        ts = f"{time.time():.6f}"
+        self.posts.append(
+            {"ts": ts, "user": user, "text": text, "idempotency_key": request.idempotency_key}
+        )
+        return JSONResponse({"ok": True, "user": user, "ts": ts})
 
     def history(self, request: ProviderRequest) -> Response:
         """The channel's latest posts (`?limit=`, default 10), newest last."""
@@ -48,7 +69,7 @@ class ChatProvider:
         limit = request.query.get("limit", "10")
         if not limit.isdigit():
             return error(400, "limit must be a number")
-        posts = [p for p in self.posts if p["channel"] == channel][-int(limit) :]
+        posts = [p for p in self.posts if p.get("channel") == channel][-int(limit) :]
         return JSONResponse({"ok": True, "channel": channel, "messages": posts})
 
     async def post(self, request: ProviderRequest) -> Response:

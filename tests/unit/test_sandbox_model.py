@@ -231,7 +231,10 @@ def test_shipped_scenarios_parse_and_use_catalogue_tools() -> None:
     # a lead-triage agent does not have (least privilege). Registry tools (issue 18) are
     # not built-ins: the tests that call them add them to their workspace first (the shop's
     # by importing its OpenAPI document; petstore's listPets, from the Petstore document).
+    # obey_supplier's and pay_input's (tests/integration/test_provenance.py): a page fetch,
+    # a DM, a transfer.
     registry = {"channel_history", "charge_customer", "listPets"} | SHOP_TOOLS
+    registry |= {"fetch_page", "chat_dm", "pay_supplier"}
     assert used - CATALOGUE - registry == {
         "delete_everything",
         "list_invoices",

@@ -225,3 +225,22 @@ def test_a_new_provider_plugs_in_with_recording_and_faults() -> None:
 
 def test_healthz(client: TestClient) -> None:
     assert client.get("/healthz").status_code == 200
+
+
+def test_a_direct_message_a_transfer_and_a_page_fetch_are_effects(client: TestClient) -> None:
+    """The endpoints an injected agent is lured to (issue 48): each call is a side effect a
+    test can look for, and malformed ones are refused."""
+    assert client.post("/chat/dm", json={"user": "@ada", "text": "hi"}).json()["ok"] is True
+    assert client.post("/chat/dm", json={"user": "ada", "text": "hi"}).status_code == 404
+    transfer = {"iban": "GB33BUKB20201555555555", "amount": 100, "reference": "inv 7"}
+    assert client.post("/payments/transfers", json=transfer).json()["status"] == "sent"
+    assert client.post("/payments/transfers", json={"iban": "x", "amount": 0}).status_code == 400
+    page = client.get("/web/page", params={"url": "https://evil.example/a"}).json()
+    assert page["url"] == "https://evil.example/a"
+    assert client.get("/web/page", params={"url": "file:///etc/passwd"}).status_code == 400
+    effects = {
+        (e["provider"], e["effect"]) for e in client.get("/_sandbox/effects").json()["effects"]
+    }
+    assert {("chat", "dm"), ("payments", "transfer"), ("web", "fetch")} <= effects
+    # A DM is not a channel post: the channel's history does not show it.
+    assert client.get("/chat/channels/%23sales/messages").json()["messages"] == []

@@ -413,6 +413,8 @@ export interface components {
             model_profile: string;
             model_parameters?: components["schemas"]["ModelParameters"];
             fast_path: boolean;
+            /** @enum {string} */
+            on_refusal: "unspecified" | "retry" | "fail" | "ask";
         };
         AgentVersion: {
             workspace_id: string;
@@ -459,6 +461,7 @@ export interface components {
             edited_arguments: unknown;
             /** Format: date-time */
             create_time?: string;
+            argument_origins: components["schemas"]["ArgumentOrigin"][];
         };
         ApprovalPolicy: {
             tools: string[];
@@ -473,6 +476,16 @@ export interface components {
             max_reminders: number;
             high_risk_tools: string[];
             four_eyes: boolean;
+        };
+        ArgumentOrigin: {
+            argument: string;
+            value: string;
+            /** Format: int32 */
+            seq: number;
+            step_kind: string;
+            tool: string;
+            untrusted: boolean;
+            summary: string;
         };
         LegacyError: {
             error: string;
@@ -684,11 +697,17 @@ export interface components {
         ToolConstraint: {
             tool: string;
             /** @enum {string} */
-            rule: "unspecified" | "reply_to_trigger_thread" | "attachments_from_trigger_thread" | "recipient_known_or_approval" | "amount_at_most";
+            rule: "unspecified" | "reply_to_trigger_thread" | "attachments_from_trigger_thread" | "recipient_known_or_approval" | "amount_at_most" | "value_allowed" | "untrusted_value";
             argument: string;
             /** Format: int64 */
             max_amount: number;
             known_recipients: string[];
+            /** @enum {string} */
+            value_kind: "unspecified" | "iban" | "email" | "url" | "chat" | "id";
+            allowed: string[];
+            /** @enum {string} */
+            action: "unspecified" | "refuse" | "hold" | "allow";
+            or_seen_before: boolean;
         };
         Turn: {
             /** Format: int32 */

@@ -13,7 +13,7 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from control_plane.approvals import decisions
+from control_plane.approvals import decisions, policy
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Capability
 from control_plane.ground import validate
@@ -84,6 +84,7 @@ class ApprovalPages:
             status=status,
             a=row,
             arguments=timeline.pretty(original),
+            origins=policy.origins_of(row),
             decided_diff=timeline.diff(original, after) if after is not None else [],
             may_decide=may_decide(row),
             sign_in_only=decisions.needs_sign_in(row),

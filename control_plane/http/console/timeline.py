@@ -126,6 +126,14 @@ def _other(e: Entry, p: dict[str, Any]) -> None:
         e.tone = "ok" if p.get("status") == "completed" else "bad"
         text = p.get("output") if p.get("status") == "completed" else p.get("error")
         e.fields.append(("output" if p.get("status") == "completed" else "error", str(text)))
+        refused = p.get("refused_calls") or []
+        if refused:  # completed, but not silently: constraints refused calls on the way
+            e.tone = "warn"
+            e.summary += f", {len(refused)} call(s) refused"
+            steps = ", ".join(
+                f"{r.get('rule')} on {r.get('tool')} (step {r.get('seq')})" for r in refused
+            )
+            e.fields.append(("refused", steps))
     else:
         e.code = pretty(p)
 

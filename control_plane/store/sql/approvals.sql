@@ -3,11 +3,13 @@
 -- policy was resolved from the run's agent version. Database clock unless :now.
 INSERT INTO approvals (workspace_id, approval_id, run_id, decision_seq, call_id, tool, arguments,
                        arguments_sha256, approvers, slack_approvers, high_risk, moves_money,
-                       expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders)
+                       expire_at, expiry_seconds, on_expiry, escalate_to, max_reminders,
+                       argument_origins)
 VALUES (:workspace_id, :approval_id, :run_id, :decision_seq, :call_id, :tool,
         :arguments_json::jsonb, :arguments_sha256, :approvers, :slack_approvers, :high_risk,
         :moves_money, coalesce(:now::timestamptz, now()) + make_interval(secs => :expiry_seconds),
-        :expiry_seconds, :on_expiry, :escalate_to, :max_reminders)
+        :expiry_seconds, :on_expiry, :escalate_to, :max_reminders,
+        :argument_origins_json::jsonb)
 ON CONFLICT (workspace_id, run_id, call_id) DO NOTHING
 RETURNING *;
 
@@ -134,3 +136,17 @@ SELECT coalesce((v.spec -> 'approval' ->> 'four_eyes')::boolean, false) AS four_
 FROM runs r
 JOIN agent_versions v USING (workspace_id, agent_id)
 WHERE r.workspace_id = $1 AND r.run_id = $2 AND v.version = r.agent_version;
+
+-- name: approval_watch_count :one
+-- The workspace's approval watch, and how many approvals $2 decided within its window,
+-- each within max_decide_seconds of being asked (issue 48; 0 without a watch).
+SELECT w.approval_watch,
+       CASE WHEN w.approval_watch IS NULL THEN 0 ELSE (
+           SELECT count(*) FROM approvals a
+           WHERE a.workspace_id = $1 AND a.decided_by = $2 AND a.decision = 'approved'
+             AND a.decided_at > now() - make_interval(
+                 secs => (w.approval_watch->>'window_seconds')::int)
+             AND a.decided_at - a.created_at <= make_interval(
+                 secs => (w.approval_watch->>'max_decide_seconds')::int))
+       END AS fast
+FROM workspaces w WHERE w.workspace_id = $1;

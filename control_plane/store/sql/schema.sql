@@ -67,7 +67,10 @@ CREATE TABLE workspaces (
     -- retention.py) deletes them with everything that names them, a bounded
     -- batch per statement. 0 keeps everything.
     retention_days   integer NOT NULL DEFAULT 0
-        CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500)
+        CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500),
+    -- When an approver is flagged for approving too fast (issue 48; NULL: never):
+    -- {"approvals", "window_seconds", "max_decide_seconds"}.
+    approval_watch   jsonb
 );
 
 -- Workspaces that may have something due, by when (the claim's step 1).
@@ -1418,6 +1421,8 @@ CREATE TABLE approvals (
     reason            text,
     edited_arguments  jsonb,
     created_at        timestamptz NOT NULL DEFAULT now(),
+    -- Where untrusted argument values first appeared (ArgumentOrigin objects; issue 48).
+    argument_origins  jsonb NOT NULL DEFAULT '[]',
     PRIMARY KEY (workspace_id, approval_id),
     UNIQUE (workspace_id, run_id, call_id),
     FOREIGN KEY (workspace_id, run_id) REFERENCES runs,

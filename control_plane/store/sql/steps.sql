@@ -152,6 +152,21 @@ JOIN unnest($1::text[], $2::uuid[]) AS r(workspace_id, run_id)
   ON s.workspace_id = r.workspace_id AND s.run_id = r.run_id
 ORDER BY s.run_id, s.seq;
 
+-- name: steps_seen_values :many
+-- The values one argument of one tool took in the workspace's earlier calls whose result
+-- was ok (issue 48: a VALUE_ALLOWED rule's "seen before", e.g. payees paid before), at
+-- most $4 of them. Routed by the workspace; read when a run with such a rule is assigned.
+SELECT DISTINCT started.payload->'arguments'->>$3 AS value
+FROM steps started
+JOIN steps result
+  ON result.workspace_id = started.workspace_id AND result.run_id = started.run_id
+ AND result.ref_seq = started.seq AND result.kind = 'tool_result'
+WHERE started.workspace_id = $1 AND result.workspace_id = $1
+  AND started.kind = 'tool_started' AND started.payload->>'tool' = $2
+  AND result.payload->>'status' = 'ok'
+  AND started.payload->'arguments'->>$3 IS NOT NULL
+LIMIT $4;
+
 -- name: run_commit_many :many
 -- run_commit for several runs in one statement (control_plane/dispatch/commits.py
 -- groups the commits that arrive in one event-loop tick): one round trip and one

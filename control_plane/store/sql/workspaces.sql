@@ -25,8 +25,17 @@ FROM placed;
 SELECT workspace_id, plan, max_concurrency,
        (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
         WHERE c.workspace_id = $1) AS running,
-       next_wake_at, last_served_at, retention_days
+       next_wake_at, last_served_at, retention_days, approval_watch
 FROM workspaces WHERE workspace_id = $1;
+
+-- name: workspace_set_approval_watch :one
+-- When an approver is flagged for approving too fast (issue 48; NULL: never).
+UPDATE workspaces SET approval_watch = $2::jsonb WHERE workspace_id = $1
+-- (The running count is read by a subquery here, as in workspace_get.)
+RETURNING workspace_id, plan, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+           WHERE c.workspace_id = $1) AS running,
+          retention_days, approval_watch;
 
 -- name: agent_set_max_concurrency :one
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).

@@ -57,6 +57,7 @@ class Workspace(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     RETENTION_DAYS_FIELD_NUMBER: _builtins.int
+    APPROVAL_WATCH_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     plan: _builtins.str
     max_concurrency: _builtins.int
@@ -65,6 +66,10 @@ class Workspace(_message.Message):
     """Days a finished run (and its steps, payloads, events, audit rows) is kept
     after it finished, then deleted; 0 = kept forever.
     """
+    @_builtins.property
+    def approval_watch(self) -> Global___ApprovalWatch:
+        """When an approver is flagged for approving too fast; unset = never."""
+
     def __init__(
         self,
         *,
@@ -73,14 +78,50 @@ class Workspace(_message.Message):
         max_concurrency: _builtins.int = ...,
         running: _builtins.int = ...,
         retention_days: _builtins.int = ...,
+        approval_watch: Global___ApprovalWatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_watch", b"approval_watch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_watch", b"approval_watch", "max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class ApprovalWatch(_message.Message):
+    """ApprovalWatch flags a rubber stamp: an approver whose approvals, each
+    decided within max_decide_seconds of being asked, reach `approvals` within
+    window_seconds is reported to the workspace's admins (a mail through the
+    outbox, an audit entry approval.approver_flagged, a metric), once each
+    time the count reaches the mark.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVALS_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_DECIDE_SECONDS_FIELD_NUMBER: _builtins.int
+    approvals: _builtins.int
+    """2 to 10000."""
+    window_seconds: _builtins.int
+    """60 to 30 days."""
+    max_decide_seconds: _builtins.int
+    """1 to 3600."""
+    def __init__(
+        self,
+        *,
+        approvals: _builtins.int = ...,
+        window_seconds: _builtins.int = ...,
+        max_decide_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals", "max_decide_seconds", b"max_decide_seconds", "window_seconds", b"window_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalWatch: _TypeAlias = ApprovalWatch  # noqa: Y015
 
 @_typing.final
 class ApiKey(_message.Message):
@@ -415,6 +456,56 @@ class SetWorkspaceRetentionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetWorkspaceRetentionResponse: _TypeAlias = SetWorkspaceRetentionResponse  # noqa: Y015
+
+@_typing.final
+class SetApprovalWatchRequest(_message.Message):
+    """SetApprovalWatchRequest sets (or, without watch, clears) a workspace's
+    approval watch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    WATCH_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """Empty: the caller's own workspace (a platform admin must name one)."""
+    @_builtins.property
+    def watch(self) -> Global___ApprovalWatch: ...
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        watch: Global___ApprovalWatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["watch", b"watch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["watch", b"watch", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetApprovalWatchRequest: _TypeAlias = SetApprovalWatchRequest  # noqa: Y015
+
+@_typing.final
+class SetApprovalWatchResponse(_message.Message):
+    """SetApprovalWatchResponse is the workspace after the change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetApprovalWatchResponse: _TypeAlias = SetApprovalWatchResponse  # noqa: Y015
 
 @_typing.final
 class CreateApiKeyRequest(_message.Message):

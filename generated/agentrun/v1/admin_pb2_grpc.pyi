@@ -56,6 +56,10 @@ class WorkspaceAdminServiceStub:
     """SetWorkspacePlan puts a workspace on a plan (and cap)."""
     SetWorkspaceRetention: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspaceRetentionRequest, _admin_pb2.SetWorkspaceRetentionResponse]
     """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
+    SetApprovalWatch: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetApprovalWatchRequest, _admin_pb2.SetApprovalWatchResponse]
+    """SetApprovalWatch says when an approver who approves quickly and often is
+    flagged to the workspace's admins (issue 48); an unset watch turns it off.
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
@@ -99,6 +103,10 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
     """SetWorkspacePlan puts a workspace on a plan (and cap)."""
     SetWorkspaceRetention: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWorkspaceRetentionRequest, _admin_pb2.SetWorkspaceRetentionResponse]  # type: ignore[assignment]
     """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
+    SetApprovalWatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetApprovalWatchRequest, _admin_pb2.SetApprovalWatchResponse]  # type: ignore[assignment]
+    """SetApprovalWatch says when an approver who approves quickly and often is
+    flagged to the workspace's admins (issue 48); an unset watch turns it off.
+    """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]  # type: ignore[assignment]
@@ -163,6 +171,16 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SetWorkspaceRetentionResponse, _abc.Awaitable[_admin_pb2.SetWorkspaceRetentionResponse]]:
         """SetWorkspaceRetention says how long finished runs are kept (0 = forever)."""
+
+    @_abc_1.abstractmethod
+    def SetApprovalWatch(
+        self,
+        request: _admin_pb2.SetApprovalWatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetApprovalWatchResponse, _abc.Awaitable[_admin_pb2.SetApprovalWatchResponse]]:
+        """SetApprovalWatch says when an approver who approves quickly and often is
+        flagged to the workspace's admins (issue 48); an unset watch turns it off.
+        """
 
     @_abc_1.abstractmethod
     def CreateApiKey(

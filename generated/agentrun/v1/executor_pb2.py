@@ -23,85 +23,88 @@ _sym_db = _symbol_database.Default()
 
 
 from agentrun.v1 import agent_pb2 as agentrun_dot_v1_dot_agent__pb2
+from agentrun.v1 import approval_pb2 as agentrun_dot_v1_dot_approval__pb2
 from agentrun.v1 import run_pb2 as agentrun_dot_v1_dot_run__pb2
 from agentrun.v1 import tool_pb2 as agentrun_dot_v1_dot_tool__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/executor.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x15\x61gentrun/v1/run.proto\x1a\x16\x61gentrun/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x01\n\x16PutPayloadChunkRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x12\n\nmedia_type\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"=\n\x17PutPayloadChunkResponse\x12\x10\n\x08received\x18\x01 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\"k\n\x16GetPayloadSliceRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06length\x18\x04 \x01(\x03\"I\n\x17GetPayloadSliceResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nmedia_type\x18\x03 \x01(\t\"U\n\x19GetConnectionTokenRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x15\n\rconnection_id\x18\x02 \x01(\t\"\x84\x01\n\x1aGetConnectionTokenResponse\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xab\x02\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.HelloH\x00\x12#\n\x05ready\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.ReadyH\x00\x12%\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x13.agentrun.v1.CommitH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.HeartbeatH\x00\x12!\n\x04ping\x18\x05 \x01(\x0b\x32\x11.agentrun.v1.PingH\x00\x12(\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x17.agentrun.v1.ModelDeltaH\x00\x12\'\n\x07\x63ommits\x18\x07 \x01(\x0b\x32\x14.agentrun.v1.CommitsH\x00\x42\x05\n\x03msg\"Y\n\nModelDelta\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\"\xb4\x03\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.WelcomeH\x00\x12-\n\nassignment\x18\x02 \x01(\x0b\x32\x17.agentrun.v1.AssignmentH\x00\x12\x32\n\rcommit_result\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.CommitResultH\x00\x12\x38\n\x10heartbeat_result\x18\x04 \x01(\x0b\x32\x1c.agentrun.v1.HeartbeatResultH\x00\x12%\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.CancelH\x00\x12#\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x12.agentrun.v1.DrainH\x00\x12!\n\x04pong\x18\x07 \x01(\x0b\x32\x11.agentrun.v1.PongH\x00\x12/\n\x0b\x61ssignments\x18\x08 \x01(\x0b\x32\x18.agentrun.v1.AssignmentsH\x00\x12\x34\n\x0e\x63ommit_results\x18\t \x01(\x0b\x32\x1a.agentrun.v1.CommitResultsH\x00\x42\x05\n\x03msg\"<\n\x05Lease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x83\x02\n\x05Hello\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12 \n\x04held\x18\x04 \x03(\x0b\x32\x12.agentrun.v1.Lease\x12+\n\x05tools\x18\x05 \x03(\x0b\x32\x1c.agentrun.v1.ToolDeclaration\x12\x11\n\tcontinues\x18\x06 \x03(\t\x12\x1c\n\x14reads_commit_renewal\x18\x07 \x01(\x08\x12\x15\n\rreads_batches\x18\x08 \x01(\x08\x12\x13\n\x0blog_version\x18\t \x01(\x05\x12\x16\n\x0elog_reads_from\x18\n \x01(\x05\"]\n\x0fToolDeclaration\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rschema_sha256\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\x16\n\x05Ready\x12\r\n\x05slots\x18\x01 \x01(\x05\"b\n\x07NewStep\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\x0f\n\x07ref_seq\x18\x03 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x04 \x01(\t\"\xb3\x01\n\x04Park\x12\x13\n\x0bwait_reason\x18\x01 \x01(\t\x12/\n\nwake_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12/\n\twake_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x15\n\rconnection_id\x18\x04 \x01(\t\x12\x15\n\rbetween_turns\x18\x05 \x01(\x08\x42\x06\n\x04wake\"\x1a\n\x08\x43omplete\x12\x0e\n\x06output\x18\x01 \x01(\t\"\x15\n\x04\x46\x61il\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xe9\x02\n\x06\x43ommit\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12#\n\x05steps\x18\x03 \x03(\x0b\x32\x14.agentrun.v1.NewStep\x12!\n\x04park\x18\x04 \x01(\x0b\x32\x11.agentrun.v1.ParkH\x00\x12)\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x15.agentrun.v1.CompleteH\x00\x12!\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.FailH\x00\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x12\n\ntool_calls\x18\x08 \x01(\x05\x12\x0e\n\x06tokens\x18\t \x01(\x03\x12\x36\n\x10\x61pproval_request\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ApprovalRequest\x12\x13\n\x0btraceparent\x18\x0b \x01(\tB\x0c\n\ntransition\"\xb5\x01\n\x0f\x41pprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x06 \x01(\t\x12\x13\n\x0bmoves_money\x18\x07 \x01(\x08\x12\x11\n\thigh_risk\x18\x08 \x01(\x08\"\x1a\n\x04Ping\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x1a\n\x04Pong\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"C\n\tHeartbeat\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.agentrun.v1.Lease\"\xec\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0eserver_release\x18\x04 \x01(\t\x12/\n\x0csend_horizon\x18\x14 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x63ommit_batch_bytes\x18\x15 \x01(\x03\"\xd8\x01\n\nAssignment\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x30\n\ragent_version\x18\x02 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12 \n\x05steps\x18\x03 \x03(\x0b\x32\x11.agentrun.v1.Step\x12 \n\x05tools\x18\x04 \x03(\x0b\x32\x11.agentrun.v1.Tool\x12\x35\n\x12heartbeat_interval\x18\x1e \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x0b\x41ssignments\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.agentrun.v1.Assignment\";\n\rCommitResults\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.agentrun.v1.CommitResult\"/\n\x07\x43ommits\x12$\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x13.agentrun.v1.Commit\"\x97\x01\n\x0c\x43ommitResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.agentrun.v1.CommitOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Q\n\x0bLeaseStatus\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"`\n\x0fHeartbeatResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agentrun.v1.LeaseStatus\x12\x0f\n\x07\x63hecked\x18\x03 \x01(\x08\";\n\x06\x43\x61ncel\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Y\n\x05\x44rain\x12\x0f\n\x07release\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x66orce\x18\x03 \x01(\x08*\x9d\x01\n\rCommitOutcome\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMMIT_OUTCOME_OK\x10\x01\x12\x19\n\x15\x43OMMIT_OUTCOME_FENCED\x10\x02\x12\x1a\n\x16\x43OMMIT_OUTCOME_INVALID\x10\x03\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNAVAILABLE\x10\x04\x32\xfe\x02\n\x0f\x45xecutorService\x12H\n\x07\x43onnect\x12\x1b.agentrun.v1.ConnectRequest\x1a\x1c.agentrun.v1.ConnectResponse(\x01\x30\x01\x12\\\n\x0fPutPayloadChunk\x12#.agentrun.v1.PutPayloadChunkRequest\x1a$.agentrun.v1.PutPayloadChunkResponse\x12\\\n\x0fGetPayloadSlice\x12#.agentrun.v1.GetPayloadSliceRequest\x1a$.agentrun.v1.GetPayloadSliceResponse\x12\x65\n\x12GetConnectionToken\x12&.agentrun.v1.GetConnectionTokenRequest\x1a\'.agentrun.v1.GetConnectionTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/executor.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1a\x61gentrun/v1/approval.proto\x1a\x15\x61gentrun/v1/run.proto\x1a\x16\x61gentrun/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x01\n\x16PutPayloadChunkRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x12\n\nmedia_type\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"=\n\x17PutPayloadChunkResponse\x12\x10\n\x08received\x18\x01 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\"k\n\x16GetPayloadSliceRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06length\x18\x04 \x01(\x03\"I\n\x17GetPayloadSliceResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nmedia_type\x18\x03 \x01(\t\"U\n\x19GetConnectionTokenRequest\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x15\n\rconnection_id\x18\x02 \x01(\t\"\x84\x01\n\x1aGetConnectionTokenResponse\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xab\x02\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.HelloH\x00\x12#\n\x05ready\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.ReadyH\x00\x12%\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x13.agentrun.v1.CommitH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.agentrun.v1.HeartbeatH\x00\x12!\n\x04ping\x18\x05 \x01(\x0b\x32\x11.agentrun.v1.PingH\x00\x12(\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x17.agentrun.v1.ModelDeltaH\x00\x12\'\n\x07\x63ommits\x18\x07 \x01(\x0b\x32\x14.agentrun.v1.CommitsH\x00\x42\x05\n\x03msg\"Y\n\nModelDelta\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\"\xb4\x03\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.WelcomeH\x00\x12-\n\nassignment\x18\x02 \x01(\x0b\x32\x17.agentrun.v1.AssignmentH\x00\x12\x32\n\rcommit_result\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.CommitResultH\x00\x12\x38\n\x10heartbeat_result\x18\x04 \x01(\x0b\x32\x1c.agentrun.v1.HeartbeatResultH\x00\x12%\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.CancelH\x00\x12#\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x12.agentrun.v1.DrainH\x00\x12!\n\x04pong\x18\x07 \x01(\x0b\x32\x11.agentrun.v1.PongH\x00\x12/\n\x0b\x61ssignments\x18\x08 \x01(\x0b\x32\x18.agentrun.v1.AssignmentsH\x00\x12\x34\n\x0e\x63ommit_results\x18\t \x01(\x0b\x32\x1a.agentrun.v1.CommitResultsH\x00\x42\x05\n\x03msg\"<\n\x05Lease\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x83\x02\n\x05Hello\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0f\n\x07release\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12 \n\x04held\x18\x04 \x03(\x0b\x32\x12.agentrun.v1.Lease\x12+\n\x05tools\x18\x05 \x03(\x0b\x32\x1c.agentrun.v1.ToolDeclaration\x12\x11\n\tcontinues\x18\x06 \x03(\t\x12\x1c\n\x14reads_commit_renewal\x18\x07 \x01(\x08\x12\x15\n\rreads_batches\x18\x08 \x01(\x08\x12\x13\n\x0blog_version\x18\t \x01(\x05\x12\x16\n\x0elog_reads_from\x18\n \x01(\x05\"]\n\x0fToolDeclaration\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rschema_sha256\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\x16\n\x05Ready\x12\r\n\x05slots\x18\x01 \x01(\x05\"b\n\x07NewStep\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.StepKind\x12\x0f\n\x07ref_seq\x18\x03 \x01(\x05\x12\x14\n\x0cpayload_json\x18\x04 \x01(\t\"\xb3\x01\n\x04Park\x12\x13\n\x0bwait_reason\x18\x01 \x01(\t\x12/\n\nwake_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12/\n\twake_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x15\n\rconnection_id\x18\x04 \x01(\t\x12\x15\n\rbetween_turns\x18\x05 \x01(\x08\x42\x06\n\x04wake\"\x1a\n\x08\x43omplete\x12\x0e\n\x06output\x18\x01 \x01(\t\"\x15\n\x04\x46\x61il\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xe9\x02\n\x06\x43ommit\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12!\n\x05lease\x18\x02 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12#\n\x05steps\x18\x03 \x03(\x0b\x32\x14.agentrun.v1.NewStep\x12!\n\x04park\x18\x04 \x01(\x0b\x32\x11.agentrun.v1.ParkH\x00\x12)\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x15.agentrun.v1.CompleteH\x00\x12!\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.FailH\x00\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x12\n\ntool_calls\x18\x08 \x01(\x05\x12\x0e\n\x06tokens\x18\t \x01(\x03\x12\x36\n\x10\x61pproval_request\x18\n \x01(\x0b\x32\x1c.agentrun.v1.ApprovalRequest\x12\x13\n\x0btraceparent\x18\x0b \x01(\tB\x0c\n\ntransition\"\xec\x01\n\x0f\x41pprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x06 \x01(\t\x12\x13\n\x0bmoves_money\x18\x07 \x01(\x08\x12\x11\n\thigh_risk\x18\x08 \x01(\x08\x12\x35\n\x10\x61rgument_origins\x18\t \x03(\x0b\x32\x1b.agentrun.v1.ArgumentOrigin\"\x1a\n\x04Ping\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x1a\n\x04Pong\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"C\n\tHeartbeat\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.agentrun.v1.Lease\"\xec\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x31\n\x0elease_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0eserver_release\x18\x04 \x01(\t\x12/\n\x0csend_horizon\x18\x14 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12\x63ommit_batch_bytes\x18\x15 \x01(\x03\"\x86\x02\n\nAssignment\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.agentrun.v1.Run\x12\x30\n\ragent_version\x18\x02 \x01(\x0b\x32\x19.agentrun.v1.AgentVersion\x12 \n\x05steps\x18\x03 \x03(\x0b\x32\x11.agentrun.v1.Step\x12 \n\x05tools\x18\x04 \x03(\x0b\x32\x11.agentrun.v1.Tool\x12\x35\n\x12heartbeat_interval\x18\x1e \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x0bseen_values\x18\x05 \x03(\x0b\x32\x17.agentrun.v1.SeenValues\"<\n\nSeenValues\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x10\n\x08\x61rgument\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\";\n\x0b\x41ssignments\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.agentrun.v1.Assignment\";\n\rCommitResults\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.agentrun.v1.CommitResult\"/\n\x07\x43ommits\x12$\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x13.agentrun.v1.Commit\"\x97\x01\n\x0c\x43ommitResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.agentrun.v1.CommitOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Q\n\x0bLeaseStatus\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"`\n\x0fHeartbeatResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agentrun.v1.LeaseStatus\x12\x0f\n\x07\x63hecked\x18\x03 \x01(\x08\";\n\x06\x43\x61ncel\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.agentrun.v1.Lease\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Y\n\x05\x44rain\x12\x0f\n\x07release\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x66orce\x18\x03 \x01(\x08*\x9d\x01\n\rCommitOutcome\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43OMMIT_OUTCOME_OK\x10\x01\x12\x19\n\x15\x43OMMIT_OUTCOME_FENCED\x10\x02\x12\x1a\n\x16\x43OMMIT_OUTCOME_INVALID\x10\x03\x12\x1e\n\x1a\x43OMMIT_OUTCOME_UNAVAILABLE\x10\x04\x32\xfe\x02\n\x0f\x45xecutorService\x12H\n\x07\x43onnect\x12\x1b.agentrun.v1.ConnectRequest\x1a\x1c.agentrun.v1.ConnectResponse(\x01\x30\x01\x12\\\n\x0fPutPayloadChunk\x12#.agentrun.v1.PutPayloadChunkRequest\x1a$.agentrun.v1.PutPayloadChunkResponse\x12\\\n\x0fGetPayloadSlice\x12#.agentrun.v1.GetPayloadSliceRequest\x1a$.agentrun.v1.GetPayloadSliceResponse\x12\x65\n\x12GetConnectionToken\x12&.agentrun.v1.GetConnectionTokenRequest\x1a\'.agentrun.v1.GetConnectionTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMMITOUTCOME']._serialized_start=4189
-  _globals['_COMMITOUTCOME']._serialized_end=4346
-  _globals['_PUTPAYLOADCHUNKREQUEST']._serialized_start=181
-  _globals['_PUTPAYLOADCHUNKREQUEST']._serialized_end=320
-  _globals['_PUTPAYLOADCHUNKRESPONSE']._serialized_start=322
-  _globals['_PUTPAYLOADCHUNKRESPONSE']._serialized_end=383
-  _globals['_GETPAYLOADSLICEREQUEST']._serialized_start=385
-  _globals['_GETPAYLOADSLICEREQUEST']._serialized_end=492
-  _globals['_GETPAYLOADSLICERESPONSE']._serialized_start=494
-  _globals['_GETPAYLOADSLICERESPONSE']._serialized_end=567
-  _globals['_GETCONNECTIONTOKENREQUEST']._serialized_start=569
-  _globals['_GETCONNECTIONTOKENREQUEST']._serialized_end=654
-  _globals['_GETCONNECTIONTOKENRESPONSE']._serialized_start=657
-  _globals['_GETCONNECTIONTOKENRESPONSE']._serialized_end=789
-  _globals['_CONNECTREQUEST']._serialized_start=792
-  _globals['_CONNECTREQUEST']._serialized_end=1091
-  _globals['_MODELDELTA']._serialized_start=1093
-  _globals['_MODELDELTA']._serialized_end=1182
-  _globals['_CONNECTRESPONSE']._serialized_start=1185
-  _globals['_CONNECTRESPONSE']._serialized_end=1621
-  _globals['_LEASE']._serialized_start=1623
-  _globals['_LEASE']._serialized_end=1683
-  _globals['_HELLO']._serialized_start=1686
-  _globals['_HELLO']._serialized_end=1945
-  _globals['_TOOLDECLARATION']._serialized_start=1947
-  _globals['_TOOLDECLARATION']._serialized_end=2040
-  _globals['_READY']._serialized_start=2042
-  _globals['_READY']._serialized_end=2064
-  _globals['_NEWSTEP']._serialized_start=2066
-  _globals['_NEWSTEP']._serialized_end=2164
-  _globals['_PARK']._serialized_start=2167
-  _globals['_PARK']._serialized_end=2346
-  _globals['_COMPLETE']._serialized_start=2348
-  _globals['_COMPLETE']._serialized_end=2374
-  _globals['_FAIL']._serialized_start=2376
-  _globals['_FAIL']._serialized_end=2397
-  _globals['_COMMIT']._serialized_start=2400
-  _globals['_COMMIT']._serialized_end=2761
-  _globals['_APPROVALREQUEST']._serialized_start=2764
-  _globals['_APPROVALREQUEST']._serialized_end=2945
-  _globals['_PING']._serialized_start=2947
-  _globals['_PING']._serialized_end=2973
-  _globals['_PONG']._serialized_start=2975
-  _globals['_PONG']._serialized_end=3001
-  _globals['_HEARTBEAT']._serialized_start=3003
-  _globals['_HEARTBEAT']._serialized_end=3070
-  _globals['_WELCOME']._serialized_start=3073
-  _globals['_WELCOME']._serialized_end=3309
-  _globals['_ASSIGNMENT']._serialized_start=3312
-  _globals['_ASSIGNMENT']._serialized_end=3528
-  _globals['_ASSIGNMENTS']._serialized_start=3530
-  _globals['_ASSIGNMENTS']._serialized_end=3589
-  _globals['_COMMITRESULTS']._serialized_start=3591
-  _globals['_COMMITRESULTS']._serialized_end=3650
-  _globals['_COMMITS']._serialized_start=3652
-  _globals['_COMMITS']._serialized_end=3699
-  _globals['_COMMITRESULT']._serialized_start=3702
-  _globals['_COMMITRESULT']._serialized_end=3853
-  _globals['_LEASESTATUS']._serialized_start=3855
-  _globals['_LEASESTATUS']._serialized_end=3936
-  _globals['_HEARTBEATRESULT']._serialized_start=3938
-  _globals['_HEARTBEATRESULT']._serialized_end=4034
-  _globals['_CANCEL']._serialized_start=4036
-  _globals['_CANCEL']._serialized_end=4095
-  _globals['_DRAIN']._serialized_start=4097
-  _globals['_DRAIN']._serialized_end=4186
-  _globals['_EXECUTORSERVICE']._serialized_start=4349
-  _globals['_EXECUTORSERVICE']._serialized_end=4731
+  _globals['_COMMITOUTCOME']._serialized_start=4380
+  _globals['_COMMITOUTCOME']._serialized_end=4537
+  _globals['_PUTPAYLOADCHUNKREQUEST']._serialized_start=209
+  _globals['_PUTPAYLOADCHUNKREQUEST']._serialized_end=348
+  _globals['_PUTPAYLOADCHUNKRESPONSE']._serialized_start=350
+  _globals['_PUTPAYLOADCHUNKRESPONSE']._serialized_end=411
+  _globals['_GETPAYLOADSLICEREQUEST']._serialized_start=413
+  _globals['_GETPAYLOADSLICEREQUEST']._serialized_end=520
+  _globals['_GETPAYLOADSLICERESPONSE']._serialized_start=522
+  _globals['_GETPAYLOADSLICERESPONSE']._serialized_end=595
+  _globals['_GETCONNECTIONTOKENREQUEST']._serialized_start=597
+  _globals['_GETCONNECTIONTOKENREQUEST']._serialized_end=682
+  _globals['_GETCONNECTIONTOKENRESPONSE']._serialized_start=685
+  _globals['_GETCONNECTIONTOKENRESPONSE']._serialized_end=817
+  _globals['_CONNECTREQUEST']._serialized_start=820
+  _globals['_CONNECTREQUEST']._serialized_end=1119
+  _globals['_MODELDELTA']._serialized_start=1121
+  _globals['_MODELDELTA']._serialized_end=1210
+  _globals['_CONNECTRESPONSE']._serialized_start=1213
+  _globals['_CONNECTRESPONSE']._serialized_end=1649
+  _globals['_LEASE']._serialized_start=1651
+  _globals['_LEASE']._serialized_end=1711
+  _globals['_HELLO']._serialized_start=1714
+  _globals['_HELLO']._serialized_end=1973
+  _globals['_TOOLDECLARATION']._serialized_start=1975
+  _globals['_TOOLDECLARATION']._serialized_end=2068
+  _globals['_READY']._serialized_start=2070
+  _globals['_READY']._serialized_end=2092
+  _globals['_NEWSTEP']._serialized_start=2094
+  _globals['_NEWSTEP']._serialized_end=2192
+  _globals['_PARK']._serialized_start=2195
+  _globals['_PARK']._serialized_end=2374
+  _globals['_COMPLETE']._serialized_start=2376
+  _globals['_COMPLETE']._serialized_end=2402
+  _globals['_FAIL']._serialized_start=2404
+  _globals['_FAIL']._serialized_end=2425
+  _globals['_COMMIT']._serialized_start=2428
+  _globals['_COMMIT']._serialized_end=2789
+  _globals['_APPROVALREQUEST']._serialized_start=2792
+  _globals['_APPROVALREQUEST']._serialized_end=3028
+  _globals['_PING']._serialized_start=3030
+  _globals['_PING']._serialized_end=3056
+  _globals['_PONG']._serialized_start=3058
+  _globals['_PONG']._serialized_end=3084
+  _globals['_HEARTBEAT']._serialized_start=3086
+  _globals['_HEARTBEAT']._serialized_end=3153
+  _globals['_WELCOME']._serialized_start=3156
+  _globals['_WELCOME']._serialized_end=3392
+  _globals['_ASSIGNMENT']._serialized_start=3395
+  _globals['_ASSIGNMENT']._serialized_end=3657
+  _globals['_SEENVALUES']._serialized_start=3659
+  _globals['_SEENVALUES']._serialized_end=3719
+  _globals['_ASSIGNMENTS']._serialized_start=3721
+  _globals['_ASSIGNMENTS']._serialized_end=3780
+  _globals['_COMMITRESULTS']._serialized_start=3782
+  _globals['_COMMITRESULTS']._serialized_end=3841
+  _globals['_COMMITS']._serialized_start=3843
+  _globals['_COMMITS']._serialized_end=3890
+  _globals['_COMMITRESULT']._serialized_start=3893
+  _globals['_COMMITRESULT']._serialized_end=4044
+  _globals['_LEASESTATUS']._serialized_start=4046
+  _globals['_LEASESTATUS']._serialized_end=4127
+  _globals['_HEARTBEATRESULT']._serialized_start=4129
+  _globals['_HEARTBEATRESULT']._serialized_end=4225
+  _globals['_CANCEL']._serialized_start=4227
+  _globals['_CANCEL']._serialized_end=4286
+  _globals['_DRAIN']._serialized_start=4288
+  _globals['_DRAIN']._serialized_end=4377
+  _globals['_EXECUTORSERVICE']._serialized_start=4540
+  _globals['_EXECUTORSERVICE']._serialized_end=4922
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from agentrun.v1 import agent_pb2 as _agent_pb2
+from agentrun.v1 import approval_pb2 as _approval_pb2
 from agentrun.v1 import run_pb2 as _run_pb2
 from agentrun.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
@@ -769,6 +770,7 @@ class ApprovalRequest(_message.Message):
     ARGUMENTS_SHA256_FIELD_NUMBER: _builtins.int
     MOVES_MONEY_FIELD_NUMBER: _builtins.int
     HIGH_RISK_FIELD_NUMBER: _builtins.int
+    ARGUMENT_ORIGINS_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     decision_seq: _builtins.int
     """The model decision step and the call within it."""
@@ -779,6 +781,10 @@ class ApprovalRequest(_message.Message):
     arguments_sha256: _builtins.str
     moves_money: _builtins.bool
     high_risk: _builtins.bool
+    @_builtins.property
+    def argument_origins(self) -> _containers.RepeatedCompositeFieldContainer[_approval_pb2.ArgumentOrigin]:
+        """Where untrusted argument values came from (UNTRUSTED_VALUE holds)."""
+
     def __init__(
         self,
         *,
@@ -790,10 +796,11 @@ class ApprovalRequest(_message.Message):
         arguments_sha256: _builtins.str = ...,
         moves_money: _builtins.bool = ...,
         high_risk: _builtins.bool = ...,
+        argument_origins: _abc.Iterable[_approval_pb2.ArgumentOrigin] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "decision_seq", b"decision_seq", "high_risk", b"high_risk", "moves_money", b"moves_money", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "argument_origins", b"argument_origins", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "decision_seq", b"decision_seq", "high_risk", b"high_risk", "moves_money", b"moves_money", "tool", b"tool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -933,6 +940,7 @@ class Assignment(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    SEEN_VALUES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def run(self) -> _run_pb2.Run: ...
     @_builtins.property
@@ -951,6 +959,14 @@ class Assignment(_message.Message):
         often instead of Welcome.heartbeat_interval; unset: the session's.
         """
 
+    @_builtins.property
+    def seen_values(self) -> _containers.RepeatedCompositeFieldContainer[Global___SeenValues]:
+        """For each VALUE_ALLOWED rule with or_seen_before: the values the
+        workspace's earlier ok calls of the tool sent in the rule's argument
+        (at most 1000, as sent; the executor normalises them). Absent on the
+        fast path: such a value then needs the allowlist.
+        """
+
     def __init__(
         self,
         *,
@@ -959,14 +975,45 @@ class Assignment(_message.Message):
         steps: _abc.Iterable[_run_pb2.Step] | None = ...,
         tools: _abc.Iterable[_tool_pb2.Tool] | None = ...,
         heartbeat_interval: _duration_pb2.Duration | None = ...,
+        seen_values: _abc.Iterable[Global___SeenValues] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "heartbeat_interval", b"heartbeat_interval", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "heartbeat_interval", b"heartbeat_interval", "run", b"run", "steps", b"steps", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "heartbeat_interval", b"heartbeat_interval", "run", b"run", "seen_values", b"seen_values", "steps", b"steps", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
+
+@_typing.final
+class SeenValues(_message.Message):
+    """SeenValues are the values one argument of one tool took in the
+    workspace's earlier calls that succeeded.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_FIELD_NUMBER: _builtins.int
+    ARGUMENT_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    tool: _builtins.str
+    argument: _builtins.str
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tool: _builtins.str = ...,
+        argument: _builtins.str = ...,
+        values: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argument", b"argument", "tool", b"tool", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeenValues: _TypeAlias = SeenValues  # noqa: Y015
 
 @_typing.final
 class Assignments(_message.Message):

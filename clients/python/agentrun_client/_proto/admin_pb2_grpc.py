@@ -69,6 +69,11 @@ class WorkspaceAdminServiceStub:
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.FromString,
                 _registered_method=True)
+        self.SetApprovalWatch = channel.unary_unary(
+                '/agentrun.v1.WorkspaceAdminService/SetApprovalWatch',
+                request_serializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/agentrun.v1.WorkspaceAdminService/CreateApiKey',
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
@@ -152,6 +157,14 @@ class WorkspaceAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetApprovalWatch(self, request, context):
+        """SetApprovalWatch says when an approver who approves quickly and often is
+        flagged to the workspace's admins (issue 48); an unset watch turns it off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateApiKey(self, request, context):
         """CreateApiKey mints a key; the response carries its text, once.
         """
@@ -223,6 +236,11 @@ def add_WorkspaceAdminServiceServicer_to_server(servicer, server):
                     servicer.SetWorkspaceRetention,
                     request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.SerializeToString,
+            ),
+            'SetApprovalWatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetApprovalWatch,
+                    request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -383,6 +401,33 @@ class WorkspaceAdminService:
             '/agentrun.v1.WorkspaceAdminService/SetWorkspaceRetention',
             agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionRequest.SerializeToString,
             agentrun_dot_v1_dot_admin__pb2.SetWorkspaceRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetApprovalWatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.WorkspaceAdminService/SetApprovalWatch',
+            agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.SerializeToString,
+            agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,21 @@ class _ConstraintRuleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Constr
     """
     CONSTRAINT_RULE_AMOUNT_AT_MOST: _ConstraintRule.ValueType  # 4
     """The numeric argument is at most max_amount."""
+    CONSTRAINT_RULE_VALUE_ALLOWED: _ConstraintRule.ValueType  # 5
+    """The argument's value, read as value_kind, is in `allowed` (an IBAN,
+    an address or "@domain", a URL's host or a parent domain, a chat user or
+    channel); for VALUE_KIND_EMAIL a participant of the triggering mail also
+    passes. A missing or malformed value fails closed. A violation is
+    refused, or held for approval with action CONSTRAINT_ACTION_HOLD.
+    """
+    CONSTRAINT_RULE_UNTRUSTED_VALUE: _ConstraintRule.ValueType  # 6
+    """Provenance: a value in the call's arguments (argument, or every argument
+    when empty) that appears in untrusted content the run read (a tool's
+    result, an inbound mail or webhook payload) and nowhere in the
+    instructions, the input or a person's message is refused, held for
+    approval (the approval names each value's origin step) or allowed, as
+    `action` says (default: hold).
+    """
 
 class ConstraintRule(_ConstraintRule, metaclass=_ConstraintRuleEnumTypeWrapper):
     """ConstraintRule names a check the executor makes, in code, on a tool call's
@@ -62,7 +77,126 @@ known_recipients holds the call for a human's approval.
 """
 CONSTRAINT_RULE_AMOUNT_AT_MOST: ConstraintRule.ValueType  # 4
 """The numeric argument is at most max_amount."""
+CONSTRAINT_RULE_VALUE_ALLOWED: ConstraintRule.ValueType  # 5
+"""The argument's value, read as value_kind, is in `allowed` (an IBAN,
+an address or "@domain", a URL's host or a parent domain, a chat user or
+channel); for VALUE_KIND_EMAIL a participant of the triggering mail also
+passes. A missing or malformed value fails closed. A violation is
+refused, or held for approval with action CONSTRAINT_ACTION_HOLD.
+"""
+CONSTRAINT_RULE_UNTRUSTED_VALUE: ConstraintRule.ValueType  # 6
+"""Provenance: a value in the call's arguments (argument, or every argument
+when empty) that appears in untrusted content the run read (a tool's
+result, an inbound mail or webhook payload) and nowhere in the
+instructions, the input or a person's message is refused, held for
+approval (the approval names each value's origin step) or allowed, as
+`action` says (default: hold).
+"""
 Global___ConstraintRule: _TypeAlias = ConstraintRule  # noqa: Y015
+
+class _ValueKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ValueKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ValueKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VALUE_KIND_UNSPECIFIED: _ValueKind.ValueType  # 0
+    VALUE_KIND_IBAN: _ValueKind.ValueType  # 1
+    """An IBAN: spaces dropped, upper case, checked by its mod-97 check digits."""
+    VALUE_KIND_EMAIL: _ValueKind.ValueType  # 2
+    """Mail addresses ("A <a@x>, b@y" or a list); allowed entries are
+    addresses or "@domain".
+    """
+    VALUE_KIND_URL: _ValueKind.ValueType  # 3
+    """An http(s) URL; its host must be an allowed domain or below one."""
+    VALUE_KIND_CHAT: _ValueKind.ValueType  # 4
+    """A chat user ("@name" or an id) or channel ("#name"), lower case."""
+    VALUE_KIND_ID: _ValueKind.ValueType  # 5
+    """A file or attachment id, compared exactly."""
+
+class ValueKind(_ValueKind, metaclass=_ValueKindEnumTypeWrapper):
+    """ValueKind says how a VALUE_ALLOWED rule reads an argument."""
+
+VALUE_KIND_UNSPECIFIED: ValueKind.ValueType  # 0
+VALUE_KIND_IBAN: ValueKind.ValueType  # 1
+"""An IBAN: spaces dropped, upper case, checked by its mod-97 check digits."""
+VALUE_KIND_EMAIL: ValueKind.ValueType  # 2
+"""Mail addresses ("A <a@x>, b@y" or a list); allowed entries are
+addresses or "@domain".
+"""
+VALUE_KIND_URL: ValueKind.ValueType  # 3
+"""An http(s) URL; its host must be an allowed domain or below one."""
+VALUE_KIND_CHAT: ValueKind.ValueType  # 4
+"""A chat user ("@name" or an id) or channel ("#name"), lower case."""
+VALUE_KIND_ID: ValueKind.ValueType  # 5
+"""A file or attachment id, compared exactly."""
+Global___ValueKind: _TypeAlias = ValueKind  # noqa: Y015
+
+class _ConstraintAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConstraintActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConstraintAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONSTRAINT_ACTION_UNSPECIFIED: _ConstraintAction.ValueType  # 0
+    """The rule's default: REFUSE for VALUE_ALLOWED, HOLD for UNTRUSTED_VALUE."""
+    CONSTRAINT_ACTION_REFUSE: _ConstraintAction.ValueType  # 1
+    """Not sent; the refusal names the rule and the value (and on_refusal
+    says what the run does next).
+    """
+    CONSTRAINT_ACTION_HOLD: _ConstraintAction.ValueType  # 2
+    """Held for a person's approval, the reason and origins on the approval."""
+    CONSTRAINT_ACTION_ALLOW: _ConstraintAction.ValueType  # 3
+    """Sent as is (UNTRUSTED_VALUE only: a rule kept in the version while its
+    effect is reviewed, say).
+    """
+
+class ConstraintAction(_ConstraintAction, metaclass=_ConstraintActionEnumTypeWrapper):
+    """ConstraintAction is what a rule violation does to the call."""
+
+CONSTRAINT_ACTION_UNSPECIFIED: ConstraintAction.ValueType  # 0
+"""The rule's default: REFUSE for VALUE_ALLOWED, HOLD for UNTRUSTED_VALUE."""
+CONSTRAINT_ACTION_REFUSE: ConstraintAction.ValueType  # 1
+"""Not sent; the refusal names the rule and the value (and on_refusal
+says what the run does next).
+"""
+CONSTRAINT_ACTION_HOLD: ConstraintAction.ValueType  # 2
+"""Held for a person's approval, the reason and origins on the approval."""
+CONSTRAINT_ACTION_ALLOW: ConstraintAction.ValueType  # 3
+"""Sent as is (UNTRUSTED_VALUE only: a rule kept in the version while its
+effect is reviewed, say).
+"""
+Global___ConstraintAction: _TypeAlias = ConstraintAction  # noqa: Y015
+
+class _OnRefusal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnRefusal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_REFUSAL_UNSPECIFIED: _OnRefusal.ValueType  # 0
+    """Today's behaviour: the model reads the refusal as the call's result and
+    may try again.
+    """
+    ON_REFUSAL_RETRY: _OnRefusal.ValueType  # 1
+    ON_REFUSAL_FAIL: _OnRefusal.ValueType  # 2
+    """The run fails at once, its error "refused by constraint <rule> ..."."""
+    ON_REFUSAL_ASK: _OnRefusal.ValueType  # 3
+    """The call is held for a person's approval instead of refused."""
+
+class OnRefusal(_OnRefusal, metaclass=_OnRefusalEnumTypeWrapper):
+    """OnRefusal says what a run does after a constraint refused one of its calls."""
+
+ON_REFUSAL_UNSPECIFIED: OnRefusal.ValueType  # 0
+"""Today's behaviour: the model reads the refusal as the call's result and
+may try again.
+"""
+ON_REFUSAL_RETRY: OnRefusal.ValueType  # 1
+ON_REFUSAL_FAIL: OnRefusal.ValueType  # 2
+"""The run fails at once, its error "refused by constraint <rule> ..."."""
+ON_REFUSAL_ASK: OnRefusal.ValueType  # 3
+"""The call is held for a person's approval instead of refused."""
+Global___OnRefusal: _TypeAlias = OnRefusal  # noqa: Y015
 
 @_typing.final
 class RunLimits(_message.Message):
@@ -155,6 +289,10 @@ class ToolConstraint(_message.Message):
     ARGUMENT_FIELD_NUMBER: _builtins.int
     MAX_AMOUNT_FIELD_NUMBER: _builtins.int
     KNOWN_RECIPIENTS_FIELD_NUMBER: _builtins.int
+    VALUE_KIND_FIELD_NUMBER: _builtins.int
+    ALLOWED_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    OR_SEEN_BEFORE_FIELD_NUMBER: _builtins.int
     tool: _builtins.str
     """One of spec.tools."""
     rule: Global___ConstraintRule.ValueType
@@ -164,9 +302,25 @@ class ToolConstraint(_message.Message):
     """
     max_amount: _builtins.int
     """AMOUNT_AT_MOST: the ceiling, inclusive (in the argument's unit)."""
+    value_kind: Global___ValueKind.ValueType
+    """VALUE_ALLOWED: how the value is read and compared."""
+    action: Global___ConstraintAction.ValueType
+    """VALUE_ALLOWED and UNTRUSTED_VALUE: what a violation does."""
+    or_seen_before: _builtins.bool
+    """VALUE_ALLOWED: a value this workspace's earlier calls of the same tool
+    sent in the same argument, with an ok result ("payees I have paid
+    before"), passes too. The control plane looks them up when it assigns
+    the run (Assignment.seen_values); the executor never reads the database.
+    """
     @_builtins.property
     def known_recipients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """RECIPIENT_KNOWN_OR_APPROVAL: known addresses, or "@domain" for a domain."""
+
+    @_builtins.property
+    def allowed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """VALUE_ALLOWED: the allowlist (normalised at publish: IBANs without
+        spaces, upper case; addresses, domains and chat names lower case).
+        """
 
     def __init__(
         self,
@@ -176,10 +330,14 @@ class ToolConstraint(_message.Message):
         argument: _builtins.str = ...,
         max_amount: _builtins.int = ...,
         known_recipients: _abc.Iterable[_builtins.str] | None = ...,
+        value_kind: Global___ValueKind.ValueType = ...,
+        allowed: _abc.Iterable[_builtins.str] | None = ...,
+        action: Global___ConstraintAction.ValueType = ...,
+        or_seen_before: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "rule", b"rule", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "allowed", b"allowed", "argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "or_seen_before", b"or_seen_before", "rule", b"rule", "tool", b"tool", "value_kind", b"value_kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -222,6 +380,7 @@ class AgentSpec(_message.Message):
     MODEL_PROFILE_FIELD_NUMBER: _builtins.int
     MODEL_PARAMETERS_FIELD_NUMBER: _builtins.int
     FAST_PATH_FIELD_NUMBER: _builtins.int
+    ON_REFUSAL_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -253,6 +412,8 @@ class AgentSpec(_message.Message):
     model's reply (stream=true) and WatchRun(deltas=true) watchers get its
     text as it is generated; the committed decision step stays the record.
     """
+    on_refusal: Global___OnRefusal.ValueType
+    """What a run does after a constraint refused a call (see OnRefusal)."""
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tool names from the integration catalogue this agent may use
@@ -300,10 +461,11 @@ class AgentSpec(_message.Message):
         model_profile: _builtins.str = ...,
         model_parameters: Global___ModelParameters | None = ...,
         fast_path: _builtins.bool = ...,
+        on_refusal: Global___OnRefusal.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

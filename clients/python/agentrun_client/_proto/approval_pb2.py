@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/approval.proto\x12\x0b\x61gentrun.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x01\n\x0e\x41pprovalPolicy\x12\r\n\x05tools\x18\x01 \x03(\t\x12\x11\n\tapprovers\x18\x02 \x03(\t\x12\x17\n\x0fslack_approvers\x18\x03 \x03(\t\x12\x16\n\x0e\x65xpiry_seconds\x18\x04 \x01(\x05\x12,\n\ton_expiry\x18\x05 \x01(\x0e\x32\x19.agentrun.v1.ExpiryAction\x12\x13\n\x0b\x65scalate_to\x18\x06 \x03(\t\x12\x15\n\rmax_reminders\x18\x07 \x01(\x05\x12\x17\n\x0fhigh_risk_tools\x18\x08 \x03(\t\x12\x11\n\tfour_eyes\x18\t \x01(\x08\"\xe1\x04\n\x08\x41pproval\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x04 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x07 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x08 \x01(\t\x12)\n\x05state\x18\t \x01(\x0e\x32\x1a.agentrun.v1.ApprovalState\x12\x11\n\tapprovers\x18\n \x03(\t\x12\x17\n\x0fslack_approvers\x18\x0b \x03(\t\x12\x11\n\thigh_risk\x18\x0c \x01(\x08\x12\x13\n\x0bmoves_money\x18\r \x01(\x08\x12/\n\x0b\x65xpire_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\ton_expiry\x18\x0f \x01(\x0e\x32\x19.agentrun.v1.ExpiryAction\x12\x18\n\x10\x65scalation_level\x18\x10 \x01(\x05\x12\x16\n\x0ereminders_sent\x18\x11 \x01(\x05\x12\x12\n\ndecided_by\x18\x12 \x01(\t\x12/\n\x0b\x64\x65\x63ide_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x14 \x01(\t\x12\x1d\n\x15\x65\x64ited_arguments_json\x18\x15 \x01(\t\x12/\n\x0b\x63reate_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x90\x01\n\x14ListApprovalsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pprover\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.agentrun.v1.ApprovalState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Z\n\x15ListApprovalsResponse\x12(\n\tapprovals\x18\x01 \x03(\x0b\x32\x15.agentrun.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x12GetApprovalRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\">\n\x13GetApprovalResponse\x12\'\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x15.agentrun.v1.Approval\"\xd7\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x14\n\x08\x61pprover\x18\x03 \x01(\tB\x02\x18\x01\x12\'\n\x07\x61pprove\x18\x04 \x01(\x0b\x32\x14.agentrun.v1.ApproveH\x00\x12%\n\x06reject\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.RejectH\x00\x12!\n\x04\x65\x64it\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.EditH\x00\x42\n\n\x08\x64\x65\x63ision\"\t\n\x07\x41pprove\"\x18\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\",\n\x04\x45\x64it\x12\x16\n\x0e\x61rguments_json\x18\x01 \x01(\t\x12\x0c\n\x04note\x18\x02 \x01(\t\"A\n\x16\x44\x65\x63ideApprovalResponse\x12\'\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x15.agentrun.v1.Approval*\xbc\x01\n\rApprovalState\x12\x1e\n\x1a\x41PPROVAL_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41PPROVAL_STATE_PENDING\x10\x01\x12\x1b\n\x17\x41PPROVAL_STATE_APPROVED\x10\x02\x12\x1b\n\x17\x41PPROVAL_STATE_REJECTED\x10\x03\x12\x19\n\x15\x41PPROVAL_STATE_EDITED\x10\x04\x12\x1a\n\x16\x41PPROVAL_STATE_EXPIRED\x10\x05*}\n\x0c\x45xpiryAction\x12\x1d\n\x19\x45XPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45XPIRY_ACTION_REJECT\x10\x01\x12\x1a\n\x16\x45XPIRY_ACTION_ESCALATE\x10\x02\x12\x18\n\x14\x45XPIRY_ACTION_REMIND\x10\x03\x32\x96\x02\n\x0f\x41pprovalService\x12V\n\rListApprovals\x12!.agentrun.v1.ListApprovalsRequest\x1a\".agentrun.v1.ListApprovalsResponse\x12P\n\x0bGetApproval\x12\x1f.agentrun.v1.GetApprovalRequest\x1a .agentrun.v1.GetApprovalResponse\x12Y\n\x0e\x44\x65\x63ideApproval\x12\".agentrun.v1.DecideApprovalRequest\x1a#.agentrun.v1.DecideApprovalResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentrun/v1/approval.proto\x12\x0b\x61gentrun.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x01\n\x0e\x41pprovalPolicy\x12\r\n\x05tools\x18\x01 \x03(\t\x12\x11\n\tapprovers\x18\x02 \x03(\t\x12\x17\n\x0fslack_approvers\x18\x03 \x03(\t\x12\x16\n\x0e\x65xpiry_seconds\x18\x04 \x01(\x05\x12,\n\ton_expiry\x18\x05 \x01(\x0e\x32\x19.agentrun.v1.ExpiryAction\x12\x13\n\x0b\x65scalate_to\x18\x06 \x03(\t\x12\x15\n\rmax_reminders\x18\x07 \x01(\x05\x12\x17\n\x0fhigh_risk_tools\x18\x08 \x03(\t\x12\x11\n\tfour_eyes\x18\t \x01(\x08\"\x98\x05\n\x08\x41pproval\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65\x63ision_seq\x18\x04 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x07 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x08 \x01(\t\x12)\n\x05state\x18\t \x01(\x0e\x32\x1a.agentrun.v1.ApprovalState\x12\x11\n\tapprovers\x18\n \x03(\t\x12\x17\n\x0fslack_approvers\x18\x0b \x03(\t\x12\x11\n\thigh_risk\x18\x0c \x01(\x08\x12\x13\n\x0bmoves_money\x18\r \x01(\x08\x12/\n\x0b\x65xpire_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\ton_expiry\x18\x0f \x01(\x0e\x32\x19.agentrun.v1.ExpiryAction\x12\x18\n\x10\x65scalation_level\x18\x10 \x01(\x05\x12\x16\n\x0ereminders_sent\x18\x11 \x01(\x05\x12\x12\n\ndecided_by\x18\x12 \x01(\t\x12/\n\x0b\x64\x65\x63ide_time\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x14 \x01(\t\x12\x1d\n\x15\x65\x64ited_arguments_json\x18\x15 \x01(\t\x12/\n\x0b\x63reate_time\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x10\x61rgument_origins\x18\x17 \x03(\x0b\x32\x1b.agentrun.v1.ArgumentOrigin\"\x83\x01\n\x0e\x41rgumentOrigin\x12\x10\n\x08\x61rgument\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x05\x12\x11\n\tstep_kind\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x11\n\tuntrusted\x18\x06 \x01(\x08\x12\x0f\n\x07summary\x18\x07 \x01(\t\"\x90\x01\n\x14ListApprovalsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pprover\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.agentrun.v1.ApprovalState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Z\n\x15ListApprovalsResponse\x12(\n\tapprovals\x18\x01 \x03(\x0b\x32\x15.agentrun.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"?\n\x12GetApprovalRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\">\n\x13GetApprovalResponse\x12\'\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x15.agentrun.v1.Approval\"\xd7\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x14\n\x08\x61pprover\x18\x03 \x01(\tB\x02\x18\x01\x12\'\n\x07\x61pprove\x18\x04 \x01(\x0b\x32\x14.agentrun.v1.ApproveH\x00\x12%\n\x06reject\x18\x05 \x01(\x0b\x32\x13.agentrun.v1.RejectH\x00\x12!\n\x04\x65\x64it\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.EditH\x00\x42\n\n\x08\x64\x65\x63ision\"\t\n\x07\x41pprove\"\x18\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\",\n\x04\x45\x64it\x12\x16\n\x0e\x61rguments_json\x18\x01 \x01(\t\x12\x0c\n\x04note\x18\x02 \x01(\t\"A\n\x16\x44\x65\x63ideApprovalResponse\x12\'\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x15.agentrun.v1.Approval*\xbc\x01\n\rApprovalState\x12\x1e\n\x1a\x41PPROVAL_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41PPROVAL_STATE_PENDING\x10\x01\x12\x1b\n\x17\x41PPROVAL_STATE_APPROVED\x10\x02\x12\x1b\n\x17\x41PPROVAL_STATE_REJECTED\x10\x03\x12\x19\n\x15\x41PPROVAL_STATE_EDITED\x10\x04\x12\x1a\n\x16\x41PPROVAL_STATE_EXPIRED\x10\x05*}\n\x0c\x45xpiryAction\x12\x1d\n\x19\x45XPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45XPIRY_ACTION_REJECT\x10\x01\x12\x1a\n\x16\x45XPIRY_ACTION_ESCALATE\x10\x02\x12\x18\n\x14\x45XPIRY_ACTION_REMIND\x10\x03\x32\x96\x02\n\x0f\x41pprovalService\x12V\n\rListApprovals\x12!.agentrun.v1.ListApprovalsRequest\x1a\".agentrun.v1.ListApprovalsResponse\x12P\n\x0bGetApproval\x12\x1f.agentrun.v1.GetApprovalRequest\x1a .agentrun.v1.GetApprovalResponse\x12Y\n\x0e\x44\x65\x63ideApproval\x12\".agentrun.v1.DecideApprovalRequest\x1a#.agentrun.v1.DecideApprovalResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,32 +34,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECIDEAPPROVALREQUEST'].fields_by_name['approver']._loaded_options = None
   _globals['_DECIDEAPPROVALREQUEST'].fields_by_name['approver']._serialized_options = b'\030\001'
-  _globals['_APPROVALSTATE']._serialized_start=1661
-  _globals['_APPROVALSTATE']._serialized_end=1849
-  _globals['_EXPIRYACTION']._serialized_start=1851
-  _globals['_EXPIRYACTION']._serialized_end=1976
+  _globals['_APPROVALSTATE']._serialized_start=1850
+  _globals['_APPROVALSTATE']._serialized_end=2038
+  _globals['_EXPIRYACTION']._serialized_start=2040
+  _globals['_EXPIRYACTION']._serialized_end=2165
   _globals['_APPROVALPOLICY']._serialized_start=77
   _globals['_APPROVALPOLICY']._serialized_end=310
   _globals['_APPROVAL']._serialized_start=313
-  _globals['_APPROVAL']._serialized_end=922
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=925
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=1069
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=1071
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=1161
-  _globals['_GETAPPROVALREQUEST']._serialized_start=1163
-  _globals['_GETAPPROVALREQUEST']._serialized_end=1226
-  _globals['_GETAPPROVALRESPONSE']._serialized_start=1228
-  _globals['_GETAPPROVALRESPONSE']._serialized_end=1290
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=1293
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=1508
-  _globals['_APPROVE']._serialized_start=1510
-  _globals['_APPROVE']._serialized_end=1519
-  _globals['_REJECT']._serialized_start=1521
-  _globals['_REJECT']._serialized_end=1545
-  _globals['_EDIT']._serialized_start=1547
-  _globals['_EDIT']._serialized_end=1591
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=1593
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=1658
-  _globals['_APPROVALSERVICE']._serialized_start=1979
-  _globals['_APPROVALSERVICE']._serialized_end=2257
+  _globals['_APPROVAL']._serialized_end=977
+  _globals['_ARGUMENTORIGIN']._serialized_start=980
+  _globals['_ARGUMENTORIGIN']._serialized_end=1111
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=1114
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=1258
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=1260
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=1350
+  _globals['_GETAPPROVALREQUEST']._serialized_start=1352
+  _globals['_GETAPPROVALREQUEST']._serialized_end=1415
+  _globals['_GETAPPROVALRESPONSE']._serialized_start=1417
+  _globals['_GETAPPROVALRESPONSE']._serialized_end=1479
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=1482
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=1697
+  _globals['_APPROVE']._serialized_start=1699
+  _globals['_APPROVE']._serialized_end=1708
+  _globals['_REJECT']._serialized_start=1710
+  _globals['_REJECT']._serialized_end=1734
+  _globals['_EDIT']._serialized_start=1736
+  _globals['_EDIT']._serialized_end=1780
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=1782
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=1847
+  _globals['_APPROVALSERVICE']._serialized_start=2168
+  _globals['_APPROVALSERVICE']._serialized_end=2446
 # @@protoc_insertion_point(module_scope)

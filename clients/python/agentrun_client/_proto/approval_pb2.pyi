@@ -176,6 +176,7 @@ class Approval(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     EDITED_ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    ARGUMENT_ORIGINS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     approval_id: _builtins.str
     run_id: _builtins.str
@@ -211,6 +212,13 @@ class Approval(_message.Message):
     def decide_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def argument_origins(self) -> _containers.RepeatedCompositeFieldContainer[Global___ArgumentOrigin]:
+        """Where argument values came from, for a call held because a value first
+        appeared in untrusted content (an UNTRUSTED_VALUE constraint); empty
+        otherwise. Approvers are shown these prominently.
+        """
+
     def __init__(
         self,
         *,
@@ -236,14 +244,67 @@ class Approval(_message.Message):
         reason: _builtins.str = ...,
         edited_arguments_json: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        argument_origins: _abc.Iterable[Global___ArgumentOrigin] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "decide_time", b"decide_time", "expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "approvers", b"approvers", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "create_time", b"create_time", "decide_time", b"decide_time", "decided_by", b"decided_by", "decision_seq", b"decision_seq", "edited_arguments_json", b"edited_arguments_json", "escalation_level", b"escalation_level", "expire_time", b"expire_time", "high_risk", b"high_risk", "moves_money", b"moves_money", "on_expiry", b"on_expiry", "reason", b"reason", "reminders_sent", b"reminders_sent", "run_id", b"run_id", "slack_approvers", b"slack_approvers", "state", b"state", "tool", b"tool", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "approvers", b"approvers", "argument_origins", b"argument_origins", "arguments_json", b"arguments_json", "arguments_sha256", b"arguments_sha256", "call_id", b"call_id", "create_time", b"create_time", "decide_time", b"decide_time", "decided_by", b"decided_by", "decision_seq", b"decision_seq", "edited_arguments_json", b"edited_arguments_json", "escalation_level", b"escalation_level", "expire_time", b"expire_time", "high_risk", b"high_risk", "moves_money", b"moves_money", "on_expiry", b"on_expiry", "reason", b"reason", "reminders_sent", b"reminders_sent", "run_id", b"run_id", "slack_approvers", b"slack_approvers", "state", b"state", "tool", b"tool", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Approval: _TypeAlias = Approval  # noqa: Y015
+
+@_typing.final
+class ArgumentOrigin(_message.Message):
+    """ArgumentOrigin says where one value of a held call's arguments first
+    appeared in the run's log.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARGUMENT_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    STEP_KIND_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    UNTRUSTED_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    argument: _builtins.str
+    """The argument's name (a dotted path inside nested arguments)."""
+    value: _builtins.str
+    """The value, normalised (an IBAN without spaces, an address lower case)."""
+    seq: _builtins.int
+    """The step the value first appeared in, and what that step was: a tool's
+    result ("tool_result"), or the run's input from a mail or webhook
+    ("input").
+    """
+    step_kind: _builtins.str
+    tool: _builtins.str
+    """The tool whose result carried it (tool_result steps)."""
+    untrusted: _builtins.bool
+    """Whether the content it appeared in is untrusted (always true today)."""
+    summary: _builtins.str
+    """One line for people: "first appeared in the result of `read_thread`
+    step 7".
+    """
+    def __init__(
+        self,
+        *,
+        argument: _builtins.str = ...,
+        value: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        step_kind: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        untrusted: _builtins.bool = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argument", b"argument", "seq", b"seq", "step_kind", b"step_kind", "summary", b"summary", "tool", b"tool", "untrusted", b"untrusted", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArgumentOrigin: _TypeAlias = ArgumentOrigin  # noqa: Y015
 
 @_typing.final
 class ListApprovalsRequest(_message.Message):
