@@ -103,8 +103,8 @@ def workspaces_set_approval_watch(args: argparse.Namespace) -> int:
         req.watch.CopyFrom(
             pb.ApprovalWatch(
                 approvals=args.approvals,
-                window_seconds=int(args.window.total_seconds()),
-                max_decide_seconds=int(args.max_decide.total_seconds()),
+                window_seconds=int(args.window),
+                max_decide_seconds=int(args.max_decide),
             )
         )
     ws = _call(args, "SetApprovalWatch", req).workspace
@@ -298,8 +298,8 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
         parents=[common],
     )
     p.add_argument("approvals", metavar="APPROVALS", type=argtypes.int32, nargs="?")
-    p.add_argument("window", metavar="WINDOW", type=duration, nargs="?")
-    p.add_argument("max_decide", metavar="MAX_DECIDE", type=duration, nargs="?")
+    p.add_argument("window", metavar="WINDOW", type=durations.positive_arg, nargs="?")
+    p.add_argument("max_decide", metavar="MAX_DECIDE", type=durations.positive_arg, nargs="?")
     p.add_argument("--off", action="store_true", help="no watch")
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_approval_watch)
