@@ -10,11 +10,13 @@ WORKDIR /app
 
 # Dependencies first (the layer is reused while only the code changes).
 COPY pyproject.toml README.md ./
-COPY generated/ generated/
+COPY clients/python/ clients/python/
 COPY agentrun_cli/ agentrun_cli/
 COPY control_plane/ control_plane/
 COPY executor/ executor/
 COPY faults/ faults/
+COPY ground/ ground/
+COPY telemetry/ telemetry/
 COPY sandbox/ sandbox/
 COPY migrations/ migrations/
 COPY examples/ examples/

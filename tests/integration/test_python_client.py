@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentrun.v1 import agent_pb2, approval_pb2
 from agentrun_client import (
     AsyncClient,
     Client,
@@ -24,7 +25,6 @@ from agentrun_client import (
     Step,
     StepKind,
 )
-from agentrun_client._proto import agent_pb2, approval_pb2
 from agentrun_client.config import dev_credentials
 from tests.harness.agentrun_dev import DevProcess, running_dev
 from tests.harness.servers import scratch_dir

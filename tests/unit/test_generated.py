@@ -1,4 +1,4 @@
-"""generated/ is exactly what protoc makes from proto/ (it is committed, never edited)."""
+"""clients/python/agentrun/ is exactly what protoc makes from proto/ (committed, never edited)."""
 
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ def test_regenerating_changes_nothing(tmp_path):
         capture_output=True,
     )
     fresh = tmp_path / "agentrun" / "v1"
-    committed = ROOT / "generated" / "agentrun" / "v1"
+    committed = ROOT / "clients" / "python" / "agentrun" / "v1"
     names = sorted(p.name for p in fresh.iterdir())
     assert names == sorted(
         p.name for p in committed.iterdir() if p.name != "__init__.py" and p.name != "__pycache__"
     )
     _, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
-    assert (mismatch, errors) == ([], []), "run `make gen` and commit generated/"
+    assert (mismatch, errors) == ([], []), "run `make gen` and commit clients/python/agentrun/"
 
 
 def test_every_step_kind_has_a_stored_name():

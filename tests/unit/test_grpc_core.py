@@ -37,7 +37,7 @@ print(json.dumps({"loaded": "grpc" in sys.modules, "at_import": seen[:1],
 
 def _probe(module: str, **env: str) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items() if k not in (grpc_core.ENV, grpc_core.FORK_ENV)}
-    environ.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "generated")]))
+    environ.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "clients" / "python")]))
     done = subprocess.run(
         [sys.executable, "-c", PROBE, module],
         cwd=ROOT,

@@ -45,19 +45,9 @@ def test_it_imports_nothing_of_the_server_isolated_from_the_checkout() -> None:
     )
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.replace("'", '"')))
-    server = {"agentrun", "agentrun_cli", "control_plane", "executor", "sandbox", "telemetry"}
+    # agentrun.v1 (the protoc stubs) is the package's own; the server's code is not.
+    server = {"agentrun_cli", "control_plane", "executor", "sandbox", "telemetry", "ground"}
     assert "agentrun_client" in loaded and not loaded & server
-
-
-def test_its_stubs_are_make_gens_with_the_imports_rewritten() -> None:
-    generated = sorted((REPO / "generated" / "agentrun" / "v1").glob("*_pb2*.py*"))
-    assert generated
-    for path in generated:
-        copy = PACKAGE / "agentrun_client" / "_proto" / path.name
-        want = path.read_text().replace(
-            "\nfrom agentrun.v1 import ", "\nfrom agentrun_client._proto import "
-        )
-        assert copy.read_text() == want, f"{copy} differs from {path}: run `make gen`"
 
 
 def test_settings_come_from_arguments_then_environment_then_profile_then_the_dev_stack(

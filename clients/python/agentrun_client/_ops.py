@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from google.protobuf.message import Message
 
-from agentrun_client._proto import approval_pb2, run_pb2, session_pb2
+from agentrun.v1 import approval_pb2, run_pb2, session_pb2
 from agentrun_client.errors import InvalidArgument
 from agentrun_client.types import (
     Approval,

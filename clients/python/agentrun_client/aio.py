@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agentrun_client._ops import Call, Requests, watch_event
-from agentrun_client._proto import (
+from agentrun.v1 import (
     agent_pb2_grpc,
     approval_pb2_grpc,
     run_pb2_grpc,
     session_pb2_grpc,
 )
+from agentrun_client._ops import Call, Requests, watch_event
 from agentrun_client.config import Settings, aio_channel
 from agentrun_client.errors import AgentrunError, from_rpc_error
 from agentrun_client.profiles import Profile

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from agentrun_client._proto import run_pb2, run_pb2_grpc
+from agentrun.v1 import run_pb2, run_pb2_grpc
 
 RetryHook = Callable[[grpc.RpcError, float], None]
 
