@@ -5,31 +5,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
 
-from agentrun.v1 import (
-    agent_pb2_grpc,
-    approval_pb2_grpc,
-    run_pb2_grpc,
-    session_pb2_grpc,
-)
-from agentrun_client._ops import Call, Requests, watch_event
-from agentrun_client.config import Settings, sync_channel
+from agentrun_client._ops import Call, watch_event
+from agentrun_client.base import ClientBase
+from agentrun_client.config import sync_channel
 from agentrun_client.errors import AgentrunError, from_rpc_error
-from agentrun_client.profiles import Profile
-from agentrun_client.retry import RetryPolicy
 from agentrun_client.types import Approval, Delta, Page, Run, Session, Signal, Step, Turn
 from agentrun_client.watch import RunWatch
 
 T = TypeVar("T")
-TIMEOUT = 30.0
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """A workspace's runs, approvals and sessions over one gRPC channel.
 
         with Client() as client:      # address and key as the `agentrun` CLI finds them
@@ -40,42 +31,7 @@ class Client:
     use when nothing names a key ("approver" decides approvals).
     """
 
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        workspace: str | None = None,
-        api_key: str | None = None,
-        profile: str | Profile | None = None,
-        role: str = "admin",
-        data_dir: Path | None = None,
-        timeout: float = TIMEOUT,
-        retry: RetryPolicy | None = None,
-        settings: Settings | None = None,
-    ) -> None:
-        self.settings = settings or Settings.resolve(
-            address, workspace, api_key, profile=profile, role=role, data_dir=data_dir
-        )
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy()
-        self._ops = Requests(self.settings.workspace)
-        self._channel = sync_channel(self.settings, self.retry.channel_options())
-        self.runs = run_pb2_grpc.RunServiceStub(self._channel)
-        self.agents = agent_pb2_grpc.AgentServiceStub(self._channel)
-        self._stubs: dict[str, Any] = {
-            "runs": self.runs,
-            "approvals": approval_pb2_grpc.ApprovalServiceStub(self._channel),
-            "sessions": session_pb2_grpc.SessionServiceStub(self._channel),
-        }
-
-    @property
-    def workspace(self) -> str:
-        return self.settings.workspace
-
-    @property
-    def channel(self) -> grpc.Channel:
-        """The channel (its key sent on every call), for stubs of other services."""
-        return self._channel
+    _open = staticmethod(sync_channel)
 
     def close(self) -> None:
         self._channel.close()
