@@ -83,21 +83,61 @@ class FoundRun:
     trigger_id: str | None  # the trigger whose event started it
 
 
-async def search_runs(pool: Pool, workspace_id: str, f: RunFilter, limit: int) -> list[FoundRun]:
+def _filter_params(workspace_id: str, f: RunFilter) -> dict[str, Any]:
+    return {
+        "workspace_id": workspace_id,
+        "status": f.status,
+        "agent_id": f.agent_id,
+        "trigger_id": f.trigger_id,
+        "wait_reason": f.wait_reason,
+        "created_from": f.created_from,
+        "created_to": f.created_to,
+        "search": f.search,
+    }
+
+
+Cursor = tuple[datetime, uuid.UUID]  # a run's (created_at, run_id): its place in the list
+
+
+def _found(rows: list[Any]) -> list[FoundRun]:
+    return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
+
+
+async def search_runs(
+    pool: Pool, workspace_id: str, f: RunFilter, limit: int, older_than: Cursor | None = None
+) -> list[FoundRun]:
+    """The filtered runs, newest first, older than the cursor (from the newest without one)."""
+    at_created, at_run_id = older_than if older_than else (None, None)
     rows = await run(
         pool,
         "console_run_search",
-        workspace_id=workspace_id,
-        status=f.status,
-        agent_id=f.agent_id,
-        trigger_id=f.trigger_id,
-        wait_reason=f.wait_reason,
-        created_from=f.created_from,
-        created_to=f.created_to,
-        search=f.search,
+        **_filter_params(workspace_id, f),
+        at_created=at_created,
+        at_run_id=at_run_id,
         limit=limit,
     )
-    return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
+    return _found(rows)
+
+
+async def search_runs_newer(
+    pool: Pool, workspace_id: str, f: RunFilter, limit: int, newer_than: Cursor
+) -> list[FoundRun]:
+    """The `limit` filtered runs just newer than the cursor, newest first."""
+    rows = await run(
+        pool,
+        "console_run_search_newer",
+        **_filter_params(workspace_id, f),
+        at_created=newer_than[0],
+        at_run_id=newer_than[1],
+        limit=limit,
+    )
+    return _found(rows)[::-1]
+
+
+async def run_counts(pool: Pool, workspace_id: str, f: RunFilter) -> dict[str, int]:
+    """How many runs the filters (all but status) match, per status."""
+    rows = await run(pool, "console_run_counts", **_filter_params(workspace_id, f))
+    return {r["status"]: r["runs"] for r in rows}
 
 
 async def queue_by_agent(pool: Pool, workspace_id: str) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
     pages = [
         Route("/", c.page(Need.READ, runs.index), methods=get),
         Route("/runs", c.page(Need.READ, runs.runs), methods=get),
+        Route("/runs/live", c.page(Need.READ, runs.live), methods=get),
         Route("/runs/{run_id}", c.page(Need.READ, runs.run), methods=get),
         Route("/runs/{run_id}/events", c.page(Need.READ, runs.events), methods=get),
         Route(

@@ -19,16 +19,12 @@ DELETE FROM console_sessions WHERE session_sha256 = $1;
 -- Drop sessions that expired (called at sign-in; expired rows are never read anyway).
 DELETE FROM console_sessions WHERE expires_at <= now();
 
--- name: console_run_search :many
--- The console's runs list: a workspace's runs, newest first, narrowed by each filter that
--- is not NULL: status, agent, the trigger whose event started it, wait reason, created in
--- [created_from, created_to), and search text (a run id, or a case-insensitive substring of the
--- input, output or error; strpos, so % and _ are not wildcards).
-SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
-       te.trigger_id
-FROM runs r
-LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
-WHERE r.workspace_id = :workspace_id
+-- name: console_run_filter :fragment
+-- The console's runs-list filters, each left out when NULL: status, agent, the trigger whose
+-- event started it, wait reason, created in [created_from, created_to), and search text (a
+-- run id, or a case-insensitive substring of the input, output or error; strpos, so % and _
+-- are not wildcards).
+r.workspace_id = :workspace_id
   AND (:status::text IS NULL OR r.status = :status)
   AND (:agent_id::text IS NULL OR r.agent_id = :agent_id)
   AND (:trigger_id::text IS NULL OR te.trigger_id = :trigger_id)
@@ -39,8 +35,39 @@ WHERE r.workspace_id = :workspace_id
        OR strpos(lower(r.input), lower(:search)) > 0
        OR strpos(lower(coalesce(r.output, '')), lower(:search)) > 0
        OR strpos(lower(coalesce(r.error, '')), lower(:search)) > 0)
+
+-- name: console_run_search :many
+-- The console's runs list, newest first: the filtered runs older than the keyset cursor
+-- (at_created, at_run_id) — all of them when the cursor is NULL. The keyset reads
+-- runs_by_created; there is no OFFSET, so a page costs the same however deep it is.
+SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+       te.trigger_id
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+  AND (:at_created::timestamptz IS NULL OR (r.created_at, r.run_id) < (:at_created, :at_run_id::uuid))
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit;
+
+-- name: console_run_search_newer :many
+-- The console's "previous" page: the filtered runs newer than the keyset cursor, nearest
+-- first (oldest first; the caller reverses them to newest first).
+SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+       te.trigger_id
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+  AND (r.created_at, r.run_id) > (:at_created::timestamptz, :at_run_id::uuid)
+ORDER BY r.created_at, r.run_id
+LIMIT :limit;
+
+-- name: console_run_counts :many
+-- How many of the filtered runs are in each status (the caller leaves the status filter out).
+SELECT r.status, count(*) AS runs
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+GROUP BY r.status;
 
 -- name: console_queue_by_agent :many
 -- A workspace's queue per agent: its cap, how many runs run, are queued (and due now), and
