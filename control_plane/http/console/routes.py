@@ -8,6 +8,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from control_plane.auth.access import Need
+from control_plane.http.console.actions import ACTIONS, ActionPages
 from control_plane.http.console.approvals import ApprovalPages
 from control_plane.http.console.oidc_flow import CodeFlow
 from control_plane.http.console.runs import RunPages
@@ -32,6 +33,7 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
     c = console_of(ctx)
     runs, approvals = RunPages(c), ApprovalPages(c)
     workspace, signin = WorkspacePages(c), SignInPages(c)
+    actions = ActionPages(c, ctx.services)
     get, post = ["GET"], ["POST"]
     pages = [
         Route("/", c.page(Need.READ, runs.index), methods=get),
@@ -41,6 +43,13 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
         Route("/runs/{run_id}/events", c.page(Need.READ, runs.events), methods=get),
         Route(
             "/runs/{run_id}/unknowns/{seq:int}", c.page(Need.OPERATE, runs.resolve), methods=post
+        ),
+        Route("/runs/{run_id}/actions/{action}", c.page(Need.READ, actions.confirm), methods=get),
+        *(
+            Route(
+                f"/runs/{{run_id}}/actions/{name}", c.page(a.need, actions.act(name)), methods=post
+            )
+            for name, a in ACTIONS.items()
         ),
         Route("/unknowns", c.page(Need.READ, runs.unknowns), methods=get),
         Route("/approvals", c.page(Need.READ, approvals.inbox), methods=get),

@@ -17,6 +17,7 @@ from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument, NotFound
+from control_plane.http.console import profile as profiling
 from control_plane.http.console import timeline
 from control_plane.http.console.web import Console, fragment, render, see_other
 from control_plane.store import approvals as approval_store
@@ -213,6 +214,9 @@ class RunPages:
             "run.html",
             run=row,
             entries=timeline.entries(steps),
+            profile=profiling.profile(steps, row.lease_epoch, row.lease_owner),
+            seconds=profiling.seconds,
+            dollars=profiling.dollars,
             next_seq=next_seq,
             approvals=[a for a in pending if a.run_id == row.run_id],
             decisions=DECISIONS,
