@@ -173,3 +173,13 @@ async def awaiting_person(pool: Pool, workspace_id: str, limit: int) -> list[Awa
         )
         for r in rows
     ]
+
+
+async def chart_rows(
+    pool: Pool, workspace_id: str, agent_id: str | None, since: datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs started, and finished (with durations, tokens, cost), per UTC hour since `since`."""
+    params = {"workspace_id": workspace_id, "agent_id": agent_id, "since": since}
+    started = await run(pool, "console_chart_started", **params)
+    finished = await run(pool, "console_chart_finished", **params)
+    return [dict(r) for r in started], [dict(r) for r in finished]

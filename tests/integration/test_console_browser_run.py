@@ -80,6 +80,18 @@ async def test_the_waterfall_durations_match_the_step_log_and_the_totals_the_run
         await b.goto(f"/console/runs/{run_id}")
         assert await b.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         await b.snap("run-profile-phone")
+
+        await b.page.set_viewport_size({"width": 1280, "height": 900})
+        await b.goto("/console/charts?agent=echoer")  # drawn from the runs table
+        totals = b.page.locator("#chart-totals")
+        assert await totals.locator("[data-total=started]").text_content() == "1"
+        assert await totals.locator("[data-total=completed]").text_content() == "1"
+        assert await totals.locator("[data-total=tokens]").text_content() == str(
+            row.input_tokens + row.output_tokens
+        )
+        done_bars = b.page.locator("rect[data-series=completed][data-value='1']")
+        assert await done_bars.count() == 1
+        await b.snap("charts")
         assert b.errors == []
 
 

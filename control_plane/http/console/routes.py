@@ -10,6 +10,7 @@ from starlette.staticfiles import StaticFiles
 from control_plane.auth.access import Need
 from control_plane.http.console.actions import ACTIONS, ActionPages
 from control_plane.http.console.approvals import ApprovalPages
+from control_plane.http.console.charts import ChartPages
 from control_plane.http.console.oidc_flow import CodeFlow
 from control_plane.http.console.runs import RunPages
 from control_plane.http.console.sessions import Sessions
@@ -56,6 +57,7 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
         Route("/approvals/{approval_id}", c.page(Need.READ, approvals.show), methods=get),
         Route("/approvals/{approval_id}", c.page(Need.DECIDE, approvals.decide), methods=post),
         Route("/queue", c.page(Need.READ, workspace.queue), methods=get),
+        Route("/charts", c.page(Need.READ, ChartPages(c).charts), methods=get),
         Route("/triggers", c.page(Need.READ, workspace.triggers), methods=get),
         Route("/signin", signin.form, methods=get),
         Route("/signin/key", signin.with_key, methods=post),

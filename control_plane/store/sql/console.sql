@@ -124,3 +124,27 @@ WHERE r.workspace_id = $1 AND r.status = 'waiting' AND r.wait_reason IN ('human'
                     AND d.ref_seq = s.seq AND d.payload ? 'decision')
 ORDER BY r.run_id, s.seq DESC
 LIMIT $2;
+
+-- name: console_chart_started :many
+-- The charts page: runs started per hour since :since (UTC hours), of one agent or all.
+SELECT date_trunc('hour', created_at, 'UTC') AS at, count(*) AS started
+FROM runs
+WHERE workspace_id = :workspace_id AND created_at >= :since
+  AND (:agent_id::text IS NULL OR agent_id = :agent_id)
+GROUP BY 1;
+
+-- name: console_chart_finished :many
+-- The charts page: runs finished per hour since :since by how they ended, the p50 and p95
+-- of their duration (admission to finish, seconds) and their tokens and cost.
+SELECT date_trunc('hour', finished_at, 'UTC') AS at,
+       count(*) FILTER (WHERE status = 'completed') AS completed,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) AS p95,
+       sum(input_tokens + output_tokens)::bigint AS tokens,
+       sum(cost_micros)::bigint AS cost_micros
+FROM runs
+WHERE workspace_id = :workspace_id AND finished_at >= :since
+  AND (:agent_id::text IS NULL OR agent_id = :agent_id)
+GROUP BY 1;
