@@ -183,3 +183,27 @@ async def chart_rows(
     started = await run(pool, "console_chart_started", **params)
     finished = await run(pool, "console_chart_finished", **params)
     return [dict(r) for r in started], [dict(r) for r in finished]
+
+
+async def sessions(pool: Pool, workspace_id: str, limit: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in await run(pool, "console_session_list", workspace_id, limit)]
+
+
+async def session_turns(
+    pool: Pool, workspace_id: str, session_id: uuid.UUID, limit: int
+) -> list[dict[str, Any]]:
+    rows = await run(pool, "console_session_turns", workspace_id, session_id, limit)
+    return [dict(r) for r in rows]
+
+
+async def agent_versions(
+    pool: Pool, workspace_id: str, agent_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """An agent's versions, newest first, each spec decoded."""
+    rows = await run(pool, "console_agent_versions", workspace_id, agent_id, limit)
+    return [{**dict(r), "spec": json.loads(r["spec"])} for r in rows]
+
+
+async def runs_by_release(pool: Pool, workspace_id: str) -> dict[str | None, int]:
+    rows = await run(pool, "console_runs_by_release", workspace_id)
+    return {r["release"]: r["runs"] for r in rows}

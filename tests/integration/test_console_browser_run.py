@@ -16,7 +16,7 @@ import uuid
 import asyncpg
 import pytest
 
-from agentrun.v1 import approval_pb2, run_pb2
+from agentrun.v1 import approval_pb2, run_pb2, session_pb2, session_pb2_grpc
 from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store
 from tests.harness import auth
@@ -146,3 +146,55 @@ async def test_fork_retry_and_cancel_from_the_page_after_a_confirmation(stack):
         await b.snap("run-cancelled")
         assert b.errors == []
     assert (await api.get(waiting)).status == run_pb2.RUN_STATUS_CANCELLED
+
+
+OBJECT_PAGES = ("sessions", "agents", "tools", "connections", "releases", "credits", "charts")
+
+
+async def test_every_object_has_a_page_that_fits_a_phone(stack):
+    cp, api, pool, key = stack
+    stub = session_pb2_grpc.SessionServiceStub(api.channel)
+    created = await stub.CreateSession(
+        session_pb2.CreateSessionRequest(workspace_id="ws", agent_id="echoer", title="support")
+    )
+    session_id = created.session.session_id
+    turn = await stub.SendMessage(
+        session_pb2.SendMessageRequest(workspace_id="ws", session_id=session_id, text="hi there")
+    )
+    await api.wait_terminal([turn.turn.run_id])
+    await api.publish("echoer", "echo_input", ["echo", "crm_lookup"])  # v2: one more tool
+    async with chromium(cp.http_url) as b:
+        await b.sign_in_with_key(key)
+        page = b.page
+        await page.set_viewport_size(PHONE)
+        for name in OBJECT_PAGES:
+            resp = await b.goto(f"/console/{name}")
+            assert resp.status == 200, name
+            assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+            await b.snap(f"{name}-phone")
+        await page.set_viewport_size({"width": 1280, "height": 900})
+
+        await b.goto("/console/sessions")
+        await page.click(f"#sessions a[href='/console/sessions/{session_id}']")
+        first = page.locator("#turns li[data-turn='1']")
+        assert "hi there" in await first.inner_text()
+        assert await first.locator(".badge").text_content() == "completed"
+        await b.snap("session")
+
+        await b.goto("/console/agents/echoer")  # the newest two versions, diffed
+        added = await page.locator("#spec-diff .dadd").all_inner_texts()
+        assert any('"crm_lookup"' in line for line in added), added
+        await b.snap("agent-diff")
+
+        await b.goto("/console/tools")
+        echo = page.locator("#tools tr[data-tool='echo']")
+        assert await echo.count() == 1
+        assert await echo.locator(".idempotency").text_content() != ""
+
+        assert b.errors == []
+
+        # Bad input is a page naming what is wrong (the browser logs the 4xx load itself).
+        resp = await b.goto("/console/agents/echoer?a=99")
+        assert resp.status == 404 and "no version 99" in await page.inner_text("main")
+        resp = await b.goto("/console/runs?after=not-a-cursor")
+        assert resp.status == 400 and "after" in await page.inner_text("main")

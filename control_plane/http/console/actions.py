@@ -117,7 +117,8 @@ class ActionPages:
         q = request.query_params
         from_seq = q.get("from_seq", "")
         if action.name == "fork":
-            from_seq = str(_seq("from_seq", from_seq or str(max(row.step_count - 1, 0))))
+            last = row.step_count - (2 if row.status in TERMINAL else 1)  # before a finish
+            from_seq = str(_seq("from_seq", from_seq or str(max(last, 0))))
         return render(
             request,
             "action.html",

@@ -11,6 +11,7 @@ from control_plane.auth.access import Need
 from control_plane.http.console.actions import ACTIONS, ActionPages
 from control_plane.http.console.approvals import ApprovalPages
 from control_plane.http.console.charts import ChartPages
+from control_plane.http.console.objects import ObjectPages
 from control_plane.http.console.oidc_flow import CodeFlow
 from control_plane.http.console.runs import RunPages
 from control_plane.http.console.sessions import Sessions
@@ -34,7 +35,7 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
     c = console_of(ctx)
     runs, approvals = RunPages(c), ApprovalPages(c)
     workspace, signin = WorkspacePages(c), SignInPages(c)
-    actions = ActionPages(c, ctx.services)
+    actions, objects = ActionPages(c, ctx.services), ObjectPages(c)
     get, post = ["GET"], ["POST"]
     pages = [
         Route("/", c.page(Need.READ, runs.index), methods=get),
@@ -58,6 +59,14 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
         Route("/approvals/{approval_id}", c.page(Need.DECIDE, approvals.decide), methods=post),
         Route("/queue", c.page(Need.READ, workspace.queue), methods=get),
         Route("/charts", c.page(Need.READ, ChartPages(c).charts), methods=get),
+        Route("/sessions", c.page(Need.READ, objects.sessions), methods=get),
+        Route("/sessions/{session_id}", c.page(Need.READ, objects.session), methods=get),
+        Route("/agents", c.page(Need.READ, objects.agents), methods=get),
+        Route("/agents/{agent_id}", c.page(Need.READ, objects.agent), methods=get),
+        Route("/tools", c.page(Need.READ, objects.tools), methods=get),
+        Route("/connections", c.page(Need.READ, objects.connections), methods=get),
+        Route("/releases", c.page(Need.READ, objects.releases), methods=get),
+        Route("/credits", c.page(Need.READ, objects.credits), methods=get),
         Route("/triggers", c.page(Need.READ, workspace.triggers), methods=get),
         Route("/signin", signin.form, methods=get),
         Route("/signin/key", signin.with_key, methods=post),

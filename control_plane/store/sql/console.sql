@@ -148,3 +148,32 @@ FROM runs
 WHERE workspace_id = :workspace_id AND finished_at >= :since
   AND (:agent_id::text IS NULL OR agent_id = :agent_id)
 GROUP BY 1;
+
+-- name: console_session_list :many
+-- The sessions page: a workspace's sessions, most recently active first.
+SELECT session_id, agent_id, title, turn_count, strategy, created_at, updated_at
+FROM sessions WHERE workspace_id = $1
+ORDER BY updated_at DESC, session_id DESC
+LIMIT $2;
+
+-- name: console_session_turns :many
+-- A session's turns, oldest first, each with its run's status, input, output and usage.
+SELECT t.turn, t.run_id, t.created_at, t.ended_by, r.status, r.input, r.output, r.error,
+       r.input_tokens, r.output_tokens, r.cost_micros
+FROM session_turns t JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
+WHERE t.workspace_id = $1 AND t.session_id = $2
+ORDER BY t.turn
+LIMIT $3;
+
+-- name: console_agent_versions :many
+-- An agent's versions, newest first, with their specs (for a diff between two).
+SELECT version, spec, created_at, tool_versions
+FROM agent_versions WHERE workspace_id = $1 AND agent_id = $2
+ORDER BY version DESC
+LIMIT $3;
+
+-- name: console_runs_by_release :many
+-- The workspace's unfinished runs per release they are pinned to (NULL: none yet).
+SELECT release, count(*) AS runs
+FROM runs WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+GROUP BY release;
