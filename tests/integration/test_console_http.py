@@ -473,3 +473,25 @@ async def test_the_runs_list_pages_by_cursor_and_names_a_bad_page(stack, db_url)
         for bad, field in (({"size": "0"}, "size"), ({"before": "x~y"}, "before")):
             resp = await client.get("/console/runs", params=bad)
             assert resp.status_code == 400 and field in resp.text, resp.text
+
+
+async def test_bulk_cancel_cancels_the_unfinished_runs_the_filtered_list_shows(stack, db_url):
+    cp, api = stack
+    await api.publish("poster", "poster", ["chat_post"])
+    mail = [await api.start("mailer", f"mail {i}") for i in range(3)]
+    post = await api.start("poster", "post it")
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="ops")
+    async with signed_in(cp.http_url, key) as client:
+        confirm = await client.get("/console/runs/bulk/cancel", params={"agent": "mailer"})
+        assert confirm.status_code == 200
+        assert re.search(r'id="bulk-count">3<', confirm.text) and post not in confirm.text
+        assert "<b>agent</b> = mailer" in confirm.text
+        data = {"csrf": csrf_of(confirm), "agent": "mailer", "reason": "wrong list"}
+        resp = await client.post("/console/runs/bulk/cancel", data=data)
+        assert resp.status_code == 303 and "cancelled=3" in resp.headers["location"]
+        none_left = await client.get("/console/runs/bulk/cancel", params={"agent": "mailer"})
+        assert "nothing will be cancelled" in none_left.text
+    for run_id in mail:
+        run = await api.get(run_id)
+        assert run.status == run_pb2.RUN_STATUS_CANCELLED and "wrong list" in run.error
+    assert (await api.get(post)).status == run_pb2.RUN_STATUS_QUEUED

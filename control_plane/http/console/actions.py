@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,8 +26,11 @@ from control_plane.auth.access import Need
 from control_plane.deploys.releases import release_name
 from control_plane.ground import validate
 from control_plane.ground.errors import FailedPrecondition, InvalidArgument, NotFound
+from control_plane.http.console.runs import FILTER_FIELDS as FILTERS
+from control_plane.http.console.runs import run_filter
 from control_plane.http.console.web import Console, render, see_other
 from control_plane.http.services import Services
+from control_plane.store import console as console_store
 from control_plane.store import releases as release_store
 from control_plane.store import runs as run_store
 
@@ -193,3 +197,68 @@ def _seq(field: str, value: str) -> int:
     if not value.isascii() or not value.isdigit() or int(value) >= 2**31:
         raise InvalidArgument(field, "must be a step number (0 or more)")
     return int(value)
+
+
+BULK_MAX = 500  # runs one press cancels; press again for more
+OPEN = ("queued", "running", "waiting")
+
+
+class BulkPages:
+    """Cancel every unfinished run a filtered list shows (up to BULK_MAX a press): a GET
+    confirmation that counts them and names the first few, then the POST."""
+
+    def __init__(self, console: Console, services: Services | None) -> None:
+        self.c = console
+        self.services = services
+
+    async def _open_runs(self, q: dict[str, str], limit: int) -> list[run_store.Run]:
+        f = run_filter(q)
+        if f.status and f.status not in OPEN:
+            return []
+        ws = auth_context.workspace("")
+        out: list[run_store.Run] = []
+        cursor = None
+        while len(out) < limit:
+            page = await console_store.search_runs(self.c.pool, ws, f, 200, cursor)
+            out += [p.run for p in page if p.run.status in OPEN]
+            if len(page) < 200:
+                break
+            cursor = (page[-1].run.created_at, page[-1].run.run_id)
+        return out[:limit]
+
+    async def confirm(self, request: Request) -> Response:
+        q = dict(request.query_params)
+        runs = await self._open_runs(q, BULK_MAX + 1)
+        kept = {k: v for k, v in q.items() if k in FILTERS and v}
+        return render(
+            request,
+            "bulk.html",
+            runs=runs[:BULK_MAX],
+            more=len(runs) > BULK_MAX,
+            shown=runs[:20],
+            kept=kept,
+            query=urlencode(kept),
+            allowed=access.allows(Need.OPERATE, request.state.who),
+            bulk_max=BULK_MAX,
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        form = request.state.form
+        q = {k: v for k, v in form.items() if k in FILTERS}
+        reason = validate.text("reason", form.get("reason", ""), max_bytes=1000)
+        if self.services is None:
+            raise FailedPrecondition("this replica serves no run actions (no API services)")
+        cancelled = 0
+        for row in await self._open_runs(q, BULK_MAX):
+            req = run_pb2.CancelRunRequest(
+                workspace_id=row.workspace_id,
+                run_id=str(row.run_id),
+                reason=reason or "cancelled from the console (bulk)",
+            )
+            try:
+                await self.services.runs.CancelRun(req, cast(Any, None))
+                cancelled += 1
+            except FailedPrecondition:  # it ended meanwhile
+                continue
+        kept = {k: v for k, v in q.items() if v}
+        return see_other(f"/console/runs?{urlencode({**kept, 'cancelled': str(cancelled)})}")

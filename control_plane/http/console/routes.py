@@ -8,7 +8,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from control_plane.auth.access import Need
-from control_plane.http.console.actions import ACTIONS, ActionPages
+from control_plane.http.console.actions import ACTIONS, ActionPages, BulkPages
 from control_plane.http.console.approvals import ApprovalPages
 from control_plane.http.console.charts import ChartPages
 from control_plane.http.console.objects import ObjectPages
@@ -36,11 +36,14 @@ def routes(ctx: HttpContext) -> list[BaseRoute]:
     runs, approvals = RunPages(c), ApprovalPages(c)
     workspace, signin = WorkspacePages(c), SignInPages(c)
     actions, objects = ActionPages(c, ctx.services), ObjectPages(c)
+    bulk = BulkPages(c, ctx.services)
     get, post = ["GET"], ["POST"]
     pages = [
         Route("/", c.page(Need.READ, runs.index), methods=get),
         Route("/runs", c.page(Need.READ, runs.runs), methods=get),
         Route("/runs/live", c.page(Need.READ, runs.live), methods=get),
+        Route("/runs/bulk/cancel", c.page(Need.READ, bulk.confirm), methods=get),
+        Route("/runs/bulk/cancel", c.page(Need.OPERATE, bulk.cancel), methods=post),
         Route("/runs/{run_id}", c.page(Need.READ, runs.run), methods=get),
         Route("/runs/{run_id}/events", c.page(Need.READ, runs.events), methods=get),
         Route(
