@@ -9,6 +9,7 @@ list without a reload; at a phone's width nothing is wider than the screen.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -90,6 +91,14 @@ async def test_a_run_cancelled_elsewhere_shows_in_the_open_list_without_a_reload
         await b.sign_in_with_key(key)
         await b.goto("/console/runs?status=cancelled")
         assert await listed(b) == []
+        b.page.once("dialog", lambda dialog: asyncio.ensure_future(dialog.accept("stopped")))
+        await b.page.click("#save-view")  # kept in this browser, a link to the same filters
+        saved = b.page.locator("#views-list a.view")
+        await saved.wait_for()
+        assert (await saved.text_content(), await saved.get_attribute("href")) == (
+            "stopped",
+            "?status=cancelled",
+        )
         await b.page.evaluate("window.notReloaded = true")
         await run_store.cancel_run(pool, "ws", victim.run_id, "stopped from elsewhere")
         await b.page.wait_for_selector(f"#run-rows tr[data-run='{victim.run_id}']", timeout=10_000)

@@ -8,6 +8,7 @@ test_console_browser.py.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -495,3 +496,28 @@ async def test_bulk_cancel_cancels_the_unfinished_runs_the_filtered_list_shows(s
         run = await api.get(run_id)
         assert run.status == run_pb2.RUN_STATUS_CANCELLED and "wrong list" in run.error
     assert (await api.get(post)).status == run_pb2.RUN_STATUS_QUEUED
+
+
+async def test_a_signal_from_the_page_reaches_the_runs_mailbox_once(stack, db, db_url):
+    cp, api = stack
+    run_id = await api.start("mailer", "wait for me")
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="ops")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get(f"/console/runs/{run_id}/actions/signal")
+        assert "mailbox" in page.text
+        event = re.search(r'name="event_id" value="([^"]+)"', page.text)
+        assert event
+        form = {"csrf": csrf_of(page), "event_id": event[1], "payload_json": '{"ok": true}'}
+        bad = await client.post(
+            f"/console/runs/{run_id}/actions/signal", data={**form, "signal_name": "-no"}
+        )
+        assert bad.status_code == 400 and "signal_name" in bad.text
+        for _ in range(2):  # a resend with the same event id is the same signal
+            sent = await client.post(
+                f"/console/runs/{run_id}/actions/signal", data={**form, "signal_name": "go"}
+            )
+            assert sent.status_code == 303
+    rows = await db.fetch(
+        "SELECT name, payload::text, sent_by FROM run_signals WHERE run_id = $1", uuid.UUID(run_id)
+    )
+    assert [tuple(r) for r in rows] == [("go", '{"ok": true}', "key:ops")]
