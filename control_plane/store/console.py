@@ -185,6 +185,12 @@ async def chart_rows(
     return [dict(r) for r in started], [dict(r) for r in finished]
 
 
+async def chart_by_agent(pool: Pool, workspace_id: str, since: datetime) -> list[dict[str, Any]]:
+    """Per agent since `since`: started, completed, failed, p95 seconds, tokens, cost."""
+    rows = await run(pool, "console_chart_by_agent", workspace_id=workspace_id, since=since)
+    return [dict(r) for r in rows]
+
+
 async def sessions(pool: Pool, workspace_id: str, limit: int) -> list[dict[str, Any]]:
     return [dict(r) for r in await run(pool, "console_session_list", workspace_id, limit)]
 

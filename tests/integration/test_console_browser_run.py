@@ -91,6 +91,9 @@ async def test_the_waterfall_durations_match_the_step_log_and_the_totals_the_run
         )
         done_bars = b.page.locator("rect[data-series=completed][data-value='1']")
         assert await done_bars.count() == 1
+        await b.goto("/console/charts?window=48h")  # every agent, one row each
+        echoer = b.page.locator("#by-agent tr[data-agent=echoer] .tokens")
+        assert await echoer.text_content() == str(row.input_tokens + row.output_tokens)
         await b.snap("charts")
         assert b.errors == []
 

@@ -129,12 +129,13 @@ class ChartPages:
         span = _window(q.get("window", ""))
         now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         hours = [now - timedelta(hours=span - 1 - i) for i in range(span)]
-        started, finished = await store.chart_rows(
-            self.c.pool, auth_context.workspace(""), agent, hours[0]
-        )
+        ws = auth_context.workspace("")
+        started, finished = await store.chart_rows(self.c.pool, ws, agent, hours[0])
+        by_agent = [] if agent else await store.chart_by_agent(self.c.pool, ws, hours[0])
         return render(
             request,
             "charts.html",
+            by_agent=by_agent,
             charts=charts_of(hours, started, finished),
             hours=hours,
             agent=agent or "",

@@ -177,3 +177,19 @@ LIMIT $3;
 SELECT release, count(*) AS runs
 FROM runs WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
 GROUP BY release;
+
+-- name: console_chart_by_agent :many
+-- The charts page's table: per agent since :since, runs started, and of those finished
+-- since then how many completed and failed, their p95 duration (seconds), tokens and cost.
+SELECT agent_id,
+       count(*) FILTER (WHERE created_at >= :since) AS started,
+       count(*) FILTER (WHERE finished_at >= :since AND status = 'completed') AS completed,
+       count(*) FILTER (WHERE finished_at >= :since AND status = 'failed') AS failed,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))
+           FILTER (WHERE finished_at >= :since) AS p95,
+       coalesce(sum(input_tokens + output_tokens) FILTER (WHERE finished_at >= :since), 0)::bigint AS tokens,
+       coalesce(sum(cost_micros) FILTER (WHERE finished_at >= :since), 0)::bigint AS cost_micros
+FROM runs
+WHERE workspace_id = :workspace_id AND (created_at >= :since OR finished_at >= :since)
+GROUP BY agent_id
+ORDER BY agent_id;
