@@ -22,7 +22,7 @@ from tests.harness import auth
 from tests.harness.browser import Browser, chromium, require_chromium
 
 RUNS = 5000
-PAGE = 200
+PAGE = 500
 PHONE = {"width": 390, "height": 844}
 
 
@@ -67,8 +67,8 @@ async def test_page_through_5000_runs_forwards_and_back_with_no_row_twice_or_mis
         assert await b.page.locator("#prev").count() == 0  # the newest page: nothing newer
         pages = [await listed(b)]
         while await b.page.locator("#next").count():
-            await b.page.click("#next")
-            await b.page.wait_for_load_state()
+            async with b.page.expect_navigation():
+                await b.page.click("#next")
             pages.append(await listed(b))
         forwards = [run for page in pages for run in page]
         assert forwards == expected  # every run once, newest first, none missing
@@ -77,8 +77,8 @@ async def test_page_through_5000_runs_forwards_and_back_with_no_row_twice_or_mis
 
         back = [await listed(b)]
         while await b.page.locator("#prev").count():
-            await b.page.click("#prev")
-            await b.page.wait_for_load_state()
+            async with b.page.expect_navigation():
+                await b.page.click("#prev")
             back.append(await listed(b))
         assert back == pages[::-1]  # the same pages, the same rows, going back
         assert b.errors == []

@@ -77,7 +77,7 @@ def _seq(value: str) -> int | None:
 
 
 FILTER_FIELDS = ("status", "agent", "trigger", "wait_reason", "from", "to", "q")
-PAGE_SIZE, MAX_PAGE_SIZE = 50, 200
+PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 CURSOR = "%Y%m%dT%H%M%S.%fZ"
 
 
