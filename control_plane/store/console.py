@@ -83,21 +83,61 @@ class FoundRun:
     trigger_id: str | None  # the trigger whose event started it
 
 
-async def search_runs(pool: Pool, workspace_id: str, f: RunFilter, limit: int) -> list[FoundRun]:
+def _filter_params(workspace_id: str, f: RunFilter) -> dict[str, Any]:
+    return {
+        "workspace_id": workspace_id,
+        "status": f.status,
+        "agent_id": f.agent_id,
+        "trigger_id": f.trigger_id,
+        "wait_reason": f.wait_reason,
+        "created_from": f.created_from,
+        "created_to": f.created_to,
+        "search": f.search,
+    }
+
+
+Cursor = tuple[datetime, uuid.UUID]  # a run's (created_at, run_id): its place in the list
+
+
+def _found(rows: list[Any]) -> list[FoundRun]:
+    return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
+
+
+async def search_runs(
+    pool: Pool, workspace_id: str, f: RunFilter, limit: int, older_than: Cursor | None = None
+) -> list[FoundRun]:
+    """The filtered runs, newest first, older than the cursor (from the newest without one)."""
+    at_created, at_run_id = older_than if older_than else (None, None)
     rows = await run(
         pool,
         "console_run_search",
-        workspace_id=workspace_id,
-        status=f.status,
-        agent_id=f.agent_id,
-        trigger_id=f.trigger_id,
-        wait_reason=f.wait_reason,
-        created_from=f.created_from,
-        created_to=f.created_to,
-        search=f.search,
+        **_filter_params(workspace_id, f),
+        at_created=at_created,
+        at_run_id=at_run_id,
         limit=limit,
     )
-    return [FoundRun(Run.from_record(r), r["trigger_id"]) for r in rows]
+    return _found(rows)
+
+
+async def search_runs_newer(
+    pool: Pool, workspace_id: str, f: RunFilter, limit: int, newer_than: Cursor
+) -> list[FoundRun]:
+    """The `limit` filtered runs just newer than the cursor, newest first."""
+    rows = await run(
+        pool,
+        "console_run_search_newer",
+        **_filter_params(workspace_id, f),
+        at_created=newer_than[0],
+        at_run_id=newer_than[1],
+        limit=limit,
+    )
+    return _found(rows)[::-1]
+
+
+async def run_counts(pool: Pool, workspace_id: str, f: RunFilter) -> dict[str, int]:
+    """How many runs the filters (all but status) match, per status."""
+    rows = await run(pool, "console_run_counts", **_filter_params(workspace_id, f))
+    return {r["status"]: r["runs"] for r in rows}
 
 
 async def queue_by_agent(pool: Pool, workspace_id: str) -> list[dict[str, Any]]:
@@ -133,3 +173,43 @@ async def awaiting_person(pool: Pool, workspace_id: str, limit: int) -> list[Awa
         )
         for r in rows
     ]
+
+
+async def chart_rows(
+    pool: Pool, workspace_id: str, agent_id: str | None, since: datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs started, and finished (with durations, tokens, cost), per UTC hour since `since`."""
+    params = {"workspace_id": workspace_id, "agent_id": agent_id, "since": since}
+    started = await run(pool, "console_chart_started", **params)
+    finished = await run(pool, "console_chart_finished", **params)
+    return [dict(r) for r in started], [dict(r) for r in finished]
+
+
+async def chart_by_agent(pool: Pool, workspace_id: str, since: datetime) -> list[dict[str, Any]]:
+    """Per agent since `since`: started, completed, failed, p95 seconds, tokens, cost."""
+    rows = await run(pool, "console_chart_by_agent", workspace_id=workspace_id, since=since)
+    return [dict(r) for r in rows]
+
+
+async def sessions(pool: Pool, workspace_id: str, limit: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in await run(pool, "console_session_list", workspace_id, limit)]
+
+
+async def session_turns(
+    pool: Pool, workspace_id: str, session_id: uuid.UUID, limit: int
+) -> list[dict[str, Any]]:
+    rows = await run(pool, "console_session_turns", workspace_id, session_id, limit)
+    return [dict(r) for r in rows]
+
+
+async def agent_versions(
+    pool: Pool, workspace_id: str, agent_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """An agent's versions, newest first, each spec decoded."""
+    rows = await run(pool, "console_agent_versions", workspace_id, agent_id, limit)
+    return [{**dict(r), "spec": json.loads(r["spec"])} for r in rows]
+
+
+async def runs_by_release(pool: Pool, workspace_id: str) -> dict[str | None, int]:
+    rows = await run(pool, "console_runs_by_release", workspace_id)
+    return {r["release"]: r["runs"] for r in rows}

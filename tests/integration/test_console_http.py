@@ -8,6 +8,7 @@ test_console_browser.py.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -414,3 +415,109 @@ async def test_only_a_live_workspace_key_signs_in(stack, db_url):
             )
             assert resp.status_code == status and words in resp.text, resp.text
             assert key not in resp.text and "agentrun_console" not in client.cookies
+
+
+async def test_run_actions_need_their_role_a_csrf_token_and_a_run_that_can_take_them(stack, db_url):
+    cp, api = stack  # no executor: the runs stay queued
+    run_id = await api.start("mailer", "email ada")
+    reader = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, reader) as client:
+        confirm = await client.get(f"/console/runs/{run_id}/actions/cancel")
+        assert confirm.status_code == 200 and "ends as cancelled now" in confirm.text
+        assert "does not hold it" in confirm.text  # says so before anyone presses
+        resp = await client.post(
+            f"/console/runs/{run_id}/actions/cancel", data={"csrf": csrf_of(confirm)}
+        )
+        assert resp.status_code == 403 and "may not operate" in resp.text
+    assert (await api.get(run_id)).status == run_pb2.RUN_STATUS_QUEUED
+    operator = await auth.workspace_key(db_url, "ws", role="operator", principal="ops")
+    async with signed_in(cp.http_url, operator) as client:
+        action = f"/console/runs/{run_id}/actions"
+        assert (await client.get(f"{action}/explode")).status_code == 404
+        resp = await client.post(f"{action}/cancel", data={})
+        assert resp.status_code == 403 and "CSRF" in resp.text
+        page = await client.get(f"{action}/fork")
+        csrf = csrf_of(page)
+        for data, field in (
+            ({"from_seq": "x"}, "from_seq"),
+            ({"from_seq": "0", "agent_version": "v2"}, "agent_version"),
+        ):
+            resp = await client.post(f"{action}/fork", data={"csrf": csrf, **data})
+            assert resp.status_code == 400 and field in resp.text, resp.text
+        resp = await client.post(f"{action}/move", data={"csrf": csrf})
+        assert resp.status_code == 403 and "may not platform" in resp.text  # a platform action
+        resp = await client.post(f"{action}/cancel", data={"csrf": csrf, "reason": "typo"})
+        assert resp.status_code == 303 and resp.headers["location"] == f"/console/runs/{run_id}"
+        run = await api.get(run_id)
+        assert run.status == run_pb2.RUN_STATUS_CANCELLED and "typo" in run.error
+        again = await client.post(f"{action}/cancel", data={"csrf": csrf})
+        assert again.status_code == 409 and "already ended" in again.text
+
+
+async def test_the_runs_list_pages_by_cursor_and_names_a_bad_page(stack, db_url):
+    cp, api = stack
+    started = [await api.start("mailer", f"run {i}") for i in range(5)]
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+        seen: list[str] = []
+        path = "/console/runs?size=2"
+        while path:
+            page = await client.get(path)
+            assert page.status_code == 200
+            seen += [r for r in re.findall(r'data-run="([^"]+)"', page.text)]
+            found = re.search(r'id="next" href="([^"]+)"', page.text)
+            path = found[1].replace("&amp;", "&") if found else ""
+        assert seen == started[::-1]
+        live = await client.get("/console/runs/live?size=2")
+        assert live.status_code == 200 and started[-1] in live.json()["rows"]
+        assert 'data-count="queued">5<' in live.json()["counts"]
+        for bad, field in (({"size": "0"}, "size"), ({"before": "x~y"}, "before")):
+            resp = await client.get("/console/runs", params=bad)
+            assert resp.status_code == 400 and field in resp.text, resp.text
+
+
+async def test_bulk_cancel_cancels_the_unfinished_runs_the_filtered_list_shows(stack, db_url):
+    cp, api = stack
+    await api.publish("poster", "poster", ["chat_post"])
+    mail = [await api.start("mailer", f"mail {i}") for i in range(3)]
+    post = await api.start("poster", "post it")
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="ops")
+    async with signed_in(cp.http_url, key) as client:
+        confirm = await client.get("/console/runs/bulk/cancel", params={"agent": "mailer"})
+        assert confirm.status_code == 200
+        assert re.search(r'id="bulk-count">3<', confirm.text) and post not in confirm.text
+        assert "<b>agent</b> = mailer" in confirm.text
+        data = {"csrf": csrf_of(confirm), "agent": "mailer", "reason": "wrong list"}
+        resp = await client.post("/console/runs/bulk/cancel", data=data)
+        assert resp.status_code == 303 and "cancelled=3" in resp.headers["location"]
+        none_left = await client.get("/console/runs/bulk/cancel", params={"agent": "mailer"})
+        assert "nothing will be cancelled" in none_left.text
+    for run_id in mail:
+        run = await api.get(run_id)
+        assert run.status == run_pb2.RUN_STATUS_CANCELLED and "wrong list" in run.error
+    assert (await api.get(post)).status == run_pb2.RUN_STATUS_QUEUED
+
+
+async def test_a_signal_from_the_page_reaches_the_runs_mailbox_once(stack, db, db_url):
+    cp, api = stack
+    run_id = await api.start("mailer", "wait for me")
+    key = await auth.workspace_key(db_url, "ws", role="operator", principal="ops")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get(f"/console/runs/{run_id}/actions/signal")
+        assert "mailbox" in page.text
+        event = re.search(r'name="event_id" value="([^"]+)"', page.text)
+        assert event
+        form = {"csrf": csrf_of(page), "event_id": event[1], "payload_json": '{"ok": true}'}
+        bad = await client.post(
+            f"/console/runs/{run_id}/actions/signal", data={**form, "signal_name": "-no"}
+        )
+        assert bad.status_code == 400 and "signal_name" in bad.text
+        for _ in range(2):  # a resend with the same event id is the same signal
+            sent = await client.post(
+                f"/console/runs/{run_id}/actions/signal", data={**form, "signal_name": "go"}
+            )
+            assert sent.status_code == 303
+    rows = await db.fetch(
+        "SELECT name, payload::text, sent_by FROM run_signals WHERE run_id = $1", uuid.UUID(run_id)
+    )
+    assert [tuple(r) for r in rows] == [("go", '{"ok": true}', "key:ops")]

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from control_plane.api.runs import MAX_NOTE_BYTES, decider, resolve_unknown, watch_feed
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import Principal
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument, NotFound
+from control_plane.http.console import profile as profiling
 from control_plane.http.console import timeline
 from control_plane.http.console.web import Console, fragment, render, see_other
 from control_plane.store import approvals as approval_store
@@ -71,6 +76,35 @@ def _seq(value: str) -> int | None:
     return min(int(value), MAX_SEQ)
 
 
+FILTER_FIELDS = ("status", "agent", "trigger", "wait_reason", "from", "to", "q")
+PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
+CURSOR = "%Y%m%dT%H%M%S.%fZ"
+
+
+def cursor_of(row: run_store.Run) -> str:
+    """A run's place in the list, for a next/previous link: its created_at (UTC, to the
+    microsecond, as stored) and run id."""
+    return f"{row.created_at.astimezone(UTC).strftime(CURSOR)}~{row.run_id}"
+
+
+def _cursor(field: str, value: str) -> store.Cursor | None:
+    if not value:
+        return None
+    at, _, run_id = value.partition("~")
+    try:
+        return datetime.strptime(at, CURSOR).replace(tzinfo=UTC), uuid.UUID(run_id)
+    except ValueError:
+        raise InvalidArgument(field, "is not a cursor from a next/previous link") from None
+
+
+def _size(value: str) -> int:
+    if not value:
+        return PAGE_SIZE
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= MAX_PAGE_SIZE:
+        raise InvalidArgument("size", f"must be a number of runs from 1 to {MAX_PAGE_SIZE}")
+    return int(value)
+
+
 def run_filter(q: dict[str, str]) -> store.RunFilter:
     def slug(field: str) -> str | None:
         return validate.slug(field, q[field]) if q.get(field) else None
@@ -102,13 +136,69 @@ class RunPages:
         return see_other("/console/runs")
 
     async def runs(self, request: Request) -> Response:
-        query = dict(request.query_params)
-        found = await store.search_runs(
-            self.c.pool, auth_context.workspace(""), run_filter(query), 200
+        listed = await self._listed(request)
+        return render(request, "runs.html", wait_reasons=WAIT_REASONS, **listed)
+
+    async def live(self, request: Request) -> Response:
+        """The open list's rows and counts again, as JSON of two HTML fragments: the page
+        polls it (console.js) and swaps them in, so runs that start or finish elsewhere
+        show without a reload."""
+        listed = await self._listed(request)
+        rows = fragment("_runs.html", "rows", listed["found"], **listed)
+        counts = fragment("_runs.html", "counts", listed["counts"], **listed)
+        pager = fragment("_runs.html", "pager", **listed)
+        return JSONResponse(
+            {"rows": rows, "counts": counts, "pager": pager}, headers={"Cache-Control": "no-store"}
         )
-        return render(
-            request, "runs.html", found=found, q=query, statuses=STATUSES, wait_reasons=WAIT_REASONS
-        )
+
+    async def _listed(self, request: Request) -> dict[str, Any]:
+        """One page of the filtered list, newest first, by keyset: `after` (a cursor) pages
+        to older runs, `before` to newer ones; neither is the newest page."""
+        q = dict(request.query_params)
+        f = run_filter(q)
+        size = _size(q.get("size", ""))
+        ws = auth_context.workspace("")
+        after, before = _cursor("after", q.get("after", "")), _cursor("before", q.get("before", ""))
+        if after and before:
+            raise InvalidArgument("before", "give after or before, not both")
+        if before:
+            found = await store.search_runs_newer(self.c.pool, ws, f, size + 1, before)
+            has_newer, found = len(found) > size, found[-size:]
+            has_older = True
+        else:
+            found = await store.search_runs(self.c.pool, ws, f, size + 1, after)
+            has_older, found = len(found) > size, found[:size]
+            has_newer = after is not None
+        if found and has_newer and not before:  # past the first page: is anything newer now?
+            first = found[0].run
+            probe = (first.created_at, first.run_id)
+            has_newer = bool(await store.search_runs_newer(self.c.pool, ws, f, 1, probe))
+        counts = await store.run_counts(self.c.pool, ws, replace(f, status=None))
+        kept = {k: q[k] for k in FILTER_FIELDS if q.get(k)}
+        if q.get("size"):
+            kept["size"] = str(size)
+        base = urlencode(kept)
+        here = urlencode({**kept, **{k: q[k] for k in ("after", "before") if q.get(k)}})
+        older = newer = None
+        if found and has_older:
+            older = urlencode({**kept, "after": cursor_of(found[-1].run)})
+        if found and has_newer:
+            newer = urlencode({**kept, "before": cursor_of(found[0].run)})
+        elif not found and (after or before):
+            newer = base  # a page past the end (its runs were deleted): back to the newest
+        return {
+            "found": found,
+            "q": q,
+            "counts": counts,
+            "total": sum(counts.values()),
+            "base": base,
+            "base_without_status": urlencode({k: v for k, v in kept.items() if k != "status"}),
+            "statuses": STATUSES,
+            "here": here,
+            "older": older,
+            "newer": newer,
+            "size": size,
+        }
 
     async def run(self, request: Request) -> Response:
         row = await self._run(request)
@@ -124,6 +214,9 @@ class RunPages:
             "run.html",
             run=row,
             entries=timeline.entries(steps),
+            profile=profiling.profile(steps, row.lease_epoch, row.lease_owner),
+            seconds=profiling.seconds,
+            dollars=profiling.dollars,
             next_seq=next_seq,
             approvals=[a for a in pending if a.run_id == row.run_id],
             decisions=DECISIONS,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from control_plane.credits import pricing
 from control_plane.store.steps import Step
 
 LABELS = {
@@ -56,6 +57,8 @@ class Entry:
     tone: str = ""  # ok | warn | bad
     unknown: bool = False  # a tool result that waits for a person
     resolves: int | None = None  # the unknown outcome this step decides
+    took_ms: int | None = None  # since the step before it (None: the first)
+    cost: str = ""  # what the step was charged (priced kinds only)
 
 
 def _decision(e: Entry, p: dict[str, Any]) -> None:
@@ -171,7 +174,19 @@ def entry(step: Step, previous: Step | None = None) -> Entry:
         payload = json.loads(step.payload)
     except ValueError:
         payload = {}
-    FILL.get(step.kind, _other)(e, payload if isinstance(payload, dict) else {})
+    payload = payload if isinstance(payload, dict) else {}
+    FILL.get(step.kind, _other)(e, payload)
+    if previous is not None:
+        e.took_ms = round((step.created_at - previous.created_at).total_seconds() * 1000)
+    if step.kind in pricing.PRICED_KINDS:
+        try:
+            used = pricing.step_usage(pricing.table(), step.kind, payload, f"step {step.seq}")
+        except (ValueError, KeyError):  # a malformed record: shown, not priced
+            used = None
+        if used is not None:
+            e.cost = f"${used.cost_micros / 1_000_000:.4f}"
+            if step.kind == "model_decision":
+                e.fields.append(("in · out", f"{used.input_tokens} · {used.output_tokens}"))
     e.note = " · ".join(n for n in (implied(previous, step), e.note) if n)
     return e
 

@@ -19,16 +19,12 @@ DELETE FROM console_sessions WHERE session_sha256 = $1;
 -- Drop sessions that expired (called at sign-in; expired rows are never read anyway).
 DELETE FROM console_sessions WHERE expires_at <= now();
 
--- name: console_run_search :many
--- The console's runs list: a workspace's runs, newest first, narrowed by each filter that
--- is not NULL: status, agent, the trigger whose event started it, wait reason, created in
--- [created_from, created_to), and search text (a run id, or a case-insensitive substring of the
--- input, output or error; strpos, so % and _ are not wildcards).
-SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
-       te.trigger_id
-FROM runs r
-LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
-WHERE r.workspace_id = :workspace_id
+-- name: console_run_filter :fragment
+-- The console's runs-list filters, each left out when NULL: status, agent, the trigger whose
+-- event started it, wait reason, created in [created_from, created_to), and search text (a
+-- run id, or a case-insensitive substring of the input, output or error; strpos, so % and _
+-- are not wildcards).
+r.workspace_id = :workspace_id
   AND (:status::text IS NULL OR r.status = :status)
   AND (:agent_id::text IS NULL OR r.agent_id = :agent_id)
   AND (:trigger_id::text IS NULL OR te.trigger_id = :trigger_id)
@@ -39,8 +35,39 @@ WHERE r.workspace_id = :workspace_id
        OR strpos(lower(r.input), lower(:search)) > 0
        OR strpos(lower(coalesce(r.output, '')), lower(:search)) > 0
        OR strpos(lower(coalesce(r.error, '')), lower(:search)) > 0)
+
+-- name: console_run_search :many
+-- The console's runs list, newest first: the filtered runs older than the keyset cursor
+-- (at_created, at_run_id) — all of them when the cursor is NULL. The keyset reads
+-- runs_by_created; there is no OFFSET, so a page costs the same however deep it is.
+SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+       te.trigger_id
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+  AND (:at_created::timestamptz IS NULL OR (r.created_at, r.run_id) < (:at_created, :at_run_id::uuid))
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :limit;
+
+-- name: console_run_search_newer :many
+-- The console's "previous" page: the filtered runs newer than the keyset cursor, nearest
+-- first (oldest first; the caller reverses them to newest first).
+SELECT r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
+       te.trigger_id
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+  AND (r.created_at, r.run_id) > (:at_created::timestamptz, :at_run_id::uuid)
+ORDER BY r.created_at, r.run_id
+LIMIT :limit;
+
+-- name: console_run_counts :many
+-- How many of the filtered runs are in each status (the caller leaves the status filter out).
+SELECT r.status, count(*) AS runs
+FROM runs r
+LEFT JOIN trigger_events te ON te.run_id = r.run_id AND te.workspace_id = r.workspace_id
+WHERE {{console_run_filter}}
+GROUP BY r.status;
 
 -- name: console_queue_by_agent :many
 -- A workspace's queue per agent: its cap, how many runs run, are queued (and due now), and
@@ -97,3 +124,72 @@ WHERE r.workspace_id = $1 AND r.status = 'waiting' AND r.wait_reason IN ('human'
                     AND d.ref_seq = s.seq AND d.payload ? 'decision')
 ORDER BY r.run_id, s.seq DESC
 LIMIT $2;
+
+-- name: console_chart_started :many
+-- The charts page: runs started per hour since :since (UTC hours), of one agent or all.
+SELECT date_trunc('hour', created_at, 'UTC') AS at, count(*) AS started
+FROM runs
+WHERE workspace_id = :workspace_id AND created_at >= :since
+  AND (:agent_id::text IS NULL OR agent_id = :agent_id)
+GROUP BY 1;
+
+-- name: console_chart_finished :many
+-- The charts page: runs finished per hour since :since by how they ended, the p50 and p95
+-- of their duration (admission to finish, seconds) and their tokens and cost.
+SELECT date_trunc('hour', finished_at, 'UTC') AS at,
+       count(*) FILTER (WHERE status = 'completed') AS completed,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) AS p95,
+       sum(input_tokens + output_tokens)::bigint AS tokens,
+       sum(cost_micros)::bigint AS cost_micros
+FROM runs
+WHERE workspace_id = :workspace_id AND finished_at >= :since
+  AND (:agent_id::text IS NULL OR agent_id = :agent_id)
+GROUP BY 1;
+
+-- name: console_session_list :many
+-- The sessions page: a workspace's sessions, most recently active first.
+SELECT session_id, agent_id, title, turn_count, strategy, created_at, updated_at
+FROM sessions WHERE workspace_id = $1
+ORDER BY updated_at DESC, session_id DESC
+LIMIT $2;
+
+-- name: console_session_turns :many
+-- A session's turns, oldest first, each with its run's status, input, output and usage.
+SELECT t.turn, t.run_id, t.created_at, t.ended_by, r.status, r.input, r.output, r.error,
+       r.input_tokens, r.output_tokens, r.cost_micros
+FROM session_turns t JOIN runs r ON r.workspace_id = t.workspace_id AND r.run_id = t.run_id
+WHERE t.workspace_id = $1 AND t.session_id = $2
+ORDER BY t.turn
+LIMIT $3;
+
+-- name: console_agent_versions :many
+-- An agent's versions, newest first, with their specs (for a diff between two).
+SELECT version, spec, created_at, tool_versions
+FROM agent_versions WHERE workspace_id = $1 AND agent_id = $2
+ORDER BY version DESC
+LIMIT $3;
+
+-- name: console_runs_by_release :many
+-- The workspace's unfinished runs per release they are pinned to (NULL: none yet).
+SELECT release, count(*) AS runs
+FROM runs WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+GROUP BY release;
+
+-- name: console_chart_by_agent :many
+-- The charts page's table: per agent since :since, runs started, and of those finished
+-- since then how many completed and failed, their p95 duration (seconds), tokens and cost.
+SELECT agent_id,
+       count(*) FILTER (WHERE created_at >= :since) AS started,
+       count(*) FILTER (WHERE finished_at >= :since AND status = 'completed') AS completed,
+       count(*) FILTER (WHERE finished_at >= :since AND status = 'failed') AS failed,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))
+           FILTER (WHERE finished_at >= :since) AS p95,
+       coalesce(sum(input_tokens + output_tokens) FILTER (WHERE finished_at >= :since), 0)::bigint AS tokens,
+       coalesce(sum(cost_micros) FILTER (WHERE finished_at >= :since), 0)::bigint AS cost_micros
+FROM runs
+WHERE workspace_id = :workspace_id AND (created_at >= :since OR finished_at >= :since)
+GROUP BY agent_id
+ORDER BY agent_id;
