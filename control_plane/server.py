@@ -91,7 +91,7 @@ from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
 from control_plane.triggers.scheduler import Scheduler
-from telemetry import event_loop, tracing
+from telemetry import event_loop, grpc_trace, tracing
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,11 @@ async def start(
     )
     # Both gRPC servers (public, executor) run the same interceptors; the error
     # interceptor outside, so it maps what the identity one raises.
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(), identity(resolver)]
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        grpc_trace.ServerTracing(),  # outermost: its span sees the status the call ends with
+        ErrorInterceptor(),
+        identity(resolver),
+    ]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
     services = _add_servicers(parts, server, executors)

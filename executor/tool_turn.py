@@ -253,6 +253,7 @@ class ToolTurn:
         if internal is not None:
             return await internal.resume(self, action, seq)
         unsent = steps.known_unsent(self.held.entries, started.seq, self.held.lease.epoch)
+        began = time.monotonic()
         try:
             outcome = await self._resend(
                 action, name, started.payload.get("arguments") or {}, unsent
@@ -265,7 +266,8 @@ class ToolTurn:
         except horizon.Refused as exc:
             known = unsent and not exc.may_have_left
             return await self.held.loop.hand_back(str(exc), started.seq if known else None)
-        return await self.settle(action, seq, outcome)
+        took = round((time.monotonic() - began) * 1000)
+        return await self.settle(action, seq, outcome, duration_ms=took)
 
     async def _resend(
         self, action: ResolveUnknown, name: str, arguments: Any, unsent: bool = False
@@ -298,8 +300,11 @@ class ToolTurn:
             faults.point("executor.tool.after_response")
         return outcome
 
-    async def settle(self, action: ResolveUnknown, seq: int, outcome: Outcome) -> str | None:
-        """Record what a call found started without a result was resolved to."""
+    async def settle(
+        self, action: ResolveUnknown, seq: int, outcome: Outcome, duration_ms: int | None = None
+    ) -> str | None:
+        """Record what a call found started without a result was resolved to (`duration_ms`:
+        how long resolving it took, when it was sent or looked up)."""
         started = action.started
         name = str(started.payload.get("tool", ""))
         log.info(
@@ -311,7 +316,7 @@ class ToolTurn:
             outcome.resolution or "",
         )
         call_id = str(started.payload.get("call_id", ""))
-        return await self.record(seq, started.seq, call_id, name, outcome)
+        return await self.record(seq, started.seq, call_id, name, outcome, duration_ms=duration_ms)
 
     # -- what is sent, and as whom ---------------------------------------------
 
