@@ -95,11 +95,6 @@ class RunFigures:
         """A run that ended by a statement of ours (the max-age sweep): read, then counted."""
         self._spawn(self._read_finished(db, workspace_id, run_id))
 
-    async def idle(self) -> None:
-        """Wait for the counts under way (tests; a stop)."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
-
     # -- counting --------------------------------------------------------------
 
     def _spawn(self, work: Any) -> None:
