@@ -1,7 +1,8 @@
 """/metrics' finished runs, durations, tokens and cost (issue 46) agree with the API exactly.
 
 A control plane and an executor run as processes; RUNS runs end in all three ways (tool
-calls then an answer, a reply cut off: failed, cancelled while queued). The exposition must
+calls then an answer, a reply cut off: failed, cancelled while queued, failed past their
+max age by the control plane). The exposition must
 pass Debian's `promtool check metrics` (the prometheus package; .ci/run installs it), and
 every new series must equal what GetRun and ListRunSteps say: finished runs by agent and
 status, tokens in and out, model plus tool cost, the run-duration histogram's count and sum,
@@ -17,14 +18,15 @@ from collections import Counter
 
 import httpx
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import run_pb2
 from tests.harness.agentrun_api import Api
 from tests.harness.waiting import eventually
 from tests.integration.test_metrics import TOKEN, Scrape, scrape
 
-ECHOERS, CUTTERS, CANCELLED = 80, 60, 60
-RUNS = ECHOERS + CUTTERS + CANCELLED
+ECHOERS, CUTTERS, CANCELLED, SWEPT = 80, 55, 60, 5
+RUNS = ECHOERS + CUTTERS + CANCELLED + SWEPT
 STATUS = {
     run_pb2.RUN_STATUS_COMPLETED: "completed",
     run_pb2.RUN_STATUS_FAILED: "failed",
@@ -52,6 +54,8 @@ async def test_finished_runs_tokens_and_cost_on_metrics_agree_with_the_api(
         await api.publish("echoer", "two_echoes", ["echo"])
         await api.publish("cutter", "cut_off", [])
         await api.publish("waiter", "chat", [])
+        # Sleeps 6 s, past its max age: failed by the control plane, not by a commit.
+        await api.publish("sleeper", "long_sleep", ["sleep"], max_age=Duration(seconds=2))
         cancelled = [await api.start("waiter") for _ in range(CANCELLED)]
         for run_id in cancelled:  # queued: no executor yet
             await api.runs.CancelRun(
@@ -59,6 +63,7 @@ async def test_finished_runs_tokens_and_cost_on_metrics_agree_with_the_api(
             )
         started = [await api.start("echoer") for _ in range(ECHOERS)]
         started += [await api.start("cutter") for _ in range(CUTTERS)]
+        started += [await api.start("sleeper") for _ in range(SWEPT)]
         executor_factory(cp)
         runs = await api.wait_terminal(started + cancelled, within=120)
         steps = {r.run_id: await api.steps(r.run_id) for r in runs}
@@ -70,7 +75,9 @@ async def test_finished_runs_tokens_and_cost_on_metrics_agree_with_the_api(
         ("echoer", "completed"): ECHOERS,
         ("cutter", "failed"): CUTTERS,
         ("waiter", "cancelled"): CANCELLED,
+        ("sleeper", "failed"): SWEPT,
     }, [r.error for r in runs if r.status == run_pb2.RUN_STATUS_FAILED][:3]
+    assert {r.error for r in runs if r.agent_id == "sleeper"} == {"max age exceeded"}
 
     async def counted() -> Scrape:
         figures = await scrape(cp.http_url)
@@ -82,7 +89,7 @@ async def test_finished_runs_tokens_and_cost_on_metrics_agree_with_the_api(
     for (agent, status), count in by.items():
         assert figures.value("agentrun_runs_finished_total", workspace=ws, agent=agent) == count
         assert figures.value("agentrun_runs_finished_total", agent=agent, status=status) == count
-    for agent in ("echoer", "cutter", "waiter"):
+    for agent in ("echoer", "cutter", "waiter", "sleeper"):
         mine = [r for r in runs if r.agent_id == agent]
         tokens_in = sum(r.counters.input_tokens for r in mine)
         tokens_out = sum(r.counters.output_tokens for r in mine)
