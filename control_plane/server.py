@@ -80,7 +80,7 @@ from control_plane.http.app import build_app
 from control_plane.http.context import HttpContext
 from control_plane.http.server import HttpIngress
 from control_plane.http.services import Services
-from control_plane.ops import logs
+from control_plane.ops import logs, run_figures
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
 from control_plane.runs import children, signals
@@ -91,7 +91,7 @@ from control_plane.tools.guard import PublishGuard
 from control_plane.triggers import sealed_secrets
 from control_plane.triggers.push import PushFetcher
 from control_plane.triggers.scheduler import Scheduler
-from telemetry import event_loop, tracing
+from telemetry import event_loop, grpc_trace, tracing
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
     pipeline.after_commit(TopUp())
+    pipeline.after_commit(run_figures.FIGURES)  # after the top-up: it may end the run
     return pipeline
 
 
@@ -296,7 +297,11 @@ async def start(
     )
     # Both gRPC servers (public, executor) run the same interceptors; the error
     # interceptor outside, so it maps what the identity one raises.
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(), identity(resolver)]
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        grpc_trace.ServerTracing(),  # outermost: its span sees the status the call ends with
+        ErrorInterceptor(),
+        identity(resolver),
+    ]
     server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(config))
     executors = _executor_server(config, interceptors) or server
     services = _add_servicers(parts, server, executors)

@@ -148,4 +148,4 @@ def payload(span: Span, reply: ModelReply, model: str) -> dict[str, Any]:
         "usage": reply.usage.to_payload(),
         "model": reply.model or model,
         "response_id": reply.response_id,
-    }
+    } | ({} if reply.duration_ms is None else {"duration_ms": reply.duration_ms})

@@ -8,8 +8,11 @@ import dataclasses
 import functools
 import itertools
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from opentelemetry.trace import Span, SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2
@@ -22,6 +25,7 @@ from executor.replay import CallModel, StartTool
 from executor.stream import cancelling
 from executor.tool_turn import ToolTurn
 from executor.tools.catalogue import Tool
+from telemetry import genai
 from telemetry.scrape import labelled
 
 MODEL_BACKOFF_START = 1.0
@@ -65,8 +69,7 @@ class ModelTurn:
         seq = held.next_seq()
         messages = transcript.build_messages(held.entries, held.spec.instructions, self._rendered)
         try:
-            with child_span("agentrun.model", attributes={"agentrun.seq": seq}):
-                reply = await self._ask(seq, messages, self._tool_schemas(), self._streamed(seq))
+            reply = await self._ask(seq, messages, self._tool_schemas(), self._streamed(seq))
         except ModelUnavailable as exc:
             m.MODEL_CALLS.labels("unavailable").inc()
             return await self._model_unavailable(exc)
@@ -244,6 +247,39 @@ class ModelTurn:
         return forward
 
     async def _ask(
+        self,
+        seq: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_delta: Callable[[str], None] | None = None,
+    ) -> ModelReply | None:
+        """The model's reply, timed (`duration_ms`, recorded in its step), in a span of
+        the GenAI conventions (telemetry/genai.py); None if the drain deadline interrupted
+        the call."""
+        held = self._held
+        provider, model = profiles.requested(held.deps.model, held.spec)
+        attributes = {"agentrun.seq": seq, **genai.chat_request(provider, model, held.run_id)}
+        name = genai.chat_span_name(model)
+        with child_span(name, kind=SpanKind.CLIENT, attributes=attributes) as span:
+            began = time.monotonic()
+            reply = await self._call_model(seq, messages, tools, on_delta)
+            if reply is None:
+                return None
+            reply = dataclasses.replace(reply, duration_ms=round((time.monotonic() - began) * 1000))
+            if isinstance(span, Span):
+                usage = reply.usage
+                span.set_attributes(
+                    genai.chat_response(
+                        reply.model,
+                        reply.response_id,
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        reply.stop_reason,
+                    )
+                )
+            return reply
+
+    async def _call_model(
         self,
         seq: int,
         messages: list[dict[str, Any]],

@@ -92,6 +92,8 @@ def decision(seq: int, reply: ModelReply, model: str) -> executor_pb2.NewStep:
         payload["dropped_tool_calls"] = len(reply.tool_calls)
     if reply.refusal is not None:
         payload["refusal"] = reply.refusal
+    if reply.duration_ms is not None:
+        payload["duration_ms"] = reply.duration_ms
     return new_step(seq, DECISION, payload)
 
 

@@ -3,7 +3,9 @@ and settle a call found started without a result."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -36,6 +38,7 @@ from executor.tools import chain, credentials, keys
 from executor.tools.catalogue import Tool
 from executor.tools.delivery import Outcome, after_parks, pending_backoff
 from executor.tools.rejection import ToolCallRejected
+from telemetry import genai
 
 
 class RunFailed(Exception):
@@ -153,11 +156,8 @@ class ToolTurn:
         """Send a call whose `tool_started` step landed, under its key; record the outcome."""
         seq = started.seq
         try:
-            with child_span(
-                "agentrun.tool",
-                kind=SpanKind.CLIENT,
-                attributes={"agentrun.seq": seq, "agentrun.tool": tool.name},
-            ):
+            with self._span(tool.name, call_id, seq):
+                began = time.monotonic()
                 outcome = await self.held.deps.delivery.send(
                     tool,
                     self._outbound(tool, arguments),
@@ -165,6 +165,7 @@ class ToolTurn:
                     self.held.loop.guard,
                     **self._as_account(tool),
                 )
+                took = round((time.monotonic() - began) * 1000)
         except RateLimited as exc:
             return await self._park_rate(exc, seq)
         except credentials.ConnectionUnusable as exc:
@@ -172,7 +173,16 @@ class ToolTurn:
         except horizon.Refused as exc:  # our own side held it back: never the call's outcome
             return await self.held.loop.hand_back(str(exc), None if exc.may_have_left else seq)
         faults.point("executor.tool.after_response")
-        return await self.record(seq + 1, seq, call_id, tool.name, outcome)
+        return await self.record(seq + 1, seq, call_id, tool.name, outcome, duration_ms=took)
+
+    def _span(self, tool: str, call_id: str, seq: int) -> AbstractContextManager[object]:
+        """A tool call's span, of the GenAI conventions (telemetry/genai.py)."""
+        attributes = {
+            "agentrun.seq": seq,
+            "agentrun.tool": tool,
+            **genai.tool_call(tool, call_id, self.held.run_id),
+        }
+        return child_span(genai.tool_span_name(tool), kind=SpanKind.INTERNAL, attributes=attributes)
 
     # -- holds: a person decides first -----------------------------------------
 
@@ -243,6 +253,7 @@ class ToolTurn:
         if internal is not None:
             return await internal.resume(self, action, seq)
         unsent = steps.known_unsent(self.held.entries, started.seq, self.held.lease.epoch)
+        began = time.monotonic()
         try:
             outcome = await self._resend(
                 action, name, started.payload.get("arguments") or {}, unsent
@@ -255,7 +266,8 @@ class ToolTurn:
         except horizon.Refused as exc:
             known = unsent and not exc.may_have_left
             return await self.held.loop.hand_back(str(exc), started.seq if known else None)
-        return await self.settle(action, seq, outcome)
+        took = round((time.monotonic() - began) * 1000)
+        return await self.settle(action, seq, outcome, duration_ms=took)
 
     async def _resend(
         self, action: ResolveUnknown, name: str, arguments: Any, unsent: bool = False
@@ -267,27 +279,32 @@ class ToolTurn:
         tool = held.catalogue.get(name)
         if tool is not None:
             arguments = self._outbound(tool, arguments)
-        if tool is not None and unsent:
-            # Held back by a rate limit: it never left, so it goes out now, under its key.
-            outcome = await held.deps.delivery.send(
-                tool, arguments, key, held.loop.guard, **self._as_account(tool)
-            )
-        else:
-            outcome = await held.deps.delivery.resolve_unknown(
-                tool,
-                action.call_class,
-                arguments,
-                key,
-                held.loop.guard,
-                age,
-                **self._as_account(tool),
-            )
+        call_id = str(started.payload.get("call_id") or "")
+        with self._span(name, call_id, started.seq):
+            if tool is not None and unsent:
+                # Held back by a rate limit: it never left, so it goes out now, under its key.
+                outcome = await held.deps.delivery.send(
+                    tool, arguments, key, held.loop.guard, **self._as_account(tool)
+                )
+            else:
+                outcome = await held.deps.delivery.resolve_unknown(
+                    tool,
+                    action.call_class,
+                    arguments,
+                    key,
+                    held.loop.guard,
+                    age,
+                    **self._as_account(tool),
+                )
         if outcome.status in ("ok", "error"):  # the provider answered
             faults.point("executor.tool.after_response")
         return outcome
 
-    async def settle(self, action: ResolveUnknown, seq: int, outcome: Outcome) -> str | None:
-        """Record what a call found started without a result was resolved to."""
+    async def settle(
+        self, action: ResolveUnknown, seq: int, outcome: Outcome, duration_ms: int | None = None
+    ) -> str | None:
+        """Record what a call found started without a result was resolved to (`duration_ms`:
+        how long resolving it took, when it was sent or looked up)."""
         started = action.started
         name = str(started.payload.get("tool", ""))
         log.info(
@@ -299,7 +316,7 @@ class ToolTurn:
             outcome.resolution or "",
         )
         call_id = str(started.payload.get("call_id", ""))
-        return await self.record(seq, started.seq, call_id, name, outcome)
+        return await self.record(seq, started.seq, call_id, name, outcome, duration_ms=duration_ms)
 
     # -- what is sent, and as whom ---------------------------------------------
 
@@ -335,8 +352,10 @@ class ToolTurn:
         tool: str,
         outcome: Outcome,
         origin: str | None = None,
+        duration_ms: int | None = None,
     ) -> str | None:
-        """Commit what a send or a resolution came to; park when it is not settled."""
+        """Commit what a send or a resolution came to; park when it is not settled.
+        `duration_ms`: how long the send took (recorded: /metrics' step durations)."""
         held = self.held
         parks = trailing_parks(held.entries, "retry")
         outcome = after_parks(outcome, parks)
@@ -349,6 +368,8 @@ class ToolTurn:
         if origin is None and untrusted.reads_untrusted(held.catalogue.get(tool)):
             origin = f"tool:{tool}"
         output, stored = await self._large(tool, outcome)
+        if duration_ms is not None:
+            stored = {**(stored or {}), "duration_ms": duration_ms}
         result = steps.tool_result(
             seq,
             ref_seq,

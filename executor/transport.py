@@ -19,6 +19,8 @@ from pathlib import Path
 
 import grpc
 
+from telemetry import grpc_trace
+
 
 @dataclass(frozen=True)
 class ChannelSecurity:
@@ -78,6 +80,10 @@ def open_channel(
     credentials: grpc.ChannelCredentials | None,
 ) -> grpc.aio.Channel:
     """A secure channel when there are credentials, else a plaintext one."""
+    # Unary calls carry the caller's trace context (telemetry/grpc_trace.py).
+    interceptors = grpc_trace.client_interceptors() or None
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=list(options))
-    return grpc.aio.secure_channel(target, credentials, options=list(options))
+        return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        target, credentials, options=list(options), interceptors=interceptors
+    )

@@ -29,6 +29,7 @@ from control_plane.ground.errors import (
     NotFound,
     PermissionDenied,
 )
+from control_plane.ops import run_figures
 from control_plane.runs import children, forks
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as fork_store
@@ -252,6 +253,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             current = await self._get(ws, run_id)
             raise FailedPrecondition(f"run {run_id} already ended: {current.status}")
         self._on_cancel(ws, run_id)
+        run_figures.FIGURES.cancelled(row)
         return run_pb2.CancelRunResponse(run=convert.run(row))
 
     async def WatchRun(

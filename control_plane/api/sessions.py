@@ -31,6 +31,7 @@ from control_plane.dispatch import fast_path
 from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.ops import run_figures
 from control_plane.store import agents as agent_store
 from control_plane.store import canary as canary_store
 from control_plane.store import runs as run_store
@@ -248,7 +249,8 @@ async def _cancel_turns(conn: Any, session: Any, turns: list[Any], how: str) -> 
     reason = "interrupted by a new message" if how == INTERRUPT else "rolled back by a new message"
     cancelled = []
     for turn in reversed(turns):
-        if await run_store.cancel_run(conn, ws, turn["run_id"], reason) is not None:
+        if (row := await run_store.cancel_run(conn, ws, turn["run_id"], reason)) is not None:
+            run_figures.FIGURES.cancelled(row)
             await audit.record(
                 conn, "run.cancelled", "run", str(turn["run_id"]), {"reason": reason}
             )

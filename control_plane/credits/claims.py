@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Collection
 
 import faults
+from control_plane.ops import run_figures
 from control_plane.store import credits as store
 from control_plane.store.db import Pool
 from control_plane.store.runs import Run
@@ -37,4 +38,6 @@ async def reserve_claimed(
         if outcome is not None and outcome.status != "running":
             log.info("run %s stopped at claim: %s", run.run_id, outcome.reason)
             stopped.add(run.run_id)
+            if outcome.status == "failed":
+                run_figures.FIGURES.finished(pool, run.workspace_id, run.run_id)
     return stopped

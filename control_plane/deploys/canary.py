@@ -56,6 +56,7 @@ from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.slots import live_seconds
 from control_plane.ground import convert
 from control_plane.ground.errors import InvalidArgument
+from control_plane.ops import run_figures
 from control_plane.store import agents as agent_store
 from control_plane.store import canary as canary_store
 from control_plane.store import releases as release_store
@@ -252,7 +253,9 @@ class Canary:
     async def _cancel(self, run_id: Any, failed: Failed) -> None:
         """A failed canary's run, if unfinished, holds nothing of the release any longer."""
         reason = f"canary failed at {failed.stage}"
-        if await run_store.cancel_run(self._pool, CANARY_WORKSPACE, run_id, reason) is not None:
+        row = await run_store.cancel_run(self._pool, CANARY_WORKSPACE, run_id, reason)
+        if row is not None:
+            run_figures.FIGURES.cancelled(row)
             self._dispatcher.cancel(CANARY_WORKSPACE, run_id, reason)
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from control_plane.ops import run_figures
 from control_plane.store import lease as store
 from control_plane.store.db import Pool
 
@@ -27,6 +28,7 @@ async def sweep(pool: Pool, on_freed: Callable[[], None]) -> int:
         failed += len(rows)
         for row in rows:
             log.info("run %s/%s failed: max age exceeded", row.workspace_id, row.run_id)
+            run_figures.FIGURES.finished(pool, row.workspace_id, row.run_id)
         if len(rows) < BATCH:
             break
     if failed:

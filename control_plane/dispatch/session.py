@@ -23,7 +23,7 @@ from control_plane.dispatch.slots import Slots
 from control_plane.ground import convert
 from control_plane.ground.config import ServerConfig
 from control_plane.ground.errors import status_for
-from control_plane.ops import metrics
+from control_plane.ops import metrics, run_figures
 from control_plane.store import executor_tools, releases
 from control_plane.store import lease as lease_store
 from control_plane.store import steps as step_store
@@ -339,6 +339,8 @@ class ExecutorSession:
             result.message = message
             return
         self.slots.drop(req.run_id)
+        if failed:
+            run_figures.FIGURES.finished(self._pool, req.workspace_id, req.run_id)
         result.outcome = pb.COMMIT_OUTCOME_FENCED
         result.message = f"the run failed: {reason}" if failed else "the run is no longer held"
 
@@ -375,6 +377,8 @@ class ExecutorSession:
                 self.slots.drop(key.run_id)
                 if reason == "lost":  # not a run that reached a limit and failed
                     metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
+                else:  # failed by the heartbeat's statement: counted as finished
+                    run_figures.FIGURES.finished(self._pool, key.workspace_id, key.run_id)
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
 

@@ -108,6 +108,53 @@ SCHEDULE_LAG = Histogram(
 )
 
 
+# -- Runs, steps, tokens and cost (issue 46): counted by control_plane/ops/run_figures.py as
+# commits land (an after-commit effect) and where runs are cancelled or swept. Each replica
+# counts what it committed; Prometheus sums them (`sum by`). Agent and model label values
+# are bounded per replica (run_figures.MAX_AGENTS, MAX_MODELS; the rest are "_other").
+RUN_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0)
+STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RUNS_FINISHED = Counter(
+    "agentrun_runs_finished",
+    "Runs that ended, by status (completed, failed, cancelled) and agent",
+    ["workspace", "agent", "status"],
+    registry=REGISTRY,
+)
+RUN_SECONDS = Histogram(
+    "agentrun_run_duration_seconds",
+    "Finished runs' time from admission to finish (database clock), waits included",
+    ["workspace", "status"],
+    buckets=RUN_BUCKETS,
+    registry=REGISTRY,
+)
+STEP_SECONDS = Histogram(
+    "agentrun_step_duration_seconds",
+    "Model calls (model_decision, summary) and tool calls (tool_result), as the executor timed them",
+    ["kind"],
+    buckets=STEP_BUCKETS,
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "agentrun_tokens",
+    "Model tokens as the providers reported them, by type (input, output), agent and model",
+    ["workspace", "agent", "model", "type"],
+    registry=REGISTRY,
+)
+MODEL_COST = Counter(
+    "agentrun_model_cost_micros",
+    "What model calls cost, in micro-credits (1 credit = 1,000,000), by agent and model",
+    ["workspace", "agent", "model"],
+    registry=REGISTRY,
+)
+TOOL_COST = Counter(
+    "agentrun_tool_cost_micros",
+    "What tool calls cost, in micro-credits, by agent (a run's cost = model + tool)",
+    ["workspace", "agent"],
+    registry=REGISTRY,
+)
+# -- end of issue 46's block.
+
+
 def commit_outcome(name: str, seconds: float) -> None:
     labelled(COMMIT_SECONDS, name).observe(seconds)
 

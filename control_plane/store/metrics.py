@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from control_plane.store.db import Pool, transaction
@@ -48,3 +49,20 @@ async def ping(pool: Pool) -> bool:
     """True when the database answers `SELECT 1` (the caller bounds the wait)."""
     row = await run(pool, "health_ping")
     return row is not None and row["ok"] == 1
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run as /metrics counts it: its agent, status and (finished) duration."""
+
+    agent: str
+    status: str
+    seconds: float | None  # admission to finish, database clock; None while unfinished
+
+
+async def run_figures(pool: Pool, workspace_id: str, run_id: uuid.UUID) -> RunFigures | None:
+    """The figures of one run (None: it no longer exists, e.g. deleted by retention)."""
+    row = await run(pool, "run_figures_of", workspace_id, run_id)
+    if row is None:
+        return None
+    return RunFigures(row["agent_id"], row["status"], row["seconds"])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from control_plane.store.errors import DataRefused
@@ -160,7 +161,9 @@ _NO_SPAN = contextlib.nullcontext()
 def _span(name: str) -> contextlib.AbstractContextManager[object]:
     """One client span per statement, named by the query (never its values: they may be
     secret); none when this process exports no spans (the hot path: not even a no-op one)."""
-    if not tracing.on():
+    # Only inside a traced request, commit or run: a statement alone (a background loop's
+    # poll, mostly finding nothing to do) starts no root span of its own.
+    if not tracing.on() or not trace.get_current_span().is_recording():
         return _NO_SPAN
     return _tracer.start_as_current_span(
         name,

@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any
 
 from control_plane.ground.config import RunDefaults
+from control_plane.ops import run_figures
 from control_plane.store import runs as run_store
 from control_plane.store import schedules as store
 from control_plane.store import triggers as trigger_store
@@ -180,7 +181,8 @@ async def _cancel(
     )
     for run_id, _ in going:
         ws = settings.workspace_id
-        if await run_store.cancel_run(conn, ws, run_id, reason, firing.now) is not None:
+        if (row := await run_store.cancel_run(conn, ws, run_id, reason, firing.now)) is not None:
+            run_figures.FIGURES.cancelled(row)
             firing.cancelled.append((ws, run_id))
         log.info(
             "schedule %s/%s cancelled run %s for slot %s",

@@ -84,6 +84,9 @@ class ModelReply:
     ending: str = COMPLETE
     stop_reason: str = ""
     refusal: str | None = None
+    # How long the call took, as the run loop timed it (recorded in the step: /metrics'
+    # step durations); None from the adapters, set by executor/model_turn.py.
+    duration_ms: int | None = None
 
 
 def kept(reply: ModelReply) -> ModelReply:

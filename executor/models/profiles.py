@@ -185,6 +185,16 @@ async def ask(
     return await model.complete(spec.model, messages, tools, run_id, seq, settings=settings)
 
 
+def requested(model: ModelClient, spec: agent_pb2.AgentSpec) -> tuple[str, str]:
+    """The provider (its API: `openai` or `anthropic`) and the model name a call of this
+    version is sent with, for its span (telemetry/genai.py)."""
+    if isinstance(model, ModelRouter):
+        return model.requested(spec.model_profile, spec.model)
+    if isinstance(model, AnthropicMessagesModel):
+        return "anthropic", spec.model
+    return "openai", spec.model  # the default endpoint is OpenAI-compatible
+
+
 class ModelRouter:
     """The executor's ModelClient: the default endpoint, or the version's profile."""
 
@@ -229,6 +239,13 @@ class ModelRouter:
         return await client.complete(
             profile.model or model, messages, tools, run_id, seq, settings=settings
         )
+
+    def requested(self, profile: str, model: str) -> tuple[str, str]:
+        """The provider and model name a call with `profile` is sent with."""
+        found = self._profiles.get(profile or self._default_profile)
+        if found is None:
+            return requested(self._default, agent_pb2.AgentSpec(model=model))
+        return found.provider, found.model or model
 
     async def aclose(self) -> None:
         for client in [self._default, *self._clients.values()]:
