@@ -249,6 +249,10 @@ CREATE TABLE runs (
     -- The step log's shape version it was last written in: the claim records its
     -- claimer's release's (releases.log_version).
     log_version              integer NOT NULL DEFAULT 1,
+    -- Calls an argument constraint refused (a tool_result naming refused_by),
+    -- counted by the commit that records them: with tool_calls, the outcome of
+    -- a run that completed regardless (issue 48).
+    refused_calls            integer NOT NULL DEFAULT 0,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (
