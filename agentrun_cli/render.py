@@ -407,6 +407,8 @@ def _constraint_line(c: agent_pb2.ToolConstraint) -> str:
         line += " " + short(list(c.allowed), 60)
     if c.or_seen_before:
         line += " or seen before"
+    if c.workspace_list:
+        line += f" or the workspace's list {c.workspace_list}"
     if c.action:
         action = agent_pb2.ConstraintAction.Name(c.action).removeprefix("CONSTRAINT_ACTION_")
         line += f" ({action.lower()})"

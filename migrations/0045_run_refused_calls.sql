@@ -8,3 +8,9 @@
 -- same statement, and the run's outcome (completed, completed with refusals, only
 -- refused) is derived from this count and tool_calls. Runs before this migration count 0.
 ALTER TABLE runs ADD COLUMN refused_calls integer NOT NULL DEFAULT 0;
+
+-- Allowlists a workspace keeps (issue 48: "recipients in a list the workspace keeps"), by
+-- name: {"payees": ["GB33...", ...]}. A value_allowed constraint names one in its
+-- workspace_list; the control plane reads it when it assigns a run, so the executor never
+-- reads the database. Set with WorkspaceAdminService.SetAllowlist.
+ALTER TABLE workspaces ADD COLUMN allowlists jsonb NOT NULL DEFAULT '{}';

@@ -579,3 +579,55 @@ async def test_a_run_whose_only_call_was_refused_reads_so_everywhere_and_is_coun
         if s.name == "agentrun_runs_finished_with_refusals_total" and s.labels["workspace"] == WS
     ]
     assert counted == [("only_refused", 1.0)]
+
+
+async def test_a_list_the_workspace_keeps_lets_its_payees_through_and_refuses_the_rest(
+    stack, db_url
+):
+    """value_allowed with workspace_list: the workspace's named list (set by an admin with
+    `workspaces set-allowlist`) is read when the run is assigned."""
+    cp, api, _ = stack
+    key = await workspace_key(db_url, WS, "admin")
+    kept = await agentrun_async(
+        cp.address,
+        key,
+        "workspaces",
+        "set-allowlist",
+        "payees",
+        "gb33 bukb 2020 1555 5555 55",
+        workspace=WS,
+    )
+    assert kept.returncode == 0, kept.stderr
+    assert 'allowlist  payees: ["gb33 bukb 2020 1555 5555 55"]' in kept.stdout
+    shown = await agentrun_async(cp.address, key, "workspaces", "show", workspace=WS)
+    assert 'allowlist  payees: ["gb33 bukb 2020 1555 5555 55"]' in shown.stdout, shown.stderr
+    bad = await agentrun_async(
+        cp.address, key, "workspaces", "set-allowlist", "Payees!", IBAN, workspace=WS
+    )
+    assert bad.returncode != 0 and "allowlist.name: must be 1 to 64 of a-z" in bad.stderr
+    payees = agent_pb2.ToolConstraint(
+        tool="pay_supplier",
+        rule=agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED,
+        value_kind=agent_pb2.VALUE_KIND_IBAN,
+        workspace_list="payees",
+    )
+    await publish(
+        api,
+        "payer",
+        "pay_input",
+        ["pay_supplier"],
+        constraints=[payees],
+        on_refusal=agent_pb2.ON_REFUSAL_FAIL,
+    )
+    listed, other = (
+        await api.start("payer", IBAN),
+        await api.start("payer", "DE89370400440532013000"),
+    )
+    paid, refused = await api.wait_terminal([listed, other], within=60)
+    assert paid.status == run_pb2.RUN_STATUS_COMPLETED, paid.error
+    assert paid.outcome == run_pb2.RUN_OUTCOME_COMPLETED
+    assert refused.status == run_pb2.RUN_STATUS_FAILED
+    assert refused.error == (
+        "refused by constraint value_allowed on pay_supplier: iban DE89370400440532013000 is "
+        "not an allowed payee; nothing was sent"
+    )

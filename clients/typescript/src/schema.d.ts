@@ -712,6 +712,7 @@ export interface components {
             /** @enum {string} */
             action: "unspecified" | "refuse" | "hold" | "allow";
             or_seen_before: boolean;
+            workspace_list: string;
         };
         Turn: {
             /** Format: int32 */

@@ -70,7 +70,10 @@ CREATE TABLE workspaces (
         CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500),
     -- When an approver is flagged for approving too fast (issue 48; NULL: never):
     -- {"approvals", "window_seconds", "max_decide_seconds"}.
-    approval_watch   jsonb
+    approval_watch   jsonb,
+    -- Named allowlists value_allowed constraints name (workspace_list), read
+    -- when a run is assigned (issue 48): {"payees": ["GB33...", ...]}.
+    allowlists       jsonb NOT NULL DEFAULT '{}'
 );
 
 -- Workspaces that may have something due, by when (the claim's step 1).
