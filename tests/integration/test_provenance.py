@@ -570,6 +570,8 @@ async def test_a_run_whose_only_call_was_refused_reads_so_everywhere_and_is_coun
             r'<span class="badge refused" id="run-refused">only refused: none of its calls ran',
             page.text,
         ), page.text
+        listed_page = await http.get("/console/runs")
+        assert '<span class="badge refused">only refused</span>' in listed_page.text
         reply = await http.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
     assert reply.status_code == 200, reply.text
     counted = [
