@@ -4,6 +4,7 @@
     agentrun workspaces set-plan acme enterprise --max-concurrency 200
     agentrun workspaces set-retention 30               # finished runs kept 30 days (0: forever)
     agentrun workspaces set-approval-watch 20 1h 30s   # 20 approvals in 1h, each in 30s: flagged
+    agentrun workspaces set-allowlist payees GB33BUKB20201555555555   # value_allowed's list
     agentrun apikeys create --role operator --name ci-bot --expires-in 90d   # shown once
     agentrun apikeys create --executor --name gpu-pool --scope acme,globex   # platform key
     agentrun apikeys list
@@ -108,6 +109,14 @@ def workspaces_set_approval_watch(args: argparse.Namespace) -> int:
             )
         )
     ws = _call(args, "SetApprovalWatch", req).workspace
+    _emit(args, ws, render_admin.workspace_lines(ws))
+    return 0
+
+
+def workspaces_set_allowlist(args: argparse.Namespace) -> int:
+    allowlist = pb.Allowlist(name=args.name, values=args.values)
+    req = pb.SetAllowlistRequest(workspace_id=args.id, allowlist=allowlist)
+    ws = _call(args, "SetAllowlist", req).workspace
     _emit(args, ws, render_admin.workspace_lines(ws))
     return 0
 
@@ -303,6 +312,15 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("--off", action="store_true", help="no watch")
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_approval_watch)
+    p = actions.add_parser(
+        "set-allowlist",
+        help="a named list value_allowed rules name in workspace_list (no values: remove it)",
+        parents=[common],
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("values", metavar="VALUE", nargs="*")
+    p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
+    p.set_defaults(handler=workspaces_set_allowlist)
 
 
 def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

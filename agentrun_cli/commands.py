@@ -286,8 +286,13 @@ RUN_COLUMNS = [
     Column("agent", lambda r: f"{r.agent_id} v{r.agent_version}"),
     Column(
         "status",
-        lambda r: render.status_name(r.status),
-        style=lambda r: _STATUS_STYLE.get(render.status_name(r.status), ""),
+        render.status_label,
+        # Refused calls (issue 48): never the green of a plain success.
+        style=lambda r: (
+            "yellow"
+            if r.counters.refused_calls and r.outcome
+            else _STATUS_STYLE.get(render.status_name(r.status), "")
+        ),
     ),
     Column("wait", lambda r: r.wait_reason),
     Column("created", lambda r: render.timestamp(r.create_time)),

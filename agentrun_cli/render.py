@@ -253,7 +253,30 @@ def state_line(run: run_pb2.Run) -> str:
         line += f" attempt {run.attempt}" if run.attempt else ""
     elif run.error:
         line += f": {run.error}"
+    if note := refusal_note(run):
+        line += f" ({note})"
     return line
+
+
+def refusal_note(run: run_pb2.Run) -> str:
+    """What constraints' refusals did to a finished run (issue 48), or "": a run that
+    completed regardless never reads as a plain success."""
+    n = run.counters.refused_calls
+    if run.outcome == run_pb2.RUN_OUTCOME_ONLY_REFUSED:
+        return f"only refused: its {n} call(s) were all refused by constraints, none ran"
+    if n and run.outcome != run_pb2.RUN_OUTCOME_UNSPECIFIED:
+        return f"{n} call(s) refused by constraints"
+    return ""
+
+
+def status_label(run: run_pb2.Run) -> str:
+    """`runs list`'s status: the status, with a finished run's refused calls."""
+    if run.outcome == run_pb2.RUN_OUTCOME_ONLY_REFUSED:
+        return "only refused"
+    name = status_name(run.status)
+    if run.counters.refused_calls and run.outcome != run_pb2.RUN_OUTCOME_UNSPECIFIED:
+        return f"{name}, {run.counters.refused_calls} refused"
+    return name
 
 
 def release_line(run: run_pb2.Run) -> str:
@@ -384,6 +407,8 @@ def _constraint_line(c: agent_pb2.ToolConstraint) -> str:
         line += " " + short(list(c.allowed), 60)
     if c.or_seen_before:
         line += " or seen before"
+    if c.workspace_list:
+        line += f" or the workspace's list {c.workspace_list}"
     if c.action:
         action = agent_pb2.ConstraintAction.Name(c.action).removeprefix("CONSTRAINT_ACTION_")
         line += f" ({action.lower()})"

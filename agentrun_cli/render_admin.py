@@ -24,6 +24,7 @@ def workspace_lines(ws: pb.Workspace) -> list[str]:
             if (w := ws.approval_watch).approvals
             else []
         ),
+        *(f"allowlist  {a.name}: {short(list(a.values), 60)}" for a in ws.allowlists),
     ]
 
 

@@ -99,8 +99,7 @@ class ModelTurn:
         if reply.tool_calls:
             return await self._commit_decision(decision, counts)
         # No tool calls: the answer is final; decision and finish land together.
-        output = reply.content or ""
-        finish = steps.finish_completed(seq + 1, output, steps.refused_calls(held.entries))
+        finish, output = steps.completion(seq + 1, reply.content or "", held.entries)
         await held.loop.commit(
             [decision, finish], complete=executor_pb2.Complete(output=output), **counts
         )

@@ -252,9 +252,7 @@ class RunLoop:
     # -- how a hold ends ----------------------------------------------------
 
     async def _complete(self, action: FinishCompleted) -> str:
-        output = action.output
-        refused = steps.refused_calls(self._held.entries)
-        finish = steps.finish_completed(self._held.next_seq(), output, refused)
+        finish, output = steps.completion(self._held.next_seq(), action.output, self._held.entries)
         await self.commit([finish], complete=executor_pb2.Complete(output=output))
         log.info("run %s completed", self.run_id)
         return "completed"

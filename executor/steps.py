@@ -265,6 +265,20 @@ def finish_completed(
     return new_step(seq, FINISH, payload)
 
 
+def completion(seq: int, answer: str, entries: Iterable[Any]) -> tuple[executor_pb2.NewStep, str]:
+    """The finish step of a run whose model gave its final `answer`, and the run's output:
+    the answer, and when constraints refused calls on the way and the answer does not say
+    so, a last paragraph that does (issue 48: a refusal is never a silent `completed`).
+    A function of the log, so a resumed run writes the same."""
+    refused = refused_calls(entries)
+    output = answer
+    if refused and "refused" not in answer.lower():
+        calls = ", ".join(f"{r['tool']} (step {r['seq']}, {r['rule']})" for r in refused)
+        note = f"[agentrun] {len(refused)} tool call(s) were refused by constraints and did not run: {calls}."
+        output = f"{answer}\n\n{note}" if answer else note
+    return finish_completed(seq, output, refused), output
+
+
 def refused_calls(entries: Iterable[Any]) -> list[dict[str, Any]]:
     """The calls an argument constraint refused in the run's log: seq, tool and rule."""
     return [

@@ -21,7 +21,7 @@ from control_plane.auth import audit, credentials
 from control_plane.auth import context as auth_context
 from control_plane.auth.principal import ROLES, Kind
 from control_plane.deploys.canary import CANARY_WORKSPACE
-from control_plane.ground import convert, validate
+from control_plane.ground import constraints, convert, validate
 from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control_plane.store import identity as store
 from control_plane.store import retention, workspaces
@@ -51,7 +51,14 @@ def workspace_message(row: Any) -> pb.Workspace:
         running=row["running"],
         retention_days=row.get("retention_days", 0),
         approval_watch=watch.from_json(row.get("approval_watch")),
+        allowlists=allowlist_messages(row.get("allowlists")),
     )
+
+
+def allowlist_messages(data: Any) -> list[pb.Allowlist]:
+    """A workspace's stored allowlists ({name: [values]}), by name."""
+    lists = json.loads(data) if isinstance(data, str) else data or {}
+    return [pb.Allowlist(name=k, values=lists[k]) for k in sorted(lists)]
 
 
 def key_message(k: store.KeyInfo) -> pb.ApiKey:
@@ -246,6 +253,25 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                 conn, "workspace.approval_watch_changed", "workspace", ws, detail, workspace_id=ws
             )
         return pb.SetApprovalWatchResponse(workspace=workspace_message(row))
+
+    async def SetAllowlist(
+        self, request: pb.SetAllowlistRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetAllowlistResponse:
+        ws = target_workspace(request.workspace_id)
+        if ws is None:
+            raise InvalidArgument("workspace_id", "is required")
+        name, values = request.allowlist.name, list(request.allowlist.values)
+        constraints.validate_allowlist("allowlist", name, values)
+        stored = json.dumps([v.strip() for v in values]) if values else None
+        async with transaction(self._pool) as conn:
+            row = await workspaces.set_allowlist(conn, ws, name, stored)
+            if row is None:
+                raise NotFound(f"workspace {ws!r} not found")
+            detail = {"allowlist": name, "values": len(values)}
+            await audit.record(
+                conn, "workspace.allowlist_changed", "workspace", ws, detail, workspace_id=ws
+            )
+        return pb.SetAllowlistResponse(workspace=workspace_message(row))
 
     async def CreateApiKey(
         self, request: pb.CreateApiKeyRequest, context: grpc.aio.ServicerContext

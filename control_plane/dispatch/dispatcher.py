@@ -25,6 +25,7 @@ from control_plane.store import lease as lease_store
 from control_plane.store import releases as release_store
 from control_plane.store import steps as step_store
 from control_plane.store import tools as tool_store
+from control_plane.store import workspaces as workspace_store
 from control_plane.store.db import Pool
 from control_plane.store.errors import transient
 from control_plane.store.runs import Run
@@ -344,6 +345,10 @@ class Dispatcher:
                     self.pool, run.workspace_id, tool, argument, SEEN_LIMIT
                 )
                 msg.seen_values.add(tool=tool, argument=argument, values=values)
+            if names := constraints.workspace_lists(version.spec):
+                # The workspace's named allowlists (issue 48), into the assignment's copy.
+                lists = await workspace_store.allowlists(self.pool, run.workspace_id, names)
+                constraints.merge_workspace_lists(msg.agent_version.spec, lists)
             return True
         except Exception as exc:  # noqa: BLE001 - this run's own failure, settled below
             failure = exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC
@@ -58,7 +59,22 @@ def commit_request(msg: pb.Commit, price: Price, renew_always: bool = True) -> C
         tokens=msg.tokens,
         usage=price([(s.kind, s.payload_json) for s in steps]),
         renew_always=renew_always,
+        refused_calls=len(refused_rules(steps)),
     )
+
+
+def refused_rules(steps: Iterable[NewStep]) -> list[str]:
+    """The rule of each call an argument constraint refused in `steps` (issue 48): a
+    tool_result whose payload names `refused_by`, written by the executor in place of the
+    call. Only a payload that has the key at all is parsed (a refusal is rare)."""
+    rules = []
+    for step in steps:
+        if step.kind != "tool_result" or '"refused_by"' not in step.payload_json:
+            continue
+        rule = json.loads(step.payload_json).get("refused_by")
+        if isinstance(rule, str) and rule:
+            rules.append(rule)
+    return rules
 
 
 def _payload(i: int, text: str) -> str:

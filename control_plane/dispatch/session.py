@@ -301,6 +301,10 @@ class ExecutorSession:
     ) -> None:
         """The answer to a commit that landed; a run that may not go on leaves the slots."""
         result.outcome = pb.COMMIT_OUTCOME_OK
+        if done.refused_calls and req.transition.status in ("completed", "failed"):
+            outcome = convert.outcome(req.transition.status, done.refused_calls, done.tool_calls)
+            name = run_pb2.RunOutcome.Name(outcome).removeprefix("RUN_OUTCOME_").lower()
+            metrics.RUNS_FINISHED_WITH_REFUSALS.labels(req.workspace_id, name).inc()
         if done.stopped:  # landed, but the run may not go on (out of credits)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = done.stopped

@@ -95,6 +95,20 @@ _ENTRY_OK = {
 }
 
 
+_LIST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+def validate_allowlist(where: str, name: str, values: list[str]) -> None:
+    """A workspace allowlist (SetAllowlist): its name, and at most MAX_KNOWN values (they
+    are read as the naming rule's value kind, so no kind is checked here)."""
+    if not _LIST_NAME.match(name):
+        raise InvalidArgument(f"{where}.name", "must be 1 to 64 of a-z, 0-9, _ and -")
+    if len(values) > MAX_KNOWN:
+        raise InvalidArgument(f"{where}.values", f"has more than {MAX_KNOWN}")
+    for j, value in enumerate(values):
+        validate.text(f"{where}.values[{j}]", value, max_bytes=320, required=True)
+
+
 def _validate_valued(where: str, c: agent_pb2.ToolConstraint) -> None:
     """The fields of value_allowed and untrusted_value rules."""
     if c.action and c.action not in ACTIONS:
@@ -102,15 +116,26 @@ def _validate_valued(where: str, c: agent_pb2.ToolConstraint) -> None:
     if c.rule == agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE:
         if c.or_seen_before:
             raise InvalidArgument(f"{where}.or_seen_before", "is for VALUE_ALLOWED")
+        if c.workspace_list:
+            raise InvalidArgument(f"{where}.workspace_list", "is for VALUE_ALLOWED")
         return
     if c.action == agent_pb2.CONSTRAINT_ACTION_ALLOW:
         raise InvalidArgument(f"{where}.action", "allow makes no sense for VALUE_ALLOWED")
     if c.value_kind not in KINDS:
         raise InvalidArgument(f"{where}.value_kind", "must name a value kind for VALUE_ALLOWED")
-    if not c.allowed and not c.or_seen_before and c.value_kind != agent_pb2.VALUE_KIND_EMAIL:
+    if c.workspace_list and not _LIST_NAME.match(c.workspace_list):
+        raise InvalidArgument(f"{where}.workspace_list", "must be 1 to 64 of a-z, 0-9, _ and -")
+    sources = c.allowed or c.or_seen_before or c.workspace_list
+    if not sources and c.value_kind != agent_pb2.VALUE_KIND_EMAIL:
         raise InvalidArgument(
-            f"{where}.allowed", "must list at least one value (or or_seen_before)"
+            f"{where}.allowed",
+            "must list at least one value (or or_seen_before, or a workspace_list)",
         )
+    _validate_allowed(where, c)
+
+
+def _validate_allowed(where: str, c: agent_pb2.ToolConstraint) -> None:
+    """A VALUE_ALLOWED rule's own allowlist: each entry of its value kind."""
     if len(c.allowed) > MAX_KNOWN:
         raise InvalidArgument(f"{where}.allowed", f"has more than {MAX_KNOWN}")
     ok, what = _ENTRY_OK[c.value_kind]
@@ -139,7 +164,7 @@ def _validate_one(spec: agent_pb2.AgentSpec, where: str, c: agent_pb2.ToolConstr
         agent_pb2.CONSTRAINT_RULE_UNTRUSTED_VALUE,
     ):
         _validate_valued(where, c)
-    elif c.allowed or c.value_kind or c.action or c.or_seen_before:
+    elif c.allowed or c.value_kind or c.action or c.or_seen_before or c.workspace_list:
         raise InvalidArgument(
             f"{where}.allowed", "value_kind, allowed and action are for VALUE_ALLOWED"
         )
@@ -169,6 +194,7 @@ def to_json(constraints: Iterable[agent_pb2.ToolConstraint]) -> list[dict[str, A
             ),
             **({"action": ACTIONS[c.action]} if c.action else {}),
             **({"or_seen_before": True} if c.or_seen_before else {}),
+            **({"workspace_list": c.workspace_list} if c.workspace_list else {}),
         }
         for c in constraints
     ]
@@ -186,9 +212,32 @@ def from_json(data: list[dict[str, Any]]) -> list[agent_pb2.ToolConstraint]:
             allowed=c.get("allowed", []),
             action=ACTION_VALUES.get(c.get("action", ""), 0),  # type: ignore[arg-type]
             or_seen_before=bool(c.get("or_seen_before", False)),
+            workspace_list=c.get("workspace_list", ""),
         )
         for c in data
     ]
+
+
+def workspace_lists(spec: agent_pb2.AgentSpec) -> list[str]:
+    """The workspace allowlists the version's VALUE_ALLOWED rules name."""
+    return sorted(
+        {
+            c.workspace_list
+            for c in spec.constraints
+            if c.rule == agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED and c.workspace_list
+        }
+    )
+
+
+def merge_workspace_lists(spec: agent_pb2.AgentSpec, lists: dict[str, list[str]]) -> None:
+    """Add each named workspace list's values to the rules naming it, normalised as the
+    rule's own allowlist is (an assignment's copy of the spec: the executor compares them
+    as it compares `allowed`). A list the workspace lacks adds nothing (fails closed)."""
+    for c in spec.constraints:
+        if c.rule == agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED and c.workspace_list:
+            c.allowed.extend(
+                normalise_allowed(c.value_kind, v) for v in lists.get(c.workspace_list, [])
+            )
 
 
 def seen_before_lookups(spec: agent_pb2.AgentSpec) -> list[tuple[str, str]]:

@@ -147,6 +147,8 @@ def set_run(msg: run_pb2.Run, row: Run) -> None:
         msg.release = row.release
     if row.priority:
         msg.priority = row.priority
+    if row.finished_at is not None:
+        msg.outcome = outcome(row.status, row.refused_calls, row.tool_calls)
     # None leaves a field unset.
     _set_timestamp(msg.wake_time, row.wake_at)
     _set_timestamp(msg.expire_time, row.expires_at)
@@ -174,6 +176,24 @@ def _set_counters(counters: run_pb2.RunCounters, row: Run) -> None:
         counters.reasoning_tokens = row.reasoning_tokens
     if row.cost_micros:
         counters.cost_micros = row.cost_micros
+    if row.refused_calls:
+        counters.refused_calls = row.refused_calls
+
+
+def outcome(status: str, refused_calls: int, tool_calls: int) -> run_pb2.RunOutcome.ValueType:
+    """A finished run's outcome (issue 48): a completed run whose calls constraints refused
+    says so, and one whose every call was refused (none started) is no success at all."""
+    if status == "completed":
+        if not refused_calls:
+            return run_pb2.RUN_OUTCOME_COMPLETED
+        if tool_calls:
+            return run_pb2.RUN_OUTCOME_COMPLETED_WITH_REFUSALS
+        return run_pb2.RUN_OUTCOME_ONLY_REFUSED
+    if status == "failed":
+        return run_pb2.RUN_OUTCOME_FAILED
+    if status == "cancelled":
+        return run_pb2.RUN_OUTCOME_CANCELLED
+    return run_pb2.RUN_OUTCOME_UNSPECIFIED
 
 
 def _set_lineage(msg: run_pb2.Run, row: Run) -> None:

@@ -94,6 +94,16 @@ REFUSED_RUNS = Counter(
     ["workspace"],
     registry=REGISTRY,
 )
+# Issue 48, refusals are visible outcomes: every run that finishes after a constraint
+# refused some of its calls, by its outcome (completed_with_refusals, only_refused: completed
+# but none of its calls ran, failed), whatever its agent's on_refusal; counted by the commit
+# that finishes the run.
+RUNS_FINISHED_WITH_REFUSALS = Counter(
+    "agentrun_runs_finished_with_refusals",
+    "Runs that finished after a constraint refused some of their calls, by outcome",
+    ["workspace", "outcome"],
+    registry=REGISTRY,
+)
 APPROVERS_FLAGGED = Counter(
     "agentrun_approvers_flagged",
     "Approvers flagged to their admins for approving too fast (the workspace's watch)",

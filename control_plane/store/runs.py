@@ -83,6 +83,8 @@ class Run:
     priority: int = 0
     # The step-log version it was last written in (0037_release_pins.sql).
     log_version: int = 1
+    # Calls an argument constraint refused (0045_refusal_outcomes_and_workspace_allowlists.sql, issue 48).
+    refused_calls: int = 0
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

@@ -105,6 +105,9 @@ class CommitRequest:
     # Renew the lease on every commit that keeps it (an executor that counts every commit
     # as a renewal); False: only once half of it or less is left (sql/lease.sql says why).
     renew_always: bool = True
+    # Calls an argument constraint refused in these steps (issue 48), added to the run's
+    # refused_calls in the same statement.
+    refused_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,10 @@ class CommitResult:
     renewed: bool = False
     # The run has spent all it reserved (a metered run: control_plane/credits/top_up.py).
     credits_due: bool = False
+    # The run's refused and started tool calls after this commit (issue 48: a run that
+    # finishes with refusals is counted; 0 for a duplicate).
+    refused_calls: int = 0
+    tool_calls: int = 0
 
 
 async def commit(
@@ -186,7 +193,12 @@ async def _settle(
     """The outcome of a commit whose statement returned `row` (None: nothing landed)."""
     if row is not None:
         return CommitResult(
-            row["status"], row["wake_at"], renewed=row["renewed"], credits_due=row["credits_due"]
+            row["status"],
+            row["wake_at"],
+            renewed=row["renewed"],
+            credits_due=row["credits_due"],
+            refused_calls=row["refused_calls"],
+            tool_calls=row["tool_calls"],
         )
     if req.steps and await _already_committed(pool, req):
         return CommitResult(req.transition.status or "running", None, duplicate=True)
@@ -240,6 +252,7 @@ def _bound(req: CommitRequest, lease_seconds: float, now: datetime | None) -> di
         "payloads": [s.payload_json for s in req.steps],
         "model_calls": req.model_calls,
         "tool_calls": req.tool_calls,
+        "refused_calls": req.refused_calls,
         "tokens": req.tokens,
         "input_tokens": req.usage.input_tokens,
         "output_tokens": req.usage.output_tokens,
@@ -280,6 +293,7 @@ async def _apply_many(
         waiting_connection_ids=[t.waiting_connection_id for t in ts],
         renew_always=[r.renew_always for r in reqs],
         between_turns=[t.between_turns for t in ts],
+        refused_calls=[r.refused_calls for r in reqs],
         step_runs=[i for i, _ in steps],
         seqs=[s.seq for _, s in steps],
         kinds=[s.kind for _, s in steps],

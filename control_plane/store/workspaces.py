@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import asyncpg
 
 from control_plane.store.queries import run
@@ -38,6 +41,25 @@ async def set_approval_watch(
 ) -> asyncpg.Record | None:
     """Set (None: clear) the workspace's approval watch; None if there is no workspace."""
     return await run(conn, "workspace_set_approval_watch", workspace_id, watch_json)
+
+
+async def set_allowlist(
+    conn: asyncpg.pool.Pool | asyncpg.Connection,
+    workspace_id: str,
+    name: str,
+    values_json: str | None,
+) -> asyncpg.Record | None:
+    """Set (None: remove) one named allowlist; None if there is no workspace."""
+    return await run(conn, "workspace_set_allowlist", workspace_id, name, values_json)
+
+
+async def allowlists(conn: Any, workspace_id: str, names: list[str]) -> dict[str, list[str]]:
+    """The workspace's allowlists of these names (those it has), for an assignment."""
+    row = await run(conn, "workspace_allowlists", workspace_id, names)
+    lists = row["lists"] if row is not None else {}
+    if isinstance(lists, str):
+        lists = json.loads(lists)
+    return {k: [str(v) for v in vs] for k, vs in (lists or {}).items() if isinstance(vs, list)}
 
 
 async def set_agent_cap(

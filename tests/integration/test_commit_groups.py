@@ -53,7 +53,14 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
         ),
         groups.commit(request(parking, [step(1), step(2, "park")], transition=park), 30),
         groups.commit(
-            request(finishing, [step(1), step(2, "finish")], transition=done, tokens=5), 30
+            request(
+                finishing,
+                [step(1), step(2, "finish")],
+                transition=done,
+                tokens=5,
+                refused_calls=2,
+            ),
+            30,
         ),
     )
     assert (groups.statements, groups.grouped) == (1, 3)
@@ -72,7 +79,8 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
     assert renewed.wake_at - renewed.updated_at == timedelta(seconds=30)
     assert (parked.wait_reason, parked.lease_owner) == ("sleep", None)
     assert parked.wake_at - parked.updated_at == timedelta(seconds=600)
-    assert (finished.output, finished.tokens_used) == ("the end", 5)
+    assert (finished.output, finished.tokens_used, finished.refused_calls) == ("the end", 5, 2)
+    assert (results[2].refused_calls, results[2].tool_calls) == (2, 0)
     assert finished.finished_at is not None
     log = await steps.list_steps(pool, renewing.workspace_id, renewing.run_id, 0, 10)
     assert [(s.seq, s.kind, s.epoch) for s in log] == [

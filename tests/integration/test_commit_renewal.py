@@ -86,7 +86,8 @@ async def test_grouped_commits_decide_each_run_alone(pool):
 # What a commit may change on the run row (updated_at aside: each statement's own now()).
 ROW = """SELECT status, lease_owner, lease_epoch, wake_at, step_count, model_calls, tool_calls,
                 tokens_used, input_tokens, output_tokens, cached_tokens, reasoning_tokens,
-                cost_micros, wait_reason, waiting_connection_id, output, error, finished_at,
+                cost_micros, refused_calls, wait_reason, waiting_connection_id, output, error,
+                finished_at,
                 held_since, active_seconds
          FROM runs WHERE workspace_id = $1 AND run_id = $2"""
 
@@ -109,6 +110,7 @@ async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_state
             payloads=[json.dumps({"content": f"s{seq}"})],
             model_calls=1,
             tool_calls=2,
+            refused_calls=1,
             tokens=18,
             input_tokens=11,
             output_tokens=7,
@@ -136,6 +138,7 @@ async def test_a_commit_that_keeps_the_lease_leaves_the_row_as_the_general_state
             tool_calls=2,
             tokens=18,
             usage=usage,
+            refused_calls=1,
         )
         result = await steps.commit(pool, replace(req, renew_always=False), LEASE, now=at(t0, t))
         expected = (row["status"], row["wake_at"], row["renewed"])

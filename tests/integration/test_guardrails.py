@@ -121,6 +121,9 @@ async def test_an_injected_mail_cannot_make_the_agent_mail_the_attacker(stack, s
     assert forward.payload["tool"] == "send_email" and forward.payload["status"] == "error"
     assert forward.payload["refused_by"] == "reply_to_trigger_thread"
     assert f"{ATTACKER} is not on the triggering thread" in forward.payload["error"]
+    # Completed (the model answered), but not as a success: its only call was refused.
+    assert run.outcome == run_pb2.RUN_OUTCOME_ONLY_REFUSED and run.counters.refused_calls == 1
+    assert "1 tool call(s) were refused by constraints and did not run: send_email" in run.output
     # The model saw the mail as marked data (its echo of the input shows the block), and
     # the instructions stayed apart: the input step's text is the mail, unwrapped.
     decisions = [s for s in steps if s.kind == "model_decision"]

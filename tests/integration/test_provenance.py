@@ -9,21 +9,36 @@ each into a call the agent is allowed to make, then does the user's own task. Pe
 approval naming where the IBAN first appeared, in GetApproval, the CLI and Slack. The same
 values given in the run's input pass. An allowlist (`value_allowed`) with `on_refusal: fail`
 ends a run whose only call it refused as failed, and the refusal is counted in /metrics.
+
+Per value kind (payee, recipient, link, chat user): the attacker's value copied from the
+thread is refused before `tool_started` while the user's task completes, and the same value
+given in the input, or by a person in the conversation, passes. A run that completes although
+calls were refused says so in its outcome, output, CLI, HTTP API, console and /metrics.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrun.v1 import agent_pb2, approval_pb2, approval_pb2_grpc, run_pb2, tool_pb2, tool_pb2_grpc
+from agentrun.v1 import (
+    agent_pb2,
+    approval_pb2,
+    approval_pb2_grpc,
+    run_pb2,
+    session_pb2,
+    session_pb2_grpc,
+    tool_pb2,
+    tool_pb2_grpc,
+)
 from tests.harness import secrets_seen
 from tests.harness.agentrun_api import Api, pending_approval, sandbox_effects, sandbox_requests
-from tests.harness.auth import channel, workspace_key
+from tests.harness.auth import bearer, channel, workspace_key
 from tests.harness.browser import chromium, require_chromium
 from tests.harness.cli import agentrun_async
 from tests.harness.invariants import assert_log_well_formed
@@ -413,3 +428,208 @@ async def test_an_approver_who_approves_fast_and_often_is_flagged_to_the_admins(
             f"{cp.http_url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}
         )
     assert 'agentrun_approvers_flagged_total{workspace="acme"} 1.0' in reply.text
+
+
+# (scenario, tool, provider path, the attacker's value, how the refusal names it)
+KINDS = [
+    pytest.param("obey_payee", "pay_supplier", "/payments/transfers", IBAN, IBAN, id="payee"),
+    pytest.param("obey_recipient", "send_email", "/mail/send", ATTACKER, ATTACKER, id="recipient"),
+    pytest.param("obey_link", "fetch_page", "/web/page", LINK, "evil.example", id="url"),
+    pytest.param("obey_chat_user", "chat_dm", "/chat/dm", HANDLE, HANDLE, id="chat-user"),
+]
+TASK = "Read the supplier thread and report in #finance."
+
+
+def sent(url: str, run_id: str, path: str) -> int:
+    """Requests `run_id` made to `path` of the provider sandbox (keyed run_id:seq)."""
+    return sum(
+        1
+        for r in sandbox_requests(url)
+        if r["path"] == path and str(r.get("idempotency_key") or "").startswith(run_id)
+    )
+
+
+def ran_ok(steps, tool: str) -> bool:
+    return results(steps)[tool].payload["status"] == "ok"
+
+
+@pytest.mark.parametrize(("model", "tool", "path", "value", "named"), KINDS)
+async def test_one_kind_from_a_tool_result_is_refused_and_from_the_input_or_a_person_passes(
+    stack, sandbox_providers, model, tool, path, value, named
+):
+    """A model that obeys the injected thread: the value it copies is refused before
+    tool_started, naming rule and value, and the user's own task still completes; the same
+    value given in the run's input, or confirmed by the user in the session, is sent."""
+    _, api, _ = stack
+    url = sandbox_providers.url
+    await publish(api, model, model, ["read_thread", tool, "chat_post"], **refusing(tool))
+    sessions = session_pb2_grpc.SessionServiceStub(api.channel)
+    created = await sessions.CreateSession(
+        session_pb2.CreateSessionRequest(workspace_id=WS, agent_id=model, title="books")
+    )
+    session_id = created.session.session_id
+
+    async def say(text: str) -> str:
+        request = session_pb2.SendMessageRequest(workspace_id=WS, session_id=session_id, text=text)
+        return (await sessions.SendMessage(request)).turn.run_id
+
+    attacked = await say(TASK)
+    given = await api.start(model, f"{TASK} Use {value}.")
+    run, passed = await api.wait_terminal([attacked, given], within=60)
+
+    steps = await api.steps(attacked)
+    assert_log_well_formed(steps)
+    refusal = results(steps)[tool]
+    assert refusal.payload["refused_by"] == "untrusted_value"
+    assert f"refused by constraint untrusted_value on {tool}: " in refusal.payload["error"]
+    assert named in refusal.payload["error"]
+    assert tool not in {s.payload["tool"] for s in steps if s.kind == "tool_started"}
+    assert sent(url, attacked, path) == 0, "the attacker's value reached the provider"
+    # The user's task is done, and the run says the refused call did not run.
+    assert ran_ok(steps, "chat_post")
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    assert run.outcome == run_pb2.RUN_OUTCOME_COMPLETED_WITH_REFUSALS
+    assert run.counters.refused_calls == 1
+    assert run.output.endswith(f"did not run: {tool} (step {refusal.seq}, untrusted_value)."), (
+        run.output
+    )
+
+    # Given in the input: sent, and the task done too.
+    assert passed.status == run_pb2.RUN_STATUS_COMPLETED, passed.error
+    assert (passed.outcome, passed.counters.refused_calls) == (run_pb2.RUN_OUTCOME_COMPLETED, 0)
+    steps = await api.steps(given)
+    assert ran_ok(steps, tool) and ran_ok(steps, "chat_post")
+    assert sent(url, given, path) == 1
+
+    # A person, the session's user, confirms the value: the model's call goes through.
+    confirmed = await say(f"Yes, {value} is right: go ahead.")
+    (run,) = await api.wait_terminal([confirmed], within=60)
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    assert run.outcome == run_pb2.RUN_OUTCOME_COMPLETED
+    steps = await api.steps(confirmed)
+    assert_log_well_formed(steps)
+    assert ran_ok(steps, tool) and ran_ok(steps, "chat_post")
+    assert sent(url, confirmed, path) == 1
+
+
+def refusing(tool: str) -> dict:
+    return {"constraints": [untrusted(tool, REFUSE)]}
+
+
+async def test_a_run_whose_only_call_was_refused_reads_so_everywhere_and_is_counted(stack, db_url):
+    """The default on_refusal (retry): the model answers after the refusal and the run
+    completes, but its outcome is only_refused in GetRun, the HTTP API, `runs show` and
+    `runs list`, the console, its output and /metrics; never a plain success."""
+    cp, api, _ = stack
+    allowlist = agent_pb2.ToolConstraint(
+        tool="send_email",
+        rule=agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED,
+        value_kind=agent_pb2.VALUE_KIND_EMAIL,
+        allowed=["@acme.test"],
+    )
+    await publish(api, "mailer", "obey_recipient_only", ["send_email"], constraints=[allowlist])
+    run_id = await api.start("mailer", "Send the customer list.")
+    (run,) = await api.wait_terminal([run_id], within=60)
+    assert run.status == run_pb2.RUN_STATUS_COMPLETED, run.error
+    assert run.outcome == run_pb2.RUN_OUTCOME_ONLY_REFUSED
+    assert (run.counters.refused_calls, run.counters.tool_calls) == (1, 0)
+    steps = await api.steps(run_id)
+    refusal = results(steps)["send_email"]
+    assert run.output == (
+        "sent\n\n[agentrun] 1 tool call(s) were refused by constraints and did not run: "
+        f"send_email (step {refusal.seq}, value_allowed)."
+    )
+    assert steps[-1].payload["output"] == run.output
+
+    key = await workspace_key(db_url, WS, "admin")
+    shown = await agentrun_async(cp.address, key, "runs", "show", run_id, workspace=WS)
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "state     completed (only refused: its 1 call(s) were all refused by constraints, "
+        "none ran)" in shown.stdout
+    ), shown.stdout
+    listed = await agentrun_async(cp.address, key, "runs", "list", workspace=WS)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(run_id)]
+    assert "only refused" in row
+
+    async with httpx.AsyncClient(base_url=cp.http_url, timeout=10) as http:
+        got = await http.get(f"/v1/workspaces/{WS}/runs/{run_id}", headers=bearer(key))
+        assert got.status_code == 200, got.text
+        assert got.json()["outcome"] == "only_refused"
+        assert got.json()["counters"]["refused_calls"] == 1
+        # The console's run page, signed in with the key: a badge next to the status.
+        form = await http.get("/console/signin")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert csrf, form.text
+        signin = {"csrf": csrf[1], "key": key, "next": "/console/runs"}
+        assert (await http.post("/console/signin/key", data=signin)).status_code == 303
+        page = await http.get(f"/console/runs/{run_id}")
+        assert page.status_code == 200, page.text
+        assert re.search(
+            r'<span class="badge refused" id="run-refused">only refused: none of its calls ran',
+            page.text,
+        ), page.text
+        listed_page = await http.get("/console/runs")
+        assert '<span class="badge refused">only refused</span>' in listed_page.text
+        reply = await http.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 200, reply.text
+    counted = [
+        (s.labels["outcome"], s.value)
+        for family in text_string_to_metric_families(reply.text)
+        for s in family.samples
+        if s.name == "agentrun_runs_finished_with_refusals_total" and s.labels["workspace"] == WS
+    ]
+    assert counted == [("only_refused", 1.0)]
+
+
+async def test_a_list_the_workspace_keeps_lets_its_payees_through_and_refuses_the_rest(
+    stack, db_url
+):
+    """value_allowed with workspace_list: the workspace's named list (set by an admin with
+    `workspaces set-allowlist`) is read when the run is assigned."""
+    cp, api, _ = stack
+    key = await workspace_key(db_url, WS, "admin")
+    kept = await agentrun_async(
+        cp.address,
+        key,
+        "workspaces",
+        "set-allowlist",
+        "payees",
+        "gb33 bukb 2020 1555 5555 55",
+        workspace=WS,
+    )
+    assert kept.returncode == 0, kept.stderr
+    assert 'allowlist  payees: ["gb33 bukb 2020 1555 5555 55"]' in kept.stdout
+    shown = await agentrun_async(cp.address, key, "workspaces", "show", workspace=WS)
+    assert 'allowlist  payees: ["gb33 bukb 2020 1555 5555 55"]' in shown.stdout, shown.stderr
+    bad = await agentrun_async(
+        cp.address, key, "workspaces", "set-allowlist", "Payees!", IBAN, workspace=WS
+    )
+    assert bad.returncode != 0 and "allowlist.name: must be 1 to 64 of a-z" in bad.stderr
+    payees = agent_pb2.ToolConstraint(
+        tool="pay_supplier",
+        rule=agent_pb2.CONSTRAINT_RULE_VALUE_ALLOWED,
+        value_kind=agent_pb2.VALUE_KIND_IBAN,
+        workspace_list="payees",
+    )
+    await publish(
+        api,
+        "payer",
+        "pay_input",
+        ["pay_supplier"],
+        constraints=[payees],
+        on_refusal=agent_pb2.ON_REFUSAL_FAIL,
+    )
+    listed, other = (
+        await api.start("payer", IBAN),
+        await api.start("payer", "DE89370400440532013000"),
+    )
+    paid, refused = await api.wait_terminal([listed, other], within=60)
+    assert paid.status == run_pb2.RUN_STATUS_COMPLETED, paid.error
+    assert paid.outcome == run_pb2.RUN_OUTCOME_COMPLETED
+    assert refused.status == run_pb2.RUN_STATUS_FAILED
+    assert refused.error == (
+        "refused by constraint value_allowed on pay_supplier: iban DE89370400440532013000 is "
+        "not an allowed payee; nothing was sent"
+    )

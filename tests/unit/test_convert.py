@@ -129,6 +129,7 @@ def _constructed_run(row: Run) -> run_pb2.Run:
             cached_tokens=row.cached_tokens,
             reasoning_tokens=row.reasoning_tokens,
             cost_micros=row.cost_micros,
+            refused_calls=row.refused_calls,
         ),
         input=row.input,
         output=row.output or "",
@@ -142,6 +143,9 @@ def _constructed_run(row: Run) -> run_pb2.Run:
         credit_chunks=row.credit_chunks,
         release=row.release or "",
         priority=row.priority,
+        outcome=convert.outcome(row.status, row.refused_calls, row.tool_calls)
+        if row.finished_at is not None
+        else run_pb2.RUN_OUTCOME_UNSPECIFIED,
         wake_time=ts(row.wake_at),
         expire_time=ts(row.expires_at),
         create_time=ts(row.created_at),
@@ -242,3 +246,21 @@ def test_a_run_written_in_place_is_the_constructed_message(overrides: dict[str, 
     )
     assert list(assignment.steps) == [constructed_step, constructed_step]
     assert convert.step(step) == constructed_step
+
+
+@pytest.mark.parametrize(
+    ("status", "refused", "started", "outcome"),
+    [
+        ("completed", 0, 3, run_pb2.RUN_OUTCOME_COMPLETED),
+        ("completed", 2, 1, run_pb2.RUN_OUTCOME_COMPLETED_WITH_REFUSALS),
+        # Every call refused, none started: the answer is all it did, no success.
+        ("completed", 1, 0, run_pb2.RUN_OUTCOME_ONLY_REFUSED),
+        ("failed", 1, 0, run_pb2.RUN_OUTCOME_FAILED),
+        ("cancelled", 0, 0, run_pb2.RUN_OUTCOME_CANCELLED),
+        ("running", 1, 0, run_pb2.RUN_OUTCOME_UNSPECIFIED),
+    ],
+)
+def test_a_finished_runs_outcome_says_what_its_refused_calls_did(
+    status: str, refused: int, started: int, outcome: int
+) -> None:
+    assert convert.outcome(status, refused, started) == outcome

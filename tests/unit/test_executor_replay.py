@@ -382,3 +382,25 @@ def test_park_transition_carries_wake_after():
     park = steps.park_transition("sleep", 1.5)
     assert park.wait_reason == "sleep"
     assert park.wake_after.ToMilliseconds() == 1500
+
+
+def test_a_completion_after_refused_calls_says_so_unless_the_answer_does():
+    """Issue 48: the output of a run whose calls constraints refused names them (the same on
+    a resumed run: a function of the log); an answer that says so already is kept."""
+    refused = replay.Entry(
+        3,
+        run_pb2.STEP_KIND_TOOL_RESULT,
+        2,
+        {"tool": "send_email", "status": "error", "refused_by": "value_allowed"},
+    )
+    ok = replay.Entry(5, run_pb2.STEP_KIND_TOOL_RESULT, 4, {"tool": "chat_post", "status": "ok"})
+    finish, output = steps.completion(7, "done", [refused, ok])
+    assert output == (
+        "done\n\n[agentrun] 1 tool call(s) were refused by constraints and did not run: "
+        "send_email (step 3, value_allowed)."
+    )
+    payload = json.loads(finish.payload_json)
+    assert payload["output"] == output
+    assert payload["refused_calls"] == [{"seq": 3, "tool": "send_email", "rule": "value_allowed"}]
+    assert steps.completion(7, "The mail was refused.", [refused])[1] == "The mail was refused."
+    assert steps.completion(7, "done", [ok])[1] == "done"

@@ -596,6 +596,8 @@ export interface components {
             release: string;
             /** Format: int32 */
             priority: number;
+            /** @enum {string} */
+            outcome: "unspecified" | "completed" | "completed_with_refusals" | "only_refused" | "failed" | "cancelled";
         };
         RunCounters: {
             /** Format: int32 */
@@ -616,6 +618,8 @@ export interface components {
             reasoning_tokens: number;
             /** Format: int64 */
             cost_micros: number;
+            /** Format: int32 */
+            refused_calls: number;
         };
         RunDelta: {
             /** Format: int64 */
@@ -708,6 +712,7 @@ export interface components {
             /** @enum {string} */
             action: "unspecified" | "refuse" | "hold" | "allow";
             or_seen_before: boolean;
+            workspace_list: string;
         };
         Turn: {
             /** Format: int32 */

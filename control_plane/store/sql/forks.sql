@@ -30,11 +30,15 @@ FROM admitted a;
 -- executor/replay.py counters), so the limits copied at admission bound the whole log.
 UPDATE runs r SET
     forked_from_run_id = $3, forked_from_seq = $4,
-    step_count = c.steps, model_calls = c.decisions, tool_calls = c.calls, tokens_used = c.tokens
+    step_count = c.steps, model_calls = c.decisions, tool_calls = c.calls, tokens_used = c.tokens,
+    refused_calls = c.refused
 FROM (
     SELECT count(*) AS steps,
            count(*) FILTER (WHERE kind = 'model_decision') AS decisions,
            count(*) FILTER (WHERE kind = 'tool_started') AS calls,
+           -- Calls a constraint refused (issue 48), as the commit counts them.
+           count(*) FILTER (WHERE kind = 'tool_result'
+                            AND coalesce(payload ->> 'refused_by', '') <> '') AS refused,
            coalesce(sum(coalesce((payload -> 'usage' ->> 'prompt_tokens')::bigint, 0)
                         + coalesce((payload -> 'usage' ->> 'completion_tokens')::bigint, 0))
                     FILTER (WHERE kind = 'model_decision'), 0) AS tokens

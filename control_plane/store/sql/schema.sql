@@ -70,7 +70,10 @@ CREATE TABLE workspaces (
         CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500),
     -- When an approver is flagged for approving too fast (issue 48; NULL: never):
     -- {"approvals", "window_seconds", "max_decide_seconds"}.
-    approval_watch   jsonb
+    approval_watch   jsonb,
+    -- Named allowlists value_allowed constraints name (workspace_list), read
+    -- when a run is assigned (issue 48): {"payees": ["GB33...", ...]}.
+    allowlists       jsonb NOT NULL DEFAULT '{}'
 );
 
 -- Workspaces that may have something due, by when (the claim's step 1).
@@ -249,6 +252,10 @@ CREATE TABLE runs (
     -- The step log's shape version it was last written in: the claim records its
     -- claimer's release's (releases.log_version).
     log_version              integer NOT NULL DEFAULT 1,
+    -- Calls an argument constraint refused (a tool_result naming refused_by),
+    -- counted by the commit that records them: with tool_calls, the outcome of
+    -- a run that completed regardless (issue 48).
+    refused_calls            integer NOT NULL DEFAULT 0,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (

@@ -20,7 +20,8 @@ appended AS (
 -- name: run_commit :one
 -- The fenced commit, in one statement: lock the run row, check it is still
 -- running under this epoch, append the steps, count them and bump the other
--- counters, and either keep the lease (:status NULL) or
+-- counters (refused_calls: the calls a constraint refused in these steps, issue 48,
+-- counted by the caller from the payloads), and either keep the lease (:status NULL) or
 -- apply the transition (:status = 'waiting', 'completed', 'failed'; parking and
 -- finishing release the lease, and the runs_active_time trigger adds the
 -- hold's time). Zero rows means fenced; unique (run_id, seq) is the backstop.
@@ -51,6 +52,7 @@ UPDATE runs r SET
     step_count = r.step_count + (SELECT count(*) FROM appended),
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
+    refused_calls = r.refused_calls + :refused_calls,
     tokens_used = r.tokens_used + :tokens,
     -- Usage and cost priced from the steps (control_plane/pricing.py), in this statement.
     input_tokens = r.input_tokens + :input_tokens,
@@ -81,7 +83,8 @@ FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 -- credits_due: a metered run that spent all it reserved tops up before its next step.
 RETURNING r.status, r.wake_at, locked.renews AS renewed,
-    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
+    r.refused_calls, r.tool_calls;
 
 -- name: run_commit_keep :one
 -- run_commit for the common case, a commit that keeps the lease as it is: no
@@ -116,6 +119,7 @@ UPDATE runs r SET
     step_count = r.step_count + cardinality(:seqs::int[]),
     model_calls = r.model_calls + :model_calls,
     tool_calls = r.tool_calls + :tool_calls,
+    refused_calls = r.refused_calls + :refused_calls,
     tokens_used = r.tokens_used + :tokens,
     input_tokens = r.input_tokens + :input_tokens,
     output_tokens = r.output_tokens + :output_tokens,
@@ -131,7 +135,8 @@ UPDATE runs r SET
 FROM locked
 WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 RETURNING r.status, r.wake_at, false AS renewed,
-    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
+    r.refused_calls, r.tool_calls;
 
 -- name: steps_by_seqs :many
 -- Which of these seqs exist, under which epoch (recognises a retried commit).
@@ -188,11 +193,11 @@ WITH req AS (
         :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
         :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
         :waiting_connection_ids::uuid[], :renew_always::boolean[],
-        :between_turns::boolean[]
+        :between_turns::boolean[], :refused_calls::int[]
     ) WITH ORDINALITY AS q(workspace_id, run_id, epoch, model_calls, tool_calls, tokens,
         input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
         wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always,
-        between_turns, i)
+        between_turns, refused_calls, i)
 ), locked AS (
     SELECT q.*, r.release, q.status IS NULL AND (q.renew_always OR coalesce(
                r.wake_at <= now() + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
@@ -214,6 +219,7 @@ UPDATE runs r SET
     step_count = r.step_count + coalesce(c.n, 0),
     model_calls = r.model_calls + l.model_calls,
     tool_calls = r.tool_calls + l.tool_calls,
+    refused_calls = r.refused_calls + l.refused_calls,
     tokens_used = r.tokens_used + l.tokens,
     input_tokens = r.input_tokens + l.input_tokens,
     output_tokens = r.output_tokens + l.output_tokens,
@@ -239,4 +245,5 @@ FROM locked l
 LEFT JOIN counted c ON c.workspace_id = l.workspace_id AND c.run_id = l.run_id
 WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
 RETURNING l.i, r.status, r.wake_at, l.renews AS renewed,
-    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due;
+    r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
+    r.refused_calls, r.tool_calls;

@@ -25,8 +25,24 @@ FROM placed;
 SELECT workspace_id, plan, max_concurrency,
        (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
         WHERE c.workspace_id = $1) AS running,
-       next_wake_at, last_served_at, retention_days, approval_watch
+       next_wake_at, last_served_at, retention_days, approval_watch, allowlists
 FROM workspaces WHERE workspace_id = $1;
+
+-- name: workspace_set_allowlist :one
+-- One named allowlist of the workspace (issue 48; NULL values: removed).
+UPDATE workspaces SET allowlists = CASE WHEN $3::jsonb IS NULL THEN allowlists - $2::text
+                                        ELSE jsonb_set(allowlists, ARRAY[$2::text], $3::jsonb) END
+WHERE workspace_id = $1
+RETURNING workspace_id, plan, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+           WHERE c.workspace_id = $1) AS running,
+          retention_days, approval_watch, allowlists;
+
+-- name: workspace_allowlists :one
+-- The named allowlists of a workspace a run's rules name (issue 48), read at assignment.
+SELECT coalesce(jsonb_object_agg(k, allowlists->k) FILTER (WHERE allowlists ? k), '{}') AS lists
+FROM workspaces, unnest($2::text[]) AS k
+WHERE workspace_id = $1;
 
 -- name: workspace_set_approval_watch :one
 -- When an approver is flagged for approving too fast (issue 48; NULL: never).
@@ -35,7 +51,7 @@ UPDATE workspaces SET approval_watch = $2::jsonb WHERE workspace_id = $1
 RETURNING workspace_id, plan, max_concurrency,
           (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
            WHERE c.workspace_id = $1) AS running,
-          retention_days, approval_watch;
+          retention_days, approval_watch, allowlists;
 
 -- name: agent_set_max_concurrency :one
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).

@@ -58,6 +58,7 @@ class Workspace(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     RETENTION_DAYS_FIELD_NUMBER: _builtins.int
     APPROVAL_WATCH_FIELD_NUMBER: _builtins.int
+    ALLOWLISTS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     plan: _builtins.str
     max_concurrency: _builtins.int
@@ -70,6 +71,10 @@ class Workspace(_message.Message):
     def approval_watch(self) -> Global___ApprovalWatch:
         """When an approver is flagged for approving too fast; unset = never."""
 
+    @_builtins.property
+    def allowlists(self) -> _containers.RepeatedCompositeFieldContainer[Global___Allowlist]:
+        """The workspace's named allowlists, by name."""
+
     def __init__(
         self,
         *,
@@ -79,14 +84,45 @@ class Workspace(_message.Message):
         running: _builtins.int = ...,
         retention_days: _builtins.int = ...,
         approval_watch: Global___ApprovalWatch | None = ...,
+        allowlists: _abc.Iterable[Global___Allowlist] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_watch", b"approval_watch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_watch", b"approval_watch", "max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowlists", b"allowlists", "approval_watch", b"approval_watch", "max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class Allowlist(_message.Message):
+    """Allowlist is a list of values the workspace keeps (payees, recipients,
+    domains, chat users), named by VALUE_ALLOWED constraints' workspace_list.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1 to 64 of a-z, 0-9, _ and -, starting with a letter or digit."""
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most 1000, each 1 to 320 bytes; read as the naming rule's value_kind."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        values: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Allowlist: _TypeAlias = Allowlist  # noqa: Y015
 
 @_typing.final
 class ApprovalWatch(_message.Message):
@@ -506,6 +542,54 @@ class SetApprovalWatchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetApprovalWatchResponse: _TypeAlias = SetApprovalWatchResponse  # noqa: Y015
+
+@_typing.final
+class SetAllowlistRequest(_message.Message):
+    """SetAllowlistRequest sets one named allowlist (no values: removes it)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    ALLOWLIST_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """Empty: the caller's own workspace (a platform admin must name one)."""
+    @_builtins.property
+    def allowlist(self) -> Global___Allowlist: ...
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        allowlist: Global___Allowlist | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allowlist", b"allowlist"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowlist", b"allowlist", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetAllowlistRequest: _TypeAlias = SetAllowlistRequest  # noqa: Y015
+
+@_typing.final
+class SetAllowlistResponse(_message.Message):
+    """SetAllowlistResponse is the workspace after the change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetAllowlistResponse: _TypeAlias = SetAllowlistResponse  # noqa: Y015
 
 @_typing.final
 class CreateApiKeyRequest(_message.Message):

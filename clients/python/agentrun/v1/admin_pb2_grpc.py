@@ -74,6 +74,11 @@ class WorkspaceAdminServiceStub:
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.FromString,
                 _registered_method=True)
+        self.SetAllowlist = channel.unary_unary(
+                '/agentrun.v1.WorkspaceAdminService/SetAllowlist',
+                request_serializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/agentrun.v1.WorkspaceAdminService/CreateApiKey',
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
@@ -165,6 +170,15 @@ class WorkspaceAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetAllowlist(self, request, context):
+        """SetAllowlist sets (or, with no values, removes) one of the workspace's
+        named allowlists, which VALUE_ALLOWED constraints name in workspace_list
+        (issue 48: "recipients in a list the workspace keeps").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateApiKey(self, request, context):
         """CreateApiKey mints a key; the response carries its text, once.
         """
@@ -241,6 +255,11 @@ def add_WorkspaceAdminServiceServicer_to_server(servicer, server):
                     servicer.SetApprovalWatch,
                     request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.SerializeToString,
+            ),
+            'SetAllowlist': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAllowlist,
+                    request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -428,6 +447,33 @@ class WorkspaceAdminService:
             '/agentrun.v1.WorkspaceAdminService/SetApprovalWatch',
             agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchRequest.SerializeToString,
             agentrun_dot_v1_dot_admin__pb2.SetApprovalWatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAllowlist(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.WorkspaceAdminService/SetAllowlist',
+            agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.SerializeToString,
+            agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.FromString,
             options,
             channel_credentials,
             insecure,

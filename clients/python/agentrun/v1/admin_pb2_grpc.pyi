@@ -60,6 +60,11 @@ class WorkspaceAdminServiceStub:
     """SetApprovalWatch says when an approver who approves quickly and often is
     flagged to the workspace's admins (issue 48); an unset watch turns it off.
     """
+    SetAllowlist: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetAllowlistRequest, _admin_pb2.SetAllowlistResponse]
+    """SetAllowlist sets (or, with no values, removes) one of the workspace's
+    named allowlists, which VALUE_ALLOWED constraints name in workspace_list
+    (issue 48: "recipients in a list the workspace keeps").
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
@@ -106,6 +111,11 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
     SetApprovalWatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetApprovalWatchRequest, _admin_pb2.SetApprovalWatchResponse]  # type: ignore[assignment]
     """SetApprovalWatch says when an approver who approves quickly and often is
     flagged to the workspace's admins (issue 48); an unset watch turns it off.
+    """
+    SetAllowlist: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetAllowlistRequest, _admin_pb2.SetAllowlistResponse]  # type: ignore[assignment]
+    """SetAllowlist sets (or, with no values, removes) one of the workspace's
+    named allowlists, which VALUE_ALLOWED constraints name in workspace_list
+    (issue 48: "recipients in a list the workspace keeps").
     """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """CreateApiKey mints a key; the response carries its text, once."""
@@ -180,6 +190,17 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.SetApprovalWatchResponse, _abc.Awaitable[_admin_pb2.SetApprovalWatchResponse]]:
         """SetApprovalWatch says when an approver who approves quickly and often is
         flagged to the workspace's admins (issue 48); an unset watch turns it off.
+        """
+
+    @_abc_1.abstractmethod
+    def SetAllowlist(
+        self,
+        request: _admin_pb2.SetAllowlistRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetAllowlistResponse, _abc.Awaitable[_admin_pb2.SetAllowlistResponse]]:
+        """SetAllowlist sets (or, with no values, removes) one of the workspace's
+        named allowlists, which VALUE_ALLOWED constraints name in workspace_list
+        (issue 48: "recipients in a list the workspace keeps").
         """
 
     @_abc_1.abstractmethod

@@ -293,6 +293,7 @@ class ToolConstraint(_message.Message):
     ALLOWED_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
     OR_SEEN_BEFORE_FIELD_NUMBER: _builtins.int
+    WORKSPACE_LIST_FIELD_NUMBER: _builtins.int
     tool: _builtins.str
     """One of spec.tools."""
     rule: Global___ConstraintRule.ValueType
@@ -311,6 +312,13 @@ class ToolConstraint(_message.Message):
     sent in the same argument, with an ok result ("payees I have paid
     before"), passes too. The control plane looks them up when it assigns
     the run (Assignment.seen_values); the executor never reads the database.
+    """
+    workspace_list: _builtins.str
+    """VALUE_ALLOWED: the name of a list the workspace keeps
+    (WorkspaceAdminService.SetAllowlist, e.g. "payees"): its values pass too,
+    read as value_kind. Looked up when the run is assigned, so a change
+    applies to runs assigned after it; a list the workspace does not have is
+    empty (the rule fails closed).
     """
     @_builtins.property
     def known_recipients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -334,10 +342,11 @@ class ToolConstraint(_message.Message):
         allowed: _abc.Iterable[_builtins.str] | None = ...,
         action: Global___ConstraintAction.ValueType = ...,
         or_seen_before: _builtins.bool = ...,
+        workspace_list: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "allowed", b"allowed", "argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "or_seen_before", b"or_seen_before", "rule", b"rule", "tool", b"tool", "value_kind", b"value_kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "allowed", b"allowed", "argument", b"argument", "known_recipients", b"known_recipients", "max_amount", b"max_amount", "or_seen_before", b"or_seen_before", "rule", b"rule", "tool", b"tool", "value_kind", b"value_kind", "workspace_list", b"workspace_list"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -140,6 +140,50 @@ source run and seq, and who asked for the fork. Written at admission.
 """
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
+class _RunOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RunOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RUN_OUTCOME_UNSPECIFIED: _RunOutcome.ValueType  # 0
+    """Not finished yet."""
+    RUN_OUTCOME_COMPLETED: _RunOutcome.ValueType  # 1
+    """Completed, and no call was refused."""
+    RUN_OUTCOME_COMPLETED_WITH_REFUSALS: _RunOutcome.ValueType  # 2
+    """Completed, but constraints refused some of its calls (others ran): the
+    task may be done only in part. The output says which calls were refused.
+    """
+    RUN_OUTCOME_ONLY_REFUSED: _RunOutcome.ValueType  # 3
+    """Completed, but every tool call it proposed was refused and none ran: the
+    model's answer is all it did. Not a success.
+    """
+    RUN_OUTCOME_FAILED: _RunOutcome.ValueType  # 4
+    """Failed; error says why (a refusal with on_refusal: fail, among others)."""
+    RUN_OUTCOME_CANCELLED: _RunOutcome.ValueType  # 5
+
+class RunOutcome(_RunOutcome, metaclass=_RunOutcomeEnumTypeWrapper):
+    """RunOutcome is a finished run's status said together with its refused calls
+    (counters.refused_calls).
+    """
+
+RUN_OUTCOME_UNSPECIFIED: RunOutcome.ValueType  # 0
+"""Not finished yet."""
+RUN_OUTCOME_COMPLETED: RunOutcome.ValueType  # 1
+"""Completed, and no call was refused."""
+RUN_OUTCOME_COMPLETED_WITH_REFUSALS: RunOutcome.ValueType  # 2
+"""Completed, but constraints refused some of its calls (others ran): the
+task may be done only in part. The output says which calls were refused.
+"""
+RUN_OUTCOME_ONLY_REFUSED: RunOutcome.ValueType  # 3
+"""Completed, but every tool call it proposed was refused and none ran: the
+model's answer is all it did. Not a success.
+"""
+RUN_OUTCOME_FAILED: RunOutcome.ValueType  # 4
+"""Failed; error says why (a refusal with on_refusal: fail, among others)."""
+RUN_OUTCOME_CANCELLED: RunOutcome.ValueType  # 5
+Global___RunOutcome: _TypeAlias = RunOutcome  # noqa: Y015
+
 class _QueueWaitCause:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -237,6 +281,7 @@ class RunCounters(_message.Message):
     CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     COST_MICROS_FIELD_NUMBER: _builtins.int
+    REFUSED_CALLS_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
     """Steps in the run's log, whoever wrote them (ListRunSteps returns as many)."""
     model_calls: _builtins.int
@@ -254,6 +299,11 @@ class RunCounters(_message.Message):
     """What the run's model and tool calls cost, in micro-credits (1 credit =
     1,000,000), priced from the control plane's table at each commit.
     """
+    refused_calls: _builtins.int
+    """Tool calls an argument constraint refused before they started (issue 48;
+    not in tool_calls, which counts the calls that started). Counted by the
+    commit that records each refusal.
+    """
     def __init__(
         self,
         *,
@@ -266,10 +316,11 @@ class RunCounters(_message.Message):
         cached_tokens: _builtins.int = ...,
         reasoning_tokens: _builtins.int = ...,
         cost_micros: _builtins.int = ...,
+        refused_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "cost_micros", b"cost_micros", "input_tokens", b"input_tokens", "model_calls", b"model_calls", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "cost_micros", b"cost_micros", "input_tokens", b"input_tokens", "model_calls", b"model_calls", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "refused_calls", b"refused_calls", "steps", b"steps", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -311,6 +362,7 @@ class Run(_message.Message):
     CHILD_RUN_IDS_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -360,6 +412,12 @@ class Run(_message.Message):
     priority: _builtins.int
     """Set at admission (-100..100; 0 = the default): higher goes first within
     the workspace's fair share.
+    """
+    outcome: Global___RunOutcome.ValueType
+    """How a finished run's task went, said with its refused calls (issue 48): a
+    run whose calls a constraint refused may still complete (on_refusal:
+    retry, the default), and its status alone would read as a plain success.
+    UNSPECIFIED while the run is not finished.
     """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
@@ -438,10 +496,11 @@ class Run(_message.Message):
         child_run_ids: _abc.Iterable[_builtins.str] | None = ...,
         release: _builtins.str = ...,
         priority: _builtins.int = ...,
+        outcome: Global___RunOutcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "outcome", b"outcome", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
