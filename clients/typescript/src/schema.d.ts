@@ -440,7 +440,7 @@ export interface components {
             arguments: unknown;
             arguments_sha256: string;
             /** @enum {string} */
-            state: "unspecified" | "pending" | "approved" | "rejected" | "edited" | "expired";
+            state: "unspecified" | "pending" | "approved" | "rejected" | "edited" | "expired" | "closed";
             approvers: string[];
             slack_approvers: string[];
             high_risk: boolean;
@@ -1565,7 +1565,7 @@ export interface operations {
         parameters: {
             query?: {
                 approver?: string;
-                state?: "pending" | "approved" | "rejected" | "edited" | "expired";
+                state?: "pending" | "approved" | "rejected" | "edited" | "expired" | "closed";
                 page_size?: number;
                 page_token?: string;
             };

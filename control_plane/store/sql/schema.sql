@@ -1415,7 +1415,7 @@ CREATE TABLE approvals (
     reminders_sent    integer NOT NULL DEFAULT 0,
     -- NULL while pending; set exactly once by a compare-and-set.
     decision          text CONSTRAINT approvals_decision_check
-        CHECK (decision IN ('approved', 'rejected', 'edited', 'expired')),
+        CHECK (decision IN ('approved', 'rejected', 'edited', 'expired', 'closed')),
     decided_by        text,
     decided_at        timestamptz,
     reason            text,
@@ -1439,6 +1439,25 @@ CREATE TABLE approvals (
 -- The expiry loop's index: pending approvals by expiry.
 CREATE INDEX approvals_pending_expiry ON approvals (expire_at) WHERE decision IS NULL;
 CREATE INDEX approvals_by_created ON approvals (workspace_id, created_at DESC, approval_id DESC);
+
+-- A run that ends while it waits (cancelled, failed, past its max age) closes its pending
+-- approvals in the same transaction: decision 'closed' by `system:run`, the reason naming
+-- how the run ended, so they leave every inbox and metric at once and a later decision is
+-- refused naming that (issue 43). Only runs that were waiting: a held run has none pending.
+CREATE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
+    UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
+                         decided_at = NEW.finished_at,
+                         reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_close_approvals AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (OLD.status = 'waiting' AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_close_approvals_on_finish();
 
 -- Capability links, single-use: only the SHA-256 of each token is stored.
 CREATE TABLE approval_tokens (
