@@ -47,7 +47,7 @@ from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
-from control_plane.approvals import expiry, needs_help, relay
+from control_plane.approvals import expiry, needs_help, relay, unknown_outcome
 from control_plane.approvals.commit import ApprovalHold
 from control_plane.approvals.relay import RelayConfig
 from control_plane.auth import context as auth_context
@@ -186,6 +186,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_field("approval_request", ApprovalHold())
     pipeline.on_park(parks.WAIT_REASON, parks.ConnectionPark())
     pipeline.on_park(needs_help.REPEAT_WAIT, needs_help.HeldRepeat())
+    pipeline.on_park(unknown_outcome.WAIT_REASON, unknown_outcome.UnknownOutcomePark())
     pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
     pipeline.after_commit(TopUp())
@@ -369,7 +370,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
     """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep,
-    retention, fast-path recovery, the delta relay and the release self-check."""
+    the unknown-outcome questions' policy, retention, fast-path recovery, the delta relay and the release self-check."""
     cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
     checks = [p.self_check.run_forever()] if p.self_check is not None else []
     return [
@@ -384,6 +385,9 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         ),
         asyncio.create_task(
             max_age.run_forever(pool, cfg.approval_poll_seconds, poke), name="max-age-sweep"
+        ),
+        asyncio.create_task(
+            unknown_outcome.run_forever(pool, cfg.approval_poll_seconds), name="unknown-questions"
         ),
         asyncio.create_task(Retention(pool).run(), name="retention"),
         asyncio.create_task(

@@ -27,3 +27,51 @@ END $$;
 CREATE TRIGGER runs_close_approvals AFTER UPDATE OF status ON runs FOR EACH ROW
     WHEN (OLD.status = 'waiting' AND NEW.status IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION runs_close_approvals_on_finish();
+
+-- An unknown outcome asks a person (issue 43). The park that waits for a person's decision
+-- on a tool call whose outcome is unknown (wait_reason 'human') records its question here
+-- and its notifications in the outbox, in the park's own transaction. The question carries
+-- a policy like an approval's: every `every_seconds` (database clock, next_at) remind the
+-- people asked, escalate to others, or fail the run; it closes when a person answers or
+-- the run ends. Nothing else reads it to decide: the answer is still the step
+-- ResolveUnknownOutcome appends (store/sql/unknowns.sql).
+CREATE TABLE unknown_questions (
+    workspace_id      text NOT NULL,
+    run_id            uuid NOT NULL,
+    seq               integer NOT NULL,  -- the unknown tool_result
+    tool              text NOT NULL,
+    recipients        text[] NOT NULL,   -- asked by mail
+    slack_recipients  text[] NOT NULL DEFAULT '{}',  -- Slack users whose buttons answer
+    every_seconds     integer NOT NULL CHECK (every_seconds > 0),
+    on_timeout        text NOT NULL CHECK (on_timeout IN ('remind', 'escalate', 'fail')),
+    escalate_to       text[] NOT NULL DEFAULT '{}',
+    max_reminders     integer NOT NULL DEFAULT 2,
+    -- The exact call (arguments, idempotency key, class) and what was tried.
+    call              jsonb NOT NULL DEFAULT '{}',
+    reminders_sent    integer NOT NULL DEFAULT 0,
+    escalation_level  integer NOT NULL DEFAULT 0,
+    next_at           timestamptz NOT NULL,
+    closed_at         timestamptz,
+    closed_reason     text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, run_id, seq),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
+    CONSTRAINT unknown_question_closed_fully CHECK ((closed_at IS NULL) = (closed_reason IS NULL))
+);
+
+-- The policy loop's index: open questions by their next action.
+CREATE INDEX unknown_questions_due ON unknown_questions (next_at) WHERE closed_at IS NULL;
+
+CREATE OR REPLACE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
+    UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
+                         decided_at = NEW.finished_at,
+                         reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
+    UPDATE unknown_questions SET closed_at = NEW.finished_at,
+                                 closed_reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
+    RETURN NULL;
+END $$;

@@ -33,9 +33,9 @@ from control_plane.runs import children, forks
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as fork_store
 from control_plane.store import lease as lease_store
+from control_plane.store import questions, unknowns
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
-from control_plane.store import unknowns
 from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
 
@@ -361,7 +361,19 @@ async def resolve_unknown(
 
     async def audited(conn: Any) -> None:
         detail = {"seq": wanted.seq, "decision": wanted.decision}
-        await audit.record(conn, "unknown_outcome.resolved", "run", str(wanted.run_id), detail)
+        # A Slack click has no principal in context: the verified user is the actor.
+        actor = wanted.decided_by if wanted.decided_by.startswith("slack:") else None
+        await audit.record(
+            conn,
+            "unknown_outcome.resolved",
+            "run",
+            str(wanted.run_id),
+            detail,
+            workspace_id=wanted.workspace_id,
+            actor=actor,
+        )
+        why = f"answered {wanted.decision} by {wanted.decided_by}"
+        await questions.close(conn, wanted.workspace_id, wanted.run_id, wanted.seq, why)
 
     try:
         return await unknowns.decide(pool, wanted, audited)

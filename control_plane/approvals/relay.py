@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 import faults
-from control_plane.approvals import needs_help, policy, tokens, watch
+from control_plane.approvals import needs_help, policy, tokens, unknown_outcome, watch
 from control_plane.connections import parks as connection_parks
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
@@ -70,6 +70,8 @@ def _text(approval: approval_store.Approval, kind: str) -> str:
 async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["kind"] == needs_help.KIND:
         return needs_help.mail_request(row)
+    if row["kind"] in unknown_outcome.KINDS:
+        return unknown_outcome.request(row)
     if row["kind"] == watch.KIND:
         return watch.mail_request(row)
     if row["kind"] == connection_parks.KIND:

@@ -69,6 +69,7 @@ DISTRIBUTED_TABLES = (
     "workspace_running_counts",
     "agent_running_counts",
     "approvals",
+    "unknown_questions",
     "approval_tokens",
     "outbox",
     "triggers",

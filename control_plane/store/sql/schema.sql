@@ -1440,8 +1440,41 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_pending_expiry ON approvals (expire_at) WHERE decision IS NULL;
 CREATE INDEX approvals_by_created ON approvals (workspace_id, created_at DESC, approval_id DESC);
 
+-- An unknown outcome asks a person (issue 43): the park that waits for a person's decision
+-- on a tool call whose outcome is unknown (wait_reason 'human') records its question here
+-- and its notifications in the outbox, in the park's own transaction. Its policy is like an
+-- approval's: every `every_seconds` (database clock, next_at) remind the people asked,
+-- escalate to others, or fail the run; it closes when a person answers or the run ends.
+-- The answer itself is the step ResolveUnknownOutcome appends (store/sql/unknowns.sql).
+CREATE TABLE unknown_questions (
+    workspace_id      text NOT NULL,
+    run_id            uuid NOT NULL,
+    seq               integer NOT NULL,  -- the unknown tool_result
+    tool              text NOT NULL,
+    recipients        text[] NOT NULL,   -- asked by mail
+    slack_recipients  text[] NOT NULL DEFAULT '{}',  -- Slack users whose buttons answer
+    every_seconds     integer NOT NULL CHECK (every_seconds > 0),
+    on_timeout        text NOT NULL CHECK (on_timeout IN ('remind', 'escalate', 'fail')),
+    escalate_to       text[] NOT NULL DEFAULT '{}',
+    max_reminders     integer NOT NULL DEFAULT 2,
+    -- The exact call (arguments, idempotency key, class) and what was tried.
+    call              jsonb NOT NULL DEFAULT '{}',
+    reminders_sent    integer NOT NULL DEFAULT 0,
+    escalation_level  integer NOT NULL DEFAULT 0,
+    next_at           timestamptz NOT NULL,
+    closed_at         timestamptz,
+    closed_reason     text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, run_id, seq),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs,
+    CONSTRAINT unknown_question_closed_fully CHECK ((closed_at IS NULL) = (closed_reason IS NULL))
+);
+
+-- The policy loop's index: open questions by their next action.
+CREATE INDEX unknown_questions_due ON unknown_questions (next_at) WHERE closed_at IS NULL;
+
 -- A run that ends while it waits (cancelled, failed, past its max age) closes its pending
--- approvals in the same transaction: decision 'closed' by `system:run`, the reason naming
+-- approvals and its open unknown-outcome questions in the same transaction: decision 'closed' by `system:run`, the reason naming
 -- how the run ended, so they leave every inbox and metric at once and a later decision is
 -- refused naming that (issue 43). Only runs that were waiting: a held run has none pending.
 CREATE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
@@ -1452,6 +1485,9 @@ BEGIN
                          decided_at = NEW.finished_at,
                          reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
     WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
+    UPDATE unknown_questions SET closed_at = NEW.finished_at,
+                                 closed_reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
     RETURN NULL;
 END $$;
 
