@@ -415,6 +415,7 @@ export interface components {
             fast_path: boolean;
             /** @enum {string} */
             on_refusal: "unspecified" | "retry" | "fail" | "ask";
+            unknown_outcome?: components["schemas"]["UnknownOutcomePolicy"];
         };
         AgentVersion: {
             workspace_id: string;
@@ -720,6 +721,18 @@ export interface components {
             error: string;
             /** Format: date-time */
             create_time?: string;
+        };
+        UnknownOutcomePolicy: {
+            ask: string[];
+            slack: string[];
+            slack_channel: string;
+            /** Format: int32 */
+            every_seconds: number;
+            /** @enum {string} */
+            on_timeout: "unspecified" | "remind" | "escalate" | "fail";
+            escalate_to: string[];
+            /** Format: int32 */
+            max_reminders?: number;
         };
     };
     responses: never;
