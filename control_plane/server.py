@@ -21,6 +21,8 @@ from agentrun.v1 import (
     agent_pb2_grpc,
     approval_pb2,
     approval_pb2_grpc,
+    channel_pb2,
+    channel_pb2_grpc,
     connection_pb2,
     connection_pb2_grpc,
     credit_pb2,
@@ -41,6 +43,7 @@ from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
+from control_plane.api.channels import ChannelServicer
 from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.mcp_servers import McpServerServicer
 from control_plane.api.runs import RunServicer
@@ -104,6 +107,7 @@ SERVICE_NAMES = (
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
     connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
+    channel_pb2.DESCRIPTOR.services_by_name["ChannelService"].full_name,
     credit_pb2.DESCRIPTOR.services_by_name["CreditService"].full_name,
     # The registry (issue 18); McpServerService's servicer is added by control_plane/mcp.
     tool_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
@@ -348,6 +352,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         server,
     )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(services.approvals, server)
+    channel_pb2_grpc.add_ChannelServiceServicer_to_server(ChannelServicer(pool, p.envelope), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
         TriggerServicer(
             pool, cfg.public_url, p.envelope, cfg.defaults, dispatcher.poke, dispatcher.cancel
@@ -380,7 +385,9 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
             expiry.run_forever(pool, cfg.approval_poll_seconds, poke), name="approval-expiry"
         ),
         asyncio.create_task(
-            relay.run_forever(pool, RelayConfig(cfg.notify_url, cfg.public_url)),
+            relay.run_forever(
+                pool, RelayConfig(cfg.notify_url, cfg.public_url, envelope=p.envelope)
+            ),
             name="outbox-relay",
         ),
         asyncio.create_task(

@@ -75,3 +75,32 @@ BEGIN
     WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
     RETURN NULL;
 END $$;
+
+-- Real channels, configured per workspace (issue 43). A workspace names where its
+-- notifications go: Slack (the Web API's chat.postMessage / chat.update with a bot token),
+-- e-mail over SMTP, and outgoing webhooks signed in the Standard Webhooks format. Each
+-- channel's secret (the bot token, the SMTP password, the webhook signing secret) is sealed
+-- with the workspace's data key like other secrets (crypto/envelope.py, purpose 'channel').
+-- The relay delivers an outbox row through the workspace's channel of its kind (chat:
+-- slack, mail: email), and each notification also becomes one row per webhook channel
+-- (channel 'webhook', recipient the channel id), written in the same statement, so the
+-- webhook's `webhook-id` (the row's id) is fixed before anything is sent.
+CREATE TABLE channels (
+    workspace_id   text NOT NULL REFERENCES workspaces,
+    channel_id     uuid NOT NULL,
+    kind           text NOT NULL CHECK (kind IN ('slack', 'email', 'webhook')),
+    name           text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    -- What is not secret: Slack's API base URL; the SMTP host, port, sender and TLS mode;
+    -- the webhook's URL.
+    config         jsonb NOT NULL,
+    secret_sealed  bytea,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, channel_id),
+    UNIQUE (workspace_id, name)
+);
+
+ALTER TABLE outbox DROP CONSTRAINT outbox_channel_check;
+ALTER TABLE outbox ADD CONSTRAINT outbox_channel_check
+    CHECK (channel IN ('mail', 'chat', 'webhook'));
+-- What the channel answered (Slack: the message's channel and ts, for a later chat.update).
+ALTER TABLE outbox ADD COLUMN receipt jsonb;

@@ -72,6 +72,7 @@ DISTRIBUTED_TABLES = (
     "unknown_questions",
     "approval_tokens",
     "outbox",
+    "channels",
     "triggers",
     "trigger_secrets",
     "trigger_events",

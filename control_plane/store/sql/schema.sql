@@ -1518,7 +1518,8 @@ CREATE TABLE outbox (
     workspace_id     text NOT NULL,
     notification_id  uuid NOT NULL,
     kind             text NOT NULL,
-    channel          text NOT NULL CONSTRAINT outbox_channel_check CHECK (channel IN ('mail', 'chat')),
+    channel          text NOT NULL CONSTRAINT outbox_channel_check
+        CHECK (channel IN ('mail', 'chat', 'webhook')),
     recipient        text NOT NULL,
     payload          jsonb NOT NULL,
     attempts         integer NOT NULL DEFAULT 0,
@@ -1526,10 +1527,34 @@ CREATE TABLE outbox (
     delivered_at     timestamptz,
     last_error       text,
     created_at       timestamptz NOT NULL DEFAULT now(),
+    -- What the channel answered (Slack: the message's channel and ts, for a later chat.update).
+    receipt          jsonb,
     PRIMARY KEY (workspace_id, notification_id)
 );
 
 CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE delivered_at IS NULL;
+
+-- Where a workspace's notifications go (issue 43): Slack (the Web API's chat.postMessage /
+-- chat.update with a bot token), e-mail over SMTP, and outgoing webhooks signed in the
+-- Standard Webhooks format. Each channel's secret (the bot token, the SMTP password, the
+-- webhook signing secret) is sealed with the workspace's data key (purpose 'channel').
+-- The relay delivers a row through the workspace's channel of its kind (chat: slack, mail:
+-- email); each notification also becomes one row per webhook channel (channel 'webhook',
+-- recipient the channel id), in the same statement, so its `webhook-id` (the row's id) is
+-- fixed before anything is sent.
+CREATE TABLE channels (
+    workspace_id   text NOT NULL REFERENCES workspaces,
+    channel_id     uuid NOT NULL,
+    kind           text NOT NULL CHECK (kind IN ('slack', 'email', 'webhook')),
+    name           text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
+    -- What is not secret: Slack's API base URL; the SMTP host, port, sender and TLS mode;
+    -- the webhook's URL.
+    config         jsonb NOT NULL,
+    secret_sealed  bytea,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, channel_id),
+    UNIQUE (workspace_id, name)
+);
 
 
 -- ===========================================================================

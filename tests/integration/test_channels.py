@@ -1,0 +1,200 @@
+"""Workspace channels (issue 43): Slack's Web API, SMTP, and signed webhooks retried under one id."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import grpc
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from agentrun.v1 import channel_pb2, channel_pb2_grpc
+from control_plane.approvals import needs_help, relay
+from control_plane.channels import secrets
+from control_plane.crypto import kms
+from control_plane.crypto.envelope import Envelope
+from control_plane.server import start
+from control_plane.store import channels, outbox
+from sandbox.providers.slack_api import BOT_TOKEN
+from tests import factories
+from tests.harness import auth
+from tests.harness.agentrun_api import sandbox_requests
+from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
+    config_fixture,
+    http_fixture,
+    pool_fixture,
+)
+from tests.harness.http_stub import Seen, reply, serving
+from tests.harness.smtp import smtp_server
+from tests.harness.waiting import eventually
+from tests.integration.test_approvals import hold
+
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def local_envelope(pool) -> Envelope:
+    return Envelope(pool, kms.configured("local", None, release="dev"))
+
+
+async def add_webhook(pool, envelope, url: str, name: str = "hooks") -> uuid.UUID:
+    await factories.agent_version(pool, "ws", "setup")  # the workspace
+    cid = uuid.uuid4()
+    sealed = await secrets.seal(envelope, "ws", cid, SECRET)
+    await channels.insert(pool, "ws", cid, "webhook", name, {"url": url}, sealed)
+    return cid
+
+
+async def notify(pool, who: str = "ops@example.com") -> None:
+    """One notification (a run that needs help), as an effect writes it in its transaction."""
+    summary = {"kind": needs_help.KIND, "run_id": str(uuid.uuid4()), "seq": 3, "tool": "t"}
+    summary["detail"] = "held"
+    async with pool.acquire() as conn, conn.transaction():
+        await outbox.insert(conn, outbox.Notification("ws", needs_help.KIND, "mail", who, summary))
+
+
+def verified(seen: Seen) -> dict:
+    """The payload, verified as a receiver verifies it (the library's own verifier)."""
+    return Webhook(SECRET).verify(seen.body, dict(seen.headers))
+
+
+async def test_a_workspace_sends_through_slack_smtp_and_a_signed_webhook(pool, config, db_url):
+    server = await start(config)
+    key = await auth.workspace_key(db_url, "ws", role="admin")
+    grpc_channel = auth.channel(f"127.0.0.1:{server.port}", key)
+    stub = channel_pb2_grpc.ChannelServiceStub(grpc_channel)
+    try:
+        with smtp_server() as (smtp, inbox):
+            async with serving(lambda seen: reply(200, {"ok": True})) as receiver:
+                await stub.AddChannel(
+                    channel_pb2.AddChannelRequest(
+                        name="team-slack",
+                        slack=channel_pb2.SlackChannel(
+                            api_url=f"{config.notify_url}/slack/api", bot_token=BOT_TOKEN
+                        ),
+                    )
+                )
+                await stub.AddChannel(
+                    channel_pb2.AddChannelRequest(
+                        name="mail",
+                        email=channel_pb2.EmailChannel(
+                            host="127.0.0.1",
+                            port=smtp.port,
+                            sender="agentrun@example.com",
+                            tls="none",
+                        ),
+                    )
+                )
+                added = await stub.AddChannel(
+                    channel_pb2.AddChannelRequest(
+                        name="hooks", webhook=channel_pb2.WebhookChannel(url=f"{receiver.url}/in")
+                    )
+                )
+                secret = added.webhook_secret
+                assert secret.startswith("whsec_")
+                listed = await stub.ListChannels(channel_pb2.ListChannelsRequest())
+                assert [(c.name, c.kind) for c in listed.channels] == [
+                    ("hooks", "webhook"),
+                    ("mail", "email"),
+                    ("team-slack", "slack"),
+                ]
+                assert BOT_TOKEN not in str(listed) and secret not in str(listed)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.AddChannel(
+                        channel_pb2.AddChannelRequest(
+                            name="bad", webhook=channel_pb2.WebhookChannel(url="ftp://x")
+                        )
+                    )
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "webhook.url" in info.value.details()
+
+                _, approval_id = await hold(pool)
+                cfg = relay.RelayConfig(
+                    config.notify_url, config.public_url, envelope=local_envelope(pool)
+                )
+                async with httpx.AsyncClient() as client:
+                    # 2 mails, 1 chat post, and each of them to the webhook.
+                    assert await relay.relay_once(pool, client, cfg) == 6
+                await eventually(lambda: len(inbox.messages) == 2)
+    finally:
+        await grpc_channel.close()
+        await server.stop(grace=0)
+
+    posts = [
+        r for r in sandbox_requests(config.notify_url) if r["path"] == "/slack/api/chat.postMessage"
+    ]
+    mine = [p for p in posts if str(approval_id) in json.dumps(p["body"])]
+    assert len(mine) == 1 and mine[0]["body"]["channel"] == "#approvals"
+    buttons = mine[0]["body"]["blocks"][1]["elements"]
+    assert [b["action_id"] for b in buttons] == ["approve", "reject"]
+    receipt = await pool.fetchval("SELECT receipt FROM outbox WHERE channel = 'chat'")
+    assert json.loads(receipt)["channel"] == "#approvals"
+
+    assert sorted(rcpt[0] for rcpt, _ in inbox.messages) == ["alice@example.com", "bob@example.com"]
+    ids = {m["Message-ID"] for _, m in inbox.messages}
+    rows = await pool.fetch("SELECT notification_id FROM outbox WHERE channel = 'mail'")
+    assert ids == {f"<{r['notification_id']}@agentrun>" for r in rows}
+
+    hooks = receiver.of("/in")
+    assert len(hooks) == 3
+    for seen in hooks:
+        data = Webhook(secret).verify(seen.body, dict(seen.headers))
+        assert data["type"] == "agentrun.approval_request"
+        assert data["data"]["approval_id"] == str(approval_id)
+    assert {json.loads(s.body)["data"]["recipient"] for s in hooks} == {
+        "alice@example.com",
+        "bob@example.com",
+        "#approvals",
+    }
+
+
+async def test_a_receiver_answering_500_three_times_gets_it_on_the_fourth_try_with_one_id(pool):
+    envelope = local_envelope(pool)
+    answers = [reply(500), reply(500), reply(500), reply(204, None, content=b"")]
+    async with serving(lambda seen: answers.pop(0)) as receiver:
+        await add_webhook(pool, envelope, f"{receiver.url}/in")
+        await notify(pool)
+        cfg = relay.RelayConfig("http://127.0.0.1:9", "http://approvals.test", envelope=envelope)
+        async with httpx.AsyncClient() as client:
+            for _ in range(4):
+                # Due again now (the backoff moved it out; tests move row times, not clocks).
+                await pool.execute(
+                    "UPDATE outbox SET next_attempt_at = now() WHERE channel = 'webhook'"
+                )
+                rows = await outbox.claim(pool, 10, 1.0)
+                for row in (r for r in rows if r["channel"] == "webhook"):
+                    await relay.deliver(pool, client, cfg, row)
+    seen = receiver.of("/in")
+    assert len(seen) == 4
+    assert len({s.headers["webhook-id"] for s in seen}) == 1
+    assert all(verified(s)["type"] == "agentrun.run_needs_help" for s in seen)
+    row = await pool.fetchrow("SELECT * FROM outbox WHERE channel = 'webhook'")
+    assert row["attempts"] == 4 and row["delivered_at"] is not None
+    assert f"msg_{row['notification_id'].hex}" == seen[0].headers["webhook-id"]
+
+
+async def test_kill_9_between_the_send_and_the_mark_delivers_once_never_zero(
+    db_url, control_plane, pool
+):
+    envelope = local_envelope(pool)
+    async with serving(lambda seen: reply(200, {"ok": True})) as receiver:
+        await add_webhook(pool, envelope, f"{receiver.url}/in")
+        cp = await asyncio.to_thread(
+            control_plane, db_url, AGENTRUN_FAULTS="control_plane.relay.after_send=kill"
+        )
+        await notify(pool)  # the park's transaction: the rows exist before any send
+        await eventually(lambda: not cp.process.alive, timeout=30)
+        # Killed after a send, before its mark: that row is still to be delivered.
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE delivered_at IS NULL") > 0
+        await asyncio.to_thread(cp.restart, AGENTRUN_FAULTS="")
+
+        async def all_delivered() -> bool:
+            left = await pool.fetchval("SELECT count(*) FROM outbox WHERE delivered_at IS NULL")
+            return left == 0 and len(receiver.of("/in")) >= 1
+
+        await eventually(all_delivered, timeout=30)
+    ids = {s.headers["webhook-id"] for s in receiver.of("/in")}
+    assert len(ids) == 1  # however many posts: one notification, one id for the receiver
+    cp.kill()
