@@ -9,6 +9,7 @@ from agentrun_cli import (
     admin_commands,
     approvals,
     argtypes,
+    channels,
     chat,
     commands,
     connections,
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(sub, common)
     approvals.add_commands(sub, common)
     connections.add_commands(sub, common)
+    channels.add_commands(sub, common)
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)

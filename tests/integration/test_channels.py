@@ -27,6 +27,7 @@ from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
     http_fixture,
     pool_fixture,
 )
+from tests.harness.cli import agentrun_async
 from tests.harness.http_stub import Seen, reply, serving
 from tests.harness.smtp import smtp_server
 from tests.harness.waiting import eventually
@@ -198,3 +199,34 @@ async def test_kill_9_between_the_send_and_the_mark_delivers_once_never_zero(
     ids = {s.headers["webhook-id"] for s in receiver.of("/in")}
     assert len(ids) == 1  # however many posts: one notification, one id for the receiver
     cp.kill()
+
+
+async def test_the_cli_adds_lists_and_removes_channels_and_never_takes_a_secret_as_an_argument(
+    pool, config, db_url, monkeypatch
+):
+    server = await start(config)
+    key = await auth.workspace_key(db_url, "ws", role="admin")
+    monkeypatch.setenv("TEAM_SLACK_TOKEN", BOT_TOKEN)
+
+    async def cli(*args: str):
+        return await agentrun_async(f"127.0.0.1:{server.port}", key, *args, workspace="ws")
+
+    try:
+        slack = await cli(
+            "channels", "add", "slack", "team", "--secret-env", "TEAM_SLACK_TOKEN",
+            "--api-url", f"{config.notify_url}/slack/api",
+        )  # fmt: skip
+        assert slack.returncode == 0, slack.stderr
+        hook = await cli("channels", "add", "webhook", "hooks", "--url", "https://example.com/in")
+        assert hook.returncode == 0 and "signing secret (shown once" in hook.stderr
+        listed = await cli("channels", "list", "--json")
+        names = [(c["name"], c["kind"]) for c in json.loads(listed.stdout)]
+        assert names == [("hooks", "webhook"), ("team", "slack")]
+        assert BOT_TOKEN not in listed.stdout
+        again = await cli("channels", "add", "webhook", "hooks", "--url", "https://x.example")
+        assert again.returncode != 0 and "exists" in again.stderr
+        assert (await cli("channels", "remove", "hooks")).returncode == 0
+        listed = await cli("channels", "list", "--json")
+        assert [c["name"] for c in json.loads(listed.stdout)] == ["team"]
+    finally:
+        await server.stop(grace=0)
