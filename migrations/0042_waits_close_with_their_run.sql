@@ -13,21 +13,6 @@ ALTER TABLE approvals DROP CONSTRAINT approvals_decision_check;
 ALTER TABLE approvals ADD CONSTRAINT approvals_decision_check
     CHECK (decision IN ('approved', 'rejected', 'edited', 'expired', 'closed'));
 
-CREATE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
-    UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
-                         decided_at = NEW.finished_at,
-                         reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
-    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER runs_close_approvals AFTER UPDATE OF status ON runs FOR EACH ROW
-    WHEN (OLD.status = 'waiting' AND NEW.status IN ('completed', 'failed', 'cancelled'))
-    EXECUTE FUNCTION runs_close_approvals_on_finish();
-
 -- An unknown outcome asks a person (issue 43). The park that waits for a person's decision
 -- on a tool call whose outcome is unknown (wait_reason 'human') records its question here
 -- and its notifications in the outbox, in the park's own transaction. The question carries
@@ -62,19 +47,6 @@ CREATE TABLE unknown_questions (
 -- The policy loop's index: open questions by their next action.
 CREATE INDEX unknown_questions_due ON unknown_questions (next_at) WHERE closed_at IS NULL;
 
-CREATE OR REPLACE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
-    UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
-                         decided_at = NEW.finished_at,
-                         reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
-    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
-    UPDATE unknown_questions SET closed_at = NEW.finished_at,
-                                 closed_reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
-    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
-    RETURN NULL;
-END $$;
 
 -- Real channels, configured per workspace (issue 43). A workspace names where its
 -- notifications go: Slack (the Web API's chat.postMessage / chat.update with a bot token),
@@ -104,3 +76,32 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_channel_check
     CHECK (channel IN ('mail', 'chat', 'webhook'));
 -- What the channel answered (Slack: the message's channel and ts, for a later chat.update).
 ALTER TABLE outbox ADD COLUMN receipt jsonb;
+
+-- The update that ends a waiting run closes its approvals and questions (see the top).
+CREATE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
+    -- A closed approval that was posted to Slack gets its message edited to say so
+    -- (an 'approval_closed' notification: the relay's chat.update of what it sent).
+    WITH closed AS (
+        UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
+                             decided_at = NEW.finished_at,
+                             reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+        WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL
+        RETURNING workspace_id, approval_id, run_id, tool, reason, slack_approvers
+    )
+    INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
+    SELECT c.workspace_id, gen_random_uuid(), 'approval_closed', 'chat', '#approvals',
+           jsonb_build_object('kind', 'approval_closed', 'approval_id', c.approval_id,
+                              'run_id', c.run_id, 'tool', c.tool, 'reason', c.reason)
+    FROM closed c WHERE cardinality(c.slack_approvers) > 0;
+    UPDATE unknown_questions SET closed_at = NEW.finished_at,
+                                 closed_reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_close_approvals AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (OLD.status = 'waiting' AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_close_approvals_on_finish();

@@ -19,7 +19,7 @@ import httpx
 
 import faults
 from control_plane.approvals import needs_help, policy, tokens, unknown_outcome, watch
-from control_plane.channels import routing
+from control_plane.channels import closing, routing
 from control_plane.channels.delivery import ChannelRefused
 from control_plane.connections import parks as connection_parks
 from control_plane.crypto.envelope import CannotOpen, Envelope
@@ -39,6 +39,10 @@ _UNDELIVERED: tuple[type[Exception], ...] = (
     CannotOpen,
     *DATABASE_ERRORS,
 )
+
+
+class Skipped(Exception):
+    """A notification that must not go out any more (its approval closed)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
     if approval is None:  # rows are never deleted; this would be a broken invariant
         raise LookupError(f"notification {row['notification_id']} names no approval")
+    if approval.decision == approval_store.CLOSED:
+        raise Skipped(f"approval closed: {approval.reason}")  # nobody may decide it any more
     text = _text(approval, row["kind"])
     nid = str(row["notification_id"])
     if row["channel"] == "mail":
@@ -122,7 +128,12 @@ async def _send(
     notifier. Returns what the channel answered (the receipt kept with the row)."""
     if row["channel"] == "webhook":
         return await routing.webhook(pool, cfg.envelope, client, row)
-    path, body = await _request(pool, cfg, row)
+    if row["kind"] == closing.KIND:
+        return await closing.edit_sent(pool, cfg.envelope, client, row)
+    try:
+        path, body = await _request(pool, cfg, row)
+    except Skipped as skipped:
+        return {"skipped": str(skipped)}
     receipt = await routing.through_channel(pool, cfg.envelope, client, row, body)
     if receipt is not None:
         return receipt

@@ -67,3 +67,10 @@ async def failed(
     pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID, error: str
 ) -> None:
     await run(pool, "outbox_failed", workspace_id, notification_id, error[:500])
+
+
+async def chat_for_approval(
+    pool: asyncpg.pool.Pool, workspace_id: str, approval_id: str
+) -> list[asyncpg.Record]:
+    """The chat notifications an approval has had, with their receipts."""
+    return list(await run(pool, "outbox_chat_for_approval", workspace_id, approval_id))

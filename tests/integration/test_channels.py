@@ -17,7 +17,7 @@ from control_plane.channels import secrets
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.server import start
-from control_plane.store import channels, outbox
+from control_plane.store import channels, outbox, runs
 from sandbox.providers.slack_api import BOT_TOKEN
 from tests import factories
 from tests.harness import auth
@@ -230,3 +230,49 @@ async def test_the_cli_adds_lists_and_removes_channels_and_never_takes_a_secret_
         assert [c["name"] for c in json.loads(listed.stdout)] == ["team"]
     finally:
         await server.stop(grace=0)
+
+
+async def add_slack(pool, envelope, notify_url: str) -> uuid.UUID:
+    await factories.agent_version(pool, "ws", "setup")  # the workspace
+    cid = uuid.uuid4()
+    sealed = await secrets.seal(envelope, "ws", cid, BOT_TOKEN)
+    config = {"api_url": f"{notify_url}/slack/api"}
+    await channels.insert(pool, "ws", cid, "slack", "team", config, sealed)
+    return cid
+
+
+async def test_cancelling_a_run_at_an_approval_edits_its_slack_message(pool, config):
+    envelope = local_envelope(pool)
+    await add_slack(pool, envelope, config.notify_url)
+    run_id, approval_id = await hold(pool)
+    cfg = relay.RelayConfig(config.notify_url, config.public_url, envelope=envelope)
+    async with httpx.AsyncClient() as client:
+        await relay.relay_once(pool, client, cfg)
+        receipt = json.loads(
+            await pool.fetchval("SELECT receipt FROM outbox WHERE channel = 'chat'")
+        )
+        await runs.cancel_run(pool, "ws", run_id, "wrong customer")
+        # A run cancelled before its request went out: the request is never posted.
+        late_run, late_approval = await hold(pool)
+        await runs.cancel_run(pool, "ws", late_run, "duplicate")
+
+        async def relayed_all() -> bool:
+            # An edit waits for its message to be sent (a retry, due again now).
+            await pool.execute("UPDATE outbox SET next_attempt_at = now()")
+            await relay.relay_once(pool, client, cfg)
+            return not await pool.fetchval("SELECT count(*) FROM outbox WHERE delivered_at IS NULL")
+
+        await eventually(relayed_all, timeout=10)
+    calls = [r for r in sandbox_requests(config.notify_url) if r["path"].startswith("/slack/api/")]
+    posted = [c for c in calls if str(late_approval) in json.dumps(c["body"])]
+    assert [c["path"] for c in posted] == []  # nothing about the late one reached Slack
+    updates = [c for c in calls if c["path"] == "/slack/api/chat.update"]
+    mine = [u for u in updates if u["body"]["ts"] == receipt["ts"]]
+    assert len(mine) == 1
+    body = mine[0]["body"]
+    assert body["channel"] == receipt["channel"]
+    assert "Closed" in body["text"] and "run cancelled: wrong customer" in body["text"]
+    assert [b["type"] for b in body["blocks"]] == ["section"]  # the buttons are gone
+    closed = await pool.fetch("SELECT payload, receipt FROM outbox WHERE kind = 'approval_closed'")
+    edits = {json.loads(r["payload"])["approval_id"]: json.loads(r["receipt"]) for r in closed}
+    assert edits == {str(approval_id): {"edited": 1}, str(late_approval): {"edited": 0}}

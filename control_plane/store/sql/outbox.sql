@@ -52,3 +52,10 @@ WHERE workspace_id = $1 AND notification_id = $2;
 -- name: outbox_failed :exec
 -- Record why an attempt failed (the next attempt time was set by the claim).
 UPDATE outbox SET last_error = $3 WHERE workspace_id = $1 AND notification_id = $2;
+
+-- name: outbox_chat_for_approval :many
+-- The chat notifications an approval has had (request, reminders, escalation): what was
+-- sent ($2's messages to edit, with their receipts) and whether any is still to be sent.
+SELECT notification_id, receipt, delivered_at FROM outbox
+WHERE workspace_id = $1 AND channel = 'chat' AND kind <> 'approval_closed'
+  AND payload ->> 'approval_id' = $2::text;

@@ -1481,10 +1481,20 @@ CREATE FUNCTION runs_close_approvals_on_finish() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     -- Closed when the run finished: its finished_at (the statement's clock, fixed or not).
-    UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
-                         decided_at = NEW.finished_at,
-                         reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
-    WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL;
+    -- A closed approval that was posted to Slack gets its message edited to say so
+    -- (an 'approval_closed' notification: the relay's chat.update of what it sent).
+    WITH closed AS (
+        UPDATE approvals SET decision = 'closed', decided_by = 'system:run',
+                             decided_at = NEW.finished_at,
+                             reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
+        WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND decision IS NULL
+        RETURNING workspace_id, approval_id, run_id, tool, reason, slack_approvers
+    )
+    INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
+    SELECT c.workspace_id, gen_random_uuid(), 'approval_closed', 'chat', '#approvals',
+           jsonb_build_object('kind', 'approval_closed', 'approval_id', c.approval_id,
+                              'run_id', c.run_id, 'tool', c.tool, 'reason', c.reason)
+    FROM closed c WHERE cardinality(c.slack_approvers) > 0;
     UPDATE unknown_questions SET closed_at = NEW.finished_at,
                                  closed_reason = 'run ' || NEW.status || coalesce(': ' || NEW.error, '')
     WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id AND closed_at IS NULL;
