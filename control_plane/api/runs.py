@@ -88,6 +88,16 @@ def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
     return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
 
 
+def _waiting_longer_than(request: run_pb2.ListRunsRequest) -> float | None:
+    """ListRuns' waiting_longer_than in seconds (None when unset), validated."""
+    if not request.HasField("waiting_longer_than"):
+        return None
+    seconds = request.waiting_longer_than.ToTimedelta().total_seconds()
+    if seconds < 0 or seconds > 10 * 365 * 86400:
+        raise InvalidArgument("waiting_longer_than", "must be between 0 and 10 years")
+    return seconds
+
+
 def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, str | None]:
     """ListRuns' create_after and search, validated (None when unset)."""
     since = None
@@ -217,6 +227,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 limit=size,
                 created_since=since,
                 search=search,
+                waiting_longer_than=_waiting_longer_than(request),
             )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""

@@ -773,6 +773,7 @@ export interface operations {
                 create_after?: string;
                 search?: string;
                 forked_from_run_id?: string;
+                waiting_longer_than?: string;
             };
             header?: never;
             path: {

@@ -60,7 +60,9 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 
 -- name: run_list :many
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
--- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8).
+-- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8),
+-- waiting since more than $9 seconds (a waiting run's updated_at is when it parked: its
+-- row is written again when it wakes, a release pin aside). Database clock.
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
   AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
@@ -70,6 +72,8 @@ WHERE workspace_id = $1
   AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
                                         || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
                                   lower($8)) > 0)
+  AND ($9::float8 IS NULL OR (status = 'waiting'
+                              AND updated_at <= now() - make_interval(secs => $9::float8)))
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
