@@ -86,7 +86,7 @@ from control_plane.http.services import Services
 from control_plane.ops import logs
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
-from control_plane.runs import children, signals
+from control_plane.runs import children, signals, wait_limits
 from control_plane.runs.retention import Retention
 from control_plane.store.db import Pool, create_pool
 from control_plane.tools import builtins, registry
@@ -97,6 +97,8 @@ from control_plane.triggers.scheduler import Scheduler
 from telemetry import event_loop, tracing
 
 log = logging.getLogger(__name__)
+# How often a replica fails the runs waiting past their kind's limit (runs/wait_limits.py).
+WAIT_LIMIT_POLL_SECONDS = 30.0
 
 SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
@@ -395,6 +397,9 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         ),
         asyncio.create_task(
             unknown_outcome.run_forever(pool, cfg.approval_poll_seconds), name="unknown-questions"
+        ),
+        asyncio.create_task(
+            wait_limits.run_forever(pool, WAIT_LIMIT_POLL_SECONDS, poke), name="wait-limits"
         ),
         asyncio.create_task(Retention(pool).run(), name="retention"),
         asyncio.create_task(

@@ -105,3 +105,9 @@ END $$;
 CREATE TRIGGER runs_close_approvals AFTER UPDATE OF status ON runs FOR EACH ROW
     WHEN (OLD.status = 'waiting' AND NEW.status IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION runs_close_approvals_on_finish();
+
+-- Nothing waits forever unnoticed (issue 43): how long a run may wait for each kind of
+-- thing (approval, human, repeat, connection, signal, child) before it fails, in seconds.
+-- Only the workspace's own choices are stored; the platform's default applies to the
+-- rest (control_plane/runs/wait_limits.py); 0 turns a kind off, by choice.
+ALTER TABLE workspaces ADD COLUMN wait_limits jsonb NOT NULL DEFAULT '{}';

@@ -83,6 +83,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}WorkspaceAdminService/SetWorkspacePlan": Need.PLATFORM,
     f"{_V1}WorkspaceAdminService/SetWorkspaceRetention": Need.ADMIN_OR_PLATFORM,
     f"{_V1}WorkspaceAdminService/SetApprovalWatch": Need.ADMIN_OR_PLATFORM,
+    f"{_V1}WorkspaceAdminService/SetWaitLimit": Need.ADMIN_OR_PLATFORM,
     f"{_V1}WorkspaceAdminService/CreateApiKey": Need.ADMIN_OR_PLATFORM,
     f"{_V1}WorkspaceAdminService/ListApiKeys": Need.ADMIN_OR_PLATFORM,
     f"{_V1}WorkspaceAdminService/RevokeApiKey": Need.ADMIN_OR_PLATFORM,

@@ -8,7 +8,9 @@ import grpc
 import pytest
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
+from control_plane.runs import wait_limits
 from control_plane.server import start
+from control_plane.store import runs
 from tests.harness import auth
 from tests.harness.approval_routes import (  # noqa: F401 (fixtures)
     config_fixture,
@@ -57,3 +59,44 @@ async def test_runs_waiting_longer_than_a_day_are_listed_and_nothing_else(pool, 
     finally:
         await channel.close()
         await server.stop(grace=0)
+
+
+async def test_a_run_waiting_past_its_kinds_limit_fails_and_off_is_a_choice(pool, config, db_url):
+    too_long, approval_id = await hold(pool)
+    await pool.execute(
+        "UPDATE runs SET updated_at = now() - interval '2 days' WHERE run_id = $1", too_long
+    )
+    server = await start(config)
+    key = await auth.workspace_key(db_url, "ws", role="admin")
+    address = f"127.0.0.1:{server.port}"
+    try:
+        # The platform's default (30 days) leaves a 2-day wait alone.
+        assert await wait_limits.fail_overdue(pool) == []
+        done = await agentrun_async(
+            address, key, "workspaces", "set-wait-limit", "approval", "1d", workspace="ws"
+        )
+        assert done.returncode == 0, done.stderr
+        assert "approval 1d" in done.stdout and "human 30d" in done.stdout
+        bad = await agentrun_async(
+            address, key, "workspaces", "set-wait-limit", "approval", "5s", workspace="ws"
+        )
+        assert bad.returncode != 0 and "max_seconds" in bad.stderr
+    finally:
+        await server.stop(grace=0)
+    failed = await wait_limits.fail_overdue(pool)
+    assert [(r["run_id"], r["error"]) for r in failed] == [
+        (too_long, "waited for approval longer than the workspace allows (86400 s)")
+    ]
+    run = await runs.get_run(pool, "ws", too_long)
+    assert run.status == "failed"
+    closed = await pool.fetchval("SELECT reason FROM approvals WHERE approval_id = $1", approval_id)
+    assert closed == "run failed: waited for approval longer than the workspace allows (86400 s)"
+    # Off, by choice: nothing fails however long it waits.
+    other, _ = await hold(pool)
+    await pool.execute(
+        "UPDATE runs SET updated_at = now() - interval '400 days' WHERE run_id = $1", other
+    )
+    await pool.execute(
+        "UPDATE workspaces SET wait_limits = '{\"approval\": 0}' WHERE workspace_id = 'ws'"
+    )
+    assert await wait_limits.fail_overdue(pool) == []

@@ -70,7 +70,12 @@ CREATE TABLE workspaces (
         CONSTRAINT workspace_retention_days_range CHECK (retention_days BETWEEN 0 AND 36500),
     -- When an approver is flagged for approving too fast (issue 48; NULL: never):
     -- {"approvals", "window_seconds", "max_decide_seconds"}.
-    approval_watch   jsonb
+    approval_watch   jsonb,
+    -- How long a run may wait for each kind of thing (approval, human, repeat, connection,
+    -- signal, child) before it fails, in seconds (issue 43): only the workspace's own
+    -- choices; the platform's default applies to the rest (control_plane/runs/
+    -- wait_limits.py); 0 turns a kind off, by choice.
+    wait_limits      jsonb NOT NULL DEFAULT '{}'
 );
 
 -- Workspaces that may have something due, by when (the claim's step 1).

@@ -60,6 +60,10 @@ class WorkspaceAdminServiceStub:
     """SetApprovalWatch says when an approver who approves quickly and often is
     flagged to the workspace's admins (issue 48); an unset watch turns it off.
     """
+    SetWaitLimit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetWaitLimitRequest, _admin_pb2.SetWaitLimitResponse]
+    """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+    an outside event) before it fails; nothing waits forever unnoticed.
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
@@ -106,6 +110,10 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
     SetApprovalWatch: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetApprovalWatchRequest, _admin_pb2.SetApprovalWatchResponse]  # type: ignore[assignment]
     """SetApprovalWatch says when an approver who approves quickly and often is
     flagged to the workspace's admins (issue 48); an unset watch turns it off.
+    """
+    SetWaitLimit: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWaitLimitRequest, _admin_pb2.SetWaitLimitResponse]  # type: ignore[assignment]
+    """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+    an outside event) before it fails; nothing waits forever unnoticed.
     """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """CreateApiKey mints a key; the response carries its text, once."""
@@ -180,6 +188,16 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.SetApprovalWatchResponse, _abc.Awaitable[_admin_pb2.SetApprovalWatchResponse]]:
         """SetApprovalWatch says when an approver who approves quickly and often is
         flagged to the workspace's admins (issue 48); an unset watch turns it off.
+        """
+
+    @_abc_1.abstractmethod
+    def SetWaitLimit(
+        self,
+        request: _admin_pb2.SetWaitLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetWaitLimitResponse, _abc.Awaitable[_admin_pb2.SetWaitLimitResponse]]:
+        """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+        an outside event) before it fails; nothing waits forever unnoticed.
         """
 
     @_abc_1.abstractmethod
