@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrun.v1 import agent_pb2
+from agentrun_cli import agent_files
 from control_plane.api.agents import validate_spec
 from control_plane.approvals import unknown_outcome
 from control_plane.ground import convert
@@ -57,3 +58,20 @@ def test_an_escalation_without_anyone_to_escalate_to_is_refused_naming_the_field
     )
     with pytest.raises(InvalidArgument, match="spec.unknown_outcome.every_seconds"):
         validate_spec(spec)
+
+
+def test_an_agent_file_says_it_with_a_duration_and_a_short_enum_name():
+    doc = {
+        "agent": "poster",
+        "model": "m",
+        "unknown_outcome": {"ask": ["starter"], "every": "4h", "on_timeout": "fail"},
+    }
+    pol = agent_files.parse(doc).spec.unknown_outcome
+    assert (list(pol.ask), pol.every_seconds, pol.on_timeout) == (
+        ["starter"],
+        4 * 3600,
+        agent_pb2.UNKNOWN_OUTCOME_TIMEOUT_FAIL,
+    )
+    doc["unknown_outcome"] = {"evry": "4h"}
+    with pytest.raises(agent_files.AgentFileError, match="unknown_outcome.every"):
+        agent_files.parse(doc)
