@@ -50,7 +50,14 @@ def _request(args: argparse.Namespace) -> pb.AddChannelRequest:
             )
         )
     else:
-        req.webhook.CopyFrom(pb.WebhookChannel(url=args.url or "", secret=_secret(args)))
+        req.webhook.CopyFrom(
+            pb.WebhookChannel(
+                url=args.url or "",
+                secret=_secret(args),
+                events=args.event or [],
+                agent_id=args.agent or "",
+            )
+        )
     return req
 
 
@@ -104,6 +111,13 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--username", help="email: the SMTP login")
     p.add_argument("--tls", choices=("starttls", "tls", "none"), help="email: default starttls")
     p.add_argument("--url", help="webhook: where to POST")
+    p.add_argument(
+        "--event",
+        action="append",
+        metavar="EVENT",
+        help="webhook: also run.completed / run.failed of every run (repeatable)",
+    )
+    p.add_argument("--agent", metavar="AGENT", help="webhook: those events of this agent only")
     p.add_argument(
         "--secret-env",
         default=SECRET_ENV,

@@ -59,6 +59,7 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
+from control_plane.channels import lifecycle
 from control_plane.connections import parks
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
@@ -400,6 +401,9 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         ),
         asyncio.create_task(
             wait_limits.run_forever(pool, WAIT_LIMIT_POLL_SECONDS, poke), name="wait-limits"
+        ),
+        asyncio.create_task(
+            lifecycle.run_forever(pool, cfg.approval_poll_seconds), name="run-lifecycle-webhooks"
         ),
         asyncio.create_task(Retention(pool).run(), name="retention"),
         asyncio.create_task(

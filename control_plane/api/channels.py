@@ -15,7 +15,7 @@ from agentrun.v1 import channel_pb2 as pb
 from agentrun.v1 import channel_pb2_grpc
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
-from control_plane.channels import secrets
+from control_plane.channels import lifecycle, secrets
 from control_plane.channels.delivery import SLACK_API
 from control_plane.crypto.envelope import Envelope
 from control_plane.ground import convert, validate
@@ -79,7 +79,14 @@ def _email(e: pb.EmailChannel) -> tuple[dict[str, Any], str]:
 
 def _webhook(w: pb.WebhookChannel) -> tuple[dict[str, Any], str, bool]:
     """Its config, its signing secret, and whether the server made the secret."""
-    cfg = {"url": _url("webhook.url", w.url)}
+    cfg: dict[str, Any] = {"url": _url("webhook.url", w.url)}
+    for i, event in enumerate(w.events):
+        if event not in lifecycle.EVENTS:
+            raise InvalidArgument(f"webhook.events[{i}]", "must be run.completed or run.failed")
+    if w.events:
+        cfg["events"] = sorted(set(w.events))
+    if w.agent_id:
+        cfg["agent_id"] = validate.slug("webhook.agent_id", w.agent_id)
     if not w.secret:
         return cfg, "whsec_" + base64.b64encode(random.token_bytes(32)).decode(), True
     if not w.secret.startswith("whsec_"):

@@ -26,6 +26,7 @@ class Channel:
     config: dict[str, Any]
     secret_sealed: bytes | None
     created_at: datetime
+    lifecycle_cursor: datetime | None = None
 
     @classmethod
     def of(cls, record: asyncpg.Record | None) -> Channel | None:

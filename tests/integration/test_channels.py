@@ -13,7 +13,7 @@ from standardwebhooks.webhooks import Webhook
 
 from agentrun.v1 import channel_pb2, channel_pb2_grpc
 from control_plane.approvals import needs_help, relay
-from control_plane.channels import secrets
+from control_plane.channels import lifecycle, secrets
 from control_plane.crypto import kms
 from control_plane.crypto.envelope import Envelope
 from control_plane.server import start
@@ -225,6 +225,23 @@ async def test_the_cli_adds_lists_and_removes_channels_and_never_takes_a_secret_
         assert BOT_TOKEN not in listed.stdout
         again = await cli("channels", "add", "webhook", "hooks", "--url", "https://x.example")
         assert again.returncode != 0 and "exists" in again.stderr
+        bad = await cli(
+            "channels",
+            "add",
+            "webhook",
+            "ends",
+            "--url",
+            "https://x.example",
+            "--event",
+            "run.done",
+        )
+        assert bad.returncode != 0 and "webhook.events[0]" in bad.stderr
+        ends = await cli(
+            "channels", "add", "webhook", "ends", "--url", "https://x.example",
+            "--event", "run.failed", "--agent", "mailer",
+        )  # fmt: skip
+        assert ends.returncode == 0, ends.stderr
+        assert (await cli("channels", "remove", "ends")).returncode == 0
         assert (await cli("channels", "remove", "hooks")).returncode == 0
         listed = await cli("channels", "list", "--json")
         assert [c["name"] for c in json.loads(listed.stdout)] == ["team"]
@@ -276,3 +293,36 @@ async def test_cancelling_a_run_at_an_approval_edits_its_slack_message(pool, con
     closed = await pool.fetch("SELECT payload, receipt FROM outbox WHERE kind = 'approval_closed'")
     edits = {json.loads(r["payload"])["approval_id"]: json.loads(r["receipt"]) for r in closed}
     assert edits == {str(approval_id): {"edited": 1}, str(late_approval): {"edited": 0}}
+
+
+async def test_a_webhook_subscribed_to_run_failures_gets_each_once_signed(pool):
+    envelope = local_envelope(pool)
+    async with serving(lambda seen: reply(200, {"ok": True})) as receiver:
+        cid = await add_webhook(pool, envelope, f"{receiver.url}/in")
+        config = {"url": f"{receiver.url}/in", "events": ["run.failed"], "agent_id": "mailer"}
+        await pool.execute(
+            "UPDATE channels SET config = $2::jsonb, created_at = now() - interval '1 minute'"
+            " WHERE channel_id = $1",
+            cid,
+            json.dumps(config),
+        )
+        failed, _ = await hold(pool)  # agent mailer
+        done, _ = await hold(pool)
+        other, _ = await hold(pool, agent="other")
+        for run_id, status in ((failed, "failed"), (done, "completed"), (other, "failed")):
+            await pool.execute(
+                "UPDATE runs SET status = $2, wait_reason = NULL, finished_at = now(),"
+                " error = CASE WHEN $2 = 'failed' THEN 'broke' END WHERE run_id = $1",
+                run_id,
+                status,
+            )
+        assert await lifecycle.enqueue_once(pool) == 1
+        assert await lifecycle.enqueue_once(pool) == 0  # the window read again: nothing twice
+        cfg = relay.RelayConfig("http://127.0.0.1:9", "http://approvals.test", envelope=envelope)
+        await pool.execute("UPDATE outbox SET delivered_at = now() WHERE kind <> 'run_failed'")
+        async with httpx.AsyncClient() as client:
+            assert await relay.relay_once(pool, client, cfg) == 1
+    [seen] = receiver.of("/in")
+    data = verified(seen)
+    assert data["type"] == "agentrun.run_failed"
+    assert (data["data"]["run_id"], data["data"]["error"]) == (str(failed), "broke")

@@ -1567,6 +1567,9 @@ CREATE TABLE channels (
     config         jsonb NOT NULL,
     secret_sealed  bytea,
     created_at     timestamptz NOT NULL DEFAULT now(),
+    -- A webhook subscribed to run lifecycle events (config.events): the newest finished_at
+    -- it was given (control_plane/channels/lifecycle.py reads a window behind it).
+    lifecycle_cursor timestamptz,
     PRIMARY KEY (workspace_id, channel_id),
     UNIQUE (workspace_id, name)
 );

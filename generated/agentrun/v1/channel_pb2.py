@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/channel.proto\x12\x0b\x61gentrun.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x07\x43hannel\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nchannel_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"2\n\x0cSlackChannel\x12\x0f\n\x07\x61pi_url\x18\x01 \x01(\t\x12\x11\n\tbot_token\x18\x02 \x01(\t\"k\n\x0c\x45mailChannel\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\x10\n\x08username\x18\x04 \x01(\t\x12\x10\n\x08password\x18\x05 \x01(\t\x12\x0b\n\x03tls\x18\x06 \x01(\t\"-\n\x0eWebhookChannel\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\xc7\x01\n\x11\x41\x64\x64\x43hannelRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\x05slack\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.SlackChannelH\x00\x12*\n\x05\x65mail\x18\x04 \x01(\x0b\x32\x19.agentrun.v1.EmailChannelH\x00\x12.\n\x07webhook\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.WebhookChannelH\x00\x42\x06\n\x04kind\"S\n\x12\x41\x64\x64\x43hannelResponse\x12%\n\x07\x63hannel\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Channel\x12\x16\n\x0ewebhook_secret\x18\x02 \x01(\t\"+\n\x13ListChannelsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\">\n\x14ListChannelsResponse\x12&\n\x08\x63hannels\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Channel\":\n\x14RemoveChannelRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x17\n\x15RemoveChannelResponse2\x8c\x02\n\x0e\x43hannelService\x12M\n\nAddChannel\x12\x1e.agentrun.v1.AddChannelRequest\x1a\x1f.agentrun.v1.AddChannelResponse\x12S\n\x0cListChannels\x12 .agentrun.v1.ListChannelsRequest\x1a!.agentrun.v1.ListChannelsResponse\x12V\n\rRemoveChannel\x12!.agentrun.v1.RemoveChannelRequest\x1a\".agentrun.v1.RemoveChannelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/channel.proto\x12\x0b\x61gentrun.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x07\x43hannel\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nchannel_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06target\x18\x05 \x01(\t\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"2\n\x0cSlackChannel\x12\x0f\n\x07\x61pi_url\x18\x01 \x01(\t\x12\x11\n\tbot_token\x18\x02 \x01(\t\"k\n\x0c\x45mailChannel\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\x10\n\x08username\x18\x04 \x01(\t\x12\x10\n\x08password\x18\x05 \x01(\t\x12\x0b\n\x03tls\x18\x06 \x01(\t\"O\n\x0eWebhookChannel\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x0e\n\x06\x65vents\x18\x03 \x03(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\"\xc7\x01\n\x11\x41\x64\x64\x43hannelRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\x05slack\x18\x03 \x01(\x0b\x32\x19.agentrun.v1.SlackChannelH\x00\x12*\n\x05\x65mail\x18\x04 \x01(\x0b\x32\x19.agentrun.v1.EmailChannelH\x00\x12.\n\x07webhook\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.WebhookChannelH\x00\x42\x06\n\x04kind\"S\n\x12\x41\x64\x64\x43hannelResponse\x12%\n\x07\x63hannel\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Channel\x12\x16\n\x0ewebhook_secret\x18\x02 \x01(\t\"+\n\x13ListChannelsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\">\n\x14ListChannelsResponse\x12&\n\x08\x63hannels\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Channel\":\n\x14RemoveChannelRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x17\n\x15RemoveChannelResponse2\x8c\x02\n\x0e\x43hannelService\x12M\n\nAddChannel\x12\x1e.agentrun.v1.AddChannelRequest\x1a\x1f.agentrun.v1.AddChannelResponse\x12S\n\x0cListChannels\x12 .agentrun.v1.ListChannelsRequest\x1a!.agentrun.v1.ListChannelsResponse\x12V\n\rRemoveChannel\x12!.agentrun.v1.RemoveChannelRequest\x1a\".agentrun.v1.RemoveChannelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,19 +39,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMAILCHANNEL']._serialized_start=274
   _globals['_EMAILCHANNEL']._serialized_end=381
   _globals['_WEBHOOKCHANNEL']._serialized_start=383
-  _globals['_WEBHOOKCHANNEL']._serialized_end=428
-  _globals['_ADDCHANNELREQUEST']._serialized_start=431
-  _globals['_ADDCHANNELREQUEST']._serialized_end=630
-  _globals['_ADDCHANNELRESPONSE']._serialized_start=632
-  _globals['_ADDCHANNELRESPONSE']._serialized_end=715
-  _globals['_LISTCHANNELSREQUEST']._serialized_start=717
-  _globals['_LISTCHANNELSREQUEST']._serialized_end=760
-  _globals['_LISTCHANNELSRESPONSE']._serialized_start=762
-  _globals['_LISTCHANNELSRESPONSE']._serialized_end=824
-  _globals['_REMOVECHANNELREQUEST']._serialized_start=826
-  _globals['_REMOVECHANNELREQUEST']._serialized_end=884
-  _globals['_REMOVECHANNELRESPONSE']._serialized_start=886
-  _globals['_REMOVECHANNELRESPONSE']._serialized_end=909
-  _globals['_CHANNELSERVICE']._serialized_start=912
-  _globals['_CHANNELSERVICE']._serialized_end=1180
+  _globals['_WEBHOOKCHANNEL']._serialized_end=462
+  _globals['_ADDCHANNELREQUEST']._serialized_start=465
+  _globals['_ADDCHANNELREQUEST']._serialized_end=664
+  _globals['_ADDCHANNELRESPONSE']._serialized_start=666
+  _globals['_ADDCHANNELRESPONSE']._serialized_end=749
+  _globals['_LISTCHANNELSREQUEST']._serialized_start=751
+  _globals['_LISTCHANNELSREQUEST']._serialized_end=794
+  _globals['_LISTCHANNELSRESPONSE']._serialized_start=796
+  _globals['_LISTCHANNELSRESPONSE']._serialized_end=858
+  _globals['_REMOVECHANNELREQUEST']._serialized_start=860
+  _globals['_REMOVECHANNELREQUEST']._serialized_end=918
+  _globals['_REMOVECHANNELRESPONSE']._serialized_start=920
+  _globals['_REMOVECHANNELRESPONSE']._serialized_end=943
+  _globals['_CHANNELSERVICE']._serialized_start=946
+  _globals['_CHANNELSERVICE']._serialized_end=1214
 # @@protoc_insertion_point(module_scope)

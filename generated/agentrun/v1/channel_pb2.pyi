@@ -134,20 +134,32 @@ class WebhookChannel(_message.Message):
 
     URL_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     secret: _builtins.str
     """The signing secret, "whsec_" + base64. Empty = the server makes one and
     returns it once in AddChannelResponse.webhook_secret.
     """
+    agent_id: _builtins.str
+    """Only runs of this agent (empty = all)."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Run lifecycle events it subscribes to as well: "run.completed",
+        "run.failed" (each run once, with its id, agent, status and error).
+        """
+
     def __init__(
         self,
         *,
         url: _builtins.str = ...,
         secret: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "events", b"events", "secret", b"secret", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
