@@ -121,6 +121,24 @@ def workspaces_set_allowlist(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_limit(text: str) -> str:
+    """argparse `type=`: off, default, or a duration (checked here, converted by the handler)."""
+    if text not in ("off", "default"):
+        durations.positive_arg(text)
+    return text
+
+
+def workspaces_set_wait_limit(args: argparse.Namespace) -> int:
+    req = pb.SetWaitLimitRequest(workspace_id=args.id, wait_kind=args.kind)
+    if args.limit == "default":
+        req.use_default = True
+    elif args.limit != "off":
+        req.max_seconds = int(durations.positive(args.limit))
+    ws = _call(args, "SetWaitLimit", req).workspace
+    _emit(args, ws, render_admin.workspace_lines(ws))
+    return 0
+
+
 # --- API keys ---------------------------------------------------------------------------------
 
 
@@ -321,6 +339,17 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("values", metavar="VALUE", nargs="*")
     p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
     p.set_defaults(handler=workspaces_set_allowlist)
+    p = actions.add_parser(
+        "set-wait-limit",
+        help="how long a run may wait for a kind of thing before it fails",
+        parents=[common],
+    )
+    p.add_argument("kind", choices=("approval", "human", "repeat", "connection", "signal", "child"))
+    p.add_argument(
+        "limit", type=_wait_limit, metavar="AGE|off|default", help="7d; off: never; default: 30d"
+    )
+    p.add_argument("--id", default="", metavar="WORKSPACE", help="default: the key's own")
+    p.set_defaults(handler=workspaces_set_wait_limit)
 
 
 def _add_apikeys(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -9,6 +9,8 @@
     limits: {max_steps: 20, deadline: 10m, max_tokens: 200000, max_age: 7d}
     approval: {tools: [send_email], approvers: [manager@example.com], expiry: 24h,
                on_expiry: reject}
+    unknown_outcome: {ask: [approvers, starter], every: 4h, on_timeout: escalate,
+                      escalate_to: [oncall@example.com]}   # who an unknown outcome asks
     max_concurrency: 5
     constraints:
       - {tool: send_email, rule: recipient_known_or_approval, known_recipients: ["@example.com"]}
@@ -53,10 +55,13 @@ _ENUM_PREFIX = {
     "value_kind": "VALUE_KIND_",
     "action": "CONSTRAINT_ACTION_",
     "on_refusal": "ON_REFUSAL_",
+    "on_timeout": "UNKNOWN_OUTCOME_TIMEOUT_",
 }
 # The approval policy's `expiry` is its expiry_seconds, given as a duration.
 _POLICY = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["approval"].message_type
-_ALIASES: Aliases = {_POLICY: {"expiry": "expiry_seconds"}}
+# The unknown-outcome policy's `every` is its every_seconds, given as a duration.
+_UNKNOWN = agent_pb2.AgentSpec.DESCRIPTOR.fields_by_name["unknown_outcome"].message_type
+_ALIASES: Aliases = {_POLICY: {"expiry": "expiry_seconds"}, _UNKNOWN: {"every": "every_seconds"}}
 
 
 # The file cannot be read as an agent; the message names the file and what is wrong. It is the
@@ -149,6 +154,13 @@ def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
             expiry = durations.field(approval.pop("expiry"), "approval.expiry")
             approval["expiry_seconds"] = math.ceil(expiry)
         out["approval"] = _enum(approval, "on_expiry")
+    unknown = out.get("unknown_outcome")
+    if isinstance(unknown, dict):
+        unknown = dict(unknown)
+        if "every" in unknown:
+            every = durations.field(unknown.pop("every"), "unknown_outcome.every")
+            unknown["every_seconds"] = math.ceil(every)
+        out["unknown_outcome"] = _enum(unknown, "on_timeout")
     constraints = out.get("constraints")
     if isinstance(constraints, list):
         out["constraints"] = [_rule(c) if isinstance(c, dict) else c for c in constraints]

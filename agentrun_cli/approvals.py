@@ -17,6 +17,7 @@ STATES = {
     "rejected": approval_pb2.APPROVAL_STATE_REJECTED,
     "edited": approval_pb2.APPROVAL_STATE_EDITED,
     "expired": approval_pb2.APPROVAL_STATE_EXPIRED,
+    "closed": approval_pb2.APPROVAL_STATE_CLOSED,
 }
 TIMEOUT = 30.0
 

@@ -7,7 +7,7 @@ messages, which it prints as they are (`-o json`), and calls RPCs the client doe
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 
 import grpc
@@ -158,11 +158,13 @@ class Client:
         limit: int | None = None,
         since: datetime | None = None,
         search: str = "",
+        waiting_longer_than: float | None = None,
     ) -> Iterator[run_pb2.Run]:
         """Runs newest first, following page tokens until the last page or `limit`.
 
         `since`: created at or after it; `search`: text in the id, agent, input,
-        output or error (both filtered by the server).
+        output or error; `waiting_longer_than`: waiting for more than these seconds
+        (all filtered by the server).
         """
         left = limit
         req = run_pb2.ListRunsRequest(
@@ -170,6 +172,8 @@ class Client:
         )
         if since is not None:
             req.create_after.FromDatetime(since)
+        if waiting_longer_than is not None:
+            req.waiting_longer_than.FromTimedelta(timedelta(seconds=waiting_longer_than))
         while left is None or left > 0:
             req.page_size = min(left or 500, 500)
             resp = self.runs.ListRuns(req, timeout=self.timeout)

@@ -310,8 +310,10 @@ def runs_list(args: argparse.Namespace) -> int:
         if args.since
         else None
     )
+    stuck = durations.positive(args.waiting_longer_than) if args.waiting_longer_than else None
     with _client(args) as client:
-        runs = list(client.list_runs(args.agent, status, args.limit, since, args.search or ""))
+        found = client.list_runs(args.agent, status, args.limit, since, args.search or "", stuck)
+        runs = list(found)
     if args.quiet:  # ids only, for scripts: RUN=$(agentrun runs list -q --limit 1)
         for r in runs:
             print(r.run_id)
@@ -329,6 +331,7 @@ def _no_runs(args: argparse.Namespace) -> str:
             ("--status", args.status),
             ("--since", args.since),
             ("--search", args.search),
+            ("--waiting-longer-than", args.waiting_longer_than),
         )
         if value
     ]

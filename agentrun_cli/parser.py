@@ -9,6 +9,7 @@ from agentrun_cli import (
     admin_commands,
     approvals,
     argtypes,
+    channels,
     chat,
     commands,
     connections,
@@ -217,6 +218,12 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--limit", type=argtypes.int32, metavar="N", help="default: all")
     p.add_argument("--since", type=_age, metavar="AGE", help="created in the last AGE: 1h, 2d")
     p.add_argument("--search", metavar="TEXT", help="text in the id, agent, input, output, error")
+    p.add_argument(
+        "--waiting-longer-than",
+        type=_age,
+        metavar="AGE",
+        help="only runs waiting (for a person, an event, a time) longer than AGE: 1d",
+    )
     _quiet(p, "run ids")
     p.set_defaults(handler=commands.runs_list)
     p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
@@ -292,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(sub, common)
     approvals.add_commands(sub, common)
     connections.add_commands(sub, common)
+    channels.add_commands(sub, common)
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)

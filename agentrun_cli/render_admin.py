@@ -25,7 +25,28 @@ def workspace_lines(ws: pb.Workspace) -> list[str]:
             else []
         ),
         *(f"allowlist  {a.name}: {short(list(a.values), 60)}" for a in ws.allowlists),
+        *(
+            [
+                "waits      "
+                + ", ".join(
+                    f"{kind} {durations_text(s)}"
+                    for kind, s in sorted(ws.wait_limit_seconds.items())
+                )
+            ]
+            if ws.wait_limit_seconds
+            else []
+        ),
     ]
+
+
+def durations_text(seconds: int) -> str:
+    """A wait limit as a reader says it: off, 30d, 12h, 90s."""
+    if seconds == 0:
+        return "off"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def key_kind(kind: int) -> str:

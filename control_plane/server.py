@@ -21,6 +21,8 @@ from agentrun.v1 import (
     agent_pb2_grpc,
     approval_pb2,
     approval_pb2_grpc,
+    channel_pb2,
+    channel_pb2_grpc,
     connection_pb2,
     connection_pb2_grpc,
     credit_pb2,
@@ -41,13 +43,14 @@ from control_plane.api import payloads
 from control_plane.api.admin import AdminServicer
 from control_plane.api.agents import AgentServicer
 from control_plane.api.approvals import ApprovalServicer
+from control_plane.api.channels import ChannelServicer
 from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.mcp_servers import McpServerServicer
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
 from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
-from control_plane.approvals import expiry, needs_help, relay
+from control_plane.approvals import expiry, needs_help, relay, unknown_outcome
 from control_plane.approvals.commit import ApprovalHold
 from control_plane.approvals.relay import RelayConfig
 from control_plane.auth import context as auth_context
@@ -56,6 +59,7 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
+from control_plane.channels import lifecycle
 from control_plane.connections import parks
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
@@ -83,7 +87,7 @@ from control_plane.http.services import Services
 from control_plane.ops import logs, run_figures
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
-from control_plane.runs import children, signals
+from control_plane.runs import children, signals, wait_limits
 from control_plane.runs.retention import Retention
 from control_plane.store.db import Pool, create_pool
 from control_plane.tools import builtins, registry
@@ -94,6 +98,8 @@ from control_plane.triggers.scheduler import Scheduler
 from telemetry import event_loop, grpc_trace, tracing
 
 log = logging.getLogger(__name__)
+# How often a replica fails the runs waiting past their kind's limit (runs/wait_limits.py).
+WAIT_LIMIT_POLL_SECONDS = 30.0
 
 SERVICE_NAMES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
@@ -104,6 +110,7 @@ SERVICE_NAMES = (
     session_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["WorkspaceAdminService"].full_name,
     connection_pb2.DESCRIPTOR.services_by_name["ConnectionService"].full_name,
+    channel_pb2.DESCRIPTOR.services_by_name["ChannelService"].full_name,
     credit_pb2.DESCRIPTOR.services_by_name["CreditService"].full_name,
     # The registry (issue 18); McpServerService's servicer is added by control_plane/mcp.
     tool_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
@@ -186,6 +193,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_field("approval_request", ApprovalHold())
     pipeline.on_park(parks.WAIT_REASON, parks.ConnectionPark())
     pipeline.on_park(needs_help.REPEAT_WAIT, needs_help.HeldRepeat())
+    pipeline.on_park(unknown_outcome.WAIT_REASON, unknown_outcome.UnknownOutcomePark())
     pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
     pipeline.after_commit(TopUp())
@@ -352,6 +360,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
         server,
     )
     approval_pb2_grpc.add_ApprovalServiceServicer_to_server(services.approvals, server)
+    channel_pb2_grpc.add_ChannelServiceServicer_to_server(ChannelServicer(pool, p.envelope), server)
     trigger_pb2_grpc.add_TriggerServiceServicer_to_server(
         TriggerServicer(
             pool, cfg.public_url, p.envelope, cfg.defaults, dispatcher.poke, dispatcher.cancel
@@ -374,7 +383,7 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
 
 def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
     """The replica's loops: claims, approval expiry, the outbox relay, the max-age sweep,
-    retention, fast-path recovery, the delta relay and the release self-check."""
+    the unknown-outcome questions' policy, retention, fast-path recovery, the delta relay and the release self-check."""
     cfg, pool, poke = p.config, p.pool, p.dispatcher.poke
     checks = [p.self_check.run_forever()] if p.self_check is not None else []
     return [
@@ -384,11 +393,22 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
             expiry.run_forever(pool, cfg.approval_poll_seconds, poke), name="approval-expiry"
         ),
         asyncio.create_task(
-            relay.run_forever(pool, RelayConfig(cfg.notify_url, cfg.public_url)),
+            relay.run_forever(
+                pool, RelayConfig(cfg.notify_url, cfg.public_url, envelope=p.envelope)
+            ),
             name="outbox-relay",
         ),
         asyncio.create_task(
             max_age.run_forever(pool, cfg.approval_poll_seconds, poke), name="max-age-sweep"
+        ),
+        asyncio.create_task(
+            unknown_outcome.run_forever(pool, cfg.approval_poll_seconds), name="unknown-questions"
+        ),
+        asyncio.create_task(
+            wait_limits.run_forever(pool, WAIT_LIMIT_POLL_SECONDS, poke), name="wait-limits"
+        ),
+        asyncio.create_task(
+            lifecycle.run_forever(pool, cfg.approval_poll_seconds), name="run-lifecycle-webhooks"
         ),
         asyncio.create_task(Retention(pool).run(), name="retention"),
         asyncio.create_task(

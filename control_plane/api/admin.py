@@ -23,6 +23,7 @@ from control_plane.auth.principal import ROLES, Kind
 from control_plane.deploys.canary import CANARY_WORKSPACE
 from control_plane.ground import constraints, convert, validate
 from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from control_plane.runs import wait_limits
 from control_plane.store import identity as store
 from control_plane.store import retention, workspaces
 from control_plane.store.db import Pool, transaction
@@ -52,6 +53,7 @@ def workspace_message(row: Any) -> pb.Workspace:
         retention_days=row.get("retention_days", 0),
         approval_watch=watch.from_json(row.get("approval_watch")),
         allowlists=allowlist_messages(row.get("allowlists")),
+        wait_limit_seconds=wait_limits.effective(row.get("wait_limits")),
     )
 
 
@@ -272,6 +274,31 @@ class AdminServicer(admin_pb2_grpc.WorkspaceAdminServiceServicer):
                 conn, "workspace.allowlist_changed", "workspace", ws, detail, workspace_id=ws
             )
         return pb.SetAllowlistResponse(workspace=workspace_message(row))
+
+    async def SetWaitLimit(
+        self, request: pb.SetWaitLimitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetWaitLimitResponse:
+        ws = target_workspace(request.workspace_id)
+        if ws is None:
+            raise InvalidArgument("workspace_id", "is required")
+        if request.wait_kind not in wait_limits.KINDS:
+            raise InvalidArgument("wait_kind", f"must be one of {', '.join(wait_limits.KINDS)}")
+        seconds: int | None = None
+        if not request.use_default:
+            seconds = request.max_seconds
+            if seconds != 0:
+                validate.in_range(
+                    "max_seconds", seconds, wait_limits.MIN_SECONDS, wait_limits.MAX_SECONDS
+                )
+        async with transaction(self._pool) as conn:
+            row = await workspaces.set_wait_limit(conn, ws, request.wait_kind, seconds)
+            if row is None:
+                raise NotFound(f"workspace {ws!r} not found")
+            detail = {"wait_kind": request.wait_kind, "max_seconds": seconds}
+            await audit.record(
+                conn, "workspace.wait_limit_changed", "workspace", ws, detail, workspace_id=ws
+            )
+        return pb.SetWaitLimitResponse(workspace=workspace_message(row))
 
     async def CreateApiKey(
         self, request: pb.CreateApiKeyRequest, context: grpc.aio.ServicerContext

@@ -67,6 +67,7 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
     if len(set(spec.tools)) != len(spec.tools):
         raise InvalidArgument("spec.tools", "names a tool twice")
     validate_approval_policy(spec)
+    validate_unknown_policy(spec)
     constraints.validate_constraints(spec)
     validate_connections(spec)
 
@@ -97,6 +98,21 @@ def validate_approval_policy(spec: agent_pb2.AgentSpec) -> None:
     validate.in_range("spec.approval.max_reminders", pol.max_reminders, 0, 20)
     if pol.on_expiry == 2 and not pol.escalate_to:
         raise InvalidArgument("spec.approval.escalate_to", "is required when on_expiry is ESCALATE")
+
+
+def validate_unknown_policy(spec: agent_pb2.AgentSpec) -> None:
+    """Who an unknown outcome asks and how often (issue 43)."""
+    pol = spec.unknown_outcome
+    for field in ("ask", "slack", "escalate_to"):
+        for i, who in enumerate(getattr(pol, field)):
+            validate.text(f"spec.unknown_outcome.{field}[{i}]", who, max_bytes=200, required=True)
+    validate.text("spec.unknown_outcome.slack_channel", pol.slack_channel, max_bytes=200)
+    validate.in_range("spec.unknown_outcome.every_seconds", pol.every_seconds, 0, 30 * 24 * 3600)
+    validate.in_range("spec.unknown_outcome.max_reminders", pol.max_reminders, 0, 20)
+    if pol.on_timeout == agent_pb2.UNKNOWN_OUTCOME_TIMEOUT_ESCALATE and not pol.escalate_to:
+        raise InvalidArgument(
+            "spec.unknown_outcome.escalate_to", "is required when on_timeout is ESCALATE"
+        )
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):

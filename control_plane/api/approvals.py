@@ -20,6 +20,7 @@ STATE_FROM_PROTO = {
     approval_pb2.APPROVAL_STATE_REJECTED: "rejected",
     approval_pb2.APPROVAL_STATE_EDITED: "edited",
     approval_pb2.APPROVAL_STATE_EXPIRED: "expired",
+    approval_pb2.APPROVAL_STATE_CLOSED: "closed",
 }
 STATE_TO_PROTO = {v: k for k, v in STATE_FROM_PROTO.items()}
 EXPIRY_TO_PROTO = {

@@ -34,9 +34,9 @@ from control_plane.runs import children, forks
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as fork_store
 from control_plane.store import lease as lease_store
+from control_plane.store import questions, unknowns
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
-from control_plane.store import unknowns
 from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
 
@@ -87,6 +87,16 @@ def decider(typed: str) -> str:
 def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
     """What a watcher is told about when it changes (a running run's wake_at is its lease)."""
     return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
+
+
+def _waiting_longer_than(request: run_pb2.ListRunsRequest) -> float | None:
+    """ListRuns' waiting_longer_than in seconds (None when unset), validated."""
+    if not request.HasField("waiting_longer_than"):
+        return None
+    seconds = request.waiting_longer_than.ToTimedelta().total_seconds()
+    if seconds < 0 or seconds > 10 * 365 * 86400:
+        raise InvalidArgument("waiting_longer_than", "must be between 0 and 10 years")
+    return seconds
 
 
 def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, str | None]:
@@ -218,6 +228,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 limit=size,
                 created_since=since,
                 search=search,
+                waiting_longer_than=_waiting_longer_than(request),
             )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
@@ -363,7 +374,19 @@ async def resolve_unknown(
 
     async def audited(conn: Any) -> None:
         detail = {"seq": wanted.seq, "decision": wanted.decision}
-        await audit.record(conn, "unknown_outcome.resolved", "run", str(wanted.run_id), detail)
+        # A Slack click has no principal in context: the verified user is the actor.
+        actor = wanted.decided_by if wanted.decided_by.startswith("slack:") else None
+        await audit.record(
+            conn,
+            "unknown_outcome.resolved",
+            "run",
+            str(wanted.run_id),
+            detail,
+            workspace_id=wanted.workspace_id,
+            actor=actor,
+        )
+        why = f"answered {wanted.decision} by {wanted.decided_by}"
+        await questions.close(conn, wanted.workspace_id, wanted.run_id, wanted.seq, why)
 
     try:
         return await unknowns.decide(pool, wanted, audited)

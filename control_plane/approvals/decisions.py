@@ -207,6 +207,11 @@ async def decide(pool: Pool, req: Request) -> store.Approval:
             return decided
         except store.DecisionLost as lost:
             w = lost.winner
+            when = w.decided_at.isoformat() if w.decided_at else "?"
+            if w.decision == store.CLOSED:  # no race lost: nobody can decide it any more
+                raise FailedPrecondition(
+                    f"approval {req.approval_id} was closed at {when}: {w.reason}"
+                ) from None
             raise Aborted(
                 f"approval {req.approval_id} was already {w.decision} by {w.decided_by} "
                 f"at {w.decided_at.isoformat() if w.decided_at else '?'}"

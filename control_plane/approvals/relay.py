@@ -14,11 +14,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import aiosmtplib
 import httpx
 
 import faults
-from control_plane.approvals import needs_help, policy, tokens, watch
+from control_plane.approvals import needs_help, policy, tokens, unknown_outcome, watch
+from control_plane.channels import closing, routing
+from control_plane.channels.delivery import ChannelRefused
 from control_plane.connections import parks as connection_parks
+from control_plane.crypto.envelope import CannotOpen, Envelope
 from control_plane.store import approvals as approval_store
 from control_plane.store import outbox
 from control_plane.store.db import Pool
@@ -27,7 +31,18 @@ from control_plane.store.errors import DATABASE_ERRORS
 log = logging.getLogger(__name__)
 BATCH = 20
 # What a failed delivery attempt raises: logged, counted, tried again after a backoff.
-_UNDELIVERED: tuple[type[Exception], ...] = (httpx.HTTPError, OSError, *DATABASE_ERRORS)
+_UNDELIVERED: tuple[type[Exception], ...] = (
+    httpx.HTTPError,
+    OSError,
+    aiosmtplib.SMTPException,
+    ChannelRefused,
+    CannotOpen,
+    *DATABASE_ERRORS,
+)
+
+
+class Skipped(Exception):
+    """A notification that must not go out any more (its approval closed)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,8 @@ class RelayConfig:
     public_url: str  # where approval links point (the control plane's HTTP ingress)
     backoff_seconds: float = 1.0
     interval_seconds: float = 0.5
+    # Opens workspace channels' secrets (control_plane/channels); None: no channels.
+    envelope: Envelope | None = None
 
 
 async def _link(pool: Pool, cfg: RelayConfig, row: Any, approval: approval_store.Approval) -> str:
@@ -70,6 +87,8 @@ def _text(approval: approval_store.Approval, kind: str) -> str:
 async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     if row["kind"] == needs_help.KIND:
         return needs_help.mail_request(row)
+    if row["kind"] in unknown_outcome.KINDS:
+        return unknown_outcome.request(row)
     if row["kind"] == watch.KIND:
         return watch.mail_request(row)
     if row["kind"] == connection_parks.KIND:
@@ -78,6 +97,8 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
     if approval is None:  # rows are never deleted; this would be a broken invariant
         raise LookupError(f"notification {row['notification_id']} names no approval")
+    if approval.decision == approval_store.CLOSED:
+        raise Skipped(f"approval closed: {approval.reason}")  # nobody may decide it any more
     text = _text(approval, row["kind"])
     nid = str(row["notification_id"])
     if row["channel"] == "mail":
@@ -100,22 +121,42 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
     }
 
 
+async def _send(
+    pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any
+) -> dict[str, Any] | None:
+    """Send one row: through the workspace's channel of its kind, else the deployment's
+    notifier. Returns what the channel answered (the receipt kept with the row)."""
+    if row["channel"] == "webhook":
+        return await routing.webhook(pool, cfg.envelope, client, row)
+    if row["kind"] == closing.KIND:
+        return await closing.edit_sent(pool, cfg.envelope, client, row)
+    try:
+        path, body = await _request(pool, cfg, row)
+    except Skipped as skipped:
+        return {"skipped": str(skipped)}
+    receipt = await routing.through_channel(pool, cfg.envelope, client, row, body)
+    if receipt is not None:
+        return receipt
+    nid = row["notification_id"]
+    resp = await client.post(
+        f"{cfg.notify_url}{path}",
+        json=body,
+        headers={"Idempotency-Key": f"notification:{nid}", "X-Agentrun-Notification": str(nid)},
+    )
+    resp.raise_for_status()
+    return None
+
+
 async def deliver(pool: Pool, client: httpx.AsyncClient, cfg: RelayConfig, row: Any) -> bool:
     ws, nid = row["workspace_id"], row["notification_id"]
     try:
-        path, body = await _request(pool, cfg, row)
-        resp = await client.post(
-            f"{cfg.notify_url}{path}",
-            json=body,
-            headers={"Idempotency-Key": f"notification:{nid}", "X-Agentrun-Notification": str(nid)},
-        )
+        receipt = await _send(pool, client, cfg, row)
         faults.point("control_plane.relay.after_send")
-        resp.raise_for_status()
     except _UNDELIVERED as exc:
         log.warning("notification %s attempt %d failed: %s", nid, row["attempts"], exc)
         await outbox.failed(pool, ws, nid, f"{type(exc).__name__}: {exc}")
         return False
-    await outbox.delivered(pool, ws, nid)
+    await outbox.delivered(pool, ws, nid, receipt)
     return True
 
 

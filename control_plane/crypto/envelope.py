@@ -42,7 +42,9 @@ from control_plane.store.db import Pool
 
 TRIGGER_SECRET = "trigger_secret"
 CONNECTION_TOKEN = "connection_token"
-PURPOSES = frozenset({TRIGGER_SECRET, CONNECTION_TOKEN})
+# A notification channel's bot token, SMTP password or webhook signing secret (issue 43).
+CHANNEL_SECRET = "channel_secret"
+PURPOSES = frozenset({TRIGGER_SECRET, CONNECTION_TOKEN, CHANNEL_SECRET})
 
 FORMAT = 1
 _HEADER = struct.Struct(">BI")

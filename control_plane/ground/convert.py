@@ -288,6 +288,11 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
         # Only when set: other specs keep their stored form.
         **({"fast_path": True} if spec.fast_path else {}),
         **(
+            {"unknown_outcome": unknown_policy_to_json(spec.unknown_outcome)}
+            if spec.HasField("unknown_outcome")
+            else {}
+        ),
+        **(
             {"on_refusal": constraints.ON_REFUSAL[spec.on_refusal]}
             if spec.on_refusal in constraints.ON_REFUSAL
             else {}
@@ -327,6 +332,35 @@ def approval_policy_from_json(data: dict[str, Any]) -> approval_pb2.ApprovalPoli
     )
 
 
+UNKNOWN_TIMEOUTS = {1: "remind", 2: "escalate", 3: "fail"}
+
+
+def unknown_policy_to_json(pol: agent_pb2.UnknownOutcomePolicy) -> dict[str, Any]:
+    """The stored form control_plane/approvals/unknown_outcome.py reads (issue 43)."""
+    return {
+        "ask": list(pol.ask),
+        "slack": list(pol.slack),
+        "slack_channel": pol.slack_channel,
+        "every_seconds": pol.every_seconds,
+        "on_timeout": UNKNOWN_TIMEOUTS.get(pol.on_timeout, "remind"),
+        "escalate_to": list(pol.escalate_to),
+        **({"max_reminders": pol.max_reminders} if pol.HasField("max_reminders") else {}),
+    }
+
+
+def unknown_policy_from_json(data: dict[str, Any]) -> agent_pb2.UnknownOutcomePolicy:
+    timeouts = {v: k for k, v in UNKNOWN_TIMEOUTS.items()}
+    return agent_pb2.UnknownOutcomePolicy(
+        ask=data.get("ask", []),
+        slack=data.get("slack", []),
+        slack_channel=data.get("slack_channel", ""),
+        every_seconds=data.get("every_seconds", 0),
+        on_timeout=timeouts.get(data.get("on_timeout", "remind"), 1),  # type: ignore[arg-type]
+        escalate_to=data.get("escalate_to", []),
+        max_reminders=data.get("max_reminders"),
+    )
+
+
 def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
     lim = data.get("limits", {})
     return agent_pb2.AgentSpec(
@@ -349,6 +383,9 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         connections=data.get("connections") or {},
         **model_parameters.from_json(data),
         fast_path=bool(data.get("fast_path", False)),
+        unknown_outcome=(
+            unknown_policy_from_json(data["unknown_outcome"]) if "unknown_outcome" in data else None
+        ),
         on_refusal=constraints.ON_REFUSAL_VALUES.get(  # type: ignore[arg-type]
             data.get("on_refusal", ""), 0
         ),

@@ -25,7 +25,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from control_plane.approvals import decisions, tokens
+from control_plane.api.runs import resolve_unknown
+from control_plane.approvals import decisions, tokens, unknown_outcome
 from control_plane.auth import context as auth_context
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.resolver import Resolver, bearer
@@ -38,6 +39,7 @@ from control_plane.ground.errors import (
     Unauthenticated,
 )
 from control_plane.store import approvals as store
+from control_plane.store import questions, unknowns
 from control_plane.store.db import Pool
 from control_plane.triggers import signatures
 
@@ -205,6 +207,28 @@ class ApprovalRoutes:
         )
         return await self._json_decision(req)
 
+    async def _slack_answer(self, user: str, action: dict[str, Any]) -> Response:
+        """A Slack button's answer to an unknown outcome: only a Slack user its question
+        names answers, recorded as `slack:<user>`; the first answer wins."""
+        ws, run_text, seq_text = action["value"].split(":", 2)
+        run_id, seq = uuid.UUID(run_text), int(seq_text)
+        try:
+            q = await questions.get(self.pool, ws, run_id, seq)
+            if q is None or user not in q.slack_recipients:
+                raise PermissionDenied(f"Slack user {user!r} is not asked about step {seq}")
+            wanted = unknowns.Decision(ws, run_id, seq, action["action_id"], f"slack:{user}")
+            _, step = await resolve_unknown(self.pool, wanted)
+        except DomainError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=error_status(exc))
+        return JSONResponse(
+            {
+                "run_id": str(run_id),
+                "seq": step.seq,
+                "decision": wanted.decision,
+                "decided_by": wanted.decided_by,
+            }
+        )
+
     async def _signed_in(self, ws: str, authorization: str) -> decisions.Decider:
         """The decider: the principal an HTTP guard set, else the bearer token's (a signed-in
         person who is a member of `ws`, or an approver key of `ws`)."""
@@ -252,6 +276,8 @@ class ApprovalRoutes:
         try:
             payload = validate.json_value("payload", parse_qs(body.decode())["payload"][0])
             action = payload["actions"][0]
+            if action["action_id"] in unknown_outcome.ANSWERS:
+                return await self._slack_answer(str(payload["user"]["id"]), action)
             ws, approval_id = action["value"].split(":", 1)
             decider = decisions.Decider(str(payload["user"]["id"]), decisions.SLACK)
             req = decisions.Request(ws, uuid.UUID(approval_id), decider, action["action_id"])

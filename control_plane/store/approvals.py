@@ -146,9 +146,13 @@ async def list_page(
     return [Approval.from_record(r) for r in rows[:limit]], len(rows) > limit
 
 
+# What the database records on a pending approval whose run ended (migration 0042's trigger).
+CLOSED = "closed"
+
+
 @dataclass(frozen=True)
 class Decision:
-    decision: str  # approved | rejected | edited | expired
+    decision: str  # approved | rejected | edited | expired (closed: only the database)
     decided_by: str
     reason: str | None = None
     edited_arguments_json: str | None = None

@@ -28,7 +28,7 @@ node draws from its own range, so an insert that a worker runs (a trigger firing
 shard) never collides with one the coordinator routes. `run_signals.arrival` is a bigint
 sequence, distributed the same way.
 
-The eight triggers on `runs` still write other tables from the shard they fire on, which
+The nine triggers on `runs` still write other tables from the shard they fire on, which
 Citus calls unsafe; migrate.CITUS_DDL_SETTINGS allows them here and in every later migration.
 Moving that work into the statements is the way out (docs/scaling.md).
 """
@@ -69,8 +69,10 @@ DISTRIBUTED_TABLES = (
     "workspace_running_counts",
     "agent_running_counts",
     "approvals",
+    "unknown_questions",
     "approval_tokens",
     "outbox",
+    "channels",
     "triggers",
     "trigger_secrets",
     "trigger_events",

@@ -17,7 +17,7 @@ from control_plane.store.queries import run
 class Notification:
     workspace_id: str
     kind: str
-    channel: str  # mail | chat
+    channel: str  # mail | chat (webhook rows are the insert's own)
     recipient: str
     payload: dict[str, Any]
     notification_id: uuid.UUID = field(default_factory=uuid.uuid4)
@@ -52,11 +52,25 @@ async def claim(
     return rows
 
 
-async def delivered(pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID) -> None:
-    await run(pool, "outbox_delivered", workspace_id, notification_id)
+async def delivered(
+    pool: asyncpg.pool.Pool,
+    workspace_id: str,
+    notification_id: uuid.UUID,
+    receipt: dict[str, Any] | None = None,
+) -> None:
+    """Mark it delivered, keeping what the channel answered (a Slack message's ts)."""
+    answer = json.dumps(receipt) if receipt is not None else None
+    await run(pool, "outbox_delivered", workspace_id, notification_id, answer)
 
 
 async def failed(
     pool: asyncpg.pool.Pool, workspace_id: str, notification_id: uuid.UUID, error: str
 ) -> None:
     await run(pool, "outbox_failed", workspace_id, notification_id, error[:500])
+
+
+async def chat_for_approval(
+    pool: asyncpg.pool.Pool, workspace_id: str, approval_id: str
+) -> list[asyncpg.Record]:
+    """The chat notifications an approval has had, with their receipts."""
+    return list(await run(pool, "outbox_chat_for_approval", workspace_id, approval_id))

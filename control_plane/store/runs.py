@@ -143,6 +143,7 @@ async def list_runs(
     limit: int,
     created_since: datetime | None = None,
     search: str | None = None,
+    waiting_longer_than: float | None = None,
 ) -> RunPage:
     """A page of runs, newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
@@ -157,6 +158,7 @@ async def list_runs(
         limit + 1,
         created_since,
         search,
+        waiting_longer_than,
     )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)
 

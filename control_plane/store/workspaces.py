@@ -36,6 +36,13 @@ async def get(
     return await run(pool, "workspace_get", workspace_id)
 
 
+async def set_wait_limit(
+    conn: Any, workspace_id: str, kind: str, seconds: int | None
+) -> asyncpg.Record | None:
+    """One wait kind's limit (0 = off; None = the platform's default again)."""
+    return await run(conn, "workspace_set_wait_limit", workspace_id, kind, seconds)
+
+
 async def set_approval_watch(
     conn: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str, watch_json: str | None
 ) -> asyncpg.Record | None:

@@ -5,6 +5,7 @@
 * ``chat`` — neither key nor lookup (``none``);
 * ``crm`` — lookups, and upserts that are idempotent by the contact's email;
 * ``echo`` — a harmless read;
+* ``slack`` — Slack's Web API chat.postMessage and chat.update, for notification channels;
 * ``shop`` — serves its own OpenAPI 3 document (two reads, one keyed write).
 
 Each provider is a small module with a class that has a ``name``, a list of

@@ -53,6 +53,7 @@ class ApprovalState(StrEnum):
     REJECTED = "rejected"
     EDITED = "edited"
     EXPIRED = "expired"
+    CLOSED = "closed"
 
 
 class OutcomeDecision(StrEnum):

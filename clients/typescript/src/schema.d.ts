@@ -415,6 +415,7 @@ export interface components {
             fast_path: boolean;
             /** @enum {string} */
             on_refusal: "unspecified" | "retry" | "fail" | "ask";
+            unknown_outcome?: components["schemas"]["UnknownOutcomePolicy"];
         };
         AgentVersion: {
             workspace_id: string;
@@ -440,7 +441,7 @@ export interface components {
             arguments: unknown;
             arguments_sha256: string;
             /** @enum {string} */
-            state: "unspecified" | "pending" | "approved" | "rejected" | "edited" | "expired";
+            state: "unspecified" | "pending" | "approved" | "rejected" | "edited" | "expired" | "closed";
             approvers: string[];
             slack_approvers: string[];
             high_risk: boolean;
@@ -726,6 +727,18 @@ export interface components {
             /** Format: date-time */
             create_time?: string;
         };
+        UnknownOutcomePolicy: {
+            ask: string[];
+            slack: string[];
+            slack_channel: string;
+            /** Format: int32 */
+            every_seconds: number;
+            /** @enum {string} */
+            on_timeout: "unspecified" | "remind" | "escalate" | "fail";
+            escalate_to: string[];
+            /** Format: int32 */
+            max_reminders?: number;
+        };
     };
     responses: never;
     parameters: never;
@@ -765,6 +778,7 @@ export interface operations {
                 create_after?: string;
                 search?: string;
                 forked_from_run_id?: string;
+                waiting_longer_than?: string;
             };
             header?: never;
             path: {
@@ -1570,7 +1584,7 @@ export interface operations {
         parameters: {
             query?: {
                 approver?: string;
-                state?: "pending" | "approved" | "rejected" | "edited" | "expired";
+                state?: "pending" | "approved" | "rejected" | "edited" | "expired" | "closed";
                 page_size?: number;
                 page_token?: string;
             };

@@ -23,7 +23,7 @@ from control_plane.http.console.web import Console, render, see_other
 from control_plane.http.errors import HTTP_STATUS
 from control_plane.store import approvals as store
 
-STATES = ("pending", "approved", "rejected", "edited", "expired")
+STATES = ("pending", "approved", "rejected", "edited", "expired", "closed")
 MAX_REASON_BYTES = 1000
 
 

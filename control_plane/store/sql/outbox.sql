@@ -1,7 +1,18 @@
 -- name: outbox_insert :exec
--- Queue a notification in the same transaction as what it announces.
+-- Queue a notification in the same transaction as what it announces, and the same
+-- notification once per webhook channel of the workspace (its id fixed now: the webhook-id
+-- every retry repeats; the body names the row's own channel and recipient).
+WITH note AS (
+    INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
+    VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+    RETURNING workspace_id, kind, channel, recipient, payload
+)
 INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb);
+SELECT n.workspace_id, gen_random_uuid(), n.kind, 'webhook', c.channel_id::text,
+       n.payload || jsonb_build_object('channel', n.channel, 'recipient', n.recipient)
+FROM note n
+JOIN channels c ON c.workspace_id = $1 AND c.workspace_id = n.workspace_id AND c.kind = 'webhook'
+WHERE n.channel <> 'webhook';
 
 -- name: outbox_due_workspaces :many
 -- Up to $1 workspaces with a notification due, the longest waiting first. No lock:
@@ -34,10 +45,17 @@ WHERE o.workspace_id = $4
 RETURNING o.*;
 
 -- name: outbox_delivered :exec
--- Mark a notification delivered.
-UPDATE outbox SET delivered_at = now(), last_error = NULL
+-- Mark a notification delivered, with what the channel answered ($3, JSON or NULL).
+UPDATE outbox SET delivered_at = now(), last_error = NULL, receipt = $3::jsonb
 WHERE workspace_id = $1 AND notification_id = $2;
 
 -- name: outbox_failed :exec
 -- Record why an attempt failed (the next attempt time was set by the claim).
 UPDATE outbox SET last_error = $3 WHERE workspace_id = $1 AND notification_id = $2;
+
+-- name: outbox_chat_for_approval :many
+-- The chat notifications an approval has had (request, reminders, escalation): what was
+-- sent ($2's messages to edit, with their receipts) and whether any is still to be sent.
+SELECT notification_id, receipt, delivered_at FROM outbox
+WHERE workspace_id = $1 AND channel = 'chat' AND kind <> 'approval_closed'
+  AND payload ->> 'approval_id' = $2::text;

@@ -68,6 +68,10 @@ WITH candidates AS (
     DELETE FROM approvals a USING chosen c
     WHERE a.workspace_id = :ws AND a.workspace_id = c.workspace_id AND a.run_id = c.run_id
     RETURNING a.workspace_id, a.approval_id
+), gone_questions AS (
+    DELETE FROM unknown_questions q USING chosen c
+    WHERE q.workspace_id = :ws AND q.workspace_id = c.workspace_id AND q.run_id = c.run_id
+    RETURNING 1
 ), gone_tokens AS (
     DELETE FROM approval_tokens k USING gone_approvals a
     WHERE k.workspace_id = :ws AND k.workspace_id = a.workspace_id

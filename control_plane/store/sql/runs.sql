@@ -60,7 +60,9 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 
 -- name: run_list :many
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
--- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8).
+-- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8),
+-- waiting since more than $9 seconds (a waiting run's updated_at is when it parked: its
+-- row is written again when it wakes, a release pin aside). Database clock.
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
   AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
@@ -70,6 +72,8 @@ WHERE workspace_id = $1
   AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
                                         || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
                                   lower($8)) > 0)
+  AND ($9::float8 IS NULL OR (status = 'waiting'
+                              AND updated_at <= now() - make_interval(secs => $9::float8)))
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
@@ -92,3 +96,45 @@ WITH cancelled AS (
     FROM cancelled c
 ), {{steps_append}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;
+
+-- name: runs_waiting_workspaces :many
+-- Up to $1 workspaces with a run waiting for one of the kinds $2 since at least $3 seconds
+-- (the smallest limit there can be). No lock (on Citus it reads every shard).
+SELECT DISTINCT workspace_id FROM runs
+WHERE status = 'waiting' AND wait_reason = ANY($2::text[])
+  AND updated_at <= now() - make_interval(secs => $3::float8)
+LIMIT $1;
+
+-- name: run_fail_waited_too_long :many
+-- Fail up to $3 of workspace $1's runs waiting longer than their kind's limit ($2: a JSON
+-- object, wait kind -> seconds, positive ones only), each with a finish step saying which
+-- limit. A waiting run's updated_at is when it parked. Database clock unless $4.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($4::timestamptz, now()) AS now
+), limits AS (
+    SELECT key AS reason, value::float8 AS secs FROM jsonb_each_text($2::jsonb)
+), overdue AS (
+    SELECT r.workspace_id, r.run_id, l.reason, l.secs FROM runs r
+    JOIN limits l ON r.wait_reason = l.reason
+    WHERE r.workspace_id = $1 AND r.status = 'waiting'
+      AND r.updated_at <= (SELECT now FROM clock) - make_interval(secs => l.secs)
+    ORDER BY r.updated_at
+    LIMIT $3
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+), failed AS (
+    UPDATE runs r SET status = 'failed', wait_reason = NULL, wake_at = NULL, lease_owner = NULL,
+                      error = format('waited for %s longer than the workspace allows (%s s)',
+                                     o.reason, o.secs::bigint),
+                      step_count = r.step_count + 1, finished_at = (SELECT now FROM clock),
+                      updated_at = now()
+    FROM overdue o
+    WHERE r.workspace_id = $1 AND r.workspace_id = o.workspace_id AND r.run_id = o.run_id
+    RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
+), to_append AS (
+    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+           'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
+           jsonb_build_object('status', 'failed', 'error', f.error) AS payload,
+           now() AS created_at, NULL::text AS release
+    FROM failed f
+), {{steps_append}}
+SELECT workspace_id, run_id, error FROM failed;

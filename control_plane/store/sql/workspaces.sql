@@ -25,7 +25,7 @@ FROM placed;
 SELECT workspace_id, plan, max_concurrency,
        (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
         WHERE c.workspace_id = $1) AS running,
-       next_wake_at, last_served_at, retention_days, approval_watch, allowlists
+       next_wake_at, last_served_at, retention_days, approval_watch, allowlists, wait_limits
 FROM workspaces WHERE workspace_id = $1;
 
 -- name: workspace_set_allowlist :one
@@ -36,7 +36,7 @@ WHERE workspace_id = $1
 RETURNING workspace_id, plan, max_concurrency,
           (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
            WHERE c.workspace_id = $1) AS running,
-          retention_days, approval_watch, allowlists;
+          retention_days, approval_watch, allowlists, wait_limits;
 
 -- name: workspace_allowlists :one
 -- The named allowlists of a workspace a run's rules name (issue 48), read at assignment.
@@ -51,7 +51,18 @@ UPDATE workspaces SET approval_watch = $2::jsonb WHERE workspace_id = $1
 RETURNING workspace_id, plan, max_concurrency,
           (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
            WHERE c.workspace_id = $1) AS running,
-          retention_days, approval_watch, allowlists;
+          retention_days, approval_watch, allowlists, wait_limits;
+
+-- name: workspace_set_wait_limit :one
+-- One wait kind's limit in seconds ($3; 0 = off), or back to the default ($3 NULL).
+UPDATE workspaces SET wait_limits = CASE WHEN $3::bigint IS NULL THEN wait_limits - $2::text
+                                         ELSE wait_limits || jsonb_build_object($2::text, $3::bigint)
+                                    END
+WHERE workspace_id = $1
+RETURNING workspace_id, plan, max_concurrency,
+          (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+           WHERE c.workspace_id = $1) AS running,
+          retention_days, approval_watch, allowlists, wait_limits;
 
 -- name: agent_set_max_concurrency :one
 -- Cap how many runs of one agent execute at once (NULL: no cap of its own).

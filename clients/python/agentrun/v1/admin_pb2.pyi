@@ -52,6 +52,26 @@ class Workspace(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class WaitLimitSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
@@ -59,6 +79,7 @@ class Workspace(_message.Message):
     RETENTION_DAYS_FIELD_NUMBER: _builtins.int
     APPROVAL_WATCH_FIELD_NUMBER: _builtins.int
     ALLOWLISTS_FIELD_NUMBER: _builtins.int
+    WAIT_LIMIT_SECONDS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     plan: _builtins.str
     max_concurrency: _builtins.int
@@ -75,6 +96,13 @@ class Workspace(_message.Message):
     def allowlists(self) -> _containers.RepeatedCompositeFieldContainer[Global___Allowlist]:
         """The workspace's named allowlists, by name."""
 
+    @_builtins.property
+    def wait_limit_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """How long a run may wait, by wait kind (approval, human, repeat,
+        connection, signal, child), in seconds, before it fails: the platform's
+        default (30 days) unless the workspace set another; 0 = off, by choice.
+        """
+
     def __init__(
         self,
         *,
@@ -85,10 +113,11 @@ class Workspace(_message.Message):
         retention_days: _builtins.int = ...,
         approval_watch: Global___ApprovalWatch | None = ...,
         allowlists: _abc.Iterable[Global___Allowlist] | None = ...,
+        wait_limit_seconds: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_watch", b"approval_watch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowlists", b"allowlists", "approval_watch", b"approval_watch", "max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowlists", b"allowlists", "approval_watch", b"approval_watch", "max_concurrency", b"max_concurrency", "plan", b"plan", "retention_days", b"retention_days", "running", b"running", "wait_limit_seconds", b"wait_limit_seconds", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -590,6 +619,62 @@ class SetAllowlistResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetAllowlistResponse: _TypeAlias = SetAllowlistResponse  # noqa: Y015
+
+@_typing.final
+class SetWaitLimitRequest(_message.Message):
+    """SetWaitLimitRequest sets one wait kind's limit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    WAIT_KIND_FIELD_NUMBER: _builtins.int
+    MAX_SECONDS_FIELD_NUMBER: _builtins.int
+    USE_DEFAULT_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """Empty: the caller's own workspace (a platform admin must name one)."""
+    wait_kind: _builtins.str
+    """approval, human (an unknown outcome), repeat, connection, signal, child."""
+    max_seconds: _builtins.int
+    """How long; 0 = off (never fails for waiting). Ignored with use_default."""
+    use_default: _builtins.bool
+    """Back to the platform's default."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        wait_kind: _builtins.str = ...,
+        max_seconds: _builtins.int = ...,
+        use_default: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_seconds", b"max_seconds", "use_default", b"use_default", "wait_kind", b"wait_kind", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWaitLimitRequest: _TypeAlias = SetWaitLimitRequest  # noqa: Y015
+
+@_typing.final
+class SetWaitLimitResponse(_message.Message):
+    """SetWaitLimitResponse is the workspace after the change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWaitLimitResponse: _TypeAlias = SetWaitLimitResponse  # noqa: Y015
 
 @_typing.final
 class CreateApiKeyRequest(_message.Message):

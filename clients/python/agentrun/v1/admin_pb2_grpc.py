@@ -79,6 +79,11 @@ class WorkspaceAdminServiceStub:
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.FromString,
                 _registered_method=True)
+        self.SetWaitLimit = channel.unary_unary(
+                '/agentrun.v1.WorkspaceAdminService/SetWaitLimit',
+                request_serializer=agentrun_dot_v1_dot_admin__pb2.SetWaitLimitRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWaitLimitResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/agentrun.v1.WorkspaceAdminService/CreateApiKey',
                 request_serializer=agentrun_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
@@ -179,6 +184,14 @@ class WorkspaceAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWaitLimit(self, request, context):
+        """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+        an outside event) before it fails; nothing waits forever unnoticed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateApiKey(self, request, context):
         """CreateApiKey mints a key; the response carries its text, once.
         """
@@ -260,6 +273,11 @@ def add_WorkspaceAdminServiceServicer_to_server(servicer, server):
                     servicer.SetAllowlist,
                     request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.SerializeToString,
+            ),
+            'SetWaitLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWaitLimit,
+                    request_deserializer=agentrun_dot_v1_dot_admin__pb2.SetWaitLimitRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_admin__pb2.SetWaitLimitResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -474,6 +492,33 @@ class WorkspaceAdminService:
             '/agentrun.v1.WorkspaceAdminService/SetAllowlist',
             agentrun_dot_v1_dot_admin__pb2.SetAllowlistRequest.SerializeToString,
             agentrun_dot_v1_dot_admin__pb2.SetAllowlistResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWaitLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.WorkspaceAdminService/SetWaitLimit',
+            agentrun_dot_v1_dot_admin__pb2.SetWaitLimitRequest.SerializeToString,
+            agentrun_dot_v1_dot_admin__pb2.SetWaitLimitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,10 @@ class WorkspaceAdminServiceStub:
     named allowlists, which VALUE_ALLOWED constraints name in workspace_list
     (issue 48: "recipients in a list the workspace keeps").
     """
+    SetWaitLimit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetWaitLimitRequest, _admin_pb2.SetWaitLimitResponse]
+    """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+    an outside event) before it fails; nothing waits forever unnoticed.
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]
     """CreateApiKey mints a key; the response carries its text, once."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListApiKeysRequest, _admin_pb2.ListApiKeysResponse]
@@ -116,6 +120,10 @@ class WorkspaceAdminServiceAsyncStub(WorkspaceAdminServiceStub):
     """SetAllowlist sets (or, with no values, removes) one of the workspace's
     named allowlists, which VALUE_ALLOWED constraints name in workspace_list
     (issue 48: "recipients in a list the workspace keeps").
+    """
+    SetWaitLimit: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWaitLimitRequest, _admin_pb2.SetWaitLimitResponse]  # type: ignore[assignment]
+    """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+    an outside event) before it fails; nothing waits forever unnoticed.
     """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateApiKeyRequest, _admin_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """CreateApiKey mints a key; the response carries its text, once."""
@@ -201,6 +209,16 @@ class WorkspaceAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """SetAllowlist sets (or, with no values, removes) one of the workspace's
         named allowlists, which VALUE_ALLOWED constraints name in workspace_list
         (issue 48: "recipients in a list the workspace keeps").
+        """
+
+    @_abc_1.abstractmethod
+    def SetWaitLimit(
+        self,
+        request: _admin_pb2.SetWaitLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetWaitLimitResponse, _abc.Awaitable[_admin_pb2.SetWaitLimitResponse]]:
+        """SetWaitLimit sets how long a run may wait for one kind of thing (a person,
+        an outside event) before it fails; nothing waits forever unnoticed.
         """
 
     @_abc_1.abstractmethod

@@ -198,6 +198,34 @@ ON_REFUSAL_ASK: OnRefusal.ValueType  # 3
 """The call is held for a person's approval instead of refused."""
 Global___OnRefusal: _TypeAlias = OnRefusal  # noqa: Y015
 
+class _UnknownOutcomeTimeout:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _UnknownOutcomeTimeoutEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_UnknownOutcomeTimeout.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    UNKNOWN_OUTCOME_TIMEOUT_UNSPECIFIED: _UnknownOutcomeTimeout.ValueType  # 0
+    """REMIND."""
+    UNKNOWN_OUTCOME_TIMEOUT_REMIND: _UnknownOutcomeTimeout.ValueType  # 1
+    """Remind the people asked, max_reminders times; then fail the run."""
+    UNKNOWN_OUTCOME_TIMEOUT_ESCALATE: _UnknownOutcomeTimeout.ValueType  # 2
+    """Ask escalate_to instead, once; then remind them; then fail the run."""
+    UNKNOWN_OUTCOME_TIMEOUT_FAIL: _UnknownOutcomeTimeout.ValueType  # 3
+    """Fail the run after the first period."""
+
+class UnknownOutcomeTimeout(_UnknownOutcomeTimeout, metaclass=_UnknownOutcomeTimeoutEnumTypeWrapper):
+    """UnknownOutcomeTimeout: a period passed without an answer."""
+
+UNKNOWN_OUTCOME_TIMEOUT_UNSPECIFIED: UnknownOutcomeTimeout.ValueType  # 0
+"""REMIND."""
+UNKNOWN_OUTCOME_TIMEOUT_REMIND: UnknownOutcomeTimeout.ValueType  # 1
+"""Remind the people asked, max_reminders times; then fail the run."""
+UNKNOWN_OUTCOME_TIMEOUT_ESCALATE: UnknownOutcomeTimeout.ValueType  # 2
+"""Ask escalate_to instead, once; then remind them; then fail the run."""
+UNKNOWN_OUTCOME_TIMEOUT_FAIL: UnknownOutcomeTimeout.ValueType  # 3
+"""Fail the run after the first period."""
+Global___UnknownOutcomeTimeout: _TypeAlias = UnknownOutcomeTimeout  # noqa: Y015
+
 @_typing.final
 class RunLimits(_message.Message):
     """RunLimits bound one run. They are copied onto the run at admission, so a
@@ -390,6 +418,7 @@ class AgentSpec(_message.Message):
     MODEL_PARAMETERS_FIELD_NUMBER: _builtins.int
     FAST_PATH_FIELD_NUMBER: _builtins.int
     ON_REFUSAL_FIELD_NUMBER: _builtins.int
+    UNKNOWN_OUTCOME_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -456,6 +485,13 @@ class AgentSpec(_message.Message):
         profile's (or the provider's) default.
         """
 
+    @_builtins.property
+    def unknown_outcome(self) -> Global___UnknownOutcomePolicy:
+        """Who is asked when a tool call's outcome is unknown, and what happens
+        while nobody answers (unset: the approvers, reminded daily twice, then
+        the run fails).
+        """
+
     def __init__(
         self,
         *,
@@ -471,14 +507,77 @@ class AgentSpec(_message.Message):
         model_parameters: Global___ModelParameters | None = ...,
         fast_path: _builtins.bool = ...,
         on_refusal: Global___OnRefusal.ValueType = ...,
+        unknown_outcome: Global___UnknownOutcomePolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentSpec: _TypeAlias = AgentSpec  # noqa: Y015
+
+@_typing.final
+class UnknownOutcomePolicy(_message.Message):
+    """UnknownOutcomePolicy: the question an unknown tool outcome asks people. The
+    park that waits for the answer writes it (mail to each person asked, a
+    Slack post with answer buttons) in its own transaction.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASK_FIELD_NUMBER: _builtins.int
+    SLACK_FIELD_NUMBER: _builtins.int
+    SLACK_CHANNEL_FIELD_NUMBER: _builtins.int
+    EVERY_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_TIMEOUT_FIELD_NUMBER: _builtins.int
+    ESCALATE_TO_FIELD_NUMBER: _builtins.int
+    MAX_REMINDERS_FIELD_NUMBER: _builtins.int
+    slack_channel: _builtins.str
+    """Where the Slack post goes. Empty = "#approvals"."""
+    every_seconds: _builtins.int
+    """Seconds between the policy's steps (database clock). 0 = one day."""
+    on_timeout: Global___UnknownOutcomeTimeout.ValueType
+    """What each period without an answer does."""
+    max_reminders: _builtins.int
+    """Reminders before the run fails. Unset = 2."""
+    @_builtins.property
+    def ask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Who is mailed: "approvers" (the approval policy's approvers, else the
+        workspace's admins), "starter" (the person who started the run), or an
+        address (a person or a group's list). Empty = ["approvers"].
+        """
+
+    @_builtins.property
+    def slack(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Slack user ids whose buttons answer. Empty = the approval policy's
+        slack_approvers.
+        """
+
+    @_builtins.property
+    def escalate_to(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Who is asked on escalation (required with ESCALATE)."""
+
+    def __init__(
+        self,
+        *,
+        ask: _abc.Iterable[_builtins.str] | None = ...,
+        slack: _abc.Iterable[_builtins.str] | None = ...,
+        slack_channel: _builtins.str = ...,
+        every_seconds: _builtins.int = ...,
+        on_timeout: Global___UnknownOutcomeTimeout.ValueType = ...,
+        escalate_to: _abc.Iterable[_builtins.str] | None = ...,
+        max_reminders: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_reminders", b"_max_reminders", "max_reminders", b"max_reminders"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_reminders", b"_max_reminders", "ask", b"ask", "escalate_to", b"escalate_to", "every_seconds", b"every_seconds", "max_reminders", b"max_reminders", "on_timeout", b"on_timeout", "slack", b"slack", "slack_channel", b"slack_channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_reminders: _TypeAlias = _typing.Literal["max_reminders"]  # noqa: Y015
+    _WhichOneofArgType__max_reminders: _TypeAlias = _typing.Literal["_max_reminders", b"_max_reminders"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_reminders) -> _WhichOneofReturnType__max_reminders | None: ...
+
+Global___UnknownOutcomePolicy: _TypeAlias = UnknownOutcomePolicy  # noqa: Y015
 
 @_typing.final
 class ModelParameters(_message.Message):

@@ -39,6 +39,10 @@ class _ApprovalStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Approva
     """Approved with arguments a human replaced."""
     APPROVAL_STATE_EXPIRED: _ApprovalState.ValueType  # 5
     """Nobody decided in time and the policy rejected it."""
+    APPROVAL_STATE_CLOSED: _ApprovalState.ValueType  # 6
+    """Its run ended while it waited (cancelled, failed, past its max age); the
+    reason says how ("run cancelled: ..."). Nobody can decide it any more.
+    """
 
 class ApprovalState(_ApprovalState, metaclass=_ApprovalStateEnumTypeWrapper): ...
 
@@ -50,6 +54,10 @@ APPROVAL_STATE_EDITED: ApprovalState.ValueType  # 4
 """Approved with arguments a human replaced."""
 APPROVAL_STATE_EXPIRED: ApprovalState.ValueType  # 5
 """Nobody decided in time and the policy rejected it."""
+APPROVAL_STATE_CLOSED: ApprovalState.ValueType  # 6
+"""Its run ended while it waited (cancelled, failed, past its max age); the
+reason says how ("run cancelled: ..."). Nobody can decide it any more.
+"""
 Global___ApprovalState: _TypeAlias = ApprovalState  # noqa: Y015
 
 class _ExpiryAction:

@@ -731,6 +731,7 @@ class ListRunsRequest(_message.Message):
     CREATE_AFTER_FIELD_NUMBER: _builtins.int
     SEARCH_FIELD_NUMBER: _builtins.int
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    WAITING_LONGER_THAN_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     page_size: _builtins.int
     """1-500; 0 = 50."""
@@ -748,6 +749,13 @@ class ListRunsRequest(_message.Message):
     def create_after(self) -> _timestamp_pb2.Timestamp:
         """Only runs created at or after this time (`agentrun runs list --since 1h`)."""
 
+    @_builtins.property
+    def waiting_longer_than(self) -> _duration_pb2.Duration:
+        """Only runs waiting (for a person, an event, a time) since longer than
+        this, by the database's clock: what is stuck, oldest wait first among
+        the newest runs (`agentrun runs list --waiting-longer-than 1d`).
+        """
+
     def __init__(
         self,
         *,
@@ -759,10 +767,11 @@ class ListRunsRequest(_message.Message):
         create_after: _timestamp_pb2.Timestamp | None = ...,
         search: _builtins.str = ...,
         forked_from_run_id: _builtins.str = ...,
+        waiting_longer_than: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_after", b"create_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_after", b"create_after", "waiting_longer_than", b"waiting_longer_than"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "search", b"search", "status", b"status", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "search", b"search", "status", b"status", "waiting_longer_than", b"waiting_longer_than", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
