@@ -313,6 +313,13 @@ def _add_workspaces(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("plan", metavar="PLAN")
     p.add_argument("--max-concurrency", type=argtypes.int32, default=0, metavar="N")
     p.set_defaults(handler=workspaces_set_plan)
+    _add_workspace_settings(actions, common)
+
+
+def _add_workspace_settings(
+    actions: argparse._SubParsersAction, common: argparse.ArgumentParser
+) -> None:
+    """`workspaces set-…`: a workspace's own settings (retention, watches, lists, wait limits)."""
     p = actions.add_parser(
         "set-retention", help="days finished runs are kept (0: forever)", parents=[common]
     )

@@ -317,7 +317,10 @@ def _duration(item: Any, path: str) -> Any:
     if not isinstance(item, str) or not _DURATION.match(item):
         raise InvalidArgument(path, 'must be a duration like "1.5s"')
     d = Duration()
-    d.FromJsonString(item)
+    try:
+        d.FromJsonString(item)
+    except ValueError:  # past protobuf's range (about 10,000 years)
+        raise InvalidArgument(path, "is out of range for a duration") from None
     return d
 
 
