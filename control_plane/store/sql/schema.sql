@@ -2074,3 +2074,57 @@ CREATE TABLE workspace_data_keys (
 
 -- Re-wrapping finds the keys not yet under the KMS's current version.
 CREATE INDEX workspace_data_keys_by_kms_version ON workspace_data_keys (kms_key_version);
+
+-- Durable Streams (control_plane/store/streams.py, docs/streams.md): append-only logs a
+-- workspace writes under /v1/workspaces/{workspace_id}/streams/{path}, served over the
+-- Durable Streams protocol. A stream is one row, locked FOR UPDATE by each append, close
+-- and delete; its offsets are the protocol's `RRRRRRRRRRRRRRRR_BBBBBBBBBBBBBBBB` (zero-
+-- padded, so text order is log order) and `tail_offset` is the one after its last message.
+CREATE TABLE streams (
+    stream_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace_id     text NOT NULL REFERENCES workspaces,
+    path             text NOT NULL,
+    content_type     text,
+    ttl_seconds      bigint CONSTRAINT streams_ttl_check CHECK (ttl_seconds >= 0),
+    -- Stream-Expires-At as the creator wrote it (echoed back), and as a time.
+    expires_at_text  text,
+    expires_at       timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    accessed_at      timestamptz NOT NULL DEFAULT now(),
+    tail_offset      text NOT NULL DEFAULT '0000000000000000_0000000000000000',
+    closed           boolean NOT NULL DEFAULT false,
+    -- The producer append that closed it: its retry is a duplicate, not a conflict.
+    closed_by        jsonb,
+    -- The last Stream-Seq a writer coordinated with (compared as text, as the protocol says).
+    last_seq         text,
+    -- A fork reads its source up to fork_offset, then its own messages.
+    forked_from      bigint REFERENCES streams,
+    fork_offset      text,
+    fork_sub_offset  integer,
+    -- Forks alive on this stream: deleting it while any is only hides it (soft_deleted).
+    ref_count        integer NOT NULL DEFAULT 0,
+    soft_deleted     boolean NOT NULL DEFAULT false,
+    CONSTRAINT streams_path_unique UNIQUE (workspace_id, path)
+);
+
+CREATE INDEX streams_forked_from ON streams (forked_from) WHERE forked_from IS NOT NULL;
+
+-- One row per append; end_offset is the stream's offset after it (the protocol's
+-- message offset). JSON streams keep each append's values as `v1,v2,` (compact).
+CREATE TABLE stream_messages (
+    stream_id   bigint NOT NULL REFERENCES streams ON DELETE CASCADE,
+    end_offset  text NOT NULL,
+    data        bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (stream_id, end_offset)
+);
+
+-- Idempotent producers: the highest (epoch, seq) accepted from each producer id.
+CREATE TABLE stream_producers (
+    stream_id    bigint NOT NULL REFERENCES streams ON DELETE CASCADE,
+    producer_id  text NOT NULL,
+    epoch        bigint NOT NULL,
+    last_seq     bigint NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (stream_id, producer_id)
+);

@@ -1,0 +1,92 @@
+-- name: stream_get :one
+-- A workspace's stream by path, with whether it has expired (database clock): past its
+-- Stream-Expires-At, or its Stream-TTL since it was last read or written.
+SELECT s.*,
+       (s.expires_at IS NOT NULL AND s.expires_at <= now())
+       OR (s.ttl_seconds IS NOT NULL
+           AND s.accessed_at + s.ttl_seconds * interval '1 second' <= now()) AS expired
+FROM streams s WHERE s.workspace_id = :workspace_id AND s.path = :path;
+
+-- name: stream_lock :one
+-- The stream row, locked for this transaction (appends, closes and deletes of one
+-- stream are serialised on it), with whether it has expired.
+SELECT s.*,
+       (s.expires_at IS NOT NULL AND s.expires_at <= now())
+       OR (s.ttl_seconds IS NOT NULL
+           AND s.accessed_at + s.ttl_seconds * interval '1 second' <= now()) AS expired
+FROM streams s WHERE s.workspace_id = :workspace_id AND s.path = :path
+FOR UPDATE;
+
+-- name: stream_lock_id :one
+-- A stream row by id, locked (a fork's source, when its fork count changes).
+SELECT * FROM streams WHERE stream_id = :stream_id FOR UPDATE;
+
+-- name: stream_insert :one
+-- A new stream; NULL when the path is taken (a concurrent create won).
+INSERT INTO streams (workspace_id, path, content_type, ttl_seconds, expires_at_text,
+                     expires_at, tail_offset, closed, forked_from, fork_offset,
+                     fork_sub_offset)
+VALUES (:workspace_id, :path, :content_type, :ttl_seconds, :expires_at_text,
+        :expires_at, :tail_offset, :closed, :forked_from, :fork_offset, :fork_sub_offset)
+ON CONFLICT (workspace_id, path) DO NOTHING
+RETURNING *, false AS expired;
+
+-- name: stream_message_insert :exec
+-- One append's bytes, ending at $2.
+INSERT INTO stream_messages (stream_id, end_offset, data) VALUES ($1, $2, $3);
+
+-- name: stream_advance :exec
+-- After appends: the new tail, closed or not, the closing producer and Stream-Seq, and
+-- the access time a TTL counts from; NOTIFY readers on any replica (sent at commit).
+WITH moved AS (
+    UPDATE streams SET tail_offset = :tail_offset, closed = :closed, closed_by = :closed_by,
+                       last_seq = :last_seq, accessed_at = now()
+    WHERE stream_id = :stream_id
+    RETURNING stream_id
+)
+SELECT pg_notify('agentrun_streams', stream_id::text) FROM moved;
+
+-- name: stream_touch :exec
+-- A read of a stream with a TTL: the TTL counts from now.
+UPDATE streams SET accessed_at = now() WHERE stream_id = $1 AND ttl_seconds IS NOT NULL;
+
+-- name: stream_messages_after :many
+-- A stream's own messages after offset $2 up to $3 (inclusive), in order, at most $4.
+SELECT end_offset, data FROM stream_messages
+WHERE stream_id = $1 AND end_offset > $2 AND end_offset <= $3
+ORDER BY end_offset
+LIMIT $4;
+
+-- name: stream_by_id :one
+-- A stream row by id (a fork's source).
+SELECT * FROM streams WHERE stream_id = $1;
+
+-- name: stream_producer_get :one
+-- A producer's last accepted (epoch, seq) on a stream (state older than 7 days is
+-- forgotten, as the protocol allows).
+SELECT epoch, last_seq FROM stream_producers
+WHERE stream_id = $1 AND producer_id = $2 AND updated_at > now() - interval '7 days';
+
+-- name: stream_producer_put :exec
+-- A producer's accepted (epoch, seq).
+INSERT INTO stream_producers (stream_id, producer_id, epoch, last_seq)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (stream_id, producer_id)
+DO UPDATE SET epoch = EXCLUDED.epoch, last_seq = EXCLUDED.last_seq, updated_at = now();
+
+-- name: stream_delete :exec
+-- Remove a stream and its messages and producers.
+DELETE FROM streams WHERE stream_id = $1;
+
+-- name: stream_soft_delete :exec
+-- Hide a stream that forks still read: its path stays taken until they are gone.
+UPDATE streams SET soft_deleted = true WHERE stream_id = $1;
+
+-- name: stream_ref_add :one
+-- A fork was made of (+1) or removed from (-1) this stream: its fork count after.
+UPDATE streams SET ref_count = greatest(ref_count + $2, 0) WHERE stream_id = $1
+RETURNING ref_count, soft_deleted;
+
+-- name: stream_wake_all :exec
+-- A stream was closed or removed: wake its readers on every replica.
+SELECT pg_notify('agentrun_streams', $1::text);
