@@ -274,6 +274,92 @@ def _self_operation() -> dict[str, Any]:
     }
 
 
+STREAMS_PATH = "/v1/workspaces/{workspace_id}/streams/{path}"
+
+
+def _streams_operations() -> dict[str, Any]:
+    """The Durable Streams protocol (control_plane/http/streams.py, docs/streams.md): its
+    own headers, bodies and text errors, not this API's JSON."""
+    params = [
+        {"name": "workspace_id", "in": "path", "required": True, "schema": {"type": "string"}},
+        {
+            "name": "path",
+            "in": "path",
+            "required": True,
+            "description": "The stream's path under the workspace (it may contain `/`).",
+            "schema": {"type": "string"},
+        },
+    ]
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    any_body = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
+
+    def op(name: str, summary: str, need: str, ok: dict[str, Any], **more: Any) -> dict[str, Any]:
+        errors = {
+            c: {"description": TITLES.get(int(c), "Error"), "content": text}
+            for c in more.pop("errors", ())
+        }
+        return {
+            "operationId": name,
+            "summary": summary,
+            "tags": ["Streams"],
+            "description": f"The Durable Streams protocol; needs `{need}`.",
+            "parameters": params,
+            "responses": {**ok, **errors},
+            **more,
+        }
+
+    read_params = [
+        {"name": "offset", "in": "query", "schema": {"type": "string"}},
+        {"name": "live", "in": "query", "schema": {"type": "string", "enum": ["long-poll", "sse"]}},
+        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+    ]
+    read = op(
+        "ReadStream",
+        "Read a stream from an offset (catch-up, long-poll or SSE)",
+        "read",
+        {
+            "200": {"description": "Messages", "content": any_body},
+            "204": {"description": "Nothing new before the long-poll ended"},
+            "304": {"description": "Not modified"},
+        },
+        errors=("400", "401", "403", "404", "410"),
+    )
+    read["parameters"] = params + read_params
+    return {
+        "get": read,
+        "head": op(
+            "GetStreamMetadata",
+            "A stream's tail offset, type, closing and expiry",
+            "read",
+            {"200": {"description": "OK"}},
+            errors=("401", "403", "404", "410"),
+        ),
+        "put": op(
+            "CreateStream",
+            "Create a stream (or find the same one)",
+            "operate",
+            {"200": {"description": "Already there"}, "201": {"description": "Created"}},
+            errors=("400", "401", "403", "404", "409"),
+            requestBody={"required": False, "content": any_body},
+        ),
+        "post": op(
+            "AppendToStream",
+            "Append to a stream (idempotent producers), or close it",
+            "operate",
+            {"200": {"description": "Appended"}, "204": {"description": "Appended or closed"}},
+            errors=("400", "401", "403", "404", "409", "410", "413"),
+            requestBody={"required": False, "content": any_body},
+        ),
+        "delete": op(
+            "DeleteStream",
+            "Delete a stream",
+            "operate",
+            {"204": {"description": "Deleted"}},
+            errors=("401", "403", "404", "410"),
+        ),
+    }
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route in api.OPS (and of itself)."""
@@ -282,6 +368,7 @@ def document() -> dict[str, Any]:
     for op in OPS:
         operation = _messages_operation(op) if op.elsewhere else _operation(op, components)
         paths.setdefault(op.full_path, {})[op.method.lower()] = operation
+    paths[STREAMS_PATH] = _streams_operations()
     return {
         "openapi": "3.1.0",
         "info": {"title": "agentrun HTTP API", "version": "v1", "description": DESCRIPTION},
