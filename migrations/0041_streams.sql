@@ -11,8 +11,8 @@
 -- (a read sequence and a byte position, both zero-padded, so text order is log order);
 -- `tail_offset` is the offset after its last message.
 CREATE TABLE streams (
-    stream_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workspace_id     text NOT NULL REFERENCES workspaces,
+    stream_id        bigint GENERATED ALWAYS AS IDENTITY,
     path             text NOT NULL,
     content_type     text,
     ttl_seconds      bigint CONSTRAINT streams_ttl_check CHECK (ttl_seconds >= 0),
@@ -28,33 +28,37 @@ CREATE TABLE streams (
     -- The last Stream-Seq a writer coordinated with (compared as text, as the protocol says).
     last_seq         text,
     -- A fork reads its source up to fork_offset, then its own messages.
-    forked_from      bigint REFERENCES streams,
+    forked_from      bigint,
     fork_offset      text,
     fork_sub_offset  integer,
     -- Forks alive on this stream: deleting it while any is only hides it (soft_deleted).
     ref_count        integer NOT NULL DEFAULT 0,
     soft_deleted     boolean NOT NULL DEFAULT false,
-    CONSTRAINT streams_path_unique UNIQUE (workspace_id, path)
+    PRIMARY KEY (workspace_id, stream_id),
+    CONSTRAINT streams_path_unique UNIQUE (workspace_id, path),
+    FOREIGN KEY (workspace_id, forked_from) REFERENCES streams
 );
-
-CREATE INDEX streams_forked_from ON streams (forked_from) WHERE forked_from IS NOT NULL;
 
 -- One row per append; end_offset is the stream's offset after it (the protocol's
 -- message offset). JSON streams keep each append's values as `v1,v2,` (compact).
 CREATE TABLE stream_messages (
-    stream_id   bigint NOT NULL REFERENCES streams ON DELETE CASCADE,
-    end_offset  text NOT NULL,
-    data        bytea NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (stream_id, end_offset)
+    workspace_id  text NOT NULL,
+    stream_id     bigint NOT NULL,
+    end_offset    text NOT NULL,
+    data          bytea NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, stream_id, end_offset),
+    FOREIGN KEY (workspace_id, stream_id) REFERENCES streams ON DELETE CASCADE
 );
 
 -- Idempotent producers: the highest (epoch, seq) accepted from each producer id.
 CREATE TABLE stream_producers (
-    stream_id    bigint NOT NULL REFERENCES streams ON DELETE CASCADE,
-    producer_id  text NOT NULL,
-    epoch        bigint NOT NULL,
-    last_seq     bigint NOT NULL,
-    updated_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (stream_id, producer_id)
+    workspace_id  text NOT NULL,
+    stream_id     bigint NOT NULL,
+    producer_id   text NOT NULL,
+    epoch         bigint NOT NULL,
+    last_seq      bigint NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, stream_id, producer_id),
+    FOREIGN KEY (workspace_id, stream_id) REFERENCES streams ON DELETE CASCADE
 );

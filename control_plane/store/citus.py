@@ -83,6 +83,9 @@ DISTRIBUTED_TABLES = (
     "workspace_members",
     "audit_log",
     "workspace_data_keys",
+    "streams",
+    "stream_messages",
+    "stream_producers",
 )
 
 PLANNED = frozenset(REFERENCE_TABLES + COORDINATOR_TABLES + DISTRIBUTED_TABLES)

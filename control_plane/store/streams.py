@@ -51,6 +51,7 @@ def gone() -> StreamRefused:
 
 @dataclass(frozen=True)
 class Stream:
+    workspace_id: str
     stream_id: int
     path: str
     content_type: str | None
@@ -69,6 +70,7 @@ class Stream:
     @classmethod
     def of(cls, row: Any) -> Stream:
         return cls(
+            workspace_id=row["workspace_id"],
             stream_id=row["stream_id"],
             path=row["path"],
             content_type=row["content_type"],
@@ -248,7 +250,7 @@ async def _expire(conn: Connection, row: Any) -> Stream | None:
     """An expired stream: hidden (soft-deleted) while forks read it, else removed."""
     stream = Stream.of(row)
     if stream.ref_count > 0:
-        await run(conn, "stream_soft_delete", stream.stream_id)
+        await run(conn, "stream_soft_delete", stream.workspace_id, stream.stream_id)
         return Stream.of({**dict(row), "soft_deleted": True})
     await _remove(conn, stream)
     return None
@@ -256,13 +258,13 @@ async def _expire(conn: Connection, row: Any) -> Stream | None:
 
 async def _remove(conn: Connection, stream: Stream) -> None:
     """Remove a stream; a soft-deleted source left with no forks goes with it."""
-    await run(conn, "stream_delete", stream.stream_id)
+    await run(conn, "stream_delete", stream.workspace_id, stream.stream_id)
     await run(conn, "stream_wake_all", str(stream.stream_id))
     if stream.forked_from is None:
         return
-    source = await run(conn, "stream_ref_add", stream.forked_from, -1)
+    source = await run(conn, "stream_ref_add", stream.workspace_id, stream.forked_from, -1)
     if source is not None and source["ref_count"] == 0 and source["soft_deleted"]:
-        row = await run(conn, "stream_by_id", stream.forked_from)
+        row = await run(conn, "stream_by_id", stream.workspace_id, stream.forked_from)
         await _remove(conn, Stream.of(row))
 
 
@@ -284,11 +286,19 @@ async def get(db: Pool, workspace_id: str, path: str) -> Stream | None:
 
 async def touch(db: Pool, stream: Stream) -> None:
     if stream.ttl_seconds is not None:
-        await run(db, "stream_touch", stream.stream_id)
+        await run(db, "stream_touch", stream.workspace_id, stream.stream_id)
 
 
-async def _own(db: Pool | Connection, stream_id: int, after: str, cap: str) -> list[Message]:
-    rows = await run(db, "stream_messages_after", stream_id, after, cap, READ_MESSAGES + 1)
+async def _own(db: Pool | Connection, stream: Stream, after: str, cap: str) -> list[Message]:
+    rows = await run(
+        db,
+        "stream_messages_after",
+        stream.workspace_id,
+        stream.stream_id,
+        after,
+        cap,
+        READ_MESSAGES + 1,
+    )
     return [Message(r["end_offset"], bytes(r["data"])) for r in rows]
 
 
@@ -296,10 +306,10 @@ async def _inherited(db: Pool | Connection, stream: Stream, after: str, cap: str
     """A stream's messages after `after` up to `cap`, its sources' first if it is a fork."""
     messages: list[Message] = []
     if stream.forked_from is not None and stream.fork_offset and after < stream.fork_offset:
-        row = await run(db, "stream_by_id", stream.forked_from)
+        row = await run(db, "stream_by_id", stream.workspace_id, stream.forked_from)
         if row is not None:
             messages += await _inherited(db, Stream.of(row), after, min(stream.fork_offset, cap))
-    return messages + await _own(db, stream.stream_id, after, cap)
+    return messages + await _own(db, stream, after, cap)
 
 
 async def read(db: Pool | Connection, stream: Stream, after: str) -> tuple[list[Message], bool]:
@@ -352,7 +362,7 @@ async def create(
                 )
             source_path = None
             if existing.forked_from is not None:
-                source = await run(conn, "stream_by_id", existing.forked_from)
+                source = await run(conn, "stream_by_id", workspace_id, existing.forked_from)
                 source_path = source["path"] if source is not None else None
             if not _same_config(existing, source_path, opts):
                 raise StreamRefused(409, "Stream already exists with different configuration")
@@ -418,13 +428,13 @@ async def _insert(conn: Connection, workspace_id: str, path: str, opts: CreateOp
     stream = Stream.of(row)
     tail = stream.tail_offset
     if fork is not None:
-        await run(conn, "stream_ref_add", fork.source.stream_id, 1)
+        await run(conn, "stream_ref_add", workspace_id, fork.source.stream_id, 1)
     chunks = [fork.prefix if fork else b""]
     if opts.initial:
         chunks.append(json_append(opts.initial, initial=True) if stream.is_json else opts.initial)
     for data in (c for c in chunks if c):
         tail = offset_after(tail, len(data))
-        await run(conn, "stream_message_insert", stream.stream_id, tail, data)
+        await run(conn, "stream_message_insert", workspace_id, stream.stream_id, tail, data)
     if tail == stream.tail_offset and not opts.closed:
         return stream
     await _advance(conn, stream, tail, opts.closed, None, None)
@@ -475,7 +485,9 @@ def _same_closer(stream: Stream, producer: Producer | None) -> bool:
 
 
 async def _check_producer(conn: Connection, stream: Stream, p: Producer) -> AppendResult:
-    state = await run(conn, "stream_producer_get", stream.stream_id, p.producer_id)
+    state = await run(
+        conn, "stream_producer_get", stream.workspace_id, stream.stream_id, p.producer_id
+    )
     if state is None:
         if p.seq != 0:
             return AppendResult("sequence_gap", expected_seq=0, received_seq=p.seq)
@@ -529,11 +541,12 @@ async def append(
             raise StreamRefused(409, "Sequence conflict")
         kept = json_append(data) if stream.is_json else data
         tail = offset_after(stream.tail_offset, len(kept))
-        await run(conn, "stream_message_insert", stream.stream_id, tail, kept)
+        await run(conn, "stream_message_insert", workspace_id, stream.stream_id, tail, kept)
         if producer is not None:
             await run(
                 conn,
                 "stream_producer_put",
+                workspace_id,
                 stream.stream_id,
                 producer.producer_id,
                 producer.epoch,
@@ -555,6 +568,7 @@ async def _advance(
     await run(
         conn,
         "stream_advance",
+        workspace_id=stream.workspace_id,
         stream_id=stream.stream_id,
         tail_offset=tail,
         closed=stream.closed or close,
@@ -585,6 +599,7 @@ async def close(
             await run(
                 conn,
                 "stream_producer_put",
+                workspace_id,
                 stream.stream_id,
                 producer.producer_id,
                 producer.epoch,
@@ -608,7 +623,7 @@ async def delete(db: Pool, workspace_id: str, path: str) -> None:
                 raise not_found()
             raise gone()
         if stream.ref_count > 0:
-            await run(conn, "stream_soft_delete", stream.stream_id)
+            await run(conn, "stream_soft_delete", stream.workspace_id, stream.stream_id)
             await run(conn, "stream_wake_all", str(stream.stream_id))
             return
         await _remove(conn, stream)

@@ -17,10 +17,6 @@ SELECT s.*,
 FROM streams s WHERE s.workspace_id = :workspace_id AND s.path = :path
 FOR UPDATE;
 
--- name: stream_lock_id :one
--- A stream row by id, locked (a fork's source, when its fork count changes).
-SELECT * FROM streams WHERE stream_id = :stream_id FOR UPDATE;
-
 -- name: stream_insert :one
 -- A new stream; NULL when the path is taken (a concurrent create won).
 INSERT INTO streams (workspace_id, path, content_type, ttl_seconds, expires_at_text,
@@ -33,7 +29,7 @@ RETURNING *, false AS expired;
 
 -- name: stream_message_insert :exec
 -- One append's bytes, ending at $2.
-INSERT INTO stream_messages (stream_id, end_offset, data) VALUES ($1, $2, $3);
+INSERT INTO stream_messages (workspace_id, stream_id, end_offset, data) VALUES ($1, $2, $3, $4);
 
 -- name: stream_advance :exec
 -- After appends: the new tail, closed or not, the closing producer and Stream-Seq, and
@@ -41,50 +37,53 @@ INSERT INTO stream_messages (stream_id, end_offset, data) VALUES ($1, $2, $3);
 WITH moved AS (
     UPDATE streams SET tail_offset = :tail_offset, closed = :closed, closed_by = :closed_by,
                        last_seq = :last_seq, accessed_at = now()
-    WHERE stream_id = :stream_id
+    WHERE workspace_id = :workspace_id AND stream_id = :stream_id
     RETURNING stream_id
 )
 SELECT pg_notify('agentrun_streams', stream_id::text) FROM moved;
 
 -- name: stream_touch :exec
 -- A read of a stream with a TTL: the TTL counts from now.
-UPDATE streams SET accessed_at = now() WHERE stream_id = $1 AND ttl_seconds IS NOT NULL;
+UPDATE streams SET accessed_at = now()
+WHERE workspace_id = $1 AND stream_id = $2 AND ttl_seconds IS NOT NULL;
 
 -- name: stream_messages_after :many
--- A stream's own messages after offset $2 up to $3 (inclusive), in order, at most $4.
+-- A stream's own messages after offset $3 up to $4 (inclusive), in order, at most $5.
 SELECT end_offset, data FROM stream_messages
-WHERE stream_id = $1 AND end_offset > $2 AND end_offset <= $3
+WHERE workspace_id = $1 AND stream_id = $2 AND end_offset > $3 AND end_offset <= $4
 ORDER BY end_offset
-LIMIT $4;
+LIMIT $5;
 
 -- name: stream_by_id :one
 -- A stream row by id (a fork's source).
-SELECT * FROM streams WHERE stream_id = $1;
+SELECT * FROM streams WHERE workspace_id = $1 AND stream_id = $2;
 
 -- name: stream_producer_get :one
 -- A producer's last accepted (epoch, seq) on a stream (state older than 7 days is
 -- forgotten, as the protocol allows).
 SELECT epoch, last_seq FROM stream_producers
-WHERE stream_id = $1 AND producer_id = $2 AND updated_at > now() - interval '7 days';
+WHERE workspace_id = $1 AND stream_id = $2 AND producer_id = $3
+  AND updated_at > now() - interval '7 days';
 
 -- name: stream_producer_put :exec
 -- A producer's accepted (epoch, seq).
-INSERT INTO stream_producers (stream_id, producer_id, epoch, last_seq)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (stream_id, producer_id)
+INSERT INTO stream_producers (workspace_id, stream_id, producer_id, epoch, last_seq)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (workspace_id, stream_id, producer_id)
 DO UPDATE SET epoch = EXCLUDED.epoch, last_seq = EXCLUDED.last_seq, updated_at = now();
 
 -- name: stream_delete :exec
 -- Remove a stream and its messages and producers.
-DELETE FROM streams WHERE stream_id = $1;
+DELETE FROM streams WHERE workspace_id = $1 AND stream_id = $2;
 
 -- name: stream_soft_delete :exec
 -- Hide a stream that forks still read: its path stays taken until they are gone.
-UPDATE streams SET soft_deleted = true WHERE stream_id = $1;
+UPDATE streams SET soft_deleted = true WHERE workspace_id = $1 AND stream_id = $2;
 
 -- name: stream_ref_add :one
 -- A fork was made of (+1) or removed from (-1) this stream: its fork count after.
-UPDATE streams SET ref_count = greatest(ref_count + $2, 0) WHERE stream_id = $1
+UPDATE streams SET ref_count = greatest(ref_count + $3, 0)
+WHERE workspace_id = $1 AND stream_id = $2
 RETURNING ref_count, soft_deleted;
 
 -- name: stream_wake_all :exec
