@@ -37,6 +37,7 @@ from starlette.routing import Route
 
 from control_plane.auth import context as auth_context
 from control_plane.auth.access import Need
+from control_plane.http import stream_views
 from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import Handler, json_errors
@@ -52,6 +53,9 @@ CHANNEL = "agentrun_streams"
 # AGENTRUN_STREAM_LONG_POLL_SECONDS overrides it (the conformance test waits less).
 LONG_POLL_SECONDS = 20.0
 RECHECK_SECONDS = 2.0
+# The platform's streams are projections of the step log, which no NOTIFY announces: their
+# live readers look again this often (WatchRun polls as often).
+PLATFORM_RECHECK_SECONDS = 0.25
 MAX_APPEND_BYTES = 64 << 20
 COMPRESS_ABOVE = 1024
 CURSOR_EPOCH = 1728432000  # 2024-10-09T00:00:00Z, the protocol's cursor epoch
@@ -278,19 +282,30 @@ class StreamRoutes:
         self.waker = waker
         self.long_poll = long_poll_seconds
 
+    async def _get(self, ws: str, path: str) -> store.Stream | None:
+        if stream_views.is_platform(path):
+            return await stream_views.view(self.pool, ws, path)
+        return await store.get(self.pool, ws, path)
+
+    async def _read(self, stream: store.Stream, after: str) -> tuple[list[store.Message], bool]:
+        if stream.stream_id == 0:  # the platform's (stream_views: no row of its own)
+            return await stream_views.read(self.pool, stream, after)
+        return await store.read(self.pool, stream, after)
+
     async def _wait(self, ws: str, stream: store.Stream, after: str) -> None:
         """Until the stream may have moved past `after` or closed, or the long-poll ends."""
         deadline = time.monotonic() + self.long_poll
         with self.waker.watching(stream.stream_id) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
-                current = await store.get(self.pool, ws, stream.path)
+                current = await self._get(ws, stream.path)
                 if current is None or current.soft_deleted or current.closed:
                     return
                 if current.tail_offset != after and current.tail_offset > after:
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=min(left, RECHECK_SECONDS))
+                    recheck = PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 else RECHECK_SECONDS
+                    await asyncio.wait_for(event.wait(), timeout=min(left, recheck))
 
     async def create(self, request: Request, ws: str, path: str) -> Response:
         h = request.headers
@@ -307,7 +322,7 @@ class StreamRoutes:
         return Response(b"", status_code=201 if created else 200, headers={**SECURITY, **headers})
 
     async def head(self, request: Request, ws: str, path: str) -> Response:
-        stream = await store.get(self.pool, ws, path)
+        stream = await self._get(ws, path)
         if stream is None:
             return text(404)
         if stream.soft_deleted:
@@ -325,7 +340,7 @@ class StreamRoutes:
         return Response(b"", status_code=200, headers={**SECURITY, **headers})
 
     async def read(self, request: Request, ws: str, path: str) -> Response:
-        stream = await store.get(self.pool, ws, path)
+        stream = await self._get(ws, path)
         if stream is None:
             return text(404, "Stream not found")
         if stream.soft_deleted:
@@ -339,7 +354,7 @@ class StreamRoutes:
         after = stream.tail_offset if offset == "now" else offset
         start = store.ZERO if after in (None, "-1") else after
         assert start is not None
-        messages, up_to_date = await store.read(self.pool, stream, start)
+        messages, up_to_date = await self._read(stream, start)
         await store.touch(self.pool, stream)
         if live == "long-poll" and after == stream.tail_offset and not messages:
             polled = await self._long_poll(ws, stream, start, cursor)
@@ -371,10 +386,10 @@ class StreamRoutes:
             closed = {"Stream-Up-To-Date": "true", "Stream-Closed": "true"}
             return text(204, headers={"Stream-Next-Offset": stream.tail_offset, **closed})
         await self._wait(ws, stream, start)
-        current = await store.get(self.pool, ws, stream.path)
+        current = await self._get(ws, stream.path)
         if current is None or current.soft_deleted:
             return text(404, "Stream not found")
-        messages, up_to_date = await store.read(self.pool, current, start)
+        messages, up_to_date = await self._read(current, start)
         await store.touch(self.pool, current)
         if messages:
             return current, messages, up_to_date
@@ -407,7 +422,7 @@ class StreamRoutes:
             headers["Stream-Cursor"] = response_cursor(request.query_params.get("cursor"))
         if up_to_date:
             headers["Stream-Up-To-Date"] = "true"
-        current = await store.get(self.pool, ws, stream.path) if messages else stream
+        current = await self._get(ws, stream.path) if messages else stream
         closed = current is not None and current.closed and end == current.tail_offset
         if closed and up_to_date:
             headers["Stream-Closed"] = "true"
@@ -444,10 +459,10 @@ class StreamRoutes:
     ) -> AsyncIterator[str]:
         after = store.ZERO if start == "-1" else start
         while True:
-            latest = await store.get(self.pool, ws, stream.path)
+            latest = await self._get(ws, stream.path)
             if latest is None or latest.soft_deleted:
                 return
-            messages, up_to_date = await store.read(self.pool, latest, after)
+            messages, up_to_date = await self._read(latest, after)
             await store.touch(self.pool, latest)
             end = messages[-1].offset if messages else latest.tail_offset if up_to_date else after
             at_tail = end == latest.tail_offset
@@ -467,7 +482,7 @@ class StreamRoutes:
             after = end
             if up_to_date:
                 await self._wait(ws, latest, after)
-                moved = await store.get(self.pool, ws, stream.path)
+                moved = await self._get(ws, stream.path)
                 if moved is None or moved.soft_deleted:
                     return
                 if moved.tail_offset == after and not moved.closed:
@@ -601,8 +616,11 @@ def routes(ctx: HttpContext) -> list[Route]:
 
         async def handle(request: Request) -> Response:
             ws = auth_context.workspace(request.path_params["workspace_id"])
+            path = request.path_params["path"]
+            if need is not Need.READ and stream_views.is_platform(path):
+                return text(405, f"{stream_views.PREFIX} streams are the platform's: read-only")
             try:
-                return await serve(request, ws, request.path_params["path"])
+                return await serve(request, ws, path)
             except store.StreamRefused as exc:
                 return _refused(exc)
 

@@ -86,6 +86,7 @@ DISTRIBUTED_TABLES = (
     "streams",
     "stream_messages",
     "stream_producers",
+    "workspace_events",
 )
 
 PLANNED = frozenset(REFERENCE_TABLES + COORDINATOR_TABLES + DISTRIBUTED_TABLES)

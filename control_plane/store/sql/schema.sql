@@ -2132,3 +2132,78 @@ CREATE TABLE stream_producers (
     PRIMARY KEY (workspace_id, stream_id, producer_id),
     FOREIGN KEY (workspace_id, stream_id) REFERENCES streams ON DELETE CASCADE
 );
+
+-- The workspace feed (the read-only stream `_agentrun/feed`): what happened in the
+-- workspace, in commit order, so that a reader keeping a cursor catches up exactly once.
+-- Triggers write one row per event in the transaction that makes it: a run created or
+-- changing state (status or wait_reason: `waiting` for `human` is an unknown outcome
+-- waiting for a person), an approval requested or decided, a session created. A reader
+-- takes rows of finished transactions only (xid below the snapshot's xmin), ordered by
+-- (xid, event_id): a row committed later always sorts after every row already served.
+CREATE TABLE workspace_events (
+    workspace_id  text NOT NULL,
+    event_id      bigint GENERATED ALWAYS AS IDENTITY,
+    xid           xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    at            timestamptz NOT NULL DEFAULT now(),
+    kind          text NOT NULL,
+    object_id     text NOT NULL,
+    detail        jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (workspace_id, event_id)
+);
+
+CREATE INDEX workspace_events_in_order ON workspace_events (workspace_id, xid, event_id);
+
+CREATE FUNCTION workspace_events_runs_created() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
+    SELECT workspace_id, 'run.created', run_id::text,
+           jsonb_build_object('agent_id', agent_id, 'status', status)
+    FROM inserted;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_feed_insert AFTER INSERT ON runs REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION workspace_events_runs_created();
+
+CREATE FUNCTION workspace_events_run_state() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
+    VALUES (NEW.workspace_id, 'run.state', NEW.run_id::text,
+            jsonb_build_object('agent_id', NEW.agent_id, 'status', NEW.status,
+                               'wait_reason', NEW.wait_reason));
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_feed_state AFTER UPDATE OF status, wait_reason ON runs FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status
+          OR OLD.wait_reason IS DISTINCT FROM NEW.wait_reason)
+    EXECUTE FUNCTION workspace_events_run_state();
+
+CREATE FUNCTION workspace_events_approval() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
+    VALUES (NEW.workspace_id,
+            CASE WHEN TG_OP = 'INSERT' THEN 'approval.requested' ELSE 'approval.decided' END,
+            NEW.approval_id::text,
+            jsonb_build_object('run_id', NEW.run_id, 'tool', NEW.tool,
+                               'decision', NEW.decision, 'decided_by', NEW.decided_by));
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER approvals_feed_insert AFTER INSERT ON approvals FOR EACH ROW
+    EXECUTE FUNCTION workspace_events_approval();
+
+CREATE TRIGGER approvals_feed_decided AFTER UPDATE OF decision ON approvals FOR EACH ROW
+    WHEN (OLD.decision IS NULL AND NEW.decision IS NOT NULL)
+    EXECUTE FUNCTION workspace_events_approval();
+
+CREATE FUNCTION workspace_events_session() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
+    VALUES (NEW.workspace_id, 'session.created', NEW.session_id::text,
+            jsonb_build_object('agent_id', NEW.agent_id, 'title', NEW.title));
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER sessions_feed_insert AFTER INSERT ON sessions FOR EACH ROW
+    EXECUTE FUNCTION workspace_events_session();

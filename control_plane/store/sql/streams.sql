@@ -89,3 +89,47 @@ RETURNING ref_count, soft_deleted;
 -- name: stream_wake_all :exec
 -- A stream was closed or removed: wake its readers on every replica.
 SELECT pg_notify('agentrun_streams', $1::text);
+
+-- name: stream_run_tail :one
+-- A run's stream (read-only, projected from its step log): its status and last step.
+SELECT r.status,
+       (SELECT max(s.seq) FROM steps s
+        WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq
+FROM runs r WHERE r.workspace_id = $1 AND r.run_id = $2;
+
+-- name: stream_session_tail :one
+-- A session's stream (read-only): its last turn and that turn's run's last step.
+SELECT t.turn,
+       (SELECT max(s.seq) FROM steps s
+        WHERE s.workspace_id = t.workspace_id AND s.run_id = t.run_id) AS last_seq
+FROM sessions x
+LEFT JOIN LATERAL (
+    SELECT * FROM session_turns t
+    WHERE t.workspace_id = x.workspace_id AND t.session_id = x.session_id
+    ORDER BY t.turn DESC LIMIT 1
+) t ON true
+WHERE x.workspace_id = $1 AND x.session_id = $2;
+
+-- name: stream_session_steps :many
+-- A session's turns' steps after (turn $3, step seq $4 - 1), in order, at most $5.
+SELECT s.*, t.turn FROM session_turns t
+JOIN steps s ON s.workspace_id = t.workspace_id AND s.run_id = t.run_id
+WHERE t.workspace_id = $1 AND t.session_id = $2 AND (t.turn, s.seq + 1) > ($3, $4)
+ORDER BY t.turn, s.seq
+LIMIT $5;
+
+-- name: stream_feed_after :many
+-- The workspace feed after (xid $2, event $3): events of finished transactions only
+-- (below the snapshot's xmin), in (xid, event_id) order, at most $4.
+SELECT event_id, xid::text AS xid, at, kind, object_id, detail FROM workspace_events
+WHERE workspace_id = $1 AND (xid, event_id) > ($2::text::xid8, $3)
+  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY xid, event_id
+LIMIT $4;
+
+-- name: stream_feed_tail :one
+-- The workspace feed's last event a reader may be served now (see stream_feed_after).
+SELECT event_id, xid::text AS xid FROM workspace_events
+WHERE workspace_id = $1 AND xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY xid DESC, event_id DESC
+LIMIT 1;

@@ -1,0 +1,138 @@
+"""The streams the platform writes (control_plane/http/stream_views.py), read with the
+ecosystem's own clients, unchanged: a run's stream read by the Python `durable-streams`
+client from offset -1 while the run is under way and tailed to its end, a second reader
+(the Node `@durable-streams/client`, tests/streams-conformance/read_stream.mjs) joining
+mid-run from offset -1 and receiving the same values in the same order, catch-up reads
+byte-identical; a session's stream; and the workspace feed read from a cursor exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from typing import Any
+
+import httpx
+from durable_streams import astream
+
+from agentrun.v1 import session_pb2, session_pb2_grpc
+from tests.harness import auth
+from tests.harness.agentrun_api import Api
+from tests.integration.test_durable_streams_conformance import SUITE, installed
+
+WS = "ws"
+TERMINAL = ("RUN_STATUS_COMPLETED", "RUN_STATUS_FAILED", "RUN_STATUS_CANCELLED")
+
+
+def streams_url(cp: Any, path: str) -> str:
+    return f"{cp.http_url}/v1/workspaces/{WS}/streams/_agentrun/{path}"
+
+
+async def catch_up(url: str, key: str, offset: str = "-1") -> tuple[bytes, str]:
+    """One catch-up read: the raw body and Stream-Next-Offset."""
+    async with httpx.AsyncClient(headers=auth.bearer(key), timeout=30) as http:
+        answer = await http.get(url, params={"offset": offset})
+    assert answer.status_code == 200, answer.text
+    return answer.content, answer.headers["stream-next-offset"]
+
+
+async def feed_events(url: str, key: str, offset: str) -> tuple[list[dict[str, Any]], str]:
+    """The feed from `offset` to now with the Python client (catch-up only), and its cursor."""
+    events: list[dict[str, Any]] = []
+    async with astream(url, offset=offset, live=False, headers=auth.bearer(key)) as res:
+        async for item in res.iter_json():
+            events.append(item)
+        return events, res.offset
+
+
+async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_once(
+    db_url, control_plane, executor_factory
+) -> None:
+    node = shutil.which("node")
+    assert node, "node is not on PATH (Debian: apt-get install nodejs npm)"
+    installed(shutil.which("npm") or "npm")
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("slow", "slow_echo", ["echo"])
+    executor_factory(cp)
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    feed = streams_url(cp, "feed")
+    _, cursor = await catch_up(feed, key)  # the feed's cursor before anything runs
+
+    run_id = await api.start("slow", "echo four times")
+    url = streams_url(cp, f"runs/{run_id}")
+    values: list[dict[str, Any]] = []
+    node_reader: asyncio.subprocess.Process | None = None
+    status_when_joined = ""
+    async with astream(url, offset="-1", live="long-poll", headers=auth.bearer(key)) as res:
+        async for item in res.iter_json():
+            values.append(item)
+            if node_reader is None:  # a second reader joins from offset -1 mid-run
+                status_when_joined = (await api.get(run_id)).status
+                node_reader = await asyncio.create_subprocess_exec(
+                    node,
+                    str(SUITE / "read_stream.mjs"),
+                    url,
+                    key,
+                    cwd=SUITE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            if item["step"]["kind"] == "finish":
+                break
+    assert node_reader is not None
+    out, err = await asyncio.wait_for(node_reader.communicate(), timeout=60)
+    assert node_reader.returncode == 0, err.decode()
+    *lines, closed = out.decode().splitlines()
+
+    assert status_when_joined not in TERMINAL, "the run ended before the second reader joined"
+    seqs = [v["step"].get("seq", 0) for v in values]
+    assert seqs == list(range(len(values))) and len(values) >= 10, seqs
+    assert [json.loads(line) for line in lines] == values  # same values, same order
+    assert closed.startswith("#closed true "), closed  # the ended run's stream is closed
+    first, tail = await catch_up(url, key)
+    again, _ = await catch_up(url, key)
+    assert first == again and json.loads(first) == values  # byte-identical for every reader
+    assert closed.split()[-1] == tail
+
+    # The feed from the cursor taken before the run: this run's events, each once, and
+    # nothing more from the cursor after them.
+    events, cursor2 = await feed_events(feed, key, cursor)
+    mine = [(e["event"], e["detail"].get("status")) for e in events if e["id"] == run_id]
+    assert mine == [("run.created", "queued"), ("run.state", "running"), ("run.state", "completed")]
+    assert all(e["id"] == run_id for e in events), events
+    later, cursor3 = await feed_events(feed, key, cursor2)
+    assert later == [] and cursor3 == cursor2
+
+    # A session's stream: its turn's steps in order, under the turn's number.
+    sessions = session_pb2_grpc.SessionServiceStub(api.channel)
+    created = await sessions.CreateSession(
+        session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="slow", title="s")
+    )
+    session_id = created.session.session_id
+    turn = (
+        await sessions.SendMessage(
+            session_pb2.SendMessageRequest(workspace_id=WS, session_id=session_id, text="hi")
+        )
+    ).turn
+    await api.wait_terminal([turn.run_id])
+    body, _ = await catch_up(streams_url(cp, f"sessions/{session_id}"), key)
+    turns = json.loads(body)
+    assert {t["turn"] for t in turns} == {1} and {t["run_id"] for t in turns} == {turn.run_id}
+    assert [t["step"].get("seq", 0) for t in turns] == list(range(len(turns)))
+    events, _ = await feed_events(feed, key, cursor3)
+    assert ("session.created", session_id) in [(e["event"], e["id"]) for e in events]
+
+    # A reader may not write; an operator may write its own streams, never the platform's.
+    operator = await auth.workspace_key(db_url, WS, role="operator")
+    mine = f"{cp.http_url}/v1/workspaces/{WS}/streams/notes"
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.put(mine, headers=auth.bearer(key))
+        assert refused.status_code == 403, refused.text
+        made = await http.put(mine, headers=auth.bearer(operator))
+        assert made.status_code == 201, made.text
+        json_body = {**auth.bearer(operator), "content-type": "application/json"}
+        refused = await http.post(url, content=b"{}", headers=json_body)
+        assert refused.status_code == 405, refused.text
+    await api.close()
