@@ -70,6 +70,8 @@ from control_plane.deploys import releases
 from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryServicer
 from control_plane.deploys.self_check import SelfCheck
 from control_plane.dispatch import commits, fast_path, max_age
+from control_plane.dispatch.delta_store import DeltaStore
+from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.pipeline import CommitPipeline
@@ -394,7 +396,14 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         asyncio.create_task(
             p.dispatcher.deltas.relay.run_forever(cfg.database_url), name="delta-relay"
         ),
+        # And kept for the runs' Durable Streams (docs/streams.md).
+        asyncio.create_task(_keep_deltas(p.dispatcher.deltas, pool), name="delta-store"),
     ]
+
+
+async def _keep_deltas(hub: DeltaHub, pool: Pool) -> None:
+    hub.store = DeltaStore(pool)
+    await hub.store.run_forever()
 
 
 def _connections(

@@ -277,85 +277,86 @@ def _self_operation() -> dict[str, Any]:
 STREAMS_PATH = "/v1/workspaces/{workspace_id}/streams/{path}"
 
 
-def _streams_operations() -> dict[str, Any]:
-    """The Durable Streams protocol (control_plane/http/streams.py, docs/streams.md): its
-    own headers, bodies and text errors, not this API's JSON."""
-    params = [
-        {"name": "workspace_id", "in": "path", "required": True, "schema": {"type": "string"}},
-        {
-            "name": "path",
-            "in": "path",
-            "required": True,
-            "description": "The stream's path under the workspace (it may contain `/`).",
-            "schema": {"type": "string"},
-        },
-    ]
+_STREAM_PARAMS = [
+    {"name": "workspace_id", "in": "path", "required": True, "schema": {"type": "string"}},
+    {
+        "name": "path",
+        "in": "path",
+        "required": True,
+        "description": "The stream's path under the workspace (it may contain `/`).",
+        "schema": {"type": "string"},
+    },
+]
+_STREAM_READ_PARAMS = [
+    {"name": "offset", "in": "query", "schema": {"type": "string"}},
+    {"name": "live", "in": "query", "schema": {"type": "string", "enum": ["long-poll", "sse"]}},
+    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+]
+_ANY_BODY = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
+
+
+def _stream_op(
+    name: str, summary: str, need: str, ok: dict[str, Any], errors: tuple[str, ...], **more: Any
+) -> dict[str, Any]:
+    """One operation of the Durable Streams protocol: its own headers, bodies and text
+    errors, not this API's JSON (control_plane/http/streams.py, docs/streams.md)."""
     text = {"text/plain": {"schema": {"type": "string"}}}
-    any_body = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
-
-    def op(name: str, summary: str, need: str, ok: dict[str, Any], **more: Any) -> dict[str, Any]:
-        errors = {
-            c: {"description": TITLES.get(int(c), "Error"), "content": text}
-            for c in more.pop("errors", ())
-        }
-        return {
-            "operationId": name,
-            "summary": summary,
-            "tags": ["Streams"],
-            "description": f"The Durable Streams protocol; needs `{need}`.",
-            "parameters": params,
-            "responses": {**ok, **errors},
-            **more,
-        }
-
-    read_params = [
-        {"name": "offset", "in": "query", "schema": {"type": "string"}},
-        {"name": "live", "in": "query", "schema": {"type": "string", "enum": ["long-poll", "sse"]}},
-        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-    ]
-    read = op(
-        "ReadStream",
-        "Read a stream from an offset (catch-up, long-poll or SSE)",
-        "read",
-        {
-            "200": {"description": "Messages", "content": any_body},
-            "204": {"description": "Nothing new before the long-poll ended"},
-            "304": {"description": "Not modified"},
-        },
-        errors=("400", "401", "403", "404", "410"),
-    )
-    read["parameters"] = params + read_params
+    failed = {c: {"description": TITLES.get(int(c), "Error"), "content": text} for c in errors}
     return {
-        "get": read,
-        "head": op(
+        "operationId": name,
+        "summary": summary,
+        "tags": ["Streams"],
+        "description": f"The Durable Streams protocol; needs `{need}`.",
+        "parameters": _STREAM_PARAMS,
+        "responses": {**ok, **failed},
+        **more,
+    }
+
+
+def _streams_operations() -> dict[str, Any]:
+    read_ok = {
+        "200": {"description": "Messages", "content": _ANY_BODY},
+        "204": {"description": "Nothing new before the long-poll ended"},
+        "304": {"description": "Not modified"},
+    }
+    gone = ("401", "403", "404", "410")
+    body = {"requestBody": {"required": False, "content": _ANY_BODY}}
+    created = {"200": {"description": "Already there"}, "201": {"description": "Created"}}
+    appended = {"200": {"description": "Appended"}, "204": {"description": "Appended or closed"}}
+    return {
+        "get": _stream_op(
+            "ReadStream",
+            "Read a stream from an offset (catch-up, long-poll or SSE)",
+            "read",
+            read_ok,
+            ("400", *gone),
+            parameters=_STREAM_PARAMS + _STREAM_READ_PARAMS,
+        ),
+        "head": _stream_op(
             "GetStreamMetadata",
             "A stream's tail offset, type, closing and expiry",
             "read",
             {"200": {"description": "OK"}},
-            errors=("401", "403", "404", "410"),
+            gone,
         ),
-        "put": op(
+        "put": _stream_op(
             "CreateStream",
             "Create a stream (or find the same one)",
             "operate",
-            {"200": {"description": "Already there"}, "201": {"description": "Created"}},
-            errors=("400", "401", "403", "404", "409"),
-            requestBody={"required": False, "content": any_body},
+            created,
+            ("400", "401", "403", "404", "409"),
+            **body,
         ),
-        "post": op(
+        "post": _stream_op(
             "AppendToStream",
             "Append to a stream (idempotent producers), or close it",
             "operate",
-            {"200": {"description": "Appended"}, "204": {"description": "Appended or closed"}},
-            errors=("400", "401", "403", "404", "409", "410", "413"),
-            requestBody={"required": False, "content": any_body},
+            appended,
+            ("400", "401", "403", "404", "409", "410", "413"),
+            **body,
         ),
-        "delete": op(
-            "DeleteStream",
-            "Delete a stream",
-            "operate",
-            {"204": {"description": "Deleted"}},
-            errors=("401", "403", "404", "410"),
+        "delete": _stream_op(
+            "DeleteStream", "Delete a stream", "operate", {"204": {"description": "Deleted"}}, gone
         ),
     }
 

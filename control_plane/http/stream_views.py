@@ -32,6 +32,7 @@ from control_plane.store.steps import Step
 PREFIX = "_agentrun/"
 JSON = "application/json"
 PAGE = 500
+DELTAS_PER_EPOCH = 100_000_000
 
 
 def is_platform(path: str) -> bool:
@@ -78,6 +79,12 @@ def _message(offset: str, value: dict[str, Any]) -> store.Message:
     return store.Message(offset, (store.js_json(value) + ",").encode())
 
 
+def _delta_low(epoch: int, index: int) -> int:
+    """A delta's place among the deltas of its decision step: by epoch (a takeover asks
+    the model again, after the old holder's), then by index."""
+    return epoch * DELTAS_PER_EPOCH + index + 1
+
+
 def _step(step: Step) -> dict[str, Any]:
     return jsonmap.to_json(convert.step(step))
 
@@ -99,6 +106,8 @@ async def view(pool: Pool, ws: str, path: str) -> store.Stream | None:
             return None
         last = row["last_seq"]
         tail = _offset(last + 1, 0) if last is not None else store.ZERO
+        if row["delta_seq"] is not None:  # its model call under way
+            tail = _offset(row["delta_seq"], _delta_low(row["delta_epoch"], row["delta_idx"]))
         return _stream(ws, path, tail, row["status"] in TERMINAL)
     if kind == "sessions":
         row = await run(pool, "stream_session_tail", ws, key)
@@ -127,12 +136,32 @@ async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store
             }
             messages.append(_message(_offset(int(r["xid"]), r["event_id"]), value))
     elif kind == "runs":
-        rows = await run(pool, "steps_list", ws, uuid.UUID(name), high, PAGE)
-        for step in Step.of_rows(rows):
-            messages.append(_message(_offset(step.seq + 1, 0), {"step": _step(step)}))
+        return await _run_messages(pool, ws, uuid.UUID(name), high, low)
     else:
         rows = await run(pool, "stream_session_steps", ws, uuid.UUID(name), high, low, PAGE)
         for step, r in zip(Step.of_rows(rows), rows, strict=True):
             value = {"turn": r["turn"], "run_id": str(step.run_id), "step": _step(step)}
             messages.append(_message(_offset(r["turn"], step.seq + 1), value))
     return messages, len(rows) < PAGE
+
+
+async def _run_messages(
+    pool: Pool, ws: str, run_id: uuid.UUID, high: int, low: int
+) -> tuple[list[store.Message], bool]:
+    """A run's steps after (high, low) and, after its last step, the deltas of the model
+    call under way: `{"delta": {"seq", "epoch", "index", "text"}}` between step seq-1 and
+    the decision step seq (deltas of committed decisions are not served)."""
+    rows = await run(pool, "steps_list", ws, run_id, high, PAGE)
+    steps = Step.of_rows(rows)
+    messages = [_message(_offset(s.seq + 1, 0), {"step": _step(s)}) for s in steps]
+    if len(rows) == PAGE:
+        return messages, False
+    after_steps = steps[-1].seq + 1 if steps else high
+    deltas = await run(pool, "stream_run_deltas", ws, run_id, after_steps, high, low, PAGE)
+    for d in deltas:
+        value = {
+            "delta": {"seq": d["seq"], "epoch": d["epoch"], "index": d["idx"], "text": d["text"]}
+        }
+        messages.append(_message(_offset(d["seq"], _delta_low(d["epoch"], d["idx"])), value))
+    messages.sort(key=lambda m: m.offset)  # a call's last deltas before its decision
+    return messages, len(deltas) < PAGE

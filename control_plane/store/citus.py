@@ -87,6 +87,7 @@ DISTRIBUTED_TABLES = (
     "stream_messages",
     "stream_producers",
     "workspace_events",
+    "run_deltas",
 )
 
 PLANNED = frozenset(REFERENCE_TABLES + COORDINATOR_TABLES + DISTRIBUTED_TABLES)

@@ -20,6 +20,7 @@ from agentrun.v1 import session_pb2, session_pb2_grpc
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.integration.test_durable_streams_conformance import SUITE, installed
+from tests.integration.test_fast_path import TOKEN, fast_session, free_slot, send
 
 WS = "ws"
 TERMINAL = ("RUN_STATUS_COMPLETED", "RUN_STATUS_FAILED", "RUN_STATUS_CANCELLED")
@@ -135,4 +136,58 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
         json_body = {**auth.bearer(operator), "content-type": "application/json"}
         refused = await http.post(url, content=b"{}", headers=json_body)
         assert refused.status_code == 405, refused.text
+    await api.close()
+
+
+async def test_a_second_reader_joining_mid_call_from_offset_0_gets_the_same_deltas(
+    db_url, control_plane, executor_factory
+) -> None:
+    """A fast-path turn streams its answer slowly: the run's stream serves the deltas as
+    they come, between the input and the decision; a Node reader joining from offset -1
+    while the model is still generating receives exactly what the Python reader did; once
+    the decision commits, the stream is compacted to it."""
+    node = shutil.which("node")
+    assert node, "node is not on PATH (Debian: apt-get install nodejs npm)"
+    installed(shutil.which("npm") or "npm")
+    cp = control_plane(db_url, AGENTRUN_METRICS_TOKEN=TOKEN)
+    api = await Api.connect(cp.address, db_url, WS)
+    executor_factory(cp)
+    await free_slot(cp)
+    session_id = await fast_session(api, "streamer", "slow_stream", [])
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    run_id = (await send(api, session_id, "tell me slowly")).run_id
+    url = streams_url(cp, f"runs/{run_id}")
+    values: list[dict[str, Any]] = []
+    node_reader: asyncio.subprocess.Process | None = None
+    async with astream(url, offset="-1", live="long-poll", headers=auth.bearer(key)) as res:
+        async for item in res.iter_json():
+            values.append(item)
+            if node_reader is None and "delta" in item:  # mid-call: join from offset -1
+                node_reader = await asyncio.create_subprocess_exec(
+                    node,
+                    str(SUITE / "read_stream.mjs"),
+                    url,
+                    key,
+                    cwd=SUITE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            if "step" in item and item["step"]["kind"] == "finish":
+                break
+    assert node_reader is not None, values
+    out, err = await asyncio.wait_for(node_reader.communicate(), timeout=60)
+    assert node_reader.returncode == 0, err.decode()
+    *lines, closed = out.decode().splitlines()
+    assert [json.loads(line) for line in lines] == values  # the same, in the same order
+    assert closed.startswith("#closed true "), closed
+
+    deltas = [v["delta"] for v in values if "delta" in v]
+    assert len(deltas) >= 10 and [d["index"] for d in deltas] == list(range(len(deltas)))
+    decision = next(v["step"] for v in values if v.get("step", {}).get("kind") == "model_decision")
+    assert deltas[0]["seq"] == decision.get("seq", 0)
+    text = "".join(d["text"] for d in deltas)
+    assert text and text in json.dumps(decision, ensure_ascii=False).replace('\\"', '"'), text
+    body, _ = await catch_up(url, key)  # compacted to the decision once it committed
+    assert [v for v in json.loads(body) if "delta" in v] == []
+    assert json.loads(body) == [v for v in values if "step" in v]
     await api.close()

@@ -2207,3 +2207,22 @@ END $$;
 
 CREATE TRIGGER sessions_feed_insert AFTER INSERT ON sessions FOR EACH ROW
     EXECUTE FUNCTION workspace_events_session();
+
+-- Model output while it is generated (the deltas an executor streams for the decision
+-- step `seq` of a run it holds at `epoch`; `idx` counts them from 0 per model call), kept
+-- so that a reader of the run's stream joining mid-call from offset 0 receives what every
+-- other reader received. The committed decision stays the record: once step `seq` is
+-- committed, its deltas are no longer served (the stream is compacted to the decision),
+-- and they are deleted when the run's next call streams. A delta lands only while its
+-- epoch holds the run (a fenced holder's are refused) and at most once (its key).
+CREATE TABLE run_deltas (
+    workspace_id  text NOT NULL,
+    run_id        uuid NOT NULL,
+    seq           integer NOT NULL,
+    epoch         bigint NOT NULL,
+    idx           integer NOT NULL,
+    text          text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, run_id, seq, epoch, idx),
+    FOREIGN KEY (workspace_id, run_id) REFERENCES runs ON DELETE CASCADE
+);

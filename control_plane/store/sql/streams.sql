@@ -91,11 +91,22 @@ RETURNING ref_count, soft_deleted;
 SELECT pg_notify('agentrun_streams', $1::text);
 
 -- name: stream_run_tail :one
--- A run's stream (read-only, projected from its step log): its status and last step.
-SELECT r.status,
-       (SELECT max(s.seq) FROM steps s
-        WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq
-FROM runs r WHERE r.workspace_id = $1 AND r.run_id = $2;
+-- A run's stream (read-only, projected from its step log): its status, its last step,
+-- and the last delta of its model call under way (none once that decision committed).
+WITH r AS (
+    SELECT r.workspace_id, r.run_id, r.status,
+           (SELECT max(s.seq) FROM steps s
+            WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq
+    FROM runs r WHERE r.workspace_id = $1 AND r.run_id = $2
+)
+SELECT r.status, r.last_seq, d.seq AS delta_seq, d.epoch AS delta_epoch, d.idx AS delta_idx
+FROM r
+LEFT JOIN LATERAL (
+    SELECT seq, epoch, idx FROM run_deltas d
+    WHERE d.workspace_id = r.workspace_id AND d.run_id = r.run_id
+      AND d.seq > coalesce(r.last_seq, -1)
+    ORDER BY seq DESC, epoch DESC, idx DESC LIMIT 1
+) d ON true;
 
 -- name: stream_session_tail :one
 -- A session's stream (read-only): its last turn and that turn's run's last step.
@@ -133,3 +144,36 @@ SELECT event_id, xid::text AS xid FROM workspace_events
 WHERE workspace_id = $1 AND xid < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY xid DESC, event_id DESC
 LIMIT 1;
+
+-- name: stream_deltas_put :exec
+-- Model deltas heard from executors (arrays of one batch), each kept once and only while
+-- its epoch still holds the run; a run's deltas of earlier calls (committed decisions)
+-- are dropped as its next call streams.
+WITH d AS (
+    SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::bigint[], $5::int[], $6::text[])
+        AS d(workspace_id, run_id, seq, epoch, idx, text)
+), kept AS (
+    INSERT INTO run_deltas (workspace_id, run_id, seq, epoch, idx, text)
+    SELECT d.workspace_id, d.run_id, d.seq, d.epoch, d.idx, d.text FROM d
+    JOIN runs r ON r.workspace_id = d.workspace_id AND r.run_id = d.run_id
+               AND r.lease_epoch = d.epoch AND r.status = 'running'
+    -- a delta heard after its decision committed is too late: readers are past it
+    WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.workspace_id = d.workspace_id
+                      AND s.run_id = d.run_id AND s.seq >= d.seq)
+    ON CONFLICT DO NOTHING
+    RETURNING workspace_id, run_id, seq
+)
+DELETE FROM run_deltas x USING (
+    SELECT workspace_id, run_id, min(seq) AS seq FROM kept GROUP BY workspace_id, run_id
+) k
+WHERE x.workspace_id = k.workspace_id AND x.run_id = k.run_id AND x.seq < k.seq;
+
+-- name: stream_run_deltas :many
+-- A run's deltas after (seq $4, position $5), in order, at most $6: those of its model
+-- call under way (decision step $3 or later, not committed), and those of the call the
+-- reader is inside of (seq $4, when $5 > 0: it finishes reading them, then the decision).
+SELECT seq, epoch, idx, text FROM run_deltas
+WHERE workspace_id = $1 AND run_id = $2 AND (seq >= $3 OR ($5 > 0 AND seq = $4))
+  AND (seq, epoch * 100000000 + idx + 1) > ($4, $5)
+ORDER BY seq, epoch, idx
+LIMIT $6;
