@@ -191,3 +191,42 @@ async def test_a_second_reader_joining_mid_call_from_offset_0_gets_the_same_delt
     assert [v for v in json.loads(body) if "delta" in v] == []
     assert json.loads(body) == [v for v in values if "step" in v]
     await api.close()
+
+
+async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offset(
+    db_url, control_plane, executor_factory
+) -> None:
+    """kill -9 of the replica serving a live read: the Python client reads on from its last
+    offset on another replica, missing nothing and repeating nothing."""
+    serving, other = control_plane(db_url), control_plane(db_url)
+    api = await Api.connect(other.address, db_url, WS)
+    await api.publish("slow", "slow_echo", ["echo"])
+    executor_factory(other)
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    run_id = await api.start("slow", "echo four times")
+    values: list[dict[str, Any]] = []
+    offset = "-1"
+    killed, read_before = False, 0
+    for cp in (serving, other):
+        url = streams_url(cp, f"runs/{run_id}")
+        try:
+            async with astream(
+                url, offset=offset, live="long-poll", headers=auth.bearer(key)
+            ) as res:
+                async for batch in res.iter_json_batches():
+                    values += batch
+                    offset = res.offset  # where this batch ends: the cursor to resume from
+                    if not killed:
+                        assert (await api.get(run_id)).status not in TERMINAL
+                        serving.kill()  # SIGKILL, mid-run
+                        killed, read_before = True, len(values)
+                    if any(v["step"]["kind"] == "finish" for v in batch):
+                        break
+        except httpx.HTTPError:
+            assert cp is serving  # the killed replica's read fails; the other serves on
+    assert killed and len(values) > read_before  # the other replica served the rest
+    seqs = [v["step"].get("seq", 0) for v in values]
+    assert seqs == list(range(len(values))) and values[-1]["step"]["kind"] == "finish", seqs
+    body, _ = await catch_up(streams_url(other, f"runs/{run_id}"), key)
+    assert json.loads(body) == values
+    await api.close()
