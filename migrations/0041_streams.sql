@@ -156,3 +156,7 @@ CREATE TABLE run_deltas (
     PRIMARY KEY (workspace_id, run_id, seq, epoch, idx),
     FOREIGN KEY (workspace_id, run_id) REFERENCES runs ON DELETE CASCADE
 );
+
+-- ListSessions pages through a workspace's sessions newest first, by creation (a key
+-- that does not move as sessions get turns, so a page never skips or repeats one).
+CREATE INDEX sessions_by_created ON sessions (workspace_id, created_at DESC, session_id DESC);

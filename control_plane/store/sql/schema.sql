@@ -1688,6 +1688,10 @@ CREATE TABLE sessions (
 
 CREATE INDEX sessions_by_updated ON sessions (workspace_id, updated_at DESC, session_id DESC);
 
+-- ListSessions pages through a workspace's sessions newest first, by creation (a key
+-- that does not move as sessions get turns, so a page never skips or repeats one).
+CREATE INDEX sessions_by_created ON sessions (workspace_id, created_at DESC, session_id DESC);
+
 -- One row per turn; the turn's run holds its input, status and answer.
 CREATE TABLE session_turns (
     workspace_id  text NOT NULL,
