@@ -32,7 +32,6 @@ from control_plane.store.steps import Step
 PREFIX = "_agentrun/"
 JSON = "application/json"
 PAGE = 500
-DELTAS_PER_EPOCH = 100_000_000
 
 
 def is_platform(path: str) -> bool:
@@ -41,11 +40,6 @@ def is_platform(path: str) -> bool:
 
 def _offset(high: int, low: int) -> str:
     return f"{high:016d}_{low:016d}"
-
-
-def _parts(offset: str) -> tuple[int, int]:
-    high, low = offset.split("_")
-    return int(high), int(low)
 
 
 def _stream(ws: str, path: str, tail: str, closed: bool) -> store.Stream:
@@ -79,12 +73,6 @@ def _message(offset: str, value: dict[str, Any]) -> store.Message:
     return store.Message(offset, (store.js_json(value) + ",").encode())
 
 
-def _delta_low(epoch: int, index: int) -> int:
-    """A delta's place among the deltas of its decision step: by epoch (a takeover asks
-    the model again, after the old holder's), then by index."""
-    return epoch * DELTAS_PER_EPOCH + index + 1
-
-
 def _step(step: Step) -> dict[str, Any]:
     return jsonmap.to_json(convert.step(step))
 
@@ -107,7 +95,7 @@ async def view(pool: Pool, ws: str, path: str) -> store.Stream | None:
         last = row["last_seq"]
         tail = _offset(last + 1, 0) if last is not None else store.ZERO
         if row["delta_seq"] is not None:  # its model call under way
-            tail = _offset(row["delta_seq"], _delta_low(row["delta_epoch"], row["delta_idx"]))
+            tail = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
         return _stream(ws, path, tail, row["status"] in TERMINAL)
     if kind == "sessions":
         row = await run(pool, "stream_session_tail", ws, key)
@@ -123,7 +111,7 @@ async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store
     """The platform stream's messages after `after`, a page at a time."""
     ws = stream.workspace_id
     kind, _, name = stream.path.removeprefix(PREFIX).partition("/")
-    high, low = _parts(after)
+    high, low = store.offset_parts(after)
     messages: list[store.Message] = []
     if kind == "feed":
         rows = await run(pool, "stream_feed_after", ws, str(high), low, PAGE)
@@ -153,7 +141,7 @@ async def _run_messages(
     the decision step seq (deltas of committed decisions are not served)."""
     rows = await run(pool, "steps_list", ws, run_id, high, PAGE)
     steps = Step.of_rows(rows)
-    messages = [_message(_offset(s.seq + 1, 0), {"step": _step(s)}) for s in steps]
+    messages = [_message(store.run_step_offset(s.seq), {"step": _step(s)}) for s in steps]
     if len(rows) == PAGE:
         return messages, False
     after_steps = steps[-1].seq + 1 if steps else high
@@ -162,6 +150,6 @@ async def _run_messages(
         value = {
             "delta": {"seq": d["seq"], "epoch": d["epoch"], "index": d["idx"], "text": d["text"]}
         }
-        messages.append(_message(_offset(d["seq"], _delta_low(d["epoch"], d["idx"])), value))
+        messages.append(_message(store.run_delta_offset(d["seq"], d["epoch"], d["idx"]), value))
     messages.sort(key=lambda m: m.offset)  # a call's last deltas before its decision
     return messages, len(deltas) < PAGE

@@ -16,6 +16,7 @@ when it commits (`stream_advance`). Expiry is read on the database clock.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -140,6 +141,26 @@ def normalize(content_type: str | None) -> str:
     if not content_type:
         return ""
     return content_type.split(";")[0].strip().lower()
+
+
+# The platform's run streams (control_plane/http/stream_views.py, WatchRun): a step of
+# seq S ends at `S+1_0`; a delta of the decision step S, at `S_n` between step S-1 and S,
+# n ordering it by epoch (a takeover asks again, after the old holder) then by index.
+DELTAS_PER_EPOCH = 100_000_000
+OFFSET_FORMAT = re.compile(r"^\d{1,19}_\d{1,19}$")
+
+
+def run_step_offset(seq: int) -> str:
+    return f"{seq + 1:016d}_{0:016d}"
+
+
+def run_delta_offset(seq: int, epoch: int, index: int) -> str:
+    return f"{seq:016d}_{epoch * DELTAS_PER_EPOCH + index + 1:016d}"
+
+
+def offset_parts(offset: str) -> tuple[int, int]:
+    high, low = offset.split("_")
+    return int(high), int(low)
 
 
 def offset_after(offset: str, length: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from durable_streams import astream
 
-from agentrun.v1 import session_pb2, session_pb2_grpc
+from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.integration.test_durable_streams_conformance import SUITE, installed
@@ -36,6 +36,12 @@ async def catch_up(url: str, key: str, offset: str = "-1") -> tuple[bytes, str]:
         answer = await http.get(url, params={"offset": offset})
     assert answer.status_code == 200, answer.text
     return answer.content, answer.headers["stream-next-offset"]
+
+
+async def grpc_watch(api: Api, run_id: str, offset: str) -> list[run_pb2.WatchRunResponse]:
+    """A gRPC WatchRun of an ended run from a stream offset: its step events."""
+    request = run_pb2.WatchRunRequest(workspace_id=WS, run_id=run_id, offset=offset)
+    return [w async for w in api.runs.WatchRun(request) if w.HasField("step")]
 
 
 async def feed_events(url: str, key: str, offset: str) -> tuple[list[dict[str, Any]], str]:
@@ -96,6 +102,15 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
     again, _ = await catch_up(url, key)
     assert first == again and json.loads(first) == values  # byte-identical for every reader
     assert closed.split()[-1] == tail
+
+    # gRPC WatchRun from an offset of the stream serves the same steps, in the same order,
+    # each with its offset there: a reader may move between the two doors.
+    watched = await grpc_watch(api, run_id, "-1")
+    assert [w.step.seq for w in watched] == seqs and watched[-1].offset == tail
+    middle = watched[3].offset
+    body, _ = await catch_up(url, key, middle)
+    assert json.loads(body) == values[4:]
+    assert [w.step.seq for w in await grpc_watch(api, run_id, middle)] == seqs[4:]
 
     # The feed from the cursor taken before the run: this run's events, each once, and
     # nothing more from the cursor after them.
