@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import uuid
 from typing import Any
 
 import httpx
 from durable_streams import astream
 
 from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
+from control_plane.dispatch.delta_store import DeltaStore
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.integration.test_durable_streams_conformance import SUITE, installed
@@ -244,4 +246,43 @@ async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offs
     assert seqs == list(range(len(values))) and values[-1]["step"]["kind"] == "finish", seqs
     body, _ = await catch_up(streams_url(other, f"runs/{run_id}"), key)
     assert json.loads(body) == values
+    await api.close()
+
+
+async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
+    db_url, control_plane, executor_factory, pool
+) -> None:
+    """The delta store's write (control_plane/dispatch/delta_store.py) keeps a delta only
+    while its epoch holds the run and its decision is not committed, and at most once."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("slow", "slow_echo", ["echo"])
+    executor_factory(cp)
+    run_id = await api.start("slow", "echo four times")
+    holder = None
+    for _ in range(100):
+        holder = await pool.fetchrow(
+            "SELECT lease_epoch, (SELECT max(seq) FROM steps s WHERE s.workspace_id = r.workspace_id"
+            " AND s.run_id = r.run_id) AS last FROM runs r WHERE run_id = $1 AND status = 'running'",
+            uuid.UUID(run_id),
+        )
+        if holder is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert holder is not None, "the run never ran"
+    epoch, ahead = holder["lease_epoch"], holder["last"] + 50  # a decision far ahead
+    kept = DeltaStore(pool)
+    for delta in (
+        run_pb2.RunDelta(epoch=epoch, seq=ahead, index=0, text="held "),
+        run_pb2.RunDelta(epoch=epoch, seq=ahead, index=0, text="held again"),  # a retry
+        run_pb2.RunDelta(epoch=epoch - 1, seq=ahead, index=1, text="fenced"),  # an old holder
+        run_pb2.RunDelta(epoch=epoch, seq=0, index=0, text="too late"),  # step 0 committed
+    ):
+        kept.offer(WS, uuid.UUID(run_id), delta)
+    await kept.flush()
+    rows = await pool.fetch(
+        "SELECT seq, epoch, idx, text FROM run_deltas WHERE run_id = $1", uuid.UUID(run_id)
+    )
+    assert [tuple(r) for r in rows] == [(ahead, epoch, 0, "held ")]
+    await api.wait_terminal([run_id])
     await api.close()
