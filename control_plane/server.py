@@ -69,7 +69,7 @@ from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
 from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryServicer
 from control_plane.deploys.self_check import SelfCheck
-from control_plane.dispatch import commits, fast_path, max_age
+from control_plane.dispatch import commits, delta_store, fast_path, max_age
 from control_plane.dispatch.delta_store import DeltaStore
 from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.dispatcher import Dispatcher
@@ -403,7 +403,7 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
 
 async def _keep_deltas(hub: DeltaHub, pool: Pool) -> None:
     hub.store = DeltaStore(pool)
-    await hub.store.run_forever()
+    await asyncio.gather(hub.store.run_forever(), delta_store.sweep_forever(pool))
 
 
 def _connections(

@@ -1,4 +1,5 @@
-"""Model deltas kept in Postgres for the runs' Durable Streams (docs/streams.md).
+"""Model deltas kept in Postgres for the runs' Durable Streams (docs/streams.md), and the
+sweep of what the streams keep that nobody reads any more.
 
 The hub (control_plane/dispatch/deltas.py) hands every delta an executor streams for a
 run it holds to `offer`; they are written in batches, off the commit path, one INSERT per
@@ -22,6 +23,11 @@ log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.05
 PENDING_LIMIT = 65_536  # deltas waiting for a write; more are dropped
+# The sweep: what the streams keep that nobody reads any more.
+SWEEP_SECONDS = 60.0
+COMPACTED_AFTER_SECONDS = 60  # a reader inside a call's deltas has this long to read them
+FEED_DAYS = 30  # the workspace feed's events are kept this many days
+SWEEP_BATCH = 10_000
 
 Row = tuple[str, uuid.UUID, int, int, int, str]
 
@@ -56,3 +62,21 @@ class DeltaStore:
             self._wake.clear()
             await asyncio.sleep(FLUSH_SECONDS)  # gather a batch
             await self.flush()
+
+
+async def sweep(pool: Pool) -> None:
+    """Delete, a batch of each: deltas of committed decisions (COMPACTED_AFTER_SECONDS
+    after they were written), feed events older than FEED_DAYS, and expired workspace
+    streams that no fork involves (the others expire when next touched)."""
+    await run(pool, "stream_sweep_deltas", COMPACTED_AFTER_SECONDS, SWEEP_BATCH)
+    await run(pool, "stream_sweep_feed", FEED_DAYS, SWEEP_BATCH)
+    await run(pool, "stream_sweep_expired", SWEEP_BATCH)
+
+
+async def sweep_forever(pool: Pool) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            await sweep(pool)
+        except Exception as exc:  # noqa: BLE001 - the database may be restarting
+            log.info("stream sweep failed, retried later: %s", exc)

@@ -18,6 +18,7 @@ import httpx
 from durable_streams import astream
 
 from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
+from control_plane.dispatch import delta_store
 from control_plane.dispatch.delta_store import DeltaStore
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
@@ -271,18 +272,42 @@ async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
         await asyncio.sleep(0.05)
     assert holder is not None, "the run never ran"
     epoch, ahead = holder["lease_epoch"], holder["last"] + 50  # a decision far ahead
+    soon = holder["last"] + 3
     kept = DeltaStore(pool)
     for delta in (
         run_pb2.RunDelta(epoch=epoch, seq=ahead, index=0, text="held "),
         run_pb2.RunDelta(epoch=epoch, seq=ahead, index=0, text="held again"),  # a retry
         run_pb2.RunDelta(epoch=epoch - 1, seq=ahead, index=1, text="fenced"),  # an old holder
         run_pb2.RunDelta(epoch=epoch, seq=0, index=0, text="too late"),  # step 0 committed
+        run_pb2.RunDelta(epoch=epoch, seq=soon, index=0, text="soon"),  # committed later
     ):
         kept.offer(WS, uuid.UUID(run_id), delta)
     await kept.flush()
     rows = await pool.fetch(
-        "SELECT seq, epoch, idx, text FROM run_deltas WHERE run_id = $1", uuid.UUID(run_id)
+        "SELECT seq, epoch, idx, text FROM run_deltas WHERE run_id = $1 ORDER BY seq",
+        uuid.UUID(run_id),
     )
-    assert [tuple(r) for r in rows] == [(ahead, epoch, 0, "held ")]
+    assert [tuple(r) for r in rows] == [(soon, epoch, 0, "soon"), (ahead, epoch, 0, "held ")]
     await api.wait_terminal([run_id])
+
+    # The sweep: compacted deltas (a minute after), feed events past 30 days, streams
+    # past their TTL go; the rest stays.
+    await pool.execute("UPDATE run_deltas SET created_at = now() - interval '2 minutes'")
+    oldest = await pool.fetchval("SELECT min(event_id) FROM workspace_events")
+    await pool.execute(
+        "UPDATE workspace_events SET at = now() - interval '31 days' WHERE event_id = $1", oldest
+    )
+    operator = await auth.workspace_key(db_url, WS, role="operator")
+    async with httpx.AsyncClient(headers=auth.bearer(operator), timeout=30) as http:
+        for name, ttl in (("brief", "0"), ("kept", "3600")):
+            made = await http.put(
+                f"{cp.http_url}/v1/workspaces/{WS}/streams/{name}", headers={"Stream-TTL": ttl}
+            )
+            assert made.status_code == 201, made.text
+    events = await pool.fetchval("SELECT count(*) FROM workspace_events")
+    await delta_store.sweep(pool)
+    rows = await pool.fetch("SELECT seq FROM run_deltas WHERE run_id = $1", uuid.UUID(run_id))
+    assert [r["seq"] for r in rows] == [ahead]
+    assert await pool.fetchval("SELECT count(*) FROM workspace_events") == events - 1
+    assert [r["path"] for r in await pool.fetch("SELECT path FROM streams")] == ["kept"]
     await api.close()

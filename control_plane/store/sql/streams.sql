@@ -177,3 +177,38 @@ WHERE workspace_id = $1 AND run_id = $2 AND (seq >= $3 OR ($5 > 0 AND seq = $4))
   AND (seq, epoch * 100000000 + idx + 1) > ($4, $5)
 ORDER BY seq, epoch, idx
 LIMIT $6;
+
+-- name: stream_sweep_deltas :exec
+-- Deltas of decisions committed more than $1 seconds ago (compacted: no longer served),
+-- at most $2 of them.
+DELETE FROM run_deltas x USING (
+    SELECT d.workspace_id, d.run_id, d.seq, d.epoch, d.idx FROM run_deltas d
+    WHERE d.created_at < now() - $1 * interval '1 second'
+      AND EXISTS (SELECT 1 FROM steps s WHERE s.workspace_id = d.workspace_id
+                  AND s.run_id = d.run_id AND s.seq >= d.seq)
+    LIMIT $2
+) old
+WHERE x.workspace_id = old.workspace_id AND x.run_id = old.run_id AND x.seq = old.seq
+  AND x.epoch = old.epoch AND x.idx = old.idx;
+
+-- name: stream_sweep_feed :exec
+-- Workspace feed events older than $1 days, at most $2 of them.
+DELETE FROM workspace_events x USING (
+    SELECT workspace_id, event_id FROM workspace_events
+    WHERE at < now() - $1 * interval '1 day'
+    LIMIT $2
+) old
+WHERE x.workspace_id = old.workspace_id AND x.event_id = old.event_id;
+
+-- name: stream_sweep_expired :exec
+-- Workspace streams past their TTL or Expires-At that nothing forks or was forked from
+-- (those expire when next touched), at most $1 of them.
+DELETE FROM streams x USING (
+    SELECT workspace_id, stream_id FROM streams
+    WHERE ref_count = 0 AND forked_from IS NULL
+      AND ((expires_at IS NOT NULL AND expires_at <= now())
+           OR (ttl_seconds IS NOT NULL
+               AND accessed_at + ttl_seconds * interval '1 second' <= now()))
+    LIMIT $1
+) old
+WHERE x.workspace_id = old.workspace_id AND x.stream_id = old.stream_id;
