@@ -56,7 +56,8 @@ RECHECK_SECONDS = 2.0
 # The platform's streams are projections of the step log, which no NOTIFY announces: their
 # live readers look again this often (WatchRun polls as often).
 PLATFORM_RECHECK_SECONDS = 0.25
-MAX_APPEND_BYTES = 64 << 20
+MAX_APPEND_BYTES = 64 << 20  # one append (or a create's first data)
+MAX_NAME_BYTES = 1024  # a stream's path, a producer's id
 COMPRESS_ABOVE = 1024
 CURSOR_EPOCH = 1728432000  # 2024-10-09T00:00:00Z, the protocol's cursor epoch
 CURSOR_INTERVAL = 20
@@ -186,6 +187,19 @@ def _sse_data(payload: str) -> str:
     return "\n".join(f"data:{line}" for line in lines) + "\n\n"
 
 
+async def _body(request: Request) -> bytes:
+    """The request's body, refused (413) past MAX_APPEND_BYTES before it is all read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_APPEND_BYTES:
+        raise store.StreamRefused(413, f"An append may carry at most {MAX_APPEND_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_APPEND_BYTES:
+            raise store.StreamRefused(413, f"An append may carry at most {MAX_APPEND_BYTES} bytes")
+    return bytes(body)
+
+
 def _stream_path(ws: str, given: str) -> str:
     """A stream named in a header: its path under the namespace, or the whole URL path."""
     prefix = f"/v1/workspaces/{ws}/streams/"
@@ -309,7 +323,7 @@ class StreamRoutes:
 
     async def create(self, request: Request, ws: str, path: str) -> Response:
         h = request.headers
-        opts = _create_options(ws, h, await request.body())
+        opts = _create_options(ws, h, await _body(request))
         stream, created = await store.create(self.pool, ws, path, opts)
         headers = {
             "content-type": stream.content_type or opts.content_type or "application/octet-stream",
@@ -527,14 +541,14 @@ class StreamRoutes:
         if pid is not None and epoch_text is not None and seq_text is not None:
             if pid == "":
                 return text(400, "Invalid Producer-Id: must not be empty")
+            if len(pid.encode()) > MAX_NAME_BYTES:
+                return text(400, f"Invalid Producer-Id: at most {MAX_NAME_BYTES} bytes")
             if not INTEGER.match(epoch_text) or int(epoch_text) > SAFE_INTEGER:
                 return text(400, "Invalid Producer-Epoch: must be a non-negative integer")
             if not INTEGER.match(seq_text) or int(seq_text) > SAFE_INTEGER:
                 return text(400, "Invalid Producer-Seq: must be a non-negative integer")
             producer = store.Producer(pid, int(epoch_text), int(seq_text))
-        body = await request.body()
-        if len(body) > MAX_APPEND_BYTES:
-            return text(413, f"An append may carry at most {MAX_APPEND_BYTES} bytes")
+        body = await _body(request)
         if not body and close:
             result = await store.close(self.pool, ws, path, producer)
         elif not body:
@@ -617,6 +631,8 @@ def routes(ctx: HttpContext) -> list[Route]:
         async def handle(request: Request) -> Response:
             ws = auth_context.workspace(request.path_params["workspace_id"])
             path = request.path_params["path"]
+            if not path or len(path.encode()) > MAX_NAME_BYTES:
+                return text(400, f"A stream's path has 1 to {MAX_NAME_BYTES} bytes")
             if need is not Need.READ and stream_views.is_platform(path):
                 return text(405, f"{stream_views.PREFIX} streams are the platform's: read-only")
             try:

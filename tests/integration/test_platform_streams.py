@@ -154,6 +154,12 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
         json_body = {**auth.bearer(operator), "content-type": "application/json"}
         refused = await http.post(url, content=b"{}", headers=json_body)
         assert refused.status_code == 405, refused.text
+        # Bad input is a 400 naming what is wrong.
+        too_long = await http.put(f"{mine}/{'x' * 1100}", headers=auth.bearer(operator))
+        assert too_long.status_code == 400 and "path" in too_long.text, too_long.text
+        producer = {"producer-id": "p" * 1100, "producer-epoch": "0", "producer-seq": "0"}
+        refused = await http.post(mine, content=b"x", headers={**json_body, **producer})
+        assert refused.status_code == 400 and "Producer-Id" in refused.text, refused.text
     await api.close()
 
 
