@@ -32,6 +32,8 @@ from agentrun.v1 import (
     run_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
+    stream_pb2,
+    stream_pb2_grpc,
     tool_pb2,
     tool_pb2_grpc,
     trigger_pb2,
@@ -45,6 +47,7 @@ from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.mcp_servers import McpServerServicer
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
+from control_plane.api.streams import StreamServicer
 from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, needs_help, relay
@@ -111,6 +114,8 @@ SERVICE_NAMES = (
     tool_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
     tool_pb2.DESCRIPTOR.services_by_name["McpServerService"].full_name,
     *releases.SERVICE_NAMES,
+    # Durable Streams over gRPC (issue 42, docs/streams.md).
+    stream_pb2.DESCRIPTOR.services_by_name["StreamService"].full_name,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -365,6 +370,9 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     )
     release_pb2_grpc.add_CanaryServiceServicer_to_server(
         CanaryServicer(p.canary, dispatcher), server
+    )
+    stream_pb2_grpc.add_StreamServiceServicer_to_server(
+        StreamServicer(pool, cfg.database_url), server
     )
     return services
 

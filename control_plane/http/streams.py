@@ -86,7 +86,7 @@ MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
 SAFE_INTEGER = 2**53 - 1
 
 
-def _long_poll_seconds() -> float:
+def long_poll_seconds() -> float:
     raw = os.environ.get("AGENTRUN_STREAM_LONG_POLL_SECONDS", "")
     try:
         return float(raw) if raw else LONG_POLL_SECONDS
@@ -296,23 +296,25 @@ class StreamRoutes:
         self.waker = waker
         self.long_poll = long_poll_seconds
 
-    async def _get(self, ws: str, path: str) -> store.Stream | None:
+    async def stream_at(self, ws: str, path: str) -> store.Stream | None:
         if stream_views.is_platform(path):
             return await stream_views.view(self.pool, ws, path)
         return await store.get(self.pool, ws, path)
 
-    async def _read(self, stream: store.Stream, after: str) -> tuple[list[store.Message], bool]:
+    async def messages_after(
+        self, stream: store.Stream, after: str
+    ) -> tuple[list[store.Message], bool]:
         if stream.stream_id == 0:  # the platform's (stream_views: no row of its own)
             return await stream_views.read(self.pool, stream, after)
         return await store.read(self.pool, stream, after)
 
-    async def _wait(self, ws: str, stream: store.Stream, after: str) -> None:
+    async def wait(self, ws: str, stream: store.Stream, after: str) -> None:
         """Until the stream may have moved past `after` or closed, or the long-poll ends."""
         deadline = time.monotonic() + self.long_poll
         with self.waker.watching(stream.stream_id) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
-                current = await self._get(ws, stream.path)
+                current = await self.stream_at(ws, stream.path)
                 if current is None or current.soft_deleted or current.closed:
                     return
                 if current.tail_offset != after and current.tail_offset > after:
@@ -336,7 +338,7 @@ class StreamRoutes:
         return Response(b"", status_code=201 if created else 200, headers={**SECURITY, **headers})
 
     async def head(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self._get(ws, path)
+        stream = await self.stream_at(ws, path)
         if stream is None:
             return text(404)
         if stream.soft_deleted:
@@ -354,7 +356,7 @@ class StreamRoutes:
         return Response(b"", status_code=200, headers={**SECURITY, **headers})
 
     async def read(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self._get(ws, path)
+        stream = await self.stream_at(ws, path)
         if stream is None:
             return text(404, "Stream not found")
         if stream.soft_deleted:
@@ -368,7 +370,7 @@ class StreamRoutes:
         after = stream.tail_offset if offset == "now" else offset
         start = store.ZERO if after in (None, "-1") else after
         assert start is not None
-        messages, up_to_date = await self._read(stream, start)
+        messages, up_to_date = await self.messages_after(stream, start)
         await store.touch(self.pool, stream)
         if live == "long-poll" and after == stream.tail_offset and not messages:
             polled = await self._long_poll(ws, stream, start, cursor)
@@ -399,11 +401,11 @@ class StreamRoutes:
         if stream.closed:
             closed = {"Stream-Up-To-Date": "true", "Stream-Closed": "true"}
             return text(204, headers={"Stream-Next-Offset": stream.tail_offset, **closed})
-        await self._wait(ws, stream, start)
-        current = await self._get(ws, stream.path)
+        await self.wait(ws, stream, start)
+        current = await self.stream_at(ws, stream.path)
         if current is None or current.soft_deleted:
             return text(404, "Stream not found")
-        messages, up_to_date = await self._read(current, start)
+        messages, up_to_date = await self.messages_after(current, start)
         await store.touch(self.pool, current)
         if messages:
             return current, messages, up_to_date
@@ -436,7 +438,7 @@ class StreamRoutes:
             headers["Stream-Cursor"] = response_cursor(request.query_params.get("cursor"))
         if up_to_date:
             headers["Stream-Up-To-Date"] = "true"
-        current = await self._get(ws, stream.path) if messages else stream
+        current = await self.stream_at(ws, stream.path) if messages else stream
         closed = current is not None and current.closed and end == current.tail_offset
         if closed and up_to_date:
             headers["Stream-Closed"] = "true"
@@ -473,10 +475,10 @@ class StreamRoutes:
     ) -> AsyncIterator[str]:
         after = store.ZERO if start == "-1" else start
         while True:
-            latest = await self._get(ws, stream.path)
+            latest = await self.stream_at(ws, stream.path)
             if latest is None or latest.soft_deleted:
                 return
-            messages, up_to_date = await self._read(latest, after)
+            messages, up_to_date = await self.messages_after(latest, after)
             await store.touch(self.pool, latest)
             end = messages[-1].offset if messages else latest.tail_offset if up_to_date else after
             at_tail = end == latest.tail_offset
@@ -495,8 +497,8 @@ class StreamRoutes:
                 return
             after = end
             if up_to_date:
-                await self._wait(ws, latest, after)
-                moved = await self._get(ws, stream.path)
+                await self.wait(ws, latest, after)
+                moved = await self.stream_at(ws, stream.path)
                 if moved is None or moved.soft_deleted:
                     return
                 if moved.tail_offset == after and not moved.closed:
@@ -615,7 +617,7 @@ class StreamRoutes:
 
 
 def routes(ctx: HttpContext) -> list[Route]:
-    streams = StreamRoutes(ctx.pool, Waker(ctx.config.database_url), _long_poll_seconds())
+    streams = StreamRoutes(ctx.pool, Waker(ctx.config.database_url), long_poll_seconds())
     resolver = ctx.credentials()
     methods = {
         "PUT": (Need.OPERATE, streams.create),

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from durable_streams import astream
 
-from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc
+from agentrun.v1 import run_pb2, session_pb2, session_pb2_grpc, stream_pb2, stream_pb2_grpc
 from control_plane.dispatch import delta_store
 from control_plane.dispatch.delta_store import DeltaStore
 from tests.harness import auth
@@ -45,6 +45,13 @@ async def grpc_watch(api: Api, run_id: str, offset: str) -> list[run_pb2.WatchRu
     """A gRPC WatchRun of an ended run from a stream offset: its step events."""
     request = run_pb2.WatchRunRequest(workspace_id=WS, run_id=run_id, offset=offset)
     return [w async for w in api.runs.WatchRun(request) if w.HasField("step")]
+
+
+async def grpc_read(api: Api, path: str, offset: str) -> list[stream_pb2.ReadStreamResponse]:
+    """A catch-up ReadStream over gRPC: its messages, then its up-to-date response."""
+    stub = stream_pb2_grpc.StreamServiceStub(api.channel)
+    request = stream_pb2.ReadStreamRequest(workspace_id=WS, path=path, offset=offset)
+    return [r async for r in stub.ReadStream(request)]
 
 
 async def feed_events(url: str, key: str, offset: str) -> tuple[list[dict[str, Any]], str]:
@@ -140,8 +147,18 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
     turns = json.loads(body)
     assert {t["turn"] for t in turns} == {1} and {t["run_id"] for t in turns} == {turn.run_id}
     assert [t["step"].get("seq", 0) for t in turns] == list(range(len(turns)))
-    events, _ = await feed_events(feed, key, cursor3)
+    events, cursor4 = await feed_events(feed, key, cursor3)
     assert ("session.created", session_id) in [(e["event"], e["id"]) for e in events]
+
+    # gRPC's StreamService reads the same streams at the same offsets.
+    read = await grpc_read(api, "_agentrun/feed", cursor3)
+    assert [v for r in read[:-1] for v in json.loads(r.data)] == events
+    assert read[-1].up_to_date and not read[-1].closed and read[-1].offset == cursor4
+    read = await grpc_read(api, f"_agentrun/sessions/{session_id}", "-1")
+    assert [v for r in read[:-1] for v in json.loads(r.data)] == turns
+    read = await grpc_read(api, f"_agentrun/runs/{run_id}", "-1")
+    assert [v for r in read[:-1] for v in json.loads(r.data)] == values
+    assert read[-1].closed and read[-1].offset == tail
 
     # A reader may not write; an operator may write its own streams, never the platform's.
     operator = await auth.workspace_key(db_url, WS, role="operator")
@@ -154,6 +171,18 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
         json_body = {**auth.bearer(operator), "content-type": "application/json"}
         refused = await http.post(url, content=b"{}", headers=json_body)
         assert refused.status_code == 405, refused.text
+        # A live gRPC reader of a workspace stream gets each append, then the closing.
+        request = stream_pb2.ReadStreamRequest(workspace_id=WS, path="notes", live=True)
+        live = stream_pb2_grpc.StreamServiceStub(api.channel).ReadStream(request)
+        first = await live.read()
+        assert first.up_to_date and not first.data
+        octets = {**auth.bearer(operator), "content-type": "application/octet-stream"}
+        for part in (b"one ", b"two"):
+            assert (await http.post(mine, content=part, headers=octets)).status_code == 204
+        closing = {**auth.bearer(operator), "stream-closed": "true"}
+        assert (await http.post(mine, headers=closing)).status_code == 204
+        heard = [r async for r in live]
+        assert b"".join(r.data for r in heard) == b"one two" and heard[-1].closed
         # Bad input is a 400 naming what is wrong.
         too_long = await http.put(f"{mine}/{'x' * 1100}", headers=auth.bearer(operator))
         assert too_long.status_code == 400 and "path" in too_long.text, too_long.text
