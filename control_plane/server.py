@@ -34,6 +34,8 @@ from agentrun.v1 import (
     run_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
+    stream_pb2,
+    stream_pb2_grpc,
     tool_pb2,
     tool_pb2_grpc,
     trigger_pb2,
@@ -48,6 +50,7 @@ from control_plane.api.connections import ConnectionServicer, connection_token
 from control_plane.api.mcp_servers import McpServerServicer
 from control_plane.api.runs import RunServicer
 from control_plane.api.sessions import Conversations, SessionServicer
+from control_plane.api.streams import StreamServicer
 from control_plane.api.tools import ToolServicer
 from control_plane.api.triggers import TriggerServicer
 from control_plane.approvals import expiry, needs_help, relay, unknown_outcome
@@ -73,7 +76,9 @@ from control_plane.crypto.envelope import Envelope
 from control_plane.deploys import releases
 from control_plane.deploys.canary import CANARY_WORKSPACE, Canary, CanaryServicer
 from control_plane.deploys.self_check import SelfCheck
-from control_plane.dispatch import commits, fast_path, max_age
+from control_plane.dispatch import commits, delta_store, fast_path, max_age
+from control_plane.dispatch.delta_store import DeltaStore
+from control_plane.dispatch.deltas import DeltaHub
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.fast_path import FastPath
 from control_plane.dispatch.pipeline import CommitPipeline
@@ -116,6 +121,8 @@ SERVICE_NAMES = (
     tool_pb2.DESCRIPTOR.services_by_name["ToolService"].full_name,
     tool_pb2.DESCRIPTOR.services_by_name["McpServerService"].full_name,
     *releases.SERVICE_NAMES,
+    # Durable Streams over gRPC (issue 42, docs/streams.md).
+    stream_pb2.DESCRIPTOR.services_by_name["StreamService"].full_name,
 )
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
 # What the public listener serves when executors have a listener of their own.
@@ -378,6 +385,9 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     release_pb2_grpc.add_CanaryServiceServicer_to_server(
         CanaryServicer(p.canary, dispatcher), server
     )
+    stream_pb2_grpc.add_StreamServiceServicer_to_server(
+        StreamServicer(pool, cfg.database_url), server
+    )
     return services
 
 
@@ -419,7 +429,14 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         asyncio.create_task(
             p.dispatcher.deltas.relay.run_forever(cfg.database_url), name="delta-relay"
         ),
+        # And kept for the runs' Durable Streams (docs/streams.md).
+        asyncio.create_task(_keep_deltas(p.dispatcher.deltas, pool), name="delta-store"),
     ]
+
+
+async def _keep_deltas(hub: DeltaHub, pool: Pool) -> None:
+    hub.store = DeltaStore(pool)
+    await asyncio.gather(hub.store.run_forever(), delta_store.sweep_forever(pool))
 
 
 def _connections(

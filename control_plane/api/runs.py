@@ -37,6 +37,7 @@ from control_plane.store import lease as lease_store
 from control_plane.store import questions, unknowns
 from control_plane.store import runs as store
 from control_plane.store import steps as step_store
+from control_plane.store import streams as stream_store
 from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
 
@@ -272,8 +273,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     ) -> AsyncIterator[run_pb2.WatchRunResponse]:
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
-        next_seq = validate.non_negative("from_seq", request.from_seq)
-        feed = watch_feed(self._pool, ws, run_id, next_seq)
+        feed = watch_feed(self._pool, ws, run_id, watch_from(request))
         if not request.deltas or self._deltas is None:
             async for item in feed:
                 yield _watched(item)
@@ -326,11 +326,26 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
 
 
 def _watched(item: store.Run | step_store.Step | run_pb2.RunDelta) -> run_pb2.WatchRunResponse:
+    """The event, with where it ends in the run's Durable Stream (docs/streams.md)."""
     if isinstance(item, store.Run):
         return run_pb2.WatchRunResponse(run=convert.run(item))
     if isinstance(item, run_pb2.RunDelta):
-        return run_pb2.WatchRunResponse(delta=item)
-    return run_pb2.WatchRunResponse(step=convert.step(item))
+        offset = stream_store.run_delta_offset(item.seq, item.epoch, item.index)
+        return run_pb2.WatchRunResponse(delta=item, offset=offset)
+    return run_pb2.WatchRunResponse(
+        step=convert.step(item), offset=stream_store.run_step_offset(item.seq)
+    )
+
+
+def watch_from(request: run_pb2.WatchRunRequest) -> int:
+    """The first step seq a watch sends: its stream offset's, else its from_seq."""
+    if not request.offset:
+        return validate.non_negative("from_seq", request.from_seq)
+    if request.offset == "-1":
+        return 0
+    if not stream_store.OFFSET_FORMAT.match(request.offset):
+        raise InvalidArgument("offset", "must be -1 or an offset of the run's stream")
+    return stream_store.offset_parts(request.offset)[0]
 
 
 async def watch_feed(

@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import grpc
 
 from agentrun.v1 import session_pb2, session_pb2_grpc
-from control_plane.api.runs import TERMINAL
+from control_plane.api.runs import TERMINAL, decode_page_token, encode_page_token
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.dispatch import fast_path
@@ -111,6 +112,12 @@ class Conversations:
             raise NotFound(f"session {session_id} not found")
         last = await store.recent_turns(self._pool, workspace_id, session_id, 1)
         return row, last[0] if last else None
+
+    async def page(
+        self, workspace_id: str, agent_id: str, after: tuple[datetime, uuid.UUID] | None, size: int
+    ) -> list[Any]:
+        """A page of the workspace's sessions, newest first, after the token's one."""
+        return await store.list_sessions(self._pool, workspace_id, agent_id, after, size)
 
     async def turns(
         self, workspace_id: str, session_id: uuid.UUID, from_turn: int, limit: int
@@ -338,4 +345,19 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         next_turn = rows[-1]["turn"] + 1 if len(rows) == size else 0
         return session_pb2.ListTurnsResponse(
             turns=[turn_message(r) for r in rows], next_turn=next_turn
+        )
+
+    async def ListSessions(
+        self, request: session_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.ListSessionsResponse:
+        ws = auth_context.workspace(request.workspace_id)
+        size = validate.in_range("page_size", request.page_size or 50, 1, 500)
+        agent_id = validate.slug("agent_id", request.agent_id) if request.agent_id else ""
+        after = decode_page_token(request.page_token)
+        rows = await self._conversations.page(ws, agent_id, after, size)
+        token = ""
+        if len(rows) == size:
+            token = encode_page_token(rows[-1]["created_at"], rows[-1]["session_id"])
+        return session_pb2.ListSessionsResponse(
+            sessions=[session_message(r, None) for r in rows], next_page_token=token
         )

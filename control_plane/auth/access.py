@@ -78,6 +78,8 @@ ACCESS: dict[str, Need] = {
     f"{_V1}SessionService/GetSession": Need.READ,
     f"{_V1}SessionService/SendMessage": Need.OPERATE,
     f"{_V1}SessionService/ListTurns": Need.READ,
+    f"{_V1}SessionService/ListSessions": Need.READ,
+    f"{_V1}StreamService/ReadStream": Need.READ,
     f"{_V1}WorkspaceAdminService/CreateWorkspace": Need.PLATFORM,
     f"{_V1}WorkspaceAdminService/GetWorkspace": Need.ADMIN_OR_PLATFORM,
     f"{_V1}WorkspaceAdminService/SetWorkspacePlan": Need.PLATFORM,

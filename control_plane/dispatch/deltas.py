@@ -3,9 +3,10 @@
 The executor asks the model with stream=true and forwards the text deltas on its stream
 (ConnectRequest.delta); `DeltaHub` fans them out in memory to the watchers of that run on
 this replica, and through Postgres LISTEN/NOTIFY to those on other replicas
-(dispatch/delta_relay.py: only while one watches, batched, best-effort). Deltas are not
-stored and come only from the stream holding the run at that epoch; the committed decision
-step stays the record.
+(dispatch/delta_relay.py: only while one watches, batched, best-effort). They come only
+from the stream holding the run at that epoch, and are kept for the run's Durable Stream
+(dispatch/delta_store.py) until its decision commits; the committed decision step stays
+the record.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from agentrun.v1 import executor_pb2 as pb
 from agentrun.v1 import run_pb2
 from control_plane.dispatch.delta_relay import DeltaRelay, Key
+from control_plane.dispatch.delta_store import DeltaStore
 from control_plane.dispatch.slots import Stream
 
 T = TypeVar("T")
@@ -36,6 +38,8 @@ class DeltaHub:
         # has not yet learned it was taken over is not heard after the new one.
         self._epochs: dict[Key, int] = {}
         self.relay = DeltaRelay(self.deliver, lambda: list(self._watchers))
+        # Keeps them for the runs' Durable Streams (set by the server; None: not kept).
+        self.store: DeltaStore | None = None
 
     @contextlib.contextmanager
     def watch(self, workspace_id: str, run_id: uuid.UUID) -> Iterator[asyncio.Queue[Any]]:
@@ -70,6 +74,8 @@ class DeltaHub:
         event = run_pb2.RunDelta(
             epoch=lease.epoch, seq=delta.seq, index=delta.index, text=delta.text
         )
+        if self.store is not None:
+            self.store.offer(lease.workspace_id, run_id, event)
         self.deliver(key, event)
         self.relay.publish(key, event)
 

@@ -235,6 +235,16 @@ OPS: tuple[Op, ...] = (
     ),
     Op(
         "GET",
+        "sessions",
+        "SessionService/ListSessions",
+        "List the workspace's sessions, newest first",
+        session_pb2.ListSessionsRequest,
+        session_pb2.ListSessionsResponse,
+        ranges=_PAGE_500,
+        extra={"agent_id": SLUG},
+    ),
+    Op(
+        "GET",
         "sessions/{session_id}",
         "SessionService/GetSession",
         "Get a session and its latest turn",

@@ -16,7 +16,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from control_plane.http import api, connections, observability, openapi, sessions, webhooks
+from control_plane.http import (
+    api,
+    connections,
+    observability,
+    openapi,
+    sessions,
+    streams,
+    webhooks,
+)
 from control_plane.http.approvals import ApprovalRoutes
 from control_plane.http.console import routes as console
 from control_plane.http.context import HttpContext
@@ -34,6 +42,7 @@ ROUTE_MODULES: tuple[Callable[[HttpContext], Sequence[BaseRoute]], ...] = (
     connections.routes,
     observability.routes,
     console.routes,  # the web console under /console/ (control_plane/http/console/)
+    streams.routes,  # Durable Streams under /v1/workspaces/{id}/streams/ (control_plane/http/streams.py)
     api.routes,  # the HTTP/JSON API under /v1/workspaces/ (control_plane/http/api.py)
     lambda ctx: openapi.routes(),  # its OpenAPI document, GET /v1/openapi.json
 )

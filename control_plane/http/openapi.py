@@ -274,6 +274,93 @@ def _self_operation() -> dict[str, Any]:
     }
 
 
+STREAMS_PATH = "/v1/workspaces/{workspace_id}/streams/{path}"
+
+
+_STREAM_PARAMS = [
+    {"name": "workspace_id", "in": "path", "required": True, "schema": {"type": "string"}},
+    {
+        "name": "path",
+        "in": "path",
+        "required": True,
+        "description": "The stream's path under the workspace (it may contain `/`).",
+        "schema": {"type": "string"},
+    },
+]
+_STREAM_READ_PARAMS = [
+    {"name": "offset", "in": "query", "schema": {"type": "string"}},
+    {"name": "live", "in": "query", "schema": {"type": "string", "enum": ["long-poll", "sse"]}},
+    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+]
+_ANY_BODY = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
+
+
+def _stream_op(
+    name: str, summary: str, need: str, ok: dict[str, Any], errors: tuple[str, ...], **more: Any
+) -> dict[str, Any]:
+    """One operation of the Durable Streams protocol: its own headers, bodies and text
+    errors, not this API's JSON (control_plane/http/streams.py, docs/streams.md)."""
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    failed = {c: {"description": TITLES.get(int(c), "Error"), "content": text} for c in errors}
+    return {
+        "operationId": name,
+        "summary": summary,
+        "tags": ["Streams"],
+        "description": f"The Durable Streams protocol; needs `{need}`.",
+        "parameters": _STREAM_PARAMS,
+        "responses": {**ok, **failed},
+        **more,
+    }
+
+
+def _streams_operations() -> dict[str, Any]:
+    read_ok = {
+        "200": {"description": "Messages", "content": _ANY_BODY},
+        "204": {"description": "Nothing new before the long-poll ended"},
+        "304": {"description": "Not modified"},
+    }
+    gone = ("401", "403", "404", "410")
+    body = {"requestBody": {"required": False, "content": _ANY_BODY}}
+    created = {"200": {"description": "Already there"}, "201": {"description": "Created"}}
+    appended = {"200": {"description": "Appended"}, "204": {"description": "Appended or closed"}}
+    return {
+        "get": _stream_op(
+            "ReadStream",
+            "Read a stream from an offset (catch-up, long-poll or SSE)",
+            "read",
+            read_ok,
+            ("400", *gone),
+            parameters=_STREAM_PARAMS + _STREAM_READ_PARAMS,
+        ),
+        "head": _stream_op(
+            "GetStreamMetadata",
+            "A stream's tail offset, type, closing and expiry",
+            "read",
+            {"200": {"description": "OK"}},
+            gone,
+        ),
+        "put": _stream_op(
+            "CreateStream",
+            "Create a stream (or find the same one)",
+            "operate",
+            created,
+            ("400", "401", "403", "404", "409"),
+            **body,
+        ),
+        "post": _stream_op(
+            "AppendToStream",
+            "Append to a stream (idempotent producers), or close it",
+            "operate",
+            appended,
+            ("400", "401", "403", "404", "409", "410", "413"),
+            **body,
+        ),
+        "delete": _stream_op(
+            "DeleteStream", "Delete a stream", "operate", {"204": {"description": "Deleted"}}, gone
+        ),
+    }
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route in api.OPS (and of itself)."""
@@ -282,6 +369,7 @@ def document() -> dict[str, Any]:
     for op in OPS:
         operation = _messages_operation(op) if op.elsewhere else _operation(op, components)
         paths.setdefault(op.full_path, {})[op.method.lower()] = operation
+    paths[STREAMS_PATH] = _streams_operations()
     return {
         "openapi": "3.1.0",
         "info": {"title": "agentrun HTTP API", "version": "v1", "description": DESCRIPTION},

@@ -85,6 +85,11 @@ DISTRIBUTED_TABLES = (
     "workspace_members",
     "audit_log",
     "workspace_data_keys",
+    "streams",
+    "stream_messages",
+    "stream_producers",
+    "workspace_events",
+    "run_deltas",
 )
 
 PLANNED = frozenset(REFERENCE_TABLES + COORDINATOR_TABLES + DISTRIBUTED_TABLES)

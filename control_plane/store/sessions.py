@@ -134,3 +134,24 @@ async def fast_lease(
 async def fast_path_lapsed(pool: Pool) -> int:
     """How many fast-path runs hold a lease that lapsed."""
     return int((await run(pool, "fast_path_lapsed"))["lapsed"])
+
+
+async def list_sessions(
+    pool: Pool,
+    workspace_id: str,
+    agent_id: str,
+    after: tuple[datetime, uuid.UUID] | None,
+    size: int,
+) -> list[Any]:
+    """A page of the workspace's sessions, newest first, after `after` (created_at, id)."""
+    after_time, after_id = after if after is not None else (None, None)
+    rows = await run(
+        pool,
+        "sessions_page",
+        workspace_id=workspace_id,
+        agent_id=agent_id,
+        after_time=after_time,
+        after_id=after_id,
+        page_size=size,
+    )
+    return list(rows)

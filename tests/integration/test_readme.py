@@ -34,6 +34,17 @@ _FENCE = re.compile(
 _NO_TEST_COMMENT = re.compile(r"<!--\s*no-test\b[^>]*-->\s*$")
 # What some blocks must print (a block is named by its file and first line).
 EXPECTED = {
+    "S=http://127.0.0.1:8080/v1/workspaces/default/streams/notes/today": [
+        "201 created\n200\n200\n204\n",
+        '[{"note":0},{"note":1}]',
+        "204 closed",
+        "204 deleted",
+    ],
+    "FEED=http://127.0.0.1:8080/v1/workspaces/default/streams/_agentrun/feed": [
+        '"kind":"finish"',
+        '"streamClosed":true',
+        "'run.state'",
+    ],
     "agents create triage": ["created agent triage", "published triage v1", "status: completed"],
     "export AGENTRUN_API_KEY=$(.venv/bin/agentrun dev-key)": [
         "SERVING",

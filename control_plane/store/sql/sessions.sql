@@ -153,3 +153,13 @@ JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agen
                      AND v.version = r.agent_version
 WHERE r.status = 'running' AND r.wake_at <= now()
   AND coalesce((v.spec ->> 'fast_path')::boolean, false);
+
+-- name: sessions_page :many
+-- A workspace's sessions newest first (by creation), after the page token's
+-- (created_at, session_id) when given, optionally of one agent ('' = all).
+SELECT * FROM sessions
+WHERE workspace_id = :workspace_id
+  AND (:agent_id::text = '' OR agent_id = :agent_id)
+  AND (:after_time::timestamptz IS NULL OR (created_at, session_id) < (:after_time, :after_id::uuid))
+ORDER BY created_at DESC, session_id DESC
+LIMIT :page_size;

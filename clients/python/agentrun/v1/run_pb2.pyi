@@ -908,6 +908,7 @@ class WatchRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     DELTAS_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     from_seq: _builtins.int
@@ -920,6 +921,12 @@ class WatchRunRequest(_message.Message):
     whose deltas were lost (between replicas: the relay reconnecting or
     overloaded) sees a gap in `index`; the committed steps always follow.
     """
+    offset: _builtins.str
+    """Resume from an offset of the run's Durable Stream (docs/streams.md:
+    streams/_agentrun/runs/{run_id}, e.g. its Stream-Next-Offset, or a
+    WatchRunResponse.offset; "-1" = from the start): the steps after it, in the
+    stream's order. Overrides from_seq.
+    """
     def __init__(
         self,
         *,
@@ -927,10 +934,11 @@ class WatchRunRequest(_message.Message):
         run_id: _builtins.str = ...,
         from_seq: _builtins.int = ...,
         deltas: _builtins.bool = ...,
+        offset: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deltas", b"deltas", "from_seq", b"from_seq", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deltas", b"deltas", "from_seq", b"from_seq", "offset", b"offset", "run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -943,6 +951,11 @@ class WatchRunResponse(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    offset: _builtins.str
+    """Where a step or a delta ends in the run's Durable Stream: the offset to
+    resume from, over gRPC (WatchRunRequest.offset) or HTTP. Empty on `run`.
+    """
     @_builtins.property
     def step(self) -> Global___Step:
         """A step of the log, in seq order."""
@@ -961,10 +974,11 @@ class WatchRunResponse(_message.Message):
         step: Global___Step | None = ...,
         run: Global___Run | None = ...,
         delta: Global___RunDelta | None = ...,
+        offset: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "run", b"run", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "offset", b"offset", "run", b"run", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["step", "run", "delta"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015

@@ -62,6 +62,11 @@ class SessionServiceStub:
                 request_serializer=agentrun_dot_v1_dot_session__pb2.ListTurnsRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_session__pb2.ListTurnsResponse.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/agentrun.v1.SessionService/ListSessions',
+                request_serializer=agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -105,6 +110,15 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """ListSessions pages through the workspace's sessions, newest first (each
+        without its last_turn: GetSession has it). Each session's turns are a
+        Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +141,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.ListTurns,
                     request_deserializer=agentrun_dot_v1_dot_session__pb2.ListTurnsRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_session__pb2.ListTurnsResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -245,6 +264,33 @@ class SessionService:
             '/agentrun.v1.SessionService/ListTurns',
             agentrun_dot_v1_dot_session__pb2.ListTurnsRequest.SerializeToString,
             agentrun_dot_v1_dot_session__pb2.ListTurnsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.SessionService/ListSessions',
+            agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+            agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,11 @@ class SessionServiceStub:
     """
     ListTurns: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListTurnsRequest, _session_pb2.ListTurnsResponse]
     """ListTurns pages through a session's turns in order."""
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_session_pb2.ListSessionsRequest, _session_pb2.ListSessionsResponse]
+    """ListSessions pages through the workspace's sessions, newest first (each
+    without its last_turn: GetSession has it). Each session's turns are a
+    Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -77,6 +82,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """
     ListTurns: _aio.UnaryUnaryMultiCallable[_session_pb2.ListTurnsRequest, _session_pb2.ListTurnsResponse]  # type: ignore[assignment]
     """ListTurns pages through a session's turns in order."""
+    ListSessions: _aio.UnaryUnaryMultiCallable[_session_pb2.ListSessionsRequest, _session_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """ListSessions pages through the workspace's sessions, newest first (each
+    without its last_turn: GetSession has it). Each session's turns are a
+    Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """SessionService holds conversations with an agent, one turn at a time.
@@ -123,5 +133,16 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.ListTurnsResponse, _abc.Awaitable[_session_pb2.ListTurnsResponse]]:
         """ListTurns pages through a session's turns in order."""
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _session_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ListSessionsResponse, _abc.Awaitable[_session_pb2.ListSessionsResponse]]:
+        """ListSessions pages through the workspace's sessions, newest first (each
+        without its last_turn: GetSession has it). Each session's turns are a
+        Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

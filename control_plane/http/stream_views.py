@@ -1,0 +1,155 @@
+"""The streams the platform writes, served read-only under the Durable Streams protocol
+(control_plane/http/streams.py, docs/streams.md), as projections of what Postgres already
+keeps: nothing more is written on the commit path.
+
+* `_agentrun/runs/{run_id}`: the run's steps, each `{"step": ...}` as ListRunSteps and
+  WatchRun give it (the HTTP API's JSON of the Step message); offset `SSSS_0000` after step
+  seq S-1. It is closed once the run has ended and its last step is read.
+* `_agentrun/sessions/{session_id}`: every turn's steps in order, each
+  `{"turn": T, "run_id": ..., "step": ...}`; offset `TTTT_SSSS` after turn T's step S-1.
+* `_agentrun/feed`: the workspace's events in commit order (the `workspace_events` rows
+  the triggers of migration 0041 write), each `{"event": kind, "id": ..., "at": ...,
+  "detail": {...}}`; offset `XXXX_EEEE` after event E of transaction X.
+
+Every value is written the one way (control_plane/store/streams.py's `js_json`), so two
+readers from the same offset receive the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from control_plane.api.runs import TERMINAL
+from control_plane.ground import convert
+from control_plane.http import jsonmap
+from control_plane.store import streams as store
+from control_plane.store.db import Pool
+from control_plane.store.queries import run
+from control_plane.store.steps import Step
+
+PREFIX = "_agentrun/"
+JSON = "application/json"
+PAGE = 500
+
+
+def is_platform(path: str) -> bool:
+    return path == PREFIX.rstrip("/") or path.startswith(PREFIX)
+
+
+def _offset(high: int, low: int) -> str:
+    return f"{high:016d}_{low:016d}"
+
+
+def _stream(ws: str, path: str, tail: str, closed: bool) -> store.Stream:
+    return store.Stream(
+        workspace_id=ws,
+        stream_id=0,
+        path=path,
+        content_type=JSON,
+        ttl_seconds=None,
+        expires_at=None,
+        tail_offset=tail,
+        closed=closed,
+        closed_by=None,
+        last_seq=None,
+        forked_from=None,
+        fork_offset=None,
+        fork_sub_offset=None,
+        ref_count=0,
+        soft_deleted=False,
+    )
+
+
+def _uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+def _message(offset: str, value: dict[str, Any]) -> store.Message:
+    return store.Message(offset, (store.js_json(value) + ",").encode())
+
+
+def _step(step: Step) -> dict[str, Any]:
+    return jsonmap.to_json(convert.step(step))
+
+
+async def view(pool: Pool, ws: str, path: str) -> store.Stream | None:
+    """The platform stream at `path` as it is now (None: no such run, session or stream)."""
+    rest = path.removeprefix(PREFIX)
+    kind, _, name = rest.partition("/")
+    if kind == "feed" and not name:
+        row = await run(pool, "stream_feed_tail", ws)
+        tail = _offset(int(row["xid"]), row["event_id"]) if row else store.ZERO
+        return _stream(ws, path, tail, False)
+    key = _uuid(name)
+    if key is None or "/" in name:
+        return None
+    if kind == "runs":
+        row = await run(pool, "stream_run_tail", ws, key)
+        if row is None:
+            return None
+        last = row["last_seq"]
+        tail = _offset(last + 1, 0) if last is not None else store.ZERO
+        if row["delta_seq"] is not None:  # its model call under way
+            tail = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
+        return _stream(ws, path, tail, row["status"] in TERMINAL)
+    if kind == "sessions":
+        row = await run(pool, "stream_session_tail", ws, key)
+        if row is None:
+            return None
+        last = row["last_seq"]
+        tail = _offset(row["turn"], last + 1) if last is not None else store.ZERO
+        return _stream(ws, path, tail, False)
+    return None
+
+
+async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store.Message], bool]:
+    """The platform stream's messages after `after`, a page at a time."""
+    ws = stream.workspace_id
+    kind, _, name = stream.path.removeprefix(PREFIX).partition("/")
+    high, low = store.offset_parts(after)
+    messages: list[store.Message] = []
+    if kind == "feed":
+        rows = await run(pool, "stream_feed_after", ws, str(high), low, PAGE)
+        for r in rows:
+            value = {
+                "event": r["kind"],
+                "id": r["object_id"],
+                "at": r["at"].isoformat(),
+                "detail": json.loads(r["detail"]),
+            }
+            messages.append(_message(_offset(int(r["xid"]), r["event_id"]), value))
+    elif kind == "runs":
+        return await _run_messages(pool, ws, uuid.UUID(name), high, low)
+    else:
+        rows = await run(pool, "stream_session_steps", ws, uuid.UUID(name), high, low, PAGE)
+        for step, r in zip(Step.of_rows(rows), rows, strict=True):
+            value = {"turn": r["turn"], "run_id": str(step.run_id), "step": _step(step)}
+            messages.append(_message(_offset(r["turn"], step.seq + 1), value))
+    return messages, len(rows) < PAGE
+
+
+async def _run_messages(
+    pool: Pool, ws: str, run_id: uuid.UUID, high: int, low: int
+) -> tuple[list[store.Message], bool]:
+    """A run's steps after (high, low) and, after its last step, the deltas of the model
+    call under way: `{"delta": {"seq", "epoch", "index", "text"}}` between step seq-1 and
+    the decision step seq (deltas of committed decisions are not served)."""
+    rows = await run(pool, "steps_list", ws, run_id, high, PAGE)
+    steps = Step.of_rows(rows)
+    messages = [_message(store.run_step_offset(s.seq), {"step": _step(s)}) for s in steps]
+    if len(rows) == PAGE:
+        return messages, False
+    after_steps = steps[-1].seq + 1 if steps else high
+    deltas = await run(pool, "stream_run_deltas", ws, run_id, after_steps, high, low, PAGE)
+    for d in deltas:
+        value = {
+            "delta": {"seq": d["seq"], "epoch": d["epoch"], "index": d["idx"], "text": d["text"]}
+        }
+        messages.append(_message(store.run_delta_offset(d["seq"], d["epoch"], d["idx"]), value))
+    messages.sort(key=lambda m: m.offset)  # a call's last deltas before its decision
+    return messages, len(deltas) < PAGE

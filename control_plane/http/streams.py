@@ -1,0 +1,660 @@
+"""The Durable Streams protocol on the HTTP ingress (issue 42, docs/streams.md).
+
+`/v1/workspaces/{workspace_id}/streams/{path}`: PUT creates a stream, POST appends (and
+closes, with `Stream-Closed: true`), GET reads from `?offset=` (catch-up, or
+`live=long-poll` / `live=sse`), HEAD tells its metadata, DELETE removes it. Reads need
+READ in the workspace, writes OPERATE (so an operator or an admin): the same bearer
+credentials as the rest of /v1/. Postgres keeps everything (control_plane/store/streams.py);
+a live reader waits on `Waker`, which hears the NOTIFY of every append committed by any
+replica, and re-reads the database at least every RECHECK_SECONDS whatever it hears.
+
+The answers are the protocol's own (its reference server and conformance suite): text
+errors, `Stream-Next-Offset`, `Stream-Up-To-Date`, `Stream-Cursor`, `Stream-Closed`,
+ETags and 304, gzip above 1 KiB, CORS for any origin (a bearer credential, never cookies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import json
+import logging
+import math
+import os
+import random
+import re
+import time
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from control_plane.auth import context as auth_context
+from control_plane.auth.access import Need
+from control_plane.http import stream_views
+from control_plane.http.auth import guarded
+from control_plane.http.context import HttpContext
+from control_plane.http.errors import Handler, json_errors
+from control_plane.store import streams as store
+from control_plane.store.db import Pool
+from control_plane.store.notify import Listening
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/workspaces/{workspace_id}/streams/{path:path}"
+CHANNEL = "agentrun_streams"
+# How long a long-poll (and an idle SSE connection between keep-alives) waits;
+# AGENTRUN_STREAM_LONG_POLL_SECONDS overrides it (the conformance test waits less).
+LONG_POLL_SECONDS = 20.0
+RECHECK_SECONDS = 2.0
+# The platform's streams are projections of the step log, which no NOTIFY announces: their
+# live readers look again this often (WatchRun polls as often).
+PLATFORM_RECHECK_SECONDS = 0.25
+MAX_APPEND_BYTES = 64 << 20  # one append (or a create's first data)
+MAX_NAME_BYTES = 1024  # a stream's path, a producer's id
+COMPRESS_ABOVE = 1024
+CURSOR_EPOCH = 1728432000  # 2024-10-09T00:00:00Z, the protocol's cursor epoch
+CURSOR_INTERVAL = 20
+
+SECURITY = {
+    "access-control-allow-origin": "*",
+    "access-control-allow-methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
+    "access-control-allow-headers": (
+        "content-type, authorization, Stream-Seq, Stream-TTL, Stream-Expires-At, "
+        "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, "
+        "Stream-Fork-Offset, Stream-Fork-Sub-Offset, If-None-Match"
+    ),
+    "access-control-expose-headers": (
+        "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
+        "Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, "
+        "etag, content-type, content-encoding, vary"
+    ),
+    "x-content-type-options": "nosniff",
+    "cross-origin-resource-policy": "cross-origin",
+}
+OFFSET = re.compile(r"^(-1|now|\d+_\d+)$")
+FORK_OFFSET = re.compile(r"^\d+_\d+$")
+COUNT = re.compile(r"^(0|[1-9]\d*)$")
+INTEGER = re.compile(r"^\d+$")
+MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
+SAFE_INTEGER = 2**53 - 1
+
+
+def long_poll_seconds() -> float:
+    raw = os.environ.get("AGENTRUN_STREAM_LONG_POLL_SECONDS", "")
+    try:
+        return float(raw) if raw else LONG_POLL_SECONDS
+    except ValueError:
+        return LONG_POLL_SECONDS
+
+
+class Waker:
+    """Wakes this replica's live readers of a stream when any replica commits to it.
+
+    One LISTEN connection per replica, opened on the first live read; while it is down
+    (or before it is up) readers fall back to re-reading every RECHECK_SECONDS."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._waiting: dict[int, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _heard(self, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            for event in self._waiting.get(int(payload), ()):
+                event.set()
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                channel = await Listening.open(self._dsn, CHANNEL, self._heard)
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+                log.info("stream waker cannot connect: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                for events in self._waiting.values():  # missed while away: look again
+                    for event in events:
+                        event.set()
+                await channel.lost()
+            finally:
+                await channel.close()
+
+    @contextlib.contextmanager
+    def watching(self, stream_id: int) -> Iterator[asyncio.Event]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._listen(), name="stream-waker")
+        event = asyncio.Event()
+        self._waiting.setdefault(stream_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._waiting.get(stream_id)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiting[stream_id]
+
+
+def text(status: int, message: str = "", headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        message,
+        status_code=status,
+        media_type="text/plain",
+        headers={**SECURITY, **(headers or {})},
+    )
+
+
+def _refused(exc: store.StreamRefused) -> Response:
+    return text(exc.status, exc.message, exc.headers)
+
+
+def response_cursor(client: str | None) -> str:
+    """The protocol's cache-busting cursor: the current 20 s interval, or past the
+    client's by a random jitter when it is not behind."""
+    current = math.floor((time.time() - CURSOR_EPOCH) / CURSOR_INTERVAL)
+    if not client:
+        return str(current)
+    try:
+        theirs = int(client)
+    except ValueError:
+        return str(current)
+    if theirs < current:
+        return str(current)
+    jitter = max(1, math.ceil(random.randint(1, 3600) / CURSOR_INTERVAL))
+    return str(theirs + jitter)
+
+
+def _compress(body: bytes, accept: str) -> tuple[bytes, str]:
+    if len(body) < COMPRESS_ABOVE or not accept:
+        return body, ""
+    names = [part.split(";")[0].strip() for part in accept.lower().split(",")]
+    if "gzip" in names:
+        return gzip.compress(body, compresslevel=6), "gzip"
+    if "deflate" in names:
+        return zlib.compress(body), "deflate"
+    return body, ""
+
+
+def _sse_data(payload: str) -> str:
+    lines = re.split(r"\r\n|\r|\n", payload)
+    return "\n".join(f"data:{line}" for line in lines) + "\n\n"
+
+
+async def _body(request: Request) -> bytes:
+    """The request's body, refused (413) past MAX_APPEND_BYTES before it is all read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_APPEND_BYTES:
+        raise store.StreamRefused(413, f"An append may carry at most {MAX_APPEND_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_APPEND_BYTES:
+            raise store.StreamRefused(413, f"An append may carry at most {MAX_APPEND_BYTES} bytes")
+    return bytes(body)
+
+
+def _stream_path(ws: str, given: str) -> str:
+    """A stream named in a header: its path under the namespace, or the whole URL path."""
+    prefix = f"/v1/workspaces/{ws}/streams/"
+    return given[len(prefix) :] if given.startswith(prefix) else given.lstrip("/")
+
+
+def _etag(request: Request, start: str, end: str, closed: bool) -> str:
+    path = base64.b64encode(request.url.path.encode()).decode()
+    return f'"{path}:{start}:{end}{":c" if closed else ""}"'
+
+
+def _refuse(message: str) -> store.StreamRefused:
+    return store.StreamRefused(400, message)
+
+
+def _expiry(h: Headers) -> tuple[int | None, str | None, datetime | None]:
+    """Stream-TTL or Stream-Expires-At (one at most): seconds, or the text and its time."""
+    ttl_text, expires_text = h.get("stream-ttl"), h.get("stream-expires-at")
+    if ttl_text and expires_text:
+        raise _refuse("Cannot specify both Stream-TTL and Stream-Expires-At")
+    if ttl_text:
+        if not COUNT.match(ttl_text):
+            raise _refuse("Invalid Stream-TTL value")
+        return int(ttl_text), None, None
+    if not expires_text:
+        return None, None, None
+    try:
+        when = datetime.fromisoformat(expires_text)
+    except ValueError:
+        raise _refuse("Invalid Stream-Expires-At timestamp") from None
+    if when.tzinfo is None:
+        raise _refuse("Invalid Stream-Expires-At timestamp: it must name its time zone")
+    return None, expires_text, when
+
+
+def _fork(ws: str, h: Headers) -> tuple[str | None, str | None, int | None]:
+    """Stream-Forked-From, Stream-Fork-Offset and Stream-Fork-Sub-Offset, checked."""
+    forked_from = h.get("stream-forked-from") or None
+    fork_offset = h.get("stream-fork-offset") or None
+    if fork_offset and not FORK_OFFSET.match(fork_offset):
+        raise _refuse("Invalid Stream-Fork-Offset format")
+    sub_text = h.get("stream-fork-sub-offset")
+    if sub_text is None:
+        sub = None
+    elif not forked_from:
+        raise _refuse("Stream-Fork-Sub-Offset requires Stream-Forked-From")
+    elif not COUNT.match(sub_text):
+        raise _refuse("Invalid Stream-Fork-Sub-Offset format")
+    else:
+        sub = int(sub_text)
+    return (_stream_path(ws, forked_from) if forked_from else None), fork_offset, sub
+
+
+def _create_options(ws: str, h: Headers, body: bytes) -> store.CreateOptions:
+    forked_from, fork_offset, sub = _fork(ws, h)
+    content_type = h.get("content-type")
+    if not content_type or not content_type.strip() or not MEDIA_TYPE.match(content_type):
+        content_type = None if forked_from else "application/octet-stream"
+    ttl, expires_text, expires_time = _expiry(h)
+    return store.CreateOptions(
+        content_type=content_type,
+        ttl_seconds=ttl,
+        expires_at=expires_text,
+        expires_at_time=expires_time,
+        closed=h.get("stream-closed") == "true",
+        forked_from=forked_from,
+        fork_offset=fork_offset,
+        fork_sub_offset=sub,
+        initial=body,
+    )
+
+
+def _read_params(request: Request) -> tuple[str | None, str | None, str | None]:
+    """?offset= (one, well formed), ?live= (long-poll and sse need an offset), ?cursor=."""
+    params = request.query_params
+    offsets = params.getlist("offset")
+    offset = offsets[0] if offsets else None
+    live = params.get("live")
+    if offset is not None:
+        if offset == "":
+            raise _refuse("Empty offset parameter")
+        if len(offsets) > 1:
+            raise _refuse("Multiple offset parameters not allowed")
+        if not OFFSET.match(offset):
+            raise _refuse("Invalid offset format")
+    if live in ("long-poll", "sse") and not offset:
+        raise _refuse(f"{'SSE' if live == 'sse' else 'Long-poll'} requires offset parameter")
+    return offset, live, params.get("cursor")
+
+
+class StreamRoutes:
+    def __init__(self, pool: Pool, waker: Waker, long_poll_seconds: float) -> None:
+        self.pool = pool
+        self.waker = waker
+        self.long_poll = long_poll_seconds
+
+    async def stream_at(self, ws: str, path: str) -> store.Stream | None:
+        if stream_views.is_platform(path):
+            return await stream_views.view(self.pool, ws, path)
+        return await store.get(self.pool, ws, path)
+
+    async def messages_after(
+        self, stream: store.Stream, after: str
+    ) -> tuple[list[store.Message], bool]:
+        if stream.stream_id == 0:  # the platform's (stream_views: no row of its own)
+            return await stream_views.read(self.pool, stream, after)
+        return await store.read(self.pool, stream, after)
+
+    async def wait(self, ws: str, stream: store.Stream, after: str) -> None:
+        """Until the stream may have moved past `after` or closed, or the long-poll ends."""
+        deadline = time.monotonic() + self.long_poll
+        with self.waker.watching(stream.stream_id) as event:
+            while (left := deadline - time.monotonic()) > 0:
+                event.clear()
+                current = await self.stream_at(ws, stream.path)
+                if current is None or current.soft_deleted or current.closed:
+                    return
+                if current.tail_offset != after and current.tail_offset > after:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    recheck = PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 else RECHECK_SECONDS
+                    await asyncio.wait_for(event.wait(), timeout=min(left, recheck))
+
+    async def create(self, request: Request, ws: str, path: str) -> Response:
+        h = request.headers
+        opts = _create_options(ws, h, await _body(request))
+        stream, created = await store.create(self.pool, ws, path, opts)
+        headers = {
+            "content-type": stream.content_type or opts.content_type or "application/octet-stream",
+            "Stream-Next-Offset": stream.tail_offset,
+        }
+        if created:
+            headers["location"] = str(request.url.replace(query=""))
+        if stream.closed:
+            headers["Stream-Closed"] = "true"
+        return Response(b"", status_code=201 if created else 200, headers={**SECURITY, **headers})
+
+    async def head(self, request: Request, ws: str, path: str) -> Response:
+        stream = await self.stream_at(ws, path)
+        if stream is None:
+            return text(404)
+        if stream.soft_deleted:
+            return text(410)
+        headers = {"Stream-Next-Offset": stream.tail_offset, "cache-control": "no-store"}
+        if stream.content_type:
+            headers["content-type"] = stream.content_type
+        if stream.closed:
+            headers["Stream-Closed"] = "true"
+        if stream.ttl_seconds is not None:
+            headers["Stream-TTL"] = str(stream.ttl_seconds)
+        if stream.expires_at:
+            headers["Stream-Expires-At"] = stream.expires_at
+        headers["etag"] = _etag(request, "-1", stream.tail_offset, stream.closed)
+        return Response(b"", status_code=200, headers={**SECURITY, **headers})
+
+    async def read(self, request: Request, ws: str, path: str) -> Response:
+        stream = await self.stream_at(ws, path)
+        if stream is None:
+            return text(404, "Stream not found")
+        if stream.soft_deleted:
+            return text(410, "Stream is gone")
+        offset, live, cursor = _read_params(request)
+        if live == "sse":
+            assert offset is not None
+            return self._sse(ws, stream, stream.tail_offset if offset == "now" else offset, cursor)
+        if offset == "now" and live != "long-poll":
+            return await self._now(stream)
+        after = stream.tail_offset if offset == "now" else offset
+        start = store.ZERO if after in (None, "-1") else after
+        assert start is not None
+        messages, up_to_date = await self.messages_after(stream, start)
+        await store.touch(self.pool, stream)
+        if live == "long-poll" and after == stream.tail_offset and not messages:
+            polled = await self._long_poll(ws, stream, start, cursor)
+            if isinstance(polled, Response):
+                return polled
+            stream, messages, up_to_date = polled
+        return await self._catch_up(request, ws, stream, messages, up_to_date, offset, live)
+
+    async def _now(self, stream: store.Stream) -> Response:
+        """?offset=now without waiting: nothing, and where the tail is."""
+        headers = {
+            "Stream-Next-Offset": stream.tail_offset,
+            "Stream-Up-To-Date": "true",
+            "cache-control": "no-store",
+        }
+        if stream.content_type:
+            headers["content-type"] = stream.content_type
+        if stream.closed:
+            headers["Stream-Closed"] = "true"
+        await store.touch(self.pool, stream)
+        body = b"[]" if stream.is_json else b""
+        return Response(body, status_code=200, headers={**SECURITY, **headers})
+
+    async def _long_poll(
+        self, ws: str, stream: store.Stream, start: str, cursor: str | None
+    ) -> Response | tuple[store.Stream, list[store.Message], bool]:
+        """A reader at the tail waits for the next append: what came, or a 204."""
+        if stream.closed:
+            closed = {"Stream-Up-To-Date": "true", "Stream-Closed": "true"}
+            return text(204, headers={"Stream-Next-Offset": stream.tail_offset, **closed})
+        await self.wait(ws, stream, start)
+        current = await self.stream_at(ws, stream.path)
+        if current is None or current.soft_deleted:
+            return text(404, "Stream not found")
+        messages, up_to_date = await self.messages_after(current, start)
+        await store.touch(self.pool, current)
+        if messages:
+            return current, messages, up_to_date
+        headers = {
+            "Stream-Next-Offset": start,
+            "Stream-Up-To-Date": "true",
+            "Stream-Cursor": response_cursor(cursor),
+        }
+        if current.closed:
+            headers["Stream-Closed"] = "true"
+        return text(204, headers=headers)
+
+    async def _catch_up(
+        self,
+        request: Request,
+        ws: str,
+        stream: store.Stream,
+        messages: list[store.Message],
+        up_to_date: bool,
+        offset: str | None,
+        live: str | None,
+    ) -> Response:
+        """Messages as one body, with where to read next, an ETag, gzip when it pays."""
+        headers = {}
+        if stream.content_type:
+            headers["content-type"] = stream.content_type
+        end = messages[-1].offset if messages else stream.tail_offset
+        headers["Stream-Next-Offset"] = end
+        if live == "long-poll":
+            headers["Stream-Cursor"] = response_cursor(request.query_params.get("cursor"))
+        if up_to_date:
+            headers["Stream-Up-To-Date"] = "true"
+        current = await self.stream_at(ws, stream.path) if messages else stream
+        closed = current is not None and current.closed and end == current.tail_offset
+        if closed and up_to_date:
+            headers["Stream-Closed"] = "true"
+        etag = _etag(request, offset or "-1", end, closed and up_to_date)
+        headers["etag"] = etag
+        if request.headers.get("if-none-match") == etag:
+            return Response(b"", status_code=304, headers={**SECURITY, "etag": etag})
+        body, encoding = _compress(
+            store.body_of(stream, messages), request.headers.get("accept-encoding", "")
+        )
+        if encoding:
+            headers["content-encoding"] = encoding
+            headers["vary"] = "accept-encoding"
+        return Response(body, status_code=200, headers={**SECURITY, **headers})
+
+    def _sse(self, ws: str, stream: store.Stream, start: str, cursor: str | None) -> Response:
+        ct = store.normalize(stream.content_type)
+        binary = not (ct.startswith("text/") or ct == "application/json")
+        headers = {
+            **SECURITY,
+            "content-type": "text/event-stream",
+            "cache-control": "no-cache",
+            "connection": "keep-alive",
+        }
+        if binary:
+            headers["Stream-SSE-Data-Encoding"] = "base64"
+        return StreamingResponse(
+            self._events(ws, stream, start, cursor, binary),
+            headers=headers,
+        )
+
+    async def _events(
+        self, ws: str, stream: store.Stream, start: str, cursor: str | None, binary: bool
+    ) -> AsyncIterator[str]:
+        after = store.ZERO if start == "-1" else start
+        while True:
+            latest = await self.stream_at(ws, stream.path)
+            if latest is None or latest.soft_deleted:
+                return
+            messages, up_to_date = await self.messages_after(latest, after)
+            await store.touch(self.pool, latest)
+            end = messages[-1].offset if messages else latest.tail_offset if up_to_date else after
+            at_tail = end == latest.tail_offset
+            closing = latest.closed and at_tail and up_to_date
+            events: list[str] = []
+            for i, message in enumerate(messages):
+                last = i == len(messages) - 1
+                events.append("event: data\n" + _sse_data(self._payload(latest, message, binary)))
+                events.append(
+                    self._control(message.offset, cursor, last and up_to_date, last and closing)
+                )
+            if not messages:
+                events.append(self._control(end, cursor, up_to_date, closing))
+            yield "".join(events)
+            if closing:
+                return
+            after = end
+            if up_to_date:
+                await self.wait(ws, latest, after)
+                moved = await self.stream_at(ws, stream.path)
+                if moved is None or moved.soft_deleted:
+                    return
+                if moved.tail_offset == after and not moved.closed:
+                    yield self._control(after, cursor, True, False)
+
+    @staticmethod
+    def _payload(stream: store.Stream, message: store.Message, binary: bool) -> str:
+        if binary:
+            return base64.b64encode(message.data).decode()
+        if stream.is_json:
+            return store.body_of(stream, [message]).decode()
+        return message.data.decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _control(offset: str, cursor: str | None, up_to_date: bool, closed: bool) -> str:
+        """A control event: where the reader is, and whether it is caught up or the end."""
+        data: dict[str, object] = {"streamNextOffset": offset}
+        if closed:
+            data["streamClosed"] = True
+        else:
+            data["streamCursor"] = response_cursor(cursor)
+            if up_to_date:
+                data["upToDate"] = True
+        return "event: control\n" + _sse_data(json.dumps(data, separators=(",", ":")))
+
+    async def append(self, request: Request, ws: str, path: str) -> Response:
+        h = request.headers
+        close = h.get("stream-closed") == "true"
+        pid, epoch_text, seq_text = (
+            h.get("producer-id"),
+            h.get("producer-epoch"),
+            h.get("producer-seq"),
+        )
+        given = [v is not None for v in (pid, epoch_text, seq_text)]
+        if any(given) and not all(given):
+            return text(
+                400,
+                "All producer headers (Producer-Id, Producer-Epoch, Producer-Seq) "
+                "must be provided together",
+            )
+        producer: store.Producer | None = None
+        if pid is not None and epoch_text is not None and seq_text is not None:
+            if pid == "":
+                return text(400, "Invalid Producer-Id: must not be empty")
+            if len(pid.encode()) > MAX_NAME_BYTES:
+                return text(400, f"Invalid Producer-Id: at most {MAX_NAME_BYTES} bytes")
+            if not INTEGER.match(epoch_text) or int(epoch_text) > SAFE_INTEGER:
+                return text(400, "Invalid Producer-Epoch: must be a non-negative integer")
+            if not INTEGER.match(seq_text) or int(seq_text) > SAFE_INTEGER:
+                return text(400, "Invalid Producer-Seq: must be a non-negative integer")
+            producer = store.Producer(pid, int(epoch_text), int(seq_text))
+        body = await _body(request)
+        if not body and close:
+            result = await store.close(self.pool, ws, path, producer)
+        elif not body:
+            return text(400, "Empty body")
+        elif not h.get("content-type"):
+            return text(400, "Content-Type header is required")
+        else:
+            result = await store.append(
+                self.pool,
+                ws,
+                path,
+                body,
+                content_type=h.get("content-type"),
+                seq=h.get("stream-seq"),
+                producer=producer,
+                close=close,
+            )
+        return self._appended(result, producer, close and not body)
+
+    def _appended(
+        self, result: store.AppendResult, producer: store.Producer | None, close_only: bool
+    ) -> Response:
+        status = result.status
+        if status == "stream_closed":
+            return text(
+                409,
+                "Stream is closed",
+                {"Stream-Closed": "true", "Stream-Next-Offset": result.offset},
+            )
+        if status == "stale_epoch":
+            return text(403, "Stale producer epoch", {"Producer-Epoch": str(result.current_epoch)})
+        if status == "invalid_epoch_seq":
+            return text(400, "New epoch must start with sequence 0")
+        if status == "sequence_gap":
+            return text(
+                409,
+                "Producer sequence gap",
+                {
+                    "Producer-Expected-Seq": str(result.expected_seq),
+                    "Producer-Received-Seq": str(result.received_seq),
+                },
+            )
+        headers: dict[str, str] = {}
+        if status == "duplicate":
+            assert producer is not None
+            headers["Producer-Epoch"] = str(producer.epoch)
+            headers["Producer-Seq"] = str(result.last_seq)
+            if result.closed:
+                headers["Stream-Closed"] = "true"
+                headers["Stream-Next-Offset"] = result.offset
+            return text(204, headers=headers)
+        headers["Stream-Next-Offset"] = result.offset
+        if producer is not None:
+            headers["Producer-Epoch"] = str(producer.epoch)
+            headers["Producer-Seq"] = str(producer.seq)
+        if result.closed:
+            headers["Stream-Closed"] = "true"
+        code = 200 if producer is not None and not close_only else 204
+        return text(code, headers=headers)
+
+    async def delete(self, request: Request, ws: str, path: str) -> Response:
+        await store.delete(self.pool, ws, path)
+        return text(204)
+
+
+def routes(ctx: HttpContext) -> list[Route]:
+    streams = StreamRoutes(ctx.pool, Waker(ctx.config.database_url), long_poll_seconds())
+    resolver = ctx.credentials()
+    methods = {
+        "PUT": (Need.OPERATE, streams.create),
+        "POST": (Need.OPERATE, streams.append),
+        "DELETE": (Need.OPERATE, streams.delete),
+        "GET": (Need.READ, streams.read),
+        "HEAD": (Need.READ, streams.head),
+    }
+
+    def handler_for(method: str) -> Handler:
+        need, serve = methods[method]
+
+        async def handle(request: Request) -> Response:
+            ws = auth_context.workspace(request.path_params["workspace_id"])
+            path = request.path_params["path"]
+            if not path or len(path.encode()) > MAX_NAME_BYTES:
+                return text(400, f"A stream's path has 1 to {MAX_NAME_BYTES} bytes")
+            if need is not Need.READ and stream_views.is_platform(path):
+                return text(405, f"{stream_views.PREFIX} streams are the platform's: read-only")
+            try:
+                return await serve(request, ws, path)
+            except store.StreamRefused as exc:
+                return _refused(exc)
+
+        return json_errors(guarded(resolver, need, handle))
+
+    guarded_methods = {method: handler_for(method) for method in methods}
+
+    async def endpoint(request: Request) -> Response:
+        if request.method == "OPTIONS":
+            return Response(b"", status_code=204, headers=SECURITY)
+        serve = guarded_methods.get(request.method)
+        if serve is None:
+            return text(405, "Method not allowed")
+        response = await serve(request)
+        for name, value in SECURITY.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    return [Route(PATH, endpoint, methods=["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"])]
