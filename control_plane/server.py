@@ -522,7 +522,11 @@ async def _start_triggers(
         on_cancel=dispatcher.cancel,
     )
     fetcher = PushFetcher(
-        pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
+        pool,
+        config.defaults,
+        dispatcher.poke,
+        poll_seconds=config.push_poll_seconds,
+        tokens=flows.tokens if flows is not None else None,
     )
     ctx = HttpContext(
         pool,

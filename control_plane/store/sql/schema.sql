@@ -1627,6 +1627,9 @@ CREATE TABLE triggers (
     buffered_dedupe_key   text,
     -- Why the trigger was last paused or unpaused (SetTriggerEnabled's note).
     note                  text,
+    -- Push sources on a connection: why fetching is parked (the connection cannot be
+    -- used), until a fetch works again.
+    fetch_error           text,
     PRIMARY KEY (workspace_id, trigger_id),
     FOREIGN KEY (workspace_id, agent_id) REFERENCES agents,
     CONSTRAINT trigger_kind_known CHECK (kind IN ('webhook', 'schedule', 'mail', 'mail_push')),
