@@ -65,7 +65,9 @@ def _rule(args: argparse.Namespace) -> pb.AlertRule:
 def alerts_add(args: argparse.Namespace) -> int:
     channel, stub = _stub(args)
     with channel:
-        resp = stub.AddAlertRule(pb.AddAlertRuleRequest(rule=_rule(args)), timeout=TIMEOUT)
+        resp = stub.AddAlertRule(
+            pb.AddAlertRuleRequest(workspace_id=args.workspace, rule=_rule(args)), timeout=TIMEOUT
+        )
     output.emit(args, resp.rule, [line(resp.rule)])
     return 0
 

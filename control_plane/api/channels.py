@@ -155,7 +155,7 @@ class ChannelServicer(channel_pb2_grpc.ChannelServiceServicer):
         self, request: pb.AddAlertRuleRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddAlertRuleResponse:
         rule = request.rule
-        ws = auth_context.workspace(rule.workspace_id)
+        ws = auth_context.workspace(request.workspace_id)
         found = {c.name: c for c in await store.list_all(self._pool, ws)}.get(rule.channel)
         if found is None:
             raise InvalidArgument("rule.channel", f"no channel {rule.channel!r} in this workspace")

@@ -147,9 +147,10 @@ async def test_a_bad_rule_is_refused_naming_the_field(pool, config, db_url):
                 "rule.condition": channel_pb2.AlertRule(name="a", channel="ops"),
             }
             for field, rule in cases.items():
-                rule.workspace_id = "ws"
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await stub.AddAlertRule(channel_pb2.AddAlertRuleRequest(rule=rule))
+                    await stub.AddAlertRule(
+                        channel_pb2.AddAlertRuleRequest(workspace_id="ws", rule=rule)
+                    )
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
                 assert field in str(err.value.details()), (field, err.value.details())
             with pytest.raises(grpc.aio.AioRpcError) as err:

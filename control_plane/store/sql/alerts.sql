@@ -16,6 +16,7 @@ WHERE a.workspace_id = :workspace_id
 ORDER BY a.name;
 
 -- name: alert_delete :one
+-- Remove an alert rule by name; its name, or no row.
 DELETE FROM alert_rules WHERE workspace_id = :workspace_id AND name = :rule_name RETURNING name;
 
 -- name: alert_evaluate :many

@@ -437,17 +437,22 @@ Global___AlertRule: _TypeAlias = AlertRule  # noqa: Y015
 class AddAlertRuleRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     RULE_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
     @_builtins.property
-    def rule(self) -> Global___AlertRule: ...
+    def rule(self) -> Global___AlertRule:
+        """Its workspace_id is ignored (the request's is used)."""
+
     def __init__(
         self,
         *,
+        workspace_id: _builtins.str = ...,
         rule: Global___AlertRule | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
