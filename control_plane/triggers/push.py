@@ -56,6 +56,10 @@ class FetchError(Exception):
     """The history URL did not answer with a history listing."""
 
 
+class _Refused(Exception):
+    """The history API refused the connection's token even after a refresh."""
+
+
 class SourceParked(FetchError):
     """The source's connection cannot be used: the fetch is parked until a notification."""
 
@@ -167,7 +171,7 @@ class PushFetcher:
         auth = _Auth(self._tokens, settings.workspace_id, settings.config.get("connection_id"))
         try:
             messages, history_id = await self._changes(settings.config["history_url"], start, auth)
-        except (ConnectionUnusable, NotFound) as exc:
+        except (ConnectionUnusable, NotFound, _Refused) as exc:
             reason = f"connection {auth.connection_id} cannot be used: {exc}"
             await store.park_push(self._pool, settings.workspace_id, settings.trigger_id, reason)
             raise SourceParked(reason) from None
@@ -197,6 +201,9 @@ class PushFetcher:
             response = await self._client.get(url, params=params, headers=await auth.headers())
             if response.status_code == 401 and await auth.rejected():
                 response = await self._client.get(url, params=params, headers=await auth.headers())
+            if response.status_code in (401, 403) and auth.connection_id:
+                # A fresh token refused, or a scope missing: its owner must act, not a retry.
+                raise _Refused(f"the history API answered {response.status_code} to its token")
             if response.status_code != 200:
                 raise FetchError(f"history listing answered {response.status_code}")
             try:

@@ -167,6 +167,33 @@ async def test_a_push_source_fetches_on_its_connection_refreshing_once_then_park
     )
 
 
+async def test_a_token_lacking_the_read_scope_parks_the_fetch_at_once(
+    cp: RunningServer, api: TriggerApi, db: Any, mail_sandbox: BackgroundServer
+) -> None:
+    done = await follow_start_link(
+        f"http://127.0.0.1:{cp.http_port}", WS, str(api.key), INBOX, provider="mailbox"
+    )
+    await sandbox(mail_sandbox, "POST", "/_sandbox/oauth/config", json={"require": {"mailbox": 1}})
+    # The owner's grant lost the read scope: every token of it is refused (403), and a
+    # refresh would not help (the same grant): parked, not retried every lease.
+    await sandbox(
+        mail_sandbox, "POST", "/_sandbox/oauth/scopes", json={**grant(INBOX), "scopes": []}
+    )
+    url = f"{mail_sandbox.url}/mailbox/{INBOX}/history"
+    source = trigger_pb2.MailPushSource(history_url=url, connection_id=done["connection_id"])
+    _, secret = await api.create("inbox", "triage", mail_push=source)
+    await fill(mail_sandbox, 1, 1)
+    await notify(cp, secret, 1)
+
+    async def parked() -> bool:
+        return bool(await db.fetchval("SELECT fetch_error FROM triggers"))
+
+    await eventually(parked, message="parked on the refused token")
+    error = await db.fetchval("SELECT fetch_error FROM triggers")
+    assert "403" in error and await count(db, "runs") == 0
+    assert await db.fetchval("SELECT fetch_due_at FROM triggers") is None
+
+
 def grant(account: str) -> dict[str, str]:
     return {"provider": "mailbox", "account": account}
 
