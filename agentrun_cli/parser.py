@@ -7,6 +7,7 @@ import sys
 
 from agentrun_cli import (
     admin_commands,
+    alerts,
     approvals,
     argtypes,
     channels,
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_commands(sub, common)
     connections.add_commands(sub, common)
     channels.add_commands(sub, common)
+    alerts.add_commands(sub, common)
     credits.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)

@@ -34,7 +34,13 @@ def source_line(t: pb.Trigger) -> str:
         return f"mail {t.mail.address or ''} (max chain depth {t.mail.max_chain_depth})".replace(
             "  ", " "
         )
-    return f"mail push from {t.mail_push.history_url} (at history id {t.mail_push.last_history_id})"
+    push = t.mail_push
+    text = f"mail push from {push.history_url} (at history id {push.last_history_id})"
+    if push.connection_id:
+        text += f" on connection {push.connection_id}"
+    if push.fetch_error:
+        text += f"; parked: {push.fetch_error}"
+    return text
 
 
 def trigger_lines(t: pb.Trigger) -> list[str]:

@@ -90,6 +90,7 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
             history_url=args.mail_push,
             start_history_id=args.start_history_id,
             max_chain_depth=args.max_chain_depth,
+            connection_id=args.connection,
         )
     }
 
@@ -237,6 +238,9 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
     p.add_argument("--max-chain-depth", type=argtypes.int32, default=0, metavar="N")
     p.add_argument("--start-history-id", type=argtypes.int64, default=0, metavar="N")
+    p.add_argument(
+        "--connection", default="", metavar="ID", help="mail push: fetch with this connection"
+    )
     p.add_argument("--debounce-key", default="", metavar="PATH", help="body path or header:NAME")
     p.add_argument(
         "--debounce-seconds", type=argtypes.int32, default=0, metavar="S", help="quiet period"

@@ -62,7 +62,7 @@ from control_plane.auth.interceptor import IdentityInterceptor
 from control_plane.auth.oidc import OidcVerifier
 from control_plane.auth.principal import Principal
 from control_plane.auth.resolver import REFUSED, Resolver
-from control_plane.channels import lifecycle
+from control_plane.channels import alerts, lifecycle
 from control_plane.connections import parks
 from control_plane.connections.client import OAuthClient, OAuthSettings
 from control_plane.connections.flows import ConnectionFlows
@@ -420,6 +420,8 @@ def _background_loops(p: _Parts) -> list[asyncio.Task[None]]:
         asyncio.create_task(
             lifecycle.run_forever(pool, cfg.approval_poll_seconds), name="run-lifecycle-webhooks"
         ),
+        # Alert rules: a breach fires once through its channel (channels/alerts.py).
+        asyncio.create_task(alerts.run_forever(pool, cfg.alert_poll_seconds), name="alert-rules"),
         asyncio.create_task(Retention(pool).run(), name="retention"),
         asyncio.create_task(
             fast_path.recover_forever(pool, poke, cfg.fast_path_heartbeat_seconds),
@@ -539,7 +541,11 @@ async def _start_triggers(
         on_cancel=dispatcher.cancel,
     )
     fetcher = PushFetcher(
-        pool, config.defaults, dispatcher.poke, poll_seconds=config.push_poll_seconds
+        pool,
+        config.defaults,
+        dispatcher.poke,
+        poll_seconds=config.push_poll_seconds,
+        tokens=flows.tokens if flows is not None else None,
     )
     ctx = HttpContext(
         pool,

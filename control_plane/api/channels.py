@@ -20,6 +20,7 @@ from control_plane.channels.delivery import SLACK_API
 from control_plane.crypto.envelope import Envelope
 from control_plane.ground import convert, validate
 from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound
+from control_plane.store import alerts as alert_store
 from control_plane.store import channels as store
 from control_plane.store.db import Pool, transaction
 
@@ -149,3 +150,122 @@ class ChannelServicer(channel_pb2_grpc.ChannelServiceServicer):
                 raise NotFound(f"channel {request.name!r} not found")
             await audit.record(conn, "channel.removed", "channel", request.name, {})
         return pb.RemoveChannelResponse()
+
+    async def AddAlertRule(
+        self, request: pb.AddAlertRuleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddAlertRuleResponse:
+        rule = request.rule
+        ws = auth_context.workspace(request.workspace_id)
+        found = {c.name: c for c in await store.list_all(self._pool, ws)}.get(rule.channel)
+        if found is None:
+            raise InvalidArgument("rule.channel", f"no channel {rule.channel!r} in this workspace")
+        new = new_alert_rule(ws, rule, found)
+        async with transaction(self._pool) as conn:
+            row = await alert_store.insert(conn, new)
+            if row is None:
+                raise AlreadyExists(f"alert rule {rule.name!r} exists")
+            detail = {"name": rule.name, "kind": new.kind, "channel": rule.channel}
+            await audit.record(conn, "alert_rule.added", "alert_rule", rule.name, detail)
+        return pb.AddAlertRuleResponse(rule=alert_to_proto(row))
+
+    async def ListAlertRules(
+        self, request: pb.ListAlertRulesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListAlertRulesResponse:
+        ws = auth_context.workspace(request.workspace_id)
+        rows = await alert_store.list_all(self._pool, ws)
+        return pb.ListAlertRulesResponse(rules=[alert_to_proto(r) for r in rows])
+
+    async def RemoveAlertRule(
+        self, request: pb.RemoveAlertRuleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RemoveAlertRuleResponse:
+        ws = auth_context.workspace(request.workspace_id)
+        async with transaction(self._pool) as conn:
+            if not await alert_store.delete(conn, ws, request.name):
+                raise NotFound(f"alert rule {request.name!r} not found")
+            await audit.record(conn, "alert_rule.removed", "alert_rule", request.name, {})
+        return pb.RemoveAlertRuleResponse()
+
+
+DAY = 86400
+
+
+def new_alert_rule(ws: str, rule: pb.AlertRule, channel: store.Channel) -> alert_store.NewRule:
+    """The validated rule AddAlertRule describes (every field named when it is wrong)."""
+    if not NAME.match(rule.name):
+        raise InvalidArgument(
+            "rule.name", "lowercase letters, digits, '-' and '_', 1-63 characters"
+        )
+    recipient = validate.text("rule.recipient", rule.recipient, max_bytes=320)
+    if channel.kind != "webhook" and not recipient:
+        raise InvalidArgument(
+            "rule.recipient", f"a {channel.kind} channel needs the Slack channel or address to tell"
+        )
+    which = rule.WhichOneof("condition")
+    base: dict[str, Any] = {
+        "workspace_id": ws,
+        "name": rule.name,
+        "channel_id": channel.channel_id,
+        "recipient": recipient,
+    }
+    if which == "failure_rate":
+        fr = rule.failure_rate
+        if not 0 < fr.threshold <= 1:
+            raise InvalidArgument("rule.failure_rate.threshold", "must be in (0, 1] (0.2 = 20 %)")
+        return alert_store.NewRule(
+            **base,
+            kind="failure_rate",
+            agent_id=_agent(fr.agent_id, "rule.failure_rate.agent_id"),
+            threshold=fr.threshold,
+            min_finished=validate.in_range(
+                "rule.failure_rate.min_finished", fr.min_finished, 1, 1_000_000
+            ),
+            window_seconds=validate.in_range(
+                "rule.failure_rate.window_seconds", fr.window_seconds, 60, 30 * DAY
+            ),
+        )
+    if which == "stuck_on_person":
+        sp = rule.stuck_on_person
+        return alert_store.NewRule(
+            **base,
+            kind="stuck_on_person",
+            agent_id=_agent(sp.agent_id, "rule.stuck_on_person.agent_id"),
+            waiting_seconds=validate.in_range(
+                "rule.stuck_on_person.waiting_seconds", sp.waiting_seconds, 60, 30 * DAY
+            ),
+        )
+    raise InvalidArgument("rule.condition", "set failure_rate or stuck_on_person")
+
+
+def _agent(agent_id: str, field: str) -> str | None:
+    return validate.slug(field, agent_id) if agent_id else None
+
+
+def alert_to_proto(row: Any) -> pb.AlertRule:
+    msg = pb.AlertRule(
+        workspace_id=row["workspace_id"],
+        name=row["name"],
+        channel=row["channel_name"] or "",
+        recipient=row["recipient"],
+        fire_count=row["fire_count"],
+    )
+    if row["kind"] == "failure_rate":
+        msg.failure_rate.CopyFrom(
+            pb.FailureRate(
+                agent_id=row["agent_id"] or "",
+                threshold=row["threshold"],
+                min_finished=row["min_finished"],
+                window_seconds=row["window_seconds"],
+            )
+        )
+    else:
+        msg.stuck_on_person.CopyFrom(
+            pb.StuckOnPerson(agent_id=row["agent_id"] or "", waiting_seconds=row["waiting_seconds"])
+        )
+    for name, column in (
+        ("fire_time", "fired_at"),
+        ("resolve_time", "resolved_at"),
+        ("create_time", "created_at"),
+    ):
+        if (ts := convert.timestamp(row[column])) is not None:
+            getattr(msg, name).CopyFrom(ts)
+    return msg

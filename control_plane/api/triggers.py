@@ -30,6 +30,7 @@ from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.store import agents as agent_store
+from control_plane.store import connections as connection_store
 from control_plane.store import triggers as store
 from control_plane.store.db import transaction
 from control_plane.triggers import filters, flow, mail, schedule_ops, sealed_secrets, signatures
@@ -124,10 +125,16 @@ def _mail_push(src: pb.MailPushSource) -> tuple[str, dict[str, Any]]:
     if not re.match(r"^https?://[^\s/]+(/\S*)?$", url):
         raise InvalidArgument("mail_push.history_url", "must be an http(s) URL")
     validate.non_negative("mail_push.start_history_id", src.start_history_id)
-    return _scheme("mail_push.scheme", src.scheme, default="hmac_sha256"), {
+    config: dict[str, Any] = {
         "history_url": url,
         "max_chain_depth": _chain_depth("mail_push.max_chain_depth", src.max_chain_depth),
     }
+    if src.connection_id:
+        try:
+            config["connection_id"] = str(uuid.UUID(src.connection_id))
+        except ValueError:
+            raise InvalidArgument("mail_push.connection_id", "is not a connection id") from None
+    return _scheme("mail_push.scheme", src.scheme, default="hmac_sha256"), config
 
 
 def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
@@ -239,6 +246,8 @@ def _source(msg: pb.Trigger, row: Any, config: dict[str, Any]) -> None:
                 scheme=scheme,
                 last_history_id=row["last_history_id"] or 0,
                 announced_history_id=row["announced_history_id"] or 0,
+                connection_id=config.get("connection_id", ""),
+                fetch_error=row.get("fetch_error") or "",
             )
         )
     else:
@@ -317,6 +326,12 @@ class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
         if await agent_store.get_version(self._pool, ws, agent_id, 0) is None:
             raise FailedPrecondition(f"agent {agent_id!r} has no published version yet")
 
+    async def _check_connection(self, ws: str, connection_id: str | None) -> None:
+        if connection_id and await connection_store.get(self._pool, ws, connection_id) is None:
+            raise InvalidArgument(
+                "mail_push.connection_id", f"no connection {connection_id} in this workspace"
+            )
+
     async def CreateTrigger(
         self, request: pb.CreateTriggerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTriggerResponse:
@@ -329,6 +344,7 @@ class TriggerServicer(ScheduleRpcs, trigger_pb2_grpc.TriggerServiceServicer):
                 "secret", "schedules are not called by anyone; they have no secret"
             )
         await self._check_agent(new.workspace_id, new.agent_id)
+        await self._check_connection(new.workspace_id, new.config.get("connection_id"))
         async with store.transaction(self._pool) as conn:
             row = await sealed_secrets.create(conn, self._envelope, new, secret)
             if row is not None:

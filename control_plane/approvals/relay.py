@@ -19,7 +19,7 @@ import httpx
 
 import faults
 from control_plane.approvals import needs_help, policy, tokens, unknown_outcome, watch
-from control_plane.channels import closing, routing
+from control_plane.channels import alerts, closing, routing
 from control_plane.channels.delivery import ChannelRefused
 from control_plane.connections import parks as connection_parks
 from control_plane.crypto.envelope import CannotOpen, Envelope
@@ -93,6 +93,8 @@ async def _request(pool: Pool, cfg: RelayConfig, row: Any) -> tuple[str, dict]:
         return watch.mail_request(row)
     if row["kind"] == connection_parks.KIND:
         return connection_parks.mail_request(row, cfg.public_url)
+    if row["kind"] == alerts.KIND:
+        return alerts.mail_request(row)
     payload = json.loads(row["payload"])
     approval = await approval_store.get(pool, row["workspace_id"], payload["approval_id"])
     if approval is None:  # rows are never deleted; this would be a broken invariant

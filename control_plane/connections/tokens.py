@@ -69,6 +69,7 @@ class CallToken:
     scopes: tuple[str, ...]
     expires_at: datetime | None
     access_token: str = field(repr=False)
+    generation: int = 0
 
 
 def token_id(connection_id: str, which: str) -> str:
@@ -128,7 +129,15 @@ class ConnectionTokens:
             row.scopes,
             row.access_expires_at,
             access.decode(),
+            row.token_generation,
         )
+
+    async def after_rejection(self, workspace_id: str, token: CallToken) -> CallToken:
+        """The provider answered 401 to `token` before it was due (revoked early, or its
+        clock differs): refresh it through the same single-flight path, once, and answer the
+        new token. If someone refreshed meanwhile, theirs is answered without another refresh."""
+        await store.mark_stale(self.pool, workspace_id, token.connection_id, token.generation)
+        return await self.for_call(workspace_id, token.connection_id)
 
     async def _refreshed(self, workspace_id: str, connection_id: str) -> StoredConnection | None:
         key = (workspace_id, connection_id)

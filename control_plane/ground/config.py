@@ -96,6 +96,8 @@ class ServerConfig:
     oidc_audience: str = "agentrun"
     slack_signing_secret: bytes | None = field(default=None, repr=False)
     approval_poll_seconds: float = 0.5
+    # How often alert rules are evaluated (control_plane/channels/alerts.py).
+    alert_poll_seconds: float = 15.0
     # HTTP ingress (webhooks, sessions). In-process servers take a free port by
     # default; the environment's default is 127.0.0.1:8080.
     http_listen: str = "127.0.0.1:0"
@@ -169,6 +171,7 @@ class ServerConfig:
             notify_url=os.environ.get("AGENTRUN_NOTIFY_URL", cls.notify_url).rstrip("/"),
             **cls._secrets_from_env(),
             approval_poll_seconds=_float("AGENTRUN_APPROVAL_POLL_SECONDS", 0.5),
+            alert_poll_seconds=_float("AGENTRUN_ALERT_POLL_SECONDS", cls.alert_poll_seconds),
             http_listen=os.environ.get("AGENTRUN_HTTP_LISTEN", "127.0.0.1:8080"),
             http_port_file=os.environ.get("AGENTRUN_HTTP_PORT_FILE") or None,
             webhook_max_body_bytes=int(

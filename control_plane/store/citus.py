@@ -73,6 +73,7 @@ DISTRIBUTED_TABLES = (
     "approval_tokens",
     "outbox",
     "channels",
+    "alert_rules",
     "triggers",
     "trigger_secrets",
     "trigger_events",

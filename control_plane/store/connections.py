@@ -253,3 +253,14 @@ async def mark_broken(
         connection_id=uuid.UUID(connection_id),
         reason=reason[:500],
     )
+
+
+async def mark_stale(pool: Pool, workspace_id: str, connection_id: str, generation: int) -> None:
+    """The provider refused generation `generation`'s access token: make it due for refresh."""
+    await run(
+        pool,
+        "connection_mark_stale",
+        workspace_id=workspace_id,
+        connection_id=uuid.UUID(connection_id),
+        generation=generation,
+    )

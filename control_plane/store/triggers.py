@@ -274,3 +274,8 @@ async def advance_push(
 ) -> Record | None:
     """Move the cursor to `history_id` once its events committed (never backwards)."""
     return await run(pool, "push_advance", workspace_id, trigger_id, history_id, now)
+
+
+async def park_push(pool: Pool, workspace_id: str, trigger_id: str, error: str) -> None:
+    """Stop fetching a source whose connection cannot be used, saying why on the trigger."""
+    await run(pool, "push_park", workspace_id, trigger_id, error[:500])

@@ -10,6 +10,14 @@ processed id forward. A crash anywhere before that last write refetches the
 same changes, and the dedupe key makes the refetch start nothing twice; two
 overlapping fetches are just as harmless.
 
+A source may name a connection (`config["connection_id"]`, a connected account of
+`control_plane/connections/`): its history URL is then fetched with that connection's
+access token (`Authorization: Bearer`), refreshed through the connection's single-flight
+refresh when it is due, or once when the history API answers 401 (refresh once, retry
+once). A connection that cannot be used (revoked, needs its owner to connect again, gone)
+parks the fetch: `fetch_error` on the trigger says why, and nothing retries it every lease;
+the next notification queues a fetch again.
+
 History API (Gmail's `users.history.list`, the parts used):
 `GET <history_url>?startHistoryId=N[&pageToken=T]` →
 `{"history": [{"id": "12", "messagesAdded": [{"message": {<mail message>}}]}],
@@ -27,7 +35,14 @@ from typing import Any
 
 import httpx
 
+from control_plane.connections.tokens import (
+    CallToken,
+    ConnectionTokens,
+    ConnectionUnavailable,
+    ConnectionUnusable,
+)
 from control_plane.ground.config import RunDefaults
+from control_plane.ground.errors import NotFound
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries, mail
 from control_plane.triggers.deliveries import Settings
@@ -39,6 +54,14 @@ MAX_PAGES = 100
 
 class FetchError(Exception):
     """The history URL did not answer with a history listing."""
+
+
+class _Refused(Exception):
+    """The history API refused the connection's token even after a refresh."""
+
+
+class SourceParked(FetchError):
+    """The source's connection cannot be used: the fetch is parked until a notification."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,7 @@ class PushFetcher:
         lease_seconds: float = 30.0,
         batch: int = 8,
         client: httpx.AsyncClient | None = None,
+        tokens: ConnectionTokens | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
@@ -94,6 +118,7 @@ class PushFetcher:
         self._lease = lease_seconds
         self._batch = batch
         self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._tokens = tokens
         self._wake = asyncio.Event()
 
     def poke(self) -> None:
@@ -120,8 +145,9 @@ class PushFetcher:
             for row in rows:
                 try:
                     await self.fetch(row)
-                except (FetchError, httpx.HTTPError) as exc:
-                    # Left leased: due again when the lease lapses.
+                except (FetchError, ConnectionUnavailable, httpx.HTTPError) as exc:
+                    # Left leased: due again when the lease lapses (a parked source is
+                    # not due at all until its next notification).
                     log.warning(
                         "fetch for %s/%s failed: %s", row["workspace_id"], row["trigger_id"], exc
                     )
@@ -142,7 +168,13 @@ class PushFetcher:
         """Fetch a source's changes since its last processed id, admit them, then advance."""
         settings = Settings.of(row)
         start = row["last_history_id"] or 0
-        messages, history_id = await self._changes(settings.config["history_url"], start)
+        auth = _Auth(self._tokens, settings.workspace_id, settings.config.get("connection_id"))
+        try:
+            messages, history_id = await self._changes(settings.config["history_url"], start, auth)
+        except (ConnectionUnusable, NotFound, _Refused) as exc:
+            reason = f"connection {auth.connection_id} cannot be used: {exc}"
+            await store.park_push(self._pool, settings.workspace_id, settings.trigger_id, reason)
+            raise SourceParked(reason) from None
         started = 0
         for doc in messages:
             try:
@@ -160,13 +192,18 @@ class PushFetcher:
             self._on_runnable()
         return FetchResult(len(messages), started, history_id)
 
-    async def _changes(self, url: str, start: int) -> tuple[list[Any], int]:
+    async def _changes(self, url: str, start: int, auth: _Auth) -> tuple[list[Any], int]:
         """Every message added after `start`, and the history id they bring the source to."""
         params: dict[str, Any] = {"startHistoryId": start}
         messages: list[Any] = []
         history_id = start
         for _ in range(MAX_PAGES):
-            response = await self._client.get(url, params=params)
+            response = await self._client.get(url, params=params, headers=await auth.headers())
+            if response.status_code == 401 and await auth.rejected():
+                response = await self._client.get(url, params=params, headers=await auth.headers())
+            if response.status_code in (401, 403) and auth.connection_id:
+                # A fresh token refused, or a scope missing: its owner must act, not a retry.
+                raise _Refused(f"the history API answered {response.status_code} to its token")
             if response.status_code != 200:
                 raise FetchError(f"history listing answered {response.status_code}")
             try:
@@ -182,3 +219,33 @@ class PushFetcher:
             params["pageToken"] = token
         # Pages left unread: advance only as far as the records actually read.
         return messages, history_id
+
+
+class _Auth:
+    """The Authorization header of one fetch: none, or its connection's access token, refreshed
+    at most once after a 401 (a second 401 is the history API's answer, not a stale token)."""
+
+    def __init__(
+        self, tokens: ConnectionTokens | None, workspace_id: str, connection_id: str | None
+    ) -> None:
+        self.tokens, self.workspace_id = tokens, workspace_id
+        self.connection_id = connection_id or ""
+        self._token: CallToken | None = None
+        self._retried = False
+
+    async def headers(self) -> dict[str, str]:
+        if not self.connection_id:
+            return {}
+        if self.tokens is None:
+            raise FetchError("this replica has no connection tokens to fetch with")
+        if self._token is None:
+            self._token = await self.tokens.for_call(self.workspace_id, self.connection_id)
+        return {"Authorization": f"Bearer {self._token.access_token}"}
+
+    async def rejected(self) -> bool:
+        """The token was refused: refresh it (once per fetch); whether to retry the call."""
+        if not self.connection_id or self._token is None or self._retried or self.tokens is None:
+            return False
+        self._retried = True
+        self._token = await self.tokens.after_rejection(self.workspace_id, self._token)
+        return True

@@ -12,12 +12,12 @@ from tests.harness.auth import bearer
 
 
 async def follow_start_link(
-    http_url: str, workspace: str, key: str, account: str, **query: str
+    http_url: str, workspace: str, key: str, account: str, provider: str = "chat", **query: str
 ) -> dict[str, Any]:
     """The callback's answer (it names the new connection) after following every redirect."""
     async with httpx.AsyncClient(base_url=http_url) as client:
         start = await client.get(
-            f"/connections/{workspace}/chat/start",
+            f"/connections/{workspace}/{provider}/start",
             params={"login_hint": account, **query},
             headers=bearer(key),
         )

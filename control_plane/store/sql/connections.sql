@@ -114,3 +114,11 @@ SET status = CASE WHEN status = 'active' THEN 'needs_reauth' ELSE status END,
     notified_at = now(), updated_at = now()
 WHERE workspace_id = :workspace_id AND connection_id = :connection_id AND notified_at IS NULL
 RETURNING connection_id, provider, account, owner, status, scopes;
+
+-- name: connection_mark_stale :exec
+-- The provider refused the access token of generation :generation (401) before it was due:
+-- make it due, so the next for_call refreshes it (single-flight). A newer generation (someone
+-- refreshed meanwhile) is left alone.
+UPDATE connections SET access_expires_at = now(), updated_at = now()
+WHERE workspace_id = :workspace_id AND connection_id = :connection_id
+  AND token_generation = :generation AND status = 'active';

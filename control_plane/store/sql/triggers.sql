@@ -221,9 +221,17 @@ UPDATE triggers SET
     last_history_id = greatest(last_history_id, $3),
     fetch_due_at = CASE WHEN announced_history_id > greatest(last_history_id, $3)
                         THEN (SELECT coalesce($4::timestamptz, now())) END,
+    fetch_error = NULL,
     updated_at = now()
 WHERE workspace_id = $1 AND trigger_id = $2
 RETURNING last_history_id, announced_history_id, fetch_due_at;
+
+-- name: push_park :exec
+-- The source's connection cannot be used: stop fetching (no retry every lease) and say why
+-- on the trigger. The next notification queues a fetch again (push_announce), so a
+-- reconnected connection picks up where the cursor stands.
+UPDATE triggers SET fetch_due_at = NULL, fetch_error = $3, updated_at = now()
+WHERE workspace_id = $1 AND trigger_id = $2 AND kind = 'mail_push';
 
 -- name: schedule_postpone :exec
 -- A slot that could not be fired is tried again at $4 (the slot stays the same).

@@ -301,3 +301,255 @@ class RemoveChannelResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveChannelResponse: _TypeAlias = RemoveChannelResponse  # noqa: Y015
+
+@_typing.final
+class FailureRate(_message.Message):
+    """FailureRate breaches when at least min_finished runs finished in the last
+    window_seconds and at least threshold of them failed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    MIN_FINISHED_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Only runs of this agent (empty = all)."""
+    threshold: _builtins.float
+    """The failed share that breaches, in (0, 1] (0.2 = 20 %)."""
+    min_finished: _builtins.int
+    """Fewer finished runs never breach (1-1000000)."""
+    window_seconds: _builtins.int
+    """The window, in seconds (60 to 30 days)."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        threshold: _builtins.float = ...,
+        min_finished: _builtins.int = ...,
+        window_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "min_finished", b"min_finished", "threshold", b"threshold", "window_seconds", b"window_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailureRate: _TypeAlias = FailureRate  # noqa: Y015
+
+@_typing.final
+class StuckOnPerson(_message.Message):
+    """StuckOnPerson breaches while a run has waited on a person (an approval, a
+    question, an unknown outcome) longer than waiting_seconds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    WAITING_SECONDS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Only runs of this agent (empty = all)."""
+    waiting_seconds: _builtins.int
+    """60 seconds to 30 days."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        waiting_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "waiting_seconds", b"waiting_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StuckOnPerson: _TypeAlias = StuckOnPerson  # noqa: Y015
+
+@_typing.final
+class AlertRule(_message.Message):
+    """AlertRule is a condition over the workspace's runs, evaluated on the
+    database clock; it fires once per breach through its channel, and again
+    only after the condition stopped holding (resolve_time) and holds anew.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    FAILURE_RATE_FIELD_NUMBER: _builtins.int
+    STUCK_ON_PERSON_FIELD_NUMBER: _builtins.int
+    FIRE_TIME_FIELD_NUMBER: _builtins.int
+    RESOLVE_TIME_FIELD_NUMBER: _builtins.int
+    FIRE_COUNT_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    name: _builtins.str
+    """Lowercase letters, digits, '-' and '_', 1-63 characters."""
+    channel: _builtins.str
+    """The channel's name (ChannelService)."""
+    recipient: _builtins.str
+    """For a slack channel the Slack channel (#alerts), for an email channel the
+    address; unused for a webhook channel.
+    """
+    fire_count: _builtins.int
+    @_builtins.property
+    def failure_rate(self) -> Global___FailureRate: ...
+    @_builtins.property
+    def stuck_on_person(self) -> Global___StuckOnPerson: ...
+    @_builtins.property
+    def fire_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only: when it last fired and when that breach ended (unset while
+        it lasts), and how many times it fired.
+        """
+
+    @_builtins.property
+    def resolve_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        channel: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        failure_rate: Global___FailureRate | None = ...,
+        stuck_on_person: Global___StuckOnPerson | None = ...,
+        fire_time: _timestamp_pb2.Timestamp | None = ...,
+        resolve_time: _timestamp_pb2.Timestamp | None = ...,
+        fire_count: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "create_time", b"create_time", "failure_rate", b"failure_rate", "fire_time", b"fire_time", "resolve_time", b"resolve_time", "stuck_on_person", b"stuck_on_person"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "condition", b"condition", "create_time", b"create_time", "failure_rate", b"failure_rate", "fire_count", b"fire_count", "fire_time", b"fire_time", "name", b"name", "recipient", b"recipient", "resolve_time", b"resolve_time", "stuck_on_person", b"stuck_on_person", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_condition: _TypeAlias = _typing.Literal["failure_rate", "stuck_on_person"]  # noqa: Y015
+    _WhichOneofArgType_condition: _TypeAlias = _typing.Literal["condition", b"condition"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_condition) -> _WhichOneofReturnType_condition | None: ...
+
+Global___AlertRule: _TypeAlias = AlertRule  # noqa: Y015
+
+@_typing.final
+class AddAlertRuleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    @_builtins.property
+    def rule(self) -> Global___AlertRule:
+        """Its workspace_id is ignored (the request's is used)."""
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        rule: Global___AlertRule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddAlertRuleRequest: _TypeAlias = AddAlertRuleRequest  # noqa: Y015
+
+@_typing.final
+class AddAlertRuleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___AlertRule: ...
+    def __init__(
+        self,
+        *,
+        rule: Global___AlertRule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddAlertRuleResponse: _TypeAlias = AddAlertRuleResponse  # noqa: Y015
+
+@_typing.final
+class ListAlertRulesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlertRulesRequest: _TypeAlias = ListAlertRulesRequest  # noqa: Y015
+
+@_typing.final
+class ListAlertRulesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlertRule]: ...
+    def __init__(
+        self,
+        *,
+        rules: _abc.Iterable[Global___AlertRule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rules", b"rules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlertRulesResponse: _TypeAlias = ListAlertRulesResponse  # noqa: Y015
+
+@_typing.final
+class RemoveAlertRuleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveAlertRuleRequest: _TypeAlias = RemoveAlertRuleRequest  # noqa: Y015
+
+@_typing.final
+class RemoveAlertRuleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveAlertRuleResponse: _TypeAlias = RemoveAlertRuleResponse  # noqa: Y015

@@ -55,6 +55,21 @@ class ChannelServiceStub:
                 request_serializer=agentrun_dot_v1_dot_channel__pb2.RemoveChannelRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_channel__pb2.RemoveChannelResponse.FromString,
                 _registered_method=True)
+        self.AddAlertRule = channel.unary_unary(
+                '/agentrun.v1.ChannelService/AddAlertRule',
+                request_serializer=agentrun_dot_v1_dot_channel__pb2.AddAlertRuleRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_channel__pb2.AddAlertRuleResponse.FromString,
+                _registered_method=True)
+        self.ListAlertRules = channel.unary_unary(
+                '/agentrun.v1.ChannelService/ListAlertRules',
+                request_serializer=agentrun_dot_v1_dot_channel__pb2.ListAlertRulesRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_channel__pb2.ListAlertRulesResponse.FromString,
+                _registered_method=True)
+        self.RemoveAlertRule = channel.unary_unary(
+                '/agentrun.v1.ChannelService/RemoveAlertRule',
+                request_serializer=agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleResponse.FromString,
+                _registered_method=True)
 
 
 class ChannelServiceServicer:
@@ -88,6 +103,28 @@ class ChannelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddAlertRule(self, request, context):
+        """AddAlertRule adds a named alert rule that fires once per breach through a
+        channel; a used name is ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAlertRules(self, request, context):
+        """ListAlertRules returns the workspace's alert rules, by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAlertRule(self, request, context):
+        """RemoveAlertRule removes an alert rule by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChannelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +142,21 @@ def add_ChannelServiceServicer_to_server(servicer, server):
                     servicer.RemoveChannel,
                     request_deserializer=agentrun_dot_v1_dot_channel__pb2.RemoveChannelRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_channel__pb2.RemoveChannelResponse.SerializeToString,
+            ),
+            'AddAlertRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddAlertRule,
+                    request_deserializer=agentrun_dot_v1_dot_channel__pb2.AddAlertRuleRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_channel__pb2.AddAlertRuleResponse.SerializeToString,
+            ),
+            'ListAlertRules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAlertRules,
+                    request_deserializer=agentrun_dot_v1_dot_channel__pb2.ListAlertRulesRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_channel__pb2.ListAlertRulesResponse.SerializeToString,
+            ),
+            'RemoveAlertRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAlertRule,
+                    request_deserializer=agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -194,6 +246,87 @@ class ChannelService:
             '/agentrun.v1.ChannelService/RemoveChannel',
             agentrun_dot_v1_dot_channel__pb2.RemoveChannelRequest.SerializeToString,
             agentrun_dot_v1_dot_channel__pb2.RemoveChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddAlertRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ChannelService/AddAlertRule',
+            agentrun_dot_v1_dot_channel__pb2.AddAlertRuleRequest.SerializeToString,
+            agentrun_dot_v1_dot_channel__pb2.AddAlertRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAlertRules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ChannelService/ListAlertRules',
+            agentrun_dot_v1_dot_channel__pb2.ListAlertRulesRequest.SerializeToString,
+            agentrun_dot_v1_dot_channel__pb2.ListAlertRulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAlertRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.ChannelService/RemoveAlertRule',
+            agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleRequest.SerializeToString,
+            agentrun_dot_v1_dot_channel__pb2.RemoveAlertRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

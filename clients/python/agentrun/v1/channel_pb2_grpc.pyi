@@ -47,6 +47,14 @@ class ChannelServiceStub:
     """RemoveChannel removes a channel by name; notifications not yet sent
     through it go out through what is configured when they are sent.
     """
+    AddAlertRule: _grpc.UnaryUnaryMultiCallable[_channel_pb2.AddAlertRuleRequest, _channel_pb2.AddAlertRuleResponse]
+    """AddAlertRule adds a named alert rule that fires once per breach through a
+    channel; a used name is ALREADY_EXISTS.
+    """
+    ListAlertRules: _grpc.UnaryUnaryMultiCallable[_channel_pb2.ListAlertRulesRequest, _channel_pb2.ListAlertRulesResponse]
+    """ListAlertRules returns the workspace's alert rules, by name."""
+    RemoveAlertRule: _grpc.UnaryUnaryMultiCallable[_channel_pb2.RemoveAlertRuleRequest, _channel_pb2.RemoveAlertRuleResponse]
+    """RemoveAlertRule removes an alert rule by name."""
 
 @_typing.type_check_only
 class ChannelServiceAsyncStub(ChannelServiceStub):
@@ -67,6 +75,14 @@ class ChannelServiceAsyncStub(ChannelServiceStub):
     """RemoveChannel removes a channel by name; notifications not yet sent
     through it go out through what is configured when they are sent.
     """
+    AddAlertRule: _aio.UnaryUnaryMultiCallable[_channel_pb2.AddAlertRuleRequest, _channel_pb2.AddAlertRuleResponse]  # type: ignore[assignment]
+    """AddAlertRule adds a named alert rule that fires once per breach through a
+    channel; a used name is ALREADY_EXISTS.
+    """
+    ListAlertRules: _aio.UnaryUnaryMultiCallable[_channel_pb2.ListAlertRulesRequest, _channel_pb2.ListAlertRulesResponse]  # type: ignore[assignment]
+    """ListAlertRules returns the workspace's alert rules, by name."""
+    RemoveAlertRule: _aio.UnaryUnaryMultiCallable[_channel_pb2.RemoveAlertRuleRequest, _channel_pb2.RemoveAlertRuleResponse]  # type: ignore[assignment]
+    """RemoveAlertRule removes an alert rule by name."""
 
 class ChannelServiceServicer(metaclass=_abc_1.ABCMeta):
     """ChannelService configures where a workspace's notifications go (approvals,
@@ -102,5 +118,31 @@ class ChannelServiceServicer(metaclass=_abc_1.ABCMeta):
         """RemoveChannel removes a channel by name; notifications not yet sent
         through it go out through what is configured when they are sent.
         """
+
+    @_abc_1.abstractmethod
+    def AddAlertRule(
+        self,
+        request: _channel_pb2.AddAlertRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_channel_pb2.AddAlertRuleResponse, _abc.Awaitable[_channel_pb2.AddAlertRuleResponse]]:
+        """AddAlertRule adds a named alert rule that fires once per breach through a
+        channel; a used name is ALREADY_EXISTS.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAlertRules(
+        self,
+        request: _channel_pb2.ListAlertRulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_channel_pb2.ListAlertRulesResponse, _abc.Awaitable[_channel_pb2.ListAlertRulesResponse]]:
+        """ListAlertRules returns the workspace's alert rules, by name."""
+
+    @_abc_1.abstractmethod
+    def RemoveAlertRule(
+        self,
+        request: _channel_pb2.RemoveAlertRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_channel_pb2.RemoveAlertRuleResponse, _abc.Awaitable[_channel_pb2.RemoveAlertRuleResponse]]:
+        """RemoveAlertRule removes an alert rule by name."""
 
 def add_ChannelServiceServicer_to_server(servicer: ChannelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

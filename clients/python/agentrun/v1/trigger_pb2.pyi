@@ -408,6 +408,8 @@ class MailPushSource(_message.Message):
     SCHEME_FIELD_NUMBER: _builtins.int
     LAST_HISTORY_ID_FIELD_NUMBER: _builtins.int
     ANNOUNCED_HISTORY_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    FETCH_ERROR_FIELD_NUMBER: _builtins.int
     history_url: _builtins.str
     """GET <history_url>?startHistoryId=N lists the changes after N."""
     start_history_id: _builtins.int
@@ -420,6 +422,15 @@ class MailPushSource(_message.Message):
     newest one a notification announced.
     """
     announced_history_id: _builtins.int
+    connection_id: _builtins.str
+    """The connection (a connected account, ConnectionService) whose access token
+    the history URL is fetched with (Authorization: Bearer), refreshed when due
+    or once after a 401. Empty: fetched without credentials.
+    """
+    fetch_error: _builtins.str
+    """Output only: why fetching is parked (the connection cannot be used: revoked,
+    needs its owner to connect again, deleted); empty once a fetch works.
+    """
     def __init__(
         self,
         *,
@@ -429,10 +440,12 @@ class MailPushSource(_message.Message):
         scheme: Global___SignatureScheme.ValueType = ...,
         last_history_id: _builtins.int = ...,
         announced_history_id: _builtins.int = ...,
+        connection_id: _builtins.str = ...,
+        fetch_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["announced_history_id", b"announced_history_id", "history_url", b"history_url", "last_history_id", b"last_history_id", "max_chain_depth", b"max_chain_depth", "scheme", b"scheme", "start_history_id", b"start_history_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["announced_history_id", b"announced_history_id", "connection_id", b"connection_id", "fetch_error", b"fetch_error", "history_url", b"history_url", "last_history_id", b"last_history_id", "max_chain_depth", b"max_chain_depth", "scheme", b"scheme", "start_history_id", b"start_history_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
