@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from control_plane.store import steps as step_store
 from control_plane.store import unknowns
 from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
+from ground import run_labels
 
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_POLL_SECONDS = 0.2
@@ -88,6 +89,43 @@ def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
     return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
 
 
+def labels(
+    tags: Sequence[str], metadata_json: str
+) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """StartRun's tags and metadata, checked (ground/run_labels.py); None when unset."""
+    try:
+        checked = run_labels.tags(tags) or None
+    except ValueError as exc:
+        raise InvalidArgument("tags", str(exc)) from None
+    meta = None
+    if metadata_json:
+        value = validate.json_value("metadata_json", metadata_json, max_bytes=64 * 1024)
+        try:
+            meta = run_labels.metadata(value) or None
+        except ValueError as exc:
+            raise InvalidArgument("metadata_json", str(exc)) from None
+    return checked, meta
+
+
+def label_filters(tag: str, metadata: str, where: str = "") -> tuple[str | None, str | None]:
+    """ListRuns' tag and metadata filters: the tag, and the JSON object the run's metadata
+    must contain (None when unset)."""
+    try:
+        wanted = run_labels.tag(tag) if tag else None
+    except ValueError as exc:
+        raise InvalidArgument(where + "tag", str(exc)) from None
+    contains = None
+    if metadata:
+        try:
+            key, value = run_labels.key_value(metadata)
+        except ValueError as exc:
+            raise InvalidArgument(where + "metadata", str(exc)) from None
+        if "\x00" in value:
+            raise InvalidArgument(where + "metadata", "contains a NUL character")
+        contains = json.dumps({key: value})
+    return wanted, contains
+
+
 def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, str | None]:
     """ListRuns' create_after and search, validated (None when unset)."""
     since = None
@@ -134,16 +172,23 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
         priority = validate.priority("priority", request.priority)
+        tags, metadata = labels(request.tags, request.metadata_json)
         if version:
             ver = await self._versions.get(self._pool, ws, agent_id, version)
         else:
             ver = await self._versions.latest(self._pool, ws, agent_id)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
-        came_in = await triggering.input_payload(
-            self._pool, ws, text, request.trigger_connection_id
-        )
+        via = await triggering.input_payload(self._pool, ws, text, request.trigger_connection_id)
+        came_in: dict[str, Any] | None = dict(via) if via is not None else None
         started_by = auth_context.current().label
+        if tags or metadata:
+            # In the input step too: the run's set_metadata calls start from it.
+            came_in = dict(came_in or {"text": text})
+            if tags:
+                came_in["tags"] = tags
+            if metadata:
+                came_in["metadata"] = metadata
 
         def admit(ver: Any) -> Admission:
             return admission(
@@ -154,6 +199,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 request_id=request_id,
                 input_payload=came_in,
                 priority=priority,
+                tags=tags,
+                metadata=run_labels.encode(metadata) if metadata else None,
             )
 
         # The latest version as this replica last saw it, checked by the insert itself.
@@ -208,6 +255,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             )
         else:
             since, search = _list_filters(request)
+            tag, contains = label_filters(request.tag, request.metadata)
             page = await store.list_runs(
                 self._pool,
                 ws,
@@ -217,6 +265,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 limit=size,
                 created_since=since,
                 search=search,
+                tag=tag,
+                metadata=contains,
             )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""

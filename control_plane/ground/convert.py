@@ -147,6 +147,11 @@ def set_run(msg: run_pb2.Run, row: Run) -> None:
         msg.release = row.release
     if row.priority:
         msg.priority = row.priority
+    if row.tags:
+        msg.tags.extend(row.tags)
+    msg.metadata_json = row.metadata
+    if row.paused:
+        msg.paused = True
     # None leaves a field unset.
     _set_timestamp(msg.wake_time, row.wake_at)
     _set_timestamp(msg.expire_time, row.expires_at)

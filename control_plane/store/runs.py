@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 import asyncpg
@@ -83,6 +83,10 @@ class Run:
     priority: int = 0
     # The step-log version it was last written in (0037_release_pins.sql).
     log_version: int = 1
+    # Set at admission and by its set_metadata calls; paused by PauseRun (0046_orchestration.sql).
+    tags: list[str] = field(default_factory=list)
+    metadata: str = "{}"  # a JSON object's text
+    paused: bool = False
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
@@ -141,12 +145,15 @@ async def list_runs(
     limit: int,
     created_since: datetime | None = None,
     search: str | None = None,
+    tag: str | None = None,
+    metadata: str | None = None,
 ) -> RunPage:
-    """A page of runs, newest first, after the keyset cursor."""
+    """A page of runs, newest first, after the keyset cursor; `tag` reads the tag index
+    (run_list_tagged); `metadata` is a JSON object the run's metadata must contain."""
     created, run_id = after if after else (None, None)
     rows = await run(
         pool,
-        "run_list",
+        "run_list_tagged" if tag else "run_list",
         workspace_id,
         created,
         run_id,
@@ -155,6 +162,8 @@ async def list_runs(
         limit + 1,
         created_since,
         search,
+        metadata,
+        *([tag] if tag else []),
     )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)
 

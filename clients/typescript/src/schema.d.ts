@@ -596,6 +596,10 @@ export interface components {
             release: string;
             /** Format: int32 */
             priority: number;
+            tags: string[];
+            /** @description Any JSON value. */
+            metadata: unknown;
+            paused: boolean;
         };
         RunCounters: {
             /** Format: int32 */
@@ -760,6 +764,8 @@ export interface operations {
                 create_after?: string;
                 search?: string;
                 forked_from_run_id?: string;
+                tag?: string;
+                metadata?: string;
             };
             header?: never;
             path: {
@@ -849,6 +855,9 @@ export interface operations {
                     trigger_connection_id?: string;
                     /** Format: int32 */
                     priority?: number;
+                    tags?: string[];
+                    /** @description Any JSON value. */
+                    metadata?: unknown;
                 };
             };
         };

@@ -10,7 +10,7 @@ admitted AS (
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
                       repeat_limit, context_tokens, started_by, step_count, created_at,
-                      updated_at, priority)
+                      updated_at, priority, tags, metadata)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -20,7 +20,8 @@ admitted AS (
            END,
            :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
            coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()),
-           :priority::smallint
+           :priority::smallint, coalesce(:tags::text[], '{}'),
+           coalesce(:metadata::jsonb, '{}')
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *
@@ -70,6 +71,24 @@ WHERE workspace_id = $1
   AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
                                         || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
                                   lower($8)) > 0)
+  AND ($9::jsonb IS NULL OR metadata @> $9::jsonb)
+ORDER BY created_at DESC, run_id DESC
+LIMIT $6;
+
+-- name: run_list_tagged :many
+-- run_list of the runs carrying tag $10, found through runs_by_tag (which holds only
+-- tagged runs: `tags <> '{}'` lets the planner use it).
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
+WHERE workspace_id = $1
+  AND tags <> '{}' AND tags @> ARRAY[$10::text]
+  AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
+  AND ($4::text IS NULL OR agent_id = $4)
+  AND ($5::text IS NULL OR status = $5)
+  AND ($7::timestamptz IS NULL OR created_at >= $7)
+  AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($8)) > 0)
+  AND ($9::jsonb IS NULL OR metadata @> $9::jsonb)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
