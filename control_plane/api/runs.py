@@ -6,14 +6,15 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane.api import signals
+from control_plane.api import bulk, pause, signals
+from control_plane.api.run_filters import label_filters, labels
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
@@ -89,43 +90,6 @@ def watched_state(run: store.Run) -> tuple[str, str | None, datetime | None]:
     return run.status, run.wait_reason, run.wake_at if run.status != "running" else None
 
 
-def labels(
-    tags: Sequence[str], metadata_json: str
-) -> tuple[list[str] | None, dict[str, Any] | None]:
-    """StartRun's tags and metadata, checked (ground/run_labels.py); None when unset."""
-    try:
-        checked = run_labels.tags(tags) or None
-    except ValueError as exc:
-        raise InvalidArgument("tags", str(exc)) from None
-    meta = None
-    if metadata_json:
-        value = validate.json_value("metadata_json", metadata_json, max_bytes=64 * 1024)
-        try:
-            meta = run_labels.metadata(value) or None
-        except ValueError as exc:
-            raise InvalidArgument("metadata_json", str(exc)) from None
-    return checked, meta
-
-
-def label_filters(tag: str, metadata: str, where: str = "") -> tuple[str | None, str | None]:
-    """ListRuns' tag and metadata filters: the tag, and the JSON object the run's metadata
-    must contain (None when unset)."""
-    try:
-        wanted = run_labels.tag(tag) if tag else None
-    except ValueError as exc:
-        raise InvalidArgument(where + "tag", str(exc)) from None
-    contains = None
-    if metadata:
-        try:
-            key, value = run_labels.key_value(metadata)
-        except ValueError as exc:
-            raise InvalidArgument(where + "metadata", str(exc)) from None
-        if "\x00" in value:
-            raise InvalidArgument(where + "metadata", "contains a NUL character")
-        contains = json.dumps({key: value})
-    return wanted, contains
-
-
 def _list_filters(request: run_pb2.ListRunsRequest) -> tuple[datetime | None, str | None]:
     """ListRuns' create_after and search, validated (None when unset)."""
     since = None
@@ -148,11 +112,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None],
         deltas: DeltaHub | None = None,
+        on_pause: Callable[[str, uuid.UUID], None] | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        # Asks a running run's holder on this replica to hand it back (PauseRun).
+        self._on_pause = on_pause or (lambda ws, run_id: None)
         self._versions = agent_store.Versions()
         # Fast-path runs' model output on this replica (WatchRunRequest.deltas).
         self._deltas = deltas
@@ -360,6 +327,27 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.SignalRunResponse:
         return await signals.signal_run(self._pool, request, self._on_runnable)
+
+    async def BulkCancelRuns(
+        self, request: run_pb2.BulkCancelRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[run_pb2.BulkCancelRunsResponse]:
+        async for progress in bulk.bulk_cancel(self._pool, request, self._on_cancel):
+            yield progress
+
+    async def PauseRun(
+        self, request: run_pb2.PauseRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.PauseRunResponse:
+        return await pause.pause_run(self._pool, request, self._on_pause)
+
+    async def ResumeRun(
+        self, request: run_pb2.ResumeRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ResumeRunResponse:
+        return await pause.resume_run(self._pool, request, self._on_runnable)
+
+    async def SetQueuePaused(
+        self, request: run_pb2.SetQueuePausedRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.SetQueuePausedResponse:
+        return await pause.set_queue_paused(self._pool, request, self._on_runnable)
 
 
 def _watched(item: store.Run | step_store.Step | run_pb2.RunDelta) -> run_pb2.WatchRunResponse:

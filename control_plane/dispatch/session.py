@@ -394,6 +394,15 @@ class ExecutorSession:
             lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
             self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))
 
+    def pause(self, workspace_id: str, run_id: uuid.UUID) -> None:
+        """Ask the holder to hand the run back at its next step boundary (it keeps its slot
+        until the park lands, as any park)."""
+        epoch = self.slots.held.get(run_id)
+        if epoch is not None:
+            lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
+            cancel = pb.Cancel(lease=lease, reason="paused", pause=True)
+            self.send(pb.ConnectResponse(cancel=cancel))
+
 
 def _count(msg: pb.Commit, result: pb.CommitResult, took: float) -> None:
     """A commit's metrics: its outcome and time, a fence, a park."""

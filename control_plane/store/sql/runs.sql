@@ -111,3 +111,36 @@ WITH cancelled AS (
     FROM cancelled c
 ), {{steps_append}}
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;
+
+-- name: runs_bulk_count :one
+-- BulkCancelRuns: the unfinished runs of a workspace a ListRuns filter matches (run_list's
+-- filters: agent $2, status $3, created since $4, text $5, metadata containment $6, tag $7),
+-- admitted at or before $8 (the action's start: runs admitted later are not its own).
+SELECT count(*) AS n FROM runs
+WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+  AND created_at <= $8
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::text IS NULL OR status = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($5)) > 0)
+  AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
+  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]));
+
+-- name: runs_bulk_batch :many
+-- runs_bulk_count's next $9 runs, oldest first (a cancelled one no longer matches: each
+-- batch reads from the start again).
+SELECT run_id FROM runs
+WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+  AND created_at <= $8
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::text IS NULL OR status = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($5)) > 0)
+  AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
+  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
+ORDER BY created_at, run_id
+LIMIT $9;
