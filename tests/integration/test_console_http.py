@@ -414,3 +414,18 @@ async def test_only_a_live_workspace_key_signs_in(stack, db_url):
             )
             assert resp.status_code == status and words in resp.text, resp.text
             assert key not in resp.text and "agentrun_console" not in client.cookies
+
+
+async def test_the_run_page_says_a_run_is_paused_and_shows_its_tags(stack, db_url):
+    cp, api = stack
+    resp = await api.runs.StartRun(
+        run_pb2.StartRunRequest(workspace_id=api.ws, agent_id="mailer", input="hi", tags=["eu"])
+    )
+    run_id = resp.run.run_id
+    await api.runs.PauseRun(run_pb2.PauseRunRequest(workspace_id=api.ws, run_id=run_id))
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get(f"/console/runs/{run_id}")
+        assert 'id="run-paused"' in page.text and "Tags: eu" in page.text
+        await api.runs.ResumeRun(run_pb2.ResumeRunRequest(workspace_id=api.ws, run_id=run_id))
+        assert 'id="run-paused"' not in (await client.get(f"/console/runs/{run_id}")).text
