@@ -231,6 +231,22 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         help="stop once the run is in STATUS (repeat for more), e.g. waiting",
     )
     p.set_defaults(handler=commands.runs_watch)
+    _add_runs_cancel_and_pause(runs, common)
+    _add_runs_resolve(runs, common)
+    forks.add_commands(runs, common)
+    p = runs.add_parser(
+        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("name", metavar="NAME", help="the signal's name")
+    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
+    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
+    p.set_defaults(handler=commands.runs_signal)
+
+
+def _add_runs_cancel_and_pause(
+    runs: argparse._SubParsersAction, common: argparse.ArgumentParser
+) -> None:
     p = runs.add_parser(
         "cancel", help="cancel a run, or every run a filter matches (--all)", parents=[common]
     )
@@ -257,16 +273,6 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         which.add_argument("--agent", default="", metavar="A")
         which.add_argument("--queue", action="store_true", help="the workspace's whole queue")
         p.set_defaults(handler=commands.runs_pause, paused=verb == "pause")
-    _add_runs_resolve(runs, common)
-    forks.add_commands(runs, common)
-    p = runs.add_parser(
-        "signal", help="send a named event to a run (its wait_for_signal)", parents=[common]
-    )
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("name", metavar="NAME", help="the signal's name")
-    p.add_argument("--event-id", required=True, metavar="ID", help="idempotency: your event's id")
-    p.add_argument("--payload", default="", metavar="JSON", help="a JSON value (default: null)")
-    p.set_defaults(handler=commands.runs_signal)
 
 
 def _label_filters(p: argparse.ArgumentParser) -> None:
