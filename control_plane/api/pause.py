@@ -5,9 +5,10 @@ The claim skips a paused run, the runs of a paused agent and a workspace whose q
 PauseRun of a running run also asks its holder to hand it back at its next step boundary
 (Cancel with pause set: the executor finishes the step it is in, commits it, and parks the
 run as handed back, executor/run_loop.py request_handoff); parked and paused, the claim
-leaves it, so it holds no executor until ResumeRun. Only a holder connected to this replica
-is asked at once; one on another replica parks it at its next park of its own (a sleep, a
-wait, the end of the run). ResumeRun makes it claimable again, due as its wait says.
+leaves it, so it holds no executor until ResumeRun. A holder connected to this replica is
+asked at once; one connected to another replica is asked by that replica at its next
+heartbeat (run_heartbeat returns `paused`), and again at each beat until it has parked.
+ResumeRun makes it claimable again, due as its wait says.
 """
 
 from __future__ import annotations

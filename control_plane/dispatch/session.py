@@ -377,6 +377,8 @@ class ExecutorSession:
                     metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
+        for key in outcome.paused:  # paused through another replica: asked here, each beat
+            self.pause(key.workspace_id, key.run_id)
 
     def drain_if(self, draining: Mapping[str, DrainOrder]) -> None:
         """Tell the executor to drain, once (again if the drain is forced later), when its

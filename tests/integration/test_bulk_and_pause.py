@@ -195,3 +195,25 @@ async def test_a_paused_run_parks_at_a_step_boundary_and_holds_no_executor(stack
     await eventually(going_on, timeout=30)
     await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=api.ws, run_id=run_id))
     assert_log_well_formed(await api.steps(run_id))
+
+
+async def test_a_pause_through_another_replica_reaches_the_holder_at_its_heartbeat(
+    stack, db_url, control_plane
+):
+    api, _ = stack
+    second = control_plane(db_url)  # the executor is connected to the first one only
+    there = await Api.connect(second.address, db_url)
+    try:
+        (run_id,) = await start_many(api, "worker", 1)
+        await eventually(lambda: running(api, run_id), timeout=30)
+        await there.runs.PauseRun(run_pb2.PauseRunRequest(workspace_id=api.ws, run_id=run_id))
+
+        async def parked() -> bool:
+            run = await api.get(run_id)
+            return run.status == run_pb2.RUN_STATUS_WAITING and not run.lease_owner
+
+        await eventually(parked, timeout=30)
+        steps = await api.steps(run_id)
+        assert "paused" in steps[-1].payload.get("note", "")
+    finally:
+        await there.close()
