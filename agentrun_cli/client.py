@@ -131,6 +131,15 @@ class Client:
         )
         yield from self.runs.BulkCancelRuns(req)
 
+    def bulk_rerun(
+        self, run_filter: run_pb2.RunFilter, every: bool, dry_run: bool
+    ) -> Iterator[run_pb2.BulkRerunRunsResponse]:
+        """BulkRerunRuns: its progress, after the count and after each batch."""
+        req = run_pb2.BulkRerunRunsRequest(
+            workspace_id=self.workspace, filter=run_filter, all=every, dry_run=dry_run
+        )
+        yield from self.runs.BulkRerunRuns(req)
+
     def pause_run(self, run_id: str, paused: bool) -> run_pb2.Run:
         """PauseRun (paused) or ResumeRun."""
         if paused:

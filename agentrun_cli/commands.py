@@ -382,6 +382,30 @@ def runs_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_rerun(args: argparse.Namespace) -> int:
+    """`runs rerun --tag T --all [--dry-run]`: BulkRerunRuns, its progress on stderr."""
+    if not (args.all or args.dry_run):
+        raise SystemExit(
+            "add --all to run again every run the filter matches (--dry-run counts them first)"
+        )
+    status = render.status_value(args.status) if args.status else 0
+    run_filter = run_pb2.RunFilter(
+        agent_id=args.agent, status=status, tag=args.tag, metadata=args.metadata
+    )
+    last = None
+    with _client(args) as client:
+        for last in client.bulk_rerun(run_filter, args.all, args.dry_run):
+            if not args.json and not last.finished:
+                print(f"started {last.done} of {last.matched}", file=sys.stderr, flush=True)
+    assert last is not None, "a bulk action answers at least once"
+    if last.dry_run:
+        line = f"{last.matched} runs match; nothing started (--dry-run)"
+    else:
+        line = f"started {last.done} of {last.matched} runs again ({last.skipped} skipped)"
+    _emit(args, last, [line])
+    return 0
+
+
 def runs_pause(args: argparse.Namespace) -> int:
     """`runs pause|resume RUN_ID`, `--agent A` or `--queue`."""
     verb = "paused" if args.paused else "resumed"

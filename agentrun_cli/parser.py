@@ -262,6 +262,15 @@ def _add_runs_cancel_and_pause(
     )
     p.add_argument("--dry-run", action="store_true", help="only count the runs --all would cancel")
     p.set_defaults(handler=commands.runs_cancel)
+    p = runs.add_parser(
+        "rerun", help="run again from the start every run a filter matches", parents=[common]
+    )
+    p.add_argument("--agent", default="", metavar="A")
+    p.add_argument("--status", choices=STATUSES)
+    _label_filters(p)
+    p.add_argument("--all", action="store_true", help="every run the filter matches")
+    p.add_argument("--dry-run", action="store_true", help="only count them")
+    p.set_defaults(handler=commands.runs_rerun)
     for verb, what in (("pause", "park"), ("resume", "free")):
         p = runs.add_parser(
             verb,

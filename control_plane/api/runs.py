@@ -334,6 +334,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         async for progress in bulk.bulk_cancel(self._pool, request, self._on_cancel):
             yield progress
 
+    async def BulkRerunRuns(
+        self, request: run_pb2.BulkRerunRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[run_pb2.BulkRerunRunsResponse]:
+        async for progress in bulk.bulk_rerun(
+            self._pool, self._defaults, request, self._on_runnable
+        ):
+            yield progress
+
     async def PauseRun(
         self, request: run_pb2.PauseRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.PauseRunResponse:

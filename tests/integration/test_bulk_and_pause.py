@@ -217,3 +217,29 @@ async def test_a_pause_through_another_replica_reaches_the_holder_at_its_heartbe
         assert "paused" in steps[-1].payload.get("note", "")
     finally:
         await there.close()
+
+
+async def test_bulk_rerun_forks_each_matched_run_from_the_start_with_its_labels(stack, db_url):
+    api, _ = stack
+    ids = await start_many(api, "quick", 3, ("redo",))
+    await api.wait_terminal(ids, within=60)
+    req = run_pb2.BulkRerunRunsRequest(workspace_id=api.ws, filter=run_pb2.RunFilter(tag="redo"))
+    progress = [p async for p in api.runs.BulkRerunRuns(req)]
+    last = progress[-1]
+    assert (last.matched, last.done, last.skipped, last.finished) == (3, 3, 0, True)
+    listed = await api.runs.ListRuns(
+        run_pb2.ListRunsRequest(workspace_id=api.ws, tag="redo", page_size=50)
+    )
+    forks = [r for r in listed.runs if r.forked_from_run_id]
+    assert sorted(r.forked_from_run_id for r in forks) == sorted(ids)
+    assert all(r.forked_from_seq == 0 and list(r.tags) == ["redo"] for r in forks)
+    done = await api.wait_terminal([r.run_id for r in forks], within=60)
+    assert {r.status for r in done} == {run_pb2.RUN_STATUS_COMPLETED}
+    conn = await asyncpg.connect(db_url)
+    try:
+        actions = await conn.fetch(
+            "SELECT action FROM audit_log WHERE action IN ('runs.bulk_rerun', 'run.forked')"
+        )
+    finally:
+        await conn.close()
+    assert [a["action"] for a in actions] == ["runs.bulk_rerun"]

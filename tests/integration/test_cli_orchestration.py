@@ -56,3 +56,10 @@ async def test_tags_bulk_cancel_and_pause_from_the_cli(server, db_url, tmp_path)
     assert "cancelled 3 of 3 runs" in done.stdout
     left = await cli("runs", "list", "--status", "queued", "-q")
     assert len(left.stdout.split()) == 1
+
+    dry = await cli("runs", "rerun", "--tag", "sweep", "--dry-run")
+    assert "3 runs match; nothing started" in dry.stdout
+    again = await cli("runs", "rerun", "--tag", "sweep", "--all")
+    assert "started 3 of 3 runs again (0 skipped)" in again.stdout
+    fresh = await cli("runs", "list", "--tag", "sweep", "--status", "queued", "-q")
+    assert len(fresh.stdout.split()) == 3

@@ -113,11 +113,12 @@ WITH cancelled AS (
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM cancelled;
 
 -- name: runs_bulk_count :one
--- BulkCancelRuns: the unfinished runs of a workspace a ListRuns filter matches (run_list's
--- filters: agent $2, status $3, created since $4, text $5, metadata containment $6, tag $7),
--- admitted at or before $8 (the action's start: runs admitted later are not its own).
+-- A bulk action's runs (control_plane/api/bulk.py): a workspace's runs a ListRuns filter
+-- matches (run_list's filters: agent $2, status $3, created since $4, text $5, metadata
+-- containment $6, tag $7), admitted at or before $8 (the action's start: runs admitted later,
+-- its own forks among them, are not its own), only unfinished ones when $9.
 SELECT count(*) AS n FROM runs
-WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
   AND created_at <= $8
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::text IS NULL OR status = $3)
@@ -129,11 +130,11 @@ WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
   AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]));
 
 -- name: runs_bulk_batch :many
--- runs_bulk_count's next $9 runs, oldest first (a cancelled one no longer matches: each
--- batch reads from the start again).
-SELECT run_id FROM runs
-WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
+-- runs_bulk_count's next $12 runs, oldest first, after the keyset cursor ($10, $11).
+SELECT run_id, created_at FROM runs
+WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
   AND created_at <= $8
+  AND ($10::timestamptz IS NULL OR (created_at, run_id) > ($10, $11::uuid))
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::text IS NULL OR status = $3)
   AND ($4::timestamptz IS NULL OR created_at >= $4)
@@ -143,4 +144,4 @@ WHERE workspace_id = $1 AND status IN ('queued', 'running', 'waiting')
   AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
   AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
 ORDER BY created_at, run_id
-LIMIT $9;
+LIMIT $12;

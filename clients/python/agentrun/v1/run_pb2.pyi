@@ -865,6 +865,76 @@ class BulkCancelRunsResponse(_message.Message):
 Global___BulkCancelRunsResponse: _TypeAlias = BulkCancelRunsResponse  # noqa: Y015
 
 @_typing.final
+class BulkRerunRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    all: _builtins.bool
+    dry_run: _builtins.bool
+    @_builtins.property
+    def filter(self) -> Global___RunFilter:
+        """What to run again; an empty filter matches every run and needs all = true."""
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        filter: Global___RunFilter | None = ...,
+        all: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "dry_run", b"dry_run", "filter", b"filter", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkRerunRunsRequest: _TypeAlias = BulkRerunRunsRequest  # noqa: Y015
+
+@_typing.final
+class BulkRerunRunsResponse(_message.Message):
+    """BulkRerunRunsResponse is where a bulk re-run stands, sent after each batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    matched: _builtins.int
+    """Runs the filter matched when the action began."""
+    done: _builtins.int
+    """Runs started again so far (each a new run forked from seq 0)."""
+    skipped: _builtins.int
+    """Runs that could not be started again (deleted meanwhile, or refused)."""
+    dry_run: _builtins.bool
+    finished: _builtins.bool
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        matched: _builtins.int = ...,
+        done: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id", "done", b"done", "dry_run", b"dry_run", "finished", b"finished", "matched", b"matched", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkRerunRunsResponse: _TypeAlias = BulkRerunRunsResponse  # noqa: Y015
+
+@_typing.final
 class PauseRunRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

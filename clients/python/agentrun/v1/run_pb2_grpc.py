@@ -86,6 +86,11 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.FromString,
                 _registered_method=True)
+        self.BulkRerunRuns = channel.unary_stream(
+                '/agentrun.v1.RunService/BulkRerunRuns',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.FromString,
+                _registered_method=True)
         self.PauseRun = channel.unary_unary(
                 '/agentrun.v1.RunService/PauseRun',
                 request_serializer=agentrun_dot_v1_dot_run__pb2.PauseRunRequest.SerializeToString,
@@ -208,6 +213,16 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BulkRerunRuns(self, request, context):
+        """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+        matches (any status): each is forked from its seq 0 (ForkRun, its own
+        version), 500 per batch, progress streamed after each; with dry_run it
+        only counts. Audited once per action (not once per fork).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PauseRun(self, request, context):
         """PauseRun parks a run until ResumeRun: a queued or waiting run is not
         claimed; a running one is handed back by its executor at its next step
@@ -285,6 +300,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.BulkCancelRuns,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.SerializeToString,
+            ),
+            'BulkRerunRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.BulkRerunRuns,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.SerializeToString,
             ),
             'PauseRun': grpc.unary_unary_rpc_method_handler(
                     servicer.PauseRun,
@@ -574,6 +594,33 @@ class RunService:
             '/agentrun.v1.RunService/BulkCancelRuns',
             agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkRerunRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentrun.v1.RunService/BulkRerunRuns',
+            agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -92,6 +92,12 @@ class RunServiceStub:
     with dry_run it only counts. Audited once per action. A stream closed
     early stops at a batch boundary: the runs cancelled so far stay so.
     """
+    BulkRerunRuns: _grpc.UnaryStreamMultiCallable[_run_pb2.BulkRerunRunsRequest, _run_pb2.BulkRerunRunsResponse]
+    """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+    matches (any status): each is forked from its seq 0 (ForkRun, its own
+    version), 500 per batch, progress streamed after each; with dry_run it
+    only counts. Audited once per action (not once per fork).
+    """
     PauseRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.PauseRunRequest, _run_pb2.PauseRunResponse]
     """PauseRun parks a run until ResumeRun: a queued or waiting run is not
     claimed; a running one is handed back by its executor at its next step
@@ -168,6 +174,12 @@ class RunServiceAsyncStub(RunServiceStub):
     cancels it (its holder fenced). It streams its progress after each batch;
     with dry_run it only counts. Audited once per action. A stream closed
     early stops at a batch boundary: the runs cancelled so far stay so.
+    """
+    BulkRerunRuns: _aio.UnaryStreamMultiCallable[_run_pb2.BulkRerunRunsRequest, _run_pb2.BulkRerunRunsResponse]  # type: ignore[assignment]
+    """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+    matches (any status): each is forked from its seq 0 (ForkRun, its own
+    version), 500 per batch, progress streamed after each; with dry_run it
+    only counts. Audited once per action (not once per fork).
     """
     PauseRun: _aio.UnaryUnaryMultiCallable[_run_pb2.PauseRunRequest, _run_pb2.PauseRunResponse]  # type: ignore[assignment]
     """PauseRun parks a run until ResumeRun: a queued or waiting run is not
@@ -302,6 +314,18 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         cancels it (its holder fenced). It streams its progress after each batch;
         with dry_run it only counts. Audited once per action. A stream closed
         early stops at a batch boundary: the runs cancelled so far stay so.
+        """
+
+    @_abc_1.abstractmethod
+    def BulkRerunRuns(
+        self,
+        request: _run_pb2.BulkRerunRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_run_pb2.BulkRerunRunsResponse], _abc.AsyncIterator[_run_pb2.BulkRerunRunsResponse]]:
+        """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+        matches (any status): each is forked from its seq 0 (ForkRun, its own
+        version), 500 per batch, progress streamed after each; with dry_run it
+        only counts. Audited once per action (not once per fork).
         """
 
     @_abc_1.abstractmethod
