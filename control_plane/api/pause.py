@@ -33,6 +33,15 @@ async def _ended(pool: Pool, ws: str, run_id: uuid.UUID) -> FailedPrecondition |
     return FailedPrecondition(f"run {run_id} already ended: {row.status}")
 
 
+async def explain_pause(pool: Pool, row: store.Run, queue: run_pb2.QueuePosition) -> None:
+    """GetRun's queue cause of a run that is paused, or whose agent or queue is."""
+    if (
+        row.paused
+        or (await run(pool, "run_held_by_pause", row.workspace_id, row.agent_id))["paused"]
+    ):
+        queue.cause = run_pb2.QUEUE_WAIT_CAUSE_PAUSED
+
+
 async def pause_run(
     pool: Pool,
     request: run_pb2.PauseRunRequest,

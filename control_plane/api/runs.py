@@ -200,6 +200,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             queue = convert.queue_position(pos, row.wait_reason) if pos else None
             if queue is not None:
                 await releases.explain_wait(self._pool, row, queue)
+                await pause.explain_pause(self._pool, row, queue)
                 msg.queue.CopyFrom(queue)
         return run_pb2.GetRunResponse(run=msg)
 

@@ -153,6 +153,8 @@ async def test_a_paused_agent_keeps_its_due_runs_queued_until_resumed(stack, db_
     await eventually(lambda: running(api, witness), timeout=30)
     await asyncio.sleep(1.0)
     assert await statuses(db_url, api.ws, ids) == {"queued": 100}
+    # GetRun says why it waits.
+    assert (await api.get(ids[0])).queue.cause == run_pb2.QUEUE_WAIT_CAUSE_PAUSED
     pause.paused = False
     resumed = await api.runs.SetQueuePaused(pause)
     assert resumed.queued_runs == 100
@@ -178,6 +180,7 @@ async def test_a_paused_run_parks_at_a_step_boundary_and_holds_no_executor(stack
     await asyncio.sleep(1.5)  # due, but the claim leaves it
     again = await api.get(run_id)
     assert again.status == run_pb2.RUN_STATUS_WAITING and not again.lease_owner
+    assert again.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_PAUSED
     steps = await api.steps(run_id)
     assert steps[-1].kind == "park" and "paused" in steps[-1].payload.get("note", "")
     # Nothing in flight when it parked: every started call has its result.

@@ -596,7 +596,7 @@ export interface components {
             /** Format: int64 */
             runs_ahead: number;
             /** @enum {string} */
-            cause: "unspecified" | "turn" | "workspace_cap" | "agent_cap" | "rate_limit" | "model_unavailable" | "release_unavailable";
+            cause: "unspecified" | "turn" | "workspace_cap" | "agent_cap" | "rate_limit" | "model_unavailable" | "release_unavailable" | "paused";
             /** Format: int32 */
             workspace_running: number;
             /** Format: int32 */

@@ -50,3 +50,8 @@ WITH ws AS (
 SELECT (SELECT count(*) FROM ws) AS found,
        (SELECT count(*) FROM runs WHERE workspace_id = $1
           AND status IN ('queued', 'waiting')) AS queued_runs;
+
+-- name: run_held_by_pause :one
+-- Whether a run's agent or its workspace's queue is paused (GetRun's queue cause).
+SELECT coalesce((SELECT paused FROM agents WHERE workspace_id = $1 AND agent_id = $2), false)
+       OR coalesce((SELECT queue_paused FROM workspaces WHERE workspace_id = $1), false) AS paused;

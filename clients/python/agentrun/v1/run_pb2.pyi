@@ -164,6 +164,10 @@ class _QueueWaitCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueW
     connected: it waits for one, or for an operator to move it
     (ReleaseService.MoveRunRelease). Nothing moves it silently.
     """
+    QUEUE_WAIT_CAUSE_PAUSED: _QueueWaitCause.ValueType  # 11
+    """Paused: the run itself (Run.paused), its agent or its workspace's queue
+    (SetQueuePaused). No executor takes it until it is resumed.
+    """
 
 class QueueWaitCause(_QueueWaitCause, metaclass=_QueueWaitCauseEnumTypeWrapper):
     """QueueWaitCause says what keeps a run from running now."""
@@ -185,6 +189,10 @@ QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE: QueueWaitCause.ValueType  # 10
 """Due, but no executor of its release (QueuePosition.release) is
 connected: it waits for one, or for an operator to move it
 (ReleaseService.MoveRunRelease). Nothing moves it silently.
+"""
+QUEUE_WAIT_CAUSE_PAUSED: QueueWaitCause.ValueType  # 11
+"""Paused: the run itself (Run.paused), its agent or its workspace's queue
+(SetQueuePaused). No executor takes it until it is resumed.
 """
 Global___QueueWaitCause: _TypeAlias = QueueWaitCause  # noqa: Y015
 
