@@ -157,15 +157,6 @@ OPS: tuple[Op, ...] = (
     ),
     Op(
         "POST",
-        "queue/paused",
-        "RunService/SetQueuePaused",
-        "Pause or resume an agent's runs (agent_id) or the workspace's whole queue",
-        run_pb2.SetQueuePausedRequest,
-        run_pb2.SetQueuePausedResponse,
-        extra={"agent_id": {"pattern": "^([a-z0-9][a-z0-9_-]{0,62})?$"}},
-    ),
-    Op(
-        "POST",
         "runs/{run_id}/fork",
         "RunService/ForkRun",
         "Fork a run from one of its steps",

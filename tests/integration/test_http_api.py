@@ -462,7 +462,5 @@ async def test_tags_metadata_and_pause_over_http(stack):
     assert paused.status_code == 200 and paused.json()["paused"] is True, paused.text
     resumed = await http.post(f"runs/{run['run_id']}/resume")
     assert resumed.status_code == 200 and not resumed.json().get("paused"), resumed.text
-    queue = await http.post("queue/paused", {"agent_id": "mailer", "paused": True})
-    assert queue.status_code == 200 and queue.json()["paused"] is True, queue.text
-    missing = await http.post("queue/paused", {"agent_id": "nobody", "paused": True})
+    missing = await http.post(f"runs/{uuid.uuid4()}/pause")
     problem(missing, 404)
