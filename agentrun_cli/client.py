@@ -6,7 +6,7 @@ messages, which it prints as they are (`-o json`), and calls RPCs the client doe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 
@@ -94,6 +94,8 @@ class Client:
         request_id: str = "",
         trigger_connection_id: str = "",
         priority: int = 0,
+        tags: Sequence[str] = (),
+        metadata_json: str = "",
     ) -> run_pb2.StartRunResponse:
         req = run_pb2.StartRunRequest(
             workspace_id=self.workspace,
@@ -103,6 +105,8 @@ class Client:
             request_id=request_id,
             trigger_connection_id=trigger_connection_id,
             priority=priority,
+            tags=list(tags),
+            metadata_json=metadata_json,
         )
         return self.runs.StartRun(req, timeout=self.timeout)
 
@@ -113,6 +117,42 @@ class Client:
     def cancel_run(self, run_id: str, reason: str = "") -> run_pb2.Run:
         req = run_pb2.CancelRunRequest(workspace_id=self.workspace, run_id=run_id, reason=reason)
         return self.runs.CancelRun(req, timeout=self.timeout).run
+
+    def bulk_cancel(
+        self, run_filter: run_pb2.RunFilter, every: bool, dry_run: bool, reason: str = ""
+    ) -> Iterator[run_pb2.BulkCancelRunsResponse]:
+        """BulkCancelRuns: its progress, after the count and after each batch."""
+        req = run_pb2.BulkCancelRunsRequest(
+            workspace_id=self.workspace,
+            filter=run_filter,
+            all=every,
+            dry_run=dry_run,
+            reason=reason,
+        )
+        yield from self.runs.BulkCancelRuns(req)
+
+    def bulk_rerun(
+        self, run_filter: run_pb2.RunFilter, every: bool, dry_run: bool
+    ) -> Iterator[run_pb2.BulkRerunRunsResponse]:
+        """BulkRerunRuns: its progress, after the count and after each batch."""
+        req = run_pb2.BulkRerunRunsRequest(
+            workspace_id=self.workspace, filter=run_filter, all=every, dry_run=dry_run
+        )
+        yield from self.runs.BulkRerunRuns(req)
+
+    def pause_run(self, run_id: str, paused: bool) -> run_pb2.Run:
+        """PauseRun (paused) or ResumeRun."""
+        if paused:
+            req = run_pb2.PauseRunRequest(workspace_id=self.workspace, run_id=run_id)
+            return self.runs.PauseRun(req, timeout=self.timeout).run
+        again = run_pb2.ResumeRunRequest(workspace_id=self.workspace, run_id=run_id)
+        return self.runs.ResumeRun(again, timeout=self.timeout).run
+
+    def set_queue_paused(self, agent_id: str, paused: bool) -> run_pb2.SetQueuePausedResponse:
+        req = run_pb2.SetQueuePausedRequest(
+            workspace_id=self.workspace, agent_id=agent_id, paused=paused
+        )
+        return self.runs.SetQueuePaused(req, timeout=self.timeout)
 
     def resolve_unknown(
         self, run_id: str, seq: int, decision: str, decided_by: str, note: str = ""
@@ -159,6 +199,8 @@ class Client:
         since: datetime | None = None,
         search: str = "",
         waiting_longer_than: float | None = None,
+        tag: str = "",
+        metadata: str = "",
     ) -> Iterator[run_pb2.Run]:
         """Runs newest first, following page tokens until the last page or `limit`.
 
@@ -168,7 +210,12 @@ class Client:
         """
         left = limit
         req = run_pb2.ListRunsRequest(
-            workspace_id=self.workspace, agent_id=agent_id, status=status, search=search
+            workspace_id=self.workspace,
+            agent_id=agent_id,
+            status=status,
+            search=search,
+            tag=tag,
+            metadata=metadata,
         )
         if since is not None:
             req.create_after.FromDatetime(since)

@@ -230,6 +230,8 @@ def runs_start(args: argparse.Namespace) -> int:
             args.request_id,
             args.trigger_connection,
             args.priority,
+            args.tag,
+            args.metadata,
         )
         note = "started" if resp.created else "already started (same request id)"
         if args.json and args.watch:
@@ -312,7 +314,9 @@ def runs_list(args: argparse.Namespace) -> int:
     )
     stuck = durations.positive(args.waiting_longer_than) if args.waiting_longer_than else None
     with _client(args) as client:
-        found = client.list_runs(args.agent, status, args.limit, since, args.search or "", stuck)
+        found = client.list_runs(
+            args.agent, status, args.limit, since, args.search or "", stuck, args.tag, args.metadata
+        )
         runs = list(found)
     if args.quiet:  # ids only, for scripts: RUN=$(agentrun runs list -q --limit 1)
         for r in runs:
@@ -332,6 +336,8 @@ def _no_runs(args: argparse.Namespace) -> str:
             ("--since", args.since),
             ("--search", args.search),
             ("--waiting-longer-than", args.waiting_longer_than),
+            ("--tag", args.tag),
+            ("--metadata", args.metadata),
         )
         if value
     ]
@@ -351,9 +357,72 @@ def runs_watch(args: argparse.Namespace) -> int:
 
 
 def runs_cancel(args: argparse.Namespace) -> int:
+    filtered = args.agent or args.status or args.tag or args.metadata
+    if args.run_id:
+        if filtered or args.all or args.dry_run:
+            raise SystemExit("give a RUN_ID or a filter with --all, not both")
+        with _client(args) as client:
+            run = client.cancel_run(args.run_id, args.reason)
+        _emit(args, run, [f"run {run.run_id} {render.state_line(run)}"])
+        return 0
+    if not (args.all or args.dry_run):
+        raise SystemExit(
+            "give a RUN_ID, or add --all to cancel every unfinished run the filter matches "
+            "(--dry-run counts them first)"
+        )
+    status = render.status_value(args.status) if args.status else 0
+    run_filter = run_pb2.RunFilter(
+        agent_id=args.agent, status=status, tag=args.tag, metadata=args.metadata
+    )
+    last = None
     with _client(args) as client:
-        run = client.cancel_run(args.run_id, args.reason)
-    _emit(args, run, [f"run {run.run_id} {render.state_line(run)}"])
+        for last in client.bulk_cancel(run_filter, args.all, args.dry_run, args.reason):
+            if not args.json and not last.finished:
+                print(f"cancelled {last.done} of {last.matched}", file=sys.stderr, flush=True)
+    assert last is not None, "a bulk action answers at least once"
+    if last.dry_run:
+        line = f"{last.matched} unfinished runs match; nothing cancelled (--dry-run)"
+    else:
+        line = f"cancelled {last.done} of {last.matched} runs ({last.skipped} ended on their own)"
+    _emit(args, last, [line])
+    return 0
+
+
+def runs_rerun(args: argparse.Namespace) -> int:
+    """`runs rerun --tag T --all [--dry-run]`: BulkRerunRuns, its progress on stderr."""
+    if not (args.all or args.dry_run):
+        raise SystemExit(
+            "add --all to run again every run the filter matches (--dry-run counts them first)"
+        )
+    status = render.status_value(args.status) if args.status else 0
+    run_filter = run_pb2.RunFilter(
+        agent_id=args.agent, status=status, tag=args.tag, metadata=args.metadata
+    )
+    last = None
+    with _client(args) as client:
+        for last in client.bulk_rerun(run_filter, args.all, args.dry_run):
+            if not args.json and not last.finished:
+                print(f"started {last.done} of {last.matched}", file=sys.stderr, flush=True)
+    assert last is not None, "a bulk action answers at least once"
+    if last.dry_run:
+        line = f"{last.matched} runs match; nothing started (--dry-run)"
+    else:
+        line = f"started {last.done} of {last.matched} runs again ({last.skipped} skipped)"
+    _emit(args, last, [line])
+    return 0
+
+
+def runs_pause(args: argparse.Namespace) -> int:
+    """`runs pause|resume RUN_ID`, `--agent A` or `--queue`."""
+    verb = "paused" if args.paused else "resumed"
+    with _client(args) as client:
+        if args.run_id:
+            run = client.pause_run(args.run_id, args.paused)
+            _emit(args, run, [f"run {run.run_id} {verb}: {render.state_line(run)}"])
+            return 0
+        resp = client.set_queue_paused(args.agent, args.paused)
+    what = f"agent {args.agent}" if args.agent else f"workspace {args.workspace} queue"
+    _emit(args, resp, [f"{what} {verb} ({resp.queued_runs} queued or waiting runs)"])
     return 0
 
 

@@ -225,6 +225,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         metavar="AGE",
         help="only runs waiting (for a person, an event, a time) longer than AGE: 1d",
     )
+    _label_filters(p)
     _quiet(p, "run ids")
     p.set_defaults(handler=commands.runs_list)
     p = runs.add_parser("watch", help="stream a run's steps until it ends", parents=[common])
@@ -238,10 +239,7 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
         help="stop once the run is in STATUS (repeat for more), e.g. waiting",
     )
     p.set_defaults(handler=commands.runs_watch)
-    p = runs.add_parser("cancel", help="cancel a run", parents=[common])
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--reason", default="")
-    p.set_defaults(handler=commands.runs_cancel)
+    _add_runs_cancel_and_pause(runs, common)
     _add_runs_resolve(runs, common)
     forks.add_commands(runs, common)
     p = runs.add_parser(
@@ -254,6 +252,51 @@ def _add_runs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.set_defaults(handler=commands.runs_signal)
 
 
+def _add_runs_cancel_and_pause(
+    runs: argparse._SubParsersAction, common: argparse.ArgumentParser
+) -> None:
+    p = runs.add_parser(
+        "cancel", help="cancel a run, or every run a filter matches (--all)", parents=[common]
+    )
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (or a filter below)")
+    p.add_argument("--reason", default="")
+    p.add_argument("--agent", default="", metavar="A")
+    p.add_argument("--status", choices=STATUSES[:3])
+    _label_filters(p)
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="cancel every unfinished run the filter matches (alone: every unfinished run)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only count the runs --all would cancel")
+    p.set_defaults(handler=commands.runs_cancel)
+    p = runs.add_parser(
+        "rerun", help="run again from the start every run a filter matches", parents=[common]
+    )
+    p.add_argument("--agent", default="", metavar="A")
+    p.add_argument("--status", choices=STATUSES)
+    _label_filters(p)
+    p.add_argument("--all", action="store_true", help="every run the filter matches")
+    p.add_argument("--dry-run", action="store_true", help="only count them")
+    p.set_defaults(handler=commands.runs_rerun)
+    for verb, what in (("pause", "park"), ("resume", "free")):
+        p = runs.add_parser(
+            verb,
+            help=f"{what} a run, an agent's queued runs (--agent) or the workspace queue (--queue)",
+            parents=[common],
+        )
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("run_id", metavar="RUN_ID", nargs="?")
+        which.add_argument("--agent", default="", metavar="A")
+        which.add_argument("--queue", action="store_true", help="the workspace's whole queue")
+        p.set_defaults(handler=commands.runs_pause, paused=verb == "pause")
+
+
+def _label_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tag", default="", metavar="T", help="runs carrying this tag")
+    p.add_argument("--metadata", default="", metavar="K=V", help="runs whose metadata K is V")
+
+
 def _add_runs_start(runs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = runs.add_parser("start", help="start a run", parents=[common])
     p.add_argument("agent_id", metavar="AGENT")
@@ -261,6 +304,10 @@ def _add_runs_start(runs: argparse._SubParsersAction, common: argparse.ArgumentP
     p.add_argument("--version", type=argtypes.int32, default=0, metavar="N", help="default: latest")
     p.add_argument("--request-id", default="", metavar="K", help="dedupe key for retries")
     triggers.add_priority(p)
+    p.add_argument(
+        "--tag", action="append", default=[], metavar="T", help="a tag (repeat for more)"
+    )
+    p.add_argument("--metadata", default="", metavar="JSON", help="a JSON object (<= 4 KiB)")
     p.add_argument(
         "--trigger-connection",
         default="",

@@ -244,7 +244,7 @@ def step_table(steps: Iterable[run_pb2.Step]) -> list[str]:
 
 def state_line(run: run_pb2.Run) -> str:
     """`status: waiting (sleep) until …`, the form `runs watch` prints for state changes."""
-    line = f"status: {status_name(run.status)}"
+    line = f"status: {status_name(run.status)}" + (" [paused]" if run.paused else "")
     if run.status == run_pb2.RUN_STATUS_WAITING:
         line += f" ({run.wait_reason or '?'})"
         line += f" until {timestamp(run.wake_time)}" if run.HasField("wake_time") else " on event"
@@ -318,6 +318,10 @@ def run_summary(run: run_pb2.Run) -> list[str]:
         rows.append(("parent", f"{run.parent_run_id} (its start_child at step {run.parent_seq})"))
     if run.child_run_ids:
         rows.append(("children", ", ".join(run.child_run_ids)))
+    if run.tags:
+        rows.append(("tags", ", ".join(run.tags)))
+    if run.metadata_json not in ("", "{}"):
+        rows.append(("metadata", short(run.metadata_json)))
     return [f"{name:<9} {value}" for name, value in rows]
 
 

@@ -347,7 +347,14 @@ def _add_servicers(p: _Parts, server: grpc.aio.Server, executors: grpc.aio.Serve
     Returns those the HTTP/JSON API serves too (control_plane/http/api.py)."""
     cfg, pool, dispatcher = p.config, p.pool, p.dispatcher
     services = Services(
-        runs=RunServicer(pool, cfg.defaults, dispatcher.poke, dispatcher.cancel, dispatcher.deltas),
+        runs=RunServicer(
+            pool,
+            cfg.defaults,
+            dispatcher.poke,
+            dispatcher.cancel,
+            dispatcher.deltas,
+            on_pause=dispatcher.pause,
+        ),
         approvals=ApprovalServicer(pool),
         sessions=SessionServicer(
             Conversations(

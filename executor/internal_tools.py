@@ -17,6 +17,7 @@ from executor import canary, payloads, signal_wait, steps
 from executor.held import HeldRun, log
 from executor.replay import Entry, ResolveUnknown
 from executor.tools.delivery import Outcome
+from ground import run_labels
 
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
@@ -230,6 +231,72 @@ class Sleep:
         return await _woken(calls, action, seq)
 
 
+class SetMetadata:
+    """`set_metadata`: the run records its own tags and metadata (issue 45). One commit holds
+    the call and its result; the result's output is the run's whole metadata and tags after
+    the call, worked out from the log (the input step's, then each earlier ok result's), and
+    the control plane copies it onto the run in that commit's transaction
+    (0045_orchestration.sql). A resumed run reads the result; nothing is computed again."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        outcome = labelled(calls.held.entries, arguments)
+        result = steps.tool_result(
+            started.seq + 1,
+            started.seq,
+            call_id,
+            SET_METADATA,
+            outcome.status,
+            output=outcome.output,
+            error=outcome.error,
+        )
+        await calls.held.loop.commit([started, result], tool_calls=1)
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        # Never found started alone (one commit holds both); settled as asked, from the log.
+        started = action.started
+        outcome = labelled(calls.held.entries, _arguments(started))
+        return await calls.record(seq, started.seq, _call_id(started), SET_METADATA, outcome)
+
+
+SET_METADATA = "set_metadata"
+
+
+def current_labels(entries: list[Entry]) -> tuple[dict[str, Any], list[str]]:
+    """The run's metadata and tags as its log says: the last ok set_metadata result's, else
+    the input step's."""
+    for entry in reversed(entries):
+        p = entry.payload
+        if entry.seq == 0 or (p.get("tool") == SET_METADATA and p.get("status") == "ok"):
+            source = p if entry.seq == 0 else (p.get("output") or {})
+            return dict(source.get("metadata") or {}), list(source.get("tags") or [])
+    return {}, []
+
+
+def labelled(entries: list[Entry], arguments: Mapping[str, Any]) -> Outcome:
+    """What a set_metadata call comes to: the whole new metadata and tags, or why not."""
+    metadata, tags = current_labels(entries)
+    patch = arguments.get("metadata") or {}
+    added = arguments.get("tags") or []
+    try:
+        if not isinstance(patch, Mapping):
+            raise ValueError("metadata must be a JSON object")
+        if not isinstance(added, list) or not all(isinstance(t, str) for t in added):
+            raise ValueError("tags must be a list of strings")
+        new_tags = run_labels.tags([*tags, *added])
+        new_metadata = run_labels.metadata(run_labels.merged(metadata, patch))
+    except ValueError as exc:
+        return Outcome("error", error=str(exc))
+    return Outcome("ok", output={"metadata": new_metadata, "tags": new_tags})
+
+
 class Unsupported:
     """An internal tool this executor does not carry."""
 
@@ -262,6 +329,7 @@ TOOLS: Mapping[str, InternalTool] = {
     signal_wait.TOOL: WaitForSignal(),
     canary.TOOL: Canary(),
     "sleep": Sleep(),
+    SET_METADATA: SetMetadata(),
 }
 
 

@@ -92,6 +92,7 @@ class RunLoop:
         self._deps = deps
         self._handoff = asyncio.Event()
         self._forced = False
+        self._handoff_note = "executor draining: handed back"
         self._held = HeldRun(
             run=run,
             spec=assignment.agent_version.spec,
@@ -121,11 +122,14 @@ class RunLoop:
             AwaitPerson: tools.await_person,
         }
 
-    def request_handoff(self, force: bool = False) -> None:
+    def request_handoff(self, force: bool = False, note: str | None = None) -> None:
         """Drain: hand the run back at its next turn boundary, when nothing of a turn is in
         flight (it then waits on no release and the newest continues it); `force`: at its
-        next step boundary, even mid-turn (it then waits for an executor of this release)."""
+        next step boundary, even mid-turn (it then waits for an executor of this release).
+        `note`: what the park step says (a pause says so)."""
         self._forced = self._forced or force
+        if note is not None:
+            self._handoff_note = note
         self._handoff.set()
 
     def interrupt(self) -> None:
@@ -217,7 +221,7 @@ class RunLoop:
                 log.warning("run %s was assigned but its log is finished", self.run_id)
                 return "done"
             if self._handoff.is_set() and (isinstance(action, CallModel) or self._forced):
-                return await self.hand_back("executor draining: handed back")
+                return await self.hand_back(self._handoff_note)
             if isinstance(action, (StartTool, ResolveUnknown)) and held.carried_over():
                 note = "stream replaced since the lease was granted: handed back to send under a fresh one"
                 return await self.hand_back(note, self._unsent_call(action))

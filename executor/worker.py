@@ -319,6 +319,10 @@ class Worker:
             return
         if cancel.lease.epoch and cancel.lease.epoch < held.loop.lease.epoch:
             return  # about an earlier claim
+        if cancel.pause:  # PauseRun: parked at its next step boundary, nothing in flight
+            log.info("run %s paused: handing it back at its next step", cancel.lease.run_id)
+            held.loop.request_handoff(force=True, note="paused: handed back")
+            return
         self._leases.drop(cancel.lease.run_id)
         self._stop(cancel.lease.run_id, f"cancelled by the control plane: {cancel.reason}")
 

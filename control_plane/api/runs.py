@@ -13,7 +13,8 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane.api import signals
+from control_plane.api import bulk, pause, signals
+from control_plane.api.run_filters import label_filters, labels
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
@@ -40,6 +41,7 @@ from control_plane.store import steps as step_store
 from control_plane.store import streams as stream_store
 from control_plane.store.admission import MAX_INPUT_BYTES, Admission, admission
 from control_plane.store.db import Pool, transaction
+from ground import run_labels
 
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_POLL_SECONDS = 0.2
@@ -122,11 +124,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         on_runnable: Callable[[], None],
         on_cancel: Callable[[str, uuid.UUID], None],
         deltas: DeltaHub | None = None,
+        on_pause: Callable[[str, uuid.UUID], None] | None = None,
     ) -> None:
         self._pool = pool
         self._defaults = defaults
         self._on_runnable = on_runnable
         self._on_cancel = on_cancel
+        # Asks a running run's holder on this replica to hand it back (PauseRun).
+        self._on_pause = on_pause or (lambda ws, run_id: None)
         self._versions = agent_store.Versions()
         # Fast-path runs' model output on this replica (WatchRunRequest.deltas).
         self._deltas = deltas
@@ -146,16 +151,23 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         text = validate.text("input", request.input, max_bytes=MAX_INPUT_BYTES, required=True)
         request_id = validate.text("request_id", request.request_id, max_bytes=200) or None
         priority = validate.priority("priority", request.priority)
+        tags, metadata = labels(request.tags, request.metadata_json)
         if version:
             ver = await self._versions.get(self._pool, ws, agent_id, version)
         else:
             ver = await self._versions.latest(self._pool, ws, agent_id)
         if ver is None:
             raise NotFound(f"agent {agent_id!r} has no version {version or 'published'}")
-        came_in = await triggering.input_payload(
-            self._pool, ws, text, request.trigger_connection_id
-        )
+        via = await triggering.input_payload(self._pool, ws, text, request.trigger_connection_id)
+        came_in: dict[str, Any] | None = dict(via) if via is not None else None
         started_by = auth_context.current().label
+        if tags or metadata:
+            # In the input step too: the run's set_metadata calls start from it.
+            came_in = dict(came_in or {"text": text})
+            if tags:
+                came_in["tags"] = tags
+            if metadata:
+                came_in["metadata"] = metadata
 
         def admit(ver: Any) -> Admission:
             return admission(
@@ -166,6 +178,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 request_id=request_id,
                 input_payload=came_in,
                 priority=priority,
+                tags=tags,
+                metadata=run_labels.encode(metadata) if metadata else None,
             )
 
         # The latest version as this replica last saw it, checked by the insert itself.
@@ -198,6 +212,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             queue = convert.queue_position(pos, row.wait_reason) if pos else None
             if queue is not None:
                 await releases.explain_wait(self._pool, row, queue)
+                await pause.explain_pause(self._pool, row, queue)
                 msg.queue.CopyFrom(queue)
         return run_pb2.GetRunResponse(run=msg)
 
@@ -220,6 +235,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             )
         else:
             since, search = _list_filters(request)
+            tag, contains = label_filters(request.tag, request.metadata)
             page = await store.list_runs(
                 self._pool,
                 ws,
@@ -230,6 +246,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 created_since=since,
                 search=search,
                 waiting_longer_than=_waiting_longer_than(request),
+                tag=tag,
+                metadata=contains,
             )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
@@ -323,6 +341,35 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.SignalRunResponse:
         return await signals.signal_run(self._pool, request, self._on_runnable)
+
+    async def BulkCancelRuns(
+        self, request: run_pb2.BulkCancelRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[run_pb2.BulkCancelRunsResponse]:
+        async for progress in bulk.bulk_cancel(self._pool, request, self._on_cancel):
+            yield progress
+
+    async def BulkRerunRuns(
+        self, request: run_pb2.BulkRerunRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[run_pb2.BulkRerunRunsResponse]:
+        async for progress in bulk.bulk_rerun(
+            self._pool, self._defaults, request, self._on_runnable
+        ):
+            yield progress
+
+    async def PauseRun(
+        self, request: run_pb2.PauseRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.PauseRunResponse:
+        return await pause.pause_run(self._pool, request, self._on_pause)
+
+    async def ResumeRun(
+        self, request: run_pb2.ResumeRunRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.ResumeRunResponse:
+        return await pause.resume_run(self._pool, request, self._on_runnable)
+
+    async def SetQueuePaused(
+        self, request: run_pb2.SetQueuePausedRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.SetQueuePausedResponse:
+        return await pause.set_queue_paused(self._pool, request, self._on_runnable)
 
 
 def _watched(item: store.Run | step_store.Step | run_pb2.RunDelta) -> run_pb2.WatchRunResponse:

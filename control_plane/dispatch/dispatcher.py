@@ -141,6 +141,11 @@ class Dispatcher:
         for session in self._sessions.values():
             session.cancel(workspace_id, run_id, reason)
 
+    def pause(self, workspace_id: str, run_id: uuid.UUID) -> None:
+        """PauseRun: the holder on this replica hands the run back at its next step boundary."""
+        for session in self._sessions.values():
+            session.pause(workspace_id, run_id)
+
     async def run(self) -> None:
         """Claim loop: wake on a poke or every poll interval."""
         poll = self.config.claim_poll_seconds

@@ -385,6 +385,8 @@ class ExecutorSession:
                     run_figures.FIGURES.finished(self._pool, key.workspace_id, key.run_id)
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
+        for key in outcome.paused:  # paused through another replica: asked here, each beat
+            self.pause(key.workspace_id, key.run_id)
 
     def drain_if(self, draining: Mapping[str, DrainOrder]) -> None:
         """Tell the executor to drain, once (again if the drain is forced later), when its
@@ -401,6 +403,15 @@ class ExecutorSession:
         if epoch is not None:
             lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
             self.send(pb.ConnectResponse(cancel=pb.Cancel(lease=lease, reason=reason)))
+
+    def pause(self, workspace_id: str, run_id: uuid.UUID) -> None:
+        """Ask the holder to hand the run back at its next step boundary (it keeps its slot
+        until the park lands, as any park)."""
+        epoch = self.slots.held.get(run_id)
+        if epoch is not None:
+            lease = pb.Lease(workspace_id=workspace_id, run_id=str(run_id), epoch=epoch)
+            cancel = pb.Cancel(lease=lease, reason="paused", pause=True)
+            self.send(pb.ConnectResponse(cancel=cancel))
 
 
 def _count(msg: pb.Commit, result: pb.CommitResult, took: float) -> None:

@@ -149,12 +149,22 @@ def set_run(msg: run_pb2.Run, row: Run) -> None:
         msg.priority = row.priority
     if row.finished_at is not None:
         msg.outcome = outcome(row.status, row.refused_calls, row.tool_calls)
+    _set_labels(msg, row)
     # None leaves a field unset.
     _set_timestamp(msg.wake_time, row.wake_at)
     _set_timestamp(msg.expire_time, row.expires_at)
     _set_timestamp(msg.create_time, row.created_at)
     _set_timestamp(msg.update_time, row.updated_at)
     _set_timestamp(msg.finish_time, row.finished_at)
+
+
+def _set_labels(msg: run_pb2.Run, row: Run) -> None:
+    """set_run's tags, metadata and pause (0045_orchestration.sql)."""
+    if row.tags:
+        msg.tags.extend(row.tags)
+    msg.metadata_json = row.metadata
+    if row.paused:
+        msg.paused = True
 
 
 def _set_counters(counters: run_pb2.RunCounters, row: Run) -> None:

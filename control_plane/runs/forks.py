@@ -45,6 +45,8 @@ from control_plane.store.db import Pool, transaction
 from control_plane.store.steps import Step
 
 CALL_STEPS = ("tool_started", "tool_result", "approval_requested", "approval_decided")
+# The run's own labels call (executor/internal_tools.py SetMetadata).
+SET_METADATA = "set_metadata"
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,26 @@ async def _version(pool: Pool, source: run_store.Run, wanted: int) -> Any:
     return version
 
 
-async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store.Run:
-    """Admit the fork `req` asks for (queued), or raise a DomainError and write nothing."""
+def labels_at(steps: list[Step]) -> tuple[list[str] | None, str | None]:
+    """The tags and metadata (JSON text) the copied log says: the last ok set_metadata
+    result's, else the input step's; None when none (0045_orchestration.sql)."""
+    for step in reversed(steps):
+        payload = _payload(step)
+        ok = payload.get("tool") == SET_METADATA and payload.get("status") == "ok"
+        if step.seq == 0 or (step.kind == "tool_result" and ok):
+            source = payload if step.seq == 0 else (payload.get("output") or {})
+            tags, metadata = source.get("tags"), source.get("metadata")
+            return (list(tags) or None) if isinstance(tags, list) else None, (
+                json.dumps(metadata) if isinstance(metadata, dict) and metadata else None
+            )
+    return None, None
+
+
+async def fork(
+    pool: Pool, defaults: RunDefaults, req: ForkRequest, audited: bool = True
+) -> run_store.Run:
+    """Admit the fork `req` asks for (queued), or raise a DomainError and write nothing.
+    `audited`: False for a bulk action's forks, which the action's one entry covers."""
     source = await run_store.get_run(pool, req.workspace_id, req.run_id)
     if source is None:
         raise NotFound(f"run {req.run_id} not found")
@@ -121,6 +141,7 @@ async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store
         raise InvalidArgument("from_seq", problem)
     version = await _version(pool, source, req.agent_version)
     who = auth_context.current().label
+    tags, metadata = labels_at(steps)
     adm = admission(
         version,
         defaults,
@@ -128,6 +149,8 @@ async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store
         started_by=who,
         input_payload=_payload(steps[0]),
         priority=source.priority if req.priority is None else req.priority,
+        tags=tags,
+        metadata=metadata,
     )
     marker = {
         "from_run_id": str(source.run_id),
@@ -138,6 +161,8 @@ async def fork(pool: Pool, defaults: RunDefaults, req: ForkRequest) -> run_store
     }
     async with transaction(pool) as conn:
         forked = await store.admit_fork(conn, adm, source.run_id, req.from_seq, marker)
+        if not audited:
+            return forked
         await audit.record(
             conn,
             "run.forked",

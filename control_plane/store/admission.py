@@ -49,6 +49,9 @@ class Admission:
     # Higher goes first within the workspace's fair share (PRIORITY_MIN..PRIORITY_MAX).
     priority: int = 0
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # Tags and metadata (a JSON object's text), checked by ground/run_labels.py; None: none.
+    tags: list[str] | None = None
+    metadata: str | None = None
 
     def params(self, now: datetime | None) -> dict[str, Any]:
         """The named parameters of the `run_admit` fragment."""
@@ -71,6 +74,8 @@ class Admission:
             "model_retry_budget": self.model_retry_budget,
             "started_by": self.started_by,
             "priority": self.priority,
+            "tags": self.tags,
+            "metadata": self.metadata,
             "now": now,
         }
 
@@ -84,6 +89,8 @@ def admission(
     request_id: str | None = None,
     input_payload: dict[str, Any] | None = None,
     priority: int = 0,
+    tags: list[str] | None = None,
+    metadata: str | None = None,
 ) -> Admission:
     """The admission of a run of `version` (an agent version row): its limits, with the
     server's defaults for those it leaves unset (max age: none)."""
@@ -105,4 +112,6 @@ def admission(
         started_by=started_by,
         input_payload=input_payload,
         priority=priority,
+        tags=tags,
+        metadata=metadata,
     )

@@ -145,6 +145,8 @@ class HeartbeatOutcome:
     # Refused and failed: active time reached the deadline, or max age passed.
     past_deadline: set[LeaseKey]
     past_max_age: set[LeaseKey] = field(default_factory=set)
+    # Renewed, and paused (PauseRun): the holder is asked to hand the run back.
+    paused: set[LeaseKey] = field(default_factory=set)
 
 
 async def heartbeat(
@@ -173,6 +175,7 @@ async def heartbeat(
         renewed,
         {k for k, error in past.items() if error == "deadline exceeded"},
         {k for k, error in past.items() if error == "max age exceeded"},
+        {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows if r["paused"]},
     )
 
 

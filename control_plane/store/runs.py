@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 import asyncpg
@@ -83,8 +83,12 @@ class Run:
     priority: int = 0
     # The step-log version it was last written in (0037_release_pins.sql).
     log_version: int = 1
-    # Calls an argument constraint refused (0045_refusal_outcomes_and_workspace_allowlists.sql, issue 48).
+    # Calls an argument constraint refused (0041_refusal_outcomes_and_workspace_allowlists.sql, issue 48).
     refused_calls: int = 0
+    # Set at admission and by its set_metadata calls; paused by PauseRun (0045_orchestration.sql).
+    tags: list[str] = field(default_factory=list)
+    metadata: str = "{}"  # a JSON object's text
+    paused: bool = False
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
@@ -144,12 +148,15 @@ async def list_runs(
     created_since: datetime | None = None,
     search: str | None = None,
     waiting_longer_than: float | None = None,
+    tag: str | None = None,
+    metadata: str | None = None,
 ) -> RunPage:
-    """A page of runs, newest first, after the keyset cursor."""
+    """A page of runs, newest first, after the keyset cursor; `tag` reads the tag index
+    (run_list_tagged); `metadata` is a JSON object the run's metadata must contain."""
     created, run_id = after if after else (None, None)
     rows = await run(
         pool,
-        "run_list",
+        "run_list_tagged" if tag else "run_list",
         workspace_id,
         created,
         run_id,
@@ -159,6 +166,8 @@ async def list_runs(
         created_since,
         search,
         waiting_longer_than,
+        metadata,
+        *([tag] if tag else []),
     )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)
 

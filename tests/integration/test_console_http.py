@@ -521,3 +521,18 @@ async def test_a_signal_from_the_page_reaches_the_runs_mailbox_once(stack, db, d
         "SELECT name, payload::text, sent_by FROM run_signals WHERE run_id = $1", uuid.UUID(run_id)
     )
     assert [tuple(r) for r in rows] == [("go", '{"ok": true}', "key:ops")]
+
+
+async def test_the_run_page_says_a_run_is_paused_and_shows_its_tags(stack, db_url):
+    cp, api = stack
+    resp = await api.runs.StartRun(
+        run_pb2.StartRunRequest(workspace_id=api.ws, agent_id="mailer", input="hi", tags=["eu"])
+    )
+    run_id = resp.run.run_id
+    await api.runs.PauseRun(run_pb2.PauseRunRequest(workspace_id=api.ws, run_id=run_id))
+    key = await auth.workspace_key(db_url, "ws", role="reader", principal="reader")
+    async with signed_in(cp.http_url, key) as client:
+        page = await client.get(f"/console/runs/{run_id}")
+        assert 'id="run-paused"' in page.text and "Tags: eu" in page.text
+        await api.runs.ResumeRun(run_pb2.ResumeRunRequest(workspace_id=api.ws, run_id=run_id))
+        assert 'id="run-paused"' not in (await client.get(f"/console/runs/{run_id}")).text

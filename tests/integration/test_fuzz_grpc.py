@@ -55,6 +55,9 @@ DEADLINE = 5.0
 # A server-streaming call may be a watch that outlives its deadline; that is not a hang.
 WATCH_DEADLINE = 1.0
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+# Bulk actions write batch by batch and stream their progress: one cut off by its deadline
+# keeps what its finished batches did (control_plane/api/bulk.py), by design.
+PROGRESSIVE = {"BulkCancelRuns", "BulkRerunRuns"}
 RPCS = methods()
 
 
@@ -285,8 +288,12 @@ async def test_every_rpc_survives_generated_and_undecodable_requests(
         async for code, what, allowed in _fuzz(channel, callers, rpc, 1000 + n, ledger):
             after = await counts.now()
             changed = {t: (before[t], after[t]) for t in after if after[t] != before[t]}
-            if code != grpc.StatusCode.OK and set(changed) - allowed:
+            cut = code == grpc.StatusCode.DEADLINE_EXCEEDED and rpc.name in PROGRESSIVE
+            if code != grpc.StatusCode.OK and set(changed) - allowed and not cut:
                 ledger.writes.append(f"{rpc.path} {code.name} wrote {changed} for {what}")
+            if cut:  # the batch in flight when it was cut lands too: counted as its own
+                await asyncio.sleep(0.5)
+                after = await counts.now()
             before = after
     elapsed = time.monotonic() - started
     assert not ledger.bad, "\n".join(ledger.bad[:30])

@@ -446,3 +446,28 @@ async def test_sessions_and_agents_over_http(stack):
     assert problem(await http.get("agents/nobody"), 404)["code"] == "NOT_FOUND"
     # Read only: publishing stays with gRPC and the CLI.
     assert problem(await http.post("agents/mailer"), 405)
+
+
+async def test_tags_metadata_and_pause_over_http(stack):
+    """StartRun's tags and metadata (a JSON object in the body), ListRuns' tag and metadata
+    query parameters, and pause/resume of a run and of an agent's queue (issue 45)."""
+    _, _, http = stack
+    body = {"agent_id": "mailer", "input": "hi", "tags": ["eu"], "metadata": {"k": "v"}}
+    started = await http.post("runs", body)
+    assert started.status_code == 201, started.text
+    run = started.json()
+    assert run["tags"] == ["eu"] and run["metadata"] == {"k": "v"}
+    for query in ({"tag": "eu"}, {"metadata": "k=v"}):
+        listed = (await http.get("runs", params=query)).json()["runs"]
+        assert [r["run_id"] for r in listed] == [run["run_id"]], query
+    assert (await http.get("runs", params={"tag": "other"})).json()["runs"] == []
+    assert "tag" in problem(await http.get("runs", params={"tag": "Bad Tag"}), 400)["detail"]
+    bad = await http.post("runs", {**body, "tags": ["x" * 65]})
+    assert "tags" in problem(bad, 400)["detail"]
+
+    paused = await http.post(f"runs/{run['run_id']}/pause")
+    assert paused.status_code == 200 and paused.json()["paused"] is True, paused.text
+    resumed = await http.post(f"runs/{run['run_id']}/resume")
+    assert resumed.status_code == 200 and not resumed.json().get("paused"), resumed.text
+    missing = await http.post(f"runs/{uuid.uuid4()}/pause")
+    problem(missing, 404)

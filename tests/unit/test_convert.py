@@ -146,6 +146,9 @@ def _constructed_run(row: Run) -> run_pb2.Run:
         outcome=convert.outcome(row.status, row.refused_calls, row.tool_calls)
         if row.finished_at is not None
         else run_pb2.RUN_OUTCOME_UNSPECIFIED,
+        tags=list(row.tags),
+        metadata_json=row.metadata,
+        paused=row.paused,
         wake_time=ts(row.wake_at),
         expire_time=ts(row.expires_at),
         create_time=ts(row.created_at),

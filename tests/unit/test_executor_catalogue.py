@@ -32,6 +32,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "start_child": "internal",
         "wait_for_signal": "internal",
         "canary_noop": "internal",  # the contract canary's no-op (executor/canary.py)
+        "set_metadata": "internal",  # the run records its tags and metadata (issue 45)
         "blob": "read",
         "read_result": "read",
     }

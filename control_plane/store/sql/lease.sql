@@ -202,7 +202,8 @@ JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
 -- was lost (taken, cancelled, finished) or is past a limit. Database clock
 -- unless $6 fixes it. The rows are locked first, in (workspace_id, run_id)
 -- order as run_commit_many locks them: the executor's grouped commits touch
--- the same rows, and in any other order the two could deadlock.
+-- the same rows, and in any other order the two could deadlock. `paused`: a
+-- PauseRun the holder is asked (again) to act on, whichever replica took it.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($6::timestamptz, now()) AS now
 ), locked AS (
@@ -219,7 +220,7 @@ WITH clock AS MATERIALIZED (
 UPDATE runs r SET wake_at = (SELECT now FROM clock) + make_interval(secs => $5), updated_at = now()
 FROM locked l
 WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
-RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;
+RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at, r.paused;
 
 -- name: run_fail_past_deadline :many
 -- Fail held runs past a limit (the heartbeat refused them): "deadline

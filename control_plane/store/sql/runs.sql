@@ -10,7 +10,7 @@ admitted AS (
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
                       repeat_limit, context_tokens, started_by, step_count, created_at,
-                      updated_at, priority)
+                      updated_at, priority, tags, metadata)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -20,7 +20,8 @@ admitted AS (
            END,
            :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
            coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()),
-           :priority::smallint
+           :priority::smallint, coalesce(:tags::text[], '{}'),
+           coalesce(:metadata::jsonb, '{}')
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *
@@ -62,7 +63,8 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
 -- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8),
 -- waiting since more than $9 seconds (a waiting run's updated_at is when it parked: its
--- row is written again when it wakes, a release pin aside). Database clock.
+-- row is written again when it wakes, a release pin aside), metadata containing $10.
+-- Database clock.
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
   AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
@@ -74,6 +76,26 @@ WHERE workspace_id = $1
                                   lower($8)) > 0)
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
+  AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
+ORDER BY created_at DESC, run_id DESC
+LIMIT $6;
+
+-- name: run_list_tagged :many
+-- run_list of the runs carrying tag $11, found through runs_by_tag (which holds only
+-- tagged runs: `tags <> '{}'` lets the planner use it).
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
+WHERE workspace_id = $1
+  AND tags <> '{}' AND tags @> ARRAY[$11::text]
+  AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
+  AND ($4::text IS NULL OR agent_id = $4)
+  AND ($5::text IS NULL OR status = $5)
+  AND ($7::timestamptz IS NULL OR created_at >= $7)
+  AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($8)) > 0)
+  AND ($9::float8 IS NULL OR (status = 'waiting'
+                              AND updated_at <= now() - make_interval(secs => $9::float8)))
+  AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
@@ -138,3 +160,37 @@ WITH clock AS MATERIALIZED (
     FROM failed f
 ), {{steps_append}}
 SELECT workspace_id, run_id, error FROM failed;
+
+-- name: runs_bulk_count :one
+-- A bulk action's runs (control_plane/api/bulk.py): a workspace's runs a ListRuns filter
+-- matches (run_list's filters: agent $2, status $3, created since $4, text $5, metadata
+-- containment $6, tag $7), admitted at or before $8 (the action's start: runs admitted later,
+-- its own forks among them, are not its own), only unfinished ones when $9.
+SELECT count(*) AS n FROM runs
+WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
+  AND created_at <= $8
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::text IS NULL OR status = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($5)) > 0)
+  AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
+  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]));
+
+-- name: runs_bulk_batch :many
+-- runs_bulk_count's next $12 runs, oldest first, after the keyset cursor ($10, $11).
+SELECT run_id, created_at FROM runs
+WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
+  AND created_at <= $8
+  AND ($10::timestamptz IS NULL OR (created_at, run_id) > ($10, $11::uuid))
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::text IS NULL OR status = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
+                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
+                                  lower($5)) > 0)
+  AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
+  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
+ORDER BY created_at, run_id
+LIMIT $12;

@@ -78,7 +78,9 @@ CREATE TABLE workspaces (
     -- signal, child) before it fails, in seconds (issue 43): only the workspace's own
     -- choices; the platform's default applies to the rest (control_plane/runs/
     -- wait_limits.py); 0 turns a kind off, by choice.
-    wait_limits      jsonb NOT NULL DEFAULT '{}'
+    wait_limits      jsonb NOT NULL DEFAULT '{}',
+    -- The claim gives the workspace no turn while set (SetQueuePaused).
+    queue_paused     boolean NOT NULL DEFAULT false
 );
 
 -- Workspaces that may have something due, by when (the claim's step 1).
@@ -99,7 +101,9 @@ CREATE TABLE agents (
     -- Runs of this agent executing at once; NULL: no cap of its own (the
     -- workspace's still applies).
     max_concurrency  integer CONSTRAINT agents_max_concurrency_check CHECK (max_concurrency > 0),
-    PRIMARY KEY (workspace_id, agent_id)
+    PRIMARY KEY (workspace_id, agent_id),
+    -- The claim takes none of its runs while set (SetQueuePaused).
+    paused           boolean NOT NULL DEFAULT false
 );
 
 -- Immutable once written: a run names (agent_id, version) and keeps it.
@@ -261,6 +265,13 @@ CREATE TABLE runs (
     -- counted by the commit that records them: with tool_calls, the outcome of
     -- a run that completed regardless (issue 48).
     refused_calls            integer NOT NULL DEFAULT 0,
+    -- Set at admission and by the run's set_metadata calls (the trigger
+    -- steps_set_metadata): a few slugs, and a JSON object of at most 4 KiB.
+    tags                     text[] NOT NULL DEFAULT '{}',
+    metadata                 jsonb NOT NULL DEFAULT '{}'
+        CONSTRAINT run_metadata_object CHECK (jsonb_typeof(metadata) = 'object'),
+    -- PauseRun: the claim skips it (a running one hands itself back first).
+    paused                   boolean NOT NULL DEFAULT false,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (
@@ -310,6 +321,9 @@ CREATE INDEX runs_forks_of ON runs (workspace_id, forked_from_run_id, created_at
 -- runs_leases instead.
 CREATE INDEX runs_by_release ON runs (release, status, held_since)
     WHERE release IS NOT NULL AND status IN ('queued', 'running', 'waiting');
+
+-- ListRuns(tag): only tagged runs are in it (most runs carry none).
+CREATE INDEX runs_by_tag ON runs USING gin (tags) WHERE tags <> '{}';
 -- The runs that finished on each release (their last turn ran there): `releases
 -- list`'s completed and failed counts, which a ramp is judged on.
 CREATE INDEX runs_finished_by_release ON runs (release, status)
@@ -345,6 +359,27 @@ CREATE TABLE steps (
 -- one; retention hands such a payload over instead of deleting it.
 CREATE INDEX steps_payload_refs ON steps (workspace_id, ((payload -> 'payload' ->> 'sha256')))
     WHERE kind = 'tool_result' AND payload ? 'payload';
+
+-- A set_metadata call's ok result sets the run's metadata and tags (its output
+-- holds both whole, as the executor computed them from the log).
+CREATE FUNCTION runs_metadata_on_step() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE runs r SET
+        metadata = CASE WHEN jsonb_typeof(NEW.payload -> 'output' -> 'metadata') = 'object'
+                        THEN NEW.payload -> 'output' -> 'metadata' ELSE r.metadata END,
+        tags = CASE WHEN jsonb_typeof(NEW.payload -> 'output' -> 'tags') = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(NEW.payload -> 'output' -> 'tags'))
+                    ELSE r.tags END
+    WHERE r.workspace_id = NEW.workspace_id AND r.run_id = NEW.run_id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER steps_set_metadata AFTER INSERT ON steps FOR EACH ROW
+    WHEN (NEW.kind = 'tool_result' AND NEW.payload ->> 'tool' = 'set_metadata'
+          AND NEW.payload ->> 'status' = 'ok')
+    EXECUTE FUNCTION runs_metadata_on_step();
 
 -- Active time. A hold ends when the run leaves 'running' (a commit that parks
 -- or finishes it, a cancel, a failure, a hand-back: the trigger below,
@@ -1041,6 +1076,7 @@ DECLARE
                 WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
                   AND r.priority = l.priority
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+                  AND NOT r.paused
                   AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                        OR (r.release IS NULL
                            AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
@@ -1062,6 +1098,7 @@ $levels$;
             SELECT r.run_id, r.priority, r.wake_at FROM runs r
             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+                  AND NOT r.paused
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                    OR (r.release IS NULL
                        AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
@@ -1111,6 +1148,7 @@ BEGIN
             WHERE c.workspace_id = w.workspace_id) c
         WHERE w.next_wake_at <= coalesce($3, now())
           AND c.running < w.max_concurrency
+          AND NOT w.queue_paused
           AND ($4 IS NULL OR w.workspace_id = ANY($4))
         ORDER BY w.last_served_at, w.workspace_id
         LIMIT cardinality($1)
@@ -1127,7 +1165,7 @@ BEGIN
         FROM release_share($7, $8, $9) s
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
-        WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)
+        WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock) AND NOT r.paused
           AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                OR (r.release IS NULL
@@ -1162,7 +1200,7 @@ BEGIN
                 SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
                 WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
         ) ar
-        WHERE ar.room IS NULL OR ar.room > 0
+        WHERE (ar.room IS NULL OR ar.room > 0) AND NOT a.paused
     ), share AS MATERIALIZED (
         -- The batch left after the lapsed leases, and the runs of each agent the round
         -- robin can need when every workspace in turn has that many: the batch over the
@@ -1224,6 +1262,7 @@ BEGIN
             SELECT r.workspace_id, r.run_id FROM runs r
             WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
+                  AND NOT r.paused
             FOR UPDATE SKIP LOCKED
         ) r
     ), kept AS (

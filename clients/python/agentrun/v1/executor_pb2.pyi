@@ -1190,7 +1190,13 @@ class Cancel(_message.Message):
 
     LEASE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PAUSE_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
+    pause: _builtins.bool
+    """PauseRun: do not stop now; hand the run back at its next step boundary
+    (nothing in flight), as a drain does. The claim then leaves it parked
+    until it is resumed. An executor that ignores this field stops the run.
+    """
     @_builtins.property
     def lease(self) -> Global___Lease: ...
     def __init__(
@@ -1198,10 +1204,11 @@ class Cancel(_message.Message):
         *,
         lease: Global___Lease | None = ...,
         reason: _builtins.str = ...,
+        pause: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "pause", b"pause", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -208,6 +208,10 @@ class _QueueWaitCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueW
     connected: it waits for one, or for an operator to move it
     (ReleaseService.MoveRunRelease). Nothing moves it silently.
     """
+    QUEUE_WAIT_CAUSE_PAUSED: _QueueWaitCause.ValueType  # 11
+    """Paused: the run itself (Run.paused), its agent or its workspace's queue
+    (SetQueuePaused). No executor takes it until it is resumed.
+    """
 
 class QueueWaitCause(_QueueWaitCause, metaclass=_QueueWaitCauseEnumTypeWrapper):
     """QueueWaitCause says what keeps a run from running now."""
@@ -229,6 +233,10 @@ QUEUE_WAIT_CAUSE_RELEASE_UNAVAILABLE: QueueWaitCause.ValueType  # 10
 """Due, but no executor of its release (QueuePosition.release) is
 connected: it waits for one, or for an operator to move it
 (ReleaseService.MoveRunRelease). Nothing moves it silently.
+"""
+QUEUE_WAIT_CAUSE_PAUSED: QueueWaitCause.ValueType  # 11
+"""Paused: the run itself (Run.paused), its agent or its workspace's queue
+(SetQueuePaused). No executor takes it until it is resumed.
 """
 Global___QueueWaitCause: _TypeAlias = QueueWaitCause  # noqa: Y015
 
@@ -363,6 +371,9 @@ class Run(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -419,6 +430,11 @@ class Run(_message.Message):
     retry, the default), and its status alone would read as a plain success.
     UNSPECIFIED while the run is not finished.
     """
+    metadata_json: _builtins.str
+    paused: _builtins.bool
+    """PauseRun: the claim skips it until ResumeRun (a running run hands itself
+    back at its next step boundary first).
+    """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
         """When a waiting run becomes runnable, or when a running run's lease
@@ -463,6 +479,12 @@ class Run(_message.Message):
         (GetRun only; each call's tool_result names its child too).
         """
 
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Set at admission and by the run's own set_metadata calls: slugs, and a
+        JSON object (at most 4 KiB; "{}" when none).
+        """
+
     def __init__(
         self,
         *,
@@ -497,10 +519,13 @@ class Run(_message.Message):
         release: _builtins.str = ...,
         priority: _builtins.int = ...,
         outcome: Global___RunOutcome.ValueType = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        metadata_json: _builtins.str = ...,
+        paused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "outcome", b"outcome", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "metadata_json", b"metadata_json", "outcome", b"outcome", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "paused", b"paused", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "tags", b"tags", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -612,6 +637,8 @@ class StartRunRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TRIGGER_CONNECTION_ID_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     agent_version: _builtins.int
@@ -634,6 +661,14 @@ class StartRunRequest(_message.Message):
     workspace's other due runs, within the workspace's fair share: it never
     takes another workspace's turn.
     """
+    metadata_json: _builtins.str
+    """Optional metadata: a JSON object of at most 4 KiB."""
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional tags: at most 20, each a slug of at most 64 characters
+        (lowercase letters, digits, '_' and '-', starting alphanumeric).
+        """
+
     def __init__(
         self,
         *,
@@ -644,10 +679,12 @@ class StartRunRequest(_message.Message):
         request_id: _builtins.str = ...,
         trigger_connection_id: _builtins.str = ...,
         priority: _builtins.int = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        metadata_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "priority", b"priority", "request_id", b"request_id", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_version", b"agent_version", "input", b"input", "metadata_json", b"metadata_json", "priority", b"priority", "request_id", b"request_id", "tags", b"tags", "trigger_connection_id", b"trigger_connection_id", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,6 +769,8 @@ class ListRunsRequest(_message.Message):
     SEARCH_FIELD_NUMBER: _builtins.int
     FORKED_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
     WAITING_LONGER_THAN_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     page_size: _builtins.int
     """1-500; 0 = 50."""
@@ -745,6 +784,12 @@ class ListRunsRequest(_message.Message):
     """
     forked_from_run_id: _builtins.str
     """Only the forks of this run."""
+    tag: _builtins.str
+    """Only the runs carrying this tag."""
+    metadata: _builtins.str
+    """Only the runs whose metadata has this key with this value, as key=value
+    (the value compared as a JSON string).
+    """
     @_builtins.property
     def create_after(self) -> _timestamp_pb2.Timestamp:
         """Only runs created at or after this time (`agentrun runs list --since 1h`)."""
@@ -768,14 +813,336 @@ class ListRunsRequest(_message.Message):
         search: _builtins.str = ...,
         forked_from_run_id: _builtins.str = ...,
         waiting_longer_than: _duration_pb2.Duration | None = ...,
+        tag: _builtins.str = ...,
+        metadata: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_after", b"create_after", "waiting_longer_than", b"waiting_longer_than"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "forked_from_run_id", b"forked_from_run_id", "page_size", b"page_size", "page_token", b"page_token", "search", b"search", "status", b"status", "waiting_longer_than", b"waiting_longer_than", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "forked_from_run_id", b"forked_from_run_id", "metadata", b"metadata", "page_size", b"page_size", "page_token", b"page_token", "search", b"search", "status", b"status", "tag", b"tag", "waiting_longer_than", b"waiting_longer_than", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class RunFilter(_message.Message):
+    """RunFilter is ListRuns' filter, for the actions that act on what it matches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    CREATE_AFTER_FIELD_NUMBER: _builtins.int
+    SEARCH_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    status: Global___RunStatus.ValueType
+    search: _builtins.str
+    tag: _builtins.str
+    metadata: _builtins.str
+    @_builtins.property
+    def create_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        status: Global___RunStatus.ValueType = ...,
+        create_after: _timestamp_pb2.Timestamp | None = ...,
+        search: _builtins.str = ...,
+        tag: _builtins.str = ...,
+        metadata: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_after", b"create_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_after", b"create_after", "metadata", b"metadata", "search", b"search", "status", b"status", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunFilter: _TypeAlias = RunFilter  # noqa: Y015
+
+@_typing.final
+class BulkCancelRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    all: _builtins.bool
+    """Say that an empty filter means every unfinished run."""
+    dry_run: _builtins.bool
+    """Count only: nothing is cancelled."""
+    reason: _builtins.str
+    @_builtins.property
+    def filter(self) -> Global___RunFilter:
+        """What to cancel; finished runs are never matched. An empty filter matches
+        every unfinished run of the workspace and needs all = true.
+        """
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        filter: Global___RunFilter | None = ...,
+        all: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "dry_run", b"dry_run", "filter", b"filter", "reason", b"reason", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkCancelRunsRequest: _TypeAlias = BulkCancelRunsRequest  # noqa: Y015
+
+@_typing.final
+class BulkCancelRunsResponse(_message.Message):
+    """BulkCancelRunsResponse is where a bulk cancel stands, sent after each batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """The action's id (the audit log's subject)."""
+    matched: _builtins.int
+    """Unfinished runs the filter matched when the action began."""
+    done: _builtins.int
+    """Runs this action has acted on so far."""
+    skipped: _builtins.int
+    """Runs that ended on their own before their batch reached them."""
+    dry_run: _builtins.bool
+    finished: _builtins.bool
+    """Set on the last message."""
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        matched: _builtins.int = ...,
+        done: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id", "done", b"done", "dry_run", b"dry_run", "finished", b"finished", "matched", b"matched", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkCancelRunsResponse: _TypeAlias = BulkCancelRunsResponse  # noqa: Y015
+
+@_typing.final
+class BulkRerunRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    all: _builtins.bool
+    dry_run: _builtins.bool
+    @_builtins.property
+    def filter(self) -> Global___RunFilter:
+        """What to run again; an empty filter matches every run and needs all = true."""
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        filter: Global___RunFilter | None = ...,
+        all: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "dry_run", b"dry_run", "filter", b"filter", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkRerunRunsRequest: _TypeAlias = BulkRerunRunsRequest  # noqa: Y015
+
+@_typing.final
+class BulkRerunRunsResponse(_message.Message):
+    """BulkRerunRunsResponse is where a bulk re-run stands, sent after each batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    matched: _builtins.int
+    """Runs the filter matched when the action began."""
+    done: _builtins.int
+    """Runs started again so far (each a new run forked from seq 0)."""
+    skipped: _builtins.int
+    """Runs that could not be started again (deleted meanwhile, or refused)."""
+    dry_run: _builtins.bool
+    finished: _builtins.bool
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        matched: _builtins.int = ...,
+        done: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id", "done", b"done", "dry_run", b"dry_run", "finished", b"finished", "matched", b"matched", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkRerunRunsResponse: _TypeAlias = BulkRerunRunsResponse  # noqa: Y015
+
+@_typing.final
+class PauseRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseRunRequest: _TypeAlias = PauseRunRequest  # noqa: Y015
+
+@_typing.final
+class PauseRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run: ...
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseRunResponse: _TypeAlias = PauseRunResponse  # noqa: Y015
+
+@_typing.final
+class ResumeRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRunRequest: _TypeAlias = ResumeRunRequest  # noqa: Y015
+
+@_typing.final
+class ResumeRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run: ...
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRunResponse: _TypeAlias = ResumeRunResponse  # noqa: Y015
+
+@_typing.final
+class SetQueuePausedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    agent_id: _builtins.str
+    """The agent whose runs to hold; empty = the workspace's whole queue."""
+    paused: _builtins.bool
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "paused", b"paused", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQueuePausedRequest: _TypeAlias = SetQueuePausedRequest  # noqa: Y015
+
+@_typing.final
+class SetQueuePausedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    QUEUED_RUNS_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """The state now (as asked)."""
+    queued_runs: _builtins.int
+    """Its queued or waiting runs held by it."""
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+        queued_runs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused", "queued_runs", b"queued_runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQueuePausedResponse: _TypeAlias = SetQueuePausedResponse  # noqa: Y015
 
 @_typing.final
 class ListRunsResponse(_message.Message):

@@ -81,6 +81,31 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
                 _registered_method=True)
+        self.BulkCancelRuns = channel.unary_stream(
+                '/agentrun.v1.RunService/BulkCancelRuns',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.FromString,
+                _registered_method=True)
+        self.BulkRerunRuns = channel.unary_stream(
+                '/agentrun.v1.RunService/BulkRerunRuns',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.FromString,
+                _registered_method=True)
+        self.PauseRun = channel.unary_unary(
+                '/agentrun.v1.RunService/PauseRun',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.PauseRunRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.PauseRunResponse.FromString,
+                _registered_method=True)
+        self.ResumeRun = channel.unary_unary(
+                '/agentrun.v1.RunService/ResumeRun',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.ResumeRunRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.ResumeRunResponse.FromString,
+                _registered_method=True)
+        self.SetQueuePaused = channel.unary_unary(
+                '/agentrun.v1.RunService/SetQueuePaused',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.SetQueuePausedRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.SetQueuePausedResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -177,6 +202,52 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BulkCancelRuns(self, request, context):
+        """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
+        batches of at most 500 runs per transaction, each run exactly as CancelRun
+        cancels it (its holder fenced). It streams its progress after each batch;
+        with dry_run it only counts. Audited once per action. A stream closed
+        early stops at a batch boundary: the runs cancelled so far stay so.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BulkRerunRuns(self, request, context):
+        """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+        matches (any status): each is forked from its seq 0 (ForkRun, its own
+        version), 500 per batch, progress streamed after each; with dry_run it
+        only counts. Audited once per action (not once per fork).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseRun(self, request, context):
+        """PauseRun parks a run until ResumeRun: a queued or waiting run is not
+        claimed; a running one is handed back by its executor at its next step
+        boundary (nothing in flight) and then holds no executor. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRun(self, request, context):
+        """ResumeRun makes a paused run claimable again (due as its wait says).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueuePaused(self, request, context):
+        """SetQueuePaused pauses or resumes an agent's runs (agent_id set) or the
+        whole workspace's queue (agent_id empty): while paused, the claim takes
+        none of their due runs; runs already running go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +295,31 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.SignalRun,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.SerializeToString,
+            ),
+            'BulkCancelRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.BulkCancelRuns,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.SerializeToString,
+            ),
+            'BulkRerunRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.BulkRerunRuns,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.SerializeToString,
+            ),
+            'PauseRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseRun,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.PauseRunRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.PauseRunResponse.SerializeToString,
+            ),
+            'ResumeRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRun,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.ResumeRunRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.ResumeRunResponse.SerializeToString,
+            ),
+            'SetQueuePaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueuePaused,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.SetQueuePausedRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.SetQueuePausedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -471,6 +567,141 @@ class RunService:
             '/agentrun.v1.RunService/SignalRun',
             agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkCancelRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentrun.v1.RunService/BulkCancelRuns',
+            agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.BulkCancelRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkRerunRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentrun.v1.RunService/BulkRerunRuns',
+            agentrun_dot_v1_dot_run__pb2.BulkRerunRunsRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.BulkRerunRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/PauseRun',
+            agentrun_dot_v1_dot_run__pb2.PauseRunRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.PauseRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/ResumeRun',
+            agentrun_dot_v1_dot_run__pb2.ResumeRunRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.ResumeRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueuePaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/SetQueuePaused',
+            agentrun_dot_v1_dot_run__pb2.SetQueuePausedRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.SetQueuePausedResponse.FromString,
             options,
             channel_credentials,
             insecure,

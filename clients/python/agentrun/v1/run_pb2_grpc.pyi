@@ -85,6 +85,31 @@ class RunServiceStub:
     ALREADY_EXISTS and nothing is written. A run that ended:
     FAILED_PRECONDITION.
     """
+    BulkCancelRuns: _grpc.UnaryStreamMultiCallable[_run_pb2.BulkCancelRunsRequest, _run_pb2.BulkCancelRunsResponse]
+    """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
+    batches of at most 500 runs per transaction, each run exactly as CancelRun
+    cancels it (its holder fenced). It streams its progress after each batch;
+    with dry_run it only counts. Audited once per action. A stream closed
+    early stops at a batch boundary: the runs cancelled so far stay so.
+    """
+    BulkRerunRuns: _grpc.UnaryStreamMultiCallable[_run_pb2.BulkRerunRunsRequest, _run_pb2.BulkRerunRunsResponse]
+    """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+    matches (any status): each is forked from its seq 0 (ForkRun, its own
+    version), 500 per batch, progress streamed after each; with dry_run it
+    only counts. Audited once per action (not once per fork).
+    """
+    PauseRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.PauseRunRequest, _run_pb2.PauseRunResponse]
+    """PauseRun parks a run until ResumeRun: a queued or waiting run is not
+    claimed; a running one is handed back by its executor at its next step
+    boundary (nothing in flight) and then holds no executor. Idempotent.
+    """
+    ResumeRun: _grpc.UnaryUnaryMultiCallable[_run_pb2.ResumeRunRequest, _run_pb2.ResumeRunResponse]
+    """ResumeRun makes a paused run claimable again (due as its wait says)."""
+    SetQueuePaused: _grpc.UnaryUnaryMultiCallable[_run_pb2.SetQueuePausedRequest, _run_pb2.SetQueuePausedResponse]
+    """SetQueuePaused pauses or resumes an agent's runs (agent_id set) or the
+    whole workspace's queue (agent_id empty): while paused, the claim takes
+    none of their due runs; runs already running go on.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -142,6 +167,31 @@ class RunServiceAsyncStub(RunServiceStub):
     run ended; the same event_id with another name or payload is
     ALREADY_EXISTS and nothing is written. A run that ended:
     FAILED_PRECONDITION.
+    """
+    BulkCancelRuns: _aio.UnaryStreamMultiCallable[_run_pb2.BulkCancelRunsRequest, _run_pb2.BulkCancelRunsResponse]  # type: ignore[assignment]
+    """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
+    batches of at most 500 runs per transaction, each run exactly as CancelRun
+    cancels it (its holder fenced). It streams its progress after each batch;
+    with dry_run it only counts. Audited once per action. A stream closed
+    early stops at a batch boundary: the runs cancelled so far stay so.
+    """
+    BulkRerunRuns: _aio.UnaryStreamMultiCallable[_run_pb2.BulkRerunRunsRequest, _run_pb2.BulkRerunRunsResponse]  # type: ignore[assignment]
+    """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+    matches (any status): each is forked from its seq 0 (ForkRun, its own
+    version), 500 per batch, progress streamed after each; with dry_run it
+    only counts. Audited once per action (not once per fork).
+    """
+    PauseRun: _aio.UnaryUnaryMultiCallable[_run_pb2.PauseRunRequest, _run_pb2.PauseRunResponse]  # type: ignore[assignment]
+    """PauseRun parks a run until ResumeRun: a queued or waiting run is not
+    claimed; a running one is handed back by its executor at its next step
+    boundary (nothing in flight) and then holds no executor. Idempotent.
+    """
+    ResumeRun: _aio.UnaryUnaryMultiCallable[_run_pb2.ResumeRunRequest, _run_pb2.ResumeRunResponse]  # type: ignore[assignment]
+    """ResumeRun makes a paused run claimable again (due as its wait says)."""
+    SetQueuePaused: _aio.UnaryUnaryMultiCallable[_run_pb2.SetQueuePausedRequest, _run_pb2.SetQueuePausedResponse]  # type: ignore[assignment]
+    """SetQueuePaused pauses or resumes an agent's runs (agent_id set) or the
+    whole workspace's queue (agent_id empty): while paused, the claim takes
+    none of their due runs; runs already running go on.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -251,6 +301,61 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         run ended; the same event_id with another name or payload is
         ALREADY_EXISTS and nothing is written. A run that ended:
         FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def BulkCancelRuns(
+        self,
+        request: _run_pb2.BulkCancelRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_run_pb2.BulkCancelRunsResponse], _abc.AsyncIterator[_run_pb2.BulkCancelRunsResponse]]:
+        """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
+        batches of at most 500 runs per transaction, each run exactly as CancelRun
+        cancels it (its holder fenced). It streams its progress after each batch;
+        with dry_run it only counts. Audited once per action. A stream closed
+        early stops at a batch boundary: the runs cancelled so far stay so.
+        """
+
+    @_abc_1.abstractmethod
+    def BulkRerunRuns(
+        self,
+        request: _run_pb2.BulkRerunRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_run_pb2.BulkRerunRunsResponse], _abc.AsyncIterator[_run_pb2.BulkRerunRunsResponse]]:
+        """BulkRerunRuns runs again, from the start, every run a ListRuns filter
+        matches (any status): each is forked from its seq 0 (ForkRun, its own
+        version), 500 per batch, progress streamed after each; with dry_run it
+        only counts. Audited once per action (not once per fork).
+        """
+
+    @_abc_1.abstractmethod
+    def PauseRun(
+        self,
+        request: _run_pb2.PauseRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.PauseRunResponse, _abc.Awaitable[_run_pb2.PauseRunResponse]]:
+        """PauseRun parks a run until ResumeRun: a queued or waiting run is not
+        claimed; a running one is handed back by its executor at its next step
+        boundary (nothing in flight) and then holds no executor. Idempotent.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeRun(
+        self,
+        request: _run_pb2.ResumeRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.ResumeRunResponse, _abc.Awaitable[_run_pb2.ResumeRunResponse]]:
+        """ResumeRun makes a paused run claimable again (due as its wait says)."""
+
+    @_abc_1.abstractmethod
+    def SetQueuePaused(
+        self,
+        request: _run_pb2.SetQueuePausedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.SetQueuePausedResponse, _abc.Awaitable[_run_pb2.SetQueuePausedResponse]]:
+        """SetQueuePaused pauses or resumes an agent's runs (agent_id set) or the
+        whole workspace's queue (agent_id empty): while paused, the claim takes
+        none of their due runs; runs already running go on.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,57 @@
+-- Pause and resume (0045_orchestration.sql): runs, agents and a workspace's queue. The claim
+-- skips what is paused; resuming lowers the workspace's next_wake_at to the earliest wake of
+-- what it frees, so the next claim looks.
+
+-- name: run_pause :one
+-- PauseRun: mark an unfinished run paused (a running one is then asked to hand itself back).
+UPDATE runs SET paused = true, updated_at = now()
+WHERE workspace_id = $1 AND run_id = $2 AND status IN ('queued', 'running', 'waiting')
+RETURNING *, run_held_seconds(held_since, wake_at, now()) AS held_seconds;
+
+-- name: run_resume :one
+-- ResumeRun: a paused run is claimable again, due as its wait says.
+WITH resumed AS (
+    UPDATE runs SET paused = false, updated_at = now()
+    WHERE workspace_id = $1 AND run_id = $2 AND paused
+    RETURNING *
+), lowered AS (
+    SELECT workspace_lower_next_wake(workspace_id, wake_at) FROM resumed
+    WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
+)
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds,
+       (SELECT count(*) FROM lowered) AS lowered
+FROM resumed;
+
+-- name: agent_set_paused :one
+-- SetQueuePaused(agent_id): hold or free an agent's runs; its queued or waiting runs.
+WITH agent AS (
+    UPDATE agents SET paused = $3 WHERE workspace_id = $1 AND agent_id = $2
+    RETURNING workspace_id, agent_id
+), first AS (
+    SELECT min(r.wake_at) AS wake_at FROM runs r, agent a
+    WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+      AND r.status IN ('queued', 'waiting')
+), lowered AS (
+    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
+    WHERE NOT $3 AND f.wake_at IS NOT NULL
+)
+SELECT (SELECT count(*) FROM agent) AS found,
+       (SELECT count(*) FROM runs r, agent a
+        WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+          AND r.status IN ('queued', 'waiting')) AS queued_runs,
+       (SELECT count(*) FROM lowered) AS lowered;
+
+-- name: workspace_set_queue_paused :one
+-- SetQueuePaused(workspace): the claim gives the workspace no turn while set; its next_wake_at
+-- is kept, so resuming needs nothing more.
+WITH ws AS (
+    UPDATE workspaces SET queue_paused = $2 WHERE workspace_id = $1 RETURNING workspace_id
+)
+SELECT (SELECT count(*) FROM ws) AS found,
+       (SELECT count(*) FROM runs WHERE workspace_id = $1
+          AND status IN ('queued', 'waiting')) AS queued_runs;
+
+-- name: run_held_by_pause :one
+-- Whether a run's agent or its workspace's queue is paused (GetRun's queue cause).
+SELECT coalesce((SELECT paused FROM agents WHERE workspace_id = $1 AND agent_id = $2), false)
+       OR coalesce((SELECT queue_paused FROM workspaces WHERE workspace_id = $1), false) AS paused;
