@@ -304,6 +304,8 @@ class LeaseMachine(RuleBasedStateMachine):
         assert (row is not None) == (m.status in LIVE), f"cancel of a {m.status} run"
         self.env.seen[f"cancel_{m.status if row else 'ended'}"] += 1
         if row is not None:
+            if m.status == "waiting":  # its approval closes with it (0042): none to decide
+                m.approval = None
             m.release("cancelled", None, None)
             m.finished_at = now
             m.append("finish")

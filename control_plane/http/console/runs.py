@@ -231,10 +231,11 @@ class RunPages:
         asked = _seq(request.query_params.get("from_seq", "")) or 0
         from_seq = min(last + 1, MAX_SEQ) if last is not None else asked
         who, csrf = request.state.who, request.state.csrf
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # the answer a GET starts with: no stream held open
+            return Response(status_code=200, media_type="text/event-stream", headers=headers)
         return StreamingResponse(
-            self._stream(row, from_seq, who, csrf),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            self._stream(row, from_seq, who, csrf), media_type="text/event-stream", headers=headers
         )
 
     async def _stream(
