@@ -91,6 +91,7 @@ from control_plane.http.server import HttpIngress
 from control_plane.http.services import Services
 from control_plane.ops import logs, run_figures
 from control_plane.ops.readiness import Readiness
+from control_plane.ops.refusal_figures import RefusalFigures
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
 from control_plane.runs import children, signals, wait_limits
 from control_plane.runs.retention import Retention
@@ -205,6 +206,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
     pipeline.after_commit(TopUp())
     pipeline.after_commit(run_figures.FIGURES)  # after the top-up: it may end the run
+    pipeline.after_commit(RefusalFigures())
     return pipeline
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -15,7 +14,6 @@ from opentelemetry.trace import SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2 as pb
-from agentrun.v1 import run_pb2
 from control_plane.dispatch.liveness import Liveness
 from control_plane.dispatch.pipeline import COMMIT_TRIES, CommitPipeline, CommitRefused
 from control_plane.dispatch.requests import check_size
@@ -301,10 +299,6 @@ class ExecutorSession:
     ) -> None:
         """The answer to a commit that landed; a run that may not go on leaves the slots."""
         result.outcome = pb.COMMIT_OUTCOME_OK
-        if done.refused_calls and req.transition.status in ("completed", "failed"):
-            outcome = convert.outcome(req.transition.status, done.refused_calls, done.tool_calls)
-            name = run_pb2.RunOutcome.Name(outcome).removeprefix("RUN_OUTCOME_").lower()
-            metrics.RUNS_FINISHED_WITH_REFUSALS.labels(req.workspace_id, name).inc()
         if done.stopped:  # landed, but the run may not go on (out of credits)
             result.outcome = pb.COMMIT_OUTCOME_FENCED
             result.message = done.stopped
@@ -422,22 +416,6 @@ def _count(msg: pb.Commit, result: pb.CommitResult, took: float) -> None:
         metrics.FENCED.labels(workspace, "commit").inc()
     elif result.outcome == pb.COMMIT_OUTCOME_OK and msg.HasField("park"):
         metrics.PARKS.labels(workspace, msg.park.wait_reason).inc()
-    if result.outcome == pb.COMMIT_OUTCOME_OK:
-        _count_refusals(msg, workspace)
-
-
-def _count_refusals(msg: pb.Commit, workspace: str) -> None:
-    """Calls a constraint refused (their result names the rule), and runs that failed so."""
-    refused = False
-    for step in msg.steps:
-        if step.kind != run_pb2.STEP_KIND_TOOL_RESULT or '"refused_by"' not in step.payload_json:
-            continue
-        rule = json.loads(step.payload_json).get("refused_by")
-        if isinstance(rule, str) and rule:
-            metrics.REFUSED_CALLS.labels(workspace, rule[:64]).inc()
-            refused = True
-    if refused and msg.HasField("fail"):
-        metrics.REFUSED_RUNS.labels(workspace).inc()
 
 
 # The commit's span when this process exports none: the hot path makes not even a no-op
