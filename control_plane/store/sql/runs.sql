@@ -59,15 +59,11 @@ FROM runs WHERE workspace_id = $1 AND run_id = $2;
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds
 FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 
--- name: run_list :many
--- A page of a workspace's runs, newest first, after a keyset cursor; optional
--- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8),
--- waiting since more than $9 seconds (a waiting run's updated_at is when it parked: its
--- row is written again when it wakes, a release pin aside), metadata containing $10.
--- Database clock.
-SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
-WHERE workspace_id = $1
-  AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
+-- name: run_list_filter :fragment
+-- run_list's filters after the workspace: the keyset cursor ($2, $3), agent $4, status $5,
+-- created since $7, text in id/agent/input/output/error $8, waiting since more than $9
+-- seconds (a waiting run's updated_at is when it parked), metadata containing $10.
+AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($4::text IS NULL OR agent_id = $4)
   AND ($5::text IS NULL OR status = $5)
   AND ($7::timestamptz IS NULL OR created_at >= $7)
@@ -77,6 +73,16 @@ WHERE workspace_id = $1
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
   AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
+
+-- name: run_list :many
+-- A page of a workspace's runs, newest first, after a keyset cursor; optional
+-- filters: agent, status, created since ($7), text in id/agent/input/output/error ($8),
+-- waiting since more than $9 seconds (a waiting run's updated_at is when it parked: its
+-- row is written again when it wakes, a release pin aside), metadata containing $10.
+-- Database clock.
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
+WHERE workspace_id = $1
+  {{run_list_filter}}
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
@@ -86,16 +92,7 @@ LIMIT $6;
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
   AND tags <> '{}' AND tags @> ARRAY[$11::text]
-  AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
-  AND ($4::text IS NULL OR agent_id = $4)
-  AND ($5::text IS NULL OR status = $5)
-  AND ($7::timestamptz IS NULL OR created_at >= $7)
-  AND ($8::text IS NULL OR strpos(lower(run_id::text || ' ' || agent_id || ' ' || input
-                                        || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
-                                  lower($8)) > 0)
-  AND ($9::float8 IS NULL OR (status = 'waiting'
-                              AND updated_at <= now() - make_interval(secs => $9::float8)))
-  AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
+  {{run_list_filter}}
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
