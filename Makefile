@@ -34,8 +34,11 @@ venv: $(DEV) ## create .venv and install pinned dependencies, dev tools included
 run: $(RUNTIME) ## the demo: embedded Postgres/Redis, control plane, executor, sandboxes, one agent run
 	$(VENV)/bin/agentrun dev --demo
 
+# Test files run on TEST_WORKERS workers at once, a file's tests on one worker in order (each
+# worker has its own embedded Postgres, Redis and sandboxes). TEST_WORKERS=0 runs them serially.
+TEST_WORKERS ?= 2
 test: $(DEV) ## the whole suite against real Postgres, Redis and sandbox servers (not chaos)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(DEV) ## pure-logic tests only
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

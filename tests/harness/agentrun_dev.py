@@ -42,6 +42,9 @@ def clean_env(**extra: str) -> dict[str, str]:
         if not k.startswith("AGENTRUN_")
         and k not in ("DATABASE_URL", "REDIS_URL", "NO_COLOR", *MODEL_KEYS)
     }
+    # The HTTP ingress on a free port unless the test names one: the suite runs files in
+    # parallel (pytest-xdist), and two stacks that both find 8080 free race to bind it.
+    env["AGENTRUN_HTTP_LISTEN"] = "127.0.0.1:0"
     return {**env, **extra}
 
 
