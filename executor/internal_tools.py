@@ -22,6 +22,9 @@ from ground import run_labels
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
 CHILD_WAIT = "child"
+# Runs several at once (fan-out): the same start and park, one result for all of them
+# (control_plane/runs/children.py, StartChildren).
+CHILDREN_TOOL = "start_children"
 
 
 class Calls(Protocol):
@@ -326,6 +329,7 @@ class Unsupported:
 TOOLS: Mapping[str, InternalTool] = {
     payloads.READ_RESULT: ReadResult(),
     CHILD_TOOL: StartChild(),
+    CHILDREN_TOOL: StartChild(),
     signal_wait.TOOL: WaitForSignal(),
     canary.TOOL: Canary(),
     "sleep": Sleep(),
