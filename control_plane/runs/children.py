@@ -266,6 +266,16 @@ class StartChildren:
         return True
 
 
+async def closed_with(conn: Pool | Connection, cancelled: run_store.Run) -> list[Any]:
+    """The runs the cancel of `cancelled` cancelled with it (its children whose policy is
+    cancel, theirs, ...), so that their holders are told at once as CancelRun tells the
+    run's own; none when it closes no children (no query then)."""
+    if not cancelled.closes_children:
+        return []
+    rows = await run(conn, "children_closed_with", cancelled.workspace_id, cancelled.run_id)
+    return [r["run_id"] for r in rows]
+
+
 async def child_ids(pool: Pool, workspace_id: str, run_id: Any) -> list[str]:
     """A run's child runs, in the order their calls were made (runs_children)."""
     return [str(r["run_id"]) for r in await run(pool, "runs_children", workspace_id, run_id)]

@@ -306,7 +306,7 @@ async def test_cancelling_the_parent_cancels_the_twenty_and_fences_their_holders
     cp, api, db = stack
     await publish_capped(api, "kid", "slow_worker", ["echo"], cap=5)
     parent_id = await api.start("parent", "go")
-    executor_factory(cp, AGENTRUN_CAPACITY=8)
+    (executor,) = executor_factory(cp, AGENTRUN_CAPACITY=8)
     await eventually(lambda: held_five(db), timeout=30, message="five children never ran")
     holders = await db.fetch(
         "SELECT run_id, lease_epoch FROM runs WHERE workspace_id = 'ws' AND agent_id = 'kid'"
@@ -327,7 +327,21 @@ async def test_cancelling_the_parent_cancels_the_twenty_and_fences_their_holders
         )
         with pytest.raises(Fenced):
             await pipeline(pool).commit(late, 30)
-    # And their executors wrote nothing after the cancel's finish step, then or later.
+    # Each holder stopped the run; told at once, as CancelRun tells the run's own holder
+    # (a commit of its in flight at that moment may be refused first: fenced either way).
+    for h in holders:
+        await eventually(
+            lambda h=h: f"run {h['run_id']} fenced" in executor.log_tail(4000),
+            timeout=10,
+            message=f"holder of {h['run_id']} never stopped",
+        )
+    told = [
+        h
+        for h in holders
+        if f"run {h['run_id']} fenced: cancelled by the control plane" in executor.log_tail(4000)
+    ]
+    assert told, "no holder was told of the cancel"
+    # ...and wrote nothing after the cancel's finish step, then or later.
     await asyncio.sleep(1.5)
     for r in rows:
         log = await api.steps(str(r["run_id"]))

@@ -34,3 +34,17 @@ SELECT run_deliver_child_result($1::text, $2::uuid, $3::int, NULL, 'failed', NUL
 SELECT run_id FROM runs
 WHERE workspace_id = $1 AND parent_run_id = $2
 ORDER BY parent_seq, parent_index;
+
+-- name: children_closed_with :many
+-- The runs cancelled with a run that closes its children (migrations/0048_fan_out.sql:
+-- its open children whose policy is cancel, theirs, and so on), to tell their holders.
+WITH RECURSIVE closed AS (
+    SELECT run_id, closes_children FROM runs
+    WHERE workspace_id = $1 AND parent_run_id = $2 AND parent_close = 'cancel'
+      AND status = 'cancelled'
+    UNION ALL
+    SELECT r.run_id, r.closes_children FROM runs r JOIN closed c ON r.parent_run_id = c.run_id
+    WHERE r.workspace_id = $1 AND c.closes_children AND r.parent_close = 'cancel'
+      AND r.status = 'cancelled'
+)
+SELECT run_id FROM closed;
