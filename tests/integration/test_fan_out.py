@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2
+from control_plane.runs import wait_limits
 from control_plane.store import lease, runs, steps
 from control_plane.store.errors import Fenced
 from tests import factories
@@ -173,6 +174,28 @@ async def test_bad_arguments_are_refused_naming_what_is_wrong(pool, arguments, e
     assert await children(pool, parent.run_id) == []
     (result,) = await results(pool, parent.run_id)
     assert result["status"] == "error" and error in result["error"]
+
+
+async def test_a_parent_failing_cancels_its_children_in_that_transaction(pool):
+    """Failed by a sweep (it waited on its children past the workspace's limit), not by
+    CancelRun: the close policy holds whichever statement ends the parent."""
+    parent = await fan_parent(pool)
+    await pipeline(pool).commit(fan_commit(parent, {"children": kids(3)}), 30)
+    await pool.execute(  # parked a month ago: past the default limit on a child wait
+        "UPDATE runs SET updated_at = now() - interval '31 days' WHERE run_id = $1",
+        parent.run_id,
+    )
+
+    (failed,) = await wait_limits.fail_overdue(pool)
+
+    assert failed["run_id"] == parent.run_id
+    got = await children(pool, parent.run_id)
+    assert {(k["status"], k["error"]) for k in got} == {("cancelled", "parent run failed")}
+    xids = await pool.fetch(
+        "SELECT DISTINCT xmin::text FROM runs WHERE run_id = $1 OR parent_run_id = $1",
+        parent.run_id,
+    )
+    assert len(xids) == 1  # one transaction ended the parent and its children
 
 
 async def test_an_abandoning_parents_cancel_leaves_its_children_running(pool):
