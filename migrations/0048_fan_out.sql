@@ -3,6 +3,10 @@
 -- all, the first or n of them have ended; cancelling or failing the parent cancels the
 -- children it asked to have cancelled, in the same transaction.
 --
+-- Several start_child calls of one decision are started in one commit (the executor
+-- batches the ones that follow each other) and admitted in its transaction; each gets its
+-- result as its child ends, and the parent wakes once the last of them has one.
+--
 -- A `start_children` call (control_plane/runs/children.py) parks its run as start_child's
 -- does (wait_reason 'child') and admits every child of its list in that commit's
 -- transaction, each marked with its parent, the call's seq and its place in the list
@@ -156,6 +160,47 @@ BEGIN
     PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
             jsonb_build_object('call_id', started ->> 'call_id', 'tool', 'start_children',
                                'status', 'error', 'error', err));
+    RETURN true;
+END $$;
+
+-- 0036's function: several start_child calls of one decision may wait at once (the
+-- executor starts the ones that follow each other together); each gets its result as its
+-- child ends, but the parent wakes only once the last of them has one.
+CREATE OR REPLACE FUNCTION run_deliver_child_result(
+    ws text, parent uuid, call_seq integer, child uuid, outcome text, result jsonb, err text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    held record;
+    started record;
+BEGIN
+    SELECT lease_epoch INTO held FROM runs
+    WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps WHERE workspace_id = ws AND run_id = parent
+               AND kind = 'tool_result' AND ref_seq = call_seq) THEN
+        RETURN false;
+    END IF;
+    SELECT payload, ref_seq INTO started FROM steps
+    WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
+    PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
+            jsonb_strip_nulls(jsonb_build_object(
+                'call_id', started.payload ->> 'call_id', 'tool', 'start_child',
+                'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
+                'output', jsonb_build_object('child_run_id', child, 'status', outcome,
+                                             'output', result),
+                'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
+    IF EXISTS (SELECT 1 FROM steps s
+               WHERE s.workspace_id = ws AND s.run_id = parent AND s.kind = 'tool_started'
+                 AND s.ref_seq = started.ref_seq AND s.payload ->> 'tool' = 'start_child'
+                 AND NOT EXISTS (SELECT 1 FROM steps r
+                                 WHERE r.workspace_id = ws AND r.run_id = parent
+                                   AND r.kind = 'tool_result' AND r.ref_seq = s.seq)) THEN
+        UPDATE runs SET wake_at = NULL WHERE workspace_id = ws AND run_id = parent;
+    END IF;
     RETURN true;
 END $$;
 

@@ -9,8 +9,11 @@ parent and the call's seq. A resent commit is a duplicate and admits nothing; th
 through the trigger of migrations/0013_child_runs.sql, which also says why exactly once.
 
 The parent waits per call: it starts one child, waits for its result, then goes on (three
-start_child calls run their children one after another). A child runs at its parent's
-priority (start_child has no priority of its own).
+start_child calls in three decisions run their children one after another). Several
+start_child calls of one decision are started in one commit (executor/internal_tools.py):
+their children are admitted together and run at once, each call gets its own result as
+its child ends, and the parent wakes when the last has (0048_fan_out.sql). A child runs at
+its parent's priority (start_child has no priority of its own).
 
 Fan-out (StartChildren, issue 45): one `start_children` call lists several children; the
 same park admits them all in that one transaction (all or none: an entry that cannot be
@@ -57,24 +60,28 @@ class ChildCall:
     parent_close: str = "cancel"
 
 
-def child_call(req: step_store.CommitRequest) -> ChildCall | None:
-    """The start_child call this commit parks on, if it is one."""
+def child_calls(req: step_store.CommitRequest) -> list[ChildCall]:
+    """The start_child calls this commit parks on: one, or several of one decision (the
+    executor starts the start_child calls that follow each other in a decision together)."""
     t = req.transition
     if t.status != "waiting" or t.wait_reason != WAIT_REASON:
-        return None
+        return []
+    found = []
     for step in req.steps:
         if step.kind != "tool_started":
             continue
         payload = json.loads(step.payload_json)
         if payload.get("tool") == TOOL:
             args = payload.get("arguments") or {}
-            return ChildCall(
-                step.seq,
-                str(args.get("agent_id", "")),
-                str(args.get("input", "")),
-                str(args.get("parent_close") or "cancel"),
+            found.append(
+                ChildCall(
+                    step.seq,
+                    str(args.get("agent_id", "")),
+                    str(args.get("input", "")),
+                    str(args.get("parent_close") or "cancel"),
+                )
             )
-    return None
+    return found
 
 
 class StartChild:
@@ -84,18 +91,20 @@ class StartChild:
         self._defaults = defaults
 
     async def prepare(self, db: Pool, req: step_store.CommitRequest, msg: pb.Commit) -> Work | None:
-        """Admit the child of the start_child call the run parks on; None if it is none."""
-        call = child_call(req)
-        return None if call is None else Work(functools.partial(self._start, req, call))
+        """Admit the child of each start_child call the run parks on; None if there is none."""
+        found = child_calls(req)
+        return Work(functools.partial(self._start, req, found)) if found else None
 
     async def _start(
-        self, req: step_store.CommitRequest, call: ChildCall, conn: Connection
+        self, req: step_store.CommitRequest, found: list[ChildCall], conn: Connection
     ) -> bool:
         """A child that cannot be admitted (no such agent, bad input) is the call's error
-        result at once, and the parent wakes: either way a run is runnable."""
-        refusal = await _admit(conn, req, call, self._defaults)
-        if refusal is not None:
-            await run(conn, "child_refused", req.workspace_id, req.run_id, call.seq, refusal)
+        result at once (the parent wakes once every call has its result): either way a run
+        is runnable."""
+        for call in found:
+            refusal = await _admit(conn, req, call, self._defaults)
+            if refusal is not None:
+                await run(conn, "child_refused", req.workspace_id, req.run_id, call.seq, refusal)
         return True
 
 

@@ -374,3 +374,42 @@ async def test_cancelling_the_parent_cancels_the_twenty_and_fences_their_holders
 
 async def held_five(db: asyncpg.Connection) -> bool:
     return await running_kids(db) == 5
+
+
+async def test_three_start_child_calls_of_one_decision_run_at_once_and_wake_the_parent_once(
+    stack, executor_factory
+):
+    cp, api, db = stack
+    await api.publish("kid", "fan_kid", ["echo"])
+    await api.publish("parent", "parent3_at_once", ["start_child"])
+    parent_id = await api.start("parent", "go")
+    executor_factory(cp)
+
+    (parent,) = await api.wait_terminal([parent_id], within=60)
+    assert parent.status == run_pb2.RUN_STATUS_COMPLETED, parent.error
+    rows = await db.fetch(
+        "SELECT run_id, parent_seq, input, status, output, started_at, finished_at"
+        " FROM runs WHERE workspace_id = 'ws' AND parent_run_id = $1"
+        " ORDER BY parent_seq",
+        uuid.UUID(parent_id),
+    )
+    assert [r["input"] for r in rows] == ["one", "two", "three"]
+    assert {r["status"] for r in rows} == {"completed"}
+    spans = [(r["started_at"].timestamp(), r["finished_at"].timestamp()) for r in rows]
+    assert most_at_once(spans) >= 2  # in parallel, not one after another
+    log = await api.steps(parent_id)
+    assert_log_well_formed(log)
+    kinds = [s.kind for s in log]
+    # One commit started the three calls and parked: started, started, started, park.
+    first = kinds.index("tool_started")
+    assert kinds[first : first + 4] == ["tool_started"] * 3 + ["park"]
+    assert kinds.count("park") == 1 and kinds.count("model_decision") == 2
+    started = [s for s in log if s.kind == "tool_started"]
+    results = [s for s in log if s.kind == "tool_result"]
+    assert [r["parent_seq"] for r in rows] == [s.seq for s in started]
+    by_call = {r.ref_seq: r for r in results}
+    assert sorted(by_call) == [s.seq for s in started] and len(results) == 3
+    for row in rows:
+        got = by_call[row["parent_seq"]].payload
+        assert got["status"] == "ok" and got["output"]["child_run_id"] == str(row["run_id"])
+        assert got["output"]["output"] == row["output"]

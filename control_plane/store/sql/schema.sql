@@ -507,14 +507,15 @@ END $$;
 -- admitting anything, and runs_child_of stops a second child for one call.
 -- A run reaches a terminal status once, and the trigger fires on that one
 -- transition whichever statement makes it; a parent that ended meanwhile gets
--- nothing. Returns whether it delivered.
+-- nothing. Several start_child calls of one decision wait at once: the parent
+-- wakes when the last of them has its result. Returns whether it delivered.
 CREATE FUNCTION run_deliver_child_result(
     ws text, parent uuid, call_seq integer, child uuid, outcome text, result jsonb, err text
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     held record;
-    started jsonb;
+    started record;
 BEGIN
     SELECT lease_epoch INTO held FROM runs
     WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
@@ -526,15 +527,23 @@ BEGIN
                AND kind = 'tool_result' AND ref_seq = call_seq) THEN
         RETURN false;
     END IF;
-    SELECT payload INTO started FROM steps
+    SELECT payload, ref_seq INTO started FROM steps
     WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
     PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
             jsonb_strip_nulls(jsonb_build_object(
-                'call_id', started ->> 'call_id', 'tool', 'start_child',
+                'call_id', started.payload ->> 'call_id', 'tool', 'start_child',
                 'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
                 'output', jsonb_build_object('child_run_id', child, 'status', outcome,
                                              'output', result),
                 'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
+    IF EXISTS (SELECT 1 FROM steps s
+               WHERE s.workspace_id = ws AND s.run_id = parent AND s.kind = 'tool_started'
+                 AND s.ref_seq = started.ref_seq AND s.payload ->> 'tool' = 'start_child'
+                 AND NOT EXISTS (SELECT 1 FROM steps r
+                                 WHERE r.workspace_id = ws AND r.run_id = parent
+                                   AND r.kind = 'tool_result' AND r.ref_seq = s.seq)) THEN
+        UPDATE runs SET wake_at = NULL WHERE workspace_id = ws AND run_id = parent;
+    END IF;
     RETURN true;
 END $$;
 
