@@ -119,7 +119,7 @@ async def _admit(
         return refusal
     priority = await _priority(conn, req)
     await _admit_one(
-        conn, req, call.seq, None, call.parent_close, version, call, defaults, priority
+        conn, req, call.seq, None, call.parent_close, version, call.input, defaults, priority
     )
     await _closes(conn, req, call.parent_close)
     return None
@@ -155,15 +155,16 @@ async def _admit_one(
     index: int | None,
     parent_close: str,
     version: Any,
-    child: Any,
+    text: str,
     defaults: RunDefaults,
     priority: int,
 ) -> None:
-    """Admit one child (`child.input`) of the call at `seq` and mark it its parent's."""
+    """Admit one child (input `text`) of the call at `seq` (at `index` of its list) and
+    mark it its parent's."""
     adm = admission(
         version,
         defaults,
-        child.input,
+        text,
         started_by=f"run:{req.run_id}",
         request_id=f"child:{req.run_id}:{seq}" + ("" if index is None else f":{index}"),
         priority=priority,
@@ -269,7 +270,15 @@ class StartChildren:
         priority = await _priority(conn, req)
         for i, (child, version) in enumerate(zip(call.children, versions, strict=True)):
             await _admit_one(
-                conn, req, call.seq, i, call.parent_close, version, child, self._defaults, priority
+                conn,
+                req,
+                call.seq,
+                i,
+                call.parent_close,
+                version,
+                child.input,
+                self._defaults,
+                priority,
             )
         await _closes(conn, req, call.parent_close)
         return True
