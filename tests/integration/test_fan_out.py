@@ -293,6 +293,11 @@ async def test_twenty_children_run_five_at_a_time_and_the_parent_resumes_once_in
     assert [o["child_run_id"] for o in outcomes] == [str(r["run_id"]) for r in rows]
     assert [o["output"] for o in outcomes] == [r["output"] for r in rows]
     assert all(f"c{i}" in o["output"] for i, o in enumerate(outcomes))
+    # GetRun names a child's parent, the call, its place in the list and its close policy.
+    kid = await api.get(str(rows[3]["run_id"]))
+    assert (kid.parent_run_id, kid.parent_seq) == (parent_id, started.seq)
+    assert (kid.parent_index, kid.parent_close) == (3, "cancel")
+    assert list((await api.get(parent_id)).child_run_ids) == [str(r["run_id"]) for r in rows]
     # Parked once, woken once: one park, and the model asked twice (the fan-out, the answer).
     assert [s.kind for s in log].count("park") == 1
     assert [s.kind for s in log].count("model_decision") == 2
@@ -409,6 +414,8 @@ async def test_three_start_child_calls_of_one_decision_run_at_once_and_wake_the_
     assert [r["parent_seq"] for r in rows] == [s.seq for s in started]
     by_call = {r.ref_seq: r for r in results}
     assert sorted(by_call) == [s.seq for s in started] and len(results) == 3
+    kid = await api.get(str(rows[0]["run_id"]))
+    assert not kid.HasField("parent_index") and kid.parent_close == "cancel"
     for row in rows:
         got = by_call[row["parent_seq"]].payload
         assert got["status"] == "ok" and got["output"]["child_run_id"] == str(row["run_id"])
