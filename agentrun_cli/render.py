@@ -320,7 +320,7 @@ def run_summary(run: run_pb2.Run) -> list[str]:
             call = f"start_children, entry {run.parent_index},"
         rows.append(("parent", f"{run.parent_run_id} (its {call} at step {run.parent_seq})"))
         if run.parent_close:
-            rows.append(("parent close", run.parent_close))
+            rows.append(("close", f"{run.parent_close}, when its parent ends"))
     if run.child_run_ids:
         rows.append(("children", ", ".join(run.child_run_ids)))
     if run.tags:
