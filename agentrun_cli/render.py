@@ -315,7 +315,12 @@ def run_summary(run: run_pb2.Run) -> list[str]:
         ("finished", timestamp(run.finish_time)),
     ]
     if run.parent_run_id:
-        rows.append(("parent", f"{run.parent_run_id} (its start_child at step {run.parent_seq})"))
+        call = "start_child"
+        if run.HasField("parent_index"):
+            call = f"start_children, entry {run.parent_index},"
+        rows.append(("parent", f"{run.parent_run_id} (its {call} at step {run.parent_seq})"))
+        if run.parent_close:
+            rows.append(("close", f"{run.parent_close}, when its parent ends"))
     if run.child_run_ids:
         rows.append(("children", ", ".join(run.child_run_ids)))
     if run.tags:

@@ -203,6 +203,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_park(needs_help.REPEAT_WAIT, needs_help.HeldRepeat())
     pipeline.on_park(unknown_outcome.WAIT_REASON, unknown_outcome.UnknownOutcomePark())
     pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
+    pipeline.on_park(children.WAIT_REASON, children.StartChildren(config.defaults))
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
     pipeline.after_commit(TopUp())
     pipeline.after_commit(run_figures.FIGURES)  # after the top-up: it may end the run

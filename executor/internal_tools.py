@@ -13,15 +13,20 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import canary, payloads, signal_wait, steps
+from executor import approval, canary, constraints, payloads, replay, signal_wait, steps
 from executor.held import HeldRun, log
+from executor.models.base import ToolCall
 from executor.replay import Entry, ResolveUnknown
+from executor.tools.catalogue import Tool
 from executor.tools.delivery import Outcome
 from ground import run_labels
 
 # The internal tool that runs another agent, and the wait it parks the run in.
 CHILD_TOOL = "start_child"
 CHILD_WAIT = "child"
+# Runs several at once (fan-out): the same start and park, one result for all of them
+# (control_plane/runs/children.py, StartChildren).
+CHILDREN_TOOL = "start_children"
 
 
 class Calls(Protocol):
@@ -40,6 +45,10 @@ class Calls(Protocol):
     ) -> str | None: ...
 
     async def settle(self, action: ResolveUnknown, seq: int, outcome: Outcome) -> str | None: ...
+
+    def check(
+        self, action: replay.StartTool, seq: int
+    ) -> tuple[Tool, constraints.Verdict] | executor_pb2.NewStep: ...
 
 
 class InternalTool(Protocol):
@@ -124,18 +133,76 @@ class StartChild:
     ) -> str:
         """Started and parked on the child in one commit; the control plane admits the child
         in that commit's transaction and writes its outcome as this call's result, waking
-        the run (control_plane/runs/children.py)."""
-        park = steps.park(started.seq + 1, CHILD_WAIT, None, "waiting for a child run")
+        the run (control_plane/runs/children.py). The start_child calls that follow it in
+        the same decision start in that commit too (fan-out): their children run at once,
+        and the run wakes when the last of them has its result."""
+        batch = [started, *_sibling_children(calls, started)]
+        note = (
+            "waiting for a child run" if len(batch) == 1 else f"waiting for {len(batch)} child runs"
+        )
+        park = steps.park(batch[-1].seq + 1, CHILD_WAIT, None, note)
         await calls.held.loop.commit(
-            [started, park], park=steps.park_transition(CHILD_WAIT, None), tool_calls=1
+            [*batch, park], park=steps.park_transition(CHILD_WAIT, None), tool_calls=len(batch)
         )
         faults.point("executor.child.after_start_commit")
-        log.info("run %s parked: waiting for a child run", calls.held.run_id)
+        log.info("run %s parked: %s", calls.held.run_id, note)
         return "parked"
 
     async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str:
         # The child's end writes the result; until then, wait.
         return await calls.held.loop.park(CHILD_WAIT, None, "waiting for a child run")
+
+
+def _sibling_children(calls: Calls, started: executor_pb2.NewStep) -> list[executor_pb2.NewStep]:
+    """The tool_started steps of the start_child calls that directly follow `started`'s in
+    its decision, never acted on, each checked as the tool turn checks a call: the first
+    that is another tool, refused, held for approval, a repeat the guard would hold, or
+    past the run's tool-call budget ends the batch (it and the rest start one by one)."""
+    held = calls.held
+    entry = steps.as_entry(started)
+    turns = replay.decision_turns(held.entries)
+    if entry.payload.get("tool") != CHILD_TOOL or not turns:
+        return []
+    turn = turns[-1]
+    ids = [c.id for c in turn.calls]
+    call_id = str(entry.payload.get("call_id", ""))
+    if turn.decision.seq != started.ref_seq or ids.count(call_id) != 1:
+        return []
+    budget = held.run.limits.max_tool_calls
+    used = replay.counters(held.entries).tool_calls + 1
+    batch: list[executor_pb2.NewStep] = []
+    for call in turn.calls[ids.index(call_id) + 1 :]:
+        if budget and used + len(batch) >= budget:
+            break
+        joined = _joins(calls, turns, call, ids, started.seq + 1 + len(batch))
+        if joined is None:
+            break
+        batch.append(joined)
+    return batch
+
+
+def _joins(
+    calls: Calls, turns: list[replay.Turn], call: ToolCall, ids: list[str], seq: int
+) -> executor_pb2.NewStep | None:
+    """`call`'s tool_started step at `seq` if it may start with the batch, else None."""
+    held, turn = calls.held, turns[-1]
+    if call.name != CHILD_TOOL or turn.steps.get(call.id) or ids.count(call.id) != 1:
+        return None
+    limit = held.run.limits.repeat_limit
+    if limit > 0 and len(replay.repeats(turns, turn.decision.seq, call)) + 1 >= limit:
+        return None
+    checked = calls.check(replay.StartTool(turn.decision.seq, call), seq)
+    if not isinstance(checked, tuple):
+        return None
+    tool, verdict = checked
+    if tool.provider != "internal" or tool.name != CHILD_TOOL or verdict.approval is not None:
+        return None
+    if approval.needs_approval(tool, held.spec):
+        return None
+    arguments = call.arguments or {}
+    return steps.tool_started(
+        seq, turn.decision.seq, call.id, tool.name, arguments, held.run_id, tool.call_class
+    )
 
 
 class WaitForSignal:
@@ -326,6 +393,7 @@ class Unsupported:
 TOOLS: Mapping[str, InternalTool] = {
     payloads.READ_RESULT: ReadResult(),
     CHILD_TOOL: StartChild(),
+    CHILDREN_TOOL: StartChild(),
     signal_wait.TOOL: WaitForSignal(),
     canary.TOOL: Canary(),
     "sleep": Sleep(),

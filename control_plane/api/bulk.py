@@ -29,7 +29,7 @@ from control_plane.auth import context as auth_context
 from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import DomainError, InvalidArgument
-from control_plane.runs import forks
+from control_plane.runs import children, forks
 from control_plane.store import runs as store
 from control_plane.store.db import Pool, transaction
 from control_plane.store.queries import run
@@ -161,13 +161,15 @@ async def bulk_cancel(
     reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled in bulk"
 
     async def cancel(ws: str, run_ids: list[uuid.UUID]) -> int:
+        cancelled: list[uuid.UUID] = []
+        with_them: list[uuid.UUID] = []  # children a cancelled parent's close cancelled
         async with transaction(pool) as conn:
-            cancelled = [
-                run_id
-                for run_id in run_ids
-                if await store.cancel_run(conn, ws, run_id, reason) is not None
-            ]
-        for run_id in cancelled:
+            for run_id in run_ids:
+                row = await store.cancel_run(conn, ws, run_id, reason)
+                if row is not None:
+                    cancelled.append(run_id)
+                    with_them += await children.closed_with(conn, row)
+        for run_id in cancelled + with_them:
             on_cancel(ws, run_id)
         return len(cancelled)
 

@@ -283,6 +283,8 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             current = await self._get(ws, run_id)
             raise FailedPrecondition(f"run {run_id} already ended: {current.status}")
         self._on_cancel(ws, run_id)
+        for child in await children.closed_with(self._pool, row):  # its parent-close policy
+            self._on_cancel(ws, child)
         run_figures.FIGURES.cancelled(row)
         return run_pb2.CancelRunResponse(run=convert.run(row))
 

@@ -212,6 +212,10 @@ def _set_lineage(msg: run_pb2.Run, row: Run) -> None:
         msg.parent_run_id = str(row.parent_run_id)
     if row.parent_seq:
         msg.parent_seq = row.parent_seq
+    if row.parent_index is not None:
+        msg.parent_index = row.parent_index
+    if row.parent_close:
+        msg.parent_close = row.parent_close
     if row.forked_from_run_id:
         msg.forked_from_run_id = str(row.forked_from_run_id)
     if row.forked_from_seq:

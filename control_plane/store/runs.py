@@ -89,6 +89,11 @@ class Run:
     tags: list[str] = field(default_factory=list)
     metadata: str = "{}"  # a JSON object's text
     paused: bool = False
+    # A start_children child's place in its call's list, and what its parent's close does
+    # to it; a parent whose close cancels children (0048_fan_out.sql).
+    parent_index: int | None = None
+    parent_close: str | None = None
+    closes_children: bool = False
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
@@ -182,7 +187,9 @@ async def cancel_run(
     """The cancelled run, or None when it does not exist or already ended.
 
     The finish step takes the next seq; a commit racing in between makes that
-    seq collide, so the cancel is simply tried again.
+    seq collide, so the cancel is simply tried again. So is a deadlock: cancelling a
+    parent cancels its children (migrations/0048_fan_out.sql), and a child ending at
+    that moment locks itself, then its parent.
     """
     for _ in range(5):
         try:
@@ -190,6 +197,6 @@ async def cancel_run(
                 return _run_or_none(
                     await run(conn, "run_cancel", workspace_id, run_id, reason, now)
                 )
-        except asyncpg.UniqueViolationError:
+        except (asyncpg.UniqueViolationError, asyncpg.DeadlockDetectedError):
             continue
     raise RuntimeError("cancel kept colliding with concurrent commits")

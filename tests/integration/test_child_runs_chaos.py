@@ -14,6 +14,7 @@ import asyncio
 import os
 import random
 import time
+import uuid
 
 import asyncpg
 import pytest
@@ -26,6 +27,7 @@ from tests.harness.invariants import (
     assert_no_reask,
     assert_writes_at_most_once,
 )
+from tests.harness.waiting import eventually
 from tests.integration.test_child_runs import children_of
 from tests.integration.test_signals import cli
 
@@ -151,3 +153,75 @@ async def test_kill_9_of_parents_and_childrens_executors_at_random_moments(
     assert shown.returncode == 0 and "children" in shown.stdout, shown.stderr
     kid_shown = await cli(cp.address, key, "runs", "show", a_kid)
     assert "parent" in kid_shown.stdout and "start_child at step" in kid_shown.stdout
+
+
+async def test_kill_9_of_executors_and_the_control_plane_during_a_fan_in(
+    stack, executor_factory, db_url, sandbox_model, sandbox_providers
+):
+    """Twenty children of one start_children call (each sends one mail); while they end,
+    kill -9 an executor holding children, then the control plane (restarted on its port),
+    then another executor. The parent's log holds the call's one result, every child's
+    outcome in it once and in list order; every child completed and mailed once."""
+    cp, api, db = stack
+    await api.publish("fanner", "fan20", ["start_children"])
+    parent_id = await api.start("fanner", "go")
+    fleet = executor_factory(cp, count=2)
+
+    async def ended(n: int) -> bool:
+        return (
+            await db.fetchval(
+                "SELECT count(*) FROM runs WHERE workspace_id = 'ws' AND parent_run_id = $1"
+                " AND status = 'completed'",
+                uuid.UUID(parent_id),
+            )
+            >= n
+        )
+
+    async def holding_a_child() -> str | None:
+        return await db.fetchval(
+            "SELECT lease_owner FROM runs WHERE workspace_id = 'ws' AND parent_run_id = $1"
+            " AND status = 'running' LIMIT 1",
+            uuid.UUID(parent_id),
+        )
+
+    async def kill_a_childs_holder() -> None:
+        await eventually(holding_a_child, timeout=30, message="no child held")
+        owner = await holding_a_child()
+        victim = next((p for p in fleet if p.name == owner and p.alive), None)
+        victim = victim or next(p for p in fleet if p.alive)
+        victim.kill()
+        fleet.extend(executor_factory(cp))
+
+    await eventually(lambda: ended(3), timeout=60, message="no child ended")
+    await kill_a_childs_holder()
+    await eventually(lambda: ended(8), timeout=60, message="the fan-in stalled")
+    cp.kill()  # mid fan-in: children ending, the parent still parked
+    cp.restart()
+    await eventually(lambda: ended(12), timeout=60, message="no child ended after the restart")
+    await kill_a_childs_holder()
+
+    (parent,) = await api.wait_terminal([parent_id], within=120)
+    assert parent.status == run_pb2.RUN_STATUS_COMPLETED, parent.error
+    steps = await api.steps(parent_id)
+    assert_log_well_formed(steps)
+    model_log = sandbox_requests(sandbox_model.url)
+    assert_no_reask(parent_id, steps, model_log)
+    (started,) = [s for s in steps if s.kind == "tool_started"]
+    (result,) = [s for s in steps if s.kind == "tool_result"]
+    assert result.ref_seq == started.seq
+    kids = await db.fetch(
+        "SELECT run_id, input, status, output FROM runs WHERE workspace_id = 'ws'"
+        " AND parent_run_id = $1 ORDER BY parent_index",
+        uuid.UUID(parent_id),
+    )
+    assert [k["input"] for k in kids] == [f"c{i}" for i in range(20)]
+    assert {k["status"] for k in kids} == {"completed"}
+    outcomes = result.payload["output"]["children"]
+    assert [o["child_run_id"] for o in outcomes] == [str(k["run_id"]) for k in kids]
+    assert [o["output"] for o in outcomes] == [k["output"] for k in kids]
+    provider_log = sandbox_requests(sandbox_providers.url)
+    for kid in kids:
+        kid_id = str(kid["run_id"])
+        assert_log_well_formed(await api.steps(kid_id))
+        mine = [r for r in provider_log if (r["idempotency_key"] or "").startswith(kid_id)]
+        assert len(assert_writes_at_most_once(mine, "/mail/send")) == 1

@@ -173,6 +173,16 @@ def test_run_summary_and_row() -> None:
     ]
 
 
+def test_run_summary_names_a_childs_call_entry_and_close_policy() -> None:
+    child = run_pb2.Run(run_id="k", parent_run_id="p", parent_seq=4, parent_close="cancel")
+    summary = dict(line.split(None, 1) for line in render.run_summary(child))
+    assert summary["parent"] == "p (its start_child at step 4)"
+    assert summary["close"] == "cancel, when its parent ends"
+    child.parent_index = 0  # a start_children child: its place in the call's list
+    summary = dict(line.split(None, 1) for line in render.run_summary(child))
+    assert summary["parent"] == "p (its start_children, entry 0, at step 4)"
+
+
 def test_event_lines_drop_repeated_states() -> None:
     queued = run_pb2.Run(status=run_pb2.RUN_STATUS_QUEUED)
     events = [

@@ -30,6 +30,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "create_charge": "provider_key",
         "sleep": "internal",
         "start_child": "internal",
+        "start_children": "internal",  # fan-out: several children in one call (issue 45)
         "wait_for_signal": "internal",
         "canary_noop": "internal",  # the contract canary's no-op (executor/canary.py)
         "set_metadata": "internal",  # the run records its tags and metadata (issue 45)

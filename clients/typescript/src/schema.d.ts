@@ -687,6 +687,9 @@ export interface components {
             /** @description Any JSON value. */
             metadata: unknown;
             paused: boolean;
+            /** Format: int32 */
+            parent_index?: number;
+            parent_close: string;
         };
         RunCounters: {
             /** Format: int32 */

@@ -6,10 +6,23 @@ WITH admit_if AS (SELECT), {{run_admit}}
 SELECT run_id FROM admitted;
 
 -- name: child_mark :exec
--- The child's parent and the seq of the call that started it (a new statement: the
--- admission's own cannot see the row it inserted).
-UPDATE runs SET parent_run_id = $3, parent_seq = $4
+-- The child's parent, the seq of the call that started it, its place in a start_children
+-- list ($5, NULL for start_child) and what the parent's close does to it ($6: cancel,
+-- abandon, finish; migrations/0048_fan_out.sql). A new statement: the admission's own
+-- cannot see the row it inserted.
+UPDATE runs SET parent_run_id = $3, parent_seq = $4, parent_index = $5, parent_close = $6
 WHERE workspace_id = $1 AND run_id = $2;
+
+-- name: child_parent_closes :exec
+-- The parent has a child its close cancels: its terminal transition runs the trigger
+-- runs_close_children (a run that never marks this pays nothing for it).
+UPDATE runs SET closes_children = true
+WHERE workspace_id = $1 AND run_id = $2 AND NOT closes_children;
+
+-- name: fan_refused :exec
+-- A start_children call that admitted nothing: its error result in the parent's log, and
+-- the parent woken (migrations/0048_fan_out.sql).
+SELECT run_deliver_fan_refused($1::text, $2::uuid, $3::int, $4::text);
 
 -- name: child_refused :exec
 -- A child that could not be admitted: the call's error result in the parent's log, and the
@@ -17,7 +30,21 @@ WHERE workspace_id = $1 AND run_id = $2;
 SELECT run_deliver_child_result($1::text, $2::uuid, $3::int, NULL, 'failed', NULL, $4::text);
 
 -- name: runs_children :many
--- A run's child runs, in the order their calls were made.
+-- A run's child runs, in the order their calls were made (a list's in its order).
 SELECT run_id FROM runs
 WHERE workspace_id = $1 AND parent_run_id = $2
-ORDER BY parent_seq;
+ORDER BY parent_seq, parent_index;
+
+-- name: children_closed_with :many
+-- The runs cancelled with a run that closes its children (migrations/0048_fan_out.sql:
+-- its open children whose policy is cancel, theirs, and so on), to tell their holders.
+WITH RECURSIVE closed AS (
+    SELECT run_id, closes_children FROM runs
+    WHERE workspace_id = $1 AND parent_run_id = $2 AND parent_close = 'cancel'
+      AND status = 'cancelled'
+    UNION ALL
+    SELECT r.run_id, r.closes_children FROM runs r JOIN closed c ON r.parent_run_id = c.run_id
+    WHERE r.workspace_id = $1 AND c.closes_children AND r.parent_close = 'cancel'
+      AND r.status = 'cancelled'
+)
+SELECT run_id FROM closed;

@@ -272,6 +272,13 @@ CREATE TABLE runs (
         CONSTRAINT run_metadata_object CHECK (jsonb_typeof(metadata) = 'object'),
     -- PauseRun: the claim skips it (a running one hands itself back first).
     paused                   boolean NOT NULL DEFAULT false,
+    -- A start_children child: its place in the call's list (NULL: start_child's);
+    -- what its parent's close does to it while it is open (NULL: admitted before
+    -- policies, left alone); a parent with a child to cancel so (section 4).
+    parent_index             integer,
+    parent_close             text
+        CONSTRAINT run_parent_close_known CHECK (parent_close IN ('cancel', 'abandon', 'finish')),
+    closes_children          boolean NOT NULL DEFAULT false,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (
@@ -310,8 +317,10 @@ CREATE UNIQUE INDEX runs_request_id ON runs (workspace_id, agent_id, request_id)
     WHERE request_id IS NOT NULL;
 CREATE INDEX runs_waiting_connection ON runs (workspace_id, waiting_connection_id)
     WHERE waiting_connection_id IS NOT NULL;
--- At most one child per start_child call, whatever retries happen.
-CREATE UNIQUE INDEX runs_child_of ON runs (workspace_id, parent_run_id, parent_seq)
+-- At most one child per start_child call, and per entry of a start_children
+-- call, whatever retries happen.
+CREATE UNIQUE INDEX runs_child_of ON runs (workspace_id, parent_run_id, parent_seq,
+                                           coalesce(parent_index, -1))
     WHERE parent_run_id IS NOT NULL;
 -- A source's forks (ListRuns(forked_from_run_id)).
 CREATE INDEX runs_forks_of ON runs (workspace_id, forked_from_run_id, created_at DESC, run_id DESC)
@@ -498,10 +507,139 @@ END $$;
 -- admitting anything, and runs_child_of stops a second child for one call.
 -- A run reaches a terminal status once, and the trigger fires on that one
 -- transition whichever statement makes it; a parent that ended meanwhile gets
--- nothing. Returns whether it delivered.
+-- nothing. Several start_child calls of one decision wait at once: the parent
+-- wakes when the last of them has its result. Returns whether it delivered.
 CREATE FUNCTION run_deliver_child_result(
     ws text, parent uuid, call_seq integer, child uuid, outcome text, result jsonb, err text
 ) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    held record;
+    started record;
+BEGIN
+    SELECT lease_epoch INTO held FROM runs
+    WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps WHERE workspace_id = ws AND run_id = parent
+               AND kind = 'tool_result' AND ref_seq = call_seq) THEN
+        RETURN false;
+    END IF;
+    SELECT payload, ref_seq INTO started FROM steps
+    WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
+    PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
+            jsonb_strip_nulls(jsonb_build_object(
+                'call_id', started.payload ->> 'call_id', 'tool', 'start_child',
+                'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
+                'output', jsonb_build_object('child_run_id', child, 'status', outcome,
+                                             'output', result),
+                'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
+    IF EXISTS (SELECT 1 FROM steps s
+               WHERE s.workspace_id = ws AND s.run_id = parent AND s.kind = 'tool_started'
+                 AND s.ref_seq = started.ref_seq AND s.payload ->> 'tool' = 'start_child'
+                 AND NOT EXISTS (SELECT 1 FROM steps r
+                                 WHERE r.workspace_id = ws AND r.run_id = parent
+                                   AND r.kind = 'tool_result' AND r.ref_seq = s.seq)) THEN
+        UPDATE runs SET wake_at = NULL WHERE workspace_id = ws AND run_id = parent;
+    END IF;
+    RETURN true;
+END $$;
+
+CREATE FUNCTION run_cancel_children(ws text, parent uuid, call_seq integer, reason text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    kid record;
+    n integer := 0;
+BEGIN
+    FOR kid IN
+        SELECT run_id FROM runs
+        WHERE workspace_id = ws AND parent_run_id = parent AND parent_close = 'cancel'
+          AND (call_seq IS NULL OR parent_seq = call_seq)
+          AND status IN ('queued', 'running', 'waiting')
+        ORDER BY parent_seq, parent_index
+        FOR NO KEY UPDATE
+    LOOP
+        UPDATE runs SET status = 'cancelled', wait_reason = NULL, wake_at = NULL,
+                        lease_owner = NULL, error = reason, step_count = step_count + 1,
+                        finished_at = now(), updated_at = now()
+        WHERE workspace_id = ws AND run_id = kid.run_id
+          AND status IN ('queued', 'running', 'waiting');
+        IF FOUND THEN
+            INSERT INTO steps (workspace_id, run_id, seq, kind, epoch, ref_seq, payload)
+            SELECT ws, kid.run_id, run_next_seq(ws, kid.run_id), 'finish', r.lease_epoch, NULL,
+                   jsonb_build_object('status', 'cancelled', 'error', reason)
+            FROM runs r WHERE r.workspace_id = ws AND r.run_id = kid.run_id;
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END $$;
+
+-- The fan-in of the start_children call at call_seq: once enough of its children have
+-- ended (all, the first, or n: the call's `wait`), its one tool_result with every child's
+-- outcome in list order, the parent woken, and the children not waited for closed by
+-- their policy. Returns whether it delivered.
+CREATE FUNCTION run_deliver_fan_in(ws text, parent uuid, call_seq integer) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    held record;
+    started jsonb;
+    mode text;
+    total integer;
+    ended integer;
+    needed integer;
+    outcomes jsonb;
+BEGIN
+    SELECT lease_epoch INTO held FROM runs
+    WHERE workspace_id = ws AND run_id = parent AND status = 'waiting' AND wait_reason = 'child'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps WHERE workspace_id = ws AND run_id = parent
+               AND kind = 'tool_result' AND ref_seq = call_seq) THEN
+        RETURN false;
+    END IF;
+    SELECT count(*), count(*) FILTER (WHERE status IN ('completed', 'failed', 'cancelled'))
+    INTO total, ended FROM runs
+    WHERE workspace_id = ws AND parent_run_id = parent AND parent_seq = call_seq
+      AND parent_index IS NOT NULL;
+    SELECT payload INTO started FROM steps
+    WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
+    mode := coalesce(started -> 'arguments' ->> 'wait', 'all');
+    needed := CASE mode
+        WHEN 'first' THEN 1
+        WHEN 'n' THEN least(coalesce((started -> 'arguments' ->> 'n')::integer, total), total)
+        ELSE total END;
+    IF total = 0 OR ended < needed THEN
+        RETURN false;
+    END IF;
+    SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'index', r.parent_index, 'child_run_id', r.run_id, 'agent_id', r.agent_id,
+               'status', CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.status
+                              WHEN r.parent_close = 'cancel' THEN 'cancelled'
+                              ELSE r.status END,
+               'output', r.output, 'error', r.error))
+           ORDER BY r.parent_index)
+    INTO outcomes FROM runs r
+    WHERE r.workspace_id = ws AND r.parent_run_id = parent AND r.parent_seq = call_seq
+      AND r.parent_index IS NOT NULL;
+    PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
+            jsonb_build_object(
+                'call_id', started ->> 'call_id', 'tool', 'start_children', 'status', 'ok',
+                'output', jsonb_build_object('wait', mode, 'ended', ended,
+                                             'children', outcomes)));
+    PERFORM run_cancel_children(ws, parent, call_seq, 'not waited for: the parent went on');
+    RETURN true;
+END $$;
+
+-- A start_children call that admitted nothing (an entry names no published agent, an
+-- input out of bounds): its error result at once, and the parent woken.
+CREATE FUNCTION run_deliver_fan_refused(ws text, parent uuid, call_seq integer, err text)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     held record;
@@ -520,20 +658,21 @@ BEGIN
     SELECT payload INTO started FROM steps
     WHERE workspace_id = ws AND run_id = parent AND seq = call_seq AND kind = 'tool_started';
     PERFORM run_deliver_result(ws, parent, held.lease_epoch, call_seq,
-            jsonb_strip_nulls(jsonb_build_object(
-                'call_id', started ->> 'call_id', 'tool', 'start_child',
-                'status', CASE WHEN outcome = 'completed' THEN 'ok' ELSE 'error' END,
-                'output', jsonb_build_object('child_run_id', child, 'status', outcome,
-                                             'output', result),
-                'error', CASE WHEN outcome <> 'completed' THEN coalesce(err, outcome) END)));
+            jsonb_build_object('call_id', started ->> 'call_id', 'tool', 'start_children',
+                               'status', 'error', 'error', err));
     RETURN true;
 END $$;
 
 CREATE FUNCTION runs_child_on_finish() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM run_deliver_child_result(NEW.workspace_id, NEW.parent_run_id, NEW.parent_seq,
-                                     NEW.run_id, NEW.status, to_jsonb(NEW.output), NEW.error);
+    IF NEW.parent_index IS NOT NULL THEN
+        PERFORM run_deliver_fan_in(NEW.workspace_id, NEW.parent_run_id, NEW.parent_seq);
+    ELSE
+        PERFORM run_deliver_child_result(NEW.workspace_id, NEW.parent_run_id, NEW.parent_seq,
+                                         NEW.run_id, NEW.status, to_jsonb(NEW.output),
+                                         NEW.error);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -542,6 +681,22 @@ CREATE TRIGGER runs_child_finish AFTER UPDATE OF status ON runs FOR EACH ROW
           AND NEW.status IN ('completed', 'failed', 'cancelled')
           AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION runs_child_on_finish();
+
+-- Parent-close policy: a parent marked closes_children cancels its open children
+-- whose policy is cancel on its one terminal transition, in that transaction.
+CREATE FUNCTION runs_close_children_on_finish() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM run_cancel_children(NEW.workspace_id, NEW.run_id, NULL,
+                                'parent run ' || NEW.status);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_close_children AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.closes_children
+          AND NEW.status IN ('completed', 'failed', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION runs_close_children_on_finish();
 
 -- Signals. SignalRun delivers a named event to a run, idempotent by its event
 -- id; the run's wait_for_signal call parks it (wait_reason 'signal', no

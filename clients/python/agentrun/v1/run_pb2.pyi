@@ -374,6 +374,8 @@ class Run(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     METADATA_JSON_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    PARENT_INDEX_FIELD_NUMBER: _builtins.int
+    PARENT_CLOSE_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -434,6 +436,14 @@ class Run(_message.Message):
     paused: _builtins.bool
     """PauseRun: the claim skips it until ResumeRun (a running run hands itself
     back at its next step boundary first).
+    """
+    parent_index: _builtins.int
+    """A child of a start_children call: its place in the call's list (from 0);
+    unset for a start_child child and a run that is no child.
+    """
+    parent_close: _builtins.str
+    """A child run: what its parent's end does to it while it is open (cancel,
+    abandon, finish); empty when it is no child or predates the policy.
     """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
@@ -522,12 +532,16 @@ class Run(_message.Message):
         tags: _abc.Iterable[_builtins.str] | None = ...,
         metadata_json: _builtins.str = ...,
         paused: _builtins.bool = ...,
+        parent_index: _builtins.int | None = ...,
+        parent_close: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index", "active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "parent_index", b"parent_index", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "metadata_json", b"metadata_json", "outcome", b"outcome", "output", b"output", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "paused", b"paused", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "tags", b"tags", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index", "active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "metadata_json", b"metadata_json", "outcome", b"outcome", "output", b"output", "parent_close", b"parent_close", "parent_index", b"parent_index", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "paused", b"paused", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "tags", b"tags", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__parent_index: _TypeAlias = _typing.Literal["parent_index"]  # noqa: Y015
+    _WhichOneofArgType__parent_index: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parent_index) -> _WhichOneofReturnType__parent_index | None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
 
