@@ -192,8 +192,7 @@ OPS: tuple[Op, ...] = (
         run_pb2.PublishEventRequest,
         run_pb2.PublishEventResponse,
         created="created",
-        required=("event_name", "event_id", "body_json"),
-        any_json=("body_json",),
+        required=("event_name", "event_id", "body"),
         extra={
             "event_name": {"pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
             "event_id": {"minLength": 1},

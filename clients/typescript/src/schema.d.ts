@@ -1646,9 +1646,7 @@ export interface operations {
                     event_name: string;
                     event_id: string;
                     /** @description Any JSON value. */
-                    body?: unknown;
-                    /** @description A string as it is; any other JSON value as its JSON text. */
-                    body_json: unknown;
+                    body: unknown;
                 };
             };
         };
