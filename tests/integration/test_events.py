@@ -2,8 +2,8 @@
 `agentrun events publish`, and POST /v1/workspaces/{ws}/events) wakes exactly the runs whose
 wait_for_event call it matches, through an index; a duplicate event id wakes nothing more;
 the look-back window catches an earlier event and not an older one; a timeout, any and all
-of several events; an agent version's cancel_on cancels its matching runs; bad input is
-refused naming the field."""
+of several events; an agent version's cancel_on cancels its matching runs; a webhook
+trigger publishes its deliveries as events; bad input is refused naming the field."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import grpc
 import httpx
 import pytest
 
-from agentrun.v1 import agent_pb2, run_pb2
+from agentrun.v1 import agent_pb2, run_pb2, trigger_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.cli import agentrun_async
+from tests.harness.triggers import SCHEME, TriggerApi, post, signed
 from tests.harness.waiting import eventually
 
 TOOL = "wait_for_event"
@@ -225,6 +226,27 @@ async def test_cancel_on_http_publish_and_bad_input(stack, db_url):
     assert cancelled.status == run_pb2.RUN_STATUS_CANCELLED
     assert "order.cancelled" in cancelled.error
     assert (await api.get(spared)).status == run_pb2.RUN_STATUS_WAITING
+    # A webhook trigger can publish its deliveries as events instead of starting runs: the
+    # delivery wakes the run waiting for its customer; a redelivery wakes nothing more.
+    hooks = await TriggerApi.connect(cp.address, db_url)
+    try:
+        source = trigger_pb2.WebhookSource(scheme=SCHEME["hmac_sha256"])
+        _, secret = await hooks.create(
+            "paid", "payer", webhook=source, publish_event="invoice.paid"
+        )
+    finally:
+        await hooks.close()
+    body, headers = signed("hmac_sha256", secret, {"customer": "d2", "paid": True}, "dlv-1")
+    async with httpx.AsyncClient(base_url=cp.http_url, timeout=30) as client:
+        first = await post(client, "ws", "paid", body, headers)
+        assert first.status_code == 202 and first.json()["status"] == "published", first.text
+        assert first.json()["woke"] == 1
+        again = await post(client, "ws", "paid", body, headers)
+        assert again.json() == {**first.json(), "status": "duplicate"}
+    (paid,) = await api.wait_terminal([spared], within=30)
+    assert paid.status == run_pb2.RUN_STATUS_COMPLETED, paid.error
+    (result,) = await results(api, spared)
+    assert result["output"]["body"] == {"customer": "d2", "paid": True}
     # gRPC: a body that is not an object names body_json.
     with pytest.raises(grpc.aio.AioRpcError) as bad:
         await publish(api, "invoice.paid", "e", [1, 2])
