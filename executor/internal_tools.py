@@ -206,7 +206,9 @@ class WaitForEvent:
         wake_after = event_wait.timeout_of(arguments)
         step, transition = event_wait.park(started.seq + 1, started.seq, wait, wake_after)
         await held.loop.commit([started, step], park=transition, tool_calls=1)
-        log.info("run %s parked: %s", held.run_id, step.payload_json[:200])
+        # The names only: the keys hold values of the run's input.
+        names = [slot["name"] for slot in wait.slots]
+        log.info("run %s parked: waiting for event(s) %s", held.run_id, names)
         return "parked"
 
     async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:

@@ -198,7 +198,18 @@ async def _cancel_targets(
         for entry in _json(rule["cancel_on"]) or []:
             if entry.get("event") != name:
                 continue
-            wanted = _run_side(event_match.parse(str(entry.get("match") or "")), body)
+            try:
+                match = event_match.parse(str(entry.get("match") or ""))
+            except event_match.ExpressionError as exc:  # checked at publish; never stored bad
+                log.warning(
+                    "agent %s v%s: cancel_on for %r does not parse (%s); skipped",
+                    rule["agent_id"],
+                    rule["version"],
+                    name,
+                    exc,
+                )
+                continue
+            wanted = _run_side(match, body)
             if wanted is None:
                 continue
             for r in await run(
