@@ -29,6 +29,7 @@ import asyncpg
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.dispatch.pipeline import Work
 from control_plane.ground.errors import AlreadyExists
+from control_plane.ops import run_figures
 from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Connection, Pool, transaction
@@ -123,7 +124,7 @@ async def _publish_once(
     on_cancel: Callable[[str, uuid.UUID], None],
 ) -> Published:
     ws, name = wanted.workspace_id, wanted.name
-    cancelled: list[uuid.UUID] = []
+    cancelled: list[run_store.Run] = []
     async with transaction(pool) as conn:
         row = await run(
             conn,
@@ -141,8 +142,8 @@ async def _publish_once(
         # lock while it waits for that lock.
         reason = f"cancelled by event {name!r} ({wanted.event_id})"
         for run_id in await _cancel_targets(conn, ws, name, wanted.body):
-            if await run_store.cancel_run(conn, ws, run_id, reason) is not None:
-                cancelled.append(run_id)
+            if (row := await run_store.cancel_run(conn, ws, run_id, reason)) is not None:
+                cancelled.append(row)
         await run(conn, "event_lock_publish", ws, name)
         keys = [
             json.dumps(key)
@@ -169,8 +170,9 @@ async def _publish_once(
         stored = await run(conn, "event_get", ws, wanted.event_id)
     if runnable:
         on_runnable()
-    for run_id in cancelled:
-        on_cancel(ws, run_id)
+    for row in cancelled:
+        on_cancel(ws, row.run_id)
+        run_figures.FIGURES.cancelled(row)
     return Published(Event.of(stored), created=True)
 
 
