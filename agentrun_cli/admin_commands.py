@@ -351,7 +351,9 @@ def _add_workspace_settings(
         help="how long a run may wait for a kind of thing before it fails",
         parents=[common],
     )
-    p.add_argument("kind", choices=("approval", "human", "repeat", "connection", "signal", "child"))
+    p.add_argument(
+        "kind", choices=("approval", "human", "repeat", "connection", "signal", "child", "event")
+    )
     p.add_argument(
         "limit", type=_wait_limit, metavar="AGE|off|default", help="7d; off: never; default: 30d"
     )

@@ -18,6 +18,7 @@ from agentrun_cli import (
     credits,
     crypto_keys,
     durations,
+    events,
     forks,
     launch,
     mcp,
@@ -350,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     channels.add_commands(sub, common)
     alerts.add_commands(sub, common)
     credits.add_commands(sub, common)
+    events.add_commands(sub, common)
     triggers.add_commands(sub, common)
     releases.add_commands(sub, common)
     tool_actions = tool_commands.add_commands(sub, common)

@@ -47,6 +47,10 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
     lines = [
         f"trigger   {t.trigger_id} -> agent {t.agent_id} ({'enabled' if t.enabled else 'disabled'})",
         f"source    {source_line(t)}",
+        *(
+            [f"publishes event {t.publish_event} (instead of starting runs)"]
+            * bool(t.publish_event)
+        ),
     ]
     if t.url:
         lines.append(f"url       POST {t.url}")

@@ -123,6 +123,7 @@ def create(args: argparse.Namespace) -> int:
         filters=args.filters or [],
         secret=args.secret,
         priority=args.priority,
+        publish_event=args.publish_event,
         **_source(args),
     )
     with _Stub(args) as stub:
@@ -234,6 +235,12 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
     )
     p.add_argument("--input", default="", metavar="TEXT", help="schedules: the run's input")
     p.add_argument("--secret", default="", help="the sender's signing secret (default: generate)")
+    p.add_argument(
+        "--publish-event",
+        default="",
+        metavar="NAME",
+        help="webhooks: publish each delivery as this event instead of starting a run",
+    )
     p.add_argument("--tolerance", type=durations.arg, metavar="DURATION", help="replay window")
     p.add_argument("--untimed", action="store_true", help="hmac: sign the body alone")
     p.add_argument("--max-chain-depth", type=argtypes.int32, default=0, metavar="N")

@@ -93,7 +93,7 @@ from control_plane.ops import logs, run_figures
 from control_plane.ops.readiness import Readiness
 from control_plane.ops.refusal_figures import RefusalFigures
 from control_plane.ops.tls import add_port, check_transport, http_files, server_credentials
-from control_plane.runs import children, signals, wait_limits
+from control_plane.runs import children, events, signals, wait_limits
 from control_plane.runs.retention import Retention
 from control_plane.store.db import Pool, create_pool
 from control_plane.tools import builtins, registry
@@ -205,6 +205,7 @@ def commit_pipeline(pool: Pool, config: ServerConfig, poke: Callable[[], None]) 
     pipeline.on_park(children.WAIT_REASON, children.StartChild(config.defaults))
     pipeline.on_park(children.WAIT_REASON, children.StartChildren(config.defaults))
     pipeline.on_park(signals.WAIT_REASON, signals.SignalWait())
+    pipeline.on_park(events.WAIT_REASON, events.EventWait())
     pipeline.after_commit(TopUp())
     pipeline.after_commit(run_figures.FIGURES)  # after the top-up: it may end the run
     pipeline.after_commit(RefusalFigures())

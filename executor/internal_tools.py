@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, canary, constraints, payloads, replay, signal_wait, steps
+from executor import approval, canary, constraints, event_wait, payloads, replay, signal_wait, steps
 from executor.held import HeldRun, log
 from executor.models.base import ToolCall
 from executor.replay import Entry, ResolveUnknown
@@ -248,6 +248,55 @@ class WaitForSignal:
         return "parked"
 
 
+class WaitForEvent:
+    """`wait_for_event`: parks until a published event matches, or its timeout
+    (executor/event_wait.py)."""
+
+    call_class = "internal"
+
+    async def start(
+        self,
+        calls: Calls,
+        started: executor_pb2.NewStep,
+        call_id: str,
+        arguments: Mapping[str, Any],
+    ) -> str | None:
+        held = calls.held
+        try:
+            wait = event_wait.wait_of(arguments, event_wait.run_input(held.entries))
+        except ValueError as exc:  # answered at once (one commit), the model reads why
+            result = steps.tool_result(
+                started.seq + 1, started.seq, call_id, event_wait.TOOL, "error", error=str(exc)
+            )
+            await held.loop.commit([started, result], tool_calls=1)
+            return None
+        wake_after = event_wait.timeout_of(arguments)
+        step, transition = event_wait.park(started.seq + 1, started.seq, wait, wake_after)
+        await held.loop.commit([started, step], park=transition, tool_calls=1)
+        # The names only: the keys hold values of the run's input.
+        names = [slot["name"] for slot in wait.slots]
+        log.info("run %s parked: waiting for event(s) %s", held.run_id, names)
+        return "parked"
+
+    async def resume(self, calls: Calls, action: ResolveUnknown, seq: int) -> str | None:
+        """Resumed with the wait still open: its timeout passed, or it waits again."""
+        held = calls.held
+        started = action.started
+        arguments = _arguments(started)
+        left = event_wait.remaining(started, held.deps.wall_clock())
+        if left is not None and left <= event_wait.CLOCK_TOLERANCE:
+            outcome = event_wait.timed_out(arguments)
+            return await calls.record(seq, started.seq, _call_id(started), event_wait.TOOL, outcome)
+        try:
+            wait = event_wait.wait_of(arguments, event_wait.run_input(held.entries))
+        except ValueError as exc:
+            outcome = Outcome("error", error=str(exc))
+            return await calls.record(seq, started.seq, _call_id(started), event_wait.TOOL, outcome)
+        step, transition = event_wait.park(held.next_seq(), started.seq, wait, left)
+        await held.loop.commit([step], park=transition)
+        return "parked"
+
+
 class Canary:
     """`canary_noop`: the contract canary's no-op, which echoes its nonce (executor/canary.py)."""
 
@@ -395,6 +444,7 @@ TOOLS: Mapping[str, InternalTool] = {
     CHILD_TOOL: StartChild(),
     CHILDREN_TOOL: StartChild(),
     signal_wait.TOOL: WaitForSignal(),
+    event_wait.TOOL: WaitForEvent(),
     canary.TOOL: Canary(),
     "sleep": Sleep(),
     SET_METADATA: SetMetadata(),

@@ -13,10 +13,12 @@ from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
 from control_plane.ground import constraints, convert, model_parameters, validate
 from control_plane.ground.errors import AlreadyExists, InvalidArgument, NotFound
+from control_plane.runs import signals
 from control_plane.store import agents as store
 from control_plane.store.db import Pool, transaction
 from control_plane.tools import guard
 from control_plane.tools.guard import PublishGuard
+from ground import event_match
 
 _TOOL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the registry names them (tool.proto)
 _PROVIDER = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -24,6 +26,7 @@ MAX_TOOLS = 64
 MAX_DEADLINE_SECONDS = 30 * 24 * 3600
 MAX_AGE_SECONDS = 366 * 24 * 3600
 MAX_CONTEXT_TOKENS = 10_000_000
+MAX_CANCEL_ON = 20
 
 
 def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
@@ -70,6 +73,19 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
     validate_unknown_policy(spec)
     constraints.validate_constraints(spec)
     validate_connections(spec)
+    validate_cancel_on(spec)
+
+
+def validate_cancel_on(spec: agent_pb2.AgentSpec) -> None:
+    """Each cancel_on names an event and a match expression that parses (issue 45)."""
+    if len(spec.cancel_on) > MAX_CANCEL_ON:
+        raise InvalidArgument("spec.cancel_on", f"has more than {MAX_CANCEL_ON} events")
+    for i, entry in enumerate(spec.cancel_on):
+        signals.check_name(f"spec.cancel_on[{i}].event", entry.event)
+        try:
+            event_match.parse(entry.match)
+        except event_match.ExpressionError as exc:
+            raise InvalidArgument(f"spec.cancel_on[{i}].match", str(exc)) from None
 
 
 def validate_connections(spec: agent_pb2.AgentSpec) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from agentrun.v1 import run_pb2, run_pb2_grpc
-from control_plane.api import bulk, pause, signals
+from control_plane.api import bulk, events, pause, signals
 from control_plane.api.run_filters import label_filters, labels
 from control_plane.auth import audit
 from control_plane.auth import context as auth_context
@@ -343,6 +343,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.SignalRunResponse:
         return await signals.signal_run(self._pool, request, self._on_runnable)
+
+    async def PublishEvent(
+        self, request: run_pb2.PublishEventRequest, context: grpc.aio.ServicerContext
+    ) -> run_pb2.PublishEventResponse:
+        return await events.publish_event(self._pool, request, self._on_runnable, self._on_cancel)
 
     async def BulkCancelRuns(
         self, request: run_pb2.BulkCancelRunsRequest, context: grpc.aio.ServicerContext

@@ -29,6 +29,7 @@ from control_plane.crypto.envelope import Envelope
 from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from control_plane.runs import signals
 from control_plane.store import agents as agent_store
 from control_plane.store import connections as connection_store
 from control_plane.store import triggers as store
@@ -142,9 +143,25 @@ def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTri
     starts rides in its config (0, the default, is left out)."""
     priority = validate.priority("priority", request.priority)
     new = _new_trigger(request, now)
+    if request.publish_event:
+        new = dataclasses.replace(new, config={**new.config, **_publishes(request, new)})
     if not priority:
         return new
     return dataclasses.replace(new, config={**new.config, "priority": priority})
+
+
+def _publishes(request: pb.CreateTriggerRequest, new: store.NewTrigger) -> dict[str, Any]:
+    """A webhook trigger that publishes its deliveries as events (issue 45)."""
+    name = signals.check_name("publish_event", request.publish_event)
+    if new.kind != "webhook":
+        raise InvalidArgument("publish_event", "only a webhook trigger publishes events")
+    if "debounce" in new.config or "batch" in new.config:
+        raise InvalidArgument(
+            "publish_event",
+            "a trigger that publishes events neither "
+            "debounces nor batches (each delivery is one event)",
+        )
+    return {"publish_event": name}
 
 
 def _new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
@@ -264,6 +281,7 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
         filters=[_rule_message(r) for r in json.loads(row["filters"])],
         note=row["note"] or "",
         priority=config.get("priority", 0),
+        publish_event=config.get("publish_event", ""),
     )
     _source(msg, row, config)
     if row["kind"] in HTTP_KINDS:

@@ -50,6 +50,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}RunService/ResolveUnknownOutcome": Need.OPERATE,
     f"{_V1}RunService/ForkRun": Need.OPERATE,
     f"{_V1}RunService/SignalRun": Need.OPERATE,
+    f"{_V1}RunService/PublishEvent": Need.OPERATE,
     f"{_V1}RunService/BulkCancelRuns": Need.OPERATE,
     f"{_V1}RunService/BulkRerunRuns": Need.OPERATE,
     f"{_V1}RunService/PauseRun": Need.OPERATE,

@@ -311,6 +311,12 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
             if spec.on_refusal in constraints.ON_REFUSAL
             else {}
         ),
+        # Only when declared: other specs keep their stored form.
+        **(
+            {"cancel_on": [{"event": c.event, "match": c.match} for c in spec.cancel_on]}
+            if spec.cancel_on
+            else {}
+        ),
     }
 
 
@@ -403,6 +409,10 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
         on_refusal=constraints.ON_REFUSAL_VALUES.get(  # type: ignore[arg-type]
             data.get("on_refusal", ""), 0
         ),
+        cancel_on=[
+            agent_pb2.CancelOn(event=c.get("event", ""), match=c.get("match", ""))
+            for c in data.get("cancel_on") or []
+        ],
     )
 
 

@@ -185,6 +185,20 @@ OPS: tuple[Op, ...] = (
         },
     ),
     Op(
+        "POST",
+        "events",
+        "RunService/PublishEvent",
+        "Publish an event: wakes the runs waiting for it (idempotent by event_id)",
+        run_pb2.PublishEventRequest,
+        run_pb2.PublishEventResponse,
+        created="created",
+        required=("event_name", "event_id", "body"),
+        extra={
+            "event_name": {"pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
+            "event_id": {"minLength": 1},
+        },
+    ),
+    Op(
         "GET",
         "runs/{run_id}/steps",
         "RunService/ListRunSteps",

@@ -25,9 +25,10 @@ from starlette.routing import Route
 
 from control_plane.crypto.envelope import CannotOpen
 from control_plane.ground import validate
-from control_plane.ground.errors import InvalidArgument
+from control_plane.ground.errors import AlreadyExists, InvalidArgument
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import error, json_errors
+from control_plane.runs import events
 from control_plane.store import triggers as store
 from control_plane.triggers import admission, deliveries, sealed_secrets, signatures
 from control_plane.triggers.deliveries import BadDelivery, Settings
@@ -121,15 +122,51 @@ class WebhookIngress:
             return JSONResponse({"challenge": str(doc.get("challenge", ""))})
         else:
             event = deliveries.webhook_event(settings, headers, doc)
+            if settings.publish_event:
+                return await self._publish(settings, event, doc)
         outcome = await admission.admit(self._ctx.pool, event, self._ctx.config.defaults)
         if outcome.created and outcome.run_id:
             self._ctx.on_runnable()
         return JSONResponse(outcome.reply(), status_code=202)
 
+    async def _publish(self, settings: Settings, event: admission.Event, doc: Any) -> Response:
+        """Publish the delivery as an event (control_plane/runs/events.py) instead of starting
+        a run; a redelivery (the same dedupe key) is the same event and wakes nothing more."""
+        if event.filtered is not None:
+            return JSONResponse({"status": "filtered", "reason": event.filtered}, status_code=202)
+        body = doc if isinstance(doc, dict) else {"data": doc}
+        wanted = events.Outgoing(
+            settings.workspace_id,
+            settings.publish_event,
+            f"{settings.trigger_id}:{event.dedupe_key}"[: events.MAX_EVENT_ID_BYTES],
+            body,
+            f"trigger:{settings.trigger_id}",
+        )
+        if len(wanted.canonical.encode()) > events.MAX_BODY_BYTES:
+            return error(413, f"an event's body is at most {events.MAX_BODY_BYTES} bytes")
+        try:
+            published = await events.publish(
+                self._ctx.pool, wanted, self._ctx.on_runnable, _no_cancel_poke
+            )
+        except AlreadyExists:  # the same dedupe key with another body: the first stands
+            return JSONResponse({"event_id": wanted.event_id, "status": "duplicate"}, 202)
+        ev = published.event
+        reply = {
+            "event_id": ev.event_id,
+            "status": "published" if published.created else "duplicate",
+            "woke": ev.woke,
+            "cancelled": ev.cancelled,
+        }
+        return JSONResponse(reply, status_code=202)
+
     async def _queue_fetch(self, settings: Settings, history_id: int) -> Response:
         await store.announce(self._ctx.pool, settings.workspace_id, settings.trigger_id, history_id)
         self._ctx.on_fetch_queued()
         return JSONResponse({"status": "fetch_queued", "history_id": history_id}, status_code=202)
+
+
+def _no_cancel_poke(workspace_id: str, run_id: Any) -> None:
+    """A run cancelled by a trigger's event: its holder is fenced at its next commit."""
 
 
 def routes(ctx: HttpContext) -> list[Route]:

@@ -1,8 +1,8 @@
 """Nothing waits forever unnoticed: a run waiting too long for one kind of thing fails.
 
 Each kind of wait on a person or an outside event (an approval, an unknown outcome's
-answer, a held repeat, a connection, a signal, a child run) has a limit per workspace:
-the platform's DEFAULT_SECONDS unless the workspace chose another
+answer, a held repeat, a connection, a signal, a child run, a published event) has a limit
+per workspace: the platform's DEFAULT_SECONDS unless the workspace chose another
 (WorkspaceAdminService.SetWaitLimit, `agentrun workspaces set-wait-limit`); 0 turns a
 kind off, by choice. The loop fails the runs past their kind's limit on the database
 clock, with a finish step naming the limit; the run's approvals and questions close in
@@ -23,7 +23,7 @@ from control_plane.store.queries import run
 
 log = logging.getLogger(__name__)
 
-KINDS = ("approval", "human", "repeat", "connection", "signal", "child")
+KINDS = ("approval", "human", "repeat", "connection", "signal", "child", "event")
 DEFAULT_SECONDS = 30 * 86400
 MIN_SECONDS = 60
 MAX_SECONDS = 10 * 365 * 86400

@@ -70,6 +70,11 @@ class Settings:
         return int(self.config.get("priority", 0))
 
     @property
+    def publish_event(self) -> str:
+        """The event name its deliveries are published as ('' : it starts runs)."""
+        return str(self.config.get("publish_event") or "")
+
+    @property
     def max_chain_depth(self) -> int:
         return int(self.config.get("max_chain_depth") or mail.DEFAULT_MAX_CHAIN_DEPTH)
 

@@ -292,6 +292,17 @@ async def test_the_async_client_rides_out_unavailable_too(
         proxy.down()
 
 
+def test_events_are_published_once_by_id(client: Client) -> None:
+    first = client.publish_event("invoice.paid", {"customer": "py-1"}, event_id="py-evt-1")
+    again = client.publish_event("invoice.paid", {"customer": "py-1"}, event_id="py-evt-1")
+    assert first.created and not again.created and again.event_id == "py-evt-1"
+    assert first.body == {"customer": "py-1"} and first.woke == 0 and first.cancelled == 0
+    with pytest.raises(InvalidArgument, match="body"):
+        client.publish_event("invoice.paid", [1], event_id="py-evt-2")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="event_name"):
+        client.publish_event("no spaces", {}, event_id="py-evt-3")
+
+
 def test_sessions_forks_and_signals(client: Client) -> None:
     session = client.create_session("quick", title="py", strategy="enqueue")
     assert session.strategy == "enqueue" and session.title == "py"

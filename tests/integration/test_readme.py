@@ -46,6 +46,11 @@ EXPECTED = {
         "'run.state'",
     ],
     "agents create triage": ["created agent triage", "published triage v1", "status: completed"],
+    "agentrun events publish invoice.paid --id doc-inv-1": [
+        "event invoice.paid doc-inv-1: woke 0 run(s), cancelled 0",
+        "event invoice.paid doc-inv-1: already published (nothing woken again)",
+        '"created":true',
+    ],
     "export AGENTRUN_API_KEY=$(.venv/bin/agentrun dev-key)": [
         "SERVING",
         "agentrun.v1.RunService",

@@ -32,6 +32,7 @@ def test_the_catalogue_holds_the_sandbox_tools_with_their_classes(catalogue):
         "start_child": "internal",
         "start_children": "internal",  # fan-out: several children in one call (issue 45)
         "wait_for_signal": "internal",
+        "wait_for_event": "internal",  # events by matching (issue 45)
         "canary_noop": "internal",  # the contract canary's no-op (executor/canary.py)
         "set_metadata": "internal",  # the run records its tags and metadata (issue 45)
         "blob": "read",

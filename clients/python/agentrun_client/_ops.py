@@ -17,6 +17,7 @@ from agentrun_client.errors import InvalidArgument
 from agentrun_client.types import (
     Approval,
     Delta,
+    Event,
     Page,
     Run,
     Session,
@@ -122,6 +123,17 @@ class Requests:
             payload_json=_json_text(payload, "payload"),
         )
         return Call("runs", "SignalRun", req, lambda r: Signal.from_proto(r.signal, r.created))
+
+    def publish_event(self, name: str, body: dict[str, Any], event_id: str | None) -> Call[Event]:
+        if not isinstance(body, dict):
+            raise InvalidArgument("body: must be a JSON object (a dict)")
+        req = run_pb2.PublishEventRequest(
+            workspace_id=self.ws,
+            event_name=name,
+            event_id=event_id or f"py-{uuid.uuid4()}",
+            body_json=_json_text(body, "body"),
+        )
+        return Call("runs", "PublishEvent", req, lambda r: Event.from_proto(r.event, r.created))
 
     def resolve_unknown_outcome(
         self, run_id: str, seq: int, decision: str, decided_by: str, note: str

@@ -15,7 +15,17 @@ from agentrun_client._ops import Call, watch_event
 from agentrun_client.base import ClientBase
 from agentrun_client.config import aio_channel
 from agentrun_client.errors import AgentrunError, from_rpc_error
-from agentrun_client.types import Approval, Delta, Page, Run, Session, Signal, Step, Turn
+from agentrun_client.types import (
+    Approval,
+    Delta,
+    Event,
+    Page,
+    Run,
+    Session,
+    Signal,
+    Step,
+    Turn,
+)
 
 T = TypeVar("T")
 
@@ -96,6 +106,11 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         self, run_id: str, name: str, payload: Any = None, *, event_id: str | None = None
     ) -> Signal:
         return await self._do(self._ops.signal_run(run_id, name, payload, event_id))
+
+    async def publish_event(
+        self, name: str, body: dict[str, Any], *, event_id: str | None = None
+    ) -> Event:
+        return await self._do(self._ops.publish_event(name, body, event_id))
 
     async def resolve_unknown_outcome(
         self, run_id: str, seq: int, decision: str, *, decided_by: str, note: str = ""

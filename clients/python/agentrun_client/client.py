@@ -14,7 +14,17 @@ from agentrun_client._ops import Call, watch_event
 from agentrun_client.base import ClientBase
 from agentrun_client.config import sync_channel
 from agentrun_client.errors import AgentrunError, from_rpc_error
-from agentrun_client.types import Approval, Delta, Page, Run, Session, Signal, Step, Turn
+from agentrun_client.types import (
+    Approval,
+    Delta,
+    Event,
+    Page,
+    Run,
+    Session,
+    Signal,
+    Step,
+    Turn,
+)
 from agentrun_client.watch import RunWatch
 
 T = TypeVar("T")
@@ -109,6 +119,13 @@ class Client(ClientBase[grpc.Channel]):
     ) -> Signal:
         """Send a named event (any JSON value); idempotent by `event_id` (made if not given)."""
         return self._do(self._ops.signal_run(run_id, name, payload, event_id))
+
+    def publish_event(
+        self, name: str, body: dict[str, Any], *, event_id: str | None = None
+    ) -> Event:
+        """Publish a named event (a JSON object) to the workspace: it wakes the runs whose
+        wait_for_event it matches; idempotent by `event_id` (made if not given)."""
+        return self._do(self._ops.publish_event(name, body, event_id))
 
     def resolve_unknown_outcome(
         self, run_id: str, seq: int, decision: str, *, decided_by: str, note: str = ""

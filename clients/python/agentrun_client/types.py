@@ -299,6 +299,37 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Event:
+    """A published event (RunService.PublishEvent) and what it did when it was published."""
+
+    event_id: str
+    name: str
+    body: Any
+    published_by: str
+    woke: int
+    """The runs whose wait_for_event call it ended."""
+    cancelled: int
+    """The runs it cancelled (their agent version's cancel_on)."""
+    created: bool
+    """False when the event id was used already (this is the first event; nothing was
+    woken again)."""
+    proto: run_pb2.Event = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, msg: run_pb2.Event, created: bool) -> Event:
+        return cls(
+            event_id=msg.event_id,
+            name=msg.event_name,
+            body=_json(msg.body_json),
+            published_by=msg.published_by,
+            woke=msg.woke,
+            cancelled=msg.cancelled,
+            created=created,
+            proto=msg,
+        )
+
+
+@dataclass(frozen=True)
 class Turn:
     """One message of a session and the run that answers it."""
 

@@ -165,6 +165,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/workspaces/{workspace_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Publish an event: wakes the runs waiting for it (idempotent by event_id)
+         * @description gRPC `agentrun.v1.RunService.PublishEvent`; needs `operate`.
+         */
+        post: operations["PublishEvent"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/workspaces/{workspace_id}/runs/{run_id}/steps": {
         parameters: {
             query?: never;
@@ -496,6 +516,7 @@ export interface components {
             /** @enum {string} */
             on_refusal: "unspecified" | "retry" | "fail" | "ask";
             unknown_outcome?: components["schemas"]["UnknownOutcomePolicy"];
+            cancel_on: components["schemas"]["CancelOn"][];
         };
         AgentVersion: {
             workspace_id: string;
@@ -568,6 +589,23 @@ export interface components {
             untrusted: boolean;
             summary: string;
         };
+        CancelOn: {
+            event: string;
+            match: string;
+        };
+        Event: {
+            event_id: string;
+            event_name: string;
+            /** @description Any JSON value. */
+            body: unknown;
+            published_by: string;
+            /** Format: date-time */
+            publish_time?: string;
+            /** Format: int32 */
+            woke: number;
+            /** Format: int32 */
+            cancelled: number;
+        };
         LegacyError: {
             error: string;
             code?: string;
@@ -616,6 +654,10 @@ export interface components {
             code?: string;
             /** @description The request field at fault (400), as this API names it. */
             field?: string;
+        };
+        PublishEventResponse: {
+            event?: components["schemas"]["Event"];
+            created: boolean;
         };
         QueuePosition: {
             /** Format: int64 */
@@ -1525,6 +1567,109 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SignalRunResponse"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    PublishEvent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    event_name: string;
+                    event_id: string;
+                    /** @description Any JSON value. */
+                    body: unknown;
+                };
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PublishEventResponse"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PublishEventResponse"];
                 };
             };
             /** @description Bad Request */

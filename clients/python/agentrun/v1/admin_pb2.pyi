@@ -99,7 +99,7 @@ class Workspace(_message.Message):
     @_builtins.property
     def wait_limit_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """How long a run may wait, by wait kind (approval, human, repeat,
-        connection, signal, child), in seconds, before it fails: the platform's
+        connection, signal, child, event), in seconds, before it fails: the platform's
         default (30 days) unless the workspace set another; 0 = off, by choice.
         """
 
@@ -633,7 +633,9 @@ class SetWaitLimitRequest(_message.Message):
     workspace_id: _builtins.str
     """Empty: the caller's own workspace (a platform admin must name one)."""
     wait_kind: _builtins.str
-    """approval, human (an unknown outcome), repeat, connection, signal, child."""
+    """approval, human (an unknown outcome), repeat, connection, signal, child,
+    event (a wait_for_event call).
+    """
     max_seconds: _builtins.int
     """How long; 0 = off (never fails for waiting). Ignored with use_default."""
     use_default: _builtins.bool

@@ -419,6 +419,7 @@ class AgentSpec(_message.Message):
     FAST_PATH_FIELD_NUMBER: _builtins.int
     ON_REFUSAL_FIELD_NUMBER: _builtins.int
     UNKNOWN_OUTCOME_FIELD_NUMBER: _builtins.int
+    CANCEL_ON_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -492,6 +493,13 @@ class AgentSpec(_message.Message):
         the run fails).
         """
 
+    @_builtins.property
+    def cancel_on(self) -> _containers.RepeatedCompositeFieldContainer[Global___CancelOn]:
+        """Events that cancel a run of this version: a published event of one of
+        these names whose body matches the expression cancels every unfinished
+        run of the version it matches (RunService.PublishEvent).
+        """
+
     def __init__(
         self,
         *,
@@ -508,14 +516,44 @@ class AgentSpec(_message.Message):
         fast_path: _builtins.bool = ...,
         on_refusal: Global___OnRefusal.ValueType = ...,
         unknown_outcome: Global___UnknownOutcomePolicy | None = ...,
+        cancel_on: _abc.Iterable[Global___CancelOn] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "cancel_on", b"cancel_on", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentSpec: _TypeAlias = AgentSpec  # noqa: Y015
+
+@_typing.final
+class CancelOn(_message.Message):
+    """CancelOn: an event that cancels a run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    MATCH_FIELD_NUMBER: _builtins.int
+    event: _builtins.str
+    """The event's name."""
+    match: _builtins.str
+    """A match expression over the event and the run's input, e.g.
+    `event.customer == run.input.customer` (comparisons joined by `and`);
+    empty = every event of the name.
+    """
+    def __init__(
+        self,
+        *,
+        event: _builtins.str = ...,
+        match: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "match", b"match"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelOn: _TypeAlias = CancelOn  # noqa: Y015
 
 @_typing.final
 class UnknownOutcomePolicy(_message.Message):

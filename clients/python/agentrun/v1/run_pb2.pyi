@@ -1654,3 +1654,110 @@ class SignalRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalRunResponse: _TypeAlias = SignalRunResponse  # noqa: Y015
+
+@_typing.final
+class PublishEventRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    EVENT_NAME_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    BODY_JSON_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    event_name: _builtins.str
+    """The event's name: what a wait_for_event call or a cancel_on names. 1-128
+    of letters, digits, '.', '_', ':' and '-', starting alphanumeric.
+    """
+    event_id: _builtins.str
+    """The publisher's id for this event (1-200 bytes), unique within the
+    workspace.
+    """
+    body_json: _builtins.str
+    """The event's body: a JSON object (at most 256 KiB). Match expressions
+    read its fields (event.customer); a woken call's result carries it.
+    """
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        event_name: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        body_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_json", b"body_json", "event_id", b"event_id", "event_name", b"event_name", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishEventRequest: _TypeAlias = PublishEventRequest  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    """Event is one published event."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    EVENT_NAME_FIELD_NUMBER: _builtins.int
+    BODY_JSON_FIELD_NUMBER: _builtins.int
+    PUBLISHED_BY_FIELD_NUMBER: _builtins.int
+    PUBLISH_TIME_FIELD_NUMBER: _builtins.int
+    WOKE_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    event_name: _builtins.str
+    body_json: _builtins.str
+    published_by: _builtins.str
+    """The principal that published it (kind:name)."""
+    woke: _builtins.int
+    """The wait_for_event calls it ended (the runs it woke) and the runs it
+    cancelled, when it was published.
+    """
+    cancelled: _builtins.int
+    @_builtins.property
+    def publish_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        event_name: _builtins.str = ...,
+        body_json: _builtins.str = ...,
+        published_by: _builtins.str = ...,
+        publish_time: _timestamp_pb2.Timestamp | None = ...,
+        woke: _builtins.int = ...,
+        cancelled: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["publish_time", b"publish_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_json", b"body_json", "cancelled", b"cancelled", "event_id", b"event_id", "event_name", b"event_name", "publish_time", b"publish_time", "published_by", b"published_by", "woke", b"woke"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class PublishEventResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when event_id was used already: `event` is the first one, and
+    nothing was woken or cancelled again.
+    """
+    @_builtins.property
+    def event(self) -> Global___Event: ...
+    def __init__(
+        self,
+        *,
+        event: Global___Event | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishEventResponse: _TypeAlias = PublishEventResponse  # noqa: Y015

@@ -81,6 +81,11 @@ class RunServiceStub:
                 request_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
                 _registered_method=True)
+        self.PublishEvent = channel.unary_unary(
+                '/agentrun.v1.RunService/PublishEvent',
+                request_serializer=agentrun_dot_v1_dot_run__pb2.PublishEventRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_run__pb2.PublishEventResponse.FromString,
+                _registered_method=True)
         self.BulkCancelRuns = channel.unary_stream(
                 '/agentrun.v1.RunService/BulkCancelRuns',
                 request_serializer=agentrun_dot_v1_dot_run__pb2.BulkCancelRunsRequest.SerializeToString,
@@ -202,6 +207,21 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishEvent(self, request, context):
+        """PublishEvent publishes a named event with a JSON object body to the
+        workspace. Every run parked in a wait_for_event call whose name and match
+        expression the event satisfies gets it as that call's result (for a call
+        waiting on all of several events, once each has arrived) and becomes
+        runnable; every unfinished run whose agent version declares a matching
+        cancel_on is cancelled. Idempotent by event_id within the workspace: the
+        same event_id, name and body again is a no-op that returns the first
+        event (created = false) and wakes nothing; the same event_id with another
+        name or body is ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BulkCancelRuns(self, request, context):
         """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
         batches of at most 500 runs per transaction, each run exactly as CancelRun
@@ -295,6 +315,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.SignalRun,
                     request_deserializer=agentrun_dot_v1_dot_run__pb2.SignalRunRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_run__pb2.SignalRunResponse.SerializeToString,
+            ),
+            'PublishEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishEvent,
+                    request_deserializer=agentrun_dot_v1_dot_run__pb2.PublishEventRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_run__pb2.PublishEventResponse.SerializeToString,
             ),
             'BulkCancelRuns': grpc.unary_stream_rpc_method_handler(
                     servicer.BulkCancelRuns,
@@ -567,6 +592,33 @@ class RunService:
             '/agentrun.v1.RunService/SignalRun',
             agentrun_dot_v1_dot_run__pb2.SignalRunRequest.SerializeToString,
             agentrun_dot_v1_dot_run__pb2.SignalRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.RunService/PublishEvent',
+            agentrun_dot_v1_dot_run__pb2.PublishEventRequest.SerializeToString,
+            agentrun_dot_v1_dot_run__pb2.PublishEventResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,6 +85,17 @@ class RunServiceStub:
     ALREADY_EXISTS and nothing is written. A run that ended:
     FAILED_PRECONDITION.
     """
+    PublishEvent: _grpc.UnaryUnaryMultiCallable[_run_pb2.PublishEventRequest, _run_pb2.PublishEventResponse]
+    """PublishEvent publishes a named event with a JSON object body to the
+    workspace. Every run parked in a wait_for_event call whose name and match
+    expression the event satisfies gets it as that call's result (for a call
+    waiting on all of several events, once each has arrived) and becomes
+    runnable; every unfinished run whose agent version declares a matching
+    cancel_on is cancelled. Idempotent by event_id within the workspace: the
+    same event_id, name and body again is a no-op that returns the first
+    event (created = false) and wakes nothing; the same event_id with another
+    name or body is ALREADY_EXISTS.
+    """
     BulkCancelRuns: _grpc.UnaryStreamMultiCallable[_run_pb2.BulkCancelRunsRequest, _run_pb2.BulkCancelRunsResponse]
     """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
     batches of at most 500 runs per transaction, each run exactly as CancelRun
@@ -167,6 +178,17 @@ class RunServiceAsyncStub(RunServiceStub):
     run ended; the same event_id with another name or payload is
     ALREADY_EXISTS and nothing is written. A run that ended:
     FAILED_PRECONDITION.
+    """
+    PublishEvent: _aio.UnaryUnaryMultiCallable[_run_pb2.PublishEventRequest, _run_pb2.PublishEventResponse]  # type: ignore[assignment]
+    """PublishEvent publishes a named event with a JSON object body to the
+    workspace. Every run parked in a wait_for_event call whose name and match
+    expression the event satisfies gets it as that call's result (for a call
+    waiting on all of several events, once each has arrived) and becomes
+    runnable; every unfinished run whose agent version declares a matching
+    cancel_on is cancelled. Idempotent by event_id within the workspace: the
+    same event_id, name and body again is a no-op that returns the first
+    event (created = false) and wakes nothing; the same event_id with another
+    name or body is ALREADY_EXISTS.
     """
     BulkCancelRuns: _aio.UnaryStreamMultiCallable[_run_pb2.BulkCancelRunsRequest, _run_pb2.BulkCancelRunsResponse]  # type: ignore[assignment]
     """BulkCancelRuns cancels every unfinished run a ListRuns filter matches, in
@@ -301,6 +323,23 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         run ended; the same event_id with another name or payload is
         ALREADY_EXISTS and nothing is written. A run that ended:
         FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def PublishEvent(
+        self,
+        request: _run_pb2.PublishEventRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_pb2.PublishEventResponse, _abc.Awaitable[_run_pb2.PublishEventResponse]]:
+        """PublishEvent publishes a named event with a JSON object body to the
+        workspace. Every run parked in a wait_for_event call whose name and match
+        expression the event satisfies gets it as that call's result (for a call
+        waiting on all of several events, once each has arrived) and becomes
+        runnable; every unfinished run whose agent version declares a matching
+        cancel_on is cancelled. Idempotent by event_id within the workspace: the
+        same event_id, name and body again is a no-op that returns the first
+        event (created = false) and wakes nothing; the same event_id with another
+        name or body is ALREADY_EXISTS.
         """
 
     @_abc_1.abstractmethod

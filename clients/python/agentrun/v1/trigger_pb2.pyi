@@ -503,6 +503,7 @@ class Trigger(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    PUBLISH_EVENT_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     agent_id: _builtins.str
@@ -514,6 +515,12 @@ class Trigger(_message.Message):
     priority: _builtins.int
     """The priority of the runs it starts (-100..100; 0 = the default): ahead of
     the workspace's other due runs, never ahead of another workspace's turn.
+    """
+    publish_event: _builtins.str
+    """Webhook triggers: each delivery that passes the filters is published as
+    an event of this name (RunService.PublishEvent: its JSON object body, or
+    {"data": body} for any other JSON value; its id the trigger's id and the
+    delivery's dedupe key) instead of starting a run. Empty: starts runs.
     """
     @_builtins.property
     def webhook(self) -> Global___WebhookSource: ...
@@ -551,10 +558,11 @@ class Trigger(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         note: _builtins.str = ...,
         priority: _builtins.int = ...,
+        publish_event: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "update_time", b"update_time", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "priority", b"priority", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
@@ -684,6 +692,7 @@ class CreateTriggerRequest(_message.Message):
     FILTERS_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    PUBLISH_EVENT_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     """Lowercase letters, digits, '-' and '_', 1-63 characters."""
@@ -694,6 +703,11 @@ class CreateTriggerRequest(_message.Message):
     """
     priority: _builtins.int
     """The priority of the runs it starts (-100..100; 0 = the default)."""
+    publish_event: _builtins.str
+    """Webhook triggers only: publish each delivery as an event of this name
+    instead of starting a run (see Trigger.publish_event); not with debounce
+    or batch.
+    """
     @_builtins.property
     def webhook(self) -> Global___WebhookSource: ...
     @_builtins.property
@@ -717,10 +731,11 @@ class CreateTriggerRequest(_message.Message):
         filters: _abc.Iterable[Global___FilterRule] | None = ...,
         secret: _builtins.str = ...,
         priority: _builtins.int = ...,
+        publish_event: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "priority", b"priority", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
