@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg
-
 from agentrun.v1 import executor_pb2 as pb
 from control_plane.dispatch.pipeline import Work
 from control_plane.ground.errors import AlreadyExists
@@ -33,6 +31,7 @@ from control_plane.ops import run_figures
 from control_plane.store import runs as run_store
 from control_plane.store import steps as step_store
 from control_plane.store.db import Connection, Pool, transaction
+from control_plane.store.errors import deadlock
 from control_plane.store.queries import run
 from ground import event_match
 
@@ -111,8 +110,8 @@ async def publish(
     for attempt in range(1, PUBLISH_TRIES + 1):
         try:
             return await _publish_once(pool, wanted, on_runnable, on_cancel)
-        except asyncpg.DeadlockDetectedError:
-            if attempt == PUBLISH_TRIES:
+        except Exception as exc:
+            if not deadlock(exc) or attempt == PUBLISH_TRIES:
                 raise
     raise AssertionError("unreachable")
 

@@ -58,3 +58,9 @@ def transient(exc: BaseException) -> bool:
     """The database could not be reached (or is restarting): the same write may be retried
     later and nothing is known to have been written. Anything else is a bug or a refusal."""
     return isinstance(exc, _TRANSIENT)
+
+
+def deadlock(exc: BaseException) -> bool:
+    """Postgres aborted this transaction to break a deadlock: nothing was written, and the
+    same transaction may simply be tried again."""
+    return isinstance(exc, asyncpg.DeadlockDetectedError)

@@ -149,6 +149,8 @@ def _constructed_run(row: Run) -> run_pb2.Run:
         tags=list(row.tags),
         metadata_json=row.metadata,
         paused=row.paused,
+        parent_index=row.parent_index,
+        parent_close=row.parent_close,
         wake_time=ts(row.wake_at),
         expire_time=ts(row.expires_at),
         create_time=ts(row.created_at),
