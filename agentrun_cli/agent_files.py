@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -44,7 +43,7 @@ from google.protobuf.message import Message
 
 from agentrun.v1 import agent_pb2, approval_pb2, tool_pb2
 from agentrun_cli import durations, tool_files
-from agentrun_cli.spec_files import Aliases, SpecFileError, unknown_keys
+from agentrun_cli.spec_files import Aliases, SpecFileError, read_text, unknown_keys
 
 # Keys of the file that are not in AgentSpec.
 FILE_KEYS = {"agent", "name", "acknowledge_trifecta"}
@@ -83,21 +82,13 @@ class AgentFile:
 def load(path: str) -> AgentFile:
     """Read and check an agent file (`-` reads standard input)."""
     try:
-        text = _read(path)
+        text = read_text(path)
         doc = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise AgentFileError(f"{path}: cannot read it: {err}") from None
     except RecursionError:  # the reader recurses once a level
         raise AgentFileError(f"{path}: cannot read it: nested too deeply") from None
     return parse(doc, path)
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        import sys
-
-        return sys.stdin.read()
-    return Path(path).read_text()
 
 
 def parse(doc: Any, source: str = "agent file") -> AgentFile:

@@ -15,12 +15,11 @@ Idempotency-Key header is proposed as. The control plane converts and validates
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from agentrun.v1 import tool_pb2
 from agentrun_cli import output, tools
 from agentrun_cli.output import Column
+from agentrun_cli.spec_files import read_text
 
 CLASSES = {
     "provider_key": tool_pb2.IDEMPOTENCY_CLASS_PROVIDER_KEY,
@@ -40,7 +39,7 @@ def write_class(text: str) -> tuple[str, tool_pb2.WriteClass]:
 
 
 def request(args: argparse.Namespace) -> tool_pb2.ImportOpenApiRequest:
-    document = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    document = read_text(args.file)
     return tool_pb2.ImportOpenApiRequest(
         workspace_id=args.workspace,
         document=document,

@@ -5,7 +5,9 @@ known one, so a typo is never saved as a spec that silently lacks a field."""
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -16,6 +18,19 @@ Aliases = Mapping[Descriptor, Mapping[str, str]]
 
 class SpecFileError(ValueError):
     """An agent or tool file that cannot be read; the message names the file and what is wrong."""
+
+
+def read_text(path: str) -> str:
+    """A file named on the command line (`-`: standard input) as UTF-8 text; a file that is
+    not text is a SpecFileError naming it and the first byte that is not UTF-8."""
+    raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        where = "standard input" if path == "-" else path
+        raise SpecFileError(
+            f"{where}: not UTF-8 text (byte {err.start} is 0x{raw[err.start]:02x})"
+        ) from None
 
 
 def unknown_keys(

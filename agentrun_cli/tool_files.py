@@ -25,14 +25,13 @@ does not have is an error naming it (and the nearest known key).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import yaml
 from google.protobuf import json_format
 
 from agentrun.v1 import tool_pb2
-from agentrun_cli.spec_files import SpecFileError, unknown_keys
+from agentrun_cli.spec_files import SpecFileError, read_text, unknown_keys
 
 _ACCESS = {"read": "TOOL_ACCESS_READ", "write": "TOOL_ACCESS_WRITE"}
 _CLASSES = {
@@ -51,7 +50,7 @@ class ToolFileError(SpecFileError):
 def load(path: str) -> list[tool_pb2.Tool]:
     """The tools of a file (`-` reads standard input)."""
     try:
-        text = _read(path)
+        text = read_text(path)
         doc = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise ToolFileError(f"{path}: cannot read it: {err}") from None
@@ -60,14 +59,6 @@ def load(path: str) -> list[tool_pb2.Tool]:
     if isinstance(doc, dict) and set(doc) == {"tools"} and isinstance(doc["tools"], list):
         return [parse(item, f"{path}: tools[{i}]") for i, item in enumerate(doc["tools"])]
     return [parse(doc, path)]
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        import sys
-
-        return sys.stdin.read()
-    return Path(path).read_text()
 
 
 def parse(doc: Any, source: str = "tool file") -> tool_pb2.Tool:

@@ -8,6 +8,7 @@ import pytest
 
 from agentrun.v1 import tool_pb2
 from agentrun_cli import agent_files, tool_files
+from agentrun_cli.spec_files import SpecFileError
 
 TOOL = {
     "name": "issue_create",
@@ -42,3 +43,15 @@ def test_an_agent_file_may_define_its_tools_inline():
     file = agent_files.parse({"agent": "bot", "model": "demo", "tools": ["echo", TOOL]})
     assert list(file.spec.tools) == ["echo", "issue_create"]
     assert [t.name for t in file.tools] == ["issue_create"]
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_first_bad_byte(tmp_path):
+    """Tool, agent and OpenAPI files share one reader: bytes that are not UTF-8 are a
+    one-line error naming the file, never a UnicodeDecodeError traceback."""
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b'{"name": "x\xff"}')
+    for load in (tool_files.load, agent_files.load):
+        with pytest.raises(
+            SpecFileError, match=r"garbage.json: not UTF-8 text \(byte 11 is 0xff\)"
+        ):
+            load(str(garbage))
