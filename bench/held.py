@@ -35,7 +35,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import api, report
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, process_cpu
 from bench.postgres import BenchPostgres, bench_postgres
 from bench.procs import Proc, Procs, workdir
 from bench.redis_server import redis_server
@@ -48,6 +48,8 @@ SIZES = (1000, 5000, 10000)
 SIZES_QUICK = (1000,)
 REFERENCE = 256  # the e2e benchmark's executor capacity the CPU per action is set beside
 HOLD_LATENCY_MS = 240_000  # a model call outlasting the holding phase (admission included)
+SETTLE_MAX = 45.0
+SETTLED_CPU = 0.05  # CPU seconds a second: the executor is holding, no longer starting runs
 HOLD_WINDOW = 21.0  # two heartbeat intervals (10 s) and a bit
 HOLD_WINDOW_QUICK = 11.0
 ACT_LATENCY_MS = (5_000, 10_000)
@@ -202,10 +204,22 @@ async def _admit(stack: Stack, agent: str, model: str, n: int, deadline: float) 
     return time.monotonic() - began
 
 
+async def _settled(executor: Proc) -> None:
+    """Wait (at most SETTLE_MAX seconds) until the executor is quiet: a run counts as running
+    once claimed, and the executor may still be starting the last ones' loops and calls."""
+    end = time.monotonic() + SETTLE_MAX
+    while time.monotonic() < end:
+        before = process_cpu(executor.pid)
+        await asyncio.sleep(1.0)
+        if process_cpu(executor.pid) - before < SETTLED_CPU:
+            return
+    report.note(f"the executor was still busy {SETTLE_MAX:.0f}s after its runs were admitted")
+
+
 async def holding(stack: Stack, n: int, window: float) -> Holding:
     rss_before = rss(stack.executor.pid)
     admitted = await _admit(stack, f"held-wait-{n}", "held_wait", n, 600.0)
-    await asyncio.sleep(1.0)  # the last assignments' model calls leave
+    await _settled(stack.executor)
     meter = stack.meter()
     await asyncio.sleep(window)
     cpu = meter.stop()
