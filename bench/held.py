@@ -19,6 +19,7 @@ Two phases per size N:
   measured in the same invocation.
 
 --quick: 1,000 runs only (holding, then acting), and 256 for the reference.
+BENCH_HELD_SIZES=5000 (comma-separated) picks the sizes instead, e.g. to redo one.
 The machine is shared: CPU figures move with the other tenants' load.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -316,7 +318,10 @@ def _print(holds: list[Holding], acts: list[Acting]) -> None:
 
 
 async def main(quick: bool = False) -> None:
-    sizes = SIZES_QUICK if quick else SIZES
+    asked = os.environ.get("BENCH_HELD_SIZES", "")
+    sizes = tuple(int(n) for n in asked.split(",") if n.strip()) or (
+        SIZES_QUICK if quick else SIZES
+    )
     report.heading(
         f"held: runs waiting on a slow model, {', '.join(f'{n:,}' for n in sizes)} "
         "held by one executor"
