@@ -5,7 +5,8 @@ every call). One control plane, one executor (AGENTRUN_CAPACITY = the runs held,
 nothing queues behind the executor's credit), Redis, all real processes; a fresh database
 and fresh processes for every phase, so that no phase inherits another's memory or runs.
 
-Two phases per size N:
+A holding phase per size N, then an acting phase at the largest (each phase at thousands
+of runs takes minutes on two cores, mostly admitting them):
 
 * holding: N runs whose one model call takes HOLD_LATENCY (longer than the phase). Once
   all N are running, a window of HOLD_WINDOW seconds (two heartbeat intervals) in which
@@ -336,9 +337,7 @@ async def main(quick: bool = False) -> None:
                     procs, "model", "--scenarios", str(scenarios(Path(scen)))
                 )
                 _, providers_port = await start_sandbox(procs, "providers")
-                plan = [("act", REFERENCE)]
-                for n in sizes:
-                    plan += [("hold", n), ("act", n)]
+                plan = [("act", REFERENCE)] + [("hold", n) for n in sizes] + [("act", max(sizes))]
                 for kind, n in plan:
                     stack = await _stack(
                         pg, procs, f"{kind}_{n}", (model_port, providers_port), redis, n
