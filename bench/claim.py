@@ -40,7 +40,9 @@ from bench.claimers import (
     fair_claim,
     insert_parked,
     insert_queued,
+    plain_claim,
     raw_claim,
+    reload_plain,
     reload_queued,
     seed,
 )
@@ -58,6 +60,9 @@ WARMUP = 20
 TARGET = 1.5
 FAIR = "fair claim_due"
 RAW = "raw SKIP LOCKED"
+PLAIN = "plain queue table"
+TARGET_PLAIN = 0.5  # fair claims/s / the plain queue table's, batch 64
+PLAIN_RATIOS: list[tuple[str, float]] = []
 
 
 async def _pair(
@@ -68,8 +73,11 @@ async def _pair(
     where = f"{n_workspaces} workspace{'s' if n_workspaces > 1 else ''}, batch {batch}"
     rows: list[list[str]] = []
     rates: dict[str, float] = {}
-    for label, claim in ((RAW, raw_claim), (FAIR, fair_claim)):
-        await reload_queued(conn, queued, n_workspaces)
+    for label, claim in ((PLAIN, plain_claim), (RAW, raw_claim), (FAIR, fair_claim)):
+        if label == PLAIN:
+            await reload_plain(conn, queued)
+        else:
+            await reload_queued(conn, queued, n_workspaces)
         tally, elapsed = await claim_rate(dsn, claim, CLAIMERS, batch, target)
         s = Summary.of(tally.calls)
         rates[label] = tally.claimed / elapsed
@@ -85,7 +93,10 @@ async def _pair(
             ]
         )
     rows[-1].append(f"{ratio(rates[FAIR], rates[RAW]):.2f}x")
-    rows[0].append("")
+    rows[-1].append(f"{ratio(rates[FAIR], rates[PLAIN]):.2f}x")
+    rows[0] += ["", ""]
+    rows[1] += ["", ""]
+    PLAIN_RATIOS.append((where, ratio(rates[FAIR], rates[PLAIN])))
     return rows
 
 
@@ -108,8 +119,29 @@ async def throughput(pg: BenchPostgres, quick: bool) -> None:
                 rows += await _pair(conn, dsn, n_workspaces, b, queued)
         finally:
             await conn.close()
-    headers = ("", "claimed", "seconds", "claims/s", "empty calls", "p50 ms", "p99 ms", "fair/raw")
+    headers = (
+        "",
+        "claimed",
+        "seconds",
+        "claims/s",
+        "empty calls",
+        "p50 ms",
+        "p99 ms",
+        "fair/raw",
+        "fair/plain",
+    )
     report.table(headers, rows)
+    report.note(
+        "plain queue table: (id, due, status, lease) and a partial index on due, no trigger,"
+        " claimed by UPDATE ... WHERE id IN (SELECT ... ORDER BY due LIMIT n FOR UPDATE SKIP"
+        " LOCKED); raw: the same claim on agentrun's runs table (its triggers and count rows);"
+        " fair: claim_due (fairness, caps, priority, release routing)"
+    )
+    for where, r in PLAIN_RATIOS:
+        if where.endswith("batch 64"):
+            report.target(
+                f"claims/s fair / plain, {where}", r, f">= {TARGET_PLAIN:g}x", r >= TARGET_PLAIN
+            )
     report.note("p50/p99: latency of the claim calls that got runs; empty calls include the")
     report.note(f"raw claims Postgres aborted as deadlocked: {RAW_DEADLOCKS[0]} so far")
 

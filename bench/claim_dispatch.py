@@ -78,9 +78,10 @@ class CountingExecutor:
 
     async def open(self) -> None:
         # As the executor's own Hello (executor/worker.py): it reads batched assignments.
-        hello = pb.Hello(
-            executor_id=self._id, release="bench", capacity=self._credits, reads_batches=True
-        )
+        # It declares no release: a release takes no run until its self-check canary passed
+        # (control_plane/deploys/self_check.py), which this stand-in cannot play; an executor
+        # of no release is never checked and is sent any run, as the raw claim takes any.
+        hello = pb.Hello(executor_id=self._id, capacity=self._credits, reads_batches=True)
         await self._call.write(pb.ConnectRequest(hello=hello))
         msg = await self._call.read()
         if msg is grpc.aio.EOF or msg.WhichOneof("msg") != "welcome":

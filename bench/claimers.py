@@ -57,6 +57,45 @@ RETURNING r.*
 """
 
 
+# The floor: a plain queue table, nothing else on it (no trigger, no count, no fairness), claimed
+# the way a hand-rolled queue is, at the same batch by the same claimers (issue 49).
+PLAIN_TABLE = """
+CREATE TABLE IF NOT EXISTS bench_queue (
+    id           bigserial PRIMARY KEY,
+    due          timestamptz NOT NULL,
+    status       text NOT NULL,
+    lease_owner  text,
+    lease_until  timestamptz
+);
+CREATE INDEX IF NOT EXISTS bench_queue_due ON bench_queue (due) WHERE status = 'queued'
+"""
+PLAIN_LOAD = """
+INSERT INTO bench_queue (due, status)
+SELECT now() - make_interval(secs => 60 * random()), 'queued' FROM generate_series(1, $1::int)
+"""
+PLAIN_CLAIM = """
+UPDATE bench_queue q SET status = 'running', lease_owner = $1,
+    lease_until = now() + make_interval(secs => $3)
+WHERE q.id IN (
+    SELECT id FROM bench_queue WHERE status = 'queued' AND due <= now()
+    ORDER BY due LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+RETURNING q.id
+"""
+
+
+async def reload_plain(conn: asyncpg.Connection, queued: int) -> None:
+    """An empty plain queue, then `queued` due rows, with fresh statistics."""
+    await conn.execute(PLAIN_TABLE)
+    await conn.execute("TRUNCATE bench_queue")
+    await conn.execute(PLAIN_LOAD, queued)
+    await conn.execute("VACUUM ANALYZE bench_queue")
+
+
+async def plain_claim(pool: asyncpg.pool.Pool, owner: str, batch: int) -> int:
+    return len(await pool.fetch(PLAIN_CLAIM, owner, batch, float(LEASE_SECONDS)))
+
+
 async def seed(dsn: str, n_workspaces: int) -> None:
     """Workspaces bench0..benchN-1, each with room for every run and the agent version."""
     pool = await create_pool(dsn, min_size=1, max_size=2)

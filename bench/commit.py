@@ -18,6 +18,7 @@ falls on all alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
@@ -31,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentrun.v1 import executor_pb2 as pb
 from agentrun.v1 import executor_pb2_grpc, run_pb2
 from bench import api, grpc_floor, report
+from bench.cpu import process_cpu
 from bench.postgres import bench_postgres, durability
 from bench.procs import Procs, workdir
 from bench.services import start_control_plane, start_grpc_floor
@@ -43,8 +45,11 @@ from control_plane.store.runs import Run
 WARMUP = 50
 BLOCK = 100
 TARGET = 2.0
+TARGET_MINIMAL = 1.3  # commit p50, agentrun / the minimal commit server
+TARGET_MINIMAL_CPU = 1.5  # server CPU per commit, agentrun's control plane / the minimal one
 OURS = "agentrun Commit (1 step, gRPC stream)"
 RAW = "raw asyncpg INSERT (1 row, autocommit)"
+MINIMAL = "minimal commit server (stream msg, decode, INSERT, answer)"
 DIRECT = "  info: store.commit() in-process"
 DIRECT_AFTER_HOP = "  info: store.commit() in-process, after a stream echo"
 RAW_AFTER_HOP = "  info: raw INSERT, after a stream echo"
@@ -103,9 +108,10 @@ class StreamExecutor:
     async def take_run(self) -> None:
         # As the executor's own Hello (executor/worker.py): it reads renewals off commit
         # results, so a commit renews the lease only once half of it is left (lease.sql).
-        hello = pb.Hello(
-            executor_id=self._executor_id, release="bench", capacity=1, reads_commit_renewal=True
-        )
+        # It declares no release: a release is canaried when its first executor connects
+        # (control_plane/deploys/self_check.py) and takes no run until that passes, which
+        # this stand-in cannot play; an executor of no release is never checked.
+        hello = pb.Hello(executor_id=self._executor_id, capacity=1, reads_commit_renewal=True)
         await self._call.write(pb.ConnectRequest(hello=hello))
         await self._call.write(pb.ConnectRequest(ready=pb.Ready(slots=1)))
         assignment = (await self._receive("assignment")).assignment
@@ -235,27 +241,67 @@ def floor_probes(chan: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[flo
     return {FLOOR_UNARY: call, FLOOR_STREAM: message}
 
 
+def minimal_committer(chan: grpc.aio.Channel) -> Callable[[], Awaitable[float]]:
+    """Commits to the minimal commit server (bench/grpc_floor.py, /bench.Floor/Commit): a
+    Commit like the stream executor's, sent on one open stream; its CommitResult decoded."""
+    stream = chan.stream_stream(grpc_floor.COMMIT)()
+    run_id, seqs = str(uuid.uuid4()), itertools.count(1)
+    lease = pb.Lease(workspace_id="bench", run_id=run_id, epoch=1)
+
+    async def commit() -> float:
+        seq = next(seqs)
+        step = pb.NewStep(
+            seq=seq, kind=run_pb2.STEP_KIND_MODEL_DECISION, payload_json=decision_payload(seq)
+        )
+        body = pb.ConnectRequest(commit=pb.Commit(request_id=seq, lease=lease, steps=[step]))
+        start = time.perf_counter()
+        await stream.write(body.SerializeToString())
+        answer = pb.ConnectResponse.FromString(await stream.read())
+        elapsed = time.perf_counter() - start
+        if answer.commit_result.outcome != pb.COMMIT_OUTCOME_OK:
+            raise RuntimeError(f"the minimal commit server answered {answer}")
+        return elapsed
+
+    return commit
+
+
 Series = dict[str, Callable[[], Awaitable[float]]]
 
 
-async def alternate(series: Series, n: int, block_size: int = BLOCK) -> dict[str, Summary]:
+async def alternate(
+    series: Series, n: int, block_size: int = BLOCK, cpu_of: dict[str, int] | None = None
+) -> dict[str, Summary]:
     """Warm each series up, then run them in turns of `block_size` samples until each has n;
-    every other round in reverse order, so no series always follows the same one."""
+    every other round in reverse order, so no series always follows the same one.
+
+    `cpu_of`: series name -> the server process whose CPU seconds during that series' blocks
+    are added up (Summary.cpu, per sample)."""
+    cpu_of = cpu_of or {}
     for measure in series.values():
         for _ in range(WARMUP):
             await measure()
     samples: dict[str, list[float]] = {name: [] for name in series}
+    cpu: dict[str, float] = dict.fromkeys(cpu_of, 0.0)
     done, turns = 0, list(series.items())
     while done < n:
         block = min(block_size, n - done)
         for name, measure in turns:
+            pid = cpu_of.get(name)
+            before = process_cpu(pid) if pid else 0.0
             samples[name] += [await measure() for _ in range(block)]
+            if pid:
+                cpu[name] += process_cpu(pid) - before
         done += block
         turns.reverse()
-    return {name: Summary.of(values) for name, values in samples.items()}
+    summaries = {name: Summary.of(values) for name, values in samples.items()}
+    for name, seconds in cpu.items():
+        summaries[name] = dataclasses.replace(summaries[name], cpu=seconds / n)
+    return summaries
 
 
-async def _measure(dsn: str, cp_port: int, floor_port: int, n: int) -> dict[str, Summary]:
+async def _measure(
+    dsn: str, cp_port: int, floor_port: int, n: int, pids: dict[str, int]
+) -> dict[str, Summary]:
     conn = await asyncpg.connect(dsn)
     pool = await create_pool(dsn)
     try:
@@ -272,7 +318,10 @@ async def _measure(dsn: str, cp_port: int, floor_port: int, n: int) -> dict[str,
             api.channel(floor_port, None) as floor_chan,
         ):
             floor = floor_probes(floor_chan)
-            return await _measure_with(chan, executor_chan, keys.executor, conn, pool, n, floor)
+            floor[MINIMAL] = minimal_committer(floor_chan)
+            return await _measure_with(
+                chan, executor_chan, keys.executor, conn, pool, n, floor, pids
+            )
     finally:
         await conn.close()
         await pool.close()
@@ -286,6 +335,7 @@ async def _measure_with(
     pool: asyncpg.pool.Pool,
     n: int,
     floor: Series,
+    pids: dict[str, int],
 ) -> dict[str, Summary]:
     await api.publish_agent(chan, "commit", model="steps10", tools=[])
     await api.start_run(chan, "commit", "commit benchmark")
@@ -299,7 +349,7 @@ async def _measure_with(
         direct = StoreCommitter(pool)
         await direct.claim()
         raw = RawInserter(conn)
-        series = {OURS: ours.commit_one, RAW: raw.insert_one}
+        series = {OURS: ours.commit_one, RAW: raw.insert_one, MINIMAL: floor.pop(MINIMAL)}
         echo = floor[FLOOR_STREAM]
         info = {
             DIRECT: direct.commit_one,
@@ -308,7 +358,7 @@ async def _measure_with(
             PING: health_probe(executor_chan),
             **floor,
         }
-        return await alternate({**series, **info}, n)
+        return await alternate({**series, **info}, n, cpu_of=pids)
     finally:
         ours.close()
 
@@ -319,6 +369,21 @@ def _print(results: dict[str, Summary]) -> None:
     for label, ours_v, raw_v in (("p50", ours.p50, raw.p50), ("p99", ours.p99, raw.p99)):
         r = ratio(ours_v, raw_v)
         report.target(f"commit {label} ours/raw", r, f"<= {TARGET:g}x", r <= TARGET)
+    minimal = results[MINIMAL]
+    r = ratio(ours.p50, minimal.p50)
+    report.target(
+        "commit p50 ours/minimal server", r, f"<= {TARGET_MINIMAL:g}x", r <= TARGET_MINIMAL
+    )
+    r = ratio(ours.cpu, minimal.cpu)
+    report.target(
+        "server CPU/commit ours/minimal", r, f"<= {TARGET_MINIMAL_CPU:g}x", r <= TARGET_MINIMAL_CPU
+    )
+    report.note(
+        f"server CPU per commit, over each series' blocks: agentrun's control plane "
+        f"{ours.cpu * 1e6:,.0f} us (stream, task, pricing, group commit, metrics, answer), the "
+        f"minimal commit server {minimal.cpu * 1e6:,.0f} us (stream message, decode, INSERT, "
+        f"answer); p50 {report.ms(ours.p50)} ms against {report.ms(minimal.p50)} ms"
+    )
     floor = results[FLOOR_STREAM]
     # A commit is at least a stream message round trip plus the INSERT's own round trip.
     reachable = ratio(floor.p50 + raw.p50, raw.p50)
@@ -352,9 +417,10 @@ async def main(quick: bool = False) -> None:
             dsn = await pg.create_database("commit")
             report.note(await durability(dsn))
             with Procs(tmp) as procs:
-                _, port = await start_control_plane(procs, dsn)
-                floor_port = await start_grpc_floor(procs)
-                results = await _measure(dsn, port, floor_port, n)
+                cp, port = await start_control_plane(procs, dsn)
+                floor, floor_port = await start_grpc_floor(procs, dsn)
+                pids = {OURS: cp.pid, MINIMAL: floor.pid}
+                results = await _measure(dsn, port, floor_port, n, pids)
     _print(results)
 
 

@@ -47,6 +47,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -59,8 +60,9 @@ from bench.cpu import CpuMeter
 from bench.http_share import Share
 from bench.postgres import BenchPostgres, bench_postgres, durability
 from bench.procs import Proc, Procs, workdir
-from bench.redis_server import redis_url
+from bench.redis_server import redis_server
 from bench.services import (
+    REPO,
     ExecutorLinks,
     module_available,
     start_control_plane,
@@ -185,6 +187,7 @@ class Stack:
     sandbox_pids: tuple[int, ...]
     postgres_pid: int | None
     conn: asyncpg.Connection
+    redis_pid: int | None = None
     # The executors of one capacity, started once and kept for that capacity's phases.
     fleet: list[Proc] = field(default_factory=list)
     capacity: int = 0
@@ -195,6 +198,8 @@ class Stack:
             EXECUTORS: [p.pid for p in fleet],
             SANDBOX: list(self.sandbox_pids),
         }
+        if self.redis_pid is not None:
+            groups[REDIS] = [self.redis_pid]
         return CpuMeter(groups, "this process and other tenants", _postgres(self.postgres_pid))
 
     async def executors(self, n: int, capacity: int) -> list[Proc]:
@@ -385,7 +390,7 @@ async def agentrun_half(
 ) -> list[Throughput]:
     dsn = await pg.create_database("e2e")
     report.note(await durability(dsn))
-    with redis_url() as redis:
+    with redis_server() as (redis, redis_pid):
         cp, cp_port = await start_control_plane(procs, dsn)
         conn = await asyncpg.connect(dsn)
         keys = await api.mint_keys(dsn)
@@ -398,7 +403,7 @@ async def agentrun_half(
             ECHO_UNLIMITED,
             keys.executor,
         )
-        stack = Stack(procs, cp, links, sandboxes.pids, pg.server_pid, conn)
+        stack = Stack(procs, cp, links, sandboxes.pids, pg.server_pid, conn, redis_pid=redis_pid)
         try:
             async with api.channel(cp_port, keys.admin) as chan:
                 phases = [
@@ -472,6 +477,129 @@ async def _dbos_phase(
     return Throughput("DBOS", config, workflows, result.actions, result.seconds, cpu, threads, mode)
 
 
+# The hand-rolled durable loop (bench/durable_loop.py): two processes, as agentrun runs in two
+# (control plane and executor), each this many runs at a time; the best row is the floor.
+LOOP_PROCESSES = 2
+LOOP_SWEEP = (32, 128)
+LOOP_QUICK = (128,)
+TARGET_LOOP_SPEED = 0.9  # actions/s, agentrun / the loop
+TARGET_LOOP_CPU = 1.2  # platform CPU per action (own + Postgres + Redis), agentrun / the loop
+REDIS = "Redis"
+
+
+async def loop_half(
+    pg: BenchPostgres, procs: Procs, sandboxes: Sandboxes, runs: int, quick: bool
+) -> list[Throughput]:
+    """The hand-rolled durable loop, LOOP_PROCESSES processes of `runs / LOOP_PROCESSES` runs
+    each, per concurrency swept; CPU of its processes and of Postgres over the timed runs."""
+    results = []
+    for concurrency in LOOP_QUICK if quick else LOOP_SWEEP:
+        dsn = await pg.create_database(f"e2e_loop_{concurrency}", migrated=False)
+        go = procs.workdir / f"loop-{concurrency}.go"
+        outs = [procs.workdir / f"loop-{concurrency}-{i}.json" for i in range(LOOP_PROCESSES)]
+        children = [
+            procs.start(
+                f"durable_loop_{concurrency}_{i}",
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.durable_loop",
+                    "--dsn",
+                    dsn,
+                    "--model-base",
+                    sandboxes.model_base,
+                    "--providers-base",
+                    sandboxes.providers_base,
+                    "--runs",
+                    str(runs // LOOP_PROCESSES),
+                    "--concurrency",
+                    str(concurrency),
+                    "--go",
+                    str(go),
+                    "--out",
+                    str(out),
+                ],
+                dict(os.environ),
+                cwd=REPO,
+            )
+            for i, out in enumerate(outs)
+        ]
+        await asyncio.sleep(3.0)  # their warm-up runs
+        meter = CpuMeter(
+            {OWN: [c.pid for c in children], SANDBOX: list(sandboxes.pids)},
+            "this process and other tenants",
+            _postgres(pg.server_pid),
+        )
+        conn = await asyncpg.connect(dsn)
+        lsn = await conn.fetchval(WAL_LSN)
+        go.touch()
+        deadline = time.monotonic() + 600.0
+        while not all(out.exists() for out in outs):
+            for child in children:
+                if not child.alive() and child.popen.returncode != 0:
+                    child.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError("the durable loop did not finish within 600s")
+            await asyncio.sleep(POLL_SECONDS)
+        cpu = meter.stop()
+        cpu[WAL] = await conn.fetchval(WAL_SINCE, lsn)
+        await conn.close()
+        report.note(f"durable loop, {concurrency} at a time: {meter.summary()}")
+        done = [json.loads(out.read_text()) for out in outs]
+        for child in children:
+            procs.stop(child)
+        config = f"{LOOP_PROCESSES} processes x {concurrency}"
+        results.append(
+            Throughput(
+                "durable loop",
+                config,
+                runs - runs % LOOP_PROCESSES,
+                sum(d["actions"] for d in done),
+                max(d["seconds"] for d in done),
+                cpu,
+                concurrency,
+            )
+        )
+    return results
+
+
+def platform_cpu(t: Throughput) -> float:
+    """CPU per action of the side's own processes, Postgres (server and backends) and Redis."""
+    return t.cpu_per_action() + t.cpu_per_action(POSTGRES) + ratio(t.cpu.get(REDIS, 0.0), t.actions)
+
+
+def _print_loop(a: Throughput | None, loop: list[Throughput]) -> None:
+    floor = best(loop)
+    if a is None or floor is None:
+        return
+    report.note(
+        f"agentrun ({a.config}): control plane + executor over gRPC, each action committed "
+        "under a fenced lease with fairness, caps and policies, Redis rate limits"
+    )
+    report.note(
+        f"durable loop ({floor.config}): each action's result INSERTed and committed, aiohttp, "
+        "no lease, fence, fairness or caps"
+    )
+    speed = ratio(a.actions_per_second, floor.actions_per_second)
+    report.target(
+        "actions/s agentrun / durable loop",
+        speed,
+        f">= {TARGET_LOOP_SPEED:g}x",
+        speed >= TARGET_LOOP_SPEED,
+    )
+    cpu = ratio(platform_cpu(a), platform_cpu(floor))
+    report.target(
+        "platform CPU/action agentrun / loop",
+        cpu,
+        f"<= {TARGET_LOOP_CPU:g}x",
+        cpu <= TARGET_LOOP_CPU,
+    )
+    report.note(
+        f"platform CPU per action (own + Postgres + Redis): agentrun "
+        f"{platform_cpu(a) * 1000:.2f} ms, durable loop {platform_cpu(floor) * 1000:.2f} ms"
+    )
+
+
 async def dbos_half(
     pg: BenchPostgres, sandboxes: Sandboxes, workflows: int, quick: bool
 ) -> list[Throughput]:
@@ -515,7 +643,9 @@ def best(results: list[Throughput]) -> Throughput | None:
     return max(results, key=lambda t: t.actions_per_second, default=None)
 
 
-def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) -> None:
+def _print(
+    ours: list[Throughput], dbos: list[Throughput], shares: list[Share], loop: list[Throughput]
+) -> None:
     headers = (
         "",
         "runs",
@@ -529,11 +659,12 @@ def _print(ours: list[Throughput], dbos: list[Throughput], shares: list[Share]) 
         "Postgres",
         "WAL B/action",
     )
-    report.table(headers, [t.row() for t in (*ours, *dbos)])
+    report.table(headers, [t.row() for t in (*ours, *loop, *dbos)])
     report.note("actions: model calls + tool calls (9 a run); CPU ms per action. Own: agentrun's")
     report.note("control plane + executors, DBOS's process; the sandbox servers' and Postgres's")
     report.note("(server and backends; '-' when not ours to measure) apart, for both sides;")
     report.note("WAL B/action: WAL bytes the server wrote in the phase per action.")
+    _print_loop(best(ours), loop)
     a, d = best(ours), best(dbos)
     if a is None or d is None:
         return
@@ -612,6 +743,7 @@ async def main(quick: bool = False) -> None:
                     1 if quick else REPEATS,
                     FLEETS_QUICK if quick else FLEETS,
                 )
+                loop = await loop_half(pg, procs, sandboxes, runs, quick)
                 dbos = await dbos_half(pg, sandboxes, runs, quick)
                 # Each side's HTTP share is measured in its best configuration.
                 a, d = best(ours), best(dbos)
@@ -622,7 +754,7 @@ async def main(quick: bool = False) -> None:
                     (d.mode, d.workers) if d else None,
                     a.workers if a else FLEETS[0][1],
                 )
-    _print(ours, dbos, shares)
+    _print(ours, dbos, shares, loop)
     if failure is not None:
         raise RuntimeError("the agentrun half of e2e failed (see above)") from failure
 

@@ -37,8 +37,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("   " + "  ".join(cells), flush=True)
 
 
-def target(label: str, value: float, goal: str, met: bool) -> None:
-    """One ratio against its target, e.g. `commit p50 ours/raw  1.62x  target <= 2x  MET`."""
-    shown = "n/a" if math.isnan(value) else f"{value:.2f}x"
+def target(label: str, value: float, goal: str, met: bool, unit: str = "x") -> None:
+    """One ratio against its target, e.g. `commit p50 ours/raw  1.62x  target <= 2x  MET`
+    (`unit`: what follows the value, for a figure that is no ratio, e.g. " KiB")."""
+    shown = "n/a" if math.isnan(value) else f"{value:.2f}{unit}"
     verdict = "n/a" if math.isnan(value) else ("MET" if met else "NOT MET")
     print(f"   {label:<34} {shown:>9}   target {goal:<8} {verdict}", flush=True)

@@ -59,21 +59,24 @@ async def start_control_plane(
     return proc, await proc.wait_port()
 
 
-async def start_sandbox(procs: Procs, server: str) -> tuple[Proc, int]:
-    """`python -m sandbox model|providers` on a free port; returns the process and its port."""
+async def start_sandbox(procs: Procs, server: str, *args: str) -> tuple[Proc, int]:
+    """`python -m sandbox model|providers [args]` on a free port; returns the process and
+    its port (`args`: e.g. the model server's `--scenarios DIR`)."""
     name = f"sandbox_{server}"
     port_file = procs.workdir / f"{name}.port"
-    argv = _python("sandbox", server, "--port", "0", "--port-file", str(port_file))
+    argv = _python("sandbox", server, "--port", "0", "--port-file", str(port_file), *args)
     proc = _start(procs, name, argv, _env())
     return proc, await proc.wait_port()
 
 
-async def start_grpc_floor(procs: Procs) -> int:
-    """`python -m bench.grpc_floor` (a bare gRPC echo server) on a free port; returns it."""
+async def start_grpc_floor(procs: Procs, dsn: str | None = None) -> tuple[Proc, int]:
+    """`python -m bench.grpc_floor` (a bare gRPC echo server, and with `dsn` the minimal
+    commit server) on a free port; returns the process and its port."""
     name = "grpc_floor"
     port_file = procs.workdir / f"{name}.port"
-    proc = _start(procs, name, _python("bench.grpc_floor", "--port-file", str(port_file)), _env())
-    return await proc.wait_port()
+    argv = _python("bench.grpc_floor", "--port-file", str(port_file))
+    proc = _start(procs, name, argv + (["--dsn", dsn] if dsn else []), _env())
+    return proc, await proc.wait_port()
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,12 @@ class ExecutorLinks:
 
 
 def start_executor(
-    procs: Procs, executor_id: str, links: ExecutorLinks, capacity: int, log_level: str = "WARNING"
+    procs: Procs,
+    executor_id: str,
+    links: ExecutorLinks,
+    capacity: int,
+    log_level: str = "WARNING",
+    **extra_env: str,
 ) -> Proc:
     """`python -m executor` connected to the control plane, the sandbox servers and Redis.
 
@@ -108,5 +116,6 @@ def start_executor(
         AGENTRUN_CAPACITY=str(capacity),
         AGENTRUN_EXECUTOR_ID=executor_id,
         AGENTRUN_EXECUTOR_KEY=links.executor_key,
+        **extra_env,
     )
     return _start(procs, executor_id, _python("executor"), env)

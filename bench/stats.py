@@ -25,6 +25,8 @@ class Summary:
     p50: float
     p99: float
     mean: float
+    # A server's CPU seconds per sample, when the series measured it (bench/commit.py).
+    cpu: float = math.nan
 
     @classmethod
     def of(cls, samples: list[float]) -> Summary:

@@ -127,13 +127,16 @@ class LazySession:
     (http_tool's carries the send horizon's last-moment check). `retry_writes`: whether
     aiohttp may send an idempotent method (GET, PUT, DELETE...) again on its own when the
     connection breaks; the tool client says no: whether a broken call may have been applied
-    is its caller's to decide (executor/tools/delivery.py).
+    is its caller's to decide (executor/tools/delivery.py). `connections`: the most open at
+    once (0: no limit); a request past it waits for one, and that wait counts against the
+    connect timeout.
     """
 
     def __init__(
         self,
         seconds: float,
         *,
+        connections: int = 100,
         resolver: Callable[[], AbstractResolver] | None = None,
         request_class: type[aiohttp.ClientRequest] = aiohttp.ClientRequest,
         retry_writes: bool = True,
@@ -144,6 +147,7 @@ class LazySession:
         self._request_class = request_class
         self._retry = retry_writes
         self._env_proxy = use_env_proxy
+        self._connections = connections
         self._session: aiohttp.ClientSession | None = None
 
     def get(self) -> aiohttp.ClientSession:
@@ -153,7 +157,7 @@ class LazySession:
 
     def _make(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
-            limit=100,
+            limit=self._connections,
             keepalive_timeout=KEEPALIVE_SECONDS,
             ssl=tls_context(),
             resolver=self._resolver() if self._resolver is not None else None,

@@ -46,8 +46,13 @@ class ProviderHttp:
         self._secret = secret
         self._timeout = timeout_seconds
         # A model request is a send too: it takes the send horizon's last-moment check.
+        # No connection limit: a held run makes one model call at a time, so AGENTRUN_CAPACITY
+        # already bounds them. aiohttp's default 100 made every run past the 100th wait for a
+        # pooled connection, and that wait counts against the connect timeout: 1,000 runs held
+        # on a 5-10 s model made 19 actions/s, as many as 256 did, and a run queued behind
+        # 60 s of others' calls timed out (bench/held.py).
         self._http = http_session.LazySession(
-            timeout_seconds, request_class=http_session.LastMoment
+            timeout_seconds, request_class=http_session.LastMoment, connections=0
         )
 
     async def aclose(self) -> None:
