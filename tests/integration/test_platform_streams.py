@@ -72,7 +72,9 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("slow", "slow_echo", ["echo"])
-    executor_factory(cp)
+    # Steps only here: a reader inside a call's deltas gets them, one joining after its
+    # decision committed does not (compacted), so two readers' bytes are compared on steps.
+    executor_factory(cp, AGENTRUN_MODEL_STREAM="off")
     key = await auth.workspace_key(db_url, WS, role="reader")
     feed = streams_url(cp, "feed")
     _, cursor = await catch_up(feed, key)  # the feed's cursor before anything runs
@@ -267,13 +269,15 @@ async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offs
                 url, offset=offset, live="long-poll", headers=auth.bearer(key)
             ) as res:
                 async for batch in res.iter_json_batches():
-                    values += batch
+                    # The steps (the calls' deltas, compacted once their decisions
+                    # commit, are read or not depending on when the reader comes by).
+                    values += [v for v in batch if "step" in v]
                     offset = res.offset  # where this batch ends: the cursor to resume from
                     if not killed:
                         assert (await api.get(run_id)).status not in TERMINAL
                         serving.kill()  # SIGKILL, mid-run
                         killed, read_before = True, len(values)
-                    if any(v["step"]["kind"] == "finish" for v in batch):
+                    if any(v["step"]["kind"] == "finish" for v in batch if "step" in v):
                         break
         except httpx.HTTPError:
             assert cp is serving  # the killed replica's read fails; the other serves on
@@ -281,7 +285,7 @@ async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offs
     seqs = [v["step"].get("seq", 0) for v in values]
     assert seqs == list(range(len(values))) and values[-1]["step"]["kind"] == "finish", seqs
     body, _ = await catch_up(streams_url(other, f"runs/{run_id}"), key)
-    assert json.loads(body) == values
+    assert json.loads(body) == values  # compacted: the steps alone
     await api.close()
 
 
@@ -293,10 +297,10 @@ async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("slow", "slow_echo", ["echo"])
-    executor_factory(cp)
+    executor_factory(cp, AGENTRUN_MODEL_STREAM="off")  # only this test's deltas are kept
     run_id = await api.start("slow", "echo four times")
     holder = None
-    for _ in range(100):
+    for _ in range(600):  # the executor starts, and passes its canary, first
         holder = await pool.fetchrow(
             "SELECT lease_epoch, (SELECT max(seq) FROM steps s WHERE s.workspace_id = r.workspace_id"
             " AND s.run_id = r.run_id) AS last FROM runs r WHERE run_id = $1 AND status = 'running'",
@@ -345,4 +349,58 @@ async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
     assert [r["seq"] for r in rows] == [ahead]
     assert await pool.fetchval("SELECT count(*) FROM workspace_events") == events - 1
     assert [r["path"] for r in await pool.fetch("SELECT path FROM streams")] == ["kept"]
+    await api.close()
+
+
+async def test_a_killed_executors_deltas_are_followed_by_the_new_holders_after_a_break(
+    db_url, control_plane, executor_factory, pool
+) -> None:
+    """Every agent's model output is streamed, not only the fast path's. kill -9 of the
+    executor mid-generation: the run's stream shows the old holder's deltas, a break naming
+    the new epoch, then the new holder's deltas (index from 0, asking again) and its
+    decision; a late delta of the old epoch is refused."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("streamer", "slow_stream", [])  # not a fast-path agent
+    (doomed,) = executor_factory(cp)
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    run_id = await api.start("streamer", "tell me slowly")
+    url = streams_url(cp, f"runs/{run_id}")
+    values: list[dict[str, Any]] = []
+    late_tried = False
+    async with astream(url, offset="-1", live="long-poll", headers=auth.bearer(key)) as res:
+        async for item in res.iter_json():
+            values.append(item)
+            if doomed.alive and len([v for v in values if "delta" in v]) >= 3:
+                doomed.kill()  # SIGKILL, mid-generation
+                executor_factory(cp)
+            if "break" in item and not late_tried:  # the new holder streams: the old one
+                late_tried = True  # appends late, at its own epoch, and is refused
+                old = next(v["delta"] for v in values if "delta" in v)
+                kept = DeltaStore(pool)
+                late = run_pb2.RunDelta(epoch=old["epoch"], seq=old["seq"], index=999, text="late")
+                kept.offer(WS, uuid.UUID(run_id), late)
+                await kept.flush()
+            if "step" in item and item["step"]["kind"] == "finish":
+                break
+    assert doomed.returncode == -9 and late_tried, values
+    kinds = ["break" if "break" in v else "delta" if "delta" in v else "step" for v in values]
+    cut = kinds.index("break")
+    before = [v["delta"] for v in values[:cut] if "delta" in v]
+    after = [v["delta"] for v in values[cut + 1 :] if "delta" in v]
+    brk = values[cut]["break"]
+    decision = next(v["step"] for v in values if v.get("step", {}).get("kind") == "model_decision")
+    assert len(before) >= 3 and {d["epoch"] for d in before} == {before[0]["epoch"]}
+    assert brk == {"seq": before[0]["seq"], "epoch": after[0]["epoch"]}
+    assert brk["epoch"] > before[0]["epoch"] and decision["epoch"] == brk["epoch"]
+    assert [d["index"] for d in after] == list(range(len(after)))
+    assert {d["epoch"] for d in after} == {brk["epoch"]} and "late" not in json.dumps(values)
+    text = "".join(d["text"] for d in after)  # the new holder's whole answer
+    assert text.startswith("".join(d["text"] for d in before)), (before, text)
+    # The decision is the record: the last chunks may come after it committed, and are
+    # then not kept (a reader is past them), so the deltas are its text or the start of it.
+    assert len(after) >= 10 and decision["payload"]["content"].startswith(text), decision
+    assert kinds[cut + 1 + len(after) :] == ["step", "step"]  # the decision, the finish
+    late_rows = await pool.fetchval("SELECT count(*) FROM run_deltas WHERE text = 'late'")
+    assert late_rows == 0
     await api.close()
