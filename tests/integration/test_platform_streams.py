@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -403,4 +405,62 @@ async def test_a_killed_executors_deltas_are_followed_by_the_new_holders_after_a
     assert kinds[cut + 1 + len(after) :] == ["step", "step"]  # the decision, the finish
     late_rows = await pool.fetchval("SELECT count(*) FROM run_deltas WHERE text = 'late'")
     assert late_rows == 0
+    await api.close()
+
+
+async def test_a_feed_reader_offline_for_an_hour_catches_up_from_its_cursor_exactly_once(
+    db_url, control_plane, pool
+) -> None:
+    """A reader keeps its cursor and goes away for an hour of the database's clock (the
+    events' times are moved back an hour, and the hourly sweep has run meanwhile): from
+    its cursor it gets every event since, each once and in commit order; one written by a
+    transaction still open while it catches up is held back, not skipped, and comes on
+    its next read; and a read from the last cursor gets nothing more."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("idle", "slow_echo", ["echo"])  # no executor: runs stay queued
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    feed = streams_url(cp, "feed")
+    _, cursor = await catch_up(feed, key)
+    before = await pool.fetchval(
+        "SELECT coalesce(max(event_id), 0) FROM workspace_events WHERE workspace_id = $1", WS
+    )
+
+    runs = [await api.start("idle", f"while away {i}") for i in range(3)]
+    await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=WS, run_id=runs[0]))
+    # An hour goes by on the database's clock: what was written since the cursor is an
+    # hour old, and the sweep (30 days of events kept) has run.
+    await pool.execute(
+        "UPDATE workspace_events SET at = at - interval '1 hour' WHERE event_id > $1", before
+    )
+    await delta_store.sweep(pool)
+    expected = [
+        (r["kind"], r["object_id"])
+        for r in await pool.fetch(
+            "SELECT kind, object_id FROM workspace_events WHERE workspace_id = $1"
+            " AND event_id > $2 ORDER BY xid, event_id",
+            WS,
+            before,
+        )
+    ]
+    assert [k for k, _ in expected] == ["run.created"] * 3 + ["run.state"], expected
+
+    async with pool.acquire() as conn, conn.transaction():  # a writer still at work
+        await conn.execute(
+            "INSERT INTO workspace_events (workspace_id, kind, object_id) VALUES ($1, $2, $3)",
+            WS,
+            "test.open",
+            "open",
+        )
+        events, cursor2 = await feed_events(feed, key, cursor)
+        assert [(e["event"], e["id"]) for e in events] == expected  # each once, in order
+        assert all(e["detail"] for e in events)
+        ages = [time.time() - datetime.fromisoformat(e["at"]).timestamp() for e in events]
+        assert all(3500 < age < 3700 for age in ages), ages  # written an hour ago
+        held, cursor3 = await feed_events(feed, key, cursor2)
+        assert held == [] and cursor3 == cursor2  # not served while it may yet commit
+    events, cursor4 = await feed_events(feed, key, cursor2)
+    assert [(e["event"], e["id"]) for e in events] == [("test.open", "open")]
+    again, cursor5 = await feed_events(feed, key, cursor4)
+    assert again == [] and cursor5 == cursor4
     await api.close()
