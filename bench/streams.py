@@ -288,6 +288,67 @@ def _print_tokens(phases: list[TokenPhase]) -> None:
     )
 
 
+FEED_ROUNDS = 5
+
+
+async def feed_trigger_cost(runs: int) -> None:
+    """What the workspace feed's trigger (runs_feed_state, migration 0043: one event row
+    per run state change, the claim's included) adds to a state change: RUNS queued runs
+    (StartRun, no executor) are moved queued -> waiting -> queued, one autocommit UPDATE
+    per run, and then as one UPDATE of all of them (as a claim batch moves its runs), with
+    the trigger enabled and disabled in alternating rounds on one connection."""
+    async with bench_postgres() as pg:
+        dsn = await pg.create_database("streams_feed")
+        with workdir("streams_feed") as tmp, Procs(tmp) as procs:
+            cp, cp_port = await start_control_plane(procs, dsn)
+            keys = await api.mint_keys(dsn)
+            async with api.channel(cp_port, keys.admin) as chan:
+                await api.publish_agent(chan, "idle", "chat", [])
+                await api.start_runs(chan, "idle", runs, 16)
+            procs.stop(cp)  # nothing else moves the runs
+        conn = await asyncpg.connect(dsn)
+        try:
+            ids = [r["run_id"] for r in await conn.fetch(FEED_QUEUED)]
+            one: dict[bool, list[float]] = {True: [], False: []}
+            batch: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(FEED_ROUNDS):
+                for enabled in (True, False):
+                    switch = "ENABLE" if enabled else "DISABLE"
+                    await conn.execute(f"ALTER TABLE runs {switch} TRIGGER runs_feed_state")
+                    for run_id in ids:
+                        for status, reason in (("waiting", "bench"), ("queued", None)):
+                            began = time.perf_counter()
+                            await conn.execute(FEED_MOVE_ONE, status, reason, run_id)
+                            one[enabled].append(time.perf_counter() - began)
+                    for status, reason in (("waiting", "bench"), ("queued", None)):
+                        began = time.perf_counter()
+                        await conn.execute(FEED_MOVE_ALL, status, reason, ids)
+                        batch[enabled].append((time.perf_counter() - began) / len(ids))
+            await conn.execute("ALTER TABLE runs ENABLE TRIGGER runs_feed_state")
+        finally:
+            await conn.close()
+    on, off = Summary.of(one[True]), Summary.of(one[False])
+    report.table(
+        report.LATENCY_HEADERS,
+        [
+            report.latency_row("one run's state change, feed trigger on", on),
+            report.latency_row("one run's state change, feed trigger off", off),
+        ],
+    )
+    per_row_on = sorted(batch[True])[len(batch[True]) // 2]
+    per_row_off = sorted(batch[False])[len(batch[False]) // 2]
+    report.note(
+        f"one UPDATE of {len(ids)} runs (a claim batch's shape), per run, median: "
+        f"{1000 * per_row_on:.3f} ms with the trigger, {1000 * per_row_off:.3f} ms without "
+        f"(+{1000 * (per_row_on - per_row_off):.3f} ms per state change)"
+    )
+
+
+FEED_QUEUED = "SELECT run_id FROM runs WHERE status = 'queued'"
+FEED_MOVE_ONE = "UPDATE runs SET status = $1, wait_reason = $2 WHERE run_id = $3"
+FEED_MOVE_ALL = "UPDATE runs SET status = $1, wait_reason = $2 WHERE run_id = ANY($3)"
+
+
 def run(quick: bool = False) -> None:
     readers, appends = (100, 10) if quick else (1000, 25)
     report.heading(f"streams: {readers} live SSE readers of one stream, {appends} appends")
@@ -295,3 +356,6 @@ def run(quick: bool = False) -> None:
     runs = 10 if quick else 40
     report.heading(f"streams: token streaming, {runs} runs of 200 words streamed and not")
     asyncio.run(token_cost(runs))
+    moved = 200 if quick else 1000
+    report.heading(f"streams: the workspace feed's trigger, {moved} runs changing state")
+    asyncio.run(feed_trigger_cost(moved))
