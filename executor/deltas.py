@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from agentrun.v1 import executor_pb2
 
-CHUNK_SECONDS = 0.02
+CHUNK_SECONDS = 0.05
 CHUNK_CHARS = 512
 
 
