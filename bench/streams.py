@@ -9,8 +9,20 @@ every APPEND_EVERY seconds, each carrying the wall-clock time it was sent. For e
 parsing is in the figure). The control plane's and Postgres's CPU seconds over the append
 phase are divided by the events delivered. The machine's load average is printed too.
 
-Every append wakes each reader (LISTEN/NOTIFY), and each reads the stream again from its
-own offset: the cost per delivered event is a few statements, which this measures.
+Every append wakes each reader (LISTEN/NOTIFY); the readers one append wakes share one
+read per question (http/streams.py SharedReads). The phase runs twice, on two fresh
+control planes: without sharing (AGENTRUN_STREAM_SHARED_READS=off: each reader asks
+Postgres itself, four statements per reader per append, queued on the pool) and with it,
+so the table shows before and after.
+
+Token streaming: the same agent (the sandbox's `long_answer`, 200 words streamed about
+100 a second) run RUNS times by an executor that streams every call (the text in chunks
+to the run's Durable Stream) and RUNS times by one that does not (AGENTRUN_MODEL_STREAM=
+off), one after the other, with the same control plane and database: the CPU seconds of
+the control plane, the executor and Postgres over each phase, divided by the completion
+tokens generated (the decisions' usage), less what the same processes spend idle over as
+long (measured just before: a streamed phase lasts longer). The sandbox model server's own
+cost (its streaming) is not ours and is left out.
 """
 
 from __future__ import annotations
@@ -19,14 +31,18 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 
+import asyncpg
+import grpc
 import httpx
 
-from bench import api, cpu, report
+from bench import api, cpu, report, services
 from bench.postgres import bench_postgres
-from bench.procs import Procs, workdir
-from bench.services import start_control_plane
+from bench.procs import Proc, Procs, workdir
+from bench.redis_server import redis_url
+from bench.services import start_control_plane, start_sandbox
 from bench.stats import Summary
 
 APPEND_EVERY = 0.2
@@ -58,40 +74,67 @@ async def read(client: httpx.AsyncClient, url: str, reader: Reader, appends: int
                     return
 
 
+@dataclass
+class Phase:
+    """One live-readers phase: what each reader measured, and what it cost."""
+
+    label: str
+    group: list[Reader]
+    readers: int
+    appends: int
+    took: float
+    cp_used: float
+    pg_used: float
+
+
 async def measure(readers: int, appends: int) -> None:
     async with bench_postgres() as pg:
-        dsn = await pg.create_database("streams")
-        with workdir("streams") as tmp, Procs(tmp) as procs:
-            port_file = tmp / "http.port"
-            cp, _ = await start_control_plane(procs, dsn, AGENTRUN_HTTP_PORT_FILE=str(port_file))
-            keys = await api.mint_keys(dsn)
-            base = f"http://127.0.0.1:{port_file.read_text().strip()}"
-            url = f"{base}/v1/workspaces/{api.WORKSPACE}/streams/bench/live"
-            limits = httpx.Limits(max_connections=readers + 10, max_keepalive_connections=0)
-            headers = {"authorization": f"Bearer {keys.admin}"}
-            async with httpx.AsyncClient(headers=headers, timeout=None, limits=limits) as client:
-                made = await client.put(url, headers={"content-type": "application/json"})
-                made.raise_for_status()
-                group = [Reader() for _ in range(readers)]
-                tasks = [asyncio.create_task(read(client, url, r, appends)) for r in group]
-                await asyncio.wait_for(
-                    asyncio.gather(*(r.ready.wait() for r in group)), CONNECT_DEADLINE
+        phases = []
+        for label, shared in (("before: each reader reads", "off"), ("after: shared reads", "on")):
+            dsn = await pg.create_database(f"streams_{shared}")
+            phases.append(await live_readers(pg, dsn, label, shared, readers, appends))
+    _print(phases)
+
+
+async def live_readers(
+    pg: object, dsn: str, label: str, shared: str, readers: int, appends: int
+) -> Phase:
+    with workdir("streams") as tmp, Procs(tmp) as procs:
+        port_file = tmp / "http.port"
+        cp, _ = await start_control_plane(
+            procs,
+            dsn,
+            AGENTRUN_HTTP_PORT_FILE=str(port_file),
+            AGENTRUN_STREAM_SHARED_READS=shared,
+        )
+        keys = await api.mint_keys(dsn)
+        base = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        url = f"{base}/v1/workspaces/{api.WORKSPACE}/streams/bench/live"
+        limits = httpx.Limits(max_connections=readers + 10, max_keepalive_connections=0)
+        headers = {"authorization": f"Bearer {keys.admin}"}
+        async with httpx.AsyncClient(headers=headers, timeout=None, limits=limits) as client:
+            made = await client.put(url, headers={"content-type": "application/json"})
+            made.raise_for_status()
+            group = [Reader() for _ in range(readers)]
+            tasks = [asyncio.create_task(read(client, url, r, appends)) for r in group]
+            await asyncio.wait_for(
+                asyncio.gather(*(r.ready.wait() for r in group)), CONNECT_DEADLINE
+            )
+            cp_before, pg_before = cpu.process_cpu(cp.pid), _pg_cpu(pg)
+            began = time.monotonic()
+            for i in range(appends):
+                body = json.dumps([{"i": i, "t": time.time()}])
+                sent = await client.post(
+                    url, content=body, headers={"content-type": "application/json"}
                 )
-                cp_before, pg_before = cpu.process_cpu(cp.pid), _pg_cpu(pg)
-                began = time.monotonic()
-                for i in range(appends):
-                    body = json.dumps([{"i": i, "t": time.time()}])
-                    sent = await client.post(
-                        url, content=body, headers={"content-type": "application/json"}
-                    )
-                    sent.raise_for_status()
-                    await asyncio.sleep(APPEND_EVERY)
-                done, late = await asyncio.wait(tasks, timeout=DELIVERY_DEADLINE)
-                took = time.monotonic() - began
-                cp_used, pg_used = cpu.process_cpu(cp.pid) - cp_before, _pg_cpu(pg) - pg_before
-                for task in late:
-                    task.cancel()
-    _print(group, readers, appends, took, cp_used, pg_used)
+                sent.raise_for_status()
+                await asyncio.sleep(APPEND_EVERY)
+            done, late = await asyncio.wait(tasks, timeout=DELIVERY_DEADLINE)
+            took = time.monotonic() - began
+            cp_used, pg_used = cpu.process_cpu(cp.pid) - cp_before, _pg_cpu(pg) - pg_before
+            for task in late:
+                task.cancel()
+    return Phase(label, group, readers, appends, took, cp_used, pg_used)
 
 
 def _pg_cpu(pg: object) -> float:
@@ -99,25 +142,220 @@ def _pg_cpu(pg: object) -> float:
     return cpu.tree_cpu(pid) if pid else 0.0
 
 
-def _print(
-    group: list[Reader], readers: int, appends: int, took: float, cp_used: float, pg_used: float
-) -> None:
-    latencies = [x for r in group for x in r.latencies]
-    delivered = len(latencies)
+def _print(phases: list[Phase]) -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    report.note(f"load average {load} on {os.cpu_count()} cores; {took:.1f} s append phase")
+    report.note(f"load average {load} on {os.cpu_count()} cores")
+    rows = []
+    for p in phases:
+        latencies = [x for r in p.group for x in r.latencies]
+        rows.append(
+            report.latency_row(f"append -> SSE data event, {p.label}", Summary.of(latencies))
+        )
+    report.table(report.LATENCY_HEADERS, rows)
+    for p in phases:
+        delivered = sum(len(r.latencies) for r in p.group)
+        per_event = 1000 * (p.cp_used + p.pg_used) / max(delivered, 1)
+        report.note(
+            f"{p.label}: {delivered} of {p.readers * p.appends} events delivered in a "
+            f"{p.took:.1f} s append phase; CPU per delivered event {per_event:.2f} ms "
+            f"(control plane {p.cp_used:.1f} s, Postgres {p.pg_used:.1f} s)"
+        )
+
+
+TOKEN_DONE = ("completed", "failed", "cancelled")
+IDLE_SECONDS = 3.0
+
+
+@dataclass
+class TokenPhase:
+    label: str
+    runs: int
+    completed: int
+    tokens: int
+    took: float
+    cp_used: float
+    executor_used: float
+    pg_used: float
+
+    @property
+    def cpu_used(self) -> float:
+        return self.cp_used + self.executor_used + self.pg_used
+
+
+async def token_cost(runs: int) -> None:
+    """RUNS runs of `long_answer` streamed, then RUNS not streamed (module docstring)."""
+    async with bench_postgres() as pg:
+        dsn = await pg.create_database("streams_tokens")
+        with workdir("streams_tokens") as tmp, redis_url() as redis, Procs(tmp) as procs:
+            _, model_port = await start_sandbox(procs, "model")
+            _, providers_port = await start_sandbox(procs, "providers")
+            cp, cp_port = await start_control_plane(procs, dsn)
+            keys = await api.mint_keys(dsn)
+            conn = await asyncpg.connect(dsn)
+            phases = []
+            try:
+                async with api.channel(cp_port, keys.admin) as chan:
+                    await api.publish_agent(chan, "talker", "long_answer", [])
+                    for label, stream in (("streamed", "on"), ("not streamed", "off")):
+                        env = services._env(
+                            AGENTRUN_LOG_LEVEL="WARNING",
+                            REDIS_URL=redis,
+                            AGENTRUN_CONTROL_PLANE=f"127.0.0.1:{cp_port}",
+                            AGENTRUN_MODEL_BASE_URL=f"http://127.0.0.1:{model_port}/v1",
+                            AGENTRUN_PROVIDERS_URL=f"http://127.0.0.1:{providers_port}",
+                            AGENTRUN_CAPACITY=str(runs),
+                            AGENTRUN_EXECUTOR_ID=f"bench-tokens-{stream}",
+                            AGENTRUN_EXECUTOR_KEY=keys.executor,
+                            AGENTRUN_MODEL_STREAM=stream,
+                        )
+                        executor = procs.start(
+                            f"bench-tokens-{stream}",
+                            services._python("executor"),
+                            env,
+                            cwd=services.REPO,
+                        )
+                        await cp.wait_log(f"executor {executor.name} connected", watch=executor)
+                        await asyncio.sleep(1.0)  # its start-up (and canary) are not counted
+                        phases.append(
+                            await _token_phase(conn, chan, label, runs, [cp, executor], pg)
+                        )
+                        procs.stop(executor)
+            finally:
+                await conn.close()
+    _print_tokens(phases)
+
+
+async def _token_phase(
+    conn: asyncpg.Connection,
+    chan: grpc.aio.Channel,
+    label: str,
+    runs: int,
+    procs: list[Proc],
+    pg: object,
+) -> TokenPhase:
+    def used_so_far() -> list[float]:
+        return [cpu.process_cpu(p.pid) for p in procs] + [_pg_cpu(pg)]
+
+    # What the processes spend idle (heartbeats, sweeps, pollers) is not the runs': a
+    # phase of streamed runs lasts longer, so it is measured and taken off.
+    idle_from = used_so_far()
+    await asyncio.sleep(IDLE_SECONDS)
+    before = used_so_far()
+    idle_rate = [(b - a) / IDLE_SECONDS for a, b in zip(idle_from, before, strict=True)]
+    began = time.monotonic()
+    ids = [
+        uuid.UUID((await api.start_run(chan, "talker", f"talk {i}")).run_id) for i in range(runs)
+    ]
+    deadline = began + DELIVERY_DEADLINE
+    while time.monotonic() < deadline:
+        done = await conn.fetchval(
+            "SELECT count(*) FROM runs WHERE run_id = ANY($1) AND status = ANY($2)",
+            ids,
+            list(TOKEN_DONE),
+        )
+        if done == runs:
+            break
+        await asyncio.sleep(0.05)
+    took = time.monotonic() - began
+    after = used_so_far()
+    used = [
+        max(0.0, a - b - rate * took) for a, b, rate in zip(after, before, idle_rate, strict=True)
+    ]
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE r.status = 'completed') AS completed,"
+        " coalesce(sum((s.payload->'usage'->>'completion_tokens')::bigint), 0)::bigint AS tokens"
+        " FROM runs r LEFT JOIN steps s ON s.workspace_id = r.workspace_id"
+        " AND s.run_id = r.run_id AND s.kind = 'model_decision' WHERE r.run_id = ANY($1)",
+        ids,
+    )
+    return TokenPhase(label, runs, row["completed"], row["tokens"], took, *used)
+
+
+def _print_tokens(phases: list[TokenPhase]) -> None:
+    for p in phases:
+        per_token = 1000 * p.cpu_used / max(p.tokens, 1)
+        report.note(
+            f"{p.label}: {p.completed} of {p.runs} runs completed in {p.took:.1f} s, "
+            f"{p.tokens} tokens generated; CPU {p.cpu_used:.2f} s (control plane "
+            f"{p.cp_used:.2f}, executor {p.executor_used:.2f}, Postgres {p.pg_used:.2f}): "
+            f"{per_token:.3f} ms per generated token"
+        )
+    on, off = phases
+    extra = (on.cpu_used - off.cpu_used) / max(on.tokens, 1)
+    report.note(
+        f"token streaming costs {1000 * extra:.3f} ms of CPU per generated token "
+        f"({1_000_000 * extra:.0f} us) beside the same runs not streamed"
+    )
+
+
+FEED_ROUNDS = 5
+
+
+async def feed_trigger_cost(runs: int) -> None:
+    """What the workspace feed's trigger (runs_feed_state, migration 0043: one event row
+    per run state change, the claim's included) adds to a state change: RUNS queued runs
+    (StartRun, no executor) are moved queued -> waiting -> queued, one autocommit UPDATE
+    per run, and then as one UPDATE of all of them (as a claim batch moves its runs), with
+    the trigger enabled and disabled in alternating rounds on one connection."""
+    async with bench_postgres() as pg:
+        dsn = await pg.create_database("streams_feed")
+        with workdir("streams_feed") as tmp, Procs(tmp) as procs:
+            cp, cp_port = await start_control_plane(procs, dsn)
+            keys = await api.mint_keys(dsn)
+            async with api.channel(cp_port, keys.admin) as chan:
+                await api.publish_agent(chan, "idle", "chat", [])
+                await api.start_runs(chan, "idle", runs, 16)
+            procs.stop(cp)  # nothing else moves the runs
+        conn = await asyncpg.connect(dsn)
+        try:
+            ids = [r["run_id"] for r in await conn.fetch(FEED_QUEUED)]
+            one: dict[bool, list[float]] = {True: [], False: []}
+            batch: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(FEED_ROUNDS):
+                for enabled in (True, False):
+                    switch = "ENABLE" if enabled else "DISABLE"
+                    await conn.execute(f"ALTER TABLE runs {switch} TRIGGER runs_feed_state")
+                    for run_id in ids:
+                        for status, reason in (("waiting", "bench"), ("queued", None)):
+                            began = time.perf_counter()
+                            await conn.execute(FEED_MOVE_ONE, status, reason, run_id)
+                            one[enabled].append(time.perf_counter() - began)
+                    for status, reason in (("waiting", "bench"), ("queued", None)):
+                        began = time.perf_counter()
+                        await conn.execute(FEED_MOVE_ALL, status, reason, ids)
+                        batch[enabled].append((time.perf_counter() - began) / len(ids))
+            await conn.execute("ALTER TABLE runs ENABLE TRIGGER runs_feed_state")
+        finally:
+            await conn.close()
+    on, off = Summary.of(one[True]), Summary.of(one[False])
     report.table(
         report.LATENCY_HEADERS,
-        [report.latency_row("append -> SSE data event at the reader", Summary.of(latencies))],
+        [
+            report.latency_row("one run's state change, feed trigger on", on),
+            report.latency_row("one run's state change, feed trigger off", off),
+        ],
     )
-    per_event = 1000 * (cp_used + pg_used) / max(delivered, 1)
+    per_row_on = sorted(batch[True])[len(batch[True]) // 2]
+    per_row_off = sorted(batch[False])[len(batch[False]) // 2]
     report.note(
-        f"{delivered} of {readers * appends} events delivered; CPU per delivered event "
-        f"{per_event:.2f} ms (control plane {cp_used:.1f} s, Postgres {pg_used:.1f} s)"
+        f"one UPDATE of {len(ids)} runs (a claim batch's shape), per run, median: "
+        f"{1000 * per_row_on:.3f} ms with the trigger, {1000 * per_row_off:.3f} ms without "
+        f"(+{1000 * (per_row_on - per_row_off):.3f} ms per state change)"
     )
+
+
+FEED_QUEUED = "SELECT run_id FROM runs WHERE status = 'queued'"
+FEED_MOVE_ONE = "UPDATE runs SET status = $1, wait_reason = $2 WHERE run_id = $3"
+FEED_MOVE_ALL = "UPDATE runs SET status = $1, wait_reason = $2 WHERE run_id = ANY($3)"
 
 
 def run(quick: bool = False) -> None:
     readers, appends = (100, 10) if quick else (1000, 25)
     report.heading(f"streams: {readers} live SSE readers of one stream, {appends} appends")
     asyncio.run(measure(readers, appends))
+    runs = 10 if quick else 40
+    report.heading(f"streams: token streaming, {runs} runs of 200 words streamed and not")
+    asyncio.run(token_cost(runs))
+    moved = 200 if quick else 1000
+    report.heading(f"streams: the workspace feed's trigger, {moved} runs changing state")
+    asyncio.run(feed_trigger_cost(moved))

@@ -44,6 +44,10 @@ class ExecutorConfig:
     # the default endpoint above. `agentrun dev` sets it when a provider key is in its
     # environment, so the user's agents call the real model.
     model_default_profile: str = ""
+    # Every model call streamed (AGENTRUN_MODEL_STREAM, default on): its text goes to the
+    # run's Durable Stream as it is generated (docs/streams.md). Off: only fast-path runs
+    # stream, as their watchers wait for the text.
+    model_stream: bool = True
     providers_url: str = "http://127.0.0.1:8020"
     provider_urls: Mapping[str, str] = field(default_factory=dict)
     tool_timeout_seconds: float = 10.0
@@ -95,6 +99,7 @@ class ExecutorConfig:
                 env, "AGENTRUN_MODEL_TIMEOUT_SECONDS", defaults.model_timeout_seconds
             ),
             **_models_from_env(env),
+            model_stream=_switch(env, "AGENTRUN_MODEL_STREAM", defaults.model_stream),
             providers_url=env.get("AGENTRUN_PROVIDERS_URL") or defaults.providers_url,
             provider_urls={
                 name[len(prefix) :].lower(): url
@@ -168,6 +173,17 @@ def _limits_from_env(env: Mapping[str, str], defaults: ExecutorConfig) -> dict[s
             env, "AGENTRUN_MODEL_BACKOFF_CAP_SECONDS", defaults.model_backoff_cap_seconds
         ),
     }
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "true", "1", "yes"):
+        return True
+    if raw in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be on or off, got {raw!r}")
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

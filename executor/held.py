@@ -75,8 +75,11 @@ class RunDeps:
     # (lease, connection id) -> the connection's access token, asked right before a tool
     # call leaves (ExecutorService.GetConnectionToken); None: connections are not used.
     connection_token: Callable[[executor_pb2.Lease, str], Awaitable[Granted]] | None = None
-    # Sends a fast-path run's model output on the stream (ConnectRequest.delta); None: never.
+    # Sends a run's model output on the stream as it is generated (ConnectRequest.delta),
+    # for its watchers and its Durable Stream; None: never.
     deltas: Callable[[executor_pb2.ModelDelta], object] | None = None
+    # Every model call streams its output (AGENTRUN_MODEL_STREAM); False: fast-path runs' only.
+    stream_every_call: bool = True
     # The wait after the first time the run's task failed unexpectedly, doubled each time
     # after (RunLoop._crashed).
     crash_backoff: float = 5.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import itertools
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +15,7 @@ from opentelemetry.trace import Span, SpanKind
 
 import faults
 from agentrun.v1 import executor_pb2
-from executor import approval, context, horizon, replay, steps, transcript
+from executor import approval, context, deltas, horizon, replay, steps, transcript
 from executor import metrics as m
 from executor.held import HandBack, HeldRun, child_span, log
 from executor.models import profiles
@@ -68,8 +67,14 @@ class ModelTurn:
             return ended
         seq = held.next_seq()
         messages = transcript.build_messages(held.entries, held.spec.instructions, self._rendered)
+        chunks = self._streamed(seq)
         try:
-            reply = await self._ask(seq, messages, self._tool_schemas(), self._streamed(seq))
+            try:
+                on_delta = chunks.piece if chunks is not None else None
+                reply = await self._ask(seq, messages, self._tool_schemas(), on_delta)
+            finally:
+                if chunks is not None:
+                    chunks.flush()  # before the decision is committed
         except ModelUnavailable as exc:
             m.MODEL_CALLS.labels("unavailable").inc()
             return await self._model_unavailable(exc)
@@ -233,17 +238,14 @@ class ModelTurn:
             self._schemas = context.stable_tools(schemas)
         return list(self._schemas)
 
-    def _streamed(self, seq: int) -> Callable[[str], None] | None:
-        """A fast-path run's model output goes to its watchers as it comes (not stored)."""
-        send, lease = self._held.deps.deltas, self._held.lease
-        if send is None or not self._held.spec.fast_path:
+    def _streamed(self, seq: int) -> deltas.Chunks | None:
+        """The call's output goes to the run's watchers and Durable Stream as it comes, in
+        small chunks (executor/deltas.py): every call's, or a fast-path run's only when
+        AGENTRUN_MODEL_STREAM is off."""
+        send, held = self._held.deps.deltas, self._held
+        if send is None or not (held.deps.stream_every_call or held.spec.fast_path):
             return None
-        index = itertools.count()
-
-        def forward(text: str) -> None:
-            send(executor_pb2.ModelDelta(lease=lease, seq=seq, index=next(index), text=text))
-
-        return forward
+        return deltas.Chunks(send, held.lease, seq)
 
     async def _ask(
         self,

@@ -175,7 +175,7 @@ class ControlPlaneStream:
         return self._send(executor_pb2.ConnectRequest(ready=executor_pb2.Ready(slots=-slots)))
 
     def delta(self, delta: executor_pb2.ModelDelta) -> bool:
-        """Send a fast-path run's model output (lost with a broken stream: not a record)."""
+        """Send a chunk of a run's model output (lost with a broken stream: not a record)."""
         return self._send(executor_pb2.ConnectRequest(delta=delta))
 
     async def commit(

@@ -124,6 +124,7 @@ class Worker:
             large_results=LargeResults(self._payloads, limits),
             connection_token=self._stream.connection_token,
             deltas=self._stream.delta,
+            stream_every_call=config.model_stream,
             crash_backoff=config.crash_backoff_seconds,
         )
 

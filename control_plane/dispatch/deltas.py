@@ -1,7 +1,8 @@
-"""Fast-path model output for watchers: the replica's hub of WatchRun(deltas=true) queues.
+"""Model output for watchers: the replica's hub of WatchRun(deltas=true) queues.
 
-The executor asks the model with stream=true and forwards the text deltas on its stream
-(ConnectRequest.delta); `DeltaHub` fans them out in memory to the watchers of that run on
+The executor asks the model with stream=true and forwards the text in small chunks on its
+stream (ConnectRequest.delta; executor/deltas.py: every agent's calls unless
+AGENTRUN_MODEL_STREAM is off); `DeltaHub` fans them out in memory to the watchers of that run on
 this replica, and through Postgres LISTEN/NOTIFY to those on other replicas
 (dispatch/delta_relay.py: only while one watches, batched, best-effort). They come only
 from the stream holding the run at that epoch, and are kept for the run's Durable Stream
@@ -29,7 +30,7 @@ WATCHER_BUFFER = 1024
 
 
 class DeltaHub:
-    """Model output of fast-path runs, fanned out in memory to this replica's watchers and,
+    """Model output of runs, fanned out in memory to this replica's watchers and,
     through the relay (control_plane/dispatch/delta_relay.py), to other replicas' ones."""
 
     def __init__(self) -> None:

@@ -191,7 +191,7 @@ class ExecutorSession:
             self._spawn(self._heartbeat(req.heartbeat))
         elif which == "ping":
             self.liveness.on_ping(self, req.ping)
-        elif which == "delta":  # a fast-path run's model output, for its watchers
+        elif which == "delta":  # a run's model output, for its watchers and stream
             self._dispatcher.deltas.offer(self, req.delta)
 
     def _hello(self, hello: pb.Hello) -> None:

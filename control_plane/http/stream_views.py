@@ -138,7 +138,9 @@ async def _run_messages(
 ) -> tuple[list[store.Message], bool]:
     """A run's steps after (high, low) and, after its last step, the deltas of the model
     call under way: `{"delta": {"seq", "epoch", "index", "text"}}` between step seq-1 and
-    the decision step seq (deltas of committed decisions are not served)."""
+    the decision step seq (deltas of committed decisions are not served), and before a new
+    holder's first delta of a call an earlier holder had begun, `{"break": {"seq",
+    "epoch"}}`."""
     rows = await run(pool, "steps_list", ws, run_id, high, PAGE)
     steps = Step.of_rows(rows)
     messages = [_message(store.run_step_offset(s.seq), {"step": _step(s)}) for s in steps]
@@ -147,6 +149,11 @@ async def _run_messages(
     after_steps = steps[-1].seq + 1 if steps else high
     deltas = await run(pool, "stream_run_deltas", ws, run_id, after_steps, high, low, PAGE)
     for d in deltas:
+        if d["taken_over"] and (d["seq"], d["epoch"] * store.DELTAS_PER_EPOCH) > (high, low):
+            # The holder streaming this call was taken over (it died, or lost its lease):
+            # its deltas stop here, and the new holder's, asking again, follow.
+            value = {"break": {"seq": d["seq"], "epoch": d["epoch"]}}
+            messages.append(_message(store.run_break_offset(d["seq"], d["epoch"]), value))
         value = {
             "delta": {"seq": d["seq"], "epoch": d["epoch"], "index": d["idx"], "text": d["text"]}
         }

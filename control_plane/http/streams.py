@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import gzip
 import json
 import logging
@@ -27,8 +28,9 @@ import random
 import re
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
+from typing import Any, TypeVar
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -46,6 +48,7 @@ from control_plane.store.db import Pool
 from control_plane.store.notify import Listening
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PATH = "/v1/workspaces/{workspace_id}/streams/{path:path}"
 CHANNEL = "agentrun_streams"
@@ -104,10 +107,22 @@ class Waker:
         self._dsn = dsn
         self._waiting: dict[int, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        # How many times each watched stream's readers were woken: a read begun at
+        # generation g sees every append they were woken for up to g (SharedReads).
+        self._generations: dict[int, int] = {}
+
+    def generation(self, stream_id: int) -> int:
+        return self._generations.get(stream_id, 0)
 
     def _heard(self, payload: str) -> None:
         with contextlib.suppress(ValueError):
-            for event in self._waiting.get(int(payload), ()):
+            self._wake(int(payload))
+
+    def _wake(self, stream_id: int) -> None:
+        waiting = self._waiting.get(stream_id)
+        if waiting:
+            self._generations[stream_id] = self._generations.get(stream_id, 0) + 1
+            for event in waiting:
                 event.set()
 
     async def _listen(self) -> None:
@@ -119,9 +134,8 @@ class Waker:
                 await asyncio.sleep(1.0)
                 continue
             try:
-                for events in self._waiting.values():  # missed while away: look again
-                    for event in events:
-                        event.set()
+                for stream_id in list(self._waiting):  # missed while away: look again
+                    self._wake(stream_id)
                 await channel.lost()
             finally:
                 await channel.close()
@@ -140,6 +154,7 @@ class Waker:
                 waiting.discard(event)
                 if not waiting:
                     del self._waiting[stream_id]
+                    self._generations.pop(stream_id, None)
 
 
 def text(status: int, message: str = "", headers: dict[str, str] | None = None) -> Response:
@@ -290,11 +305,83 @@ def _read_params(request: Request) -> tuple[str | None, str | None, str | None]:
     return offset, live, params.get("cursor")
 
 
+class SharedReads:
+    """One read of the database at a time per question for this replica's live readers.
+
+    An append wakes every live reader of its stream at once, and each asks the same two
+    questions (where is the tail now; what comes after the offset they all are at): the
+    first asks Postgres, the others wait for its answer instead of taking a connection of
+    the pool each. Only readers that were woken (or rechecked) share, and only a read
+    begun at their stream's current waker generation: it began after the NOTIFY that woke
+    them, so it sees the append they were woken for. A first read of a request never
+    shares (the append a client just made is always seen). Off with
+    AGENTRUN_STREAM_SHARED_READS=off (to measure what it saves: bench/streams.py)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._running: dict[tuple[object, ...], asyncio.Future[Any]] = {}
+
+    async def once(self, key: tuple[object, ...], read: Callable[[], Awaitable[T]]) -> T:
+        if not self.enabled:
+            return await read()
+        running = self._running.get(key)
+        if running is None:
+            running = asyncio.ensure_future(read())
+            self._running[key] = running
+            running.add_done_callback(functools.partial(self._done, key))
+        # A reader that goes away does not cancel the others' read.
+        return await asyncio.shield(running)  # type: ignore[no-any-return]
+
+    def _done(self, key: tuple[object, ...], read: asyncio.Future[Any]) -> None:
+        if self._running.get(key) is read:
+            del self._running[key]
+        if not read.cancelled():
+            read.exception()  # retrieved: each waiting reader raises it itself
+
+
+def shared_reads_enabled() -> bool:
+    return os.environ.get("AGENTRUN_STREAM_SHARED_READS", "on").strip().lower() != "off"
+
+
 class StreamRoutes:
     def __init__(self, pool: Pool, waker: Waker, long_poll_seconds: float) -> None:
         self.pool = pool
         self.waker = waker
         self.long_poll = long_poll_seconds
+        self.shared = SharedReads(shared_reads_enabled())
+
+    async def touch(self, stream: store.Stream, shared: bool = False) -> None:
+        """The stream was read (its TTL starts again): once per wake when `shared`."""
+        if stream.ttl_seconds is None:
+            return
+        if not shared:
+            await store.touch(self.pool, stream)
+            return
+        key = ("touch", stream.stream_id, self.waker.generation(stream.stream_id))
+        await self.shared.once(key, lambda: store.touch(self.pool, stream))
+
+    async def stream_again(self, ws: str, stream: store.Stream) -> store.Stream | None:
+        """A woken live reader's look at the stream (shared, SharedReads)."""
+        gen = self.waker.generation(stream.stream_id)
+        key = ("at", ws, stream.path, stream.stream_id, gen)
+        return await self.shared.once(key, lambda: self.stream_at(ws, stream.path))
+
+    async def messages_again(
+        self, stream: store.Stream, after: str
+    ) -> tuple[list[store.Message], bool]:
+        """A woken live reader's read after `after` (shared, SharedReads)."""
+        gen = self.waker.generation(stream.stream_id)
+        key = (
+            "after",
+            stream.workspace_id,
+            stream.path,
+            stream.stream_id,
+            stream.tail_offset,
+            stream.closed,
+            after,
+            gen,
+        )
+        return await self.shared.once(key, lambda: self.messages_after(stream, after))
 
     async def stream_at(self, ws: str, path: str) -> store.Stream | None:
         if stream_views.is_platform(path):
@@ -314,7 +401,7 @@ class StreamRoutes:
         with self.waker.watching(stream.stream_id) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
-                current = await self.stream_at(ws, stream.path)
+                current = await self.stream_again(ws, stream)
                 if current is None or current.soft_deleted or current.closed:
                     return
                 if current.tail_offset != after and current.tail_offset > after:
@@ -402,11 +489,11 @@ class StreamRoutes:
             closed = {"Stream-Up-To-Date": "true", "Stream-Closed": "true"}
             return text(204, headers={"Stream-Next-Offset": stream.tail_offset, **closed})
         await self.wait(ws, stream, start)
-        current = await self.stream_at(ws, stream.path)
+        current = await self.stream_again(ws, stream)
         if current is None or current.soft_deleted:
             return text(404, "Stream not found")
-        messages, up_to_date = await self.messages_after(current, start)
-        await store.touch(self.pool, current)
+        messages, up_to_date = await self.messages_again(current, start)
+        await self.touch(current, shared=True)
         if messages:
             return current, messages, up_to_date
         headers = {
@@ -474,12 +561,17 @@ class StreamRoutes:
         self, ws: str, stream: store.Stream, start: str, cursor: str | None, binary: bool
     ) -> AsyncIterator[str]:
         after = store.ZERO if start == "-1" else start
+        woken: store.Stream | None = None  # the stream as a woken reader last saw it
         while True:
-            latest = await self.stream_at(ws, stream.path)
-            if latest is None or latest.soft_deleted:
-                return
-            messages, up_to_date = await self.messages_after(latest, after)
-            await store.touch(self.pool, latest)
+            if woken is None:
+                latest = await self.stream_at(ws, stream.path)
+                if latest is None or latest.soft_deleted:
+                    return
+                messages, up_to_date = await self.messages_after(latest, after)
+            else:
+                latest = woken
+                messages, up_to_date = await self.messages_again(latest, after)
+            await self.touch(latest, shared=woken is not None)
             end = messages[-1].offset if messages else latest.tail_offset if up_to_date else after
             at_tail = end == latest.tail_offset
             closing = latest.closed and at_tail and up_to_date
@@ -496,13 +588,15 @@ class StreamRoutes:
             if closing:
                 return
             after = end
+            woken = None
             if up_to_date:
                 await self.wait(ws, latest, after)
-                moved = await self.stream_at(ws, stream.path)
+                moved = await self.stream_again(ws, latest)
                 if moved is None or moved.soft_deleted:
                     return
                 if moved.tail_offset == after and not moved.closed:
                     yield self._control(after, cursor, True, False)
+                woken = moved
 
     @staticmethod
     def _payload(stream: store.Stream, message: store.Message, binary: bool) -> str:

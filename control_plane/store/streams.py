@@ -158,6 +158,12 @@ def run_delta_offset(seq: int, epoch: int, index: int) -> str:
     return f"{seq:016d}_{epoch * DELTAS_PER_EPOCH + index + 1:016d}"
 
 
+def run_break_offset(seq: int, epoch: int) -> str:
+    """Where the break before a new holder's deltas of decision `seq` ends: after every
+    earlier epoch's deltas, before this epoch's first."""
+    return f"{seq:016d}_{epoch * DELTAS_PER_EPOCH:016d}"
+
+
 def offset_parts(offset: str) -> tuple[int, int]:
     high, low = offset.split("_")
     return int(high), int(low)

@@ -10,8 +10,8 @@ executor/models/anthropic_messages.py (system text, tools with `input_schema`,
 fails, executor/steps.py `failed_reply`); `pause_turn` (a server tool's loop
 paused; we offer none) is taken as transient: the call is made again.
 
-On the fast path (`settings.on_delta`) the call is made with `stream: true` and
-the text told as it comes; the events are put back together into the body a
+When streamed (`settings.on_delta`, executor/deltas.py) the call is made with
+`stream: true` and the text told as it comes; the events are put back together into the body a
 non-streamed call returns (executor/models/anthropic_stream.py), parsed the same way.
 
 Usage: `prompt_tokens` is the whole input, `input_tokens +

@@ -127,8 +127,8 @@ class ModelSettings:
     tool_choice: str = ""
     parallel_tool_calls: bool | None = None
     timeout_seconds: float | None = None
-    # Fast-path runs: told each piece of the reply's text as the provider streams it (an
-    # adapter that cannot stream answers whole and never calls it).
+    # Streamed calls (executor/deltas.py): told each piece of the reply's text as the
+    # provider streams it (an adapter that cannot stream answers whole and never calls it).
     on_delta: Callable[[str], None] | None = None
 
 

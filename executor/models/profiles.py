@@ -176,7 +176,7 @@ async def ask(
 ) -> ModelReply:
     """One call for this version; a version without profile or parameters is called
     exactly as before profiles existed (any ModelClient serves it). With `on_delta`
-    (fast-path runs) the reply is streamed and its text told as it comes."""
+    (executor/deltas.py) the reply is streamed and its text told as it comes."""
     settings = settings_of(spec)
     if on_delta is not None:
         settings = dataclasses.replace(settings, on_delta=on_delta)

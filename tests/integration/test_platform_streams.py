@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -72,7 +74,9 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("slow", "slow_echo", ["echo"])
-    executor_factory(cp)
+    # Steps only here: a reader inside a call's deltas gets them, one joining after its
+    # decision committed does not (compacted), so two readers' bytes are compared on steps.
+    executor_factory(cp, AGENTRUN_MODEL_STREAM="off")
     key = await auth.workspace_key(db_url, WS, role="reader")
     feed = streams_url(cp, "feed")
     _, cursor = await catch_up(feed, key)  # the feed's cursor before anything runs
@@ -267,13 +271,15 @@ async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offs
                 url, offset=offset, live="long-poll", headers=auth.bearer(key)
             ) as res:
                 async for batch in res.iter_json_batches():
-                    values += batch
+                    # The steps (the calls' deltas, compacted once their decisions
+                    # commit, are read or not depending on when the reader comes by).
+                    values += [v for v in batch if "step" in v]
                     offset = res.offset  # where this batch ends: the cursor to resume from
                     if not killed:
                         assert (await api.get(run_id)).status not in TERMINAL
                         serving.kill()  # SIGKILL, mid-run
                         killed, read_before = True, len(values)
-                    if any(v["step"]["kind"] == "finish" for v in batch):
+                    if any(v["step"]["kind"] == "finish" for v in batch if "step" in v):
                         break
         except httpx.HTTPError:
             assert cp is serving  # the killed replica's read fails; the other serves on
@@ -281,7 +287,7 @@ async def test_a_reader_whose_replica_is_killed_resumes_on_another_from_its_offs
     seqs = [v["step"].get("seq", 0) for v in values]
     assert seqs == list(range(len(values))) and values[-1]["step"]["kind"] == "finish", seqs
     body, _ = await catch_up(streams_url(other, f"runs/{run_id}"), key)
-    assert json.loads(body) == values
+    assert json.loads(body) == values  # compacted: the steps alone
     await api.close()
 
 
@@ -293,10 +299,10 @@ async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
     cp = control_plane(db_url)
     api = await Api.connect(cp.address, db_url, WS)
     await api.publish("slow", "slow_echo", ["echo"])
-    executor_factory(cp)
+    executor_factory(cp, AGENTRUN_MODEL_STREAM="off")  # only this test's deltas are kept
     run_id = await api.start("slow", "echo four times")
     holder = None
-    for _ in range(100):
+    for _ in range(600):  # the executor starts, and passes its canary, first
         holder = await pool.fetchrow(
             "SELECT lease_epoch, (SELECT max(seq) FROM steps s WHERE s.workspace_id = r.workspace_id"
             " AND s.run_id = r.run_id) AS last FROM runs r WHERE run_id = $1 AND status = 'running'",
@@ -345,4 +351,116 @@ async def test_deltas_land_once_and_only_from_the_holder_of_the_run(
     assert [r["seq"] for r in rows] == [ahead]
     assert await pool.fetchval("SELECT count(*) FROM workspace_events") == events - 1
     assert [r["path"] for r in await pool.fetch("SELECT path FROM streams")] == ["kept"]
+    await api.close()
+
+
+async def test_a_killed_executors_deltas_are_followed_by_the_new_holders_after_a_break(
+    db_url, control_plane, executor_factory, pool
+) -> None:
+    """Every agent's model output is streamed, not only the fast path's. kill -9 of the
+    executor mid-generation: the run's stream shows the old holder's deltas, a break naming
+    the new epoch, then the new holder's deltas (index from 0, asking again) and its
+    decision; a late delta of the old epoch is refused."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("streamer", "slow_stream", [])  # not a fast-path agent
+    (doomed,) = executor_factory(cp)
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    run_id = await api.start("streamer", "tell me slowly")
+    url = streams_url(cp, f"runs/{run_id}")
+    values: list[dict[str, Any]] = []
+    late_tried = False
+    async with astream(url, offset="-1", live="long-poll", headers=auth.bearer(key)) as res:
+        async for item in res.iter_json():
+            values.append(item)
+            if doomed.alive and len([v for v in values if "delta" in v]) >= 3:
+                doomed.kill()  # SIGKILL, mid-generation
+                executor_factory(cp)
+            if "break" in item and not late_tried:  # the new holder streams: the old one
+                late_tried = True  # appends late, at its own epoch, and is refused
+                old = next(v["delta"] for v in values if "delta" in v)
+                kept = DeltaStore(pool)
+                late = run_pb2.RunDelta(epoch=old["epoch"], seq=old["seq"], index=999, text="late")
+                kept.offer(WS, uuid.UUID(run_id), late)
+                await kept.flush()
+            if "step" in item and item["step"]["kind"] == "finish":
+                break
+    assert doomed.returncode == -9 and late_tried, values
+    kinds = ["break" if "break" in v else "delta" if "delta" in v else "step" for v in values]
+    cut = kinds.index("break")
+    before = [v["delta"] for v in values[:cut] if "delta" in v]
+    after = [v["delta"] for v in values[cut + 1 :] if "delta" in v]
+    brk = values[cut]["break"]
+    decision = next(v["step"] for v in values if v.get("step", {}).get("kind") == "model_decision")
+    assert len(before) >= 3 and {d["epoch"] for d in before} == {before[0]["epoch"]}
+    assert brk == {"seq": before[0]["seq"], "epoch": after[0]["epoch"]}
+    assert brk["epoch"] > before[0]["epoch"] and decision["epoch"] == brk["epoch"]
+    assert [d["index"] for d in after] == list(range(len(after)))
+    assert {d["epoch"] for d in after} == {brk["epoch"]} and "late" not in json.dumps(values)
+    text = "".join(d["text"] for d in after)  # the new holder's whole answer
+    assert text.startswith("".join(d["text"] for d in before)), (before, text)
+    # The decision is the record: the last chunks may come after it committed, and are
+    # then not kept (a reader is past them), so the deltas are its text or the start of it.
+    assert len(after) >= 10 and decision["payload"]["content"].startswith(text), decision
+    assert kinds[cut + 1 + len(after) :] == ["step", "step"]  # the decision, the finish
+    late_rows = await pool.fetchval("SELECT count(*) FROM run_deltas WHERE text = 'late'")
+    assert late_rows == 0
+    await api.close()
+
+
+async def test_a_feed_reader_offline_for_an_hour_catches_up_from_its_cursor_exactly_once(
+    db_url, control_plane, pool
+) -> None:
+    """A reader keeps its cursor and goes away for an hour of the database's clock (the
+    events' times are moved back an hour, and the hourly sweep has run meanwhile): from
+    its cursor it gets every event since, each once and in commit order; one written by a
+    transaction still open while it catches up is held back, not skipped, and comes on
+    its next read; and a read from the last cursor gets nothing more."""
+    cp = control_plane(db_url)
+    api = await Api.connect(cp.address, db_url, WS)
+    await api.publish("idle", "slow_echo", ["echo"])  # no executor: runs stay queued
+    key = await auth.workspace_key(db_url, WS, role="reader")
+    feed = streams_url(cp, "feed")
+    _, cursor = await catch_up(feed, key)
+    before = await pool.fetchval(
+        "SELECT coalesce(max(event_id), 0) FROM workspace_events WHERE workspace_id = $1", WS
+    )
+
+    runs = [await api.start("idle", f"while away {i}") for i in range(3)]
+    await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=WS, run_id=runs[0]))
+    # An hour goes by on the database's clock: what was written since the cursor is an
+    # hour old, and the sweep (30 days of events kept) has run.
+    await pool.execute(
+        "UPDATE workspace_events SET at = at - interval '1 hour' WHERE event_id > $1", before
+    )
+    await delta_store.sweep(pool)
+    expected = [
+        (r["kind"], r["object_id"])
+        for r in await pool.fetch(
+            "SELECT kind, object_id FROM workspace_events WHERE workspace_id = $1"
+            " AND event_id > $2 ORDER BY xid, event_id",
+            WS,
+            before,
+        )
+    ]
+    assert [k for k, _ in expected] == ["run.created"] * 3 + ["run.state"], expected
+
+    async with pool.acquire() as conn, conn.transaction():  # a writer still at work
+        await conn.execute(
+            "INSERT INTO workspace_events (workspace_id, kind, object_id) VALUES ($1, $2, $3)",
+            WS,
+            "test.open",
+            "open",
+        )
+        events, cursor2 = await feed_events(feed, key, cursor)
+        assert [(e["event"], e["id"]) for e in events] == expected  # each once, in order
+        assert all(e["detail"] for e in events)
+        ages = [time.time() - datetime.fromisoformat(e["at"]).timestamp() for e in events]
+        assert all(3500 < age < 3700 for age in ages), ages  # written an hour ago
+        held, cursor3 = await feed_events(feed, key, cursor2)
+        assert held == [] and cursor3 == cursor2  # not served while it may yet commit
+    events, cursor4 = await feed_events(feed, key, cursor2)
+    assert [(e["event"], e["id"]) for e in events] == [("test.open", "open")]
+    again, cursor5 = await feed_events(feed, key, cursor4)
+    assert again == [] and cursor5 == cursor4
     await api.close()

@@ -172,7 +172,13 @@ WHERE x.workspace_id = k.workspace_id AND x.run_id = k.run_id AND x.seq < k.seq;
 -- A run's deltas after (seq $4, position $5), in order, at most $6: those of its model
 -- call under way (decision step $3 or later, not committed), and those of the call the
 -- reader is inside of (seq $4, when $5 > 0: it finishes reading them, then the decision).
-SELECT seq, epoch, idx, text FROM run_deltas
+-- `taken_over`: the first delta of an epoch whose call an earlier epoch's holder had begun
+-- to stream (the reader is shown the break before it).
+SELECT seq, epoch, idx, text,
+       idx = 0 AND EXISTS (SELECT 1 FROM run_deltas p
+                           WHERE p.workspace_id = d.workspace_id AND p.run_id = d.run_id
+                             AND p.seq = d.seq AND p.epoch < d.epoch) AS taken_over
+FROM run_deltas d
 WHERE workspace_id = $1 AND run_id = $2 AND (seq >= $3 OR ($5 > 0 AND seq = $4))
   AND (seq, epoch * 100000000 + idx + 1) > ($4, $5)
 ORDER BY seq, epoch, idx
