@@ -2332,12 +2332,21 @@ CREATE TABLE workspace_events (
 
 CREATE INDEX workspace_events_in_order ON workspace_events (workspace_id, xid, event_id);
 
+-- The transition table is read by a local query into arrays, then inserted from
+-- unnest(): on a Citus worker a distributed INSERT ... SELECT cannot see `inserted`.
 CREATE FUNCTION workspace_events_runs_created() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ws text[];
+    ids text[];
+    details jsonb[];
 BEGIN
+    -- Read the transition table locally (Citus cannot hand it to a distributed insert).
+    SELECT array_agg(workspace_id), array_agg(run_id::text),
+           array_agg(jsonb_build_object('agent_id', agent_id, 'status', status))
+      INTO ws, ids, details
+      FROM inserted;
     INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
-    SELECT workspace_id, 'run.created', run_id::text,
-           jsonb_build_object('agent_id', agent_id, 'status', status)
-    FROM inserted;
+    SELECT w, 'run.created', o, d FROM unnest(ws, ids, details) AS t(w, o, d);
     RETURN NULL;
 END $$;
 
