@@ -298,6 +298,7 @@ async def _apply_many(
         renew_always=[r.renew_always for r in reqs],
         between_turns=[t.between_turns for t in ts],
         refused_calls=[r.refused_calls for r in reqs],
+        step_counts=[len(r.steps) for r in reqs],
         step_runs=[i for i, _ in steps],
         seqs=[s.seq for _, s in steps],
         kinds=[s.kind for _, s in steps],

@@ -240,9 +240,9 @@ WITH clock AS MATERIALIZED (
            CASE WHEN r.expires_at <= (SELECT now FROM clock) THEN 'max age exceeded'
                 ELSE 'deadline exceeded' END AS error
     FROM runs r
-    JOIN unnest($2::uuid[], $3::bigint[]) AS h(run_id, epoch)
-      ON r.run_id = h.run_id AND r.lease_epoch = h.epoch
-    WHERE r.workspace_id = $1 AND r.status = 'running'
+    WHERE r.workspace_id = $1 AND r.run_id = ANY($2::uuid[])
+      AND r.lease_epoch = ($3::bigint[])[array_position($2::uuid[], r.run_id)]
+      AND r.status = 'running'
       AND (r.expires_at <= (SELECT now FROM clock)
            OR r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
               >= r.deadline_seconds)

@@ -192,33 +192,33 @@ LIMIT $4;
 -- fails the whole statement; the caller then commits each alone. Steps are tied to
 -- their run by `:step_runs`, the index of the run in the arrays. Database clock.
 -- Columns, and when the lease is renewed, as in run_commit; the times the CASEs pick
--- are columns of `locked`, as there.
-WITH req AS (
-    SELECT * FROM unnest(
+-- are columns of `locked`, as there. Each run's step count grows by the steps it was
+-- given (:step_counts), as run_commit_keep counts: the insert lands every step or fails
+-- the statement.
+WITH locked AS (
+    -- The requests unnested beside the runs they lock (no CTE of a function alone).
+    SELECT q.*, r.workspace_id, r.release,
+           (SELECT now()) AS now,
+           (SELECT now() + make_interval(secs => :lease_seconds::float8)) AS renewed_until,
+           q.status IS NULL AND (q.renew_always OR r.wake_at IS NULL
+               OR r.wake_at <= (SELECT now() + make_interval(secs => 0.5 * :lease_seconds::float8)))
+               AS renews,
+           (SELECT coalesce(q.wake_at, now() + make_interval(secs => q.wake_after_seconds)))
+               AS parked_until
+    FROM runs r
+    JOIN unnest(
         :run_ids::uuid[], :epochs::bigint[], :model_calls::int[],
         :tool_calls::int[], :tokens::bigint[], :input_tokens::bigint[],
         :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
         :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
         :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
         :waiting_connection_ids::uuid[], :renew_always::boolean[],
-        :between_turns::boolean[], :refused_calls::int[]
+        :between_turns::boolean[], :refused_calls::int[], :step_counts::int[]
     ) WITH ORDINALITY AS q(run_id, epoch, model_calls, tool_calls, tokens,
         input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
         wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always,
-        between_turns, refused_calls, i)
-), clock AS (
-    SELECT (SELECT now()) AS now,
-           (SELECT now() + make_interval(secs => 0.5 * :lease_seconds::float8)) AS half,
-           (SELECT now() + make_interval(secs => :lease_seconds::float8)) AS renewed_until
-), locked AS (
-    SELECT q.*, r.workspace_id, r.release, c.now, c.renewed_until,
-           q.status IS NULL AND (q.renew_always OR r.wake_at IS NULL OR r.wake_at <= c.half)
-               AS renews,
-           (SELECT coalesce(q.wake_at, c.now + make_interval(secs => q.wake_after_seconds)))
-               AS parked_until
-    FROM runs r
-    JOIN req q ON r.run_id = q.run_id
-    CROSS JOIN clock c
+        between_turns, refused_calls, step_count, i)
+      ON r.run_id = q.run_id
     WHERE r.workspace_id = :workspace_id AND r.lease_epoch = q.epoch AND r.status = 'running'
     ORDER BY r.run_id
     FOR NO KEY UPDATE OF r
@@ -228,11 +228,9 @@ WITH req AS (
     FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
                 :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
     JOIN locked l ON l.i = s.i
-), {{steps_append}}, counted AS (
-    SELECT run_id, count(*) AS n FROM appended GROUP BY run_id
-)
+), {{steps_append}}
 UPDATE runs r SET
-    step_count = r.step_count + coalesce(c.n, 0),
+    step_count = r.step_count + l.step_count,
     model_calls = r.model_calls + l.model_calls,
     tool_calls = r.tool_calls + l.tool_calls,
     refused_calls = r.refused_calls + l.refused_calls,
@@ -257,7 +255,6 @@ UPDATE runs r SET
     finished_at = CASE WHEN l.status IN ('completed', 'failed') THEN l.now END,
     updated_at = now()
 FROM locked l
-LEFT JOIN counted c ON c.run_id = l.run_id
 WHERE r.workspace_id = :workspace_id AND r.run_id = l.run_id
 RETURNING l.i, r.status, r.wake_at, l.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
