@@ -196,63 +196,61 @@ LIMIT $4;
 -- given (:step_counts), as run_commit_keep counts: the insert lands every step or fails
 -- the statement.
 WITH locked AS (
-    -- The requests unnested beside the runs they lock (no CTE of a function alone).
-    SELECT q.*, r.workspace_id, r.release,
+    -- Only the runs' own columns and each one's index in the arrays (i): the requests'
+    -- values are read from the arrays by it where they are used. On Citus the CTEs of
+    -- a writing statement are intermediate results, and one holding values unnested
+    -- from parameters is not read back ("PGCOPY"); this shape is.
+    SELECT r.workspace_id, r.run_id, r.lease_epoch AS epoch, r.release, x.i,
            (SELECT now()) AS now,
            (SELECT now() + make_interval(secs => :lease_seconds::float8)) AS renewed_until,
-           q.status IS NULL AND (q.renew_always OR r.wake_at IS NULL
-               OR r.wake_at <= (SELECT now() + make_interval(secs => 0.5 * :lease_seconds::float8)))
+           (:statuses::text[])[x.i] IS NULL
+               AND ((:renew_always::boolean[])[x.i] OR r.wake_at IS NULL
+                    OR r.wake_at <= (SELECT now() + make_interval(secs => 0.5 * :lease_seconds::float8)))
                AS renews,
-           (SELECT coalesce(q.wake_at, now() + make_interval(secs => q.wake_after_seconds)))
+           (SELECT coalesce((:wake_ats::timestamptz[])[x.i],
+                            now() + make_interval(secs => (:wake_after_seconds::float8[])[x.i])))
                AS parked_until
     FROM runs r
-    JOIN unnest(
-        :run_ids::uuid[], :epochs::bigint[], :model_calls::int[],
-        :tool_calls::int[], :tokens::bigint[], :input_tokens::bigint[],
-        :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
-        :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
-        :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
-        :waiting_connection_ids::uuid[], :renew_always::boolean[],
-        :between_turns::boolean[], :refused_calls::int[], :step_counts::int[]
-    ) WITH ORDINALITY AS q(run_id, epoch, model_calls, tool_calls, tokens,
-        input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
-        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always,
-        between_turns, refused_calls, step_count, i)
-      ON r.run_id = q.run_id
-    WHERE r.workspace_id = :workspace_id AND r.lease_epoch = q.epoch AND r.status = 'running'
+    CROSS JOIN LATERAL (SELECT array_position(:run_ids::uuid[], r.run_id) AS i) x
+    WHERE r.workspace_id = :workspace_id AND r.run_id = ANY(:run_ids::uuid[])
+      AND r.lease_epoch = (:epochs::bigint[])[x.i] AND r.status = 'running'
     ORDER BY r.run_id
     FOR NO KEY UPDATE OF r
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload,
            now() AS created_at, l.release
-    FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
-                :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
-    JOIN locked l ON l.i = s.i
+    FROM locked l, unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
+                          :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
+    WHERE s.i = l.i
 ), {{steps_append}}
 UPDATE runs r SET
-    step_count = r.step_count + l.step_count,
-    model_calls = r.model_calls + l.model_calls,
-    tool_calls = r.tool_calls + l.tool_calls,
-    refused_calls = r.refused_calls + l.refused_calls,
-    tokens_used = r.tokens_used + l.tokens,
-    input_tokens = r.input_tokens + l.input_tokens,
-    output_tokens = r.output_tokens + l.output_tokens,
-    cached_tokens = r.cached_tokens + l.cached_tokens,
-    reasoning_tokens = r.reasoning_tokens + l.reasoning_tokens,
-    cost_micros = r.cost_micros + l.cost_micros,
-    status = coalesce(l.status, r.status),
-    wait_reason = CASE WHEN l.status = 'waiting' THEN l.wait_reason END,
-    waiting_connection_id = CASE WHEN l.status = 'waiting' THEN l.waiting_connection_id END,
-    release = CASE WHEN l.status = 'waiting' AND l.between_turns THEN NULL ELSE r.release END,
+    step_count = r.step_count + (:step_counts::int[])[l.i],
+    model_calls = r.model_calls + (:model_calls::int[])[l.i],
+    tool_calls = r.tool_calls + (:tool_calls::int[])[l.i],
+    refused_calls = r.refused_calls + (:refused_calls::int[])[l.i],
+    tokens_used = r.tokens_used + (:tokens::bigint[])[l.i],
+    input_tokens = r.input_tokens + (:input_tokens::bigint[])[l.i],
+    output_tokens = r.output_tokens + (:output_tokens::bigint[])[l.i],
+    cached_tokens = r.cached_tokens + (:cached_tokens::bigint[])[l.i],
+    reasoning_tokens = r.reasoning_tokens + (:reasoning_tokens::bigint[])[l.i],
+    cost_micros = r.cost_micros + (:cost_micros::bigint[])[l.i],
+    status = coalesce((:statuses::text[])[l.i], r.status),
+    wait_reason = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                       THEN (:wait_reasons::text[])[l.i] END,
+    waiting_connection_id = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                                 THEN (:waiting_connection_ids::uuid[])[l.i] END,
+    release = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                        AND (:between_turns::boolean[])[l.i] THEN NULL
+                   ELSE r.release END,
     wake_at = CASE
         WHEN l.renews THEN l.renewed_until
-        WHEN l.status IS NULL THEN r.wake_at
-        WHEN l.status = 'waiting' THEN l.parked_until
+        WHEN (:statuses::text[])[l.i] IS NULL THEN r.wake_at
+        WHEN (:statuses::text[])[l.i] = 'waiting' THEN l.parked_until
     END,
-    lease_owner = CASE WHEN l.status IS NULL THEN r.lease_owner END,
-    output = CASE WHEN l.status = 'completed' THEN l.text END,
-    error = CASE WHEN l.status = 'failed' THEN l.text END,
-    finished_at = CASE WHEN l.status IN ('completed', 'failed') THEN l.now END,
+    lease_owner = CASE WHEN (:statuses::text[])[l.i] IS NULL THEN r.lease_owner END,
+    output = CASE WHEN (:statuses::text[])[l.i] = 'completed' THEN (:texts::text[])[l.i] END,
+    error = CASE WHEN (:statuses::text[])[l.i] = 'failed' THEN (:texts::text[])[l.i] END,
+    finished_at = CASE WHEN (:statuses::text[])[l.i] IN ('completed', 'failed') THEN l.now END,
     updated_at = now()
 FROM locked l
 WHERE r.workspace_id = :workspace_id AND r.run_id = l.run_id
