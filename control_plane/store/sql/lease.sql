@@ -158,7 +158,10 @@ FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jso
 -- it: those of higher priority due by the time it is, and those of its own
 -- priority with an earlier wake time (runs of another agent at its cap are
 -- passed over, so they are not counted). No row for a run that is not
--- waiting its turn.
+-- waiting its turn. The running counts are read by subqueries filtered by the
+-- workspace, not by workspace_running()/agent_running() over a column: on Citus
+-- those would run on the shard, where a function reading a distributed table is
+-- refused.
 WITH me AS (
     SELECT r.workspace_id, r.run_id, r.agent_id, r.wake_at, r.priority,
            r.wake_at <= coalesce($3::timestamptz, now()) AS due,
@@ -168,32 +171,37 @@ WITH me AS (
       AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
 )
 SELECT me.due,
-       workspace_running(w.workspace_id) AS workspace_running,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+        WHERE c.workspace_id = $1) AS workspace_running,
        w.max_concurrency AS workspace_max_concurrency,
-       agent_running(a.workspace_id, a.agent_id) AS agent_running,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM agent_running_counts c
+        WHERE c.workspace_id = $1 AND c.agent_id = a.agent_id) AS agent_running,
        a.max_concurrency AS agent_max_concurrency,
        (SELECT coalesce(sum(ahead.n + higher.n), 0)
         FROM agents o
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM runs x
-            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+            WHERE x.workspace_id = $1 AND x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
               AND x.status IN ('queued', 'waiting') AND x.priority = me.priority
               AND x.wake_at <= me.wake_at
               AND (x.wake_at < me.wake_at OR x.run_id < me.run_id)
         ) ahead
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM runs x
-            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+            WHERE x.workspace_id = $1 AND x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
               AND x.status IN ('queued', 'waiting') AND x.priority > me.priority
               AND x.wake_at <= me.due_by
         ) higher
-        WHERE o.workspace_id = me.workspace_id
+        WHERE o.workspace_id = $1 AND o.workspace_id = me.workspace_id
           AND (o.agent_id = me.agent_id OR o.max_concurrency IS NULL
-               OR agent_running(o.workspace_id, o.agent_id) < o.max_concurrency))::bigint
+               OR (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+                   WHERE c.workspace_id = $1 AND c.agent_id = o.agent_id)
+                  < o.max_concurrency))::bigint
        AS runs_ahead
 FROM me
-JOIN workspaces w ON w.workspace_id = me.workspace_id
-JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
+JOIN workspaces w ON w.workspace_id = $1 AND w.workspace_id = me.workspace_id
+JOIN agents a ON a.workspace_id = $1 AND a.workspace_id = me.workspace_id
+             AND a.agent_id = me.agent_id;
 
 -- name: run_heartbeat :many
 -- Renew the leases an executor holds in workspace $2 (runs $3 at epochs $4), in one

@@ -53,7 +53,8 @@ WITH admit_if AS (
     INSERT INTO session_turns (workspace_id, session_id, turn, run_id, request_id, created_at)
     SELECT workspace_id, :session_id, :turn, run_id, :turn_request_id, created_at FROM admitted
 ), bumped AS (
-    UPDATE sessions SET turn_count = :turn, updated_at = coalesce(:now::timestamptz, now())
+    UPDATE sessions SET turn_count = :turn,
+                        updated_at = (SELECT coalesce(:now::timestamptz, now()))  -- Citus: no clock in coalesce
     WHERE workspace_id = :workspace_id AND session_id = :session_id
 )
 SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created_at, status,
