@@ -2,9 +2,11 @@
 
 Every executor stream spawns a task per Commit message; those spawned in the same
 tick (several runs' commits read off one stream, or off several) reach `commit`
-before the loop runs the flush it scheduled with `call_soon`, so they go to the
-database together: one round trip, one transaction and one WAL flush for all of
-them (store/sql/steps.sql, run_commit_many). Nothing waits for company: a commit
+before the loop runs the flush it scheduled with `call_soon`, so those of one
+workspace go to the database together: one round trip, one transaction and one WAL
+flush for all of them (store/sql/steps.sql, run_commit_many). One statement per
+workspace, so that on Citus each is on one shard; those of a tick's several
+workspaces go out side by side. Nothing waits for company: a commit
 alone in its tick goes as it did before, through `steps.commit`, at once. Only when
 MAX_IN_FLIGHT statements are out already do new commits wait, for the first of them
 to return, and then go together (group commit, as Postgres does for WAL flushes).
@@ -184,7 +186,9 @@ class CommitGroups:
 
 
 def _groups(pending: list[_Waiting]) -> list[list[_Waiting]]:
-    """Split into statements: each run (and lease duration) once per statement, in order."""
+    """Split into statements: one workspace and lease duration per statement, each run
+    once in it, in order. One workspace, because a statement that locks runs of several
+    would span shards on Citus, which refuses it (docs/scaling.md)."""
     groups: list[tuple[set[tuple[str, object]], list[_Waiting]]] = []
     for waiting in pending:
         key = (waiting.req.workspace_id, waiting.req.run_id)
@@ -195,6 +199,7 @@ def _groups(pending: list[_Waiting]) -> list[list[_Waiting]]:
                 if key not in g[0]
                 and len(g[1]) < MAX_GROUP
                 and g[1][0].lease_seconds == waiting.lease_seconds
+                and g[1][0].req.workspace_id == waiting.req.workspace_id
             ),
             None,
         )

@@ -3,8 +3,9 @@ sweep of what the streams keep that nobody reads any more.
 
 The hub (control_plane/dispatch/deltas.py) hands every delta an executor streams for a
 run it holds to `offer`; they are written in batches, off the commit path, one INSERT per
-batch (`stream_deltas_put`: a delta lands once, and only while its epoch holds the run, so
-a fenced holder's late deltas land nowhere). A batch waits at most FLUSH_SECONDS; what
+workspace of a batch (`stream_deltas_put`: a delta lands once, and only while its epoch
+holds the run, so a fenced holder's late deltas land nowhere; one workspace, so that on
+Citus it is one shard). A batch waits at most FLUSH_SECONDS; what
 cannot be written (the database away) is dropped after a log line: the committed
 decision stays the record, as for the watchers.
 """
@@ -50,11 +51,17 @@ class DeltaStore:
         batch, self._pending = self._pending, []
         if not batch:
             return
-        columns = list(zip(*batch, strict=True))
-        try:
-            await run(self._pool, "stream_deltas_put", *(list(c) for c in columns))
-        except Exception as exc:  # noqa: BLE001 - deltas are best kept, never in the way
-            log.warning("dropped %d model deltas: %s", len(batch), exc)
+        by_workspace: dict[str, list[Row]] = {}
+        for row in batch:
+            by_workspace.setdefault(row[0], []).append(row)
+        for workspace_id, rows in by_workspace.items():
+            columns = list(zip(*(row[1:] for row in rows), strict=True))
+            try:
+                await run(
+                    self._pool, "stream_deltas_put", workspace_id, *(list(c) for c in columns)
+                )
+            except Exception as exc:  # noqa: BLE001 - deltas are best kept, never in the way
+                log.warning("dropped %d model deltas: %s", len(rows), exc)
 
     async def run_forever(self) -> None:
         while True:

@@ -131,12 +131,22 @@ async def queue_position(
     return QueuePosition(**dict(row)) if row is not None else None
 
 
-def _columns(leases: list[LeaseKey]) -> tuple[list[str], list[uuid.UUID], list[int]]:
-    return (
-        [lease.workspace_id for lease in leases],
-        [lease.run_id for lease in leases],
-        [lease.epoch for lease in leases],
-    )
+def _by_workspace(
+    leases: Sequence[LeaseKey],
+) -> list[tuple[str, list[uuid.UUID], list[int]]]:
+    """The leases as (workspace, its run ids, their epochs), one entry per workspace in
+    order: the statements over several leases name one workspace each, so that a Citus
+    coordinator routes each to one shard (a lock across shards is refused)."""
+    grouped: dict[str, tuple[list[uuid.UUID], list[int]]] = {}
+    for lease in leases:
+        ids, epochs = grouped.setdefault(lease.workspace_id, ([], []))
+        ids.append(lease.run_id)
+        epochs.append(lease.epoch)
+    return [(workspace_id, ids, epochs) for workspace_id, (ids, epochs) in grouped.items()]
+
+
+def _keys(rows: Sequence[asyncpg.Record]) -> list[LeaseKey]:
+    return [LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -156,20 +166,25 @@ async def heartbeat(
     lease_seconds: float,
     now: datetime | None = None,
 ) -> HeartbeatOutcome:
-    """Renew the leases still held within the run's limits; fail those past a limit."""
+    """Renew the leases still held within the run's limits; fail those past a limit.
+    A statement per workspace the leases are in, each its own transaction (each lease
+    is renewed or not on its own row, so nothing needs them together)."""
     if not leases:
         return HeartbeatOutcome({}, set())
-    cols = _columns(leases)
-    rows = await run(pool, "run_heartbeat", owner, *cols, lease_seconds, now)
+    rows: list[asyncpg.Record] = []
+    for workspace_id, ids, epochs in _by_workspace(leases):
+        rows += await run(
+            pool, "run_heartbeat", owner, workspace_id, ids, epochs, lease_seconds, now
+        )
     renewed = {
         LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["wake_at"] for r in rows
     }
     refused = [lease for lease in leases if lease not in renewed]
-    failed = (
-        await _retry_seq_race(pool, "run_fail_past_deadline", *_columns(refused), now)
-        if refused
-        else []
-    )
+    failed: list[asyncpg.Record] = []
+    for workspace_id, ids, epochs in _by_workspace(refused):
+        failed += await _retry_seq_race(
+            pool, "run_fail_past_deadline", workspace_id, ids, epochs, now
+        )
     past = {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["error"] for r in failed}
     return HeartbeatOutcome(
         renewed,
@@ -203,9 +218,19 @@ async def fail_past_max_age(
     pool: asyncpg.pool.Pool, batch: int, now: datetime | None = None
 ) -> list[LeaseKey]:
     """Fail up to `batch` runs past their max age that no executor holds; the lease each
-    had when it failed."""
-    rows = await _retry_seq_race(pool, "run_fail_past_max_age", batch, now)
-    return [LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows]
+    had when it failed. Two steps, as every sweeper: an unlocked read of the workspaces
+    that have such runs (every shard on Citus), then a locking statement per workspace
+    (one shard), each its own transaction."""
+    failed: list[LeaseKey] = []
+    for row in await run(pool, "runs_past_max_age_workspaces", batch, now):
+        if len(failed) >= batch:
+            break
+        failed += _keys(
+            await _retry_seq_race(
+                pool, "run_fail_past_max_age", batch - len(failed), now, row["workspace_id"]
+            )
+        )
+    return failed
 
 
 async def release_unassigned(
@@ -224,7 +249,11 @@ async def release_on_break(
 ) -> list[LeaseKey]:
     """Let these runs, still held by `owner` at these epochs, be taken over `after_seconds`
     from now (sooner if their lease lapses sooner): its stream ended. The ones moved."""
-    if not leases:
-        return []
-    rows = await run(pool, "run_release_on_break", owner, *_columns(leases), after_seconds, now)
-    return [LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows]
+    moved: list[LeaseKey] = []
+    for workspace_id, ids, epochs in _by_workspace(leases):
+        moved += _keys(
+            await run(
+                pool, "run_release_on_break", owner, workspace_id, ids, epochs, after_seconds, now
+            )
+        )
+    return moved

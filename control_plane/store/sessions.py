@@ -118,12 +118,26 @@ async def fast_lease(
     its steps and whether its workspace is metered, or None when the claim's rules say no
     (or a claim has it)."""
     tools = json.dumps(list(carried)) if carried is not None else None
-    routing = release.params() if release else (None, None, 0.0, False)
     async with transaction(conn) as tx:
         if await run(tx, "fast_path_lock_workspace", workspace_id) is None:
             return None  # at its cap (or gone)
+        # The release routing first, on its own (Citus plans release_share() only alone).
+        releases, own, share = None, None, (None, None, None, None)
+        if release is not None:
+            releases, own, live_seconds, gated = release.params()
+            got = await run(tx, "fast_path_routing", own, live_seconds, gated)
+            share = (got["lo"], got["hi"], got["reads_from"], got["writes"])
         row = await run(
-            tx, "fast_path_lease", workspace_id, run_id, owner, lease_seconds, tools, *routing
+            tx,
+            "fast_path_lease",
+            workspace_id,
+            run_id,
+            owner,
+            lease_seconds,
+            tools,
+            releases,
+            own,
+            *share,
         )
         if row is None:
             return None

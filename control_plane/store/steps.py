@@ -211,8 +211,10 @@ async def commit_many(
     lease_seconds: float,
     via: Lane | None = None,
 ) -> list[CommitResult | BaseException]:
-    """Commit several runs' requests (each run at most once) in one statement; each entry
-    is that request's result or the error `commit` would have raised for it alone.
+    """Commit several runs' requests (each run at most once, all of one workspace: the
+    statement names it, so a Citus coordinator routes it to one shard) in one statement;
+    each entry is that request's result or the error `commit` would have raised for it
+    alone.
 
     Fenced per run: a run no longer held is left out and settled alone (a retried
     duplicate is recognised, else Fenced) while the others land. If the statement
@@ -220,6 +222,8 @@ async def commit_many(
     wrote nothing, and each request is committed alone so only its own error is its own.
     `via` as commit's.
     """
+    if len({r.workspace_id for r in reqs}) > 1:
+        raise ValueError("commit_many takes the commits of one workspace")
     try:
         if faults.active():
             async with transaction(pool) as conn:
@@ -274,7 +278,7 @@ async def _apply_many(
     return await run(
         db,
         "run_commit_many",
-        workspace_ids=[r.workspace_id for r in reqs],
+        workspace_id=reqs[0].workspace_id,
         run_ids=[r.run_id for r in reqs],
         epochs=[r.epoch for r in reqs],
         model_calls=[r.model_calls for r in reqs],
@@ -294,6 +298,7 @@ async def _apply_many(
         renew_always=[r.renew_always for r in reqs],
         between_turns=[t.between_turns for t in ts],
         refused_calls=[r.refused_calls for r in reqs],
+        step_counts=[len(r.steps) for r in reqs],
         step_runs=[i for i, _ in steps],
         seqs=[s.seq for _, s in steps],
         kinds=[s.kind for _, s in steps],

@@ -15,13 +15,14 @@ approval decision) are named in tests/harness/citus.py and reported on every run
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from control_plane.store import citus
+from control_plane.store import citus, lease, steps
 from tests.harness.citus import HOT, SKIP_REASON, Verdict, citus_url, drop_database, fresh_database
 from tests.harness.citus import probe as probe_statements
 
@@ -119,3 +120,56 @@ def test_the_list_of_refused_and_multi_shard_statements_is_exactly_true(
 
 def test_every_hot_statement_is_named_and_known(verdicts: dict[str, Verdict]) -> None:
     assert set(HOT) <= set(verdicts)
+
+
+def commit_of(
+    key: lease.LeaseKey, seq: int, payload: str, renew_always: bool = True
+) -> steps.CommitRequest:
+    new = [steps.NewStep(seq, "model_decision", None, payload)]
+    return steps.CommitRequest(
+        key.workspace_id, key.run_id, key.epoch, new, renew_always=renew_always
+    )
+
+
+async def test_the_commit_and_the_lease_statements_run_on_rows_they_match(
+    citus_db: str, verdicts: dict[str, Verdict]
+) -> None:
+    """The probe takes a data error for the sample values' fault, so a statement Citus plans
+    but cannot run (one that fails reading back its intermediate results, "PGCOPY") passes
+    it. The commit and lease statements run here on the seeded running runs, one workspace
+    on each worker, through the store as the control plane calls them."""
+    assert verdicts  # the probe seeded the runs: running, held by their workspace's name
+    pool = await asyncpg.create_pool(citus_db, min_size=1, max_size=2)
+    try:
+        held = await pool.fetch(
+            "SELECT workspace_id, run_id, lease_epoch FROM runs WHERE status = 'running'"
+            " ORDER BY workspace_id"
+        )
+        assert len({r["workspace_id"] for r in held}) == 2
+        payload = json.dumps({"content": "x", "tool_calls": []})
+        for row in held:
+            key = lease.LeaseKey(row["workspace_id"], row["run_id"], row["lease_epoch"])
+            owner = key.workspace_id
+            assert set((await lease.heartbeat(pool, owner, [key], 30)).renewed) == {key}
+
+            kept = await steps.commit(pool, commit_of(key, 1, payload, renew_always=False), 30)
+            renewed = await steps.commit(pool, commit_of(key, 2, payload), 30)
+            assert (kept.status, kept.renewed, renewed.renewed) == ("running", False, True)
+            # The grouped statement itself (commit_many would fall back to single commits).
+            grouped = await steps._apply_many(pool, [commit_of(key, 3, payload)], 30)
+            assert [(r["i"], r["status"], r["renewed"]) for r in grouped] == [(1, "running", True)]
+            assert await lease.release_on_break(pool, owner, [key], 2) == [key]
+            await pool.execute(
+                "UPDATE runs SET active_seconds = 1e9 WHERE workspace_id = $1 AND run_id = $2",
+                key.workspace_id,
+                key.run_id,
+            )
+            assert (await lease.heartbeat(pool, owner, [key], 30)).past_deadline == {key}
+            done = await pool.fetchrow(
+                "SELECT status, step_count FROM runs WHERE workspace_id = $1 AND run_id = $2",
+                key.workspace_id,
+                key.run_id,
+            )
+            assert (done["status"], done["step_count"]) == ("failed", 5)
+    finally:
+        await pool.close()

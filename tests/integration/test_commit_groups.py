@@ -90,6 +90,22 @@ async def test_one_tick_of_commits_is_one_statement_and_each_run_lands_as_alone(
     ]
 
 
+async def test_a_tick_of_several_workspaces_is_one_statement_per_workspace(pool, groups):
+    """A statement that locks runs of several workspaces spans shards on Citus, which
+    refuses it: a tick's commits go as one statement per workspace, each landing."""
+    await factories.queued_runs(pool, 2, "ws-one")
+    await factories.queued_runs(pool, 1, "ws-two")
+    held = await lease.claim_due(pool, ["ex-a"] * 3, 30)
+    assert sorted(r.workspace_id for r in held) == ["ws-one", "ws-one", "ws-two"]
+    results = await asyncio.gather(*(groups.commit(request(r, [step(1)]), 30) for r in held))
+    assert (groups.statements, groups.grouped) == (2, 3)
+    assert [r.status for r in results] == ["running"] * 3
+    for r in held:
+        assert (await runs.get_run(pool, r.workspace_id, r.run_id)).step_count == 2
+    with pytest.raises(ValueError, match="one workspace"):
+        await steps.commit_many(pool, [request(r, [step(2)]) for r in held], 30)
+
+
 async def test_a_fenced_run_in_the_group_fails_alone(pool, groups):
     held = await held_runs(pool, 2)
     later = max(r.wake_at for r in held) + timedelta(seconds=1)

@@ -163,6 +163,41 @@ async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(poo
     assert row.step_count == len(log) and row.held_since is None
 
 
+async def test_leases_of_several_workspaces_are_renewed_released_and_failed_alike(pool):
+    """The statements over several leases name one workspace each (on Citus, one shard;
+    a lock across shards is refused): the store sends one per workspace, and the outcome
+    is the one a single statement gave."""
+    await factories.queued_runs(pool, 2, "ws-one", deadline_seconds=60)
+    await factories.queued_runs(pool, 1, "ws-two", deadline_seconds=60)
+    held = await lease.claim_due(pool, ["ex-a"] * 3, 30)
+    assert sorted(h.workspace_id for h in held) == ["ws-one", "ws-one", "ws-two"]
+    beat = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30)
+    assert set(beat.renewed) == {key(h) for h in held}
+    moved = await lease.release_on_break(pool, "ex-a", [key(h) for h in held], 2)
+    assert set(moved) == {key(h) for h in held}
+    await pool.execute("UPDATE runs SET active_seconds = 59.5")
+    later = held[0].held_since + timedelta(seconds=1)
+    out = await lease.heartbeat(pool, "ex-a", [key(h) for h in held], 30, now=later)
+    assert out.renewed == {} and out.past_deadline == {key(h) for h in held}
+    # The max-age sweep: workspaces first (unlocked), then a locking statement each,
+    # `batch` runs in all, the longest overdue first.
+    await factories.queued_runs(pool, 2, "ws-one")
+    await factories.queued_runs(pool, 2, "ws-two")
+    await pool.execute(
+        "UPDATE runs SET max_age_seconds = 600,"
+        " expires_at = now() - make_interval(secs => CASE workspace_id"
+        " WHEN 'ws-two' THEN 60 ELSE 30 END) WHERE status = 'queued'"
+    )
+    first = await lease.fail_past_max_age(pool, 3)
+    assert sorted(k.workspace_id for k in first) == ["ws-one", "ws-two", "ws-two"]
+    rest = await lease.fail_past_max_age(pool, 3)
+    assert [k.workspace_id for k in rest] == ["ws-one"]
+    assert await lease.fail_past_max_age(pool, 3) == []
+    for k in first + rest:
+        row = await runs.get_run(pool, k.workspace_id, k.run_id)
+        assert (row.status, row.error) == ("failed", "max age exceeded")
+
+
 async def test_cancel_fences_the_holder(pool):
     (run,) = await factories.queued_runs(pool, 1)
     (held,) = await lease.claim_due(pool, ["ex-a"], 30)

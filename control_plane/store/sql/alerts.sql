@@ -1,12 +1,17 @@
 -- name: alert_insert :one
--- A new alert rule; no row when the name is taken.
-INSERT INTO alert_rules (workspace_id, name, channel_id, recipient, kind, agent_id,
-                         window_seconds, min_finished, threshold, waiting_seconds)
-VALUES (:workspace_id, :rule_name, :channel_id, :recipient, :kind, :agent_id,
-        :window_seconds, :min_finished, :threshold, :waiting_seconds)
-ON CONFLICT (workspace_id, name) DO NOTHING
-RETURNING *, (SELECT name FROM channels WHERE workspace_id = :workspace_id
-                                          AND channel_id = :channel_id) AS channel_name;
+-- A new alert rule; no row when the name is taken. (The insert in a CTE and the channel's
+-- name read outside it: Citus plans no subquery in an INSERT.)
+WITH added AS (
+    INSERT INTO alert_rules (workspace_id, name, channel_id, recipient, kind, agent_id,
+                             window_seconds, min_finished, threshold, waiting_seconds)
+    VALUES (:workspace_id, :rule_name, :channel_id, :recipient, :kind, :agent_id,
+            :window_seconds, :min_finished, :threshold, :waiting_seconds)
+    ON CONFLICT (workspace_id, name) DO NOTHING
+    RETURNING *
+)
+SELECT a.*, (SELECT c.name FROM channels c WHERE c.workspace_id = :workspace_id
+                                            AND c.channel_id = :channel_id) AS channel_name
+FROM added a;
 
 -- name: alert_list :many
 -- A workspace's alert rules, by name, with their channel's name.

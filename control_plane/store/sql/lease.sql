@@ -158,7 +158,10 @@ FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jso
 -- it: those of higher priority due by the time it is, and those of its own
 -- priority with an earlier wake time (runs of another agent at its cap are
 -- passed over, so they are not counted). No row for a run that is not
--- waiting its turn.
+-- waiting its turn. The running counts are read by subqueries filtered by the
+-- workspace, not by workspace_running()/agent_running() over a column: on Citus
+-- those would run on the shard, where a function reading a distributed table is
+-- refused.
 WITH me AS (
     SELECT r.workspace_id, r.run_id, r.agent_id, r.wake_at, r.priority,
            r.wake_at <= coalesce($3::timestamptz, now()) AS due,
@@ -168,87 +171,102 @@ WITH me AS (
       AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
 )
 SELECT me.due,
-       workspace_running(w.workspace_id) AS workspace_running,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
+        WHERE c.workspace_id = $1) AS workspace_running,
        w.max_concurrency AS workspace_max_concurrency,
-       agent_running(a.workspace_id, a.agent_id) AS agent_running,
+       (SELECT coalesce(sum(c.n), 0)::bigint FROM agent_running_counts c
+        WHERE c.workspace_id = $1 AND c.agent_id = a.agent_id) AS agent_running,
        a.max_concurrency AS agent_max_concurrency,
        (SELECT coalesce(sum(ahead.n + higher.n), 0)
         FROM agents o
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM runs x
-            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+            WHERE x.workspace_id = $1 AND x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
               AND x.status IN ('queued', 'waiting') AND x.priority = me.priority
               AND x.wake_at <= me.wake_at
               AND (x.wake_at < me.wake_at OR x.run_id < me.run_id)
         ) ahead
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM runs x
-            WHERE x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
+            WHERE x.workspace_id = $1 AND x.workspace_id = o.workspace_id AND x.agent_id = o.agent_id
               AND x.status IN ('queued', 'waiting') AND x.priority > me.priority
               AND x.wake_at <= me.due_by
         ) higher
-        WHERE o.workspace_id = me.workspace_id
+        WHERE o.workspace_id = $1 AND o.workspace_id = me.workspace_id
           AND (o.agent_id = me.agent_id OR o.max_concurrency IS NULL
-               OR agent_running(o.workspace_id, o.agent_id) < o.max_concurrency))::bigint
+               OR (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+                   WHERE c.workspace_id = $1 AND c.agent_id = o.agent_id)
+                  < o.max_concurrency))::bigint
        AS runs_ahead
 FROM me
-JOIN workspaces w ON w.workspace_id = me.workspace_id
-JOIN agents a ON a.workspace_id = me.workspace_id AND a.agent_id = me.agent_id;
+JOIN workspaces w ON w.workspace_id = $1 AND w.workspace_id = me.workspace_id
+JOIN agents a ON a.workspace_id = $1 AND a.workspace_id = me.workspace_id
+             AND a.agent_id = me.agent_id;
 
 -- name: run_heartbeat :many
--- Renew every lease an executor holds, in one statement, while the run is
--- within its limits: active time (the holds so far, this one included) under
--- its deadline, and its max age not passed. A lease missing from the result
--- was lost (taken, cancelled, finished) or is past a limit. Database clock
--- unless $6 fixes it. The rows are locked first, in (workspace_id, run_id)
--- order as run_commit_many locks them: the executor's grouped commits touch
--- the same rows, and in any other order the two could deadlock. `paused`: a
--- PauseRun the holder is asked (again) to act on, whichever replica took it.
+-- Renew the leases an executor holds in workspace $2 (runs $3 at epochs $4), in one
+-- statement, while the run is within its limits: active time (the holds so far,
+-- this one included) under its deadline, and its max age not passed. A lease
+-- missing from the result was lost (taken, cancelled, finished) or is past a
+-- limit. Database clock unless $6 fixes it. One workspace per statement: on Citus
+-- it is then one shard (a lock across shards is refused); the store sends one per
+-- workspace the executor holds runs of. The rows are locked first, in run_id order
+-- as run_commit_many locks them: the executor's grouped commits touch the same
+-- rows, and in any other order the two could deadlock. `paused`: a PauseRun the
+-- holder is asked (again) to act on, whichever replica took it.
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($6::timestamptz, now()) AS now
+    SELECT (SELECT coalesce($6::timestamptz, now())) AS now
 ), locked AS (
-    SELECT r.workspace_id, r.run_id FROM runs r
-    JOIN unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
-      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-    WHERE r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
+    SELECT r.run_id FROM runs r
+    JOIN unnest($3::uuid[], $4::bigint[]) AS h(run_id, epoch) ON r.run_id = h.run_id
+    WHERE r.workspace_id = $2
+      AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
       AND r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
           < r.deadline_seconds
       AND (r.expires_at IS NULL OR r.expires_at > (SELECT now FROM clock))
-    ORDER BY r.workspace_id, r.run_id
+    ORDER BY r.run_id
     FOR NO KEY UPDATE OF r
 )
-UPDATE runs r SET wake_at = (SELECT now FROM clock) + make_interval(secs => $5), updated_at = now()
+UPDATE runs r
+SET wake_at = (SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $5)),
+    updated_at = now()
 FROM locked l
-WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
+WHERE r.workspace_id = $2 AND r.run_id = l.run_id
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at, r.paused;
 
 -- name: run_fail_past_deadline :many
--- Fail held runs past a limit (the heartbeat refused them): "deadline
--- exceeded" once their active time reached the deadline, "max age exceeded"
--- once their max age passed. Database clock unless $4 fixes it.
+-- Fail held runs of workspace $1 (runs $2 at epochs $3) past a limit (the heartbeat
+-- refused them): "deadline exceeded" once their active time reached the deadline,
+-- "max age exceeded" once their max age passed. Database clock unless $4 fixes
+-- it. One workspace, one shard on Citus, as run_heartbeat; the finish step's seq is
+-- read in the statement (run_next_seq() inlined: on a shard, a function reading a
+-- distributed table is refused).
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($4::timestamptz, now()) AS now
+    SELECT (SELECT coalesce($4::timestamptz, now())) AS now
 ), past AS (
     SELECT r.workspace_id, r.run_id,
            CASE WHEN r.expires_at <= (SELECT now FROM clock) THEN 'max age exceeded'
                 ELSE 'deadline exceeded' END AS error
     FROM runs r
-    JOIN unnest($1::text[], $2::uuid[], $3::bigint[]) AS h(workspace_id, run_id, epoch)
-      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id AND r.lease_epoch = h.epoch
-    WHERE r.status = 'running'
+    WHERE r.workspace_id = $1 AND r.run_id = ANY($2::uuid[])
+      AND r.lease_epoch = ($3::bigint[])[array_position($2::uuid[], r.run_id)]
+      AND r.status = 'running'
       AND (r.expires_at <= (SELECT now FROM clock)
            OR r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
               >= r.deadline_seconds)
-    ORDER BY r.workspace_id, r.run_id  -- the order every multi-run statement locks in
+    ORDER BY r.run_id  -- the order every multi-run statement locks in
     FOR NO KEY UPDATE OF r
 ), failed AS (
     UPDATE runs r SET status = 'failed', error = p.error, wake_at = NULL,
-                      lease_owner = NULL, step_count = r.step_count + 1, finished_at = (SELECT now FROM clock), updated_at = now()
+                      lease_owner = NULL, step_count = r.step_count + 1,
+                      finished_at = (SELECT now FROM clock), updated_at = now()
     FROM past p
-    WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+    WHERE r.workspace_id = $1 AND r.run_id = p.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
 ), to_append AS (
-    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+    SELECT f.workspace_id, f.run_id,
+           (SELECT coalesce(max(s.seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = $1 AND s.run_id = f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', f.error) AS payload,
            now() AS created_at, NULL::text AS release
@@ -274,15 +292,32 @@ WITH failed AS (
 ), {{steps_append}}
 SELECT * FROM failed;
 
+-- name: runs_past_max_age_workspaces :many
+-- Up to $1 workspaces with runs past their max age that nobody holds (queued,
+-- parked, or with a lapsed lease), the longest overdue first: the max-age sweep's
+-- first step. No lock: on Citus this reads every shard, which a locking read may
+-- not. Database clock unless $2 fixes it.
+SELECT r.workspace_id FROM runs r
+WHERE r.expires_at IS NOT NULL AND r.expires_at <= coalesce($2::timestamptz, now())
+  AND (r.status IN ('queued', 'waiting')
+       OR (r.status = 'running' AND r.wake_at <= coalesce($2::timestamptz, now())))
+GROUP BY r.workspace_id
+ORDER BY min(r.expires_at)
+LIMIT $1;
+
 -- name: run_fail_past_max_age :many
--- Fail up to $1 runs past their max age that nobody holds: queued, parked
--- (on a time or on an event that may never come), or with a lapsed lease.
--- Held runs are the heartbeat's (it refuses them). Database clock unless $2.
+-- Fail up to $1 runs of workspace $3 past their max age that nobody holds:
+-- queued, parked (on a time or on an event that may never come), or with a lapsed
+-- lease; rows another replica has locked are skipped. Held runs are the
+-- heartbeat's (it refuses them). Database clock unless $2. One workspace: one
+-- shard on Citus (runs_past_max_age_workspaces names them); the finish step's
+-- seq is read in the statement, as run_fail_past_deadline's.
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($2::timestamptz, now()) AS now
+    SELECT (SELECT coalesce($2::timestamptz, now())) AS now
 ), expired AS (
     SELECT r.workspace_id, r.run_id FROM runs r
-    WHERE r.expires_at IS NOT NULL AND r.expires_at <= (SELECT now FROM clock)
+    WHERE r.workspace_id = $3
+      AND r.expires_at IS NOT NULL AND r.expires_at <= (SELECT now FROM clock)
       AND (r.status IN ('queued', 'waiting')
            OR (r.status = 'running' AND r.wake_at <= (SELECT now FROM clock)))
     ORDER BY r.expires_at
@@ -290,13 +325,15 @@ WITH clock AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ), failed AS (
     UPDATE runs r SET status = 'failed', error = 'max age exceeded', wait_reason = NULL,
-                      step_count = r.step_count + 1, wake_at = NULL, lease_owner = NULL, finished_at = (SELECT now FROM clock),
-                      updated_at = now()
+                      step_count = r.step_count + 1, wake_at = NULL, lease_owner = NULL,
+                      finished_at = (SELECT now FROM clock), updated_at = now()
     FROM expired e
-    WHERE r.workspace_id = e.workspace_id AND r.run_id = e.run_id
+    WHERE r.workspace_id = $3 AND r.run_id = e.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch
 ), to_append AS (
-    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+    SELECT f.workspace_id, f.run_id,
+           (SELECT coalesce(max(s.seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = $3 AND s.run_id = f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', 'max age exceeded') AS payload,
            now() AS created_at, NULL::text AS release
@@ -316,23 +353,23 @@ WHERE workspace_id = $1 AND run_id = $2 AND lease_epoch = $3 AND status = 'runni
 
 -- name: run_release_on_break :many
 -- An executor's stream ended (closed, reset, or declared silent): let the runs
--- it held there, at these epochs, be taken over once $5 seconds have passed,
--- or when their lease lapses if that is sooner ("Release on break" at the top
--- of this file says why this is safe). Epochs and fencing are untouched.
--- Database clock unless $6 fixes it. Locked in (workspace_id, run_id) order,
--- as run_heartbeat says why.
+-- it held there in workspace $2 (runs $3 at epochs $4) be taken over once $5
+-- seconds have passed, or when their lease lapses if that is sooner ("Release on
+-- break" at the top of this file says why this is safe). Epochs and fencing are
+-- untouched. Database clock unless $6 fixes it. One workspace per statement (one
+-- shard on Citus), locked in run_id order, as run_heartbeat says why.
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $5) AS release_at
+    SELECT (SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $5)) AS release_at
 ), locked AS (
-    SELECT r.workspace_id, r.run_id FROM runs r
-    JOIN unnest($2::text[], $3::uuid[], $4::bigint[]) AS h(workspace_id, run_id, epoch)
-      ON r.workspace_id = h.workspace_id AND r.run_id = h.run_id
-    WHERE r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
+    SELECT r.run_id FROM runs r
+    JOIN unnest($3::uuid[], $4::bigint[]) AS h(run_id, epoch) ON r.run_id = h.run_id
+    WHERE r.workspace_id = $2
+      AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
       AND r.wake_at > (SELECT release_at FROM clock)
-    ORDER BY r.workspace_id, r.run_id
+    ORDER BY r.run_id
     FOR NO KEY UPDATE OF r
 )
 UPDATE runs r SET wake_at = (SELECT release_at FROM clock), updated_at = now()
 FROM locked l
-WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
+WHERE r.workspace_id = $2 AND r.run_id = l.run_id
 RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at;

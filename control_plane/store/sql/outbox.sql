@@ -1,18 +1,20 @@
 -- name: outbox_insert :exec
 -- Queue a notification in the same transaction as what it announces, and the same
 -- notification once per webhook channel of the workspace (its id fixed now: the webhook-id
--- every retry repeats; the body names the row's own channel and recipient).
+-- every retry repeats; the body names the row's own channel and recipient). Both inserts
+-- take their values from the parameters and the channels, not from each other: Citus
+-- plans no INSERT ... SELECT from a writing CTE.
 WITH note AS (
     INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
     VALUES ($1, $2, $3, $4, $5, $6::jsonb)
-    RETURNING workspace_id, kind, channel, recipient, payload
+), hooks AS (
+    INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
+    SELECT c.workspace_id, gen_random_uuid(), $3, 'webhook', c.channel_id::text,
+           $6::jsonb || jsonb_build_object('channel', $4::text, 'recipient', $5::text)
+    FROM channels c
+    WHERE c.workspace_id = $1 AND c.kind = 'webhook' AND $4::text <> 'webhook'
 )
-INSERT INTO outbox (workspace_id, notification_id, kind, channel, recipient, payload)
-SELECT n.workspace_id, gen_random_uuid(), n.kind, 'webhook', c.channel_id::text,
-       n.payload || jsonb_build_object('channel', n.channel, 'recipient', n.recipient)
-FROM note n
-JOIN channels c ON c.workspace_id = $1 AND c.workspace_id = n.workspace_id AND c.kind = 'webhook'
-WHERE n.channel <> 'webhook';
+SELECT 1;
 
 -- name: outbox_due_workspaces :many
 -- Up to $1 workspaces with a notification due, the longest waiting first. No lock:

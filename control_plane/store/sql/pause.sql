@@ -4,42 +4,65 @@
 
 -- name: run_pause :one
 -- PauseRun: mark an unfinished run paused (a running one is then asked to hand itself back).
-UPDATE runs SET paused = true, updated_at = now()
-WHERE workspace_id = $1 AND run_id = $2 AND status IN ('queued', 'running', 'waiting')
-RETURNING *, run_held_seconds(held_since, wake_at, now()) AS held_seconds;
+-- (The write in a CTE and the clock outside it: Citus allows no clock in RETURNING.)
+WITH paused AS (
+    UPDATE runs SET paused = true, updated_at = now()
+    WHERE workspace_id = $1 AND run_id = $2 AND status IN ('queued', 'running', 'waiting')
+    RETURNING *
+)
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM paused;
 
 -- name: run_resume :one
--- ResumeRun: a paused run is claimable again, due as its wait says.
+-- ResumeRun: a paused run is claimable again, due as its wait says. Lowers the
+-- workspace's next_wake_at as workspace_lower_next_wake() does (the KEY SHARE lock
+-- held to the end, then an update only when it lowers it), written out: on Citus that
+-- function, called with a column, would run on the shard and reach the workspaces
+-- table from there, which is refused.
 WITH resumed AS (
     UPDATE runs SET paused = false, updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2 AND paused
     RETURNING *
+), held AS (
+    SELECT w.workspace_id, r.wake_at FROM workspaces w JOIN resumed r USING (workspace_id)
+    WHERE w.workspace_id = $1 AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+    FOR KEY SHARE OF w
 ), lowered AS (
-    SELECT workspace_lower_next_wake(workspace_id, wake_at) FROM resumed
-    WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
+    UPDATE workspaces w SET next_wake_at = h.wake_at
+    FROM held h
+    WHERE w.workspace_id = $1 AND h.workspace_id = w.workspace_id
+      AND (w.next_wake_at IS NULL OR w.next_wake_at > h.wake_at)
+    RETURNING w.workspace_id
 )
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds,
-       (SELECT count(*) FROM lowered) AS lowered
+       (SELECT count(*) FROM held) AS lowered
 FROM resumed;
 
 -- name: agent_set_paused :one
 -- SetQueuePaused(agent_id): hold or free an agent's runs; its queued or waiting runs.
+-- Freeing them lowers next_wake_at as run_resume does.
 WITH agent AS (
     UPDATE agents SET paused = $3 WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id
 ), first AS (
     SELECT min(r.wake_at) AS wake_at FROM runs r, agent a
-    WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+    WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
       AND r.status IN ('queued', 'waiting')
+), held AS (
+    SELECT w.workspace_id, f.wake_at FROM workspaces w, first f
+    WHERE w.workspace_id = $1 AND NOT $3 AND f.wake_at IS NOT NULL
+    FOR KEY SHARE OF w
 ), lowered AS (
-    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
-    WHERE NOT $3 AND f.wake_at IS NOT NULL
+    UPDATE workspaces w SET next_wake_at = h.wake_at
+    FROM held h
+    WHERE w.workspace_id = $1 AND h.workspace_id = w.workspace_id
+      AND (w.next_wake_at IS NULL OR w.next_wake_at > h.wake_at)
+    RETURNING w.workspace_id
 )
 SELECT (SELECT count(*) FROM agent) AS found,
        (SELECT count(*) FROM runs r, agent a
-        WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+        WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting')) AS queued_runs,
-       (SELECT count(*) FROM lowered) AS lowered;
+       (SELECT count(*) FROM held) AS lowered;
 
 -- name: workspace_set_queue_paused :one
 -- SetQueuePaused(workspace): the claim gives the workspace no turn while set; its next_wake_at

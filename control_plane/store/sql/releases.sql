@@ -20,24 +20,41 @@ WHERE (rl.log_version, rl.log_reads_from)
 -- Every known release ($1 NULL) or one, newest first, with its executors seen
 -- within $2 seconds, the runs it holds (and when the oldest hold began), the runs
 -- pinned to it that wait for one of its executors, and the runs that finished on it.
+-- The runs are counted in one grouped read and the executors (a coordinator-local
+-- table) in a CTE, both joined to the reference table `releases`: Citus plans that,
+-- and refuses correlated subqueries beside a reference table or a direct join of a
+-- local table with distributed ones (as releases_draining).
+WITH counted AS (
+    SELECT r.release,
+           count(*) FILTER (WHERE r.status = 'running') AS runs_held,
+           min(r.held_since) FILTER (WHERE r.status = 'running') AS oldest_held_since,
+           count(*) FILTER (WHERE r.status IN ('queued', 'waiting')) AS runs_waiting,
+           count(*) FILTER (WHERE r.status = 'completed') AS runs_completed,
+           count(*) FILTER (WHERE r.status = 'failed') AS runs_failed
+    FROM runs r
+    WHERE r.release IS NOT NULL AND ($1::text IS NULL OR r.release = $1)
+      AND r.status IN ('running', 'queued', 'waiting', 'completed', 'failed')
+    GROUP BY r.release
+), seen AS (
+    SELECT e.release, array_agg(e.executor_id ORDER BY e.executor_id) AS executors
+    FROM executor_tools e
+    WHERE e.last_seen > now() - make_interval(secs => $2)
+      AND ($1::text IS NULL OR e.release = $1)
+    GROUP BY e.release
+)
 SELECT rl.release, rl.first_seen_at, rl.promoted_at, rl.draining_since, rl.drain_deadline,
        rl.canary_passed_at, rl.canary_failed_at, rl.canary_failure, rl.ramp_percent,
        rl.rolled_back_at,
-       coalesce((SELECT array_agg(e.executor_id ORDER BY e.executor_id) FROM executor_tools e
-                 WHERE e.release = rl.release
-                   AND e.last_seen > now() - make_interval(secs => $2)), '{}') AS executors,
-       (SELECT count(*) FROM runs r
-        WHERE r.release = rl.release AND r.status = 'running') AS runs_held,
-       (SELECT min(r.held_since) FROM runs r
-        WHERE r.release = rl.release AND r.status = 'running') AS oldest_held_since,
-       (SELECT count(*) FROM runs r
-        WHERE r.release = rl.release AND r.status IN ('queued', 'waiting')) AS runs_waiting,
-       (SELECT count(*) FROM runs r
-        WHERE r.release = rl.release AND r.status = 'completed') AS runs_completed,
-       (SELECT count(*) FROM runs r
-        WHERE r.release = rl.release AND r.status = 'failed') AS runs_failed,
+       coalesce(s.executors, '{}') AS executors,
+       coalesce(c.runs_held, 0) AS runs_held,
+       c.oldest_held_since,
+       coalesce(c.runs_waiting, 0) AS runs_waiting,
+       coalesce(c.runs_completed, 0) AS runs_completed,
+       coalesce(c.runs_failed, 0) AS runs_failed,
        now() AS now
 FROM releases rl
+LEFT JOIN counted c ON c.release = rl.release
+LEFT JOIN seen s ON s.release = rl.release
 WHERE $1::text IS NULL OR rl.release = $1
 ORDER BY coalesce(rl.promoted_at, rl.first_seen_at) DESC, rl.release DESC;
 

@@ -127,30 +127,35 @@ LIMIT $1;
 -- name: run_fail_waited_too_long :many
 -- Fail up to $3 of workspace $1's runs waiting longer than their kind's limit ($2: a JSON
 -- object, wait kind -> seconds, positive ones only), each with a finish step saying which
--- limit. A waiting run's updated_at is when it parked. Database clock unless $4.
+-- limit. A waiting run's updated_at is when it parked. Database clock unless $4. The
+-- error is written in `overdue` and the finish step's seq read in the statement: Citus
+-- allows no stable function over columns in an UPDATE, nor a function reading a
+-- distributed table on a shard (run_next_seq()).
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($4::timestamptz, now()) AS now
-), limits AS (
-    SELECT key AS reason, value::float8 AS secs FROM jsonb_each_text($2::jsonb)
+    SELECT (SELECT coalesce($4::timestamptz, now())) AS now
 ), overdue AS (
-    SELECT r.workspace_id, r.run_id, l.reason, l.secs FROM runs r
-    JOIN limits l ON r.wait_reason = l.reason
+    SELECT r.workspace_id, r.run_id,
+           format('waited for %s longer than the workspace allows (%s s)',
+                  r.wait_reason, ($2::jsonb ->> r.wait_reason)::float8::bigint) AS error
+    FROM runs r
     WHERE r.workspace_id = $1 AND r.status = 'waiting'
-      AND r.updated_at <= (SELECT now FROM clock) - make_interval(secs => l.secs)
+      AND r.updated_at <= (SELECT now FROM clock)
+                          - make_interval(secs => ($2::jsonb ->> r.wait_reason)::float8)
     ORDER BY r.updated_at
     LIMIT $3
     FOR NO KEY UPDATE OF r SKIP LOCKED
 ), failed AS (
     UPDATE runs r SET status = 'failed', wait_reason = NULL, wake_at = NULL, lease_owner = NULL,
-                      error = format('waited for %s longer than the workspace allows (%s s)',
-                                     o.reason, o.secs::bigint),
+                      error = o.error,
                       step_count = r.step_count + 1, finished_at = (SELECT now FROM clock),
                       updated_at = now()
     FROM overdue o
     WHERE r.workspace_id = $1 AND r.workspace_id = o.workspace_id AND r.run_id = o.run_id
     RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.error
 ), to_append AS (
-    SELECT f.workspace_id, f.run_id, run_next_seq(f.workspace_id, f.run_id) AS seq,
+    SELECT f.workspace_id, f.run_id,
+           (SELECT coalesce(max(s.seq), -1) + 1 FROM steps s
+            WHERE s.workspace_id = $1 AND s.run_id = f.run_id) AS seq,
            'finish' AS kind, f.lease_epoch AS epoch, NULL::int AS ref_seq,
            jsonb_build_object('status', 'failed', 'error', f.error) AS payload,
            now() AS created_at, NULL::text AS release

@@ -1154,8 +1154,12 @@ $$;
 -- seconds; the claimers themselves count), not draining, and with `gated`, past its
 -- canary (release_opened). Always exactly one row (own NULL: no share, every version).
 CREATE FUNCTION release_share(own text, live double precision, gated boolean)
-RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE sql STABLE
+RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE plpgsql STABLE
 AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: Citus plans no SQL function's statement over its tables (here the
+    -- reference table releases) with parameters, wherever it is called from.
+    RETURN QUERY
     WITH open AS (
         SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
         FROM releases rl
@@ -1166,22 +1170,22 @@ AS $$
             SELECT 1 FROM executor_tools e
             WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => live)))
     ), main AS (
-        SELECT release FROM open WHERE ramp_percent IS NULL
-        ORDER BY since DESC, release DESC LIMIT 1
+        SELECT o.release FROM open o WHERE o.ramp_percent IS NULL
+        ORDER BY o.since DESC, o.release DESC LIMIT 1
     ), ramp AS (
-        SELECT release, ramp_percent FROM open WHERE ramp_percent IS NOT NULL
-        ORDER BY since DESC, release DESC LIMIT 1
+        SELECT o.release, o.ramp_percent FROM open o WHERE o.ramp_percent IS NOT NULL
+        ORDER BY o.since DESC, o.release DESC LIMIT 1
     )
-    SELECT CASE WHEN own = (SELECT release FROM main)
-                THEN coalesce((SELECT ramp_percent FROM ramp), 0) ELSE 0 END,
-           CASE WHEN own = (SELECT release FROM main) THEN 100
-                WHEN own = (SELECT release FROM ramp)
-                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
+    SELECT CASE WHEN own = (SELECT m.release FROM main m)
+                THEN coalesce((SELECT r.ramp_percent FROM ramp r), 0) ELSE 0 END,
+           CASE WHEN own = (SELECT m.release FROM main m) THEN 100
+                WHEN own = (SELECT r.release FROM ramp r)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT r.ramp_percent FROM ramp r)
                           ELSE 100 END
                 ELSE 0 END,
            coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
-           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
-$$;
+           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647);
+END $$;
 
 -- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
 -- hash of its id, so a run keeps its side of a ramp for as long as the ramp stands.
@@ -2487,12 +2491,21 @@ CREATE TABLE workspace_events (
 
 CREATE INDEX workspace_events_in_order ON workspace_events (workspace_id, xid, event_id);
 
+-- The transition table is read by a local query into arrays, then inserted from
+-- unnest(): on a Citus worker a distributed INSERT ... SELECT cannot see `inserted`.
 CREATE FUNCTION workspace_events_runs_created() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ws text[];
+    ids text[];
+    details jsonb[];
 BEGIN
+    -- Read the transition table locally (Citus cannot hand it to a distributed insert).
+    SELECT array_agg(workspace_id), array_agg(run_id::text),
+           array_agg(jsonb_build_object('agent_id', agent_id, 'status', status))
+      INTO ws, ids, details
+      FROM inserted;
     INSERT INTO workspace_events (workspace_id, kind, object_id, detail)
-    SELECT workspace_id, 'run.created', run_id::text,
-           jsonb_build_object('agent_id', agent_id, 'status', status)
-    FROM inserted;
+    SELECT w, 'run.created', o, d FROM unnest(ws, ids, details) AS t(w, o, d);
     RETURN NULL;
 END $$;
 

@@ -53,7 +53,8 @@ WITH admit_if AS (
     INSERT INTO session_turns (workspace_id, session_id, turn, run_id, request_id, created_at)
     SELECT workspace_id, :session_id, :turn, run_id, :turn_request_id, created_at FROM admitted
 ), bumped AS (
-    UPDATE sessions SET turn_count = :turn, updated_at = coalesce(:now::timestamptz, now())
+    UPDATE sessions SET turn_count = :turn,
+                        updated_at = (SELECT coalesce(:now::timestamptz, now()))  -- Citus: no clock in coalesce
     WHERE workspace_id = :workspace_id AND session_id = :session_id
 )
 SELECT :turn::int AS turn, run_id, :turn_request_id::text AS request_id, created_at, status,
@@ -91,9 +92,22 @@ UPDATE session_turns SET ended_by = $4 WHERE workspace_id = $1 AND session_id = 
 -- together; the lease statement after it is a new statement and sees every
 -- lease taken under the lock before. The room read here is from before the
 -- lock (0027_running_counts.sql): only an early no; fast_path_lease reads it again.
-SELECT workspace_id FROM workspaces
-WHERE workspace_id = $1 AND workspace_running(workspace_id) < max_concurrency
-FOR NO KEY UPDATE;
+-- (workspace_running() inlined: on a Citus shard a function reading a
+-- distributed table is refused.)
+SELECT w.workspace_id FROM workspaces w
+WHERE w.workspace_id = $1
+  AND (SELECT coalesce(sum(c.n), 0) FROM workspace_running_counts c
+       WHERE c.workspace_id = $1) < w.max_concurrency
+FOR NO KEY UPDATE OF w;
+
+-- name: fast_path_routing :one
+-- The release routing a fast-path lease follows (release_share, as the claim reads
+-- it): the share [lo, hi) of the runs on no release that release $1 takes, with
+-- executors seen within $2 seconds, $3: only open releases, past their canary; and
+-- the log versions it reads from and writes. Read on its own, before
+-- fast_path_lease, because Citus plans no SQL function over its tables with
+-- parameters inside a statement over distributed ones.
+SELECT s.lo, s.hi, s.reads_from, s.writes FROM release_share($1, $2, $3) s;
 
 -- name: fast_path_lease :one
 -- Lease exactly run $2 of workspace $1 to owner $3 for $4 seconds, as the
@@ -101,49 +115,55 @@ FOR NO KEY UPDATE;
 -- its agent's cap, whose version is a fast-path one needing only tools among
 -- $5 (a JSON array; NULL: any), on the owner's releases $6 (its own $7 among
 -- them; NULL: releases ignored), a run on none only in $7's share of them
--- (release_share: $8 seconds connected; $9: only open releases, past their canary).
+-- ($8 to $11: fast_path_routing's lo, hi, reads_from and writes).
 -- Epoch + 1, the release recorded, the hold begun; `metered`: the workspace has a
 -- credit account (credits are reserved then, as after a claim). No row: the claim's.
-WITH routing AS MATERIALIZED (
-    SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
-    FROM release_share($7, $8, $9) s
-), target AS (
+-- Every table is filtered by $1, the running counts are subqueries (not
+-- workspace_running()), and the write is a CTE with the clock read outside it: so
+-- a Citus coordinator routes it to the workspace's shard.
+WITH target AS (
     SELECT r.workspace_id, r.run_id FROM runs r
     JOIN workspaces w ON w.workspace_id = r.workspace_id
     JOIN agents a ON a.workspace_id = r.workspace_id AND a.agent_id = r.agent_id
     JOIN agent_versions v ON v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
                          AND v.version = r.agent_version
-    WHERE r.workspace_id = $1 AND r.run_id = $2
-      AND r.status = 'queued' AND r.wake_at <= now()
+    WHERE r.workspace_id = $1 AND w.workspace_id = $1 AND a.workspace_id = $1
+      AND v.workspace_id = $1 AND r.run_id = $2
+      AND r.status = 'queued' AND r.wake_at <= (SELECT now())
       -- The caps, read under the workspace lock (this statement's snapshot).
-      AND workspace_running(w.workspace_id) < w.max_concurrency
-      AND (a.max_concurrency IS NULL OR agent_running(a.workspace_id, a.agent_id) < a.max_concurrency)
+      AND (SELECT coalesce(sum(c.n), 0) FROM workspace_running_counts c
+           WHERE c.workspace_id = $1) < w.max_concurrency
+      AND (a.max_concurrency IS NULL
+           OR (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+               WHERE c.workspace_id = $1 AND c.agent_id = a.agent_id) < a.max_concurrency)
       AND coalesce((v.spec ->> 'fast_path')::boolean, false)
       AND ($5::jsonb IS NULL
            OR coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb)
-      AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
+      AND ($6::text[] IS NULL OR r.release = ANY($6::text[])
            OR (r.release IS NULL
-               AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
-               AND r.log_version BETWEEN (SELECT reads_from FROM routing)
-                                     AND (SELECT writes FROM routing)))
+               AND release_takes(r.run_id, $8::int, $9::int)
+               AND r.log_version BETWEEN $10::int AND $11::int))
     FOR UPDATE OF r
+), leased AS (
+    UPDATE runs r SET
+        status = 'running',
+        wait_reason = NULL,
+        release = coalesce(r.release, $7::text),
+        log_version = CASE WHEN $7::text IS NULL THEN r.log_version
+                           ELSE greatest(r.log_version, $11::int) END,
+        lease_owner = $3,
+        lease_epoch = r.lease_epoch + 1,
+        wake_at = (SELECT now() + make_interval(secs => $4::float8)),
+        held_since = (SELECT now()),
+        started_at = coalesce(r.started_at, (SELECT now())),
+        updated_at = now()
+    FROM target
+    WHERE r.workspace_id = $1 AND r.run_id = target.run_id
+    RETURNING r.*
 )
-UPDATE runs r SET
-    status = 'running',
-    wait_reason = NULL,
-    release = coalesce(r.release, $7::text),
-    log_version = greatest(r.log_version, coalesce(
-        (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
-    lease_owner = $3,
-    lease_epoch = r.lease_epoch + 1,
-    wake_at = now() + make_interval(secs => $4),
-    held_since = now(),
-    started_at = coalesce(r.started_at, now()),
-    updated_at = now()
-FROM target
-WHERE r.workspace_id = target.workspace_id AND r.run_id = target.run_id
-RETURNING r.*, run_held_seconds(r.held_since, r.wake_at, now()) AS held_seconds,
-    EXISTS (SELECT 1 FROM credit_accounts ca WHERE ca.workspace_id = r.workspace_id) AS metered;
+SELECT l.*, run_held_seconds(l.held_since, l.wake_at, now()) AS held_seconds,
+    EXISTS (SELECT 1 FROM credit_accounts ca WHERE ca.workspace_id = $1) AS metered
+FROM leased l;
 
 -- name: fast_path_lapsed :one
 -- How many fast-path runs hold a lapsed lease (the recovery scanner pokes the

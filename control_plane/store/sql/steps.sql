@@ -34,9 +34,16 @@ appended AS (
 -- where nothing is renewed, and comes here when that finds the renewal due.
 WITH locked AS (
     SELECT workspace_id, run_id, release,
-           :status::text IS NULL AND (:renew_always::boolean OR coalesce(
-               wake_at <= coalesce(:now::timestamptz, now())
-                          + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
+           :status::text IS NULL AND (:renew_always::boolean OR wake_at IS NULL
+               OR wake_at <= (SELECT coalesce(:now::timestamptz, now())
+                                     + make_interval(secs => 0.5 * :lease_seconds::float8)))
+               AS renews,
+           -- The times the CASEs below pick from, as columns (Citus plans no clock in a CASE).
+           (SELECT coalesce(:now::timestamptz, now())) AS now,
+           (SELECT coalesce(:now::timestamptz, now())
+                   + make_interval(secs => :lease_seconds::float8)) AS renewed_until,
+           (SELECT coalesce(:wake_at::timestamptz, coalesce(:now::timestamptz, now())
+                   + make_interval(secs => :wake_after_seconds::float8))) AS parked_until
     FROM runs
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
@@ -67,20 +74,18 @@ UPDATE runs r SET
     release = CASE WHEN :status = 'waiting' AND :between_turns::boolean THEN NULL
                    ELSE r.release END,
     wake_at = CASE
-        WHEN locked.renews
-            THEN coalesce(:now::timestamptz, now()) + make_interval(secs => :lease_seconds)
+        WHEN locked.renews THEN locked.renewed_until
         WHEN :status IS NULL THEN r.wake_at
-        WHEN :status = 'waiting' THEN coalesce(:wake_at::timestamptz,
-            coalesce(:now::timestamptz, now()) + make_interval(secs => :wake_after_seconds))
+        WHEN :status = 'waiting' THEN locked.parked_until
     END,
     lease_owner = CASE WHEN :status IS NULL THEN r.lease_owner END,
     output = CASE WHEN :status = 'completed' THEN :text END,
     error = CASE WHEN :status = 'failed' THEN :text END,
-    finished_at = CASE WHEN :status IN ('completed', 'failed')
-                       THEN coalesce(:now::timestamptz, now()) END,
+    finished_at = CASE WHEN :status IN ('completed', 'failed') THEN locked.now END,
     updated_at = now()
 FROM locked
-WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
+WHERE r.workspace_id = :workspace_id
+  AND r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 -- credits_due: a metered run that spent all it reserved tops up before its next step.
 RETURNING r.status, r.wake_at, locked.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
@@ -105,8 +110,8 @@ WITH locked AS (
     FROM runs
     WHERE workspace_id = :workspace_id AND run_id = :run_id AND lease_epoch = :epoch
       AND status = 'running'
-      AND wake_at > coalesce(:now::timestamptz, now())
-                    + make_interval(secs => 0.5 * :lease_seconds::float8)
+      AND wake_at > (SELECT coalesce(:now::timestamptz, now())
+                            + make_interval(secs => 0.5 * :lease_seconds::float8))
     FOR NO KEY UPDATE
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, :epoch::bigint AS epoch, s.ref_seq,
@@ -133,7 +138,8 @@ UPDATE runs r SET
     finished_at = NULL,
     updated_at = now()
 FROM locked
-WHERE r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
+WHERE r.workspace_id = :workspace_id
+  AND r.workspace_id = locked.workspace_id AND r.run_id = locked.run_id
 RETURNING r.status, r.wake_at, false AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
     r.refused_calls, r.tool_calls;
@@ -173,77 +179,81 @@ WHERE started.workspace_id = $1 AND result.workspace_id = $1
 LIMIT $4;
 
 -- name: run_commit_many :many
--- run_commit for several runs in one statement (control_plane/dispatch/commits.py
--- groups the commits that arrive in one event-loop tick): one round trip and one
--- transaction, so one WAL flush, for all of them. Each run is fenced on its own: a
+-- run_commit for several runs of one workspace in one statement
+-- (control_plane/dispatch/commits.py groups the commits that arrive in one event-loop
+-- tick by workspace): one round trip and one transaction, so one WAL flush, for all of
+-- them, and on Citus one shard (the workspace's). Each run is fenced on its own: a
 -- run not running under its epoch is left out of `locked`, its steps are not
 -- appended and it returns no row, while the others commit; the caller settles it
 -- alone (a retried duplicate, or fenced) as run_commit's caller does. One run at
 -- most once per call (two updates of one row in a statement would not both apply).
--- Rows are locked in (workspace_id, run_id) order, so two of these that share runs
--- wait rather than deadlock. Any error (a unique violation of a retried commit, a
--- refused payload) fails the whole statement; the caller then commits each alone.
--- Steps are tied to their run by `:step_runs`, the index of the run in the arrays.
--- Database clock. Columns, and when the lease is renewed, as in run_commit.
-WITH req AS (
-    SELECT * FROM unnest(
-        :workspace_ids::text[], :run_ids::uuid[], :epochs::bigint[], :model_calls::int[],
-        :tool_calls::int[], :tokens::bigint[], :input_tokens::bigint[],
-        :output_tokens::bigint[], :cached_tokens::bigint[], :reasoning_tokens::bigint[],
-        :cost_micros::bigint[], :statuses::text[], :wait_reasons::text[],
-        :wake_ats::timestamptz[], :wake_after_seconds::float8[], :texts::text[],
-        :waiting_connection_ids::uuid[], :renew_always::boolean[],
-        :between_turns::boolean[], :refused_calls::int[]
-    ) WITH ORDINALITY AS q(workspace_id, run_id, epoch, model_calls, tool_calls, tokens,
-        input_tokens, output_tokens, cached_tokens, reasoning_tokens, cost_micros, status,
-        wait_reason, wake_at, wake_after_seconds, text, waiting_connection_id, renew_always,
-        between_turns, refused_calls, i)
-), locked AS (
-    SELECT q.*, r.release, q.status IS NULL AND (q.renew_always OR coalesce(
-               r.wake_at <= now() + make_interval(secs => 0.5 * :lease_seconds::float8), true)) AS renews
+-- Rows are locked in run_id order, so two of these that share runs wait rather than
+-- deadlock. Any error (a unique violation of a retried commit, a refused payload)
+-- fails the whole statement; the caller then commits each alone. Steps are tied to
+-- their run by `:step_runs`, the index of the run in the arrays. Database clock.
+-- Columns, and when the lease is renewed, as in run_commit; the times the CASEs pick
+-- are columns of `locked`, as there. Each run's step count grows by the steps it was
+-- given (:step_counts), as run_commit_keep counts: the insert lands every step or fails
+-- the statement.
+WITH locked AS (
+    -- Only the runs' own columns and each one's index in the arrays (i): the requests'
+    -- values are read from the arrays by it where they are used. On Citus the CTEs of
+    -- a writing statement are intermediate results, and one holding values unnested
+    -- from parameters is not read back ("PGCOPY"); this shape is.
+    SELECT r.workspace_id, r.run_id, r.lease_epoch AS epoch, r.release, x.i,
+           (SELECT now()) AS now,
+           (SELECT now() + make_interval(secs => :lease_seconds::float8)) AS renewed_until,
+           (:statuses::text[])[x.i] IS NULL
+               AND ((:renew_always::boolean[])[x.i] OR r.wake_at IS NULL
+                    OR r.wake_at <= (SELECT now() + make_interval(secs => 0.5 * :lease_seconds::float8)))
+               AS renews,
+           (SELECT coalesce((:wake_ats::timestamptz[])[x.i],
+                            now() + make_interval(secs => (:wake_after_seconds::float8[])[x.i])))
+               AS parked_until
     FROM runs r
-    JOIN req q ON r.workspace_id = q.workspace_id AND r.run_id = q.run_id
-    WHERE r.lease_epoch = q.epoch AND r.status = 'running'
-    ORDER BY r.workspace_id, r.run_id
+    CROSS JOIN LATERAL (SELECT array_position(:run_ids::uuid[], r.run_id) AS i) x
+    WHERE r.workspace_id = :workspace_id AND r.run_id = ANY(:run_ids::uuid[])
+      AND r.lease_epoch = (:epochs::bigint[])[x.i] AND r.status = 'running'
+    ORDER BY r.run_id
     FOR NO KEY UPDATE OF r
 ), to_append AS (
     SELECT l.workspace_id, l.run_id, s.seq, s.kind, l.epoch, s.ref_seq, s.payload,
            now() AS created_at, l.release
-    FROM unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
-                :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
-    JOIN locked l ON l.i = s.i
-), {{steps_append}}, counted AS (
-    SELECT workspace_id, run_id, count(*) AS n FROM appended GROUP BY workspace_id, run_id
-)
+    FROM locked l, unnest(:step_runs::bigint[], :seqs::int[], :kinds::text[], :ref_seqs::int[],
+                          :payloads::jsonb[]) AS s(i, seq, kind, ref_seq, payload)
+    WHERE s.i = l.i
+), {{steps_append}}
 UPDATE runs r SET
-    step_count = r.step_count + coalesce(c.n, 0),
-    model_calls = r.model_calls + l.model_calls,
-    tool_calls = r.tool_calls + l.tool_calls,
-    refused_calls = r.refused_calls + l.refused_calls,
-    tokens_used = r.tokens_used + l.tokens,
-    input_tokens = r.input_tokens + l.input_tokens,
-    output_tokens = r.output_tokens + l.output_tokens,
-    cached_tokens = r.cached_tokens + l.cached_tokens,
-    reasoning_tokens = r.reasoning_tokens + l.reasoning_tokens,
-    cost_micros = r.cost_micros + l.cost_micros,
-    status = coalesce(l.status, r.status),
-    wait_reason = CASE WHEN l.status = 'waiting' THEN l.wait_reason END,
-    waiting_connection_id = CASE WHEN l.status = 'waiting' THEN l.waiting_connection_id END,
-    release = CASE WHEN l.status = 'waiting' AND l.between_turns THEN NULL ELSE r.release END,
+    step_count = r.step_count + (:step_counts::int[])[l.i],
+    model_calls = r.model_calls + (:model_calls::int[])[l.i],
+    tool_calls = r.tool_calls + (:tool_calls::int[])[l.i],
+    refused_calls = r.refused_calls + (:refused_calls::int[])[l.i],
+    tokens_used = r.tokens_used + (:tokens::bigint[])[l.i],
+    input_tokens = r.input_tokens + (:input_tokens::bigint[])[l.i],
+    output_tokens = r.output_tokens + (:output_tokens::bigint[])[l.i],
+    cached_tokens = r.cached_tokens + (:cached_tokens::bigint[])[l.i],
+    reasoning_tokens = r.reasoning_tokens + (:reasoning_tokens::bigint[])[l.i],
+    cost_micros = r.cost_micros + (:cost_micros::bigint[])[l.i],
+    status = coalesce((:statuses::text[])[l.i], r.status),
+    wait_reason = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                       THEN (:wait_reasons::text[])[l.i] END,
+    waiting_connection_id = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                                 THEN (:waiting_connection_ids::uuid[])[l.i] END,
+    release = CASE WHEN (:statuses::text[])[l.i] = 'waiting'
+                        AND (:between_turns::boolean[])[l.i] THEN NULL
+                   ELSE r.release END,
     wake_at = CASE
-        WHEN l.renews THEN now() + make_interval(secs => :lease_seconds)
-        WHEN l.status IS NULL THEN r.wake_at
-        WHEN l.status = 'waiting'
-            THEN coalesce(l.wake_at, now() + make_interval(secs => l.wake_after_seconds))
+        WHEN l.renews THEN l.renewed_until
+        WHEN (:statuses::text[])[l.i] IS NULL THEN r.wake_at
+        WHEN (:statuses::text[])[l.i] = 'waiting' THEN l.parked_until
     END,
-    lease_owner = CASE WHEN l.status IS NULL THEN r.lease_owner END,
-    output = CASE WHEN l.status = 'completed' THEN l.text END,
-    error = CASE WHEN l.status = 'failed' THEN l.text END,
-    finished_at = CASE WHEN l.status IN ('completed', 'failed') THEN now() END,
+    lease_owner = CASE WHEN (:statuses::text[])[l.i] IS NULL THEN r.lease_owner END,
+    output = CASE WHEN (:statuses::text[])[l.i] = 'completed' THEN (:texts::text[])[l.i] END,
+    error = CASE WHEN (:statuses::text[])[l.i] = 'failed' THEN (:texts::text[])[l.i] END,
+    finished_at = CASE WHEN (:statuses::text[])[l.i] IN ('completed', 'failed') THEN l.now END,
     updated_at = now()
 FROM locked l
-LEFT JOIN counted c ON c.workspace_id = l.workspace_id AND c.run_id = l.run_id
-WHERE r.workspace_id = l.workspace_id AND r.run_id = l.run_id
+WHERE r.workspace_id = :workspace_id AND r.run_id = l.run_id
 RETURNING l.i, r.status, r.wake_at, l.renews AS renewed,
     r.credit_chunks > 0 AND r.cost_micros >= r.credits_reserved_micros AS credits_due,
     r.refused_calls, r.tool_calls;

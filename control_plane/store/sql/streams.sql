@@ -66,11 +66,13 @@ WHERE workspace_id = $1 AND stream_id = $2 AND producer_id = $3
   AND updated_at > now() - interval '7 days';
 
 -- name: stream_producer_put :exec
--- A producer's accepted (epoch, seq).
-INSERT INTO stream_producers (workspace_id, stream_id, producer_id, epoch, last_seq)
-VALUES ($1, $2, $3, $4, $5)
+-- A producer's accepted (epoch, seq). (updated_at from EXCLUDED: Citus allows no
+-- function in DO UPDATE.)
+INSERT INTO stream_producers (workspace_id, stream_id, producer_id, epoch, last_seq, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (workspace_id, stream_id, producer_id)
-DO UPDATE SET epoch = EXCLUDED.epoch, last_seq = EXCLUDED.last_seq, updated_at = now();
+DO UPDATE SET epoch = EXCLUDED.epoch, last_seq = EXCLUDED.last_seq,
+              updated_at = EXCLUDED.updated_at;
 
 -- name: stream_delete :exec
 -- Remove a stream and its messages and producers.
@@ -146,27 +148,27 @@ ORDER BY xid DESC, event_id DESC
 LIMIT 1;
 
 -- name: stream_deltas_put :exec
--- Model deltas heard from executors (arrays of one batch), each kept once and only while
--- its epoch still holds the run; a run's deltas of earlier calls (committed decisions)
--- are dropped as its next call streams.
-WITH d AS (
-    SELECT * FROM unnest($1::text[], $2::uuid[], $3::int[], $4::bigint[], $5::int[], $6::text[])
-        AS d(workspace_id, run_id, seq, epoch, idx, text)
-), kept AS (
+-- Model deltas heard from executors for runs of workspace $1 (arrays of one batch), each
+-- kept once and only while its epoch still holds the run; a run's deltas of earlier calls
+-- (committed decisions) are dropped as its next call streams. One workspace per
+-- statement (control_plane/dispatch/delta_store.py splits a batch): on Citus, one shard.
+WITH kept AS (
     INSERT INTO run_deltas (workspace_id, run_id, seq, epoch, idx, text)
-    SELECT d.workspace_id, d.run_id, d.seq, d.epoch, d.idx, d.text FROM d
-    JOIN runs r ON r.workspace_id = d.workspace_id AND r.run_id = d.run_id
+    SELECT $1, d.run_id, d.seq, d.epoch, d.idx, d.text
+    FROM unnest($2::uuid[], $3::int[], $4::bigint[], $5::int[], $6::text[])
+        AS d(run_id, seq, epoch, idx, text)
+    JOIN runs r ON r.workspace_id = $1 AND r.run_id = d.run_id
                AND r.lease_epoch = d.epoch AND r.status = 'running'
     -- a delta heard after its decision committed is too late: readers are past it
-    WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.workspace_id = d.workspace_id
+    WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.workspace_id = $1
                       AND s.run_id = d.run_id AND s.seq >= d.seq)
     ON CONFLICT DO NOTHING
-    RETURNING workspace_id, run_id, seq
+    RETURNING run_id, seq
 )
 DELETE FROM run_deltas x USING (
-    SELECT workspace_id, run_id, min(seq) AS seq FROM kept GROUP BY workspace_id, run_id
+    SELECT run_id, min(seq) AS seq FROM kept GROUP BY run_id
 ) k
-WHERE x.workspace_id = k.workspace_id AND x.run_id = k.run_id AND x.seq < k.seq;
+WHERE x.workspace_id = $1 AND x.run_id = k.run_id AND x.seq < k.seq;
 
 -- name: stream_run_deltas :many
 -- A run's deltas after (seq $4, position $5), in order, at most $6: those of its model
