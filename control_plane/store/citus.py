@@ -14,7 +14,8 @@ ordinary migrations on the coordinator and then distributes the schema by this p
   `releases` by the claim's routing).
 * **Coordinator-local**: looked up by something other than a workspace (a key id, a
   cookie's or an OAuth state's hash, an executor id) and never joined in a hot
-  statement. Citus allows no foreign key from such a table to a distributed one, so
+  statement, and the claim's line of workspaces (`workspace_turns`), where a claim
+  takes its turns before its lease step on each shard (`agentrun_shard_of`). Citus allows no foreign key from such a table to a distributed one, so
   their `workspace_id` references are dropped (the API creates those rows only for a
   workspace it has just read).
 
@@ -53,7 +54,17 @@ COORDINATOR_TABLES = (
     "console_sessions",
     "connection_flows",
     "executor_tools",
+    # The claim's line of workspaces (migrations/0047_claim_per_shard.sql): turns are
+    # taken here, then the lease step runs on each shard holding one of them.
+    "workspace_turns",
 )
+
+# On Citus the claim groups its turns by this: the shard of `runs` (co-located with every
+# distributed table) that holds the workspace. The migrations define it as 0, one shard.
+SHARD_OF = """
+CREATE OR REPLACE FUNCTION agentrun_shard_of(ws text) RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT get_shard_id_for_distribution_column('runs', ws) $$
+"""
 
 DISTRIBUTED_TABLES = (
     ANCHOR,
@@ -164,6 +175,7 @@ async def distribute(conn: asyncpg.Connection, shard_count: int | None = None) -
         if missing:
             raise CitusError(f"tables not in control_plane/store/citus.py's plan: {missing}")
         placed = {row["tbl"] for row in await conn.fetch(_PLACED, list(PLANNED))}
+        await conn.execute(SHARD_OF)
         todo_reference = [t for t in REFERENCE_TABLES if t not in placed]
         todo_distributed = [t for t in DISTRIBUTED_TABLES if t not in placed]
         if not todo_reference and not todo_distributed:

@@ -44,24 +44,15 @@ CREATE TABLE plans (
 
 INSERT INTO plans (plan, max_concurrency) VALUES ('free', 2), ('team', 20), ('enterprise', NULL);
 
--- A tenant. The fair claim takes turns between workspaces (section 7):
--- last_served_at orders the line, next_wake_at says when the workspace may
--- next have a run due, so that a workspace with nothing due costs the claim
--- nothing.
+-- A tenant. The fair claim takes turns between workspaces in
+-- workspace_turns (below).
 CREATE TABLE workspaces (
     workspace_id     text PRIMARY KEY
         CONSTRAINT workspaces_workspace_id_check CHECK (workspace_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
     plan             text NOT NULL DEFAULT 'team' CONSTRAINT workspace_plan_known REFERENCES plans,
     max_concurrency  integer NOT NULL DEFAULT 20
         CONSTRAINT workspaces_max_concurrency_check CHECK (max_concurrency > 0),
-    -- When the fair claim last handed this workspace a run.
-    last_served_at   timestamptz NOT NULL DEFAULT '-infinity',
     created_at       timestamptz NOT NULL DEFAULT now(),
-    -- A lower bound on the earliest wake_at of the workspace's queued or
-    -- waiting runs (NULL: none has a wake time). Writers only lower it
-    -- (workspace_lower_next_wake); the claim raises it, under a lock that keeps
-    -- every writer that could lower it out (section 7, "Raising next_wake_at").
-    next_wake_at     timestamptz,
     -- Finished runs (completed, failed, cancelled) are kept this many days
     -- after they finished, then the retention loop (control_plane/runs/
     -- retention.py) deletes them with everything that names them, a bounded
@@ -83,8 +74,24 @@ CREATE TABLE workspaces (
     queue_paused     boolean NOT NULL DEFAULT false
 );
 
+-- The line the fair claim serves workspaces in (section 7): last_served_at
+-- orders it, next_wake_at says when the workspace may next have a run due or
+-- a lease ending, so that a workspace with nothing due costs the claim
+-- nothing. A row is made by the workspace's first wake. Under Citus it stays
+-- on the coordinator, where the claim takes its turns (0047).
+CREATE TABLE workspace_turns (
+    workspace_id     text PRIMARY KEY,
+    -- When the fair claim last served this workspace: the line's order.
+    last_served_at   timestamptz NOT NULL DEFAULT '-infinity',
+    -- A lower bound on the earliest wake_at of the workspace's queued or
+    -- waiting runs and of its leases' ends (NULL: none). Writers only lower
+    -- it (workspace_lower_next_wake); the claim raises it, under a lock that
+    -- keeps every writer that could lower it out (section 7).
+    next_wake_at     timestamptz
+);
+
 -- Workspaces that may have something due, by when (the claim's step 1).
-CREATE INDEX workspaces_due ON workspaces (next_wake_at) WHERE next_wake_at IS NOT NULL;
+CREATE INDEX workspace_turns_due ON workspace_turns (next_wake_at) WHERE next_wake_at IS NOT NULL;
 
 
 -- ===========================================================================
@@ -301,6 +308,8 @@ CREATE INDEX runs_due_by_priority ON runs (workspace_id, agent_id, priority DESC
 -- Held runs by lease expiry: a lapsed lease is due whatever its workspace's cap
 -- (it holds its slot already). Small: only running runs are in it.
 CREATE INDEX runs_leases ON runs (wake_at) WHERE status = 'running';
+-- A workspace's leases by their end: the claim's takeover and raise, per workspace.
+CREATE INDEX runs_leases_by_workspace ON runs (workspace_id, wake_at) WHERE status = 'running';
 -- Runs that may outlive their max age, by when (the sweep reads it).
 CREATE INDEX runs_expiring ON runs (expires_at)
     WHERE expires_at IS NOT NULL AND status IN ('queued', 'running', 'waiting');
@@ -726,8 +735,16 @@ END $$;
 CREATE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM workspaces WHERE workspace_id = ws FOR KEY SHARE;
-    UPDATE workspaces SET next_wake_at = wake
+    PERFORM 1 FROM workspace_turns WHERE workspace_id = ws FOR KEY SHARE;
+    IF NOT FOUND THEN
+        INSERT INTO workspace_turns (workspace_id, next_wake_at) VALUES (ws, wake)
+        ON CONFLICT (workspace_id) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        PERFORM 1 FROM workspace_turns WHERE workspace_id = ws FOR KEY SHARE;
+    END IF;
+    UPDATE workspace_turns SET next_wake_at = wake
     WHERE workspace_id = ws AND (next_wake_at IS NULL OR next_wake_at > wake);
 END $$;
 
@@ -739,7 +756,11 @@ CREATE FUNCTION runs_fair_on_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     delta integer := (NEW.status = 'running')::int - (OLD.status = 'running')::int;
-    pending_wake timestamptz := CASE WHEN NEW.status IN ('queued', 'waiting') THEN NEW.wake_at END;
+    pending_wake timestamptz := CASE
+        WHEN NEW.status IN ('queued', 'waiting') THEN NEW.wake_at
+        WHEN NEW.status = 'running'
+             AND (OLD.status IS DISTINCT FROM 'running' OR NEW.wake_at < OLD.wake_at)
+        THEN NEW.wake_at END;
 BEGIN
     IF delta <> 0 THEN
         PERFORM running_counts_add(NEW.workspace_id, NEW.agent_id, delta);
@@ -757,7 +778,8 @@ END $$;
 -- counts them itself, once per workspace and agent (section 7).
 CREATE TRIGGER runs_fair_update AFTER UPDATE OF status, wake_at ON runs FOR EACH ROW
     WHEN ((OLD.status IS DISTINCT FROM NEW.status
-           OR (NEW.status IN ('queued', 'waiting') AND NEW.wake_at IS DISTINCT FROM OLD.wake_at))
+           OR (NEW.status IN ('queued', 'waiting') AND NEW.wake_at IS DISTINCT FROM OLD.wake_at)
+           OR (NEW.status = 'running' AND NEW.wake_at < OLD.wake_at))
           AND NOT (NEW.status = 'running' AND OLD.status IS DISTINCT FROM 'running'
                    AND coalesce(current_setting('agentrun.claim_counts', true), '') = 'on'))
     EXECUTE FUNCTION runs_fair_on_update();
@@ -770,7 +792,7 @@ DECLARE
 BEGIN
     FOR due IN
         SELECT workspace_id, min(wake_at) AS wake FROM inserted
-        WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
+        WHERE status IN ('queued', 'waiting', 'running') AND wake_at IS NOT NULL
         GROUP BY workspace_id ORDER BY workspace_id
     LOOP
         PERFORM workspace_lower_next_wake(due.workspace_id, due.wake);
@@ -802,7 +824,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM workspace_running_counts;
     DELETE FROM agent_running_counts;
-    UPDATE workspaces SET next_wake_at = NULL WHERE next_wake_at IS NOT NULL;
+    UPDATE workspace_turns SET next_wake_at = NULL WHERE next_wake_at IS NOT NULL;
     RETURN NULL;
 END $$;
 
@@ -1037,22 +1059,12 @@ AS $$
                                           AND (hashtext(run_id::text) & 2147483647) % 100 < hi)
 $$;
 
--- agentrun_claim_uncounted(): steps 1 to 4. Returns each claimed run (the
--- runs row), its held seconds, whether it was taken over (its lease had
--- lapsed) and whether its workspace keeps a due run. Parameters: the owners
--- (run i to owner i), the lease in seconds, the clock (NULL: the database's),
--- the executors' scope (NULL: every workspace), the tools they carry (JSON;
--- NULL: any), then the release routing: the releases the owners continue
--- (NULL: releases ignored), their own, how recently an executor must have
--- been seen, and whether only releases past their canary take new runs (a
--- run on no release is theirs when in their release_share).
---
--- The DO block creates it with the read of an agent's due runs that the
--- server can do best, chosen when the schema is built: the skip scan on
--- Postgres 18 and later, the walk before 18 (docker-compose runs 17), or the
--- walk on any version when the building session sets agentrun.claim_walk to
--- 'levels' (tests run both: tests/harness/databases.py use_claim_walk). Both
--- read the same runs in the same order.
+-- agentrun_claim_shard(): the lease step on one shard, for the turns `ids`
+-- (all on it) taken on the coordinator: a. lock their workspace rows, b. take
+-- their lapsed leases and their due runs round robin within the caps, count
+-- the fresh ones. Returns each claimed run, then a row per locked workspace
+-- (run NULL): whether it was served and whether it may be empty. The DO block
+-- creates it with the read of an agent's due runs the server does best (0037).
 DO $claim_walk$
 DECLARE
     -- Before Postgres 18: the walk over priority levels.
@@ -1114,49 +1126,63 @@ $levels$;
 $skip_scan$;
 BEGIN
     EXECUTE replace($function$
-CREATE FUNCTION agentrun_claim_uncounted(
-    owners text[], lease_seconds double precision, at timestamptz, scope text[],
+CREATE FUNCTION agentrun_claim_shard(
+    owners text[], lease_seconds double precision, at timestamptz, ids text[],
     carried jsonb, continued text[], own_release text, live_seconds double precision,
     gated boolean)
-RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean)
+RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
+               metered boolean, workspace_id text, served boolean, maybe_empty boolean)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET agentrun.claim_counts = 'on'
 AS $claim$
--- The result's columns (run, held_seconds, taken_over, keeps_due) are variables
--- too: in the statements the names mean the columns they always meant.
+-- The result's columns are variables too: in the statements the names mean
+-- the columns they always meant.
 #variable_conflict use_column
 DECLARE
+    locked text[];
+    rooms bigint[];
     turn_ids text[];
-    turn_rooms bigint[];
+    gone text[];
+    metered_ids text[];
+    served_ids text[];
     out_runs runs[];
     out_held double precision[];
     out_taken boolean[];
     out_keeps boolean[];
-    maybe_empty text[];
-    locked text[];
 BEGIN
-    -- 1. The workspaces whose turn it is, least recently served first, with
-    -- their room under the cap (read before the lock: step 2 reads it again).
-    SELECT array_agg(t.workspace_id), array_agg(t.room) INTO turn_ids, turn_rooms
+    -- a. Lock the turns' workspace rows here, beside their runs and counts, as
+    -- the fast path locks them, skipping those another claimer or a fast path
+    -- holds; with their room under the cap, read before the lock (step b reads
+    -- it again). A workspace whose queue is paused is locked (its lapsed
+    -- leases are taken over) but gets no fresh run.
+    SELECT array_agg(t.workspace_id ORDER BY t.ord), array_agg(t.room ORDER BY t.ord),
+           array_agg(t.workspace_id ORDER BY t.ord) FILTER (WHERE NOT t.queue_paused)
+    INTO locked, rooms, turn_ids
     FROM (
-        SELECT w.workspace_id, w.max_concurrency - c.running AS room
+        SELECT w.workspace_id, l.ord, w.queue_paused, w.max_concurrency - (
+                   SELECT coalesce(sum(n), 0) FROM workspace_running_counts c
+                   WHERE c.workspace_id = w.workspace_id) AS room
         FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.next_wake_at <= coalesce($3, now())
-          AND c.running < w.max_concurrency
-          AND NOT w.queue_paused
-          AND ($4 IS NULL OR w.workspace_id = ANY($4))
-        ORDER BY w.last_served_at, w.workspace_id
-        LIMIT cardinality($1)
+        JOIN unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord) USING (workspace_id)
+        WHERE w.workspace_id = ANY($4::text[])
         FOR NO KEY UPDATE OF w SKIP LOCKED
     ) t;
+    locked := coalesce(locked, '{}');
+    rooms := coalesce(rooms, '{}');
     turn_ids := coalesce(turn_ids, '{}');
-    -- 2. Lapsed leases first, then the turns' due runs, round robin, within
-    -- each workspace's and agent's room (sql/lease.sql says how).
+    -- Turns of workspaces that no longer exist: served, and raised to nothing.
+    IF cardinality(locked) < cardinality($4) THEN
+        SELECT array_agg(g.workspace_id) INTO gone FROM unnest($4::text[]) AS g(workspace_id)
+        WHERE g.workspace_id <> ALL(locked) AND NOT EXISTS (
+            SELECT 1 FROM workspaces w
+            WHERE w.workspace_id = g.workspace_id AND w.workspace_id = ANY($4::text[]));
+    END IF;
+    -- b. Lapsed leases of the locked workspaces first, then the due runs of those
+    -- open to them, round robin, within each workspace's and agent's room
+    -- (schema.sql section 7 says how).
     WITH clock AS MATERIALIZED (
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
@@ -1166,7 +1192,7 @@ BEGIN
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
         WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock) AND NOT r.paused
-          AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
+          AND r.workspace_id = ANY(locked::text[])
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                OR (r.release IS NULL
                    AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
@@ -1189,11 +1215,11 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
             WHERE c.workspace_id = w.workspace_id) c
-        WHERE c.running < w.max_concurrency
+        WHERE w.workspace_id = ANY(turn_ids::text[]) AND c.running < w.max_concurrency
     ), agent_rooms AS (
         SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
         FROM turns t
-        JOIN agents a ON a.workspace_id = t.workspace_id
+        JOIN agents a ON a.workspace_id = t.workspace_id AND a.workspace_id = ANY(turn_ids::text[])
         -- NULL: no cap of its own (least() below then ignores it).
         CROSS JOIN LATERAL (
             SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
@@ -1275,18 +1301,10 @@ BEGIN
         SELECT workspace_id FROM picked WHERE turn = n
     ), due AS (
         -- taken_over: the run's lease had lapsed (its executor died or stalled).
-        SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot,
+        SELECT workspace_id, run_id, taken_over, ($1::text[])[row_number() OVER ()] AS owner,
                workspace_id IN (SELECT workspace_id FROM kept) AS keeps_due
         FROM (SELECT *, true AS taken_over FROM lapsed
               UNION ALL SELECT *, false FROM fresh) d
-    ), served AS (
-        -- A workspace that got a run, or had none it could take (all its agents
-        -- at their caps), goes to the back of the line; one that lost out only
-        -- to a full batch keeps its place.
-        UPDATE workspaces w SET last_served_at = (SELECT now FROM clock)
-        WHERE w.workspace_id = ANY(turn_ids::text[])
-          AND (w.workspace_id IN (SELECT workspace_id FROM fresh)
-               OR w.workspace_id NOT IN (SELECT workspace_id FROM candidates))
     ), leased AS (
         UPDATE runs r SET
             status = 'running',
@@ -1294,7 +1312,7 @@ BEGIN
             release = coalesce(r.release, $7::text),
             log_version = greatest(r.log_version, coalesce(
                 (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
-            lease_owner = ($1::text[])[due.slot],
+            lease_owner = due.owner,
             lease_epoch = r.lease_epoch + 1,
             attempt = r.attempt + (r.status = 'running')::int,
             wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
@@ -1307,102 +1325,23 @@ BEGIN
             updated_at = now()
         FROM due
         WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
+          AND r.workspace_id = ANY(locked::text[])
         RETURNING r AS run, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
             due.taken_over, due.keeps_due
     )
     SELECT array_agg(c.run), array_agg(c.held_seconds), array_agg(c.taken_over),
-           array_agg(c.keeps_due)
-    INTO out_runs, out_held, out_taken, out_keeps
+           array_agg(c.keeps_due),
+           -- Served: got a fresh run, or had none these owners could take (at its caps,
+           -- paused, tools the owners do not carry, another release): to the back of the
+           -- line. One that lost out only to a full batch keeps its place.
+           (SELECT array_agg(l.workspace_id) FROM unnest(locked::text[]) AS l(workspace_id)
+            WHERE l.workspace_id IN (SELECT workspace_id FROM fresh)
+               OR l.workspace_id NOT IN (SELECT workspace_id FROM candidates))
+    INTO out_runs, out_held, out_taken, out_keeps, served_ids
     FROM leased c;
-    -- 3. and 4. The workspaces that got fewer runs than they had room for and
-    -- kept no due run may be empty: raise their next_wake_at, skipping any an
-    -- admission or wake-up still holds KEY SHARE on.
-    SELECT array_agg(t.workspace_id) INTO maybe_empty
-    FROM unnest(turn_ids, turn_rooms) AS t(workspace_id, room)
-    WHERE t.room > (SELECT count(*) FROM unnest(out_runs) g WHERE g.workspace_id = t.workspace_id)
-      AND t.workspace_id NOT IN (
-          SELECT (out_runs[i]).workspace_id FROM generate_subscripts(out_runs, 1) i
-          WHERE out_keeps[i]);
-    IF maybe_empty IS NOT NULL THEN
-        SELECT array_agg(l.workspace_id) INTO locked FROM (
-            SELECT workspace_id FROM workspaces
-            WHERE workspace_id = ANY(maybe_empty)
-            ORDER BY workspace_id
-            FOR UPDATE SKIP LOCKED
-        ) l;
-    END IF;
-    IF locked IS NOT NULL THEN
-        -- The earliest wake_at of each workspace's queued or waiting runs (NULL:
-        -- none), one index probe per agent.
-        UPDATE workspaces w SET next_wake_at = (
-            SELECT min(first.wake_at)
-            FROM agents a
-            CROSS JOIN LATERAL (
-                SELECT r.wake_at FROM runs r
-                WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
-                  AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
-                ORDER BY r.wake_at
-                LIMIT 1
-            ) first
-            WHERE a.workspace_id = w.workspace_id
-        )
-        WHERE w.workspace_id = ANY(locked);
-    END IF;
-    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i]
-                 FROM generate_subscripts(out_runs, 1) i;
-END
-$claim$;
-$function$, '/* the agent''s due runs */',
-        CASE WHEN current_setting('server_version_num')::int >= 180000
-                  AND current_setting('agentrun.claim_walk', true) IS DISTINCT FROM 'levels'
-             THEN skip_scan ELSE levels END);
-END
-$claim_walk$;
-
--- agentrun_claim(): the claim as run_claim calls it. Reads step 1's turns
--- without the lock, runs the four steps, adds the fresh runs to the running
--- counts, and adds the others_due row when the claim took fewer runs than it
--- had owners while a workspace of that read is left unserved, still due with
--- room.
-CREATE FUNCTION agentrun_claim(
-    owners text[], lease_seconds double precision, at timestamptz, scope text[],
-    carried jsonb, continued text[], own_release text, live_seconds double precision,
-    gated boolean)
-RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
-               others_due boolean)
-LANGUAGE plpgsql VOLATILE
-SET agentrun.claim_counts = 'on'
-AS $claim$
-#variable_conflict use_column
-DECLARE
-    claim_clock timestamptz := coalesce($3, now());
-    expected text[];
-    out_runs runs[];
-    out_held double precision[];
-    out_taken boolean[];
-    out_keeps boolean[];
-BEGIN
-    -- Step 1's turns, read without its lock (0031).
-    SELECT array_agg(t.workspace_id) INTO expected FROM (
-        SELECT w.workspace_id FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.next_wake_at <= claim_clock
-          AND c.running < w.max_concurrency
-          AND ($4 IS NULL OR w.workspace_id = ANY($4))
-        ORDER BY w.last_served_at, w.workspace_id
-        LIMIT cardinality($1)
-    ) t;
-    -- The four steps (0029).
-    SELECT array_agg(c.run ORDER BY c.ord), array_agg(c.held_seconds ORDER BY c.ord),
-           array_agg(c.taken_over ORDER BY c.ord), array_agg(c.keeps_due ORDER BY c.ord)
-    INTO out_runs, out_held, out_taken, out_keeps
-    FROM agentrun_claim_uncounted(owners, lease_seconds, at, scope, carried, continued,
-                                  own_release, live_seconds, gated)
-         WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, ord);
     -- The fresh runs (a run taken over was 'running' already) added to shard 0 of
-    -- their workspace's count and of their agent's.
+    -- their workspace's count and of their agent's, here under the lock of step a
+    -- (agentrun.claim_counts keeps the row trigger from counting them again).
     INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
     SELECT (out_runs[i]).workspace_id, 0, count(*)
     FROM generate_subscripts(out_runs, 1) i
@@ -1417,21 +1356,211 @@ BEGIN
     GROUP BY 1, 2
     ORDER BY 1, 2
     ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
-    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false
+    -- metered: the workspace has a credit account (control_plane/credits/claims.py).
+    IF out_runs IS NOT NULL THEN
+        SELECT array_agg(a.workspace_id) INTO metered_ids FROM credit_accounts a
+        WHERE a.workspace_id = ANY(locked);
+    END IF;
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i],
+                        coalesce((out_runs[i]).workspace_id = ANY(metered_ids), false),
+                        (out_runs[i]).workspace_id, NULL::boolean, NULL::boolean
                  FROM generate_subscripts(out_runs, 1) i;
-    -- A workspace of that read left unserved, still due with room (0031).
-    IF coalesce(cardinality(out_runs), 0) < cardinality($1) AND EXISTS (
-        SELECT 1 FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.workspace_id = ANY(expected)
-          AND w.last_served_at IS DISTINCT FROM claim_clock
-          AND w.next_wake_at <= claim_clock
-          AND c.running < w.max_concurrency
-    ) THEN
-        RETURN QUERY SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean,
-                            true;
+    -- Each locked workspace: whether it was served, and whether the claim may
+    -- have emptied it (it got fewer runs than its room, at least one, and kept
+    -- no due run it read: its next_wake_at is raised from its runs). A
+    -- workspace at its cap or paused is raised too: to its first lease end if
+    -- it has nothing due, so that it takes no turn until then.
+    RETURN QUERY
+        SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean, NULL::boolean,
+               t.workspace_id, t.workspace_id = ANY(coalesce(served_ids, '{}')),
+               greatest(t.room, 1) > (SELECT count(*) FROM unnest(out_runs) g
+                                      WHERE g.workspace_id = t.workspace_id)
+               AND NOT EXISTS (SELECT 1 FROM generate_subscripts(out_runs, 1) i
+                               WHERE (out_runs[i]).workspace_id = t.workspace_id AND out_keeps[i])
+        FROM unnest(locked, rooms) AS t(workspace_id, room)
+        UNION ALL
+        SELECT NULL, NULL, NULL, NULL, NULL, g.workspace_id, true, true
+        FROM unnest(gone) AS g(workspace_id);
+END
+$claim$;
+$function$, '/* the agent''s due runs */',
+        CASE WHEN current_setting('server_version_num')::int >= 180000
+                  AND current_setting('agentrun.claim_walk', true) IS DISTINCT FROM 'levels'
+             THEN skip_scan ELSE levels END);
+END
+$claim_walk$;
+
+-- The shard a workspace's rows are on: 0 on plain PostgreSQL; on Citus the
+-- distribution step (control_plane/store/citus.py) makes it the shard of
+-- `runs` that holds the workspace, so the claim runs its lease step once per
+-- shard.
+CREATE FUNCTION agentrun_shard_of(ws text) RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT 0::bigint $$;
+
+-- agentrun_claim(): the claim as run_claim calls it (section 7): the turns
+-- taken here, the lease step on each shard holding one of them
+-- (agentrun_claim_shard), the turns marked and the emptied ones raised here.
+CREATE FUNCTION agentrun_claim(
+    owners text[], lease_seconds double precision, at timestamptz, scope text[],
+    carried jsonb, continued text[], own_release text, live_seconds double precision,
+    gated boolean)
+RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
+               others_due boolean, metered boolean)
+LANGUAGE plpgsql VOLATILE
+AS $claim$
+#variable_conflict use_column
+DECLARE
+    claim_clock timestamptz := coalesce($3, now());
+    expected text[];
+    taken text[] := '{}';
+    turn_ids text[];
+    turn_shards bigint[];
+    shard_ids text[];
+    left_owners text[] := $1;
+    round_limit integer;
+    rounds integer := 0;
+    budget integer;
+    ws_left integer;
+    s record;
+    o record;
+    out_runs runs[] := '{}';
+    out_held double precision[] := '{}';
+    out_taken boolean[] := '{}';
+    out_keeps boolean[] := '{}';
+    out_metered boolean[] := '{}';
+    served_ids text[] := '{}';
+    maybe_empty text[] := '{}';
+    locked text[];
+    raised_ids text[];
+    raised_wakes timestamptz[];
+    pending text[];
+BEGIN
+    -- Step 1's turns, read without its lock (others_due, below).
+    SELECT array_agg(t.workspace_id) INTO expected FROM (
+        SELECT t.workspace_id FROM workspace_turns t
+        WHERE t.next_wake_at <= claim_clock AND ($4 IS NULL OR t.workspace_id = ANY($4))
+        ORDER BY t.last_served_at, t.workspace_id
+        LIMIT cardinality($1)
+    ) t;
+    LOOP
+        rounds := rounds + 1;
+        round_limit := cardinality(left_owners);
+        -- 1. Take turns: lock the workspaces whose turn it is, least recently
+        -- served first, one per owner left.
+        SELECT array_agg(t.workspace_id ORDER BY t.last_served_at, t.workspace_id),
+               array_agg(agentrun_shard_of(t.workspace_id)
+                         ORDER BY t.last_served_at, t.workspace_id)
+        INTO turn_ids, turn_shards
+        FROM (
+            SELECT t.workspace_id, t.last_served_at FROM workspace_turns t
+            WHERE t.next_wake_at <= claim_clock AND ($4 IS NULL OR t.workspace_id = ANY($4))
+              AND t.workspace_id <> ALL(taken)
+            ORDER BY t.last_served_at, t.workspace_id
+            LIMIT round_limit
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) t;
+        EXIT WHEN turn_ids IS NULL;
+        taken := taken || turn_ids;
+        ws_left := cardinality(turn_ids);
+        -- 2. The lease step on each shard holding a turn, in the order of its
+        -- first turn, with a share of the owners left as large as its share of
+        -- the turns left (one shard: all of them).
+        FOR s IN
+            SELECT u.shard, array_agg(u.workspace_id ORDER BY u.ord) AS ids
+            FROM unnest(turn_ids, turn_shards) WITH ORDINALITY AS u(workspace_id, shard, ord)
+            GROUP BY u.shard ORDER BY min(u.ord)
+        LOOP
+            EXIT WHEN coalesce(cardinality(left_owners), 0) = 0;
+            budget := ceil(cardinality(left_owners) * cardinality(s.ids)::numeric / ws_left);
+            ws_left := ws_left - cardinality(s.ids);
+            FOR o IN
+                SELECT * FROM agentrun_claim_shard(left_owners[1:budget], $2, claim_clock, s.ids,
+                                                   $5, $6, $7, $8, $9)
+            LOOP
+                IF o.served IS NULL THEN
+                    out_runs := out_runs || o.run;
+                    out_held := out_held || o.held_seconds;
+                    out_taken := out_taken || o.taken_over;
+                    out_keeps := out_keeps || o.keeps_due;
+                    out_metered := out_metered || o.metered;
+                    left_owners := left_owners[2:];
+                ELSE
+                    IF o.served THEN
+                        served_ids := served_ids || o.workspace_id;
+                    END IF;
+                    IF o.maybe_empty THEN
+                        maybe_empty := maybe_empty || o.workspace_id;
+                    END IF;
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- Another round while owners are left and this one's turns filled its
+        -- limit: the workspaces whose turns it took gave fewer runs than owners
+        -- (emptied, at their caps, paused, or with nothing these owners can run),
+        -- and the next in line may have runs. At most four rounds.
+        EXIT WHEN coalesce(cardinality(left_owners), 0) = 0 OR rounds >= 4
+               OR cardinality(turn_ids) < round_limit;
+    END LOOP;
+    -- 3. Mark the served turns (to the back of the line).
+    UPDATE workspace_turns t SET last_served_at = claim_clock
+    WHERE t.workspace_id = ANY(served_ids);
+    -- 4. Raise next_wake_at of the workspaces the claim may have emptied: lock
+    -- those no admission or wake-up holds (KEY SHARE, workspace_lower_next_wake),
+    -- then, a new statement, read their earliest wake: a queued or waiting run's
+    -- (none while the queue is paused) or a lease's end (a lapsed lease is taken
+    -- over at its workspace's turn). NULL: nothing.
+    IF cardinality(maybe_empty) > 0 THEN
+        SELECT array_agg(l.workspace_id) INTO locked FROM (
+            SELECT t.workspace_id FROM workspace_turns t
+            WHERE t.workspace_id = ANY(maybe_empty)
+            ORDER BY t.workspace_id
+            FOR UPDATE SKIP LOCKED
+        ) l;
+    END IF;
+    IF locked IS NOT NULL THEN
+        SELECT array_agg(w.workspace_id), array_agg(least(
+                   CASE WHEN NOT w.queue_paused THEN (
+                       SELECT min(first.wake_at)
+                       FROM agents a
+                       CROSS JOIN LATERAL (
+                           SELECT r.wake_at FROM runs r
+                           WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+                             AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+                           ORDER BY r.wake_at
+                           LIMIT 1
+                       ) first
+                       WHERE a.workspace_id = w.workspace_id) END,
+                   (SELECT r.wake_at FROM runs r
+                    WHERE r.workspace_id = w.workspace_id AND r.status = 'running'
+                    ORDER BY r.wake_at LIMIT 1)))
+        INTO raised_ids, raised_wakes
+        FROM workspaces w
+        WHERE w.workspace_id = ANY(locked);
+        UPDATE workspace_turns t SET next_wake_at = v.wake
+        FROM (SELECT l.workspace_id, x.wake
+              FROM unnest(locked) AS l(workspace_id)
+              LEFT JOIN unnest(raised_ids, raised_wakes) AS x(workspace_id, wake)
+                  USING (workspace_id)) v
+        WHERE t.workspace_id = v.workspace_id;
+    END IF;
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false, out_metered[i]
+                 FROM generate_subscripts(out_runs, 1) i;
+    -- others_due: a workspace of that read left unserved, still due, with room
+    -- and its queue open: another claimer held it (0031).
+    IF cardinality(out_runs) < cardinality($1) THEN
+        SELECT array_agg(t.workspace_id) INTO pending FROM workspace_turns t
+        WHERE t.workspace_id = ANY(expected)
+          AND t.last_served_at IS DISTINCT FROM claim_clock
+          AND t.next_wake_at <= claim_clock;
+        IF pending IS NOT NULL AND EXISTS (
+            SELECT 1 FROM workspaces w
+            WHERE w.workspace_id = ANY(pending) AND NOT w.queue_paused
+              AND (SELECT coalesce(sum(n), 0) FROM workspace_running_counts c
+                   WHERE c.workspace_id = w.workspace_id) < w.max_concurrency
+        ) THEN
+            RETURN QUERY SELECT NULL::runs, NULL::double precision, NULL::boolean,
+                                NULL::boolean, true, NULL::boolean;
+        END IF;
     END IF;
 END
 $claim$;

@@ -25,7 +25,7 @@ FROM placed;
 SELECT workspace_id, plan, max_concurrency,
        (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
         WHERE c.workspace_id = $1) AS running,
-       next_wake_at, last_served_at, retention_days, approval_watch, allowlists, wait_limits
+       retention_days, approval_watch, allowlists, wait_limits
 FROM workspaces WHERE workspace_id = $1;
 
 -- name: workspace_set_allowlist :one
