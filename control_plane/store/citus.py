@@ -59,6 +59,18 @@ COORDINATOR_TABLES = (
     "workspace_turns",
 )
 
+# On Citus a trigger firing on a shard cannot reach workspace_turns on the coordinator:
+# lowering a workspace's next_wake_at writes workspace_wakes beside its runs instead, and
+# each claim folds the due ones into workspace_turns (migrations/0047_claim_per_shard.sql).
+LOWER_NEXT_WAKE = """
+CREATE OR REPLACE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO workspace_wakes AS w (workspace_id, wake_at) VALUES (ws, wake)
+    ON CONFLICT (workspace_id) DO UPDATE SET wake_at = excluded.wake_at
+    WHERE w.wake_at > excluded.wake_at
+$$
+"""
+
 # On Citus the claim groups its turns by this: the shard of `runs` (co-located with every
 # distributed table) that holds the workspace. The migrations define it as 0, one shard.
 SHARD_OF = """
@@ -79,6 +91,7 @@ DISTRIBUTED_TABLES = (
     "run_signals",
     "workspace_running_counts",
     "agent_running_counts",
+    "workspace_wakes",
     "approvals",
     "unknown_questions",
     "approval_tokens",
@@ -176,6 +189,7 @@ async def distribute(conn: asyncpg.Connection, shard_count: int | None = None) -
             raise CitusError(f"tables not in control_plane/store/citus.py's plan: {missing}")
         placed = {row["tbl"] for row in await conn.fetch(_PLACED, list(PLANNED))}
         await conn.execute(SHARD_OF)
+        await conn.execute(LOWER_NEXT_WAKE)
         todo_reference = [t for t in REFERENCE_TABLES if t not in placed]
         todo_distributed = [t for t in DISTRIBUTED_TABLES if t not in placed]
         if not todo_reference and not todo_distributed:

@@ -93,6 +93,18 @@ CREATE TABLE workspace_turns (
 -- Workspaces that may have something due, by when (the claim's step 1).
 CREATE INDEX workspace_turns_due ON workspace_turns (next_wake_at) WHERE next_wake_at IS NOT NULL;
 
+-- Under Citus, the wakes lowered on the shards: a trigger firing on a shard
+-- cannot reach workspace_turns on the coordinator, so the distribution step
+-- (control_plane/store/citus.py) makes workspace_lower_next_wake write here,
+-- beside the runs, and each claim folds the due ones into workspace_turns
+-- first. Empty on plain PostgreSQL.
+CREATE TABLE workspace_wakes (
+    workspace_id     text PRIMARY KEY,
+    wake_at          timestamptz NOT NULL
+);
+
+CREATE INDEX workspace_wakes_due ON workspace_wakes (wake_at);
+
 
 -- ===========================================================================
 -- 2. Agents and their tools
@@ -1422,7 +1434,13 @@ DECLARE
     budget integer;
     ws_left integer;
     s record;
-    o record;
+    shard_runs runs[];
+    shard_held double precision[];
+    shard_taken boolean[];
+    shard_keeps boolean[];
+    shard_metered boolean[];
+    shard_served text[];
+    shard_empty text[];
     out_runs runs[] := '{}';
     out_held double precision[] := '{}';
     out_taken boolean[] := '{}';
@@ -1434,7 +1452,47 @@ DECLARE
     raised_ids text[];
     raised_wakes timestamptz[];
     pending text[];
+    wake_ids text[];
+    wake_ats timestamptz[];
+    folded text[];
 BEGIN
+    -- 0. Fold the due wakes lowered on the shards (workspace_wakes, under Citus;
+    -- plain PostgreSQL lowers workspace_turns itself and has none): an unlocked
+    -- read of every shard, then each turn row no other claimer holds lowered,
+    -- and on each shard the rows folded deleted unless a writer holds or
+    -- changed them (they are folded again by a later claim: a lower bound).
+    SELECT array_agg(w.workspace_id), array_agg(w.wake_at) INTO wake_ids, wake_ats
+    FROM workspace_wakes w WHERE w.wake_at <= claim_clock;
+    IF wake_ids IS NOT NULL THEN
+        INSERT INTO workspace_turns (workspace_id, next_wake_at)
+        SELECT * FROM unnest(wake_ids, wake_ats) ON CONFLICT (workspace_id) DO NOTHING;
+        SELECT array_agg(l.workspace_id) INTO folded FROM (
+            SELECT t.workspace_id FROM workspace_turns t
+            WHERE t.workspace_id = ANY(wake_ids)
+            ORDER BY t.workspace_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) l;
+        UPDATE workspace_turns t SET next_wake_at = f.wake_at
+        FROM unnest(wake_ids, wake_ats) AS f(workspace_id, wake_at)
+        WHERE t.workspace_id = f.workspace_id AND t.workspace_id = ANY(folded)
+          AND (t.next_wake_at IS NULL OR t.next_wake_at > f.wake_at);
+        FOR s IN
+            SELECT array_agg(f.workspace_id) AS ids, array_agg(f.wake_at) AS wakes
+            FROM unnest(wake_ids, wake_ats) AS f(workspace_id, wake_at)
+            WHERE f.workspace_id = ANY(folded)
+            GROUP BY agentrun_shard_of(f.workspace_id)
+        LOOP
+            WITH held AS (
+                SELECT w.workspace_id, w.wake_at FROM workspace_wakes w
+                WHERE w.workspace_id = ANY(s.ids)
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM workspace_wakes w
+            USING held h, unnest(s.ids, s.wakes) AS f(workspace_id, wake_at)
+            WHERE w.workspace_id = ANY(s.ids) AND w.workspace_id = h.workspace_id
+              AND h.workspace_id = f.workspace_id AND h.wake_at = f.wake_at;
+        END LOOP;
+    END IF;
     -- Step 1's turns, read without its lock (others_due, below).
     SELECT array_agg(t.workspace_id) INTO expected FROM (
         SELECT t.workspace_id FROM workspace_turns t
@@ -1473,26 +1531,27 @@ BEGIN
             EXIT WHEN coalesce(cardinality(left_owners), 0) = 0;
             budget := ceil(cardinality(left_owners) * cardinality(s.ids)::numeric / ws_left);
             ws_left := ws_left - cardinality(s.ids);
-            FOR o IN
-                SELECT * FROM agentrun_claim_shard(left_owners[1:budget], $2, claim_clock, s.ids,
-                                                   $5, $6, $7, $8, $9)
-            LOOP
-                IF o.served IS NULL THEN
-                    out_runs := out_runs || o.run;
-                    out_held := out_held || o.held_seconds;
-                    out_taken := out_taken || o.taken_over;
-                    out_keeps := out_keeps || o.keeps_due;
-                    out_metered := out_metered || o.metered;
-                    left_owners := left_owners[2:];
-                ELSE
-                    IF o.served THEN
-                        served_ids := served_ids || o.workspace_id;
-                    END IF;
-                    IF o.maybe_empty THEN
-                        maybe_empty := maybe_empty || o.workspace_id;
-                    END IF;
-                END IF;
-            END LOOP;
+            SELECT coalesce(array_agg(c.run ORDER BY c.ord) FILTER (WHERE c.served IS NULL), '{}'),
+                   array_agg(c.held_seconds ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.taken_over ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.keeps_due ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.metered ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.workspace_id) FILTER (WHERE c.served),
+                   array_agg(c.workspace_id) FILTER (WHERE c.maybe_empty)
+            INTO shard_runs, shard_held, shard_taken, shard_keeps, shard_metered, shard_served,
+                 shard_empty
+            FROM agentrun_claim_shard(left_owners[1:budget], $2, claim_clock, s.ids,
+                                      $5, $6, $7, $8, $9)
+                 WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, metered,
+                                      workspace_id, served, maybe_empty, ord);
+            out_runs := out_runs || shard_runs;
+            out_held := out_held || shard_held;
+            out_taken := out_taken || shard_taken;
+            out_keeps := out_keeps || shard_keeps;
+            out_metered := out_metered || shard_metered;
+            served_ids := served_ids || shard_served;
+            maybe_empty := maybe_empty || shard_empty;
+            left_owners := left_owners[cardinality(shard_runs) + 1:];
         END LOOP;
         -- Another round while owners are left and this one's turns filled its
         -- limit: the workspaces whose turns it took gave fewer runs than owners
