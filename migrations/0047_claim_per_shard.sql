@@ -156,11 +156,13 @@ DECLARE
             WITH RECURSIVE levels(priority) AS (
                 (SELECT r.priority FROM runs r
                  WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                    AND r.status IN ('queued', 'waiting')
                  ORDER BY r.priority DESC LIMIT 1)
                 UNION ALL
                 SELECT (SELECT r.priority FROM runs r
                         WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                           AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
                         ORDER BY r.priority DESC LIMIT 1)
                 FROM levels l WHERE l.priority IS NOT NULL
@@ -170,6 +172,7 @@ DECLARE
             CROSS JOIN LATERAL (
                 SELECT r.run_id, r.wake_at FROM runs r
                 WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                   AND r.priority = l.priority
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
@@ -181,6 +184,7 @@ DECLARE
                   AND ($5::jsonb IS NULL OR EXISTS (
                       SELECT 1 FROM agent_versions v
                       WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                         AND v.version = r.agent_version
                         AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
                 ORDER BY r.wake_at, r.run_id
@@ -193,6 +197,7 @@ $levels$;
     skip_scan constant text := $skip_scan$
             SELECT r.run_id, r.priority, r.wake_at FROM runs r
             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
@@ -203,6 +208,7 @@ $levels$;
               AND ($5::jsonb IS NULL OR EXISTS (
                   SELECT 1 FROM agent_versions v
                   WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                     AND v.version = r.agent_version
                     AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
             ORDER BY r.priority DESC, r.wake_at, r.run_id
@@ -227,9 +233,16 @@ AS $claim$
 #variable_conflict use_column
 DECLARE
     locked text[];
+    caps integer[];
+    counted text[];
+    running numeric[];
     rooms bigint[];
     turn_ids text[];
     gone text[];
+    share_lo integer;
+    share_hi integer;
+    share_reads integer;
+    share_writes integer;
     metered_ids text[];
     served_ids text[];
     out_runs runs[];
@@ -239,21 +252,26 @@ DECLARE
 BEGIN
     -- a. Lock the turns' workspace rows here, beside their runs and counts, as
     -- the fast path locks them, skipping those another claimer or a fast path
-    -- holds; with their room under the cap, read before the lock (step b reads
-    -- it again). A workspace whose queue is paused is locked (its lapsed
-    -- leases are taken over) but gets no fresh run.
-    SELECT array_agg(t.workspace_id ORDER BY t.ord), array_agg(t.room ORDER BY t.ord),
+    -- holds. A workspace whose queue is paused is locked (its lapsed leases are
+    -- taken over) but gets no fresh run. Then, a new statement, their room
+    -- under the cap (step b reads it again). Citus locks rows of one shard
+    -- only by a statement over that table alone: the counts are read apart.
+    SELECT array_agg(t.workspace_id ORDER BY t.ord), array_agg(t.max_concurrency ORDER BY t.ord),
            array_agg(t.workspace_id ORDER BY t.ord) FILTER (WHERE NOT t.queue_paused)
-    INTO locked, rooms, turn_ids
+    INTO locked, caps, turn_ids
     FROM (
-        SELECT w.workspace_id, l.ord, w.queue_paused, w.max_concurrency - (
-                   SELECT coalesce(sum(n), 0) FROM workspace_running_counts c
-                   WHERE c.workspace_id = w.workspace_id) AS room
+        SELECT w.workspace_id, l.ord, w.queue_paused, w.max_concurrency
         FROM workspaces w
         JOIN unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord) USING (workspace_id)
         WHERE w.workspace_id = ANY($4::text[])
         FOR NO KEY UPDATE OF w SKIP LOCKED
     ) t;
+    SELECT array_agg(c.workspace_id), array_agg(c.running) INTO counted, running
+    FROM (SELECT c.workspace_id, sum(c.n) AS running FROM workspace_running_counts c
+          WHERE c.workspace_id = ANY(locked) GROUP BY c.workspace_id) c;
+    SELECT array_agg(l.cap - coalesce(c.running, 0) ORDER BY l.ord) INTO rooms
+    FROM unnest(locked, caps) WITH ORDINALITY AS l(workspace_id, cap, ord)
+    LEFT JOIN unnest(counted, running) AS c(workspace_id, running) USING (workspace_id);
     locked := coalesce(locked, '{}');
     rooms := coalesce(rooms, '{}');
     turn_ids := coalesce(turn_ids, '{}');
@@ -264,15 +282,20 @@ BEGIN
             SELECT 1 FROM workspaces w
             WHERE w.workspace_id = g.workspace_id AND w.workspace_id = ANY($4::text[]));
     END IF;
+    -- The share of the runs on no release that these owners take (release_share), a
+    -- statement of its own: Citus plans no SQL function over its tables inside
+    -- the lease statement.
+    SELECT s.lo, s.hi, s.reads_from, s.writes INTO share_lo, share_hi, share_reads, share_writes
+    FROM release_share($7, $8, $9) s;
     -- b. Lapsed leases of the locked workspaces first, then the due runs of those
     -- open to them, round robin, within each workspace's and agent's room
     -- (schema.sql section 7 says how).
     WITH clock AS MATERIALIZED (
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
-        -- The share of the runs on no release that these owners take (release_share).
-        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
-        FROM release_share($7, $8, $9) s
+        -- The share of the runs on no release that these owners take (read above).
+        SELECT $6::text[] IS NULL AS any_release, share_lo AS lo, share_hi AS hi,
+               share_reads AS reads_from, share_writes AS writes
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
         WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock) AND NOT r.paused
@@ -285,6 +308,7 @@ BEGIN
           AND ($5::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                 AND v.version = r.agent_version
                 AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
         ORDER BY r.wake_at
@@ -298,7 +322,7 @@ BEGIN
         JOIN workspaces w USING (workspace_id)
         CROSS JOIN LATERAL (
             SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
+            WHERE c.workspace_id = w.workspace_id AND c.workspace_id = ANY(turn_ids::text[])) c
         WHERE w.workspace_id = ANY(turn_ids::text[]) AND c.running < w.max_concurrency
     ), agent_rooms AS (
         SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
@@ -308,7 +332,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
                 SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
-                WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
+                WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id
+                  AND ac.workspace_id = ANY(turn_ids::text[]))) END AS room
         ) ar
         WHERE (ar.room IS NULL OR ar.room > 0) AND NOT a.paused
     ), share AS MATERIALIZED (
@@ -371,6 +396,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT r.workspace_id, r.run_id FROM runs r
             WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+              AND r.workspace_id = ANY(turn_ids::text[])
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
             FOR UPDATE SKIP LOCKED
@@ -425,21 +451,25 @@ BEGIN
     FROM leased c;
     -- The fresh runs (a run taken over was 'running' already) added to shard 0 of
     -- their workspace's count and of their agent's, here under the lock of step a
-    -- (agentrun.claim_counts keeps the row trigger from counting them again).
-    INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
-    SELECT (out_runs[i]).workspace_id, 0, count(*)
-    FROM generate_subscripts(out_runs, 1) i
-    WHERE NOT out_taken[i]
-    GROUP BY 1
-    ORDER BY 1
-    ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
-    INSERT INTO agent_running_counts AS c (workspace_id, agent_id, shard, n)
-    SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, 0, count(*)
-    FROM generate_subscripts(out_runs, 1) i
-    WHERE NOT out_taken[i]
-    GROUP BY 1, 2
-    ORDER BY 1, 2
-    ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    -- (agentrun.claim_counts keeps the row trigger from counting them again). On
+    -- Citus the trigger fires on the worker, which does not see the setting: the
+    -- distribution step turns it off for this function, and the trigger counts.
+    IF current_setting('agentrun.claim_counts', true) = 'on' THEN
+        INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
+        SELECT (out_runs[i]).workspace_id, 0, count(*)
+        FROM generate_subscripts(out_runs, 1) i
+        WHERE NOT out_taken[i]
+        GROUP BY 1
+        ORDER BY 1
+        ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
+        INSERT INTO agent_running_counts AS c (workspace_id, agent_id, shard, n)
+        SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, 0, count(*)
+        FROM generate_subscripts(out_runs, 1) i
+        WHERE NOT out_taken[i]
+        GROUP BY 1, 2
+        ORDER BY 1, 2
+        ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
     -- metered: the workspace has a credit account (control_plane/credits/claims.py).
     IF out_runs IS NOT NULL THEN
         SELECT array_agg(a.workspace_id) INTO metered_ids FROM credit_accounts a

@@ -71,6 +71,20 @@ LANGUAGE sql AS $$
 $$
 """
 
+# The claim's lease step, as Citus needs it: it plans its statements generically on one
+# PostgreSQL (its plans do not depend on the arrays given), but Citus prunes
+# `workspace_id = ANY(...)` to one shard only with the values in the plan, so there it plans
+# them for each call's values; and it counts its fresh runs itself only where the row trigger
+# sees its agentrun.claim_counts (a trigger on a shard fires on the worker, which does not).
+_CLAIM_SHARD = (
+    "agentrun_claim_shard(text[], double precision, timestamptz, text[], jsonb, text[], text,"
+    " double precision, boolean)"
+)
+CLAIM_SETTINGS = (
+    f"ALTER FUNCTION {_CLAIM_SHARD} SET plan_cache_mode = force_custom_plan",
+    f"ALTER FUNCTION {_CLAIM_SHARD} SET agentrun.claim_counts = 'off'",
+)
+
 # On Citus the claim groups its turns by this: the shard of `runs` (co-located with every
 # distributed table) that holds the workspace. The migrations define it as 0, one shard.
 SHARD_OF = """
@@ -190,6 +204,8 @@ async def distribute(conn: asyncpg.Connection, shard_count: int | None = None) -
         placed = {row["tbl"] for row in await conn.fetch(_PLACED, list(PLANNED))}
         await conn.execute(SHARD_OF)
         await conn.execute(LOWER_NEXT_WAKE)
+        for statement in CLAIM_SETTINGS:
+            await conn.execute(statement)
         todo_reference = [t for t in REFERENCE_TABLES if t not in placed]
         todo_distributed = [t for t in DISTRIBUTED_TABLES if t not in placed]
         if not todo_reference and not todo_distributed:
