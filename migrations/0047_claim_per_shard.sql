@@ -143,6 +143,42 @@ DROP FUNCTION agentrun_claim(text[], double precision, timestamptz, text[], json
 DROP FUNCTION agentrun_claim_uncounted(text[], double precision, timestamptz, text[], jsonb,
                                        text[], text, double precision, boolean);
 
+-- release_share() as PL/pgSQL: Citus plans no SQL function with parameters
+-- over its tables (`releases` is a reference table there); the same statement.
+CREATE OR REPLACE FUNCTION release_share(own text, live double precision, gated boolean)
+RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH open AS (
+        SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
+        FROM releases rl
+        WHERE rl.draining_since IS NULL
+          AND (NOT gated OR release_opened(rl.canary_passed_at, rl.canary_failed_at,
+                                           rl.promoted_at))
+          AND (rl.release = own OR EXISTS (
+            SELECT 1 FROM executor_tools e
+            WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => live)))
+    ), main AS (
+        SELECT release FROM open WHERE ramp_percent IS NULL
+        ORDER BY since DESC, release DESC LIMIT 1
+    ), ramp AS (
+        SELECT release, ramp_percent FROM open WHERE ramp_percent IS NOT NULL
+        ORDER BY since DESC, release DESC LIMIT 1
+    )
+    SELECT CASE WHEN own = (SELECT release FROM main)
+                THEN coalesce((SELECT ramp_percent FROM ramp), 0) ELSE 0 END,
+           CASE WHEN own = (SELECT release FROM main) THEN 100
+                WHEN own = (SELECT release FROM ramp)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
+                          ELSE 100 END
+                ELSE 0 END,
+           coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
+           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
+;
+END $$;
+
 -- agentrun_claim_shard(): the lease step on one shard, for the turns `ids`
 -- (all on it) taken on the coordinator: a. lock their workspace rows, b. take
 -- their lapsed leases and their due runs round robin within the caps, count

@@ -1033,8 +1033,11 @@ $$;
 -- seconds; the claimers themselves count), not draining, and with `gated`, past its
 -- canary (release_opened). Always exactly one row (own NULL: no share, every version).
 CREATE FUNCTION release_share(own text, live double precision, gated boolean)
-RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE sql STABLE
+RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE plpgsql STABLE
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH open AS (
         SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
         FROM releases rl
@@ -1060,7 +1063,8 @@ AS $$
                 ELSE 0 END,
            coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
            coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
-$$;
+;
+END $$;
 
 -- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
 -- hash of its id, so a run keeps its side of a ramp for as long as the ramp stands.

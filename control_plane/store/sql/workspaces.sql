@@ -28,6 +28,11 @@ SELECT workspace_id, plan, max_concurrency,
        retention_days, approval_watch, allowlists, wait_limits
 FROM workspaces WHERE workspace_id = $1;
 
+-- name: workspace_next_wake :one
+-- When the claim next looks at the workspace (workspace_turns, 0047: on the coordinator
+-- under Citus, so apart from workspace_get, which runs on the workspace's shard).
+SELECT next_wake_at FROM workspace_turns WHERE workspace_id = $1;
+
 -- name: workspace_set_allowlist :one
 -- One named allowlist of the workspace (issue 48; NULL values: removed).
 UPDATE workspaces SET allowlists = CASE WHEN $3::jsonb IS NULL THEN allowlists - $2::text
