@@ -4,8 +4,8 @@
 -- The fair claim is one call of agentrun_claim() (run_claim below;
 -- control_plane/store/lease.py calls it), a function of the schema:
 -- control_plane/store/sql/schema.sql, section 7 "The claim", has it with its
--- argument beside it: its four steps (take turns, claim, lock for the raise,
--- raise next_wake_at), why caps hold with any number of claimers, why raising
+-- argument beside it: its parts (turns taken on the coordinator, a lease step
+-- per shard, the turns marked and raised), why caps hold with any number of claimers, why raising
 -- next_wake_at is safe, how the running counts move, and what others_due says.
 --
 -- The two arguments below are about the leases themselves: release on break

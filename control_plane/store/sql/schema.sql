@@ -672,8 +672,8 @@ END $$;
 -- database keeps two summaries exact on every way a run changes:
 --   * the running counts: the runs executors hold, per workspace and per
 --     agent;
---   * workspaces.next_wake_at: a lower bound on the earliest wake_at of the
---     workspace's queued or waiting runs.
+--   * workspace_turns.next_wake_at: a lower bound on the earliest wake_at of
+--     the workspace's queued or waiting runs and of its leases' ends.
 --
 -- Each running count is the sum of a few small rows, split by who may write
 -- them:
@@ -920,34 +920,43 @@ CREATE TABLE releases (
 --
 -- run_claim (sql/lease.sql) hands runs to a dispatcher's free executor slots
 -- with one call of agentrun_claim(): one statement in its own transaction,
--- one round trip. The claim proper, agentrun_claim_uncounted(), runs four
--- steps as four statements, in this order:
+-- one round trip. It runs in parts that Citus can place (0047): the turns on
+-- the coordinator (workspace_turns, section 1), the lease on each shard
+-- holding one of them (agentrun_claim_shard()), the marks on the coordinator.
+-- Plain PostgreSQL is one shard (agentrun_shard_of() is 0). In order:
 --
+--   0. fold the due wakes the shards lowered (workspace_wakes: only under
+--      Citus, where a trigger on a shard cannot reach workspace_turns);
 --   1. take turns: lock the workspaces whose turn it is (least recently
---      served first, with due runs and room under their cap, up to one per
---      owner), FOR NO KEY UPDATE SKIP LOCKED;
---   2. claim: lease lapsed runs first (they hold their slot already), then
---      those workspaces' due runs, round robin, one per workspace per round,
---      within the room of each workspace and of each agent; within a
---      workspace, highest priority first, then oldest due. Mark the
---      workspaces served;
---   3. lock for the raise: of the workspaces the claim may have emptied (it
---      took fewer runs than they had room for, and they keep no due run step
---      2 read and did not pick: keeps_due), lock those no writer holds, FOR
---      UPDATE SKIP LOCKED;
---   4. raise next_wake_at: recompute it for them from their runs.
+--      served first, next_wake_at passed, up to one per owner left), FOR NO
+--      KEY UPDATE SKIP LOCKED;
+--   2. per shard, in the order of its first turn, with a share of the owners
+--      left as large as its share of the turns: a. lock their workspaces rows
+--      (FOR NO KEY UPDATE SKIP LOCKED, as the fast path locks them), then read
+--      their counts; b. lease their lapsed runs first (they hold their slot
+--      already), then the due runs of those whose queue is not paused, round
+--      robin, one per workspace per round, within the room of each workspace
+--      and of each agent; within a workspace, highest priority first, then
+--      oldest due; count the fresh runs. Up to three more rounds of 1 and 2
+--      while owners are left and the turns filled their limit;
+--   3. mark the served turns (to the back of the line);
+--   4. raise next_wake_at of the workspaces the claim may have emptied: lock
+--      those no writer holds (FOR UPDATE SKIP LOCKED), then read their first
+--      due run and first lease end.
 --
 -- Each step is its own statement, so each takes a fresh snapshot (the
--- function is VOLATILE and the transaction READ COMMITTED): "a new statement"
--- below means a snapshot taken after the locks of the steps before it were
--- granted. The locks are kept until the calling statement's transaction ends.
--- Its SET clauses plan every statement generically, with nested loops only:
--- the plans do not depend on the arrays given (every step is an index probe),
--- a generic plan cannot know how few runs a claim takes (its LIMITs are
--- parameters), and with a million parked runs a hash join might read the
--- whole runs table for the final UPDATE.
+-- functions are VOLATILE and the transaction READ COMMITTED): "a new
+-- statement" below means a snapshot taken after the locks of the steps before
+-- it were granted. The locks are kept until the calling statement's
+-- transaction ends. The lease step's SET clauses plan its statements
+-- generically, with nested loops only: the plans do not depend on the arrays
+-- given (every step is an index probe), a generic plan cannot know how few
+-- runs a claim takes (its LIMITs are parameters), and with a million parked
+-- runs a hash join might read the whole runs table for the final UPDATE.
+-- (Citus prunes `workspace_id = ANY(...)` to one shard only with the values in
+-- the plan: `migrate --citus` makes it plan per call there.)
 --
--- Step 2 in detail. It reads each agent's share of the batch first (the
+-- Step 2b in detail. It reads each agent's share of the batch first (the
 -- batch over the workspaces in turn, rounded up, and one more, which tells a
 -- workspace that keeps due runs from one the claim may empty), and up to the
 -- whole batch only when that falls short (`short`): otherwise every run the
@@ -964,57 +973,67 @@ CREATE TABLE releases (
 -- workspace's place in the line, so a workspace's picks are its first turns:
 -- it keeps a due run unless its last candidate was picked. A workspace that
 -- got a run, or had none these owners could take (its agents at their caps,
--- tools the owners do not carry, another release), goes to the back of the
--- line; one that lost out only to a full batch keeps its place.
+-- its own cap, its queue paused, tools the owners do not carry, another
+-- release), goes to the back of the line; one that lost out only to a full
+-- batch keeps its place. The coordinator does not know the caps or a paused
+-- queue: such a workspace takes its turn and spends it, and the raise moves a
+-- paused queue past its queued runs (resuming lowers it again).
+--
+-- Lapsed leases. A lapsed lease is taken over at its workspace's turn, by the
+-- lease step of its shard: next_wake_at is a lower bound on the workspace's
+-- leases' ends too (the raise reads the first one; a lease begun outside the
+-- claim, the fast path's, or cut short, a release on break, lowers it). A
+-- workspace holding runs therefore takes a turn about once a lease, and goes
+-- back to the end of the line when nothing lapsed.
 --
 -- Why caps hold with any number of claimers. A workspace's running count only
--- grows in step 2 and in the wrapper's count right after it, under the row
--- lock taken in step 1 and kept until commit; step 2 is a new statement, so
--- its snapshot sees every claim that held that lock before. Other claimers
--- skip the locked rows (SKIP LOCKED) and never wait. Counts only shrink
--- elsewhere (commits, cancels), which can only make a claim more careful than
--- it needs to be, never less.
+-- grows in step 2b, under the workspaces row lock taken in step 2a (and by the
+-- fast path under the same lock), kept until commit; step 2b is a new
+-- statement, so its snapshot sees every claim that held that lock before.
+-- Other claimers skip the locked rows (SKIP LOCKED) and never wait. Counts only
+-- shrink elsewhere (commits, cancels), which can only make a claim more careful
+-- than it needs to be, never less.
 --
 -- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
--- SHARE on the workspace row until they commit (workspace_lower_next_wake),
--- which step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
--- holds claims up. Raising it is only safe with no such writer in flight, so
--- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
--- raise waits for a later claim), and step 4, a new statement, then sees every
--- run those writers added; writers that come later wait for the claim to
--- commit and lower the raised value again.
+-- SHARE on the turn row until they commit (workspace_lower_next_wake), which
+-- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never holds
+-- claims up. Raising it is only safe with no such writer in flight, so step 4
+-- takes FOR UPDATE (SKIP LOCKED: if a writer is in flight, the raise waits for
+-- a later claim), and its read, a new statement, then sees every run those
+-- writers added; writers that come later wait for the claim to commit and
+-- lower the raised value again. Under Citus the writers lower workspace_wakes
+-- on their shard instead, in their own transaction; a row stays there until a
+-- claim has folded exactly its value (step 0 deletes nothing a writer holds
+-- or changed), so a raise never hides a run: the next claim lowers it again.
 --
--- The counts. agentrun_claim() adds the runs step 2 leased fresh (a lapsed
--- lease taken over was 'running' already) to shard 0 of their workspace's and
--- their agent's running counts, by two statements in key order, right after
--- the claim in the same transaction. That order cannot deadlock: shard 0 of a
--- workspace is written only by the holder of the workspace's row lock, and a
--- claim counts only runs of the workspaces it locked in step 1. While the
--- wrapper runs, its SET clause turns agentrun.claim_counts on, and the row
--- trigger runs_fair_update leaves the runs entering 'running' to it: each is
--- counted once, and a batch costs two statements instead of two row updates
--- per run. The setting is off again when the wrapper returns or fails, so
--- every other status change, the fast path's lease and a direct call of
--- agentrun_claim_uncounted() included, is counted by the trigger.
+-- The counts. agentrun_claim_shard() adds the runs step 2b leased fresh (a
+-- lapsed lease taken over was 'running' already) to shard 0 of their
+-- workspace's and their agent's running counts, by two statements in key
+-- order, right after the lease in the same transaction. That order cannot
+-- deadlock: shard 0 of a workspace is written only by the holder of the
+-- workspace's row lock. Its SET clause turns agentrun.claim_counts on, and the
+-- row trigger runs_fair_update leaves the runs entering 'running' to it: each
+-- is counted once, and a batch costs two statements instead of two row
+-- updates per run. The setting is off again when it returns or fails, so every
+-- other status change, the fast path's lease included, is counted by the
+-- trigger. (On Citus the trigger fires on the worker, which does not see the
+-- setting: `migrate --citus` turns it off for the function, and the trigger
+-- counts.)
 --
 -- others_due. Step 1 passes over a workspace another claimer holds, so a
 -- claim may come back short while runs are due and executors idle. Before the
--- claim, agentrun_claim() reads step 1's turns without the lock: the
--- workspaces step 1 takes when no other claimer holds one. Step 2 marks every
--- workspace whose turn it took served at the claim's clock (one value for the
--- whole transaction) when it got runs or had none these owners could take;
--- the one that lost out only to a full batch keeps its place, but then the
--- claim was not short. So when the claim took fewer runs than it had owners,
--- a workspace of that read which is not marked, and is still due with room,
--- is one step 1 passed over because another claimer held it (or one that
--- claimer served meanwhile and left with due runs): there is a run to take
--- now. A last row, its run NULL and others_due true, says so, and the
--- dispatcher claims again at once instead of waiting for its next poke or
--- poll. Workspaces whose due runs these owners cannot take are served by
--- every claim that takes their turn, so they never raise the flag, however
--- many there are. The read after the claim is a new statement: it sees the
--- other claimers' commits and step 4's raise. Neither read locks anything or
--- changes a count, so the caps argument is untouched.
+-- claim, agentrun_claim() reads step 1's turns without the lock. Step 3 marks
+-- every workspace it served at the claim's clock (one value for the whole
+-- transaction); the one that lost out only to a full batch keeps its place,
+-- but then the claim was not short. So when the claim took fewer runs than it
+-- had owners, a workspace of that read which is not marked, and is still due
+-- with room and its queue open, is one step 1 passed over because another
+-- claimer held it (or one that claimer served meanwhile and left with due
+-- runs): there is a run to take now. A last row, its run NULL and others_due
+-- true, says so, and the dispatcher claims again at once instead of waiting
+-- for its next poke or poll. The read after the claim is a new statement: it
+-- sees the other claimers' commits and step 4's raise. Neither read locks
+-- anything or changes a count, so the caps argument is untouched.
 --
 -- Whether a release is open to new runs under the canary gate: past a canary (or
 -- promoted) since its last canary failure.
