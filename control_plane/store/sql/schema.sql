@@ -1236,8 +1236,14 @@ BEGIN
     -- The share of the runs on no release that these owners take (release_share), a
     -- statement of its own: Citus plans no SQL function over its tables inside
     -- the lease statement.
-    SELECT s.lo, s.hi, s.reads_from, s.writes INTO share_lo, share_hi, share_reads, share_writes
-    FROM release_share($7, $8, $9) s;
+    -- Owners of no release: no share, every version (what release_share says).
+    IF $7 IS NULL THEN
+        share_lo := 0; share_hi := 0; share_reads := 0; share_writes := 2147483647;
+    ELSE
+        SELECT s.lo, s.hi, s.reads_from, s.writes
+        INTO share_lo, share_hi, share_reads, share_writes
+        FROM release_share($7, $8, $9) s;
+    END IF;
     -- b. Lapsed leases of the locked workspaces first, then the due runs of those
     -- open to them, round robin, within each workspace's and agent's room
     -- (schema.sql section 7 says how).
