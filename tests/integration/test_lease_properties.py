@@ -326,7 +326,12 @@ class LeaseMachine(RuleBasedStateMachine):
         rows = self.call(lease.claim_due(self.pool, [owner] * batch, LEASE, now=now))
         taken_over = sum(self._claimed(row, owner, now) for row in rows)
         self.env.seen.update(takeover=taken_over, claim=len(rows) - taken_over)
-        assert taken_over == min(batch, len(lapsed)), "a lapsed lease was passed over"
+        # A lapsed lease is taken over at its workspace's turn (0047): a full batch may go
+        # to workspaces ahead of it in line, a claim with owners left never passes it over
+        # (and next_wake_at bounds every lease's end, so its turn comes: COUNTS).
+        assert taken_over <= min(batch, len(lapsed)), "a lease taken over twice"
+        if len(rows) < batch:
+            assert taken_over == len(lapsed), "a lapsed lease was passed over"
         if batch - taken_over >= len(WORKSPACES) and takeable:
             assert len(rows) > taken_over, f"nothing claimed while {takeable} could run"
 
