@@ -14,7 +14,8 @@ ordinary migrations on the coordinator and then distributes the schema by this p
   `releases` by the claim's routing).
 * **Coordinator-local**: looked up by something other than a workspace (a key id, a
   cookie's or an OAuth state's hash, an executor id) and never joined in a hot
-  statement. Citus allows no foreign key from such a table to a distributed one, so
+  statement, and the claim's line of workspaces (`workspace_turns`), where a claim
+  takes its turns before its lease step on each shard (`agentrun_shard_of`). Citus allows no foreign key from such a table to a distributed one, so
   their `workspace_id` references are dropped (the API creates those rows only for a
   workspace it has just read).
 
@@ -53,7 +54,43 @@ COORDINATOR_TABLES = (
     "console_sessions",
     "connection_flows",
     "executor_tools",
+    # The claim's line of workspaces (migrations/0047_claim_per_shard.sql): turns are
+    # taken here, then the lease step runs on each shard holding one of them.
+    "workspace_turns",
 )
+
+# On Citus a trigger firing on a shard cannot reach workspace_turns on the coordinator:
+# lowering a workspace's next_wake_at writes workspace_wakes beside its runs instead, and
+# each claim folds the due ones into workspace_turns (migrations/0047_claim_per_shard.sql).
+LOWER_NEXT_WAKE = """
+CREATE OR REPLACE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO workspace_wakes AS w (workspace_id, wake_at) VALUES (ws, wake)
+    ON CONFLICT (workspace_id) DO UPDATE SET wake_at = excluded.wake_at
+    WHERE w.wake_at > excluded.wake_at
+$$
+"""
+
+# The claim's lease step, as Citus needs it: it plans its statements generically on one
+# PostgreSQL (its plans do not depend on the arrays given), but Citus prunes
+# `workspace_id = ANY(...)` to one shard only with the values in the plan, so there it plans
+# them for each call's values; and it counts its fresh runs itself only where the row trigger
+# sees its agentrun.claim_counts (a trigger on a shard fires on the worker, which does not).
+_CLAIM_SHARD = (
+    "agentrun_claim_shard(text[], double precision, timestamptz, text[], jsonb, text[], text,"
+    " double precision, boolean)"
+)
+CLAIM_SETTINGS = (
+    f"ALTER FUNCTION {_CLAIM_SHARD} SET plan_cache_mode = force_custom_plan",
+    f"ALTER FUNCTION {_CLAIM_SHARD} SET agentrun.claim_counts = 'off'",
+)
+
+# On Citus the claim groups its turns by this: the shard of `runs` (co-located with every
+# distributed table) that holds the workspace. The migrations define it as 0, one shard.
+SHARD_OF = """
+CREATE OR REPLACE FUNCTION agentrun_shard_of(ws text) RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT get_shard_id_for_distribution_column('runs', ws) $$
+"""
 
 DISTRIBUTED_TABLES = (
     ANCHOR,
@@ -72,6 +109,7 @@ DISTRIBUTED_TABLES = (
     "event_deliveries",
     "workspace_running_counts",
     "agent_running_counts",
+    "workspace_wakes",
     "approvals",
     "unknown_questions",
     "approval_tokens",
@@ -168,6 +206,10 @@ async def distribute(conn: asyncpg.Connection, shard_count: int | None = None) -
         if missing:
             raise CitusError(f"tables not in control_plane/store/citus.py's plan: {missing}")
         placed = {row["tbl"] for row in await conn.fetch(_PLACED, list(PLANNED))}
+        await conn.execute(SHARD_OF)
+        await conn.execute(LOWER_NEXT_WAKE)
+        for statement in CLAIM_SETTINGS:
+            await conn.execute(statement)
         todo_reference = [t for t in REFERENCE_TABLES if t not in placed]
         todo_distributed = [t for t in DISTRIBUTED_TABLES if t not in placed]
         if not todo_reference and not todo_distributed:

@@ -1,8 +1,9 @@
 """Claims, heartbeats and lease hand-back: the run row as a lease.
 
 The claim is fair across workspaces and holds every concurrency cap with any
-number of claimers: sql/lease.sql explains its four steps and why, and
-migrations/0029_claim_function.sql runs them in one call.
+number of claimers: sql/schema.sql section 7 explains its parts (turns taken in
+workspace_turns, a lease step per shard, the turns marked and raised) and why,
+and migrations/0047_claim_per_shard.sql runs them in one call.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ async def claim_due(
     allowed = list(scope) if scope is not None else None
     tools = json.dumps(list(carried)) if carried is not None else None
     routing = release.params() if release else (None, None, 0.0, False)
-    # One statement, one round trip: agentrun_claim() takes the turns, claims and raises
-    # next_wake_at in its own transaction (sql/lease.sql run_claim). In a caller's
+    # One statement, one round trip: agentrun_claim() takes the turns, runs the lease step
+    # on each shard holding one, marks the turns and raises next_wake_at in its own
+    # transaction (sql/lease.sql run_claim). In a caller's
     # transaction, a savepoint, as store.db.transaction makes.
     args = (owners, lease_seconds, now, allowed, tools, *routing)
     if isinstance(pool, asyncpg.Connection):

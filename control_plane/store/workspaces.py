@@ -36,6 +36,13 @@ async def get(
     return await run(pool, "workspace_get", workspace_id)
 
 
+async def next_wake(pool: asyncpg.pool.Pool | asyncpg.Connection, workspace_id: str) -> Any:
+    """When the claim next looks at the workspace for a due run or an ending lease (a
+    datetime; None: nothing to look at)."""
+    row = await run(pool, "workspace_next_wake", workspace_id)
+    return row["next_wake_at"] if row is not None else None
+
+
 async def set_wait_limit(
     conn: Any, workspace_id: str, kind: str, seconds: int | None
 ) -> asyncpg.Record | None:

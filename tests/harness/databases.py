@@ -23,7 +23,7 @@ TEMPLATE_DB = os.environ.get("AGENTRUN_TEST_TEMPLATE_DB") or "agentrun_template"
 # The migration that picks how the claim reads each agent's due runs (a skip scan on
 # Postgres 18 and later, a walk over priority levels before).
 # The last migration that (re)creates the claim function; use_claim_walk runs its DO block.
-CLAIM_WALK_MIGRATION = "0045_orchestration.sql"
+CLAIM_WALK_MIGRATION = "0047_claim_per_shard.sql"
 
 
 async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:

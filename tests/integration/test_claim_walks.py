@@ -22,7 +22,7 @@ AT = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
 
 async def definition(conn: asyncpg.Connection) -> str:
-    return await conn.fetchval("SELECT pg_get_functiondef('agentrun_claim_uncounted'::regproc)")
+    return await conn.fetchval("SELECT pg_get_functiondef('agentrun_claim_shard'::regproc)")
 
 
 async def test_the_server_version_picks_the_walk(db: asyncpg.Connection) -> None:
@@ -100,7 +100,7 @@ async def load(pool: asyncpg.pool.Pool, rows: list[tuple]) -> None:
     await pool.execute("UPDATE agents SET max_concurrency = 2 WHERE workspace_id = 'w2'")
     rows = [(*r[:3], versions[r[0], r[2]], *r[4:]) for r in rows]
     await pool.execute(LOAD, *[list(col) for col in zip(*rows, strict=True)])
-    await pool.execute("UPDATE workspaces SET next_wake_at = $1, last_served_at = $1", AT)
+    await pool.execute("UPDATE workspace_turns SET next_wake_at = $1, last_served_at = $1", AT)
 
 
 # The claims each side makes, in turn: owners, and what the owners carry or continue.

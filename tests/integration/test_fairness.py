@@ -29,6 +29,13 @@ async def finish(pool, row, status: str = "completed", seq: int = 1) -> None:
     await steps.commit(pool, req, 30)
 
 
+async def next_wake(pool, ws: str = "ws") -> datetime | None:
+    """The workspace's next_wake_at in the claim's line (workspace_turns, 0047)."""
+    return await pool.fetchval(
+        "SELECT next_wake_at FROM workspace_turns WHERE workspace_id = $1", ws
+    )
+
+
 async def counters_match(pool) -> None:
     """The maintained running counts equal the runs actually running."""
     bad = await pool.fetch("""
@@ -144,7 +151,7 @@ async def test_counters_follow_every_way_in_and_out_of_running(pool):
     await pool.execute("DELETE FROM runs WHERE run_id = $1", held[5].run_id)
     await counters_match(pool)
     await pool.execute("TRUNCATE runs CASCADE")
-    assert (await workspaces.get(pool, "ws"))["next_wake_at"] is None
+    assert await next_wake(pool) is None
     await counters_match(pool)
     assert len(rows) == 6
 
@@ -152,18 +159,20 @@ async def test_counters_follow_every_way_in_and_out_of_running(pool):
 async def test_next_wake_at_tracks_the_earliest_waiting_run(pool):
     (row,) = await factories.queued_runs(pool, 1)
     (held,) = await claim(pool, 1)
-    # Claimed the only due run: the workspace has nothing due any more.
-    assert (await workspaces.get(pool, "ws"))["next_wake_at"] is None
+    # Claimed the only due run: nothing is due before its lease ends (a lapsed lease is
+    # taken over at its workspace's turn).
+    assert await next_wake(pool) == held.wake_at
     park = steps.Transition(status="waiting", wait_reason="approval")  # event wait: no wake time
     step = steps.NewStep(1, "park", None, json.dumps({"wait_reason": "approval"}))
     await steps.commit(
         pool, steps.CommitRequest("ws", row.run_id, held.lease_epoch, [step], park), 30
     )
-    assert (await workspaces.get(pool, "ws"))["next_wake_at"] is None
+    # Parked on an event: nothing due; the old lease's end is still a lower bound.
+    assert await next_wake(pool) == held.wake_at
     assert await claim(pool, 1) == []
     # The event sets wake_at to now: the workspace is due again.
     await pool.execute("UPDATE runs SET wake_at = now() WHERE run_id = $1", row.run_id)
-    assert (await workspaces.get(pool, "ws"))["next_wake_at"] is not None
+    assert await next_wake(pool) <= datetime.now(UTC)
     (again,) = await claim(pool, 1)
     assert again.run_id == row.run_id
 
@@ -171,22 +180,24 @@ async def test_next_wake_at_tracks_the_earliest_waiting_run(pool):
 async def test_next_wake_at_is_raised_only_where_the_claim_may_have_emptied_the_workspace(pool):
     """A workspace that filled its room, or kept a due run the claim read and left, keeps its
     next_wake_at (any lower bound is safe); one that got less than its room and kept none is
-    raised to its earliest waiting run (here none)."""
+    raised to its earliest waiting run or lease end (here the lease it just took)."""
     await workspaces.set_plan(pool, "full", "enterprise", 1)
     await factories.queued_runs(pool, 2, workspace_id="full")
     await factories.queued_runs(pool, 3, workspace_id="kept")
     await factories.queued_runs(pool, 1, workspace_id="emptied")
-    mark = "UPDATE workspaces SET next_wake_at = '2000-01-01', last_served_at = $2 WHERE workspace_id = $1"
+    mark = "UPDATE workspace_turns SET next_wake_at = '2000-01-01', last_served_at = $2 WHERE workspace_id = $1"
     for i, ws in enumerate(("full", "kept", "emptied")):
         await pool.execute(mark, ws, datetime(2000, 1, 1, tzinfo=UTC) + timedelta(seconds=i))
-    got = Counter(r.workspace_id for r in await claim(pool, 3))
+    claimed = await claim(pool, 3)
+    got = Counter(r.workspace_id for r in claimed)
     assert got == {"full": 1, "kept": 1, "emptied": 1}
     wakes = {
         r["workspace_id"]: r["next_wake_at"]
-        for r in await pool.fetch("SELECT workspace_id, next_wake_at FROM workspaces")
+        for r in await pool.fetch("SELECT workspace_id, next_wake_at FROM workspace_turns")
     }
     old = datetime(2000, 1, 1, tzinfo=UTC)
-    assert (wakes["full"], wakes["kept"], wakes["emptied"]) == (old, old, None)
+    (lease_end,) = [r.wake_at for r in claimed if r.workspace_id == "emptied"]
+    assert (wakes["full"], wakes["kept"], wakes["emptied"]) == (old, old, lease_end)
 
 
 async def test_queue_position_counts_runs_ahead_and_names_the_cap(pool):

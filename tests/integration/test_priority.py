@@ -156,7 +156,9 @@ async def test_the_claim_reads_neither_higher_priority_parked_runs_nor_the_backl
     for n in (1_000, int(os.environ.get("PRIORITY_RUNS", "20000"))):
         await pool.execute("DELETE FROM runs")
         await pool.execute(PARK, WS, version, n)
-        await pool.execute("UPDATE workspaces SET next_wake_at = now() WHERE workspace_id = $1", WS)
+        await pool.execute(
+            "UPDATE workspace_turns SET next_wake_at = now() WHERE workspace_id = $1", WS
+        )
         await pool.execute("VACUUM ANALYZE runs")
         touched[n] = min([await claim_buffers(pool) for _ in range(3)])
     shallow, deep = touched.values()

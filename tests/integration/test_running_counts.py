@@ -51,9 +51,10 @@ SELECT (SELECT coalesce(sum(n), 0) FROM agent_running_counts
        a.workspace_id || '/' || a.agent_id
 FROM agents a
 """
-UNCOUNTED_CLAIM = (
-    "SELECT * FROM agentrun_claim_uncounted($1, 30, NULL, NULL, NULL, NULL, NULL, 0, false)"
-)
+# The lease step alone, as the claim runs it on one shard (0047): it counts its own runs.
+SHARD_CLAIM = """SELECT * FROM agentrun_claim_shard($1, 30, NULL, ARRAY['ws', 'ws2'],
+                                                 NULL, NULL, NULL, 0, false)
+                 WHERE served IS NULL"""
 
 
 async def assert_counts_exact(pool: asyncpg.pool.Pool) -> None:
@@ -63,8 +64,8 @@ async def assert_counts_exact(pool: asyncpg.pool.Pool) -> None:
 
 async def test_a_claim_counts_its_runs_by_agent_and_takeovers_not_at_all(pool):
     """agentrun_claim() adds its fresh runs once per workspace and agent (0030): the counts
-    stay exact through batches over several agents, takeovers, finishes and a claim by the
-    uncounted function, whose runs the row trigger counts."""
+    stay exact through batches over several agents, takeovers, finishes and a direct call of
+    the lease step of one shard (0047), which counts its own runs."""
     for ws in ("ws", "ws2"):
         await workspaces.set_plan(pool, ws, "team")
         for agent in ("a1", "a2"):
@@ -82,7 +83,7 @@ async def test_a_claim_counts_its_runs_by_agent_and_takeovers_not_at_all(pool):
     await assert_counts_exact(pool)
     await runs.cancel_run(pool, held[4].workspace_id, held[4].run_id, "stop")
     await assert_counts_exact(pool)
-    # The uncounted claim leaves the counting to the trigger, which still does it.
-    assert len(await pool.fetch(UNCOUNTED_CLAIM, ["ex"] * 4)) == 4
+    # The lease step called alone counts what it leases too.
+    assert len(await pool.fetch(SHARD_CLAIM, ["ex"] * 4)) == 4
     await assert_counts_exact(pool)
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'running'") == 13

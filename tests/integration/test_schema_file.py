@@ -5,7 +5,7 @@ described object by object from the catalog (columns in order, defaults, constra
 indexes, functions, triggers, sequences, views, types, comments, and the rows a build
 inserts) and the descriptions must be equal; a difference is shown as a unified diff.
 Function bodies are compared as written, comments and all: they are what the database
-keeps. Both walks of the claim are checked (see agentrun_claim_uncounted in schema.sql).
+keeps. Both walks of the claim are checked (see agentrun_claim_shard in schema.sql).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class WorkspacePages:
         return render(
             request,
             "queue.html",
-            workspace=dict(row),
+            workspace={**dict(row), "next_wake_at": await workspaces.next_wake(self.c.pool, ws)},
             agents=agents,
             waits=waits,
             rate_waits=rate_waits,

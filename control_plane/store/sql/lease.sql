@@ -4,8 +4,8 @@
 -- The fair claim is one call of agentrun_claim() (run_claim below;
 -- control_plane/store/lease.py calls it), a function of the schema:
 -- control_plane/store/sql/schema.sql, section 7 "The claim", has it with its
--- argument beside it: its four steps (take turns, claim, lock for the raise,
--- raise next_wake_at), why caps hold with any number of claimers, why raising
+-- argument beside it: its parts (turns taken on the coordinator, a lease step
+-- per shard, the turns marked and raised), why caps hold with any number of claimers, why raising
 -- next_wake_at is safe, how the running counts move, and what others_due says.
 --
 -- The two arguments below are about the leases themselves: release on break
@@ -142,13 +142,10 @@
 -- workspace whose turn it would have taken was held by another claimer and
 -- still has due runs with room: the caller may claim again soon.
 -- metered: the run's workspace has a credit account (control_plane/credits/
--- claims.py reserves its chunk before the run is assigned), read here rather
--- than by a statement of its own after the claim. This statement's snapshot
--- predates the claim's, so a grant landing meanwhile meters the run from its
--- next claim on, as one landing right after that statement would.
-SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due, c.others_due,
-       EXISTS (SELECT 1 FROM credit_accounts a
-               WHERE a.workspace_id = (c.run).workspace_id) AS metered
+-- claims.py reserves its chunk before the run is assigned), read by the lease
+-- step on the run's shard after its lease: a grant landing later meters the
+-- run from its next claim on.
+SELECT (c.run).*, c.held_seconds, c.taken_over, c.keeps_due, c.others_due, c.metered
 FROM agentrun_claim($1::text[], $2::float8, $3::timestamptz, $4::text[], $5::jsonb,
                     $6::text[], $7::text, $8::float8, $9::boolean) c;
 

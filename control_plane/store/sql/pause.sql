@@ -65,12 +65,20 @@ SELECT (SELECT count(*) FROM agent) AS found,
        (SELECT count(*) FROM held) AS lowered;
 
 -- name: workspace_set_queue_paused :one
--- SetQueuePaused(workspace): the claim gives the workspace no turn while set; its next_wake_at
--- is kept, so resuming needs nothing more.
+-- SetQueuePaused(workspace): the claim leases no fresh run of the workspace while set (its
+-- turn's raise then looks past its queued runs, 0047); resuming lowers its next_wake_at to
+-- the earliest wake of its queued or waiting runs, so the next claim looks.
 WITH ws AS (
     UPDATE workspaces SET queue_paused = $2 WHERE workspace_id = $1 RETURNING workspace_id
+), first AS (
+    SELECT min(r.wake_at) AS wake_at FROM runs r, ws
+    WHERE r.workspace_id = ws.workspace_id AND r.status IN ('queued', 'waiting')
+), lowered AS (
+    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
+    WHERE NOT $2 AND f.wake_at IS NOT NULL
 )
 SELECT (SELECT count(*) FROM ws) AS found,
+       (SELECT count(*) FROM lowered) AS lowered,
        (SELECT count(*) FROM runs WHERE workspace_id = $1
           AND status IN ('queued', 'waiting')) AS queued_runs;
 

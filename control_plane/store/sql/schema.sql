@@ -44,24 +44,15 @@ CREATE TABLE plans (
 
 INSERT INTO plans (plan, max_concurrency) VALUES ('free', 2), ('team', 20), ('enterprise', NULL);
 
--- A tenant. The fair claim takes turns between workspaces (section 7):
--- last_served_at orders the line, next_wake_at says when the workspace may
--- next have a run due, so that a workspace with nothing due costs the claim
--- nothing.
+-- A tenant. The fair claim takes turns between workspaces in
+-- workspace_turns (below).
 CREATE TABLE workspaces (
     workspace_id     text PRIMARY KEY
         CONSTRAINT workspaces_workspace_id_check CHECK (workspace_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
     plan             text NOT NULL DEFAULT 'team' CONSTRAINT workspace_plan_known REFERENCES plans,
     max_concurrency  integer NOT NULL DEFAULT 20
         CONSTRAINT workspaces_max_concurrency_check CHECK (max_concurrency > 0),
-    -- When the fair claim last handed this workspace a run.
-    last_served_at   timestamptz NOT NULL DEFAULT '-infinity',
     created_at       timestamptz NOT NULL DEFAULT now(),
-    -- A lower bound on the earliest wake_at of the workspace's queued or
-    -- waiting runs (NULL: none has a wake time). Writers only lower it
-    -- (workspace_lower_next_wake); the claim raises it, under a lock that keeps
-    -- every writer that could lower it out (section 7, "Raising next_wake_at").
-    next_wake_at     timestamptz,
     -- Finished runs (completed, failed, cancelled) are kept this many days
     -- after they finished, then the retention loop (control_plane/runs/
     -- retention.py) deletes them with everything that names them, a bounded
@@ -83,8 +74,36 @@ CREATE TABLE workspaces (
     queue_paused     boolean NOT NULL DEFAULT false
 );
 
+-- The line the fair claim serves workspaces in (section 7): last_served_at
+-- orders it, next_wake_at says when the workspace may next have a run due or
+-- a lease ending, so that a workspace with nothing due costs the claim
+-- nothing. A row is made by the workspace's first wake. Under Citus it stays
+-- on the coordinator, where the claim takes its turns (0047).
+CREATE TABLE workspace_turns (
+    workspace_id     text PRIMARY KEY,
+    -- When the fair claim last served this workspace: the line's order.
+    last_served_at   timestamptz NOT NULL DEFAULT '-infinity',
+    -- A lower bound on the earliest wake_at of the workspace's queued or
+    -- waiting runs and of its leases' ends (NULL: none). Writers only lower
+    -- it (workspace_lower_next_wake); the claim raises it, under a lock that
+    -- keeps every writer that could lower it out (section 7).
+    next_wake_at     timestamptz
+);
+
 -- Workspaces that may have something due, by when (the claim's step 1).
-CREATE INDEX workspaces_due ON workspaces (next_wake_at) WHERE next_wake_at IS NOT NULL;
+CREATE INDEX workspace_turns_due ON workspace_turns (next_wake_at) WHERE next_wake_at IS NOT NULL;
+
+-- Under Citus, the wakes lowered on the shards: a trigger firing on a shard
+-- cannot reach workspace_turns on the coordinator, so the distribution step
+-- (control_plane/store/citus.py) makes workspace_lower_next_wake write here,
+-- beside the runs, and each claim folds the due ones into workspace_turns
+-- first. Empty on plain PostgreSQL.
+CREATE TABLE workspace_wakes (
+    workspace_id     text PRIMARY KEY,
+    wake_at          timestamptz NOT NULL
+);
+
+CREATE INDEX workspace_wakes_due ON workspace_wakes (wake_at);
 
 
 -- ===========================================================================
@@ -308,6 +327,8 @@ CREATE INDEX runs_due_by_priority ON runs (workspace_id, agent_id, priority DESC
 -- Held runs by lease expiry: a lapsed lease is due whatever its workspace's cap
 -- (it holds its slot already). Small: only running runs are in it.
 CREATE INDEX runs_leases ON runs (wake_at) WHERE status = 'running';
+-- A workspace's leases by their end: the claim's takeover and raise, per workspace.
+CREATE INDEX runs_leases_by_workspace ON runs (workspace_id, wake_at) WHERE status = 'running';
 -- Runs that may outlive their max age, by when (the sweep reads it).
 CREATE INDEX runs_expiring ON runs (expires_at)
     WHERE expires_at IS NOT NULL AND status IN ('queued', 'running', 'waiting');
@@ -806,8 +827,8 @@ END $$;
 -- database keeps two summaries exact on every way a run changes:
 --   * the running counts: the runs executors hold, per workspace and per
 --     agent;
---   * workspaces.next_wake_at: a lower bound on the earliest wake_at of the
---     workspace's queued or waiting runs.
+--   * workspace_turns.next_wake_at: a lower bound on the earliest wake_at of
+--     the workspace's queued or waiting runs and of its leases' ends.
 --
 -- Each running count is the sum of a few small rows, split by who may write
 -- them:
@@ -881,8 +902,16 @@ END $$;
 CREATE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM workspaces WHERE workspace_id = ws FOR KEY SHARE;
-    UPDATE workspaces SET next_wake_at = wake
+    PERFORM 1 FROM workspace_turns WHERE workspace_id = ws FOR KEY SHARE;
+    IF NOT FOUND THEN
+        INSERT INTO workspace_turns (workspace_id, next_wake_at) VALUES (ws, wake)
+        ON CONFLICT (workspace_id) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        PERFORM 1 FROM workspace_turns WHERE workspace_id = ws FOR KEY SHARE;
+    END IF;
+    UPDATE workspace_turns SET next_wake_at = wake
     WHERE workspace_id = ws AND (next_wake_at IS NULL OR next_wake_at > wake);
 END $$;
 
@@ -894,7 +923,11 @@ CREATE FUNCTION runs_fair_on_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     delta integer := (NEW.status = 'running')::int - (OLD.status = 'running')::int;
-    pending_wake timestamptz := CASE WHEN NEW.status IN ('queued', 'waiting') THEN NEW.wake_at END;
+    pending_wake timestamptz := CASE
+        WHEN NEW.status IN ('queued', 'waiting') THEN NEW.wake_at
+        WHEN NEW.status = 'running'
+             AND (OLD.status IS DISTINCT FROM 'running' OR NEW.wake_at < OLD.wake_at)
+        THEN NEW.wake_at END;
 BEGIN
     IF delta <> 0 THEN
         PERFORM running_counts_add(NEW.workspace_id, NEW.agent_id, delta);
@@ -912,7 +945,8 @@ END $$;
 -- counts them itself, once per workspace and agent (section 7).
 CREATE TRIGGER runs_fair_update AFTER UPDATE OF status, wake_at ON runs FOR EACH ROW
     WHEN ((OLD.status IS DISTINCT FROM NEW.status
-           OR (NEW.status IN ('queued', 'waiting') AND NEW.wake_at IS DISTINCT FROM OLD.wake_at))
+           OR (NEW.status IN ('queued', 'waiting') AND NEW.wake_at IS DISTINCT FROM OLD.wake_at)
+           OR (NEW.status = 'running' AND NEW.wake_at < OLD.wake_at))
           AND NOT (NEW.status = 'running' AND OLD.status IS DISTINCT FROM 'running'
                    AND coalesce(current_setting('agentrun.claim_counts', true), '') = 'on'))
     EXECUTE FUNCTION runs_fair_on_update();
@@ -925,7 +959,7 @@ DECLARE
 BEGIN
     FOR due IN
         SELECT workspace_id, min(wake_at) AS wake FROM inserted
-        WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
+        WHERE status IN ('queued', 'waiting', 'running') AND wake_at IS NOT NULL
         GROUP BY workspace_id ORDER BY workspace_id
     LOOP
         PERFORM workspace_lower_next_wake(due.workspace_id, due.wake);
@@ -957,7 +991,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM workspace_running_counts;
     DELETE FROM agent_running_counts;
-    UPDATE workspaces SET next_wake_at = NULL WHERE next_wake_at IS NOT NULL;
+    UPDATE workspace_turns SET next_wake_at = NULL WHERE next_wake_at IS NOT NULL;
     RETURN NULL;
 END $$;
 
@@ -1041,34 +1075,43 @@ CREATE TABLE releases (
 --
 -- run_claim (sql/lease.sql) hands runs to a dispatcher's free executor slots
 -- with one call of agentrun_claim(): one statement in its own transaction,
--- one round trip. The claim proper, agentrun_claim_uncounted(), runs four
--- steps as four statements, in this order:
+-- one round trip. It runs in parts that Citus can place (0047): the turns on
+-- the coordinator (workspace_turns, section 1), the lease on each shard
+-- holding one of them (agentrun_claim_shard()), the marks on the coordinator.
+-- Plain PostgreSQL is one shard (agentrun_shard_of() is 0). In order:
 --
+--   0. fold the due wakes the shards lowered (workspace_wakes: only under
+--      Citus, where a trigger on a shard cannot reach workspace_turns);
 --   1. take turns: lock the workspaces whose turn it is (least recently
---      served first, with due runs and room under their cap, up to one per
---      owner), FOR NO KEY UPDATE SKIP LOCKED;
---   2. claim: lease lapsed runs first (they hold their slot already), then
---      those workspaces' due runs, round robin, one per workspace per round,
---      within the room of each workspace and of each agent; within a
---      workspace, highest priority first, then oldest due. Mark the
---      workspaces served;
---   3. lock for the raise: of the workspaces the claim may have emptied (it
---      took fewer runs than they had room for, and they keep no due run step
---      2 read and did not pick: keeps_due), lock those no writer holds, FOR
---      UPDATE SKIP LOCKED;
---   4. raise next_wake_at: recompute it for them from their runs.
+--      served first, next_wake_at passed, up to one per owner left), FOR NO
+--      KEY UPDATE SKIP LOCKED;
+--   2. per shard, in the order of its first turn, with a share of the owners
+--      left as large as its share of the turns: a. lock their workspaces rows
+--      (FOR NO KEY UPDATE SKIP LOCKED, as the fast path locks them), then read
+--      their counts; b. lease their lapsed runs first (they hold their slot
+--      already), then the due runs of those whose queue is not paused, round
+--      robin, one per workspace per round, within the room of each workspace
+--      and of each agent; within a workspace, highest priority first, then
+--      oldest due; count the fresh runs. Up to three more rounds of 1 and 2
+--      while owners are left and the turns filled their limit;
+--   3. mark the served turns (to the back of the line);
+--   4. raise next_wake_at of the workspaces the claim may have emptied: lock
+--      those no writer holds (FOR UPDATE SKIP LOCKED), then read their first
+--      due run and first lease end.
 --
 -- Each step is its own statement, so each takes a fresh snapshot (the
--- function is VOLATILE and the transaction READ COMMITTED): "a new statement"
--- below means a snapshot taken after the locks of the steps before it were
--- granted. The locks are kept until the calling statement's transaction ends.
--- Its SET clauses plan every statement generically, with nested loops only:
--- the plans do not depend on the arrays given (every step is an index probe),
--- a generic plan cannot know how few runs a claim takes (its LIMITs are
--- parameters), and with a million parked runs a hash join might read the
--- whole runs table for the final UPDATE.
+-- functions are VOLATILE and the transaction READ COMMITTED): "a new
+-- statement" below means a snapshot taken after the locks of the steps before
+-- it were granted. The locks are kept until the calling statement's
+-- transaction ends. The lease step's SET clauses plan its statements
+-- generically, with nested loops only: the plans do not depend on the arrays
+-- given (every step is an index probe), a generic plan cannot know how few
+-- runs a claim takes (its LIMITs are parameters), and with a million parked
+-- runs a hash join might read the whole runs table for the final UPDATE.
+-- (Citus prunes `workspace_id = ANY(...)` to one shard only with the values in
+-- the plan: `migrate --citus` makes it plan per call there.)
 --
--- Step 2 in detail. It reads each agent's share of the batch first (the
+-- Step 2b in detail. It reads each agent's share of the batch first (the
 -- batch over the workspaces in turn, rounded up, and one more, which tells a
 -- workspace that keeps due runs from one the claim may empty), and up to the
 -- whole batch only when that falls short (`short`): otherwise every run the
@@ -1085,57 +1128,67 @@ CREATE TABLE releases (
 -- workspace's place in the line, so a workspace's picks are its first turns:
 -- it keeps a due run unless its last candidate was picked. A workspace that
 -- got a run, or had none these owners could take (its agents at their caps,
--- tools the owners do not carry, another release), goes to the back of the
--- line; one that lost out only to a full batch keeps its place.
+-- its own cap, its queue paused, tools the owners do not carry, another
+-- release), goes to the back of the line; one that lost out only to a full
+-- batch keeps its place. The coordinator does not know the caps or a paused
+-- queue: such a workspace takes its turn and spends it, and the raise moves a
+-- paused queue past its queued runs (resuming lowers it again).
+--
+-- Lapsed leases. A lapsed lease is taken over at its workspace's turn, by the
+-- lease step of its shard: next_wake_at is a lower bound on the workspace's
+-- leases' ends too (the raise reads the first one; a lease begun outside the
+-- claim, the fast path's, or cut short, a release on break, lowers it). A
+-- workspace holding runs therefore takes a turn about once a lease, and goes
+-- back to the end of the line when nothing lapsed.
 --
 -- Why caps hold with any number of claimers. A workspace's running count only
--- grows in step 2 and in the wrapper's count right after it, under the row
--- lock taken in step 1 and kept until commit; step 2 is a new statement, so
--- its snapshot sees every claim that held that lock before. Other claimers
--- skip the locked rows (SKIP LOCKED) and never wait. Counts only shrink
--- elsewhere (commits, cancels), which can only make a claim more careful than
--- it needs to be, never less.
+-- grows in step 2b, under the workspaces row lock taken in step 2a (and by the
+-- fast path under the same lock), kept until commit; step 2b is a new
+-- statement, so its snapshot sees every claim that held that lock before.
+-- Other claimers skip the locked rows (SKIP LOCKED) and never wait. Counts only
+-- shrink elsewhere (commits, cancels), which can only make a claim more careful
+-- than it needs to be, never less.
 --
 -- Raising next_wake_at. Admissions and wake-ups lower it while holding KEY
--- SHARE on the workspace row until they commit (workspace_lower_next_wake),
--- which step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never
--- holds claims up. Raising it is only safe with no such writer in flight, so
--- step 3 upgrades to FOR UPDATE (SKIP LOCKED: if a writer is in flight, the
--- raise waits for a later claim), and step 4, a new statement, then sees every
--- run those writers added; writers that come later wait for the claim to
--- commit and lower the raised value again.
+-- SHARE on the turn row until they commit (workspace_lower_next_wake), which
+-- step 1's FOR NO KEY UPDATE does not conflict with: a 50k import never holds
+-- claims up. Raising it is only safe with no such writer in flight, so step 4
+-- takes FOR UPDATE (SKIP LOCKED: if a writer is in flight, the raise waits for
+-- a later claim), and its read, a new statement, then sees every run those
+-- writers added; writers that come later wait for the claim to commit and
+-- lower the raised value again. Under Citus the writers lower workspace_wakes
+-- on their shard instead, in their own transaction; a row stays there until a
+-- claim has folded exactly its value (step 0 deletes nothing a writer holds
+-- or changed), so a raise never hides a run: the next claim lowers it again.
 --
--- The counts. agentrun_claim() adds the runs step 2 leased fresh (a lapsed
--- lease taken over was 'running' already) to shard 0 of their workspace's and
--- their agent's running counts, by two statements in key order, right after
--- the claim in the same transaction. That order cannot deadlock: shard 0 of a
--- workspace is written only by the holder of the workspace's row lock, and a
--- claim counts only runs of the workspaces it locked in step 1. While the
--- wrapper runs, its SET clause turns agentrun.claim_counts on, and the row
--- trigger runs_fair_update leaves the runs entering 'running' to it: each is
--- counted once, and a batch costs two statements instead of two row updates
--- per run. The setting is off again when the wrapper returns or fails, so
--- every other status change, the fast path's lease and a direct call of
--- agentrun_claim_uncounted() included, is counted by the trigger.
+-- The counts. agentrun_claim_shard() adds the runs step 2b leased fresh (a
+-- lapsed lease taken over was 'running' already) to shard 0 of their
+-- workspace's and their agent's running counts, by two statements in key
+-- order, right after the lease in the same transaction. That order cannot
+-- deadlock: shard 0 of a workspace is written only by the holder of the
+-- workspace's row lock. Its SET clause turns agentrun.claim_counts on, and the
+-- row trigger runs_fair_update leaves the runs entering 'running' to it: each
+-- is counted once, and a batch costs two statements instead of two row
+-- updates per run. The setting is off again when it returns or fails, so every
+-- other status change, the fast path's lease included, is counted by the
+-- trigger. (On Citus the trigger fires on the worker, which does not see the
+-- setting: `migrate --citus` turns it off for the function, and the trigger
+-- counts.)
 --
 -- others_due. Step 1 passes over a workspace another claimer holds, so a
 -- claim may come back short while runs are due and executors idle. Before the
--- claim, agentrun_claim() reads step 1's turns without the lock: the
--- workspaces step 1 takes when no other claimer holds one. Step 2 marks every
--- workspace whose turn it took served at the claim's clock (one value for the
--- whole transaction) when it got runs or had none these owners could take;
--- the one that lost out only to a full batch keeps its place, but then the
--- claim was not short. So when the claim took fewer runs than it had owners,
--- a workspace of that read which is not marked, and is still due with room,
--- is one step 1 passed over because another claimer held it (or one that
--- claimer served meanwhile and left with due runs): there is a run to take
--- now. A last row, its run NULL and others_due true, says so, and the
--- dispatcher claims again at once instead of waiting for its next poke or
--- poll. Workspaces whose due runs these owners cannot take are served by
--- every claim that takes their turn, so they never raise the flag, however
--- many there are. The read after the claim is a new statement: it sees the
--- other claimers' commits and step 4's raise. Neither read locks anything or
--- changes a count, so the caps argument is untouched.
+-- claim, agentrun_claim() reads step 1's turns without the lock. Step 3 marks
+-- every workspace it served at the claim's clock (one value for the whole
+-- transaction); the one that lost out only to a full batch keeps its place,
+-- but then the claim was not short. So when the claim took fewer runs than it
+-- had owners, a workspace of that read which is not marked, and is still due
+-- with room and its queue open, is one step 1 passed over because another
+-- claimer held it (or one that claimer served meanwhile and left with due
+-- runs): there is a run to take now. A last row, its run NULL and others_due
+-- true, says so, and the dispatcher claims again at once instead of waiting
+-- for its next poke or poll. The read after the claim is a new statement: it
+-- sees the other claimers' commits and step 4's raise. Neither read locks
+-- anything or changes a count, so the caps argument is untouched.
 --
 -- Whether a release is open to new runs under the canary gate: past a canary (or
 -- promoted) since its last canary failure.
@@ -1156,9 +1209,8 @@ $$;
 CREATE FUNCTION release_share(own text, live double precision, gated boolean)
 RETURNS TABLE (lo integer, hi integer, reads_from integer, writes integer) LANGUAGE plpgsql STABLE
 AS $$
+#variable_conflict use_column
 BEGIN
-    -- PL/pgSQL, not SQL: Citus plans no SQL function's statement over its tables (here the
-    -- reference table releases) with parameters, wherever it is called from.
     RETURN QUERY
     WITH open AS (
         SELECT rl.release, rl.ramp_percent, coalesce(rl.promoted_at, rl.first_seen_at) AS since
@@ -1184,7 +1236,8 @@ BEGIN
                           ELSE 100 END
                 ELSE 0 END,
            coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
-           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647);
+           coalesce((SELECT rl.log_version FROM releases rl WHERE rl.release = own), 2147483647)
+;
 END $$;
 
 -- Whether a run on no release falls in the share [lo, hi): its bucket, 0..99, is a
@@ -1196,22 +1249,12 @@ AS $$
                                           AND (hashtext(run_id::text) & 2147483647) % 100 < hi)
 $$;
 
--- agentrun_claim_uncounted(): steps 1 to 4. Returns each claimed run (the
--- runs row), its held seconds, whether it was taken over (its lease had
--- lapsed) and whether its workspace keeps a due run. Parameters: the owners
--- (run i to owner i), the lease in seconds, the clock (NULL: the database's),
--- the executors' scope (NULL: every workspace), the tools they carry (JSON;
--- NULL: any), then the release routing: the releases the owners continue
--- (NULL: releases ignored), their own, how recently an executor must have
--- been seen, and whether only releases past their canary take new runs (a
--- run on no release is theirs when in their release_share).
---
--- The DO block creates it with the read of an agent's due runs that the
--- server can do best, chosen when the schema is built: the skip scan on
--- Postgres 18 and later, the walk before 18 (docker-compose runs 17), or the
--- walk on any version when the building session sets agentrun.claim_walk to
--- 'levels' (tests run both: tests/harness/databases.py use_claim_walk). Both
--- read the same runs in the same order.
+-- agentrun_claim_shard(): the lease step on one shard, for the turns `ids`
+-- (all on it) taken on the coordinator: a. lock their workspace rows, b. take
+-- their lapsed leases and their due runs round robin within the caps, count
+-- the fresh ones. Returns each claimed run, then a row per locked workspace
+-- (run NULL): whether it was served and whether it may be empty. The DO block
+-- creates it with the read of an agent's due runs the server does best (0037).
 DO $claim_walk$
 DECLARE
     -- Before Postgres 18: the walk over priority levels.
@@ -1219,11 +1262,13 @@ DECLARE
             WITH RECURSIVE levels(priority) AS (
                 (SELECT r.priority FROM runs r
                  WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                    AND r.status IN ('queued', 'waiting')
                  ORDER BY r.priority DESC LIMIT 1)
                 UNION ALL
                 SELECT (SELECT r.priority FROM runs r
                         WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                           AND r.status IN ('queued', 'waiting') AND r.priority < l.priority
                         ORDER BY r.priority DESC LIMIT 1)
                 FROM levels l WHERE l.priority IS NOT NULL
@@ -1233,6 +1278,7 @@ DECLARE
             CROSS JOIN LATERAL (
                 SELECT r.run_id, r.wake_at FROM runs r
                 WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
                   AND r.priority = l.priority
                   AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
@@ -1244,6 +1290,7 @@ DECLARE
                   AND ($5::jsonb IS NULL OR EXISTS (
                       SELECT 1 FROM agent_versions v
                       WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                         AND v.version = r.agent_version
                         AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
                 ORDER BY r.wake_at, r.run_id
@@ -1256,6 +1303,7 @@ $levels$;
     skip_scan constant text := $skip_scan$
             SELECT r.run_id, r.priority, r.wake_at FROM runs r
             WHERE r.workspace_id = q.workspace_id AND r.agent_id = q.agent_id
+                  AND r.workspace_id = ANY(turn_ids::text[])
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
               AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
@@ -1266,6 +1314,7 @@ $levels$;
               AND ($5::jsonb IS NULL OR EXISTS (
                   SELECT 1 FROM agent_versions v
                   WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                     AND v.version = r.agent_version
                     AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
             ORDER BY r.priority DESC, r.wake_at, r.run_id
@@ -1273,59 +1322,96 @@ $levels$;
 $skip_scan$;
 BEGIN
     EXECUTE replace($function$
-CREATE FUNCTION agentrun_claim_uncounted(
-    owners text[], lease_seconds double precision, at timestamptz, scope text[],
+CREATE FUNCTION agentrun_claim_shard(
+    owners text[], lease_seconds double precision, at timestamptz, ids text[],
     carried jsonb, continued text[], own_release text, live_seconds double precision,
     gated boolean)
-RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean)
+RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
+               metered boolean, workspace_id text, served boolean, maybe_empty boolean)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET agentrun.claim_counts = 'on'
 AS $claim$
--- The result's columns (run, held_seconds, taken_over, keeps_due) are variables
--- too: in the statements the names mean the columns they always meant.
+-- The result's columns are variables too: in the statements the names mean
+-- the columns they always meant.
 #variable_conflict use_column
 DECLARE
+    locked text[];
+    caps integer[];
+    counted text[];
+    running numeric[];
+    rooms bigint[];
     turn_ids text[];
-    turn_rooms bigint[];
+    gone text[];
+    share_lo integer;
+    share_hi integer;
+    share_reads integer;
+    share_writes integer;
+    metered_ids text[];
+    served_ids text[];
     out_runs runs[];
     out_held double precision[];
     out_taken boolean[];
     out_keeps boolean[];
-    maybe_empty text[];
-    locked text[];
 BEGIN
-    -- 1. The workspaces whose turn it is, least recently served first, with
-    -- their room under the cap (read before the lock: step 2 reads it again).
-    SELECT array_agg(t.workspace_id), array_agg(t.room) INTO turn_ids, turn_rooms
+    -- a. Lock the turns' workspace rows here, beside their runs and counts, as
+    -- the fast path locks them, skipping those another claimer or a fast path
+    -- holds. A workspace whose queue is paused is locked (its lapsed leases are
+    -- taken over) but gets no fresh run. Then, a new statement, their room
+    -- under the cap (step b reads it again). Citus locks rows of one shard
+    -- only by a statement over that table alone: the counts are read apart.
+    SELECT array_agg(t.workspace_id ORDER BY t.ord), array_agg(t.max_concurrency ORDER BY t.ord),
+           array_agg(t.workspace_id ORDER BY t.ord) FILTER (WHERE NOT t.queue_paused)
+    INTO locked, caps, turn_ids
     FROM (
-        SELECT w.workspace_id, w.max_concurrency - c.running AS room
+        SELECT w.workspace_id, l.ord, w.queue_paused, w.max_concurrency
         FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.next_wake_at <= coalesce($3, now())
-          AND c.running < w.max_concurrency
-          AND NOT w.queue_paused
-          AND ($4 IS NULL OR w.workspace_id = ANY($4))
-        ORDER BY w.last_served_at, w.workspace_id
-        LIMIT cardinality($1)
+        JOIN unnest($4::text[]) WITH ORDINALITY AS l(workspace_id, ord) USING (workspace_id)
+        WHERE w.workspace_id = ANY($4::text[])
         FOR NO KEY UPDATE OF w SKIP LOCKED
     ) t;
+    SELECT array_agg(c.workspace_id), array_agg(c.running) INTO counted, running
+    FROM (SELECT c.workspace_id, sum(c.n) AS running FROM workspace_running_counts c
+          WHERE c.workspace_id = ANY(locked) GROUP BY c.workspace_id) c;
+    SELECT array_agg(l.cap - coalesce(c.running, 0) ORDER BY l.ord) INTO rooms
+    FROM unnest(locked, caps) WITH ORDINALITY AS l(workspace_id, cap, ord)
+    LEFT JOIN unnest(counted, running) AS c(workspace_id, running) USING (workspace_id);
+    locked := coalesce(locked, '{}');
+    rooms := coalesce(rooms, '{}');
     turn_ids := coalesce(turn_ids, '{}');
-    -- 2. Lapsed leases first, then the turns' due runs, round robin, within
-    -- each workspace's and agent's room (sql/lease.sql says how).
+    -- Turns of workspaces that no longer exist: served, and raised to nothing.
+    IF cardinality(locked) < cardinality($4) THEN
+        SELECT array_agg(g.workspace_id) INTO gone FROM unnest($4::text[]) AS g(workspace_id)
+        WHERE g.workspace_id <> ALL(locked) AND NOT EXISTS (
+            SELECT 1 FROM workspaces w
+            WHERE w.workspace_id = g.workspace_id AND w.workspace_id = ANY($4::text[]));
+    END IF;
+    -- The share of the runs on no release that these owners take (release_share), a
+    -- statement of its own: Citus plans no SQL function over its tables inside
+    -- the lease statement.
+    -- Owners of no release: no share, every version (what release_share says).
+    IF $7 IS NULL THEN
+        share_lo := 0; share_hi := 0; share_reads := 0; share_writes := 2147483647;
+    ELSE
+        SELECT s.lo, s.hi, s.reads_from, s.writes
+        INTO share_lo, share_hi, share_reads, share_writes
+        FROM release_share($7, $8, $9) s;
+    END IF;
+    -- b. Lapsed leases of the locked workspaces first, then the due runs of those
+    -- open to them, round robin, within each workspace's and agent's room
+    -- (schema.sql section 7 says how).
     WITH clock AS MATERIALIZED (
         SELECT coalesce($3::timestamptz, now()) AS now
     ), routing AS MATERIALIZED (
-        -- The share of the runs on no release that these owners take (release_share).
-        SELECT $6::text[] IS NULL AS any_release, s.lo, s.hi, s.reads_from, s.writes
-        FROM release_share($7, $8, $9) s
+        -- The share of the runs on no release that these owners take (read above).
+        SELECT $6::text[] IS NULL AS any_release, share_lo AS lo, share_hi AS hi,
+               share_reads AS reads_from, share_writes AS writes
     ), lapsed AS (
         SELECT r.workspace_id, r.run_id FROM runs r
         WHERE r.status = 'running' AND r.wake_at <= (SELECT now FROM clock) AND NOT r.paused
-          AND ($4::text[] IS NULL OR r.workspace_id = ANY($4::text[]))
+          AND r.workspace_id = ANY(locked::text[])
           AND ((SELECT any_release FROM routing) OR r.release = ANY($6::text[])
                OR (r.release IS NULL
                    AND release_takes(r.run_id, (SELECT lo FROM routing), (SELECT hi FROM routing))
@@ -1334,6 +1420,7 @@ BEGIN
           AND ($5::jsonb IS NULL OR EXISTS (
               SELECT 1 FROM agent_versions v
               WHERE v.workspace_id = r.workspace_id AND v.agent_id = r.agent_id
+                        AND v.workspace_id = ANY(locked::text[])
                 AND v.version = r.agent_version
                 AND coalesce(v.code_tools, v.spec -> 'tools', '[]'::jsonb) <@ $5::jsonb))
         ORDER BY r.wake_at
@@ -1347,17 +1434,18 @@ BEGIN
         JOIN workspaces w USING (workspace_id)
         CROSS JOIN LATERAL (
             SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE c.running < w.max_concurrency
+            WHERE c.workspace_id = w.workspace_id AND c.workspace_id = ANY(turn_ids::text[])) c
+        WHERE w.workspace_id = ANY(turn_ids::text[]) AND c.running < w.max_concurrency
     ), agent_rooms AS (
         SELECT t.workspace_id, t.ord, t.room, a.agent_id, ar.room AS agent_room
         FROM turns t
-        JOIN agents a ON a.workspace_id = t.workspace_id
+        JOIN agents a ON a.workspace_id = t.workspace_id AND a.workspace_id = ANY(turn_ids::text[])
         -- NULL: no cap of its own (least() below then ignores it).
         CROSS JOIN LATERAL (
             SELECT CASE WHEN a.max_concurrency IS NOT NULL THEN greatest(0, a.max_concurrency - (
                 SELECT coalesce(sum(n), 0) FROM agent_running_counts ac
-                WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id)) END AS room
+                WHERE ac.workspace_id = a.workspace_id AND ac.agent_id = a.agent_id
+                  AND ac.workspace_id = ANY(turn_ids::text[]))) END AS room
         ) ar
         WHERE (ar.room IS NULL OR ar.room > 0) AND NOT a.paused
     ), share AS MATERIALIZED (
@@ -1420,6 +1508,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT r.workspace_id, r.run_id FROM runs r
             WHERE r.workspace_id = p.workspace_id AND r.run_id = p.run_id
+              AND r.workspace_id = ANY(turn_ids::text[])
               AND r.status IN ('queued', 'waiting') AND r.wake_at <= (SELECT now FROM clock)
                   AND NOT r.paused
             FOR UPDATE SKIP LOCKED
@@ -1434,18 +1523,10 @@ BEGIN
         SELECT workspace_id FROM picked WHERE turn = n
     ), due AS (
         -- taken_over: the run's lease had lapsed (its executor died or stalled).
-        SELECT workspace_id, run_id, taken_over, row_number() OVER () AS slot,
+        SELECT workspace_id, run_id, taken_over, ($1::text[])[row_number() OVER ()] AS owner,
                workspace_id IN (SELECT workspace_id FROM kept) AS keeps_due
         FROM (SELECT *, true AS taken_over FROM lapsed
               UNION ALL SELECT *, false FROM fresh) d
-    ), served AS (
-        -- A workspace that got a run, or had none it could take (all its agents
-        -- at their caps), goes to the back of the line; one that lost out only
-        -- to a full batch keeps its place.
-        UPDATE workspaces w SET last_served_at = (SELECT now FROM clock)
-        WHERE w.workspace_id = ANY(turn_ids::text[])
-          AND (w.workspace_id IN (SELECT workspace_id FROM fresh)
-               OR w.workspace_id NOT IN (SELECT workspace_id FROM candidates))
     ), leased AS (
         UPDATE runs r SET
             status = 'running',
@@ -1453,7 +1534,7 @@ BEGIN
             release = coalesce(r.release, $7::text),
             log_version = greatest(r.log_version, coalesce(
                 (SELECT writes FROM routing WHERE $7::text IS NOT NULL), 0)),
-            lease_owner = ($1::text[])[due.slot],
+            lease_owner = due.owner,
             lease_epoch = r.lease_epoch + 1,
             attempt = r.attempt + (r.status = 'running')::int,
             wake_at = (SELECT now FROM clock) + make_interval(secs => $2),
@@ -1466,49 +1547,66 @@ BEGIN
             updated_at = now()
         FROM due
         WHERE r.workspace_id = due.workspace_id AND r.run_id = due.run_id
+          AND r.workspace_id = ANY(locked::text[])
         RETURNING r AS run, run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock)) AS held_seconds,
             due.taken_over, due.keeps_due
     )
     SELECT array_agg(c.run), array_agg(c.held_seconds), array_agg(c.taken_over),
-           array_agg(c.keeps_due)
-    INTO out_runs, out_held, out_taken, out_keeps
+           array_agg(c.keeps_due),
+           -- Served: got a fresh run, or had none these owners could take (at its caps,
+           -- paused, tools the owners do not carry, another release): to the back of the
+           -- line. One that lost out only to a full batch keeps its place.
+           (SELECT array_agg(l.workspace_id) FROM unnest(locked::text[]) AS l(workspace_id)
+            WHERE l.workspace_id IN (SELECT workspace_id FROM fresh)
+               OR l.workspace_id NOT IN (SELECT workspace_id FROM candidates))
+    INTO out_runs, out_held, out_taken, out_keeps, served_ids
     FROM leased c;
-    -- 3. and 4. The workspaces that got fewer runs than they had room for and
-    -- kept no due run may be empty: raise their next_wake_at, skipping any an
-    -- admission or wake-up still holds KEY SHARE on.
-    SELECT array_agg(t.workspace_id) INTO maybe_empty
-    FROM unnest(turn_ids, turn_rooms) AS t(workspace_id, room)
-    WHERE t.room > (SELECT count(*) FROM unnest(out_runs) g WHERE g.workspace_id = t.workspace_id)
-      AND t.workspace_id NOT IN (
-          SELECT (out_runs[i]).workspace_id FROM generate_subscripts(out_runs, 1) i
-          WHERE out_keeps[i]);
-    IF maybe_empty IS NOT NULL THEN
-        SELECT array_agg(l.workspace_id) INTO locked FROM (
-            SELECT workspace_id FROM workspaces
-            WHERE workspace_id = ANY(maybe_empty)
-            ORDER BY workspace_id
-            FOR UPDATE SKIP LOCKED
-        ) l;
+    -- The fresh runs (a run taken over was 'running' already) added to shard 0 of
+    -- their workspace's count and of their agent's, here under the lock of step a
+    -- (agentrun.claim_counts keeps the row trigger from counting them again). On
+    -- Citus the trigger fires on the worker, which does not see the setting: the
+    -- distribution step turns it off for this function, and the trigger counts.
+    IF current_setting('agentrun.claim_counts', true) = 'on' THEN
+        INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
+        SELECT (out_runs[i]).workspace_id, 0, count(*)
+        FROM generate_subscripts(out_runs, 1) i
+        WHERE NOT out_taken[i]
+        GROUP BY 1
+        ORDER BY 1
+        ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
+        INSERT INTO agent_running_counts AS c (workspace_id, agent_id, shard, n)
+        SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, 0, count(*)
+        FROM generate_subscripts(out_runs, 1) i
+        WHERE NOT out_taken[i]
+        GROUP BY 1, 2
+        ORDER BY 1, 2
+        ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
     END IF;
-    IF locked IS NOT NULL THEN
-        -- The earliest wake_at of each workspace's queued or waiting runs (NULL:
-        -- none), one index probe per agent.
-        UPDATE workspaces w SET next_wake_at = (
-            SELECT min(first.wake_at)
-            FROM agents a
-            CROSS JOIN LATERAL (
-                SELECT r.wake_at FROM runs r
-                WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
-                  AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
-                ORDER BY r.wake_at
-                LIMIT 1
-            ) first
-            WHERE a.workspace_id = w.workspace_id
-        )
-        WHERE w.workspace_id = ANY(locked);
+    -- metered: the workspace has a credit account (control_plane/credits/claims.py).
+    IF out_runs IS NOT NULL THEN
+        SELECT array_agg(a.workspace_id) INTO metered_ids FROM credit_accounts a
+        WHERE a.workspace_id = ANY(locked);
     END IF;
-    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i]
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i],
+                        coalesce((out_runs[i]).workspace_id = ANY(metered_ids), false),
+                        (out_runs[i]).workspace_id, NULL::boolean, NULL::boolean
                  FROM generate_subscripts(out_runs, 1) i;
+    -- Each locked workspace: whether it was served, and whether the claim may
+    -- have emptied it (it got fewer runs than its room, at least one, and kept
+    -- no due run it read: its next_wake_at is raised from its runs). A
+    -- workspace at its cap or paused is raised too: to its first lease end if
+    -- it has nothing due, so that it takes no turn until then.
+    RETURN QUERY
+        SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean, NULL::boolean,
+               t.workspace_id, t.workspace_id = ANY(coalesce(served_ids, '{}')),
+               greatest(t.room, 1) > (SELECT count(*) FROM unnest(out_runs) g
+                                      WHERE g.workspace_id = t.workspace_id)
+               AND NOT EXISTS (SELECT 1 FROM generate_subscripts(out_runs, 1) i
+                               WHERE (out_runs[i]).workspace_id = t.workspace_id AND out_keeps[i])
+        FROM unnest(locked, rooms) AS t(workspace_id, room)
+        UNION ALL
+        SELECT NULL, NULL, NULL, NULL, NULL, g.workspace_id, true, true
+        FROM unnest(gone) AS g(workspace_id);
 END
 $claim$;
 $function$, '/* the agent''s due runs */',
@@ -1518,79 +1616,224 @@ $function$, '/* the agent''s due runs */',
 END
 $claim_walk$;
 
--- agentrun_claim(): the claim as run_claim calls it. Reads step 1's turns
--- without the lock, runs the four steps, adds the fresh runs to the running
--- counts, and adds the others_due row when the claim took fewer runs than it
--- had owners while a workspace of that read is left unserved, still due with
--- room.
+-- The shard a workspace's rows are on: 0 on plain PostgreSQL; on Citus the
+-- distribution step (control_plane/store/citus.py) makes it the shard of
+-- `runs` that holds the workspace, so the claim runs its lease step once per
+-- shard.
+CREATE FUNCTION agentrun_shard_of(ws text) RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT 0::bigint $$;
+
+-- agentrun_claim(): the claim as run_claim calls it (section 7): the turns
+-- taken here, the lease step on each shard holding one of them
+-- (agentrun_claim_shard), the turns marked and the emptied ones raised here.
 CREATE FUNCTION agentrun_claim(
     owners text[], lease_seconds double precision, at timestamptz, scope text[],
     carried jsonb, continued text[], own_release text, live_seconds double precision,
     gated boolean)
 RETURNS TABLE (run runs, held_seconds double precision, taken_over boolean, keeps_due boolean,
-               others_due boolean)
+               others_due boolean, metered boolean)
 LANGUAGE plpgsql VOLATILE
-SET agentrun.claim_counts = 'on'
 AS $claim$
 #variable_conflict use_column
 DECLARE
     claim_clock timestamptz := coalesce($3, now());
     expected text[];
-    out_runs runs[];
-    out_held double precision[];
-    out_taken boolean[];
-    out_keeps boolean[];
+    taken text[] := '{}';
+    turn_ids text[];
+    turn_shards bigint[];
+    shard_ids text[];
+    left_owners text[] := $1;
+    round_limit integer;
+    rounds integer := 0;
+    budget integer;
+    ws_left integer;
+    s record;
+    shard_runs runs[];
+    shard_held double precision[];
+    shard_taken boolean[];
+    shard_keeps boolean[];
+    shard_metered boolean[];
+    shard_served text[];
+    shard_empty text[];
+    out_runs runs[] := '{}';
+    out_held double precision[] := '{}';
+    out_taken boolean[] := '{}';
+    out_keeps boolean[] := '{}';
+    out_metered boolean[] := '{}';
+    served_ids text[] := '{}';
+    maybe_empty text[] := '{}';
+    locked text[];
+    raised_ids text[];
+    raised_wakes timestamptz[];
+    pending text[];
+    wake_ids text[];
+    wake_ats timestamptz[];
+    folded text[];
 BEGIN
-    -- Step 1's turns, read without its lock (0031).
+    -- 0. Fold the due wakes lowered on the shards (workspace_wakes, under Citus;
+    -- plain PostgreSQL lowers workspace_turns itself and has none): an unlocked
+    -- read of every shard, then each turn row no other claimer holds lowered,
+    -- and on each shard the rows folded deleted unless a writer holds or
+    -- changed them (they are folded again by a later claim: a lower bound).
+    SELECT array_agg(w.workspace_id), array_agg(w.wake_at) INTO wake_ids, wake_ats
+    FROM workspace_wakes w WHERE w.wake_at <= claim_clock;
+    IF wake_ids IS NOT NULL THEN
+        INSERT INTO workspace_turns (workspace_id, next_wake_at)
+        SELECT * FROM unnest(wake_ids, wake_ats) ON CONFLICT (workspace_id) DO NOTHING;
+        SELECT array_agg(l.workspace_id) INTO folded FROM (
+            SELECT t.workspace_id FROM workspace_turns t
+            WHERE t.workspace_id = ANY(wake_ids)
+            ORDER BY t.workspace_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) l;
+        UPDATE workspace_turns t SET next_wake_at = f.wake_at
+        FROM unnest(wake_ids, wake_ats) AS f(workspace_id, wake_at)
+        WHERE t.workspace_id = f.workspace_id AND t.workspace_id = ANY(folded)
+          AND (t.next_wake_at IS NULL OR t.next_wake_at > f.wake_at);
+        FOR s IN
+            SELECT array_agg(f.workspace_id) AS ids, array_agg(f.wake_at) AS wakes
+            FROM unnest(wake_ids, wake_ats) AS f(workspace_id, wake_at)
+            WHERE f.workspace_id = ANY(folded)
+            GROUP BY agentrun_shard_of(f.workspace_id)
+        LOOP
+            WITH held AS (
+                SELECT w.workspace_id, w.wake_at FROM workspace_wakes w
+                WHERE w.workspace_id = ANY(s.ids)
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM workspace_wakes w
+            USING held h, unnest(s.ids, s.wakes) AS f(workspace_id, wake_at)
+            WHERE w.workspace_id = ANY(s.ids) AND w.workspace_id = h.workspace_id
+              AND h.workspace_id = f.workspace_id AND h.wake_at = f.wake_at;
+        END LOOP;
+    END IF;
+    -- Step 1's turns, read without its lock (others_due, below).
     SELECT array_agg(t.workspace_id) INTO expected FROM (
-        SELECT w.workspace_id FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.next_wake_at <= claim_clock
-          AND c.running < w.max_concurrency
-          AND ($4 IS NULL OR w.workspace_id = ANY($4))
-        ORDER BY w.last_served_at, w.workspace_id
+        SELECT t.workspace_id FROM workspace_turns t
+        WHERE t.next_wake_at <= claim_clock AND ($4 IS NULL OR t.workspace_id = ANY($4))
+        ORDER BY t.last_served_at, t.workspace_id
         LIMIT cardinality($1)
     ) t;
-    -- The four steps (0029).
-    SELECT array_agg(c.run ORDER BY c.ord), array_agg(c.held_seconds ORDER BY c.ord),
-           array_agg(c.taken_over ORDER BY c.ord), array_agg(c.keeps_due ORDER BY c.ord)
-    INTO out_runs, out_held, out_taken, out_keeps
-    FROM agentrun_claim_uncounted(owners, lease_seconds, at, scope, carried, continued,
-                                  own_release, live_seconds, gated)
-         WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, ord);
-    -- The fresh runs (a run taken over was 'running' already) added to shard 0 of
-    -- their workspace's count and of their agent's.
-    INSERT INTO workspace_running_counts AS c (workspace_id, shard, n)
-    SELECT (out_runs[i]).workspace_id, 0, count(*)
-    FROM generate_subscripts(out_runs, 1) i
-    WHERE NOT out_taken[i]
-    GROUP BY 1
-    ORDER BY 1
-    ON CONFLICT (workspace_id, shard) DO UPDATE SET n = c.n + excluded.n;
-    INSERT INTO agent_running_counts AS c (workspace_id, agent_id, shard, n)
-    SELECT (out_runs[i]).workspace_id, (out_runs[i]).agent_id, 0, count(*)
-    FROM generate_subscripts(out_runs, 1) i
-    WHERE NOT out_taken[i]
-    GROUP BY 1, 2
-    ORDER BY 1, 2
-    ON CONFLICT (workspace_id, agent_id, shard) DO UPDATE SET n = c.n + excluded.n;
-    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false
+    LOOP
+        rounds := rounds + 1;
+        round_limit := cardinality(left_owners);
+        -- 1. Take turns: lock the workspaces whose turn it is, least recently
+        -- served first, one per owner left.
+        SELECT array_agg(t.workspace_id ORDER BY t.last_served_at, t.workspace_id),
+               array_agg(agentrun_shard_of(t.workspace_id)
+                         ORDER BY t.last_served_at, t.workspace_id)
+        INTO turn_ids, turn_shards
+        FROM (
+            SELECT t.workspace_id, t.last_served_at FROM workspace_turns t
+            WHERE t.next_wake_at <= claim_clock AND ($4 IS NULL OR t.workspace_id = ANY($4))
+              AND t.workspace_id <> ALL(taken)
+            ORDER BY t.last_served_at, t.workspace_id
+            LIMIT round_limit
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) t;
+        EXIT WHEN turn_ids IS NULL;
+        taken := taken || turn_ids;
+        ws_left := cardinality(turn_ids);
+        -- 2. The lease step on each shard holding a turn, in the order of its
+        -- first turn, with a share of the owners left as large as its share of
+        -- the turns left (one shard: all of them).
+        FOR s IN
+            SELECT u.shard, array_agg(u.workspace_id ORDER BY u.ord) AS ids
+            FROM unnest(turn_ids, turn_shards) WITH ORDINALITY AS u(workspace_id, shard, ord)
+            GROUP BY u.shard ORDER BY min(u.ord)
+        LOOP
+            EXIT WHEN coalesce(cardinality(left_owners), 0) = 0;
+            budget := ceil(cardinality(left_owners) * cardinality(s.ids)::numeric / ws_left);
+            ws_left := ws_left - cardinality(s.ids);
+            SELECT coalesce(array_agg(c.run ORDER BY c.ord) FILTER (WHERE c.served IS NULL), '{}'),
+                   array_agg(c.held_seconds ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.taken_over ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.keeps_due ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.metered ORDER BY c.ord) FILTER (WHERE c.served IS NULL),
+                   array_agg(c.workspace_id) FILTER (WHERE c.served),
+                   array_agg(c.workspace_id) FILTER (WHERE c.maybe_empty)
+            INTO shard_runs, shard_held, shard_taken, shard_keeps, shard_metered, shard_served,
+                 shard_empty
+            FROM agentrun_claim_shard(left_owners[1:budget], $2, claim_clock, s.ids,
+                                      $5, $6, $7, $8, $9)
+                 WITH ORDINALITY AS c(run, held_seconds, taken_over, keeps_due, metered,
+                                      workspace_id, served, maybe_empty, ord);
+            out_runs := out_runs || shard_runs;
+            out_held := out_held || shard_held;
+            out_taken := out_taken || shard_taken;
+            out_keeps := out_keeps || shard_keeps;
+            out_metered := out_metered || shard_metered;
+            served_ids := served_ids || shard_served;
+            maybe_empty := maybe_empty || shard_empty;
+            left_owners := left_owners[cardinality(shard_runs) + 1:];
+        END LOOP;
+        -- Another round while owners are left and this one's turns filled its
+        -- limit: the workspaces whose turns it took gave fewer runs than owners
+        -- (emptied, at their caps, paused, or with nothing these owners can run),
+        -- and the next in line may have runs. At most four rounds.
+        EXIT WHEN coalesce(cardinality(left_owners), 0) = 0 OR rounds >= 4
+               OR cardinality(turn_ids) < round_limit;
+    END LOOP;
+    -- 3. Mark the served turns (to the back of the line).
+    UPDATE workspace_turns t SET last_served_at = claim_clock
+    WHERE t.workspace_id = ANY(served_ids);
+    -- 4. Raise next_wake_at of the workspaces the claim may have emptied: lock
+    -- those no admission or wake-up holds (KEY SHARE, workspace_lower_next_wake),
+    -- then, a new statement, read their earliest wake: a queued or waiting run's
+    -- (none while the queue is paused) or a lease's end (a lapsed lease is taken
+    -- over at its workspace's turn). NULL: nothing.
+    IF cardinality(maybe_empty) > 0 THEN
+        SELECT array_agg(l.workspace_id) INTO locked FROM (
+            SELECT t.workspace_id FROM workspace_turns t
+            WHERE t.workspace_id = ANY(maybe_empty)
+            ORDER BY t.workspace_id
+            FOR UPDATE SKIP LOCKED
+        ) l;
+    END IF;
+    IF locked IS NOT NULL THEN
+        SELECT array_agg(w.workspace_id), array_agg(least(
+                   CASE WHEN NOT w.queue_paused THEN (
+                       SELECT min(first.wake_at)
+                       FROM agents a
+                       CROSS JOIN LATERAL (
+                           SELECT r.wake_at FROM runs r
+                           WHERE r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+                             AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
+                           ORDER BY r.wake_at
+                           LIMIT 1
+                       ) first
+                       WHERE a.workspace_id = w.workspace_id) END,
+                   (SELECT r.wake_at FROM runs r
+                    WHERE r.workspace_id = w.workspace_id AND r.status = 'running'
+                    ORDER BY r.wake_at LIMIT 1)))
+        INTO raised_ids, raised_wakes
+        FROM workspaces w
+        WHERE w.workspace_id = ANY(locked);
+        UPDATE workspace_turns t SET next_wake_at = v.wake
+        FROM (SELECT l.workspace_id, x.wake
+              FROM unnest(locked) AS l(workspace_id)
+              LEFT JOIN unnest(raised_ids, raised_wakes) AS x(workspace_id, wake)
+                  USING (workspace_id)) v
+        WHERE t.workspace_id = v.workspace_id;
+    END IF;
+    RETURN QUERY SELECT out_runs[i], out_held[i], out_taken[i], out_keeps[i], false, out_metered[i]
                  FROM generate_subscripts(out_runs, 1) i;
-    -- A workspace of that read left unserved, still due with room (0031).
-    IF coalesce(cardinality(out_runs), 0) < cardinality($1) AND EXISTS (
-        SELECT 1 FROM workspaces w
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(n), 0) AS running FROM workspace_running_counts c
-            WHERE c.workspace_id = w.workspace_id) c
-        WHERE w.workspace_id = ANY(expected)
-          AND w.last_served_at IS DISTINCT FROM claim_clock
-          AND w.next_wake_at <= claim_clock
-          AND c.running < w.max_concurrency
-    ) THEN
-        RETURN QUERY SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean,
-                            true;
+    -- others_due: a workspace of that read left unserved, still due, with room
+    -- and its queue open: another claimer held it (0031).
+    IF cardinality(out_runs) < cardinality($1) THEN
+        SELECT array_agg(t.workspace_id) INTO pending FROM workspace_turns t
+        WHERE t.workspace_id = ANY(expected)
+          AND t.last_served_at IS DISTINCT FROM claim_clock
+          AND t.next_wake_at <= claim_clock;
+        IF pending IS NOT NULL AND EXISTS (
+            SELECT 1 FROM workspaces w
+            WHERE w.workspace_id = ANY(pending) AND NOT w.queue_paused
+              AND (SELECT coalesce(sum(n), 0) FROM workspace_running_counts c
+                   WHERE c.workspace_id = w.workspace_id) < w.max_concurrency
+        ) THEN
+            RETURN QUERY SELECT NULL::runs, NULL::double precision, NULL::boolean,
+                                NULL::boolean, true, NULL::boolean;
+        END IF;
     END IF;
 END
 $claim$;

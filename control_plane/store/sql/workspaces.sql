@@ -25,8 +25,13 @@ FROM placed;
 SELECT workspace_id, plan, max_concurrency,
        (SELECT coalesce(sum(c.n), 0)::bigint FROM workspace_running_counts c
         WHERE c.workspace_id = $1) AS running,
-       next_wake_at, last_served_at, retention_days, approval_watch, allowlists, wait_limits
+       retention_days, approval_watch, allowlists, wait_limits
 FROM workspaces WHERE workspace_id = $1;
+
+-- name: workspace_next_wake :one
+-- When the claim next looks at the workspace (workspace_turns, 0047: on the coordinator
+-- under Citus, so apart from workspace_get, which runs on the workspace's shard).
+SELECT next_wake_at FROM workspace_turns WHERE workspace_id = $1;
 
 -- name: workspace_set_allowlist :one
 -- One named allowlist of the workspace (issue 48; NULL values: removed).
