@@ -1222,17 +1222,17 @@ BEGIN
             SELECT 1 FROM executor_tools e
             WHERE e.release = rl.release AND e.last_seen > now() - make_interval(secs => live)))
     ), main AS (
-        SELECT o.release FROM open o WHERE o.ramp_percent IS NULL
-        ORDER BY o.since DESC, o.release DESC LIMIT 1
+        SELECT release FROM open WHERE ramp_percent IS NULL
+        ORDER BY since DESC, release DESC LIMIT 1
     ), ramp AS (
-        SELECT o.release, o.ramp_percent FROM open o WHERE o.ramp_percent IS NOT NULL
-        ORDER BY o.since DESC, o.release DESC LIMIT 1
+        SELECT release, ramp_percent FROM open WHERE ramp_percent IS NOT NULL
+        ORDER BY since DESC, release DESC LIMIT 1
     )
-    SELECT CASE WHEN own = (SELECT m.release FROM main m)
-                THEN coalesce((SELECT r.ramp_percent FROM ramp r), 0) ELSE 0 END,
-           CASE WHEN own = (SELECT m.release FROM main m) THEN 100
-                WHEN own = (SELECT r.release FROM ramp r)
-                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT r.ramp_percent FROM ramp r)
+    SELECT CASE WHEN own = (SELECT release FROM main)
+                THEN coalesce((SELECT ramp_percent FROM ramp), 0) ELSE 0 END,
+           CASE WHEN own = (SELECT release FROM main) THEN 100
+                WHEN own = (SELECT release FROM ramp)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM main) THEN (SELECT ramp_percent FROM ramp)
                           ELSE 100 END
                 ELSE 0 END,
            coalesce((SELECT rl.log_reads_from FROM releases rl WHERE rl.release = own), 0),
