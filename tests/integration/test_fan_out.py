@@ -278,11 +278,13 @@ async def test_twenty_children_run_five_at_a_time_and_the_parent_resumes_once_in
     )
     assert [r["input"] for r in rows] == [f"c{i}" for i in range(20)]
     assert {r["status"] for r in rows} == {"completed"}
-    # Never more than the cap running, by each child's hold (claimed to finished) and by
-    # sampling; and in parallel: the cap was reached.
+    # Never more than the cap running, sampled; and in parallel: the cap was reached, by
+    # each child's hold (claimed to finished). The holds cannot bound it from above: a
+    # run's started_at is its claim transaction's start, and a claim that began before a
+    # sibling's finish committed (and counted after it) seems to overlap it.
     spans = [(r["started_at"].timestamp(), r["finished_at"].timestamp()) for r in rows]
-    assert most_at_once(spans) == 5
-    assert max(seen) <= 5
+    assert max(seen) <= 5, seen
+    assert most_at_once(spans) >= 5, sorted(spans)
 
     log = await api.steps(parent_id)
     assert_log_well_formed(log)

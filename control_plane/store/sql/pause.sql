@@ -13,33 +13,24 @@ WITH paused AS (
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM paused;
 
 -- name: run_resume :one
--- ResumeRun: a paused run is claimable again, due as its wait says. Lowers the
--- workspace's next_wake_at as workspace_lower_next_wake() does (the KEY SHARE lock
--- held to the end, then an update only when it lowers it), written out: on Citus that
--- function, called with a column, would run on the shard and reach the workspaces
--- table from there, which is refused.
+-- ResumeRun: a paused run is claimable again, due as its wait says; its workspace's turn is
+-- lowered to that wake (workspace_lower_next_wake: the turn on one PostgreSQL, a co-located
+-- wake row the claim folds in on Citus, 0047).
 WITH resumed AS (
     UPDATE runs SET paused = false, updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2 AND paused
     RETURNING *
-), held AS (
-    SELECT w.workspace_id, r.wake_at FROM workspaces w JOIN resumed r USING (workspace_id)
-    WHERE w.workspace_id = $1 AND r.status IN ('queued', 'waiting') AND r.wake_at IS NOT NULL
-    FOR KEY SHARE OF w
 ), lowered AS (
-    UPDATE workspaces w SET next_wake_at = h.wake_at
-    FROM held h
-    WHERE w.workspace_id = $1 AND h.workspace_id = w.workspace_id
-      AND (w.next_wake_at IS NULL OR w.next_wake_at > h.wake_at)
-    RETURNING w.workspace_id
+    SELECT workspace_lower_next_wake(workspace_id, wake_at) FROM resumed
+    WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
 )
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds,
-       (SELECT count(*) FROM held) AS lowered
+       (SELECT count(*) FROM lowered) AS lowered
 FROM resumed;
 
 -- name: agent_set_paused :one
 -- SetQueuePaused(agent_id): hold or free an agent's runs; its queued or waiting runs.
--- Freeing them lowers next_wake_at as run_resume does.
+-- Freeing them lowers the workspace's turn as run_resume does.
 WITH agent AS (
     UPDATE agents SET paused = $3 WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id
@@ -47,22 +38,15 @@ WITH agent AS (
     SELECT min(r.wake_at) AS wake_at FROM runs r, agent a
     WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
       AND r.status IN ('queued', 'waiting')
-), held AS (
-    SELECT w.workspace_id, f.wake_at FROM workspaces w, first f
-    WHERE w.workspace_id = $1 AND NOT $3 AND f.wake_at IS NOT NULL
-    FOR KEY SHARE OF w
 ), lowered AS (
-    UPDATE workspaces w SET next_wake_at = h.wake_at
-    FROM held h
-    WHERE w.workspace_id = $1 AND h.workspace_id = w.workspace_id
-      AND (w.next_wake_at IS NULL OR w.next_wake_at > h.wake_at)
-    RETURNING w.workspace_id
+    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
+    WHERE NOT $3 AND f.wake_at IS NOT NULL
 )
 SELECT (SELECT count(*) FROM agent) AS found,
        (SELECT count(*) FROM runs r, agent a
         WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting')) AS queued_runs,
-       (SELECT count(*) FROM held) AS lowered;
+       (SELECT count(*) FROM lowered) AS lowered;
 
 -- name: workspace_set_queue_paused :one
 -- SetQueuePaused(workspace): the claim leases no fresh run of the workspace while set (its
