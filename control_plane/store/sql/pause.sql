@@ -56,7 +56,8 @@ WITH ws AS (
     UPDATE workspaces SET queue_paused = $2 WHERE workspace_id = $1 RETURNING workspace_id
 ), first AS (
     SELECT min(r.wake_at) AS wake_at FROM runs r, ws
-    WHERE r.workspace_id = ws.workspace_id AND r.status IN ('queued', 'waiting')
+    WHERE r.workspace_id = $1 AND r.workspace_id = ws.workspace_id
+      AND r.status IN ('queued', 'waiting')
 ), lowered AS (
     SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
     WHERE NOT $2 AND f.wake_at IS NOT NULL

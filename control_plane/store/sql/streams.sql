@@ -178,7 +178,7 @@ WHERE x.workspace_id = $1 AND x.run_id = k.run_id AND x.seq < k.seq;
 -- to stream (the reader is shown the break before it).
 SELECT seq, epoch, idx, text,
        idx = 0 AND EXISTS (SELECT 1 FROM run_deltas p
-                           WHERE p.workspace_id = d.workspace_id AND p.run_id = d.run_id
+                           WHERE p.workspace_id = $1 AND p.run_id = d.run_id
                              AND p.seq = d.seq AND p.epoch < d.epoch) AS taken_over
 FROM run_deltas d
 WHERE workspace_id = $1 AND run_id = $2 AND (seq >= $3 OR ($5 > 0 AND seq = $4))
