@@ -26,8 +26,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from executor.http_session import read
 from executor.models import anthropic_messages as convert
-from executor.models import anthropic_stream
+from executor.models import anthropic_stream, streaming
 from executor.models.base import (
     COMPLETE,
     DEFAULT_SETTINGS,
@@ -108,6 +109,8 @@ class AnthropicMessagesModel:
         assert settings.on_delta is not None
         body = {**body, "stream": True}
         async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
+            if streaming.answers_whole(answer):
+                return parse_message(await read(answer))
             data = await anthropic_stream.read(answer, settings.on_delta)
         return message_of(data)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from executor import storable
+from executor.http_session import read
 from executor.models import streaming
 from executor.models.base import (
     COMPLETE,
@@ -88,6 +89,8 @@ class OpenAIChatModel:
         assert settings.on_delta is not None
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         async with self._http.stream(self._url, body, headers, settings.timeout_seconds) as answer:
+            if streaming.answers_whole(answer):
+                return parse_completion(await read(answer))
             data = await streaming.read(answer, settings.on_delta)
         return completion_of(data)
 

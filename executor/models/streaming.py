@@ -107,6 +107,13 @@ def index_of(item: dict[str, Any]) -> int:
         return 0
 
 
+def answers_whole(response: aiohttp.ClientResponse) -> bool:
+    """Whether the provider answered a streamed request with the whole reply as JSON, as a
+    server that ignores `stream: true` does (some OpenAI-compatible ones): it is then read
+    as a non-streamed answer, with no delta told."""
+    return response.content_type == "application/json"
+
+
 async def data_of(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
     """The `data:` payloads of a server-sent event stream, in order (blank separators,
     comments and `event:` names skipped: the data says its type)."""
