@@ -47,6 +47,7 @@ from tests.harness.fuzzing import (
     methods,
     undecodable,
 )
+from tests.harness.logs import tracebacks
 
 MESSAGES_PER_METHOD = 300
 UNDECODABLE_PER_METHOD = 40
@@ -222,14 +223,6 @@ async def _seed_agent(ch: grpc.aio.Channel, callers: Callers) -> None:
     )
 
 
-def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
-    return [
-        f"{r.name}: {r.getMessage()[:200]}"
-        for r in records
-        if r.exc_info or "Traceback" in r.getMessage()
-    ]
-
-
 def _order(rpcs: list[Rpc]) -> list[Rpc]:
     # The executor stream first, while no run exists that the dispatcher could hand it;
     # the workspace admin service last, so a fuzzed plan change comes after the rest.
@@ -298,7 +291,7 @@ async def test_every_rpc_survives_generated_and_undecodable_requests(
     elapsed = time.monotonic() - started
     assert not ledger.bad, "\n".join(ledger.bad[:30])
     assert not ledger.writes, "\n".join(ledger.writes[:30])
-    assert not _tracebacks(caplog.records), "\n".join(_tracebacks(caplog.records)[:10])
+    assert not tracebacks(caplog.records), "\n".join(tracebacks(caplog.records)[:10])
     # Every method was reached and refused undecodable input, from a caller it admits, as
     # the message it is not (from a garbage credential, as unauthenticated).
     for rpc in RPCS:

@@ -31,6 +31,7 @@ from sandbox.serve import BackgroundServer
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 from tests.harness.http_fuzz import HttpFuzzer, Request, routes
+from tests.harness.logs import tracebacks
 from tests.harness.triggers import SCHEME, TriggerApi, signed
 from tests.integration.test_console_http import csrf_of
 
@@ -98,10 +99,6 @@ async def _console_tokens(client: httpx.AsyncClient, key: str, run_id: str) -> t
     return csrf, csrf_of(page)
 
 
-def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
-    return [f"{r.name}: {r.getMessage()[:300]}" for r in records if r.exc_info]
-
-
 async def test_every_ingress_route_answers_hostile_requests_below_500(stack, caplog) -> None:
     caplog.set_level(logging.INFO)
     running, objects = stack
@@ -135,7 +132,7 @@ async def test_every_ingress_route_answers_hostile_requests_below_500(stack, cap
                 )
         assert (await anonymous.get("/healthz")).status_code == 200
     assert not errors, "\n".join(errors[:30])
-    assert not _tracebacks(caplog.records), "\n".join(_tracebacks(caplog.records)[:10])
+    assert not tracebacks(caplog.records), "\n".join(tracebacks(caplog.records)[:10])
     for template, _ in table:  # each route was asked, not only refused by the router
         asked = sum(n for (t, _), n in codes.items() if t == template)
         assert asked >= REQUESTS_PER_ROUTE // 2, (template, asked)
@@ -173,7 +170,7 @@ async def test_signed_deliveries_and_keyed_messages_of_any_shape_are_answered_be
             resp = await client.post(url, content=json.dumps(doc).encode(), headers=headers)
             codes[("session", resp.status_code)] += 1
     assert not [k for k in codes if k[1] >= 500], codes
-    assert not _tracebacks(caplog.records), "\n".join(_tracebacks(caplog.records)[:10])
+    assert not tracebacks(caplog.records), "\n".join(tracebacks(caplog.records)[:10])
     # The signatures were good: some deliveries were taken, so the documents reached the
     # trigger's own reading (filters, dedup, the run's input), not only the signature check.
     assert sum(n for (source, code), n in codes.items() if source != "session" and code < 300)

@@ -37,6 +37,7 @@ from tests import factories
 from tests.harness import auth
 from tests.harness.commits import approval_commit
 from tests.harness.fuzzing import Callers, table_counts
+from tests.harness.logs import tracebacks
 from tests.harness.triggers import TriggerApi
 
 WS = "ws"
@@ -172,10 +173,6 @@ def _requests(w: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     }
 
 
-def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage()[:200] for r in caplog.records if r.exc_info]
-
-
 async def _unary(
     channel: grpc.aio.Channel, callers: Callers, method: str, request: Any
 ) -> grpc.aio.AioRpcError:
@@ -213,7 +210,7 @@ async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert err.details() == f"{field}: contains a NUL character"
     assert await table_counts(db) == before
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
     approval = await db.fetchrow("SELECT decision FROM approvals")
     assert approval["decision"] is None  # the approval was not decided by a refused request
 
@@ -243,7 +240,7 @@ async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
     assert info.value.details() == "edit.arguments_json: is nested deeper than 64 levels"
     assert await table_counts(db) == before
     assert (await db.fetchrow("SELECT decision FROM approvals"))["decision"] is None
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +277,7 @@ async def test_undecodable_bytes_are_invalid_argument_with_one_log_line_and_no_t
         assert err.details() == f"request is not a valid {name}"
         lines = [r for r in caplog.records if name in r.getMessage()]
         assert len(lines) == 1 and not lines[0].exc_info, [r.getMessage() for r in lines]
-        assert not _tracebacks(caplog)
+        assert not tracebacks(caplog.records)
     agents = agent_pb2_grpc.AgentServiceStub(channel)
     await agents.CreateAgent(
         agent_pb2.CreateAgentRequest(workspace_id=WS, agent_id="still-ok"),
@@ -376,7 +373,7 @@ async def test_a_garbage_frame_ends_that_executor_stream_only(
     assert "commit.complete.output: contains a NUL character" in result.message
     await good.done_writing()
     assert await good.code() == grpc.StatusCode.OK
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
 
 
 # --- HTTP ---------------------------------------------------------------------------------
@@ -402,7 +399,7 @@ async def test_session_message_nested_100000_deep_is_400_and_stores_nothing(
     # The approval of `world` is notified in the background (its notify URL is down here), and
     # each attempt mints a link token: a write of the relay's, not of these requests.
     assert _but_relay(await table_counts(db)) == _but_relay(before)
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
 
 
 def _but_relay(counts: dict[str, int]) -> dict[str, int]:
@@ -438,7 +435,7 @@ async def test_webhook_nested_40000_objects_deep_is_400_and_stores_nothing(
             assert reply.status_code == 400, reply.text
             assert reply.json()["error"] == problem
     assert await table_counts(db) == before
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
 
 
 async def test_approval_links_with_a_nul_in_the_path_are_unknown_links(
@@ -450,4 +447,4 @@ async def test_approval_links_with_a_nul_in_the_path_are_unknown_links(
         decided = await http.post(url, content=b"decision=approve&reason=ok")
         reason = await http.post(url.replace("%00x", ""), content=b"decision=reject&reason=a%00b")
     assert (shown.status_code, decided.status_code, reason.status_code) == (404, 404, 400)
-    assert not _tracebacks(caplog)
+    assert not tracebacks(caplog.records)
