@@ -372,8 +372,11 @@ class ExecutorSession:
             if renewed:
                 self.slots.hold(key)
             else:
-                self.slots.drop(key.run_id)
-                if reason == "lost":  # not a run that reached a limit and failed
+                was_held = self.slots.drop(key.run_id) == key.epoch
+                # Lost, not failed at a limit, and still held here when the answer came: a
+                # lease this session had let go meanwhile (its own park or finish, committed
+                # while the beat was in flight) was not fenced.
+                if reason == "lost" and was_held:
                     metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
                 else:  # failed by the heartbeat's statement: counted as finished
                     run_figures.FIGURES.finished(self._pool, key.workspace_id, key.run_id)
