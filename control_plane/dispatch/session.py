@@ -376,10 +376,10 @@ class ExecutorSession:
                 # Lost, not failed at a limit, and still held here when the answer came: a
                 # lease this session had let go meanwhile (its own park or finish, committed
                 # while the beat was in flight) was not fenced.
-                if reason == "lost" and was_held:
-                    metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
-                else:  # failed by the heartbeat's statement: counted as finished
+                if reason != "lost":  # failed by the heartbeat's statement: finished here
                     run_figures.FIGURES.finished(self._pool, key.workspace_id, key.run_id)
+                elif was_held:
+                    metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
             result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
         self.send(pb.ConnectResponse(heartbeat_result=result))
         for key in outcome.paused:  # paused through another replica: asked here, each beat

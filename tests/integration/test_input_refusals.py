@@ -209,7 +209,8 @@ async def test_a_nul_in_a_text_field_is_invalid_argument_naming_it(
     err = await _unary(channel, callers, method, request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert err.details() == f"{field}: contains a NUL character"
-    assert await table_counts(db) == before
+    # The pending approval's notice is relayed in the background and mints a link token.
+    assert _but_relay(await table_counts(db)) == _but_relay(before)
     assert not tracebacks(caplog.records)
     approval = await db.fetchrow("SELECT decision FROM approvals")
     assert approval["decision"] is None  # the approval was not decided by a refused request
@@ -238,7 +239,7 @@ async def test_edit_arguments_nested_5000_deep_is_refused_and_decides_nothing(
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == "edit.arguments_json: is nested deeper than 64 levels"
-    assert await table_counts(db) == before
+    assert _but_relay(await table_counts(db)) == _but_relay(before)
     assert (await db.fetchrow("SELECT decision FROM approvals"))["decision"] is None
     assert not tracebacks(caplog.records)
 
