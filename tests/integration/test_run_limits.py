@@ -97,8 +97,12 @@ async def test_a_run_working_past_its_active_time_fails_with_deadline_exceeded(
 async def test_max_age_fails_a_run_that_waits_too_long(stack, executor_factory):
     cp, api, approvals = stack
     await publish_mailer(api, deadline=DEADLINE, max_age=duration_pb2.Duration(seconds=4))
-    run_id = await api.start("mailer", "email ada")
+    # An executor taking runs first: on a busy machine its start-up alone could outlast the
+    # 4 s, and the run would fail its max age before ever asking for the approval.
+    await api.publish("warmup", "chat", [])
     executor_factory(cp)
+    await api.wait_terminal([await api.start("warmup", "hi")], within=60)
+    run_id = await api.start("mailer", "email ada")
     await pending_approval(api, approvals, run_id, APPROVER)
     (run,) = await api.wait_terminal([run_id], within=30)
     assert run.status == run_pb2.RUN_STATUS_FAILED
