@@ -197,6 +197,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)
             assert row is not None, "a used request_id names a run"
             return run_pb2.StartRunResponse(run=convert.run(row), created=False)
+        row = await concurrency_keys.as_admitted(self._pool, row)
         self._on_runnable()
         return run_pb2.StartRunResponse(run=convert.run(row), created=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from agentrun.v1 import run_pb2
+from control_plane.store import runs as store
 from control_plane.store.db import Pool
 from control_plane.store.queries import run
 
@@ -26,3 +27,11 @@ async def queue_position(pool: Pool, ws: str, run_id: uuid.UUID) -> run_pb2.Queu
     return run_pb2.QueuePosition(
         runs_ahead=row["runs_ahead"], cause=run_pb2.QUEUE_WAIT_CAUSE_CONCURRENCY_KEY
     )
+
+
+async def as_admitted(pool: Pool, row: store.Run) -> store.Run:
+    """A freshly admitted run as it now is: a keyed one may have been parked for its key's
+    slot after the insert returned it (migration 0050's trigger), and StartRun says so."""
+    if row.concurrency_key is None:
+        return row
+    return await store.get_run(pool, row.workspace_id, row.run_id) or row

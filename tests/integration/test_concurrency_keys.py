@@ -17,9 +17,11 @@ import uuid
 
 import asyncpg
 import grpc
+import httpx
 import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2
+from tests.harness import auth
 from tests.harness.agentrun_api import Api
 
 
@@ -77,7 +79,7 @@ async def key_row(db: asyncpg.Connection, key: str) -> tuple[int, int] | None:
 async def test_a_full_key_parks_its_runs_getrun_names_the_key_and_a_cancel_passes_the_slot(
     stack,
 ):
-    _, api, db = stack
+    cp, api, db = stack
     await publish(api, keyed(limit=1))
     first = await start(api, "acme", 0)
     second = await start(api, "acme", 1)
@@ -104,6 +106,15 @@ async def test_a_full_key_parks_its_runs_getrun_names_the_key_and_a_cancel_passe
         assert run.queue.cause == run_pb2.QUEUE_WAIT_CAUSE_CONCURRENCY_KEY
         assert run.queue.runs_ahead == i
     assert await key_row(db, "acme") == (1, 1)
+    # StartRun's own answer says it waits, and the HTTP run view names the key too (absent
+    # for a run of a version without one).
+    assert (third.status, third.wait_reason) == (run_pb2.RUN_STATUS_WAITING, "concurrency_key")
+    key = await auth.workspace_key(api.db_url, "ws", role="reader")
+    async with httpx.AsyncClient(headers=auth.bearer(key), timeout=30) as http:
+        seen = (await http.get(f"{cp.http_url}/v1/workspaces/ws/runs/{second.run_id}")).json()
+    assert (seen["status"], seen["wait_reason"]) == ("waiting", "concurrency_key")
+    assert seen["concurrency_key"] == "acme"
+    assert seen["queue"]["cause"] == "concurrency_key"
 
     # Cancelling a waiter frees nothing; cancelling the holder hands its slot to the oldest
     # waiter, due at once, in the cancel's transaction.

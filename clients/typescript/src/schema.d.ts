@@ -745,7 +745,7 @@ export interface components {
             /** Format: int32 */
             parent_index?: number;
             parent_close: string;
-            concurrency_key: string;
+            concurrency_key?: string;
         };
         RunCounters: {
             /** Format: int32 */

@@ -506,7 +506,7 @@ class AgentSpec(_message.Message):
         """Keyed concurrency: at most `limit` runs of this agent with the same key
         hold a slot at once (and, with a rate, slots are granted no faster than
         it allows); the others wait as queued with wait_reason "concurrency_key".
-        Unset = no key. See docs/scaling.md "Concurrency keys".
+        Unset = no key. See docs/protocol.md "Concurrency keys".
         """
 
     def __init__(
