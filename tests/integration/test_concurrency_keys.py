@@ -21,6 +21,8 @@ import httpx
 import pytest
 
 from agentrun.v1 import agent_pb2, run_pb2
+from control_plane.store import runs
+from tests import factories
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
 
@@ -53,11 +55,13 @@ async def publish(api: Api, spec: agent_pb2.AgentSpec, agent_id: str = "job") ->
     )
 
 
-async def start(api: Api, customer: str | None, n: int = 0, request_id: str = "") -> run_pb2.Run:
+async def start(
+    api: Api, customer: str | None, n: int = 0, request_id: str = "", agent_id: str = "job"
+) -> run_pb2.Run:
     body = {"n": n} if customer is None else {"customer_id": customer, "n": n}
     resp = await api.runs.StartRun(
         run_pb2.StartRunRequest(
-            workspace_id=api.ws, agent_id="job", input=json.dumps(body), request_id=request_id
+            workspace_id=api.ws, agent_id=agent_id, input=json.dumps(body), request_id=request_id
         )
     )
     return resp.run
@@ -136,7 +140,7 @@ async def test_a_full_key_parks_its_runs_getrun_names_the_key_and_a_cancel_passe
     assert await key_row(db, "acme") is None
 
 
-async def test_a_resent_start_takes_no_second_slot_and_ends_by_any_path_release(stack):
+async def test_a_resent_start_takes_no_second_slot_any_end_releases_and_a_rate_spaces(stack):
     _, api, db = stack
     await publish(api, keyed(limit=2))
     a = await start(api, "acme", 0, request_id="r-1")
@@ -156,27 +160,83 @@ async def test_a_resent_start_takes_no_second_slot_and_ends_by_any_path_release(
     assert (await api.get(c.run_id)).status == run_pb2.RUN_STATUS_QUEUED
     assert await key_row(db, "acme") == (2, 2)
 
-
-async def test_a_rate_spaces_a_keys_grants(stack):
-    _, api, db = stack
-    await publish(api, keyed(limit=10, rate=agent_pb2.KeyRate(per_seconds=2, runs=4)))
-    runs = [await start(api, "acme", i) for i in range(4)]
-    other = await start(api, "globex", 0)
+    # A rate spaces a key's grants.
+    paced = keyed(limit=10, rate=agent_pb2.KeyRate(per_seconds=2, runs=4))
+    await publish(api, paced, "paced")
+    started = [await start(api, "acme", i, agent_id="paced") for i in range(4)]
+    other = await start(api, "globex", 0, agent_id="paced")
     wakes = [
         await db.fetchval(
             "SELECT wake_at FROM runs WHERE workspace_id = 'ws' AND run_id = $1",
             uuid.UUID(r.run_id),
         )
-        for r in runs
+        for r in started
     ]
     gaps = [(b - a).total_seconds() for a, b in zip(wakes, wakes[1:], strict=False)]
     # 4 per 2 s: each grant 0.5 s after the one before (the admissions themselves are
     # quicker than that), each run holding its slot until then.
     assert all(0.49 <= g <= 0.51 for g in gaps), gaps
-    assert {(await api.get(r.run_id)).status for r in runs} == {run_pb2.RUN_STATUS_QUEUED}
-    assert await key_row(db, "acme") == (4, 10)
+    assert {(await api.get(r.run_id)).status for r in started} == {run_pb2.RUN_STATUS_QUEUED}
+    assert (
+        await db.fetchval(
+            "SELECT held FROM concurrency_keys WHERE agent_id = 'paced' AND key = 'acme'"
+        )
+        == 4
+    )
     # Another key has its own rate.
     assert (await api.get(other.run_id)).wake_time.ToDatetime() < wakes[1].replace(tzinfo=None)
+
+
+async def test_admissions_and_ends_at_once_never_exceed_the_limit_nor_strand_a_waiter(pool, db_url):
+    """Many admissions and holder ends of one key at once, each on its own connection: the
+    slots held always equal the key's unfinished holders, never above the limit, and no run
+    waits while a slot is free (no wake lost between a park and an end)."""
+    spec = {
+        **factories.DEFAULT_SPEC,
+        "concurrency_key": {"key": "input.c", "path": ["c"], "limit": 3},
+    }
+    version = await factories.agent_version(pool, "ws", "job", spec)
+    conns = [await asyncpg.connect(db_url) for _ in range(8)]
+
+    def admission(i: int) -> runs.Admission:
+        text = json.dumps({"c": "k", "i": i})
+        return runs.Admission("ws", "job", version, text, None, 5, 1000, 5, 60)
+
+    async def check() -> None:
+        row = await pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE key_slot) AS holders,"
+            " count(*) FILTER (WHERE wait_reason = 'concurrency_key') AS waiters"
+            " FROM runs WHERE workspace_id = 'ws' AND agent_id = 'job'"
+            " AND status NOT IN ('completed', 'failed', 'cancelled')"
+        )
+        held = await pool.fetchval(
+            "SELECT coalesce(sum(held), 0) FROM concurrency_keys WHERE workspace_id = 'ws'"
+        )
+        assert held == row["holders"] <= 3, (held, dict(row))
+        assert row["waiters"] == 0 or row["holders"] == 3, dict(row)
+
+    try:
+        for wave in range(4):
+            await asyncio.gather(
+                *(runs.insert_run(c, admission(wave * 8 + i)) for i, c in enumerate(conns))
+            )
+            await check()
+            holders = await pool.fetch(
+                "SELECT run_id FROM runs WHERE workspace_id = 'ws' AND key_slot"
+                " AND status NOT IN ('completed', 'failed', 'cancelled')"
+            )
+            waiters = await pool.fetch(
+                "SELECT run_id FROM runs WHERE workspace_id = 'ws'"
+                " AND wait_reason = 'concurrency_key' LIMIT 3"
+            )
+            ends = [r["run_id"] for r in holders[:2]] + [r["run_id"] for r in waiters[:2]]
+            await asyncio.gather(
+                *(runs.cancel_run(c, "ws", r, "ended") for c, r in zip(conns, ends, strict=False))
+            )
+            await check()
+    finally:
+        for c in conns:
+            await c.close()
 
 
 BAD_KEYS = [
