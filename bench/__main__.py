@@ -1,4 +1,4 @@
-"""`python -m bench [commit|auth|claim|fairness|http|e2e|retention|fastpath|streams|events|held ...] [--quick] [--loop asyncio,uvloop]`.
+"""`python -m bench [commit|auth|claim|fairness|http|e2e|retention|fastpath|streams|events|held|keys ...] [--quick] [--loop asyncio,uvloop]`.
 
 Runs them in order and prints. `--loop` runs each benchmark once per named event loop, back
 to back, with AGENTRUN_EVENT_LOOP set for the control plane and executors it starts (the
@@ -26,6 +26,7 @@ BENCHMARKS = (
     "streams",
     "events",
     "held",
+    "keys",
 )
 # A benchmark whose module is named otherwise (bench/<module>.py).
 MODULES = {"fastpath": "fast_path", "http": "http_client"}

@@ -27,6 +27,9 @@ MAX_DEADLINE_SECONDS = 30 * 24 * 3600
 MAX_AGE_SECONDS = 366 * 24 * 3600
 MAX_CONTEXT_TOKENS = 10_000_000
 MAX_CANCEL_ON = 20
+# A concurrency key's path: `input.` then 1-8 names, as event_match reads `run.input...`.
+_KEY_PATH = re.compile(r"^input(?:\.[A-Za-z_][A-Za-z0-9_-]{0,63}){1,8}$")
+MAX_KEY_LIMIT = 10_000
 
 
 def spec_limits(spec: agent_pb2.AgentSpec) -> dict[str, int]:
@@ -74,6 +77,27 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
     constraints.validate_constraints(spec)
     validate_connections(spec)
     validate_cancel_on(spec)
+    validate_concurrency_key(spec)
+
+
+def validate_concurrency_key(spec: agent_pb2.AgentSpec) -> None:
+    """A key path over the input, a limit, and an optional rate (issue 45, item 3)."""
+    if not spec.HasField("concurrency_key"):
+        return
+    ck = spec.concurrency_key
+    if not ck.key:
+        raise InvalidArgument("spec.concurrency_key.key", "is required (e.g. input.customer_id)")
+    if not _KEY_PATH.match(ck.key):
+        raise InvalidArgument(
+            "spec.concurrency_key.key",
+            f"is not `input.` then 1-8 names (e.g. input.customer_id): {ck.key[:80]!r}",
+        )
+    if ck.limit == 0:
+        raise InvalidArgument("spec.concurrency_key.limit", "is required (1 or more)")
+    validate.in_range("spec.concurrency_key.limit", ck.limit, 1, MAX_KEY_LIMIT)
+    if ck.HasField("rate"):
+        validate.in_range("spec.concurrency_key.rate.per_seconds", ck.rate.per_seconds, 1, 86_400)
+        validate.in_range("spec.concurrency_key.rate.runs", ck.rate.runs, 1, MAX_KEY_LIMIT)
 
 
 def validate_cancel_on(spec: agent_pb2.AgentSpec) -> None:

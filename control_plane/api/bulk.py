@@ -100,7 +100,7 @@ Progress: TypeAlias = Any
 Act = Callable[[str, list[uuid.UUID]], Awaitable[int]]
 
 
-async def _batches(
+async def batches(
     pool: Pool,
     ws: str,
     wanted: Matching,
@@ -118,7 +118,9 @@ async def _batches(
         if not progress.dry_run:
             action, detail = audit_as
             detail = {"filter": wanted.described(), "matched": progress.matched, **detail}
-            await audit.record(conn, action, "bulk_action", progress.action_id, detail)
+            await audit.record(
+                conn, action, "bulk_action", progress.action_id, detail, workspace_id=ws
+            )
     if progress.dry_run:
         progress.finished = True
         yield progress
@@ -141,7 +143,7 @@ async def _batches(
         yield progress
 
 
-def _checked_filter(run_filter: run_pb2.RunFilter, every: bool, what: str) -> Matching:
+def checked_filter(run_filter: run_pb2.RunFilter, every: bool, what: str) -> Matching:
     wanted = matching(run_filter)
     if wanted.empty and not every:
         raise InvalidArgument("filter", f"is empty: set all to {what}")
@@ -155,7 +157,7 @@ async def bulk_cancel(
 ) -> AsyncIterator[Progress]:
     """BulkCancelRuns: each batch in one transaction, each run as CancelRun cancels it."""
     ws = auth_context.workspace(request.workspace_id)
-    wanted = _checked_filter(
+    wanted = checked_filter(
         request.filter, request.all, "cancel every unfinished run of the workspace"
     )
     reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled in bulk"
@@ -175,7 +177,7 @@ async def bulk_cancel(
 
     progress = run_pb2.BulkCancelRunsResponse(action_id=str(uuid.uuid4()), dry_run=request.dry_run)
     audit_as = ("runs.bulk_cancelled", {"reason": reason})
-    async for p in _batches(pool, ws, wanted, True, progress, audit_as, cancel):
+    async for p in batches(pool, ws, wanted, True, progress, audit_as, cancel):
         yield p
 
 
@@ -188,7 +190,7 @@ async def bulk_rerun(
     """BulkRerunRuns: each matched run forked from seq 0 (ForkRun's own path, unaudited:
     the action's one entry covers them)."""
     ws = auth_context.workspace(request.workspace_id)
-    wanted = _checked_filter(request.filter, request.all, "run every run of the workspace again")
+    wanted = checked_filter(request.filter, request.all, "run every run of the workspace again")
 
     async def rerun(ws: str, run_ids: list[uuid.UUID]) -> int:
         started = 0
@@ -204,5 +206,5 @@ async def bulk_rerun(
         return started
 
     progress = run_pb2.BulkRerunRunsResponse(action_id=str(uuid.uuid4()), dry_run=request.dry_run)
-    async for p in _batches(pool, ws, wanted, False, progress, ("runs.bulk_rerun", {}), rerun):
+    async for p in batches(pool, ws, wanted, False, progress, ("runs.bulk_rerun", {}), rerun):
         yield p

@@ -31,7 +31,7 @@ from control_plane.ground.errors import (
     PermissionDenied,
 )
 from control_plane.ops import run_figures
-from control_plane.runs import children, forks
+from control_plane.runs import children, concurrency_keys, forks
 from control_plane.store import agents as agent_store
 from control_plane.store import forks as fork_store
 from control_plane.store import lease as lease_store
@@ -197,6 +197,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
             row = await store.get_run_by_request(self._pool, ws, agent_id, request_id)
             assert row is not None, "a used request_id names a run"
             return run_pb2.StartRunResponse(run=convert.run(row), created=False)
+        row = await concurrency_keys.as_admitted(self._pool, row)
         self._on_runnable()
         return run_pb2.StartRunResponse(run=convert.run(row), created=True)
 
@@ -207,7 +208,11 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         row = await self._get(ws, validate.run_id("run_id", request.run_id))
         msg = convert.run(row)
         msg.child_run_ids.extend(await children.child_ids(self._pool, ws, row.run_id))
-        if row.status in ("queued", "waiting"):
+        if row.wait_reason == concurrency_keys.WAIT_REASON:
+            key_queue = await concurrency_keys.queue_position(self._pool, ws, row.run_id)
+            if key_queue is not None:
+                msg.queue.CopyFrom(key_queue)
+        elif row.status in ("queued", "waiting"):
             pos = await lease_store.queue_position(self._pool, ws, row.run_id)
             queue = convert.queue_position(pos, row.wait_reason) if pos else None
             if queue is not None:

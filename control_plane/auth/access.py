@@ -123,6 +123,7 @@ ACCESS: dict[str, Need] = {
     f"{_V1}ReleaseService/RampRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/RollbackRelease": Need.PLATFORM,
     f"{_V1}ReleaseService/MoveRunRelease": Need.PLATFORM,
+    f"{_V1}ReleaseService/BulkMoveRunsRelease": Need.PLATFORM,
     f"{_V1}CanaryService/RunCanary": Need.PLATFORM,
 }
 

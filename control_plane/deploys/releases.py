@@ -30,13 +30,15 @@ so). MoveRunRelease moves a waiting run by hand, audited.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import grpc
 
 from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
+from control_plane.api import bulk
 from control_plane.auth import context as auth_context
 from control_plane.dispatch.dispatcher import Dispatcher
 from control_plane.dispatch.slots import live_seconds
@@ -263,3 +265,27 @@ class ReleaseServicer(release_pb2_grpc.ReleaseServiceServicer):
             ) from None
         self._dispatcher.poke()
         return release_pb2.MoveRunReleaseResponse(from_release=was or "", to_release=to or "")
+
+    async def BulkMoveRunsRelease(
+        self, request: release_pb2.BulkMoveRunsReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[release_pb2.BulkMoveRunsReleaseResponse]:
+        """MoveRunRelease by a filter, as bulk cancel goes (control_plane/api/bulk.py): the
+        action audited once, the runs moved in batches, each batch one transaction."""
+        ws = validate.slug("workspace_id", request.workspace_id)
+        to = release_name("release", request.release) if request.release else None
+        wanted = bulk.checked_filter(
+            request.filter, request.all, "move every unfinished run of the workspace"
+        )
+
+        async def move(ws: str, run_ids: list[uuid.UUID]) -> int:
+            moved = await store.move_many(self._pool, ws, run_ids, to)
+            if moved:
+                self._dispatcher.poke()
+            return moved
+
+        progress = release_pb2.BulkMoveRunsReleaseResponse(
+            action_id=str(uuid.uuid4()), dry_run=request.dry_run
+        )
+        audit_as = ("runs.bulk_moved_release", {"to_release": to})
+        async for p in bulk.batches(self._pool, ws, wanted, True, progress, audit_as, move):
+            yield p

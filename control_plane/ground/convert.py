@@ -216,6 +216,8 @@ def _set_lineage(msg: run_pb2.Run, row: Run) -> None:
         msg.parent_index = row.parent_index
     if row.parent_close:
         msg.parent_close = row.parent_close
+    if row.concurrency_key is not None:
+        msg.concurrency_key = row.concurrency_key
     if row.forked_from_run_id:
         msg.forked_from_run_id = str(row.forked_from_run_id)
     if row.forked_from_seq:
@@ -317,6 +319,11 @@ def spec_to_json(spec: agent_pb2.AgentSpec, limits: dict[str, int]) -> dict[str,
             if spec.cancel_on
             else {}
         ),
+        **(
+            {"concurrency_key": concurrency_key_to_json(spec.concurrency_key)}
+            if spec.HasField("concurrency_key")
+            else {}
+        ),
     }
 
 
@@ -413,6 +420,28 @@ def spec_from_json(data: dict[str, Any]) -> agent_pb2.AgentSpec:
             agent_pb2.CancelOn(event=c.get("event", ""), match=c.get("match", ""))
             for c in data.get("cancel_on") or []
         ],
+        concurrency_key=concurrency_key_from_json(data.get("concurrency_key")),
+    )
+
+
+def concurrency_key_to_json(ck: agent_pb2.ConcurrencyKey) -> dict[str, Any]:
+    """The stored rule; `path` is what migration 0050's admission trigger reads."""
+    out: dict[str, Any] = {"key": ck.key, "path": ck.key.split(".")[1:], "limit": ck.limit}
+    if ck.HasField("rate"):
+        out["rate"] = {"per_seconds": ck.rate.per_seconds, "runs": ck.rate.runs}
+    return out
+
+
+def concurrency_key_from_json(data: Any) -> agent_pb2.ConcurrencyKey | None:
+    if not data:
+        return None
+    rate = data.get("rate")
+    return agent_pb2.ConcurrencyKey(
+        key=data.get("key", ""),
+        limit=data.get("limit", 0),
+        rate=agent_pb2.KeyRate(per_seconds=rate["per_seconds"], runs=rate["runs"])
+        if rate
+        else None,
     )
 
 

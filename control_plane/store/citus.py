@@ -107,6 +107,7 @@ DISTRIBUTED_TABLES = (
     "event_shapes",
     "event_waits",
     "event_deliveries",
+    "concurrency_keys",
     "workspace_running_counts",
     "agent_running_counts",
     "workspace_wakes",

@@ -165,6 +165,22 @@ async def move(pool: Pool, m: Move) -> str | None:
     return row["release"]  # type: ignore[no-any-return]
 
 
+async def move_many(
+    pool: Pool, workspace_id: str, run_ids: list[uuid.UUID], to_release: str | None
+) -> int:
+    """Move each of the runs that nobody holds to `to_release`, in one transaction, unaudited
+    (a bulk action audits itself once); how many moved (the others are held or finished)."""
+    moved = 0
+    async with transaction(pool) as conn:
+        for run_id in run_ids:
+            row = await run(conn, "run_lock_for_move", workspace_id, run_id)
+            if row is None or row["status"] not in ("queued", "waiting"):
+                continue
+            await run(conn, "run_move_release", workspace_id, run_id, to_release)
+            moved += 1
+    return moved
+
+
 async def _audit(conn: asyncpg.Connection, m: Move, was: str | None) -> None:
     event = identity.AuditEvent(
         workspace_id=m.workspace_id,

@@ -94,6 +94,10 @@ class Run:
     parent_index: int | None = None
     parent_close: str | None = None
     closes_children: bool = False
+    # A keyed run's concurrency key, and whether it holds one of the key's slots
+    # (0050_concurrency_keys.sql); None: its version declares no key.
+    concurrency_key: str | None = None
+    key_slot: bool = False
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

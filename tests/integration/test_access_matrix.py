@@ -113,6 +113,7 @@ def test_the_table_says_what_the_issue_asks():
         "RampRelease",
         "RollbackRelease",
         "MoveRunRelease",
+        "BulkMoveRunsRelease",
         "RunCanary",
     } == by_need[Need.PLATFORM]
 

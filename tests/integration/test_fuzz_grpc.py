@@ -58,7 +58,7 @@ WATCH_DEADLINE = 1.0
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # Bulk actions write batch by batch and stream their progress: one cut off by its deadline
 # keeps what its finished batches did (control_plane/api/bulk.py), by design.
-PROGRESSIVE = {"BulkCancelRuns", "BulkRerunRuns"}
+PROGRESSIVE = {"BulkCancelRuns", "BulkRerunRuns", "BulkMoveRunsRelease"}
 RPCS = methods()
 
 

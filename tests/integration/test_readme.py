@@ -94,6 +94,11 @@ EXPECTED = {
         "published forecaster v2",
         "Today in Lisbon: ",
     ],
+    "the sandbox's sleepy model sleeps 2 s": [
+        "published keyed v1",
+        "status: waiting (concurrency_key) for a slot of key 'c-17'",
+        "status: completed",
+    ],
     "SHOP=http://127.0.0.1": [
         "write (provider_key, Idempotency-Key)",
         "dry run: nothing saved",

@@ -517,6 +517,7 @@ export interface components {
             on_refusal: "unspecified" | "retry" | "fail" | "ask";
             unknown_outcome?: components["schemas"]["UnknownOutcomePolicy"];
             cancel_on: components["schemas"]["CancelOn"][];
+            concurrency_key?: components["schemas"]["ConcurrencyKey"];
         };
         AgentVersion: {
             workspace_id: string;
@@ -593,6 +594,12 @@ export interface components {
             event: string;
             match: string;
         };
+        ConcurrencyKey: {
+            key: string;
+            /** Format: int32 */
+            limit: number;
+            rate?: components["schemas"]["KeyRate"];
+        };
         Event: {
             event_id: string;
             event_name: string;
@@ -605,6 +612,12 @@ export interface components {
             woke: number;
             /** Format: int32 */
             cancelled: number;
+        };
+        KeyRate: {
+            /** Format: int32 */
+            per_seconds: number;
+            /** Format: int32 */
+            runs: number;
         };
         LegacyError: {
             error: string;
@@ -663,7 +676,7 @@ export interface components {
             /** Format: int64 */
             runs_ahead: number;
             /** @enum {string} */
-            cause: "unspecified" | "turn" | "workspace_cap" | "agent_cap" | "rate_limit" | "model_unavailable" | "release_unavailable" | "paused";
+            cause: "unspecified" | "turn" | "workspace_cap" | "agent_cap" | "rate_limit" | "model_unavailable" | "release_unavailable" | "paused" | "concurrency_key";
             /** Format: int32 */
             workspace_running: number;
             /** Format: int32 */
@@ -732,6 +745,7 @@ export interface components {
             /** Format: int32 */
             parent_index?: number;
             parent_close: string;
+            concurrency_key?: string;
         };
         RunCounters: {
             /** Format: int32 */

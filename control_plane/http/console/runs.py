@@ -40,6 +40,7 @@ WAIT_REASONS = (
     "credits",
     "session",
     "executor_error",
+    "concurrency_key",
 )
 DECISIONS = {
     "happened": "it happened",

@@ -420,6 +420,7 @@ class AgentSpec(_message.Message):
     ON_REFUSAL_FIELD_NUMBER: _builtins.int
     UNKNOWN_OUTCOME_FIELD_NUMBER: _builtins.int
     CANCEL_ON_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     instructions: _builtins.str
     """System instructions, sent first so the prompt prefix stays cacheable."""
     model: _builtins.str
@@ -500,6 +501,14 @@ class AgentSpec(_message.Message):
         run of the version it matches (RunService.PublishEvent).
         """
 
+    @_builtins.property
+    def concurrency_key(self) -> Global___ConcurrencyKey:
+        """Keyed concurrency: at most `limit` runs of this agent with the same key
+        hold a slot at once (and, with a rate, slots are granted no faster than
+        it allows); the others wait as queued with wait_reason "concurrency_key".
+        Unset = no key. See docs/protocol.md "Concurrency keys".
+        """
+
     def __init__(
         self,
         *,
@@ -517,14 +526,85 @@ class AgentSpec(_message.Message):
         on_refusal: Global___OnRefusal.ValueType = ...,
         unknown_outcome: Global___UnknownOutcomePolicy | None = ...,
         cancel_on: _abc.Iterable[Global___CancelOn] | None = ...,
+        concurrency_key: Global___ConcurrencyKey | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "limits", b"limits", "model_parameters", b"model_parameters", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "concurrency_key", b"concurrency_key", "limits", b"limits", "model_parameters", b"model_parameters", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "cancel_on", b"cancel_on", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "cancel_on", b"cancel_on", "concurrency_key", b"concurrency_key", "connections", b"connections", "constraints", b"constraints", "fast_path", b"fast_path", "instructions", b"instructions", "limits", b"limits", "max_concurrency", b"max_concurrency", "model", b"model", "model_parameters", b"model_parameters", "model_profile", b"model_profile", "on_refusal", b"on_refusal", "tools", b"tools", "unknown_outcome", b"unknown_outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentSpec: _TypeAlias = AgentSpec  # noqa: Y015
+
+@_typing.final
+class ConcurrencyKey(_message.Message):
+    """ConcurrencyKey: a cap (and an optional rate) per value of a path over the
+    run's input, e.g. one per customer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """`input.` then one or more names: the run's input read as a JSON object,
+    e.g. "input.customer_id" or "input.account.id". A run whose input is not
+    a JSON object or has no (or a null) value there gets the key "" (one
+    shared key). A string value is the key as it is; any other value is its
+    JSON text; at most the first 200 characters count.
+    """
+    limit: _builtins.int
+    """Runs of one key that hold a slot at once (1..10000). A run holds its
+    slot from the moment it is granted until it ends, whatever it waits on
+    meanwhile (approval, sleep, a child).
+    """
+    @_builtins.property
+    def rate(self) -> Global___KeyRate:
+        """Optional: slots of one key are granted no faster than `runs` per
+        `per_seconds` (spaced per_seconds/runs apart).
+        """
+
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        rate: Global___KeyRate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rate", b"rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "limit", b"limit", "rate", b"rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConcurrencyKey: _TypeAlias = ConcurrencyKey  # noqa: Y015
+
+@_typing.final
+class KeyRate(_message.Message):
+    """KeyRate: `runs` slot grants per `per_seconds` per key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PER_SECONDS_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    per_seconds: _builtins.int
+    """The window, 1..86400 seconds."""
+    runs: _builtins.int
+    """Grants per window, 1..10000."""
+    def __init__(
+        self,
+        *,
+        per_seconds: _builtins.int = ...,
+        runs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["per_seconds", b"per_seconds", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyRate: _TypeAlias = KeyRate  # noqa: Y015
 
 @_typing.final
 class CancelOn(_message.Message):

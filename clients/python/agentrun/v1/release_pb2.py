@@ -22,55 +22,60 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agentrun.v1 import run_pb2 as agentrun_dot_v1_dot_run__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/release.proto\x12\x0b\x61gentrun.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x05\n\x07Release\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x0f\x66irst_seen_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpromote_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06newest\x18\x04 \x01(\x08\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x34\n\x10\x64rain_start_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x64rain_deadline\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\texecutors\x18\x08 \x03(\t\x12\x11\n\truns_held\x18\t \x01(\x03\x12.\n\x0boldest_held\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cruns_waiting\x18\x0b \x01(\x03\x12\x0f\n\x07\x64rained\x18\x0c \x01(\x08\x12\x34\n\x10\x63\x61nary_pass_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cramp_percent\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0eruns_completed\x18\x15 \x01(\x03\x12\x13\n\x0bruns_failed\x18\x16 \x01(\x03\x12%\n\x04runs\x18\x17 \x03(\x0b\x32\x17.agentrun.v1.ReleaseRun\x12\x31\n\rrollback_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10\x63\x61nary_fail_time\x18\x1e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1b\n\x13\x63\x61nary_failed_stage\x18\x1f \x01(\t\x12\x1d\n\x15\x63\x61nary_failure_reason\x18  \x01(\tB\x0f\n\r_ramp_percent\"W\n\nReleaseRun\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bwait_reason\x18\x04 \x01(\t\"\x15\n\x13ListReleasesRequest\">\n\x14ListReleasesResponse\x12&\n\x08releases\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Release\"!\n\x11GetReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\";\n\x12GetReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"d\n\x13\x44rainReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"=\n\x14\x44rainReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"%\n\x15PromoteReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16PromoteReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"3\n\x12RampReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x05\"<\n\x13RampReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"X\n\x16RollbackReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"@\n\x17RollbackReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"N\n\x15MoveRunReleaseRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07release\x18\x03 \x01(\t\"B\n\x16MoveRunReleaseResponse\x12\x14\n\x0c\x66rom_release\x18\x01 \x01(\t\x12\x12\n\nto_release\x18\x02 \x01(\t\"O\n\x10RunCanaryRequest\x12\x0f\n\x07release\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbf\x01\n\x11RunCanaryResponse\x12\x0e\n\x06passed\x18\x01 \x01(\x08\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0f\n\x07release\x18\x05 \x01(\t\x12*\n\x07\x65lapsed\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x66\x61iled_stage\x18\x07 \x01(\t\x12\x16\n\x0e\x66\x61ilure_reason\x18\x08 \x01(\t2\xef\x04\n\x0eReleaseService\x12S\n\x0cListReleases\x12 .agentrun.v1.ListReleasesRequest\x1a!.agentrun.v1.ListReleasesResponse\x12M\n\nGetRelease\x12\x1e.agentrun.v1.GetReleaseRequest\x1a\x1f.agentrun.v1.GetReleaseResponse\x12S\n\x0c\x44rainRelease\x12 .agentrun.v1.DrainReleaseRequest\x1a!.agentrun.v1.DrainReleaseResponse\x12P\n\x0bRampRelease\x12\x1f.agentrun.v1.RampReleaseRequest\x1a .agentrun.v1.RampReleaseResponse\x12\\\n\x0fRollbackRelease\x12#.agentrun.v1.RollbackReleaseRequest\x1a$.agentrun.v1.RollbackReleaseResponse\x12Y\n\x0ePromoteRelease\x12\".agentrun.v1.PromoteReleaseRequest\x1a#.agentrun.v1.PromoteReleaseResponse\x12Y\n\x0eMoveRunRelease\x12\".agentrun.v1.MoveRunReleaseRequest\x1a#.agentrun.v1.MoveRunReleaseResponse2[\n\rCanaryService\x12J\n\tRunCanary\x12\x1d.agentrun.v1.RunCanaryRequest\x1a\x1e.agentrun.v1.RunCanaryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/release.proto\x12\x0b\x61gentrun.v1\x1a\x15\x61gentrun/v1/run.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x05\n\x07Release\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x0f\x66irst_seen_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpromote_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06newest\x18\x04 \x01(\x08\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x34\n\x10\x64rain_start_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x64rain_deadline\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\texecutors\x18\x08 \x03(\t\x12\x11\n\truns_held\x18\t \x01(\x03\x12.\n\x0boldest_held\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cruns_waiting\x18\x0b \x01(\x03\x12\x0f\n\x07\x64rained\x18\x0c \x01(\x08\x12\x34\n\x10\x63\x61nary_pass_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cramp_percent\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0eruns_completed\x18\x15 \x01(\x03\x12\x13\n\x0bruns_failed\x18\x16 \x01(\x03\x12%\n\x04runs\x18\x17 \x03(\x0b\x32\x17.agentrun.v1.ReleaseRun\x12\x31\n\rrollback_time\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10\x63\x61nary_fail_time\x18\x1e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1b\n\x13\x63\x61nary_failed_stage\x18\x1f \x01(\t\x12\x1d\n\x15\x63\x61nary_failure_reason\x18  \x01(\tB\x0f\n\r_ramp_percent\"W\n\nReleaseRun\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bwait_reason\x18\x04 \x01(\t\"\x15\n\x13ListReleasesRequest\">\n\x14ListReleasesResponse\x12&\n\x08releases\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Release\"!\n\x11GetReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\";\n\x12GetReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"d\n\x13\x44rainReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"=\n\x14\x44rainReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"%\n\x15PromoteReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16PromoteReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"3\n\x12RampReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x05\"<\n\x13RampReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"X\n\x16RollbackReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\rfinish_within\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"@\n\x17RollbackReleaseResponse\x12%\n\x07release\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Release\"N\n\x15MoveRunReleaseRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07release\x18\x03 \x01(\t\"B\n\x16MoveRunReleaseResponse\x12\x14\n\x0c\x66rom_release\x18\x01 \x01(\t\x12\x12\n\nto_release\x18\x02 \x01(\t\"O\n\x10RunCanaryRequest\x12\x0f\n\x07release\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbf\x01\n\x11RunCanaryResponse\x12\x0e\n\x06passed\x18\x01 \x01(\x08\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0f\n\x07release\x18\x05 \x01(\t\x12*\n\x07\x65lapsed\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x66\x61iled_stage\x18\x07 \x01(\t\x12\x16\n\x0e\x66\x61ilure_reason\x18\x08 \x01(\t\"\x89\x01\n\x1a\x42ulkMoveRunsReleaseRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12&\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x16.agentrun.v1.RunFilter\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x0f\n\x07release\x18\x05 \x01(\t\"\x83\x01\n\x1b\x42ulkMoveRunsReleaseResponse\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x0f\n\x07matched\x18\x02 \x01(\x03\x12\x0c\n\x04\x64one\x18\x03 \x01(\x03\x12\x0f\n\x07skipped\x18\x04 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x32\xdb\x05\n\x0eReleaseService\x12S\n\x0cListReleases\x12 .agentrun.v1.ListReleasesRequest\x1a!.agentrun.v1.ListReleasesResponse\x12M\n\nGetRelease\x12\x1e.agentrun.v1.GetReleaseRequest\x1a\x1f.agentrun.v1.GetReleaseResponse\x12S\n\x0c\x44rainRelease\x12 .agentrun.v1.DrainReleaseRequest\x1a!.agentrun.v1.DrainReleaseResponse\x12P\n\x0bRampRelease\x12\x1f.agentrun.v1.RampReleaseRequest\x1a .agentrun.v1.RampReleaseResponse\x12\\\n\x0fRollbackRelease\x12#.agentrun.v1.RollbackReleaseRequest\x1a$.agentrun.v1.RollbackReleaseResponse\x12Y\n\x0ePromoteRelease\x12\".agentrun.v1.PromoteReleaseRequest\x1a#.agentrun.v1.PromoteReleaseResponse\x12Y\n\x0eMoveRunRelease\x12\".agentrun.v1.MoveRunReleaseRequest\x1a#.agentrun.v1.MoveRunReleaseResponse\x12j\n\x13\x42ulkMoveRunsRelease\x12\'.agentrun.v1.BulkMoveRunsReleaseRequest\x1a(.agentrun.v1.BulkMoveRunsReleaseResponse0\x01\x32[\n\rCanaryService\x12J\n\tRunCanary\x12\x1d.agentrun.v1.RunCanaryRequest\x1a\x1e.agentrun.v1.RunCanaryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.release_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RELEASE']._serialized_start=108
-  _globals['_RELEASE']._serialized_end=846
-  _globals['_RELEASERUN']._serialized_start=848
-  _globals['_RELEASERUN']._serialized_end=935
-  _globals['_LISTRELEASESREQUEST']._serialized_start=937
-  _globals['_LISTRELEASESREQUEST']._serialized_end=958
-  _globals['_LISTRELEASESRESPONSE']._serialized_start=960
-  _globals['_LISTRELEASESRESPONSE']._serialized_end=1022
-  _globals['_GETRELEASEREQUEST']._serialized_start=1024
-  _globals['_GETRELEASEREQUEST']._serialized_end=1057
-  _globals['_GETRELEASERESPONSE']._serialized_start=1059
-  _globals['_GETRELEASERESPONSE']._serialized_end=1118
-  _globals['_DRAINRELEASEREQUEST']._serialized_start=1120
-  _globals['_DRAINRELEASEREQUEST']._serialized_end=1220
-  _globals['_DRAINRELEASERESPONSE']._serialized_start=1222
-  _globals['_DRAINRELEASERESPONSE']._serialized_end=1283
-  _globals['_PROMOTERELEASEREQUEST']._serialized_start=1285
-  _globals['_PROMOTERELEASEREQUEST']._serialized_end=1322
-  _globals['_PROMOTERELEASERESPONSE']._serialized_start=1324
-  _globals['_PROMOTERELEASERESPONSE']._serialized_end=1387
-  _globals['_RAMPRELEASEREQUEST']._serialized_start=1389
-  _globals['_RAMPRELEASEREQUEST']._serialized_end=1440
-  _globals['_RAMPRELEASERESPONSE']._serialized_start=1442
-  _globals['_RAMPRELEASERESPONSE']._serialized_end=1502
-  _globals['_ROLLBACKRELEASEREQUEST']._serialized_start=1504
-  _globals['_ROLLBACKRELEASEREQUEST']._serialized_end=1592
-  _globals['_ROLLBACKRELEASERESPONSE']._serialized_start=1594
-  _globals['_ROLLBACKRELEASERESPONSE']._serialized_end=1658
-  _globals['_MOVERUNRELEASEREQUEST']._serialized_start=1660
-  _globals['_MOVERUNRELEASEREQUEST']._serialized_end=1738
-  _globals['_MOVERUNRELEASERESPONSE']._serialized_start=1740
-  _globals['_MOVERUNRELEASERESPONSE']._serialized_end=1806
-  _globals['_RUNCANARYREQUEST']._serialized_start=1808
-  _globals['_RUNCANARYREQUEST']._serialized_end=1887
-  _globals['_RUNCANARYRESPONSE']._serialized_start=1890
-  _globals['_RUNCANARYRESPONSE']._serialized_end=2081
-  _globals['_RELEASESERVICE']._serialized_start=2084
-  _globals['_RELEASESERVICE']._serialized_end=2707
-  _globals['_CANARYSERVICE']._serialized_start=2709
-  _globals['_CANARYSERVICE']._serialized_end=2800
+  _globals['_RELEASE']._serialized_start=131
+  _globals['_RELEASE']._serialized_end=869
+  _globals['_RELEASERUN']._serialized_start=871
+  _globals['_RELEASERUN']._serialized_end=958
+  _globals['_LISTRELEASESREQUEST']._serialized_start=960
+  _globals['_LISTRELEASESREQUEST']._serialized_end=981
+  _globals['_LISTRELEASESRESPONSE']._serialized_start=983
+  _globals['_LISTRELEASESRESPONSE']._serialized_end=1045
+  _globals['_GETRELEASEREQUEST']._serialized_start=1047
+  _globals['_GETRELEASEREQUEST']._serialized_end=1080
+  _globals['_GETRELEASERESPONSE']._serialized_start=1082
+  _globals['_GETRELEASERESPONSE']._serialized_end=1141
+  _globals['_DRAINRELEASEREQUEST']._serialized_start=1143
+  _globals['_DRAINRELEASEREQUEST']._serialized_end=1243
+  _globals['_DRAINRELEASERESPONSE']._serialized_start=1245
+  _globals['_DRAINRELEASERESPONSE']._serialized_end=1306
+  _globals['_PROMOTERELEASEREQUEST']._serialized_start=1308
+  _globals['_PROMOTERELEASEREQUEST']._serialized_end=1345
+  _globals['_PROMOTERELEASERESPONSE']._serialized_start=1347
+  _globals['_PROMOTERELEASERESPONSE']._serialized_end=1410
+  _globals['_RAMPRELEASEREQUEST']._serialized_start=1412
+  _globals['_RAMPRELEASEREQUEST']._serialized_end=1463
+  _globals['_RAMPRELEASERESPONSE']._serialized_start=1465
+  _globals['_RAMPRELEASERESPONSE']._serialized_end=1525
+  _globals['_ROLLBACKRELEASEREQUEST']._serialized_start=1527
+  _globals['_ROLLBACKRELEASEREQUEST']._serialized_end=1615
+  _globals['_ROLLBACKRELEASERESPONSE']._serialized_start=1617
+  _globals['_ROLLBACKRELEASERESPONSE']._serialized_end=1681
+  _globals['_MOVERUNRELEASEREQUEST']._serialized_start=1683
+  _globals['_MOVERUNRELEASEREQUEST']._serialized_end=1761
+  _globals['_MOVERUNRELEASERESPONSE']._serialized_start=1763
+  _globals['_MOVERUNRELEASERESPONSE']._serialized_end=1829
+  _globals['_RUNCANARYREQUEST']._serialized_start=1831
+  _globals['_RUNCANARYREQUEST']._serialized_end=1910
+  _globals['_RUNCANARYRESPONSE']._serialized_start=1913
+  _globals['_RUNCANARYRESPONSE']._serialized_end=2104
+  _globals['_BULKMOVERUNSRELEASEREQUEST']._serialized_start=2107
+  _globals['_BULKMOVERUNSRELEASEREQUEST']._serialized_end=2244
+  _globals['_BULKMOVERUNSRELEASERESPONSE']._serialized_start=2247
+  _globals['_BULKMOVERUNSRELEASERESPONSE']._serialized_end=2378
+  _globals['_RELEASESERVICE']._serialized_start=2381
+  _globals['_RELEASESERVICE']._serialized_end=3112
+  _globals['_CANARYSERVICE']._serialized_start=3114
+  _globals['_CANARYSERVICE']._serialized_end=3205
 # @@protoc_insertion_point(module_scope)

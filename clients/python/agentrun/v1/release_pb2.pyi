@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agentrun.v1 import run_pb2 as _run_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -544,3 +545,83 @@ class RunCanaryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunCanaryResponse: _TypeAlias = RunCanaryResponse  # noqa: Y015
+
+@_typing.final
+class BulkMoveRunsReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    all: _builtins.bool
+    """Say that an empty filter means every unfinished run."""
+    dry_run: _builtins.bool
+    """Count only: nothing is moved."""
+    release: _builtins.str
+    """The release to move them to; empty: none (the newest release takes them)."""
+    @_builtins.property
+    def filter(self) -> _run_pb2.RunFilter:
+        """Which runs; finished runs are never matched. An empty filter matches every
+        unfinished run of the workspace and needs all = true.
+        """
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        filter: _run_pb2.RunFilter | None = ...,
+        all: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+        release: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "dry_run", b"dry_run", "filter", b"filter", "release", b"release", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkMoveRunsReleaseRequest: _TypeAlias = BulkMoveRunsReleaseRequest  # noqa: Y015
+
+@_typing.final
+class BulkMoveRunsReleaseResponse(_message.Message):
+    """BulkMoveRunsReleaseResponse is where a bulk move stands, sent after each batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """The action's id (the audit log's subject)."""
+    matched: _builtins.int
+    """Unfinished runs the filter matched when the action began."""
+    done: _builtins.int
+    """Runs moved so far."""
+    skipped: _builtins.int
+    """Runs held by an executor, or finished, when their batch reached them."""
+    dry_run: _builtins.bool
+    finished: _builtins.bool
+    """Set on the last message."""
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        matched: _builtins.int = ...,
+        done: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id", "done", b"done", "dry_run", b"dry_run", "finished", b"finished", "matched", b"matched", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkMoveRunsReleaseResponse: _TypeAlias = BulkMoveRunsReleaseResponse  # noqa: Y015

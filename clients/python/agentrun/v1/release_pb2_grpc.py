@@ -83,6 +83,11 @@ class ReleaseServiceStub:
                 request_serializer=agentrun_dot_v1_dot_release__pb2.MoveRunReleaseRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_release__pb2.MoveRunReleaseResponse.FromString,
                 _registered_method=True)
+        self.BulkMoveRunsRelease = channel.unary_stream(
+                '/agentrun.v1.ReleaseService/BulkMoveRunsRelease',
+                request_serializer=agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class ReleaseServiceServicer:
@@ -165,6 +170,18 @@ class ReleaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BulkMoveRunsRelease(self, request, context):
+        """BulkMoveRunsRelease moves every run nobody holds (queued or waiting) that
+        a ListRuns filter matches in one workspace to another release, or to none,
+        as MoveRunRelease moves one: counted first (dry_run: only counted), audited
+        once for the whole action, then moved in batches of 500, one transaction
+        each, its progress streamed after each batch. A run held (running) or
+        finished before its batch reaches it is counted as skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +219,11 @@ def add_ReleaseServiceServicer_to_server(servicer, server):
                     servicer.MoveRunRelease,
                     request_deserializer=agentrun_dot_v1_dot_release__pb2.MoveRunReleaseRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_release__pb2.MoveRunReleaseResponse.SerializeToString,
+            ),
+            'BulkMoveRunsRelease': grpc.unary_stream_rpc_method_handler(
+                    servicer.BulkMoveRunsRelease,
+                    request_deserializer=agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +429,33 @@ class ReleaseService:
             '/agentrun.v1.ReleaseService/MoveRunRelease',
             agentrun_dot_v1_dot_release__pb2.MoveRunReleaseRequest.SerializeToString,
             agentrun_dot_v1_dot_release__pb2.MoveRunReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkMoveRunsRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentrun.v1.ReleaseService/BulkMoveRunsRelease',
+            agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseRequest.SerializeToString,
+            agentrun_dot_v1_dot_release__pb2.BulkMoveRunsReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

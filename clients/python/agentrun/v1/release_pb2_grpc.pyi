@@ -80,6 +80,14 @@ class ReleaseServiceStub:
     release, or to none (`release` empty: the newest takes it). A held or
     finished run is FAILED_PRECONDITION. Audited in the run's workspace.
     """
+    BulkMoveRunsRelease: _grpc.UnaryStreamMultiCallable[_release_pb2.BulkMoveRunsReleaseRequest, _release_pb2.BulkMoveRunsReleaseResponse]
+    """BulkMoveRunsRelease moves every run nobody holds (queued or waiting) that
+    a ListRuns filter matches in one workspace to another release, or to none,
+    as MoveRunRelease moves one: counted first (dry_run: only counted), audited
+    once for the whole action, then moved in batches of 500, one transaction
+    each, its progress streamed after each batch. A run held (running) or
+    finished before its batch reaches it is counted as skipped.
+    """
 
 @_typing.type_check_only
 class ReleaseServiceAsyncStub(ReleaseServiceStub):
@@ -132,6 +140,14 @@ class ReleaseServiceAsyncStub(ReleaseServiceStub):
     """MoveRunRelease moves a run nobody holds (queued or waiting) to another
     release, or to none (`release` empty: the newest takes it). A held or
     finished run is FAILED_PRECONDITION. Audited in the run's workspace.
+    """
+    BulkMoveRunsRelease: _aio.UnaryStreamMultiCallable[_release_pb2.BulkMoveRunsReleaseRequest, _release_pb2.BulkMoveRunsReleaseResponse]  # type: ignore[assignment]
+    """BulkMoveRunsRelease moves every run nobody holds (queued or waiting) that
+    a ListRuns filter matches in one workspace to another release, or to none,
+    as MoveRunRelease moves one: counted first (dry_run: only counted), audited
+    once for the whole action, then moved in batches of 500, one transaction
+    each, its progress streamed after each batch. A run held (running) or
+    finished before its batch reaches it is counted as skipped.
     """
 
 class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -224,6 +240,20 @@ class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
         """MoveRunRelease moves a run nobody holds (queued or waiting) to another
         release, or to none (`release` empty: the newest takes it). A held or
         finished run is FAILED_PRECONDITION. Audited in the run's workspace.
+        """
+
+    @_abc_1.abstractmethod
+    def BulkMoveRunsRelease(
+        self,
+        request: _release_pb2.BulkMoveRunsReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_release_pb2.BulkMoveRunsReleaseResponse], _abc.AsyncIterator[_release_pb2.BulkMoveRunsReleaseResponse]]:
+        """BulkMoveRunsRelease moves every run nobody holds (queued or waiting) that
+        a ListRuns filter matches in one workspace to another release, or to none,
+        as MoveRunRelease moves one: counted first (dry_run: only counted), audited
+        once for the whole action, then moved in batches of 500, one transaction
+        each, its progress streamed after each batch. A run held (running) or
+        finished before its batch reaches it is counted as skipped.
         """
 
 def add_ReleaseServiceServicer_to_server(servicer: ReleaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

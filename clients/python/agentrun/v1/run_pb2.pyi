@@ -212,6 +212,10 @@ class _QueueWaitCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueW
     """Paused: the run itself (Run.paused), its agent or its workspace's queue
     (SetQueuePaused). No executor takes it until it is resumed.
     """
+    QUEUE_WAIT_CAUSE_CONCURRENCY_KEY: _QueueWaitCause.ValueType  # 12
+    """Its concurrency key (Run.concurrency_key) has no free slot: it starts
+    when a run of that key ends (runs_ahead: the key's runs waiting before it).
+    """
 
 class QueueWaitCause(_QueueWaitCause, metaclass=_QueueWaitCauseEnumTypeWrapper):
     """QueueWaitCause says what keeps a run from running now."""
@@ -237,6 +241,10 @@ connected: it waits for one, or for an operator to move it
 QUEUE_WAIT_CAUSE_PAUSED: QueueWaitCause.ValueType  # 11
 """Paused: the run itself (Run.paused), its agent or its workspace's queue
 (SetQueuePaused). No executor takes it until it is resumed.
+"""
+QUEUE_WAIT_CAUSE_CONCURRENCY_KEY: QueueWaitCause.ValueType  # 12
+"""Its concurrency key (Run.concurrency_key) has no free slot: it starts
+when a run of that key ends (runs_ahead: the key's runs waiting before it).
 """
 Global___QueueWaitCause: _TypeAlias = QueueWaitCause  # noqa: Y015
 
@@ -376,6 +384,7 @@ class Run(_message.Message):
     PAUSED_FIELD_NUMBER: _builtins.int
     PARENT_INDEX_FIELD_NUMBER: _builtins.int
     PARENT_CLOSE_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     run_id: _builtins.str
     agent_id: _builtins.str
@@ -387,7 +396,8 @@ class Run(_message.Message):
     tool call to settle again later), credits (the workspace's credits cannot
     cover the next step; a grant wakes it), executor_error (the executor failed
     on the run in a way nothing handles; it tries again later, and fails the
-    run the fifth time). Empty otherwise.
+    run the fifth time), concurrency_key (a queued run waiting for a slot of
+    its concurrency_key). Empty otherwise.
     """
     lease_owner: _builtins.str
     """The executor holding the lease (running runs only)."""
@@ -444,6 +454,12 @@ class Run(_message.Message):
     parent_close: _builtins.str
     """A child run: what its parent's end does to it while it is open (cancel,
     abandon, finish); empty when it is no child or predates the policy.
+    """
+    concurrency_key: _builtins.str
+    """A run of an agent version that declares a concurrency_key: its key (the
+    value at the key's path in its input; "" when it has none); unset for a
+    run of a version without one. A waiting run with wait_reason
+    "concurrency_key" waits for a slot of this key.
     """
     @_builtins.property
     def wake_time(self) -> _timestamp_pb2.Timestamp:
@@ -534,13 +550,19 @@ class Run(_message.Message):
         paused: _builtins.bool = ...,
         parent_index: _builtins.int | None = ...,
         parent_close: _builtins.str = ...,
+        concurrency_key: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index", "active_duration", b"active_duration", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "parent_index", b"parent_index", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrency_key", b"_concurrency_key", "_parent_index", b"_parent_index", "active_duration", b"active_duration", "concurrency_key", b"concurrency_key", "counters", b"counters", "create_time", b"create_time", "expire_time", b"expire_time", "finish_time", b"finish_time", "limits", b"limits", "parent_index", b"parent_index", "queue", b"queue", "update_time", b"update_time", "wake_time", b"wake_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index", "active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "metadata_json", b"metadata_json", "outcome", b"outcome", "output", b"output", "parent_close", b"parent_close", "parent_index", b"parent_index", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "paused", b"paused", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "tags", b"tags", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrency_key", b"_concurrency_key", "_parent_index", b"_parent_index", "active_duration", b"active_duration", "agent_id", b"agent_id", "agent_version", b"agent_version", "attempt", b"attempt", "child_run_ids", b"child_run_ids", "concurrency_key", b"concurrency_key", "counters", b"counters", "create_time", b"create_time", "credit_chunks", b"credit_chunks", "credits_reserved_micros", b"credits_reserved_micros", "error", b"error", "expire_time", b"expire_time", "finish_time", b"finish_time", "forked_from_run_id", b"forked_from_run_id", "forked_from_seq", b"forked_from_seq", "input", b"input", "lease_epoch", b"lease_epoch", "lease_owner", b"lease_owner", "limits", b"limits", "metadata_json", b"metadata_json", "outcome", b"outcome", "output", b"output", "parent_close", b"parent_close", "parent_index", b"parent_index", "parent_run_id", b"parent_run_id", "parent_seq", b"parent_seq", "paused", b"paused", "priority", b"priority", "queue", b"queue", "release", b"release", "run_id", b"run_id", "status", b"status", "tags", b"tags", "update_time", b"update_time", "wait_reason", b"wait_reason", "wake_time", b"wake_time", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__concurrency_key: _TypeAlias = _typing.Literal["concurrency_key"]  # noqa: Y015
+    _WhichOneofArgType__concurrency_key: _TypeAlias = _typing.Literal["_concurrency_key", b"_concurrency_key"]  # noqa: Y015
     _WhichOneofReturnType__parent_index: _TypeAlias = _typing.Literal["parent_index"]  # noqa: Y015
     _WhichOneofArgType__parent_index: _TypeAlias = _typing.Literal["_parent_index", b"_parent_index"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency_key) -> _WhichOneofReturnType__concurrency_key | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__parent_index) -> _WhichOneofReturnType__parent_index | None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
