@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 import grpc
 import httpx
 import pytest
@@ -48,10 +49,17 @@ class Reader:
             return await http.get(url, params=params)
 
     async def feed_http(self) -> tuple[list[str], str]:
-        """The ids in the workspace feed from offset -1 (HTTP), and where it ends."""
-        answer = await self.http("streams/_agentrun/feed", offset="-1")
-        assert answer.status_code == 200, answer.text
-        return [e["id"] for e in answer.json()], answer.headers["stream-next-offset"]
+        """The ids in the workspace feed from offset -1 to now (HTTP, page after page), and
+        where it ends."""
+        ids: list[str] = []
+        offset = "-1"
+        while True:
+            answer = await self.http("streams/_agentrun/feed", offset=offset)
+            assert answer.status_code == 200, answer.text
+            ids += [e["id"] for e in answer.json()]
+            offset = answer.headers["stream-next-offset"]
+            if answer.headers.get("stream-up-to-date") == "true":
+                return ids, offset
 
     async def feed_grpc(self) -> list[str]:
         """The ids in the workspace feed from offset -1 (gRPC ReadStream)."""
@@ -143,6 +151,17 @@ async def test_a_private_session_is_seen_by_its_members_and_admins_only(
     )
     secret = made.session
     assert secret.visibility == PRIVATE and list(secret.members) == ["key:alice", "key:bob"]
+    # Over HTTP too: JSON names the visibility in lower case.
+    async with httpx.AsyncClient(headers=auth.bearer(keys["bob"]), timeout=30) as http:
+        answer = await http.post(
+            f"{cp.http_url}/v1/workspaces/{WS}/sessions",
+            json={"agent_id": "helper", "visibility": "private", "members": ["key:alice"]},
+        )
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["visibility"] == "private"
+    assert answer.json()["members"] == ["key:alice", "key:bob"]
+    answer_id = answer.json()["session_id"]
+    assert (await eve.http(f"sessions/{answer_id}")).status_code == 404
     public = (
         await alice.sessions.CreateSession(
             session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="helper", title="lunch")
@@ -174,10 +193,32 @@ async def test_a_private_session_is_seen_by_its_members_and_admins_only(
         # The reader's tail is its own last event: caught up there, nothing more to read.
         again = await seen.http("streams/_agentrun/feed", offset=tail)
         assert again.json() == [] and again.headers["stream-up-to-date"] == "true"
+    # More hidden events than a page (500) after eve's cursor, then one she may see: her
+    # next read from the cursor is that one event, not an empty page she would be stuck on.
+    _, cursor = await eve.feed_http()
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO workspace_events (workspace_id, kind, object_id)"
+            " SELECT $1, 'run.state', $2 FROM generate_series(1, 600)",
+            WS,
+            hidden_run,
+        )
+    finally:
+        await conn.close()
+    later = await alice.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="helper", title="later")
+    )
+    answer = await eve.http("streams/_agentrun/feed", offset=cursor)
+    assert [e["id"] for e in answer.json()] == [later.session.session_id]
+    assert answer.headers["stream-up-to-date"] == "true"
+    assert answer.headers["stream-next-offset"] > cursor
+
     # Eve's feed is the admin's without the private session's events, in the same order.
     admin_ids, _ = await admin.feed_http()
     eve_ids, _ = await eve.feed_http()
-    assert eve_ids == [i for i in admin_ids if i not in (secret.session_id, hidden_run)]
+    theirs = (secret.session_id, hidden_run, answer_id)
+    assert eve_ids == [i for i in admin_ids if i not in theirs]
     assert eve_ids.count(public_run) >= 1
 
     # Members and admins see it through every door.
@@ -220,6 +261,16 @@ async def test_a_private_session_is_seen_by_its_members_and_admins_only(
     assert answer.status_code == 200, answer.text
     assert answer.json()["members"] == ["key:alice", "key:bob"]
     await assert_outside(eve, secret.session_id, hidden_run)
+
+    # A bulk cancel by the outsider acts on what it sees: the public turn, not the private.
+    bulk = eve.runs.BulkCancelRuns(run_pb2.BulkCancelRunsRequest(workspace_id=WS, all=True))
+    progress = [p async for p in bulk]
+    assert progress[-1].done == 1, progress[-1]
+    by_admin = admin.runs.GetRun
+    hidden = await by_admin(run_pb2.GetRunRequest(workspace_id=WS, run_id=hidden_run))
+    shown = await by_admin(run_pb2.GetRunRequest(workspace_id=WS, run_id=public_run))
+    assert hidden.run.status == run_pb2.RUN_STATUS_QUEUED
+    assert shown.run.status == run_pb2.RUN_STATUS_CANCELLED
 
     for who in (alice, bob, eve, admin):
         await who.channel.close()

@@ -46,3 +46,14 @@ WHERE workspace_id = $1 AND session_id = $2;
 -- Session $2's members, sorted.
 SELECT coalesce(array_agg(member ORDER BY member), '{}') AS members FROM session_members
 WHERE workspace_id = $1 AND session_id = $2;
+
+-- name: privacy_runs_hidden :many
+-- Those of runs $2 that reader $3 may not see (privacy_run_hidden, for a batch).
+SELECT r.run_id FROM runs r
+JOIN session_turns t ON t.workspace_id = $1 AND t.run_id IN (r.run_id, r.parent_run_id)
+JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
+WHERE r.workspace_id = $1 AND r.run_id = ANY($2::uuid[]) AND $3::text IS NOT NULL
+  AND x.visibility = 'private'
+  AND NOT EXISTS (SELECT 1 FROM session_members m
+                  WHERE m.workspace_id = $1 AND m.session_id = x.session_id
+                    AND m.member = $3);
