@@ -44,6 +44,10 @@ def is_platform(path: str) -> bool:
     return path == PREFIX.rstrip("/") or path.startswith(PREFIX)
 
 
+def is_feed(path: str) -> bool:
+    return path == f"{PREFIX}feed"
+
+
 def _offset(high: int, low: int) -> str:
     return f"{high:016d}_{low:016d}"
 

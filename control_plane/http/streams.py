@@ -379,7 +379,9 @@ class StreamRoutes:
             stream.stream_id,
             stream.tail_offset,
             stream.closed,
-            stream.reader,  # a platform view is its reader's: never shared with another's
+            # The feed's messages are its reader's own (privacy.py); a run's or a session's
+            # are the same for every reader who may see it (its view checked that).
+            stream.reader if stream_views.is_feed(stream.path) else None,
             after,
             gen,
         )
