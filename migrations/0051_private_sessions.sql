@@ -18,3 +18,7 @@ CREATE TABLE session_members (
     PRIMARY KEY (workspace_id, session_id, member),
     FOREIGN KEY (workspace_id, session_id) REFERENCES sessions ON DELETE CASCADE
 );
+
+-- The private sessions of a workspace, few or none: a reader's feed and run list first ask
+-- whether there are any (one probe of this index per query) before looking per row.
+CREATE INDEX sessions_private ON sessions (workspace_id, session_id) WHERE visibility = 'private';

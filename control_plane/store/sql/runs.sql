@@ -75,7 +75,11 @@ AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
   AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
-  AND ($11::text IS NULL OR NOT EXISTS (
+  AND ($11::text IS NULL
+       -- once per statement: a workspace without private sessions stops here
+       OR NOT EXISTS (SELECT 1 FROM sessions p
+                      WHERE p.workspace_id = $1 AND p.visibility = 'private')
+       OR NOT EXISTS (
       SELECT 1 FROM session_turns t
       JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
       WHERE t.workspace_id = $1 AND t.run_id IN (runs.run_id, runs.parent_run_id)

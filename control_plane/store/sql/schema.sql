@@ -2273,6 +2273,10 @@ CREATE INDEX sessions_by_updated ON sessions (workspace_id, updated_at DESC, ses
 -- that does not move as sessions get turns, so a page never skips or repeats one).
 CREATE INDEX sessions_by_created ON sessions (workspace_id, created_at DESC, session_id DESC);
 
+-- The private sessions of a workspace, few or none: a reader's feed and run list first ask
+-- whether there are any (one probe of this index per query) before looking per row.
+CREATE INDEX sessions_private ON sessions (workspace_id, session_id) WHERE visibility = 'private';
+
 -- One row per turn; the turn's run holds its input, status and answer.
 CREATE TABLE session_turns (
     workspace_id  text NOT NULL,

@@ -136,7 +136,11 @@ LIMIT $5;
 -- creation of a private session it is not a member of, or an event of a run that is a
 -- turn (or a turn's child) of one (run.created, run.state; approval.* by detail.run_id).
 -- Membership is read now, so a new member sees the session's past (migration 0051).
-(:reader::text IS NOT NULL AND EXISTS (
+(:reader::text IS NOT NULL
+ -- once per statement (no row of `e` in it): a workspace without private sessions stops here
+ AND EXISTS (SELECT 1 FROM sessions p
+             WHERE p.workspace_id = :workspace_id AND p.visibility = 'private')
+ AND EXISTS (
     SELECT 1 FROM sessions x
     WHERE x.workspace_id = :workspace_id AND x.visibility = 'private'
       AND x.session_id IN (
