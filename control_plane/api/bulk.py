@@ -24,12 +24,13 @@ from typing import Any, TypeAlias
 
 from agentrun.v1 import run_pb2
 from control_plane.api.run_filters import label_filters
-from control_plane.auth import audit
+from control_plane.auth import audit, privacy
 from control_plane.auth import context as auth_context
 from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import DomainError, InvalidArgument
 from control_plane.runs import children, forks
+from control_plane.store import privacy as privacy_store
 from control_plane.store import runs as store
 from control_plane.store.db import Pool, transaction
 from control_plane.store.queries import run
@@ -111,6 +112,7 @@ async def batches(
 ) -> AsyncIterator[Progress]:
     """Count, audit once, then act on BATCH runs at a time in creation order, yielding the
     progress after the count and after each batch (dry_run: the count only)."""
+    reader = privacy.reader()  # read before the first yield: the caller's context
     async with transaction(pool) as conn:
         began = (await conn.fetchval("SELECT now()")).astimezone(UTC)
         values = [*wanted.values(ws, began), unfinished]
@@ -131,7 +133,11 @@ async def batches(
         rows = await run(pool, "runs_bulk_batch", *values, *after, BATCH)
         if rows:
             after = (rows[-1]["created_at"], rows[-1]["run_id"])
-            acted = await act(ws, [r["run_id"] for r in rows])
+            ids = [r["run_id"] for r in rows]
+            # A private session's runs are not the caller's to act on unless it sees them
+            # (control_plane/auth/privacy.py): skipped, like runs that ended meanwhile.
+            hidden = await privacy_store.runs_hidden(pool, ws, ids, reader)
+            acted = await act(ws, [i for i in ids if i not in hidden])
             progress.done += acted
             progress.skipped += len(rows) - acted
         if len(rows) < BATCH:

@@ -15,7 +15,7 @@ import grpc
 from agentrun.v1 import run_pb2, run_pb2_grpc
 from control_plane.api import bulk, events, pause, signals
 from control_plane.api.run_filters import label_filters, labels
-from control_plane.auth import audit
+from control_plane.auth import audit, privacy
 from control_plane.auth import context as auth_context
 from control_plane.connections import triggering
 from control_plane.deploys import releases
@@ -137,10 +137,23 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         self._deltas = deltas
 
     async def _get(self, workspace_id: str, run_id: uuid.UUID) -> store.Run:
+        """The run, or NOT_FOUND: also for one the caller may not see (a private session's
+        turn: control_plane/auth/privacy.py)."""
+        await privacy.check_run(self._pool, workspace_id, run_id, privacy.reader())
         row = await store.get_run(self._pool, workspace_id, run_id)
         if row is None:
             raise NotFound(f"run {run_id} not found")
         return row
+
+    async def _guard(self, workspace_id: str, run_id: str) -> None:
+        """NOT_FOUND for a run the caller may not see, before an RPC naming it acts; a
+        request naming no run well is left to the RPC to refuse, as it always did."""
+        try:
+            ws = auth_context.workspace(workspace_id)
+            key = uuid.UUID(run_id)
+        except (DomainError, ValueError):
+            return
+        await privacy.check_run(self._pool, ws, key, privacy.reader())
 
     async def StartRun(
         self, request: run_pb2.StartRunRequest, context: grpc.aio.ServicerContext
@@ -253,6 +266,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
                 waiting_longer_than=_waiting_longer_than(request),
                 tag=tag,
                 metadata=contains,
+                reader=privacy.reader(),
             )
         last = page.runs[-1] if page.runs and page.has_more else None
         token = encode_page_token(last.created_at, last.run_id) if last else ""
@@ -280,6 +294,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
         reason = validate.text("reason", request.reason, max_bytes=1000) or "cancelled"
+        await privacy.check_run(self._pool, ws, run_id, privacy.reader())
         async with transaction(self._pool) as conn:
             row = await store.cancel_run(conn, ws, run_id, reason)
             if row is not None:
@@ -298,6 +313,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     ) -> AsyncIterator[run_pb2.WatchRunResponse]:
         ws = auth_context.workspace(request.workspace_id)
         run_id = validate.run_id("run_id", request.run_id)
+        await privacy.check_run(self._pool, ws, run_id, privacy.reader())
         feed = watch_feed(self._pool, ws, run_id, watch_from(request))
         if not request.deltas or self._deltas is None:
             async for item in feed:
@@ -318,6 +334,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         if decision is None:
             raise InvalidArgument("decision", "must be HAPPENED, NOT_HAPPENED, RETRY or FAIL_RUN")
         decided_by = decider(request.decided_by)
+        await privacy.check_run(self._pool, ws, run_id, privacy.reader())
         note = validate.text("note", request.note, max_bytes=MAX_NOTE_BYTES)
         wanted = unknowns.Decision(ws, run_id, request.seq, decision, decided_by, note)
         run_row, step = await resolve_unknown(self._pool, wanted)
@@ -329,6 +346,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def ForkRun(
         self, request: run_pb2.ForkRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.ForkRunResponse:
+        await self._guard(request.workspace_id, request.run_id)
         req = forks.ForkRequest(
             workspace_id=auth_context.workspace(request.workspace_id),
             run_id=validate.run_id("run_id", request.run_id),
@@ -347,6 +365,7 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def SignalRun(
         self, request: run_pb2.SignalRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.SignalRunResponse:
+        await self._guard(request.workspace_id, request.run_id)
         return await signals.signal_run(self._pool, request, self._on_runnable)
 
     async def PublishEvent(
@@ -371,11 +390,13 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
     async def PauseRun(
         self, request: run_pb2.PauseRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.PauseRunResponse:
+        await self._guard(request.workspace_id, request.run_id)
         return await pause.pause_run(self._pool, request, self._on_pause)
 
     async def ResumeRun(
         self, request: run_pb2.ResumeRunRequest, context: grpc.aio.ServicerContext
     ) -> run_pb2.ResumeRunResponse:
+        await self._guard(request.workspace_id, request.run_id)
         return await pause.resume_run(self._pool, request, self._on_runnable)
 
     async def SetQueuePaused(

@@ -26,7 +26,7 @@ import grpc
 
 from agentrun.v1 import session_pb2, session_pb2_grpc
 from control_plane.api.runs import TERMINAL, decode_page_token, encode_page_token
-from control_plane.auth import audit
+from control_plane.auth import audit, privacy
 from control_plane.auth import context as auth_context
 from control_plane.dispatch import fast_path
 from control_plane.ground import convert, validate
@@ -35,6 +35,7 @@ from control_plane.ground.errors import Aborted, FailedPrecondition, InvalidArgu
 from control_plane.ops import run_figures
 from control_plane.store import agents as agent_store
 from control_plane.store import canary as canary_store
+from control_plane.store import privacy as privacy_store
 from control_plane.store import runs as run_store
 from control_plane.store import sessions as store
 from control_plane.store.admission import MAX_INPUT_BYTES, admission
@@ -48,6 +49,20 @@ STRATEGY_FROM_PROTO = {
     session_pb2.SESSION_STRATEGY_ROLLBACK: ROLLBACK,
 }
 STRATEGY_TO_PROTO = {name: value for value, name in STRATEGY_FROM_PROTO.items()}
+VISIBILITY_FROM_PROTO = {
+    session_pb2.SESSION_VISIBILITY_WORKSPACE: privacy.WORKSPACE,
+    session_pb2.SESSION_VISIBILITY_PRIVATE: privacy.PRIVATE,
+}
+VISIBILITY_TO_PROTO = {name: value for value, name in VISIBILITY_FROM_PROTO.items()}
+
+
+def visibility(field: str, value: int) -> str | None:
+    """A request's visibility (None for UNSPECIFIED); INVALID_ARGUMENT naming `field` else."""
+    if value == session_pb2.SESSION_VISIBILITY_UNSPECIFIED:
+        return None
+    if value not in VISIBILITY_FROM_PROTO:
+        raise InvalidArgument(field, f"unknown session visibility {value}")
+    return VISIBILITY_FROM_PROTO[value]
 
 
 def strategy(field: str, value: int) -> str | None:
@@ -99,25 +114,83 @@ class Conversations:
         self._fast_path = fast
 
     async def create(
-        self, workspace_id: str, agent_id: str, title: str, strategy: str = REJECT
-    ) -> Any:
+        self,
+        workspace_id: str,
+        agent_id: str,
+        title: str,
+        strategy: str = REJECT,
+        visibility: str = privacy.WORKSPACE,
+        members: list[str] | None = None,
+    ) -> tuple[Any, list[str]]:
+        """The new session and its members: the caller (when a request is served) and
+        `members`."""
         if await agent_store.get_agent(self._pool, workspace_id, agent_id) is None:
             raise NotFound(f"agent {agent_id!r} not found")
-        return await store.create_session(self._pool, workspace_id, agent_id, title, strategy)
+        creator = privacy.member_label()
+        everyone = sorted({*(members or []), *([creator] if creator else [])})
+        async with transaction(self._pool) as conn:
+            row = await store.create_session(
+                conn, workspace_id, agent_id, title, strategy, visibility=visibility
+            )
+            await privacy_store.add_members(
+                conn, workspace_id, row["session_id"], everyone, creator
+            )
+        return row, everyone
 
     async def get(self, workspace_id: str, session_id: uuid.UUID) -> tuple[Any, Any]:
-        """The session and its latest turn (None before the first)."""
+        """The session and its latest turn (None before the first); NOT_FOUND for one the
+        caller may not see (control_plane/auth/privacy.py)."""
+        await privacy.check_session(self._pool, workspace_id, session_id, privacy.reader())
         row = await store.get_session(self._pool, workspace_id, session_id)
         if row is None:
             raise NotFound(f"session {session_id} not found")
         last = await store.recent_turns(self._pool, workspace_id, session_id, 1)
         return row, last[0] if last else None
 
+    async def members(self, workspace_id: str, session_id: uuid.UUID) -> list[str]:
+        return await privacy_store.members(self._pool, workspace_id, session_id)
+
+    async def update_members(
+        self,
+        workspace_id: str,
+        session_id: uuid.UUID,
+        add: list[str],
+        remove: list[str],
+        visibility: str | None,
+    ) -> tuple[Any, Any]:
+        """Add and remove members, or change the visibility, of a session the caller sees."""
+        await self.get(workspace_id, session_id)
+        async with transaction(self._pool) as conn:
+            if await store.lock_session(conn, workspace_id, session_id) is None:
+                raise NotFound(f"session {session_id} not found")
+            await privacy_store.remove_members(conn, workspace_id, session_id, remove)
+            await privacy_store.add_members(
+                conn, workspace_id, session_id, add, privacy.member_label()
+            )
+            if visibility is not None:
+                await privacy_store.set_visibility(conn, workspace_id, session_id, visibility)
+            detail = {"add": add, "remove": remove, "visibility": visibility}
+            await audit.record(
+                conn,
+                "session.members",
+                "session",
+                str(session_id),
+                detail,
+                workspace_id=workspace_id,
+            )
+        # Read as the platform: a caller who just removed itself still gets the answer.
+        row = await store.get_session(self._pool, workspace_id, session_id)
+        last = await store.recent_turns(self._pool, workspace_id, session_id, 1)
+        return row, last[0] if last else None
+
     async def page(
         self, workspace_id: str, agent_id: str, after: tuple[datetime, uuid.UUID] | None, size: int
     ) -> list[Any]:
-        """A page of the workspace's sessions, newest first, after the token's one."""
-        return await store.list_sessions(self._pool, workspace_id, agent_id, after, size)
+        """A page of the workspace's sessions the caller may see, newest first, after the
+        token's one."""
+        return await store.list_sessions(
+            self._pool, workspace_id, agent_id, after, size, reader=privacy.reader()
+        )
 
     async def turns(
         self, workspace_id: str, session_id: uuid.UUID, from_turn: int, limit: int
@@ -180,6 +253,7 @@ class Conversations:
             session = await store.lock_session(conn, workspace_id, session_id)
             if session is None:
                 raise NotFound(f"session {session_id} not found")
+            await privacy.check_session(conn, workspace_id, session_id, privacy.reader())
             if request_id:
                 existing = await store.turn_by_request(conn, workspace_id, session_id, request_id)
                 if existing is not None:
@@ -282,7 +356,9 @@ def turn_message(row: Any) -> session_pb2.Turn:
     return msg
 
 
-def session_message(row: Any, last_turn: Any) -> session_pb2.Session:
+def session_message(
+    row: Any, last_turn: Any, members: list[str] | None = None
+) -> session_pb2.Session:
     msg = session_pb2.Session(
         workspace_id=row["workspace_id"],
         session_id=str(row["session_id"]),
@@ -290,6 +366,8 @@ def session_message(row: Any, last_turn: Any) -> session_pb2.Session:
         title=row["title"],
         turn_count=row["turn_count"],
         strategy=STRATEGY_TO_PROTO[row["strategy"]],
+        visibility=VISIBILITY_TO_PROTO[row["visibility"]],
+        members=members if members is not None else row.get("members") or [],
     )
     if last_turn is not None:
         msg.last_turn.CopyFrom(turn_message(last_turn))
@@ -309,8 +387,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         agent_id = validate.slug("agent_id", request.agent_id)
         title = validate.text("title", request.title, max_bytes=200)
         how = strategy("strategy", request.strategy) or REJECT
-        row = await self._conversations.create(ws, agent_id, title, how)
-        return session_pb2.CreateSessionResponse(session=session_message(row, None))
+        seen_by = visibility("visibility", request.visibility) or privacy.WORKSPACE
+        members = privacy.members("members", request.members)
+        row, everyone = await self._conversations.create(ws, agent_id, title, how, seen_by, members)
+        return session_pb2.CreateSessionResponse(session=session_message(row, None, everyone))
 
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
@@ -318,7 +398,20 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         ws = auth_context.workspace(request.workspace_id)
         session_id = validate.run_id("session_id", request.session_id)
         row, last = await self._conversations.get(ws, session_id)
-        return session_pb2.GetSessionResponse(session=session_message(row, last))
+        members = await self._conversations.members(ws, session_id)
+        return session_pb2.GetSessionResponse(session=session_message(row, last, members))
+
+    async def UpdateSessionMembers(
+        self, request: session_pb2.UpdateSessionMembersRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.UpdateSessionMembersResponse:
+        ws = auth_context.workspace(request.workspace_id)
+        session_id = validate.run_id("session_id", request.session_id)
+        add = privacy.members("add", request.add)
+        remove = privacy.members("remove", request.remove)
+        seen_by = visibility("visibility", request.visibility)
+        row, last = await self._conversations.update_members(ws, session_id, add, remove, seen_by)
+        members = await self._conversations.members(ws, session_id)
+        return session_pb2.UpdateSessionMembersResponse(session=session_message(row, last, members))
 
     async def SendMessage(
         self, request: session_pb2.SendMessageRequest, context: grpc.aio.ServicerContext

@@ -13,6 +13,7 @@ import grpc
 
 from agentrun.v1 import stream_pb2, stream_pb2_grpc
 from control_plane.auth import context as auth_context
+from control_plane.auth import privacy
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.http.streams import OFFSET, StreamRoutes, Waker, long_poll_seconds
@@ -35,7 +36,8 @@ class StreamServicer(stream_pb2_grpc.StreamServiceServicer):
         offset = request.offset or "-1"
         if not OFFSET.match(offset):
             raise InvalidArgument("offset", "must be -1, now or an offset the stream gave")
-        stream = await self._streams.stream_at(ws, path)
+        reader = privacy.reader()  # a platform stream is this reader's view of it
+        stream = await self._streams.stream_at(ws, path, reader)
         if stream is None or stream.soft_deleted:
             raise NotFound(f"stream {path} not found")
         after = {"-1": store.ZERO, "now": stream.tail_offset}.get(offset, offset)
@@ -46,7 +48,7 @@ class StreamServicer(stream_pb2_grpc.StreamServiceServicer):
                 data = store.body_of(stream, [m]) if stream.is_json else m.data
                 yield stream_pb2.ReadStreamResponse(offset=m.offset, data=data)
                 after, said = m.offset, False
-            current = await self._streams.stream_at(ws, path)
+            current = await self._streams.stream_at(ws, path, reader)
             if current is None or current.soft_deleted:
                 return
             stream = current

@@ -88,6 +88,8 @@ ACCESS: dict[str, Need] = {
     f"{_V1}SessionService/SendMessage": Need.OPERATE,
     f"{_V1}SessionService/ListTurns": Need.READ,
     f"{_V1}SessionService/ListSessions": Need.READ,
+    # Who may see the session is checked by the servicer (control_plane/auth/privacy.py).
+    f"{_V1}SessionService/UpdateSessionMembers": Need.OPERATE,
     f"{_V1}StreamService/ReadStream": Need.READ,
     f"{_V1}WorkspaceAdminService/CreateWorkspace": Need.PLATFORM,
     f"{_V1}WorkspaceAdminService/GetWorkspace": Need.ADMIN_OR_PLATFORM,

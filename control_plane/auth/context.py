@@ -22,6 +22,12 @@ def current() -> Principal:
     return who
 
 
+def current_or_none() -> Principal | None:
+    """The authenticated caller, or None when no request is being served (the platform's
+    own work: schedules, canaries, recovery)."""
+    return _CURRENT.get()
+
+
 def label_or_none() -> str | None:
     """The caller's label (`kind:name`) when a request is being served, else None."""
     who = _CURRENT.get()

@@ -220,7 +220,7 @@ class Canary:
         time: its one turn carries no earlier turn's nonce in its transcript."""
         agent_id, spec = (CANARY_FAST_AGENT, FAST_SPEC) if fast else (CANARY_AGENT, SPEC)
         await _version(self._pool, agent_id, spec)
-        session = await self._conversations.create(
+        session, _ = await self._conversations.create(
             CANARY_WORKSPACE, agent_id, f"canary {stage}", INTERRUPT
         )
         text = f"contract canary {stage} canary-nonce:{nonce}"

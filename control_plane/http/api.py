@@ -303,6 +303,15 @@ OPS: tuple[Op, ...] = (
         elsewhere=True,
     ),
     Op(
+        "POST",
+        "sessions/{session_id}/members",
+        "SessionService/UpdateSessionMembers",
+        "Add or remove a session's members, or change its visibility (docs/sessions.md)",
+        session_pb2.UpdateSessionMembersRequest,
+        session_pb2.UpdateSessionMembersResponse,
+        unwrap="session",
+    ),
+    Op(
         "GET",
         "agents",
         "AgentService/ListAgents",

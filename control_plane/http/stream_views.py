@@ -11,6 +11,11 @@ keeps: nothing more is written on the commit path.
   the triggers of migration 0041 write), each `{"event": kind, "id": ..., "at": ...,
   "detail": {...}}`; offset `XXXX_EEEE` after event E of transaction X.
 
+Each view is its reader's (control_plane/auth/privacy.py): a private session's stream and
+its turns' runs' streams do not exist for a reader who is not a member (404), and the feed
+leaves out their events inside its query, so its offsets stay the events' own and a page is
+never empty while visible events follow; its tail is the reader's last visible event.
+
 Every value is written the one way (control_plane/store/streams.py's `js_json`), so two
 readers from the same offset receive the same bytes.
 """
@@ -24,6 +29,7 @@ from typing import Any
 from control_plane.api.runs import TERMINAL
 from control_plane.ground import convert
 from control_plane.http import jsonmap
+from control_plane.store import privacy as privacy_store
 from control_plane.store import streams as store
 from control_plane.store.db import Pool
 from control_plane.store.queries import run
@@ -38,11 +44,15 @@ def is_platform(path: str) -> bool:
     return path == PREFIX.rstrip("/") or path.startswith(PREFIX)
 
 
+def is_feed(path: str) -> bool:
+    return path == f"{PREFIX}feed"
+
+
 def _offset(high: int, low: int) -> str:
     return f"{high:016d}_{low:016d}"
 
 
-def _stream(ws: str, path: str, tail: str, closed: bool) -> store.Stream:
+def _stream(ws: str, path: str, tail: str, closed: bool, reader: str | None) -> store.Stream:
     return store.Stream(
         workspace_id=ws,
         stream_id=0,
@@ -59,6 +69,7 @@ def _stream(ws: str, path: str, tail: str, closed: bool) -> store.Stream:
         fork_sub_offset=None,
         ref_count=0,
         soft_deleted=False,
+        reader=reader,
     )
 
 
@@ -77,18 +88,21 @@ def _step(step: Step) -> dict[str, Any]:
     return jsonmap.to_json(convert.step(step))
 
 
-async def view(pool: Pool, ws: str, path: str) -> store.Stream | None:
-    """The platform stream at `path` as it is now (None: no such run, session or stream)."""
+async def view(pool: Pool, ws: str, path: str, reader: str | None) -> store.Stream | None:
+    """The platform stream at `path` as it is now, as `reader` sees it (None: no such run,
+    session or stream, or one the reader may not see)."""
     rest = path.removeprefix(PREFIX)
     kind, _, name = rest.partition("/")
     if kind == "feed" and not name:
-        row = await run(pool, "stream_feed_tail", ws)
+        row = await run(pool, "stream_feed_tail", workspace_id=ws, reader=reader)
         tail = _offset(int(row["xid"]), row["event_id"]) if row else store.ZERO
-        return _stream(ws, path, tail, False)
+        return _stream(ws, path, tail, False, reader)
     key = _uuid(name)
     if key is None or "/" in name:
         return None
     if kind == "runs":
+        if await privacy_store.run_hidden(pool, ws, key, reader):
+            return None
         row = await run(pool, "stream_run_tail", ws, key)
         if row is None:
             return None
@@ -96,14 +110,16 @@ async def view(pool: Pool, ws: str, path: str) -> store.Stream | None:
         tail = _offset(last + 1, 0) if last is not None else store.ZERO
         if row["delta_seq"] is not None:  # its model call under way
             tail = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
-        return _stream(ws, path, tail, row["status"] in TERMINAL)
+        return _stream(ws, path, tail, row["status"] in TERMINAL, reader)
     if kind == "sessions":
+        if await privacy_store.session_hidden(pool, ws, key, reader):
+            return None
         row = await run(pool, "stream_session_tail", ws, key)
         if row is None:
             return None
         last = row["last_seq"]
         tail = _offset(row["turn"], last + 1) if last is not None else store.ZERO
-        return _stream(ws, path, tail, False)
+        return _stream(ws, path, tail, False, reader)
     return None
 
 
@@ -114,7 +130,15 @@ async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store
     high, low = store.offset_parts(after)
     messages: list[store.Message] = []
     if kind == "feed":
-        rows = await run(pool, "stream_feed_after", ws, str(high), low, PAGE)
+        rows = await run(
+            pool,
+            "stream_feed_after",
+            workspace_id=ws,
+            xid=str(high),
+            event_id=low,
+            page_size=PAGE,
+            reader=stream.reader,
+        )
         for r in rows:
             value = {
                 "event": r["kind"],

@@ -38,6 +38,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from control_plane.auth import context as auth_context
+from control_plane.auth import privacy
 from control_plane.auth.access import Need
 from control_plane.http import stream_views
 from control_plane.http.auth import guarded
@@ -363,8 +364,8 @@ class StreamRoutes:
     async def stream_again(self, ws: str, stream: store.Stream) -> store.Stream | None:
         """A woken live reader's look at the stream (shared, SharedReads)."""
         gen = self.waker.generation(stream.stream_id)
-        key = ("at", ws, stream.path, stream.stream_id, gen)
-        return await self.shared.once(key, lambda: self.stream_at(ws, stream.path))
+        key = ("at", ws, stream.path, stream.stream_id, stream.reader, gen)
+        return await self.shared.once(key, lambda: self.stream_at(ws, stream.path, stream.reader))
 
     async def messages_again(
         self, stream: store.Stream, after: str
@@ -378,14 +379,18 @@ class StreamRoutes:
             stream.stream_id,
             stream.tail_offset,
             stream.closed,
+            # The feed's messages are its reader's own (privacy.py); a run's or a session's
+            # are the same for every reader who may see it (its view checked that).
+            stream.reader if stream_views.is_feed(stream.path) else None,
             after,
             gen,
         )
         return await self.shared.once(key, lambda: self.messages_after(stream, after))
 
-    async def stream_at(self, ws: str, path: str) -> store.Stream | None:
+    async def stream_at(self, ws: str, path: str, reader: str | None) -> store.Stream | None:
+        """The stream at `path`; a platform one as `reader` sees it (privacy.reader())."""
         if stream_views.is_platform(path):
-            return await stream_views.view(self.pool, ws, path)
+            return await stream_views.view(self.pool, ws, path, reader)
         return await store.get(self.pool, ws, path)
 
     async def messages_after(
@@ -425,7 +430,7 @@ class StreamRoutes:
         return Response(b"", status_code=201 if created else 200, headers={**SECURITY, **headers})
 
     async def head(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self.stream_at(ws, path)
+        stream = await self.stream_at(ws, path, privacy.reader())
         if stream is None:
             return text(404)
         if stream.soft_deleted:
@@ -443,7 +448,7 @@ class StreamRoutes:
         return Response(b"", status_code=200, headers={**SECURITY, **headers})
 
     async def read(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self.stream_at(ws, path)
+        stream = await self.stream_at(ws, path, privacy.reader())
         if stream is None:
             return text(404, "Stream not found")
         if stream.soft_deleted:
@@ -525,7 +530,7 @@ class StreamRoutes:
             headers["Stream-Cursor"] = response_cursor(request.query_params.get("cursor"))
         if up_to_date:
             headers["Stream-Up-To-Date"] = "true"
-        current = await self.stream_at(ws, stream.path) if messages else stream
+        current = await self.stream_at(ws, stream.path, stream.reader) if messages else stream
         closed = current is not None and current.closed and end == current.tail_offset
         if closed and up_to_date:
             headers["Stream-Closed"] = "true"
@@ -564,7 +569,7 @@ class StreamRoutes:
         woken: store.Stream | None = None  # the stream as a woken reader last saw it
         while True:
             if woken is None:
-                latest = await self.stream_at(ws, stream.path)
+                latest = await self.stream_at(ws, stream.path, stream.reader)
                 if latest is None or latest.soft_deleted:
                     return
                 messages, up_to_date = await self.messages_after(latest, after)

@@ -123,6 +123,7 @@ DISTRIBUTED_TABLES = (
     "trigger_flow_groups",
     "sessions",
     "session_turns",
+    "session_members",
     "connections",
     "credit_accounts",
     "credit_ledger",

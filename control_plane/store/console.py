@@ -191,8 +191,12 @@ async def chart_by_agent(pool: Pool, workspace_id: str, since: datetime) -> list
     return [dict(r) for r in rows]
 
 
-async def sessions(pool: Pool, workspace_id: str, limit: int) -> list[dict[str, Any]]:
-    return [dict(r) for r in await run(pool, "console_session_list", workspace_id, limit)]
+async def sessions(
+    pool: Pool, workspace_id: str, limit: int, reader: str | None = None
+) -> list[dict[str, Any]]:
+    """The newest sessions `reader` may see (None: all; control_plane/auth/privacy.py)."""
+    rows = await run(pool, "console_session_list", workspace_id, limit, reader)
+    return [dict(r) for r in rows]
 
 
 async def session_turns(

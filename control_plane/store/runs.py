@@ -159,9 +159,11 @@ async def list_runs(
     waiting_longer_than: float | None = None,
     tag: str | None = None,
     metadata: str | None = None,
+    reader: str | None = None,
 ) -> RunPage:
     """A page of runs, newest first, after the keyset cursor; `tag` reads the tag index
-    (run_list_tagged); `metadata` is a JSON object the run's metadata must contain."""
+    (run_list_tagged); `metadata` is a JSON object the run's metadata must contain; only the
+    runs `reader` may see (None: every run; control_plane/auth/privacy.py)."""
     created, run_id = after if after else (None, None)
     rows = await run(
         pool,
@@ -176,6 +178,7 @@ async def list_runs(
         search,
         waiting_longer_than,
         metadata,
+        reader,
         *([tag] if tag else []),
     )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)

@@ -24,9 +24,18 @@ async def create_session(
     title: str,
     strategy: str = "reject",
     now: datetime | None = None,
+    visibility: str = "workspace",
 ) -> Record:
     return await run(
-        pool, "session_insert", workspace_id, uuid.uuid4(), agent_id, title, now, strategy
+        pool,
+        "session_insert",
+        workspace_id,
+        uuid.uuid4(),
+        agent_id,
+        title,
+        now,
+        strategy,
+        visibility,
     )
 
 
@@ -156,8 +165,10 @@ async def list_sessions(
     agent_id: str,
     after: tuple[datetime, uuid.UUID] | None,
     size: int,
+    reader: str | None = None,
 ) -> list[Any]:
-    """A page of the workspace's sessions, newest first, after `after` (created_at, id)."""
+    """A page of the workspace's sessions, newest first, after `after` (created_at, id),
+    only those `reader` may see (None: all; control_plane/auth/privacy.py)."""
     after_time, after_id = after if after is not None else (None, None)
     rows = await run(
         pool,
@@ -167,5 +178,6 @@ async def list_sessions(
         after_time=after_time,
         after_id=after_id,
         page_size=size,
+        reader=reader,
     )
     return list(rows)

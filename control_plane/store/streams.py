@@ -67,6 +67,9 @@ class Stream:
     fork_sub_offset: int | None
     ref_count: int
     soft_deleted: bool
+    # A platform stream's reader (control_plane/auth/privacy.py): the view is theirs (None:
+    # everything, as a workspace admin sees it). A workspace's own streams have none.
+    reader: str | None = None
 
     @classmethod
     def of(cls, row: Any) -> Stream:

@@ -87,6 +87,13 @@ EXPECTED = {
         '"field":"priority"',
         "/v1/openapi.json",
     ],
+    # docs/triggers.md, "Private sessions": hidden from a non-member until added.
+    "SESSIONS=http://127.0.0.1:8080/v1/workspaces/default/sessions": [
+        "approver before: 404",
+        '"visibility":"private"',
+        '"key:manager@example.com"',
+        "approver after: 200",
+    ],
     'export PATH="$PWD/.venv/bin:$PATH"': [
         "published forecaster v1",
         "weather ok",

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from agentrun.v1 import tool_pb2
 from control_plane.auth import context as auth_context
+from control_plane.auth import privacy
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument, NotFound
 from control_plane.http.console.timeline import diff, pretty
@@ -52,12 +53,15 @@ class ObjectPages:
         self.c = console
 
     async def sessions(self, request: Request) -> Response:
-        rows = await store.sessions(self.c.pool, auth_context.workspace(""), SHOWN)
+        rows = await store.sessions(
+            self.c.pool, auth_context.workspace(""), SHOWN, privacy.reader()
+        )
         return render(request, "sessions.html", sessions=rows)
 
     async def session(self, request: Request) -> Response:
         ws = auth_context.workspace("")
         session_id = validate.run_id("session_id", request.path_params["session_id"])
+        await privacy.check_session(self.c.pool, ws, session_id, privacy.reader())
         row = await session_store.get_session(self.c.pool, ws, session_id)
         if row is None:
             raise NotFound(f"session {session_id} not found")

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from control_plane.api.runs import MAX_NOTE_BYTES, decider, resolve_unknown, watch_feed
 from control_plane.auth import context as auth_context
+from control_plane.auth import privacy
 from control_plane.auth.principal import Principal
 from control_plane.ground import validate
 from control_plane.ground.errors import InvalidArgument, NotFound
@@ -128,6 +129,7 @@ class RunPages:
     async def _run(self, request: Request) -> run_store.Run:
         ws = auth_context.workspace("")
         run_id = validate.run_id("run_id", request.path_params["run_id"])
+        await privacy.check_run(self.c.pool, ws, run_id, privacy.reader())
         row = await run_store.get_run(self.c.pool, ws, run_id)
         if row is None:
             raise NotFound(f"run {run_id} not found")

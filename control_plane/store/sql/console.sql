@@ -150,9 +150,14 @@ WHERE workspace_id = :workspace_id AND finished_at >= :since
 GROUP BY 1;
 
 -- name: console_session_list :many
--- The sessions page: a workspace's sessions, most recently active first.
+-- The sessions page: a workspace's sessions, most recently active first, those reader $3
+-- may see (NULL: all; a private one only by its members, migration 0051).
 SELECT session_id, agent_id, title, turn_count, strategy, created_at, updated_at
-FROM sessions WHERE workspace_id = $1
+FROM sessions x WHERE workspace_id = $1
+  AND ($3::text IS NULL OR visibility = 'workspace'
+       OR EXISTS (SELECT 1 FROM session_members m
+                  WHERE m.workspace_id = $1 AND m.session_id = x.session_id
+                    AND m.member = $3))
 ORDER BY updated_at DESC, session_id DESC
 LIMIT $2;
 

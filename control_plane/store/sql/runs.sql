@@ -62,7 +62,9 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 -- name: run_list_filter :fragment
 -- run_list's filters after the workspace: the keyset cursor ($2, $3), agent $4, status $5,
 -- created since $7, text in id/agent/input/output/error $8, waiting since more than $9
--- seconds (a waiting run's updated_at is when it parked), metadata containing $10.
+-- seconds (a waiting run's updated_at is when it parked), metadata containing $10; only
+-- the runs reader $11 may see (NULL: every run; control_plane/auth/privacy.py): no turn,
+-- or a turn's child, of a private session it is not a member of (migration 0051).
 AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($4::text IS NULL OR agent_id = $4)
   AND ($5::text IS NULL OR status = $5)
@@ -73,6 +75,18 @@ AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
   AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
+  AND ($11::text IS NULL
+       -- once per statement: a workspace without private sessions stops here
+       OR NOT EXISTS (SELECT 1 FROM sessions p
+                      WHERE p.workspace_id = $1 AND p.visibility = 'private')
+       OR NOT EXISTS (
+      SELECT 1 FROM session_turns t
+      JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
+      WHERE t.workspace_id = $1 AND t.run_id IN (runs.run_id, runs.parent_run_id)
+        AND x.visibility = 'private'
+        AND NOT EXISTS (SELECT 1 FROM session_members m
+                        WHERE m.workspace_id = $1 AND m.session_id = x.session_id
+                          AND m.member = $11)))
 
 -- name: run_list :many
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
@@ -87,11 +101,11 @@ ORDER BY created_at DESC, run_id DESC
 LIMIT $6;
 
 -- name: run_list_tagged :many
--- run_list of the runs carrying tag $11, found through runs_by_tag (which holds only
+-- run_list of the runs carrying tag $12, found through runs_by_tag (which holds only
 -- tagged runs: `tags <> '{}'` lets the planner use it).
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1
-  AND tags <> '{}' AND tags @> ARRAY[$11::text]
+  AND tags <> '{}' AND tags @> ARRAY[$12::text]
   {{run_list_filter}}
 ORDER BY created_at DESC, run_id DESC
 LIMIT $6;

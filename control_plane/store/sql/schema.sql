@@ -2263,6 +2263,10 @@ CREATE TABLE sessions (
     updated_at    timestamptz NOT NULL DEFAULT now(),
     strategy      text NOT NULL DEFAULT 'reject' CONSTRAINT session_strategy_known
         CHECK (strategy IN ('reject', 'enqueue', 'interrupt', 'rollback')),
+    -- 'private': only its members (session_members) and the workspace's admins see it,
+    -- its turns' runs and their events (migration 0051, docs/sessions.md).
+    visibility    text NOT NULL DEFAULT 'workspace' CONSTRAINT session_visibility_known
+        CHECK (visibility IN ('workspace', 'private')),
     PRIMARY KEY (workspace_id, session_id),
     FOREIGN KEY (workspace_id, agent_id) REFERENCES agents
 );
@@ -2272,6 +2276,10 @@ CREATE INDEX sessions_by_updated ON sessions (workspace_id, updated_at DESC, ses
 -- ListSessions pages through a workspace's sessions newest first, by creation (a key
 -- that does not move as sessions get turns, so a page never skips or repeats one).
 CREATE INDEX sessions_by_created ON sessions (workspace_id, created_at DESC, session_id DESC);
+
+-- The private sessions of a workspace, few or none: a reader's feed and run list first ask
+-- whether there are any (one probe of this index per query) before looking per row.
+CREATE INDEX sessions_private ON sessions (workspace_id, session_id) WHERE visibility = 'private';
 
 -- One row per turn; the turn's run holds its input, status and answer.
 CREATE TABLE session_turns (
@@ -2293,6 +2301,19 @@ CREATE TABLE session_turns (
 CREATE UNIQUE INDEX session_turns_run ON session_turns (workspace_id, run_id);
 CREATE UNIQUE INDEX session_turns_request_id ON session_turns (workspace_id, session_id, request_id)
     WHERE request_id IS NOT NULL;
+
+-- The members of a private session: principals' labels (`key:NAME`, `person:NAME`), read
+-- when a reader reads, so adding one shows them the session's past too (migration 0051).
+CREATE TABLE session_members (
+    workspace_id  text NOT NULL,
+    session_id    uuid NOT NULL,
+    member        text NOT NULL CONSTRAINT session_member_label
+        CHECK (member ~ '^(key|person):.' AND length(member) <= 300),
+    added_by      text,
+    added_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (workspace_id, session_id, member),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions ON DELETE CASCADE
+);
 
 -- The transcript a session's turn `before_turn` carries: each earlier turn (at
 -- most the last 100, and whole turns dropped from the oldest to keep it within

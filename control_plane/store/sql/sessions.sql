@@ -1,8 +1,10 @@
 -- name: session_insert :one
 -- Open a conversation with an agent, with its strategy ($6) for a message sent while a turn
--- runs. Database clock unless $5.
-INSERT INTO sessions (workspace_id, session_id, agent_id, title, created_at, updated_at, strategy)
-VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()), $6)
+-- runs and its visibility ($7: 'workspace' or 'private'). Database clock unless $5.
+INSERT INTO sessions (workspace_id, session_id, agent_id, title, created_at, updated_at, strategy,
+                      visibility)
+VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()), $6,
+        $7)
 RETURNING *;
 
 -- name: session_get :one
@@ -176,10 +178,18 @@ WHERE r.status = 'running' AND r.wake_at <= now()
 
 -- name: sessions_page :many
 -- A workspace's sessions newest first (by creation), after the page token's
--- (created_at, session_id) when given, optionally of one agent ('' = all).
-SELECT * FROM sessions
+-- (created_at, session_id) when given, optionally of one agent ('' = all), only those
+-- reader :reader may see (NULL: all; a private one only by its members, migration 0051),
+-- each with its members.
+SELECT x.*, (SELECT coalesce(array_agg(m.member ORDER BY m.member), '{}') FROM session_members m
+             WHERE m.workspace_id = :workspace_id AND m.session_id = x.session_id) AS members
+FROM sessions x
 WHERE workspace_id = :workspace_id
   AND (:agent_id::text = '' OR agent_id = :agent_id)
+  AND (:reader::text IS NULL OR visibility = 'workspace'
+       OR EXISTS (SELECT 1 FROM session_members m
+                  WHERE m.workspace_id = :workspace_id AND m.session_id = x.session_id
+                    AND m.member = :reader))
   AND (:after_time::timestamptz IS NULL OR (created_at, session_id) < (:after_time, :after_id::uuid))
 ORDER BY created_at DESC, session_id DESC
 LIMIT :page_size;

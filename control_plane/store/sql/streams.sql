@@ -131,20 +131,52 @@ WHERE t.workspace_id = $1 AND t.session_id = $2 AND (t.turn, s.seq + 1) > ($3, $
 ORDER BY t.turn, s.seq
 LIMIT $5;
 
+-- name: feed_hidden :fragment
+-- A workspace_events row `e` that reader :reader may not see (NULL sees everything): the
+-- creation of a private session it is not a member of, or an event of a run that is a
+-- turn (or a turn's child) of one (run.created, run.state; approval.* by detail.run_id).
+-- Membership is read now, so a new member sees the session's past (migration 0051).
+(:reader::text IS NOT NULL
+ -- once per statement (no row of `e` in it): a workspace without private sessions stops here
+ AND EXISTS (SELECT 1 FROM sessions p
+             WHERE p.workspace_id = :workspace_id AND p.visibility = 'private')
+ AND EXISTS (
+    SELECT 1 FROM sessions x
+    WHERE x.workspace_id = :workspace_id AND x.visibility = 'private'
+      AND x.session_id IN (
+          SELECT (CASE WHEN e.kind = 'session.created' THEN e.object_id END)::uuid
+          UNION ALL
+          SELECT t.session_id FROM runs r
+          JOIN session_turns t ON t.workspace_id = :workspace_id
+                              AND t.run_id IN (r.run_id, r.parent_run_id)
+          WHERE r.workspace_id = :workspace_id
+            AND r.run_id = (CASE WHEN e.kind LIKE 'run.%' THEN e.object_id
+                                 WHEN e.kind LIKE 'approval.%' THEN e.detail ->> 'run_id'
+                            END)::uuid)
+      AND NOT EXISTS (SELECT 1 FROM session_members m
+                      WHERE m.workspace_id = :workspace_id AND m.session_id = x.session_id
+                        AND m.member = :reader)))
+
 -- name: stream_feed_after :many
--- The workspace feed after (xid $2, event $3): events of finished transactions only
--- (below the snapshot's xmin), in (xid, event_id) order, at most $4.
-SELECT event_id, xid::text AS xid, at, kind, object_id, detail FROM workspace_events
-WHERE workspace_id = $1 AND (xid, event_id) > ($2::text::xid8, $3)
-  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid, event_id
-LIMIT $4;
+-- The workspace feed after (xid :xid, event :event_id) as reader :reader sees it: events
+-- of finished transactions only (below the snapshot's xmin), in (xid, event_id) order, at
+-- most :page_size. Hidden events are skipped in the scan, so a page is never empty while
+-- visible events follow, and the offsets served stay those of the events themselves.
+SELECT e.event_id, e.xid::text AS xid, e.at, e.kind, e.object_id, e.detail
+FROM workspace_events e
+WHERE e.workspace_id = :workspace_id AND (e.xid, e.event_id) > (:xid::text::xid8, :event_id)
+  AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+  AND NOT {{feed_hidden}}
+ORDER BY e.xid, e.event_id
+LIMIT :page_size;
 
 -- name: stream_feed_tail :one
--- The workspace feed's last event a reader may be served now (see stream_feed_after).
-SELECT event_id, xid::text AS xid FROM workspace_events
-WHERE workspace_id = $1 AND xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid DESC, event_id DESC
+-- The workspace feed's last event reader :reader may be served now (see
+-- stream_feed_after): its tail, which a hidden event never moves.
+SELECT e.event_id, e.xid::text AS xid FROM workspace_events e
+WHERE e.workspace_id = :workspace_id AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+  AND NOT {{feed_hidden}}
+ORDER BY e.xid DESC, e.event_id DESC
 LIMIT 1;
 
 -- name: stream_deltas_put :exec

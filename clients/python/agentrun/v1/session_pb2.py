@@ -26,39 +26,45 @@ from agentrun.v1 import run_pb2 as agentrun_dot_v1_dot_run__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/session.proto\x12\x0b\x61gentrun.v1\x1a\x15\x61gentrun/v1/run.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xab\x01\n\x04Turn\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\r\n\x05input\x18\x04 \x01(\t\x12\x0e\n\x06output\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa0\x02\n\x07Session\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x12\n\nturn_count\x18\x05 \x01(\x05\x12$\n\tlast_turn\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.Turn\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x08strategy\x18\t \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\"}\n\x14\x43reateSessionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12.\n\x08strategy\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Session\"=\n\x11GetSessionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Session\"\xa2\x01\n\x12SendMessageRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12.\n\x08strategy\x18\x05 \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\x12\x10\n\x08priority\x18( \x01(\x05\"G\n\x13SendMessageResponse\x12\x1f\n\x04turn\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.Turn\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"b\n\x10ListTurnsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tfrom_turn\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"H\n\x11ListTurnsResponse\x12 \n\x05turns\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Turn\x12\x11\n\tnext_turn\x18\x02 \x01(\x05\"d\n\x13ListSessionsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\"W\n\x14ListSessionsResponse\x12&\n\x08sessions\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xad\x01\n\x0fSessionStrategy\x12 \n\x1cSESSION_STRATEGY_UNSPECIFIED\x10\x00\x12\x1b\n\x17SESSION_STRATEGY_REJECT\x10\x01\x12\x1c\n\x18SESSION_STRATEGY_ENQUEUE\x10\x02\x12\x1e\n\x1aSESSION_STRATEGY_INTERRUPT\x10\x03\x12\x1d\n\x19SESSION_STRATEGY_ROLLBACK\x10\x04\x32\xaa\x03\n\x0eSessionService\x12V\n\rCreateSession\x12!.agentrun.v1.CreateSessionRequest\x1a\".agentrun.v1.CreateSessionResponse\x12M\n\nGetSession\x12\x1e.agentrun.v1.GetSessionRequest\x1a\x1f.agentrun.v1.GetSessionResponse\x12P\n\x0bSendMessage\x12\x1f.agentrun.v1.SendMessageRequest\x1a .agentrun.v1.SendMessageResponse\x12J\n\tListTurns\x12\x1d.agentrun.v1.ListTurnsRequest\x1a\x1e.agentrun.v1.ListTurnsResponse\x12S\n\x0cListSessions\x12 .agentrun.v1.ListSessionsRequest\x1a!.agentrun.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/session.proto\x12\x0b\x61gentrun.v1\x1a\x15\x61gentrun/v1/run.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xab\x01\n\x04Turn\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.agentrun.v1.RunStatus\x12\r\n\x05input\x18\x04 \x01(\t\x12\x0e\n\x06output\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xe5\x02\n\x07Session\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x12\n\nturn_count\x18\x05 \x01(\x05\x12$\n\tlast_turn\x18\x06 \x01(\x0b\x32\x11.agentrun.v1.Turn\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x08strategy\x18\t \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\x12\x32\n\nvisibility\x18\n \x01(\x0e\x32\x1e.agentrun.v1.SessionVisibility\x12\x0f\n\x07members\x18\x0b \x03(\t\"\xc2\x01\n\x14\x43reateSessionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12.\n\x08strategy\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\x12\x32\n\nvisibility\x18\x05 \x01(\x0e\x32\x1e.agentrun.v1.SessionVisibility\x12\x0f\n\x07members\x18\x06 \x03(\t\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Session\"=\n\x11GetSessionRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Session\"\xa2\x01\n\x12SendMessageRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12.\n\x08strategy\x18\x05 \x01(\x0e\x32\x1c.agentrun.v1.SessionStrategy\x12\x10\n\x08priority\x18( \x01(\x05\"G\n\x13SendMessageResponse\x12\x1f\n\x04turn\x18\x01 \x01(\x0b\x32\x11.agentrun.v1.Turn\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"b\n\x10ListTurnsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tfrom_turn\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\"H\n\x11ListTurnsResponse\x12 \n\x05turns\x18\x01 \x03(\x0b\x32\x11.agentrun.v1.Turn\x12\x11\n\tnext_turn\x18\x02 \x01(\x05\"d\n\x13ListSessionsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\"W\n\x14ListSessionsResponse\x12&\n\x08sessions\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x98\x01\n\x1bUpdateSessionMembersRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03\x61\x64\x64\x18\x03 \x03(\t\x12\x0e\n\x06remove\x18\x04 \x03(\t\x12\x32\n\nvisibility\x18\x05 \x01(\x0e\x32\x1e.agentrun.v1.SessionVisibility\"E\n\x1cUpdateSessionMembersResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Session*y\n\x11SessionVisibility\x12\"\n\x1eSESSION_VISIBILITY_UNSPECIFIED\x10\x00\x12 \n\x1cSESSION_VISIBILITY_WORKSPACE\x10\x01\x12\x1e\n\x1aSESSION_VISIBILITY_PRIVATE\x10\x02*\xad\x01\n\x0fSessionStrategy\x12 \n\x1cSESSION_STRATEGY_UNSPECIFIED\x10\x00\x12\x1b\n\x17SESSION_STRATEGY_REJECT\x10\x01\x12\x1c\n\x18SESSION_STRATEGY_ENQUEUE\x10\x02\x12\x1e\n\x1aSESSION_STRATEGY_INTERRUPT\x10\x03\x12\x1d\n\x19SESSION_STRATEGY_ROLLBACK\x10\x04\x32\x97\x04\n\x0eSessionService\x12V\n\rCreateSession\x12!.agentrun.v1.CreateSessionRequest\x1a\".agentrun.v1.CreateSessionResponse\x12M\n\nGetSession\x12\x1e.agentrun.v1.GetSessionRequest\x1a\x1f.agentrun.v1.GetSessionResponse\x12P\n\x0bSendMessage\x12\x1f.agentrun.v1.SendMessageRequest\x1a .agentrun.v1.SendMessageResponse\x12J\n\tListTurns\x12\x1d.agentrun.v1.ListTurnsRequest\x1a\x1e.agentrun.v1.ListTurnsResponse\x12S\n\x0cListSessions\x12 .agentrun.v1.ListSessionsRequest\x1a!.agentrun.v1.ListSessionsResponse\x12k\n\x14UpdateSessionMembers\x12(.agentrun.v1.UpdateSessionMembersRequest\x1a).agentrun.v1.UpdateSessionMembersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTRATEGY']._serialized_start=1482
-  _globals['_SESSIONSTRATEGY']._serialized_end=1655
+  _globals['_SESSIONVISIBILITY']._serialized_start=1846
+  _globals['_SESSIONVISIBILITY']._serialized_end=1967
+  _globals['_SESSIONSTRATEGY']._serialized_start=1970
+  _globals['_SESSIONSTRATEGY']._serialized_end=2143
   _globals['_TURN']._serialized_start=99
   _globals['_TURN']._serialized_end=270
   _globals['_SESSION']._serialized_start=273
-  _globals['_SESSION']._serialized_end=561
-  _globals['_CREATESESSIONREQUEST']._serialized_start=563
-  _globals['_CREATESESSIONREQUEST']._serialized_end=688
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=690
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=752
-  _globals['_GETSESSIONREQUEST']._serialized_start=754
-  _globals['_GETSESSIONREQUEST']._serialized_end=815
-  _globals['_GETSESSIONRESPONSE']._serialized_start=817
-  _globals['_GETSESSIONRESPONSE']._serialized_end=876
-  _globals['_SENDMESSAGEREQUEST']._serialized_start=879
-  _globals['_SENDMESSAGEREQUEST']._serialized_end=1041
-  _globals['_SENDMESSAGERESPONSE']._serialized_start=1043
-  _globals['_SENDMESSAGERESPONSE']._serialized_end=1114
-  _globals['_LISTTURNSREQUEST']._serialized_start=1116
-  _globals['_LISTTURNSREQUEST']._serialized_end=1214
-  _globals['_LISTTURNSRESPONSE']._serialized_start=1216
-  _globals['_LISTTURNSRESPONSE']._serialized_end=1288
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1290
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1390
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1392
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1479
-  _globals['_SESSIONSERVICE']._serialized_start=1658
-  _globals['_SESSIONSERVICE']._serialized_end=2084
+  _globals['_SESSION']._serialized_end=630
+  _globals['_CREATESESSIONREQUEST']._serialized_start=633
+  _globals['_CREATESESSIONREQUEST']._serialized_end=827
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=829
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=891
+  _globals['_GETSESSIONREQUEST']._serialized_start=893
+  _globals['_GETSESSIONREQUEST']._serialized_end=954
+  _globals['_GETSESSIONRESPONSE']._serialized_start=956
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1015
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=1018
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=1180
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=1182
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=1253
+  _globals['_LISTTURNSREQUEST']._serialized_start=1255
+  _globals['_LISTTURNSREQUEST']._serialized_end=1353
+  _globals['_LISTTURNSRESPONSE']._serialized_start=1355
+  _globals['_LISTTURNSRESPONSE']._serialized_end=1427
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1429
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1529
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1531
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1618
+  _globals['_UPDATESESSIONMEMBERSREQUEST']._serialized_start=1621
+  _globals['_UPDATESESSIONMEMBERSREQUEST']._serialized_end=1773
+  _globals['_UPDATESESSIONMEMBERSRESPONSE']._serialized_start=1775
+  _globals['_UPDATESESSIONMEMBERSRESPONSE']._serialized_end=1844
+  _globals['_SESSIONSERVICE']._serialized_start=2146
+  _globals['_SESSIONSERVICE']._serialized_end=2681
 # @@protoc_insertion_point(module_scope)

@@ -21,6 +21,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _SessionVisibility:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionVisibilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionVisibility.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_VISIBILITY_UNSPECIFIED: _SessionVisibility.ValueType  # 0
+    """WORKSPACE (on a create), or unchanged (on an update)."""
+    SESSION_VISIBILITY_WORKSPACE: _SessionVisibility.ValueType  # 1
+    """Every reader of the workspace."""
+    SESSION_VISIBILITY_PRIVATE: _SessionVisibility.ValueType  # 2
+    """Its members and the workspace's admins only. To every other reader the
+    session and its turns' runs do not exist (NOT_FOUND, HTTP 404), and their
+    events are left out of the workspace feed (docs/sessions.md).
+    """
+
+class SessionVisibility(_SessionVisibility, metaclass=_SessionVisibilityEnumTypeWrapper):
+    """SessionVisibility is who reads a session, its turns' runs and their events."""
+
+SESSION_VISIBILITY_UNSPECIFIED: SessionVisibility.ValueType  # 0
+"""WORKSPACE (on a create), or unchanged (on an update)."""
+SESSION_VISIBILITY_WORKSPACE: SessionVisibility.ValueType  # 1
+"""Every reader of the workspace."""
+SESSION_VISIBILITY_PRIVATE: SessionVisibility.ValueType  # 2
+"""Its members and the workspace's admins only. To every other reader the
+session and its turns' runs do not exist (NOT_FOUND, HTTP 404), and their
+events are left out of the workspace feed (docs/sessions.md).
+"""
+Global___SessionVisibility: _TypeAlias = SessionVisibility  # noqa: Y015
+
 class _SessionStrategy:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -128,6 +158,8 @@ class Session(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     STRATEGY_FIELD_NUMBER: _builtins.int
+    VISIBILITY_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     session_id: _builtins.str
     agent_id: _builtins.str
@@ -135,6 +167,8 @@ class Session(_message.Message):
     turn_count: _builtins.int
     strategy: Global___SessionStrategy.ValueType
     """What a message sent while a turn runs does (unless the message says)."""
+    visibility: Global___SessionVisibility.ValueType
+    """WORKSPACE or PRIVATE."""
     @_builtins.property
     def last_turn(self) -> Global___Turn:
         """The most recent turn, if any."""
@@ -143,6 +177,12 @@ class Session(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The principals who see it when PRIVATE, as the log names them
+        (`key:NAME`, `person:NAME`), sorted; its creator is one.
+        """
+
     def __init__(
         self,
         *,
@@ -155,10 +195,12 @@ class Session(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         strategy: Global___SessionStrategy.ValueType = ...,
+        visibility: Global___SessionVisibility.ValueType = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_turn", b"last_turn", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "last_turn", b"last_turn", "session_id", b"session_id", "strategy", b"strategy", "title", b"title", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "last_turn", b"last_turn", "members", b"members", "session_id", b"session_id", "strategy", b"strategy", "title", b"title", "turn_count", b"turn_count", "update_time", b"update_time", "visibility", b"visibility", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -172,11 +214,21 @@ class CreateSessionRequest(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
     STRATEGY_FIELD_NUMBER: _builtins.int
+    VISIBILITY_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     agent_id: _builtins.str
     title: _builtins.str
     strategy: Global___SessionStrategy.ValueType
     """UNSPECIFIED = REJECT."""
+    visibility: Global___SessionVisibility.ValueType
+    """UNSPECIFIED = WORKSPACE."""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members besides the caller, who always is one (`key:NAME` or
+        `person:NAME`; at most 100).
+        """
+
     def __init__(
         self,
         *,
@@ -184,10 +236,12 @@ class CreateSessionRequest(_message.Message):
         agent_id: _builtins.str = ...,
         title: _builtins.str = ...,
         strategy: Global___SessionStrategy.ValueType = ...,
+        visibility: Global___SessionVisibility.ValueType = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "strategy", b"strategy", "title", b"title", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "members", b"members", "strategy", b"strategy", "title", b"title", "visibility", b"visibility", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -429,3 +483,61 @@ class ListSessionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class UpdateSessionMembersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ADD_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    VISIBILITY_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    session_id: _builtins.str
+    visibility: Global___SessionVisibility.ValueType
+    """UNSPECIFIED = unchanged."""
+    @_builtins.property
+    def add(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Principals to add (`key:NAME` or `person:NAME`; at most 100)."""
+
+    @_builtins.property
+    def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Principals to remove (a name that is not a member is ignored)."""
+
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        add: _abc.Iterable[_builtins.str] | None = ...,
+        remove: _abc.Iterable[_builtins.str] | None = ...,
+        visibility: Global___SessionVisibility.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "remove", b"remove", "session_id", b"session_id", "visibility", b"visibility", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionMembersRequest: _TypeAlias = UpdateSessionMembersRequest  # noqa: Y015
+
+@_typing.final
+class UpdateSessionMembersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionMembersResponse: _TypeAlias = UpdateSessionMembersResponse  # noqa: Y015

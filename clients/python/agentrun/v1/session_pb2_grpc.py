@@ -67,6 +67,11 @@ class SessionServiceStub:
                 request_serializer=agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.UpdateSessionMembers = channel.unary_unary(
+                '/agentrun.v1.SessionService/UpdateSessionMembers',
+                request_serializer=agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersRequest.SerializeToString,
+                response_deserializer=agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -119,6 +124,15 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateSessionMembers(self, request, context):
+        """UpdateSessionMembers adds and removes a session's members, or changes its
+        visibility. The caller must see the session (a member, or a workspace
+        admin): to anyone else it is NOT_FOUND, as everywhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +160,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.FromString,
                     response_serializer=agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'UpdateSessionMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSessionMembers,
+                    request_deserializer=agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersRequest.FromString,
+                    response_serializer=agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -291,6 +310,33 @@ class SessionService:
             '/agentrun.v1.SessionService/ListSessions',
             agentrun_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
             agentrun_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSessionMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrun.v1.SessionService/UpdateSessionMembers',
+            agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersRequest.SerializeToString,
+            agentrun_dot_v1_dot_session__pb2.UpdateSessionMembersResponse.FromString,
             options,
             channel_credentials,
             insecure,

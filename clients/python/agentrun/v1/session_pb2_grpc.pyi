@@ -57,6 +57,11 @@ class SessionServiceStub:
     without its last_turn: GetSession has it). Each session's turns are a
     Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
     """
+    UpdateSessionMembers: _grpc.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionMembersRequest, _session_pb2.UpdateSessionMembersResponse]
+    """UpdateSessionMembers adds and removes a session's members, or changes its
+    visibility. The caller must see the session (a member, or a workspace
+    admin): to anyone else it is NOT_FOUND, as everywhere.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -86,6 +91,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """ListSessions pages through the workspace's sessions, newest first (each
     without its last_turn: GetSession has it). Each session's turns are a
     Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+    """
+    UpdateSessionMembers: _aio.UnaryUnaryMultiCallable[_session_pb2.UpdateSessionMembersRequest, _session_pb2.UpdateSessionMembersResponse]  # type: ignore[assignment]
+    """UpdateSessionMembers adds and removes a session's members, or changes its
+    visibility. The caller must see the session (a member, or a workspace
+    admin): to anyone else it is NOT_FOUND, as everywhere.
     """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -143,6 +153,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListSessions pages through the workspace's sessions, newest first (each
         without its last_turn: GetSession has it). Each session's turns are a
         Durable Stream too: streams/_agentrun/sessions/{session_id} (docs/streams.md).
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateSessionMembers(
+        self,
+        request: _session_pb2.UpdateSessionMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.UpdateSessionMembersResponse, _abc.Awaitable[_session_pb2.UpdateSessionMembersResponse]]:
+        """UpdateSessionMembers adds and removes a session's members, or changes its
+        visibility. The caller must see the session (a member, or a workspace
+        admin): to anyone else it is NOT_FOUND, as everywhere.
         """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

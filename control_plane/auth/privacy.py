@@ -1,0 +1,85 @@
+"""Who sees a private session, its turns' runs and their events: the one place that decides
+(issue 42 item 4, docs/sessions.md).
+
+A *reader* is a principal's label as the log records it (`key:NAME`, `person:NAME`), or
+None for one who sees everything: a workspace admin, or the platform's own work serving no
+request. A private session is seen by its members and the workspace's admins only. Every
+reader goes through here or through a query that takes the reader:
+
+* lookups (`check_session`, `check_run`): GetSession, ListTurns, SendMessage,
+  UpdateSessionMembers, GetRun, ListRunSteps, WatchRun and the run's other RPCs, and the
+  `_agentrun/runs/...` and `_agentrun/sessions/...` streams answer NOT_FOUND (HTTP 404) for
+  what the reader may not see: never PERMISSION_DENIED, which would tell that it exists;
+* lists and the feed (sql: sessions_page, run_list_filter, feed_hidden): ListSessions,
+  ListRuns and the workspace feed (`_agentrun/feed`, HTTP and gRPC ReadStream) leave it out
+  inside the query, so a page is full whenever more visible rows follow and the feed's
+  offsets stay those of its events.
+
+Membership is read when the reader reads: adding a member shows them the session's past.
+A turn's child runs (fan-out) are the session's too; deeper descendants are not followed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+
+from control_plane.auth import context
+from control_plane.auth.principal import Capability, Kind, Principal
+from control_plane.ground.errors import InvalidArgument, NotFound
+from control_plane.store import privacy as store
+from control_plane.store.db import Connection, Pool
+
+WORKSPACE, PRIVATE = "workspace", "private"
+MAX_MEMBERS = 100
+MEMBER = re.compile(r"^(key|person):[^\x00-\x1f]{1,200}$")
+
+
+def reader_of(who: Principal) -> str | None:
+    """`who` as a reader: None (everything) for a workspace admin, else its label."""
+    return None if who.may(Capability.ADMIN) else who.label
+
+
+def reader() -> str | None:
+    """The reader of the request being served (None outside one: the platform's own work)."""
+    who = context.current_or_none()
+    return None if who is None else reader_of(who)
+
+
+def member_label() -> str | None:
+    """The caller as a session member (a key or a person), or None (platform, executor, or
+    no request being served)."""
+    who = context.current_or_none()
+    if who is None or who.kind not in (Kind.KEY, Kind.PERSON):
+        return None
+    return who.label
+
+
+def members(field: str, values: Sequence[str]) -> list[str]:
+    """Principals' labels, checked: INVALID_ARGUMENT naming `field` and the bad one."""
+    if len(values) > MAX_MEMBERS:
+        raise InvalidArgument(field, f"at most {MAX_MEMBERS} members at once")
+    for value in values:
+        if not MEMBER.match(value):
+            raise InvalidArgument(
+                field, f"{value[:60]!r} is not a principal: key:NAME or person:NAME"
+            )
+    return sorted(set(values))
+
+
+async def check_session(
+    pool: Pool | Connection, workspace_id: str, session_id: uuid.UUID, who: str | None
+) -> None:
+    """NOT_FOUND unless the session exists and `who` may see it."""
+    hidden = await store.session_hidden(pool, workspace_id, session_id, who)
+    if hidden is None or hidden:
+        raise NotFound(f"session {session_id} not found")
+
+
+async def check_run(
+    pool: Pool | Connection, workspace_id: str, run_id: uuid.UUID, who: str | None
+) -> None:
+    """NOT_FOUND when the run is one `who` may not see (whether it exists is the caller's)."""
+    if await store.run_hidden(pool, workspace_id, run_id, who):
+        raise NotFound(f"run {run_id} not found")
