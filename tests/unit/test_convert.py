@@ -151,6 +151,7 @@ def _constructed_run(row: Run) -> run_pb2.Run:
         paused=row.paused,
         parent_index=row.parent_index,
         parent_close=row.parent_close,
+        concurrency_key=row.concurrency_key,
         wake_time=ts(row.wake_at),
         expire_time=ts(row.expires_at),
         create_time=ts(row.created_at),
