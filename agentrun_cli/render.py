@@ -250,7 +250,9 @@ def state_line(run: run_pb2.Run) -> str:
         if run.wait_reason == "concurrency_key":
             line += f" for a slot of key {run.concurrency_key!r}"
         else:
-            line += f" until {timestamp(run.wake_time)}" if run.HasField("wake_time") else " on event"
+            line += (
+                f" until {timestamp(run.wake_time)}" if run.HasField("wake_time") else " on event"
+            )
     elif run.status == run_pb2.RUN_STATUS_RUNNING:
         line += f" on {run.lease_owner or '?'} epoch {run.lease_epoch}"
         line += f" attempt {run.attempt}" if run.attempt else ""
