@@ -185,8 +185,13 @@ async def test_leases_of_several_workspaces_are_renewed_released_and_failed_alik
     await factories.queued_runs(pool, 2, "ws-two")
     await pool.execute(
         "UPDATE runs SET max_age_seconds = 600,"
-        " expires_at = now() - make_interval(secs => CASE workspace_id"
-        " WHEN 'ws-two' THEN 60 ELSE 30 END) WHERE status = 'queued'"
+        " expires_at = now() - make_interval(secs => 30) WHERE status = 'queued'"
+    )
+    # One workspace per statement (a `CASE workspace_id WHEN …` over every shard is
+    # deparsed by Citus into `text = boolean`).
+    await pool.execute(
+        "UPDATE runs SET expires_at = now() - make_interval(secs => 60)"
+        " WHERE workspace_id = 'ws-two' AND status = 'queued'"
     )
     first = await lease.fail_past_max_age(pool, 3)
     assert sorted(k.workspace_id for k in first) == ["ws-one", "ws-two", "ws-two"]
