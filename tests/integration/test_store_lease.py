@@ -302,6 +302,9 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
 BLOCKED_BEHIND = "SELECT count(*) > 0 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))"
 
 
+@pytest.mark.plain_postgres(
+    "it watches pg_blocking_pids() on the server, which on a coordinator does not see the row locks a worker holds"
+)
 async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_deadlocking(pool):
     """A heartbeat and a grouped commit (run_commit_many) of one executor touch the same
     run rows in one statement each; the commit locks them in (workspace_id, run_id) order.
