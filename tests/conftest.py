@@ -62,6 +62,20 @@ def pg() -> Iterator[EmbeddedPostgres | ExternalPostgres]:
         yield server
 
 
+@pytest.fixture(autouse=True)
+def _plain_postgres_only(request: pytest.FixtureRequest) -> None:
+    """Skip a test marked `plain_postgres("why")` when the session's server is a Citus
+    coordinator (DATABASE_URL naming one): the one place that says which tests need a
+    single PostgreSQL, each with its reason. Unmarked tests never start `pg` here."""
+    marker = request.node.get_closest_marker("plain_postgres")
+    if marker is None:
+        return
+    pg = request.getfixturevalue("pg")
+    if getattr(pg, "workers", ()):
+        why = marker.args[0] if marker.args else "it needs a single PostgreSQL"
+        pytest.skip(f"not on a Citus cluster: {why}")
+
+
 @pytest.fixture
 def embedded_pg(pg: EmbeddedPostgres | ExternalPostgres) -> Iterator[EmbeddedPostgres]:
     """The session server, for tests that kill or restart it (running again at teardown)."""

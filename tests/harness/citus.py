@@ -242,12 +242,25 @@ def _value(type_name: str, samples: Samples) -> Any:
 
 async def probe_one(conn: asyncpg.Connection, query: Query, samples: Samples) -> Verdict:
     """Plan the statement (EXPLAIN with sample values), then run it on empty tables, both in
-    a transaction rolled back: the planner's refusals show at either step."""
+    a transaction rolled back: the planner's refusals show at either step. A statement with
+    a time parameter is probed again with every time NULL, as the server sends it ("the
+    database clock unless $n"): Citus refuses `coalesce($n, now())` in a write only then."""
     try:
         statement = await conn.prepare(query.sql)
     except asyncpg.PostgresError as exc:
         return Verdict(query.name, f"prepare: {exc}", 0)
-    args = [_value(t.name, samples) for t in statement.get_parameters()]
+    types = [t.name for t in statement.get_parameters()]
+    args = [_value(t, samples) for t in types]
+    verdict = await _probe_args(conn, query, args)
+    if verdict.refused is None and "timestamptz" in types:
+        clock = [None if t == "timestamptz" else a for t, a in zip(types, args, strict=True)]
+        no_time = await _probe_args(conn, query, clock)
+        if no_time.refused is not None:
+            return Verdict(query.name, f"{no_time.refused} (times NULL)", verdict.tasks)
+    return verdict
+
+
+async def _probe_args(conn: asyncpg.Connection, query: Query, args: list[Any]) -> Verdict:
     try:
         plan = await _rolled_back(conn, f"EXPLAIN (COSTS OFF) {query.sql}", args)
     except asyncpg.PostgresError as exc:

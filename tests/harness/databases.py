@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 
-from control_plane.store.citus import migrate_and_distribute
+from control_plane.store.citus import CLAIM_SETTINGS, has_citus, migrate_and_distribute
 from control_plane.store.migrate import migrate, migrations_dir
 from control_plane.store.queries import SCHEMA_FILE
 
@@ -23,12 +23,13 @@ TEMPLATE_DB = os.environ.get("AGENTRUN_TEST_TEMPLATE_DB") or "agentrun_template"
 # The migration that picks how the claim reads each agent's due runs (a skip scan on
 # Postgres 18 and later, a walk over priority levels before).
 # The last migration that (re)creates the claim function; use_claim_walk runs its DO block.
-CLAIM_WALK_MIGRATION = "0047_claim_per_shard.sql"
+CLAIM_WALK_MIGRATION = "0052_claim_none_locked.sql"
 
 
 async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:
     """Replace the claim function as CLAIM_WALK_MIGRATION's DO block makes it: with the walk
-    over priority levels forced ('levels'), or as the server's version picks ('default')."""
+    over priority levels forced ('levels'), or as the server's version picks ('default').
+    On a Citus coordinator the settings `migrate --citus` gives it are put back."""
     text = (migrations_dir() / CLAIM_WALK_MIGRATION).read_text()
     begin = text.index("DO $claim_walk$")
     sql = text[begin : text.index("$claim_walk$;", begin + 1) + len("$claim_walk$;")]
@@ -36,6 +37,9 @@ async def use_claim_walk(conn: asyncpg.Connection, walk: str) -> None:
         value = "levels" if walk == "levels" else ""
         await conn.execute("SELECT set_config('agentrun.claim_walk', $1, true)", value)
         await conn.execute(sql)
+        if await has_citus(conn):
+            for statement in CLAIM_SETTINGS:
+                await conn.execute(statement)
 
 
 async def run_schema_file(conn: asyncpg.Connection, path: Path = SCHEMA_FILE) -> None:

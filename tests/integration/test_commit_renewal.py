@@ -52,6 +52,9 @@ def at(t0: datetime, seconds: float) -> datetime:
     return t0 + timedelta(seconds=seconds)
 
 
+@pytest.mark.plain_postgres(
+    "it reads the runs table's HOT-update counters, which on Citus are the shards' on the workers"
+)
 async def test_a_commit_renews_only_once_half_the_lease_is_left_and_is_hot_before(pool):
     (run,), t0 = await claimed(pool)
     async with pool.acquire() as conn, conn.transaction():

@@ -39,13 +39,15 @@ async def next_wake(pool, ws: str = "ws") -> datetime | None:
 async def counters_match(pool) -> None:
     """The maintained running counts equal the runs actually running."""
     bad = await pool.fetch("""
-        SELECT w.workspace_id, workspace_running(w.workspace_id) AS running,
+        SELECT w.workspace_id, (SELECT coalesce(sum(c.n), 0) FROM workspace_running_counts c
+        WHERE c.workspace_id = w.workspace_id) AS running,
                (SELECT count(*) FROM runs r
                 WHERE r.workspace_id = w.workspace_id AND r.status = 'running') AS actual
         FROM workspaces w
         UNION ALL
         SELECT a.workspace_id || '/' || a.agent_id,
-               agent_running(a.workspace_id, a.agent_id) AS running,
+               (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+        WHERE c.workspace_id = a.workspace_id AND c.agent_id = a.agent_id) AS running,
                (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
                 AND r.agent_id = a.agent_id AND r.status = 'running')
         FROM agents a

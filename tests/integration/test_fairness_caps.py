@@ -38,12 +38,14 @@ LEASE_SECONDS = 0.4
 CLAIMERS = 6
 
 COUNTS = """
-SELECT 'workspace ' || w.workspace_id AS who, w.max_concurrency AS cap, workspace_running(w.workspace_id) AS running,
+SELECT 'workspace ' || w.workspace_id AS who, w.max_concurrency AS cap, (SELECT coalesce(sum(c.n), 0) FROM workspace_running_counts c
+        WHERE c.workspace_id = w.workspace_id) AS running,
        (SELECT count(*) FROM runs r
         WHERE r.workspace_id = w.workspace_id AND r.status = 'running') AS actual
 FROM workspaces w
 UNION ALL
-SELECT 'agent ' || a.workspace_id || '/' || a.agent_id, a.max_concurrency, agent_running(a.workspace_id, a.agent_id) AS running,
+SELECT 'agent ' || a.workspace_id || '/' || a.agent_id, a.max_concurrency, (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+        WHERE c.workspace_id = a.workspace_id AND c.agent_id = a.agent_id) AS running,
        (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
         AND r.agent_id = a.agent_id AND r.status = 'running')
 FROM agents a

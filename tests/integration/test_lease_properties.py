@@ -91,7 +91,8 @@ RUNS = """SELECT run_id, status, wait_reason, wake_at, lease_owner, lease_epoch,
                  started_at, finished_at FROM runs"""
 STEP_LOG = "SELECT run_id, seq, epoch, kind FROM steps ORDER BY run_id, seq"
 COUNTS = """
-SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, workspace_running(w.workspace_id) AS running,
+SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, (SELECT coalesce(sum(c.n), 0) FROM workspace_running_counts c
+        WHERE c.workspace_id = w.workspace_id) AS running,
        (SELECT count(*) FROM runs r
         WHERE r.workspace_id = w.workspace_id AND r.status = 'running') AS actual,
        (SELECT t.next_wake_at FROM workspace_turns t WHERE t.workspace_id = w.workspace_id) AS bound,
@@ -99,7 +100,8 @@ SELECT w.workspace_id, NULL AS agent_id, w.max_concurrency AS cap, workspace_run
         AND r.status IN ('queued', 'waiting', 'running')) AS earliest
 FROM workspaces w
 UNION ALL
-SELECT a.workspace_id, a.agent_id, a.max_concurrency, agent_running(a.workspace_id, a.agent_id) AS running,
+SELECT a.workspace_id, a.agent_id, a.max_concurrency, (SELECT coalesce(sum(c.n), 0) FROM agent_running_counts c
+        WHERE c.workspace_id = a.workspace_id AND c.agent_id = a.agent_id) AS running,
        (SELECT count(*) FROM runs r WHERE r.workspace_id = a.workspace_id
         AND r.agent_id = a.agent_id AND r.status = 'running'), NULL, NULL
 FROM agents a

@@ -185,8 +185,13 @@ async def test_leases_of_several_workspaces_are_renewed_released_and_failed_alik
     await factories.queued_runs(pool, 2, "ws-two")
     await pool.execute(
         "UPDATE runs SET max_age_seconds = 600,"
-        " expires_at = now() - make_interval(secs => CASE workspace_id"
-        " WHEN 'ws-two' THEN 60 ELSE 30 END) WHERE status = 'queued'"
+        " expires_at = now() - make_interval(secs => 30) WHERE status = 'queued'"
+    )
+    # One workspace per statement (a `CASE workspace_id WHEN …` over every shard is
+    # deparsed by Citus into `text = boolean`).
+    await pool.execute(
+        "UPDATE runs SET expires_at = now() - make_interval(secs => 60)"
+        " WHERE workspace_id = 'ws-two' AND status = 'queued'"
     )
     first = await lease.fail_past_max_age(pool, 3)
     assert sorted(k.workspace_id for k in first) == ["ws-one", "ws-two", "ws-two"]
@@ -297,6 +302,9 @@ async def test_an_admission_copies_its_limits_and_input_onto_the_run_and_step_0(
 BLOCKED_BEHIND = "SELECT count(*) > 0 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))"
 
 
+@pytest.mark.plain_postgres(
+    "it watches pg_blocking_pids() on the server, which on a coordinator does not see the row locks a worker holds"
+)
 async def test_a_heartbeat_locks_its_runs_in_key_order_so_it_waits_instead_of_deadlocking(pool):
     """A heartbeat and a grouped commit (run_commit_many) of one executor touch the same
     run rows in one statement each; the commit locks them in (workspace_id, run_id) order.

@@ -49,13 +49,13 @@ RETURNING *;
 
 -- name: approval_decision_step :exec
 -- Record the decision in the run's log and make the run runnable now
--- (database clock unless $7 fixes it).
+-- (database clock unless $7 fixes it; a subquery, as in approval_decide).
 WITH to_append AS (
     SELECT $1::text AS workspace_id, $2::uuid AS run_id, $3::int AS seq,
            'approval_decided' AS kind, $4::bigint AS epoch, $5::int AS ref_seq,
            $6::jsonb AS payload, now() AS created_at, NULL::text AS release
 ), {{steps_append}}
-UPDATE runs SET wake_at = coalesce($7::timestamptz, now()), step_count = step_count + 1,
+UPDATE runs SET wake_at = (SELECT coalesce($7::timestamptz, now())), step_count = step_count + 1,
                 updated_at = now()
 WHERE workspace_id = $1 AND run_id = $2;
 

@@ -6,13 +6,14 @@
 -- needs one: it never passed a canary, or its last canary failed after its last
 -- pass. A failing release is checked again only for an executor other than the
 -- one whose connect checked it last, so a broken executor that reconnects in a
--- loop does not run a canary each time. Database clock unless $4. `taken`, and
+-- loop does not run a canary each time. Database clock unless $4 (a subquery: Citus
+-- refuses now() inside coalesce in a write to a reference table). `taken`, and
 -- when not: the seconds another replica still holds it (NULL: not held).
 WITH taken AS (
-    UPDATE releases SET canary_check_until = coalesce($4::timestamptz, now()) + make_interval(secs => $2),
+    UPDATE releases SET canary_check_until = (SELECT coalesce($4::timestamptz, now()) + make_interval(secs => $2)),
                         canary_check_by = $3
     WHERE release = $1
-      AND (canary_check_until IS NULL OR canary_check_until <= coalesce($4::timestamptz, now()))
+      AND (canary_check_until IS NULL OR canary_check_until <= (SELECT coalesce($4::timestamptz, now())))
       AND (canary_passed_at IS NULL OR canary_failed_at >= canary_passed_at)
       AND (canary_failed_at IS NULL OR canary_failed_at < canary_passed_at
            OR canary_check_by IS DISTINCT FROM $3)

@@ -30,13 +30,19 @@ WITH held AS (
     WHERE r.workspace_id = :workspace_id AND r.run_id = :run_id AND r.lease_epoch = :epoch
       AND r.status = 'running' AND r.cost_micros >= r.credits_reserved_micros
     FOR NO KEY UPDATE
+), locked_account AS (
+    -- The account locked by a statement over it alone, after the run (EXISTS reads
+    -- `held` first): Citus loses the columns of a locking join with another CTE when an
+    -- insert reads it ("missing data for column "run_id"").
+    SELECT a.workspace_id, a.balance_micros, a.chunk_micros, a.out_of_credits
+    FROM credit_accounts a
+    WHERE a.workspace_id = :workspace_id AND EXISTS (SELECT 1 FROM held)
+    FOR NO KEY UPDATE
 ), account AS (
     SELECT h.workspace_id, h.run_id, h.lease_epoch, h.chunk, h.owed, a.out_of_credits,
            -- What it owes, then up to a chunk ahead out of what the balance has left.
            h.owed + greatest(0, least(a.chunk_micros, a.balance_micros - h.owed)) AS amount
-    FROM held h JOIN credit_accounts a ON a.workspace_id = h.workspace_id
-    WHERE a.workspace_id = :workspace_id
-    FOR NO KEY UPDATE OF a
+    FROM held h JOIN locked_account a ON a.workspace_id = h.workspace_id
 ), reserved AS (
     INSERT INTO credit_ledger (workspace_id, kind, run_id, chunk, amount_micros)
     SELECT workspace_id, 'reserve', run_id, chunk, amount FROM account WHERE amount > 0

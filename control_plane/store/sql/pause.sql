@@ -34,7 +34,9 @@ FROM resumed;
 WITH agent AS (
     UPDATE agents SET paused = $3 WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id
-), first AS (
+), first AS MATERIALIZED (
+    -- (Materialized: inlined into `lowered`, Citus pushes the function call to the shard,
+    -- where it may not write a distributed table.)
     SELECT min(r.wake_at) AS wake_at FROM runs r, agent a
     WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
       AND r.status IN ('queued', 'waiting')
@@ -54,7 +56,7 @@ SELECT (SELECT count(*) FROM agent) AS found,
 -- the earliest wake of its queued or waiting runs, so the next claim looks.
 WITH ws AS (
     UPDATE workspaces SET queue_paused = $2 WHERE workspace_id = $1 RETURNING workspace_id
-), first AS (
+), first AS MATERIALIZED (  -- (as in agent_set_paused)
     SELECT min(r.wake_at) AS wake_at FROM runs r, ws
     WHERE r.workspace_id = $1 AND r.workspace_id = ws.workspace_id
       AND r.status IN ('queued', 'waiting')

@@ -113,11 +113,12 @@ LIMIT $6;
 -- name: run_cancel :one
 -- Cancel a non-terminal run at once. Its holder is fenced: the epoch check
 -- of its next commit or heartbeat fails because status is no longer running.
--- Database clock unless $4 fixes it.
+-- Database clock unless $4 fixes it (a subquery: Citus refuses now() inside coalesce
+-- in a write).
 WITH cancelled AS (
     UPDATE runs SET status = 'cancelled', wait_reason = NULL, wake_at = NULL,
                     lease_owner = NULL, error = $3, step_count = step_count + 1,
-                    finished_at = coalesce($4::timestamptz, now()), updated_at = now()
+                    finished_at = (SELECT coalesce($4::timestamptz, now())), updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2
       AND status IN ('queued', 'running', 'waiting')
     RETURNING *

@@ -1403,6 +1403,15 @@ BEGIN
         INTO share_lo, share_hi, share_reads, share_writes
         FROM release_share($7, $8, $9) s;
     END IF;
+    -- None locked (every turn held by another claimer, or gone): nothing to lease.
+    -- Citus cannot route the lease statement's locks over an empty array.
+    IF cardinality(locked) = 0 THEN
+        RETURN QUERY
+            SELECT NULL::runs, NULL::double precision, NULL::boolean, NULL::boolean,
+                   NULL::boolean, g.workspace_id, true, true
+            FROM unnest(gone) AS g(workspace_id);
+        RETURN;
+    END IF;
     -- b. Lapsed leases of the locked workspaces first, then the due runs of those
     -- open to them, round robin, within each workspace's and agent's room
     -- (schema.sql section 7 says how).

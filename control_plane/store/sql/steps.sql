@@ -251,7 +251,8 @@ UPDATE runs r SET
     output = CASE WHEN (:statuses::text[])[l.i] = 'completed' THEN (:texts::text[])[l.i] END,
     error = CASE WHEN (:statuses::text[])[l.i] = 'failed' THEN (:texts::text[])[l.i] END,
     finished_at = CASE WHEN (:statuses::text[])[l.i] IN ('completed', 'failed') THEN l.now END,
-    updated_at = now()
+    -- The clock of `locked`, as the lease's end: on Citus now() here is the worker's.
+    updated_at = l.now
 FROM locked l
 WHERE r.workspace_id = :workspace_id AND r.run_id = l.run_id
 RETURNING l.i, r.status, r.wake_at, l.renews AS renewed,
