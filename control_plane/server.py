@@ -301,6 +301,22 @@ async def start(
     check_transport(config)
     key_service = kms.configured(config.kms, config.kms_key_file, release=config.release)
     pool = await create_pool(config.database_url)
+    try:
+        return await _start_on(config, identity, key_service, pool)
+    except BaseException:
+        # A setting found wrong past this point (a TLS key that cannot be read, a port in
+        # use) must not leave the pool reconnecting in the background of a caller that
+        # goes on: `agentrun dev`, a test, an embedding.
+        pool.terminate()
+        raise
+
+
+async def _start_on(
+    config: ServerConfig,
+    identity: Callable[[Resolver], grpc.aio.ServerInterceptor],
+    key_service: kms.Kms,
+    pool: Pool,
+) -> RunningServer:
     envelope = Envelope(pool, key_service)
     # Secrets stored in plain text before envelope encryption: sealed before anything serves.
     await sealed_secrets.backfill(pool, envelope)
