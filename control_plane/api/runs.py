@@ -249,7 +249,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         if request.forked_from_run_id:
             source = validate.run_id("forked_from_run_id", request.forked_from_run_id)
             page = await fork_store.list_forks(
-                self._pool, ws, source, after=after, agent_id=agent_id, status=status, limit=size
+                self._pool,
+                ws,
+                source,
+                after=after,
+                agent_id=agent_id,
+                status=status,
+                limit=size,
+                reader=privacy.reader(),
             )
         else:
             since, search = _list_filters(request)

@@ -161,22 +161,27 @@ class RunPages:
         f = run_filter(q)
         size = _size(q.get("size", ""))
         ws = auth_context.workspace("")
+        seen_by = privacy.reader()  # a private session's runs are its members' (privacy.py)
         after, before = _cursor("after", q.get("after", "")), _cursor("before", q.get("before", ""))
         if after and before:
             raise InvalidArgument("before", "give after or before, not both")
         if before:
-            found = await store.search_runs_newer(self.c.pool, ws, f, size + 1, before)
+            found = await store.search_runs_newer(
+                self.c.pool, ws, f, size + 1, before, reader=seen_by
+            )
             has_newer, found = len(found) > size, found[-size:]
             has_older = True
         else:
-            found = await store.search_runs(self.c.pool, ws, f, size + 1, after)
+            found = await store.search_runs(self.c.pool, ws, f, size + 1, after, reader=seen_by)
             has_older, found = len(found) > size, found[:size]
             has_newer = after is not None
         if found and has_newer and not before:  # past the first page: is anything newer now?
             first = found[0].run
             probe = (first.created_at, first.run_id)
-            has_newer = bool(await store.search_runs_newer(self.c.pool, ws, f, 1, probe))
-        counts = await store.run_counts(self.c.pool, ws, replace(f, status=None))
+            has_newer = bool(
+                await store.search_runs_newer(self.c.pool, ws, f, 1, probe, reader=seen_by)
+            )
+        counts = await store.run_counts(self.c.pool, ws, replace(f, status=None), reader=seen_by)
         kept = {k: q[k] for k in FILTER_FIELDS if q.get(k)}
         if q.get("size"):
             kept["size"] = str(size)
