@@ -210,9 +210,13 @@ class RunPages:
 
     async def run(self, request: Request) -> Response:
         row = await self._run(request)
-        steps = await step_store.list_steps(
-            self.c.pool, row.workspace_id, row.run_id, 0, MAX_STEPS_SHOWN
-        )
+        internals = privacy.sees_internals()  # a reader's timeline shows projections
+        steps = [
+            privacy.project_step(s, internals)
+            for s in await step_store.list_steps(
+                self.c.pool, row.workspace_id, row.run_id, 0, MAX_STEPS_SHOWN
+            )
+        ]
         pending, _ = await approval_store.list_page(
             self.c.pool, row.workspace_id, approver=None, state="pending", after=None, limit=100
         )
@@ -250,6 +254,7 @@ class RunPages:
         self, row: run_store.Run, from_seq: int, who: Principal, csrf: str
     ) -> AsyncIterator[str]:
         previous: step_store.Step | None = None
+        internals = privacy.sees_internals_of(who)  # a reader's timeline shows projections
         if from_seq > 0:
             earlier = await step_store.list_steps(
                 self.c.pool, row.workspace_id, row.run_id, from_seq - 1, 1
@@ -262,6 +267,7 @@ class RunPages:
             if isinstance(item, run_store.Run):
                 yield sse("run", fragment("_timeline.html", "summary", item, **values))
                 continue
+            item = privacy.project_step(item, internals)
             entry = timeline.entry(item, previous)
             previous = item
             yield sse(
