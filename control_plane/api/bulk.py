@@ -30,7 +30,6 @@ from control_plane.ground import convert, validate
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import DomainError, InvalidArgument
 from control_plane.runs import children, forks
-from control_plane.store import privacy as privacy_store
 from control_plane.store import runs as store
 from control_plane.store.db import Pool, transaction
 from control_plane.store.queries import run
@@ -115,7 +114,9 @@ async def batches(
     reader = privacy.reader()  # read before the first yield: the caller's context
     async with transaction(pool) as conn:
         began = (await conn.fetchval("SELECT now()")).astimezone(UTC)
-        values = [*wanted.values(ws, began), unfinished]
+        # Only the runs the caller sees (control_plane/auth/privacy.py): a private session's
+        # runs are neither counted in `matched` nor acted on for one outside it.
+        values = [*wanted.values(ws, began), unfinished, reader]
         progress.matched = (await run(conn, "runs_bulk_count", *values))["n"]
         if not progress.dry_run:
             action, detail = audit_as
@@ -133,11 +134,7 @@ async def batches(
         rows = await run(pool, "runs_bulk_batch", *values, *after, BATCH)
         if rows:
             after = (rows[-1]["created_at"], rows[-1]["run_id"])
-            ids = [r["run_id"] for r in rows]
-            # A private session's runs are not the caller's to act on unless it sees them
-            # (control_plane/auth/privacy.py): skipped, like runs that ended meanwhile.
-            hidden = await privacy_store.runs_hidden(pool, ws, ids, reader)
-            acted = await act(ws, [i for i in ids if i not in hidden])
+            acted = await act(ws, [r["run_id"] for r in rows])
             progress.done += acted
             progress.skipped += len(rows) - acted
         if len(rows) < BATCH:

@@ -249,7 +249,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         if request.forked_from_run_id:
             source = validate.run_id("forked_from_run_id", request.forked_from_run_id)
             page = await fork_store.list_forks(
-                self._pool, ws, source, after=after, agent_id=agent_id, status=status, limit=size
+                self._pool,
+                ws,
+                source,
+                after=after,
+                agent_id=agent_id,
+                status=status,
+                limit=size,
+                reader=privacy.reader(),
             )
         else:
             since, search = _list_filters(request)
@@ -284,8 +291,10 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         await self._get(ws, run_id)
         rows = await step_store.list_steps(self._pool, ws, run_id, from_seq, size)
         next_seq = rows[-1].seq + 1 if len(rows) == size else 0
+        internals = privacy.sees_internals()  # a reader's steps are projections
         return run_pb2.ListRunStepsResponse(
-            steps=[convert.step(r) for r in rows], next_seq=next_seq
+            steps=[convert.step(privacy.project_step(r, internals)) for r in rows],
+            next_seq=next_seq,
         )
 
     async def CancelRun(
@@ -315,13 +324,14 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         run_id = validate.run_id("run_id", request.run_id)
         await privacy.check_run(self._pool, ws, run_id, privacy.reader())
         feed = watch_feed(self._pool, ws, run_id, watch_from(request))
+        internals = privacy.sees_internals()  # a reader's steps are projections
         if not request.deltas or self._deltas is None:
             async for item in feed:
-                yield _watched(item)
+                yield _watched(item, internals)
             return
         with self._deltas.watch(ws, run_id) as deltas:
             async for event in with_deltas(feed, deltas):
-                yield _watched(event)
+                yield _watched(event, internals)
 
     async def ResolveUnknownOutcome(
         self, request: run_pb2.ResolveUnknownOutcomeRequest, context: grpc.aio.ServicerContext
@@ -405,15 +415,19 @@ class RunServicer(run_pb2_grpc.RunServiceServicer):
         return await pause.set_queue_paused(self._pool, request, self._on_runnable)
 
 
-def _watched(item: store.Run | step_store.Step | run_pb2.RunDelta) -> run_pb2.WatchRunResponse:
-    """The event, with where it ends in the run's Durable Stream (docs/streams.md)."""
+def _watched(
+    item: store.Run | step_store.Step | run_pb2.RunDelta, internals: bool
+) -> run_pb2.WatchRunResponse:
+    """The event, with where it ends in the run's Durable Stream (docs/streams.md); a
+    step as the watcher may see it (privacy.project_step)."""
     if isinstance(item, store.Run):
         return run_pb2.WatchRunResponse(run=convert.run(item))
     if isinstance(item, run_pb2.RunDelta):
         offset = stream_store.run_delta_offset(item.seq, item.epoch, item.index)
         return run_pb2.WatchRunResponse(delta=item, offset=offset)
     return run_pb2.WatchRunResponse(
-        step=convert.step(item), offset=stream_store.run_step_offset(item.seq)
+        step=convert.step(privacy.project_step(item, internals)),
+        offset=stream_store.run_step_offset(item.seq),
     )
 
 

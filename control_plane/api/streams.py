@@ -37,7 +37,8 @@ class StreamServicer(stream_pb2_grpc.StreamServiceServicer):
         if not OFFSET.match(offset):
             raise InvalidArgument("offset", "must be -1, now or an offset the stream gave")
         reader = privacy.reader()  # a platform stream is this reader's view of it
-        stream = await self._streams.stream_at(ws, path, reader)
+        internals = privacy.sees_internals()  # its steps whole, or projected
+        stream = await self._streams.stream_at(ws, path, reader, internals=internals)
         if stream is None or stream.soft_deleted:
             raise NotFound(f"stream {path} not found")
         after = {"-1": store.ZERO, "now": stream.tail_offset}.get(offset, offset)
@@ -48,7 +49,7 @@ class StreamServicer(stream_pb2_grpc.StreamServiceServicer):
                 data = store.body_of(stream, [m]) if stream.is_json else m.data
                 yield stream_pb2.ReadStreamResponse(offset=m.offset, data=data)
                 after, said = m.offset, False
-            current = await self._streams.stream_at(ws, path, reader)
+            current = await self._streams.stream_at(ws, path, reader, internals=internals)
             if current is None or current.soft_deleted:
                 return
             stream = current

@@ -14,7 +14,8 @@ keeps: nothing more is written on the commit path.
 Each view is its reader's (control_plane/auth/privacy.py): a private session's stream and
 its turns' runs' streams do not exist for a reader who is not a member (404), and the feed
 leaves out their events inside its query, so its offsets stay the events' own and a page is
-never empty while visible events follow; its tail is the reader's last visible event.
+never empty while visible events follow; its tail is the reader's last visible event. A
+reader below operator is served each step as privacy.project_step projects it.
 
 Every value is written the one way (control_plane/store/streams.py's `js_json`), so two
 readers from the same offset receive the same bytes.
@@ -27,6 +28,7 @@ import uuid
 from typing import Any
 
 from control_plane.api.runs import TERMINAL
+from control_plane.auth import privacy
 from control_plane.ground import convert
 from control_plane.http import jsonmap
 from control_plane.store import privacy as privacy_store
@@ -52,7 +54,9 @@ def _offset(high: int, low: int) -> str:
     return f"{high:016d}_{low:016d}"
 
 
-def _stream(ws: str, path: str, tail: str, closed: bool, reader: str | None) -> store.Stream:
+def _stream(
+    ws: str, path: str, tail: str, closed: bool, reader: str | None, internals: bool
+) -> store.Stream:
     return store.Stream(
         workspace_id=ws,
         stream_id=0,
@@ -70,6 +74,7 @@ def _stream(ws: str, path: str, tail: str, closed: bool, reader: str | None) -> 
         ref_count=0,
         soft_deleted=False,
         reader=reader,
+        internals=internals,
     )
 
 
@@ -84,19 +89,22 @@ def _message(offset: str, value: dict[str, Any]) -> store.Message:
     return store.Message(offset, (store.js_json(value) + ",").encode())
 
 
-def _step(step: Step) -> dict[str, Any]:
-    return jsonmap.to_json(convert.step(step))
+def _step(step: Step, internals: bool) -> dict[str, Any]:
+    return jsonmap.to_json(convert.step(privacy.project_step(step, internals)))
 
 
-async def view(pool: Pool, ws: str, path: str, reader: str | None) -> store.Stream | None:
+async def view(
+    pool: Pool, ws: str, path: str, reader: str | None, internals: bool
+) -> store.Stream | None:
     """The platform stream at `path` as it is now, as `reader` sees it (None: no such run,
-    session or stream, or one the reader may not see)."""
+    session or stream, or one the reader may not see); its steps whole when `internals`,
+    else projected (privacy.project_step)."""
     rest = path.removeprefix(PREFIX)
     kind, _, name = rest.partition("/")
     if kind == "feed" and not name:
         row = await run(pool, "stream_feed_tail", workspace_id=ws, reader=reader)
         tail = _offset(int(row["xid"]), row["event_id"]) if row else store.ZERO
-        return _stream(ws, path, tail, False, reader)
+        return _stream(ws, path, tail, False, reader, internals)
     key = _uuid(name)
     if key is None or "/" in name:
         return None
@@ -110,7 +118,7 @@ async def view(pool: Pool, ws: str, path: str, reader: str | None) -> store.Stre
         tail = _offset(last + 1, 0) if last is not None else store.ZERO
         if row["delta_seq"] is not None:  # its model call under way
             tail = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
-        return _stream(ws, path, tail, row["status"] in TERMINAL, reader)
+        return _stream(ws, path, tail, row["status"] in TERMINAL, reader, internals)
     if kind == "sessions":
         if await privacy_store.session_hidden(pool, ws, key, reader):
             return None
@@ -119,7 +127,7 @@ async def view(pool: Pool, ws: str, path: str, reader: str | None) -> store.Stre
             return None
         last = row["last_seq"]
         tail = _offset(row["turn"], last + 1) if last is not None else store.ZERO
-        return _stream(ws, path, tail, False, reader)
+        return _stream(ws, path, tail, False, reader, internals)
     return None
 
 
@@ -148,17 +156,18 @@ async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store
             }
             messages.append(_message(_offset(int(r["xid"]), r["event_id"]), value))
     elif kind == "runs":
-        return await _run_messages(pool, ws, uuid.UUID(name), high, low)
+        return await _run_messages(pool, ws, uuid.UUID(name), high, low, stream.internals)
     else:
         rows = await run(pool, "stream_session_steps", ws, uuid.UUID(name), high, low, PAGE)
         for step, r in zip(Step.of_rows(rows), rows, strict=True):
-            value = {"turn": r["turn"], "run_id": str(step.run_id), "step": _step(step)}
+            step_json = _step(step, stream.internals)
+            value = {"turn": r["turn"], "run_id": str(step.run_id), "step": step_json}
             messages.append(_message(_offset(r["turn"], step.seq + 1), value))
     return messages, len(rows) < PAGE
 
 
 async def _run_messages(
-    pool: Pool, ws: str, run_id: uuid.UUID, high: int, low: int
+    pool: Pool, ws: str, run_id: uuid.UUID, high: int, low: int, internals: bool
 ) -> tuple[list[store.Message], bool]:
     """A run's steps after (high, low) and, after its last step, the deltas of the model
     call under way: `{"delta": {"seq", "epoch", "index", "text"}}` between step seq-1 and
@@ -167,7 +176,9 @@ async def _run_messages(
     "epoch"}}`."""
     rows = await run(pool, "steps_list", ws, run_id, high, PAGE)
     steps = Step.of_rows(rows)
-    messages = [_message(store.run_step_offset(s.seq), {"step": _step(s)}) for s in steps]
+    messages = [
+        _message(store.run_step_offset(s.seq), {"step": _step(s, internals)}) for s in steps
+    ]
     if len(rows) == PAGE:
         return messages, False
     after_steps = steps[-1].seq + 1 if steps else high

@@ -222,9 +222,10 @@ def _stream_path(ws: str, given: str) -> str:
     return given[len(prefix) :] if given.startswith(prefix) else given.lstrip("/")
 
 
-def _etag(request: Request, start: str, end: str, closed: bool) -> str:
+def _etag(request: Request, start: str, end: str, closed: bool, internals: bool = True) -> str:
+    """The read's tag; a projected read's (privacy.project_step) is not a whole one's."""
     path = base64.b64encode(request.url.path.encode()).decode()
-    return f'"{path}:{start}:{end}{":c" if closed else ""}"'
+    return f'"{path}:{start}:{end}{":c" if closed else ""}{"" if internals else ":p"}"'
 
 
 def _refuse(message: str) -> store.StreamRefused:
@@ -364,8 +365,8 @@ class StreamRoutes:
     async def stream_again(self, ws: str, stream: store.Stream) -> store.Stream | None:
         """A woken live reader's look at the stream (shared, SharedReads)."""
         gen = self.waker.generation(stream.stream_id)
-        key = ("at", ws, stream.path, stream.stream_id, stream.reader, gen)
-        return await self.shared.once(key, lambda: self.stream_at(ws, stream.path, stream.reader))
+        key = ("at", ws, stream.path, stream.stream_id, stream.reader, stream.internals, gen)
+        return await self.shared.once(key, lambda: self.again(ws, stream))
 
     async def messages_again(
         self, stream: store.Stream, after: str
@@ -382,16 +383,26 @@ class StreamRoutes:
             # The feed's messages are its reader's own (privacy.py); a run's or a session's
             # are the same for every reader who may see it (its view checked that).
             stream.reader if stream_views.is_feed(stream.path) else None,
+            # A run's and a session's steps are projected for readers below operator
+            # (privacy.project_step): those share reads only with their like.
+            stream.internals,
             after,
             gen,
         )
         return await self.shared.once(key, lambda: self.messages_after(stream, after))
 
-    async def stream_at(self, ws: str, path: str, reader: str | None) -> store.Stream | None:
-        """The stream at `path`; a platform one as `reader` sees it (privacy.reader())."""
+    async def stream_at(
+        self, ws: str, path: str, reader: str | None, *, internals: bool
+    ) -> store.Stream | None:
+        """The stream at `path`; a platform one as `reader` sees it (privacy.reader()),
+        its steps whole or projected (`internals`: privacy.sees_internals())."""
         if stream_views.is_platform(path):
-            return await stream_views.view(self.pool, ws, path, reader)
+            return await stream_views.view(self.pool, ws, path, reader, internals)
         return await store.get(self.pool, ws, path)
+
+    async def again(self, ws: str, stream: store.Stream) -> store.Stream | None:
+        """stream_at as `stream`'s reader saw it last."""
+        return await self.stream_at(ws, stream.path, stream.reader, internals=stream.internals)
 
     async def messages_after(
         self, stream: store.Stream, after: str
@@ -430,7 +441,9 @@ class StreamRoutes:
         return Response(b"", status_code=201 if created else 200, headers={**SECURITY, **headers})
 
     async def head(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self.stream_at(ws, path, privacy.reader())
+        stream = await self.stream_at(
+            ws, path, privacy.reader(), internals=privacy.sees_internals()
+        )
         if stream is None:
             return text(404)
         if stream.soft_deleted:
@@ -444,11 +457,13 @@ class StreamRoutes:
             headers["Stream-TTL"] = str(stream.ttl_seconds)
         if stream.expires_at:
             headers["Stream-Expires-At"] = stream.expires_at
-        headers["etag"] = _etag(request, "-1", stream.tail_offset, stream.closed)
+        headers["etag"] = _etag(request, "-1", stream.tail_offset, stream.closed, stream.internals)
         return Response(b"", status_code=200, headers={**SECURITY, **headers})
 
     async def read(self, request: Request, ws: str, path: str) -> Response:
-        stream = await self.stream_at(ws, path, privacy.reader())
+        stream = await self.stream_at(
+            ws, path, privacy.reader(), internals=privacy.sees_internals()
+        )
         if stream is None:
             return text(404, "Stream not found")
         if stream.soft_deleted:
@@ -530,11 +545,11 @@ class StreamRoutes:
             headers["Stream-Cursor"] = response_cursor(request.query_params.get("cursor"))
         if up_to_date:
             headers["Stream-Up-To-Date"] = "true"
-        current = await self.stream_at(ws, stream.path, stream.reader) if messages else stream
+        current = await self.again(ws, stream) if messages else stream
         closed = current is not None and current.closed and end == current.tail_offset
         if closed and up_to_date:
             headers["Stream-Closed"] = "true"
-        etag = _etag(request, offset or "-1", end, closed and up_to_date)
+        etag = _etag(request, offset or "-1", end, closed and up_to_date, stream.internals)
         headers["etag"] = etag
         if request.headers.get("if-none-match") == etag:
             return Response(b"", status_code=304, headers={**SECURITY, "etag": etag})
@@ -569,7 +584,7 @@ class StreamRoutes:
         woken: store.Stream | None = None  # the stream as a woken reader last saw it
         while True:
             if woken is None:
-                latest = await self.stream_at(ws, stream.path, stream.reader)
+                latest = await self.again(ws, stream)
                 if latest is None or latest.soft_deleted:
                     return
                 messages, up_to_date = await self.messages_after(latest, after)

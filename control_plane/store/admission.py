@@ -52,6 +52,9 @@ class Admission:
     # Tags and metadata (a JSON object's text), checked by ground/run_labels.py; None: none.
     tags: list[str] | None = None
     metadata: str | None = None
+    # The session whose turn this is (migration 0052); children and forks take theirs
+    # from their parent or source when marked.
+    session_id: uuid.UUID | None = None
 
     def params(self, now: datetime | None) -> dict[str, Any]:
         """The named parameters of the `run_admit` fragment."""
@@ -76,6 +79,7 @@ class Admission:
             "priority": self.priority,
             "tags": self.tags,
             "metadata": self.metadata,
+            "session_id": self.session_id,
             "now": now,
         }
 

@@ -83,9 +83,10 @@ class FoundRun:
     trigger_id: str | None  # the trigger whose event started it
 
 
-def _filter_params(workspace_id: str, f: RunFilter) -> dict[str, Any]:
+def _filter_params(workspace_id: str, f: RunFilter, reader: str | None) -> dict[str, Any]:
     return {
         "workspace_id": workspace_id,
+        "reader": reader,
         "status": f.status,
         "agent_id": f.agent_id,
         "trigger_id": f.trigger_id,
@@ -104,14 +105,21 @@ def _found(rows: list[Any]) -> list[FoundRun]:
 
 
 async def search_runs(
-    pool: Pool, workspace_id: str, f: RunFilter, limit: int, older_than: Cursor | None = None
+    pool: Pool,
+    workspace_id: str,
+    f: RunFilter,
+    limit: int,
+    older_than: Cursor | None = None,
+    *,
+    reader: str | None,
 ) -> list[FoundRun]:
-    """The filtered runs, newest first, older than the cursor (from the newest without one)."""
+    """The filtered runs `reader` may see (None: all; control_plane/auth/privacy.py),
+    newest first, older than the cursor (from the newest without one)."""
     at_created, at_run_id = older_than if older_than else (None, None)
     rows = await run(
         pool,
         "console_run_search",
-        **_filter_params(workspace_id, f),
+        **_filter_params(workspace_id, f, reader),
         at_created=at_created,
         at_run_id=at_run_id,
         limit=limit,
@@ -120,13 +128,19 @@ async def search_runs(
 
 
 async def search_runs_newer(
-    pool: Pool, workspace_id: str, f: RunFilter, limit: int, newer_than: Cursor
+    pool: Pool,
+    workspace_id: str,
+    f: RunFilter,
+    limit: int,
+    newer_than: Cursor,
+    *,
+    reader: str | None,
 ) -> list[FoundRun]:
-    """The `limit` filtered runs just newer than the cursor, newest first."""
+    """The `limit` filtered runs `reader` may see just newer than the cursor, newest first."""
     rows = await run(
         pool,
         "console_run_search_newer",
-        **_filter_params(workspace_id, f),
+        **_filter_params(workspace_id, f, reader),
         at_created=newer_than[0],
         at_run_id=newer_than[1],
         limit=limit,
@@ -134,9 +148,11 @@ async def search_runs_newer(
     return _found(rows)[::-1]
 
 
-async def run_counts(pool: Pool, workspace_id: str, f: RunFilter) -> dict[str, int]:
-    """How many runs the filters (all but status) match, per status."""
-    rows = await run(pool, "console_run_counts", **_filter_params(workspace_id, f))
+async def run_counts(
+    pool: Pool, workspace_id: str, f: RunFilter, *, reader: str | None
+) -> dict[str, int]:
+    """How many runs `reader` may see the filters (all but status) match, per status."""
+    rows = await run(pool, "console_run_counts", **_filter_params(workspace_id, f, reader))
     return {r["status"]: r["runs"] for r in rows}
 
 

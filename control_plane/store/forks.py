@@ -54,8 +54,10 @@ async def list_forks(
     agent_id: str | None,
     status: str | None,
     limit: int,
+    reader: str | None,
 ) -> RunPage:
-    """A page of a run's forks, newest first, after the keyset cursor."""
+    """A page of a run's forks `reader` may see (None: all; control_plane/auth/privacy.py),
+    newest first, after the keyset cursor."""
     created, run_id = after if after else (None, None)
     rows = await run(
         pool,
@@ -67,5 +69,6 @@ async def list_forks(
         agent_id,
         status,
         limit + 1,
+        reader,
     )
     return RunPage(runs=Run.from_records(rows[:limit]), has_more=len(rows) > limit)

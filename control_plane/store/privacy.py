@@ -28,16 +28,6 @@ async def run_hidden(
     return bool(row["hidden"])
 
 
-async def runs_hidden(
-    pool: Pool | Connection, workspace_id: str, run_ids: Sequence[uuid.UUID], reader: str | None
-) -> set[uuid.UUID]:
-    """Those of `run_ids` that `reader` may not see."""
-    if reader is None or not run_ids:
-        return set()
-    rows = await run(pool, "privacy_runs_hidden", workspace_id, list(run_ids), reader)
-    return {r["run_id"] for r in rows}
-
-
 async def add_members(
     conn: Pool | Connection,
     workspace_id: str,

@@ -81,10 +81,9 @@ async def admit_turn(conn: Connection, adm: TurnAdmission, now: datetime | None 
     return await run(
         conn,
         "session_turn_admit",
-        session_id=adm.session_id,
+        **{**adm.run.params(now), "session_id": adm.session_id},  # the run is the session's
         turn=adm.turn,
         turn_request_id=adm.request_id,
-        **adm.run.params(now),
     )
 
 

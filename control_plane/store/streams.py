@@ -70,6 +70,9 @@ class Stream:
     # A platform stream's reader (control_plane/auth/privacy.py): the view is theirs (None:
     # everything, as a workspace admin sees it). A workspace's own streams have none.
     reader: str | None = None
+    # Whether that reader sees every step whole (privacy.sees_internals): a reader below
+    # operator is served projections (privacy.project_step). Unused by a workspace's own.
+    internals: bool = True
 
     @classmethod
     def of(cls, row: Any) -> Stream:

@@ -154,15 +154,18 @@ async def test_a_runs_stream_is_read_by_both_clients_while_it_runs_and_the_feed_
     events, cursor4 = await feed_events(feed, key, cursor3)
     assert ("session.created", session_id) in [(e["event"], e["id"]) for e in events]
 
-    # gRPC's StreamService reads the same streams at the same offsets.
-    read = await grpc_read(api, "_agentrun/feed", cursor3)
+    # gRPC's StreamService reads the same streams at the same offsets, for the same reader
+    # (a reader's steps are projections, docs/streams.md "What each role sees").
+    as_reader = Api(cp.address, WS, key, db_url)
+    read = await grpc_read(as_reader, "_agentrun/feed", cursor3)
     assert [v for r in read[:-1] for v in json.loads(r.data)] == events
     assert read[-1].up_to_date and not read[-1].closed and read[-1].offset == cursor4
-    read = await grpc_read(api, f"_agentrun/sessions/{session_id}", "-1")
+    read = await grpc_read(as_reader, f"_agentrun/sessions/{session_id}", "-1")
     assert [v for r in read[:-1] for v in json.loads(r.data)] == turns
-    read = await grpc_read(api, f"_agentrun/runs/{run_id}", "-1")
+    read = await grpc_read(as_reader, f"_agentrun/runs/{run_id}", "-1")
     assert [v for r in read[:-1] for v in json.loads(r.data)] == values
     assert read[-1].closed and read[-1].offset == tail
+    await as_reader.close()
 
     # A reader may not write; an operator may write its own streams, never the platform's.
     operator = await auth.workspace_key(db_url, WS, role="operator")

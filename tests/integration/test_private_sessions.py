@@ -11,6 +11,7 @@ that reading them needs.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import asyncpg
@@ -273,5 +274,92 @@ async def test_a_private_session_is_seen_by_its_members_and_admins_only(
     assert shown.run.status == run_pb2.RUN_STATUS_CANCELLED
 
     for who in (alice, bob, eve, admin):
+        await who.channel.close()
+    await admin_api.close()
+
+
+async def test_everything_below_a_private_turn_stays_private(
+    db_url, control_plane, sandbox_model, sandbox_providers, executor_factory
+) -> None:
+    """The whole descent of a private turn (a child, its three children, a member's fork of
+    a grandchild and a fork of that fork) is the session's (runs.session_id): an outsider
+    sees none of it in GetRun, ListRuns (forks too), the console's list and counts, or a
+    bulk action's `matched`; a member sees it all."""
+    cp = control_plane(db_url)
+    admin_api = await Api.connect(cp.address, db_url, WS)
+    await admin_api.publish("top", "grandparent", ["start_child"])
+    await admin_api.publish("mid", "parent3", ["start_child"])
+    await admin_api.publish("kid", "echo_input", ["echo"])
+    keys = {
+        name: await auth.workspace_key(db_url, WS, role="operator", principal=name)
+        for name in ("alice", "eve")
+    }
+    alice, eve = Reader(cp, keys["alice"]), Reader(cp, keys["eve"])
+    secret = (
+        await alice.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(workspace_id=WS, agent_id="top", visibility=PRIVATE)
+        )
+    ).session
+    turn = await alice.sessions.SendMessage(
+        session_pb2.SendMessageRequest(workspace_id=WS, session_id=secret.session_id, text="hi")
+    )
+    public_run = await admin_api.start("kid", "hello")
+    executor_factory(cp)
+    await admin_api.wait_terminal([turn.turn.run_id, public_run], within=90)
+    conn = await asyncpg.connect(db_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT run_id::text AS run_id, parent_run_id::text AS parent, session_id::text AS"
+            " session_id FROM runs WHERE workspace_id = $1",
+            WS,
+        )
+    finally:
+        await conn.close()
+    mid = next(r["run_id"] for r in rows if r["parent"] == turn.turn.run_id)
+    grandchildren = [r["run_id"] for r in rows if r["parent"] == mid]
+    assert len(grandchildren) == 3
+    # A member forks a grandchild, and forks the fork: both stay the session's.
+    fork = (
+        await alice.runs.ForkRun(run_pb2.ForkRunRequest(run_id=grandchildren[0], from_seq=0))
+    ).run.run_id
+    fork2 = (await alice.runs.ForkRun(run_pb2.ForkRunRequest(run_id=fork, from_seq=0))).run.run_id
+    hidden = {turn.turn.run_id, mid, *grandchildren, fork, fork2}
+    assert {r["run_id"] for r in rows if r["session_id"] == secret.session_id} | {
+        fork,
+        fork2,
+    } == hidden
+
+    r = run_pb2
+    for run_id in hidden:
+        await not_found(eve.runs.GetRun(r.GetRunRequest(workspace_id=WS, run_id=run_id)))
+        await alice.runs.GetRun(r.GetRunRequest(workspace_id=WS, run_id=run_id))
+    eve_runs = await eve.run_ids()
+    assert public_run in eve_runs and not hidden & set(eve_runs)
+    assert hidden <= set(await alice.run_ids())
+    forks_of = r.ListRunsRequest(workspace_id=WS, forked_from_run_id=grandchildren[0])
+    assert [x.run_id for x in (await alice.runs.ListRuns(forks_of)).runs] == [fork]
+    assert list((await eve.runs.ListRuns(forks_of)).runs) == []
+    # A bulk action counts (and acts on) only what its caller sees.
+    for who, seen in ((eve, len(eve_runs)), (alice, len(eve_runs) + len(hidden))):
+        dry = r.BulkRerunRunsRequest(workspace_id=WS, all=True, dry_run=True)
+        progress = [p async for p in who.runs.BulkRerunRuns(dry)]
+        assert progress[-1].matched == seen
+    # The console's runs list and its counts, over HTTP with eve's key.
+    async with httpx.AsyncClient(base_url=cp.http_url, timeout=30) as client:
+        form = await client.get("/console/signin")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert csrf, form.text
+        signed = await client.post(
+            "/console/signin/key",
+            data={"csrf": csrf[1], "key": keys["eve"], "next": "/console/runs"},
+        )
+        assert signed.status_code == 303, signed.text
+        page = await client.get("/console/runs")
+        assert page.status_code == 200
+        assert public_run in page.text and not [h for h in hidden if h in page.text]
+        assert f'data-count="all">{len(eve_runs)}<' in page.text
+        mine = await client.get("/console/runs", params={"search": grandchildren[0]})
+        assert grandchildren[0] not in mine.text
+    for who in (alice, eve):
         await who.channel.close()
     await admin_api.close()

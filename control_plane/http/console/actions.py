@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentrun.v1 import run_pb2
-from control_plane.auth import access
+from control_plane.auth import access, privacy
 from control_plane.auth import context as auth_context
 from control_plane.auth.access import Need
 from control_plane.deploys.releases import release_name
@@ -219,7 +219,9 @@ class BulkPages:
         out: list[run_store.Run] = []
         cursor = None
         while len(out) < limit:
-            page = await console_store.search_runs(self.c.pool, ws, f, 200, cursor)
+            page = await console_store.search_runs(
+                self.c.pool, ws, f, 200, cursor, reader=privacy.reader()
+            )
             out += [p.run for p in page if p.run.status in OPEN]
             if len(page) < 200:
                 break

@@ -161,22 +161,27 @@ class RunPages:
         f = run_filter(q)
         size = _size(q.get("size", ""))
         ws = auth_context.workspace("")
+        seen_by = privacy.reader()  # a private session's runs are its members' (privacy.py)
         after, before = _cursor("after", q.get("after", "")), _cursor("before", q.get("before", ""))
         if after and before:
             raise InvalidArgument("before", "give after or before, not both")
         if before:
-            found = await store.search_runs_newer(self.c.pool, ws, f, size + 1, before)
+            found = await store.search_runs_newer(
+                self.c.pool, ws, f, size + 1, before, reader=seen_by
+            )
             has_newer, found = len(found) > size, found[-size:]
             has_older = True
         else:
-            found = await store.search_runs(self.c.pool, ws, f, size + 1, after)
+            found = await store.search_runs(self.c.pool, ws, f, size + 1, after, reader=seen_by)
             has_older, found = len(found) > size, found[:size]
             has_newer = after is not None
         if found and has_newer and not before:  # past the first page: is anything newer now?
             first = found[0].run
             probe = (first.created_at, first.run_id)
-            has_newer = bool(await store.search_runs_newer(self.c.pool, ws, f, 1, probe))
-        counts = await store.run_counts(self.c.pool, ws, replace(f, status=None))
+            has_newer = bool(
+                await store.search_runs_newer(self.c.pool, ws, f, 1, probe, reader=seen_by)
+            )
+        counts = await store.run_counts(self.c.pool, ws, replace(f, status=None), reader=seen_by)
         kept = {k: q[k] for k in FILTER_FIELDS if q.get(k)}
         if q.get("size"):
             kept["size"] = str(size)
@@ -205,9 +210,13 @@ class RunPages:
 
     async def run(self, request: Request) -> Response:
         row = await self._run(request)
-        steps = await step_store.list_steps(
-            self.c.pool, row.workspace_id, row.run_id, 0, MAX_STEPS_SHOWN
-        )
+        internals = privacy.sees_internals()  # a reader's timeline shows projections
+        steps = [
+            privacy.project_step(s, internals)
+            for s in await step_store.list_steps(
+                self.c.pool, row.workspace_id, row.run_id, 0, MAX_STEPS_SHOWN
+            )
+        ]
         pending, _ = await approval_store.list_page(
             self.c.pool, row.workspace_id, approver=None, state="pending", after=None, limit=100
         )
@@ -245,6 +254,7 @@ class RunPages:
         self, row: run_store.Run, from_seq: int, who: Principal, csrf: str
     ) -> AsyncIterator[str]:
         previous: step_store.Step | None = None
+        internals = privacy.sees_internals_of(who)  # a reader's timeline shows projections
         if from_seq > 0:
             earlier = await step_store.list_steps(
                 self.c.pool, row.workspace_id, row.run_id, from_seq - 1, 1
@@ -257,6 +267,7 @@ class RunPages:
             if isinstance(item, run_store.Run):
                 yield sse("run", fragment("_timeline.html", "summary", item, **values))
                 continue
+            item = privacy.project_step(item, internals)
             entry = timeline.entry(item, previous)
             previous = item
             yield sse(

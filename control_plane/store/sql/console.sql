@@ -23,7 +23,7 @@ DELETE FROM console_sessions WHERE expires_at <= now();
 -- The console's runs-list filters, each left out when NULL: status, agent, the trigger whose
 -- event started it, wait reason, created in [created_from, created_to), and search text (a
 -- run id, or a case-insensitive substring of the input, output or error; strpos, so % and _
--- are not wildcards).
+-- are not wildcards); only runs reader :reader may see (NULL: all; control_plane/auth/privacy.py).
 r.workspace_id = :workspace_id
   AND (:status::text IS NULL OR r.status = :status)
   AND (:agent_id::text IS NULL OR r.agent_id = :agent_id)
@@ -35,6 +35,14 @@ r.workspace_id = :workspace_id
        OR strpos(lower(r.input), lower(:search)) > 0
        OR strpos(lower(coalesce(r.output, '')), lower(:search)) > 0
        OR strpos(lower(coalesce(r.error, '')), lower(:search)) > 0)
+  AND (:reader::text IS NULL OR r.session_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM sessions x
+                        WHERE x.workspace_id = :workspace_id AND x.session_id = r.session_id
+                          AND x.visibility = 'private'
+                          AND NOT EXISTS (SELECT 1 FROM session_members m
+                                          WHERE m.workspace_id = :workspace_id
+                                            AND m.session_id = x.session_id
+                                            AND m.member = :reader)))
 
 -- name: console_run_search :many
 -- The console's runs list, newest first: the filtered runs older than the keyset cursor

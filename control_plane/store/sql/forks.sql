@@ -28,8 +28,11 @@ FROM admitted a;
 -- Name the fork's source and count its log: step_count is every step it holds, and the
 -- counters are what the copied decisions and calls consumed (as the executor counts them,
 -- executor/replay.py counters), so the limits copied at admission bound the whole log.
+-- A fork of a session's run is the session's (migration 0052): a fork of a private turn
+-- stays private.
 UPDATE runs r SET
     forked_from_run_id = $3, forked_from_seq = $4,
+    session_id = (SELECT s.session_id FROM runs s WHERE s.workspace_id = $1 AND s.run_id = $3),
     step_count = c.steps, model_calls = c.decisions, tool_calls = c.calls, tokens_used = c.tokens,
     refused_calls = c.refused
 FROM (
@@ -48,11 +51,20 @@ WHERE r.workspace_id = $1 AND r.run_id = $2
 RETURNING r.*, (SELECT run_held_seconds(r.held_since, r.wake_at, now())) AS held_seconds;
 
 -- name: fork_list :many
--- A page of the forks of run $2, newest first, after a keyset cursor (as run_list).
+-- A page of the forks of run $2, newest first, after a keyset cursor (as run_list), those
+-- reader $8 may see (as run_list's $11).
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM runs
 WHERE workspace_id = $1 AND forked_from_run_id = $2
   AND ($3::timestamptz IS NULL OR (created_at, run_id) < ($3, $4::uuid))
   AND ($5::text IS NULL OR agent_id = $5)
   AND ($6::text IS NULL OR status = $6)
+  AND ($8::text IS NULL OR runs.session_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM sessions x
+                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
+                          AND x.visibility = 'private'
+                          AND NOT EXISTS (SELECT 1 FROM session_members m
+                                          WHERE m.workspace_id = $1
+                                            AND m.session_id = x.session_id
+                                            AND m.member = $8)))
 ORDER BY created_at DESC, run_id DESC
 LIMIT $7;

@@ -13,17 +13,19 @@ SELECT (x.visibility = 'private' AND $3::text IS NOT NULL
 FROM sessions x WHERE x.workspace_id = $1 AND x.session_id = $2;
 
 -- name: privacy_run_hidden :one
--- Whether run $2 is a turn (or the child of a turn) of a private session that reader $3
--- is not a member of.
+-- Whether run $2 belongs to a private session (a turn, or anything below one: runs.session_id,
+-- migration 0052) that reader $3 is not a member of.
 SELECT EXISTS (
     SELECT 1 FROM runs r
-    JOIN session_turns t ON t.workspace_id = $1 AND t.run_id IN (r.run_id, r.parent_run_id)
-    JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
-    WHERE r.workspace_id = $1 AND r.run_id = $2 AND $3::text IS NOT NULL
-      AND x.visibility = 'private'
-      AND NOT EXISTS (SELECT 1 FROM session_members m
-                      WHERE m.workspace_id = $1 AND m.session_id = x.session_id
-                        AND m.member = $3)
+    WHERE r.workspace_id = $1 AND r.run_id = $2 AND r.session_id IS NOT NULL
+      AND NOT ($3::text IS NULL OR r.session_id IS NULL
+             OR NOT EXISTS (SELECT 1 FROM sessions x
+                            WHERE x.workspace_id = $1 AND x.session_id = r.session_id
+                              AND x.visibility = 'private'
+                              AND NOT EXISTS (SELECT 1 FROM session_members m
+                                              WHERE m.workspace_id = $1
+                                                AND m.session_id = x.session_id
+                                                AND m.member = $3)))
 ) AS hidden;
 
 -- name: session_members_add :exec
@@ -46,14 +48,3 @@ WHERE workspace_id = $1 AND session_id = $2;
 -- Session $2's members, sorted.
 SELECT coalesce(array_agg(member ORDER BY member), '{}') AS members FROM session_members
 WHERE workspace_id = $1 AND session_id = $2;
-
--- name: privacy_runs_hidden :many
--- Those of runs $2 that reader $3 may not see (privacy_run_hidden, for a batch).
-SELECT r.run_id FROM runs r
-JOIN session_turns t ON t.workspace_id = $1 AND t.run_id IN (r.run_id, r.parent_run_id)
-JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
-WHERE r.workspace_id = $1 AND r.run_id = ANY($2::uuid[]) AND $3::text IS NOT NULL
-  AND x.visibility = 'private'
-  AND NOT EXISTS (SELECT 1 FROM session_members m
-                  WHERE m.workspace_id = $1 AND m.session_id = x.session_id
-                    AND m.member = $3);

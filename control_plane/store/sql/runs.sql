@@ -4,13 +4,14 @@
 -- admit nothing), a queued run with its limits copied (deadline_seconds of active time,
 -- max_age_seconds fixed as expires_at, 0 = none) and input_payload as its input step (seq 0;
 -- its `text` is the run's input). A used request_id admits nothing. Database clock unless :now.
--- :priority orders it within its workspace's share (0026_run_priority.sql).
+-- :priority orders it within its workspace's share (0026_run_priority.sql); :session_id names
+-- a session turn's session (0052_run_session.sql; NULL for others).
 admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
                       repeat_limit, context_tokens, started_by, step_count, created_at,
-                      updated_at, priority, tags, metadata)
+                      updated_at, priority, tags, metadata, session_id)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -21,7 +22,7 @@ admitted AS (
            :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
            coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()),
            :priority::smallint, coalesce(:tags::text[], '{}'),
-           coalesce(:metadata::jsonb, '{}')
+           coalesce(:metadata::jsonb, '{}'), :session_id::uuid
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *
@@ -63,8 +64,8 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 -- run_list's filters after the workspace: the keyset cursor ($2, $3), agent $4, status $5,
 -- created since $7, text in id/agent/input/output/error $8, waiting since more than $9
 -- seconds (a waiting run's updated_at is when it parked), metadata containing $10; only
--- the runs reader $11 may see (NULL: every run; control_plane/auth/privacy.py): no turn,
--- or a turn's child, of a private session it is not a member of (migration 0051).
+-- the runs reader $11 may see (NULL: every run; control_plane/auth/privacy.py): none of a
+-- private session it is not a member of (runs.session_id: a turn and all below it, 0052).
 AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($4::text IS NULL OR agent_id = $4)
   AND ($5::text IS NULL OR status = $5)
@@ -75,18 +76,14 @@ AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
   AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
-  AND ($11::text IS NULL
-       -- once per statement: a workspace without private sessions stops here
-       OR NOT EXISTS (SELECT 1 FROM sessions p
-                      WHERE p.workspace_id = $1 AND p.visibility = 'private')
-       OR NOT EXISTS (
-      SELECT 1 FROM session_turns t
-      JOIN sessions x ON x.workspace_id = $1 AND x.session_id = t.session_id
-      WHERE t.workspace_id = $1 AND t.run_id IN (runs.run_id, runs.parent_run_id)
-        AND x.visibility = 'private'
-        AND NOT EXISTS (SELECT 1 FROM session_members m
-                        WHERE m.workspace_id = $1 AND m.session_id = x.session_id
-                          AND m.member = $11)))
+  AND ($11::text IS NULL OR runs.session_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM sessions x
+                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
+                          AND x.visibility = 'private'
+                          AND NOT EXISTS (SELECT 1 FROM session_members m
+                                          WHERE m.workspace_id = $1
+                                            AND m.session_id = x.session_id
+                                            AND m.member = $11)))
 
 -- name: run_list :many
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
@@ -182,7 +179,8 @@ SELECT workspace_id, run_id, error FROM failed;
 -- A bulk action's runs (control_plane/api/bulk.py): a workspace's runs a ListRuns filter
 -- matches (run_list's filters: agent $2, status $3, created since $4, text $5, metadata
 -- containment $6, tag $7), admitted at or before $8 (the action's start: runs admitted later,
--- its own forks among them, are not its own), only unfinished ones when $9.
+-- its own forks among them, are not its own), only unfinished ones when $9, and only those
+-- reader $10 may see (NULL: all; control_plane/auth/privacy.py): a hidden run is no match.
 SELECT count(*) AS n FROM runs
 WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
   AND created_at <= $8
@@ -193,14 +191,22 @@ WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 
                                         || ' ' || coalesce(output, '') || ' ' || coalesce(error, '')),
                                   lower($5)) > 0)
   AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
-  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]));
+  AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
+  AND ($10::text IS NULL OR runs.session_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM sessions x
+                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
+                          AND x.visibility = 'private'
+                          AND NOT EXISTS (SELECT 1 FROM session_members m
+                                          WHERE m.workspace_id = $1
+                                            AND m.session_id = x.session_id
+                                            AND m.member = $10)));
 
 -- name: runs_bulk_batch :many
--- runs_bulk_count's next $12 runs, oldest first, after the keyset cursor ($10, $11).
+-- runs_bulk_count's next $13 runs, oldest first, after the keyset cursor ($11, $12).
 SELECT run_id, created_at FROM runs
 WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 'waiting'))
   AND created_at <= $8
-  AND ($10::timestamptz IS NULL OR (created_at, run_id) > ($10, $11::uuid))
+  AND ($11::timestamptz IS NULL OR (created_at, run_id) > ($11, $12::uuid))
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::text IS NULL OR status = $3)
   AND ($4::timestamptz IS NULL OR created_at >= $4)
@@ -209,5 +215,13 @@ WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 
                                   lower($5)) > 0)
   AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
   AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
+  AND ($10::text IS NULL OR runs.session_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM sessions x
+                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
+                          AND x.visibility = 'private'
+                          AND NOT EXISTS (SELECT 1 FROM session_members m
+                                          WHERE m.workspace_id = $1
+                                            AND m.session_id = x.session_id
+                                            AND m.member = $10)))
 ORDER BY created_at, run_id
-LIMIT $12;
+LIMIT $13;

@@ -133,8 +133,9 @@ LIMIT $5;
 
 -- name: feed_hidden :fragment
 -- A workspace_events row `e` that reader :reader may not see (NULL sees everything): the
--- creation of a private session it is not a member of, or an event of a run that is a
--- turn (or a turn's child) of one (run.created, run.state; approval.* by detail.run_id).
+-- creation of a private session it is not a member of, or an event of a run of one (a turn
+-- or anything below it: runs.session_id, migration 0052; run.created, run.state; approval.*
+-- by detail.run_id).
 -- Membership is read now, so a new member sees the session's past (migration 0051).
 (:reader::text IS NOT NULL
  -- once per statement (no row of `e` in it): a workspace without private sessions stops here
@@ -146,9 +147,7 @@ LIMIT $5;
       AND x.session_id IN (
           SELECT (CASE WHEN e.kind = 'session.created' THEN e.object_id END)::uuid
           UNION ALL
-          SELECT t.session_id FROM runs r
-          JOIN session_turns t ON t.workspace_id = :workspace_id
-                              AND t.run_id IN (r.run_id, r.parent_run_id)
+          SELECT r.session_id FROM runs r
           WHERE r.workspace_id = :workspace_id
             AND r.run_id = (CASE WHEN e.kind LIKE 'run.%' THEN e.object_id
                                  WHEN e.kind LIKE 'approval.%' THEN e.detail ->> 'run_id'
