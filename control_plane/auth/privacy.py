@@ -17,7 +17,7 @@ reader goes through here or through a query that takes the reader:
 
 Membership is read when the reader reads: adding a member shows them the session's past.
 Every run below a turn (children at any depth, forks) is the session's too: its row names
-the session from admission on (runs.session_id, migration 0052), so every check and list
+the session from admission on (runs.session_id, migration 0053), so every check and list
 filter is one predicate on the run's own row. The console's runs list and counts, ListRuns
 of a run's forks and bulk actions' `matched` go through it as well.
 """

@@ -52,7 +52,7 @@ class Admission:
     # Tags and metadata (a JSON object's text), checked by ground/run_labels.py; None: none.
     tags: list[str] | None = None
     metadata: str | None = None
-    # The session whose turn this is (migration 0052); children and forks take theirs
+    # The session whose turn this is (migration 0053); children and forks take theirs
     # from their parent or source when marked.
     session_id: uuid.UUID | None = None
 

@@ -10,7 +10,7 @@ SELECT run_id FROM admitted;
 -- list ($5, NULL for start_child) and what the parent's close does to it ($6: cancel,
 -- abandon, finish; migrations/0048_fan_out.sql). A new statement: the admission's own
 -- cannot see the row it inserted. A child of a session's run is the session's too
--- (migration 0052), however deep.
+-- (migration 0053), however deep.
 UPDATE runs SET parent_run_id = $3, parent_seq = $4, parent_index = $5, parent_close = $6,
                 session_id = (SELECT p.session_id FROM runs p
                               WHERE p.workspace_id = $1 AND p.run_id = $3)

@@ -28,7 +28,7 @@ FROM admitted a;
 -- Name the fork's source and count its log: step_count is every step it holds, and the
 -- counters are what the copied decisions and calls consumed (as the executor counts them,
 -- executor/replay.py counters), so the limits copied at admission bound the whole log.
--- A fork of a session's run is the session's (migration 0052): a fork of a private turn
+-- A fork of a session's run is the session's (migration 0053): a fork of a private turn
 -- stays private.
 UPDATE runs r SET
     forked_from_run_id = $3, forked_from_seq = $4,

@@ -14,7 +14,7 @@ FROM sessions x WHERE x.workspace_id = $1 AND x.session_id = $2;
 
 -- name: privacy_run_hidden :one
 -- Whether run $2 belongs to a private session (a turn, or anything below one: runs.session_id,
--- migration 0052) that reader $3 is not a member of.
+-- migration 0053) that reader $3 is not a member of.
 SELECT EXISTS (
     SELECT 1 FROM runs r
     WHERE r.workspace_id = $1 AND r.run_id = $2 AND r.session_id IS NOT NULL

@@ -5,7 +5,7 @@
 -- max_age_seconds fixed as expires_at, 0 = none) and input_payload as its input step (seq 0;
 -- its `text` is the run's input). A used request_id admits nothing. Database clock unless :now.
 -- :priority orders it within its workspace's share (0026_run_priority.sql); :session_id names
--- a session turn's session (0052_run_session.sql; NULL for others).
+-- a session turn's session (0053_run_session.sql; NULL for others).
 admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
@@ -65,7 +65,7 @@ FROM runs WHERE workspace_id = $1 AND agent_id = $2 AND request_id = $3;
 -- created since $7, text in id/agent/input/output/error $8, waiting since more than $9
 -- seconds (a waiting run's updated_at is when it parked), metadata containing $10; only
 -- the runs reader $11 may see (NULL: every run; control_plane/auth/privacy.py): none of a
--- private session it is not a member of (runs.session_id: a turn and all below it, 0052).
+-- private session it is not a member of (runs.session_id: a turn and all below it, 0053).
 AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($4::text IS NULL OR agent_id = $4)
   AND ($5::text IS NULL OR status = $5)

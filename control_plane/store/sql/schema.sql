@@ -303,7 +303,7 @@ CREATE TABLE runs (
     concurrency_key          text,
     key_slot                 boolean NOT NULL DEFAULT false,
     -- The session of a turn and of its whole descent (children, forks), set at
-    -- admission: who may see a private session's runs (migration 0052).
+    -- admission: who may see a private session's runs (migration 0053).
     session_id               uuid,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
@@ -362,7 +362,7 @@ CREATE INDEX runs_by_release ON runs (release, status, held_since)
 -- ListRuns(tag): only tagged runs are in it (most runs carry none).
 CREATE INDEX runs_by_tag ON runs USING gin (tags) WHERE tags <> '{}';
 
--- A session's runs, its turns' whole descent (migration 0052).
+-- A session's runs, its turns' whole descent (migration 0053).
 CREATE INDEX runs_of_session ON runs (workspace_id, session_id) WHERE session_id IS NOT NULL;
 
 -- The runs that finished on each release (their last turn ran there): `releases

@@ -134,7 +134,7 @@ LIMIT $5;
 -- name: feed_hidden :fragment
 -- A workspace_events row `e` that reader :reader may not see (NULL sees everything): the
 -- creation of a private session it is not a member of, or an event of a run of one (a turn
--- or anything below it: runs.session_id, migration 0052; run.created, run.state; approval.*
+-- or anything below it: runs.session_id, migration 0053; run.created, run.state; approval.*
 -- by detail.run_id).
 -- Membership is read now, so a new member sees the session's past (migration 0051).
 (:reader::text IS NOT NULL
