@@ -98,6 +98,9 @@ class Run:
     # (0050_concurrency_keys.sql); None: its version declares no key.
     concurrency_key: str | None = None
     key_slot: bool = False
+    # The session whose turn this run is, or is below (a child, a fork): who may see it
+    # when that session is private (0053_run_session.sql); None: no session's.
+    session_id: uuid.UUID | None = None
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:
