@@ -4,6 +4,7 @@ sandbox model and Postgres."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import asyncpg
@@ -15,7 +16,8 @@ from tests.harness.agentrun_api import Api
 from tests.harness.invariants import assert_log_well_formed
 from tests.harness.waiting import eventually
 
-BULK_RUNS = 1000
+# 1,000 in the suite; the issue's 5,000 with AGENTRUN_TEST_BULK_RUNS=5000 (about a minute).
+BULK_RUNS = int(os.environ.get("AGENTRUN_TEST_BULK_RUNS", "1000"))
 
 
 @pytest.fixture
