@@ -34,11 +34,10 @@ venv: $(DEV) ## create .venv and install pinned dependencies, dev tools included
 run: $(RUNTIME) ## the demo: embedded Postgres/Redis, control plane, executor, sandboxes, one agent run
 	$(VENV)/bin/agentrun dev --demo
 
-# TEST_WORKERS=2 runs test files on two workers at once, a file's tests on one worker in order
-# (each worker has its own embedded Postgres, Redis and sandboxes): about 20 minutes on 2 cores
-# instead of 40. Serial stays the default until the few tests that flake under the doubled load
-# (test_input_refusals' NUL reason, test_run_metrics' finished count) are fixed.
-TEST_WORKERS ?= 0
+# Test files run on two workers at once, a file's tests on one worker in order (each worker
+# has its own embedded Postgres, Redis and sandboxes): about 21 minutes on 2 cores instead of
+# 40. TEST_WORKERS=0 runs them one after another in this process.
+TEST_WORKERS ?= 2
 test: $(DEV) ## the whole suite against real Postgres, Redis and sandbox servers (not chaos)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
