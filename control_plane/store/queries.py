@@ -8,7 +8,9 @@ A query takes positional parameters ($1, $2 …) or named ones (`:run_id`), neve
 both. Named ones are numbered in order of first use when the file is loaded, and
 a call must pass exactly those names as keywords: a swapped pair is a wrong name,
 not a silently wrong value. A `:fragment` is SQL that several queries share: it
-is never run by itself, and a query includes it with `{{name}}`.
+is never run by itself, and a query includes it with `{{name}}`, or with
+`{{name(a, b)}}` when the fragment stands for what differs between its users (an alias,
+a parameter, `$3` or `:reader`): `@1`, `@2` … in its text are those arguments.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ _HEADER = re.compile(r"^-- name: (\w+) :(one|many|exec|fragment)\s*$", re.MULTIL
 # `:name` but not the `::type` of a cast (nor a `:` inside a word, such as a time literal).
 _NAMED = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 _POSITIONAL = re.compile(r"\$\d")
-_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+_INCLUDE = re.compile(r"\{\{(\w+)(?:\(([^)]*)\))?\}\}")
+_FRAGMENT_ARGUMENT = re.compile(r"@(\d)")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,16 @@ def _expand(query: Query, fragments: dict[str, str]) -> Query:
     def include(match: re.Match[str]) -> str:
         if match.group(1) not in fragments:
             raise ValueError(f"query {query.name} includes unknown fragment {match.group(1)}")
-        return fragments[match.group(1)]
+        given = [a.strip() for a in match.group(2).split(",")] if match.group(2) else []
+
+        def argument(at: re.Match[str]) -> str:
+            n = int(at.group(1))
+            if not 1 <= n <= len(given):
+                raise ValueError(f"query {query.name} gives {match.group(1)} no argument {n}")
+            return given[n - 1]
+
+        # A fragment may include others (run_list_filter includes run_visible).
+        return _INCLUDE.sub(include, _FRAGMENT_ARGUMENT.sub(argument, fragments[match.group(1)]))
 
     sql, params = bind_names(query.name, _INCLUDE.sub(include, query.sql))
     return Query(query.name, query.mode, sql, query.source, params)

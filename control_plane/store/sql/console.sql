@@ -35,14 +35,7 @@ r.workspace_id = :workspace_id
        OR strpos(lower(r.input), lower(:search)) > 0
        OR strpos(lower(coalesce(r.output, '')), lower(:search)) > 0
        OR strpos(lower(coalesce(r.error, '')), lower(:search)) > 0)
-  AND (:reader::text IS NULL OR r.session_id IS NULL
-         OR NOT EXISTS (SELECT 1 FROM sessions x
-                        WHERE x.workspace_id = :workspace_id AND x.session_id = r.session_id
-                          AND x.visibility = 'private'
-                          AND NOT EXISTS (SELECT 1 FROM session_members m
-                                          WHERE m.workspace_id = :workspace_id
-                                            AND m.session_id = x.session_id
-                                            AND m.member = :reader)))
+  AND {{run_visible(r, :workspace_id, :reader)}}
 
 -- name: console_run_search :many
 -- The console's runs list, newest first: the filtered runs older than the keyset cursor

@@ -58,13 +58,6 @@ WHERE workspace_id = $1 AND forked_from_run_id = $2
   AND ($3::timestamptz IS NULL OR (created_at, run_id) < ($3, $4::uuid))
   AND ($5::text IS NULL OR agent_id = $5)
   AND ($6::text IS NULL OR status = $6)
-  AND ($8::text IS NULL OR runs.session_id IS NULL
-         OR NOT EXISTS (SELECT 1 FROM sessions x
-                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
-                          AND x.visibility = 'private'
-                          AND NOT EXISTS (SELECT 1 FROM session_members m
-                                          WHERE m.workspace_id = $1
-                                            AND m.session_id = x.session_id
-                                            AND m.member = $8)))
+  AND {{run_visible(runs, $1, $8)}}
 ORDER BY created_at DESC, run_id DESC
 LIMIT $7;

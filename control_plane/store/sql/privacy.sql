@@ -3,6 +3,19 @@
 -- everything (a workspace admin, or the platform itself). Every statement names the
 -- workspace ($1) in each table it reads, so a Citus coordinator routes it to one shard.
 
+-- name: run_visible :fragment
+-- Whether run row @1 (its alias) of workspace @2 may be seen by reader @3 (NULL: sees
+-- everything): it is no private session's (runs.session_id: a turn and all below it,
+-- migration 0053), or the reader is a member of that session. Every list of runs a reader
+-- reads and privacy_run_hidden include it.
+(@3::text IS NULL OR @1.session_id IS NULL
+ OR NOT EXISTS (SELECT 1 FROM sessions x
+                WHERE x.workspace_id = @2 AND x.session_id = @1.session_id
+                  AND x.visibility = 'private'
+                  AND NOT EXISTS (SELECT 1 FROM session_members m
+                                  WHERE m.workspace_id = @2 AND m.session_id = x.session_id
+                                    AND m.member = @3)))
+
 -- name: privacy_session_hidden :one
 -- Whether session $2 is private and reader $3 is not one of its members (no row: no
 -- such session).
@@ -18,14 +31,7 @@ FROM sessions x WHERE x.workspace_id = $1 AND x.session_id = $2;
 SELECT EXISTS (
     SELECT 1 FROM runs r
     WHERE r.workspace_id = $1 AND r.run_id = $2 AND r.session_id IS NOT NULL
-      AND NOT ($3::text IS NULL OR r.session_id IS NULL
-             OR NOT EXISTS (SELECT 1 FROM sessions x
-                            WHERE x.workspace_id = $1 AND x.session_id = r.session_id
-                              AND x.visibility = 'private'
-                              AND NOT EXISTS (SELECT 1 FROM session_members m
-                                              WHERE m.workspace_id = $1
-                                                AND m.session_id = x.session_id
-                                                AND m.member = $3)))
+      AND NOT {{run_visible(r, $1, $3)}}
 ) AS hidden;
 
 -- name: session_members_add :exec

@@ -76,14 +76,7 @@ AND ($2::timestamptz IS NULL OR (created_at, run_id) < ($2, $3::uuid))
   AND ($9::float8 IS NULL OR (status = 'waiting'
                               AND updated_at <= now() - make_interval(secs => $9::float8)))
   AND ($10::jsonb IS NULL OR metadata @> $10::jsonb)
-  AND ($11::text IS NULL OR runs.session_id IS NULL
-         OR NOT EXISTS (SELECT 1 FROM sessions x
-                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
-                          AND x.visibility = 'private'
-                          AND NOT EXISTS (SELECT 1 FROM session_members m
-                                          WHERE m.workspace_id = $1
-                                            AND m.session_id = x.session_id
-                                            AND m.member = $11)))
+  AND {{run_visible(runs, $1, $11)}}
 
 -- name: run_list :many
 -- A page of a workspace's runs, newest first, after a keyset cursor; optional
@@ -192,14 +185,7 @@ WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 
                                   lower($5)) > 0)
   AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
   AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
-  AND ($10::text IS NULL OR runs.session_id IS NULL
-         OR NOT EXISTS (SELECT 1 FROM sessions x
-                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
-                          AND x.visibility = 'private'
-                          AND NOT EXISTS (SELECT 1 FROM session_members m
-                                          WHERE m.workspace_id = $1
-                                            AND m.session_id = x.session_id
-                                            AND m.member = $10)));
+  AND {{run_visible(runs, $1, $10)}};
 
 -- name: runs_bulk_batch :many
 -- runs_bulk_count's next $13 runs, oldest first, after the keyset cursor ($11, $12).
@@ -215,13 +201,6 @@ WHERE workspace_id = $1 AND (NOT $9::boolean OR status IN ('queued', 'running', 
                                   lower($5)) > 0)
   AND ($6::jsonb IS NULL OR metadata @> $6::jsonb)
   AND ($7::text IS NULL OR (tags <> '{}' AND tags @> ARRAY[$7::text]))
-  AND ($10::text IS NULL OR runs.session_id IS NULL
-         OR NOT EXISTS (SELECT 1 FROM sessions x
-                        WHERE x.workspace_id = $1 AND x.session_id = runs.session_id
-                          AND x.visibility = 'private'
-                          AND NOT EXISTS (SELECT 1 FROM session_members m
-                                          WHERE m.workspace_id = $1
-                                            AND m.session_id = x.session_id
-                                            AND m.member = $10)))
+  AND {{run_visible(runs, $1, $10)}}
 ORDER BY created_at, run_id
 LIMIT $13;
