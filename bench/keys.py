@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import asyncpg
 
 from bench import report
-from bench.fairness import LEASE, SLOTS, SimExecutor, fair_claim, verdict
+from bench.fairness import SLOTS, SimExecutor, fair_claim, verdict
 from bench.postgres import BenchPostgres, bench_postgres, durability
 from bench.stats import percentile
-from control_plane.store import runs, steps
+from control_plane.store import runs
 from control_plane.store.db import create_pool
 
 EXECUTORS = 10
@@ -97,16 +97,8 @@ class Executor(SimExecutor):
 
     rng = random.Random(3)
 
-    async def _hold(self, row: runs.Run) -> None:
-        await asyncio.sleep(self.rng.uniform(HOLD / 2, HOLD * 1.5))
-        finish = steps.NewStep(
-            row.step_count, "finish", None, json.dumps({"status": "completed", "output": "ok"})
-        )
-        done = steps.Transition(status="completed", text="ok")
-        req = steps.CommitRequest(row.workspace_id, row.run_id, row.lease_epoch, [finish], done)
-        await steps.commit(self.pool, req, LEASE)
-        self.free += 1
-        self._freed.set()
+    def hold_seconds(self) -> float:
+        return self.rng.uniform(HOLD / 2, HOLD * 1.5)
 
 
 class KeyMonitor:
