@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentrun.v1 import agent_pb2
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun_cli import render
 
@@ -43,6 +44,12 @@ def source_line(t: pb.Trigger) -> str:
     return text
 
 
+def key_line(ck: agent_pb2.ConcurrencyKey) -> str:
+    """A trigger's concurrency_key: its path, limit and rate."""
+    rate = f", {ck.rate.runs} per {ck.rate.per_seconds}s" if ck.HasField("rate") else ""
+    return f"key       {ck.key}: {ck.limit} at once{rate} (of the runs it starts)"
+
+
 def trigger_lines(t: pb.Trigger) -> list[str]:
     lines = [
         f"trigger   {t.trigger_id} -> agent {t.agent_id} ({'enabled' if t.enabled else 'disabled'})",
@@ -51,6 +58,7 @@ def trigger_lines(t: pb.Trigger) -> list[str]:
             [f"publishes event {t.publish_event} (instead of starting runs)"]
             * bool(t.publish_event)
         ),
+        *([key_line(t.concurrency_key)] * t.HasField("concurrency_key")),
     ]
     if t.url:
         lines.append(f"url       POST {t.url}")

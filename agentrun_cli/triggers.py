@@ -5,6 +5,8 @@ pause|unpause|update|backfill|trigger-now|delete).
     agentrun triggers create digest --agent digest --cron "0 9 * * 1-5" --time-zone Europe/Paris --jitter 300
     agentrun triggers create leads --agent triage --mail leads@acme.test \\
         --filter "from_address not_in ada@example.com,grace@example.com"
+    agentrun triggers create orders --agent fulfil --webhook hmac \\
+        --concurrency-key input.customer_id --key-limit 2 --key-rate 10/60
     agentrun triggers events stripe-paid
 """
 
@@ -16,8 +18,8 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
+from agentrun.v1 import agent_pb2, trigger_pb2_grpc
 from agentrun.v1 import trigger_pb2 as pb
-from agentrun.v1 import trigger_pb2_grpc
 from agentrun_cli import argtypes, credentials, durations, output, schedules
 from agentrun_cli.output import Column
 from agentrun_cli.render_triggers import POLICIES, event_line, source_line, trigger_lines
@@ -31,6 +33,26 @@ SCHEMES = {
     "standard-webhooks": pb.SIGNATURE_SCHEME_STANDARD_WEBHOOKS,
 }
 OPS = {pb.FilterOp.Name(v).removeprefix("FILTER_OP_").lower(): v for v in pb.FilterOp.values() if v}
+
+
+def key_rate(text: str) -> agent_pb2.KeyRate:
+    """`--key-rate RUNS/SECONDS`: slot grants per key per window, e.g. 10/60."""
+    runs, sep, seconds = text.partition("/")
+    if not sep or not runs.strip().isdigit() or not seconds.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"is not RUNS/SECONDS (e.g. 10/60): {text!r}")
+    return agent_pb2.KeyRate(runs=int(runs), per_seconds=int(seconds))
+
+
+def _key_rule(args: argparse.Namespace) -> dict[str, agent_pb2.ConcurrencyKey]:
+    """The trigger's concurrency_key, when any of its flags is given (the server checks it:
+    a limit without a key is refused, naming concurrency_key.key)."""
+    if not (args.concurrency_key or args.key_limit or args.key_rate):
+        return {}
+    return {
+        "concurrency_key": agent_pb2.ConcurrencyKey(
+            key=args.concurrency_key, limit=args.key_limit, rate=args.key_rate
+        )
+    }
 
 
 def _seconds(value: float) -> Duration:
@@ -124,6 +146,7 @@ def create(args: argparse.Namespace) -> int:
         secret=args.secret,
         priority=args.priority,
         publish_event=args.publish_event,
+        **_key_rule(args),
         **_source(args),
     )
     with _Stub(args) as stub:
@@ -259,6 +282,18 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
         "--batch-seconds", type=argtypes.int32, default=0, metavar="S", help="longest batch wait"
     )
     add_priority(p)
+    p.add_argument(
+        "--concurrency-key",
+        default="",
+        metavar="input.PATH",
+        help="cap the runs it starts per value of this input path (overrides the agent's key)",
+    )
+    p.add_argument(
+        "--key-limit", type=argtypes.int32, default=0, metavar="N", help="runs per key at once"
+    )
+    p.add_argument(
+        "--key-rate", type=key_rate, metavar="RUNS/SECONDS", help="slot grants per key, e.g. 10/60"
+    )
     p.add_argument(
         "--filter",
         dest="filters",

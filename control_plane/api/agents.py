@@ -82,22 +82,26 @@ def validate_spec(spec: agent_pb2.AgentSpec) -> None:
 
 def validate_concurrency_key(spec: agent_pb2.AgentSpec) -> None:
     """A key path over the input, a limit, and an optional rate (issue 45, item 3)."""
-    if not spec.HasField("concurrency_key"):
-        return
-    ck = spec.concurrency_key
+    if spec.HasField("concurrency_key"):
+        validate_key_rule("spec.concurrency_key", spec.concurrency_key)
+
+
+def validate_key_rule(name: str, ck: agent_pb2.ConcurrencyKey) -> None:
+    """A concurrency_key rule, an agent version's or a trigger's, its errors naming `name`'s
+    fields."""
     if not ck.key:
-        raise InvalidArgument("spec.concurrency_key.key", "is required (e.g. input.customer_id)")
+        raise InvalidArgument(f"{name}.key", "is required (e.g. input.customer_id)")
     if not _KEY_PATH.match(ck.key):
         raise InvalidArgument(
-            "spec.concurrency_key.key",
+            f"{name}.key",
             f"is not `input.` then 1-8 names (e.g. input.customer_id): {ck.key[:80]!r}",
         )
     if ck.limit == 0:
-        raise InvalidArgument("spec.concurrency_key.limit", "is required (1 or more)")
-    validate.in_range("spec.concurrency_key.limit", ck.limit, 1, MAX_KEY_LIMIT)
+        raise InvalidArgument(f"{name}.limit", "is required (1 or more)")
+    validate.in_range(f"{name}.limit", ck.limit, 1, MAX_KEY_LIMIT)
     if ck.HasField("rate"):
-        validate.in_range("spec.concurrency_key.rate.per_seconds", ck.rate.per_seconds, 1, 86_400)
-        validate.in_range("spec.concurrency_key.rate.runs", ck.rate.runs, 1, MAX_KEY_LIMIT)
+        validate.in_range(f"{name}.rate.per_seconds", ck.rate.per_seconds, 1, 86_400)
+        validate.in_range(f"{name}.rate.runs", ck.rate.runs, 1, MAX_KEY_LIMIT)
 
 
 def validate_cancel_on(spec: agent_pb2.AgentSpec) -> None:

@@ -15,6 +15,7 @@ import grpc
 
 from agentrun.v1 import trigger_pb2 as pb
 from agentrun.v1 import trigger_pb2_grpc
+from control_plane.api.agents import validate_key_rule
 from control_plane.api.runs import decode_page_token, encode_page_token
 from control_plane.api.schedules import (
     MAX_NOTE_BYTES,
@@ -140,11 +141,20 @@ def _mail_push(src: pb.MailPushSource) -> tuple[str, dict[str, Any]]:
 
 def new_trigger(request: pb.CreateTriggerRequest, now: datetime) -> store.NewTrigger:
     """The validated trigger a CreateTrigger request describes; the priority of the runs it
-    starts rides in its config (0, the default, is left out)."""
+    starts rides in its config (0, the default, is left out), and so does their
+    concurrency_key rule (stored as an agent version's spec keeps it)."""
     priority = validate.priority("priority", request.priority)
     new = _new_trigger(request, now)
     if request.publish_event:
         new = dataclasses.replace(new, config={**new.config, **_publishes(request, new)})
+    if request.HasField("concurrency_key"):
+        validate_key_rule("concurrency_key", request.concurrency_key)
+        if request.publish_event:
+            raise InvalidArgument(
+                "concurrency_key", "a trigger that publishes events starts no runs to key"
+            )
+        rule = convert.concurrency_key_to_json(request.concurrency_key)
+        new = dataclasses.replace(new, config={**new.config, "concurrency_key": rule})
     if not priority:
         return new
     return dataclasses.replace(new, config={**new.config, "priority": priority})
@@ -283,6 +293,9 @@ def trigger_message(row: Any, secrets: list[Any], public_url: str) -> pb.Trigger
         priority=config.get("priority", 0),
         publish_event=config.get("publish_event", ""),
     )
+    key = convert.concurrency_key_from_json(config.get("concurrency_key"))
+    if key is not None:
+        msg.concurrency_key.CopyFrom(key)
     _source(msg, row, config)
     if row["kind"] in HTTP_KINDS:
         msg.url = f"{public_url}/hooks/{row['workspace_id']}/{row['trigger_id']}"

@@ -55,6 +55,10 @@ class Admission:
     # The session whose turn this is (migration 0053); children and forks take theirs
     # from their parent or source when marked.
     session_id: uuid.UUID | None = None
+    # The concurrency_key rule (stored JSON text, as an agent version's spec keeps it) of
+    # the trigger starting the run, read instead of its version's (0054); None: the
+    # version's.
+    key_rule: str | None = None
 
     def params(self, now: datetime | None) -> dict[str, Any]:
         """The named parameters of the `run_admit` fragment."""
@@ -80,6 +84,7 @@ class Admission:
             "tags": self.tags,
             "metadata": self.metadata,
             "session_id": self.session_id,
+            "key_rule": self.key_rule,
             "now": now,
         }
 
@@ -95,9 +100,11 @@ def admission(
     priority: int = 0,
     tags: list[str] | None = None,
     metadata: str | None = None,
+    key_rule: dict[str, Any] | None = None,
 ) -> Admission:
     """The admission of a run of `version` (an agent version row): its limits, with the
-    server's defaults for those it leaves unset (max age: none)."""
+    server's defaults for those it leaves unset (max age: none); `key_rule`: a trigger's
+    concurrency_key rule (as stored), overriding the version's for this run."""
     limits = json.loads(version["spec"]).get("limits", {})
     return Admission(
         workspace_id=version["workspace_id"],
@@ -118,4 +125,5 @@ def admission(
         priority=priority,
         tags=tags,
         metadata=metadata,
+        key_rule=json.dumps(key_rule) if key_rule else None,
     )

@@ -101,6 +101,10 @@ class Run:
     # The session whose turn this run is, or is below (a child, a fork): who may see it
     # when that session is private (0053_run_session.sql); None: no session's.
     session_id: uuid.UUID | None = None
+    # The concurrency_key rule (JSON text) of the trigger that started it, read at its
+    # admission instead of its version's (0054_trigger_concurrency_keys.sql); None: the
+    # version's.
+    key_rule: str | None = None
 
     @classmethod
     def from_record(cls, record: asyncpg.Record) -> Run:

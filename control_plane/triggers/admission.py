@@ -8,12 +8,14 @@ that row is the same every time.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import FailedPrecondition
+from control_plane.runs import concurrency_keys
 from control_plane.store import agents as agent_store
 from control_plane.store import flow as flow_store
 from control_plane.store import triggers as store
@@ -40,6 +42,8 @@ class Event:
     held: flow_store.PendingEvent | None = None
     # The priority of the run it starts (its trigger's).
     priority: int = 0
+    # Its trigger's concurrency_key rule (as stored), overriding the version's; None: none.
+    key_rule: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,17 @@ def clip(text: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
         return text
     note = "\n[truncated]"
     return data[: max_bytes - len(note)].decode(errors="ignore") + note
+
+
+def key_document(event: Event) -> Any:
+    """What a trigger's concurrency_key path is read from: the event as received (a
+    webhook's body, a mail's fields), or a schedule's input when it is a JSON object."""
+    if isinstance(event.payload, dict):
+        return event.payload
+    try:
+        return json.loads(event.input_text)
+    except ValueError:
+        return None
 
 
 def input_payload(event: Event) -> dict[str, Any]:
@@ -138,6 +153,7 @@ async def admit(
             input_payload=payload,
             started_by=f"trigger:{event.trigger_id}",
             priority=event.priority,
+            key_rule=concurrency_keys.trigger_rule(event.key_rule, key_document(event)),
         ),
         scheduled_for=event.scheduled_for,
         chain_depth=event.chain_depth,

@@ -70,6 +70,13 @@ class Settings:
         return int(self.config.get("priority", 0))
 
     @property
+    def key_rule(self) -> dict[str, Any] | None:
+        """The concurrency_key rule of the runs it starts (CreateTrigger's, in the config;
+        None: their version's)."""
+        rule = self.config.get("concurrency_key")
+        return dict(rule) if rule else None
+
+    @property
     def publish_event(self) -> str:
         """The event name its deliveries are published as ('' : it starts runs)."""
         return str(self.config.get("publish_event") or "")
@@ -85,6 +92,7 @@ class Settings:
             agent_id=self.agent_id,
             kind=self.kind,
             priority=self.priority,
+            key_rule=self.key_rule,
             **fields,
         )
 

@@ -27,6 +27,7 @@ from typing import Any
 import faults
 from control_plane.ground.config import RunDefaults
 from control_plane.ground.errors import FailedPrecondition, InvalidArgument
+from control_plane.runs import concurrency_keys
 from control_plane.store import agents as agent_store
 from control_plane.store import flow as flow_store
 from control_plane.store import triggers as store
@@ -162,6 +163,11 @@ async def _flush(conn: store.Connection, group: Any, defaults: RunDefaults) -> b
             started_by=f"trigger:{group['trigger_id']}",
             request_id=key[:512],
             priority=int(cfg.get("priority", 0)),
+            # Keyed by the event it carries: a debounce's last, a batch's first.
+            key_rule=concurrency_keys.trigger_rule(
+                cfg.get("concurrency_key"),
+                json.loads(events[-1 if group["mode"] == "debounce" else 0]["payload"]),
+            ),
         )
         started = await flow_store.consume(conn, [e["event_id"] for e in events], adm, None) > 0
     faults.point("control_plane.trigger_flow.before_commit")

@@ -55,14 +55,18 @@ async def update(
     priority: int | None = None,
 ) -> Record:
     """Replace the schedule's spec; its next slot is the new spec's first after now. The
-    priority of its runs becomes `priority` (None: stays)."""
+    priority of its runs becomes `priority` (None: stays); their concurrency_key rule
+    stays."""
     row = await locked(conn, ws, trigger_id, now)
     slot = sched.next_slot_after(row["db_now"])
     config = {**sched.to_json(), "input": input_text}
+    old = json.loads(row["config"])
     if priority is None:
-        priority = json.loads(row["config"]).get("priority", 0)
+        priority = old.get("priority", 0)
     if priority:
         config["priority"] = priority
+    if old.get("concurrency_key"):
+        config["concurrency_key"] = old["concurrency_key"]
     fire_at = sched.fire_time(slot, ws, trigger_id)
     updated = await store.update(conn, ws, trigger_id, config, slot, fire_at)
     assert updated is not None, "the schedule is locked"

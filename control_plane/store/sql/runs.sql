@@ -5,13 +5,14 @@
 -- max_age_seconds fixed as expires_at, 0 = none) and input_payload as its input step (seq 0;
 -- its `text` is the run's input). A used request_id admits nothing. Database clock unless :now.
 -- :priority orders it within its workspace's share (0026_run_priority.sql); :session_id names
--- a session turn's session (0053_run_session.sql; NULL for others).
+-- a session turn's session (0053_run_session.sql; NULL for others); :key_rule a trigger's
+-- concurrency_key rule, read instead of the version's (0054; NULL: the version's).
 admitted AS (
     INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wake_at,
                       request_id, input, max_steps, max_tokens, max_tool_calls,
                       deadline_seconds, max_age_seconds, expires_at, model_retry_budget,
                       repeat_limit, context_tokens, started_by, step_count, created_at,
-                      updated_at, priority, tags, metadata, session_id)
+                      updated_at, priority, tags, metadata, session_id, key_rule)
     SELECT :workspace_id, :run_id, :agent_id, :agent_version, 'queued',
            coalesce(:now::timestamptz, now()), :request_id, :input_payload::jsonb ->> 'text',
            :max_steps, :max_tokens, :max_tool_calls, :deadline_seconds::int,
@@ -22,7 +23,7 @@ admitted AS (
            :model_retry_budget::int, :repeat_limit::int, :context_tokens::int, :started_by, 1,
            coalesce(:now::timestamptz, now()), coalesce(:now::timestamptz, now()),
            :priority::smallint, coalesce(:tags::text[], '{}'),
-           coalesce(:metadata::jsonb, '{}'), :session_id::uuid
+           coalesce(:metadata::jsonb, '{}'), :session_id::uuid, :key_rule::jsonb
     FROM admit_if
     ON CONFLICT (workspace_id, agent_id, request_id) WHERE request_id IS NOT NULL DO NOTHING
     RETURNING *

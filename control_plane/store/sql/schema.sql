@@ -305,6 +305,9 @@ CREATE TABLE runs (
     -- The session of a turn and of its whole descent (children, forks), set at
     -- admission: who may see a private session's runs (migration 0053).
     session_id               uuid,
+    -- The concurrency_key rule of the trigger that started it (0054), read at admission
+    -- instead of its version's; NULL: its version's.
+    key_rule                 jsonb,
     PRIMARY KEY (workspace_id, run_id),
     FOREIGN KEY (workspace_id, agent_id, agent_version) REFERENCES agent_versions,
     CONSTRAINT run_status_known CHECK (
@@ -2999,9 +3002,11 @@ END $$;
 
 -- Concurrency keys (issue 45, item 3). An agent version's concurrency_key caps how many of
 -- its runs with one key (the value at a path in the run's input) hold a slot at once, with
--- an optional rate of grants. runs_key_compute sets a run's key at admission, with no side
--- effect; runs_key_admit takes a slot (an upsert while held < limit) or parks the run
--- (status 'waiting', wait_reason 'concurrency_key', no wake_at: the claim never takes it);
+-- an optional rate of grants (a trigger may declare its own rule for the runs it starts:
+-- runs.key_rule, read instead of the version's). runs_key_compute sets a run's key at
+-- admission, with no side effect; runs_key_admit takes a slot (an upsert while held <
+-- limit) or parks the run (status 'waiting', wait_reason 'concurrency_key', no wake_at:
+-- the claim never takes it);
 -- runs_key_release, on a slot holder's end by any path, passes the slot to the key's next
 -- waiter (made queued and due) or frees it, in the ending transaction. A run holds its slot
 -- from the grant until it ends. A key's row goes once it holds nothing and owes no wait.
@@ -3049,19 +3054,22 @@ END $$;
 CREATE FUNCTION runs_key_compute() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    rule jsonb;
+    rule jsonb := NEW.key_rule;
 BEGIN
     IF NEW.status <> 'queued' THEN
         RETURN NEW;
     END IF;
-    SELECT v.spec -> 'concurrency_key' INTO rule FROM agent_versions v
-    WHERE v.workspace_id = NEW.workspace_id AND v.agent_id = NEW.agent_id
-      AND v.version = NEW.agent_version;
+    IF rule IS NULL THEN
+        SELECT v.spec -> 'concurrency_key' INTO rule FROM agent_versions v
+        WHERE v.workspace_id = NEW.workspace_id AND v.agent_id = NEW.agent_id
+          AND v.version = NEW.agent_version;
+    END IF;
     IF rule IS NULL OR jsonb_typeof(rule) <> 'object' THEN
         RETURN NEW;
     END IF;
-    NEW.concurrency_key := run_key_value(
-        NEW.input, ARRAY(SELECT jsonb_array_elements_text(rule -> 'path')));
+    -- A trigger's rule carries the key it read from its event (the run's input quotes it).
+    NEW.concurrency_key := coalesce(rule ->> 'value', run_key_value(
+        NEW.input, ARRAY(SELECT jsonb_array_elements_text(rule -> 'path'))));
     NEW.key_slot := true;  -- asked for; runs_key_admit parks it when none is free
     RETURN NEW;
 END $$;
@@ -3072,15 +3080,17 @@ CREATE TRIGGER runs_key_compute BEFORE INSERT ON runs FOR EACH ROW
 CREATE FUNCTION runs_key_admit() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    rule jsonb;
+    rule jsonb := NEW.key_rule;
     lim integer;
     gap interval;
     t0 timestamptz := coalesce(NEW.wake_at, now());
     got record;
 BEGIN
-    SELECT v.spec -> 'concurrency_key' INTO rule FROM agent_versions v
-    WHERE v.workspace_id = NEW.workspace_id AND v.agent_id = NEW.agent_id
-      AND v.version = NEW.agent_version;
+    IF rule IS NULL THEN
+        SELECT v.spec -> 'concurrency_key' INTO rule FROM agent_versions v
+        WHERE v.workspace_id = NEW.workspace_id AND v.agent_id = NEW.agent_id
+          AND v.version = NEW.agent_version;
+    END IF;
     lim := (rule ->> 'limit')::integer;
     IF rule -> 'rate' IS NOT NULL THEN
         gap := make_interval(secs => (rule -> 'rate' ->> 'per_seconds')::float8

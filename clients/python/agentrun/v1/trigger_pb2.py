@@ -22,85 +22,86 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agentrun.v1 import agent_pb2 as agentrun_dot_v1_dot_agent__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/trigger.proto\x12\x0b\x61gentrun.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"r\n\nFilterRule\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.FilterOp\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06values\x18\x04 \x03(\t\x12\x13\n\x0bignore_case\x18\x05 \x01(\x08\"\x83\x02\n\rWebhookSource\x12,\n\x06scheme\x18\x01 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\x12,\n\ttolerance\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07untimed\x18\x03 \x01(\x08\x12\x15\n\rdedupe_header\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65\x64upe_field\x18\x05 \x01(\t\x12.\n\x08\x64\x65\x62ounce\x18\x06 \x01(\x0b\x32\x1c.agentrun.v1.TriggerDebounce\x12(\n\x05\x62\x61tch\x18\x07 \x01(\x0b\x32\x19.agentrun.v1.TriggerBatch\"\xa7\x03\n\x0eScheduleSource\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\x06jitter\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05input\x18\x05 \x01(\t\x12\x32\n\x0enext_slot_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x0eoverlap_policy\x18\x08 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\x12\x31\n\x0e\x63\x61tchup_window\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x12\x62uffered_slot_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"d\n\nMailSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x17\n\x0fmax_chain_depth\x18\x02 \x01(\x05\x12,\n\x06scheme\x18\x03 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\"\xe9\x01\n\x0eMailPushSource\x12\x13\n\x0bhistory_url\x18\x01 \x01(\t\x12\x18\n\x10start_history_id\x18\x02 \x01(\x03\x12\x17\n\x0fmax_chain_depth\x18\x03 \x01(\x05\x12,\n\x06scheme\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\x12\x17\n\x0flast_history_id\x18\x05 \x01(\x03\x12\x1c\n\x14\x61nnounced_history_id\x18\x06 \x01(\x03\x12\x15\n\rconnection_id\x18\x07 \x01(\t\x12\x13\n\x0b\x66\x65tch_error\x18\x08 \x01(\t\"\x84\x01\n\rTriggerSecret\x12\x11\n\tsecret_id\x18\x01 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x98\x04\n\x07Trigger\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12-\n\x07webhook\x18\x05 \x01(\x0b\x32\x1a.agentrun.v1.WebhookSourceH\x00\x12/\n\x08schedule\x18\x06 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSourceH\x00\x12\'\n\x04mail\x18\x07 \x01(\x0b\x32\x17.agentrun.v1.MailSourceH\x00\x12\x30\n\tmail_push\x18\x08 \x01(\x0b\x32\x1b.agentrun.v1.MailPushSourceH\x00\x12(\n\x07\x66ilters\x18\t \x03(\x0b\x32\x17.agentrun.v1.FilterRule\x12\x0b\n\x03url\x18\n \x01(\t\x12+\n\x07secrets\x18\x0b \x03(\x0b\x32\x1a.agentrun.v1.TriggerSecret\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04note\x18\x0e \x01(\t\x12\x10\n\x08priority\x18\x0f \x01(\x05\x12\x15\n\rpublish_event\x18\x10 \x01(\tB\x08\n\x06source\"5\n\x0fTriggerDebounce\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rquiet_seconds\x18\x02 \x01(\x05\"7\n\x0cTriggerBatch\x12\x12\n\nmax_events\x18\x01 \x01(\x05\x12\x13\n\x0bmax_seconds\x18\x02 \x01(\x05\"\xaa\x02\n\x0cTriggerEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x12\n\ndedupe_key\x18\x03 \x01(\t\x12/\n\x06status\x18\x04 \x01(\x0e\x32\x1f.agentrun.v1.TriggerEventStatus\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x32\n\x0escheduled_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63hain_depth\x18\x08 \x01(\x05\x12\x14\n\x0cpayload_json\x18\t \x01(\t\x12\x30\n\x0creceive_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfa\x02\n\x14\x43reateTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12-\n\x07webhook\x18\x04 \x01(\x0b\x32\x1a.agentrun.v1.WebhookSourceH\x00\x12/\n\x08schedule\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSourceH\x00\x12\'\n\x04mail\x18\x06 \x01(\x0b\x32\x17.agentrun.v1.MailSourceH\x00\x12\x30\n\tmail_push\x18\x07 \x01(\x0b\x32\x1b.agentrun.v1.MailPushSourceH\x00\x12(\n\x07\x66ilters\x18\x08 \x03(\x0b\x32\x17.agentrun.v1.FilterRule\x12\x0e\n\x06secret\x18\t \x01(\t\x12\x10\n\x08priority\x18( \x01(\x05\x12\x15\n\rpublish_event\x18) \x01(\tB\x08\n\x06source\"N\n\x15\x43reateTriggerResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\x12\x0e\n\x06secret\x18\x02 \x01(\t\"=\n\x11GetTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\";\n\x12GetTriggerResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"d\n\x13ListTriggersRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\"W\n\x14ListTriggersResponse\x12&\n\x08triggers\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Trigger\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"c\n\x18SetTriggerEnabledRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\"B\n\x19SetTriggerEnabledResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"\x80\x01\n\x1aRotateTriggerSecretRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12(\n\x05grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"T\n\x1bRotateTriggerSecretResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\x12\x0e\n\x06secret\x18\x02 \x01(\t\"k\n\x18ListTriggerEventsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"_\n\x19ListTriggerEventsResponse\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.agentrun.v1.TriggerEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x94\x01\n\x15UpdateScheduleRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12-\n\x08schedule\x18\x03 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSource\x12\x15\n\x08priority\x18( \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_priority\"?\n\x16UpdateScheduleResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"@\n\x14\x44\x65leteTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\"\x17\n\x15\x44\x65leteTriggerResponse\"\xdd\x01\n\x17\x42\x61\x63kfillScheduleRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x0eoverlap_policy\x18\x05 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\"t\n\x18\x42\x61\x63kfillScheduleResponse\x12\r\n\x05slots\x18\x01 \x01(\x05\x12\x0f\n\x07started\x18\x02 \x01(\x05\x12\x15\n\ralready_fired\x18\x03 \x01(\x05\x12\x0f\n\x07skipped\x18\x04 \x01(\x05\x12\x10\n\x08\x62uffered\x18\x05 \x01(\x05\"\x95\x01\n\x19TriggerScheduleNowRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12:\n\x0eoverlap_policy\x18\x04 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\"i\n\x1aTriggerScheduleNowResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.TriggerEvent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x10\n\x08\x62uffered\x18\x03 \x01(\x08*\xdb\x01\n\x15ScheduleOverlapPolicy\x12\'\n#SCHEDULE_OVERLAP_POLICY_UNSPECIFIED\x10\x00\x12 \n\x1cSCHEDULE_OVERLAP_POLICY_SKIP\x10\x01\x12&\n\"SCHEDULE_OVERLAP_POLICY_BUFFER_ONE\x10\x02\x12%\n!SCHEDULE_OVERLAP_POLICY_ALLOW_ALL\x10\x03\x12(\n$SCHEDULE_OVERLAP_POLICY_CANCEL_OTHER\x10\x04*\xd3\x01\n\x0fSignatureScheme\x12 \n\x1cSIGNATURE_SCHEME_UNSPECIFIED\x10\x00\x12 \n\x1cSIGNATURE_SCHEME_HMAC_SHA256\x10\x01\x12\x1b\n\x17SIGNATURE_SCHEME_STRIPE\x10\x02\x12\x1a\n\x16SIGNATURE_SCHEME_SLACK\x10\x03\x12\x1b\n\x17SIGNATURE_SCHEME_GITHUB\x10\x04\x12&\n\"SIGNATURE_SCHEME_STANDARD_WEBHOOKS\x10\x05*\xe1\x01\n\x08\x46ilterOp\x12\x19\n\x15\x46ILTER_OP_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46ILTER_OP_EQUALS\x10\x01\x12\x18\n\x14\x46ILTER_OP_NOT_EQUALS\x10\x02\x12\x16\n\x12\x46ILTER_OP_CONTAINS\x10\x03\x12\x1a\n\x16\x46ILTER_OP_NOT_CONTAINS\x10\x04\x12\x10\n\x0c\x46ILTER_OP_IN\x10\x05\x12\x14\n\x10\x46ILTER_OP_NOT_IN\x10\x06\x12\x14\n\x10\x46ILTER_OP_EXISTS\x10\x07\x12\x18\n\x14\x46ILTER_OP_NOT_EXISTS\x10\x08*\xa2\x01\n\x12TriggerEventStatus\x12$\n TRIGGER_EVENT_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1dTRIGGER_EVENT_STATUS_ACCEPTED\x10\x01\x12!\n\x1dTRIGGER_EVENT_STATUS_FILTERED\x10\x02\x12 \n\x1cTRIGGER_EVENT_STATUS_PENDING\x10\x03\x32\xb9\x07\n\x0eTriggerService\x12V\n\rCreateTrigger\x12!.agentrun.v1.CreateTriggerRequest\x1a\".agentrun.v1.CreateTriggerResponse\x12M\n\nGetTrigger\x12\x1e.agentrun.v1.GetTriggerRequest\x1a\x1f.agentrun.v1.GetTriggerResponse\x12S\n\x0cListTriggers\x12 .agentrun.v1.ListTriggersRequest\x1a!.agentrun.v1.ListTriggersResponse\x12\x62\n\x11SetTriggerEnabled\x12%.agentrun.v1.SetTriggerEnabledRequest\x1a&.agentrun.v1.SetTriggerEnabledResponse\x12h\n\x13RotateTriggerSecret\x12\'.agentrun.v1.RotateTriggerSecretRequest\x1a(.agentrun.v1.RotateTriggerSecretResponse\x12\x62\n\x11ListTriggerEvents\x12%.agentrun.v1.ListTriggerEventsRequest\x1a&.agentrun.v1.ListTriggerEventsResponse\x12Y\n\x0eUpdateSchedule\x12\".agentrun.v1.UpdateScheduleRequest\x1a#.agentrun.v1.UpdateScheduleResponse\x12V\n\rDeleteTrigger\x12!.agentrun.v1.DeleteTriggerRequest\x1a\".agentrun.v1.DeleteTriggerResponse\x12_\n\x10\x42\x61\x63kfillSchedule\x12$.agentrun.v1.BackfillScheduleRequest\x1a%.agentrun.v1.BackfillScheduleResponse\x12\x65\n\x12TriggerScheduleNow\x12&.agentrun.v1.TriggerScheduleNowRequest\x1a\'.agentrun.v1.TriggerScheduleNowResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentrun/v1/trigger.proto\x12\x0b\x61gentrun.v1\x1a\x17\x61gentrun/v1/agent.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"r\n\nFilterRule\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.agentrun.v1.FilterOp\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06values\x18\x04 \x03(\t\x12\x13\n\x0bignore_case\x18\x05 \x01(\x08\"\x83\x02\n\rWebhookSource\x12,\n\x06scheme\x18\x01 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\x12,\n\ttolerance\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07untimed\x18\x03 \x01(\x08\x12\x15\n\rdedupe_header\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65\x64upe_field\x18\x05 \x01(\t\x12.\n\x08\x64\x65\x62ounce\x18\x06 \x01(\x0b\x32\x1c.agentrun.v1.TriggerDebounce\x12(\n\x05\x62\x61tch\x18\x07 \x01(\x0b\x32\x19.agentrun.v1.TriggerBatch\"\xa7\x03\n\x0eScheduleSource\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\x12+\n\x08interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\x06jitter\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05input\x18\x05 \x01(\t\x12\x32\n\x0enext_slot_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0enext_fire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x0eoverlap_policy\x18\x08 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\x12\x31\n\x0e\x63\x61tchup_window\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x12\x62uffered_slot_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"d\n\nMailSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x17\n\x0fmax_chain_depth\x18\x02 \x01(\x05\x12,\n\x06scheme\x18\x03 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\"\xe9\x01\n\x0eMailPushSource\x12\x13\n\x0bhistory_url\x18\x01 \x01(\t\x12\x18\n\x10start_history_id\x18\x02 \x01(\x03\x12\x17\n\x0fmax_chain_depth\x18\x03 \x01(\x05\x12,\n\x06scheme\x18\x04 \x01(\x0e\x32\x1c.agentrun.v1.SignatureScheme\x12\x17\n\x0flast_history_id\x18\x05 \x01(\x03\x12\x1c\n\x14\x61nnounced_history_id\x18\x06 \x01(\x03\x12\x15\n\rconnection_id\x18\x07 \x01(\t\x12\x13\n\x0b\x66\x65tch_error\x18\x08 \x01(\t\"\x84\x01\n\rTriggerSecret\x12\x11\n\tsecret_id\x18\x01 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xce\x04\n\x07Trigger\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12-\n\x07webhook\x18\x05 \x01(\x0b\x32\x1a.agentrun.v1.WebhookSourceH\x00\x12/\n\x08schedule\x18\x06 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSourceH\x00\x12\'\n\x04mail\x18\x07 \x01(\x0b\x32\x17.agentrun.v1.MailSourceH\x00\x12\x30\n\tmail_push\x18\x08 \x01(\x0b\x32\x1b.agentrun.v1.MailPushSourceH\x00\x12(\n\x07\x66ilters\x18\t \x03(\x0b\x32\x17.agentrun.v1.FilterRule\x12\x0b\n\x03url\x18\n \x01(\t\x12+\n\x07secrets\x18\x0b \x03(\x0b\x32\x1a.agentrun.v1.TriggerSecret\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04note\x18\x0e \x01(\t\x12\x10\n\x08priority\x18\x0f \x01(\x05\x12\x15\n\rpublish_event\x18\x10 \x01(\t\x12\x34\n\x0f\x63oncurrency_key\x18\x11 \x01(\x0b\x32\x1b.agentrun.v1.ConcurrencyKeyB\x08\n\x06source\"5\n\x0fTriggerDebounce\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rquiet_seconds\x18\x02 \x01(\x05\"7\n\x0cTriggerBatch\x12\x12\n\nmax_events\x18\x01 \x01(\x05\x12\x13\n\x0bmax_seconds\x18\x02 \x01(\x05\"\xaa\x02\n\x0cTriggerEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x12\n\ndedupe_key\x18\x03 \x01(\t\x12/\n\x06status\x18\x04 \x01(\x0e\x32\x1f.agentrun.v1.TriggerEventStatus\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x32\n\x0escheduled_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63hain_depth\x18\x08 \x01(\x05\x12\x14\n\x0cpayload_json\x18\t \x01(\t\x12\x30\n\x0creceive_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb0\x03\n\x14\x43reateTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12-\n\x07webhook\x18\x04 \x01(\x0b\x32\x1a.agentrun.v1.WebhookSourceH\x00\x12/\n\x08schedule\x18\x05 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSourceH\x00\x12\'\n\x04mail\x18\x06 \x01(\x0b\x32\x17.agentrun.v1.MailSourceH\x00\x12\x30\n\tmail_push\x18\x07 \x01(\x0b\x32\x1b.agentrun.v1.MailPushSourceH\x00\x12(\n\x07\x66ilters\x18\x08 \x03(\x0b\x32\x17.agentrun.v1.FilterRule\x12\x0e\n\x06secret\x18\t \x01(\t\x12\x10\n\x08priority\x18( \x01(\x05\x12\x15\n\rpublish_event\x18) \x01(\t\x12\x34\n\x0f\x63oncurrency_key\x18* \x01(\x0b\x32\x1b.agentrun.v1.ConcurrencyKeyB\x08\n\x06source\"N\n\x15\x43reateTriggerResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\x12\x0e\n\x06secret\x18\x02 \x01(\t\"=\n\x11GetTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\";\n\x12GetTriggerResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"d\n\x13ListTriggersRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\"W\n\x14ListTriggersResponse\x12&\n\x08triggers\x18\x01 \x03(\x0b\x32\x14.agentrun.v1.Trigger\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"c\n\x18SetTriggerEnabledRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\"B\n\x19SetTriggerEnabledResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"\x80\x01\n\x1aRotateTriggerSecretRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12(\n\x05grace\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"T\n\x1bRotateTriggerSecretResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\x12\x0e\n\x06secret\x18\x02 \x01(\t\"k\n\x18ListTriggerEventsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"_\n\x19ListTriggerEventsResponse\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.agentrun.v1.TriggerEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x94\x01\n\x15UpdateScheduleRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12-\n\x08schedule\x18\x03 \x01(\x0b\x32\x1b.agentrun.v1.ScheduleSource\x12\x15\n\x08priority\x18( \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_priority\"?\n\x16UpdateScheduleResponse\x12%\n\x07trigger\x18\x01 \x01(\x0b\x32\x14.agentrun.v1.Trigger\"@\n\x14\x44\x65leteTriggerRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\"\x17\n\x15\x44\x65leteTriggerResponse\"\xdd\x01\n\x17\x42\x61\x63kfillScheduleRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x0eoverlap_policy\x18\x05 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\"t\n\x18\x42\x61\x63kfillScheduleResponse\x12\r\n\x05slots\x18\x01 \x01(\x05\x12\x0f\n\x07started\x18\x02 \x01(\x05\x12\x15\n\ralready_fired\x18\x03 \x01(\x05\x12\x0f\n\x07skipped\x18\x04 \x01(\x05\x12\x10\n\x08\x62uffered\x18\x05 \x01(\x05\"\x95\x01\n\x19TriggerScheduleNowRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x12\n\ntrigger_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12:\n\x0eoverlap_policy\x18\x04 \x01(\x0e\x32\".agentrun.v1.ScheduleOverlapPolicy\"i\n\x1aTriggerScheduleNowResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.agentrun.v1.TriggerEvent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x10\n\x08\x62uffered\x18\x03 \x01(\x08*\xdb\x01\n\x15ScheduleOverlapPolicy\x12\'\n#SCHEDULE_OVERLAP_POLICY_UNSPECIFIED\x10\x00\x12 \n\x1cSCHEDULE_OVERLAP_POLICY_SKIP\x10\x01\x12&\n\"SCHEDULE_OVERLAP_POLICY_BUFFER_ONE\x10\x02\x12%\n!SCHEDULE_OVERLAP_POLICY_ALLOW_ALL\x10\x03\x12(\n$SCHEDULE_OVERLAP_POLICY_CANCEL_OTHER\x10\x04*\xd3\x01\n\x0fSignatureScheme\x12 \n\x1cSIGNATURE_SCHEME_UNSPECIFIED\x10\x00\x12 \n\x1cSIGNATURE_SCHEME_HMAC_SHA256\x10\x01\x12\x1b\n\x17SIGNATURE_SCHEME_STRIPE\x10\x02\x12\x1a\n\x16SIGNATURE_SCHEME_SLACK\x10\x03\x12\x1b\n\x17SIGNATURE_SCHEME_GITHUB\x10\x04\x12&\n\"SIGNATURE_SCHEME_STANDARD_WEBHOOKS\x10\x05*\xe1\x01\n\x08\x46ilterOp\x12\x19\n\x15\x46ILTER_OP_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46ILTER_OP_EQUALS\x10\x01\x12\x18\n\x14\x46ILTER_OP_NOT_EQUALS\x10\x02\x12\x16\n\x12\x46ILTER_OP_CONTAINS\x10\x03\x12\x1a\n\x16\x46ILTER_OP_NOT_CONTAINS\x10\x04\x12\x10\n\x0c\x46ILTER_OP_IN\x10\x05\x12\x14\n\x10\x46ILTER_OP_NOT_IN\x10\x06\x12\x14\n\x10\x46ILTER_OP_EXISTS\x10\x07\x12\x18\n\x14\x46ILTER_OP_NOT_EXISTS\x10\x08*\xa2\x01\n\x12TriggerEventStatus\x12$\n TRIGGER_EVENT_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1dTRIGGER_EVENT_STATUS_ACCEPTED\x10\x01\x12!\n\x1dTRIGGER_EVENT_STATUS_FILTERED\x10\x02\x12 \n\x1cTRIGGER_EVENT_STATUS_PENDING\x10\x03\x32\xb9\x07\n\x0eTriggerService\x12V\n\rCreateTrigger\x12!.agentrun.v1.CreateTriggerRequest\x1a\".agentrun.v1.CreateTriggerResponse\x12M\n\nGetTrigger\x12\x1e.agentrun.v1.GetTriggerRequest\x1a\x1f.agentrun.v1.GetTriggerResponse\x12S\n\x0cListTriggers\x12 .agentrun.v1.ListTriggersRequest\x1a!.agentrun.v1.ListTriggersResponse\x12\x62\n\x11SetTriggerEnabled\x12%.agentrun.v1.SetTriggerEnabledRequest\x1a&.agentrun.v1.SetTriggerEnabledResponse\x12h\n\x13RotateTriggerSecret\x12\'.agentrun.v1.RotateTriggerSecretRequest\x1a(.agentrun.v1.RotateTriggerSecretResponse\x12\x62\n\x11ListTriggerEvents\x12%.agentrun.v1.ListTriggerEventsRequest\x1a&.agentrun.v1.ListTriggerEventsResponse\x12Y\n\x0eUpdateSchedule\x12\".agentrun.v1.UpdateScheduleRequest\x1a#.agentrun.v1.UpdateScheduleResponse\x12V\n\rDeleteTrigger\x12!.agentrun.v1.DeleteTriggerRequest\x1a\".agentrun.v1.DeleteTriggerResponse\x12_\n\x10\x42\x61\x63kfillSchedule\x12$.agentrun.v1.BackfillScheduleRequest\x1a%.agentrun.v1.BackfillScheduleResponse\x12\x65\n\x12TriggerScheduleNow\x12&.agentrun.v1.TriggerScheduleNowRequest\x1a\'.agentrun.v1.TriggerScheduleNowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrun.v1.trigger_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCHEDULEOVERLAPPOLICY']._serialized_start=4613
-  _globals['_SCHEDULEOVERLAPPOLICY']._serialized_end=4832
-  _globals['_SIGNATURESCHEME']._serialized_start=4835
-  _globals['_SIGNATURESCHEME']._serialized_end=5046
-  _globals['_FILTEROP']._serialized_start=5049
-  _globals['_FILTEROP']._serialized_end=5274
-  _globals['_TRIGGEREVENTSTATUS']._serialized_start=5277
-  _globals['_TRIGGEREVENTSTATUS']._serialized_end=5439
-  _globals['_FILTERRULE']._serialized_start=107
-  _globals['_FILTERRULE']._serialized_end=221
-  _globals['_WEBHOOKSOURCE']._serialized_start=224
-  _globals['_WEBHOOKSOURCE']._serialized_end=483
-  _globals['_SCHEDULESOURCE']._serialized_start=486
-  _globals['_SCHEDULESOURCE']._serialized_end=909
-  _globals['_MAILSOURCE']._serialized_start=911
-  _globals['_MAILSOURCE']._serialized_end=1011
-  _globals['_MAILPUSHSOURCE']._serialized_start=1014
-  _globals['_MAILPUSHSOURCE']._serialized_end=1247
-  _globals['_TRIGGERSECRET']._serialized_start=1250
-  _globals['_TRIGGERSECRET']._serialized_end=1382
-  _globals['_TRIGGER']._serialized_start=1385
-  _globals['_TRIGGER']._serialized_end=1921
-  _globals['_TRIGGERDEBOUNCE']._serialized_start=1923
-  _globals['_TRIGGERDEBOUNCE']._serialized_end=1976
-  _globals['_TRIGGERBATCH']._serialized_start=1978
-  _globals['_TRIGGERBATCH']._serialized_end=2033
-  _globals['_TRIGGEREVENT']._serialized_start=2036
-  _globals['_TRIGGEREVENT']._serialized_end=2334
-  _globals['_CREATETRIGGERREQUEST']._serialized_start=2337
-  _globals['_CREATETRIGGERREQUEST']._serialized_end=2715
-  _globals['_CREATETRIGGERRESPONSE']._serialized_start=2717
-  _globals['_CREATETRIGGERRESPONSE']._serialized_end=2795
-  _globals['_GETTRIGGERREQUEST']._serialized_start=2797
-  _globals['_GETTRIGGERREQUEST']._serialized_end=2858
-  _globals['_GETTRIGGERRESPONSE']._serialized_start=2860
-  _globals['_GETTRIGGERRESPONSE']._serialized_end=2919
-  _globals['_LISTTRIGGERSREQUEST']._serialized_start=2921
-  _globals['_LISTTRIGGERSREQUEST']._serialized_end=3021
-  _globals['_LISTTRIGGERSRESPONSE']._serialized_start=3023
-  _globals['_LISTTRIGGERSRESPONSE']._serialized_end=3110
-  _globals['_SETTRIGGERENABLEDREQUEST']._serialized_start=3112
-  _globals['_SETTRIGGERENABLEDREQUEST']._serialized_end=3211
-  _globals['_SETTRIGGERENABLEDRESPONSE']._serialized_start=3213
-  _globals['_SETTRIGGERENABLEDRESPONSE']._serialized_end=3279
-  _globals['_ROTATETRIGGERSECRETREQUEST']._serialized_start=3282
-  _globals['_ROTATETRIGGERSECRETREQUEST']._serialized_end=3410
-  _globals['_ROTATETRIGGERSECRETRESPONSE']._serialized_start=3412
-  _globals['_ROTATETRIGGERSECRETRESPONSE']._serialized_end=3496
-  _globals['_LISTTRIGGEREVENTSREQUEST']._serialized_start=3498
-  _globals['_LISTTRIGGEREVENTSREQUEST']._serialized_end=3605
-  _globals['_LISTTRIGGEREVENTSRESPONSE']._serialized_start=3607
-  _globals['_LISTTRIGGEREVENTSRESPONSE']._serialized_end=3702
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=3705
-  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=3853
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=3855
-  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=3918
-  _globals['_DELETETRIGGERREQUEST']._serialized_start=3920
-  _globals['_DELETETRIGGERREQUEST']._serialized_end=3984
-  _globals['_DELETETRIGGERRESPONSE']._serialized_start=3986
-  _globals['_DELETETRIGGERRESPONSE']._serialized_end=4009
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=4012
-  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=4233
-  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_start=4235
-  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_end=4351
-  _globals['_TRIGGERSCHEDULENOWREQUEST']._serialized_start=4354
-  _globals['_TRIGGERSCHEDULENOWREQUEST']._serialized_end=4503
-  _globals['_TRIGGERSCHEDULENOWRESPONSE']._serialized_start=4505
-  _globals['_TRIGGERSCHEDULENOWRESPONSE']._serialized_end=4610
-  _globals['_TRIGGERSERVICE']._serialized_start=5442
-  _globals['_TRIGGERSERVICE']._serialized_end=6395
+  _globals['_SCHEDULEOVERLAPPOLICY']._serialized_start=4746
+  _globals['_SCHEDULEOVERLAPPOLICY']._serialized_end=4965
+  _globals['_SIGNATURESCHEME']._serialized_start=4968
+  _globals['_SIGNATURESCHEME']._serialized_end=5179
+  _globals['_FILTEROP']._serialized_start=5182
+  _globals['_FILTEROP']._serialized_end=5407
+  _globals['_TRIGGEREVENTSTATUS']._serialized_start=5410
+  _globals['_TRIGGEREVENTSTATUS']._serialized_end=5572
+  _globals['_FILTERRULE']._serialized_start=132
+  _globals['_FILTERRULE']._serialized_end=246
+  _globals['_WEBHOOKSOURCE']._serialized_start=249
+  _globals['_WEBHOOKSOURCE']._serialized_end=508
+  _globals['_SCHEDULESOURCE']._serialized_start=511
+  _globals['_SCHEDULESOURCE']._serialized_end=934
+  _globals['_MAILSOURCE']._serialized_start=936
+  _globals['_MAILSOURCE']._serialized_end=1036
+  _globals['_MAILPUSHSOURCE']._serialized_start=1039
+  _globals['_MAILPUSHSOURCE']._serialized_end=1272
+  _globals['_TRIGGERSECRET']._serialized_start=1275
+  _globals['_TRIGGERSECRET']._serialized_end=1407
+  _globals['_TRIGGER']._serialized_start=1410
+  _globals['_TRIGGER']._serialized_end=2000
+  _globals['_TRIGGERDEBOUNCE']._serialized_start=2002
+  _globals['_TRIGGERDEBOUNCE']._serialized_end=2055
+  _globals['_TRIGGERBATCH']._serialized_start=2057
+  _globals['_TRIGGERBATCH']._serialized_end=2112
+  _globals['_TRIGGEREVENT']._serialized_start=2115
+  _globals['_TRIGGEREVENT']._serialized_end=2413
+  _globals['_CREATETRIGGERREQUEST']._serialized_start=2416
+  _globals['_CREATETRIGGERREQUEST']._serialized_end=2848
+  _globals['_CREATETRIGGERRESPONSE']._serialized_start=2850
+  _globals['_CREATETRIGGERRESPONSE']._serialized_end=2928
+  _globals['_GETTRIGGERREQUEST']._serialized_start=2930
+  _globals['_GETTRIGGERREQUEST']._serialized_end=2991
+  _globals['_GETTRIGGERRESPONSE']._serialized_start=2993
+  _globals['_GETTRIGGERRESPONSE']._serialized_end=3052
+  _globals['_LISTTRIGGERSREQUEST']._serialized_start=3054
+  _globals['_LISTTRIGGERSREQUEST']._serialized_end=3154
+  _globals['_LISTTRIGGERSRESPONSE']._serialized_start=3156
+  _globals['_LISTTRIGGERSRESPONSE']._serialized_end=3243
+  _globals['_SETTRIGGERENABLEDREQUEST']._serialized_start=3245
+  _globals['_SETTRIGGERENABLEDREQUEST']._serialized_end=3344
+  _globals['_SETTRIGGERENABLEDRESPONSE']._serialized_start=3346
+  _globals['_SETTRIGGERENABLEDRESPONSE']._serialized_end=3412
+  _globals['_ROTATETRIGGERSECRETREQUEST']._serialized_start=3415
+  _globals['_ROTATETRIGGERSECRETREQUEST']._serialized_end=3543
+  _globals['_ROTATETRIGGERSECRETRESPONSE']._serialized_start=3545
+  _globals['_ROTATETRIGGERSECRETRESPONSE']._serialized_end=3629
+  _globals['_LISTTRIGGEREVENTSREQUEST']._serialized_start=3631
+  _globals['_LISTTRIGGEREVENTSREQUEST']._serialized_end=3738
+  _globals['_LISTTRIGGEREVENTSRESPONSE']._serialized_start=3740
+  _globals['_LISTTRIGGEREVENTSRESPONSE']._serialized_end=3835
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_start=3838
+  _globals['_UPDATESCHEDULEREQUEST']._serialized_end=3986
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_start=3988
+  _globals['_UPDATESCHEDULERESPONSE']._serialized_end=4051
+  _globals['_DELETETRIGGERREQUEST']._serialized_start=4053
+  _globals['_DELETETRIGGERREQUEST']._serialized_end=4117
+  _globals['_DELETETRIGGERRESPONSE']._serialized_start=4119
+  _globals['_DELETETRIGGERRESPONSE']._serialized_end=4142
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_start=4145
+  _globals['_BACKFILLSCHEDULEREQUEST']._serialized_end=4366
+  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_start=4368
+  _globals['_BACKFILLSCHEDULERESPONSE']._serialized_end=4484
+  _globals['_TRIGGERSCHEDULENOWREQUEST']._serialized_start=4487
+  _globals['_TRIGGERSCHEDULENOWREQUEST']._serialized_end=4636
+  _globals['_TRIGGERSCHEDULENOWRESPONSE']._serialized_start=4638
+  _globals['_TRIGGERSCHEDULENOWRESPONSE']._serialized_end=4743
+  _globals['_TRIGGERSERVICE']._serialized_start=5575
+  _globals['_TRIGGERSERVICE']._serialized_end=6528
 # @@protoc_insertion_point(module_scope)

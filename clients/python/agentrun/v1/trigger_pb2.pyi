@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agentrun.v1 import agent_pb2 as _agent_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -504,6 +505,7 @@ class Trigger(_message.Message):
     NOTE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     PUBLISH_EVENT_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     agent_id: _builtins.str
@@ -540,6 +542,12 @@ class Trigger(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def concurrency_key(self) -> _agent_pb2.ConcurrencyKey:
+        """Keyed concurrency for the runs it starts, overriding their agent version's
+        (unset: the version's, if any). See docs/protocol.md "Concurrency keys".
+        """
+
     def __init__(
         self,
         *,
@@ -559,10 +567,11 @@ class Trigger(_message.Message):
         note: _builtins.str = ...,
         priority: _builtins.int = ...,
         publish_event: _builtins.str = ...,
+        concurrency_key: _agent_pb2.ConcurrencyKey | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "update_time", b"update_time", "webhook", b"webhook"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "create_time", b"create_time", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "update_time", b"update_time", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "concurrency_key", b"concurrency_key", "create_time", b"create_time", "enabled", b"enabled", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "note", b"note", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secrets", b"secrets", "source", b"source", "trigger_id", b"trigger_id", "update_time", b"update_time", "url", b"url", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
@@ -693,6 +702,7 @@ class CreateTriggerRequest(_message.Message):
     SECRET_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     PUBLISH_EVENT_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     trigger_id: _builtins.str
     """Lowercase letters, digits, '-' and '_', 1-63 characters."""
@@ -718,6 +728,13 @@ class CreateTriggerRequest(_message.Message):
     def mail_push(self) -> Global___MailPushSource: ...
     @_builtins.property
     def filters(self) -> _containers.RepeatedCompositeFieldContainer[Global___FilterRule]: ...
+    @_builtins.property
+    def concurrency_key(self) -> _agent_pb2.ConcurrencyKey:
+        """Keyed concurrency for the runs it starts (the agent version's spec shape,
+        e.g. key "input.customer_id", limit 2), overriding their version's own
+        for them; unset: the version's. Not with publish_event (no runs).
+        """
+
     def __init__(
         self,
         *,
@@ -732,10 +749,11 @@ class CreateTriggerRequest(_message.Message):
         secret: _builtins.str = ...,
         priority: _builtins.int = ...,
         publish_event: _builtins.str = ...,
+        concurrency_key: _agent_pb2.ConcurrencyKey | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "webhook", b"webhook"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "mail", b"mail", "mail_push", b"mail_push", "schedule", b"schedule", "source", b"source", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "concurrency_key", b"concurrency_key", "filters", b"filters", "mail", b"mail", "mail_push", b"mail_push", "priority", b"priority", "publish_event", b"publish_event", "schedule", b"schedule", "secret", b"secret", "source", b"source", "trigger_id", b"trigger_id", "webhook", b"webhook", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["webhook", "schedule", "mail", "mail_push"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
