@@ -10,6 +10,7 @@ A deploy script, with a platform admin key (AGENTRUN_API_KEY):
     agentrun releases drain A                        # A hands its runs back between turns
     agentrun releases wait-drained A --timeout 900   # exit 0 once nothing is held or waits on A
     agentrun releases rollback B                     # or: back to A, nothing stranded
+    agentrun releases move --tag eu --all --release B    # every waiting run tagged eu (--dry-run counts)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from agentrun.v1 import release_pb2 as pb
-from agentrun.v1 import release_pb2_grpc
+from agentrun.v1 import release_pb2_grpc, run_pb2
 from agentrun_cli import credentials, durations, render
 
 TIMEOUT = 30.0
@@ -167,6 +168,13 @@ def wait_drained(args: argparse.Namespace) -> int:
 
 
 def move(args: argparse.Namespace) -> int:
+    """`releases move RUN_ID`, or `releases move --tag T --all` (BulkMoveRunsRelease, as
+    `runs cancel --tag T --all` goes: the same filter flags, --dry-run, progress)."""
+    filtered = args.agent or args.status or args.tag or args.metadata
+    if not args.run_id:
+        return bulk_move(args)
+    if filtered or args.all or args.dry_run:
+        raise SystemExit("give a RUN_ID or a filter with --all, not both")
     req = pb.MoveRunReleaseRequest(
         workspace_id=args.workspace, run_id=args.run_id, release=args.release
     )
@@ -174,6 +182,42 @@ def move(args: argparse.Namespace) -> int:
         r = release_pb2_grpc.ReleaseServiceStub(channel).MoveRunRelease(req, timeout=TIMEOUT)
     line = f"run {args.run_id}: release {r.from_release or '(none)'} -> {r.to_release or '(none)'}"
     _print(args, r, line)
+    return 0
+
+
+def bulk_move(args: argparse.Namespace) -> int:
+    """Every unfinished run nobody holds that the filter matches, to --release; its progress
+    on stderr after each batch of 500."""
+    if not (args.all or args.dry_run):
+        raise SystemExit(
+            "give a RUN_ID, or add --all to move every run nobody holds that the filter matches "
+            "(--dry-run counts them first)"
+        )
+    status = render.status_value(args.status) if args.status else 0
+    req = pb.BulkMoveRunsReleaseRequest(
+        workspace_id=args.workspace,
+        filter=run_pb2.RunFilter(
+            agent_id=args.agent, status=status, tag=args.tag, metadata=args.metadata
+        ),
+        all=args.all,
+        dry_run=args.dry_run,
+        release=args.release,
+    )
+    last = None
+    with _channel(args) as channel:
+        for last in release_pb2_grpc.ReleaseServiceStub(channel).BulkMoveRunsRelease(req):
+            if not args.json and not last.finished:
+                print(f"moved {last.done} of {last.matched}", file=sys.stderr, flush=True)
+    assert last is not None, "a bulk action answers at least once"
+    to = args.release or "(none: the newest)"
+    if last.dry_run:
+        line = f"{last.matched} unfinished runs match; nothing moved (--dry-run)"
+    else:
+        line = (
+            f"moved {last.done} of {last.matched} runs to release {to} "
+            f"({last.skipped} held or finished)"
+        )
+    _print(args, last, line)
     return 0
 
 
@@ -250,9 +294,23 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("name", metavar="RELEASE")
     _finish_within_option(p)
     p.set_defaults(handler=rollback)
-    p = actions.add_parser("move", help="move a waiting run to another release", parents=[common])
-    p.add_argument("run_id", metavar="RUN_ID")
+    p = actions.add_parser(
+        "move",
+        help="move a waiting run, or every one a filter matches (--all), to another release",
+        parents=[common],
+    )
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", help="one run (or a filter below)")
     p.add_argument("--release", default="", help="the release (default: none, the newest)")
+    p.add_argument("--agent", default="", metavar="A")
+    p.add_argument("--status", choices=["queued", "waiting"])
+    p.add_argument("--tag", default="", metavar="T", help="runs carrying this tag")
+    p.add_argument("--metadata", default="", metavar="K=V", help="runs whose metadata K is V")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="move every run nobody holds that the filter matches (alone: every one)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only count the runs --all would move")
     p.set_defaults(handler=move)
     p = sub.add_parser("canary", help="the contract canary: exit 0 on PASS", parents=[common])
     p.add_argument("--release", default="", help="only executors of this release may take it")

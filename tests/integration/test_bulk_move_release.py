@@ -14,6 +14,7 @@ import pytest
 from agentrun.v1 import release_pb2, release_pb2_grpc, run_pb2
 from tests.harness import auth
 from tests.harness.agentrun_api import Api
+from tests.harness.cli import agentrun_async
 
 
 async def drain(stub, request) -> list[release_pb2.BulkMoveRunsReleaseResponse]:
@@ -101,3 +102,56 @@ async def test_a_filter_moves_the_runs_nobody_holds_audited_once(db_url, control
         await db.close()
         await channel.close()
         await api.close()
+
+
+async def test_the_cli_moves_the_runs_a_filter_matches_with_a_dry_run_and_progress(
+    server, db_url, tmp_path
+):
+    """`agentrun releases move --tag T --all --release B` as an operator types it: the
+    filter flags of `runs cancel`, --dry-run counts, a RUN_ID and a filter are refused
+    together, and the moved runs are on B (a held one stays)."""
+    ws = "cli-move"
+    address = f"127.0.0.1:{server.port}"
+    own, platform = await auth.workspace_key(db_url, ws), await auth.platform_key(db_url)
+
+    async def cli(key: str, *args: str, ok: bool = True):
+        done = await agentrun_async(address, key, *args, workspace=ws)
+        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
+        return done
+
+    spec = tmp_path / "mover.yaml"
+    spec.write_text("agent: mover\nmodel: writer\ninstructions: be brief\n")
+    await cli(own, "agents", "apply", "-f", str(spec))
+    for i in range(4):
+        await cli(own, "runs", "start", "mover", "--input", f"r{i}", "--tag", "eu")
+    await cli(own, "runs", "start", "mover", "--input", "stays", "--tag", "us")
+    db = await asyncpg.connect(db_url)
+    try:
+        held = await db.fetchval(
+            "UPDATE runs SET status = 'running', lease_owner = 'ex-1', held_since = now(),"
+            " wake_at = now() + interval '1 hour' WHERE run_id = (SELECT run_id FROM runs"
+            " WHERE workspace_id = $1 AND input = 'r0') RETURNING run_id::text",
+            ws,
+        )
+        refused = await cli(platform, "releases", "move", "--tag", "eu", "--release", "B", ok=False)
+        assert "--all" in refused.stderr
+        both = await cli(platform, "releases", "move", held, "--tag", "eu", "--all", ok=False)
+        assert "not both" in both.stderr
+        dry = await cli(platform, "releases", "move", "--tag", "eu", "--release", "B", "--dry-run")
+        assert "4 unfinished runs match; nothing moved (--dry-run)" in dry.stdout
+        done = await cli(platform, "releases", "move", "--tag", "eu", "--all", "--release", "B")
+        assert "moved 3 of 4 runs to release B (1 held or finished)" in done.stdout
+        assert "moved 0 of 4" in done.stderr  # progress, after the count
+        rows = await db.fetch("SELECT input, release FROM runs WHERE workspace_id = $1", ws)
+        assert {r["input"]: r["release"] for r in rows} == {
+            "r0": None,
+            "r1": "B",
+            "r2": "B",
+            "r3": "B",
+            "stays": None,
+        }
+        # A workspace's own key may not move runs: the server says so.
+        mine = await cli(own, "releases", "move", "--tag", "eu", "--all", ok=False)
+        assert "PERMISSION_DENIED" in mine.stderr or "permission" in mine.stderr.lower()
+    finally:
+        await db.close()
