@@ -3,31 +3,45 @@ runs, beside small customers starting a few runs each.
 
 One workspace, one agent whose version declares `concurrency_key: {key: input.customer_id,
 limit: 2}` (migrations/0050_concurrency_keys.sql). Simulated executors (bench/fairness.py's:
-the real claim SQL, a fenced commit after HOLD seconds) claim against real Postgres; every
-run is admitted through the store's own admission, so the key triggers run as in
-production. Three phases, each on a fresh database, with the same small customers' arrivals
-(SMALL customers x 2 runs at random moments of the window):
+the real claim SQL, a fenced commit after 1-3 s) claim against real Postgres; every run is
+admitted through the store's own admission, so the key triggers run as in production. Each
+phase on a fresh database, with the same small customers' arrivals (SMALL customers x 2
+runs at random moments of the window, from SETTLE after the executors start):
 
-* "small alone": nothing else (the baseline time to start);
-* "keyed backlog": 50 big customers' 20 runs each, admitted before the executors start
-  and the arrivals begin;
-* "no key": the same backlog and arrivals, the version declaring no key (what the key
-  saves the small customers from).
+* "small alone" (three times, interleaved with the others: the baseline and its own
+  run-to-run spread on this shared machine, measured in the same run);
+* "keyed backlog": 50 big customers' 20 runs each, admitted before the executors start;
+* "agent cap, no key": the same backlog on a second agent capped at 100 running (what the
+  key lets run: 50 x 2), its version declaring no key: the same load on the executors and
+  the database (100 runs held, ~50 ending and ~50 claimed a second) with no key at all;
+* "no key": the same backlog, no key and no cap (what the key saves the small customers
+  from: the backlog takes every slot until it is done).
 
 Printed: the small customers' time to start (started_at - created_at, database clock); the
 most runs of one big customer running at once, sampled all along and read afterwards from
 the run log (each run's claim to its finish, most_at_once per key); and when the backlog was
-done. The executors have room for what the key lets through: EXECUTORS x SLOTS = 160
-slots, the big customers' 50 x 2 = 100 at most, and the small customers' arrivals ask for
-about 40 (20 a second, 2 s each); the key keeps the backlog from taking the rest, so the
-small customers' p99 stays near the baseline's. Without the key the backlog takes every
-slot until it is done.
+done, and the machine's load average then (other work shares it). The verdicts: never
+more than 2 of a customer at once; the key's own cost (the keyed p99 against the agent
+cap's, the same load without a key, within the baseline's spread); and "unchanged" (the
+keyed p99 against the baseline's worst, within the baseline's spread).
+
+Why a keyed p99 can sit above the baseline's (measured 2026-12-07, bench/RESULTS.md): not
+the claim's order. A slot passed on makes its waiter due at the grant's moment, so granted
+runs and new arrivals are claimed in the order they became due: of the big runs claimed
+while a small run waited, none had been granted after that small run arrived (the table's
+note counts them), and the big runs' own grant-to-claim wait has the small runs' wait's
+distribution. Nor the key's own work: the agent cap phase (the same churn with no key)
+lands in the same range run after run. What the small runs wait for is the claim and
+commit rate of this shared 2-core machine under 100 held runs ending ~50 a second, and it
+moves with the machine's load: with the load low, the keyed p99 is within the baseline's
+own spread; in a load spike any phase's p99 doubles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -52,18 +66,32 @@ ARRIVALS = 5.0
 # The arrivals begin this long after the executors start, in every phase: the backlog's
 # first 100 granted runs, admitted earlier, are claimed first (oldest due first, as any
 # workspace's are; ~0.5 s here), and a run arriving in that instant waits behind them.
+# (Granted later, a run is due from its grant: claimed in turn with the arrivals.)
 SETTLE = 1.0
 # A run's mean hold: a couple of model calls. Shorter holds make this 2-core machine's claim and
 # commit throughput, not the keys, the limit (at 0.25 s the 100 big slots alone ask for
 # 400 runs a second).
 HOLD = 2.0
 KEYED = {"key": "input.customer_id", "path": ["customer_id"], "limit": LIMIT}
+BASELINES = 3  # "small alone" phases, interleaved with the others: the baseline's spread
+MODES = ("alone", "keyed", "capped", "open")
+LABELS = {
+    "alone": "small alone",
+    "keyed": "keyed backlog",
+    "capped": "agent cap, no key",
+    "open": "no key",
+}
 
 SEED = (
     "INSERT INTO workspaces (workspace_id, max_concurrency) VALUES ($1, 100000)",
     "INSERT INTO agents (workspace_id, agent_id, latest_version) VALUES ($1, 'agent', 1)",
     "INSERT INTO agent_versions (workspace_id, agent_id, version, spec) "
     "VALUES ($1, 'agent', 1, $2::jsonb)",
+    # The agent cap phase's big customers: capped at what the key lets run, no key.
+    "INSERT INTO agents (workspace_id, agent_id, latest_version, max_concurrency) "
+    "VALUES ($1, 'big', 1, $2)",
+    """INSERT INTO agent_versions (workspace_id, agent_id, version, spec)
+       VALUES ($1, 'big', 1, '{"model": "steps10"}')""",
 )
 # Every run's key, times (seconds since the phase began) and whether it is a big customer's.
 RUN_LOG = """
@@ -91,6 +119,19 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
+def grants(spans: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """(granted, claimed) of one key's runs (created, started, finished) under the key: the
+    first LIMIT from their admission, each later one at the key's next end (slots pass on
+    in that order: one waiter per end)."""
+    started = sorted(spans, key=lambda s: s[1])
+    ends = sorted(f for _, _, f in spans)
+    return [
+        (c if i < LIMIT else ends[i - LIMIT], b)
+        for i, (c, b, _) in enumerate(started)
+        if i < LIMIT or i - LIMIT < len(ends)
+    ]
+
+
 class Executor(SimExecutor):
     """bench/fairness.py's simulated executor, holding each run HOLD seconds on average
     (from half to one and a half times it: model calls vary)."""
@@ -116,34 +157,47 @@ class KeyMonitor:
 
 @dataclass(frozen=True)
 class Phase:
-    label: str
+    mode: str
     small_waits: list[float]
     sampled_peak: int
     logged_peak: int
     backlog_done: float  # seconds from the phase's start to the backlog's last finish
+    # Big runs claimed while a small run waited: how many, and how many of them had become
+    # due (their slot granted) only after that small run arrived (0: FIFO).
+    ahead: int = 0
+    ahead_due_later: int = 0
+    # Big runs' grant-to-claim seconds, granted while the small runs arrived.
+    big_lags: tuple[float, ...] = ()
+    # The machine's 1-minute load average as the arrivals ended (2 cores, shared).
+    load: float = 0.0
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.small_waits, 99)
 
     def row(self) -> list[str]:
         w = self.small_waits
-        big = self.label != "small alone"
+        big = self.mode != "alone"
         return [
-            self.label,
+            LABELS[self.mode],
             str(len(w)),
             f"{percentile(w, 50):.3f}",
-            f"{percentile(w, 99):.3f}",
+            f"{self.p99:.3f}",
             f"{max(w):.3f}",
             f"{self.sampled_peak} / {self.logged_peak}" if big else "-",
             f"{self.backlog_done:.1f}" if big else "-",
+            f"{self.load:.1f}",
         ]
 
 
-def admission(customer: str, i: int) -> runs.Admission:
+def admission(customer: str, i: int, agent: str = "agent") -> runs.Admission:
     text = json.dumps({"customer_id": customer, "n": i})
-    return runs.Admission(WS, "agent", 1, text, None, 50, 1_000_000, 300, 86400)
+    return runs.Admission(WS, agent, 1, text, None, 50, 1_000_000, 300, 86400)
 
 
-async def _backlog(pool: asyncpg.pool.Pool) -> None:
+async def _backlog(pool: asyncpg.pool.Pool, agent: str) -> None:
     """The big customers' runs, interleaved, each through admission (8 at a time)."""
-    todo = [admission(f"big-{c}", i) for i in range(BIG_RUNS) for c in range(BIG_CUSTOMERS)]
+    todo = [admission(f"big-{c}", i, agent) for i in range(BIG_RUNS) for c in range(BIG_CUSTOMERS)]
     for at in range(0, len(todo), 8):
         await asyncio.gather(*(runs.insert_run(pool, a) for a in todo[at : at + 8]))
 
@@ -166,19 +220,44 @@ async def _all_done(pool: asyncpg.pool.Pool, deadline: float) -> None:
         await asyncio.sleep(0.1)
 
 
-async def phase(pg: BenchPostgres, label: str, backlog: bool, keyed: bool) -> Phase:
-    dsn = await pg.create_database("keys_" + label.replace(" ", "_"))
+def _order(rows: list[asyncpg.Record]) -> tuple[int, int, tuple[float, ...]]:
+    """The keyed phase's claim order, from the run log: big runs claimed while a small one
+    waited (and how many became due after it arrived), and the big runs' grant-to-claim
+    seconds while the small runs arrived."""
+    keys: dict[str, list[tuple[float, float, float]]] = {}
+    for r in rows:
+        if r["customer"].startswith("big-") and r["started"] is not None:
+            span = (float(r["created"]), float(r["started"]), float(r["finished"]))
+            keys.setdefault(r["customer"], []).append(span)
+    granted = [g for spans in keys.values() for g in grants(spans)]
+    small = [
+        (float(r["created"]), float(r["started"]))
+        for r in rows
+        if r["customer"].startswith("small-")
+    ]
+    ahead = [(g, c) for c, s in small for g, b in granted if c < b < s]
+    first, last = min(c for c, _ in small), max(s for _, s in small)
+    lags = tuple(b - g for g, b in granted if first <= g <= last)
+    return len(ahead), sum(g > c for g, c in ahead), lags
+
+
+async def phase(pg: BenchPostgres, mode: str, n: int = 0) -> Phase:
+    dsn = await pg.create_database(f"keys_{mode}_{n}")
     pool = await create_pool(dsn, min_size=4, max_size=8)
     claims = [await create_pool(dsn, min_size=1, max_size=1) for _ in range(EXECUTORS)]
     pools = [await create_pool(dsn, min_size=1, max_size=3) for _ in range(EXECUTORS)]
     try:
+        keyed = mode in ("alone", "keyed", "capped")  # the small customers' version
         spec = {"model": "steps10", **({"concurrency_key": KEYED} if keyed else {})}
         async with pool.acquire() as conn:
             await conn.execute(SEED[0], WS)
             await conn.execute(SEED[1], WS)
             await conn.execute(SEED[2], WS, json.dumps(spec))
-        if backlog:
-            await _backlog(pool)  # admitted before the executors start: all of it is there
+            await conn.execute(SEED[3], WS, BIG_CUSTOMERS * LIMIT)
+            await conn.execute(SEED[4], WS)
+        if mode != "alone":
+            # admitted before the executors start: all of it is there
+            await _backlog(pool, "big" if mode == "capped" else "agent")
         stop = asyncio.Event()
         executors = [
             Executor(f"executor-{i}", c, p, fair_claim)
@@ -190,6 +269,7 @@ async def phase(pg: BenchPostgres, label: str, backlog: bool, keyed: bool) -> Ph
         began = await pool.fetchval("SELECT extract(epoch FROM now())")
         await asyncio.sleep(SETTLE)
         await _arrivals(pool, random.Random(45))
+        load = os.getloadavg()[0]
         await _all_done(pool, time.monotonic() + 120)
         stop.set()
         await asyncio.gather(*background)
@@ -204,7 +284,8 @@ async def phase(pg: BenchPostgres, label: str, backlog: bool, keyed: bool) -> Ph
     logged = max((most_at_once(s) for s in spans.values()), default=0)
     done = max((e for s in spans.values() for _, e in s), default=float(began)) - float(began)
     # (from when the executors started)
-    return Phase(label, small, monitor.peak, logged, done)
+    order = _order(rows) if mode == "keyed" else (0, 0, ())
+    return Phase(mode, small, monitor.peak, logged, done, *order, load=load)
 
 
 async def main(quick: bool) -> None:
@@ -217,21 +298,38 @@ async def main(quick: bool) -> None:
         f"{EXECUTORS} executors x {SLOTS} slots, {HOLD:g}s a run"
     )
     async with bench_postgres() as pg:
-        alone = await phase(pg, "small alone", backlog=False, keyed=True)
-        keyed = await phase(pg, "keyed backlog", backlog=True, keyed=True)
-        unkeyed = await phase(pg, "no key", backlog=True, keyed=False)
+        # The baselines between the others: the spread covers the machine's load all along.
+        alone, others = [], []
+        for n, mode in enumerate(("keyed", "capped", "open")):
+            alone.append(await phase(pg, "alone", n))
+            others.append(await phase(pg, mode))
         report.note(await durability(await pg.create_database("keys_durability")))
+    keyed, capped, _ = others
     report.note("small customers' time to start, seconds (database clock); big peak: the most")
     report.note("runs of one big customer running at once, sampled / from the run log")
-    headers = ("", "small runs", "p50 s", "p99 s", "max s", "big peak", "backlog done s")
-    report.table(headers, [alone.row(), keyed.row(), unkeyed.row()])
+    report.note("load: the machine's 1-minute load average as the arrivals ended (2 cores)")
+    headers = ("", "small runs", "p50 s", "p99 s", "max s", "big peak", "backlog done s", "load")
+    report.table(headers, [p.row() for p in (*alone, *others)])
+    lags = list(keyed.big_lags) or [0.0]
+    report.note(
+        f"keyed: {keyed.ahead} big runs claimed while a small run waited, "
+        f"{keyed.ahead_due_later} of them granted after it arrived; the big runs' grant to "
+        f"claim meanwhile: p50 {percentile(lags, 50):.3f} s, p99 {percentile(lags, 99):.3f} s"
+    )
     peak = max(keyed.sampled_peak, keyed.logged_peak)
     verdict(f"keyed: one customer's peak {peak} running", f"<= {LIMIT}", peak <= LIMIT)
-    base, with_keys = percentile(alone.small_waits, 99), percentile(keyed.small_waits, 99)
+    base = [p.p99 for p in alone]
+    spread = max(base) - min(base)
+    report.note(f"small alone p99: {', '.join(f'{b:.3f}' for b in base)} s (spread {spread:.3f} s)")
     verdict(
-        f"keyed: small p99 {with_keys:.3f}s vs {base:.3f}s alone",
-        "+0.25s",
-        with_keys <= base + 0.25,
+        f"key's own cost: p99 {keyed.p99:.3f}s vs {capped.p99:.3f}s capped",
+        f"+{spread:.3f}s",
+        keyed.p99 <= capped.p99 + spread,
+    )
+    verdict(
+        f"unchanged: p99 {keyed.p99:.3f}s vs alone <= {max(base):.3f}s",
+        f"+{spread:.3f}s",
+        keyed.p99 <= max(base) + spread,
     )
 
 
