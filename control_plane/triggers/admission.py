@@ -8,7 +8,6 @@ that row is the same every time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,6 +43,8 @@ class Event:
     priority: int = 0
     # Its trigger's concurrency_key rule (as stored), overriding the version's; None: none.
     key_rule: dict[str, Any] | None = None
+    # What that rule's path reads when not the payload (a schedule's own input).
+    key_source: Any = None
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,11 @@ def clip(text: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
 
 def key_document(event: Event) -> Any:
     """What a trigger's concurrency_key path is read from: the event as received (a
-    webhook's body, a mail's fields), or a schedule's input when it is a JSON object."""
-    if isinstance(event.payload, dict):
-        return event.payload
-    try:
-        return json.loads(event.input_text)
-    except ValueError:
-        return None
+    webhook's body, a mail's fields), or what its source names instead (a schedule's
+    input, read as JSON)."""
+    if event.key_source is not None:
+        return event.key_source
+    return event.payload
 
 
 def input_payload(event: Event) -> dict[str, Any]:

@@ -22,6 +22,7 @@ The unique (trigger, dedupe_key) of trigger_events stays the backstop for all of
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -79,6 +80,14 @@ class Firing:
                 on_cancel(ws, run_id)
 
 
+def _json(text: str) -> Any:
+    """A schedule's input as a JSON document (what a concurrency_key path reads), or None."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _event(settings: Settings, slot: Slot, filtered: str | None = None) -> admission.Event:
     payload: dict[str, Any] = {"scheduled_for": slot.at.isoformat(), "origin": slot.origin}
     if slot.fire_at is not None:
@@ -86,6 +95,7 @@ def _event(settings: Settings, slot: Slot, filtered: str | None = None) -> admis
     return settings.event(
         dedupe_key=slot.dedupe_key,
         payload=payload,
+        key_source=_json(settings.config.get("input") or ""),
         filtered=filtered,
         scheduled_for=slot.at,
         input_text=f"{settings.config.get('input') or 'Scheduled run'}\n\n"

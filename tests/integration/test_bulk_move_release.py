@@ -149,7 +149,12 @@ async def test_the_cli_moves_the_runs_a_filter_matches_with_a_dry_run_and_progre
             "r2": "B",
             "r3": "B",
             "stays": None,
-        }
+        }  # before the one-run move below
+        stays = await db.fetchval(
+            "SELECT run_id::text FROM runs WHERE workspace_id = $1 AND input = 'stays'", ws
+        )
+        one = await cli(platform, "releases", "move", stays, "--release", "B")
+        assert f"run {stays}: release (none) -> B" in one.stdout
         # A workspace's own key may not move runs: the server says so.
         mine = await cli(own, "releases", "move", "--tag", "eu", "--all", ok=False)
         assert "PERMISSION_DENIED" in mine.stderr or "permission" in mine.stderr.lower()

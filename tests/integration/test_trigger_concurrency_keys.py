@@ -17,7 +17,7 @@ from agentrun.v1 import agent_pb2, run_pb2, run_pb2_grpc, trigger_pb2
 from control_plane.ground.config import ServerConfig
 from control_plane.server import start
 from tests.harness.cli import agentrun_async
-from tests.harness.triggers import SCHEME, TriggerApi, post, signed
+from tests.harness.triggers import SCHEME, TriggerApi, post, seconds, signed
 
 WS = "ws"
 
@@ -112,6 +112,39 @@ async def test_a_trigger_key_caps_the_runs_it_starts_per_customer_over_the_versi
         uuid.UUID(run_ids[1]),
     )
     assert json.loads(row["key_rule"])["value"] == "acme"
+
+
+async def test_a_schedule_keeps_its_key_through_an_update_and_keys_by_its_json_input(api, db):
+    hourly = trigger_pb2.ScheduleSource(
+        interval=seconds(3600), input=json.dumps({"customer_id": "c-9"})
+    )
+    await api.triggers.CreateTrigger(
+        trigger_pb2.CreateTriggerRequest(
+            workspace_id=WS,
+            trigger_id="hourly",
+            agent_id="bill",
+            schedule=hourly,
+            concurrency_key=agent_pb2.ConcurrencyKey(key="input.customer_id", limit=1),
+        )
+    )
+    update = trigger_pb2.UpdateScheduleRequest(
+        workspace_id=WS, trigger_id="hourly", schedule=hourly
+    )
+    kept = (await api.triggers.UpdateSchedule(update)).trigger.concurrency_key
+    assert (kept.key, kept.limit) == ("input.customer_id", 1)
+    for _ in range(2):
+        await api.triggers.TriggerScheduleNow(
+            trigger_pb2.TriggerScheduleNowRequest(
+                workspace_id=WS,
+                trigger_id="hourly",
+                overlap_policy=trigger_pb2.SCHEDULE_OVERLAP_POLICY_ALLOW_ALL,
+            )
+        )
+    rows = await db.fetch(
+        "SELECT concurrency_key, status FROM runs WHERE workspace_id = $1 ORDER BY created_at",
+        WS,
+    )
+    assert [tuple(r) for r in rows] == [("c-9", "queued"), ("c-9", "waiting")]
 
 
 @pytest.mark.parametrize(
