@@ -33,7 +33,7 @@ def key_value(document: Any, path: list[str]) -> str:
         node = node[name]
     if node is None:
         return ""
-    return (node if isinstance(node, str) else json.dumps(node))[:MAX_KEY_CHARS]
+    return (node if isinstance(node, str) else json.dumps(node, ensure_ascii=False))[:MAX_KEY_CHARS]
 
 
 def trigger_rule(rule: Mapping[str, Any] | None, document: Any) -> dict[str, Any] | None:

@@ -96,6 +96,27 @@ async def test_a_debounced_burst_starts_one_run_carrying_its_last_event(pool, db
     ]
 
 
+async def test_a_debounced_run_is_keyed_by_the_last_event_it_carries(pool, db):
+    """A trigger's concurrency_key (issue 45, item 3) reads the event a flushed run carries."""
+    deb = pb.TriggerDebounce(key="customer.id", quiet_seconds=5)
+    settings = await webhook(pool, "kdeb", source(debounce=deb))
+    rule = {"key": "input.customer.id", "path": ["customer", "id"], "limit": 1}
+    settings = deliveries.Settings.of(
+        await db.fetchrow(
+            "UPDATE triggers SET config = config || jsonb_build_object('concurrency_key',"
+            " $1::jsonb) WHERE trigger_id = 'kdeb' RETURNING *",
+            json.dumps(rule),
+        )
+    )
+    await deliver(pool, settings, 3, now=T)
+    assert await Scheduler(pool, RunDefaults(), lambda: None).tick(T + timedelta(seconds=5)) == 1
+    row = await db.fetchrow(
+        "SELECT concurrency_key, key_rule FROM runs WHERE started_by = 'trigger:kdeb'"
+    )
+    assert row["concurrency_key"] == "c1"
+    assert json.loads(row["key_rule"]) == {**rule, "value": "c1"}
+
+
 async def test_a_partial_batch_runs_once_its_wait_is_over(pool, db):
     settings = await webhook(
         pool, "tb", source(batch=pb.TriggerBatch(max_events=100, max_seconds=10))
