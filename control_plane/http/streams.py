@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
+from prometheus_client import Counter
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -44,6 +45,7 @@ from control_plane.http import stream_views
 from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import Handler, json_errors
+from control_plane.ops import metrics
 from control_plane.store import streams as store
 from control_plane.store.db import Pool
 from control_plane.store.notify import Listening
@@ -58,7 +60,8 @@ CHANNEL = "agentrun_streams"
 LONG_POLL_SECONDS = 20.0
 RECHECK_SECONDS = 2.0
 # The platform's streams are projections of the step log, which no NOTIFY announces: their
-# live readers look again this often (WatchRun polls as often).
+# live readers look again this often (WatchRun polls as often), all of a stream's together
+# (Waker's tick), so that they share their reads.
 PLATFORM_RECHECK_SECONDS = 0.25
 MAX_APPEND_BYTES = 64 << 20  # one append (or a create's first data)
 MAX_NAME_BYTES = 1024  # a stream's path, a producer's id
@@ -90,6 +93,18 @@ MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
 SAFE_INTEGER = 2**53 - 1
 
 
+LIVE_READS = Counter(
+    "agentrun_stream_live_reads",
+    "Reads of the database for woken live stream readers (SharedReads), by question "
+    "(tail: where a stream is now; members: whether a reader is still a member of a private "
+    "session; after: what follows an offset; touch: a TTL restarted), by the projection read "
+    "(whole, projected, or any when every reader's answer is the same) and by outcome "
+    "(asked: this reader asked Postgres; shared: it had the answer of a read in flight)",
+    ["question", "projection", "outcome"],
+    registry=metrics.REGISTRY,
+)
+
+
 def long_poll_seconds() -> float:
     raw = os.environ.get("AGENTRUN_STREAM_LONG_POLL_SECONDS", "")
     try:
@@ -98,33 +113,49 @@ def long_poll_seconds() -> float:
         return LONG_POLL_SECONDS
 
 
+# A stream as the waker knows it: a workspace stream's id (woken by NOTIFY), or a platform
+# stream's workspace and path (woken by the tick).
+WakeKey = int | tuple[str, str]
+
+
 class Waker:
     """Wakes this replica's live readers of a stream when any replica commits to it.
 
     One LISTEN connection per replica, opened on the first live read; while it is down
-    (or before it is up) readers fall back to re-reading every RECHECK_SECONDS."""
+    (or before it is up) readers fall back to re-reading every RECHECK_SECONDS. The
+    platform's streams (stream_views), which no NOTIFY announces, are woken by a tick every
+    PLATFORM_RECHECK_SECONDS instead: all the live readers of one such stream at once, so
+    that they share one read per question (SharedReads) rather than each look on its own
+    timer."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._waiting: dict[int, set[asyncio.Event]] = {}
+        self._waiting: dict[WakeKey, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._ticking: asyncio.Task[None] | None = None
         # How many times each watched stream's readers were woken: a read begun at
         # generation g sees every append they were woken for up to g (SharedReads).
-        self._generations: dict[int, int] = {}
+        self._generations: dict[WakeKey, int] = {}
 
-    def generation(self, stream_id: int) -> int:
-        return self._generations.get(stream_id, 0)
+    def generation(self, key: WakeKey) -> int:
+        return self._generations.get(key, 0)
 
     def _heard(self, payload: str) -> None:
         with contextlib.suppress(ValueError):
             self._wake(int(payload))
 
-    def _wake(self, stream_id: int) -> None:
-        waiting = self._waiting.get(stream_id)
+    def _wake(self, key: WakeKey) -> None:
+        waiting = self._waiting.get(key)
         if waiting:
-            self._generations[stream_id] = self._generations.get(stream_id, 0) + 1
+            self._generations[key] = self._generations.get(key, 0) + 1
             for event in waiting:
                 event.set()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(PLATFORM_RECHECK_SECONDS)
+            for key in [k for k in self._waiting if not isinstance(k, int)]:
+                self._wake(key)
 
     async def _listen(self) -> None:
         while True:
@@ -142,20 +173,22 @@ class Waker:
                 await channel.close()
 
     @contextlib.contextmanager
-    def watching(self, stream_id: int) -> Iterator[asyncio.Event]:
-        if self._task is None or self._task.done():
+    def watching(self, key: WakeKey) -> Iterator[asyncio.Event]:
+        if isinstance(key, int) and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._listen(), name="stream-waker")
+        if not isinstance(key, int) and (self._ticking is None or self._ticking.done()):
+            self._ticking = asyncio.create_task(self._tick(), name="stream-waker-tick")
         event = asyncio.Event()
-        self._waiting.setdefault(stream_id, set()).add(event)
+        self._waiting.setdefault(key, set()).add(event)
         try:
             yield event
         finally:
-            waiting = self._waiting.get(stream_id)
+            waiting = self._waiting.get(key)
             if waiting is not None:
                 waiting.discard(event)
                 if not waiting:
-                    del self._waiting[stream_id]
-                    self._generations.pop(stream_id, None)
+                    del self._waiting[key]
+                    self._generations.pop(key, None)
 
 
 def text(status: int, message: str = "", headers: dict[str, str] | None = None) -> Response:
@@ -317,16 +350,26 @@ class SharedReads:
     begun at their stream's current waker generation: it began after the NOTIFY that woke
     them, so it sees the append they were woken for. A first read of a request never
     shares (the append a client just made is always seen). Off with
-    AGENTRUN_STREAM_SHARED_READS=off (to measure what it saves: bench/streams.py)."""
+    AGENTRUN_STREAM_SHARED_READS=off (to measure what it saves: bench/streams.py). Each
+    read is counted in /metrics (LIVE_READS): asked, or shared, by question and projection.
+    """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._running: dict[tuple[object, ...], asyncio.Future[Any]] = {}
 
-    async def once(self, key: tuple[object, ...], read: Callable[[], Awaitable[T]]) -> T:
+    async def once(
+        self,
+        key: tuple[object, ...],
+        read: Callable[[], Awaitable[T]],
+        question: str = "other",
+        projection: str = "any",
+    ) -> T:
         if not self.enabled:
+            LIVE_READS.labels(question, projection, "asked").inc()
             return await read()
         running = self._running.get(key)
+        LIVE_READS.labels(question, projection, "asked" if running is None else "shared").inc()
         if running is None:
             running = asyncio.ensure_future(read())
             self._running[key] = running
@@ -341,8 +384,17 @@ class SharedReads:
             read.exception()  # retrieved: each waiting reader raises it itself
 
 
-def shared_reads_enabled() -> bool:
-    return os.environ.get("AGENTRUN_STREAM_SHARED_READS", "on").strip().lower() != "off"
+def shared_reads_mode() -> str:
+    """AGENTRUN_STREAM_SHARED_READS: `on` (the default), `off` (every woken reader reads for
+    itself), or `per-reader` (as before the tick: a platform stream's live readers look on
+    their own timers, and share a look at where it is only with readers of the same
+    principal). The last two are for bench/streams.py's before-and-after figures."""
+    mode = os.environ.get("AGENTRUN_STREAM_SHARED_READS", "on").strip().lower()
+    return mode if mode in ("off", "per-reader") else "on"
+
+
+def _projection(stream: store.Stream) -> str:
+    return "whole" if stream.internals else "projected"
 
 
 class StreamRoutes:
@@ -350,7 +402,15 @@ class StreamRoutes:
         self.pool = pool
         self.waker = waker
         self.long_poll = long_poll_seconds
-        self.shared = SharedReads(shared_reads_enabled())
+        self.mode = shared_reads_mode()
+        self.shared = SharedReads(self.mode != "off")
+
+    def wake_key(self, stream: store.Stream) -> WakeKey:
+        """What wakes the stream's live readers: its NOTIFYs, or the platform's tick (none
+        in `per-reader` mode: each reader looks again on its own timer)."""
+        if stream.stream_id or self.mode == "per-reader":
+            return stream.stream_id
+        return (stream.workspace_id, stream.path)
 
     async def touch(self, stream: store.Stream, shared: bool = False) -> None:
         """The stream was read (its TTL starts again): once per wake when `shared`."""
@@ -360,19 +420,41 @@ class StreamRoutes:
             await store.touch(self.pool, stream)
             return
         key = ("touch", stream.stream_id, self.waker.generation(stream.stream_id))
-        await self.shared.once(key, lambda: store.touch(self.pool, stream))
+        await self.shared.once(key, lambda: store.touch(self.pool, stream), "touch")
 
     async def stream_again(self, ws: str, stream: store.Stream) -> store.Stream | None:
-        """A woken live reader's look at the stream (shared, SharedReads)."""
-        gen = self.waker.generation(stream.stream_id)
-        key = ("at", ws, stream.path, stream.stream_id, stream.reader, stream.internals, gen)
-        return await self.shared.once(key, lambda: self.again(ws, stream))
+        """A woken live reader's look at the stream (shared, SharedReads).
+
+        A run's or a session's tail is the same for every reader: one read for all of
+        them, whatever their principal and projection; then, only when the stream is a
+        private session's, whether this reader is (still) a member, one read per principal.
+        Membership is read at every wake, so a removed member's live read ends at the next.
+        The feed's tail is its reader's own (privacy.py); a workspace stream has no reader.
+        """
+        gen = self.waker.generation(self.wake_key(stream))
+        path = stream.path
+        if stream.stream_id or stream_views.is_feed(path) or self.mode == "per-reader":
+            key = ("at", ws, path, stream.stream_id, stream.reader, stream.internals, gen)
+            return await self.shared.once(key, lambda: self.again(ws, stream), "tail")
+        at = await self.shared.once(
+            ("tail", ws, path, gen), lambda: stream_views.tail(self.pool, ws, path), "tail"
+        )
+        if at is None:
+            return None
+        if at.private_session is not None and stream.reader is not None:
+            member_key = ("members", ws, at.private_session, stream.reader, gen)
+            hidden = await self.shared.once(
+                member_key, lambda: stream_views.hidden(self.pool, ws, at, stream.reader), "members"
+            )
+            if hidden:
+                return None
+        return stream_views.seen_by(at, stream.reader, stream.internals)
 
     async def messages_again(
         self, stream: store.Stream, after: str
     ) -> tuple[list[store.Message], bool]:
         """A woken live reader's read after `after` (shared, SharedReads)."""
-        gen = self.waker.generation(stream.stream_id)
+        gen = self.waker.generation(self.wake_key(stream))
         key = (
             "after",
             stream.workspace_id,
@@ -389,7 +471,9 @@ class StreamRoutes:
             after,
             gen,
         )
-        return await self.shared.once(key, lambda: self.messages_after(stream, after))
+        return await self.shared.once(
+            key, lambda: self.messages_after(stream, after), "after", _projection(stream)
+        )
 
     async def stream_at(
         self, ws: str, path: str, reader: str | None, *, internals: bool
@@ -414,7 +498,14 @@ class StreamRoutes:
     async def wait(self, ws: str, stream: store.Stream, after: str) -> None:
         """Until the stream may have moved past `after` or closed, or the long-poll ends."""
         deadline = time.monotonic() + self.long_poll
-        with self.waker.watching(stream.stream_id) as event:
+        key = self.wake_key(stream)
+        # A woken reader looks again at once; a reader not woken (its NOTIFY lost, or the
+        # listener reconnecting) looks again after this long anyway.
+        ticked = not isinstance(key, int)
+        unwoken = (
+            PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 and not ticked else RECHECK_SECONDS
+        )
+        with self.waker.watching(key) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
                 current = await self.stream_again(ws, stream)
@@ -423,8 +514,7 @@ class StreamRoutes:
                 if current.tail_offset != after and current.tail_offset > after:
                     return
                 with contextlib.suppress(TimeoutError):
-                    recheck = PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 else RECHECK_SECONDS
-                    await asyncio.wait_for(event.wait(), timeout=min(left, recheck))
+                    await asyncio.wait_for(event.wait(), timeout=min(left, unwoken))
 
     async def create(self, request: Request, ws: str, path: str) -> Response:
         h = request.headers
