@@ -27,6 +27,7 @@ import os
 import random
 import re
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
@@ -46,6 +47,7 @@ from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import Handler, json_errors
 from control_plane.ops import metrics
+from control_plane.store import privacy as privacy_store
 from control_plane.store import streams as store
 from control_plane.store.db import Pool
 from control_plane.store.notify import Listening
@@ -433,7 +435,10 @@ class StreamRoutes:
         """
         gen = self.waker.generation(self.wake_key(stream))
         path = stream.path
-        if stream.stream_id or stream_views.is_feed(path) or self.mode == "per-reader":
+        if self.mode == "per-reader" and not stream.stream_id and not stream_views.is_feed(path):
+            key = ("at", ws, path, stream.stream_id, stream.reader, stream.internals, gen)
+            return await self.shared.once(key, lambda: self._as_before(ws, stream), "tail")
+        if stream.stream_id or stream_views.is_feed(path):
             key = ("at", ws, path, stream.stream_id, stream.reader, stream.internals, gen)
             return await self.shared.once(key, lambda: self.again(ws, stream), "tail")
         at = await self.shared.once(
@@ -449,6 +454,17 @@ class StreamRoutes:
             if hidden:
                 return None
         return stream_views.seen_by(at, stream.reader, stream.internals)
+
+    async def _as_before(self, ws: str, stream: store.Stream) -> store.Stream | None:
+        """`per-reader` mode (bench/streams.py's before): a woken reader of a run's stream
+        looks up whether its principal may see the run, then the tail, at every look."""
+        kind, _, name = stream.path.removeprefix(stream_views.PREFIX).partition("/")
+        reader = stream.reader
+        if kind == "runs" and reader is not None:
+            hidden = await privacy_store.run_hidden(self.pool, ws, uuid.UUID(name), reader)
+            if hidden:
+                return None
+        return await self.again(ws, stream)
 
     async def messages_again(
         self, stream: store.Stream, after: str
