@@ -98,8 +98,10 @@ SAFE_INTEGER = 2**53 - 1
 LIVE_READS = Counter(
     "agentrun_stream_live_reads",
     "Reads of the database for woken live stream readers (SharedReads), by question "
-    "(tail: where a stream is now; members: whether a reader is still a member of a private "
-    "session; after: what follows an offset; touch: a TTL restarted), by the projection read "
+    "(look: the tick's look at a run's or a session's stream for all its readers; "
+    "tail: where a stream is now; members: a private session's members, whom its readers "
+    "must be among; after: what follows an offset; touch: a TTL restarted), by the projection "
+    "read "
     "(whole, projected, or any when every reader's answer is the same) and by outcome "
     "(asked: this reader asked Postgres; shared: it had the answer of a read in flight)",
     ["question", "projection", "outcome"],
@@ -118,6 +120,8 @@ def long_poll_seconds() -> float:
 # A stream as the waker knows it: a workspace stream's id (woken by NOTIFY), or a platform
 # stream's workspace and path (woken by the tick).
 WakeKey = int | tuple[str, str]
+# A platform stream's look for the tick: something that differs once it has moved.
+Probe = Callable[[], Awaitable[object]]
 
 
 class Waker:
@@ -125,16 +129,20 @@ class Waker:
 
     One LISTEN connection per replica, opened on the first live read; while it is down
     (or before it is up) readers fall back to re-reading every RECHECK_SECONDS. The
-    platform's streams (stream_views), which no NOTIFY announces, are woken by a tick every
-    PLATFORM_RECHECK_SECONDS instead: all the live readers of one such stream at once, so
-    that they share one read per question (SharedReads) rather than each look on its own
-    timer."""
+    platform's streams (stream_views), which no NOTIFY announces, are looked at by a tick
+    every PLATFORM_RECHECK_SECONDS instead, once per stream whatever its readers (their
+    probe: its tail, and a private session's members), and all of its live readers woken at
+    once when that changed (or when it could not look), so that they share one read per
+    question (SharedReads); idle readers cost nothing. A stream without a probe (the feed,
+    whose tail is each reader's own) wakes its readers at every tick."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._waiting: dict[WakeKey, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self._ticking: asyncio.Task[None] | None = None
+        self._probes: dict[WakeKey, Probe] = {}
+        self._looked: dict[WakeKey, object] = {}  # what each probe saw last
         # How many times each watched stream's readers were woken: a read begun at
         # generation g sees every append they were woken for up to g (SharedReads).
         self._generations: dict[WakeKey, int] = {}
@@ -156,8 +164,27 @@ class Waker:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(PLATFORM_RECHECK_SECONDS)
-            for key in [k for k in self._waiting if not isinstance(k, int)]:
-                self._wake(key)
+            keys = [k for k in self._waiting if not isinstance(k, int)]
+            await asyncio.gather(*(self._look(key) for key in keys))
+
+    async def _look(self, key: WakeKey) -> None:
+        """Wake the key's readers if its probe saw it move since it last looked. The probe
+        reads before the wake it causes, so a reader's read at the new generation, or after
+        it, sees whatever moved before; what moves after is the next look's."""
+        probe = self._probes.get(key)
+        if probe is None:
+            self._wake(key)
+            return
+        LIVE_READS.labels("look", "any", "asked").inc()
+        try:
+            seen = await probe()
+        except Exception as exc:  # noqa: BLE001 - the readers look themselves instead
+            log.info("stream waker cannot look at %s: %s", key, exc)
+            self._wake(key)
+            return
+        if key in self._waiting and self._looked.get(key, self) != seen:
+            self._looked[key] = seen
+            self._wake(key)
 
     async def _listen(self) -> None:
         while True:
@@ -175,13 +202,15 @@ class Waker:
                 await channel.close()
 
     @contextlib.contextmanager
-    def watching(self, key: WakeKey) -> Iterator[asyncio.Event]:
+    def watching(self, key: WakeKey, probe: Probe | None = None) -> Iterator[asyncio.Event]:
         if isinstance(key, int) and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._listen(), name="stream-waker")
         if not isinstance(key, int) and (self._ticking is None or self._ticking.done()):
             self._ticking = asyncio.create_task(self._tick(), name="stream-waker-tick")
         event = asyncio.Event()
         self._waiting.setdefault(key, set()).add(event)
+        if probe is not None:
+            self._probes.setdefault(key, probe)
         try:
             yield event
         finally:
@@ -191,6 +220,8 @@ class Waker:
                 if not waiting:
                     del self._waiting[key]
                     self._generations.pop(key, None)
+                    self._probes.pop(key, None)
+                    self._looked.pop(key, None)
 
 
 def text(status: int, message: str = "", headers: dict[str, str] | None = None) -> Response:
@@ -429,8 +460,9 @@ class StreamRoutes:
 
         A run's or a session's tail is the same for every reader: one read for all of
         them, whatever their principal and projection; then, only when the stream is a
-        private session's, whether this reader is (still) a member, one read per principal.
-        Membership is read at every wake, so a removed member's live read ends at the next.
+        private session's, its members (one read for all of them too), among whom the
+        reader must (still) be. Membership is read at every wake, so a removed member's
+        live read ends at the next.
         The feed's tail is its reader's own (privacy.py); a workspace stream has no reader.
         """
         gen = self.waker.generation(self.wake_key(stream))
@@ -446,12 +478,14 @@ class StreamRoutes:
         )
         if at is None:
             return None
-        if at.private_session is not None and stream.reader is not None:
-            member_key = ("members", ws, at.private_session, stream.reader, gen)
-            hidden = await self.shared.once(
-                member_key, lambda: stream_views.hidden(self.pool, ws, at, stream.reader), "members"
+        private, reader = at.private_session, stream.reader
+        if private is not None and reader is not None:
+            members = await self.shared.once(
+                ("members", ws, private, gen),
+                lambda: privacy_store.members(self.pool, ws, private),
+                "members",
             )
-            if hidden:
+            if reader not in members:
                 return None
         return stream_views.seen_by(at, stream.reader, stream.internals)
 
@@ -516,12 +550,19 @@ class StreamRoutes:
         deadline = time.monotonic() + self.long_poll
         key = self.wake_key(stream)
         # A woken reader looks again at once; a reader not woken (its NOTIFY lost, or the
-        # listener reconnecting) looks again after this long anyway.
-        ticked = not isinstance(key, int)
-        unwoken = (
-            PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 and not ticked else RECHECK_SECONDS
-        )
-        with self.waker.watching(key) as event:
+        # listener reconnecting) looks again after this long anyway. A run's or a session's
+        # stream is looked at for all its readers by the tick (Waker), which wakes them
+        # when it moved: they wait for that alone.
+        probe = None
+        if stream.stream_id:
+            unwoken = RECHECK_SECONDS
+        elif isinstance(key, int):  # per-reader mode
+            unwoken = PLATFORM_RECHECK_SECONDS
+        elif stream_views.is_feed(stream.path):
+            unwoken = RECHECK_SECONDS
+        else:
+            probe, unwoken = self._probe(ws, stream.path), self.long_poll
+        with self.waker.watching(key, probe) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
                 current = await self.stream_again(ws, stream)
@@ -531,6 +572,20 @@ class StreamRoutes:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=min(left, unwoken))
+
+    def _probe(self, ws: str, path: str) -> Probe:
+        """The tick's look at a run's or a session's stream, the same for all its readers:
+        its tail and closing, and a private session's members (a removal wakes them)."""
+
+        async def probe() -> object:
+            at = await stream_views.tail(self.pool, ws, path)
+            if at is None:
+                return None
+            private = at.private_session
+            members = await privacy_store.members(self.pool, ws, private) if private else None
+            return (at.stream.tail_offset, at.stream.closed, private, members)
+
+        return probe
 
     async def create(self, request: Request, ws: str, path: str) -> Response:
         h = request.headers

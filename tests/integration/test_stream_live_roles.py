@@ -114,7 +114,7 @@ async def test_live_readers_share_reads_only_with_their_own_projection(
         key = (question, projection, outcome)
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert moved("tail", "any", "shared") >= len(whole), (before, after)
+    assert moved("tail", "any", "shared") >= len(whole) / 2, (before, after)
     shared, asked = moved("after", "projected", "shared"), moved("after", "projected", "asked")
     assert shared >= 1 and 2 * shared >= asked, (before, after)
     assert moved("after", "whole", "shared") == 0, (before, after)
@@ -152,7 +152,7 @@ async def test_a_removed_members_live_read_ends_and_sees_nothing_after(
     db_url, control_plane
 ) -> None:
     """A private session's stream tailed by two members: when one is removed, its live read
-    ends at the next wake; the other reads on, and sees the next turn."""
+    ends at the tick's next look; the other reads on, and sees the next turn."""
     cp = control_plane(db_url, AGENTRUN_METRICS_TOKEN=TOKEN)
     admin = await Api.connect(cp.address, db_url, WS)
     await admin.publish("helper", "demo", [])
@@ -209,10 +209,6 @@ async def test_a_removed_members_live_read_ends_and_sees_nothing_after(
         assert time.monotonic() < deadline, seen
         await asyncio.sleep(0.05)
     before = await live_reads(cp)
-    await asyncio.sleep(0.6)  # woken twice or more: each member's membership looked at
-    looked = await live_reads(cp)
-    assert looked.get(("members", "any", "asked"), 0) > before.get(("members", "any", "asked"), 0)
-
     removed = time.monotonic()
     await sessions.UpdateSessionMembers(
         session_pb2.UpdateSessionMembersRequest(
@@ -220,7 +216,14 @@ async def test_a_removed_members_live_read_ends_and_sees_nothing_after(
         )
     )
     await asyncio.wait_for(tasks["carol"], 5)
-    assert ended["carol"] - removed < 2.0  # at the next wake (every 0.25 s)
+    assert ended["carol"] - removed < 2.0  # at the tick's next look (every 0.25 s)
+    # The look saw the members change and woke both readers, who read the members once.
+    after = await live_reads(cp)
+    asked, shared = (
+        after.get(("members", "any", outcome), 0) - before.get(("members", "any", outcome), 0)
+        for outcome in ("asked", "shared")
+    )
+    assert asked >= 1 and shared >= 1, (asked, shared)
     carol_saw = list(seen["carol"])
     second = await send("two")
     deadline = time.monotonic() + 30
