@@ -21,10 +21,10 @@ log), whose appends are the model's deltas (written as the executors' are, by th
 store's statement, for a run the bench holds): one key (a reader key) and each its own
 (half readers, half operators), each before (AGENTRUN_STREAM_SHARED_READS=per-reader:
 every reader looks again on its own 0.25 s timer and shares a look only with readers of
-its own principal, so its visibility is looked up per principal per look) and after (the
-stream's readers woken together by one tick, one look at the tail for all of them, a
-membership look only for a private session's), interleaved in one run. A run's stream is
-woken by the tick, not by a NOTIFY: its figures include the wait for the next tick.
+its own principal, so its visibility is looked up per principal per look) and after (one
+look at the stream every 0.25 s for all its readers, which wakes them all only when it
+moved; a membership look only for a private session's), interleaved in one run. A run's
+stream is woken by that look, not by a NOTIFY: its figures include the wait for the next.
 
 Token streaming: the same agent (the sandbox's `long_answer`, 200 words streamed about
 100 a second) run RUNS times by an executor that streams every call (the text in chunks
@@ -115,9 +115,9 @@ PHASES = [
     ("workspace stream, one key, shared reads", "on", "workspace", "one"),
     ("workspace stream, own keys, shared reads", "on", "workspace", "own"),
     ("run stream, one key, before (per reader)", "per-reader", "run", "one"),
-    ("run stream, one key, after (one tick)", "on", "run", "one"),
+    ("run stream, one key, after (one look)", "on", "run", "one"),
     ("run stream, own keys, before (per reader)", "per-reader", "run", "own"),
-    ("run stream, own keys, after (one tick)", "on", "run", "own"),
+    ("run stream, own keys, after (one look)", "on", "run", "own"),
 ]
 DELTA_SEQ, DELTA_EPOCH = 1000, 1  # the bench's run's model call under way, and its lease
 

@@ -461,18 +461,18 @@ class StreamRoutes:
         A run's or a session's tail is the same for every reader: one read for all of
         them, whatever their principal and projection; then, only when the stream is a
         private session's, its members (one read for all of them too), among whom the
-        reader must (still) be. Membership is read at every wake, so a removed member's
-        live read ends at the next.
+        reader must (still) be. Membership is read at every wake (and a change of members
+        wakes them: Waker), so a removed member's live read ends at the next.
         The feed's tail is its reader's own (privacy.py); a workspace stream has no reader.
         """
         gen = self.waker.generation(self.wake_key(stream))
         path = stream.path
+        own: tuple[object, ...] = ("at", ws, path, stream.stream_id, stream.reader)
+        own += (stream.internals, gen)  # this reader's own look, shared with its like
         if self.mode == "per-reader" and not stream.stream_id and not stream_views.is_feed(path):
-            key = ("at", ws, path, stream.stream_id, stream.reader, stream.internals, gen)
-            return await self.shared.once(key, lambda: self._as_before(ws, stream), "tail")
+            return await self.shared.once(own, lambda: self._as_before(ws, stream), "tail")
         if stream.stream_id or stream_views.is_feed(path):
-            key = ("at", ws, path, stream.stream_id, stream.reader, stream.internals, gen)
-            return await self.shared.once(key, lambda: self.again(ws, stream), "tail")
+            return await self.shared.once(own, lambda: self.again(ws, stream), "tail")
         at = await self.shared.once(
             ("tail", ws, path, gen), lambda: stream_views.tail(self.pool, ws, path), "tail"
         )
