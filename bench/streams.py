@@ -7,7 +7,9 @@ every APPEND_EVERY seconds, each carrying the wall-clock time it was sent. For e
 (reader, append) pair: the time from just before the POST to the reader parsing the
 `data` event (one machine, one clock: the readers run in this process, so their own
 parsing is in the figure). The control plane's and Postgres's CPU seconds over the append
-phase are divided by the events delivered. The machine's load average is printed too.
+phase are divided by the events delivered; what they spend a second over the 3 s before
+the appends (the readers connected, nothing appended) is printed too, as is the machine's
+load average.
 
 Every append wakes each reader (LISTEN/NOTIFY); the readers one append wakes share one
 read per question (http/streams.py SharedReads). The phase runs on fresh control planes:
@@ -106,6 +108,7 @@ class Phase:
     took: float
     cp_used: float
     pg_used: float
+    idle: float  # CPU seconds a second, control plane and Postgres, before the appends
 
 
 # (label, AGENTRUN_STREAM_SHARED_READS, which stream, whose keys): one fresh control plane
@@ -219,6 +222,10 @@ async def live_readers(
             await asyncio.wait_for(
                 asyncio.gather(*(r.ready.wait() for r in group)), CONNECT_DEADLINE
             )
+            # What the readers cost while nothing is appended (their looks at the stream).
+            idle_from = cpu.process_cpu(cp.pid) + _pg_cpu(pg)
+            await asyncio.sleep(IDLE_SECONDS)
+            idle = (cpu.process_cpu(cp.pid) + _pg_cpu(pg) - idle_from) / IDLE_SECONDS
             cp_before, pg_before = cpu.process_cpu(cp.pid), _pg_cpu(pg)
             began = time.monotonic()
             for i in range(appends):
@@ -246,7 +253,7 @@ async def live_readers(
             for task in late:
                 task.cancel()
         await writer.close()
-    return Phase(label, group, readers, appends, took, cp_used, pg_used)
+    return Phase(label, group, readers, appends, took, cp_used, pg_used, idle)
 
 
 def _pg_cpu(pg: object) -> float:
@@ -270,7 +277,8 @@ def _print(phases: list[Phase]) -> None:
         report.note(
             f"{p.label}: {delivered} of {p.readers * p.appends} events delivered in a "
             f"{p.took:.1f} s append phase; CPU per delivered event {per_event:.2f} ms "
-            f"(control plane {p.cp_used:.1f} s, Postgres {p.pg_used:.1f} s)"
+            f"(control plane {p.cp_used:.1f} s, Postgres {p.pg_used:.1f} s); idle readers "
+            f"{1000 * p.idle:.0f} ms of CPU a second"
         )
 
 
