@@ -65,9 +65,14 @@ RECHECK_SECONDS = 2.0
 # live readers look again this often (WatchRun polls as often), all of a stream's together
 # (Waker's tick), so that they share their reads.
 PLATFORM_RECHECK_SECONDS = 0.25
+RECHECK_TICKS = round(RECHECK_SECONDS / PLATFORM_RECHECK_SECONDS)
 MAX_APPEND_BYTES = 64 << 20  # one append (or a create's first data)
 MAX_NAME_BYTES = 1024  # a stream's path, a producer's id
 COMPRESS_ABOVE = 1024
+# The SSE data events of messages up to ENCODED_MAX_BYTES are kept for the other readers
+# of the same shared read, ENCODED_LIMIT of them at most (then forgotten all at once).
+ENCODED_MAX_BYTES = 16 << 10
+ENCODED_LIMIT = 1024
 CURSOR_EPOCH = 1728432000  # 2024-10-09T00:00:00Z, the protocol's cursor epoch
 CURSOR_INTERVAL = 20
 
@@ -127,8 +132,9 @@ Probe = Callable[[], Awaitable[object]]
 class Waker:
     """Wakes this replica's live readers of a stream when any replica commits to it.
 
-    One LISTEN connection per replica, opened on the first live read; while it is down
-    (or before it is up) readers fall back to re-reading every RECHECK_SECONDS. The
+    One LISTEN connection per replica, opened on the first live read; whatever it hears, a
+    workspace stream's readers are woken every RECHECK_SECONDS too (all of a stream's at
+    once, by the tick: they share that look), for what a lost NOTIFY did not say. The
     platform's streams (stream_views), which no NOTIFY announces, are looked at by a tick
     every PLATFORM_RECHECK_SECONDS instead, once per stream whatever its readers (their
     probe: its tail, and a private session's members), and all of its live readers woken at
@@ -162,10 +168,18 @@ class Waker:
                 event.set()
 
     async def _tick(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(PLATFORM_RECHECK_SECONDS)
-            keys = [k for k in self._waiting if not isinstance(k, int)]
-            await asyncio.gather(*(self._look(key) for key in keys))
+            ticks += 1
+            try:
+                if ticks % RECHECK_TICKS == 0:  # a NOTIFY may have been lost: look again
+                    for stream_id in [k for k in self._waiting if isinstance(k, int)]:
+                        self._wake(stream_id)
+                keys = [k for k in self._waiting if not isinstance(k, int)]
+                await asyncio.gather(*(self._look(key) for key in keys))
+            except Exception:  # noqa: BLE001 - the tick must go on: readers wait on it
+                log.exception("stream waker tick")
 
     async def _look(self, key: WakeKey) -> None:
         """Wake the key's readers if its probe saw it move since it last looked. The probe
@@ -205,7 +219,7 @@ class Waker:
     def watching(self, key: WakeKey, probe: Probe | None = None) -> Iterator[asyncio.Event]:
         if isinstance(key, int) and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._listen(), name="stream-waker")
-        if not isinstance(key, int) and (self._ticking is None or self._ticking.done()):
+        if self._ticking is None or self._ticking.done():
             self._ticking = asyncio.create_task(self._tick(), name="stream-waker-tick")
         event = asyncio.Event()
         self._waiting.setdefault(key, set()).add(event)
@@ -437,6 +451,9 @@ class StreamRoutes:
         self.long_poll = long_poll_seconds
         self.mode = shared_reads_mode()
         self.shared = SharedReads(self.mode != "off")
+        # Messages' SSE data events as last encoded, by message (the message is kept, so
+        # its id is not another's while it is here).
+        self._encoded: dict[int, tuple[store.Message, str]] = {}
 
     def wake_key(self, stream: store.Stream) -> WakeKey:
         """What wakes the stream's live readers: its NOTIFYs, or the platform's tick (none
@@ -549,19 +566,14 @@ class StreamRoutes:
         """Until the stream may have moved past `after` or closed, or the long-poll ends."""
         deadline = time.monotonic() + self.long_poll
         key = self.wake_key(stream)
-        # A woken reader looks again at once; a reader not woken (its NOTIFY lost, or the
-        # listener reconnecting) looks again after this long anyway. A run's or a session's
-        # stream is looked at for all its readers by the tick (Waker), which wakes them
-        # when it moved: they wait for that alone.
+        # A woken reader looks again at once. The Waker's tick wakes a workspace stream's
+        # readers every RECHECK_SECONDS (for a NOTIFY lost), the feed's at every tick, and
+        # a run's or a session's when its look for all of them saw it move: they wait for
+        # that alone. In per-reader mode each looks again on its own timer.
         probe = None
-        if stream.stream_id:
-            unwoken = RECHECK_SECONDS
-        elif isinstance(key, int):  # per-reader mode
-            unwoken = PLATFORM_RECHECK_SECONDS
-        elif stream_views.is_feed(stream.path):
-            unwoken = RECHECK_SECONDS
-        else:
-            probe, unwoken = self._probe(ws, stream.path), self.long_poll
+        unwoken = PLATFORM_RECHECK_SECONDS if isinstance(key, int) and not key else self.long_poll
+        if not isinstance(key, int) and not stream_views.is_feed(stream.path):
+            probe = self._probe(ws, stream.path)
         with self.waker.watching(key, probe) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
@@ -759,7 +771,7 @@ class StreamRoutes:
             events: list[str] = []
             for i, message in enumerate(messages):
                 last = i == len(messages) - 1
-                events.append("event: data\n" + _sse_data(self._payload(latest, message, binary)))
+                events.append(self._data_event(latest, message, binary))
                 events.append(
                     self._control(message.offset, cursor, last and up_to_date, last and closing)
                 )
@@ -778,6 +790,19 @@ class StreamRoutes:
                 if moved.tail_offset == after and not moved.closed:
                     yield self._control(after, cursor, True, False)
                 woken = moved
+
+    def _data_event(self, stream: store.Stream, message: store.Message, binary: bool) -> str:
+        """The message's SSE data event, encoded once for all the readers a shared read
+        (SharedReads) handed the same message to."""
+        known = self._encoded.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        event = "event: data\n" + _sse_data(self._payload(stream, message, binary))
+        if len(message.data) <= ENCODED_MAX_BYTES:
+            if len(self._encoded) >= ENCODED_LIMIT:
+                self._encoded.clear()
+            self._encoded[id(message)] = (message, event)
+        return event
 
     @staticmethod
     def _payload(stream: store.Stream, message: store.Message, binary: bool) -> str:
