@@ -7,13 +7,26 @@ every APPEND_EVERY seconds, each carrying the wall-clock time it was sent. For e
 (reader, append) pair: the time from just before the POST to the reader parsing the
 `data` event (one machine, one clock: the readers run in this process, so their own
 parsing is in the figure). The control plane's and Postgres's CPU seconds over the append
-phase are divided by the events delivered. The machine's load average is printed too.
+phase are divided by the events delivered; what they spend a second over the 3 s before
+the appends (the readers connected, nothing appended) is printed too, as is the machine's
+load average.
 
 Every append wakes each reader (LISTEN/NOTIFY); the readers one append wakes share one
-read per question (http/streams.py SharedReads). The phase runs twice, on two fresh
-control planes: without sharing (AGENTRUN_STREAM_SHARED_READS=off: each reader asks
-Postgres itself, four statements per reader per append, queued on the pool) and with it,
-so the table shows before and after.
+read per question (http/streams.py SharedReads). The phase runs on fresh control planes:
+without sharing (AGENTRUN_STREAM_SHARED_READS=off: each reader asks Postgres itself, four
+statements per reader per append, queued on the pool) and with it, all readers on the
+bench's admin key; then with it, each reader on its OWN key (created through the real
+API, WorkspaceAdminService.CreateApiKey: half of them readers, half operators).
+
+The same readers of a run's stream (`_agentrun/runs/{run}`, a projection of the step
+log), whose appends are the model's deltas (written as the executors' are, by the delta
+store's statement, for a run the bench holds): one key (a reader key) and each its own
+(half readers, half operators), each before (AGENTRUN_STREAM_SHARED_READS=per-reader:
+every reader looks again on its own 0.25 s timer and shares a look only with readers of
+its own principal, so its visibility is looked up per principal per look) and after (one
+look at the stream every 0.25 s for all its readers, which wakes them all only when it
+moved; a membership look only for a private session's), interleaved in one run. A run's
+stream is woken by that look, not by a NOTIFY: its figures include the wait for the next.
 
 Token streaming: the same agent (the sandbox's `long_answer`, 200 words streamed about
 100 a second) run RUNS times by an executor that streams every call (the text in chunks
@@ -38,12 +51,14 @@ import asyncpg
 import grpc
 import httpx
 
+from agentrun.v1 import admin_pb2, admin_pb2_grpc
 from bench import api, cpu, report, services
 from bench.postgres import bench_postgres
 from bench.procs import Proc, Procs, workdir
 from bench.redis_server import redis_url
 from bench.services import start_control_plane, start_sandbox
 from bench.stats import Summary
+from control_plane.store import queries
 
 APPEND_EVERY = 0.2
 CONNECT_DEADLINE = 120.0
@@ -56,9 +71,17 @@ class Reader:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def read(client: httpx.AsyncClient, url: str, reader: Reader, appends: int) -> None:
+def sent_at(value: dict[str, object]) -> float:
+    """When an appended value was sent: a workspace stream's `t`, a run delta's text."""
+    delta = value.get("delta")
+    return float(delta["text"] if isinstance(delta, dict) else value["t"])  # type: ignore[arg-type]
+
+
+async def read(client: httpx.AsyncClient, url: str, key: str, reader: Reader, appends: int) -> None:
     """One SSE reader: ready at its first control event; the latency of each data event."""
-    async with client.stream("GET", url, params={"offset": "now", "live": "sse"}) as res:
+    params = {"offset": "now", "live": "sse"}
+    headers = {"authorization": f"Bearer {key}"}
+    async with client.stream("GET", url, params=params, headers=headers) as res:
         res.raise_for_status()
         event = ""
         async for line in res.aiter_lines():
@@ -69,7 +92,7 @@ async def read(client: httpx.AsyncClient, url: str, reader: Reader, appends: int
             elif line.startswith("data:") and event == "data":
                 got = time.time()
                 for value in json.loads(line[5:]):
-                    reader.latencies.append(got - value["t"])
+                    reader.latencies.append(got - sent_at(value))
                 if len(reader.latencies) >= appends:
                     return
 
@@ -85,23 +108,88 @@ class Phase:
     took: float
     cp_used: float
     pg_used: float
+    idle: float  # CPU seconds a second, control plane and Postgres, before the appends
+
+
+# (label, AGENTRUN_STREAM_SHARED_READS, which stream, whose keys): one fresh control plane
+# and database each, in this order (a run stream's before and after interleaved).
+PHASES = [
+    ("workspace stream, one key, each reader reads", "off", "workspace", "one"),
+    ("workspace stream, one key, shared reads", "on", "workspace", "one"),
+    ("workspace stream, own keys, shared reads", "on", "workspace", "own"),
+    ("run stream, one key, before (per reader)", "per-reader", "run", "one"),
+    ("run stream, one key, after (one look)", "on", "run", "one"),
+    ("run stream, own keys, before (per reader)", "per-reader", "run", "own"),
+    ("run stream, own keys, after (one look)", "on", "run", "own"),
+]
+DELTA_SEQ, DELTA_EPOCH = 1000, 1  # the bench's run's model call under way, and its lease
 
 
 async def measure(readers: int, appends: int) -> None:
     async with bench_postgres() as pg:
         phases = []
-        for label, shared in (("before: each reader reads", "off"), ("after: shared reads", "on")):
-            dsn = await pg.create_database(f"streams_{shared}")
-            phases.append(await live_readers(pg, dsn, label, shared, readers, appends))
+        for i, (label, shared, target, keys) in enumerate(PHASES):
+            dsn = await pg.create_database(f"streams_{i}")
+            phases.append(
+                await live_readers(pg, dsn, label, shared, target, keys, readers, appends)
+            )
     _print(phases)
 
 
+async def own_keys(chan: grpc.aio.Channel, n: int) -> list[str]:
+    """`n` keys of the bench workspace, each its own principal, minted through
+    WorkspaceAdminService.CreateApiKey: even ones readers, odd ones operators."""
+    admin = admin_pb2_grpc.WorkspaceAdminServiceStub(chan)
+    made: list[str] = [""] * n
+
+    async def mint(i: int) -> None:
+        reply = await admin.CreateApiKey(
+            admin_pb2.CreateApiKeyRequest(
+                kind=admin_pb2.API_KEY_KIND_WORKSPACE,
+                workspace_id=api.WORKSPACE,
+                role="reader" if i % 2 == 0 else "operator",
+                principal=f"bench-reader-{i}",
+            )
+        )
+        made[i] = reply.key_text
+
+    for start in range(0, n, 32):
+        await asyncio.gather(*(mint(i) for i in range(start, min(n, start + 32))))
+    return made
+
+
+async def held_run(dsn: str, chan: grpc.aio.Channel) -> uuid.UUID:
+    """A run the bench holds as an executor would (running, its lease at DELTA_EPOCH), so
+    that the delta store's statement keeps its deltas."""
+    await api.publish_agent(chan, "talker", "long_answer", [])
+    run_id = uuid.UUID((await api.start_run(chan, "talker", "talk")).run_id)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "UPDATE runs SET status = 'running', lease_owner = 'bench-holder', lease_epoch = $2,"
+            " wake_at = now() + interval '1 hour', held_since = now(), started_at = now()"
+            " WHERE run_id = $1",
+            run_id,
+            DELTA_EPOCH,
+        )
+    finally:
+        await conn.close()
+    return run_id
+
+
 async def live_readers(
-    pg: object, dsn: str, label: str, shared: str, readers: int, appends: int
+    pg: object,
+    dsn: str,
+    label: str,
+    shared: str,
+    target: str,
+    whose: str,
+    readers: int,
+    appends: int,
 ) -> Phase:
     with workdir("streams") as tmp, Procs(tmp) as procs:
         port_file = tmp / "http.port"
-        cp, _ = await start_control_plane(
+        cp, cp_port = await start_control_plane(
             procs,
             dsn,
             AGENTRUN_HTTP_PORT_FILE=str(port_file),
@@ -109,32 +197,63 @@ async def live_readers(
         )
         keys = await api.mint_keys(dsn)
         base = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        url = f"{base}/v1/workspaces/{api.WORKSPACE}/streams/bench/live"
+        ws_url = f"{base}/v1/workspaces/{api.WORKSPACE}/streams"
+        async with api.channel(cp_port, keys.admin) as chan:
+            run_id = await held_run(dsn, chan) if target == "run" else None
+            if whose == "own":
+                reader_keys = await own_keys(chan, readers)
+            elif target == "run":  # one principal below admin: its visibility is looked up
+                reader_keys = (await own_keys(chan, 1)) * readers
+            else:
+                reader_keys = [keys.admin] * readers
+        url = f"{ws_url}/_agentrun/runs/{run_id}" if run_id else f"{ws_url}/bench/live"
         limits = httpx.Limits(max_connections=readers + 10, max_keepalive_connections=0)
         headers = {"authorization": f"Bearer {keys.admin}"}
+        writer = await asyncpg.connect(dsn)
         async with httpx.AsyncClient(headers=headers, timeout=None, limits=limits) as client:
-            made = await client.put(url, headers={"content-type": "application/json"})
-            made.raise_for_status()
+            if run_id is None:
+                made = await client.put(url, headers={"content-type": "application/json"})
+                made.raise_for_status()
             group = [Reader() for _ in range(readers)]
-            tasks = [asyncio.create_task(read(client, url, r, appends)) for r in group]
+            tasks = [
+                asyncio.create_task(read(client, url, k, r, appends))
+                for k, r in zip(reader_keys, group, strict=True)
+            ]
             await asyncio.wait_for(
                 asyncio.gather(*(r.ready.wait() for r in group)), CONNECT_DEADLINE
             )
+            # What the readers cost while nothing is appended (their looks at the stream).
+            idle_from = cpu.process_cpu(cp.pid) + _pg_cpu(pg)
+            await asyncio.sleep(IDLE_SECONDS)
+            idle = (cpu.process_cpu(cp.pid) + _pg_cpu(pg) - idle_from) / IDLE_SECONDS
             cp_before, pg_before = cpu.process_cpu(cp.pid), _pg_cpu(pg)
             began = time.monotonic()
             for i in range(appends):
-                body = json.dumps([{"i": i, "t": time.time()}])
-                sent = await client.post(
-                    url, content=body, headers={"content-type": "application/json"}
-                )
-                sent.raise_for_status()
+                if run_id is not None:  # a model delta, as the delta store writes one
+                    await queries.run(
+                        writer,
+                        "stream_deltas_put",
+                        api.WORKSPACE,
+                        [run_id],
+                        [DELTA_SEQ],
+                        [DELTA_EPOCH],
+                        [i],
+                        [repr(time.time())],
+                    )
+                else:
+                    body = json.dumps([{"i": i, "t": time.time()}])
+                    sent = await client.post(
+                        url, content=body, headers={"content-type": "application/json"}
+                    )
+                    sent.raise_for_status()
                 await asyncio.sleep(APPEND_EVERY)
             done, late = await asyncio.wait(tasks, timeout=DELIVERY_DEADLINE)
             took = time.monotonic() - began
             cp_used, pg_used = cpu.process_cpu(cp.pid) - cp_before, _pg_cpu(pg) - pg_before
             for task in late:
                 task.cancel()
-    return Phase(label, group, readers, appends, took, cp_used, pg_used)
+        await writer.close()
+    return Phase(label, group, readers, appends, took, cp_used, pg_used, idle)
 
 
 def _pg_cpu(pg: object) -> float:
@@ -158,7 +277,8 @@ def _print(phases: list[Phase]) -> None:
         report.note(
             f"{p.label}: {delivered} of {p.readers * p.appends} events delivered in a "
             f"{p.took:.1f} s append phase; CPU per delivered event {per_event:.2f} ms "
-            f"(control plane {p.cp_used:.1f} s, Postgres {p.pg_used:.1f} s)"
+            f"(control plane {p.cp_used:.1f} s, Postgres {p.pg_used:.1f} s); idle readers "
+            f"{1000 * p.idle:.0f} ms of CPU a second"
         )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
 from control_plane.api.runs import TERMINAL
@@ -93,6 +94,56 @@ def _step(step: Step, internals: bool) -> dict[str, Any]:
     return jsonmap.to_json(convert.step(privacy.project_step(step, internals)))
 
 
+@dataclass(frozen=True)
+class Tail:
+    """A run's or a session's stream as it is now, the same for every reader: its tail, and
+    the private session whose members alone may see it (None: every reader may)."""
+
+    stream: store.Stream  # as a reader who sees everything sees it
+    private_session: uuid.UUID | None
+
+
+async def tail(pool: Pool, ws: str, path: str) -> Tail | None:
+    """The run or session stream at `path` as it is now (None: no such run or session, or
+    not a run's or a session's stream): one query, whoever reads."""
+    kind, _, name = path.removeprefix(PREFIX).partition("/")
+    key = _uuid(name)
+    if key is None or "/" in name:
+        return None
+    if kind == "runs":
+        row = await run(pool, "stream_run_tail", ws, key)
+        if row is None:
+            return None
+        last = row["last_seq"]
+        at = _offset(last + 1, 0) if last is not None else store.ZERO
+        if row["delta_seq"] is not None:  # its model call under way
+            at = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
+        stream = _stream(ws, path, at, row["status"] in TERMINAL, None, True)
+        return Tail(stream, row["private_session"])
+    if kind == "sessions":
+        row = await run(pool, "stream_session_tail", ws, key)
+        if row is None:
+            return None
+        last = row["last_seq"]
+        at = _offset(row["turn"], last + 1) if last is not None else store.ZERO
+        return Tail(_stream(ws, path, at, False, None, True), key if row["private"] else None)
+    return None
+
+
+async def hidden(pool: Pool, ws: str, at: Tail, reader: str | None) -> bool:
+    """Whether `reader` may not see the stream: only a private session's needs a look
+    (at its members, as they are now)."""
+    if at.private_session is None or reader is None:
+        return False
+    gone = await privacy_store.session_hidden(pool, ws, at.private_session, reader)
+    return gone is None or gone
+
+
+def seen_by(at: Tail, reader: str | None, internals: bool) -> store.Stream:
+    """The stream as `reader` sees it (one who may: hidden() said so)."""
+    return replace(at.stream, reader=reader, internals=internals)
+
+
 async def view(
     pool: Pool, ws: str, path: str, reader: str | None, internals: bool
 ) -> store.Stream | None:
@@ -103,32 +154,12 @@ async def view(
     kind, _, name = rest.partition("/")
     if kind == "feed" and not name:
         row = await run(pool, "stream_feed_tail", workspace_id=ws, reader=reader)
-        tail = _offset(int(row["xid"]), row["event_id"]) if row else store.ZERO
-        return _stream(ws, path, tail, False, reader, internals)
-    key = _uuid(name)
-    if key is None or "/" in name:
+        at = _offset(int(row["xid"]), row["event_id"]) if row else store.ZERO
+        return _stream(ws, path, at, False, reader, internals)
+    now = await tail(pool, ws, path)
+    if now is None or await hidden(pool, ws, now, reader):
         return None
-    if kind == "runs":
-        if await privacy_store.run_hidden(pool, ws, key, reader):
-            return None
-        row = await run(pool, "stream_run_tail", ws, key)
-        if row is None:
-            return None
-        last = row["last_seq"]
-        tail = _offset(last + 1, 0) if last is not None else store.ZERO
-        if row["delta_seq"] is not None:  # its model call under way
-            tail = store.run_delta_offset(row["delta_seq"], row["delta_epoch"], row["delta_idx"])
-        return _stream(ws, path, tail, row["status"] in TERMINAL, reader, internals)
-    if kind == "sessions":
-        if await privacy_store.session_hidden(pool, ws, key, reader):
-            return None
-        row = await run(pool, "stream_session_tail", ws, key)
-        if row is None:
-            return None
-        last = row["last_seq"]
-        tail = _offset(row["turn"], last + 1) if last is not None else store.ZERO
-        return _stream(ws, path, tail, False, reader, internals)
-    return None
+    return seen_by(now, reader, internals)
 
 
 async def read(pool: Pool, stream: store.Stream, after: str) -> tuple[list[store.Message], bool]:

@@ -27,11 +27,13 @@ import os
 import random
 import re
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
+from prometheus_client import Counter
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -44,6 +46,8 @@ from control_plane.http import stream_views
 from control_plane.http.auth import guarded
 from control_plane.http.context import HttpContext
 from control_plane.http.errors import Handler, json_errors
+from control_plane.ops import metrics
+from control_plane.store import privacy as privacy_store
 from control_plane.store import streams as store
 from control_plane.store.db import Pool
 from control_plane.store.notify import Listening
@@ -58,11 +62,17 @@ CHANNEL = "agentrun_streams"
 LONG_POLL_SECONDS = 20.0
 RECHECK_SECONDS = 2.0
 # The platform's streams are projections of the step log, which no NOTIFY announces: their
-# live readers look again this often (WatchRun polls as often).
+# live readers look again this often (WatchRun polls as often), all of a stream's together
+# (Waker's tick), so that they share their reads.
 PLATFORM_RECHECK_SECONDS = 0.25
+RECHECK_TICKS = round(RECHECK_SECONDS / PLATFORM_RECHECK_SECONDS)
 MAX_APPEND_BYTES = 64 << 20  # one append (or a create's first data)
 MAX_NAME_BYTES = 1024  # a stream's path, a producer's id
 COMPRESS_ABOVE = 1024
+# The SSE data events of messages up to ENCODED_MAX_BYTES are kept for the other readers
+# of the same shared read, ENCODED_LIMIT of them at most (then forgotten all at once).
+ENCODED_MAX_BYTES = 16 << 10
+ENCODED_LIMIT = 1024
 CURSOR_EPOCH = 1728432000  # 2024-10-09T00:00:00Z, the protocol's cursor epoch
 CURSOR_INTERVAL = 20
 
@@ -90,6 +100,20 @@ MEDIA_TYPE = re.compile(r"^[\w-]+/[\w-]+")
 SAFE_INTEGER = 2**53 - 1
 
 
+LIVE_READS = Counter(
+    "agentrun_stream_live_reads",
+    "Reads of the database for woken live stream readers (SharedReads), by question "
+    "(look: the tick's look at a run's or a session's stream for all its readers; "
+    "tail: where a stream is now; members: a private session's members, whom its readers "
+    "must be among; after: what follows an offset; touch: a TTL restarted), by the projection "
+    "read "
+    "(whole, projected, or any when every reader's answer is the same) and by outcome "
+    "(asked: this reader asked Postgres; shared: it had the answer of a read in flight)",
+    ["question", "projection", "outcome"],
+    registry=metrics.REGISTRY,
+)
+
+
 def long_poll_seconds() -> float:
     raw = os.environ.get("AGENTRUN_STREAM_LONG_POLL_SECONDS", "")
     try:
@@ -98,33 +122,83 @@ def long_poll_seconds() -> float:
         return LONG_POLL_SECONDS
 
 
+# A stream as the waker knows it: a workspace stream's id (woken by NOTIFY), or a platform
+# stream's workspace and path (woken by the tick).
+WakeKey = int | tuple[str, str]
+# A platform stream's look for the tick: something that differs once it has moved.
+Probe = Callable[[], Awaitable[object]]
+
+
 class Waker:
     """Wakes this replica's live readers of a stream when any replica commits to it.
 
-    One LISTEN connection per replica, opened on the first live read; while it is down
-    (or before it is up) readers fall back to re-reading every RECHECK_SECONDS."""
+    One LISTEN connection per replica, opened on the first live read; whatever it hears, a
+    workspace stream's readers are woken every RECHECK_SECONDS too (all of a stream's at
+    once, by the tick: they share that look), for what a lost NOTIFY did not say. The
+    platform's streams (stream_views), which no NOTIFY announces, are looked at by a tick
+    every PLATFORM_RECHECK_SECONDS instead, once per stream whatever its readers (their
+    probe: its tail, and a private session's members), and all of its live readers woken at
+    once when that changed (or when it could not look), so that they share one read per
+    question (SharedReads); idle readers cost nothing. A stream without a probe (the feed,
+    whose tail is each reader's own) wakes its readers at every tick."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._waiting: dict[int, set[asyncio.Event]] = {}
+        self._waiting: dict[WakeKey, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._ticking: asyncio.Task[None] | None = None
+        self._probes: dict[WakeKey, Probe] = {}
+        self._looked: dict[WakeKey, object] = {}  # what each probe saw last
         # How many times each watched stream's readers were woken: a read begun at
         # generation g sees every append they were woken for up to g (SharedReads).
-        self._generations: dict[int, int] = {}
+        self._generations: dict[WakeKey, int] = {}
 
-    def generation(self, stream_id: int) -> int:
-        return self._generations.get(stream_id, 0)
+    def generation(self, key: WakeKey) -> int:
+        return self._generations.get(key, 0)
 
     def _heard(self, payload: str) -> None:
         with contextlib.suppress(ValueError):
             self._wake(int(payload))
 
-    def _wake(self, stream_id: int) -> None:
-        waiting = self._waiting.get(stream_id)
+    def _wake(self, key: WakeKey) -> None:
+        waiting = self._waiting.get(key)
         if waiting:
-            self._generations[stream_id] = self._generations.get(stream_id, 0) + 1
+            self._generations[key] = self._generations.get(key, 0) + 1
             for event in waiting:
                 event.set()
+
+    async def _tick(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(PLATFORM_RECHECK_SECONDS)
+            ticks += 1
+            try:
+                if ticks % RECHECK_TICKS == 0:  # a NOTIFY may have been lost: look again
+                    for stream_id in [k for k in self._waiting if isinstance(k, int)]:
+                        self._wake(stream_id)
+                keys = [k for k in self._waiting if not isinstance(k, int)]
+                await asyncio.gather(*(self._look(key) for key in keys))
+            except Exception:  # noqa: BLE001 - the tick must go on: readers wait on it
+                log.exception("stream waker tick")
+
+    async def _look(self, key: WakeKey) -> None:
+        """Wake the key's readers if its probe saw it move since it last looked. The probe
+        reads before the wake it causes, so a reader's read at the new generation, or after
+        it, sees whatever moved before; what moves after is the next look's."""
+        probe = self._probes.get(key)
+        if probe is None:
+            self._wake(key)
+            return
+        LIVE_READS.labels("look", "any", "asked").inc()
+        try:
+            seen = await probe()
+        except Exception as exc:  # noqa: BLE001 - the readers look themselves instead
+            log.info("stream waker cannot look at %s: %s", key, exc)
+            self._wake(key)
+            return
+        if key in self._waiting and self._looked.get(key, self) != seen:
+            self._looked[key] = seen
+            self._wake(key)
 
     async def _listen(self) -> None:
         while True:
@@ -142,20 +216,26 @@ class Waker:
                 await channel.close()
 
     @contextlib.contextmanager
-    def watching(self, stream_id: int) -> Iterator[asyncio.Event]:
-        if self._task is None or self._task.done():
+    def watching(self, key: WakeKey, probe: Probe | None = None) -> Iterator[asyncio.Event]:
+        if isinstance(key, int) and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._listen(), name="stream-waker")
+        if self._ticking is None or self._ticking.done():
+            self._ticking = asyncio.create_task(self._tick(), name="stream-waker-tick")
         event = asyncio.Event()
-        self._waiting.setdefault(stream_id, set()).add(event)
+        self._waiting.setdefault(key, set()).add(event)
+        if probe is not None:
+            self._probes.setdefault(key, probe)
         try:
             yield event
         finally:
-            waiting = self._waiting.get(stream_id)
+            waiting = self._waiting.get(key)
             if waiting is not None:
                 waiting.discard(event)
                 if not waiting:
-                    del self._waiting[stream_id]
-                    self._generations.pop(stream_id, None)
+                    del self._waiting[key]
+                    self._generations.pop(key, None)
+                    self._probes.pop(key, None)
+                    self._looked.pop(key, None)
 
 
 def text(status: int, message: str = "", headers: dict[str, str] | None = None) -> Response:
@@ -317,16 +397,26 @@ class SharedReads:
     begun at their stream's current waker generation: it began after the NOTIFY that woke
     them, so it sees the append they were woken for. A first read of a request never
     shares (the append a client just made is always seen). Off with
-    AGENTRUN_STREAM_SHARED_READS=off (to measure what it saves: bench/streams.py)."""
+    AGENTRUN_STREAM_SHARED_READS=off (to measure what it saves: bench/streams.py). Each
+    read is counted in /metrics (LIVE_READS): asked, or shared, by question and projection.
+    """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._running: dict[tuple[object, ...], asyncio.Future[Any]] = {}
 
-    async def once(self, key: tuple[object, ...], read: Callable[[], Awaitable[T]]) -> T:
+    async def once(
+        self,
+        key: tuple[object, ...],
+        read: Callable[[], Awaitable[T]],
+        question: str = "other",
+        projection: str = "any",
+    ) -> T:
         if not self.enabled:
+            LIVE_READS.labels(question, projection, "asked").inc()
             return await read()
         running = self._running.get(key)
+        LIVE_READS.labels(question, projection, "asked" if running is None else "shared").inc()
         if running is None:
             running = asyncio.ensure_future(read())
             self._running[key] = running
@@ -341,8 +431,17 @@ class SharedReads:
             read.exception()  # retrieved: each waiting reader raises it itself
 
 
-def shared_reads_enabled() -> bool:
-    return os.environ.get("AGENTRUN_STREAM_SHARED_READS", "on").strip().lower() != "off"
+def shared_reads_mode() -> str:
+    """AGENTRUN_STREAM_SHARED_READS: `on` (the default), `off` (every woken reader reads for
+    itself), or `per-reader` (as before the tick: a platform stream's live readers look on
+    their own timers, and share a look at where it is only with readers of the same
+    principal). The last two are for bench/streams.py's before-and-after figures."""
+    mode = os.environ.get("AGENTRUN_STREAM_SHARED_READS", "on").strip().lower()
+    return mode if mode in ("off", "per-reader") else "on"
+
+
+def _projection(stream: store.Stream) -> str:
+    return "whole" if stream.internals else "projected"
 
 
 class StreamRoutes:
@@ -350,7 +449,18 @@ class StreamRoutes:
         self.pool = pool
         self.waker = waker
         self.long_poll = long_poll_seconds
-        self.shared = SharedReads(shared_reads_enabled())
+        self.mode = shared_reads_mode()
+        self.shared = SharedReads(self.mode != "off")
+        # Messages' SSE data events as last encoded, by message (the message is kept, so
+        # its id is not another's while it is here).
+        self._encoded: dict[int, tuple[store.Message, str]] = {}
+
+    def wake_key(self, stream: store.Stream) -> WakeKey:
+        """What wakes the stream's live readers: its NOTIFYs, or the platform's tick (none
+        in `per-reader` mode: each reader looks again on its own timer)."""
+        if stream.stream_id or self.mode == "per-reader":
+            return stream.stream_id
+        return (stream.workspace_id, stream.path)
 
     async def touch(self, stream: store.Stream, shared: bool = False) -> None:
         """The stream was read (its TTL starts again): once per wake when `shared`."""
@@ -360,19 +470,58 @@ class StreamRoutes:
             await store.touch(self.pool, stream)
             return
         key = ("touch", stream.stream_id, self.waker.generation(stream.stream_id))
-        await self.shared.once(key, lambda: store.touch(self.pool, stream))
+        await self.shared.once(key, lambda: store.touch(self.pool, stream), "touch")
 
     async def stream_again(self, ws: str, stream: store.Stream) -> store.Stream | None:
-        """A woken live reader's look at the stream (shared, SharedReads)."""
-        gen = self.waker.generation(stream.stream_id)
-        key = ("at", ws, stream.path, stream.stream_id, stream.reader, stream.internals, gen)
-        return await self.shared.once(key, lambda: self.again(ws, stream))
+        """A woken live reader's look at the stream (shared, SharedReads).
+
+        A run's or a session's tail is the same for every reader: one read for all of
+        them, whatever their principal and projection; then, only when the stream is a
+        private session's, its members (one read for all of them too), among whom the
+        reader must (still) be. Membership is read at every wake (and a change of members
+        wakes them: Waker), so a removed member's live read ends at the next.
+        The feed's tail is its reader's own (privacy.py); a workspace stream has no reader.
+        """
+        gen = self.waker.generation(self.wake_key(stream))
+        path = stream.path
+        own: tuple[object, ...] = ("at", ws, path, stream.stream_id, stream.reader)
+        own += (stream.internals, gen)  # this reader's own look, shared with its like
+        if self.mode == "per-reader" and not stream.stream_id and not stream_views.is_feed(path):
+            return await self.shared.once(own, lambda: self._as_before(ws, stream), "tail")
+        if stream.stream_id or stream_views.is_feed(path):
+            return await self.shared.once(own, lambda: self.again(ws, stream), "tail")
+        at = await self.shared.once(
+            ("tail", ws, path, gen), lambda: stream_views.tail(self.pool, ws, path), "tail"
+        )
+        if at is None:
+            return None
+        private, reader = at.private_session, stream.reader
+        if private is not None and reader is not None:
+            members = await self.shared.once(
+                ("members", ws, private, gen),
+                lambda: privacy_store.members(self.pool, ws, private),
+                "members",
+            )
+            if reader not in members:
+                return None
+        return stream_views.seen_by(at, stream.reader, stream.internals)
+
+    async def _as_before(self, ws: str, stream: store.Stream) -> store.Stream | None:
+        """`per-reader` mode (bench/streams.py's before): a woken reader of a run's stream
+        looks up whether its principal may see the run, then the tail, at every look."""
+        kind, _, name = stream.path.removeprefix(stream_views.PREFIX).partition("/")
+        reader = stream.reader
+        if kind == "runs" and reader is not None:
+            hidden = await privacy_store.run_hidden(self.pool, ws, uuid.UUID(name), reader)
+            if hidden:
+                return None
+        return await self.again(ws, stream)
 
     async def messages_again(
         self, stream: store.Stream, after: str
     ) -> tuple[list[store.Message], bool]:
         """A woken live reader's read after `after` (shared, SharedReads)."""
-        gen = self.waker.generation(stream.stream_id)
+        gen = self.waker.generation(self.wake_key(stream))
         key = (
             "after",
             stream.workspace_id,
@@ -389,7 +538,9 @@ class StreamRoutes:
             after,
             gen,
         )
-        return await self.shared.once(key, lambda: self.messages_after(stream, after))
+        return await self.shared.once(
+            key, lambda: self.messages_after(stream, after), "after", _projection(stream)
+        )
 
     async def stream_at(
         self, ws: str, path: str, reader: str | None, *, internals: bool
@@ -414,7 +565,16 @@ class StreamRoutes:
     async def wait(self, ws: str, stream: store.Stream, after: str) -> None:
         """Until the stream may have moved past `after` or closed, or the long-poll ends."""
         deadline = time.monotonic() + self.long_poll
-        with self.waker.watching(stream.stream_id) as event:
+        key = self.wake_key(stream)
+        # A woken reader looks again at once. The Waker's tick wakes a workspace stream's
+        # readers every RECHECK_SECONDS (for a NOTIFY lost), the feed's at every tick, and
+        # a run's or a session's when its look for all of them saw it move: they wait for
+        # that alone. In per-reader mode each looks again on its own timer.
+        probe = None
+        unwoken = PLATFORM_RECHECK_SECONDS if isinstance(key, int) and not key else self.long_poll
+        if not isinstance(key, int) and not stream_views.is_feed(stream.path):
+            probe = self._probe(ws, stream.path)
+        with self.waker.watching(key, probe) as event:
             while (left := deadline - time.monotonic()) > 0:
                 event.clear()
                 current = await self.stream_again(ws, stream)
@@ -423,8 +583,21 @@ class StreamRoutes:
                 if current.tail_offset != after and current.tail_offset > after:
                     return
                 with contextlib.suppress(TimeoutError):
-                    recheck = PLATFORM_RECHECK_SECONDS if stream.stream_id == 0 else RECHECK_SECONDS
-                    await asyncio.wait_for(event.wait(), timeout=min(left, recheck))
+                    await asyncio.wait_for(event.wait(), timeout=min(left, unwoken))
+
+    def _probe(self, ws: str, path: str) -> Probe:
+        """The tick's look at a run's or a session's stream, the same for all its readers:
+        its tail and closing, and a private session's members (a removal wakes them)."""
+
+        async def probe() -> object:
+            at = await stream_views.tail(self.pool, ws, path)
+            if at is None:
+                return None
+            private = at.private_session
+            members = await privacy_store.members(self.pool, ws, private) if private else None
+            return (at.stream.tail_offset, at.stream.closed, private, members)
+
+        return probe
 
     async def create(self, request: Request, ws: str, path: str) -> Response:
         h = request.headers
@@ -598,7 +771,7 @@ class StreamRoutes:
             events: list[str] = []
             for i, message in enumerate(messages):
                 last = i == len(messages) - 1
-                events.append("event: data\n" + _sse_data(self._payload(latest, message, binary)))
+                events.append(self._data_event(latest, message, binary))
                 events.append(
                     self._control(message.offset, cursor, last and up_to_date, last and closing)
                 )
@@ -617,6 +790,19 @@ class StreamRoutes:
                 if moved.tail_offset == after and not moved.closed:
                     yield self._control(after, cursor, True, False)
                 woken = moved
+
+    def _data_event(self, stream: store.Stream, message: store.Message, binary: bool) -> str:
+        """The message's SSE data event, encoded once for all the readers a shared read
+        (SharedReads) handed the same message to."""
+        known = self._encoded.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        event = "event: data\n" + _sse_data(self._payload(stream, message, binary))
+        if len(message.data) <= ENCODED_MAX_BYTES:
+            if len(self._encoded) >= ENCODED_LIMIT:
+                self._encoded.clear()
+            self._encoded[id(message)] = (message, event)
+        return event
 
     @staticmethod
     def _payload(stream: store.Stream, message: store.Message, binary: bool) -> str:

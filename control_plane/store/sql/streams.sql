@@ -94,14 +94,21 @@ SELECT pg_notify('agentrun_streams', $1::text);
 
 -- name: stream_run_tail :one
 -- A run's stream (read-only, projected from its step log): its status, its last step,
--- and the last delta of its model call under way (none once that decision committed).
+-- and the last delta of its model call under way (none once that decision committed);
+-- and the private session it is a turn of (or below one), whose members alone may see it
+-- (NULL: every reader may): the same for every reader, so that live readers share this
+-- read and only a private session's need a membership check each (http/streams.py).
 WITH r AS (
     SELECT r.workspace_id, r.run_id, r.status,
            (SELECT max(s.seq) FROM steps s
-            WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq
+            WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq,
+           (SELECT x.session_id FROM sessions x
+            WHERE x.workspace_id = $1 AND x.session_id = r.session_id
+              AND x.visibility = 'private') AS private_session
     FROM runs r WHERE r.workspace_id = $1 AND r.run_id = $2
 )
-SELECT r.status, r.last_seq, d.seq AS delta_seq, d.epoch AS delta_epoch, d.idx AS delta_idx
+SELECT r.status, r.last_seq, d.seq AS delta_seq, d.epoch AS delta_epoch, d.idx AS delta_idx,
+       r.private_session
 FROM r
 LEFT JOIN LATERAL (
     SELECT seq, epoch, idx FROM run_deltas d
@@ -111,10 +118,12 @@ LEFT JOIN LATERAL (
 ) d ON true;
 
 -- name: stream_session_tail :one
--- A session's stream (read-only): its last turn and that turn's run's last step.
+-- A session's stream (read-only): its last turn and that turn's run's last step, and
+-- whether the session is private (its members alone may see it).
 SELECT t.turn,
        (SELECT max(s.seq) FROM steps s
-        WHERE s.workspace_id = t.workspace_id AND s.run_id = t.run_id) AS last_seq
+        WHERE s.workspace_id = t.workspace_id AND s.run_id = t.run_id) AS last_seq,
+       x.visibility = 'private' AS private
 FROM sessions x
 LEFT JOIN LATERAL (
     SELECT * FROM session_turns t
