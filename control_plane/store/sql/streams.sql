@@ -103,7 +103,7 @@ WITH r AS (
            (SELECT max(s.seq) FROM steps s
             WHERE s.workspace_id = r.workspace_id AND s.run_id = r.run_id) AS last_seq,
            (SELECT x.session_id FROM sessions x
-            WHERE x.workspace_id = $1 AND x.session_id = r.session_id
+            WHERE x.workspace_id = r.workspace_id AND x.session_id = r.session_id
               AND x.visibility = 'private') AS private_session
     FROM runs r WHERE r.workspace_id = $1 AND r.run_id = $2
 )
