@@ -55,6 +55,7 @@ SETTLE_MAX = 45.0
 SETTLED_CPU = 0.05  # CPU seconds a second: the executor is holding, no longer starting runs
 HOLD_WINDOW = 21.0  # two heartbeat intervals (10 s) and a bit
 HOLD_WINDOW_QUICK = 11.0
+IDLE_SETTLE = 5.0
 ACT_LATENCY_MS = (5_000, 10_000)
 ACT_TURNS = 12  # echo turns before the answer: a run outlasts the window
 ACT_WINDOW = 20.0
@@ -225,6 +226,7 @@ async def _settled(executor: Proc) -> None:
 async def holding(stack: Stack, n: int, window: float, idle_too: bool = False) -> Holding:
     idle = math.nan
     if idle_too:  # the control plane with nothing held: what holding adds is the rest
+        await asyncio.sleep(IDLE_SETTLE)  # past its start-up (first claims, caches)
         meter = stack.meter()
         await asyncio.sleep(window)
         idle = ratio(meter.stop()[CP], window)
@@ -315,8 +317,8 @@ def _print(holds: list[Holding], acts: list[Acting]) -> None:
         "%",
     )
     report.note(
-        f"of which {100 * top.idle:.1f}% the control plane with no run held (its pollers), "
-        "measured just before the runs were admitted"
+        f"the control plane with no run held: {100 * top.idle:.1f}% of a core (its pollers), "
+        "over a window as long, just before the runs were admitted"
     )
     ref = next((a for a in acts if a.runs == REFERENCE), None)
     big = max(acts, key=lambda a: a.runs)
