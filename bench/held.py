@@ -55,6 +55,7 @@ SETTLE_MAX = 45.0
 SETTLED_CPU = 0.05  # CPU seconds a second: the executor is holding, no longer starting runs
 HOLD_WINDOW = 21.0  # two heartbeat intervals (10 s) and a bit
 HOLD_WINDOW_QUICK = 11.0
+IDLE_SETTLE = 5.0
 ACT_LATENCY_MS = (5_000, 10_000)
 ACT_TURNS = 12  # echo turns before the answer: a run outlasts the window
 ACT_WINDOW = 20.0
@@ -112,6 +113,9 @@ class Holding:
     rss_before: int
     rss_held: int
     cpu: dict[str, float]
+    # The control plane's CPU over a window of the same length before any run was
+    # admitted (its pollers: claims, outbox, max age, expiries), as a fraction of a core.
+    idle: float = math.nan
 
     @property
     def rss_per_run(self) -> float:
@@ -219,7 +223,13 @@ async def _settled(executor: Proc) -> None:
     report.note(f"the executor was still busy {SETTLE_MAX:.0f}s after its runs were admitted")
 
 
-async def holding(stack: Stack, n: int, window: float) -> Holding:
+async def holding(stack: Stack, n: int, window: float, idle_too: bool = False) -> Holding:
+    idle = math.nan
+    if idle_too:  # the control plane with nothing held: what holding adds is the rest
+        await asyncio.sleep(IDLE_SETTLE)  # past its start-up (first claims, caches)
+        meter = stack.meter()
+        await asyncio.sleep(window)
+        idle = ratio(meter.stop()[CP], window)
     rss_before = rss(stack.executor.pid)
     admitted = await _admit(stack, f"held-wait-{n}", "held_wait", n, 600.0)
     await _settled(stack.executor)
@@ -229,7 +239,7 @@ async def holding(stack: Stack, n: int, window: float) -> Holding:
     report.note(f"holding {n:,}: {meter.summary()}")
     if bad := await stack.conn.fetchval(BAD, f"held-wait-{n}"):
         raise RuntimeError(f"{bad} held runs failed while waiting")
-    return Holding(n, admitted, window, rss_before, rss(stack.executor.pid), cpu)
+    return Holding(n, admitted, window, rss_before, rss(stack.executor.pid), cpu, idle)
 
 
 async def acting(stack: Stack, n: int, window: float) -> Acting:
@@ -306,6 +316,10 @@ def _print(holds: list[Holding], acts: list[Acting]) -> None:
         beat <= TARGET_HEARTBEAT,
         "%",
     )
+    report.note(
+        f"the control plane with no run held: {100 * top.idle:.1f}% of a core (its pollers), "
+        "over a window as long, just before the runs were admitted"
+    )
     ref = next((a for a in acts if a.runs == REFERENCE), None)
     big = max(acts, key=lambda a: a.runs)
     if ref is not None and big is not ref:
@@ -345,7 +359,7 @@ async def main(quick: bool = False) -> None:
                     try:
                         if kind == "hold":
                             window = HOLD_WINDOW_QUICK if quick else HOLD_WINDOW
-                            holds.append(await holding(stack, n, window))
+                            holds.append(await holding(stack, n, window, n == max(sizes)))
                         else:
                             window = ACT_WINDOW_QUICK if quick else ACT_WINDOW
                             acts.append(await acting(stack, n, window))

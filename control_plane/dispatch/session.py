@@ -343,47 +343,60 @@ class ExecutorSession:
         result.message = f"the run failed: {reason}" if failed else "the run is no longer held"
 
     async def _heartbeat(self, msg: pb.Heartbeat) -> None:
+        # One beat carries every run the executor holds (thousands): per lease, only its
+        # fields read, its run id parsed, and its status written; no key object unless
+        # the lease was refused (liveness CPU: docs/scaling.md, issue 49).
+        leases = msg.leases
+        workspace_ids = [lease.workspace_id for lease in leases]
+        epochs = [lease.epoch for lease in leases]
         try:
-            keys = [lease_key(lease) for lease in msg.leases]
+            run_ids = [uuid.UUID(lease.run_id) for lease in leases]
         except ValueError:
             log.warning("executor %s sent a heartbeat with a malformed lease", self.executor_id)
             return
         result = pb.HeartbeatResult(request_id=msg.request_id, checked=True)
         try:
-            outcome = await lease_store.heartbeat(
-                self._pool, self.executor_id, keys, self._dispatcher.config.lease_seconds
+            beat = await lease_store.heartbeat_positions(
+                self._pool,
+                self.executor_id,
+                workspace_ids,
+                run_ids,
+                epochs,
+                self._dispatcher.config.lease_seconds,
             )
         except Exception as exc:  # noqa: BLE001 - unknown: renew nothing, refuse nothing
             status_for(exc)
             result.checked = False
             self.send(pb.ConnectResponse(heartbeat_result=result))
             return
-        for lease, key in zip(msg.leases, keys, strict=True):
-            renewed = key in outcome.renewed
+        held = self.slots.held
+        statuses = result.leases
+        for i, lease in enumerate(leases):
+            run_id = run_ids[i]
+            if i in beat.renewed:
+                if held.get(run_id) != epochs[i]:
+                    self.slots.hold(lease_store.LeaseKey(workspace_ids[i], run_id, epochs[i]))
+                statuses.add(lease=lease, renewed=True)
+                continue
             reason = (
-                ""
-                if renewed
-                else "deadline"
-                if key in outcome.past_deadline
+                "deadline"
+                if i in beat.past_deadline
                 else "max_age"
-                if key in outcome.past_max_age
+                if i in beat.past_max_age
                 else "lost"
             )
-            if renewed:
-                self.slots.hold(key)
-            else:
-                was_held = self.slots.drop(key.run_id) == key.epoch
-                # Lost, not failed at a limit, and still held here when the answer came: a
-                # lease this session had let go meanwhile (its own park or finish, committed
-                # while the beat was in flight) was not fenced.
-                if reason != "lost":  # failed by the heartbeat's statement: finished here
-                    run_figures.FIGURES.finished(self._pool, key.workspace_id, key.run_id)
-                elif was_held:
-                    metrics.FENCED.labels(key.workspace_id, "heartbeat").inc()
-            result.leases.append(pb.LeaseStatus(lease=lease, renewed=renewed, reason=reason))
+            was_held = self.slots.drop(run_id) == epochs[i]
+            # Lost, not failed at a limit, and still held here when the answer came: a
+            # lease this session had let go meanwhile (its own park or finish, committed
+            # while the beat was in flight) was not fenced.
+            if reason != "lost":  # failed by the heartbeat's statement: finished here
+                run_figures.FIGURES.finished(self._pool, workspace_ids[i], run_id)
+            elif was_held:
+                metrics.FENCED.labels(workspace_ids[i], "heartbeat").inc()
+            statuses.add(lease=lease, renewed=False, reason=reason)
         self.send(pb.ConnectResponse(heartbeat_result=result))
-        for key in outcome.paused:  # paused through another replica: asked here, each beat
-            self.pause(key.workspace_id, key.run_id)
+        for i in beat.paused:  # paused through another replica: asked here, each beat
+            self.pause(workspace_ids[i], run_ids[i])
 
     def drain_if(self, draining: Mapping[str, DrainOrder]) -> None:
         """Tell the executor to drain, once (again if the drain is forced later), when its

@@ -161,6 +161,74 @@ class HeartbeatOutcome:
     paused: set[LeaseKey] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat's outcome by position (from 0) in the leases it was given: what an
+    executor's beat needs answered for each of the thousands of runs it may hold, without
+    a key object per lease."""
+
+    renewed: dict[int, datetime]
+    past_deadline: set[int]
+    past_max_age: set[int]
+    paused: set[int]
+
+
+async def heartbeat_positions(
+    pool: asyncpg.pool.Pool,
+    owner: str,
+    workspace_ids: Sequence[str],
+    run_ids: Sequence[uuid.UUID],
+    epochs: Sequence[int],
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> Beat:
+    """heartbeat() over the leases given as three parallel lists, the answer by position.
+    A statement per workspace the leases are in (one, nearly always), each its own
+    transaction (each lease is renewed or not on its own row, so nothing needs them
+    together); its rows name the renewed leases by position, so the leases renewed, the
+    common case, cost no key object, hash or lookup here."""
+    positions: dict[str, list[int]] = {}
+    for i, workspace_id in enumerate(workspace_ids):
+        positions.setdefault(workspace_id, []).append(i)
+    renewed: dict[int, datetime] = {}
+    paused: set[int] = set()
+    for workspace_id, at in positions.items():
+        whole = len(at) == len(run_ids)
+        rows = await run(
+            pool,
+            "run_heartbeat",
+            owner,
+            workspace_id,
+            run_ids if whole else [run_ids[i] for i in at],
+            epochs if whole else [epochs[i] for i in at],
+            lease_seconds,
+            now,
+        )
+        for r in rows:
+            i = at[r["i"] - 1]
+            renewed[i] = r["wake_at"]
+            if r["paused"]:
+                paused.add(i)
+    past_deadline: set[int] = set()
+    past_max_age: set[int] = set()
+    if len(renewed) < len(run_ids):
+        refused = {
+            LeaseKey(workspace_ids[i], run_ids[i], epochs[i]): i
+            for i in range(len(run_ids))
+            if i not in renewed
+        }
+        for workspace_id, ids, eps in _by_workspace(list(refused)):
+            for r in await _retry_seq_race(
+                pool, "run_fail_past_deadline", workspace_id, ids, eps, now
+            ):
+                i = refused[LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"])]
+                if r["error"] == "deadline exceeded":
+                    past_deadline.add(i)
+                elif r["error"] == "max age exceeded":
+                    past_max_age.add(i)
+    return Beat(renewed, past_deadline, past_max_age, paused)
+
+
 async def heartbeat(
     pool: asyncpg.pool.Pool,
     owner: str,
@@ -168,31 +236,24 @@ async def heartbeat(
     lease_seconds: float,
     now: datetime | None = None,
 ) -> HeartbeatOutcome:
-    """Renew the leases still held within the run's limits; fail those past a limit.
-    A statement per workspace the leases are in, each its own transaction (each lease
-    is renewed or not on its own row, so nothing needs them together)."""
+    """Renew the leases still held within the run's limits; fail those past a limit
+    (heartbeat_positions, answered by lease)."""
     if not leases:
         return HeartbeatOutcome({}, set())
-    rows: list[asyncpg.Record] = []
-    for workspace_id, ids, epochs in _by_workspace(leases):
-        rows += await run(
-            pool, "run_heartbeat", owner, workspace_id, ids, epochs, lease_seconds, now
-        )
-    renewed = {
-        LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["wake_at"] for r in rows
-    }
-    refused = [lease for lease in leases if lease not in renewed]
-    failed: list[asyncpg.Record] = []
-    for workspace_id, ids, epochs in _by_workspace(refused):
-        failed += await _retry_seq_race(
-            pool, "run_fail_past_deadline", workspace_id, ids, epochs, now
-        )
-    past = {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]): r["error"] for r in failed}
+    beat = await heartbeat_positions(
+        pool,
+        owner,
+        [k.workspace_id for k in leases],
+        [k.run_id for k in leases],
+        [k.epoch for k in leases],
+        lease_seconds,
+        now,
+    )
     return HeartbeatOutcome(
-        renewed,
-        {k for k, error in past.items() if error == "deadline exceeded"},
-        {k for k, error in past.items() if error == "max age exceeded"},
-        {LeaseKey(r["workspace_id"], r["run_id"], r["lease_epoch"]) for r in rows if r["paused"]},
+        {leases[i]: wake_at for i, wake_at in beat.renewed.items()},
+        {leases[i] for i in beat.past_deadline},
+        {leases[i] for i in beat.past_max_age},
+        {leases[i] for i in beat.paused},
     )
 
 

@@ -140,6 +140,43 @@ async def test_park_releases_the_lease_until_wake_time(pool):
     assert woken.attempt == 0  # a finished wait is not a takeover
 
 
+async def test_a_beat_over_workspaces_answers_each_lease_by_its_position(pool):
+    """An executor's beat names every run it holds, of any workspaces, in one list: each
+    renewed, refused or failed lease is answered at its own position in that list (the
+    statements go per workspace; the renewed come back by position, not by key)."""
+    await factories.queued_runs(pool, 2, workspace_id="ws-a", deadline_seconds=60)
+    await factories.queued_runs(pool, 2, workspace_id="ws-b")
+    held = await lease.claim_due(pool, ["ex-a"] * 4, 30)
+    a = sorted((h for h in held if h.workspace_id == "ws-a"), key=lambda h: str(h.run_id))
+    b = sorted((h for h in held if h.workspace_id == "ws-b"), key=lambda h: str(h.run_id))
+    # Interleaved; b[1] at a stale epoch (lost); a[1] past its deadline (failed).
+    leases = [key(a[0]), key(b[0]), dataclasses.replace(key(b[1]), epoch=0), key(a[1])]
+    await pool.execute("UPDATE runs SET active_seconds = 61 WHERE run_id = $1", a[1].run_id)
+    beat = await lease.heartbeat_positions(
+        pool,
+        "ex-a",
+        [k.workspace_id for k in leases],
+        [k.run_id for k in leases],
+        [k.epoch for k in leases],
+        30,
+    )
+    assert set(beat.renewed) == {0, 1}
+    assert beat.renewed[0] > a[0].wake_at and beat.renewed[1] > b[0].wake_at
+    assert (beat.past_deadline, beat.past_max_age, beat.paused) == ({3}, set(), set())
+    row = await runs.get_run(pool, "ws-b", b[1].run_id)
+    assert (row.status, row.lease_epoch) == ("running", b[1].lease_epoch)  # not renewed
+    await pool.execute("UPDATE runs SET paused = true WHERE run_id = $1", b[0].run_id)
+    again = await lease.heartbeat_positions(
+        pool,
+        "ex-a",
+        ["ws-b", "ws-a"],
+        [b[0].run_id, a[0].run_id],
+        [b[0].lease_epoch, a[0].lease_epoch],
+        30,
+    )
+    assert (set(again.renewed), again.paused) == ({0, 1}, {0})
+
+
 async def test_heartbeat_renews_only_matching_leases_and_fails_past_deadline(pool):
     r1, r2 = await factories.queued_runs(pool, 2, deadline_seconds=60)
     held = await lease.claim_due(pool, ["ex-a", "ex-a"], 30)

@@ -210,12 +210,17 @@ JOIN agents a ON a.workspace_id = $1 AND a.workspace_id = me.workspace_id
 -- workspace the executor holds runs of. The rows are locked first, in run_id order
 -- as run_commit_many locks them: the executor's grouped commits touch the same
 -- rows, and in any other order the two could deadlock. `paused`: a PauseRun the
--- holder is asked (again) to act on, whichever replica took it.
+-- holder is asked (again) to act on, whichever replica took it. Each row names its
+-- lease by `i`, its position (from 1) in $3/$4, and nothing else the caller sent: an
+-- executor's beat carries every run it holds, thousands, and the caller matches
+-- the renewed ones to its own list by position instead of decoding and hashing
+-- each one's workspace, run and epoch again.
 WITH clock AS MATERIALIZED (
     SELECT (SELECT coalesce($6::timestamptz, now())) AS now
 ), locked AS (
-    SELECT r.run_id FROM runs r
-    JOIN unnest($3::uuid[], $4::bigint[]) AS h(run_id, epoch) ON r.run_id = h.run_id
+    SELECT r.run_id, h.i FROM runs r
+    JOIN unnest($3::uuid[], $4::bigint[]) WITH ORDINALITY AS h(run_id, epoch, i)
+      ON r.run_id = h.run_id
     WHERE r.workspace_id = $2
       AND r.lease_epoch = h.epoch AND r.lease_owner = $1 AND r.status = 'running'
       AND r.active_seconds + run_held_seconds(r.held_since, r.wake_at, (SELECT now FROM clock))
@@ -229,7 +234,7 @@ SET wake_at = (SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $
     updated_at = now()
 FROM locked l
 WHERE r.workspace_id = $2 AND r.run_id = l.run_id
-RETURNING r.workspace_id, r.run_id, r.lease_epoch, r.wake_at, r.paused;
+RETURNING l.i::int AS i, r.wake_at, r.paused;
 
 -- name: run_fail_past_deadline :many
 -- Fail held runs of workspace $1 (runs $2 at epochs $3) past a limit (the heartbeat
