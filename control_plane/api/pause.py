@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
 from agentrun.v1 import run_pb2
 from control_plane.auth import audit
@@ -22,7 +23,7 @@ from control_plane.auth import context as auth_context
 from control_plane.ground import convert, validate
 from control_plane.ground.errors import FailedPrecondition, NotFound
 from control_plane.store import runs as store
-from control_plane.store.db import Pool, transaction
+from control_plane.store.db import Connection, Pool, transaction
 from control_plane.store.queries import run
 
 
@@ -60,6 +61,15 @@ async def pause_run(
     return run_pb2.PauseRunResponse(run=convert.run(row))
 
 
+async def _lower_turn(conn: Connection, ws: str, wake: datetime | None) -> None:
+    """Lower the workspace's turn to the earliest wake a resume freed, in its transaction.
+
+    A statement of its own (pause.sql's workspace_lower_wake): inside the resume's
+    statement Citus would run the lowering on the shard, where it may not write."""
+    if wake is not None:
+        await run(conn, "workspace_lower_wake", ws, wake)
+
+
 async def resume_run(
     pool: Pool, request: run_pb2.ResumeRunRequest, on_runnable: Callable[[], None]
 ) -> run_pb2.ResumeRunResponse:
@@ -68,6 +78,8 @@ async def resume_run(
     async with transaction(pool) as conn:
         r = await run(conn, "run_resume", ws, run_id)
         if r is not None:
+            if r["status"] in ("queued", "waiting"):
+                await _lower_turn(conn, ws, r["wake_at"])
             await audit.record(conn, "run.resumed", "run", str(run_id))
     if r is None:  # not paused (or none): resuming it is a no-op
         row = await store.get_run(pool, ws, run_id)
@@ -93,6 +105,8 @@ async def set_queue_paused(
             r = await run(conn, "workspace_set_queue_paused", ws, request.paused)
             kind, name = "workspace", ws
         if r["found"]:
+            if not request.paused:
+                await _lower_turn(conn, ws, r["first_wake"])
             await audit.record(conn, action, kind, name)
     if not r["found"]:
         raise NotFound(f"{kind} {name!r} not found")

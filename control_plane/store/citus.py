@@ -62,13 +62,16 @@ COORDINATOR_TABLES = (
 # On Citus a trigger firing on a shard cannot reach workspace_turns on the coordinator:
 # lowering a workspace's next_wake_at writes workspace_wakes beside its runs instead, and
 # each claim folds the due ones into workspace_turns (migrations/0047_claim_per_shard.sql).
+# PL/pgSQL, not SQL: a resume calls it from the coordinator (pause.sql's workspace_lower_wake),
+# where Citus plans no parameterised SQL function over a distributed table.
 LOWER_NEXT_WAKE = """
 CREATE OR REPLACE FUNCTION workspace_lower_next_wake(ws text, wake timestamptz) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO workspace_wakes AS w (workspace_id, wake_at) VALUES (ws, wake)
     ON CONFLICT (workspace_id) DO UPDATE SET wake_at = excluded.wake_at
-    WHERE w.wake_at > excluded.wake_at
-$$
+    WHERE w.wake_at > excluded.wake_at;
+END $$
 """
 
 # The claim's lease step, as Citus needs it: it plans its statements generically on one

@@ -120,7 +120,8 @@ async def test_a_paused_queue_spends_no_turns_until_it_is_resumed(pool):
     assert (await turn(pool, "paused"))["next_wake_at"] is None
     # Resumed by the statement SetQueuePaused runs: next_wake_at lowered again.
     resumed = await run(pool, "workspace_set_queue_paused", "paused", False)
-    assert resumed["found"] == 1 and resumed["lowered"] == 1
+    assert resumed["found"] == 1 and resumed["first_wake"] is not None
+    await run(pool, "workspace_lower_wake", "paused", resumed["first_wake"])
     assert Counter(r.workspace_id for r in await claim(pool, 4)) == {"paused": 2}
 
 

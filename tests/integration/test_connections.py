@@ -256,7 +256,9 @@ async def test_a_refresher_that_dies_holding_the_lock_strands_nothing(
     assert not call.done()  # waiting on the lock a "crashed" replica holds
     admin = await asyncpg.connect(db_url)
     try:
-        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        # (Typed: Citus adds pg_terminate_backend(bigint), for its global pids, beside
+        # PostgreSQL's int one, and an untyped parameter then matches both.)
+        await admin.execute("SELECT pg_terminate_backend($1::int)", pid)
     finally:
         await admin.close()
     token = await asyncio.wait_for(call, timeout=10)

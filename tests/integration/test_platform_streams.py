@@ -13,7 +13,7 @@ import json
 import shutil
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -433,9 +433,18 @@ async def test_a_feed_reader_offline_for_an_hour_catches_up_from_its_cursor_exac
     await api.runs.CancelRun(run_pb2.CancelRunRequest(workspace_id=WS, run_id=runs[0]))
     # An hour goes by on the database's clock: what was written since the cursor is an
     # hour old, and the sweep (30 days of events kept) has run.
-    await pool.execute(
-        "UPDATE workspace_events SET at = at - interval '1 hour' WHERE event_id > $1", before
+    # (Read, then written back as values: Citus refuses a stable function over a column,
+    # `at - interval`, in an UPDATE.)
+    written = await pool.fetch(
+        "SELECT workspace_id, event_id, at FROM workspace_events WHERE event_id > $1", before
     )
+    for row in written:
+        await pool.execute(
+            "UPDATE workspace_events SET at = $3 WHERE workspace_id = $1 AND event_id = $2",
+            row["workspace_id"],
+            row["event_id"],
+            row["at"] - timedelta(hours=1),
+        )
     await delta_store.sweep(pool)
     expected = [
         (r["kind"], r["object_id"])

@@ -10,6 +10,7 @@ between turns, on no release: the pin is the turn's, not the run's.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import asyncpg
 
@@ -20,21 +21,36 @@ from tests.harness.waiting import eventually
 
 APPROVER = "manager@example.com"
 THREE_DAYS = 3 * 24 * 3600
+TWO_DAYS = timedelta(days=2)
+
+
+# What two days move, per table: the columns naming its row, the times moved.
+MOVED = (
+    ("approvals", ("workspace_id", "approval_id"), ("created_at", "expire_at")),
+    ("steps", ("workspace_id", "run_id", "seq"), ("created_at",)),
+    ("runs", ("workspace_id", "run_id"), ("created_at", "started_at")),
+)
 
 
 async def two_days_pass(db_url: str, run_id: str) -> None:
-    """What two days of the database's clock do to a waiting run and its approval."""
+    """What two days of the database's clock do to a waiting run and its approval.
+
+    The times are read, then written back as values: Citus refuses a stable function over
+    a column (`created_at - interval`) in an UPDATE."""
     conn = await asyncpg.connect(db_url)
     try:
         async with conn.transaction():
-            for sql in (
-                "UPDATE approvals SET created_at = created_at - interval '2 days', "
-                "expire_at = expire_at - interval '2 days' WHERE run_id = $1",
-                "UPDATE steps SET created_at = created_at - interval '2 days' WHERE run_id = $1",
-                "UPDATE runs SET created_at = created_at - interval '2 days', "
-                "started_at = started_at - interval '2 days' WHERE run_id = $1",
-            ):
-                await conn.execute(sql, run_id)
+            for table, keys, times in MOVED:
+                rows = await conn.fetch(
+                    f"SELECT {', '.join(keys + times)} FROM {table} WHERE run_id = $1", run_id
+                )
+                sets = ", ".join(f"{c} = ${i + 1}" for i, c in enumerate(times))
+                where = " AND ".join(f"{c} = ${len(times) + i + 1}" for i, c in enumerate(keys))
+                for row in rows:
+                    moved = [row[c] and row[c] - TWO_DAYS for c in times]
+                    await conn.execute(
+                        f"UPDATE {table} SET {sets} WHERE {where}", *moved, *(row[c] for c in keys)
+                    )
     finally:
         await conn.close()
 

@@ -13,61 +13,53 @@ WITH paused AS (
 SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM paused;
 
 -- name: run_resume :one
--- ResumeRun: a paused run is claimable again, due as its wait says; its workspace's turn is
--- lowered to that wake (workspace_lower_next_wake: the turn on one PostgreSQL, a co-located
--- wake row the claim folds in on Citus, 0047).
+-- ResumeRun: a paused run is claimable again, due as its wait says. The caller then lowers
+-- its workspace's turn to that wake (workspace_lower_wake) in the same transaction.
 WITH resumed AS (
     UPDATE runs SET paused = false, updated_at = now()
     WHERE workspace_id = $1 AND run_id = $2 AND paused
     RETURNING *
-), lowered AS (
-    SELECT workspace_lower_next_wake(workspace_id, wake_at) FROM resumed
-    WHERE status IN ('queued', 'waiting') AND wake_at IS NOT NULL
 )
-SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds,
-       (SELECT count(*) FROM lowered) AS lowered
-FROM resumed;
+SELECT *, run_held_seconds(held_since, wake_at, now()) AS held_seconds FROM resumed;
 
 -- name: agent_set_paused :one
--- SetQueuePaused(agent_id): hold or free an agent's runs; its queued or waiting runs.
--- Freeing them lowers the workspace's turn as run_resume does.
+-- SetQueuePaused(agent_id): hold or free an agent's runs; its queued or waiting runs, and
+-- the earliest wake among them, which the caller lowers the turn to when freeing them
+-- (workspace_lower_wake), as run_resume's does.
 WITH agent AS (
     UPDATE agents SET paused = $3 WHERE workspace_id = $1 AND agent_id = $2
     RETURNING workspace_id, agent_id
-), first AS MATERIALIZED (
-    -- (Materialized: inlined into `lowered`, Citus pushes the function call to the shard,
-    -- where it may not write a distributed table.)
-    SELECT min(r.wake_at) AS wake_at FROM runs r, agent a
-    WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
-      AND r.status IN ('queued', 'waiting')
-), lowered AS (
-    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
-    WHERE NOT $3 AND f.wake_at IS NOT NULL
 )
 SELECT (SELECT count(*) FROM agent) AS found,
        (SELECT count(*) FROM runs r, agent a
         WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
           AND r.status IN ('queued', 'waiting')) AS queued_runs,
-       (SELECT count(*) FROM lowered) AS lowered;
+       (SELECT min(r.wake_at) FROM runs r, agent a
+        WHERE r.workspace_id = $1 AND r.workspace_id = a.workspace_id AND r.agent_id = a.agent_id
+          AND r.status IN ('queued', 'waiting')) AS first_wake;
 
 -- name: workspace_set_queue_paused :one
 -- SetQueuePaused(workspace): the claim leases no fresh run of the workspace while set (its
 -- turn's raise then looks past its queued runs, 0047); resuming lowers its next_wake_at to
--- the earliest wake of its queued or waiting runs, so the next claim looks.
+-- the earliest wake of its queued or waiting runs (first_wake; the caller lowers it with
+-- workspace_lower_wake), so the next claim looks.
 WITH ws AS (
     UPDATE workspaces SET queue_paused = $2 WHERE workspace_id = $1 RETURNING workspace_id
-), first AS MATERIALIZED (  -- (as in agent_set_paused)
-    SELECT min(r.wake_at) AS wake_at FROM runs r, ws
-    WHERE r.workspace_id = $1 AND r.workspace_id = ws.workspace_id
-      AND r.status IN ('queued', 'waiting')
-), lowered AS (
-    SELECT workspace_lower_next_wake($1, f.wake_at) FROM first f
-    WHERE NOT $2 AND f.wake_at IS NOT NULL
 )
 SELECT (SELECT count(*) FROM ws) AS found,
-       (SELECT count(*) FROM lowered) AS lowered,
        (SELECT count(*) FROM runs WHERE workspace_id = $1
-          AND status IN ('queued', 'waiting')) AS queued_runs;
+          AND status IN ('queued', 'waiting')) AS queued_runs,
+       (SELECT min(r.wake_at) FROM runs r, ws
+        WHERE r.workspace_id = $1 AND r.workspace_id = ws.workspace_id
+          AND r.status IN ('queued', 'waiting')) AS first_wake;
+
+-- name: workspace_lower_wake :exec
+-- Lower a workspace's turn to a wake the statement before made due (workspace_lower_next_wake:
+-- the turn on one PostgreSQL, a co-located wake row the claim folds in on Citus, 0047). A
+-- statement of its own: called from a statement over the workspace's rows, Citus sends the
+-- whole statement to the shard, where the function may not write a distributed table
+-- ("cannot execute a distributed query from a query on a shard").
+SELECT workspace_lower_next_wake($1, $2);
 
 -- name: run_held_by_pause :one
 -- Whether a run's agent or its workspace's queue is paused (GetRun's queue cause).

@@ -2778,6 +2778,19 @@ CREATE TABLE workspace_events (
 
 CREATE INDEX workspace_events_in_order ON workspace_events (workspace_id, xid, event_id);
 
+-- The xid is taken where the row is stored: on a Citus coordinator an INSERT evaluates the
+-- column default there, a transaction id from another counter than the shard's snapshot a
+-- reader compares it with; this trigger fires on the node holding the row (the same value
+-- on one PostgreSQL).
+CREATE FUNCTION workspace_events_local_xid() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.xid := pg_current_xact_id();
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER workspace_events_local_xid BEFORE INSERT ON workspace_events
+    FOR EACH ROW EXECUTE FUNCTION workspace_events_local_xid();
+
 -- The transition table is read by a local query into arrays, then inserted from
 -- unnest(): on a Citus worker a distributed INSERT ... SELECT cannot see `inserted`.
 CREATE FUNCTION workspace_events_runs_created() RETURNS trigger LANGUAGE plpgsql AS $$
