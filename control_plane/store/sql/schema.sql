@@ -3098,6 +3098,7 @@ DECLARE
     gap interval;
     t0 timestamptz := coalesce(NEW.wake_at, now());
     got record;
+    grant_at timestamptz;
 BEGIN
     IF rule IS NULL THEN
         SELECT v.spec -> 'concurrency_key' INTO rule FROM agent_versions v
@@ -3109,20 +3110,40 @@ BEGIN
         gap := make_interval(secs => (rule -> 'rate' ->> 'per_seconds')::float8
                                      / (rule -> 'rate' ->> 'runs')::float8);
     END IF;
+    -- The slot, taken atomically while one is free (the upsert locks the key's row); the
+    -- rate's arithmetic is done here, on constants: Citus refuses a stable function (a
+    -- timestamptz plus an interval) over a column in a distributed statement's SET or
+    -- RETURNING, which is where 0050 had it.
     INSERT INTO concurrency_keys AS k (workspace_id, agent_id, key, slot_limit, held, spacing,
                                        next_at)
-    VALUES (NEW.workspace_id, NEW.agent_id, NEW.concurrency_key, lim, 1, gap, t0 + gap)
+    VALUES (NEW.workspace_id, NEW.agent_id, NEW.concurrency_key, lim, 1, gap,
+            CASE WHEN gap IS NOT NULL THEN t0 END)
     ON CONFLICT (workspace_id, agent_id, key) DO UPDATE
-        SET held = k.held + 1, slot_limit = excluded.slot_limit, spacing = excluded.spacing,
-            next_at = greatest(t0, k.next_at) + excluded.spacing
+        SET held = k.held + 1, slot_limit = excluded.slot_limit, spacing = excluded.spacing
         WHERE k.held < excluded.slot_limit
-    RETURNING k.next_at - k.spacing AS grant_at INTO got;
+    RETURNING k.next_at INTO got;
     IF NOT FOUND THEN
         UPDATE runs SET status = 'waiting', wait_reason = 'concurrency_key', wake_at = NULL,
                         key_slot = false
         WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id;
-    ELSIF got.grant_at > NEW.wake_at THEN
-        UPDATE runs SET wake_at = got.grant_at
+        RETURN NULL;
+    END IF;
+    IF gap IS NULL THEN
+        -- No rate (or no longer one): nothing spaces the grants.
+        IF got.next_at IS NOT NULL THEN
+            UPDATE concurrency_keys SET next_at = NULL
+            WHERE workspace_id = NEW.workspace_id AND agent_id = NEW.agent_id
+              AND key = NEW.concurrency_key;
+        END IF;
+        RETURN NULL;
+    END IF;
+    -- The grant: now, or when the rate next allows one; the one after it a gap later.
+    grant_at := greatest(t0, got.next_at);
+    UPDATE concurrency_keys SET next_at = grant_at + gap
+    WHERE workspace_id = NEW.workspace_id AND agent_id = NEW.agent_id
+      AND key = NEW.concurrency_key;
+    IF grant_at > NEW.wake_at THEN
+        UPDATE runs SET wake_at = grant_at
         WHERE workspace_id = NEW.workspace_id AND run_id = NEW.run_id;
     END IF;
     RETURN NULL;
