@@ -294,6 +294,15 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("name", metavar="RELEASE")
     _finish_within_option(p)
     p.set_defaults(handler=rollback)
+    _add_move(actions, common)
+    p = sub.add_parser("canary", help="the contract canary: exit 0 on PASS", parents=[common])
+    p.add_argument("--release", default="", help="only executors of this release may take it")
+    p.add_argument("--timeout", type=durations.arg, default=10.0, metavar="DURATION")
+    p.set_defaults(handler=canary)
+
+
+def _add_move(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """releases move: one run, or every run a filter matches (BulkMoveRunsRelease)."""
     p = actions.add_parser(
         "move",
         help="move a waiting run, or every one a filter matches (--all), to another release",
@@ -312,7 +321,3 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     p.add_argument("--dry-run", action="store_true", help="only count the runs --all would move")
     p.set_defaults(handler=move)
-    p = sub.add_parser("canary", help="the contract canary: exit 0 on PASS", parents=[common])
-    p.add_argument("--release", default="", help="only executors of this release may take it")
-    p.add_argument("--timeout", type=durations.arg, default=10.0, metavar="DURATION")
-    p.set_defaults(handler=canary)

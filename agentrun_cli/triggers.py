@@ -240,6 +240,22 @@ def set_enabled(args: argparse.Namespace) -> int:
 # --- the parser -------------------------------------------------------------------------------
 
 
+def _key_options(p: argparse.ArgumentParser) -> None:
+    """triggers create's concurrency_key: the path, the limit and the optional rate."""
+    p.add_argument(
+        "--concurrency-key",
+        default="",
+        metavar="input.PATH",
+        help="cap the runs it starts per value of this input path (overrides the agent's key)",
+    )
+    p.add_argument(
+        "--key-limit", type=argtypes.int32, default=0, metavar="N", help="runs per key at once"
+    )
+    p.add_argument(
+        "--key-rate", type=key_rate, metavar="RUNS/SECONDS", help="slot grants per key, e.g. 10/60"
+    )
+
+
 def _create_parser(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = actions.add_parser("create", help="create a trigger for an agent", parents=[common])
     p.add_argument("trigger_id", metavar="ID")
@@ -282,18 +298,7 @@ def _create_parser(actions: argparse._SubParsersAction, common: argparse.Argumen
         "--batch-seconds", type=argtypes.int32, default=0, metavar="S", help="longest batch wait"
     )
     add_priority(p)
-    p.add_argument(
-        "--concurrency-key",
-        default="",
-        metavar="input.PATH",
-        help="cap the runs it starts per value of this input path (overrides the agent's key)",
-    )
-    p.add_argument(
-        "--key-limit", type=argtypes.int32, default=0, metavar="N", help="runs per key at once"
-    )
-    p.add_argument(
-        "--key-rate", type=key_rate, metavar="RUNS/SECONDS", help="slot grants per key, e.g. 10/60"
-    )
+    _key_options(p)
     p.add_argument(
         "--filter",
         dest="filters",
