@@ -51,6 +51,9 @@ _OUTCOMES = {
 }
 # How long a Hello waits for its tools to be recorded before the Welcome goes anyway.
 RECORD_TIMEOUT = 2.0
+# The stream ended: how long the commits and beats it already sent may still land before
+# its leases are released early (Release on break); later ones are cancelled.
+SETTLE_ON_BREAK = 2.0
 
 
 def _is_result(item: object) -> bool:
@@ -126,10 +129,18 @@ class ExecutorSession:
         finally:
             self._ended = True
             reader.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            self._dispatcher.unregister(self)
-            await self._forget_tools()
+            # What the executor sent before its stream ended lands first, then its leases
+            # are released early: a commit landing after the release would renew a lease
+            # for a whole term and hold back the takeover (seen on Citus, where a commit
+            # takes longer). Cancelled only past SETTLE_ON_BREAK.
+            try:
+                if self._tasks:
+                    await asyncio.wait(list(self._tasks), timeout=SETTLE_ON_BREAK)
+            finally:
+                for task in list(self._tasks):
+                    task.cancel()
+                self._dispatcher.unregister(self)
+                await self._forget_tools()
 
     def _results_together(self, first: pb.ConnectResponse) -> tuple[pb.ConnectResponse, object]:
         """`first` and the commit results queued right behind it, in one message (each
