@@ -96,16 +96,26 @@ class Series:
         )
 
 
-async def seed(dsn: str) -> None:
+async def seed(
+    dsn: str,
+    workspace: str = WORKSPACE,
+    agent: str = AGENT,
+    queued: int = 4 * HELD,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """A workspace whose agent has PARKED runs asleep and `queued` runs due (claimed by the
+    series), then `extra` statements (bench/fence.py's raw table), then VACUUM ANALYZE."""
     pool = await create_pool(dsn, min_size=1, max_size=1)
     try:
-        await workspaces.set_plan(pool, WORKSPACE, "enterprise", 1_000_000)
-        await agents.create_agent(pool, WORKSPACE, AGENT, AGENT)
-        await agents.publish_version(pool, WORKSPACE, AGENT, {"model": "steps10"})
+        await workspaces.set_plan(pool, workspace, "enterprise", 1_000_000)
+        await agents.create_agent(pool, workspace, agent, agent)
+        await agents.publish_version(pool, workspace, agent, {"model": "steps10"})
         async with pool.acquire() as conn:
-            await conn.execute(INSERT_RUNS, WORKSPACE, AGENT, "waiting", "sleep", 3600.0, PARKED)
-            await conn.execute(INSERT_RUNS, WORKSPACE, AGENT, "queued", None, -3600.0, 4 * HELD)
-            await conn.execute("VACUUM ANALYZE runs")
+            await conn.execute(INSERT_RUNS, workspace, agent, "waiting", "sleep", 3600.0, PARKED)
+            await conn.execute(INSERT_RUNS, workspace, agent, "queued", None, -3600.0, queued)
+            for statement in extra:
+                await conn.execute(statement)
+            await conn.execute("VACUUM ANALYZE")
     finally:
         await pool.close()
 

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from bench import report
+from bench import commit_hot, report
+from bench.commit import RAW_INSERT, RAW_TABLE
 from bench.postgres import BenchPostgres, bench_postgres, durability
 from bench.stats import Summary, ratio
-from control_plane.store import agents, queries, workspaces
+from control_plane.store import queries
 from control_plane.store import steps as step_store
 from control_plane.store.db import create_pool
 from control_plane.store.lease import claim_due
@@ -52,7 +53,7 @@ LEASE_SECONDS = 3600.0  # half of it outlasts the measurement: no commit renews
 WORKSPACE, AGENT = "fence", "fence"
 HELD = 16  # runs each series commits to, round robin
 QUEUED = 6 * HELD
-PARKED = 20_000
+PARKED = commit_hot.PARKED  # the seed is commit_hot's
 BLOCK = 100
 WARMUP = 30
 TARGET = 1.4
@@ -62,24 +63,6 @@ RAW_SERIES = "raw insert (1 row)"
 INFO = "  info: "
 SQL_ALONE = f"{INFO}run_commit_keep alone (no store Python)"
 
-INSERT_RUNS = """
-INSERT INTO runs (workspace_id, run_id, agent_id, agent_version, status, wait_reason, wake_at,
-                  input, max_steps, max_tokens, max_tool_calls, deadline_seconds, repeat_limit)
-SELECT $1, gen_random_uuid(), $2, 1, $3::text, $4::text,
-       now() + make_interval(secs => $5 + random() * 3600),
-       'bench', 100000, 100000000, 100000, 86400, 3
-FROM generate_series(1, $6::int)
-"""
-RAW_TABLE = """
-CREATE TABLE bench_raw_insert (
-    id          bigserial PRIMARY KEY,
-    run_id      uuid NOT NULL,
-    seq         integer NOT NULL,
-    payload     jsonb NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now()
-)
-"""
-RAW_INSERT = "INSERT INTO bench_raw_insert (run_id, seq, payload) VALUES ($1, $2, $3)"
 # The floor: the fence (the run row, still running under this epoch, share-locked so that
 # a claim cannot move the epoch under the insert) and the steps inserted from that row.
 FLOOR = """
@@ -221,18 +204,7 @@ def raw(pool: asyncpg.pool.Pool, run_id: object) -> Callable[[], Awaitable[None]
 
 
 async def seed(dsn: str) -> None:
-    pool = await create_pool(dsn, min_size=1, max_size=1)
-    try:
-        await workspaces.set_plan(pool, WORKSPACE, "enterprise", 1_000_000)
-        await agents.create_agent(pool, WORKSPACE, AGENT, AGENT)
-        await agents.publish_version(pool, WORKSPACE, AGENT, {"model": "steps10"})
-        async with pool.acquire() as conn:
-            await conn.execute(INSERT_RUNS, WORKSPACE, AGENT, "waiting", "sleep", 3600.0, PARKED)
-            await conn.execute(INSERT_RUNS, WORKSPACE, AGENT, "queued", None, -3600.0, QUEUED)
-            await conn.execute(RAW_TABLE)
-            await conn.execute("VACUUM ANALYZE")
-    finally:
-        await pool.close()
+    await commit_hot.seed(dsn, WORKSPACE, AGENT, QUEUED, extra=(RAW_TABLE,))
 
 
 async def database(pg: BenchPostgres, name: str, alter: str | None = None) -> str:
