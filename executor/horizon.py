@@ -96,20 +96,9 @@ class SendHorizon:
             self._acked_sent_at = sent_at
         self._wake()
 
-    def stale_ack(self) -> float | None:
-        """The send time of the last acknowledged Ping, if it is older than the horizon (the
-        process was stopped or starved, or the link is slow); None while acks are fresh or
-        none came yet."""
-        if self._acked_sent_at is not None and self._clock() >= self._acked_sent_at + self.horizon:
-            return self._acked_sent_at
-        return None
-
     def grant(self) -> int | None:
-        """The session a lease granted now is guarded by (None: no horizon, unguarded). An
-        assignment read after its session ended (it sat unread in the socket while the
-        process was stopped) is guarded by that ended session, so it never permits a send:
-        the control plane released its runs at the break."""
-        return self.session if self.horizon > 0 else None
+        """The session a lease granted now is guarded by (None: no horizon, unguarded)."""
+        return self.session if self.alive and self.horizon > 0 else None
 
     def refuses(self, session: int | None) -> str | None:
         """Why a lease guarded by `session` may not send now (None: it may)."""

@@ -111,18 +111,9 @@ class LeaseKeeper:
         while held, if that is sooner than the session's interval).
 
         The claim happened just before the assignment arrived; the safety
-        margin covers that dispatch delay. Unless the last acknowledgement is stale: an
-        executor stopped (SIGSTOP) or starved with the assignment unread in its socket
-        may read it a lease term later, while the control plane's lease has lapsed and
-        the run been claimed again. Its term then counts from that acknowledged Ping's
-        send time, the latest moment this side knows the stream was current, so a lease
-        that lapsed meanwhile is unsafe at once and the run hands itself back instead of
-        asking the model or a tool again (issue 50: seen on Citus, where a claim takes
-        longer to reach the executor).
+        margin covers that dispatch delay.
         """
-        start = self.horizon.stale_ack()
-        valid_until = (self._clock() if start is None else start) + self.lease_duration
-        held = HeldLease(lease, valid_until, self.horizon.grant(), interval)
+        held = HeldLease(lease, self._clock() + self.lease_duration, self.horizon.grant(), interval)
         sooner = 0 < interval < self.interval
         self._leases[lease.run_id] = held
         if sooner:  # a sleep begun under the longer interval must not be waited out

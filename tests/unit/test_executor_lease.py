@@ -177,39 +177,3 @@ def test_welcome_durations_replace_the_defaults():
     assert leases.margin == pytest.approx(0.6)
     leases.configure(lease_duration=0, heartbeat_interval=0)
     assert leases.lease_duration == 3.0
-
-
-def test_a_lease_read_after_a_stop_counts_from_the_last_acknowledged_ping():
-    """An assignment read a lease term late (the process was stopped with it unread) gets
-    no fresh term: it counts from the last acknowledged Ping's send time, so it is unsafe
-    at once and the run hands itself back (the run was claimed again meanwhile)."""
-    clock, rec = Clock(100.0), Recorder()
-    keep = keeper(clock, rec)
-    keep.horizon.begin(horizon=2.0)
-    keep.horizon.ack(sent_at=99.5)
-    fresh = keep.hold(lease("fresh"))
-    assert fresh.valid_until == 130.0  # acks are fresh: counted from now, as before
-    clock.now = 140.0  # stopped for 40 s with the next assignment unread
-    late = keep.hold(lease("late"))
-    assert late.valid_until == 129.5
-    assert keep.send_refusal("late") is not None
-    keep.horizon.ack(sent_at=139.9)  # a fresh ack comes: the next lease counts from now
-    assert keep.hold(lease("next")).valid_until == 170.0
-
-
-def test_a_lease_read_after_its_session_ended_never_permits_a_send():
-    """The assignment sat unread while the process was stopped, and the executor declared
-    the stream dead before reading it: the lease belongs to the ended session, whose
-    runs the control plane released at the break, so the run may not send (it hands
-    itself back), now or after a reconnect."""
-    clock, rec = Clock(100.0), Recorder()
-    keep = keeper(clock, rec)
-    keep.horizon.begin(horizon=2.0)
-    keep.horizon.ack(sent_at=99.9)
-    keep.horizon.end()  # "no Pong for 3 s: declaring it dead and reconnecting"
-    keep.hold(lease("late"))
-    assert keep.send_refusal("late") is not None
-    assert keep.carried_over("late")
-    keep.horizon.begin(horizon=2.0)
-    keep.horizon.ack(sent_at=100.0)
-    assert keep.carried_over("late")
