@@ -380,12 +380,11 @@ class ExecutorSession:
             result.checked = False
             self.send(pb.ConnectResponse(heartbeat_result=result))
             return
-        held = self.slots.held
         statuses = result.leases
         for i, lease in enumerate(leases):
             run_id = run_ids[i]
             if i in beat.renewed:
-                if held.get(run_id) != epochs[i]:
+                if not self.slots.holds(run_id, epochs[i]):
                     self.slots.hold(lease_store.LeaseKey(workspace_ids[i], run_id, epochs[i]))
                 statuses.add(lease=lease, renewed=True)
                 continue
