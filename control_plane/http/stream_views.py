@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,13 +131,17 @@ async def tail(pool: Pool, ws: str, path: str) -> Tail | None:
     return None
 
 
+def hidden_from(at: Tail, reader: str | None, members: Collection[str]) -> bool:
+    """Whether `reader` may not see the stream: a private session's, and the reader (not
+    one who sees everything) not among its `members` as they are now."""
+    return at.private_session is not None and reader is not None and reader not in members
+
+
 async def hidden(pool: Pool, ws: str, at: Tail, reader: str | None) -> bool:
-    """Whether `reader` may not see the stream: only a private session's needs a look
-    (at its members, as they are now)."""
+    """hidden_from(), its members read only when the stream is a private session's."""
     if at.private_session is None or reader is None:
         return False
-    gone = await privacy_store.session_hidden(pool, ws, at.private_session, reader)
-    return gone is None or gone
+    return hidden_from(at, reader, await privacy_store.members(pool, ws, at.private_session))
 
 
 def seen_by(at: Tail, reader: str | None, internals: bool) -> store.Stream:

@@ -495,14 +495,14 @@ class StreamRoutes:
         )
         if at is None:
             return None
-        private, reader = at.private_session, stream.reader
-        if private is not None and reader is not None:
+        private = at.private_session
+        if private is not None and stream.reader is not None:
             members = await self.shared.once(
                 ("members", ws, private, gen),
                 lambda: privacy_store.members(self.pool, ws, private),
                 "members",
             )
-            if reader not in members:
+            if stream_views.hidden_from(at, stream.reader, members):
                 return None
         return stream_views.seen_by(at, stream.reader, stream.internals)
 
