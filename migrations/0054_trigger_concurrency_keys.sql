@@ -4,7 +4,8 @@
 -- of the version's when it is set: the trigger's rule overrides the version's, for its runs
 -- only. NULL (every other run): the version's rule, as before. A trigger's path is read
 -- from the event it received (a webhook's JSON body), which the run's input only quotes in
--- a text: the control plane reads it there and the rule carries the key as `value`. Only
+-- a text: the control plane hands the event over with the rule, and runs_key_compute reads the
+-- key there (run_key_value, as from an input) and keeps it as the rule's `value`. Only
 -- the two admission functions change; the release reads the key's row, which keeps the
 -- limit and spacing the latest admission declared. A run's key is still (agent, value): a
 -- trigger's runs and the agent's other runs with the same value share that key's slots.
@@ -16,6 +17,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     rule jsonb := NEW.key_rule;
 BEGIN
+    IF rule ? 'document' THEN
+        -- A trigger's rule brings the event it read (a webhook's JSON body, a mail's
+        -- fields), which the run's input only quotes: the key is read there, by the same
+        -- rules, and the rule keeps the key as `value`, not the event.
+        NEW.key_rule := (rule - 'document') || jsonb_build_object('value', run_key_value(
+            rule ->> 'document', ARRAY(SELECT jsonb_array_elements_text(rule -> 'path'))));
+        rule := NEW.key_rule;
+    END IF;
     IF NEW.status <> 'queued' THEN
         RETURN NEW;
     END IF;
@@ -27,7 +36,7 @@ BEGIN
     IF rule IS NULL OR jsonb_typeof(rule) <> 'object' THEN
         RETURN NEW;
     END IF;
-    -- A trigger's rule carries the key it read from its event (the run's input quotes it).
+    -- A trigger's rule carries the key read from its event (above).
     NEW.concurrency_key := coalesce(rule ->> 'value', run_key_value(
         NEW.input, ARRAY(SELECT jsonb_array_elements_text(rule -> 'path'))));
     NEW.key_slot := true;  -- asked for; runs_key_admit parks it when none is free

@@ -19,30 +19,16 @@ from control_plane.store.db import Pool
 from control_plane.store.queries import run
 
 WAIT_REASON = "concurrency_key"
-MAX_KEY_CHARS = 200  # as run_key_value (migration 0050) keeps
-
-
-def key_value(document: Any, path: list[str]) -> str:
-    """A key by run_key_value's rules, read from a document instead of a run's input: the
-    value at `path` (a string as it is, any other value as its JSON text, the first 200
-    characters), or '' when the document is no object or has nothing (or null) there."""
-    node = document
-    for name in path:
-        if not isinstance(node, Mapping) or name not in node:
-            return ""
-        node = node[name]
-    if node is None:
-        return ""
-    return (node if isinstance(node, str) else json.dumps(node, ensure_ascii=False))[:MAX_KEY_CHARS]
 
 
 def trigger_rule(rule: Mapping[str, Any] | None, document: Any) -> dict[str, Any] | None:
-    """A trigger's concurrency_key rule for one run it starts, its key read from the event
-    the trigger received (a webhook's JSON body, a mail's fields), which the run's input
-    only quotes: `value` is the run's key (migration 0054's admission takes it as is)."""
+    """A trigger's concurrency_key rule for one run it starts, with the event the trigger
+    received (a webhook's JSON body, a mail's fields), which the run's input only quotes:
+    migration 0054's runs_key_compute reads the rule's path there, by run_key_value's rules,
+    and keeps the key as the rule's `value` instead of the event."""
     if not rule:
         return None
-    return {**rule, "value": key_value(document, list(rule.get("path") or []))}
+    return {**rule, "document": json.dumps(document, ensure_ascii=False, default=str)}
 
 
 async def queue_position(pool: Pool, ws: str, run_id: uuid.UUID) -> run_pb2.QueuePosition | None:

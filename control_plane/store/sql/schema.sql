@@ -3069,6 +3069,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     rule jsonb := NEW.key_rule;
 BEGIN
+    IF rule ? 'document' THEN
+        -- A trigger's rule brings the event it read (a webhook's JSON body, a mail's
+        -- fields), which the run's input only quotes: the key is read there, by the same
+        -- rules, and the rule keeps the key as `value`, not the event.
+        NEW.key_rule := (rule - 'document') || jsonb_build_object('value', run_key_value(
+            rule ->> 'document', ARRAY(SELECT jsonb_array_elements_text(rule -> 'path'))));
+        rule := NEW.key_rule;
+    END IF;
     IF NEW.status <> 'queued' THEN
         RETURN NEW;
     END IF;
@@ -3080,7 +3088,7 @@ BEGIN
     IF rule IS NULL OR jsonb_typeof(rule) <> 'object' THEN
         RETURN NEW;
     END IF;
-    -- A trigger's rule carries the key it read from its event (the run's input quotes it).
+    -- A trigger's rule carries the key read from its event (above).
     NEW.concurrency_key := coalesce(rule ->> 'value', run_key_value(
         NEW.input, ARRAY(SELECT jsonb_array_elements_text(rule -> 'path'))));
     NEW.key_slot := true;  -- asked for; runs_key_admit parks it when none is free
